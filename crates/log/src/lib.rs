@@ -1,0 +1,32 @@
+//! onehop's durable log: the only source of truth and the only fsync in the system.
+//!
+//! # Layout
+//!
+//! - `format`: the batch and record encoding on disk (docs/log-format.md is its description).
+//! - `segment`: one segment file with its sparse offset and time indexes; tail recovery.
+//! - `partition`: a directory of segments with one writer thread doing group commit; reads and
+//!   waiting for new records.
+//! - `maintenance`: retention (whole segments by age or size) and compaction (newest per key).
+//! - `store`: the log as a directory of topics and partitions, its maintenance thread, and the
+//!   data-directory lock.
+//! - `config`, `error`, `metrics`: settings, error enums, metric names.
+//!
+//! Durability contract: an append resolves only when its [`Durability`] holds, and readers only
+//! ever see records whose append condition held. After a crash, recovery keeps every batch up to
+//! the first torn or corrupt one in the last segment and cuts the rest.
+
+mod config;
+mod error;
+mod format;
+mod maintenance;
+pub mod metrics;
+mod partition;
+mod segment;
+mod store;
+
+pub use config::{Durability, PartitionConfig};
+pub use error::{AppendError, DecodeError, MaintenanceError, OpenError, ReadError};
+pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, NewRecord, Record, decode_records};
+pub use maintenance::{CompactionReport, RetentionReport};
+pub use partition::{AppendAck, Partition, RecoveryReport, Watermark};
+pub use store::{DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, validate_topic_name};

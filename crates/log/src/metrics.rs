@@ -1,0 +1,36 @@
+//! Metric names of the log, `<subsystem>_<noun>_<unit>`, without labels (bounded by design).
+//! Recorded with the `metrics` crate; the server exports them at `/metrics`.
+
+pub const APPENDS: &str = "log_appends_total";
+pub const RECORDS: &str = "log_records_appended_total";
+pub const BYTES: &str = "log_bytes_appended_total";
+pub const BATCH_RECORDS: &str = "log_commit_batch_records";
+pub const FSYNC_SECONDS: &str = "log_fsync_duration_seconds";
+pub const SEGMENTS_ROLLED: &str = "log_segments_rolled_total";
+pub const RECOVERY_TRUNCATIONS: &str = "log_recovery_truncations_total";
+pub const RECOVERY_TRUNCATED_BYTES: &str = "log_recovery_truncated_bytes_total";
+pub const RETENTION_SEGMENTS_DELETED: &str = "log_retention_segments_deleted_total";
+pub const COMPACTION_RECORDS_REMOVED: &str = "log_compaction_records_removed_total";
+pub const POISONED: &str = "log_partitions_poisoned_total";
+
+/// Histogram bucket bounds for the exporter: fsync latency in seconds.
+pub const FSYNC_SECONDS_BUCKETS: &[f64] =
+    &[0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0];
+/// Histogram bucket bounds for the exporter: records per group commit.
+pub const BATCH_RECORDS_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+
+/// Registers a description for every log metric with the installed recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(APPENDS, "Append requests acknowledged.");
+    describe_counter!(RECORDS, "Records appended and acknowledged.");
+    describe_counter!(BYTES, Unit::Bytes, "Bytes of batches written, headers included.");
+    describe_histogram!(BATCH_RECORDS, "Records per group-commit batch (one write, at most one fdatasync).");
+    describe_histogram!(FSYNC_SECONDS, Unit::Seconds, "Duration of each fdatasync of a log segment.");
+    describe_counter!(SEGMENTS_ROLLED, "Segments closed because they reached segment_bytes_max.");
+    describe_counter!(RECOVERY_TRUNCATIONS, "Partitions whose tail recovery cut a torn or corrupt batch.");
+    describe_counter!(RECOVERY_TRUNCATED_BYTES, Unit::Bytes, "Bytes cut from segment tails by recovery.");
+    describe_counter!(RETENTION_SEGMENTS_DELETED, "Segments deleted by age or size retention.");
+    describe_counter!(COMPACTION_RECORDS_REMOVED, "Records removed by compaction (superseded keys, old tombstones).");
+    describe_counter!(POISONED, "Partitions that stopped accepting writes after an I/O failure.");
+}

@@ -1,0 +1,694 @@
+//! A partition: a directory of segments with one writer thread doing group commit.
+//!
+//! Appenders encode their records in their own task, take queue credit (bounded bytes), push
+//! onto the queue and await a oneshot. The writer thread drains every pending append into one
+//! batch, writes it with one `pwrite`, makes it durable with one `fdatasync` when any of them
+//! asked for `fsync`, publishes the new end offset to readers and only then acknowledges. It
+//! is an OS thread rather than a tokio task because `fdatasync` blocks for a millisecond or
+//! more and must never stall a runtime worker.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
+
+use crate::config::{Durability, PartitionConfig};
+use crate::error::{AppendError, OpenError, ReadError, io_at};
+use crate::format::{
+    BatchBuilder, BatchHeader, HEADERS_MAX, NewRecord, Record, SUBJECT_BYTES_MAX, decode_records, encode_record,
+};
+use crate::metrics as m;
+use crate::segment::{LOG_SUFFIX, Segment, sync_dir};
+
+pub(crate) const CONFIG_FILE: &str = "partition.conf";
+
+/// What an acknowledged append was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendAck {
+    /// Offset of the first record of the append; the others follow densely.
+    pub base_offset: u64,
+    pub record_count: u32,
+}
+
+impl AppendAck {
+    pub fn last_offset(&self) -> u64 {
+        self.base_offset + self.record_count as u64 - 1
+    }
+}
+
+/// The end of the readable log, as readers are told about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watermark {
+    /// Offset the next record will get; every record before it is durable and readable.
+    pub next_offset: u64,
+    pub closed: bool,
+}
+
+/// What recovery found when the partition opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    pub truncated_bytes: u64,
+    /// Where the tail was cut and why, when it was.
+    pub truncated_at: Option<(u64, String)>,
+    pub indexes_rebuilt: usize,
+}
+
+/// One append waiting for the writer.
+struct Pending {
+    /// Records encoded back to back, offset deltas still zero.
+    encoded: Vec<u8>,
+    count: u32,
+    first_timestamp_ms: i64,
+    max_timestamp_ms: i64,
+    durability: Durability,
+    ack: oneshot::Sender<Result<AppendAck, AppendError>>,
+    /// Queue credit, released when the append is acknowledged.
+    _credit: OwnedSemaphorePermit,
+}
+
+struct Queue {
+    pending: Vec<Pending>,
+    closing: bool,
+    /// Set after an I/O failure: every later append is refused with this reason.
+    poisoned: Option<String>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    /// Names the partition in logs (its directory).
+    label: String,
+    config: PartitionConfig,
+    /// Segments by base offset. The writer inserts on roll; retention and compaction remove or
+    /// replace closed segments; readers clone `Arc`s out and read without the lock.
+    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    /// The committed end, for lock-free reads; `watermark` carries the same value to waiters.
+    next_offset: AtomicU64,
+    watermark: watch::Sender<Watermark>,
+    /// A mutex and condvar rather than a channel: the writer swaps out the whole queue in one
+    /// lock, however many appenders are waiting.
+    queue: Mutex<Queue>,
+    queue_ready: Condvar,
+    /// Bytes of appends queued but not yet acknowledged, capped at `queue_bytes_max`.
+    queue_credit: Arc<Semaphore>,
+    /// Retention and compaction replace segments; one at a time.
+    maintenance: Mutex<()>,
+}
+
+/// A partition of the log. Cheap to share behind an `Arc`; `close` (or drop) stops its writer.
+pub struct Partition {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+impl Partition {
+    /// Opens the partition in `dir`, creating it when it does not exist, and stores `config`
+    /// as its settings.
+    pub fn open(dir: impl AsRef<Path>, config: PartitionConfig) -> Result<(Partition, RecoveryReport), OpenError> {
+        let dir = dir.as_ref();
+        config.validate().map_err(|reason| OpenError::BadConfig { path: dir.join(CONFIG_FILE), reason })?;
+        fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let config_path = dir.join(CONFIG_FILE);
+        let stored = fs::read_to_string(&config_path).ok();
+        let text = config.to_text();
+        if stored.as_deref() != Some(text.as_str()) {
+            crate::segment::write_atomically(&config_path, text.as_bytes()).map_err(io_at(&config_path))?;
+            sync_dir(dir).map_err(io_at(dir))?;
+        }
+        Self::open_with(dir, config)
+    }
+
+    /// Opens an existing partition with the settings stored in it.
+    pub fn open_existing(dir: impl AsRef<Path>) -> Result<(Partition, RecoveryReport), OpenError> {
+        let dir = dir.as_ref();
+        let config_path = dir.join(CONFIG_FILE);
+        let text = fs::read_to_string(&config_path).map_err(io_at(&config_path))?;
+        let config = PartitionConfig::from_text(&text, &config_path)?;
+        Self::open_with(dir, config)
+    }
+
+    fn open_with(dir: &Path, config: PartitionConfig) -> Result<(Partition, RecoveryReport), OpenError> {
+        let label = dir.display().to_string();
+        let mut bases = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_at(dir))? {
+            let entry = entry.map_err(io_at(dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // Leftovers of an interrupted index write or compaction: the originals are intact.
+            if name.ends_with(".tmp") || name.ends_with(".compacting") {
+                fs::remove_file(entry.path()).map_err(io_at(entry.path()))?;
+                continue;
+            }
+            if let Some(stem) = name.strip_suffix(&format!(".{LOG_SUFFIX}"))
+                && let Ok(base) = stem.parse::<u64>()
+            {
+                bases.push(base);
+            }
+        }
+        bases.sort_unstable();
+        let mut report = RecoveryReport::default();
+        let mut segments = BTreeMap::new();
+        let mut previous_next: Option<u64> = None;
+        for (i, &base) in bases.iter().enumerate() {
+            let is_tail = i + 1 == bases.len();
+            let (segment, recovery) = Segment::open(dir, base, config.index_interval_bytes, is_tail)?;
+            if let Some(previous) = previous_next
+                && base < previous
+            {
+                return Err(OpenError::Corrupt {
+                    path: segment.path.clone(),
+                    position: 0,
+                    reason: format!("segment starts at offset {base}, before the previous segment ends ({previous})"),
+                });
+            }
+            previous_next = Some(segment.next_offset());
+            report.truncated_bytes += recovery.truncated_bytes;
+            if recovery.truncated_at.is_some() {
+                report.truncated_at = recovery.truncated_at;
+            }
+            report.indexes_rebuilt += recovery.index_rebuilt as usize;
+            segments.insert(base, Arc::new(segment));
+        }
+        if segments.is_empty() {
+            segments.insert(0, Arc::new(Segment::create(dir, 0, config.index_interval_bytes)?));
+        }
+        report.segments = segments.len();
+        if let Some((position, reason)) = &report.truncated_at {
+            tracing::warn!(
+                partition = %label, position, bytes = report.truncated_bytes, %reason,
+                "recovery cut a torn or corrupt tail"
+            );
+            metrics::counter!(m::RECOVERY_TRUNCATIONS).increment(1);
+            metrics::counter!(m::RECOVERY_TRUNCATED_BYTES).increment(report.truncated_bytes);
+        }
+        let tail = segments.values().next_back().expect("at least one segment").clone();
+        let next_offset = tail.next_offset();
+        let (watermark, _) = watch::channel(Watermark { next_offset, closed: false });
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            label,
+            queue_credit: Arc::new(Semaphore::new(config.queue_bytes_max)),
+            config,
+            segments: RwLock::new(segments),
+            next_offset: AtomicU64::new(next_offset),
+            watermark,
+            queue: Mutex::new(Queue { pending: Vec::new(), closing: false, poisoned: None }),
+            queue_ready: Condvar::new(),
+            maintenance: Mutex::new(()),
+        });
+        let writer_shared = shared.clone();
+        let thread_name = format!("log-writer-{}", dir.file_name().unwrap_or_default().to_string_lossy());
+        let writer = std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || Writer::new(writer_shared, tail, next_offset).run())
+            .map_err(io_at(dir))?;
+        Ok((Partition { shared, writer: Mutex::new(Some(writer)) }, report))
+    }
+
+    pub fn config(&self) -> &PartitionConfig {
+        &self.shared.config
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Appends `records` and returns once they are durable at the partition's default level.
+    pub async fn append(&self, records: &[NewRecord]) -> Result<AppendAck, AppendError> {
+        self.append_with(records, self.shared.config.durability).await
+    }
+
+    /// Appends `records` and returns once `durability` holds for all of them. The records get
+    /// dense offsets; a timestamp is assigned (server time) to records without one.
+    pub async fn append_with(&self, records: &[NewRecord], durability: Durability) -> Result<AppendAck, AppendError> {
+        let config = &self.shared.config;
+        if records.is_empty() {
+            return Err(AppendError::EmptyBatch);
+        }
+        let now = now_ms();
+        let mut encoded_len = 0;
+        for record in records {
+            let len = record.encoded_len();
+            if len > config.record_bytes_max {
+                return Err(AppendError::RecordTooLarge { size: len, max: config.record_bytes_max });
+            }
+            if let Some(subject) = &record.subject
+                && subject.len() > SUBJECT_BYTES_MAX
+            {
+                return Err(AppendError::SubjectTooLong(subject.len()));
+            }
+            if record.headers.len() > HEADERS_MAX
+                || record.headers.iter().any(|(name, _)| name.len() > u16::MAX as usize)
+            {
+                return Err(AppendError::TooManyHeaders);
+            }
+            encoded_len += len;
+        }
+        if encoded_len > config.batch_bytes_max {
+            return Err(AppendError::BatchTooLarge { size: encoded_len, max: config.batch_bytes_max });
+        }
+        let mut encoded = Vec::with_capacity(encoded_len);
+        let (mut first_timestamp_ms, mut max_timestamp_ms) = (0, i64::MIN);
+        for (i, record) in records.iter().enumerate() {
+            let timestamp_ms = record.timestamp_ms.unwrap_or(now);
+            if i == 0 {
+                first_timestamp_ms = timestamp_ms;
+            }
+            max_timestamp_ms = max_timestamp_ms.max(timestamp_ms);
+            encode_record(&mut encoded, record, timestamp_ms);
+        }
+        let credit = self
+            .shared
+            .queue_credit
+            .clone()
+            .acquire_many_owned(encoded_len as u32)
+            .await
+            .map_err(|_| AppendError::Closed)?;
+        let (ack, acked) = oneshot::channel();
+        {
+            let mut queue = self.shared.queue.lock().expect("queue lock");
+            if let Some(reason) = &queue.poisoned {
+                return Err(AppendError::Poisoned(reason.clone()));
+            }
+            if queue.closing {
+                return Err(AppendError::Closed);
+            }
+            queue.pending.push(Pending {
+                encoded,
+                count: records.len() as u32,
+                first_timestamp_ms,
+                max_timestamp_ms,
+                durability,
+                ack,
+                _credit: credit,
+            });
+            if queue.pending.len() == 1 {
+                self.shared.queue_ready.notify_one();
+            }
+        }
+        acked.await.unwrap_or(Err(AppendError::Closed))
+    }
+
+    /// The first offset still stored (earlier ones were removed by retention or compaction).
+    pub fn start_offset(&self) -> u64 {
+        let segments = self.shared.segments.read().expect("segments lock");
+        *segments.keys().next().expect("a partition always has a segment")
+    }
+
+    /// The offset the next record will get: every offset before it is durable and readable.
+    pub fn end_offset(&self) -> u64 {
+        self.shared.next_offset.load(Ordering::Acquire)
+    }
+
+    /// A receiver of the end offset, to await new records without polling.
+    pub fn watch(&self) -> watch::Receiver<Watermark> {
+        self.shared.watermark.subscribe()
+    }
+
+    /// Waits until a record at or after `offset` is readable; returns the new end offset.
+    pub async fn wait_for(&self, offset: u64) -> Result<u64, ReadError> {
+        let mut receiver = self.shared.watermark.subscribe();
+        let watermark = receiver
+            .wait_for(|watermark| watermark.next_offset > offset || watermark.closed)
+            .await
+            .map_err(|_| ReadError::Closed)?;
+        if watermark.next_offset > offset { Ok(watermark.next_offset) } else { Err(ReadError::Closed) }
+    }
+
+    fn segments_from(&self, offset: u64) -> Vec<Arc<Segment>> {
+        let segments = self.shared.segments.read().expect("segments lock");
+        let first = segments.range(..=offset).next_back().map_or(0, |(&base, _)| base);
+        segments.range(first..).map(|(_, segment)| segment.clone()).collect()
+    }
+
+    /// Reads records from `from` on: at most `max_records`, and stopping once `max_bytes` of
+    /// values and keys are collected (at least one record is returned when one exists).
+    /// Reading at the end offset returns nothing; `wait_for` tells when more arrives.
+    pub fn read(&self, from: u64, max_records: usize, max_bytes: usize) -> Result<Vec<Record>, ReadError> {
+        let end = self.end_offset();
+        let start = self.start_offset();
+        if from < start {
+            return Err(ReadError::BeforeStart { offset: from, start });
+        }
+        if from > end {
+            return Err(ReadError::PastEnd { offset: from, end });
+        }
+        let mut records = Vec::new();
+        if from == end || max_records == 0 {
+            return Ok(records);
+        }
+        let mut bytes = 0;
+        let mut failure = None;
+        for segment in self.segments_from(from) {
+            let position = segment.position_for_offset(from);
+            let read = segment.read_batches(position, |header, batch| {
+                if header.next_offset() <= from {
+                    return true;
+                }
+                if header.base_offset >= end {
+                    return false;
+                }
+                let decoded = match decode_records(header, &batch) {
+                    Ok(decoded) => decoded,
+                    Err(reason) => {
+                        failure = Some(ReadError::Corrupt {
+                            segment: segment.path.display().to_string(),
+                            position: 0,
+                            reason: reason.to_string(),
+                        });
+                        return false;
+                    }
+                };
+                for record in decoded {
+                    if record.offset < from || record.offset >= end {
+                        continue;
+                    }
+                    bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
+                    records.push(record);
+                    if records.len() >= max_records || bytes >= max_bytes {
+                        return false;
+                    }
+                }
+                true
+            });
+            if let Err((position, reason)) = read {
+                return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
+            }
+            if let Some(failure) = failure {
+                return Err(failure);
+            }
+            if records.len() >= max_records || bytes >= max_bytes || segment.next_offset() >= end {
+                break;
+            }
+        }
+        Ok(records)
+    }
+
+    /// The offset of the first record with a timestamp at or after `timestamp_ms`, or `None`
+    /// when every stored record is older (read from the end offset then).
+    pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Result<Option<u64>, ReadError> {
+        let end = self.end_offset();
+        let segments = self.segments_from(0);
+        for segment in segments {
+            if segment.max_timestamp_ms() < timestamp_ms {
+                continue;
+            }
+            let mut found = None;
+            let mut failure = None;
+            let position = segment.position_for_timestamp(timestamp_ms);
+            let read = segment.read_batches(position, |header, batch| {
+                if header.base_offset >= end {
+                    return false;
+                }
+                if header.max_timestamp_ms < timestamp_ms {
+                    return true;
+                }
+                match decode_records(header, &batch) {
+                    Ok(records) => {
+                        found = records
+                            .iter()
+                            .find(|record| record.timestamp_ms >= timestamp_ms && record.offset < end)
+                            .map(|record| record.offset);
+                        found.is_none()
+                    }
+                    Err(reason) => {
+                        failure = Some(reason.to_string());
+                        false
+                    }
+                }
+            });
+            if let Err((position, reason)) = read {
+                return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
+            }
+            if let Some(reason) = failure {
+                return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position: 0, reason });
+            }
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Bytes stored across all segments.
+    pub fn size_bytes(&self) -> u64 {
+        let segments = self.shared.segments.read().expect("segments lock");
+        segments.values().map(|segment| segment.written_bytes()).sum()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.shared.segments.read().expect("segments lock").len()
+    }
+
+    /// Stops accepting appends, lets the writer finish every queued append, syncs, writes the
+    /// active segment's index and waits for the writer to exit. Idempotent.
+    pub fn close(&self) {
+        {
+            let mut queue = self.shared.queue.lock().expect("queue lock");
+            queue.closing = true;
+            self.shared.queue_ready.notify_one();
+        }
+        if let Some(writer) = self.writer.lock().expect("writer handle lock").take()
+            && writer.join().is_err()
+        {
+            tracing::error!(partition = %self.shared.label, "the log writer thread panicked");
+        }
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// State owned by the writer thread.
+struct Writer {
+    shared: Arc<Shared>,
+    active: Arc<Segment>,
+    next_offset: u64,
+    /// Reused for every batch so group commit does not allocate per batch.
+    buffer: Vec<u8>,
+    /// `async` appends written since the last fsync.
+    unsynced: bool,
+    last_sync: Instant,
+}
+
+impl Writer {
+    fn new(shared: Arc<Shared>, active: Arc<Segment>, next_offset: u64) -> Self {
+        Writer { shared, active, next_offset, buffer: Vec::new(), unsynced: false, last_sync: Instant::now() }
+    }
+
+    fn run(mut self) {
+        let interval = Duration::from_millis(self.shared.config.async_fsync_interval_ms);
+        loop {
+            let (taken, closing) = self.take(interval);
+            if !taken.is_empty() {
+                self.commit(taken);
+                continue;
+            }
+            if self.unsynced {
+                // The background fsync of `async` appends (or the final one before exit).
+                if let Err(error) = self.sync() {
+                    self.poison(format!("fsync failed: {error}"), Vec::new());
+                }
+            }
+            if closing {
+                break;
+            }
+        }
+        if let Err(error) = self.active.persist_index(&self.shared.dir) {
+            tracing::warn!(partition = %self.shared.label, %error, "could not write the index on close; it will be rebuilt on open");
+        }
+        self.shared.watermark.send_modify(|watermark| watermark.closed = true);
+        self.shared.queue_credit.close();
+    }
+
+    /// Waits for appends; returns those that fit one batch, and whether the partition is closing
+    /// with nothing left to write.
+    fn take(&mut self, interval: Duration) -> (Vec<Pending>, bool) {
+        let mut queue = self.shared.queue.lock().expect("queue lock");
+        loop {
+            if !queue.pending.is_empty() || queue.closing {
+                break;
+            }
+            if self.unsynced {
+                let deadline = self.last_sync + interval;
+                let now = Instant::now();
+                if now >= deadline {
+                    return (Vec::new(), false);
+                }
+                queue = self.shared.queue_ready.wait_timeout(queue, deadline - now).expect("queue lock").0;
+            } else {
+                queue = self.shared.queue_ready.wait(queue).expect("queue lock");
+            }
+        }
+        if let Some(reason) = queue.poisoned.clone() {
+            let refused = std::mem::take(&mut queue.pending);
+            drop(queue);
+            for pending in refused {
+                let _ = pending.ack.send(Err(AppendError::Poisoned(reason.clone())));
+            }
+            return (Vec::new(), self.shared.queue.lock().expect("queue lock").closing);
+        }
+        // Take as many appends as fit one batch; the rest wait for the next round.
+        let limit = self.shared.config.batch_bytes_max;
+        let mut bytes = 0;
+        let mut count = 0;
+        for pending in &queue.pending {
+            if count > 0 && bytes + pending.encoded.len() > limit {
+                break;
+            }
+            bytes += pending.encoded.len();
+            count += 1;
+        }
+        let taken: Vec<Pending> = if count == queue.pending.len() {
+            std::mem::take(&mut queue.pending)
+        } else {
+            queue.pending.drain(..count).collect()
+        };
+        let closing = queue.closing && queue.pending.is_empty();
+        (taken, closing)
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        let started = Instant::now();
+        self.active.sync()?;
+        metrics::histogram!(m::FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
+        self.unsynced = false;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// Writes `taken` as one batch, syncs if any asked for it, publishes, acknowledges.
+    fn commit(&mut self, taken: Vec<Pending>) {
+        let base_offset = self.next_offset;
+        self.buffer.clear();
+        let mut builder = BatchBuilder::new(&mut self.buffer, base_offset);
+        let mut offset = base_offset;
+        let mut needs_fsync = false;
+        for pending in &taken {
+            builder.push_encoded(
+                &pending.encoded,
+                offset,
+                pending.count,
+                pending.first_timestamp_ms,
+                pending.max_timestamp_ms,
+            );
+            offset += pending.count as u64;
+            needs_fsync |= pending.durability == Durability::Fsync;
+        }
+        let header = builder.finish();
+        if let Err(reason) = self.write(&header, needs_fsync) {
+            self.poison(reason, taken);
+            return;
+        }
+        let record_count = header.record_count as u64;
+        metrics::counter!(m::APPENDS).increment(taken.len() as u64);
+        metrics::counter!(m::RECORDS).increment(record_count);
+        metrics::counter!(m::BYTES).increment(header.batch_len as u64);
+        metrics::histogram!(m::BATCH_RECORDS).record(record_count as f64);
+        let mut offset = base_offset;
+        for pending in taken {
+            let ack = AppendAck { base_offset: offset, record_count: pending.count };
+            offset += pending.count as u64;
+            let _ = pending.ack.send(Ok(ack));
+        }
+    }
+
+    /// Rolls the segment if needed, writes and syncs the batch in `self.buffer`, and publishes
+    /// it. On failure nothing is published.
+    fn write(&mut self, header: &BatchHeader, needs_fsync: bool) -> Result<(), String> {
+        let written = self.active.written_bytes();
+        if written > 0 && written + header.batch_len as u64 > self.shared.config.segment_bytes_max {
+            self.roll(header.base_offset)?;
+        }
+        let position = self.active.written_bytes();
+        self.active.write(&self.buffer).map_err(|error| format!("write failed: {error}"))?;
+        if needs_fsync {
+            self.sync().map_err(|error| format!("fsync failed: {error}"))?;
+        } else {
+            self.unsynced = true;
+        }
+        self.active.publish(position, header);
+        self.next_offset = header.next_offset();
+        self.shared.next_offset.store(self.next_offset, Ordering::Release);
+        let next_offset = self.next_offset;
+        self.shared.watermark.send_modify(|watermark| watermark.next_offset = next_offset);
+        Ok(())
+    }
+
+    /// Closes the active segment (synced, index written) and starts a new one at `base_offset`.
+    fn roll(&mut self, base_offset: u64) -> Result<(), String> {
+        // The closed segment must be durable before the next exists: recovery trusts every
+        // segment but the last.
+        self.sync().map_err(|error| format!("fsync before roll failed: {error}"))?;
+        if let Err(error) = self.active.persist_index(&self.shared.dir) {
+            tracing::warn!(partition = %self.shared.label, %error, "could not write a segment index; it will be rebuilt on open");
+        }
+        let segment = Segment::create(&self.shared.dir, base_offset, self.shared.config.index_interval_bytes)
+            .map(Arc::new)
+            .map_err(|error| format!("could not create a segment: {error}"))?;
+        self.shared.segments.write().expect("segments lock").insert(base_offset, segment.clone());
+        self.active = segment;
+        metrics::counter!(m::SEGMENTS_ROLLED).increment(1);
+        Ok(())
+    }
+
+    /// After an I/O failure the partition refuses all writes: what reached the disk is unknown,
+    /// and guessing could acknowledge data that recovery will cut.
+    fn poison(&mut self, reason: String, taken: Vec<Pending>) {
+        tracing::error!(partition = %self.shared.label, %reason, "log partition poisoned; refusing writes");
+        metrics::counter!(m::POISONED).increment(1);
+        self.shared.queue.lock().expect("queue lock").poisoned = Some(reason.clone());
+        for pending in taken {
+            let _ = pending.ack.send(Err(AppendError::Poisoned(reason.clone())));
+        }
+    }
+}
+
+// Retention and compaction live in `maintenance.rs`; they need these internals.
+impl Partition {
+    pub(crate) fn shared_dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    pub(crate) fn maintenance_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared.maintenance.lock().expect("maintenance lock")
+    }
+
+    /// All segments in offset order; the last one is the active segment.
+    pub(crate) fn segment_snapshot(&self) -> Vec<Arc<Segment>> {
+        self.shared.segments.read().expect("segments lock").values().cloned().collect()
+    }
+
+    /// Removes closed segments from the map (never the active one).
+    pub(crate) fn remove_segments(&self, bases: &[u64]) {
+        let mut segments = self.shared.segments.write().expect("segments lock");
+        let active = *segments.keys().next_back().expect("a partition always has a segment");
+        for base in bases {
+            assert_ne!(*base, active, "maintenance must never remove the active segment");
+            segments.remove(base);
+        }
+    }
+
+    pub(crate) fn replace_segment(&self, segment: Arc<Segment>) {
+        let mut segments = self.shared.segments.write().expect("segments lock");
+        let active = *segments.keys().next_back().expect("a partition always has a segment");
+        assert_ne!(segment.base_offset, active, "maintenance must never replace the active segment");
+        segments.insert(segment.base_offset, segment);
+    }
+}

@@ -1,0 +1,459 @@
+//! One segment: a file of batches named by its base offset, plus its sparse offset index and
+//! time index (kept in memory, persisted when the segment closes, rebuilt when stale).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use crate::error::{OpenError, io_at};
+use crate::format::{BATCH_HEADER_BYTES, BatchHeader};
+
+pub(crate) const LOG_SUFFIX: &str = "log";
+pub(crate) const INDEX_SUFFIX: &str = "index";
+pub(crate) const TIME_INDEX_SUFFIX: &str = "timeindex";
+
+const OFFSET_INDEX_MAGIC: u32 = u32::from_le_bytes(*b"OHIX");
+const TIME_INDEX_MAGIC: u32 = u32::from_le_bytes(*b"OHTX");
+const INDEX_VERSION: u16 = 1;
+const INDEX_HEADER_BYTES: usize = 48;
+/// Scans read this much at a time so recovery is not one syscall per batch.
+const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The file name of a segment's data, index or time index: the base offset in 20 digits, so
+/// names sort in offset order.
+pub(crate) fn segment_file(dir: &Path, base_offset: u64, suffix: &str) -> PathBuf {
+    dir.join(format!("{base_offset:020}.{suffix}"))
+}
+
+/// One sparse index entry: the batch starting at `relative_offset` begins at byte `position`,
+/// and every record of this segment before it has a timestamp of at most `max_timestamp_before_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IndexEntry {
+    pub relative_offset: u32,
+    pub position: u32,
+    pub max_timestamp_before_ms: i64,
+}
+
+/// What a segment knows about its contents; updated by the writer as batches become durable.
+#[derive(Clone, Debug)]
+pub(crate) struct SegmentMeta {
+    pub entries: Vec<IndexEntry>,
+    /// The offset after the last record (`base_offset` when empty).
+    pub next_offset: u64,
+    /// Largest record timestamp (`i64::MIN` when empty).
+    pub max_timestamp_ms: i64,
+    /// Byte position at which the last index entry was added.
+    last_entry_position: u64,
+}
+
+impl SegmentMeta {
+    fn empty(base_offset: u64) -> Self {
+        SegmentMeta {
+            entries: Vec::new(),
+            next_offset: base_offset,
+            max_timestamp_ms: i64::MIN,
+            last_entry_position: 0,
+        }
+    }
+
+    /// Notes a batch that starts at `position`, adding an index entry every `interval` bytes.
+    fn note_batch(&mut self, base_offset: u64, position: u64, header: &BatchHeader, interval: u64) {
+        if self.entries.is_empty() || position - self.last_entry_position >= interval {
+            self.entries.push(IndexEntry {
+                relative_offset: (header.base_offset - base_offset) as u32,
+                position: position as u32,
+                max_timestamp_before_ms: self.max_timestamp_ms,
+            });
+            self.last_entry_position = position;
+        }
+        self.next_offset = header.next_offset();
+        self.max_timestamp_ms = self.max_timestamp_ms.max(header.max_timestamp_ms);
+    }
+}
+
+/// What opening a segment found.
+#[derive(Debug, Default)]
+pub(crate) struct Recovery {
+    /// Bytes cut from the tail because they were torn or corrupt.
+    pub truncated_bytes: u64,
+    pub truncated_at: Option<(u64, String)>,
+    pub index_rebuilt: bool,
+}
+
+pub(crate) struct Segment {
+    pub base_offset: u64,
+    pub path: PathBuf,
+    file: File,
+    /// Bytes written to the file. Only the partition writer changes it.
+    written_bytes: AtomicU64,
+    /// Bytes readers may read: every batch before it is complete and durable.
+    committed_bytes: AtomicU64,
+    /// Readers take it shared to find a position; the writer takes it exclusively once per
+    /// group commit to add entries, so contention is one short lock per batch.
+    meta: RwLock<SegmentMeta>,
+    index_interval_bytes: u64,
+}
+
+impl Segment {
+    /// Creates a new empty segment and makes its directory entry durable.
+    pub fn create(dir: &Path, base_offset: u64, index_interval_bytes: u64) -> Result<Segment, OpenError> {
+        let path = segment_file(dir, base_offset, LOG_SUFFIX);
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io_at(&path))?;
+        sync_dir(dir).map_err(io_at(dir))?;
+        Ok(Segment {
+            base_offset,
+            path,
+            file,
+            written_bytes: AtomicU64::new(0),
+            committed_bytes: AtomicU64::new(0),
+            meta: RwLock::new(SegmentMeta::empty(base_offset)),
+            index_interval_bytes,
+        })
+    }
+
+    /// Opens an existing segment. The last segment of a partition (`is_tail`) may end in a torn
+    /// or corrupt batch from a crash: it is validated batch by batch and cut at the first bad
+    /// one. Any other segment was synced before the next was created, so damage there is
+    /// reported as corruption rather than cut.
+    pub fn open(
+        dir: &Path,
+        base_offset: u64,
+        index_interval_bytes: u64,
+        is_tail: bool,
+    ) -> Result<(Segment, Recovery), OpenError> {
+        let path = segment_file(dir, base_offset, LOG_SUFFIX);
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_at(&path))?;
+        let file_bytes = file.metadata().map_err(io_at(&path))?.len();
+        let mut recovery = Recovery::default();
+        let meta = match load_index(dir, base_offset, file_bytes) {
+            Some(meta) => meta,
+            None => {
+                recovery.index_rebuilt = true;
+                let mut meta = SegmentMeta::empty(base_offset);
+                let scanned = scan(&file, 0, file_bytes, base_offset, |position, header, _| {
+                    meta.note_batch(base_offset, position, header, index_interval_bytes);
+                });
+                match scanned {
+                    Ok(()) => {}
+                    Err(ScanStop::Io(error)) => return Err(OpenError::Io { path, source: error }),
+                    Err(ScanStop::Bad { position, reason }) if is_tail => {
+                        recovery.truncated_bytes = file_bytes - position;
+                        recovery.truncated_at = Some((position, reason));
+                        file.set_len(position).map_err(io_at(&path))?;
+                    }
+                    Err(ScanStop::Bad { position, reason }) => {
+                        return Err(OpenError::Corrupt { path, position, reason });
+                    }
+                }
+                // What recovery accepted is what readers will see: make it durable before
+                // anything is served from it (it may have been in the page cache only).
+                file.sync_data().map_err(io_at(&path))?;
+                meta
+            }
+        };
+        let bytes = file.metadata().map_err(io_at(&path))?.len();
+        let segment = Segment {
+            base_offset,
+            path,
+            file,
+            written_bytes: AtomicU64::new(bytes),
+            committed_bytes: AtomicU64::new(bytes),
+            meta: RwLock::new(meta),
+            index_interval_bytes,
+        };
+        if recovery.index_rebuilt && !is_tail {
+            segment.persist_index(dir).map_err(io_at(dir))?;
+        }
+        Ok((segment, recovery))
+    }
+
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes.load(Ordering::Acquire)
+    }
+
+    pub fn committed_bytes(&self) -> u64 {
+        self.committed_bytes.load(Ordering::Acquire)
+    }
+
+    pub fn meta(&self) -> SegmentMeta {
+        self.meta.read().expect("segment meta lock").clone()
+    }
+
+    pub fn next_offset(&self) -> u64 {
+        self.meta.read().expect("segment meta lock").next_offset
+    }
+
+    pub fn max_timestamp_ms(&self) -> i64 {
+        self.meta.read().expect("segment meta lock").max_timestamp_ms
+    }
+
+    /// Writes one encoded batch at the end of the file. Not yet visible to readers.
+    pub fn write(&self, batch: &[u8]) -> io::Result<()> {
+        let position = self.written_bytes.load(Ordering::Acquire);
+        self.file.write_all_at(batch, position)?;
+        self.written_bytes.store(position + batch.len() as u64, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Makes batches written at `position` visible to readers, after their durability holds.
+    pub fn publish(&self, position: u64, header: &BatchHeader) {
+        let mut meta = self.meta.write().expect("segment meta lock");
+        meta.note_batch(self.base_offset, position, header, self.index_interval_bytes);
+        drop(meta);
+        self.committed_bytes.store(position + header.batch_len as u64, Ordering::Release);
+    }
+
+    /// The byte position of the batch holding `offset`, or of an earlier batch.
+    pub fn position_for_offset(&self, offset: u64) -> u64 {
+        let relative = offset.saturating_sub(self.base_offset).min(u32::MAX as u64) as u32;
+        let meta = self.meta.read().expect("segment meta lock");
+        let at = meta.entries.partition_point(|entry| entry.relative_offset <= relative);
+        if at == 0 { 0 } else { meta.entries[at - 1].position as u64 }
+    }
+
+    /// A byte position from which the first record with timestamp ≥ `timestamp_ms` is reached.
+    pub fn position_for_timestamp(&self, timestamp_ms: i64) -> u64 {
+        let meta = self.meta.read().expect("segment meta lock");
+        let at = meta.entries.partition_point(|entry| entry.max_timestamp_before_ms < timestamp_ms);
+        if at == 0 { 0 } else { meta.entries[at - 1].position as u64 }
+    }
+
+    /// Reads batches from `position` up to the committed end, calling `visit` for each until it
+    /// returns false.
+    pub fn read_batches(
+        &self,
+        position: u64,
+        mut visit: impl FnMut(&BatchHeader, Bytes) -> bool,
+    ) -> Result<(), (u64, String)> {
+        let end = self.committed_bytes();
+        let mut reader = BatchReader::new(&self.file, position, end);
+        loop {
+            match reader.next_batch() {
+                Ok(None) => return Ok(()),
+                Ok(Some((_, header, batch))) => {
+                    if !visit(&header, batch) {
+                        return Ok(());
+                    }
+                }
+                Err(ScanStop::Io(error)) => return Err((reader.position, error.to_string())),
+                Err(ScanStop::Bad { position, reason }) => return Err((position, reason)),
+            }
+        }
+    }
+
+    /// Writes the offset index and time index files describing the committed bytes.
+    pub fn persist_index(&self, dir: &Path) -> io::Result<()> {
+        let meta = self.meta();
+        let covered = self.committed_bytes();
+        let header = |magic: u32, count: usize| {
+            let mut bytes = Vec::with_capacity(INDEX_HEADER_BYTES);
+            bytes.extend_from_slice(&magic.to_le_bytes());
+            bytes.extend_from_slice(&INDEX_VERSION.to_le_bytes());
+            bytes.extend_from_slice(&0u16.to_le_bytes());
+            bytes.extend_from_slice(&self.base_offset.to_le_bytes());
+            bytes.extend_from_slice(&covered.to_le_bytes());
+            bytes.extend_from_slice(&meta.next_offset.to_le_bytes());
+            bytes.extend_from_slice(&meta.max_timestamp_ms.to_le_bytes());
+            bytes.extend_from_slice(&(count as u32).to_le_bytes());
+            bytes
+        };
+        let mut offsets = header(OFFSET_INDEX_MAGIC, meta.entries.len());
+        let mut times = header(TIME_INDEX_MAGIC, meta.entries.len());
+        let mut offset_entries = Vec::with_capacity(meta.entries.len() * 8);
+        let mut time_entries = Vec::with_capacity(meta.entries.len() * 12);
+        for entry in &meta.entries {
+            offset_entries.extend_from_slice(&entry.relative_offset.to_le_bytes());
+            offset_entries.extend_from_slice(&entry.position.to_le_bytes());
+            time_entries.extend_from_slice(&entry.max_timestamp_before_ms.to_le_bytes());
+            time_entries.extend_from_slice(&entry.relative_offset.to_le_bytes());
+        }
+        for (file_bytes, entries, suffix) in
+            [(&mut offsets, offset_entries, INDEX_SUFFIX), (&mut times, time_entries, TIME_INDEX_SUFFIX)]
+        {
+            let crc = crc32c::crc32c_append(crc32c::crc32c(file_bytes), &entries);
+            file_bytes.extend_from_slice(&crc.to_le_bytes());
+            file_bytes.extend_from_slice(&entries);
+            write_atomically(&segment_file(dir, self.base_offset, suffix), file_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the segment's files. Readers holding this segment keep reading the open file.
+    pub fn delete_files(&self, dir: &Path) -> io::Result<()> {
+        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+            match fs::remove_file(segment_file(dir, self.base_offset, suffix)) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+                _ => {}
+            }
+        }
+        fs::remove_file(&self.path)
+    }
+
+    /// Removes the index files so a later open rebuilds them (called before the data changes).
+    pub fn invalidate_index(dir: &Path, base_offset: u64) -> io::Result<()> {
+        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+            match fs::remove_file(segment_file(dir, base_offset, suffix)) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes a file through a temporary name and a rename, so a crash leaves the old or the new
+/// file, never half of one.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    let mut file = File::create(&temporary)?;
+    file.write_all(bytes)?;
+    file.sync_data()?;
+    fs::rename(&temporary, path)
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Loads both index files if they are intact and describe exactly `file_bytes` bytes.
+fn load_index(dir: &Path, base_offset: u64, file_bytes: u64) -> Option<SegmentMeta> {
+    let offsets = fs::read(segment_file(dir, base_offset, INDEX_SUFFIX)).ok()?;
+    let times = fs::read(segment_file(dir, base_offset, TIME_INDEX_SUFFIX)).ok()?;
+    let parse = |bytes: &[u8], magic: u32, entry_bytes: usize| -> Option<(u64, i64, usize)> {
+        if bytes.len() < INDEX_HEADER_BYTES {
+            return None;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        let count = u32_at(40) as usize;
+        let ok = u32_at(0) == magic
+            && u16::from_le_bytes([bytes[4], bytes[5]]) == INDEX_VERSION
+            && u64_at(8) == base_offset
+            && u64_at(16) == file_bytes
+            && bytes.len() == INDEX_HEADER_BYTES + count * entry_bytes
+            && crc32c::crc32c_append(crc32c::crc32c(&bytes[..44]), &bytes[INDEX_HEADER_BYTES..]) == u32_at(44);
+        ok.then(|| (u64_at(24), u64_at(32) as i64, count))
+    };
+    let (next_offset, max_timestamp_ms, count) = parse(&offsets, OFFSET_INDEX_MAGIC, 8)?;
+    if parse(&times, TIME_INDEX_MAGIC, 12)? != (next_offset, max_timestamp_ms, count) {
+        return None;
+    }
+    let mut entries = Vec::with_capacity(count);
+    for i in 0..count {
+        let at = INDEX_HEADER_BYTES + i * 8;
+        let relative_offset = u32::from_le_bytes(offsets[at..at + 4].try_into().unwrap());
+        let position = u32::from_le_bytes(offsets[at + 4..at + 8].try_into().unwrap());
+        let at = INDEX_HEADER_BYTES + i * 12;
+        let max_timestamp_before_ms = i64::from_le_bytes(times[at..at + 8].try_into().unwrap());
+        let time_relative = u32::from_le_bytes(times[at + 8..at + 12].try_into().unwrap());
+        if time_relative != relative_offset || (position as u64) >= file_bytes.max(1) {
+            return None;
+        }
+        entries.push(IndexEntry { relative_offset, position, max_timestamp_before_ms });
+    }
+    let last_entry_position = entries.last().map_or(0, |entry| entry.position as u64);
+    Some(SegmentMeta { entries, next_offset, max_timestamp_ms, last_entry_position })
+}
+
+pub(crate) enum ScanStop {
+    Io(io::Error),
+    /// The batch at `position` is torn ("torn") or corrupt (the decode error).
+    Bad {
+        position: u64,
+        reason: String,
+    },
+}
+
+/// Validates every batch in `[from, end)` (header, length, CRC, offsets increasing from
+/// `base_offset`), calling `visit` for each good one.
+pub(crate) fn scan(
+    file: &File,
+    from: u64,
+    end: u64,
+    base_offset: u64,
+    mut visit: impl FnMut(u64, &BatchHeader, Bytes),
+) -> Result<(), ScanStop> {
+    let mut reader = BatchReader::new(file, from, end);
+    let mut next_offset = base_offset;
+    loop {
+        let position = reader.position;
+        match reader.next_batch()? {
+            None => return Ok(()),
+            Some((position_read, header, batch)) => {
+                debug_assert_eq!(position, position_read);
+                if header.base_offset < next_offset {
+                    return Err(ScanStop::Bad {
+                        position,
+                        reason: format!(
+                            "batch base offset {} is below the expected {}",
+                            header.base_offset, next_offset
+                        ),
+                    });
+                }
+                next_offset = header.next_offset();
+                visit(position, &header, batch);
+            }
+        }
+    }
+}
+
+/// Reads consecutive batches with positioned reads through a chunk buffer.
+struct BatchReader<'a> {
+    file: &'a File,
+    position: u64,
+    end: u64,
+    buffer: Vec<u8>,
+    /// File position of `buffer[0]`.
+    buffer_start: u64,
+}
+
+impl<'a> BatchReader<'a> {
+    fn new(file: &'a File, position: u64, end: u64) -> Self {
+        BatchReader { file, position, end, buffer: Vec::new(), buffer_start: position }
+    }
+
+    /// Makes `[from, from + len)` available in the buffer; returns its start index.
+    fn fill(&mut self, from: u64, len: usize) -> io::Result<usize> {
+        let buffered_end = self.buffer_start + self.buffer.len() as u64;
+        if from >= self.buffer_start && from + len as u64 <= buffered_end {
+            return Ok((from - self.buffer_start) as usize);
+        }
+        let want = len.max(SCAN_CHUNK_BYTES).min((self.end - from) as usize).max(len);
+        self.buffer.resize(want, 0);
+        self.file.read_exact_at(&mut self.buffer, from)?;
+        self.buffer_start = from;
+        Ok(0)
+    }
+
+    fn next_batch(&mut self) -> Result<Option<(u64, BatchHeader, Bytes)>, ScanStop> {
+        let position = self.position;
+        if position >= self.end {
+            return Ok(None);
+        }
+        let torn = || ScanStop::Bad { position, reason: "torn".into() };
+        if self.end - position < BATCH_HEADER_BYTES as u64 {
+            return Err(torn());
+        }
+        let at = self.fill(position, BATCH_HEADER_BYTES).map_err(ScanStop::Io)?;
+        let header = BatchHeader::parse(&self.buffer[at..at + BATCH_HEADER_BYTES])
+            .map_err(|reason| ScanStop::Bad { position, reason: reason.to_string() })?;
+        let len = header.batch_len as usize;
+        if position + len as u64 > self.end {
+            return Err(torn());
+        }
+        let at = self.fill(position, len).map_err(ScanStop::Io)?;
+        let batch = Bytes::copy_from_slice(&self.buffer[at..at + len]);
+        header.verify(&batch).map_err(|reason| ScanStop::Bad { position, reason: reason.to_string() })?;
+        self.position = position + len as u64;
+        Ok(Some((position, header, batch)))
+    }
+}

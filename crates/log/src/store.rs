@@ -1,0 +1,238 @@
+//! The log as a whole: a directory of topics, each a directory of numbered partitions, plus a
+//! maintenance thread that applies retention and compaction, and the data-directory lock.
+//!
+//! ```text
+//! {dir}/{topic}/{partition}/partition.conf
+//! {dir}/{topic}/{partition}/{base_offset:020}.log | .index | .timeindex
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::config::PartitionConfig;
+use crate::error::{OpenError, io_at};
+use crate::partition::{CONFIG_FILE, Partition, RecoveryReport};
+
+/// Longest topic name; names become directory names.
+pub const TOPIC_NAME_BYTES_MAX: usize = 200;
+
+/// Checks that `name` is a usable topic name: 1–200 characters of `A-Z a-z 0-9 . _ -`,
+/// not `.` or `..`.
+pub fn validate_topic_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > TOPIC_NAME_BYTES_MAX {
+        return Err(format!("a name must be 1 to {TOPIC_NAME_BYTES_MAX} characters long"));
+    }
+    if name == "." || name == ".." {
+        return Err("a name cannot be \".\" or \"..\"".into());
+    }
+    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!("{bad:?} is not allowed in a name: use letters, digits, '.', '_' and '-'"));
+    }
+    Ok(())
+}
+
+type PartitionMap = BTreeMap<(String, u32), Arc<Partition>>;
+
+/// Settings of the log as a whole.
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    /// How often retention and compaction run over every partition.
+    pub maintenance_interval: Duration,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions { maintenance_interval: Duration::from_secs(30) }
+    }
+}
+
+pub struct Log {
+    dir: PathBuf,
+    partitions: Arc<RwLock<PartitionMap>>,
+    /// Set to stop the maintenance thread; the condvar wakes it early.
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    maintenance: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// One partition found and recovered by [`Log::open`].
+#[derive(Clone, Debug)]
+pub struct OpenedPartition {
+    pub topic: String,
+    pub partition: u32,
+    pub recovery: RecoveryReport,
+}
+
+impl Log {
+    /// Opens (creating if needed) the log in `dir` and recovers every partition in it.
+    pub fn open(dir: impl AsRef<Path>, options: LogOptions) -> Result<(Log, Vec<OpenedPartition>), OpenError> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        let mut found = Vec::new();
+        for topic_entry in fs::read_dir(&dir).map_err(io_at(&dir))? {
+            let topic_entry = topic_entry.map_err(io_at(&dir))?;
+            let topic = topic_entry.file_name().to_string_lossy().into_owned();
+            if !topic_entry.path().is_dir() || validate_topic_name(&topic).is_err() {
+                continue;
+            }
+            for partition_entry in fs::read_dir(topic_entry.path()).map_err(io_at(topic_entry.path()))? {
+                let partition_entry = partition_entry.map_err(io_at(topic_entry.path()))?;
+                let Ok(index) = partition_entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+                if partition_entry.path().join(CONFIG_FILE).exists() {
+                    found.push((topic.clone(), index, partition_entry.path()));
+                }
+            }
+        }
+        found.sort();
+        let mut partitions = BTreeMap::new();
+        let mut opened = Vec::new();
+        let total = found.len();
+        for (i, (topic, index, path)) in found.into_iter().enumerate() {
+            let (partition, recovery) = Partition::open_existing(&path)?;
+            tracing::info!(
+                topic = %topic, partition = index, progress = %format!("{}/{}", i + 1, total),
+                segments = recovery.segments, end_offset = partition.end_offset(),
+                truncated_bytes = recovery.truncated_bytes, "opened partition"
+            );
+            partitions.insert((topic.clone(), index), Arc::new(partition));
+            opened.push(OpenedPartition { topic, partition: index, recovery });
+        }
+        let partitions = Arc::new(RwLock::new(partitions));
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let maintenance = {
+            let (partitions, stop) = (partitions.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("log-maintenance".into())
+                .spawn(move || run_maintenance(partitions, stop, options.maintenance_interval))
+                .map_err(io_at(&dir))?
+        };
+        Ok((Log { dir, partitions, stop, maintenance: Mutex::new(Some(maintenance)) }, opened))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Opens partition `index` of `topic`, creating it with `config` if it does not exist. An
+    /// already-open partition is returned as it is.
+    pub fn open_partition(
+        &self,
+        topic: &str,
+        index: u32,
+        config: PartitionConfig,
+    ) -> Result<Arc<Partition>, OpenError> {
+        let path = self.dir.join(topic).join(index.to_string());
+        validate_topic_name(topic).map_err(|reason| OpenError::BadConfig { path: path.clone(), reason })?;
+        let mut partitions = self.partitions.write().expect("partitions lock");
+        if let Some(partition) = partitions.get(&(topic.to_string(), index)) {
+            return Ok(partition.clone());
+        }
+        let (partition, _) = Partition::open(&path, config)?;
+        let partition = Arc::new(partition);
+        partitions.insert((topic.to_string(), index), partition.clone());
+        Ok(partition)
+    }
+
+    pub fn partition(&self, topic: &str, index: u32) -> Option<Arc<Partition>> {
+        self.partitions.read().expect("partitions lock").get(&(topic.to_string(), index)).cloned()
+    }
+
+    /// Every open partition, in (topic, index) order.
+    pub fn partitions(&self) -> Vec<(String, u32, Arc<Partition>)> {
+        let partitions = self.partitions.read().expect("partitions lock");
+        partitions.iter().map(|((topic, index), partition)| (topic.clone(), *index, partition.clone())).collect()
+    }
+
+    /// Stops maintenance, then closes every partition: queued appends are written and synced,
+    /// and each active segment's index is written. Idempotent.
+    pub fn close(&self) {
+        {
+            let (stopped, wake) = &*self.stop;
+            *stopped.lock().expect("stop lock") = true;
+            wake.notify_all();
+        }
+        if let Some(handle) = self.maintenance.lock().expect("maintenance handle lock").take() {
+            let _ = handle.join();
+        }
+        for (_, _, partition) in self.partitions() {
+            partition.close();
+        }
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn run_maintenance(partitions: Arc<RwLock<PartitionMap>>, stop: Arc<(Mutex<bool>, Condvar)>, interval: Duration) {
+    let (stopped, wake) = &*stop;
+    loop {
+        {
+            let guard = stopped.lock().expect("stop lock");
+            let (guard, _) = wake.wait_timeout_while(guard, interval, |stopped| !*stopped).expect("stop lock");
+            if *guard {
+                return;
+            }
+        }
+        let snapshot: Vec<_> = partitions.read().expect("partitions lock").values().cloned().collect();
+        for partition in snapshot {
+            if let Err(error) = partition.maintain() {
+                tracing::error!(partition = %partition.dir().display(), %error, "log maintenance failed");
+            }
+        }
+    }
+}
+
+/// An exclusive lock on a data directory, held for the life of the process: a second process
+/// opening the same directory is refused instead of corrupting it.
+pub struct DirLock {
+    _file: File,
+    path: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error(
+        "data directory {dir} is in use by another onehop process{holder}; stop that process or choose \
+         another --data-dir"
+    )]
+    Busy { dir: PathBuf, holder: String },
+    #[error("cannot lock data directory {dir}: {source}")]
+    Io { dir: PathBuf, source: std::io::Error },
+}
+
+impl DirLock {
+    /// Takes the lock file `{dir}/LOCK` (creating `dir`), writing this process's id into it.
+    pub fn acquire(dir: impl AsRef<Path>) -> Result<DirLock, LockError> {
+        let dir = dir.as_ref();
+        let io = |source| LockError::Io { dir: dir.to_path_buf(), source };
+        fs::create_dir_all(dir).map_err(io)?;
+        let path = dir.join("LOCK");
+        let mut file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let holder = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
+                return Err(LockError::Busy { dir: dir.to_path_buf(), holder });
+            }
+            Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(io)?;
+        Ok(DirLock { _file: file, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
