@@ -1,1 +1,15 @@
+//! onehop's benchmark harness.
+//!
+//! # Layout
+//!
+//! - `log`: `onehop bench log` — the fdatasync floor against log appends at several writer
+//!   counts in `fsync` and `async` mode.
+//! - `histogram`: latency histograms (HdrHistogram, nanoseconds) and their percentiles.
+//! - `plot`: small self-contained SVG charts for reports.
+//!
+//! Every benchmark prints a readable table, shows progress on stderr while it runs, and can end
+//! with one JSON line for machines (`--json`).
 
+pub mod histogram;
+pub mod log;
+pub mod plot;

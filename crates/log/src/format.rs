@@ -244,13 +244,12 @@ impl<'a> BatchBuilder<'a> {
         let at = self.out.len();
         self.out.extend_from_slice(encoded);
         let mut position = at;
-        let mut delta = (first_offset - self.base_offset) as u32;
-        for _ in 0..count {
+        let first_delta = (first_offset - self.base_offset) as u32;
+        for delta in first_delta..first_delta + count {
             let len = u32::from_le_bytes(self.out[position..position + 4].try_into().unwrap()) as usize;
             let delta_at = position + RECORD_OFFSET_DELTA_AT;
             self.out[delta_at..delta_at + 4].copy_from_slice(&delta.to_le_bytes());
             position += 4 + len;
-            delta += 1;
         }
         debug_assert_eq!(position, self.out.len(), "encoded records must fill the slice exactly");
         self.note_records(first_offset + count as u64 - 1, count, first_ts, max_ts);

@@ -4,8 +4,9 @@
 //!
 //! - `format`: the batch and record encoding on disk (docs/log-format.md is its description).
 //! - `segment`: one segment file with its sparse offset and time indexes; tail recovery.
-//! - `partition`: a directory of segments with one writer thread doing group commit; reads and
-//!   waiting for new records.
+//! - `partition`: a directory of segments; appends, reads and waiting for new records.
+//! - `writer`: the commit pipeline of a partition — a write thread and a sync thread doing
+//!   group commit.
 //! - `maintenance`: retention (whole segments by age or size) and compaction (newest per key).
 //! - `store`: the log as a directory of topics and partitions, its maintenance thread, and the
 //!   data-directory lock.
@@ -23,6 +24,7 @@ pub mod metrics;
 mod partition;
 mod segment;
 mod store;
+mod writer;
 
 pub use config::{Durability, PartitionConfig};
 pub use error::{AppendError, DecodeError, MaintenanceError, OpenError, ReadError};

@@ -1,11 +1,9 @@
-//! A partition: a directory of segments with one writer thread doing group commit.
+//! A partition: a directory of segments, written by one commit pipeline (`writer.rs`).
 //!
 //! Appenders encode their records in their own task, take queue credit (bounded bytes), push
-//! onto the queue and await a oneshot. The writer thread drains every pending append into one
-//! batch, writes it with one `pwrite`, makes it durable with one `fdatasync` when any of them
-//! asked for `fsync`, publishes the new end offset to readers and only then acknowledges. It
-//! is an OS thread rather than a tokio task because `fdatasync` blocks for a millisecond or
-//! more and must never stall a runtime worker.
+//! onto the queue and await a oneshot. The pipeline writes every pending append as one batch,
+//! makes it durable with one `fdatasync` shared by all of them (group commit), publishes the new
+//! end offset to readers and only then acknowledges.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -13,16 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::config::{Durability, PartitionConfig};
 use crate::error::{AppendError, OpenError, ReadError, io_at};
-use crate::format::{
-    BatchBuilder, BatchHeader, HEADERS_MAX, NewRecord, Record, SUBJECT_BYTES_MAX, decode_records, encode_record,
-};
+use crate::format::{HEADERS_MAX, NewRecord, Record, SUBJECT_BYTES_MAX, decode_records, encode_record};
 use crate::metrics as m;
 use crate::segment::{LOG_SUFFIX, Segment, sync_dir};
 
@@ -61,44 +57,47 @@ pub struct RecoveryReport {
 }
 
 /// One append waiting for the writer.
-struct Pending {
+pub(crate) struct Pending {
     /// Records encoded back to back, offset deltas still zero.
-    encoded: Vec<u8>,
-    count: u32,
-    first_timestamp_ms: i64,
-    max_timestamp_ms: i64,
-    durability: Durability,
-    ack: oneshot::Sender<Result<AppendAck, AppendError>>,
+    pub(crate) encoded: Vec<u8>,
+    pub(crate) count: u32,
+    pub(crate) first_timestamp_ms: i64,
+    pub(crate) max_timestamp_ms: i64,
+    pub(crate) durability: Durability,
+    pub(crate) ack: oneshot::Sender<Result<AppendAck, AppendError>>,
     /// Queue credit, released when the append is acknowledged.
-    _credit: OwnedSemaphorePermit,
+    pub(crate) _credit: OwnedSemaphorePermit,
 }
 
-struct Queue {
-    pending: Vec<Pending>,
-    closing: bool,
+pub(crate) struct Queue {
+    pub(crate) pending: Vec<Pending>,
+    pub(crate) closing: bool,
     /// Set after an I/O failure: every later append is refused with this reason.
-    poisoned: Option<String>,
+    pub(crate) poisoned: Option<String>,
 }
 
-struct Shared {
-    dir: PathBuf,
+pub(crate) struct Shared {
+    pub(crate) dir: PathBuf,
     /// Names the partition in logs (its directory).
-    label: String,
-    config: PartitionConfig,
+    pub(crate) label: String,
+    pub(crate) config: PartitionConfig,
     /// Segments by base offset. The writer inserts on roll; retention and compaction remove or
     /// replace closed segments; readers clone `Arc`s out and read without the lock.
-    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    pub(crate) segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
     /// The committed end, for lock-free reads; `watermark` carries the same value to waiters.
-    next_offset: AtomicU64,
-    watermark: watch::Sender<Watermark>,
+    pub(crate) next_offset: AtomicU64,
+    pub(crate) watermark: watch::Sender<Watermark>,
     /// A mutex and condvar rather than a channel: the writer swaps out the whole queue in one
     /// lock, however many appenders are waiting.
-    queue: Mutex<Queue>,
-    queue_ready: Condvar,
+    pub(crate) queue: Mutex<Queue>,
+    pub(crate) queue_ready: Condvar,
     /// Bytes of appends queued but not yet acknowledged, capped at `queue_bytes_max`.
-    queue_credit: Arc<Semaphore>,
+    pub(crate) queue_credit: Arc<Semaphore>,
+    /// Batches written but not yet published, between the write thread and the sync thread.
+    pub(crate) commit: Mutex<crate::writer::CommitQueue>,
+    pub(crate) commit_ready: Condvar,
     /// Retention and compaction replace segments; one at a time.
-    maintenance: Mutex<()>,
+    pub(crate) maintenance: Mutex<()>,
 }
 
 /// A partition of the log. Cheap to share behind an `Arc`; `close` (or drop) stops its writer.
@@ -202,6 +201,8 @@ impl Partition {
             next_offset: AtomicU64::new(next_offset),
             watermark,
             queue: Mutex::new(Queue { pending: Vec::new(), closing: false, poisoned: None }),
+            commit: Mutex::new(crate::writer::CommitQueue::default()),
+            commit_ready: Condvar::new(),
             queue_ready: Condvar::new(),
             maintenance: Mutex::new(()),
         });
@@ -209,7 +210,7 @@ impl Partition {
         let thread_name = format!("log-writer-{}", dir.file_name().unwrap_or_default().to_string_lossy());
         let writer = std::thread::Builder::new()
             .name(thread_name)
-            .spawn(move || Writer::new(writer_shared, tail, next_offset).run())
+            .spawn(move || crate::writer::Writer::new(writer_shared, tail, next_offset).run())
             .map_err(io_at(dir))?;
         Ok((Partition { shared, writer: Mutex::new(Some(writer)) }, report))
     }
@@ -468,191 +469,6 @@ impl Partition {
 impl Drop for Partition {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-/// State owned by the writer thread.
-struct Writer {
-    shared: Arc<Shared>,
-    active: Arc<Segment>,
-    next_offset: u64,
-    /// Reused for every batch so group commit does not allocate per batch.
-    buffer: Vec<u8>,
-    /// `async` appends written since the last fsync.
-    unsynced: bool,
-    last_sync: Instant,
-}
-
-impl Writer {
-    fn new(shared: Arc<Shared>, active: Arc<Segment>, next_offset: u64) -> Self {
-        Writer { shared, active, next_offset, buffer: Vec::new(), unsynced: false, last_sync: Instant::now() }
-    }
-
-    fn run(mut self) {
-        let interval = Duration::from_millis(self.shared.config.async_fsync_interval_ms);
-        loop {
-            let (taken, closing) = self.take(interval);
-            if !taken.is_empty() {
-                self.commit(taken);
-                continue;
-            }
-            if self.unsynced {
-                // The background fsync of `async` appends (or the final one before exit).
-                if let Err(error) = self.sync() {
-                    self.poison(format!("fsync failed: {error}"), Vec::new());
-                }
-            }
-            if closing {
-                break;
-            }
-        }
-        if let Err(error) = self.active.persist_index(&self.shared.dir) {
-            tracing::warn!(partition = %self.shared.label, %error, "could not write the index on close; it will be rebuilt on open");
-        }
-        self.shared.watermark.send_modify(|watermark| watermark.closed = true);
-        self.shared.queue_credit.close();
-    }
-
-    /// Waits for appends; returns those that fit one batch, and whether the partition is closing
-    /// with nothing left to write.
-    fn take(&mut self, interval: Duration) -> (Vec<Pending>, bool) {
-        let mut queue = self.shared.queue.lock().expect("queue lock");
-        loop {
-            if !queue.pending.is_empty() || queue.closing {
-                break;
-            }
-            if self.unsynced {
-                let deadline = self.last_sync + interval;
-                let now = Instant::now();
-                if now >= deadline {
-                    return (Vec::new(), false);
-                }
-                queue = self.shared.queue_ready.wait_timeout(queue, deadline - now).expect("queue lock").0;
-            } else {
-                queue = self.shared.queue_ready.wait(queue).expect("queue lock");
-            }
-        }
-        if let Some(reason) = queue.poisoned.clone() {
-            let refused = std::mem::take(&mut queue.pending);
-            drop(queue);
-            for pending in refused {
-                let _ = pending.ack.send(Err(AppendError::Poisoned(reason.clone())));
-            }
-            return (Vec::new(), self.shared.queue.lock().expect("queue lock").closing);
-        }
-        // Take as many appends as fit one batch; the rest wait for the next round.
-        let limit = self.shared.config.batch_bytes_max;
-        let mut bytes = 0;
-        let mut count = 0;
-        for pending in &queue.pending {
-            if count > 0 && bytes + pending.encoded.len() > limit {
-                break;
-            }
-            bytes += pending.encoded.len();
-            count += 1;
-        }
-        let taken: Vec<Pending> = if count == queue.pending.len() {
-            std::mem::take(&mut queue.pending)
-        } else {
-            queue.pending.drain(..count).collect()
-        };
-        let closing = queue.closing && queue.pending.is_empty();
-        (taken, closing)
-    }
-
-    fn sync(&mut self) -> std::io::Result<()> {
-        let started = Instant::now();
-        self.active.sync()?;
-        metrics::histogram!(m::FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
-        self.unsynced = false;
-        self.last_sync = Instant::now();
-        Ok(())
-    }
-
-    /// Writes `taken` as one batch, syncs if any asked for it, publishes, acknowledges.
-    fn commit(&mut self, taken: Vec<Pending>) {
-        let base_offset = self.next_offset;
-        self.buffer.clear();
-        let mut builder = BatchBuilder::new(&mut self.buffer, base_offset);
-        let mut offset = base_offset;
-        let mut needs_fsync = false;
-        for pending in &taken {
-            builder.push_encoded(
-                &pending.encoded,
-                offset,
-                pending.count,
-                pending.first_timestamp_ms,
-                pending.max_timestamp_ms,
-            );
-            offset += pending.count as u64;
-            needs_fsync |= pending.durability == Durability::Fsync;
-        }
-        let header = builder.finish();
-        if let Err(reason) = self.write(&header, needs_fsync) {
-            self.poison(reason, taken);
-            return;
-        }
-        let record_count = header.record_count as u64;
-        metrics::counter!(m::APPENDS).increment(taken.len() as u64);
-        metrics::counter!(m::RECORDS).increment(record_count);
-        metrics::counter!(m::BYTES).increment(header.batch_len as u64);
-        metrics::histogram!(m::BATCH_RECORDS).record(record_count as f64);
-        let mut offset = base_offset;
-        for pending in taken {
-            let ack = AppendAck { base_offset: offset, record_count: pending.count };
-            offset += pending.count as u64;
-            let _ = pending.ack.send(Ok(ack));
-        }
-    }
-
-    /// Rolls the segment if needed, writes and syncs the batch in `self.buffer`, and publishes
-    /// it. On failure nothing is published.
-    fn write(&mut self, header: &BatchHeader, needs_fsync: bool) -> Result<(), String> {
-        let written = self.active.written_bytes();
-        if written > 0 && written + header.batch_len as u64 > self.shared.config.segment_bytes_max {
-            self.roll(header.base_offset)?;
-        }
-        let position = self.active.written_bytes();
-        self.active.write(&self.buffer).map_err(|error| format!("write failed: {error}"))?;
-        if needs_fsync {
-            self.sync().map_err(|error| format!("fsync failed: {error}"))?;
-        } else {
-            self.unsynced = true;
-        }
-        self.active.publish(position, header);
-        self.next_offset = header.next_offset();
-        self.shared.next_offset.store(self.next_offset, Ordering::Release);
-        let next_offset = self.next_offset;
-        self.shared.watermark.send_modify(|watermark| watermark.next_offset = next_offset);
-        Ok(())
-    }
-
-    /// Closes the active segment (synced, index written) and starts a new one at `base_offset`.
-    fn roll(&mut self, base_offset: u64) -> Result<(), String> {
-        // The closed segment must be durable before the next exists: recovery trusts every
-        // segment but the last.
-        self.sync().map_err(|error| format!("fsync before roll failed: {error}"))?;
-        if let Err(error) = self.active.persist_index(&self.shared.dir) {
-            tracing::warn!(partition = %self.shared.label, %error, "could not write a segment index; it will be rebuilt on open");
-        }
-        let segment = Segment::create(&self.shared.dir, base_offset, self.shared.config.index_interval_bytes)
-            .map(Arc::new)
-            .map_err(|error| format!("could not create a segment: {error}"))?;
-        self.shared.segments.write().expect("segments lock").insert(base_offset, segment.clone());
-        self.active = segment;
-        metrics::counter!(m::SEGMENTS_ROLLED).increment(1);
-        Ok(())
-    }
-
-    /// After an I/O failure the partition refuses all writes: what reached the disk is unknown,
-    /// and guessing could acknowledge data that recovery will cut.
-    fn poison(&mut self, reason: String, taken: Vec<Pending>) {
-        tracing::error!(partition = %self.shared.label, %reason, "log partition poisoned; refusing writes");
-        metrics::counter!(m::POISONED).increment(1);
-        self.shared.queue.lock().expect("queue lock").poisoned = Some(reason.clone());
-        for pending in taken {
-            let _ = pending.ack.send(Err(AppendError::Poisoned(reason.clone())));
-        }
     }
 }
 

@@ -1,0 +1,354 @@
+//! `onehop bench log`: how close log appends come to the disk's own fdatasync floor.
+//!
+//! Three kinds of figures from one run, all on the same disk (`--dir`):
+//! - the floor: a single thread appending one record-sized write and calling fdatasync, in a
+//!   loop — what one durable write costs with nothing else in the way;
+//! - `fsync` appends: N concurrent writers, each awaiting its own durable acknowledgement before
+//!   sending the next record (closed loop), so throughput shows how well group commit shares
+//!   one fdatasync among writers;
+//! - `async` appends: the same, acknowledged after write(2), fsynced in the background.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use onehop_log::{Durability, NewRecord, Partition, PartitionConfig};
+use serde::Serialize;
+
+use crate::histogram::{latency_histogram, quantile_us, record};
+use crate::plot::{Chart, Series};
+
+#[derive(Clone, Debug)]
+pub struct LogBenchOptions {
+    /// Temporary files go in a fresh directory under this one (must be on the disk to measure).
+    pub dir: PathBuf,
+    pub record_bytes: usize,
+    pub writers: Vec<usize>,
+    pub modes: Vec<Durability>,
+    pub duration: Duration,
+    pub warmup: Duration,
+    /// Where to write `log.json` and `log-throughput.svg` / `log-latency.svg`, if anywhere.
+    pub out: Option<PathBuf>,
+    /// Show progress bars on stderr.
+    pub progress: bool,
+}
+
+impl Default for LogBenchOptions {
+    fn default() -> Self {
+        LogBenchOptions {
+            dir: PathBuf::from("."),
+            record_bytes: 256,
+            writers: vec![1, 8, 64, 512],
+            modes: vec![Durability::Fsync, Durability::Async],
+            duration: Duration::from_secs(3),
+            warmup: Duration::from_millis(500),
+            out: None,
+            progress: true,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LogBenchResult {
+    pub mode: String,
+    pub writers: usize,
+    pub records_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub records: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LogBenchReport {
+    pub bench: &'static str,
+    pub record_bytes: usize,
+    pub duration_s: f64,
+    pub floor_p50_us: f64,
+    pub floor_p99_us: f64,
+    pub floor_syncs_per_s: f64,
+    pub results: Vec<LogBenchResult>,
+}
+
+fn progress_bar(enabled: bool, label: &str) -> ProgressBar {
+    if !enabled {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(ProgressStyle::with_template("{prefix:>22} [{elapsed_precise}] {wide_msg}").expect("valid template"));
+    bar.set_prefix(label.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Runs every configuration and returns the figures.
+pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
+    std::fs::create_dir_all(&options.dir).with_context(|| format!("creating {}", options.dir.display()))?;
+    let scratch = tempfile::Builder::new()
+        .prefix("onehop-bench-log-")
+        .tempdir_in(&options.dir)
+        .with_context(|| format!("creating a scratch directory in {}", options.dir.display()))?;
+    let floor = {
+        let path = scratch.path().join("floor");
+        let (record_bytes, duration, warmup) = (options.record_bytes, options.duration, options.warmup);
+        let bar = progress_bar(options.progress, "floor write+fdatasync");
+        tokio::task::spawn_blocking(move || measure_floor(&path, record_bytes, warmup, duration, &bar))
+            .await
+            .context("floor thread")??
+    };
+    let mut results = Vec::new();
+    for &mode in &options.modes {
+        for &writers in &options.writers {
+            let dir = scratch.path().join(format!("{mode}-{writers}"));
+            results.push(measure_appends(&dir, mode, writers, options).await?);
+        }
+    }
+    let report = LogBenchReport {
+        bench: "log",
+        record_bytes: options.record_bytes,
+        duration_s: options.duration.as_secs_f64(),
+        floor_p50_us: quantile_us(&floor.0, 0.5),
+        floor_p99_us: quantile_us(&floor.0, 0.99),
+        floor_syncs_per_s: floor.1,
+        results,
+    };
+    if let Some(out) = &options.out {
+        write_outputs(out, &report)?;
+    }
+    Ok(report)
+}
+
+/// The floor: append `record_bytes` and fdatasync, one at a time, on one thread.
+fn measure_floor(
+    path: &Path,
+    record_bytes: usize,
+    warmup: Duration,
+    duration: Duration,
+    bar: &ProgressBar,
+) -> anyhow::Result<(Histogram<u64>, f64)> {
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    let payload = vec![0x5a_u8; record_bytes];
+    let mut histogram = latency_histogram();
+    let started = Instant::now();
+    let mut measured = 0u64;
+    let mut measuring_since = None;
+    while started.elapsed() < warmup + duration {
+        let before = Instant::now();
+        file.write_all(&payload)?;
+        file.sync_data()?;
+        let elapsed = before.elapsed();
+        if started.elapsed() >= warmup {
+            measuring_since.get_or_insert(before);
+            record(&mut histogram, elapsed.as_nanos() as u64);
+            measured += 1;
+            if measured.is_multiple_of(256) {
+                bar.set_message(format!("{measured} syncs, p50 {:.0} µs", quantile_us(&histogram, 0.5)));
+            }
+        }
+    }
+    let rate = measured as f64 / measuring_since.map_or(1.0, |since| since.elapsed().as_secs_f64());
+    bar.finish_with_message(format!(
+        "p50 {:.0} µs, p99 {:.0} µs",
+        quantile_us(&histogram, 0.5),
+        quantile_us(&histogram, 0.99)
+    ));
+    Ok((histogram, rate))
+}
+
+/// `writers` closed-loop appenders against a fresh partition for warmup + duration.
+async fn measure_appends(
+    dir: &Path,
+    mode: Durability,
+    writers: usize,
+    options: &LogBenchOptions,
+) -> anyhow::Result<LogBenchResult> {
+    let config = PartitionConfig { durability: mode, ..PartitionConfig::default() };
+    let (partition, _) = Partition::open(dir, config).with_context(|| format!("opening {}", dir.display()))?;
+    let partition = Arc::new(partition);
+    let value =
+        Bytes::from(vec![0x5a_u8; options.record_bytes.saturating_sub(onehop_log::NewRecord::default().encoded_len())]);
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let counted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(writers);
+    for _ in 0..writers {
+        let (partition, value, measuring, stop, counted) =
+            (partition.clone(), value.clone(), measuring.clone(), stop.clone(), counted.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut histogram = latency_histogram();
+            let records = [NewRecord { value: Some(value), ..Default::default() }];
+            while !stop.load(Ordering::Relaxed) {
+                let before = Instant::now();
+                partition.append(&records).await?;
+                if measuring.load(Ordering::Relaxed) {
+                    record(&mut histogram, before.elapsed().as_nanos() as u64);
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            anyhow::Ok(histogram)
+        }));
+    }
+    let bar = progress_bar(options.progress, &format!("{mode} × {writers} writers"));
+    bar.set_message("warming up");
+    tokio::time::sleep(options.warmup).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    while started.elapsed() < options.duration {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let rate = counted.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+        bar.set_message(format!("{rate:.0} records/s"));
+    }
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    let records = counted.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    let mut histogram = latency_histogram();
+    for task in tasks {
+        histogram.add(task.await.context("writer task")??).context("merging histograms")?;
+    }
+    partition.close();
+    let result = LogBenchResult {
+        mode: mode.to_string(),
+        writers,
+        records_per_s: records as f64 / elapsed,
+        p50_us: quantile_us(&histogram, 0.5),
+        p99_us: quantile_us(&histogram, 0.99),
+        p999_us: quantile_us(&histogram, 0.999),
+        max_us: histogram.max() as f64 / 1000.0,
+        records,
+    };
+    bar.finish_with_message(format!(
+        "{:.0} records/s, p50 {:.0} µs, p99 {:.0} µs",
+        result.records_per_s, result.p50_us, result.p99_us
+    ));
+    Ok(result)
+}
+
+/// A readable table of the report.
+pub fn table(report: &LogBenchReport) -> String {
+    let mut text = format!(
+        "log append benchmark — {} B records, {:.1} s per configuration\n\n\
+         floor (one write + fdatasync at a time): p50 {:.0} µs, p99 {:.0} µs, {:.0} syncs/s\n\n",
+        report.record_bytes, report.duration_s, report.floor_p50_us, report.floor_p99_us, report.floor_syncs_per_s
+    );
+    text.push_str(&format!(
+        "{:<6} {:>7} {:>14} {:>10} {:>10} {:>10} {:>10} {:>12}\n",
+        "mode", "writers", "records/s", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "p50/floor"
+    ));
+    for result in &report.results {
+        text.push_str(&format!(
+            "{:<6} {:>7} {:>14.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>12.2}\n",
+            result.mode,
+            result.writers,
+            result.records_per_s,
+            result.p50_us,
+            result.p99_us,
+            result.p999_us,
+            result.max_us,
+            result.p50_us / report.floor_p50_us.max(f64::MIN_POSITIVE),
+        ));
+    }
+    text
+}
+
+/// The `--json` line: `{"bench":"log","floor_p50_us":…,"results":[…]}`.
+pub fn json_line(report: &LogBenchReport) -> String {
+    serde_json::to_string(report).expect("the report serializes")
+}
+
+fn write_outputs(out: &Path, report: &LogBenchReport) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::write(out.join("log.json"), json_line(report) + "\n")?;
+    std::fs::write(out.join("log.txt"), table(report))?;
+    let series = |metric: fn(&LogBenchResult) -> f64| -> Vec<Series> {
+        let mut modes: Vec<&str> = report.results.iter().map(|result| result.mode.as_str()).collect();
+        modes.dedup();
+        modes
+            .into_iter()
+            .map(|mode| Series {
+                name: mode.to_string(),
+                points: report
+                    .results
+                    .iter()
+                    .filter(|result| result.mode == mode)
+                    .map(|result| (result.writers as f64, metric(result)))
+                    .collect(),
+            })
+            .collect()
+    };
+    let throughput = Chart {
+        title: format!("log appends: records/s ({} B records)", report.record_bytes),
+        x_label: "concurrent writers".into(),
+        y_label: "records/s".into(),
+        y_log: true,
+        series: series(|result| result.records_per_s),
+    };
+    std::fs::write(out.join("log-throughput.svg"), throughput.to_svg())?;
+    let mut latency_series = series(|result| result.p99_us);
+    for series in &mut latency_series {
+        series.name = format!("{} p99", series.name);
+    }
+    let mut p50 = series(|result| result.p50_us);
+    for series in &mut p50 {
+        series.name = format!("{} p50", series.name);
+    }
+    latency_series.extend(p50);
+    latency_series.push(Series {
+        name: "fdatasync floor p50".into(),
+        points: report.results.iter().map(|result| (result.writers as f64, report.floor_p50_us)).collect(),
+    });
+    let latency = Chart {
+        title: "log append latency (µs)".into(),
+        x_label: "concurrent writers".into(),
+        y_label: "µs".into(),
+        y_log: true,
+        series: latency_series,
+    };
+    std::fs::write(out.join("log-latency.svg"), latency.to_svg())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn short_run_reports_every_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let options = LogBenchOptions {
+            dir: dir.path().to_path_buf(),
+            writers: vec![1, 4],
+            duration: Duration::from_millis(300),
+            warmup: Duration::from_millis(50),
+            out: Some(out.clone()),
+            progress: false,
+            ..LogBenchOptions::default()
+        };
+        let report = run(&options).await.unwrap();
+        assert_eq!(report.results.len(), 4);
+        assert!(report.floor_p50_us > 0.0);
+        for result in &report.results {
+            assert!(result.records > 0, "{result:?}");
+            assert!(result.p50_us > 0.0 && result.p99_us >= result.p50_us, "{result:?}");
+        }
+        let line: serde_json::Value = serde_json::from_str(&json_line(&report)).unwrap();
+        assert_eq!(line["bench"], "log");
+        assert_eq!(line["results"][2]["mode"], "async");
+        assert_eq!(line["results"][1]["writers"], 4);
+        for file in ["log.json", "log.txt", "log-throughput.svg", "log-latency.svg"] {
+            assert!(out.join(file).exists(), "{file} missing");
+        }
+        // The scratch directory is removed afterwards.
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("out")]);
+    }
+}

@@ -1,0 +1,396 @@
+//! The commit pipeline of one partition: a write thread and a sync thread.
+//!
+//! The write thread takes every queued append, encodes them as one batch and writes it with one
+//! `pwrite`, then hands the batch to the sync thread. The sync thread takes every batch written
+//! so far, makes them durable with one `fdatasync` (if any of them asked for `fsync`), publishes
+//! them to readers in offset order and acknowledges them. So while one fdatasync runs, the next
+//! batches are already being written, and the next fdatasync starts the moment the previous one
+//! ends, covering everything written meanwhile: the disk is never idle while work waits, and
+//! concurrent writers share syncs.
+//!
+//! Both are OS threads, not tokio tasks: `fdatasync` blocks for a millisecond or more and must
+//! never stall a runtime worker.
+//!
+//! Ordering: batches are published strictly in offset order. The write thread publishes an
+//! `async` batch itself only when nothing is ahead of it in the pipeline; otherwise the sync
+//! thread publishes it after the batches before it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+
+use crate::config::Durability;
+use crate::error::AppendError;
+use crate::format::{BatchBuilder, BatchHeader};
+use crate::metrics as m;
+use crate::partition::{AppendAck, Pending, Shared};
+use crate::segment::Segment;
+
+type Ack = (oneshot::Sender<Result<AppendAck, AppendError>>, AppendAck, OwnedSemaphorePermit);
+
+/// A batch on disk (page cache), not yet visible to readers.
+pub(crate) struct Written {
+    segment: Arc<Segment>,
+    position: u64,
+    header: BatchHeader,
+    needs_fsync: bool,
+    acks: Vec<Ack>,
+}
+
+/// What the write thread hands to the sync thread, in order.
+pub(crate) enum Entry {
+    Batch(Written),
+    /// A roll closed this segment: once everything before is published, its index describes
+    /// all of it and is written.
+    Closed(Arc<Segment>),
+}
+
+impl Entry {
+    fn needs_fsync(&self) -> bool {
+        matches!(self, Entry::Batch(batch) if batch.needs_fsync)
+    }
+
+    fn segment(&self) -> &Arc<Segment> {
+        match self {
+            Entry::Batch(batch) => &batch.segment,
+            Entry::Closed(segment) => segment,
+        }
+    }
+}
+
+/// Batches between the write thread and the sync thread.
+#[derive(Default)]
+pub(crate) struct CommitQueue {
+    written: VecDeque<Entry>,
+    /// The sync thread holds batches it took and has not published yet.
+    syncing: bool,
+    /// A segment with published `async` batches that no fsync has covered yet.
+    unsynced: Option<Arc<Segment>>,
+    /// The write thread has exited: drain, sync and stop.
+    writer_done: bool,
+}
+
+/// The write thread's state.
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    active: Arc<Segment>,
+    /// The offset the next batch gets (assigned at write, published later).
+    next_offset: u64,
+    /// Reused for every batch so writing does not allocate per batch.
+    buffer: Vec<u8>,
+}
+
+impl Writer {
+    pub(crate) fn new(shared: Arc<Shared>, active: Arc<Segment>, next_offset: u64) -> Self {
+        Writer { shared, active, next_offset, buffer: Vec::new() }
+    }
+
+    pub(crate) fn run(mut self) {
+        let syncer = {
+            let shared = self.shared.clone();
+            let name = format!("{}-sync", std::thread::current().name().unwrap_or("log-writer"));
+            std::thread::Builder::new().name(name).spawn(move || Syncer { shared, last_sync: Instant::now() }.run())
+        };
+        let syncer = match syncer {
+            Ok(handle) => Some(handle),
+            Err(error) => {
+                self.poison(format!("cannot start the sync thread: {error}"), Vec::new());
+                None
+            }
+        };
+        loop {
+            let (taken, closing) = self.take();
+            if !taken.is_empty() {
+                self.write(taken);
+            }
+            if closing {
+                break;
+            }
+        }
+        {
+            let mut commit = self.shared.commit.lock().expect("commit lock");
+            commit.writer_done = true;
+            self.shared.commit_ready.notify_one();
+        }
+        if let Some(syncer) = syncer
+            && syncer.join().is_err()
+        {
+            tracing::error!(partition = %self.shared.label, "the log sync thread panicked");
+        }
+        if let Err(error) = self.active.persist_index(&self.shared.dir) {
+            tracing::warn!(partition = %self.shared.label, %error, "could not write the index on close; it will be rebuilt on open");
+        }
+        self.shared.watermark.send_modify(|watermark| watermark.closed = true);
+        self.shared.queue_credit.close();
+    }
+
+    /// Waits for appends; returns those that fit one batch, and whether the partition is
+    /// closing with nothing left to write.
+    fn take(&mut self) -> (Vec<Pending>, bool) {
+        let mut queue = self.shared.queue.lock().expect("queue lock");
+        while queue.pending.is_empty() && !queue.closing {
+            queue = self.shared.queue_ready.wait(queue).expect("queue lock");
+        }
+        if let Some(reason) = queue.poisoned.clone() {
+            let refused = std::mem::take(&mut queue.pending);
+            let closing = queue.closing;
+            drop(queue);
+            for pending in refused {
+                let _ = pending.ack.send(Err(AppendError::Poisoned(reason.clone())));
+            }
+            return (Vec::new(), closing);
+        }
+        let limit = self.shared.config.batch_bytes_max;
+        let (mut bytes, mut count) = (0, 0);
+        for pending in &queue.pending {
+            if count > 0 && bytes + pending.encoded.len() > limit {
+                break;
+            }
+            bytes += pending.encoded.len();
+            count += 1;
+        }
+        let taken: Vec<Pending> = if count == queue.pending.len() {
+            std::mem::take(&mut queue.pending)
+        } else {
+            queue.pending.drain(..count).collect()
+        };
+        let closing = queue.closing && queue.pending.is_empty();
+        (taken, closing)
+    }
+
+    /// Encodes `taken` as one batch, writes it, and passes it on to be synced and published.
+    fn write(&mut self, taken: Vec<Pending>) {
+        let base_offset = self.next_offset;
+        self.buffer.clear();
+        let mut builder = BatchBuilder::new(&mut self.buffer, base_offset);
+        let mut offset = base_offset;
+        let mut needs_fsync = false;
+        for pending in &taken {
+            builder.push_encoded(
+                &pending.encoded,
+                offset,
+                pending.count,
+                pending.first_timestamp_ms,
+                pending.max_timestamp_ms,
+            );
+            offset += pending.count as u64;
+            needs_fsync |= pending.durability == Durability::Fsync;
+        }
+        let header = builder.finish();
+        let written = self.active.written_bytes();
+        if written > 0
+            && written + header.batch_len as u64 > self.shared.config.segment_bytes_max
+            && let Err(reason) = self.roll(base_offset)
+        {
+            self.poison(reason, taken);
+            return;
+        }
+        let position = self.active.written_bytes();
+        if let Err(error) = self.active.write(&self.buffer) {
+            self.poison(format!("write failed: {error}"), taken);
+            return;
+        }
+        self.next_offset = header.next_offset();
+        let mut acks = Vec::with_capacity(taken.len());
+        let mut offset = base_offset;
+        for pending in taken {
+            acks.push((pending.ack, AppendAck { base_offset: offset, record_count: pending.count }, pending._credit));
+            offset += pending.count as u64;
+        }
+        let batch = Written { segment: self.active.clone(), position, header, needs_fsync, acks };
+        let mut commit = self.shared.commit.lock().expect("commit lock");
+        if !needs_fsync && commit.written.is_empty() && !commit.syncing {
+            // Nothing ahead of this `async` batch: publish it now, without a thread handoff.
+            // Holding the commit lock keeps the sync thread from publishing meanwhile.
+            let was_idle = commit.unsynced.is_none();
+            commit.unsynced = Some(batch.segment.clone());
+            publish(&self.shared, vec![Entry::Batch(batch)]);
+            if was_idle {
+                // Wake the sync thread so it arms the background fsync timer.
+                self.shared.commit_ready.notify_one();
+            }
+        } else {
+            commit.written.push_back(Entry::Batch(batch));
+            self.shared.commit_ready.notify_one();
+        }
+    }
+
+    /// Closes the active segment (synced, index written) and starts a new one at `base_offset`.
+    fn roll(&mut self, base_offset: u64) -> Result<(), String> {
+        // The closed segment must be durable before the next exists: recovery trusts every
+        // segment but the last.
+        self.active.sync().map_err(|error| format!("fsync before roll failed: {error}"))?;
+        let segment = Segment::create(&self.shared.dir, base_offset, self.shared.config.index_interval_bytes)
+            .map(Arc::new)
+            .map_err(|error| format!("could not create a segment: {error}"))?;
+        let closed = std::mem::replace(&mut self.active, segment.clone());
+        self.shared.segments.write().expect("segments lock").insert(base_offset, segment);
+        metrics::counter!(m::SEGMENTS_ROLLED).increment(1);
+        // The closed segment's index describes its published bytes, so the sync thread writes
+        // it after publishing the closed segment's last batch.
+        self.shared.commit.lock().expect("commit lock").written.push_back(Entry::Closed(closed));
+        Ok(())
+    }
+
+    fn poison(&mut self, reason: String, taken: Vec<Pending>) {
+        poison(&self.shared, &reason);
+        for pending in taken {
+            let _ = pending.ack.send(Err(AppendError::Poisoned(reason.clone())));
+        }
+    }
+}
+
+/// After an I/O failure the partition refuses all writes: what reached the disk is unknown, and
+/// guessing could acknowledge data that recovery will cut.
+fn poison(shared: &Shared, reason: &str) {
+    let mut queue = shared.queue.lock().expect("queue lock");
+    if queue.poisoned.is_none() {
+        tracing::error!(partition = %shared.label, %reason, "log partition poisoned; refusing writes");
+        metrics::counter!(m::POISONED).increment(1);
+        queue.poisoned = Some(reason.to_string());
+    }
+}
+
+/// Publishes batches to readers in order and acknowledges them.
+fn publish(shared: &Shared, entries: Vec<Entry>) {
+    let mut next_offset = None;
+    let (mut appends, mut records, mut bytes) = (0u64, 0u64, 0u64);
+    let mut acks = Vec::new();
+    for entry in entries {
+        let batch = match entry {
+            Entry::Batch(batch) => batch,
+            Entry::Closed(segment) => {
+                if let Err(error) = segment.persist_index(&shared.dir) {
+                    tracing::warn!(partition = %shared.label, %error, "could not write a segment index; it will be rebuilt on open");
+                }
+                continue;
+            }
+        };
+        batch.segment.publish(batch.position, &batch.header);
+        next_offset = Some(batch.header.next_offset());
+        appends += batch.acks.len() as u64;
+        records += batch.header.record_count as u64;
+        bytes += batch.header.batch_len as u64;
+        metrics::histogram!(m::BATCH_RECORDS).record(batch.header.record_count as f64);
+        acks.extend(batch.acks);
+    }
+    if let Some(next_offset) = next_offset {
+        shared.next_offset.store(next_offset, Ordering::Release);
+        shared.watermark.send_modify(|watermark| watermark.next_offset = next_offset);
+    }
+    // Acknowledge only after readers can see the records, so a writer can read its own write.
+    for (sender, ack, credit) in acks {
+        let _ = sender.send(Ok(ack));
+        drop(credit);
+    }
+    metrics::counter!(m::APPENDS).increment(appends);
+    metrics::counter!(m::RECORDS).increment(records);
+    metrics::counter!(m::BYTES).increment(bytes);
+}
+
+/// The sync thread's state.
+struct Syncer {
+    shared: Arc<Shared>,
+    last_sync: Instant,
+}
+
+impl Syncer {
+    fn run(mut self) {
+        let interval = Duration::from_millis(self.shared.config.async_fsync_interval_ms);
+        loop {
+            let mut commit = self.shared.commit.lock().expect("commit lock");
+            loop {
+                if !commit.written.is_empty() {
+                    break;
+                }
+                if let Some(segment) = commit.unsynced.clone() {
+                    let deadline = self.last_sync + interval;
+                    let now = Instant::now();
+                    if now >= deadline || commit.writer_done {
+                        // The background fsync of published `async` batches (or the final one).
+                        commit.unsynced = None;
+                        commit.syncing = true;
+                        drop(commit);
+                        if let Err(error) = self.sync(&segment) {
+                            poison(&self.shared, &format!("background fsync failed: {error}"));
+                        }
+                        commit = self.shared.commit.lock().expect("commit lock");
+                        commit.syncing = false;
+                        continue;
+                    }
+                    commit = self.shared.commit_ready.wait_timeout(commit, deadline - now).expect("commit lock").0;
+                    continue;
+                }
+                if commit.writer_done {
+                    return;
+                }
+                commit = self.shared.commit_ready.wait(commit).expect("commit lock");
+            }
+            let entries: Vec<Entry> = commit.written.drain(..).collect();
+            commit.syncing = true;
+            let unsynced = commit.unsynced.take();
+            drop(commit);
+            let needs_fsync = entries.iter().any(Entry::needs_fsync);
+            let mut failure = None;
+            if needs_fsync {
+                // Sync every segment the batches touch, plus one holding earlier unsynced async
+                // batches; a segment closed by a roll was already synced by the write thread.
+                let mut synced: Vec<*const Segment> = Vec::new();
+                let segments = unsynced.iter().chain(entries.iter().map(Entry::segment));
+                for segment in segments {
+                    if synced.contains(&Arc::as_ptr(segment)) {
+                        continue;
+                    }
+                    synced.push(Arc::as_ptr(segment));
+                    if let Err(error) = self.sync(segment) {
+                        failure = Some(format!("fsync failed: {error}"));
+                        break;
+                    }
+                }
+            }
+            if let Some(reason) = failure {
+                poison(&self.shared, &reason);
+                // Nothing after a failed sync can be acknowledged: these and every batch queued
+                // behind them are refused.
+                let mut commit = self.shared.commit.lock().expect("commit lock");
+                for entry in entries.into_iter().chain(commit.written.drain(..)) {
+                    if let Entry::Batch(batch) = entry {
+                        for (sender, _, _) in batch.acks {
+                            let _ = sender.send(Err(AppendError::Poisoned(reason.clone())));
+                        }
+                    }
+                }
+                commit.syncing = false;
+                continue;
+            }
+            // Only `async` batches, unsynced: remember where the background fsync must go.
+            let still_unsynced = if needs_fsync {
+                None
+            } else {
+                entries
+                    .iter()
+                    .rev()
+                    .find(|entry| matches!(entry, Entry::Batch(_)))
+                    .map(|entry| entry.segment().clone())
+                    .or(unsynced)
+            };
+            // Published without the commit lock: `syncing` keeps the write thread from
+            // publishing anything meanwhile, so offsets stay in order.
+            publish(&self.shared, entries);
+            let mut commit = self.shared.commit.lock().expect("commit lock");
+            commit.unsynced = still_unsynced;
+            commit.syncing = false;
+        }
+    }
+
+    fn sync(&mut self, segment: &Segment) -> std::io::Result<()> {
+        let started = Instant::now();
+        segment.sync()?;
+        metrics::histogram!(m::FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+}

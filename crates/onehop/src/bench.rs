@@ -1,0 +1,41 @@
+//! `onehop bench …`: thin front ends over the harness in `onehop-bench`.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use onehop_bench::log::{LogBenchOptions, json_line, table};
+
+use crate::cli::{BenchCommand, BenchLogArgs};
+
+pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Log(args) => bench_log(args),
+    }
+}
+
+fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
+    if args.writers.is_empty() || args.writers.contains(&0) {
+        anyhow::bail!("--writers needs one or more positive counts");
+    }
+    if !(args.duration > 0.0 && args.warmup >= 0.0) {
+        anyhow::bail!("--duration must be positive and --warmup not negative");
+    }
+    let options = LogBenchOptions {
+        dir: args.dir,
+        record_bytes: args.record_bytes,
+        writers: args.writers,
+        modes: args.modes,
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+        out: args.out,
+        progress: !args.no_progress,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let report = runtime.block_on(onehop_bench::log::run(&options))?;
+    println!("{}", table(&report));
+    println!("command: onehop bench log {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    if args.json {
+        println!("{}", json_line(&report));
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! The command line. Every flag of `serve` can also be set by an `ONEHOP_*` environment
+//! variable or a key of the same name (with `_`) in `onehop.toml`; flags win over the
+//! environment, which wins over the file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use onehop_log::Durability;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "onehop",
+    version,
+    about = "Durable tables, streams, live subscriptions and views in one process, on one log.",
+    long_about = "onehop keeps every write in one durable, group-committed log and serves it to \
+                  subscribers, queries and live aggregates from the same process.\n\n\
+                  Start a server on the embedded default with `onehop serve`."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the server (data in ./onehop-data, HTTP on 127.0.0.1:8080 by default).
+    Serve(ServeArgs),
+    /// Run a benchmark and print its figures.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// Settings of `onehop serve`. A flag left out falls back to its environment variable, then to
+/// the same key in the config file, then to the default shown.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// Config file (TOML; keys as the flags with `_`, e.g. `data_dir = "/var/lib/onehop"`).
+    /// Without this flag, ./onehop.toml is read when it exists.
+    #[arg(long, env = "ONEHOP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Directory holding the log and all state [default: ./onehop-data].
+    #[arg(long, env = "ONEHOP_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Address of the HTTP listener (REST, SSE, WebSocket, /healthz, /metrics). Use port 0 for
+    /// any free port [default: 127.0.0.1:8080].
+    #[arg(long, env = "ONEHOP_HTTP_ADDR", value_name = "ADDR")]
+    pub http_addr: Option<SocketAddr>,
+
+    /// Default durability of new streams and tables: `fsync` acknowledges after fdatasync of
+    /// the batch holding the write; `async` after write(2), with a background fsync
+    /// [default: fsync].
+    #[arg(long, env = "ONEHOP_DURABILITY", value_name = "LEVEL")]
+    pub durability: Option<Durability>,
+
+    /// How often `async` writes are fsynced in the background, in milliseconds [default: 100].
+    #[arg(long, env = "ONEHOP_ASYNC_FSYNC_INTERVAL_MS", value_name = "MS")]
+    pub async_fsync_interval_ms: Option<u64>,
+
+    /// A log segment is closed and a new one begun at this size; accepts KiB/MiB/GiB suffixes
+    /// [default: 64MiB].
+    #[arg(long, env = "ONEHOP_SEGMENT_BYTES_MAX", value_name = "BYTES", value_parser = parse_bytes)]
+    pub segment_bytes_max: Option<u64>,
+
+    /// Largest record accepted, encoded [default: 1MiB].
+    #[arg(long, env = "ONEHOP_RECORD_BYTES_MAX", value_name = "BYTES", value_parser = parse_bytes)]
+    pub record_bytes_max: Option<u64>,
+
+    /// Largest single append (all of its records) accepted [default: 16MiB].
+    #[arg(long, env = "ONEHOP_BATCH_BYTES_MAX", value_name = "BYTES", value_parser = parse_bytes)]
+    pub batch_bytes_max: Option<u64>,
+
+    /// How often retention and compaction run, in seconds [default: 30].
+    #[arg(long, env = "ONEHOP_MAINTENANCE_INTERVAL_S", value_name = "SECONDS")]
+    pub maintenance_interval_s: Option<u64>,
+
+    /// Log filter, e.g. `info` or `onehop_log=debug,info` [default: info].
+    #[arg(long, env = "ONEHOP_LOG", value_name = "FILTER")]
+    pub log: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Log append latency and throughput against the disk's fdatasync floor.
+    Log(BenchLogArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchLogArgs {
+    /// Scratch files go in a temporary directory under this one: put it on the disk to measure.
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Size of each record, encoded.
+    #[arg(long, default_value_t = 256, value_name = "BYTES")]
+    pub record_bytes: usize,
+
+    /// Numbers of concurrent writers to measure, comma-separated.
+    #[arg(long, default_value = "1,8,64,512", value_delimiter = ',', value_name = "N,…")]
+    pub writers: Vec<usize>,
+
+    /// Durability modes to measure, comma-separated.
+    #[arg(long, default_value = "fsync,async", value_delimiter = ',', value_name = "MODE,…")]
+    pub modes: Vec<Durability>,
+
+    /// Measured seconds per configuration.
+    #[arg(long, default_value_t = 3.0, value_name = "SECONDS")]
+    pub duration: f64,
+
+    /// Unmeasured seconds before each configuration.
+    #[arg(long, default_value_t = 0.5, value_name = "SECONDS")]
+    pub warmup: f64,
+
+    /// Also write log.json, log.txt and SVG plots into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// End the output with one JSON line of the results.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Do not draw progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Parses a byte size: a number with an optional K/KB/KiB, M/MB/MiB or G/GB/GiB suffix (all
+/// binary multiples).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size: expected e.g. 4096 or 64MiB"))?;
+    let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size suffix {other:?}: use KiB, MiB or GiB")),
+    };
+    number.checked_mul(multiplier).ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1 KiB"), Ok(1024));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5 parsecs").unwrap_err().contains("unknown size suffix"));
+        assert!(parse_bytes("99999999999999GiB").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,79 @@
+//! `onehop serve`: lock the data directory, recover the log, serve, and shut down cleanly.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use onehop_log::{DirLock, Log, LogOptions};
+use onehop_server::{AppState, install_metrics, serve_http};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::ServeArgs;
+use crate::settings::Settings;
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    let filter = EnvFilter::try_new(&settings.log_filter)
+        .with_context(|| format!("bad log filter {:?}", settings.log_filter))?;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("onehop-worker")
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(serve(settings))
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    // Installed first, so a signal that arrives during start-up still means a clean stop.
+    let shutdown = shutdown_signal().context("installing SIGINT/SIGTERM handlers")?;
+    // Held until the process exits; a second server on the same directory is refused here.
+    let lock = DirLock::acquire(&settings.data_dir)?;
+    tracing::info!(
+        data_dir = %settings.data_dir.display(),
+        config_file = ?settings.config_file,
+        durability = %settings.stream_defaults.durability,
+        "starting onehop"
+    );
+    let metrics = install_metrics().map_err(anyhow::Error::msg)?;
+    let log_dir = settings.data_dir.join("log");
+    let options = LogOptions { maintenance_interval: settings.maintenance_interval };
+    let (log, opened) = tokio::task::spawn_blocking(move || Log::open(log_dir, options))
+        .await
+        .context("log recovery thread")?
+        .context("opening the log")?;
+    let truncated: u64 = opened.iter().map(|partition| partition.recovery.truncated_bytes).sum();
+    tracing::info!(partitions = opened.len(), truncated_bytes = truncated, "log recovered");
+    let log = Arc::new(log);
+    let listener = tokio::net::TcpListener::bind(settings.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.http_addr))?;
+    let address = listener.local_addr()?;
+    if !address.ip().is_loopback() {
+        tracing::warn!(%address, "listening on a non-loopback address: reachable from other machines");
+    }
+    tracing::info!(%address, "listening on http://{address}");
+    let state = AppState { log: log.clone(), metrics: Some(metrics) };
+    serve_http(listener, state, shutdown).await.context("HTTP server")?;
+    // No new requests now; close the log: queued appends are written and synced and each
+    // active segment's index is written, so the next start needs no tail scan.
+    tracing::info!("shutting down: flushing the log");
+    tokio::task::spawn_blocking(move || log.close()).await.context("closing the log")?;
+    drop(lock);
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// A future that resolves on the first SIGINT or SIGTERM; the handlers are installed at once.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        };
+        tracing::info!(signal = name, "shutdown requested");
+    })
+}

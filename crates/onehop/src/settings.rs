@@ -1,0 +1,193 @@
+//! Resolving `serve` settings: flags > environment (both through clap) > config file > defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use onehop_log::{Durability, PartitionConfig};
+use serde::Deserialize;
+
+use crate::cli::{ServeArgs, parse_bytes};
+
+pub const DEFAULT_DATA_DIR: &str = "./onehop-data";
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
+pub const DEFAULT_CONFIG_FILE: &str = "onehop.toml";
+const DEFAULT_MAINTENANCE_INTERVAL_S: u64 = 30;
+const DEFAULT_LOG_FILTER: &str = "info";
+
+/// A size in the config file: a number of bytes or a string such as "64MiB".
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    fn bytes(&self, key: &str) -> anyhow::Result<u64> {
+        match self {
+            Size::Bytes(bytes) => Ok(*bytes),
+            Size::Text(text) => parse_bytes(text).map_err(|error| anyhow::anyhow!("{key}: {error}")),
+        }
+    }
+}
+
+/// `onehop.toml`: the same settings as the flags, named with `_`. Unknown keys are an error so
+/// a typo is never silently ignored.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    data_dir: Option<PathBuf>,
+    http_addr: Option<SocketAddr>,
+    durability: Option<String>,
+    async_fsync_interval_ms: Option<u64>,
+    segment_bytes_max: Option<Size>,
+    record_bytes_max: Option<Size>,
+    batch_bytes_max: Option<Size>,
+    maintenance_interval_s: Option<u64>,
+    log: Option<String>,
+}
+
+/// Everything `serve` runs with, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub http_addr: SocketAddr,
+    /// Settings given to new streams and tables unless they declare their own.
+    pub stream_defaults: PartitionConfig,
+    pub maintenance_interval: Duration,
+    pub log_filter: String,
+    /// The config file that was read, if any.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Resolves settings from parsed flags/environment and the config file.
+    pub fn resolve(args: &ServeArgs) -> anyhow::Result<Settings> {
+        let (file, config_file) = match &args.config {
+            Some(path) => (read_file(path)?, Some(path.clone())),
+            None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
+                (read_file(Path::new(DEFAULT_CONFIG_FILE))?, Some(PathBuf::from(DEFAULT_CONFIG_FILE)))
+            }
+            None => (FileSettings::default(), None),
+        };
+        Self::merge(args, file, config_file)
+    }
+
+    fn merge(args: &ServeArgs, file: FileSettings, config_file: Option<PathBuf>) -> anyhow::Result<Settings> {
+        let defaults = PartitionConfig::default();
+        let size = |flag: Option<u64>, from_file: &Option<Size>, key: &str, default: u64| -> anyhow::Result<u64> {
+            match (flag, from_file) {
+                (Some(bytes), _) => Ok(bytes),
+                (None, Some(size)) => size.bytes(key),
+                (None, None) => Ok(default),
+            }
+        };
+        let durability = match (args.durability, &file.durability) {
+            (Some(durability), _) => durability,
+            (None, Some(text)) => text.parse::<Durability>().map_err(|error| anyhow::anyhow!("durability: {error}"))?,
+            (None, None) => defaults.durability,
+        };
+        let segment_bytes_max =
+            size(args.segment_bytes_max, &file.segment_bytes_max, "segment_bytes_max", defaults.segment_bytes_max)?;
+        // Limits left at their defaults shrink to fit the ones that were set, so setting a small
+        // segment size alone does not trip the batch limit.
+        let batch_bytes_max = size(
+            args.batch_bytes_max,
+            &file.batch_bytes_max,
+            "batch_bytes_max",
+            (defaults.batch_bytes_max as u64).min(segment_bytes_max),
+        )? as usize;
+        let record_bytes_max = size(
+            args.record_bytes_max,
+            &file.record_bytes_max,
+            "record_bytes_max",
+            (defaults.record_bytes_max as u64).min(batch_bytes_max as u64),
+        )? as usize;
+        let stream_defaults = PartitionConfig {
+            durability,
+            async_fsync_interval_ms: args
+                .async_fsync_interval_ms
+                .or(file.async_fsync_interval_ms)
+                .unwrap_or(defaults.async_fsync_interval_ms),
+            segment_bytes_max,
+            record_bytes_max,
+            batch_bytes_max,
+            queue_bytes_max: defaults.queue_bytes_max.max(batch_bytes_max),
+            ..defaults
+        };
+        if let Err(reason) = stream_defaults.validate() {
+            bail!("invalid log settings: {reason}");
+        }
+        let maintenance_interval_s =
+            args.maintenance_interval_s.or(file.maintenance_interval_s).unwrap_or(DEFAULT_MAINTENANCE_INTERVAL_S);
+        if maintenance_interval_s == 0 {
+            bail!("maintenance_interval_s must be at least 1");
+        }
+        Ok(Settings {
+            data_dir: args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            http_addr: args
+                .http_addr
+                .or(file.http_addr)
+                .unwrap_or_else(|| DEFAULT_HTTP_ADDR.parse().expect("valid default address")),
+            stream_defaults,
+            maintenance_interval: Duration::from_secs(maintenance_interval_s),
+            log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
+            config_file,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> FileSettings {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn defaults_listen_on_loopback_only() {
+        let settings = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
+        assert_eq!(settings.data_dir, PathBuf::from("./onehop-data"));
+        assert!(settings.http_addr.ip().is_loopback());
+        assert_eq!(settings.http_addr.port(), 8080);
+        assert_eq!(settings.stream_defaults, PartitionConfig::default());
+    }
+
+    #[test]
+    fn flags_win_over_file_and_file_over_defaults() {
+        let from_file = file(
+            "data_dir = \"/from/file\"\nhttp_addr = \"127.0.0.1:9000\"\nsegment_bytes_max = \"8MiB\"\n\
+             durability = \"async\"\nmaintenance_interval_s = 5\n",
+        );
+        let args = ServeArgs { data_dir: Some("/from/flag".into()), ..ServeArgs::default() };
+        let settings = Settings::merge(&args, from_file, None).unwrap();
+        assert_eq!(settings.data_dir, PathBuf::from("/from/flag"));
+        assert_eq!(settings.http_addr.port(), 9000);
+        assert_eq!(settings.stream_defaults.segment_bytes_max, 8 << 20);
+        assert_eq!(settings.stream_defaults.durability, Durability::Async);
+        assert_eq!(settings.maintenance_interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn bad_files_and_values_are_refused_with_the_key_named() {
+        assert!(
+            toml::from_str::<FileSettings>("data_directory = \"x\"").unwrap_err().to_string().contains("unknown field")
+        );
+        let error = Settings::merge(&ServeArgs::default(), file("durability = \"later\""), None).unwrap_err();
+        assert!(error.to_string().contains("durability"), "{error}");
+        let error =
+            Settings::merge(&ServeArgs::default(), file("segment_bytes_max = \"12 furlongs\""), None).unwrap_err();
+        assert!(error.to_string().contains("segment_bytes_max"), "{error}");
+        let args = ServeArgs { record_bytes_max: Some(64 << 20), ..ServeArgs::default() };
+        let error = Settings::merge(&args, FileSettings::default(), None).unwrap_err();
+        assert!(error.to_string().contains("record_bytes_max"), "{error}");
+    }
+}

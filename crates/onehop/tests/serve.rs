@@ -1,0 +1,246 @@
+//! `onehop serve` as a user runs it: the real binary, real signals, real HTTP over loopback.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use onehop_log::{Log, LogOptions, NewRecord, PartitionConfig};
+
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Server {
+    child: Child,
+    address: SocketAddr,
+    /// Every stderr line the server printed so far, collected by a reader thread.
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+fn onehop() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_onehop"));
+    // Keep the environment of whoever runs the tests out of the server's settings.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("ONEHOP_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+/// Starts `onehop serve` with `args` in `cwd` and waits until it is listening.
+fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
+    let mut child = onehop()
+        .arg("serve")
+        .args(args)
+        .envs(envs.iter().copied())
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn onehop serve");
+    let stderr = child.stderr.take().unwrap();
+    let (sender, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut server = Server { child, address: "127.0.0.1:1".parse().unwrap(), lines, seen: Vec::new() };
+    let line = server.wait_for_line("listening on http://");
+    let address = line.split("listening on http://").nth(1).unwrap();
+    let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
+    server.address = address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}"));
+    server
+}
+
+impl Server {
+    fn wait_for_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line containing {needle:?}; server said:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Collect what is left of stderr.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                    self.seen.push(line);
+                }
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server did not exit; it said:\n{}", self.seen.join("\n"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 GET over a fresh connection; returns (status, body).
+fn get(address: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn serves_health_and_metrics_then_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0"], &[]);
+    assert!(server.address.ip().is_loopback());
+    let (status, body) = get(server.address, "/healthz");
+    assert_eq!(status, 200);
+    assert!(body.contains(r#""status":"ok""#), "{body}");
+    let (status, body) = get(server.address, "/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("log_fsync_duration_seconds") || body.is_empty() || body.contains('#'), "{body}");
+    // The embedded default: data in ./onehop-data of the working directory, locked.
+    assert!(dir.path().join("onehop-data/LOCK").exists());
+    server.signal("TERM");
+    let status = server.wait_exit();
+    assert!(status.success(), "exit {status:?}; said:\n{}", server.seen.join("\n"));
+    assert!(server.seen.iter().any(|line| line.contains("stopped cleanly")), "{}", server.seen.join("\n"));
+}
+
+#[test]
+fn sigint_also_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()], &[]);
+    server.signal("INT");
+    assert!(server.wait_exit().success(), "{}", server.seen.join("\n"));
+}
+
+#[test]
+fn a_second_server_on_the_same_data_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let first = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data], &[]);
+    let output = onehop()
+        .args(["serve", "--http-addr", "127.0.0.1:0", "--data-dir", data])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is in use by another onehop process"), "{stderr}");
+    assert!(stderr.contains(&format!("pid {}", first.child.id())), "{stderr}");
+    // The first one is unaffected.
+    assert_eq!(get(first.address, "/healthz").0, 200);
+}
+
+#[test]
+fn flags_beat_environment_and_environment_beats_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("onehop.toml"),
+        "data_dir = \"from-file\"\nhttp_addr = \"127.0.0.1:0\"\nmaintenance_interval_s = 7\n",
+    )
+    .unwrap();
+    // The file alone: its data_dir is used.
+    let mut server = start(dir.path(), &[], &[]);
+    assert!(dir.path().join("from-file/LOCK").exists());
+    server.signal("TERM");
+    assert!(server.wait_exit().success());
+    // The environment beats the file.
+    let mut server = start(dir.path(), &[], &[("ONEHOP_DATA_DIR", "from-env")]);
+    assert!(dir.path().join("from-env/LOCK").exists());
+    server.signal("TERM");
+    assert!(server.wait_exit().success());
+    // A flag beats both.
+    let mut server = start(dir.path(), &["--data-dir", "from-flag"], &[("ONEHOP_DATA_DIR", "from-env")]);
+    assert!(dir.path().join("from-flag/LOCK").exists());
+    server.signal("TERM");
+    assert!(server.wait_exit().success());
+}
+
+#[test]
+fn a_bad_config_file_is_refused_with_its_name_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("onehop.toml"), "data_directory = \"x\"\n").unwrap();
+    let output = onehop().arg("serve").current_dir(dir.path()).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("onehop.toml") && stderr.contains("data_directory"), "{stderr}");
+}
+
+#[test]
+fn recovers_the_log_after_kill_9_and_reports_its_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    {
+        let (log, _) = Log::open(data.join("log"), LogOptions::default()).unwrap();
+        let partition = log.open_partition("orders", 0, PartitionConfig::default()).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(partition.append(&[NewRecord::value("a"), NewRecord::value("b")])).unwrap();
+        log.close();
+    }
+    let data = data.to_str().unwrap();
+    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data], &[]);
+    let (_, body) = get(server.address, "/healthz");
+    assert!(body.contains(r#""partitions":1"#), "{body}");
+    server.child.kill().unwrap(); // SIGKILL: no clean shutdown, the lock dies with the process
+    server.child.wait().unwrap();
+    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data], &[]);
+    let (_, body) = get(server.address, "/healthz");
+    assert!(body.contains(r#""partitions":1"#), "{body}");
+    drop(server);
+    let (log, opened) = Log::open(dir.path().join("data/log"), LogOptions::default()).unwrap();
+    assert_eq!(opened.len(), 1);
+    assert_eq!(log.partition("orders", 0).unwrap().end_offset(), 2);
+}
+
+#[test]
+fn help_documents_every_serve_flag() {
+    let output = onehop().args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--config",
+        "--data-dir",
+        "--http-addr",
+        "--durability",
+        "--async-fsync-interval-ms",
+        "--segment-bytes-max",
+        "--record-bytes-max",
+        "--batch-bytes-max",
+        "--maintenance-interval-s",
+        "--log",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from serve --help");
+    }
+    assert!(help.contains("ONEHOP_DATA_DIR"));
+}
