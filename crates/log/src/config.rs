@@ -1,5 +1,6 @@
 //! Per-partition settings, validated on open and persisted beside the segments
-//! (`partition.conf`) so a partition reopens with the settings it was created with.
+//! (`partition.conf`). `Partition::open` stores the settings it is given (so they can change,
+//! e.g. retention); `Partition::open_existing` and `Log::open` reopen with the stored ones.
 
 use std::fmt;
 use std::path::Path;

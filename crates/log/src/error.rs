@@ -12,6 +12,8 @@ pub enum DecodeError {
     BadMagic(u32),
     #[error("unknown batch version {0}")]
     BadVersion(u16),
+    #[error("unknown batch attributes {0:#06x}")]
+    BadAttributes(u16),
     #[error("impossible batch length {0}")]
     BadLength(u32),
     #[error("record count does not match the batch's offsets")]

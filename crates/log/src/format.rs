@@ -122,7 +122,7 @@ impl BatchHeader {
         let crc = buf.get_u32_le();
         let batch_len = buf.get_u32_le();
         let version = buf.get_u16_le();
-        let _attributes = buf.get_u16_le();
+        let attributes = buf.get_u16_le();
         let header = BatchHeader {
             crc,
             batch_len,
@@ -134,6 +134,10 @@ impl BatchHeader {
         };
         if version != BATCH_VERSION {
             return Err(DecodeError::BadVersion(version));
+        }
+        // Version 1 defines no attributes; a set bit means a writer this reader does not know.
+        if attributes != 0 {
+            return Err(DecodeError::BadAttributes(attributes));
         }
         if (batch_len as usize) < BATCH_HEADER_BYTES {
             return Err(DecodeError::BadLength(batch_len));
@@ -409,10 +413,10 @@ mod tests {
     fn sample(i: u64) -> NewRecord {
         NewRecord {
             timestamp_ms: None,
-            key: (i % 2 == 0).then(|| Bytes::from(format!("key-{i}"))),
-            subject: (i % 3 == 0).then(|| format!("scores/team-{i}")),
+            key: i.is_multiple_of(2).then(|| Bytes::from(format!("key-{i}"))),
+            subject: i.is_multiple_of(3).then(|| format!("scores/team-{i}")),
             headers: vec![("h".into(), Bytes::from_static(b"v"))],
-            value: (i % 5 != 0).then(|| Bytes::from(vec![i as u8; i as usize])),
+            value: (!i.is_multiple_of(5)).then(|| Bytes::from(vec![i as u8; i as usize])),
         }
     }
 
@@ -487,5 +491,111 @@ mod tests {
         assert_eq!(header.record_count, 3);
         let batch = Bytes::from(out);
         assert_eq!(decode_records(&header, &batch).unwrap(), records);
+    }
+
+    /// The batch that docs/log-format.md takes apart byte by byte ("A worked example"): one record
+    /// at offset 42 with key `k`, subject `a/b`, no headers and value `v`. If the encoding
+    /// changes, this fails; update the hex dump here and in the document together.
+    #[test]
+    fn documented_example_bytes() {
+        const TIMESTAMP_MS: i64 = 1_700_000_000_000; // 2023-11-14T22:13:20Z
+        const EXPECTED: &str = "
+            4f 48 42 31 a9 7c 11 db 52 00 00 00 01 00 00 00
+            2a 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00
+            00 68 e5 cf 8b 01 00 00 00 68 e5 cf 8b 01 00 00
+            1e 00 00 00 00 00 00 00 00 68 e5 cf 8b 01 00 00
+            07 01 00 00 00 6b 03 00 61 2f 62 00 00 01 00 00
+            00 76
+        ";
+        let record = NewRecord {
+            timestamp_ms: Some(TIMESTAMP_MS),
+            key: Some(Bytes::from_static(b"k")),
+            subject: Some("a/b".into()),
+            headers: vec![],
+            value: Some(Bytes::from_static(b"v")),
+        };
+        let mut encoded = Vec::new();
+        encode_record(&mut encoded, &record, TIMESTAMP_MS);
+        let mut out = Vec::new();
+        let mut builder = BatchBuilder::new(&mut out, 42);
+        builder.push_encoded(&encoded, 42, 1, TIMESTAMP_MS, TIMESTAMP_MS);
+        let header = builder.finish();
+
+        // The dump as it appears in the document: 16 bytes per line, lowercase, space-separated.
+        let dump: String = out
+            .chunks(16)
+            .map(|line| line.iter().map(|byte| format!("{byte:02x}")).collect::<Vec<_>>().join(" ") + "\n")
+            .collect();
+        let squeeze = |text: &str| text.split_whitespace().collect::<String>();
+        assert_eq!(squeeze(&dump), squeeze(EXPECTED), "the encoding changed; the bytes are now:\n{dump}");
+        let document = include_str!("../../../docs/log-format.md");
+        assert!(
+            squeeze(document).contains(&squeeze(EXPECTED)),
+            "docs/log-format.md must show the example batch exactly as:\n{dump}"
+        );
+
+        let batch = Bytes::from(out);
+        let parsed = BatchHeader::parse(&batch).unwrap();
+        parsed.verify(&batch).unwrap();
+        assert_eq!(parsed, header);
+        assert_eq!((parsed.batch_len, parsed.base_offset, parsed.record_count), (82, 42, 1));
+        let expected = Record {
+            offset: 42,
+            timestamp_ms: TIMESTAMP_MS,
+            key: record.key.clone(),
+            subject: record.subject.clone(),
+            headers: vec![],
+            value: record.value.clone(),
+        };
+        assert_eq!(decode_records(&parsed, &batch).unwrap(), vec![expected]);
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes, decoding answers with records or an error, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            if let Ok(header) = BatchHeader::parse(&bytes) {
+                let len = (header.batch_len as usize).min(bytes.len());
+                let batch = Bytes::copy_from_slice(&bytes[..len]);
+                if len == header.batch_len as usize {
+                    let _ = header.verify(&batch);
+                    let _ = decode_records(&header, &batch);
+                }
+            }
+        }
+
+        /// A valid batch with bytes overwritten: the CRC or the parser catches it, or (when the
+        /// write changed nothing) it decodes to the same records.
+        #[test]
+        fn mutated_batches_are_caught(
+            values in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), 1..6),
+            edits in proptest::collection::vec((proptest::prelude::any::<usize>(), proptest::prelude::any::<u8>()), 1..4),
+        ) {
+            let mut encoded = Vec::new();
+            for value in &values {
+                encode_record(&mut encoded, &NewRecord::keyed("k", value.clone()), 7);
+            }
+            let mut out = Vec::new();
+            let mut builder = BatchBuilder::new(&mut out, 10);
+            builder.push_encoded(&encoded, 10, values.len() as u32, 7, 7);
+            builder.finish();
+            let original = out.clone();
+            for (at, byte) in edits {
+                let at = at % out.len();
+                out[at] = byte;
+            }
+            let outcome = BatchHeader::parse(&out).and_then(|header| {
+                if header.batch_len as usize != out.len() {
+                    return Err(DecodeError::BadLength(header.batch_len));
+                }
+                let batch = Bytes::copy_from_slice(&out);
+                header.verify(&batch)?;
+                decode_records(&header, &batch)
+            });
+            if let Ok(records) = outcome {
+                proptest::prop_assert_eq!(&out, &original, "a changed batch passed every check");
+                proptest::prop_assert_eq!(records.len(), values.len());
+            }
+        }
     }
 }

@@ -156,35 +156,21 @@ impl Partition {
 
 fn read_segment(segment: &Segment, end: u64) -> Result<Vec<Record>, MaintenanceError> {
     let mut records = Vec::new();
-    let mut failure = None;
-    let read = segment.read_batches(0, |header, batch| {
-        if header.base_offset >= end {
-            return false;
-        }
-        match decode_records(header, &batch) {
-            Ok(decoded) => {
-                records.extend(decoded.into_iter().filter(|record| record.offset < end));
-                true
+    segment
+        .read_batches(0, |header, batch| {
+            if header.base_offset >= end {
+                return Ok(false);
             }
-            Err(reason) => {
-                failure = Some(reason.to_string());
-                false
-            }
-        }
-    });
-    let corrupt = |position, reason| {
-        MaintenanceError::Read(crate::ReadError::Corrupt {
-            segment: segment.path.display().to_string(),
-            position,
-            reason,
+            records.extend(decode_records(header, &batch)?.into_iter().filter(|record| record.offset < end));
+            Ok(true)
         })
-    };
-    if let Err((position, reason)) = read {
-        return Err(corrupt(position, reason));
-    }
-    if let Some(reason) = failure {
-        return Err(corrupt(0, reason));
-    }
+        .map_err(|(position, reason)| {
+            MaintenanceError::Read(crate::ReadError::Corrupt {
+                segment: segment.path.display().to_string(),
+                position,
+                reason,
+            })
+        })?;
     Ok(records)
 }
 

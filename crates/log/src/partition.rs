@@ -148,6 +148,8 @@ impl Partition {
                 continue;
             }
             if let Some(stem) = name.strip_suffix(&format!(".{LOG_SUFFIX}"))
+                && stem.len() == 20
+                && stem.bytes().all(|byte| byte.is_ascii_digit())
                 && let Ok(base) = stem.parse::<u64>()
             {
                 bases.push(base);
@@ -348,46 +350,36 @@ impl Partition {
             return Ok(records);
         }
         let mut bytes = 0;
-        let mut failure = None;
         for segment in self.segments_from(from) {
             let position = segment.position_for_offset(from);
             let read = segment.read_batches(position, |header, batch| {
                 if header.next_offset() <= from {
-                    return true;
+                    return Ok(true);
                 }
                 if header.base_offset >= end {
-                    return false;
+                    return Ok(false);
                 }
-                let decoded = match decode_records(header, &batch) {
-                    Ok(decoded) => decoded,
-                    Err(reason) => {
-                        failure = Some(ReadError::Corrupt {
-                            segment: segment.path.display().to_string(),
-                            position: 0,
-                            reason: reason.to_string(),
-                        });
-                        return false;
-                    }
-                };
-                for record in decoded {
+                for record in decode_records(header, &batch)? {
                     if record.offset < from || record.offset >= end {
                         continue;
                     }
                     bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
                     records.push(record);
                     if records.len() >= max_records || bytes >= max_bytes {
-                        return false;
+                        return Ok(false);
                     }
                 }
-                true
+                Ok(true)
             });
             if let Err((position, reason)) = read {
                 return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
             }
-            if let Some(failure) = failure {
-                return Err(failure);
-            }
-            if records.len() >= max_records || bytes >= max_bytes || segment.next_offset() >= end {
+            // `bytes >= max_bytes` holds from the start when `max_bytes` is 0: it only counts once
+            // a record is in, or a read from a gap compaction left at a segment's end finds nothing.
+            if records.len() >= max_records
+                || (bytes >= max_bytes && !records.is_empty())
+                || segment.next_offset() >= end
+            {
                 break;
             }
         }
@@ -404,34 +396,22 @@ impl Partition {
                 continue;
             }
             let mut found = None;
-            let mut failure = None;
             let position = segment.position_for_timestamp(timestamp_ms);
             let read = segment.read_batches(position, |header, batch| {
                 if header.base_offset >= end {
-                    return false;
+                    return Ok(false);
                 }
                 if header.max_timestamp_ms < timestamp_ms {
-                    return true;
+                    return Ok(true);
                 }
-                match decode_records(header, &batch) {
-                    Ok(records) => {
-                        found = records
-                            .iter()
-                            .find(|record| record.timestamp_ms >= timestamp_ms && record.offset < end)
-                            .map(|record| record.offset);
-                        found.is_none()
-                    }
-                    Err(reason) => {
-                        failure = Some(reason.to_string());
-                        false
-                    }
-                }
+                found = decode_records(header, &batch)?
+                    .iter()
+                    .find(|record| record.timestamp_ms >= timestamp_ms && record.offset < end)
+                    .map(|record| record.offset);
+                Ok(found.is_none())
             });
             if let Err((position, reason)) = read {
                 return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
-            }
-            if let Some(reason) = failure {
-                return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position: 0, reason });
             }
             if found.is_some() {
                 return Ok(found);

@@ -5,13 +5,13 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use bytes::Bytes;
 
-use crate::error::{OpenError, io_at};
-use crate::format::{BATCH_HEADER_BYTES, BatchHeader};
+use crate::error::{DecodeError, OpenError, io_at};
+use crate::format::{BATCH_HEADER_BYTES, BatchHeader, decode_records};
 
 pub(crate) const LOG_SUFFIX: &str = "log";
 pub(crate) const INDEX_SUFFIX: &str = "index";
@@ -23,6 +23,18 @@ const INDEX_VERSION: u16 = 1;
 const INDEX_HEADER_BYTES: usize = 48;
 /// Scans read this much at a time so recovery is not one syscall per batch.
 const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+/// While its partition is idle, the active segment is given a zero-filled runway ahead of its
+/// data. A batch written inside the runway overwrites blocks that already exist, so its
+/// fdatasync flushes just the data, with no file-size change to commit to the filesystem
+/// journal: measured here, a small batch's fdatasync fell from ~130 µs to ~92 µs at p50. The
+/// runway is only grown while no data sync waits (fdatasync would also wait for the zeros), so
+/// under saturation writes simply append.
+pub(crate) const RUNWAY_BYTES: u64 = 256 * 1024;
+/// When a busy partition's batches outrun the runway, the write thread adds this much.
+pub(crate) const BUSY_RUNWAY_BYTES: u64 = 64 * 1024;
+/// The runway is grown when less than this is left.
+pub(crate) const RUNWAY_LOW_BYTES: u64 = 64 * 1024;
+static ZEROS: [u8; RUNWAY_BYTES as usize] = [0; RUNWAY_BYTES as usize];
 
 /// The file name of a segment's data, index or time index: the base offset in 20 digits, so
 /// names sort in offset order.
@@ -76,6 +88,13 @@ impl SegmentMeta {
     }
 }
 
+struct Allocation {
+    /// Length of the file: the batches plus the zero-filled runway.
+    bytes: u64,
+    /// Trimmed for good (closed by a roll or on shutdown): no more runway.
+    closed: bool,
+}
+
 /// What opening a segment found.
 #[derive(Debug, Default)]
 pub(crate) struct Recovery {
@@ -89,8 +108,13 @@ pub(crate) struct Segment {
     pub base_offset: u64,
     pub path: PathBuf,
     file: File,
-    /// Bytes written to the file. Only the partition writer changes it.
+    /// Bytes of batches written to the file. Only the partition writer changes it.
     written_bytes: AtomicU64,
+    /// Length of the file and whether it may still grow. A mutex, not an atomic, because
+    /// growing the runway (sync thread) must not interleave with appending past it or trimming
+    /// it (write thread): zeros written over a fresh batch, or after the trim of a closed
+    /// segment, would damage the segment.
+    allocation: Mutex<Allocation>,
     /// Bytes readers may read: every batch before it is complete and durable.
     committed_bytes: AtomicU64,
     /// Readers take it shared to find a position; the writer takes it exclusively once per
@@ -110,16 +134,19 @@ impl Segment {
             path,
             file,
             written_bytes: AtomicU64::new(0),
+            allocation: Mutex::new(Allocation { bytes: 0, closed: false }),
             committed_bytes: AtomicU64::new(0),
             meta: RwLock::new(SegmentMeta::empty(base_offset)),
             index_interval_bytes,
         })
     }
 
-    /// Opens an existing segment. The last segment of a partition (`is_tail`) may end in a torn
-    /// or corrupt batch from a crash: it is validated batch by batch and cut at the first bad
-    /// one. Any other segment was synced before the next was created, so damage there is
-    /// reported as corruption rather than cut.
+    /// Opens an existing segment. When its index files are intact and describe exactly the
+    /// file's length (a clean close, or a segment closed by a roll), they are trusted and the
+    /// data is not read. Otherwise every batch is validated (header, CRC, records): the last
+    /// segment of a partition (`is_tail`) may end in a torn or corrupt batch from a crash, and is
+    /// cut at the first bad one; any other segment was synced before the next was created, so
+    /// damage there is reported as corruption rather than cut.
     pub fn open(
         dir: &Path,
         base_offset: u64,
@@ -142,8 +169,13 @@ impl Segment {
                     Ok(()) => {}
                     Err(ScanStop::Io(error)) => return Err(OpenError::Io { path, source: error }),
                     Err(ScanStop::Bad { position, reason }) if is_tail => {
-                        recovery.truncated_bytes = file_bytes - position;
-                        recovery.truncated_at = Some((position, reason));
+                        // Zeros after the last batch are the runway of an active segment, not
+                        // damage; anything else there is a torn or corrupt write.
+                        let damaged_end = last_nonzero_end(&file, position, file_bytes).map_err(io_at(&path))?;
+                        if damaged_end > position {
+                            recovery.truncated_bytes = damaged_end - position;
+                            recovery.truncated_at = Some((position, reason));
+                        }
                         file.set_len(position).map_err(io_at(&path))?;
                     }
                     Err(ScanStop::Bad { position, reason }) => {
@@ -162,6 +194,7 @@ impl Segment {
             path,
             file,
             written_bytes: AtomicU64::new(bytes),
+            allocation: Mutex::new(Allocation { bytes, closed: !is_tail }),
             committed_bytes: AtomicU64::new(bytes),
             meta: RwLock::new(meta),
             index_interval_bytes,
@@ -192,16 +225,66 @@ impl Segment {
         self.meta.read().expect("segment meta lock").max_timestamp_ms
     }
 
-    /// Writes one encoded batch at the end of the file. Not yet visible to readers.
-    pub fn write(&self, batch: &[u8]) -> io::Result<()> {
+    /// Writes one encoded batch after the last one. Not yet visible to readers. Zeros added
+    /// after it stay below `runway_limit` (the segment size).
+    pub fn write(&self, batch: &[u8], runway_limit: u64) -> io::Result<()> {
         let position = self.written_bytes.load(Ordering::Acquire);
-        self.file.write_all_at(batch, position)?;
-        self.written_bytes.store(position + batch.len() as u64, Ordering::Release);
+        let end = position + batch.len() as u64;
+        let mut allocation = self.allocation.lock().expect("allocation lock");
+        if end > allocation.bytes {
+            // Past the runway (the partition has been too busy to grow it): the batch grows the
+            // file, and a short stretch of zeros after it keeps the next few syncs off the
+            // journal. Short, because the sync that covers it must write the zeros too.
+            self.file.write_all_at(batch, position)?;
+            let extended = (end + BUSY_RUNWAY_BYTES).next_multiple_of(BUSY_RUNWAY_BYTES).min(runway_limit).max(end);
+            self.file.write_all_at(&ZEROS[..(extended - end) as usize], end)?;
+            allocation.bytes = extended;
+        } else {
+            drop(allocation);
+            self.file.write_all_at(batch, position)?;
+        }
+        self.written_bytes.store(end, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the zero-filled runway ahead of the data is short (and may grow below `limit`).
+    pub fn needs_runway(&self, limit: u64) -> bool {
+        let allocation = self.allocation.lock().expect("allocation lock");
+        !allocation.closed
+            && allocation.bytes < limit
+            && allocation.bytes - self.written_bytes.load(Ordering::Acquire) < RUNWAY_LOW_BYTES
+    }
+
+    /// Writes up to `RUNWAY_BYTES` of zeros past the end of the file (not past `limit`, and not
+    /// once the segment is closed). The caller syncs afterwards, so the zeros and the new length
+    /// are durable before data uses them.
+    pub fn grow_runway(&self, limit: u64) -> io::Result<()> {
+        let mut allocation = self.allocation.lock().expect("allocation lock");
+        let to = (allocation.bytes + RUNWAY_BYTES).min(limit);
+        if !allocation.closed && to > allocation.bytes {
+            self.file.write_all_at(&ZEROS[..(to - allocation.bytes) as usize], allocation.bytes)?;
+            allocation.bytes = to;
+        }
         Ok(())
     }
 
     pub fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
+    }
+
+    /// Cuts the zero-filled runway so the file ends at its last batch, makes that durable, and
+    /// stops the runway from growing again. Called when the segment is closed (roll or
+    /// shutdown): closed segments are exact.
+    pub fn trim(&self) -> io::Result<()> {
+        let written = self.written_bytes.load(Ordering::Acquire);
+        let mut allocation = self.allocation.lock().expect("allocation lock");
+        allocation.closed = true;
+        if allocation.bytes > written {
+            self.file.set_len(written)?;
+            allocation.bytes = written;
+        }
+        drop(allocation);
+        self.file.sync_all()
     }
 
     /// Makes batches written at `position` visible to readers, after their durability holds.
@@ -228,22 +311,22 @@ impl Segment {
     }
 
     /// Reads batches from `position` up to the committed end, calling `visit` for each until it
-    /// returns false.
+    /// returns false. A batch `visit` cannot decode is reported with its byte position.
     pub fn read_batches(
         &self,
         position: u64,
-        mut visit: impl FnMut(&BatchHeader, Bytes) -> bool,
+        mut visit: impl FnMut(&BatchHeader, Bytes) -> Result<bool, DecodeError>,
     ) -> Result<(), (u64, String)> {
         let end = self.committed_bytes();
         let mut reader = BatchReader::new(&self.file, position, end);
         loop {
             match reader.next_batch() {
                 Ok(None) => return Ok(()),
-                Ok(Some((_, header, batch))) => {
-                    if !visit(&header, batch) {
-                        return Ok(());
-                    }
-                }
+                Ok(Some((batch_position, header, batch))) => match visit(&header, batch) {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(()),
+                    Err(reason) => return Err((batch_position, reason.to_string())),
+                },
                 Err(ScanStop::Io(error)) => return Err((reader.position, error.to_string())),
                 Err(ScanStop::Bad { position, reason }) => return Err((position, reason)),
             }
@@ -313,11 +396,29 @@ impl Segment {
 /// Writes a file through a temporary name and a rename, so a crash leaves the old or the new
 /// file, never half of one.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let temporary = path.with_extension("tmp");
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
     let mut file = File::create(&temporary)?;
     file.write_all(bytes)?;
     file.sync_data()?;
     fs::rename(&temporary, path)
+}
+
+/// The end of the last non-zero byte in `[from, end)` of `file`, or `from` when all are zero.
+fn last_nonzero_end(file: &File, from: u64, end: u64) -> io::Result<u64> {
+    let mut buffer = vec![0u8; SCAN_CHUNK_BYTES];
+    let mut last = from;
+    let mut at = from;
+    while at < end {
+        let len = ((end - at) as usize).min(SCAN_CHUNK_BYTES);
+        file.read_exact_at(&mut buffer[..len], at)?;
+        if let Some(index) = buffer[..len].iter().rposition(|&byte| byte != 0) {
+            last = at + index as u64 + 1;
+        }
+        at += len as u64;
+    }
+    Ok(last)
 }
 
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -337,6 +438,7 @@ fn load_index(dir: &Path, base_offset: u64, file_bytes: u64) -> Option<SegmentMe
         let count = u32_at(40) as usize;
         let ok = u32_at(0) == magic
             && u16::from_le_bytes([bytes[4], bytes[5]]) == INDEX_VERSION
+            && u16::from_le_bytes([bytes[6], bytes[7]]) == 0
             && u64_at(8) == base_offset
             && u64_at(16) == file_bytes
             && bytes.len() == INDEX_HEADER_BYTES + count * entry_bytes
@@ -398,6 +500,11 @@ pub(crate) fn scan(
                             header.base_offset, next_offset
                         ),
                     });
+                }
+                // The CRC says the bytes are as written; decoding says they were written right.
+                // Checked here so a bad batch is cut at recovery instead of failing every read.
+                if let Err(reason) = decode_records(&header, &batch) {
+                    return Err(ScanStop::Bad { position, reason: reason.to_string() });
                 }
                 next_offset = header.next_offset();
                 visit(position, &header, batch);

@@ -43,9 +43,15 @@ pub(crate) struct Written {
 /// What the write thread hands to the sync thread, in order.
 pub(crate) enum Entry {
     Batch(Written),
-    /// A roll closed this segment: once everything before is published, its index describes
-    /// all of it and is written.
-    Closed(Arc<Segment>),
+    /// A roll closed `closed` and started `next`: once everything before is published, the
+    /// closed segment's index describes all of it and is written, and only then does `next`
+    /// join the partition's segments. Retention and compaction take every segment but the last
+    /// one there as closed, so they must not see `closed` that way while batches of it are
+    /// unpublished or its index is being written.
+    Closed {
+        closed: Arc<Segment>,
+        next: Arc<Segment>,
+    },
 }
 
 impl Entry {
@@ -56,7 +62,7 @@ impl Entry {
     fn segment(&self) -> &Arc<Segment> {
         match self {
             Entry::Batch(batch) => &batch.segment,
-            Entry::Closed(segment) => segment,
+            Entry::Closed { closed, .. } => closed,
         }
     }
 }
@@ -71,6 +77,8 @@ pub(crate) struct CommitQueue {
     unsynced: Option<Arc<Segment>>,
     /// The write thread has exited: drain, sync and stop.
     writer_done: bool,
+    /// The segment being written, where the sync thread grows the zero runway when idle.
+    active: Option<Arc<Segment>>,
 }
 
 /// The write thread's state.
@@ -94,6 +102,7 @@ impl Writer {
             let name = format!("{}-sync", std::thread::current().name().unwrap_or("log-writer"));
             std::thread::Builder::new().name(name).spawn(move || Syncer { shared, last_sync: Instant::now() }.run())
         };
+        self.shared.commit.lock().expect("commit lock").active = Some(self.active.clone());
         let syncer = match syncer {
             Ok(handle) => Some(handle),
             Err(error) => {
@@ -120,8 +129,17 @@ impl Writer {
         {
             tracing::error!(partition = %self.shared.label, "the log sync thread panicked");
         }
-        if let Err(error) = self.active.persist_index(&self.shared.dir) {
-            tracing::warn!(partition = %self.shared.label, %error, "could not write the index on close; it will be rebuilt on open");
+        // A clean close leaves an exact file (no zero tail) and an index describing it, so the
+        // next open needs no scan.
+        match self.active.trim() {
+            Ok(()) => {
+                if let Err(error) = self.active.persist_index(&self.shared.dir) {
+                    tracing::warn!(partition = %self.shared.label, %error, "could not write the index on close; it will be rebuilt on open");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(partition = %self.shared.label, %error, "could not trim the active segment on close; the next open scans it")
+            }
         }
         self.shared.watermark.send_modify(|watermark| watermark.closed = true);
         self.shared.queue_credit.close();
@@ -189,7 +207,7 @@ impl Writer {
             return;
         }
         let position = self.active.written_bytes();
-        if let Err(error) = self.active.write(&self.buffer) {
+        if let Err(error) = self.active.write(&self.buffer, self.shared.config.segment_bytes_max) {
             self.poison(format!("write failed: {error}"), taken);
             return;
         }
@@ -220,18 +238,22 @@ impl Writer {
 
     /// Closes the active segment (synced, index written) and starts a new one at `base_offset`.
     fn roll(&mut self, base_offset: u64) -> Result<(), String> {
-        // The closed segment must be durable before the next exists: recovery trusts every
-        // segment but the last.
-        self.active.sync().map_err(|error| format!("fsync before roll failed: {error}"))?;
+        // The closed segment must be durable, and exact (no zero tail), before the next exists:
+        // recovery trusts every segment but the last.
+        self.active
+            .trim()
+            .map_err(|error| format!("trimming and syncing the segment before a roll failed: {error}"))?;
         let segment = Segment::create(&self.shared.dir, base_offset, self.shared.config.index_interval_bytes)
             .map(Arc::new)
             .map_err(|error| format!("could not create a segment: {error}"))?;
         let closed = std::mem::replace(&mut self.active, segment.clone());
-        self.shared.segments.write().expect("segments lock").insert(base_offset, segment);
         metrics::counter!(m::SEGMENTS_ROLLED).increment(1);
         // The closed segment's index describes its published bytes, so the sync thread writes
-        // it after publishing the closed segment's last batch.
-        self.shared.commit.lock().expect("commit lock").written.push_back(Entry::Closed(closed));
+        // it after publishing the closed segment's last batch, then adds the new segment.
+        let mut commit = self.shared.commit.lock().expect("commit lock");
+        commit.written.push_back(Entry::Closed { closed, next: segment.clone() });
+        // The runway now grows on the new segment (the closed one refuses it anyway).
+        commit.active = Some(segment);
         Ok(())
     }
 
@@ -262,10 +284,17 @@ fn publish(shared: &Shared, entries: Vec<Entry>) {
     for entry in entries {
         let batch = match entry {
             Entry::Batch(batch) => batch,
-            Entry::Closed(segment) => {
-                if let Err(error) = segment.persist_index(&shared.dir) {
+            Entry::Closed { closed, next } => {
+                // Every batch of `closed` is published: make them visible before maintenance can
+                // take `closed` as closed, since compaction reads only up to the end offset.
+                if let Some(next_offset) = next_offset {
+                    shared.next_offset.store(next_offset, Ordering::Release);
+                    shared.watermark.send_modify(|watermark| watermark.next_offset = next_offset);
+                }
+                if let Err(error) = closed.persist_index(&shared.dir) {
                     tracing::warn!(partition = %shared.label, %error, "could not write a segment index; it will be rebuilt on open");
                 }
+                shared.segments.write().expect("segments lock").insert(next.base_offset, next);
                 continue;
             }
         };
@@ -322,6 +351,25 @@ impl Syncer {
                         continue;
                     }
                     commit = self.shared.commit_ready.wait_timeout(commit, deadline - now).expect("commit lock").0;
+                    continue;
+                }
+                if !commit.writer_done
+                    && let Some(active) = commit.active.clone()
+                    && active.needs_runway(self.shared.config.segment_bytes_max)
+                {
+                    // Idle: no batch waits for a sync, so growing the runway (and syncing it)
+                    // delays nobody now and makes the coming data syncs cheaper.
+                    drop(commit);
+                    let grown =
+                        active.grow_runway(self.shared.config.segment_bytes_max).and_then(|()| self.sync(&active));
+                    if let Err(error) = grown {
+                        // Not fatal: data syncs still work, by appending. Stop trying.
+                        tracing::warn!(partition = %self.shared.label, %error, "cannot grow the segment's zero runway; appending instead");
+                        commit = self.shared.commit.lock().expect("commit lock");
+                        commit.active = None;
+                    } else {
+                        commit = self.shared.commit.lock().expect("commit lock");
+                    }
                     continue;
                 }
                 if commit.writer_done {

@@ -1,0 +1,339 @@
+//! Damaged files on disk: torn and corrupt tails are cut back to the last good batch; damage
+//! in a segment that is not the last is reported, never silently cut; leftovers of interrupted
+//! writes are cleaned up.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+
+use common::{
+    batches_and_data_end, batches_in, copy_dir, filler, nonzero_end, read_all, remove_segment_index, segment_bases,
+    segment_path, small_config,
+};
+use onehop_log::{NewRecord, OpenError, Partition, PartitionConfig, ReadError, Record};
+
+/// A record whose bytes depend on `i`.
+fn record(i: u64) -> NewRecord {
+    NewRecord {
+        timestamp_ms: Some(1_000 + i as i64),
+        key: i.is_multiple_of(2).then(|| format!("key-{i}").into()),
+        subject: i.is_multiple_of(3).then(|| format!("orders/{i}")),
+        headers: vec![("n".into(), i.to_string().into())],
+        value: (i % 7 != 6).then(|| filler(i, 20 + (i as usize * 13) % 90)),
+    }
+}
+
+fn as_stored(records: &[NewRecord]) -> Vec<Record> {
+    records.iter().enumerate().map(|(i, new)| common::stored(i as u64, new)).collect()
+}
+
+/// Writes batches of 1 to 3 records (`batches` of them) and closes the partition; returns the
+/// records in offset order.
+fn write_partition(dir: &Path, config: PartitionConfig, batches: usize) -> Vec<NewRecord> {
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let (partition, _) = Partition::open(dir, config).unwrap();
+    let mut records = Vec::new();
+    for batch in 0..batches {
+        let count = 1 + batch % 3;
+        let new: Vec<NewRecord> = (0..count).map(|i| record((records.len() + i) as u64)).collect();
+        let ack = runtime.block_on(partition.append(&new)).unwrap();
+        assert_eq!(ack.base_offset, records.len() as u64);
+        records.extend(new);
+    }
+    partition.close();
+    records
+}
+
+/// Opens a damaged copy and checks that recovery cut exactly `[cut_at, ..)` of the last
+/// segment, that everything before it reads back identical, and that the log goes on from there.
+///
+/// The report counts the damaged bytes: from `cut_at` to the last non-zero byte. Zeros after
+/// the data are space the active segment keeps ahead of it, not damage.
+fn assert_cut_at(dir: &Path, segment: &Path, cut_at: u64, expected: &[Record], append_after: bool) {
+    let damaged = fs::read(segment).unwrap();
+    let cut_bytes = (nonzero_end(&damaged, cut_at as usize) - cut_at as usize) as u64;
+    let (partition, report) = Partition::open_existing(dir).unwrap();
+    assert_eq!(report.truncated_bytes, cut_bytes, "{report:?}");
+    if cut_bytes > 0 {
+        assert_eq!(report.truncated_at.as_ref().map(|(position, _)| *position), Some(cut_at), "{report:?}");
+    } else {
+        assert_eq!(report.truncated_at, None);
+    }
+    // The data ends where the bad batch started (zeros may follow: the active segment keeps
+    // space ahead of its data), and recovery left the good bytes before it alone.
+    assert_eq!(batches_and_data_end(segment).1, cut_at, "the file is cut at the start of the bad batch");
+    assert_eq!(fs::read(segment).unwrap()[..cut_at as usize], damaged[..cut_at as usize]);
+    assert_eq!(partition.end_offset(), expected.len() as u64);
+    assert_eq!(read_all(&partition), expected);
+    if append_after {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let new = record(10_000);
+        let ack = runtime.block_on(partition.append(std::slice::from_ref(&new))).unwrap();
+        assert_eq!(ack.base_offset, expected.len() as u64, "offsets of the cut batch are given out again");
+        partition.close();
+        drop(partition);
+        let (partition, report) = Partition::open_existing(dir).unwrap();
+        assert_eq!(report.truncated_bytes, 0, "the cut was durable and the new batch is whole");
+        let mut want = expected.to_vec();
+        want.push(common::stored(expected.len() as u64, &new));
+        assert_eq!(read_all(&partition), want);
+    }
+}
+
+#[test]
+fn torn_last_batch_is_cut_at_every_byte() {
+    let source = tempfile::tempdir().unwrap();
+    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 8));
+    let bases = segment_bases(source.path());
+    assert_eq!(bases, vec![0]);
+    let segment = segment_path(source.path(), 0);
+    let batches = batches_in(&segment);
+    let (last_at, last) = *batches.last().unwrap();
+    assert!(last.record_count > 1);
+    let file_bytes = fs::metadata(&segment).unwrap().len();
+    assert_eq!(last_at + last.batch_len as u64, file_bytes);
+    let kept = &records[..last.base_offset as usize];
+    let original = fs::read(&segment).unwrap();
+
+    let scratch = tempfile::tempdir().unwrap();
+    for cut in last_at..file_bytes {
+        let dir = scratch.path().join(format!("cut-{cut}"));
+        copy_dir(source.path(), &dir);
+        let damaged = segment_path(&dir, 0);
+        OpenOptions::new().write(true).open(&damaged).unwrap().set_len(cut).unwrap();
+        // Checking that the log goes on after the cut costs fsyncs: do it for some cuts only.
+        let append_after = cut == last_at || cut == file_bytes - 1 || cut.is_multiple_of(29);
+        // Every cut keeps the first byte of the batch's magic, so there is always damage to report.
+        assert!(cut == last_at || nonzero_end(&original[..cut as usize], last_at as usize) > last_at as usize);
+        assert_cut_at(&dir, &damaged, last_at, kept, append_after);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    // The undamaged copy loses nothing.
+    let (partition, report) = Partition::open_existing(source.path()).unwrap();
+    assert_eq!(report.truncated_bytes, 0);
+    assert_eq!(read_all(&partition), records);
+}
+
+#[test]
+fn corrupt_last_batch_is_cut_whichever_byte_flips() {
+    let source = tempfile::tempdir().unwrap();
+    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 8));
+    let segment = segment_path(source.path(), 0);
+    let (last_at, last) = *batches_in(&segment).last().unwrap();
+    let file_bytes = fs::metadata(&segment).unwrap().len();
+    let kept = &records[..last.base_offset as usize];
+    let original = fs::read(&segment).unwrap();
+
+    let scratch = tempfile::tempdir().unwrap();
+    for at in last_at..file_bytes {
+        let dir = scratch.path().join(format!("flip-{at}"));
+        copy_dir(source.path(), &dir);
+        let mut bytes = original.clone();
+        bytes[at as usize] ^= 0xFF;
+        let damaged = segment_path(&dir, 0);
+        fs::write(&damaged, &bytes).unwrap();
+        // A crash leaves no index for the last segment (it is written on clean close only),
+        // so recovery has to look at every batch.
+        remove_segment_index(&dir, 0);
+        let append_after = at == last_at || at.is_multiple_of(31);
+        assert_cut_at(&dir, &damaged, last_at, kept, append_after);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn damage_inside_the_last_segment_cuts_from_the_first_bad_batch() {
+    let source = tempfile::tempdir().unwrap();
+    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 12));
+    let segment = segment_path(source.path(), 0);
+    let batches = batches_in(&segment);
+    let file_bytes = fs::metadata(&segment).unwrap().len();
+    let (bad_at, bad) = batches[5];
+    let scratch = tempfile::tempdir().unwrap();
+
+    // A flipped payload byte in the sixth of twelve batches: it and everything after goes.
+    let dir = scratch.path().join("middle");
+    copy_dir(source.path(), &dir);
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[bad_at as usize + 60] ^= 0x01;
+    fs::write(segment_path(&dir, 0), &bytes).unwrap();
+    remove_segment_index(&dir, 0);
+    assert_cut_at(&dir, &segment_path(&dir, 0), bad_at, &records[..bad.base_offset as usize], true);
+
+    // Zeros after the last batch (space kept ahead of the data, or a file that grew but whose
+    // data never reached the disk) are cut without counting as damage.
+    let dir = scratch.path().join("zeros");
+    copy_dir(source.path(), &dir);
+    let mut file = OpenOptions::new().append(true).open(segment_path(&dir, 0)).unwrap();
+    file.write_all(&[0; 4096]).unwrap();
+    drop(file);
+    assert_cut_at(&dir, &segment_path(&dir, 0), file_bytes, &records, true);
+
+    // A lone partial header.
+    let dir = scratch.path().join("partial-header");
+    copy_dir(source.path(), &dir);
+    let mut file = OpenOptions::new().append(true).open(segment_path(&dir, 0)).unwrap();
+    file.write_all(&bytes[..20]).unwrap();
+    drop(file);
+    assert_cut_at(&dir, &segment_path(&dir, 0), file_bytes, &records, false);
+
+    // What a crash leaves in a segment with space kept ahead: a torn batch, then zeros.
+    let dir = scratch.path().join("torn-then-zeros");
+    copy_dir(source.path(), &dir);
+    let (last_at, last) = *batches.last().unwrap();
+    let mut torn = fs::read(&segment).unwrap();
+    torn.truncate(last_at as usize + last.batch_len as usize / 2);
+    torn.resize(64 * 1024, 0);
+    fs::write(segment_path(&dir, 0), &torn).unwrap();
+    remove_segment_index(&dir, 0);
+    assert_cut_at(&dir, &segment_path(&dir, 0), last_at, &records[..last.base_offset as usize], true);
+}
+
+#[test]
+fn a_flipped_byte_under_a_current_index_is_never_served() {
+    // After a clean close the last segment's index describes it exactly; bit rot under it is not
+    // a crash, so recovery may trust the index. Whatever it does, it must not serve the bad batch.
+    let source = tempfile::tempdir().unwrap();
+    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 8));
+    let segment = segment_path(source.path(), 0);
+    let (last_at, last) = *batches_in(&segment).last().unwrap();
+    let file_bytes = fs::metadata(&segment).unwrap().len();
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[last_at as usize + 50] ^= 0x10;
+    fs::write(&segment, &bytes).unwrap();
+
+    let (partition, report) = Partition::open_existing(source.path()).unwrap();
+    let base = last.base_offset;
+    if report.truncated_bytes > 0 {
+        assert_eq!(report.truncated_bytes, file_bytes - last_at);
+        assert_eq!(read_all(&partition), records[..base as usize]);
+    } else {
+        assert_eq!(partition.end_offset(), records.len() as u64);
+        assert_eq!(partition.read(0, base as usize, usize::MAX).unwrap(), records[..base as usize]);
+        match partition.read(base, 10, usize::MAX) {
+            Err(ReadError::Corrupt { position, .. }) => assert_eq!(position, last_at),
+            other => panic!("a corrupt batch was served: {other:?}"),
+        }
+    }
+}
+
+/// Writes a partition of several segments and returns it with its records and segment bases.
+fn write_segmented(dir: &Path) -> (Vec<Record>, Vec<u64>) {
+    let records = as_stored(&write_partition(dir, small_config(), 80));
+    let bases = segment_bases(dir);
+    assert!(bases.len() >= 4, "the test needs several segments, got {bases:?}");
+    (records, bases)
+}
+
+#[test]
+fn damage_in_a_closed_segment_is_reported_not_cut() {
+    let source = tempfile::tempdir().unwrap();
+    let (records, bases) = write_segmented(source.path());
+    let victim = bases[1];
+    let (bad_at, bad) = batches_in(&segment_path(source.path(), victim))[2];
+    let scratch = tempfile::tempdir().unwrap();
+    let flipped = |dir: &Path| {
+        let path = segment_path(dir, victim);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[bad_at as usize + 52] ^= 0x04;
+        fs::write(&path, &bytes).unwrap();
+        bytes
+    };
+    let assert_corrupt_at = |error: OpenError, dir: &Path, position: u64| match error {
+        OpenError::Corrupt { path, position: at, .. } => {
+            assert_eq!(path, segment_path(dir, victim));
+            assert_eq!(at, position);
+        }
+        other => panic!("expected Corrupt, got {other}"),
+    };
+
+    // Without its index the segment is scanned at open: open fails and the file is untouched.
+    let dir = scratch.path().join("flip-no-index");
+    copy_dir(source.path(), &dir);
+    let bytes = flipped(&dir);
+    remove_segment_index(&dir, victim);
+    let error = Partition::open_existing(&dir).err().expect("open must refuse a corrupt closed segment");
+    assert!(error.to_string().contains("not the last segment"), "{error}");
+    assert_corrupt_at(error, &dir, bad_at);
+    assert_eq!(fs::read(segment_path(&dir, victim)).unwrap(), bytes, "a closed segment is never cut");
+
+    // With its index in place the damage may go unnoticed at open, but it is never served.
+    let dir = scratch.path().join("flip-with-index");
+    copy_dir(source.path(), &dir);
+    let bytes = flipped(&dir);
+    match Partition::open_existing(&dir) {
+        Err(error) => assert_corrupt_at(error, &dir, bad_at),
+        Ok((partition, report)) => {
+            assert_eq!(report.truncated_bytes, 0);
+            assert_eq!(partition.end_offset(), records.len() as u64);
+            let before = bad.base_offset as usize;
+            assert_eq!(partition.read(0, before, usize::MAX).unwrap(), records[..before]);
+            match partition.read(bad.base_offset, 1, usize::MAX) {
+                Err(ReadError::Corrupt { segment, position, .. }) => {
+                    assert_eq!(segment, segment_path(&dir, victim).display().to_string());
+                    assert_eq!(position, bad_at);
+                }
+                other => panic!("a corrupt batch was served: {other:?}"),
+            }
+            // Other segments still read.
+            let later = bases[2] as usize;
+            assert_eq!(partition.read(bases[2], usize::MAX, usize::MAX).unwrap(), records[later..]);
+        }
+    }
+    assert_eq!(fs::read(segment_path(&dir, victim)).unwrap(), bytes, "a closed segment is never cut");
+
+    // A closed segment that lost its tail no longer matches its index: open refuses it.
+    let dir = scratch.path().join("torn-closed");
+    copy_dir(source.path(), &dir);
+    let path = segment_path(&dir, victim);
+    let length = fs::metadata(&path).unwrap().len();
+    let (last_at, _) = *batches_in(&path).last().unwrap();
+    OpenOptions::new().write(true).open(&path).unwrap().set_len(length - 10).unwrap();
+    let error = Partition::open_existing(&dir).err().expect("open must refuse a torn closed segment");
+    assert_corrupt_at(error, &dir, last_at);
+    assert_eq!(fs::metadata(&path).unwrap().len(), length - 10, "a closed segment is never cut");
+}
+
+#[test]
+fn leftovers_of_interrupted_writes_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (records, bases) = write_segmented(dir.path());
+    let leftovers = [
+        format!("{:020}.compacting", bases[1]),
+        format!("{:020}.compacting", 999_999),
+        format!("{:020}.tmp", bases[2]),
+        "partition.tmp".to_string(),
+    ];
+    for name in &leftovers {
+        fs::write(dir.path().join(name), b"half-written garbage").unwrap();
+    }
+    fs::write(dir.path().join("notes.txt"), b"not ours").unwrap();
+    let (partition, report) = Partition::open_existing(dir.path()).unwrap();
+    assert_eq!(report.truncated_bytes, 0);
+    for name in &leftovers {
+        assert!(!dir.path().join(name).exists(), "{name} was left behind");
+    }
+    assert!(dir.path().join("notes.txt").exists(), "files that are not the log's are left alone");
+    assert_eq!(segment_bases(dir.path()), bases);
+    assert_eq!(read_all(&partition), records);
+}
+
+#[test]
+fn an_empty_last_segment_from_a_crash_during_a_roll_is_fine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (records, bases) = write_segmented(dir.path());
+    let end = records.len() as u64;
+    fs::write(segment_path(dir.path(), end), b"").unwrap();
+    let (partition, report) = Partition::open_existing(dir.path()).unwrap();
+    assert_eq!(report.truncated_bytes, 0);
+    assert_eq!(report.segments, bases.len() + 1);
+    assert_eq!(partition.end_offset(), end);
+    assert_eq!(read_all(&partition), records);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let ack = runtime.block_on(partition.append(&[record(end)])).unwrap();
+    assert_eq!(ack.base_offset, end);
+    assert_eq!(batches_in(&segment_path(dir.path(), end)).len(), 1, "the append went into the empty segment");
+}
