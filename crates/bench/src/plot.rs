@@ -17,10 +17,10 @@ pub struct Chart {
     pub series: Vec<Series>,
 }
 
-const WIDTH: f64 = 720.0;
+const WIDTH: f64 = 760.0;
 const HEIGHT: f64 = 420.0;
 const LEFT: f64 = 80.0;
-const RIGHT: f64 = 160.0;
+const RIGHT: f64 = 190.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 60.0;
 const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
@@ -30,7 +30,7 @@ fn format_value(value: f64) -> String {
         format!("{:.1}M", value / 1_000_000.0)
     } else if value >= 1_000.0 {
         format!("{:.0}k", value / 1_000.0)
-    } else if value >= 10.0 {
+    } else if value >= 10.0 || value.fract() == 0.0 {
         format!("{value:.0}")
     } else {
         format!("{value:.2}")
