@@ -71,9 +71,9 @@ impl Partition {
         for segment in doomed {
             report.segments_deleted += 1;
             report.bytes_deleted += segment.written_bytes();
-            segment.delete_files(self.shared_dir()).map_err(io_error(&segment.path))?;
+            segment.delete_files(self.dir()).map_err(io_error(&segment.path))?;
         }
-        sync_dir(self.shared_dir()).map_err(io_error(self.shared_dir()))?;
+        sync_dir(self.dir()).map_err(io_error(self.dir()))?;
         tracing::info!(
             partition = %self.label(), segments = report.segments_deleted, bytes = report.bytes_deleted,
             start_offset = self.start_offset(), "retention deleted segments"
@@ -107,7 +107,7 @@ impl Partition {
             }
         }
         let tombstone_deadline = now_ms.saturating_sub(self.config().tombstone_retention_ms as i64);
-        let dir = self.shared_dir().to_path_buf();
+        let dir = self.dir().to_path_buf();
         for segment in &segments[..segments.len() - 1] {
             let records = read_segment(segment, end)?;
             let before = records.len();

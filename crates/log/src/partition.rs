@@ -66,7 +66,7 @@ pub(crate) struct Pending {
     pub(crate) durability: Durability,
     pub(crate) ack: oneshot::Sender<Result<AppendAck, AppendError>>,
     /// Queue credit, released when the append is acknowledged.
-    pub(crate) _credit: OwnedSemaphorePermit,
+    pub(crate) credit: OwnedSemaphorePermit,
 }
 
 pub(crate) struct Queue {
@@ -292,7 +292,7 @@ impl Partition {
                 max_timestamp_ms,
                 durability,
                 ack,
-                _credit: credit,
+                credit,
             });
             if queue.pending.len() == 1 {
                 self.shared.queue_ready.notify_one();
@@ -454,10 +454,6 @@ impl Drop for Partition {
 
 // Retention and compaction live in `maintenance.rs`; they need these internals.
 impl Partition {
-    pub(crate) fn shared_dir(&self) -> &Path {
-        &self.shared.dir
-    }
-
     pub(crate) fn label(&self) -> &str {
         &self.shared.label
     }

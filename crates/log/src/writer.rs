@@ -215,7 +215,7 @@ impl Writer {
         let mut acks = Vec::with_capacity(taken.len());
         let mut offset = base_offset;
         for pending in taken {
-            acks.push((pending.ack, AppendAck { base_offset: offset, record_count: pending.count }, pending._credit));
+            acks.push((pending.ack, AppendAck { base_offset: offset, record_count: pending.count }, pending.credit));
             offset += pending.count as u64;
         }
         let batch = Written { segment: self.active.clone(), position, header, needs_fsync, acks };
