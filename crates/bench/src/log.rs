@@ -215,6 +215,9 @@ async fn measure_appends(
         histogram.add(task.await.context("writer task")??).context("merging histograms")?;
     }
     partition.close();
+    drop(partition);
+    // Each configuration starts from an empty disk: this one's files go before the next runs.
+    std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     let result = LogBenchResult {
         mode: mode.to_string(),
         writers,

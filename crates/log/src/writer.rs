@@ -89,11 +89,14 @@ pub(crate) struct Writer {
     next_offset: u64,
     /// Reused for every batch so writing does not allocate per batch.
     buffer: Vec<u8>,
+    /// An empty queue with capacity, swapped in when the writer takes the whole queue, so
+    /// appenders do not regrow it (under the queue lock) after every batch.
+    spare: Vec<Pending>,
 }
 
 impl Writer {
     pub(crate) fn new(shared: Arc<Shared>, active: Arc<Segment>, next_offset: u64) -> Self {
-        Writer { shared, active, next_offset, buffer: Vec::new() }
+        Writer { shared, active, next_offset, buffer: Vec::new(), spare: Vec::new() }
     }
 
     pub(crate) fn run(mut self) {
@@ -171,7 +174,7 @@ impl Writer {
             count += 1;
         }
         let taken: Vec<Pending> = if count == queue.pending.len() {
-            std::mem::take(&mut queue.pending)
+            std::mem::replace(&mut queue.pending, std::mem::take(&mut self.spare))
         } else {
             queue.pending.drain(..count).collect()
         };
@@ -180,7 +183,7 @@ impl Writer {
     }
 
     /// Encodes `taken` as one batch, writes it, and passes it on to be synced and published.
-    fn write(&mut self, taken: Vec<Pending>) {
+    fn write(&mut self, mut taken: Vec<Pending>) {
         let base_offset = self.next_offset;
         self.buffer.clear();
         let mut builder = BatchBuilder::new(&mut self.buffer, base_offset);
@@ -214,9 +217,12 @@ impl Writer {
         self.next_offset = header.next_offset();
         let mut acks = Vec::with_capacity(taken.len());
         let mut offset = base_offset;
-        for pending in taken {
+        for pending in taken.drain(..) {
             acks.push((pending.ack, AppendAck { base_offset: offset, record_count: pending.count }, pending.credit));
             offset += pending.count as u64;
+        }
+        if taken.capacity() > self.spare.capacity() {
+            self.spare = taken;
         }
         let batch = Written { segment: self.active.clone(), position, header, needs_fsync, acks };
         let mut commit = self.shared.commit.lock().expect("commit lock");
