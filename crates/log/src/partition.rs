@@ -230,14 +230,13 @@ impl Partition {
         self.append_with(records, self.shared.config.durability).await
     }
 
-    /// Appends `records` and returns once `durability` holds for all of them. The records get
-    /// dense offsets; a timestamp is assigned (server time) to records without one.
-    pub async fn append_with(&self, records: &[NewRecord], durability: Durability) -> Result<AppendAck, AppendError> {
+    /// Checks `records` against this partition's limits without appending anything: what
+    /// `append` would refuse, this refuses with the same error. Returns their encoded size.
+    pub fn check(&self, records: &[NewRecord]) -> Result<usize, AppendError> {
         let config = &self.shared.config;
         if records.is_empty() {
             return Err(AppendError::EmptyBatch);
         }
-        let now = now_ms();
         let mut encoded_len = 0;
         for record in records {
             let len = record.encoded_len();
@@ -259,6 +258,14 @@ impl Partition {
         if encoded_len > config.batch_bytes_max {
             return Err(AppendError::BatchTooLarge { size: encoded_len, max: config.batch_bytes_max });
         }
+        Ok(encoded_len)
+    }
+
+    /// Appends `records` and returns once `durability` holds for all of them. The records get
+    /// dense offsets; a timestamp is assigned (server time) to records without one.
+    pub async fn append_with(&self, records: &[NewRecord], durability: Durability) -> Result<AppendAck, AppendError> {
+        let encoded_len = self.check(records)?;
+        let now = now_ms();
         let mut encoded = Vec::with_capacity(encoded_len);
         let (mut first_timestamp_ms, mut max_timestamp_ms) = (0, i64::MIN);
         for (i, record) in records.iter().enumerate() {

@@ -72,6 +72,10 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_BATCH_BYTES_MAX", value_name = "BYTES", value_parser = parse_bytes)]
     pub batch_bytes_max: Option<u64>,
 
+    /// Create a stream on its first publish instead of refusing the publish [default: true].
+    #[arg(long, env = "ONEHOP_AUTO_CREATE", value_name = "BOOL")]
+    pub auto_create: Option<bool>,
+
     /// How often retention and compaction run, in seconds [default: 30].
     #[arg(long, env = "ONEHOP_MAINTENANCE_INTERVAL_S", value_name = "SECONDS")]
     pub maintenance_interval_s: Option<u64>,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{DirLock, Log, LogOptions};
 use onehop_server::{AppState, install_metrics, serve_http};
 use tokio::signal::unix::{SignalKind, signal};
@@ -46,6 +47,19 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let truncated: u64 = opened.iter().map(|partition| partition.recovery.truncated_bytes).sum();
     tracing::info!(partitions = opened.len(), truncated_bytes = truncated, "log recovered");
     let log = Arc::new(log);
+    let options = EngineOptions {
+        stream_defaults: settings.stream_defaults.clone(),
+        default_partitions: 1,
+        auto_create: settings.auto_create,
+    };
+    let engine = {
+        let log = log.clone();
+        tokio::task::spawn_blocking(move || Engine::open(log, options))
+            .await
+            .context("catalog replay thread")?
+            .context("opening the catalog")?
+    };
+    let engine = Arc::new(engine);
     let listener = tokio::net::TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("cannot listen on {}", settings.http_addr))?;
@@ -54,11 +68,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(%address, "listening on a non-loopback address: reachable from other machines");
     }
     tracing::info!(%address, "listening on http://{address}");
-    let state = AppState { log: log.clone(), metrics: Some(metrics) };
+    let state = AppState { engine: engine.clone(), metrics: Some(metrics) };
     serve_http(listener, state, shutdown).await.context("HTTP server")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
     tracing::info!("shutting down: flushing the log");
+    drop(engine);
     tokio::task::spawn_blocking(move || log.close()).await.context("closing the log")?;
     drop(lock);
     tracing::info!("stopped cleanly");

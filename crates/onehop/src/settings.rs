@@ -46,6 +46,7 @@ struct FileSettings {
     record_bytes_max: Option<Size>,
     batch_bytes_max: Option<Size>,
     maintenance_interval_s: Option<u64>,
+    auto_create: Option<bool>,
     log: Option<String>,
 }
 
@@ -57,6 +58,8 @@ pub struct Settings {
     /// Settings given to new streams and tables unless they declare their own.
     pub stream_defaults: PartitionConfig,
     pub maintenance_interval: Duration,
+    /// Create streams on their first publish.
+    pub auto_create: bool,
     pub log_filter: String,
     /// The config file that was read, if any.
     pub config_file: Option<PathBuf>,
@@ -133,6 +136,7 @@ impl Settings {
                 .unwrap_or_else(|| DEFAULT_HTTP_ADDR.parse().expect("valid default address")),
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
+            auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),
             log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             config_file,
         })
@@ -159,13 +163,14 @@ mod tests {
         assert!(settings.http_addr.ip().is_loopback());
         assert_eq!(settings.http_addr.port(), 8080);
         assert_eq!(settings.stream_defaults, PartitionConfig::default());
+        assert!(settings.auto_create);
     }
 
     #[test]
     fn flags_win_over_file_and_file_over_defaults() {
         let from_file = file(
             "data_dir = \"/from/file\"\nhttp_addr = \"127.0.0.1:9000\"\nsegment_bytes_max = \"8MiB\"\n\
-             durability = \"async\"\nmaintenance_interval_s = 5\n",
+             durability = \"async\"\nmaintenance_interval_s = 5\nauto_create = false\n",
         );
         let args = ServeArgs { data_dir: Some("/from/flag".into()), ..ServeArgs::default() };
         let settings = Settings::merge(&args, from_file, None).unwrap();
@@ -174,6 +179,7 @@ mod tests {
         assert_eq!(settings.stream_defaults.segment_bytes_max, 8 << 20);
         assert_eq!(settings.stream_defaults.durability, Durability::Async);
         assert_eq!(settings.maintenance_interval, Duration::from_secs(5));
+        assert!(!settings.auto_create);
     }
 
     #[test]

@@ -7,7 +7,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use onehop_log::{Log, LogOptions, NewRecord, PartitionConfig};
+use std::sync::Arc;
+
+use onehop_engine::{Engine, EngineOptions, Position, StreamDef};
+use onehop_log::{Durability, Log, LogOptions, NewRecord};
 
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -199,29 +202,44 @@ fn a_bad_config_file_is_refused_with_its_name_and_key() {
 }
 
 #[test]
-fn recovers_the_log_after_kill_9_and_reports_its_partitions() {
+fn recovers_streams_after_kill_9_and_reports_them() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    {
+    let open_engine = |data: &Path| {
         let (log, _) = Log::open(data.join("log"), LogOptions::default()).unwrap();
-        let partition = log.open_partition("orders", 0, PartitionConfig::default()).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        runtime.block_on(partition.append(&[NewRecord::value("a"), NewRecord::value("b")])).unwrap();
+        Engine::open(Arc::new(log), EngineOptions::default()).unwrap()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    {
+        let engine = open_engine(&data);
+        let def = StreamDef {
+            name: "orders".into(),
+            partitions: 2,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: Durability::Fsync,
+        };
+        let stream = runtime.block_on(engine.create_stream(def)).unwrap();
+        runtime.block_on(stream.publish(&[NewRecord::keyed("a", "1"), NewRecord::keyed("b", "2")], None)).unwrap();
+        let log = engine.log().clone();
+        drop(engine);
         log.close();
     }
-    let data = data.to_str().unwrap();
-    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data], &[]);
+    let data_arg = data.to_str().unwrap();
+    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
     let (_, body) = get(server.address, "/healthz");
-    assert!(body.contains(r#""partitions":1"#), "{body}");
+    assert!(body.contains(r#""streams":1"#), "{body}");
     server.child.kill().unwrap(); // SIGKILL: no clean shutdown, the lock dies with the process
     server.child.wait().unwrap();
-    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data], &[]);
+    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
     let (_, body) = get(server.address, "/healthz");
-    assert!(body.contains(r#""partitions":1"#), "{body}");
+    assert!(body.contains(r#""streams":1"#), "{body}");
     drop(server);
-    let (log, opened) = Log::open(dir.path().join("data/log"), LogOptions::default()).unwrap();
-    assert_eq!(opened.len(), 1);
-    assert_eq!(log.partition("orders", 0).unwrap().end_offset(), 2);
+    let engine = open_engine(&data);
+    let stream = engine.stream("orders").unwrap();
+    let total: usize =
+        (0..2).map(|partition| stream.read(partition, Position::Earliest, 10, 1 << 20).unwrap().len()).sum();
+    assert_eq!(total, 2);
 }
 
 #[test]
@@ -238,6 +256,7 @@ fn help_documents_every_serve_flag() {
         "--record-bytes-max",
         "--batch-bytes-max",
         "--maintenance-interval-s",
+        "--auto-create",
         "--log",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");

@@ -9,13 +9,13 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
-use onehop_log::Log;
+use onehop_engine::Engine;
 use tokio::net::TcpListener;
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
-    pub log: Arc<Log>,
+    pub engine: Arc<Engine>,
     /// `None` when no recorder is installed (tests that build several apps in one process).
     pub metrics: Option<PrometheusHandle>,
 }
@@ -25,11 +25,12 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    let partitions = state.log.partitions().len();
+    let streams = state.engine.streams().len();
+    let partitions = state.engine.log().partitions().len();
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({ "status": "ok", "partitions": partitions }).to_string(),
+        serde_json::json!({ "status": "ok", "streams": streams, "partitions": partitions }).to_string(),
     )
 }
 

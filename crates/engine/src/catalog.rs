@@ -1,0 +1,156 @@
+//! The catalog: every definition is a record of the compacted `__catalog` topic (one partition,
+//! `fsync`), keyed by `{kind}/{name}` with a JSON value; dropping a definition appends a
+//! tombstone. At start the engine replays the topic, newest record per key winning, so the
+//! definitions survive restarts exactly as acknowledged.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use onehop_log::{Durability, NewRecord, Partition, Record};
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+
+/// The topic holding the catalog. Names starting with `__` are reserved for the system.
+pub const CATALOG_TOPIC: &str = "__catalog";
+/// A stream has at most this many partitions: each partition has its own write and sync
+/// threads, and 64 already exceeds what one disk can use.
+pub const STREAM_PARTITIONS_MAX: u32 = 64;
+const STREAM_KEY_PREFIX: &str = "stream/";
+const DEFINITION_VERSION: u32 = 1;
+
+/// What a stream is: its name, partition count, retention and default durability.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamDef {
+    pub name: String,
+    pub partitions: u32,
+    /// Segments whose newest record is older than this are deleted; `None` keeps everything.
+    pub retention_ms: Option<u64>,
+    /// The oldest segments of each partition are deleted past this size; `None`: no cap.
+    pub retention_bytes: Option<u64>,
+    /// Durability of publishes that do not ask for one.
+    pub durability: Durability,
+}
+
+impl StreamDef {
+    pub fn validate(&self) -> Result<(), EngineError> {
+        validate_name(&self.name)?;
+        if self.partitions == 0 || self.partitions > STREAM_PARTITIONS_MAX {
+            return Err(EngineError::InvalidDefinition(format!(
+                "partitions must be between 1 and {STREAM_PARTITIONS_MAX}, not {}",
+                self.partitions
+            )));
+        }
+        if self.retention_ms == Some(0) || self.retention_bytes == Some(0) {
+            return Err(EngineError::InvalidDefinition("a retention of 0 would delete everything".into()));
+        }
+        Ok(())
+    }
+
+    /// A short description for messages: `partitions = 4, durability = fsync, …`.
+    pub fn describe(&self) -> String {
+        let mut text = format!("partitions = {}, durability = {}", self.partitions, self.durability);
+        if let Some(ms) = self.retention_ms {
+            text.push_str(&format!(", retention_ms = {ms}"));
+        }
+        if let Some(bytes) = self.retention_bytes {
+            text.push_str(&format!(", retention_bytes = {bytes}"));
+        }
+        text
+    }
+}
+
+/// Checks a user-chosen name: a usable directory name, and not reserved.
+pub fn validate_name(name: &str) -> Result<(), EngineError> {
+    onehop_log::validate_topic_name(name)
+        .map_err(|reason| EngineError::InvalidName { name: name.to_string(), reason })?;
+    if name.starts_with("__") {
+        return Err(EngineError::InvalidName {
+            name: name.to_string(),
+            reason: "names starting with \"__\" are reserved for onehop".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The JSON form of a stream definition in the catalog.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamRecord {
+    version: u32,
+    name: String,
+    partitions: u32,
+    retention_ms: Option<u64>,
+    retention_bytes: Option<u64>,
+    durability: String,
+}
+
+/// The catalog record that stores `def`.
+pub(crate) fn stream_record(def: &StreamDef) -> NewRecord {
+    let value = StreamRecord {
+        version: DEFINITION_VERSION,
+        name: def.name.clone(),
+        partitions: def.partitions,
+        retention_ms: def.retention_ms,
+        retention_bytes: def.retention_bytes,
+        durability: def.durability.to_string(),
+    };
+    let value = serde_json::to_vec(&value).expect("a definition serializes");
+    NewRecord::keyed(Bytes::from(format!("{STREAM_KEY_PREFIX}{}", def.name)), value)
+}
+
+fn parse_stream(record: &Record, value: &[u8]) -> Result<StreamDef, EngineError> {
+    let bad = |reason: String| EngineError::Catalog { offset: record.offset, reason };
+    let parsed: StreamRecord = serde_json::from_slice(value).map_err(|error| bad(error.to_string()))?;
+    if parsed.version != DEFINITION_VERSION {
+        return Err(bad(format!("definition version {} is newer than this onehop understands", parsed.version)));
+    }
+    let def = StreamDef {
+        name: parsed.name,
+        partitions: parsed.partitions,
+        retention_ms: parsed.retention_ms,
+        retention_bytes: parsed.retention_bytes,
+        durability: parsed.durability.parse().map_err(bad)?,
+    };
+    def.validate().map_err(|error| bad(error.to_string()))?;
+    Ok(def)
+}
+
+/// Every stream definition in the catalog, newest record per key winning.
+pub(crate) fn replay(catalog: &Partition) -> Result<BTreeMap<String, StreamDef>, EngineError> {
+    /// Catalog records are small; this bounds one read's memory.
+    const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+    let mut streams = BTreeMap::new();
+    let end = catalog.end_offset();
+    let mut next = catalog.start_offset();
+    while next < end {
+        let records = catalog.read(next, 1024, READ_BYTES_MAX)?;
+        let Some(last) = records.last() else { break };
+        next = last.offset + 1;
+        for record in &records {
+            let key = record.key.as_deref().unwrap_or_default();
+            let key = std::str::from_utf8(key).unwrap_or_default();
+            let Some(name) = key.strip_prefix(STREAM_KEY_PREFIX) else {
+                // A kind this version does not know (written by a newer one): keep going, say so.
+                tracing::warn!(offset = record.offset, key, "skipping a catalog record of an unknown kind");
+                continue;
+            };
+            match &record.value {
+                None => {
+                    streams.remove(name);
+                }
+                Some(value) => {
+                    let def = parse_stream(record, value)?;
+                    if def.name != name {
+                        return Err(EngineError::Catalog {
+                            offset: record.offset,
+                            reason: format!("key names {name:?} but the definition names {:?}", def.name),
+                        });
+                    }
+                    streams.insert(def.name.clone(), def);
+                }
+            }
+        }
+    }
+    Ok(streams)
+}

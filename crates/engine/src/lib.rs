@@ -1,0 +1,20 @@
+//! onehop's engine: what the data means, above the log and below the protocols. It knows no
+//! sockets and no SQL syntax; front ends call it, and it calls the log.
+//!
+//! # Layout
+//!
+//! - `catalog`: definitions (streams now; tables, views, users as they land), kept as records of
+//!   the compacted `__catalog` topic, so they are durable and replayed at start.
+//! - `stream`: a named stream of N partitions, key-hash partitioning, publish and read.
+//! - `engine`: the entry point that owns the catalog and the open streams.
+//! - `error`: `EngineError`, each variant with a stable code for clients.
+
+mod catalog;
+mod engine;
+mod error;
+mod stream;
+
+pub use catalog::{CATALOG_TOPIC, StreamDef};
+pub use engine::{Engine, EngineOptions};
+pub use error::EngineError;
+pub use stream::{Position, Published, Stream};

@@ -1,0 +1,150 @@
+//! A stream: N partitions of the log under one name. A record with a key always goes to the
+//! partition its key hashes to (CRC32C of the key, modulo the partition count), so one key's
+//! records stay in order; records without a key are spread round-robin, one partition per
+//! publish call.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use onehop_log::{Durability, NewRecord, Partition, Record};
+
+use crate::catalog::StreamDef;
+use crate::error::EngineError;
+
+/// Where a read starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    /// The oldest record still stored.
+    Earliest,
+    /// The end: only what is published from now on.
+    Latest,
+    /// A given offset.
+    Offset(u64),
+    /// The first record with a timestamp at or after this (ms since the Unix epoch).
+    Time(i64),
+}
+
+/// Where a published record went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Published {
+    pub partition: u32,
+    pub offset: u64,
+}
+
+pub struct Stream {
+    def: StreamDef,
+    partitions: Vec<Arc<Partition>>,
+    /// The partition the next keyless publish goes to.
+    next_keyless: AtomicU32,
+}
+
+impl Stream {
+    pub(crate) fn new(def: StreamDef, partitions: Vec<Arc<Partition>>) -> Self {
+        assert_eq!(partitions.len(), def.partitions as usize, "one log partition per stream partition");
+        Stream { def, partitions, next_keyless: AtomicU32::new(0) }
+    }
+
+    pub fn def(&self) -> &StreamDef {
+        &self.def
+    }
+
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    pub fn partition_count(&self) -> u32 {
+        self.def.partitions
+    }
+
+    pub fn partition(&self, index: u32) -> Result<&Arc<Partition>, EngineError> {
+        self.partitions.get(index as usize).ok_or_else(|| EngineError::UnknownPartition {
+            stream: self.def.name.clone(),
+            partition: index,
+            count: self.def.partitions,
+        })
+    }
+
+    /// The partition every record with `key` goes to.
+    pub fn partition_for_key(&self, key: &[u8]) -> u32 {
+        crc32c::crc32c(key) % self.def.partitions
+    }
+
+    /// Publishes `records` and returns where each went, in order, once all are durable at
+    /// `durability` (the stream's default when `None`). Every record is checked against the
+    /// limits before anything is written, so a refused publish writes nothing. Records for
+    /// different partitions are appended per partition; should storage fail midway, the
+    /// partitions already appended keep their records (the error says storage failed).
+    pub async fn publish(
+        &self,
+        records: &[NewRecord],
+        durability: Option<Durability>,
+    ) -> Result<Vec<Published>, EngineError> {
+        let durability = durability.unwrap_or(self.def.durability);
+        if records.is_empty() {
+            return Err(onehop_log::AppendError::EmptyBatch.into());
+        }
+        let keyless = if records.iter().any(|record| record.key.is_none()) {
+            self.next_keyless.fetch_add(1, Ordering::Relaxed) % self.def.partitions
+        } else {
+            0
+        };
+        let targets: Vec<u32> = records
+            .iter()
+            .map(|record| record.key.as_deref().map_or(keyless, |key| self.partition_for_key(key)))
+            .collect();
+        let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (index, &partition) in targets.iter().enumerate() {
+            groups.entry(partition).or_default().push(index);
+        }
+        if groups.len() == 1 {
+            let partition = targets[0];
+            let ack = self.partitions[partition as usize].append_with(records, durability).await?;
+            return Ok((0..records.len() as u64)
+                .map(|i| Published { partition, offset: ack.base_offset + i })
+                .collect());
+        }
+        let grouped: Vec<(u32, Vec<usize>, Vec<NewRecord>)> = groups
+            .into_iter()
+            .map(|(partition, indexes)| {
+                let group = indexes.iter().map(|&index| records[index].clone()).collect();
+                (partition, indexes, group)
+            })
+            .collect();
+        for (partition, _, group) in &grouped {
+            self.partitions[*partition as usize].check(group)?;
+        }
+        let mut published = vec![Published { partition: 0, offset: 0 }; records.len()];
+        for (partition, indexes, group) in grouped {
+            let ack = self.partitions[partition as usize].append_with(&group, durability).await?;
+            for (i, index) in indexes.into_iter().enumerate() {
+                published[index] = Published { partition, offset: ack.base_offset + i as u64 };
+            }
+        }
+        Ok(published)
+    }
+
+    /// The offset `position` names in `partition`.
+    pub fn resolve(&self, partition: u32, position: Position) -> Result<u64, EngineError> {
+        let log = self.partition(partition)?;
+        Ok(match position {
+            Position::Earliest => log.start_offset(),
+            Position::Latest => log.end_offset(),
+            Position::Offset(offset) => offset,
+            Position::Time(timestamp_ms) => log.offset_for_timestamp(timestamp_ms)?.unwrap_or_else(|| log.end_offset()),
+        })
+    }
+
+    /// Reads up to `max_records` records (and about `max_bytes` of keys and values) of
+    /// `partition` from `position`.
+    pub fn read(
+        &self,
+        partition: u32,
+        position: Position,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, EngineError> {
+        let from = self.resolve(partition, position)?;
+        Ok(self.partition(partition)?.read(from, max_records, max_bytes)?)
+    }
+}

@@ -1,0 +1,229 @@
+//! Streams through the engine: definitions in the catalog across restarts, partitioning,
+//! publishing, reading from every kind of position, and the errors a client can cause.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use onehop_engine::{Engine, EngineOptions, Position, StreamDef};
+use onehop_log::{Durability, Log, LogOptions, NewRecord};
+
+fn open(dir: &Path, options: EngineOptions) -> Engine {
+    let (log, _) = Log::open(dir, LogOptions::default()).unwrap();
+    Engine::open(Arc::new(log), options).unwrap()
+}
+
+fn def(name: &str, partitions: u32) -> StreamDef {
+    StreamDef {
+        name: name.into(),
+        partitions,
+        retention_ms: None,
+        retention_bytes: None,
+        durability: Durability::Fsync,
+    }
+}
+
+fn close(engine: Engine) {
+    let log = engine.log().clone();
+    drop(engine);
+    log.close();
+}
+
+#[tokio::test]
+async fn definitions_and_records_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions::default());
+    let orders = engine.create_stream(StreamDef { retention_ms: Some(86_400_000), ..def("orders", 4) }).await.unwrap();
+    engine.create_stream(def("clicks", 1)).await.unwrap();
+    let published = orders.publish(&[NewRecord::keyed("customer-7", "first")], None).await.unwrap();
+    close(engine);
+
+    let engine = open(dir.path(), EngineOptions::default());
+    let names: Vec<String> = engine.streams().iter().map(|stream| stream.name().to_string()).collect();
+    assert_eq!(names, ["clicks", "orders"]);
+    let orders = engine.stream("orders").unwrap();
+    assert_eq!(orders.def(), &StreamDef { retention_ms: Some(86_400_000), ..def("orders", 4) });
+    let records = orders.read(published[0].partition, Position::Earliest, 10, 1 << 20).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].value.as_deref(), Some(&b"first"[..]));
+    // The stream's partitions carry its settings.
+    assert_eq!(orders.partition(0).unwrap().config().retention_ms, Some(86_400_000));
+}
+
+#[tokio::test]
+async fn creating_again_is_idempotent_but_a_different_definition_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions::default());
+    let first = engine.create_stream(def("orders", 4)).await.unwrap();
+    let again = engine.create_stream(def("orders", 4)).await.unwrap();
+    assert!(Arc::ptr_eq(&first, &again));
+    let error = match engine.create_stream(def("orders", 8)).await {
+        Err(error) => error,
+        Ok(_) => panic!("a conflicting definition was accepted"),
+    };
+    assert_eq!(error.code(), "stream_exists");
+    assert!(error.to_string().contains("partitions = 4"), "{error}");
+    // The catalog holds one definition, not three.
+    let catalog = engine.log().partition(onehop_engine::CATALOG_TOPIC, 0).unwrap();
+    assert_eq!(catalog.end_offset(), 1);
+}
+
+#[tokio::test]
+async fn auto_create_on_first_publish_and_refusal_when_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions { default_partitions: 2, ..EngineOptions::default() });
+    let stream = engine.stream_or_create("telemetry").await.unwrap();
+    assert_eq!(stream.partition_count(), 2);
+    close(engine);
+
+    let engine = open(dir.path(), EngineOptions { auto_create: false, ..EngineOptions::default() });
+    assert!(engine.stream_or_create("telemetry").await.is_ok(), "created before, so it exists");
+    let error = engine.stream_or_create("other").await.err().unwrap();
+    assert_eq!(error.code(), "unknown_stream");
+    assert!(error.to_string().contains("CREATE STREAM other"), "{error}");
+}
+
+#[tokio::test]
+async fn a_key_always_lands_in_the_same_partition_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions::default());
+    let stream = engine.create_stream(def("orders", 8)).await.unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for customer in 0..64 {
+        let key = format!("customer-{customer}");
+        let expected = stream.partition_for_key(key.as_bytes());
+        seen.insert(expected);
+        for sequence in 0..3 {
+            let published = stream
+                .publish(&[NewRecord::keyed(key.clone(), format!("{sequence}"))], Some(Durability::Async))
+                .await
+                .unwrap();
+            assert_eq!(published[0].partition, expected);
+        }
+    }
+    assert!(seen.len() > 4, "64 keys should spread over most of 8 partitions, got {seen:?}");
+    // One key's records are in publish order within its partition.
+    let key = Bytes::from("customer-5");
+    let partition = stream.partition_for_key(&key);
+    let values: Vec<_> = stream
+        .read(partition, Position::Earliest, 1000, 1 << 20)
+        .unwrap()
+        .into_iter()
+        .filter(|record| record.key.as_ref() == Some(&key))
+        .map(|record| record.value.unwrap())
+        .collect();
+    assert_eq!(values, ["0", "1", "2"]);
+}
+
+#[tokio::test]
+async fn a_mixed_batch_reports_where_each_record_went() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions::default());
+    let stream = engine.create_stream(def("mixed", 4)).await.unwrap();
+    let records: Vec<NewRecord> = (0..20)
+        .map(|i| {
+            if i % 3 == 0 {
+                NewRecord::value(format!("v{i}"))
+            } else {
+                NewRecord::keyed(format!("k{i}"), format!("v{i}"))
+            }
+        })
+        .collect();
+    let published = stream.publish(&records, None).await.unwrap();
+    assert_eq!(published.len(), records.len());
+    for (record, place) in records.iter().zip(&published) {
+        let read = stream.read(place.partition, Position::Offset(place.offset), 1, 1 << 20).unwrap();
+        assert_eq!(read[0].value, record.value, "record published at {place:?} reads back");
+        if let Some(key) = &record.key {
+            assert_eq!(place.partition, stream.partition_for_key(key));
+        }
+    }
+    // Keyless records of one publish share a partition; the next publish moves on.
+    let keyless: Vec<u32> = published.iter().step_by(3).map(|place| place.partition).collect();
+    assert!(keyless.windows(2).all(|pair| pair[0] == pair[1]), "{keyless:?}");
+    let next = stream.publish(&[NewRecord::value("x")], None).await.unwrap();
+    assert_ne!(next[0].partition, keyless[0]);
+}
+
+#[tokio::test]
+async fn a_refused_batch_writes_nothing_in_any_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = EngineOptions {
+        stream_defaults: onehop_log::PartitionConfig { record_bytes_max: 1024, ..Default::default() },
+        ..EngineOptions::default()
+    };
+    let engine = open(dir.path(), options);
+    let stream = engine.create_stream(def("limited", 4)).await.unwrap();
+    let mut records: Vec<NewRecord> = (0..8).map(|i| NewRecord::keyed(format!("k{i}"), "small")).collect();
+    records.push(NewRecord::keyed("big", vec![0u8; 4096]));
+    let error = stream.publish(&records, None).await.unwrap_err();
+    assert_eq!(error.code(), "record_too_large");
+    for partition in 0..4 {
+        assert_eq!(stream.partition(partition).unwrap().end_offset(), 0, "partition {partition} was written");
+    }
+}
+
+#[tokio::test]
+async fn reads_start_at_earliest_latest_an_offset_or_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions::default());
+    let stream = engine.create_stream(def("ticks", 1)).await.unwrap();
+    let records: Vec<NewRecord> = (0..10)
+        .map(|i| NewRecord { timestamp_ms: Some(1_000 + i * 100), ..NewRecord::value(format!("t{i}")) })
+        .collect();
+    stream.publish(&records, None).await.unwrap();
+    let values = |position| -> Vec<String> {
+        stream
+            .read(0, position, 100, 1 << 20)
+            .unwrap()
+            .into_iter()
+            .map(|record| String::from_utf8(record.value.unwrap().to_vec()).unwrap())
+            .collect()
+    };
+    assert_eq!(values(Position::Earliest).len(), 10);
+    assert!(values(Position::Latest).is_empty());
+    assert_eq!(values(Position::Offset(7)), ["t7", "t8", "t9"]);
+    assert_eq!(values(Position::Time(1_450)), ["t5", "t6", "t7", "t8", "t9"]);
+    assert!(values(Position::Time(5_000)).is_empty(), "a time after every record reads from the end");
+    let error = stream.read(0, Position::Offset(11), 10, 1 << 20).unwrap_err();
+    assert_eq!(error.code(), "offset_past_end");
+    let error = stream.read(3, Position::Earliest, 10, 1 << 20).unwrap_err();
+    assert_eq!(error.code(), "unknown_partition");
+}
+
+#[tokio::test]
+async fn bad_names_and_definitions_are_refused_with_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions::default());
+    for (name, reason) in
+        [("", "1 to 200"), ("a/b", "'/'"), ("..", "\"..\""), ("__catalog", "reserved"), ("__mine", "reserved")]
+    {
+        let error = engine.create_stream(def(name, 1)).await.err().unwrap_or_else(|| panic!("{name:?} accepted"));
+        assert_eq!(error.code(), "invalid_name", "{name:?}");
+        assert!(error.to_string().contains(reason), "{name:?}: {error}");
+        let error = engine.stream_or_create(name).await.err().unwrap();
+        assert_eq!(error.code(), "invalid_name", "{name:?} via auto-create");
+    }
+    let error = engine.create_stream(def("zero", 0)).await.err().unwrap();
+    assert_eq!(error.code(), "invalid_definition");
+    let error = engine.create_stream(def("huge", 65)).await.err().unwrap();
+    assert!(error.to_string().contains("between 1 and 64"), "{error}");
+    assert!(engine.streams().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_auto_creates_of_one_name_make_one_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(open(dir.path(), EngineOptions::default()));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.stream_or_create("races").await.map(|stream| stream.partition_count()) })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    let catalog = engine.log().partition(onehop_engine::CATALOG_TOPIC, 0).unwrap();
+    assert_eq!(catalog.end_offset(), 1, "one catalog record for one stream");
+}
