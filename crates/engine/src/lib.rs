@@ -7,12 +7,15 @@
 //!   the compacted `__catalog` topic, so they are durable and replayed at start.
 //! - `stream`: a named stream of N partitions, key-hash partitioning, publish and read.
 //! - `engine`: the entry point that owns the catalog and the open streams.
+//! - `subject`: subjects, MQTT-style subject filters (`+`, `#`) and the trie that matches a
+//!   subject against many filters at once (the hub's and the MQTT broker's index).
 //! - `error`: `EngineError`, each variant with a stable code for clients.
 
 mod catalog;
 mod engine;
 mod error;
 mod stream;
+pub mod subject;
 
 pub use catalog::{CATALOG_TOPIC, StreamDef};
 pub use engine::{Engine, EngineOptions};
