@@ -68,7 +68,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(%address, "listening on a non-loopback address: reachable from other machines");
     }
     tracing::info!(%address, "listening on http://{address}");
-    let state = AppState { engine: engine.clone(), metrics: Some(metrics) };
+    let state = AppState::new(engine.clone(), Some(metrics));
     serve_http(listener, state, shutdown).await.context("HTTP server")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.

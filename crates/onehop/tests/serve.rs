@@ -263,3 +263,80 @@ fn help_documents_every_serve_flag() {
     }
     assert!(help.contains("ONEHOP_DATA_DIR"));
 }
+
+/// One HTTP/1.1 POST over a fresh connection; returns (status, body), or None when the
+/// connection failed (the server was killed mid-request).
+fn post(address: SocketAddr, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+#[test]
+fn acknowledged_http_publishes_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().unwrap();
+    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
+    let address = server.address;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publishers: Vec<_> = (0..4)
+        .map(|writer| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                for sequence in 0..100_000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let value = format!("{{\"writer\":{writer},\"sequence\":{sequence}}}");
+                    match post(address, "/streams/orders", &value) {
+                        Some((200, body)) => {
+                            let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+                            acked.push((answer["offset"].as_u64().unwrap(), value));
+                        }
+                        Some((status, body)) => panic!("publish refused with {status}: {body}"),
+                        None => break, // killed mid-request: not acknowledged
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked: Vec<(u64, String)> = publishers.into_iter().flat_map(|publisher| publisher.join().unwrap()).collect();
+    assert!(acked.len() > 20, "only {} publishes were acknowledged before the kill", acked.len());
+
+    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
+    let mut stored = std::collections::HashMap::new();
+    let mut from = 0;
+    loop {
+        let (status, body) = get(server.address, &format!("/streams/orders?from={from}&limit=10000"));
+        assert_eq!(status, 200, "{body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let records = body["records"].as_array().unwrap();
+        if records.is_empty() {
+            break;
+        }
+        for record in records {
+            stored.insert(record["offset"].as_u64().unwrap(), record["value"].to_string());
+        }
+        from = body["next"]["0"].as_u64().unwrap();
+    }
+    for (offset, value) in &acked {
+        let expected: serde_json::Value = serde_json::from_str(value).unwrap();
+        assert_eq!(stored.get(offset), Some(&expected.to_string()), "acknowledged publish at {offset} lost or changed");
+    }
+}

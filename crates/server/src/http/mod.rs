@@ -1,9 +1,18 @@
 //! The HTTP front end. `app` builds the router apart from the listener so tests can drive it.
+//!
+//! - `streams`: `POST /streams/{s}` publishes, `GET /streams/{s}` reads.
+//! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
+//! - `time`: RFC 3339 times in query strings.
+
+pub mod error;
+pub mod streams;
+mod time;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
@@ -16,12 +25,29 @@ use tokio::net::TcpListener;
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Arc<Engine>,
+    /// Largest request body accepted; larger ones get 413 before they are read whole.
+    pub body_bytes_max: usize,
     /// `None` when no recorder is installed (tests that build several apps in one process).
     pub metrics: Option<PrometheusHandle>,
 }
 
+impl AppState {
+    /// The state for `engine`, with a body limit that fits its largest batch: twice
+    /// `batch_bytes_max`, since an NDJSON envelope escapes its value as JSON.
+    pub fn new(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Self {
+        let body_bytes_max = engine.options().stream_defaults.batch_bytes_max.saturating_mul(2);
+        AppState { engine, body_bytes_max, metrics }
+    }
+}
+
 pub fn app(state: AppState) -> Router {
-    Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state)
+    let body_limit = DefaultBodyLimit::max(state.body_bytes_max);
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/streams/{stream}", get(streams::read).post(streams::publish))
+        .layer(body_limit)
+        .with_state(state)
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {

@@ -1,0 +1,276 @@
+//! `POST /streams/{s}` publishes, `GET /streams/{s}` reads.
+//!
+//! Publishing takes the body as one record's value (with `?key=` and `?subject=`), or, with
+//! `Content-Type: application/x-ndjson`, one JSON envelope per line:
+//! `{"key":…,"subject":…,"headers":{…},"value":…}` where the value is stored as its JSON text
+//! and a missing or null value is a tombstone. The answer says where each record went and is
+//! sent only once the records are durable (`Onehop-Durability: async|fsync` overrides the
+//! stream's default).
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use base64::Engine as _;
+use onehop_engine::subject::validate_subject;
+use onehop_engine::{Position, Published, Stream};
+use onehop_log::{Durability, NewRecord, Record};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use super::time::parse_rfc3339_ms;
+
+/// The request header that overrides a stream's durability for one publish.
+pub const DURABILITY_HEADER: &str = "onehop-durability";
+/// Records a read returns when it does not say.
+const READ_LIMIT_DEFAULT: usize = 100;
+/// Most records one read returns.
+const READ_LIMIT_MAX: usize = 10_000;
+/// Bytes of keys and values one read collects at most (about; at least one record).
+const READ_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishQuery {
+    key: Option<String>,
+    subject: Option<String>,
+}
+
+/// One line of an NDJSON publish.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    key: Option<String>,
+    subject: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    value: Option<Value>,
+}
+
+fn query_error(rejection: QueryRejection) -> ApiError {
+    ApiError::bad_request("bad_query", rejection.body_text())
+}
+
+fn durability(headers: &HeaderMap) -> Result<Option<Durability>, ApiError> {
+    let Some(value) = headers.get(DURABILITY_HEADER) else { return Ok(None) };
+    let text = value.to_str().unwrap_or_default();
+    text.parse().map(Some).map_err(|_| {
+        ApiError::bad_request(
+            "bad_durability",
+            format!("Onehop-Durability must be \"fsync\" or \"async\", not {text:?}"),
+        )
+    })
+}
+
+fn checked_subject(subject: Option<String>, line: Option<usize>) -> Result<Option<String>, ApiError> {
+    let Some(subject) = subject else { return Ok(None) };
+    validate_subject(&subject).map_err(|error| {
+        let at = line.map_or_else(String::new, |line| format!("line {line}: "));
+        ApiError::bad_request("bad_subject", format!("{at}subject {subject:?}: {error}"))
+    })?;
+    Ok(Some(subject))
+}
+
+fn is_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/x-ndjson") || value.starts_with("application/jsonl"))
+}
+
+fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
+    let text =
+        std::str::from_utf8(body).map_err(|_| ApiError::bad_request("bad_json", "the NDJSON body is not UTF-8"))?;
+    let mut records = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let line_number = index + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let envelope: Envelope = serde_json::from_str(line)
+            .map_err(|error| ApiError::bad_request("bad_json", format!("line {line_number}: {error}")))?;
+        records.push(NewRecord {
+            timestamp_ms: None,
+            key: envelope.key.map(Bytes::from),
+            subject: checked_subject(envelope.subject, Some(line_number))?,
+            headers: envelope.headers.into_iter().map(|(name, value)| (name, Bytes::from(value))).collect(),
+            value: match envelope.value {
+                None | Some(Value::Null) => None,
+                Some(value) => Some(Bytes::from(serde_json::to_vec(&value).expect("a JSON value serializes"))),
+            },
+        });
+    }
+    if records.is_empty() {
+        return Err(ApiError::bad_request("empty_batch", "the NDJSON body holds no records"));
+    }
+    Ok(records)
+}
+
+pub async fn publish(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    query: Result<Query<PublishQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(query_error)?;
+    let durability = durability(&headers)?;
+    let body = body.map_err(|rejection| ApiError {
+        status: rejection.status(),
+        code: if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_body" },
+        message: format!("{} (the limit is {} bytes)", rejection.body_text(), state.body_bytes_max),
+    })?;
+    let (records, batch) = if is_ndjson(&headers) {
+        if query.key.is_some() || query.subject.is_some() {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                "with an NDJSON body, give each record's key and subject in its envelope, not in the query",
+            ));
+        }
+        (parse_envelopes(&body)?, true)
+    } else {
+        let record = NewRecord {
+            timestamp_ms: None,
+            key: query.key.map(Bytes::from),
+            subject: checked_subject(query.subject, None)?,
+            headers: Vec::new(),
+            value: Some(body),
+        };
+        (vec![record], false)
+    };
+    let stream = state.engine.stream_or_create(&name).await?;
+    let published = stream.publish(&records, durability).await?;
+    Ok(Json(if batch {
+        json!({ "stream": name, "records": published })
+    } else {
+        let Published { partition, offset } = published[0];
+        json!({ "stream": name, "partition": partition, "offset": offset })
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    from: Option<String>,
+    limit: Option<usize>,
+    partition: Option<u32>,
+}
+
+fn position(text: Option<&str>) -> Result<Position, ApiError> {
+    Ok(match text {
+        None | Some("earliest") => Position::Earliest,
+        Some("latest") => Position::Latest,
+        Some(text) if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) => Position::Offset(
+            text.parse().map_err(|_| ApiError::bad_request("bad_offset", format!("offset {text} is too large")))?,
+        ),
+        Some(text) => Position::Time(parse_rfc3339_ms(text).map_err(|reason| {
+            ApiError::bad_request(
+                "bad_offset",
+                format!("from={text:?}: expected earliest, latest, an offset or an RFC 3339 time ({reason})"),
+            )
+        })?),
+    })
+}
+
+/// A record as JSON. The value is the JSON it holds when it holds JSON; otherwise `value_text`
+/// (UTF-8) or `value_base64`. A tombstone has `"value": null`. Keys likewise (`key` or
+/// `key_base64`).
+pub fn record_json(partition: u32, record: &Record) -> Value {
+    let mut object = serde_json::Map::new();
+    object.insert("id".into(), json!(format!("{partition}:{}", record.offset)));
+    object.insert("partition".into(), json!(partition));
+    object.insert("offset".into(), json!(record.offset));
+    object.insert("timestamp".into(), json!(record.timestamp_ms));
+    if let Some(key) = &record.key {
+        match std::str::from_utf8(key) {
+            Ok(key) => object.insert("key".into(), json!(key)),
+            Err(_) => object.insert("key_base64".into(), json!(base64::engine::general_purpose::STANDARD.encode(key))),
+        };
+    }
+    if let Some(subject) = &record.subject {
+        object.insert("subject".into(), json!(subject));
+    }
+    if !record.headers.is_empty() {
+        let headers: serde_json::Map<String, Value> =
+            record.headers.iter().map(|(name, value)| (name.clone(), json!(String::from_utf8_lossy(value)))).collect();
+        object.insert("headers".into(), Value::Object(headers));
+    }
+    match &record.value {
+        None => {
+            object.insert("value".into(), Value::Null);
+        }
+        Some(value) => {
+            if let Ok(parsed) = serde_json::from_slice::<Value>(value) {
+                object.insert("value".into(), parsed);
+            } else if let Ok(text) = std::str::from_utf8(value) {
+                object.insert("value_text".into(), json!(text));
+            } else {
+                object.insert("value_base64".into(), json!(base64::engine::general_purpose::STANDARD.encode(value)));
+            }
+        }
+    }
+    Value::Object(object)
+}
+
+pub async fn read(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(query_error)?;
+    let stream = state.engine.stream(&name)?;
+    let limit = query.limit.unwrap_or(READ_LIMIT_DEFAULT);
+    if limit == 0 || limit > READ_LIMIT_MAX {
+        return Err(ApiError::bad_request("bad_limit", format!("limit must be between 1 and {READ_LIMIT_MAX}")));
+    }
+    let position = position(query.from.as_deref())?;
+    let partitions: Vec<u32> = match query.partition {
+        Some(partition) => {
+            stream.partition(partition)?;
+            vec![partition]
+        }
+        None if matches!(position, Position::Offset(_)) && stream.partition_count() > 1 => {
+            return Err(ApiError::bad_request(
+                "bad_offset",
+                format!(
+                    "an offset is per partition: add partition=0..{} (stream {name:?} has {} partitions)",
+                    stream.partition_count() - 1,
+                    stream.partition_count()
+                ),
+            ));
+        }
+        None => (0..stream.partition_count()).collect(),
+    };
+    let (records, next) = read_partitions(&stream, &partitions, position, limit)?;
+    Ok(Json(json!({ "stream": name, "records": records, "next": next })))
+}
+
+/// Reads partition by partition until `limit` records; returns them and, per partition, the
+/// offset to continue from.
+fn read_partitions(
+    stream: &Stream,
+    partitions: &[u32],
+    position: Position,
+    limit: usize,
+) -> Result<(Vec<Value>, BTreeMap<String, u64>), ApiError> {
+    let mut records = Vec::new();
+    let mut next = BTreeMap::new();
+    for &partition in partitions {
+        let from = stream.resolve(partition, position)?;
+        let left = limit - records.len();
+        let read = if left == 0 {
+            Vec::new()
+        } else {
+            stream.read(partition, Position::Offset(from), left, READ_BYTES_MAX)?
+        };
+        next.insert(partition.to_string(), read.last().map_or(from, |record| record.offset + 1));
+        records.extend(read.iter().map(|record| record_json(partition, record)));
+    }
+    Ok((records, next))
+}

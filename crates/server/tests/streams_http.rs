@@ -1,0 +1,245 @@
+//! Streams over HTTP: the real router on a loopback socket, driven by a real HTTP client.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use onehop_engine::{Engine, EngineOptions};
+use onehop_log::{Log, LogOptions, PartitionConfig};
+use onehop_server::{AppState, app};
+use serde_json::{Value, json};
+
+struct Server {
+    address: SocketAddr,
+    engine: Arc<Engine>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(options: EngineOptions) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = Log::open(dir.path(), LogOptions::default()).unwrap();
+    let engine = Arc::new(Engine::open(Arc::new(log), options).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let router = app(AppState::new(engine.clone(), None));
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    Server { address, engine, _dir: dir }
+}
+
+fn small_limits() -> EngineOptions {
+    EngineOptions {
+        stream_defaults: PartitionConfig {
+            batch_bytes_max: 64 * 1024,
+            record_bytes_max: 32 * 1024,
+            ..Default::default()
+        },
+        ..EngineOptions::default()
+    }
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.address)
+    }
+
+    async fn post(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let response = reqwest::Client::new().post(self.url(path)).body(body).send().await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    async fn post_ndjson(&self, path: &str, body: &str) -> (u16, Value) {
+        let response = reqwest::Client::new()
+            .post(self.url(path))
+            .header("content-type", "application/x-ndjson")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = reqwest::get(self.url(path)).await.unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+
+    fn end_offset(&self, stream: &str) -> u64 {
+        match self.engine.stream(stream) {
+            Ok(stream) => (0..stream.partition_count()).map(|p| stream.partition(p).unwrap().end_offset()).sum(),
+            Err(_) => 0,
+        }
+    }
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error body: {body}"))
+}
+
+#[tokio::test]
+async fn publish_one_record_and_read_it_back() {
+    let server = start(EngineOptions::default()).await;
+    let (status, body) = server.post("/streams/scores?key=team-42&subject=scores/team-42", r#"{"points":3}"#).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "stream": "scores", "partition": 0, "offset": 0 }));
+    server.post("/streams/scores", "plain text").await;
+    let (status, body) = server.get("/streams/scores?from=earliest").await;
+    assert_eq!(status, 200, "{body}");
+    let records = body["records"].as_array().unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0]["id"], "0:0");
+    assert_eq!(records[0]["key"], "team-42");
+    assert_eq!(records[0]["subject"], "scores/team-42");
+    assert_eq!(records[0]["value"], json!({ "points": 3 }));
+    assert!(records[0]["timestamp"].as_i64().unwrap() > 1_700_000_000_000);
+    assert_eq!(records[1]["value_text"], "plain text");
+    assert_eq!(body["next"], json!({ "0": 2 }));
+}
+
+#[tokio::test]
+async fn an_ndjson_batch_reports_each_record_and_keeps_tombstones() {
+    let server = start(EngineOptions::default()).await;
+    let batch = concat!(
+        r#"{"key":"a","subject":"s/1","headers":{"trace":"x1"},"value":{"n":1}}"#,
+        "\n\n",
+        r#"{"key":"b","value":"text"}"#,
+        "\n",
+        r#"{"key":"a"}"#,
+        "\n"
+    );
+    let (status, body) = server.post_ndjson("/streams/events", batch).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["records"],
+        json!([
+            { "partition": 0, "offset": 0 }, { "partition": 0, "offset": 1 }, { "partition": 0, "offset": 2 }
+        ])
+    );
+    let (_, body) = server.get("/streams/events").await;
+    let records = body["records"].as_array().unwrap();
+    assert_eq!(records[0]["headers"], json!({ "trace": "x1" }));
+    assert_eq!(records[0]["value"], json!({ "n": 1 }));
+    assert_eq!(records[1]["value"], "text", "a JSON string value stays a JSON string");
+    assert_eq!(records[2]["value"], Value::Null, "a missing value is a tombstone");
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_code_and_nothing_is_written() {
+    let server = start(small_limits()).await;
+    struct Refusal {
+        path: &'static str,
+        header: Option<(&'static str, &'static str)>,
+        body: String,
+        status: u16,
+        code: &'static str,
+        says: &'static str,
+    }
+    let refusal = |path, body: String, status, code, says| Refusal { path, header: None, body, status, code, says };
+    let cases = [
+        refusal("/streams/s?subject=scores/%2B", "v".into(), 400, "bad_subject", "wildcards"),
+        refusal("/streams/s?colour=red", "v".into(), 400, "bad_query", "colour"),
+        refusal("/streams/bad%2Fname", "v".into(), 400, "invalid_name", "not allowed"),
+        refusal("/streams/__system", "v".into(), 400, "invalid_name", "reserved"),
+        Refusal {
+            header: Some(("onehop-durability", "eventually")),
+            ..refusal("/streams/s", "v".into(), 400, "bad_durability", "eventually")
+        },
+        refusal("/streams/s", "x".repeat(40 * 1024), 413, "record_too_large", "record_bytes_max"),
+        refusal("/streams/s", "x".repeat(200 * 1024), 413, "body_too_large", "limit is 131072 bytes"),
+    ];
+    for case in cases {
+        let mut request = reqwest::Client::new().post(server.url(case.path)).body(case.body);
+        if let Some((name, value)) = case.header {
+            request = request.header(name, value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), case.status, "{}", case.path);
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(error_code(&answer), case.code, "{}: {answer}", case.path);
+        assert!(answer["error"]["message"].as_str().unwrap().contains(case.says), "{}: {answer}", case.path);
+    }
+    // A bad line anywhere in a batch refuses the whole batch.
+    let (status, answer) = server.post_ndjson("/streams/s", "{\"value\":1}\n{\"value\":\n{\"value\":3}\n").await;
+    assert_eq!(status, 400);
+    assert_eq!(error_code(&answer), "bad_json");
+    assert!(answer["error"]["message"].as_str().unwrap().starts_with("line 2"), "{answer}");
+    let (status, answer) = server.post_ndjson("/streams/s", "{\"value\":1, \"colour\":\"red\"}\n").await;
+    assert_eq!((status, error_code(&answer)), (400, "bad_json"));
+    let (status, answer) = server.post_ndjson("/streams/s", "\n\n").await;
+    assert_eq!((status, error_code(&answer)), (400, "empty_batch"));
+    assert_eq!(server.end_offset("s"), 0, "nothing was written");
+}
+
+#[tokio::test]
+async fn reads_from_offsets_times_and_partitions() {
+    let server = start(EngineOptions::default()).await;
+    for i in 0..5 {
+        server.post("/streams/ticks", format!("{i}")).await;
+    }
+    let (_, body) = server.get("/streams/ticks?from=3").await;
+    let values: Vec<&Value> = body["records"].as_array().unwrap().iter().map(|record| &record["value"]).collect();
+    assert_eq!(values, [&json!(3), &json!(4)]);
+    let (_, body) = server.get("/streams/ticks?from=latest").await;
+    assert_eq!(body["records"], json!([]));
+    assert_eq!(body["next"], json!({ "0": 5 }));
+    let (_, body) = server.get("/streams/ticks?from=2000-01-01T00:00:00Z&limit=2").await;
+    assert_eq!(body["records"].as_array().unwrap().len(), 2);
+    assert_eq!(body["next"], json!({ "0": 2 }));
+    let (_, body) = server.get("/streams/ticks?from=2999-01-01T00:00:00%2B02:00").await;
+    assert_eq!(body["records"], json!([]));
+
+    let cases = [
+        ("/streams/nothing", 404, "unknown_stream"),
+        ("/streams/ticks?from=yesterday", 400, "bad_offset"),
+        ("/streams/ticks?from=99", 416, "offset_past_end"),
+        ("/streams/ticks?limit=0", 400, "bad_limit"),
+        ("/streams/ticks?limit=10001", 400, "bad_limit"),
+        ("/streams/ticks?partition=1", 404, "unknown_partition"),
+        ("/streams/ticks?from=-1", 400, "bad_offset"),
+    ];
+    for (path, status, code) in cases {
+        let (got, body) = server.get(path).await;
+        assert_eq!((got, error_code(&body)), (status, code), "{path}: {body}");
+    }
+
+    let def = onehop_engine::StreamDef {
+        name: "wide".into(),
+        partitions: 3,
+        retention_ms: None,
+        retention_bytes: None,
+        durability: onehop_log::Durability::Fsync,
+    };
+    server.engine.create_stream(def).await.unwrap();
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        server.post(&format!("/streams/wide?key={key}"), key.to_string()).await;
+    }
+    let (status, body) = server.get("/streams/wide?from=0").await;
+    assert_eq!((status, error_code(&body)), (400, "bad_offset"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("partition=0..2"), "{body}");
+    let (_, body) = server.get("/streams/wide").await;
+    assert_eq!(body["records"].as_array().unwrap().len(), 6, "every partition is read");
+    let (_, body) = server.get("/streams/wide?partition=1&from=0").await;
+    for record in body["records"].as_array().unwrap() {
+        assert_eq!(record["partition"], 1);
+    }
+}
+
+#[tokio::test]
+async fn publishing_to_an_unknown_stream_without_auto_create_is_refused() {
+    let server = start(EngineOptions { auto_create: false, ..EngineOptions::default() }).await;
+    let (status, body) = server.post("/streams/orders", "v").await;
+    assert_eq!((status, error_code(&body)), (404, "unknown_stream"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("CREATE STREAM orders"), "{body}");
+}
+
+#[tokio::test]
+async fn async_durability_is_accepted_per_request() {
+    let server = start(EngineOptions::default()).await;
+    let response = reqwest::Client::new()
+        .post(server.url("/streams/fast"))
+        .header("Onehop-Durability", "async")
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(server.end_offset("fast"), 1);
+}
