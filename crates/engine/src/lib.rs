@@ -10,12 +10,14 @@
 //! - `subject`: subjects, MQTT-style subject filters (`+`, `#`) and the trie that matches a
 //!   subject against many filters at once (the hub's and the MQTT broker's index).
 //! - `error`: `EngineError`, each variant with a stable code for clients.
+//! - `units`: byte sizes and durations as people write them (`64MiB`, `7d`).
 
 mod catalog;
 mod engine;
 mod error;
 mod stream;
 pub mod subject;
+pub mod units;
 
 pub use catalog::{CATALOG_TOPIC, StreamDef};
 pub use engine::{Engine, EngineOptions};

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use onehop_engine::units::parse_bytes;
 use onehop_log::Durability;
 
 #[derive(Parser, Debug)]
@@ -26,9 +27,26 @@ pub struct Cli {
 pub enum Command {
     /// Run the server (data in ./onehop-data, HTTP on 127.0.0.1:8080 by default).
     Serve(ServeArgs),
+    /// Run SQL definitions (CREATE STREAM, SHOW STREAMS, DESCRIBE) on a running server.
+    Sql(SqlArgs),
     /// Run a benchmark and print its figures.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Args, Debug)]
+pub struct SqlArgs {
+    /// The statements, `;`-separated. Give either these or --file.
+    #[arg(value_name = "SQL", conflicts_with = "file", required_unless_present = "file")]
+    pub sql: Option<String>,
+
+    /// Read the statements from this file.
+    #[arg(short = 'f', long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+
+    /// The server to run them on.
+    #[arg(long, env = "ONEHOP_URL", default_value = "http://127.0.0.1:8080", value_name = "URL")]
+    pub url: String,
 }
 
 /// Settings of `onehop serve`. A flag left out falls back to its environment variable, then to
@@ -80,6 +98,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_MAINTENANCE_INTERVAL_S", value_name = "SECONDS")]
     pub maintenance_interval_s: Option<u64>,
 
+    /// SQL file applied at start, before the server listens (CREATE STREAM …). Applying it again
+    /// changes nothing, so it can stay in the start command.
+    #[arg(long, env = "ONEHOP_SCHEMA", value_name = "FILE")]
+    pub schema: Option<PathBuf>,
+
     /// Log filter, e.g. `info` or `onehop_log=debug,info` [default: info].
     #[arg(long, env = "ONEHOP_LOG", value_name = "FILTER")]
     pub log: Option<String>,
@@ -130,37 +153,9 @@ pub struct BenchLogArgs {
     pub no_progress: bool,
 }
 
-/// Parses a byte size: a number with an optional K/KB/KiB, M/MB/MiB or G/GB/GiB suffix (all
-/// binary multiples).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (digits, suffix) = text.split_at(split);
-    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size: expected e.g. 4096 or 64MiB"))?;
-    let multiplier: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        other => return Err(format!("unknown size suffix {other:?}: use KiB, MiB or GiB")),
-    };
-    number.checked_mul(multiplier).ok_or_else(|| format!("{text:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
-        assert_eq!(parse_bytes("1 KiB"), Ok(1024));
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("5 parsecs").unwrap_err().contains("unknown size suffix"));
-        assert!(parse_bytes("99999999999999GiB").unwrap_err().contains("too large"));
-    }
 
     #[test]
     fn command_line_is_consistent() {

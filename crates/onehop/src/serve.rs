@@ -60,6 +60,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             .context("opening the catalog")?
     };
     let engine = Arc::new(engine);
+    if let Some(schema) = &settings.schema {
+        apply_schema(&engine, schema).await?;
+    }
     let listener = tokio::net::TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("cannot listen on {}", settings.http_addr))?;
@@ -77,6 +80,19 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || log.close()).await.context("closing the log")?;
     drop(lock);
     tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// Applies the statements of `path` before the server listens; any failure stops the start.
+async fn apply_schema(engine: &Engine, path: &std::path::Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading schema {}", path.display()))?;
+    let statements = onehop_sql::parse(&text).with_context(|| format!("schema {}", path.display()))?;
+    for statement in &statements {
+        let output = onehop_sql::execute(engine, statement)
+            .await
+            .with_context(|| format!("schema {}: {}", path.display(), statement.label()))?;
+        tracing::info!(schema = %path.display(), ?output, "schema statement applied");
+    }
     Ok(())
 }
 

@@ -8,7 +8,9 @@ use anyhow::{Context, bail};
 use onehop_log::{Durability, PartitionConfig};
 use serde::Deserialize;
 
-use crate::cli::{ServeArgs, parse_bytes};
+use onehop_engine::units::parse_bytes;
+
+use crate::cli::ServeArgs;
 
 pub const DEFAULT_DATA_DIR: &str = "./onehop-data";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
@@ -47,6 +49,7 @@ struct FileSettings {
     batch_bytes_max: Option<Size>,
     maintenance_interval_s: Option<u64>,
     auto_create: Option<bool>,
+    schema: Option<PathBuf>,
     log: Option<String>,
 }
 
@@ -60,6 +63,8 @@ pub struct Settings {
     pub maintenance_interval: Duration,
     /// Create streams on their first publish.
     pub auto_create: bool,
+    /// SQL applied at start.
+    pub schema: Option<PathBuf>,
     pub log_filter: String,
     /// The config file that was read, if any.
     pub config_file: Option<PathBuf>,
@@ -137,6 +142,7 @@ impl Settings {
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
             auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),
+            schema: args.schema.clone().or(file.schema),
             log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             config_file,
         })

@@ -257,6 +257,7 @@ fn help_documents_every_serve_flag() {
         "--batch-bytes-max",
         "--maintenance-interval-s",
         "--auto-create",
+        "--schema",
         "--log",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
@@ -339,4 +340,44 @@ fn acknowledged_http_publishes_survive_kill_9() {
         let expected: serde_json::Value = serde_json::from_str(value).unwrap();
         assert_eq!(stored.get(offset), Some(&expected.to_string()), "acknowledged publish at {offset} lost or changed");
     }
+}
+
+#[test]
+fn sql_from_the_command_line_and_a_schema_applied_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("schema.sql");
+    std::fs::write(&schema, "CREATE STREAM orders WITH (partitions = 3, retention = '7d');\nCREATE STREAM clicks;\n")
+        .unwrap();
+    let data = dir.path().join("data");
+    let args =
+        ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap(), "--schema", schema.to_str().unwrap()];
+    let mut server = start(dir.path(), &args, &[]);
+    let url = format!("http://{}", server.address);
+    let output = onehop().args(["sql", "--url", &url, "SHOW STREAMS"]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("orders") && shown.contains("clicks") && shown.contains("(2 rows)"), "{shown}");
+    let create = dir.path().join("more.sql");
+    std::fs::write(&create, "CREATE STREAM events WITH (durability = 'async')").unwrap();
+    let output = onehop().args(["sql", "--url", &url, "-f", create.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&output.stdout).contains("CREATE STREAM events: created"), "{output:?}");
+    let output = onehop().args(["sql", "--url", &url, "CREATE STREAM orders WITH (partitions = 9)"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("already exists"), "{output:?}");
+    // The same schema at the next start changes nothing.
+    server.signal("TERM");
+    assert!(server.wait_exit().success());
+    let server = start(dir.path(), &args, &[]);
+    let (_, body) = get(server.address, "/healthz");
+    assert!(body.contains(r#""streams":3"#), "{body}");
+    drop(server);
+    // A schema that conflicts with what exists stops the start with the reason.
+    std::fs::write(&schema, "CREATE STREAM orders WITH (partitions = 4)").unwrap();
+    let output = onehop().arg("serve").args(args).current_dir(dir.path()).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("schema.sql") && stderr.contains("already exists"), "{stderr}");
+    // A server that is not there is named.
+    let output = onehop().args(["sql", "--url", "http://127.0.0.1:9", "SHOW STREAMS"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&output.stderr).contains("is `onehop serve` running there?"), "{output:?}");
 }

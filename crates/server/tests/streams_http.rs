@@ -243,3 +243,35 @@ async fn async_durability_is_accepted_per_request() {
     assert_eq!(response.status().as_u16(), 200);
     assert_eq!(server.end_offset("fast"), 1);
 }
+
+#[tokio::test]
+async fn sql_defines_streams_and_answers_with_rows_or_reasons() {
+    let server = start(EngineOptions::default()).await;
+    let (status, body) =
+        server.post("/sql", "CREATE STREAM orders WITH (partitions = 2, retention = '1d'); SHOW STREAMS").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["results"][0]["result"], "created");
+    assert_eq!(body["results"][1]["rows"][0][0], "orders");
+    assert_eq!(server.engine.stream("orders").unwrap().partition_count(), 2);
+    // Publishing keeps working through the defined stream.
+    let (status, _) = server.post("/streams/orders?key=k", "v").await;
+    assert_eq!(status, 200);
+    let (_, body) = server.post("/sql", "DESCRIBE orders").await;
+    let end_offsets = &body["results"][0]["rows"][0][5];
+    assert_eq!(end_offsets.as_array().unwrap().iter().map(|offset| offset.as_u64().unwrap()).sum::<u64>(), 1);
+
+    let (status, body) = server.post("/sql", "SELECT * FROM orders").await;
+    assert_eq!((status, error_code(&body)), (400, "sql_unsupported"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("CREATE STREAM name"), "{body}");
+    let (status, body) = server.post("/sql", "CREATE STREAM broken WITH (partitions = ").await;
+    assert_eq!((status, error_code(&body)), (400, "sql_syntax"));
+    assert!(server.engine.stream("broken").is_err(), "nothing ran");
+    let (status, body) = server.post("/sql", "CREATE STREAM fine; CREATE STREAM orders WITH (partitions = 5)").await;
+    assert_eq!((status, error_code(&body)), (409, "stream_exists"));
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("statement 2 of 2, CREATE STREAM orders (the 1 statement(s) before it took effect)"),
+        "{message}"
+    );
+    assert!(server.engine.stream("fine").is_ok());
+}

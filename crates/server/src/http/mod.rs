@@ -1,10 +1,12 @@
 //! The HTTP front end. `app` builds the router apart from the listener so tests can drive it.
 //!
 //! - `streams`: `POST /streams/{s}` publishes, `GET /streams/{s}` reads.
+//! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `time`: RFC 3339 times in query strings.
 
 pub mod error;
+pub mod sql;
 pub mod streams;
 mod time;
 
@@ -46,6 +48,7 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/streams/{stream}", get(streams::read).post(streams::publish))
+        .route("/sql", axum::routing::post(sql::run))
         .layer(body_limit)
         .with_state(state)
 }

@@ -1,0 +1,54 @@
+//! `POST /sql`: one or more `;`-separated statements in the body, run in order.
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::rejection::StringRejection;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+
+fn sql_error(error: onehop_sql::SqlError) -> ApiError {
+    match error {
+        onehop_sql::SqlError::Engine(error) => error.into(),
+        other => ApiError::bad_request(other.code(), other.to_string()),
+    }
+}
+
+/// Parses every statement first (a syntax error anywhere runs nothing), then runs them in
+/// order; each definition is durable when its statement's result is reported. If one fails,
+/// the ones before it have taken effect, and the error says so.
+pub async fn run(
+    State(state): State<AppState>,
+    body: Result<String, StringRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body.map_err(|rejection| ApiError {
+        status: rejection.status(),
+        code: "bad_body",
+        message: format!("the body must be SQL text in UTF-8: {}", rejection.body_text()),
+    })?;
+    let statements = onehop_sql::parse(&body).map_err(sql_error)?;
+    let mut results = Vec::with_capacity(statements.len());
+    for (index, statement) in statements.iter().enumerate() {
+        match onehop_sql::execute(&state.engine, statement).await {
+            Ok(output) => results.push(output),
+            Err(error) => {
+                let mut refusal = sql_error(error);
+                let done = if index == 0 {
+                    String::new()
+                } else {
+                    format!(" (the {index} statement(s) before it took effect)")
+                };
+                refusal.message = format!(
+                    "statement {} of {}, {}{done}: {}",
+                    index + 1,
+                    statements.len(),
+                    statement.label(),
+                    refusal.message
+                );
+                return Err(refusal);
+            }
+        }
+    }
+    Ok(Json(json!({ "results": results })))
+}
