@@ -8,7 +8,9 @@ use onehop_log::{Durability, Log, Partition, PartitionConfig};
 
 use crate::catalog::{self, CATALOG_TOPIC, StreamDef};
 use crate::error::EngineError;
+use crate::hub::{Cursor, Hub};
 use crate::stream::Stream;
+use crate::subject::SubjectFilter;
 
 /// How the engine creates what it creates.
 #[derive(Clone, Debug)]
@@ -19,11 +21,18 @@ pub struct EngineOptions {
     pub default_partitions: u32,
     /// Create a stream on its first publish instead of refusing the publish.
     pub auto_create: bool,
+    /// Events a subscriber may have waiting before it is cut off (it can resume).
+    pub subscriber_queue_capacity: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { stream_defaults: PartitionConfig::default(), default_partitions: 1, auto_create: true }
+        EngineOptions {
+            stream_defaults: PartitionConfig::default(),
+            default_partitions: 1,
+            auto_create: true,
+            subscriber_queue_capacity: 1024,
+        }
     }
 }
 
@@ -35,6 +44,7 @@ pub struct Engine {
     streams: RwLock<BTreeMap<String, Arc<Stream>>>,
     /// Definition changes one at a time, so two creates of one name cannot both append.
     ddl: tokio::sync::Mutex<()>,
+    hub: Arc<Hub>,
 }
 
 /// The catalog's own log settings: compacted (newest definition per name), always fsync.
@@ -54,10 +64,20 @@ impl Engine {
     /// stream it defines.
     pub fn open(log: Arc<Log>, options: EngineOptions) -> Result<Engine, EngineError> {
         options.stream_defaults.validate().map_err(EngineError::InvalidDefinition)?;
+        if options.subscriber_queue_capacity == 0 {
+            return Err(EngineError::InvalidDefinition("subscriber_queue_capacity must be at least 1".into()));
+        }
         let catalog = log.open_partition(CATALOG_TOPIC, 0, catalog_config())?;
         let defs = catalog::replay(&catalog)?;
-        let engine =
-            Engine { log, options, catalog, streams: RwLock::new(BTreeMap::new()), ddl: tokio::sync::Mutex::new(()) };
+        let hub = Arc::new(Hub::new(options.subscriber_queue_capacity));
+        let engine = Engine {
+            log,
+            options,
+            catalog,
+            streams: RwLock::new(BTreeMap::new()),
+            ddl: tokio::sync::Mutex::new(()),
+            hub,
+        };
         for def in defs.into_values() {
             let stream = engine.open_stream(def)?;
             engine.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
@@ -90,6 +110,18 @@ impl Engine {
             .map(|index| self.log.open_partition(&def.name, index, config.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Arc::new(Stream::new(def, partitions)))
+    }
+
+    /// Subscribes to `stream` from `positions` (the next offset per partition), delivering
+    /// records whose subject matches `filter` (all records when `None`). Must be called inside
+    /// the tokio runtime: the hub's tailers are tasks.
+    pub fn subscribe(
+        &self,
+        stream: &Arc<Stream>,
+        filter: Option<SubjectFilter>,
+        positions: Vec<u64>,
+    ) -> Result<Cursor, EngineError> {
+        Cursor::new(self.hub.clone(), stream.clone(), filter, positions)
     }
 
     /// A definition of `name` with every setting at its default.

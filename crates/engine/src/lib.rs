@@ -7,6 +7,8 @@
 //!   the compacted `__catalog` topic, so they are durable and replayed at start.
 //! - `stream`: a named stream of N partitions, key-hash partitioning, publish and read.
 //! - `engine`: the entry point that owns the catalog and the open streams.
+//! - `hub`: the subscription hub (one tailer per partition, routing through a subject trie into
+//!   bounded subscriber queues) and `Cursor`, a gap-free history-then-live subscription.
 //! - `subject`: subjects, MQTT-style subject filters (`+`, `#`) and the trie that matches a
 //!   subject against many filters at once (the hub's and the MQTT broker's index).
 //! - `error`: `EngineError`, each variant with a stable code for clients.
@@ -15,6 +17,7 @@
 mod catalog;
 mod engine;
 mod error;
+pub mod hub;
 mod stream;
 pub mod subject;
 pub mod units;

@@ -51,6 +51,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         stream_defaults: settings.stream_defaults.clone(),
         default_partitions: 1,
         auto_create: settings.auto_create,
+        ..EngineOptions::default()
     };
     let engine = {
         let log = log.clone();

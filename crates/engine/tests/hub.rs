@@ -1,0 +1,175 @@
+//! The hub and cursors: filtering, history then live with no gap and no duplicate, resume,
+//! and cutting off a subscriber that falls behind.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use onehop_engine::hub::{Cursor, Delivery};
+use onehop_engine::subject::SubjectFilter;
+use onehop_engine::{Engine, EngineOptions, Stream, StreamDef};
+use onehop_log::{Durability, Log, LogOptions, NewRecord};
+
+fn open(dir: &std::path::Path, queue: usize) -> Arc<Engine> {
+    let (log, _) = Log::open(dir, LogOptions::default()).unwrap();
+    let options = EngineOptions { subscriber_queue_capacity: queue, ..EngineOptions::default() };
+    Arc::new(Engine::open(Arc::new(log), options).unwrap())
+}
+
+async fn stream(engine: &Engine, name: &str, partitions: u32) -> Arc<Stream> {
+    let def = StreamDef {
+        name: name.into(),
+        partitions,
+        retention_ms: None,
+        retention_bytes: None,
+        durability: Durability::Async,
+    };
+    engine.create_stream(def).await.unwrap()
+}
+
+fn subject_record(subject: &str, value: String) -> NewRecord {
+    NewRecord { subject: Some(subject.into()), ..NewRecord::value(value) }
+}
+
+async fn next_event(cursor: &mut Cursor) -> (u32, u64, String) {
+    match tokio::time::timeout(Duration::from_secs(10), cursor.next()).await.expect("an event within 10 s").unwrap() {
+        Delivery::Event(event) => (
+            event.partition,
+            event.record.offset,
+            String::from_utf8(event.record.value.clone().unwrap().to_vec()).unwrap(),
+        ),
+        Delivery::Overflow { positions } => panic!("unexpected overflow at {positions:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_subscribers_get_what_matches_their_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), 1024);
+    let scores = stream(&engine, "scores", 1).await;
+    let filter = |text| Some(SubjectFilter::parse(text).unwrap());
+    let mut team_one = engine.subscribe(&scores, filter("scores/team-1"), vec![0]).unwrap();
+    let mut every_team = engine.subscribe(&scores, filter("scores/+"), vec![0]).unwrap();
+    let mut everything = engine.subscribe(&scores, None, vec![0]).unwrap();
+    let records = vec![
+        subject_record("scores/team-1", "a".into()),
+        subject_record("scores/team-2", "b".into()),
+        subject_record("news/x", "c".into()),
+        NewRecord::value("d"),
+        subject_record("scores/team-1", "e".into()),
+    ];
+    scores.publish(&records, None).await.unwrap();
+    assert_eq!(next_event(&mut team_one).await.2, "a");
+    assert_eq!(next_event(&mut team_one).await.2, "e");
+    for expected in ["a", "b", "e"] {
+        assert_eq!(next_event(&mut every_team).await.2, expected);
+    }
+    for expected in ["a", "b", "c", "d", "e"] {
+        assert_eq!(next_event(&mut everything).await.2, expected);
+    }
+    // Nothing more is pending for the filtered ones.
+    assert!(tokio::time::timeout(Duration::from_millis(200), team_one.next()).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_then_live_has_no_gap_and_no_duplicate_while_writers_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), 100_000);
+    let events = stream(&engine, "events", 3).await;
+    let keyed = |i: u32| NewRecord::keyed(format!("k{}", i % 17), format!("{i}"));
+    for i in 0..300 {
+        events.publish(&[keyed(i)], None).await.unwrap();
+    }
+    let writer = {
+        let events = events.clone();
+        tokio::spawn(async move {
+            for i in 300..1300 {
+                events.publish(&[keyed(i)], None).await.unwrap();
+                if i % 50 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+    };
+    let mut cursor = engine.subscribe(&events, None, vec![0, 0, 0]).unwrap();
+    let mut seen: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut values = Vec::new();
+    for _ in 0..1300 {
+        let (partition, offset, value) = next_event(&mut cursor).await;
+        seen.entry(partition).or_default().push(offset);
+        values.push(value.parse::<u32>().unwrap());
+    }
+    writer.await.unwrap();
+    for (partition, offsets) in &seen {
+        let expected: Vec<u64> = (0..offsets.len() as u64).collect();
+        assert_eq!(offsets, &expected, "partition {partition}: every offset once, in order");
+    }
+    values.sort_unstable();
+    assert_eq!(values, (0..1300).collect::<Vec<_>>(), "every record exactly once");
+    assert!(tokio::time::timeout(Duration::from_millis(200), cursor.next()).await.is_err(), "and nothing more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_resumes_exactly_where_the_last_one_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), 1024);
+    let ticks = stream(&engine, "ticks", 2).await;
+    let batch: Vec<NewRecord> = (0..40).map(|i| NewRecord::keyed(format!("k{i}"), format!("{i}"))).collect();
+    ticks.publish(&batch, None).await.unwrap();
+    let mut first = engine.subscribe(&ticks, None, vec![0, 0]).unwrap();
+    let mut delivered = Vec::new();
+    for _ in 0..15 {
+        delivered.push(next_event(&mut first).await.2);
+    }
+    let positions = first.positions().to_vec();
+    drop(first);
+    let more: Vec<NewRecord> = (40..60).map(|i| NewRecord::keyed(format!("k{i}"), format!("{i}"))).collect();
+    ticks.publish(&more, None).await.unwrap();
+    let mut second = engine.subscribe(&ticks, None, positions).unwrap();
+    for _ in 15..60 {
+        delivered.push(next_event(&mut second).await.2);
+    }
+    let mut numbers: Vec<u32> = delivered.iter().map(|value| value.parse().unwrap()).collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, (0..60).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_falls_behind_is_cut_off_and_can_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), 8);
+    let fast = stream(&engine, "fast", 1).await;
+    let mut slow = engine.subscribe(&fast, None, vec![0]).unwrap();
+    // Go live first (nothing to catch up), then let the queue overflow.
+    fast.publish(&[NewRecord::value("0")], None).await.unwrap();
+    assert_eq!(next_event(&mut slow).await.2, "0");
+    for i in 1..200 {
+        fast.publish(&[NewRecord::value(format!("{i}"))], None).await.unwrap();
+    }
+    let mut received = vec![0u32];
+    let positions = loop {
+        match tokio::time::timeout(Duration::from_secs(10), slow.next()).await.unwrap().unwrap() {
+            Delivery::Event(event) => {
+                received.push(String::from_utf8(event.record.value.clone().unwrap().to_vec()).unwrap().parse().unwrap())
+            }
+            Delivery::Overflow { positions } => break positions,
+        }
+    };
+    assert!(received.len() < 200, "the queue of 8 cannot have held everything");
+    assert_eq!(positions, vec![received.len() as u64], "the overflow says where delivery stopped");
+    drop(slow);
+    let mut resumed = engine.subscribe(&fast, None, positions).unwrap();
+    while received.len() < 200 {
+        received.push(next_event(&mut resumed).await.2.parse().unwrap());
+    }
+    assert_eq!(received, (0..200).collect::<Vec<_>>(), "no gap, no duplicate across the cut");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), 8);
+    let two = stream(&engine, "two", 2).await;
+    assert!(engine.subscribe(&two, None, vec![0]).is_err(), "one position per partition");
+    assert_eq!(engine.subscribe(&two, None, vec![0, 5]).err().unwrap().code(), "offset_past_end");
+}
