@@ -1,12 +1,14 @@
 //! The HTTP front end. `app` builds the router apart from the listener so tests can drive it.
 //!
 //! - `streams`: `POST /streams/{s}` publishes, `GET /streams/{s}` reads.
+//! - `sse`: subscriptions over Server-Sent Events on the same URLs as reads.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `time`: RFC 3339 times in query strings.
 
 pub mod error;
 pub mod sql;
+pub mod sse;
 pub mod streams;
 mod time;
 
@@ -47,7 +49,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .route("/streams/{stream}", get(streams::read).post(streams::publish))
+        .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
         .route("/sql", axum::routing::post(sql::run))
         .layer(body_limit)
         .with_state(state)

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use base64::Engine as _;
 use onehop_engine::subject::validate_subject;
@@ -162,7 +162,7 @@ pub struct ReadQuery {
     partition: Option<u32>,
 }
 
-fn position(text: Option<&str>) -> Result<Position, ApiError> {
+pub fn parse_position(text: Option<&str>) -> Result<Position, ApiError> {
     Ok(match text {
         None | Some("earliest") => Position::Earliest,
         Some("latest") => Position::Latest,
@@ -218,18 +218,35 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
     Value::Object(object)
 }
 
-pub async fn read(
+/// `GET /streams/{s}`: a read, or with `Accept: text/event-stream` a subscription.
+pub async fn read_or_subscribe(
     State(state): State<AppState>,
     Path(name): Path<String>,
-    query: Result<Query<ReadQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let Query(query) = query.map_err(query_error)?;
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let raw = raw.unwrap_or_default();
+    if super::sse::wants_events(&headers) {
+        let query: super::sse::SubscribeQuery =
+            Query::try_from_uri(&format!("/?{raw}").parse().expect("a path and query"))
+                .map(|Query(query)| query)
+                .map_err(query_error)?;
+        return super::sse::subscribe(state, name, query, &headers).await;
+    }
+    let query: ReadQuery = Query::try_from_uri(&format!("/?{raw}").parse().expect("a path and query"))
+        .map(|Query(query)| query)
+        .map_err(query_error)?;
+    Ok(read(state, name, query).await?.into_response())
+}
+
+async fn read(state: AppState, name: String, query: ReadQuery) -> Result<Json<Value>, ApiError> {
     let stream = state.engine.stream(&name)?;
     let limit = query.limit.unwrap_or(READ_LIMIT_DEFAULT);
     if limit == 0 || limit > READ_LIMIT_MAX {
         return Err(ApiError::bad_request("bad_limit", format!("limit must be between 1 and {READ_LIMIT_MAX}")));
     }
-    let position = position(query.from.as_deref())?;
+    let position = parse_position(query.from.as_deref())?;
     let partitions: Vec<u32> = match query.partition {
         Some(partition) => {
             stream.partition(partition)?;

@@ -1,0 +1,176 @@
+//! Subscriptions over Server-Sent Events: `GET /streams/{s}` with `Accept: text/event-stream`.
+//!
+//! Each record is an event `record` whose data is the record as JSON (as in reads). Its `id` is
+//! the subscriber's position after it: `partition:offset` of the last delivered record of every
+//! partition (`-1` where none yet), so `0:15` on a one-partition stream. A client that
+//! reconnects with `Last-Event-ID` (browsers do) resumes right after that record, with nothing
+//! missed and nothing repeated. The record's bytes are encoded once and shared by every
+//! subscriber; only the `id` line is written per subscriber.
+//!
+//! A subscriber too slow to keep up is sent an `overflow` event with the id to resume from,
+//! and the response ends. A comment line every 15 s keeps idle connections open.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use onehop_engine::hub::{Cursor, Delivery, Event};
+use onehop_engine::subject::SubjectFilter;
+use onehop_engine::{Position, Stream};
+use serde::Deserialize;
+
+use super::AppState;
+use super::error::ApiError;
+use super::streams::{parse_position, record_json};
+
+/// How often an idle subscription gets a keep-alive comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscribeQuery {
+    subject: Option<String>,
+    from: Option<String>,
+}
+
+/// Whether the request asks for an event stream.
+pub fn wants_events(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| accept.split(',').any(|kind| kind.trim().starts_with("text/event-stream")))
+}
+
+/// Parses a resume id: `partition:last_offset` for every partition, comma-separated.
+pub fn parse_resume_id(text: &str, partitions: u32) -> Result<Vec<u64>, String> {
+    let mut positions = vec![None; partitions as usize];
+    for part in text.split(',') {
+        let (partition, offset) =
+            part.trim().split_once(':').ok_or_else(|| format!("{part:?} is not partition:offset"))?;
+        let partition: usize = partition.parse().map_err(|_| format!("bad partition in {part:?}"))?;
+        let offset: i64 = offset.parse().map_err(|_| format!("bad offset in {part:?}"))?;
+        if partition >= positions.len() || offset < -1 {
+            return Err(format!("{part:?} does not fit a stream of {partitions} partitions"));
+        }
+        positions[partition] = Some((offset + 1) as u64);
+    }
+    positions
+        .into_iter()
+        .enumerate()
+        .map(|(partition, position)| position.ok_or_else(|| format!("partition {partition} is missing")))
+        .collect()
+}
+
+fn resume_id(positions: &[u64]) -> String {
+    let parts: Vec<String> =
+        positions.iter().enumerate().map(|(partition, &next)| format!("{partition}:{}", next as i64 - 1)).collect();
+    parts.join(",")
+}
+
+/// The shared part of a record event: `event:` and `data:` lines and the blank line.
+fn encode(event: &Event) -> Bytes {
+    let data = record_json(event.partition, &event.record).to_string();
+    Bytes::from(format!("event: record\ndata: {data}\n\n"))
+}
+
+pub async fn subscribe(
+    state: AppState,
+    name: String,
+    query: SubscribeQuery,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let stream: Arc<Stream> = state.engine.stream(&name)?;
+    let filter = query
+        .subject
+        .map(|text| {
+            SubjectFilter::parse(&text)
+                .map_err(|error| ApiError::bad_request("bad_filter", format!("subject={text:?}: {error}")))
+        })
+        .transpose()?;
+    let last_event_id = headers.get("last-event-id").and_then(|value| value.to_str().ok());
+    let positions = match last_event_id {
+        Some(id) => parse_resume_id(id, stream.partition_count())
+            .map_err(|reason| ApiError::bad_request("bad_offset", format!("Last-Event-ID {id:?}: {reason}")))?,
+        None => {
+            let from = query.from.as_deref().unwrap_or("latest");
+            let position =
+                if from.contains(':') && !from.contains('T') { None } else { Some(parse_position(Some(from))?) };
+            match position {
+                Some(Position::Offset(_)) if stream.partition_count() > 1 => {
+                    return Err(ApiError::bad_request(
+                        "bad_offset",
+                        "on a stream of several partitions, resume with an event id (0:12,1:7,…), not one offset",
+                    ));
+                }
+                Some(position) => (0..stream.partition_count())
+                    .map(|partition| stream.resolve(partition, position))
+                    .collect::<Result<Vec<_>, _>>()?,
+                None => parse_resume_id(from, stream.partition_count())
+                    .map_err(|reason| ApiError::bad_request("bad_offset", format!("from={from:?}: {reason}")))?,
+            }
+        }
+    };
+    let cursor = state.engine.subscribe(&stream, filter, positions)?;
+    let events = futures_util::stream::unfold(Some(cursor), next_chunk);
+    let mut response = Body::from_stream(events).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// The next piece of the response: an event, a keep-alive, or the final overflow notice.
+async fn next_chunk(cursor: Option<Cursor>) -> Option<(Result<Bytes, Infallible>, Option<Cursor>)> {
+    let mut cursor = cursor?;
+    let delivery = match tokio::time::timeout(KEEP_ALIVE, cursor.next()).await {
+        Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(cursor))),
+        Ok(Err(error)) => {
+            // The server is stopping or storage failed: end the stream; the client resumes.
+            tracing::debug!(%error, "subscription ended");
+            return None;
+        }
+        Ok(Ok(delivery)) => delivery,
+    };
+    match delivery {
+        Delivery::Event(event) => {
+            let shared = event.encoded(encode);
+            let id = resume_id(cursor.positions());
+            let mut chunk = Vec::with_capacity(id.len() + 5 + shared.len());
+            chunk.extend_from_slice(b"id: ");
+            chunk.extend_from_slice(id.as_bytes());
+            chunk.push(b'\n');
+            chunk.extend_from_slice(&shared);
+            Some((Ok(Bytes::from(chunk)), Some(cursor)))
+        }
+        Delivery::Overflow { positions } => {
+            let id = resume_id(&positions);
+            let data = serde_json::json!({
+                "code": "subscriber_overflow",
+                "message": "this subscriber fell too far behind and was cut off; reconnect with the id to resume",
+                "resume_id": id,
+            });
+            Some((Ok(Bytes::from(format!("id: {id}\nevent: overflow\ndata: {data}\n\n"))), None))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_ids_round_trip() {
+        assert_eq!(resume_id(&[16]), "0:15");
+        assert_eq!(resume_id(&[16, 0, 8]), "0:15,1:-1,2:7");
+        assert_eq!(parse_resume_id("0:15,1:-1,2:7", 3), Ok(vec![16, 0, 8]));
+        assert_eq!(parse_resume_id("2:7, 0:15, 1:-1", 3), Ok(vec![16, 0, 8]));
+        assert!(parse_resume_id("0:15", 2).unwrap_err().contains("partition 1 is missing"));
+        assert!(parse_resume_id("3:1", 2).is_err());
+        assert!(parse_resume_id("0:-2", 1).is_err());
+        assert!(parse_resume_id("zero", 1).is_err());
+    }
+}
