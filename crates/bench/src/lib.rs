@@ -4,6 +4,8 @@
 //!
 //! - `log`: `onehop bench log` — the fdatasync floor against log appends at several writer
 //!   counts in `fsync` and `async` mode.
+//! - `notify`: `onehop bench notify` — a durable write over HTTP reaching SSE subscribers.
+//! - `server`: starting and stopping a `onehop serve` process for a run.
 //! - `histogram`: latency histograms (HdrHistogram, nanoseconds) and their percentiles.
 //! - `plot`: small self-contained SVG charts for reports.
 //!
@@ -12,4 +14,6 @@
 
 pub mod histogram;
 pub mod log;
+pub mod notify;
 pub mod plot;
+pub mod server;

@@ -5,11 +5,12 @@ use std::time::Duration;
 use anyhow::Context;
 use onehop_bench::log::{LogBenchOptions, json_line, table};
 
-use crate::cli::{BenchCommand, BenchLogArgs};
+use crate::cli::{BenchCommand, BenchLogArgs, BenchNotifyArgs};
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Log(args) => bench_log(args),
+        BenchCommand::Notify(args) => bench_notify(args),
     }
 }
 
@@ -34,6 +35,34 @@ fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
     let report = runtime.block_on(onehop_bench::log::run(&options))?;
     println!("{}", table(&report));
     println!("command: onehop bench log {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    if args.json {
+        println!("{}", json_line(&report));
+    }
+    Ok(())
+}
+
+fn bench_notify(args: BenchNotifyArgs) -> anyhow::Result<()> {
+    use onehop_bench::notify::{NotifyOptions, json_line, run, table};
+    if !(args.duration > 0.0 && args.warmup >= 0.0) {
+        anyhow::bail!("--duration must be positive and --warmup not negative");
+    }
+    let options = NotifyOptions {
+        url: args.url,
+        exe: std::env::current_exe().context("finding the onehop executable")?,
+        dir: args.dir,
+        subscribers: args.subscribers,
+        subjects: args.subjects,
+        rate: args.rate,
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+        durability: args.durability.to_string(),
+        in_flight_max: 10_000,
+        progress: !args.no_progress,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let report = runtime.block_on(run(&options))?;
+    println!("{}", table(&report));
+    println!("command: onehop bench notify {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
     if args.json {
         println!("{}", json_line(&report));
     }

@@ -112,6 +112,53 @@ pub struct ServeArgs {
 pub enum BenchCommand {
     /// Log append latency and throughput against the disk's fdatasync floor.
     Log(BenchLogArgs),
+    /// Write over HTTP → subscribers over SSE: latency from intended send to receipt.
+    Notify(BenchNotifyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchNotifyArgs {
+    /// A running server to measure; without it, one is started on a temporary data directory
+    /// under --dir and stopped afterwards.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+
+    /// Where a started server keeps its data: put it on the disk to measure.
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// SSE subscribers, each on its own connection.
+    #[arg(long, default_value_t = 100)]
+    pub subscribers: usize,
+
+    /// Subjects the writes rotate over; each subscriber follows one, so a write matches
+    /// subscribers/subjects of them (5 % by default).
+    #[arg(long, default_value_t = 20)]
+    pub subjects: usize,
+
+    /// Writes per second, on a fixed schedule.
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+
+    /// Measured seconds.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub duration: f64,
+
+    /// Unmeasured seconds first.
+    #[arg(long, default_value_t = 2.0, value_name = "SECONDS")]
+    pub warmup: f64,
+
+    /// Durability of the writes: fsync or async.
+    #[arg(long, default_value = "fsync")]
+    pub durability: Durability,
+
+    /// End the output with one JSON line of the results.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Do not draw a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 #[derive(Args, Debug)]

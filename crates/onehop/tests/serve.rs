@@ -381,3 +381,27 @@ fn sql_from_the_command_line_and_a_schema_applied_at_start() {
     let output = onehop().args(["sql", "--url", "http://127.0.0.1:9", "SHOW STREAMS"]).output().unwrap();
     assert!(String::from_utf8_lossy(&output.stderr).contains("is `onehop serve` running there?"), "{output:?}");
 }
+
+#[test]
+fn bench_notify_runs_end_to_end_and_delivers_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = onehop()
+        .args(["bench", "notify", "--duration", "1", "--warmup", "0.5", "--subscribers", "10", "--subjects", "5"])
+        .args(["--rate", "200", "--json", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let last = stdout.lines().last().unwrap();
+    let report: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(report["bench"], "notify");
+    assert_eq!(report["delivered_pct"], 100.0, "{report}");
+    assert_eq!(report["write_errors"], 0);
+    assert_eq!(report["deliveries_expected"], 200 * 2, "200 writes measured, each matching 10/5 = 2 subscribers");
+    for key in ["p50_us", "p99_us", "subscribers", "rate"] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key} in {report}");
+    }
+    // The server it started was stopped and its data removed.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -1,0 +1,77 @@
+//! Starting and stopping a `onehop serve` process for a benchmark run.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+/// A server this benchmark started: stopped (SIGTERM via `kill`, then SIGKILL) when dropped.
+pub struct ServerProcess {
+    child: Child,
+    pub url: String,
+    _data: tempfile::TempDir,
+}
+
+impl ServerProcess {
+    /// Starts `exe serve` on a fresh data directory under `dir`, on a free loopback port, and
+    /// waits until it listens.
+    pub fn start(exe: &Path, dir: &Path, extra_args: &[&str]) -> anyhow::Result<ServerProcess> {
+        let data = tempfile::Builder::new().prefix("onehop-bench-data-").tempdir_in(dir)?;
+        let mut child = Command::new(exe)
+            .arg("serve")
+            .args(["--http-addr", "127.0.0.1:0", "--log", "warn,onehop=info"])
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {} serve", exe.display()))?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let url = loop {
+            let line = lines.recv_timeout(Duration::from_secs(30)).context("the server did not start within 30 s")?;
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let address = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default();
+                break format!("http://{address}");
+            }
+            if line.contains("error") {
+                let _ = child.kill();
+                bail!("the server failed to start: {line}");
+            }
+        };
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || while lines.recv().is_ok() {});
+        Ok(ServerProcess { child, url, _data: data })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // A clean stop first (it flushes and exits 0), then make sure.
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
