@@ -41,7 +41,8 @@ pub struct Event {
     pub stream: Arc<str>,
     pub partition: u32,
     pub record: Record,
-    /// The record in one wire format, built by the first subscriber that needs it.
+    /// The record encoded once (as JSON, by the front ends), shared by every subscriber and
+    /// every wire format, which only add their own framing around it.
     encoded: OnceLock<Bytes>,
 }
 
@@ -50,8 +51,8 @@ impl Event {
         Event { stream, partition, record, encoded: OnceLock::new() }
     }
 
-    /// The event encoded by `encode`, computed once and shared. A hub serves one wire format
-    /// per event today (SSE); a second format gets a second slot when it lands.
+    /// The event encoded by `encode`, computed once and shared. Every caller must pass the same
+    /// encoding (the server's record JSON); framings differ, the record bytes do not.
     pub fn encoded(&self, encode: impl FnOnce(&Event) -> Bytes) -> Bytes {
         self.encoded.get_or_init(|| encode(self)).clone()
     }

@@ -2,6 +2,7 @@
 //!
 //! - `streams`: `POST /streams/{s}` publishes, `GET /streams/{s}` reads.
 //! - `sse`: subscriptions over Server-Sent Events on the same URLs as reads.
+//! - `ws`: subscriptions over WebSocket, several per socket, on the same URLs.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `time`: RFC 3339 times in query strings.
@@ -11,6 +12,7 @@ pub mod sql;
 pub mod sse;
 pub mod streams;
 mod time;
+pub mod ws;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -32,8 +32,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubscribeQuery {
-    subject: Option<String>,
-    from: Option<String>,
+    pub subject: Option<String>,
+    pub from: Option<String>,
 }
 
 /// Whether the request asks for an event stream.
@@ -70,10 +70,47 @@ fn resume_id(positions: &[u64]) -> String {
     parts.join(",")
 }
 
-/// The shared part of a record event: `event:` and `data:` lines and the blank line.
-fn encode(event: &Event) -> Bytes {
-    let data = record_json(event.partition, &event.record).to_string();
-    Bytes::from(format!("event: record\ndata: {data}\n\n"))
+/// The record as JSON: the bytes every subscriber and wire format share.
+pub fn encode(event: &Event) -> Bytes {
+    Bytes::from(record_json(event.partition, &event.record).to_string())
+}
+
+/// The starting positions a subscription asks for: a resume id (`Last-Event-ID`, or `from` in
+/// id form), or `from` as earliest/latest/time/offset (offset only on one-partition streams).
+pub fn start_positions(stream: &Stream, from: Option<&str>, resume: Option<&str>) -> Result<Vec<u64>, ApiError> {
+    if let Some(id) = resume {
+        return parse_resume_id(id, stream.partition_count())
+            .map_err(|reason| ApiError::bad_request("bad_offset", format!("resume id {id:?}: {reason}")));
+    }
+    let from = from.unwrap_or("latest");
+    if from.contains(':') && !from.contains('T') {
+        return parse_resume_id(from, stream.partition_count())
+            .map_err(|reason| ApiError::bad_request("bad_offset", format!("from={from:?}: {reason}")));
+    }
+    match parse_position(Some(from))? {
+        Position::Offset(_) if stream.partition_count() > 1 => Err(ApiError::bad_request(
+            "bad_offset",
+            "on a stream of several partitions, resume with an event id (0:12,1:7,…), not one offset",
+        )),
+        position => Ok((0..stream.partition_count())
+            .map(|partition| stream.resolve(partition, position))
+            .collect::<Result<Vec<_>, _>>()?),
+    }
+}
+
+/// A subject filter from a query or a message.
+pub fn parse_filter(subject: Option<String>) -> Result<Option<SubjectFilter>, ApiError> {
+    subject
+        .map(|text| {
+            SubjectFilter::parse(&text)
+                .map_err(|error| ApiError::bad_request("bad_filter", format!("subject={text:?}: {error}")))
+        })
+        .transpose()
+}
+
+/// The id of the subscriber's current position.
+pub fn position_id(cursor: &Cursor) -> String {
+    resume_id(cursor.positions())
 }
 
 pub async fn subscribe(
@@ -83,36 +120,9 @@ pub async fn subscribe(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let stream: Arc<Stream> = state.engine.stream(&name)?;
-    let filter = query
-        .subject
-        .map(|text| {
-            SubjectFilter::parse(&text)
-                .map_err(|error| ApiError::bad_request("bad_filter", format!("subject={text:?}: {error}")))
-        })
-        .transpose()?;
+    let filter = parse_filter(query.subject)?;
     let last_event_id = headers.get("last-event-id").and_then(|value| value.to_str().ok());
-    let positions = match last_event_id {
-        Some(id) => parse_resume_id(id, stream.partition_count())
-            .map_err(|reason| ApiError::bad_request("bad_offset", format!("Last-Event-ID {id:?}: {reason}")))?,
-        None => {
-            let from = query.from.as_deref().unwrap_or("latest");
-            let position =
-                if from.contains(':') && !from.contains('T') { None } else { Some(parse_position(Some(from))?) };
-            match position {
-                Some(Position::Offset(_)) if stream.partition_count() > 1 => {
-                    return Err(ApiError::bad_request(
-                        "bad_offset",
-                        "on a stream of several partitions, resume with an event id (0:12,1:7,…), not one offset",
-                    ));
-                }
-                Some(position) => (0..stream.partition_count())
-                    .map(|partition| stream.resolve(partition, position))
-                    .collect::<Result<Vec<_>, _>>()?,
-                None => parse_resume_id(from, stream.partition_count())
-                    .map_err(|reason| ApiError::bad_request("bad_offset", format!("from={from:?}: {reason}")))?,
-            }
-        }
-    };
+    let positions = start_positions(&stream, query.from.as_deref(), last_event_id)?;
     let cursor = state.engine.subscribe(&stream, filter, positions)?;
     let events = futures_util::stream::unfold(Some(cursor), next_chunk);
     let mut response = Body::from_stream(events).into_response();
@@ -139,11 +149,12 @@ async fn next_chunk(cursor: Option<Cursor>) -> Option<(Result<Bytes, Infallible>
         Delivery::Event(event) => {
             let shared = event.encoded(encode);
             let id = resume_id(cursor.positions());
-            let mut chunk = Vec::with_capacity(id.len() + 5 + shared.len());
+            let mut chunk = Vec::with_capacity(id.len() + shared.len() + 32);
             chunk.extend_from_slice(b"id: ");
             chunk.extend_from_slice(id.as_bytes());
-            chunk.push(b'\n');
+            chunk.extend_from_slice(b"\nevent: record\ndata: ");
             chunk.extend_from_slice(&shared);
+            chunk.extend_from_slice(b"\n\n");
             Some((Ok(Bytes::from(chunk)), Some(cursor)))
         }
         Delivery::Overflow { positions } => {

@@ -218,15 +218,30 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
     Value::Object(object)
 }
 
-/// `GET /streams/{s}`: a read, or with `Accept: text/event-stream` a subscription.
+/// `GET /streams/{s}`: a read; with `Accept: text/event-stream` an SSE subscription; with a
+/// WebSocket upgrade, a socket whose first subscription is this URL's.
 pub async fn read_or_subscribe(
     State(state): State<AppState>,
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
+    upgrade: Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let raw = raw.unwrap_or_default();
+    // Not being a WebSocket handshake is no error: it is a read or an SSE subscription.
+    if let Ok(upgrade) = upgrade {
+        let query: super::sse::SubscribeQuery =
+            Query::try_from_uri(&format!("/?{raw}").parse().expect("a path and query"))
+                .map(|Query(query)| query)
+                .map_err(query_error)?;
+        // Refuse a bad first subscription before upgrading, in HTTP.
+        state.engine.stream(&name)?;
+        super::sse::parse_filter(query.subject.clone())?;
+        let request =
+            super::ws::Request { subscription: "url".into(), stream: name, subject: query.subject, from: query.from };
+        return Ok(upgrade.on_upgrade(move |socket| super::ws::serve(state, socket, Some(request))).into_response());
+    }
     if super::sse::wants_events(&headers) {
         let query: super::sse::SubscribeQuery =
             Query::try_from_uri(&format!("/?{raw}").parse().expect("a path and query"))
