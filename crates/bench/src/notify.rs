@@ -21,6 +21,25 @@ use tokio::sync::mpsc;
 use crate::histogram::{latency_histogram, quantile_us, record};
 use crate::server::ServerProcess;
 
+/// How subscribers connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Sse,
+    Ws,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "sse" => Ok(Protocol::Sse),
+            "ws" | "websocket" => Ok(Protocol::Ws),
+            other => Err(format!("unknown protocol {other:?}: expected sse or ws")),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct NotifyOptions {
     /// A running server; `None` starts one (`exe serve`) on a temporary data directory.
@@ -37,6 +56,8 @@ pub struct NotifyOptions {
     pub durability: String,
     /// Writes that may be awaiting their answer at once; past it a write counts as an error.
     pub in_flight_max: u64,
+    /// How subscribers connect: `sse` or `ws`.
+    pub protocol: Protocol,
     pub progress: bool,
 }
 
@@ -53,6 +74,7 @@ impl Default for NotifyOptions {
             warmup: Duration::from_secs(2),
             durability: "fsync".into(),
             in_flight_max: 10_000,
+            protocol: Protocol::Sse,
             progress: true,
         }
     }
@@ -70,6 +92,7 @@ pub struct NotifyReport {
     pub subscribers: usize,
     pub subjects: usize,
     pub rate: f64,
+    pub protocol: Protocol,
     pub durability: String,
     /// Writes in the measured window, and how many were acknowledged.
     pub writes: u64,
@@ -157,15 +180,34 @@ pub async fn run(options: &NotifyOptions) -> anyhow::Result<NotifyReport> {
     let mut subscribers = Vec::with_capacity(options.subscribers);
     for index in 0..options.subscribers {
         let subject = format!("bench/{}", index % options.subjects);
-        let request = subscriber_client
-            .get(format!("{url}/streams/{stream}"))
-            .query(&[("subject", subject.as_str()), ("from", "earliest")])
-            .header("accept", "text/event-stream");
-        let response = request.send().await.context("subscribing")?;
-        if !response.status().is_success() {
-            bail!("subscribing failed: {}", response.text().await.unwrap_or_default());
-        }
-        subscribers.push(tokio::spawn(subscriber(response, shared.clone(), latency.clone(), stop_receiver.clone())));
+        let task = match options.protocol {
+            Protocol::Sse => {
+                let request = subscriber_client
+                    .get(format!("{url}/streams/{stream}"))
+                    .query(&[("subject", subject.as_str()), ("from", "earliest")])
+                    .header("accept", "text/event-stream");
+                let response = request.send().await.context("subscribing")?;
+                if !response.status().is_success() {
+                    bail!("subscribing failed: {}", response.text().await.unwrap_or_default());
+                }
+                tokio::spawn(sse_subscriber(response, shared.clone(), latency.clone(), stop_receiver.clone()))
+            }
+            Protocol::Ws => {
+                let address = url.trim_start_matches("http://");
+                let subject = subject.replace('/', "%2F");
+                let ws_url = format!("ws://{address}/streams/{stream}?subject={subject}&from=earliest");
+                // Small buffers: the defaults (128 KiB each way) would cost the harness gigabytes
+                // at 10 000 subscribers.
+                let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+                    .read_buffer_size(4096)
+                    .write_buffer_size(0);
+                let (socket, _) = tokio_tungstenite::connect_async_with_config(ws_url, Some(config), false)
+                    .await
+                    .context("subscribing over WebSocket")?;
+                tokio::spawn(ws_subscriber(socket, shared.clone(), latency.clone(), stop_receiver.clone()))
+            }
+        };
+        subscribers.push(task);
     }
 
     // The publisher: a thread that sleeps precisely to each intended time and hands the write
@@ -268,6 +310,7 @@ pub async fn run(options: &NotifyOptions) -> anyhow::Result<NotifyReport> {
         subscribers: options.subscribers,
         subjects: options.subjects,
         rate: options.rate,
+        protocol: options.protocol,
         durability: options.durability.clone(),
         writes,
         writes_acked: acked,
@@ -281,7 +324,7 @@ pub async fn run(options: &NotifyOptions) -> anyhow::Result<NotifyReport> {
 }
 
 /// Reads one SSE subscription until told to stop; returns the latencies of measured records.
-async fn subscriber(
+async fn sse_subscriber(
     mut response: reqwest::Response,
     shared: Arc<Shared>,
     latency: Arc<std::sync::Mutex<Histogram<u64>>>,
@@ -311,6 +354,33 @@ async fn subscriber(
     }
 }
 
+/// Reads one WebSocket subscription until told to stop, recording measured records.
+async fn ws_subscriber(
+    mut socket: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    shared: Arc<Shared>,
+    latency: Arc<std::sync::Mutex<Histogram<u64>>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use futures_util::StreamExt;
+    loop {
+        let message = tokio::select! {
+            message = socket.next() => match message {
+                Some(Ok(message)) => message,
+                _ => break,
+            },
+            _ = stop.changed() => break,
+        };
+        let received_ns = shared.base.elapsed().as_nanos() as u64;
+        let tokio_tungstenite::tungstenite::Message::Text(text) = message else { continue };
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+        let Some(intended_ns) = message["record"]["value"]["intended_ns"].as_u64() else { continue };
+        if shared.measured(intended_ns) {
+            record(&mut latency.lock().expect("latency histogram"), received_ns.saturating_sub(intended_ns));
+            shared.delivered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The `intended_ns` a record event carries in its value.
 fn intended_of(block: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(block).ok()?;
@@ -321,12 +391,13 @@ fn intended_of(block: &[u8]) -> Option<u64> {
 
 pub fn table(report: &NotifyReport) -> String {
     format!(
-        "notify benchmark — write over HTTP ({}) → subscribers over SSE, separate processes\n\
+        "notify benchmark — write over HTTP ({}) → subscribers over {}, separate processes\n\
          {} subscribers over {} subjects (each write matches {:.0}), {:.0} writes/s, {} writes measured\n\n\
          write → subscriber   p50 {:>8.0} µs   p90 {:>8.0} µs   p99 {:>8.0} µs   p99.9 {:>8.0} µs   max {:>8.0} µs\n\
          write → durable ack  p50 {:>8.0} µs   p99 {:>8.0} µs\n\
          delivered {:.2} % ({} of {}), write errors {}{}\n",
         report.durability,
+        if report.protocol == Protocol::Ws { "WebSocket" } else { "SSE" },
         report.subscribers,
         report.subjects,
         report.subscribers as f64 / report.subjects as f64,

@@ -57,6 +57,7 @@ fn bench_notify(args: BenchNotifyArgs) -> anyhow::Result<()> {
         warmup: Duration::from_secs_f64(args.warmup),
         durability: args.durability.to_string(),
         in_flight_max: 10_000,
+        protocol: args.protocol,
         progress: !args.no_progress,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

@@ -152,6 +152,10 @@ pub struct BenchNotifyArgs {
     #[arg(long, default_value = "fsync")]
     pub durability: Durability,
 
+    /// How subscribers connect: sse or ws.
+    #[arg(long, default_value = "sse")]
+    pub protocol: onehop_bench::notify::Protocol,
+
     /// End the output with one JSON line of the results.
     #[arg(long)]
     pub json: bool,

@@ -384,10 +384,16 @@ fn sql_from_the_command_line_and_a_schema_applied_at_start() {
 
 #[test]
 fn bench_notify_runs_end_to_end_and_delivers_everything() {
+    for protocol in ["sse", "ws"] {
+        bench_notify_once(protocol);
+    }
+}
+
+fn bench_notify_once(protocol: &str) {
     let dir = tempfile::tempdir().unwrap();
     let output = onehop()
         .args(["bench", "notify", "--duration", "1", "--warmup", "0.5", "--subscribers", "10", "--subjects", "5"])
-        .args(["--rate", "200", "--json", "--no-progress", "--dir"])
+        .args(["--rate", "200", "--json", "--no-progress", "--protocol", protocol, "--dir"])
         .arg(dir.path())
         .output()
         .unwrap();
@@ -396,6 +402,7 @@ fn bench_notify_runs_end_to_end_and_delivers_everything() {
     let last = stdout.lines().last().unwrap();
     let report: serde_json::Value = serde_json::from_str(last).unwrap();
     assert_eq!(report["bench"], "notify");
+    assert_eq!(report["protocol"], protocol);
     assert_eq!(report["delivered_pct"], 100.0, "{report}");
     assert_eq!(report["write_errors"], 0);
     assert_eq!(report["deliveries_expected"], 200 * 2, "200 writes measured, each matching 10/5 = 2 subscribers");

@@ -135,3 +135,27 @@ async fn bad_commands_get_error_messages_and_the_socket_stays_open() {
     publish(address, "/streams/s", "2").await;
     assert_eq!(receive(&mut socket).await["record"]["value"], 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_closes_only_that_socket() {
+    let (address, _dir) = start().await;
+    publish(address, "/streams/s", "1").await;
+    let (mut big, _) = tokio_tungstenite::connect_async(format!("ws://{address}/streams/s")).await.unwrap();
+    receive(&mut big).await;
+    let (mut other, _) = tokio_tungstenite::connect_async(format!("ws://{address}/streams/s")).await.unwrap();
+    receive(&mut other).await;
+    let _ = big.send(Message::Text("x".repeat(200 * 1024).into())).await;
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match big.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await
+    .expect("the server closes the socket");
+    assert!(closed);
+    publish(address, "/streams/s", "2").await;
+    assert_eq!(receive(&mut other).await["record"]["value"], 2, "other sockets are unaffected");
+}

@@ -240,7 +240,9 @@ pub async fn read_or_subscribe(
         super::sse::parse_filter(query.subject.clone())?;
         let request =
             super::ws::Request { subscription: "url".into(), stream: name, subject: query.subject, from: query.from };
-        return Ok(upgrade.on_upgrade(move |socket| super::ws::serve(state, socket, Some(request))).into_response());
+        return Ok(super::ws::configure(upgrade)
+            .on_upgrade(move |socket| super::ws::serve(state, socket, Some(request)))
+            .into_response());
     }
     if super::sse::wants_events(&headers) {
         let query: super::sse::SubscribeQuery =

@@ -47,6 +47,21 @@ enum Command {
     Unsubscribe { subscription: String },
 }
 
+/// Socket buffers: the library's defaults (128 KiB each way) would make 10 000 idle
+/// subscribers cost gigabytes. Commands are small and records are written as they come.
+const READ_BUFFER_BYTES: usize = 4 * 1024;
+const WRITE_BUFFER_BYTES: usize = 0;
+
+/// Applies this module's limits to an upgrade: small buffers, and incoming messages and frames
+/// no larger than a command can be.
+pub fn configure(upgrade: axum::extract::ws::WebSocketUpgrade) -> axum::extract::ws::WebSocketUpgrade {
+    upgrade
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(WRITE_BUFFER_BYTES)
+        .max_message_size(COMMAND_BYTES_MAX)
+        .max_frame_size(COMMAND_BYTES_MAX)
+}
+
 /// A subscription to start: which stream, from where, through which filter.
 pub struct Request {
     pub subscription: String,
