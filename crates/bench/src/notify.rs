@@ -139,6 +139,14 @@ impl Shared {
     fn measured(&self, intended_ns: u64) -> bool {
         intended_ns >= self.warmup_ns && intended_ns < self.end_ns
     }
+
+    /// A subscriber received the record meant to be sent at `intended_ns`.
+    fn note_receipt(&self, latency: &std::sync::Mutex<Histogram<u64>>, intended_ns: u64, received_ns: u64) {
+        if self.measured(intended_ns) {
+            record(&mut latency.lock().expect("latency histogram"), received_ns.saturating_sub(intended_ns));
+            self.delivered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Runs the benchmark and returns its figures.
@@ -346,10 +354,7 @@ async fn sse_subscriber(
         while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
             let block: Vec<u8> = buffer.drain(..end + 2).collect();
             let Some(intended_ns) = intended_of(&block) else { continue };
-            if shared.measured(intended_ns) {
-                record(&mut latency.lock().expect("latency histogram"), received_ns.saturating_sub(intended_ns));
-                shared.delivered.fetch_add(1, Ordering::Relaxed);
-            }
+            shared.note_receipt(&latency, intended_ns, received_ns);
         }
     }
 }
@@ -374,10 +379,7 @@ async fn ws_subscriber(
         let tokio_tungstenite::tungstenite::Message::Text(text) = message else { continue };
         let Ok(message) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
         let Some(intended_ns) = message["record"]["value"]["intended_ns"].as_u64() else { continue };
-        if shared.measured(intended_ns) {
-            record(&mut latency.lock().expect("latency histogram"), received_ns.saturating_sub(intended_ns));
-            shared.delivered.fetch_add(1, Ordering::Relaxed);
-        }
+        shared.note_receipt(&latency, intended_ns, received_ns);
     }
 }
 

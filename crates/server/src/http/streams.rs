@@ -57,6 +57,15 @@ fn query_error(rejection: QueryRejection) -> ApiError {
     ApiError::bad_request("bad_query", rejection.body_text())
 }
 
+/// The query string as `T`: one URL serves reads and subscriptions, whose parameters differ, so
+/// it is parsed once the kind of request is known.
+fn typed_query<T: serde::de::DeserializeOwned>(raw: &str) -> Result<T, ApiError> {
+    let uri: axum::http::Uri = format!("/?{raw}")
+        .parse()
+        .map_err(|_| ApiError::bad_request("bad_query", "the query string is not valid in a URL"))?;
+    Query::try_from_uri(&uri).map(|Query(query)| query).map_err(query_error)
+}
+
 fn durability(headers: &HeaderMap) -> Result<Option<Durability>, ApiError> {
     let Some(value) = headers.get(DURABILITY_HEADER) else { return Ok(None) };
     let text = value.to_str().unwrap_or_default();
@@ -231,10 +240,7 @@ pub async fn read_or_subscribe(
     let raw = raw.unwrap_or_default();
     // Not being a WebSocket handshake is no error: it is a read or an SSE subscription.
     if let Ok(upgrade) = upgrade {
-        let query: super::sse::SubscribeQuery =
-            Query::try_from_uri(&format!("/?{raw}").parse().expect("a path and query"))
-                .map(|Query(query)| query)
-                .map_err(query_error)?;
+        let query: super::sse::SubscribeQuery = typed_query(&raw)?;
         // Refuse a bad first subscription before upgrading, in HTTP.
         state.engine.stream(&name)?;
         super::sse::parse_filter(query.subject.clone())?;
@@ -245,15 +251,10 @@ pub async fn read_or_subscribe(
             .into_response());
     }
     if super::sse::wants_events(&headers) {
-        let query: super::sse::SubscribeQuery =
-            Query::try_from_uri(&format!("/?{raw}").parse().expect("a path and query"))
-                .map(|Query(query)| query)
-                .map_err(query_error)?;
+        let query: super::sse::SubscribeQuery = typed_query(&raw)?;
         return super::sse::subscribe(state, name, query, &headers).await;
     }
-    let query: ReadQuery = Query::try_from_uri(&format!("/?{raw}").parse().expect("a path and query"))
-        .map(|Query(query)| query)
-        .map_err(query_error)?;
+    let query: ReadQuery = typed_query(&raw)?;
     Ok(read(state, name, query).await?.into_response())
 }
 
