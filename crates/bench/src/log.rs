@@ -9,7 +9,6 @@
 //! - `async` appends: the same, acknowledged after write(2), fsynced in the background.
 
 use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -78,6 +77,10 @@ pub struct LogBenchReport {
     pub floor_p50_us: f64,
     pub floor_p99_us: f64,
     pub floor_syncs_per_s: f64,
+    /// The same loop overwriting a pre-zeroed, synced file: what a sync costs when the file's
+    /// size does not change (the log's runway aims for this).
+    pub floor_overwrite_p50_us: f64,
+    pub floor_overwrite_p99_us: f64,
     pub results: Vec<LogBenchResult>,
 }
 
@@ -99,13 +102,19 @@ pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
         .prefix("onehop-bench-log-")
         .tempdir_in(&options.dir)
         .with_context(|| format!("creating a scratch directory in {}", options.dir.display()))?;
-    let floor = {
+    let (floor, overwrite) = {
         let path = scratch.path().join("floor");
         let (record_bytes, duration, warmup) = (options.record_bytes, options.duration, options.warmup);
         let bar = progress_bar(options.progress, "floor write+fdatasync");
-        tokio::task::spawn_blocking(move || measure_floor(&path, record_bytes, warmup, duration, &bar))
-            .await
-            .context("floor thread")??
+        let overwrite_bar = progress_bar(options.progress, "floor overwrite+fdatasync");
+        tokio::task::spawn_blocking(move || {
+            let floor = measure_floor(&path, record_bytes, warmup, duration, false, &bar)?;
+            let overwrite =
+                measure_floor(&path.with_extension("zeroed"), record_bytes, warmup, duration, true, &overwrite_bar)?;
+            anyhow::Ok((floor, overwrite))
+        })
+        .await
+        .context("floor thread")??
     };
     let mut results = Vec::new();
     for &mode in &options.modes {
@@ -121,6 +130,8 @@ pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
         floor_p50_us: quantile_us(&floor.0, 0.5),
         floor_p99_us: quantile_us(&floor.0, 0.99),
         floor_syncs_per_s: floor.1,
+        floor_overwrite_p50_us: quantile_us(&overwrite.0, 0.5),
+        floor_overwrite_p99_us: quantile_us(&overwrite.0, 0.99),
         results,
     };
     if let Some(out) = &options.out {
@@ -129,23 +140,42 @@ pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
     Ok(report)
 }
 
-/// The floor: append `record_bytes` and fdatasync, one at a time, on one thread.
+/// Bytes zeroed ahead for the overwrite floor; the loop wraps around inside them.
+const OVERWRITE_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The floor: write `record_bytes` and fdatasync, one at a time, on one thread. Appending grows
+/// the file with every write; `overwrite` writes into a file zeroed and synced beforehand, so
+/// the size never changes.
 fn measure_floor(
     path: &Path,
     record_bytes: usize,
     warmup: Duration,
     duration: Duration,
+    overwrite: bool,
     bar: &ProgressBar,
 ) -> anyhow::Result<(Histogram<u64>, f64)> {
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new().create(true).read(true).write(true).truncate(true).open(path)?;
+    if overwrite {
+        let zeros = vec![0u8; 1024 * 1024];
+        for chunk in 0..OVERWRITE_FILE_BYTES / zeros.len() as u64 {
+            file.write_all_at(&zeros, chunk * zeros.len() as u64)?;
+        }
+        file.sync_all()?;
+    }
     let payload = vec![0x5a_u8; record_bytes];
+    let mut position = 0u64;
     let mut histogram = latency_histogram();
     let started = Instant::now();
     let mut measured = 0u64;
     let mut measuring_since = None;
     while started.elapsed() < warmup + duration {
         let before = Instant::now();
-        file.write_all(&payload)?;
+        if overwrite && position + record_bytes as u64 > OVERWRITE_FILE_BYTES {
+            position = 0;
+        }
+        file.write_all_at(&payload, position)?;
+        position += record_bytes as u64;
         file.sync_data()?;
         let elapsed = before.elapsed();
         if started.elapsed() >= warmup {
@@ -251,8 +281,15 @@ async fn measure_appends(
 pub fn table(report: &LogBenchReport) -> String {
     let mut text = format!(
         "log append benchmark — {} B records, {:.1} s per configuration\n\n\
-         floor (one write + fdatasync at a time): p50 {:.0} µs, p99 {:.0} µs, {:.0} syncs/s\n\n",
-        report.record_bytes, report.duration_s, report.floor_p50_us, report.floor_p99_us, report.floor_syncs_per_s
+         floor (one write + fdatasync at a time): p50 {:.0} µs, p99 {:.0} µs, {:.0} syncs/s\n\
+         floor overwriting pre-zeroed blocks:      p50 {:.0} µs, p99 {:.0} µs\n\n",
+        report.record_bytes,
+        report.duration_s,
+        report.floor_p50_us,
+        report.floor_p99_us,
+        report.floor_syncs_per_s,
+        report.floor_overwrite_p50_us,
+        report.floor_overwrite_p99_us
     );
     text.push_str(&format!(
         "{:<6} {:>7} {:>14} {:>10} {:>10} {:>10} {:>10} {:>12}\n",
@@ -350,7 +387,7 @@ mod tests {
         };
         let report = run(&options).await.unwrap();
         assert_eq!(report.results.len(), 4);
-        assert!(report.floor_p50_us > 0.0);
+        assert!(report.floor_p50_us > 0.0 && report.floor_overwrite_p50_us > 0.0);
         for result in &report.results {
             assert!(result.records > 0, "{result:?}");
             assert!(result.p50_us > 0.0 && result.p99_us >= result.p50_us, "{result:?}");
