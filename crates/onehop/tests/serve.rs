@@ -127,9 +127,14 @@ fn serves_health_and_metrics_then_stops_cleanly_on_sigterm() {
     let (status, body) = get(server.address, "/healthz");
     assert_eq!(status, 200);
     assert!(body.contains(r#""status":"ok""#), "{body}");
+    assert_eq!(post(server.address, "/streams/probe", "1").unwrap().0, 200);
     let (status, body) = get(server.address, "/metrics");
     assert_eq!(status, 200);
-    assert!(body.contains("log_fsync_duration_seconds") || body.is_empty() || body.contains('#'), "{body}");
+    // Two records: the auto-created stream's definition in the catalog, then the value.
+    for metric in ["log_fsync_duration_seconds_bucket", "log_records_appended_total 2", "http_requests_total{"] {
+        assert!(body.contains(metric), "{metric} missing from:\n{body}");
+    }
+    assert!(body.contains(r#"route="/streams/{stream}""#), "routes are labelled by template:\n{body}");
     // The embedded default: data in ./onehop-data of the working directory, locked.
     assert!(dir.path().join("onehop-data/LOCK").exists());
     server.signal("TERM");

@@ -14,9 +14,30 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
                 log_metrics::BATCH_RECORDS_BUCKETS,
             )
         })
+        .and_then(|builder| {
+            builder.set_buckets_for_metric(
+                Matcher::Full("http_request_duration_seconds".into()),
+                &[0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0],
+            )
+        })
         .map_err(|error| error.to_string())?
         .install_recorder()
         .map_err(|error| format!("cannot install the metrics recorder: {error}"))?;
     log_metrics::describe();
+    describe();
     Ok(handle)
+}
+
+/// Describes the server's and the hub's metrics.
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!("http_requests_total", "HTTP requests answered, by route template, method and status.");
+    describe_histogram!(
+        "http_request_duration_seconds",
+        Unit::Seconds,
+        "Time to answer an HTTP request (to the start of the stream for subscriptions)."
+    );
+    describe_counter!("http_errors_total", "Refused or failed HTTP requests, by error code.");
+    describe_gauge!("hub_subscriptions", "Live subscriptions registered with the hub (SSE and WebSocket).");
+    describe_counter!("hub_subscribers_overflowed_total", "Subscribers cut off because their queue was full.");
 }

@@ -46,6 +46,25 @@ impl AppState {
     }
 }
 
+/// Counts every request and times it, labelled by the route's template (`/streams/{stream}`,
+/// never the concrete path, so labels stay bounded), method and status. For a subscription
+/// the time is until the response starts streaming.
+async fn record_request(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
+    let method = request.method().as_str().to_string();
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("http_requests_total", "route" => route.clone(), "method" => method.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("http_request_duration_seconds", "route" => route, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
 pub fn app(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.body_bytes_max);
     Router::new()
@@ -53,6 +72,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
         .route("/sql", axum::routing::post(sql::run))
+        .route_layer(axum::middleware::from_fn(record_request))
         .layer(body_limit)
         .with_state(state)
 }
