@@ -10,6 +10,7 @@ use onehop_log::{Durability, NewRecord, Partition, Record};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
+use crate::tabledef::{Column, ColumnType, IndexDef, TableDef};
 
 /// The topic holding the catalog. Names starting with `__` are reserved for the system.
 pub const CATALOG_TOPIC: &str = "__catalog";
@@ -17,6 +18,7 @@ pub const CATALOG_TOPIC: &str = "__catalog";
 /// threads, and 64 already exceeds what one disk can use.
 pub const STREAM_PARTITIONS_MAX: u32 = 64;
 const STREAM_KEY_PREFIX: &str = "stream/";
+const TABLE_KEY_PREFIX: &str = "table/";
 const DEFINITION_VERSION: u32 = 1;
 
 /// What a stream is: its name, partition count, retention and default durability.
@@ -116,11 +118,102 @@ fn parse_stream(record: &Record, value: &[u8]) -> Result<StreamDef, EngineError>
     Ok(def)
 }
 
-/// Every stream definition in the catalog, newest record per key winning.
-pub(crate) fn replay(catalog: &Partition) -> Result<BTreeMap<String, StreamDef>, EngineError> {
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ColumnRecord {
+    name: String,
+    #[serde(rename = "type")]
+    ty: String,
+    not_null: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IndexRecord {
+    name: String,
+    field: String,
+}
+
+/// The JSON form of a table definition in the catalog.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TableRecord {
+    version: u32,
+    name: String,
+    primary_key: String,
+    columns: Vec<ColumnRecord>,
+    indexes: Vec<IndexRecord>,
+    durability: String,
+}
+
+/// The catalog record that stores `def`.
+pub(crate) fn table_record(def: &TableDef) -> NewRecord {
+    let value = TableRecord {
+        version: DEFINITION_VERSION,
+        name: def.name.clone(),
+        primary_key: def.primary_key.clone(),
+        columns: def
+            .columns
+            .iter()
+            .map(|column| ColumnRecord {
+                name: column.name.clone(),
+                ty: column.ty.to_string(),
+                not_null: column.not_null,
+            })
+            .collect(),
+        indexes: def
+            .indexes
+            .iter()
+            .map(|index| IndexRecord { name: index.name.clone(), field: index.field.clone() })
+            .collect(),
+        durability: def.durability.to_string(),
+    };
+    let value = serde_json::to_vec(&value).expect("a definition serializes");
+    NewRecord::keyed(Bytes::from(format!("{TABLE_KEY_PREFIX}{}", def.name)), value)
+}
+
+/// The catalog record that drops the definition of `name` (a stream when `table` is false).
+pub(crate) fn drop_record(name: &str, table: bool) -> NewRecord {
+    let prefix = if table { TABLE_KEY_PREFIX } else { STREAM_KEY_PREFIX };
+    NewRecord { key: Some(Bytes::from(format!("{prefix}{name}"))), ..NewRecord::default() }
+}
+
+fn parse_table(record: &Record, value: &[u8]) -> Result<TableDef, EngineError> {
+    let bad = |reason: String| EngineError::Catalog { offset: record.offset, reason };
+    let parsed: TableRecord = serde_json::from_slice(value).map_err(|error| bad(error.to_string()))?;
+    if parsed.version != DEFINITION_VERSION {
+        return Err(bad(format!("definition version {} is newer than this onehop understands", parsed.version)));
+    }
+    let columns = parsed
+        .columns
+        .into_iter()
+        .map(|column| {
+            Ok(Column { ty: ColumnType::parse(&column.ty).map_err(bad)?, name: column.name, not_null: column.not_null })
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
+    let def = TableDef {
+        name: parsed.name,
+        primary_key: parsed.primary_key,
+        columns,
+        indexes: parsed.indexes.into_iter().map(|index| IndexDef { name: index.name, field: index.field }).collect(),
+        durability: parsed.durability.parse().map_err(bad)?,
+    };
+    def.validate().map_err(|error| bad(error.to_string()))?;
+    Ok(def)
+}
+
+/// Everything the catalog defines.
+#[derive(Default)]
+pub(crate) struct Definitions {
+    pub streams: BTreeMap<String, StreamDef>,
+    pub tables: BTreeMap<String, TableDef>,
+}
+
+/// Every definition in the catalog, newest record per key winning.
+pub(crate) fn replay(catalog: &Partition) -> Result<Definitions, EngineError> {
     /// Catalog records are small; this bounds one read's memory.
     const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
-    let mut streams = BTreeMap::new();
+    let mut defs = Definitions::default();
     let end = catalog.end_offset();
     let mut next = catalog.start_offset();
     while next < end {
@@ -130,6 +223,24 @@ pub(crate) fn replay(catalog: &Partition) -> Result<BTreeMap<String, StreamDef>,
         for record in &records {
             let key = record.key.as_deref().unwrap_or_default();
             let key = std::str::from_utf8(key).unwrap_or_default();
+            if let Some(name) = key.strip_prefix(TABLE_KEY_PREFIX) {
+                match &record.value {
+                    None => {
+                        defs.tables.remove(name);
+                    }
+                    Some(value) => {
+                        let def = parse_table(record, value)?;
+                        if def.name != name {
+                            return Err(EngineError::Catalog {
+                                offset: record.offset,
+                                reason: format!("key names {name:?} but the definition names {:?}", def.name),
+                            });
+                        }
+                        defs.tables.insert(def.name.clone(), def);
+                    }
+                }
+                continue;
+            }
             let Some(name) = key.strip_prefix(STREAM_KEY_PREFIX) else {
                 // A kind this version does not know (written by a newer one): keep going, say so.
                 tracing::warn!(offset = record.offset, key, "skipping a catalog record of an unknown kind");
@@ -137,7 +248,7 @@ pub(crate) fn replay(catalog: &Partition) -> Result<BTreeMap<String, StreamDef>,
             };
             match &record.value {
                 None => {
-                    streams.remove(name);
+                    defs.streams.remove(name);
                 }
                 Some(value) => {
                     let def = parse_stream(record, value)?;
@@ -147,10 +258,10 @@ pub(crate) fn replay(catalog: &Partition) -> Result<BTreeMap<String, StreamDef>,
                             reason: format!("key names {name:?} but the definition names {:?}", def.name),
                         });
                     }
-                    streams.insert(def.name.clone(), def);
+                    defs.streams.insert(def.name.clone(), def);
                 }
             }
         }
     }
-    Ok(streams)
+    Ok(defs)
 }

@@ -1,5 +1,6 @@
-//! The engine: opens the catalog, replays it, opens every defined stream, and serves
-//! definitions and data to the front ends.
+//! The engine: opens the catalog, replays it, opens every defined stream and table, and serves
+//! definitions and data to the front ends. Streams and tables share one namespace (a name is
+//! one log topic).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -8,9 +9,11 @@ use onehop_log::{Durability, Log, Partition, PartitionConfig};
 
 use crate::catalog::{self, CATALOG_TOPIC, StreamDef};
 use crate::error::EngineError;
+use crate::filter::Filter;
 use crate::hub::{Cursor, Hub};
 use crate::stream::Stream;
-use crate::subject::SubjectFilter;
+use crate::table::Table;
+use crate::tabledef::{IndexDef, TableDef, validate_field_name};
 
 /// How the engine creates what it creates.
 #[derive(Clone, Debug)]
@@ -42,6 +45,7 @@ pub struct Engine {
     catalog: Arc<Partition>,
     /// Read on every publish, written on every definition change.
     streams: RwLock<BTreeMap<String, Arc<Stream>>>,
+    tables: RwLock<BTreeMap<String, Arc<Table>>>,
     /// Definition changes one at a time, so two creates of one name cannot both append.
     ddl: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
@@ -75,14 +79,32 @@ impl Engine {
             options,
             catalog,
             streams: RwLock::new(BTreeMap::new()),
+            tables: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
             hub,
         };
-        for def in defs.into_values() {
+        // A topic on disk that the catalog does not define is what an interrupted DROP left:
+        // the drop was acknowledged once its catalog record was durable, so finish it.
+        for topic in engine.log.topics() {
+            let defined = defs.streams.contains_key(&topic) || defs.tables.contains_key(&topic);
+            if !defined && !topic.starts_with("__") {
+                tracing::warn!(topic, "removing the data of a dropped stream or table");
+                engine.log.remove_topic(&topic)?;
+            }
+        }
+        for def in defs.streams.into_values() {
             let stream = engine.open_stream(def)?;
             engine.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
         }
-        tracing::info!(streams = engine.streams.read().expect("streams lock").len(), "catalog replayed");
+        for def in defs.tables.into_values() {
+            let table = engine.open_table(def)?;
+            engine.tables.write().expect("tables lock").insert(table.name(), table);
+        }
+        tracing::info!(
+            streams = engine.streams.read().expect("streams lock").len(),
+            tables = engine.tables.read().expect("tables lock").len(),
+            "catalog replayed"
+        );
         Ok(engine)
     }
 
@@ -112,16 +134,28 @@ impl Engine {
         Ok(Arc::new(Stream::new(def, partitions)))
     }
 
-    /// Subscribes to `stream` from `positions` (the next offset per partition), delivering
-    /// records whose subject matches `filter` (all records when `None`). Must be called inside
-    /// the tokio runtime: the hub's tailers are tasks.
-    pub fn subscribe(
-        &self,
-        stream: &Arc<Stream>,
-        filter: Option<SubjectFilter>,
-        positions: Vec<u64>,
-    ) -> Result<Cursor, EngineError> {
-        Cursor::new(self.hub.clone(), stream.clone(), filter, positions)
+    /// The log settings of a table's partition: compacted, newest row per id.
+    fn table_config(&self, def: &TableDef) -> PartitionConfig {
+        PartitionConfig { durability: def.durability, compacted: true, ..self.options.stream_defaults.clone() }
+    }
+
+    fn open_table(&self, def: TableDef) -> Result<Arc<Table>, EngineError> {
+        let partition = self.log.open_partition(&def.name, 0, self.table_config(&def))?;
+        let storage_def = StreamDef {
+            name: def.name.clone(),
+            partitions: 1,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: def.durability,
+        };
+        Table::open(def, Arc::new(Stream::table_storage(storage_def, partition)))
+    }
+
+    /// Subscribes to `stream` (or a table's storage) from `positions` (the next offset per
+    /// partition), delivering the records `filter` matches. Must be called inside the tokio
+    /// runtime: the hub's tailers are tasks.
+    pub fn subscribe(&self, stream: &Arc<Stream>, filter: Filter, positions: Vec<u64>) -> Result<Cursor, EngineError> {
+        Cursor::new(self.hub.clone(), stream.clone(), Arc::new(filter), positions)
     }
 
     /// A definition of `name` with every setting at its default.
@@ -161,6 +195,9 @@ impl Engine {
             }
             return Err(EngineError::StreamExists { name: def.name.clone(), existing: existing.def().describe() });
         }
+        if self.table(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
+        }
         self.catalog.append(&[catalog::stream_record(&def)]).await?;
         let stream = self.open_stream(def)?;
         self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream.clone());
@@ -184,5 +221,119 @@ impl Engine {
             }
             Err(error) => Err(error),
         }
+    }
+
+    pub fn table(&self, name: &str) -> Result<Arc<Table>, EngineError> {
+        self.tables
+            .read()
+            .expect("tables lock")
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownTable(name.into()))
+    }
+
+    /// Every table, by name.
+    pub fn tables(&self) -> Vec<Arc<Table>> {
+        self.tables.read().expect("tables lock").values().cloned().collect()
+    }
+
+    /// Durability of tables created without saying.
+    pub fn default_table_durability(&self) -> Durability {
+        Durability::Fsync
+    }
+
+    /// Creates the table `def` describes, durably. A table that exists with the same columns
+    /// is returned as it is (its indexes are managed by `create_index`); with other columns it
+    /// is an error.
+    pub async fn create_table(&self, def: TableDef) -> Result<Arc<Table>, EngineError> {
+        def.validate()?;
+        let _ddl = self.ddl.lock().await;
+        if let Ok(existing) = self.table(&def.name) {
+            let existing_def = existing.def();
+            if existing_def.without_indexes() == def.without_indexes() {
+                return Ok(existing);
+            }
+            return Err(EngineError::TableExists { name: def.name.clone(), existing: existing_def.describe() });
+        }
+        if self.stream(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
+        }
+        self.catalog.append(&[catalog::table_record(&def)]).await?;
+        let table = self.open_table(def)?;
+        self.tables.write().expect("tables lock").insert(table.name(), table.clone());
+        tracing::info!(table = %table.name(), definition = %table.def().describe(), "table created");
+        Ok(table)
+    }
+
+    /// Creates an index on `field` of `table` (named `name`, or `{table}_{field}_idx`) and
+    /// fills it. Returns the index and whether it was created (false: an index on that field
+    /// exists already).
+    pub async fn create_index(
+        &self,
+        table: &str,
+        name: Option<&str>,
+        field: &str,
+    ) -> Result<(IndexDef, bool), EngineError> {
+        validate_field_name(field)?;
+        let _ddl = self.ddl.lock().await;
+        let table = self.table(table)?;
+        let def = table.def();
+        if let Some(existing) = def.index_on(field) {
+            return Ok((existing.clone(), false));
+        }
+        let name = name.map_or_else(|| format!("{}_{field}_idx", def.name), str::to_string);
+        if let Some(owner) =
+            self.tables().iter().find(|table| table.def().indexes.iter().any(|index| index.name == name))
+        {
+            return Err(EngineError::InvalidDefinition(format!(
+                "an index named {name:?} exists already (on table {})",
+                owner.name()
+            )));
+        }
+        let index = IndexDef { name, field: field.to_string() };
+        let mut new_def = (*def).clone();
+        new_def.indexes.push(index.clone());
+        new_def.validate()?;
+        self.catalog.append(&[catalog::table_record(&new_def)]).await?;
+        table.add_index(new_def, &index);
+        tracing::info!(table = %table.name(), index = %index.name, field, "index created");
+        Ok((index, true))
+    }
+
+    /// Drops the index named `name`; returns the table it was on.
+    pub async fn drop_index(&self, name: &str) -> Result<String, EngineError> {
+        let _ddl = self.ddl.lock().await;
+        for table in self.tables() {
+            let def = table.def();
+            let Some(index) = def.indexes.iter().find(|index| index.name == name) else { continue };
+            let mut new_def = (*def).clone();
+            new_def.indexes.retain(|other| other.name != name);
+            self.catalog.append(&[catalog::table_record(&new_def)]).await?;
+            table.remove_index(new_def, &index.field);
+            return Ok(table.name());
+        }
+        Err(EngineError::UnknownIndex(name.to_string()))
+    }
+
+    /// Drops the stream `name` and deletes its records. Its subscriptions end.
+    pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
+        let _ddl = self.ddl.lock().await;
+        self.stream(name)?;
+        self.catalog.append(&[catalog::drop_record(name, false)]).await?;
+        self.streams.write().expect("streams lock").remove(name);
+        self.log.remove_topic(name)?;
+        tracing::info!(stream = name, "stream dropped");
+        Ok(())
+    }
+
+    /// Drops the table `name` and deletes its rows. Its subscriptions end.
+    pub async fn drop_table(&self, name: &str) -> Result<(), EngineError> {
+        let _ddl = self.ddl.lock().await;
+        self.table(name)?;
+        self.catalog.append(&[catalog::drop_record(name, true)]).await?;
+        self.tables.write().expect("tables lock").remove(name);
+        self.log.remove_topic(name)?;
+        tracing::info!(table = name, "table dropped");
+        Ok(())
     }
 }

@@ -26,6 +26,31 @@ pub enum EngineError {
     Open(#[from] OpenError),
     #[error("the catalog holds a record it cannot read at offset {offset}: {reason}")]
     Catalog { offset: u64, reason: String },
+    #[error("unknown table {0:?}: create it first (CREATE TABLE {0} (id TEXT PRIMARY KEY, …))")]
+    UnknownTable(String),
+    #[error(
+        "table {name:?} already exists with a different definition ({existing}); drop it first or use the existing definition"
+    )]
+    TableExists { name: String, existing: String },
+    #[error("{name:?} is already the name of a {kind}; streams and tables share one namespace")]
+    NameTaken { name: String, kind: &'static str },
+    #[error("unknown index {0:?}")]
+    UnknownIndex(String),
+    #[error("invalid row: {0}")]
+    InvalidRow(String),
+    #[error("table {table:?} has no row {id:?}")]
+    RowNotFound { table: String, id: String },
+    #[error("precondition failed for row {id:?} of table {table:?}: {reason}")]
+    PreconditionFailed { table: String, id: String, reason: String, current: Option<u64> },
+    #[error(
+        "no index on {fields:?} in table {table:?}: create one (CREATE INDEX ON {table} ({first})), or add \
+         scan=true to read every row", first = fields.first().map(String::as_str).unwrap_or("field")
+    )]
+    Unindexed { table: String, fields: Vec<String> },
+    #[error("invalid filter: {0}")]
+    InvalidFilter(String),
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl EngineError {
@@ -48,11 +73,21 @@ impl EngineError {
             EngineError::Read(ReadError::PastEnd { .. }) => "offset_past_end",
             EngineError::Read(ReadError::Io(_) | ReadError::Corrupt { .. }) => "storage_failed",
             EngineError::Open(_) | EngineError::Catalog { .. } => "storage_failed",
+            EngineError::UnknownTable(_) => "unknown_table",
+            EngineError::TableExists { .. } => "table_exists",
+            EngineError::NameTaken { .. } => "name_taken",
+            EngineError::UnknownIndex(_) => "unknown_index",
+            EngineError::InvalidRow(_) => "invalid_row",
+            EngineError::RowNotFound { .. } => "not_found",
+            EngineError::PreconditionFailed { .. } => "precondition_failed",
+            EngineError::Unindexed { .. } => "unindexed_field",
+            EngineError::InvalidFilter(_) => "bad_filter",
+            EngineError::Internal(_) => "internal",
         }
     }
 
     /// Whether the client asked for something wrong (as opposed to the server failing).
     pub fn is_client_error(&self) -> bool {
-        !matches!(self.code(), "storage_failed" | "shutting_down")
+        !matches!(self.code(), "storage_failed" | "shutting_down" | "internal")
     }
 }

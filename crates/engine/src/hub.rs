@@ -3,10 +3,16 @@
 //!
 //! One tailer task per partition of a subscribed stream waits on the partition's end offset
 //! (woken by commits, never polling), reads the new records and routes each through the
-//! stream's index: subscriptions with a subject filter live in a [`SubjectTrie`], so finding
-//! them costs what the matches cost; only subscriptions with no filter are visited one by one.
-//! A matching record is shared (`Arc<Event>`) by every subscriber, so each wire format encodes it
-//! once ([`Event::encoded`]).
+//! stream's index. Each subscription is filed under one anchor of its [`Filter`]: its record key
+//! (a table row), else the typed keys of one `field=value` condition, else its subject pattern
+//! (in a [`SubjectTrie`]); a record looks up only the anchors it has, so routing costs what the
+//! matches cost. Only subscriptions with no anchor at all are visited one by one. A matching
+//! record is shared (`Arc<Event>`) by every subscriber, so each wire format encodes it once per
+//! kind of change ([`Event::encoded`]).
+//!
+//! Table changes carry the row before the change (see [`crate::table`]), so a subscription to
+//! `customer=42` learns when a row enters the set (`Insert`), changes in it (`Update`) or leaves
+//! it (`Delete`), whether the row was deleted or its customer changed.
 //!
 //! Every subscriber has a bounded queue. When it is full the subscriber is cut off (the tailer
 //! never waits for anyone): its consumer drains what was queued and then learns, with
@@ -24,11 +30,14 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use bytes::Bytes;
 use onehop_log::Record;
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::EngineError;
+use crate::filter::{self, Filter, for_each_key};
 use crate::stream::Stream;
 use crate::subject::{SubjectFilter, SubjectTrie};
+use crate::table::{TableOp, table_op};
 
 /// Records a tailer reads per wake-up, bounding its memory.
 const TAIL_BATCH_RECORDS: usize = 1024;
@@ -36,51 +45,232 @@ const TAIL_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Records a cursor reads from the log per step while catching up.
 const CATCH_UP_BATCH_RECORDS: usize = 256;
 
+/// What a delivered record means to the subscription that receives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A stream record.
+    Record,
+    /// A table row entered the subscription's set (created, or changed to match).
+    Insert,
+    /// A row in the set changed and still matches.
+    Update,
+    /// A row left the set (deleted, or changed to no longer match).
+    Delete,
+}
+
+impl Change {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Record => "record",
+            Change::Insert => "insert",
+            Change::Update => "update",
+            Change::Delete => "delete",
+        }
+    }
+}
+
 /// A committed record on its way to subscribers, shared by all of them.
 pub struct Event {
     pub stream: Arc<str>,
     pub partition: u32,
     pub record: Record,
-    /// The record encoded once (as JSON, by the front ends), shared by every subscriber and
-    /// every wire format, which only add their own framing around it.
-    encoded: OnceLock<Bytes>,
+    /// Whether the record is a table change (a row, with the row before it in a header).
+    pub table: bool,
+    /// The value as a JSON object, parsed on first use.
+    doc: OnceLock<Option<Value>>,
+    /// For a table change, the row before it, rebuilt on first use.
+    before: OnceLock<Option<Value>>,
+    /// The record encoded once per kind of change (as JSON, by the front ends), shared by every
+    /// subscriber and every wire format, which only add their own framing around it.
+    encoded: [OnceLock<Bytes>; 4],
 }
 
 impl Event {
-    pub fn new(stream: Arc<str>, partition: u32, record: Record) -> Self {
-        Event { stream, partition, record, encoded: OnceLock::new() }
+    pub fn new(stream: Arc<str>, partition: u32, record: Record, table: bool) -> Self {
+        Event {
+            stream,
+            partition,
+            record,
+            table,
+            doc: OnceLock::new(),
+            before: OnceLock::new(),
+            encoded: Default::default(),
+        }
     }
 
-    /// The event encoded by `encode`, computed once and shared. Every caller must pass the same
-    /// encoding (the server's record JSON); framings differ, the record bytes do not.
-    pub fn encoded(&self, encode: impl FnOnce(&Event) -> Bytes) -> Bytes {
-        self.encoded.get_or_init(|| encode(self)).clone()
+    /// The event encoded by `encode` for `change`, computed once and shared. Every caller must
+    /// pass the same encoding (the server's record JSON); framings differ, the bytes do not.
+    pub fn encoded(&self, change: Change, encode: impl FnOnce(&Event, Change) -> Bytes) -> Bytes {
+        self.encoded[change as usize].get_or_init(|| encode(self, change)).clone()
+    }
+
+    /// The value as a JSON object, if it is one.
+    pub fn doc(&self) -> Option<&Value> {
+        self.doc.get_or_init(|| self.record.value.as_deref().and_then(filter::parse_object)).as_ref()
+    }
+
+    /// For a table change, the row before it (`None` for a new row).
+    pub fn before(&self) -> Option<&Value> {
+        self.before
+            .get_or_init(|| {
+                if !self.table {
+                    return None;
+                }
+                match table_op(&self.record)? {
+                    TableOp::Insert => None,
+                    TableOp::Update(prev) => {
+                        let after = self.doc()?.as_object()?;
+                        filter::previous_row(after, &prev).map(Value::Object)
+                    }
+                    TableOp::Delete(before) => Some(before),
+                }
+            })
+            .as_ref()
+    }
+
+    /// What this record is to a subscription with `filter`, or `None` if it does not concern it.
+    pub fn classify(&self, filter: &Filter) -> Option<Change> {
+        let key = self.record.key.as_deref();
+        let subject = self.record.subject.as_deref();
+        if !self.table {
+            return filter.matches(key, subject, self.doc()).then_some(Change::Record);
+        }
+        let now = self.record.value.is_some() && filter.matches(key, subject, self.doc());
+        let was = self.before().is_some_and(|before| filter.matches(key, subject, Some(before)));
+        match (was, now) {
+            (false, true) => Some(Change::Insert),
+            (true, true) => Some(Change::Update),
+            (true, false) => Some(Change::Delete),
+            (false, false) => None,
+        }
     }
 }
 
 struct Subscriber {
-    sender: mpsc::Sender<Arc<Event>>,
+    filter: Arc<Filter>,
+    sender: mpsc::Sender<(Arc<Event>, Change)>,
     /// Set when the queue was full: nothing more is sent, the consumer is told after draining.
     overflowed: Arc<AtomicBool>,
 }
 
 impl Subscriber {
-    fn deliver(&self, event: &Arc<Event>) {
+    /// Queues `event` if it concerns this subscription.
+    fn offer(&self, event: &Arc<Event>) {
         if self.overflowed.load(Ordering::Relaxed) {
             return;
         }
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.sender.try_send(event.clone()) {
+        let Some(change) = event.classify(&self.filter) else { return };
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.sender.try_send((event.clone(), change)) {
             self.overflowed.store(true, Ordering::Relaxed);
             metrics::counter!("hub_subscribers_overflowed_total").increment(1);
         }
     }
 }
 
+/// Where a subscription is filed in the index.
+#[derive(Clone)]
+enum Anchor {
+    Key(Bytes),
+    /// A `field=value` condition: the field's path and the typed keys it may have.
+    Field {
+        path: String,
+        keys: Vec<String>,
+    },
+    Subject(SubjectFilter),
+    None,
+}
+
+impl Anchor {
+    fn of(filter: &Filter) -> Anchor {
+        if let Some(key) = &filter.key {
+            Anchor::Key(key.clone())
+        } else if let Some(condition) = filter.conditions.first() {
+            Anchor::Field { path: condition.path.clone(), keys: condition.keys().to_vec() }
+        } else if let Some(subject) = &filter.subject {
+            Anchor::Subject(subject.clone())
+        } else {
+            Anchor::None
+        }
+    }
+}
+
+/// The subscriptions anchored on one field, by typed key.
+#[derive(Default)]
+struct FieldAnchors {
+    condition: Option<filter::Condition>,
+    by_key: HashMap<String, HashMap<u64, Subscriber>>,
+}
+
 #[derive(Default)]
 struct Index {
+    by_key: HashMap<Bytes, HashMap<u64, Subscriber>>,
+    by_field: HashMap<String, FieldAnchors>,
     by_subject: SubjectTrie<Subscriber>,
-    /// Subscriptions without a filter: every record goes to each.
-    unfiltered: HashMap<u64, Subscriber>,
+    /// Subscriptions with no anchor: every record is offered to each.
+    unanchored: HashMap<u64, Subscriber>,
+}
+
+impl Index {
+    fn insert(&mut self, anchor: &Anchor, id: u64, subscriber: Subscriber) {
+        match anchor {
+            Anchor::Key(key) => {
+                self.by_key.entry(key.clone()).or_default().insert(id, subscriber);
+            }
+            Anchor::Field { path, keys } => {
+                let anchors = self.by_field.entry(path.clone()).or_default();
+                if anchors.condition.is_none() {
+                    anchors.condition = Some(filter::Condition::new(path, "").expect("validated when parsed"));
+                }
+                // One subscriber per typed key; they share the filter and the queue.
+                for key in keys {
+                    let copy = Subscriber {
+                        filter: subscriber.filter.clone(),
+                        sender: subscriber.sender.clone(),
+                        overflowed: subscriber.overflowed.clone(),
+                    };
+                    anchors.by_key.entry(key.clone()).or_default().insert(id, copy);
+                }
+            }
+            Anchor::Subject(filter) => self.by_subject.insert(filter, id, subscriber),
+            Anchor::None => {
+                self.unanchored.insert(id, subscriber);
+            }
+        }
+    }
+
+    fn remove(&mut self, anchor: &Anchor, id: u64) {
+        match anchor {
+            Anchor::Key(key) => {
+                if let Some(subscribers) = self.by_key.get_mut(key) {
+                    subscribers.remove(&id);
+                    if subscribers.is_empty() {
+                        self.by_key.remove(key);
+                    }
+                }
+            }
+            Anchor::Field { path, keys } => {
+                if let Some(anchors) = self.by_field.get_mut(path) {
+                    for key in keys {
+                        if let Some(subscribers) = anchors.by_key.get_mut(key) {
+                            subscribers.remove(&id);
+                            if subscribers.is_empty() {
+                                anchors.by_key.remove(key);
+                            }
+                        }
+                    }
+                    if anchors.by_key.is_empty() {
+                        self.by_field.remove(path);
+                    }
+                }
+            }
+            Anchor::Subject(filter) => {
+                self.by_subject.remove(filter, id);
+            }
+            Anchor::None => {
+                self.unanchored.remove(&id);
+            }
+        }
+    }
 }
 
 /// Routing state of one stream.
@@ -94,11 +284,46 @@ struct Routes {
 impl Routes {
     fn route(&self, event: &Arc<Event>) {
         let index = self.index.read().expect("hub index lock");
-        if let Some(subject) = &event.record.subject {
-            index.by_subject.for_each_match(subject, |_, subscriber| subscriber.deliver(event));
+        if let Some(key) = &event.record.key
+            && let Some(subscribers) = index.by_key.get(key)
+        {
+            subscribers.values().for_each(|subscriber| subscriber.offer(event));
         }
-        for subscriber in index.unfiltered.values() {
-            subscriber.deliver(event);
+        for anchors in index.by_field.values() {
+            let condition = anchors.condition.as_ref().expect("set on insert");
+            // The field's typed keys now and, for a table change, before: a subscription whose
+            // row left its set must hear of it.
+            let mut keys: Vec<String> = Vec::new();
+            for doc in [event.doc(), event.before()].into_iter().flatten() {
+                if let Some(value) = condition.field(doc) {
+                    for_each_key(value, |key| keys.push(key.to_string()));
+                }
+            }
+            if keys.len() > 1 {
+                keys.sort_unstable();
+                keys.dedup();
+            }
+            // A subscriber filed under several typed keys (`s:42` and `n:42`) is offered the
+            // event once.
+            let mut offered: Vec<u64> = Vec::new();
+            for key in &keys {
+                let Some(subscribers) = anchors.by_key.get(key) else { continue };
+                for (id, subscriber) in subscribers {
+                    if keys.len() > 1 {
+                        if offered.contains(id) {
+                            continue;
+                        }
+                        offered.push(*id);
+                    }
+                    subscriber.offer(event);
+                }
+            }
+        }
+        if let Some(subject) = &event.record.subject {
+            index.by_subject.for_each_match(subject, |_, subscriber| subscriber.offer(event));
+        }
+        for subscriber in index.unanchored.values() {
+            subscriber.offer(event);
         }
     }
 }
@@ -141,23 +366,17 @@ impl Hub {
         routes
     }
 
-    /// Registers a live subscription to `stream` (records matching `filter`, or all).
-    fn subscribe(&self, stream: &Arc<Stream>, filter: Option<SubjectFilter>) -> Subscription {
+    /// Registers a live subscription to `stream` (records matching `filter`).
+    fn subscribe(&self, stream: &Arc<Stream>, filter: Arc<Filter>) -> Subscription {
         let routes = self.routes(stream);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = mpsc::channel(self.queue_capacity);
         let overflowed = Arc::new(AtomicBool::new(false));
-        let subscriber = Subscriber { sender, overflowed: overflowed.clone() };
-        let mut index = routes.index.write().expect("hub index lock");
-        match &filter {
-            Some(filter) => index.by_subject.insert(filter, id, subscriber),
-            None => {
-                index.unfiltered.insert(id, subscriber);
-            }
-        }
-        drop(index);
+        let anchor = Anchor::of(&filter);
+        let subscriber = Subscriber { filter, sender, overflowed: overflowed.clone() };
+        routes.index.write().expect("hub index lock").insert(&anchor, id, subscriber);
         metrics::gauge!("hub_subscriptions").increment(1.0);
-        Subscription { id, routes, filter, receiver, overflowed }
+        Subscription { id, routes, anchor, receiver, overflowed }
     }
 }
 
@@ -176,9 +395,10 @@ async fn tail(routes: Arc<Routes>, partition: u32, log: Arc<onehop_log::Partitio
                 return;
             }
         };
+        let table = routes.stream.is_table();
         for record in records {
             next = record.offset + 1;
-            let event = Arc::new(Event::new(routes.name.clone(), partition, record));
+            let event = Arc::new(Event::new(routes.name.clone(), partition, record, table));
             routes.route(&event);
         }
     }
@@ -188,29 +408,21 @@ async fn tail(routes: Arc<Routes>, partition: u32, log: Arc<onehop_log::Partitio
 struct Subscription {
     id: u64,
     routes: Arc<Routes>,
-    filter: Option<SubjectFilter>,
-    receiver: mpsc::Receiver<Arc<Event>>,
+    anchor: Anchor,
+    receiver: mpsc::Receiver<(Arc<Event>, Change)>,
     overflowed: Arc<AtomicBool>,
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut index = self.routes.index.write().expect("hub index lock");
-        match &self.filter {
-            Some(filter) => {
-                index.by_subject.remove(filter, self.id);
-            }
-            None => {
-                index.unfiltered.remove(&self.id);
-            }
-        }
+        self.routes.index.write().expect("hub index lock").remove(&self.anchor, self.id);
         metrics::gauge!("hub_subscriptions").decrement(1.0);
     }
 }
 
 /// What a cursor yields.
 pub enum Delivery {
-    Event(Arc<Event>),
+    Event(Arc<Event>, Change),
     /// The subscriber fell too far behind and was cut off; `positions` is where it was
     /// (the next offset per partition), to resume from.
     Overflow {
@@ -233,7 +445,8 @@ pub struct Cursor {
     hub: Arc<Hub>,
     stream: Arc<Stream>,
     name: Arc<str>,
-    filter: Option<SubjectFilter>,
+    table: bool,
+    filter: Arc<Filter>,
     /// Per partition, the offset after the last record delivered (or passed over by the filter
     /// once nothing before it is still buffered): where a resume starts.
     positions: Vec<u64>,
@@ -242,7 +455,7 @@ pub struct Cursor {
     covered: Vec<u64>,
     phase: Phase,
     live: Option<Subscription>,
-    buffer: VecDeque<Arc<Event>>,
+    buffer: VecDeque<(Arc<Event>, Change)>,
 }
 
 impl Cursor {
@@ -251,7 +464,7 @@ impl Cursor {
     pub fn new(
         hub: Arc<Hub>,
         stream: Arc<Stream>,
-        filter: Option<SubjectFilter>,
+        filter: Arc<Filter>,
         positions: Vec<u64>,
     ) -> Result<Cursor, EngineError> {
         if positions.len() != stream.partition_count() as usize {
@@ -270,6 +483,7 @@ impl Cursor {
         Ok(Cursor {
             hub,
             name: Arc::from(stream.name()),
+            table: stream.is_table(),
             stream,
             filter,
             covered: positions.clone(),
@@ -283,13 +497,6 @@ impl Cursor {
     /// The next offset to deliver, per partition: where to resume after the last delivery.
     pub fn positions(&self) -> &[u64] {
         &self.positions
-    }
-
-    fn matches(&self, record: &Record) -> bool {
-        match &self.filter {
-            None => true,
-            Some(filter) => record.subject.as_deref().is_some_and(|subject| filter.matches(subject)),
-        }
     }
 
     /// Reads up to `limits` from the log into the buffer; true when every partition reached
@@ -308,8 +515,9 @@ impl Cursor {
                     break;
                 }
                 self.covered[partition] = record.offset + 1;
-                if self.matches(&record) {
-                    self.buffer.push_back(Arc::new(Event::new(self.name.clone(), partition as u32, record)));
+                let event = Event::new(self.name.clone(), partition as u32, record, self.table);
+                if let Some(change) = event.classify(&self.filter) {
+                    self.buffer.push_back((Arc::new(event), change));
                 }
             }
             // A compacted partition may have no record left below the limit.
@@ -328,12 +536,12 @@ impl Cursor {
     /// The next matching record, waiting for one to be committed if need be.
     pub async fn next(&mut self) -> Result<Delivery, EngineError> {
         loop {
-            if let Some(event) = self.buffer.pop_front() {
+            if let Some((event, change)) = self.buffer.pop_front() {
                 self.positions[event.partition as usize] = event.record.offset + 1;
                 if self.buffer.is_empty() {
                     self.positions.clone_from(&self.covered);
                 }
-                return Ok(Delivery::Event(event));
+                return Ok(Delivery::Event(event, change));
             }
             match &self.phase {
                 Phase::CatchUp { targets } => {
@@ -355,7 +563,7 @@ impl Cursor {
                     if live.overflowed.load(Ordering::Relaxed) && live.receiver.is_empty() {
                         return Ok(Delivery::Overflow { positions: self.positions.clone() });
                     }
-                    let Some(event) = live.receiver.recv().await else {
+                    let Some((event, change)) = live.receiver.recv().await else {
                         return Err(EngineError::Read(onehop_log::ReadError::Closed));
                     };
                     let partition = event.partition as usize;
@@ -365,7 +573,7 @@ impl Cursor {
                     }
                     self.covered[partition] = offset + 1;
                     self.positions[partition] = offset + 1;
-                    return Ok(Delivery::Event(event));
+                    return Ok(Delivery::Event(event, change));
                 }
             }
         }

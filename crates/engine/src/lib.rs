@@ -3,8 +3,12 @@
 //!
 //! # Layout
 //!
-//! - `catalog`: definitions (streams now; tables, views, users as they land), kept as records of
-//!   the compacted `__catalog` topic, so they are durable and replayed at start.
+//! - `catalog`: definitions (streams and tables; views and users as they land), kept as records
+//!   of the compacted `__catalog` topic, so they are durable and replayed at start.
+//! - `tabledef` / `table`: what a table is (columns, key, indexes) and the table itself: rows
+//!   in memory, rebuilt from its compacted partition of row changes.
+//! - `filter`: subscription filters (subject pattern, row key, `field=value`) and the typed keys
+//!   that filters and table indexes compare values by.
 //! - `stream`: a named stream of N partitions, key-hash partitioning, publish and read.
 //! - `engine`: the entry point that owns the catalog and the open streams.
 //! - `hub`: the subscription hub (one tailer per partition, routing through a subject trie into
@@ -17,12 +21,18 @@
 mod catalog;
 mod engine;
 mod error;
+pub mod filter;
 pub mod hub;
 mod stream;
 pub mod subject;
+pub mod table;
+mod tabledef;
 pub mod units;
 
 pub use catalog::{CATALOG_TOPIC, StreamDef};
 pub use engine::{Engine, EngineOptions};
 pub use error::EngineError;
+pub use filter::Filter;
 pub use stream::{Position, Published, Stream};
+pub use table::{Page, Precondition, Row, Table, Write, Written};
+pub use tabledef::{Column, ColumnType, IndexDef, TableDef};

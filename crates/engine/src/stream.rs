@@ -37,12 +37,25 @@ pub struct Stream {
     partitions: Vec<Arc<Partition>>,
     /// The partition the next keyless publish goes to.
     next_keyless: AtomicU32,
+    /// Whether this is a table's storage (row changes, not published records).
+    table: bool,
 }
 
 impl Stream {
     pub(crate) fn new(def: StreamDef, partitions: Vec<Arc<Partition>>) -> Self {
         assert_eq!(partitions.len(), def.partitions as usize, "one log partition per stream partition");
-        Stream { def, partitions, next_keyless: AtomicU32::new(0) }
+        Stream { def, partitions, next_keyless: AtomicU32::new(0), table: false }
+    }
+
+    /// The storage of a table: one compacted partition of row changes.
+    pub(crate) fn table_storage(def: StreamDef, partition: Arc<Partition>) -> Self {
+        assert_eq!(def.partitions, 1, "a table is stored in one partition");
+        Stream { def, partitions: vec![partition], next_keyless: AtomicU32::new(0), table: true }
+    }
+
+    /// Whether this stream is a table's storage: its records are row changes.
+    pub fn is_table(&self) -> bool {
+        self.table
     }
 
     pub fn def(&self) -> &StreamDef {

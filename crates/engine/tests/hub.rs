@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use onehop_engine::hub::{Cursor, Delivery};
 use onehop_engine::subject::SubjectFilter;
-use onehop_engine::{Engine, EngineOptions, Stream, StreamDef};
+use onehop_engine::{Engine, EngineOptions, Filter, Stream, StreamDef};
 use onehop_log::{Durability, Log, LogOptions, NewRecord};
 
 fn open(dir: &std::path::Path, queue: usize) -> Arc<Engine> {
@@ -33,7 +33,7 @@ fn subject_record(subject: &str, value: String) -> NewRecord {
 
 async fn next_event(cursor: &mut Cursor) -> (u32, u64, String) {
     match tokio::time::timeout(Duration::from_secs(10), cursor.next()).await.expect("an event within 10 s").unwrap() {
-        Delivery::Event(event) => (
+        Delivery::Event(event, _) => (
             event.partition,
             event.record.offset,
             String::from_utf8(event.record.value.clone().unwrap().to_vec()).unwrap(),
@@ -47,10 +47,10 @@ async fn live_subscribers_get_what_matches_their_filter() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path(), 1024);
     let scores = stream(&engine, "scores", 1).await;
-    let filter = |text| Some(SubjectFilter::parse(text).unwrap());
+    let filter = |text| Filter::subject(SubjectFilter::parse(text).unwrap());
     let mut team_one = engine.subscribe(&scores, filter("scores/team-1"), vec![0]).unwrap();
     let mut every_team = engine.subscribe(&scores, filter("scores/+"), vec![0]).unwrap();
-    let mut everything = engine.subscribe(&scores, None, vec![0]).unwrap();
+    let mut everything = engine.subscribe(&scores, Filter::default(), vec![0]).unwrap();
     let records = vec![
         subject_record("scores/team-1", "a".into()),
         subject_record("scores/team-2", "b".into()),
@@ -91,7 +91,7 @@ async fn history_then_live_has_no_gap_and_no_duplicate_while_writers_run() {
             }
         })
     };
-    let mut cursor = engine.subscribe(&events, None, vec![0, 0, 0]).unwrap();
+    let mut cursor = engine.subscribe(&events, Filter::default(), vec![0, 0, 0]).unwrap();
     let mut seen: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut values = Vec::new();
     for _ in 0..1300 {
@@ -116,7 +116,7 @@ async fn a_cursor_resumes_exactly_where_the_last_one_stopped() {
     let ticks = stream(&engine, "ticks", 2).await;
     let batch: Vec<NewRecord> = (0..40).map(|i| NewRecord::keyed(format!("k{i}"), format!("{i}"))).collect();
     ticks.publish(&batch, None).await.unwrap();
-    let mut first = engine.subscribe(&ticks, None, vec![0, 0]).unwrap();
+    let mut first = engine.subscribe(&ticks, Filter::default(), vec![0, 0]).unwrap();
     let mut delivered = Vec::new();
     for _ in 0..15 {
         delivered.push(next_event(&mut first).await.2);
@@ -125,7 +125,7 @@ async fn a_cursor_resumes_exactly_where_the_last_one_stopped() {
     drop(first);
     let more: Vec<NewRecord> = (40..60).map(|i| NewRecord::keyed(format!("k{i}"), format!("{i}"))).collect();
     ticks.publish(&more, None).await.unwrap();
-    let mut second = engine.subscribe(&ticks, None, positions).unwrap();
+    let mut second = engine.subscribe(&ticks, Filter::default(), positions).unwrap();
     for _ in 15..60 {
         delivered.push(next_event(&mut second).await.2);
     }
@@ -139,7 +139,7 @@ async fn a_subscriber_that_falls_behind_is_cut_off_and_can_resume() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path(), 8);
     let fast = stream(&engine, "fast", 1).await;
-    let mut slow = engine.subscribe(&fast, None, vec![0]).unwrap();
+    let mut slow = engine.subscribe(&fast, Filter::default(), vec![0]).unwrap();
     // Go live first (nothing to catch up), then let the queue overflow.
     fast.publish(&[NewRecord::value("0")], None).await.unwrap();
     assert_eq!(next_event(&mut slow).await.2, "0");
@@ -149,7 +149,7 @@ async fn a_subscriber_that_falls_behind_is_cut_off_and_can_resume() {
     let mut received = vec![0u32];
     let positions = loop {
         match tokio::time::timeout(Duration::from_secs(10), slow.next()).await.unwrap().unwrap() {
-            Delivery::Event(event) => {
+            Delivery::Event(event, _) => {
                 received.push(String::from_utf8(event.record.value.clone().unwrap().to_vec()).unwrap().parse().unwrap())
             }
             Delivery::Overflow { positions } => break positions,
@@ -158,7 +158,7 @@ async fn a_subscriber_that_falls_behind_is_cut_off_and_can_resume() {
     assert!(received.len() < 200, "the queue of 8 cannot have held everything");
     assert_eq!(positions, vec![received.len() as u64], "the overflow says where delivery stopped");
     drop(slow);
-    let mut resumed = engine.subscribe(&fast, None, positions).unwrap();
+    let mut resumed = engine.subscribe(&fast, Filter::default(), positions).unwrap();
     while received.len() < 200 {
         received.push(next_event(&mut resumed).await.2.parse().unwrap());
     }
@@ -170,6 +170,6 @@ async fn positions_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path(), 8);
     let two = stream(&engine, "two", 2).await;
-    assert!(engine.subscribe(&two, None, vec![0]).is_err(), "one position per partition");
-    assert_eq!(engine.subscribe(&two, None, vec![0, 5]).err().unwrap().code(), "offset_past_end");
+    assert!(engine.subscribe(&two, Filter::default(), vec![0]).is_err(), "one position per partition");
+    assert_eq!(engine.subscribe(&two, Filter::default(), vec![0, 5]).err().unwrap().code(), "offset_past_end");
 }

@@ -264,6 +264,19 @@ impl Partition {
     /// Appends `records` and returns once `durability` holds for all of them. The records get
     /// dense offsets; a timestamp is assigned (server time) to records without one.
     pub async fn append_with(&self, records: &[NewRecord], durability: Durability) -> Result<AppendAck, AppendError> {
+        self.enqueue_with(records, durability).await?.await
+    }
+
+    /// Queues `records` for appending and returns once they are queued, behind every append
+    /// queued before and ahead of every append queued after; the returned future resolves when
+    /// `durability` holds for them. A caller that queues under its own lock thus fixes the
+    /// order of its appends in the log without waiting for the disk under that lock. The
+    /// append happens whether or not the future is awaited.
+    pub async fn enqueue_with(
+        &self,
+        records: &[NewRecord],
+        durability: Durability,
+    ) -> Result<QueuedAppend, AppendError> {
         let encoded_len = self.check(records)?;
         let now = now_ms();
         let mut encoded = Vec::with_capacity(encoded_len);
@@ -305,7 +318,7 @@ impl Partition {
                 self.shared.queue_ready.notify_one();
             }
         }
-        acked.await.unwrap_or(Err(AppendError::Closed))
+        Ok(QueuedAppend { acked })
     }
 
     /// The first offset still stored (earlier ones were removed by retention or compaction).
@@ -489,5 +502,18 @@ impl Partition {
         let active = *segments.keys().next_back().expect("a partition always has a segment");
         assert_ne!(segment.base_offset, active, "maintenance must never replace the active segment");
         segments.insert(segment.base_offset, segment);
+    }
+}
+
+/// An append in the queue; resolves to its acknowledgement once its durability holds.
+pub struct QueuedAppend {
+    acked: oneshot::Receiver<Result<AppendAck, AppendError>>,
+}
+
+impl std::future::Future for QueuedAppend {
+    type Output = Result<AppendAck, AppendError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.acked).poll(cx).map(|result| result.unwrap_or(Err(AppendError::Closed)))
     }
 }

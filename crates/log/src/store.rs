@@ -147,6 +147,37 @@ impl Log {
         partitions.iter().map(|((topic, index), partition)| (topic.clone(), *index, partition.clone())).collect()
     }
 
+    /// Names of the topics with at least one open partition.
+    pub fn topics(&self) -> Vec<String> {
+        let partitions = self.partitions.read().expect("partitions lock");
+        let mut topics: Vec<String> = partitions.keys().map(|(topic, _)| topic.clone()).collect();
+        topics.dedup();
+        topics
+    }
+
+    /// Closes every partition of `topic` and deletes its directory. Appends still queued are
+    /// written first; later appends and reads of those partitions fail with `Closed`.
+    pub fn remove_topic(&self, topic: &str) -> Result<(), OpenError> {
+        validate_topic_name(topic).map_err(|reason| OpenError::BadConfig { path: self.dir.join(topic), reason })?;
+        let removed: Vec<Arc<Partition>> = {
+            let mut partitions = self.partitions.write().expect("partitions lock");
+            let keys: Vec<(String, u32)> = partitions.keys().filter(|(name, _)| name == topic).cloned().collect();
+            keys.iter().filter_map(|key| partitions.remove(key)).collect()
+        };
+        for partition in &removed {
+            partition.close();
+        }
+        let path = self.dir.join(topic);
+        match fs::remove_dir_all(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(io_at(&path)(error)),
+        }
+        // The removal itself must survive a crash, or the topic could come back.
+        File::open(&self.dir).and_then(|dir| dir.sync_all()).map_err(io_at(&self.dir))?;
+        Ok(())
+    }
+
     /// Stops maintenance, then closes every partition: queued appends are written and synced,
     /// and each active segment's index is written. Idempotent.
     pub fn close(&self) {

@@ -41,6 +41,7 @@ fn render(result: &Value) -> String {
     match result["result"].as_str() {
         Some("created") => format!("{statement}: created ({})\n", result["definition"].as_str().unwrap_or_default()),
         Some("unchanged") => format!("{statement}: unchanged; {}\n", result["note"].as_str().unwrap_or_default()),
+        Some("dropped") => format!("{statement}: dropped\n"),
         Some("rows") => {
             let columns: Vec<String> = result["columns"]
                 .as_array()

@@ -262,7 +262,7 @@ async fn sql_defines_streams_and_answers_with_rows_or_reasons() {
 
     let (status, body) = server.post("/sql", "SELECT * FROM orders").await;
     assert_eq!((status, error_code(&body)), (400, "sql_unsupported"));
-    assert!(body["error"]["message"].as_str().unwrap().contains("CREATE STREAM name"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("CREATE TABLE"), "{body}");
     let (status, body) = server.post("/sql", "CREATE STREAM broken WITH (partitions = ").await;
     assert_eq!((status, error_code(&body)), (400, "sql_syntax"));
     assert!(server.engine.stream("broken").is_err(), "nothing ran");

@@ -1,6 +1,6 @@
 //! Running statements on the engine.
 
-use onehop_engine::{Engine, EngineError, StreamDef};
+use onehop_engine::{Engine, EngineError, StreamDef, Table, TableDef};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -15,8 +15,53 @@ pub enum Output {
     Created { statement: String, definition: String },
     /// It existed already; nothing changed. `note` says why that is fine.
     Unchanged { statement: String, definition: String, note: String },
+    /// A definition was dropped (durably) and its data deleted.
+    Dropped { statement: String },
     /// A result set.
     Rows { statement: String, columns: Vec<String>, rows: Vec<Vec<Value>> },
+}
+
+const TABLE_COLUMNS: [&str; 6] = ["name", "primary_key", "columns", "indexes", "durability", "rows"];
+
+fn table_row(table: &Table) -> Vec<Value> {
+    let def = table.def();
+    let columns: Vec<String> = def
+        .columns
+        .iter()
+        .map(|column| format!("{} {}{}", column.name, column.ty, if column.not_null { " NOT NULL" } else { "" }))
+        .collect();
+    let indexes: Vec<String> = def.indexes.iter().map(|index| format!("{} ({})", index.name, index.field)).collect();
+    vec![
+        json!(def.name),
+        json!(def.primary_key),
+        json!(columns),
+        json!(indexes),
+        json!(def.durability.to_string()),
+        json!(table.row_count()),
+    ]
+}
+
+const DESCRIBE_TABLE_COLUMNS: [&str; 5] = ["column", "type", "not_null", "primary_key", "index"];
+
+fn describe_table(label: String, def: &TableDef) -> Output {
+    let rows = def
+        .columns
+        .iter()
+        .map(|column| {
+            vec![
+                json!(column.name),
+                json!(column.ty.to_string()),
+                json!(column.not_null),
+                json!(column.name == def.primary_key),
+                json!(def.index_on(&column.name).map(|index| index.name.clone())),
+            ]
+        })
+        .chain(def.indexes.iter().filter(|index| def.column(&index.field).is_none()).map(|index| {
+            // An index on an undeclared field: the field is listed with no type.
+            vec![json!(index.field), Value::Null, json!(false), json!(false), json!(index.name)]
+        }))
+        .collect();
+    Output::Rows { statement: label, columns: DESCRIBE_TABLE_COLUMNS.iter().map(|c| c.to_string()).collect(), rows }
 }
 
 fn stream_def(engine: &Engine, name: &str, options: &StreamOptions) -> StreamDef {
@@ -74,7 +119,72 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
             columns: STREAM_COLUMNS.iter().map(|column| column.to_string()).collect(),
             rows: engine.streams().iter().map(|stream| stream_row(stream)).collect(),
         }),
+        Statement::CreateTable { name, if_not_exists, primary_key, columns, durability } => {
+            let def = TableDef {
+                name: name.clone(),
+                primary_key: primary_key.clone(),
+                columns: columns.clone(),
+                indexes: Vec::new(),
+                durability: durability.unwrap_or(engine.default_table_durability()),
+            };
+            if let Ok(existing) = engine.table(name) {
+                let existing = existing.def();
+                if existing.without_indexes() == def {
+                    let note = "it already exists with these columns".to_string();
+                    return Ok(Output::Unchanged { statement: label, definition: existing.describe(), note });
+                }
+                if *if_not_exists {
+                    let note =
+                        format!("IF NOT EXISTS: it exists with another definition, kept ({})", existing.describe());
+                    return Ok(Output::Unchanged { statement: label, definition: existing.describe(), note });
+                }
+            }
+            let table = engine.create_table(def).await?;
+            Ok(Output::Created { statement: label, definition: table.def().describe() })
+        }
+        Statement::CreateIndex { name, table, field } => {
+            let (index, created) = engine.create_index(table, name.as_deref(), field).await?;
+            let definition = format!("index {} on {table} ({})", index.name, index.field);
+            if created {
+                Ok(Output::Created { statement: label, definition })
+            } else {
+                let note = "an index on this field exists already".to_string();
+                Ok(Output::Unchanged { statement: label, definition, note })
+            }
+        }
+        Statement::DropStream { name, if_exists } => match engine.drop_stream(name).await {
+            Err(EngineError::UnknownStream(_)) if *if_exists => Ok(Output::Unchanged {
+                statement: label,
+                definition: String::new(),
+                note: "IF EXISTS: there is no such stream".into(),
+            }),
+            other => other.map(|()| Output::Dropped { statement: label }).map_err(Into::into),
+        },
+        Statement::DropTable { name, if_exists } => match engine.drop_table(name).await {
+            Err(EngineError::UnknownTable(_)) if *if_exists => Ok(Output::Unchanged {
+                statement: label,
+                definition: String::new(),
+                note: "IF EXISTS: there is no such table".into(),
+            }),
+            other => other.map(|()| Output::Dropped { statement: label }).map_err(Into::into),
+        },
+        Statement::DropIndex { name, if_exists } => match engine.drop_index(name).await {
+            Err(EngineError::UnknownIndex(_)) if *if_exists => Ok(Output::Unchanged {
+                statement: label,
+                definition: String::new(),
+                note: "IF EXISTS: there is no such index".into(),
+            }),
+            other => other.map(|_| Output::Dropped { statement: label }).map_err(Into::into),
+        },
+        Statement::ShowTables => Ok(Output::Rows {
+            statement: label,
+            columns: TABLE_COLUMNS.iter().map(|column| column.to_string()).collect(),
+            rows: engine.tables().iter().map(|table| table_row(table)).collect(),
+        }),
         Statement::Describe { name } => {
+            if let Ok(table) = engine.table(name) {
+                return Ok(describe_table(label, &table.def()));
+            }
             let stream = engine.stream(name).map_err(|error| match error {
                 EngineError::UnknownStream(_) => EngineError::UnknownStream(name.clone()),
                 other => other,
@@ -134,5 +244,51 @@ mod tests {
         let Output::Rows { rows, .. } = &outputs[2] else { panic!("{outputs:?}") };
         assert_eq!(rows[0][5], json!([0, 0]));
         assert_eq!(run("DESCRIBE nothing").await.unwrap_err().code(), "unknown_stream");
+    }
+
+    #[tokio::test]
+    async fn tables_and_indexes_are_created_described_and_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path(), LogOptions::default()).unwrap();
+        let engine = Engine::open(Arc::new(log), EngineOptions::default()).unwrap();
+        let run = |sql: &'static str| {
+            let engine = &engine;
+            async move {
+                let mut outputs = Vec::new();
+                for statement in parse(sql)? {
+                    outputs.push(execute(engine, &statement).await?);
+                }
+                Ok::<_, SqlError>(outputs)
+            }
+        };
+        let schema = "CREATE TABLE orders (id TEXT PRIMARY KEY, customer BIGINT, tags TEXT[]); \
+                      CREATE INDEX ON orders (customer); CREATE INDEX by_tag ON orders (tags)";
+        let outputs = run(schema).await.unwrap();
+        assert!(outputs.iter().all(|output| matches!(output, Output::Created { .. })), "{outputs:?}");
+        // A schema file applied again changes nothing.
+        let outputs = run(schema).await.unwrap();
+        assert!(outputs.iter().all(|output| matches!(output, Output::Unchanged { .. })), "{outputs:?}");
+        assert_eq!(run("CREATE TABLE orders (id TEXT PRIMARY KEY)").await.unwrap_err().code(), "table_exists");
+        assert_eq!(run("CREATE STREAM orders").await.unwrap_err().code(), "name_taken");
+
+        let outputs = run("SHOW TABLES; DESCRIBE orders").await.unwrap();
+        let Output::Rows { rows, .. } = &outputs[0] else { panic!("{outputs:?}") };
+        assert_eq!(rows[0][0], "orders");
+        assert_eq!(rows[0][3], json!(["orders_customer_idx (customer)", "by_tag (tags)"]));
+        let Output::Rows { columns, rows, .. } = &outputs[1] else { panic!("{outputs:?}") };
+        assert_eq!(columns[0], "column");
+        assert_eq!(rows[0], [json!("id"), json!("TEXT"), json!(true), json!(true), Value::Null]);
+        assert_eq!(rows[1][4], "orders_customer_idx");
+
+        let outputs =
+            run("DROP INDEX by_tag; DROP INDEX IF EXISTS by_tag; DROP TABLE orders; DROP TABLE IF EXISTS orders")
+                .await
+                .unwrap();
+        assert!(matches!(outputs[0], Output::Dropped { .. }));
+        assert!(matches!(outputs[1], Output::Unchanged { .. }));
+        assert!(matches!(outputs[2], Output::Dropped { .. }));
+        assert!(matches!(outputs[3], Output::Unchanged { .. }));
+        assert_eq!(run("DROP TABLE orders").await.unwrap_err().code(), "unknown_table");
+        assert_eq!(run("DROP STREAM nothing").await.unwrap_err().code(), "unknown_stream");
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! # Layout
 //!
-//! - `parse`: text to [`Statement`]s with sqlparser; `CREATE STREAM`, which sqlparser does not
-//!   know, is parsed here from the same token stream. Anything unsupported is refused with the
+//! - `parse`: text to [`Statement`]s with sqlparser; `CREATE STREAM`, `DROP STREAM` and
+//!   `SHOW TABLES`, which sqlparser does not know or parses otherwise, are parsed here from the
+//!   same token stream. Anything unsupported is refused with the
 //!   list of what is supported.
 //! - `execute`: a [`Statement`] run on the engine, to an [`Output`].
 
@@ -27,8 +28,10 @@ pub enum SqlError {
 }
 
 /// What `SqlError::Unsupported` lists.
-pub const SUPPORTED: &str = "CREATE STREAM name [IF NOT EXISTS] [WITH (partitions = N, retention = '7d', retention_bytes = '1GiB', \
-     durability = 'fsync'|'async')]; SHOW STREAMS; DESCRIBE name";
+pub const SUPPORTED: &str = "CREATE STREAM [IF NOT EXISTS] name [WITH (partitions = N, retention = '7d', retention_bytes = '1GiB', \
+     durability = 'fsync'|'async')]; CREATE TABLE [IF NOT EXISTS] name (id TEXT PRIMARY KEY, col TYPE [NOT NULL], …) \
+     [WITH (durability = …)]; CREATE INDEX [name] ON table (field); DROP STREAM|TABLE|INDEX [IF EXISTS] name; \
+     SHOW STREAMS; SHOW TABLES; DESCRIBE name";
 
 impl SqlError {
     /// A stable code for clients.

@@ -1,6 +1,7 @@
 //! SQL text to statements.
 
 use onehop_engine::units::{parse_bytes, parse_duration};
+use onehop_engine::{Column, ColumnType};
 use onehop_log::Durability;
 use sqlparser::ast::{self, Expr, ObjectName, SqlOption, Value};
 use sqlparser::dialect::GenericDialect;
@@ -21,9 +22,40 @@ pub struct StreamOptions {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Statement {
-    CreateStream { name: String, if_not_exists: bool, options: StreamOptions },
+    CreateStream {
+        name: String,
+        if_not_exists: bool,
+        options: StreamOptions,
+    },
+    CreateTable {
+        name: String,
+        if_not_exists: bool,
+        primary_key: String,
+        columns: Vec<Column>,
+        durability: Option<Durability>,
+    },
+    CreateIndex {
+        name: Option<String>,
+        table: String,
+        field: String,
+    },
+    DropStream {
+        name: String,
+        if_exists: bool,
+    },
+    DropTable {
+        name: String,
+        if_exists: bool,
+    },
+    DropIndex {
+        name: String,
+        if_exists: bool,
+    },
     ShowStreams,
-    Describe { name: String },
+    ShowTables,
+    Describe {
+        name: String,
+    },
 }
 
 impl Statement {
@@ -31,7 +63,13 @@ impl Statement {
     pub fn label(&self) -> String {
         match self {
             Statement::CreateStream { name, .. } => format!("CREATE STREAM {name}"),
+            Statement::CreateTable { name, .. } => format!("CREATE TABLE {name}"),
+            Statement::CreateIndex { table, field, .. } => format!("CREATE INDEX ON {table} ({field})"),
+            Statement::DropStream { name, .. } => format!("DROP STREAM {name}"),
+            Statement::DropTable { name, .. } => format!("DROP TABLE {name}"),
+            Statement::DropIndex { name, .. } => format!("DROP INDEX {name}"),
             Statement::ShowStreams => "SHOW STREAMS".into(),
+            Statement::ShowTables => "SHOW TABLES".into(),
             Statement::Describe { name } => format!("DESCRIBE {name}"),
         }
     }
@@ -49,6 +87,12 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>, SqlError> {
         }
         let statement = if parser.parse_keywords(&[Keyword::CREATE, Keyword::STREAM]) {
             parse_create_stream(&mut parser)?
+        } else if parser.parse_keywords(&[Keyword::DROP, Keyword::STREAM]) {
+            let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+            let name = simple_name(&parser.parse_object_name(false).map_err(syntax)?)?;
+            Statement::DropStream { name, if_exists }
+        } else if parser.parse_keywords(&[Keyword::SHOW, Keyword::TABLES]) {
+            Statement::ShowTables
         } else {
             let statement = parser.parse_statement().map_err(|error| SqlError::Syntax(error.to_string()))?;
             convert(statement)?
@@ -137,6 +181,116 @@ fn apply_option(options: &mut StreamOptions, key: &str, value: &Expr) -> Result<
     Ok(())
 }
 
+fn unsupported(what: impl std::fmt::Display) -> SqlError {
+    SqlError::Unsupported { statement: what.to_string() }
+}
+
+/// A column's type from sqlparser's, ignoring lengths and precisions (`VARCHAR(20)` is TEXT).
+fn column_type(data_type: &ast::DataType) -> Result<ColumnType, SqlError> {
+    let text = data_type.to_string();
+    let mut plain = String::with_capacity(text.len());
+    let mut depth = 0;
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    ColumnType::parse(&plain).map_err(SqlError::InvalidOption)
+}
+
+fn index_column_name(column: &ast::IndexColumn) -> Result<String, SqlError> {
+    match &column.column.expr {
+        Expr::Identifier(ident) => Ok(ident.value.clone()),
+        other => Err(SqlError::Syntax(format!("{other}: an index or key names one column"))),
+    }
+}
+
+fn convert_create_table(create: ast::CreateTable) -> Result<Statement, SqlError> {
+    let name = simple_name(&create.name)?;
+    if create.query.is_some() || create.like.is_some() {
+        return Err(unsupported("CREATE TABLE … AS / LIKE"));
+    }
+    let mut primary_key: Option<String> = None;
+    let mut set_key = |column: String| -> Result<(), SqlError> {
+        if let Some(existing) = &primary_key {
+            return Err(SqlError::Syntax(format!(
+                "a table has one PRIMARY KEY column; {existing} and {column} were given"
+            )));
+        }
+        primary_key = Some(column);
+        Ok(())
+    };
+    let mut columns = Vec::new();
+    for column in &create.columns {
+        let mut not_null = false;
+        for option in &column.options {
+            match &option.option {
+                ast::ColumnOption::NotNull => not_null = true,
+                ast::ColumnOption::Null => not_null = false,
+                ast::ColumnOption::PrimaryKey(_) => {
+                    set_key(column.name.value.clone())?;
+                    not_null = true;
+                }
+                other => {
+                    return Err(SqlError::Syntax(format!(
+                        "column {}: {other} is not supported; a column takes NOT NULL, NULL or PRIMARY KEY",
+                        column.name
+                    )));
+                }
+            }
+        }
+        columns.push(Column { name: column.name.value.clone(), ty: column_type(&column.data_type)?, not_null });
+    }
+    for constraint in &create.constraints {
+        match constraint {
+            ast::TableConstraint::PrimaryKey(key) if key.columns.len() == 1 => {
+                set_key(index_column_name(&key.columns[0])?)?
+            }
+            other => {
+                return Err(SqlError::Syntax(format!(
+                    "{other} is not supported; a table takes one PRIMARY KEY column"
+                )));
+            }
+        }
+    }
+    let primary_key = primary_key
+        .ok_or_else(|| SqlError::Syntax(format!("table {name} needs a PRIMARY KEY column (id TEXT PRIMARY KEY)")))?;
+    if let Some(column) = columns.iter_mut().find(|column| column.name == primary_key) {
+        column.not_null = true;
+    }
+    let mut durability = None;
+    let options = match create.table_options {
+        ast::CreateTableOptions::None => Vec::new(),
+        ast::CreateTableOptions::With(options) => options,
+        other => return Err(SqlError::InvalidOption(format!("{other}: table options go in WITH (durability = …)"))),
+    };
+    for option in options {
+        let SqlOption::KeyValue { key, value } = option else {
+            return Err(SqlError::InvalidOption(format!("{option}: expected key = value")));
+        };
+        let key = key.value.to_ascii_lowercase();
+        let text = literal(&value)
+            .ok_or_else(|| SqlError::InvalidOption(format!("{key} = {value}: expected a number or a string")))?;
+        match key.as_str() {
+            "durability" => {
+                durability = Some(
+                    text.parse()
+                        .map_err(|reason: String| SqlError::InvalidOption(format!("{key} = {text:?}: {reason}")))?,
+                )
+            }
+            other => {
+                return Err(SqlError::InvalidOption(format!(
+                    "unknown option {other:?}; a table takes durability (it is stored in one compacted partition)"
+                )));
+            }
+        }
+    }
+    Ok(Statement::CreateTable { name, if_not_exists: create.if_not_exists, primary_key, columns, durability })
+}
+
 fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
     match statement {
         ast::Statement::ShowVariable { variable }
@@ -145,6 +299,29 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
             Ok(Statement::ShowStreams)
         }
         ast::Statement::ExplainTable { table_name, .. } => Ok(Statement::Describe { name: simple_name(&table_name)? }),
+        ast::Statement::CreateTable(create) => convert_create_table(create),
+        ast::Statement::CreateIndex(create) => {
+            let table = simple_name(&create.table_name)?;
+            let [column] = create.columns.as_slice() else {
+                return Err(SqlError::Syntax("an index covers one column: CREATE INDEX ON t (field)".into()));
+            };
+            if create.unique {
+                return Err(unsupported("CREATE UNIQUE INDEX (the primary key is the unique one)"));
+            }
+            let name = create.name.as_ref().map(simple_name).transpose()?;
+            Ok(Statement::CreateIndex { name, table, field: index_column_name(column)? })
+        }
+        ast::Statement::Drop { object_type, if_exists, names, .. } => {
+            let [name] = names.as_slice() else {
+                return Err(SqlError::Syntax("DROP takes one name".into()));
+            };
+            let name = simple_name(name)?;
+            match object_type {
+                ast::ObjectType::Table => Ok(Statement::DropTable { name, if_exists }),
+                ast::ObjectType::Index => Ok(Statement::DropIndex { name, if_exists }),
+                other => Err(unsupported(format!("DROP {other}"))),
+            }
+        }
         other => {
             let text = other.to_string();
             let statement = text.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
@@ -189,6 +366,46 @@ mod tests {
     }
 
     #[test]
+    fn tables_indexes_and_drops() {
+        let statements = parse(
+            "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, customer BIGINT NOT NULL, tags TEXT[], \
+               note VARCHAR(20), total DOUBLE PRECISION) WITH (durability = 'async');\n\
+             CREATE TABLE users (email text, PRIMARY KEY (email));\n\
+             CREATE INDEX ON orders (customer); CREATE INDEX by_tag ON orders (tags);\n\
+             DROP INDEX IF EXISTS by_tag; DROP TABLE orders; DROP STREAM IF EXISTS clicks; SHOW TABLES",
+        )
+        .unwrap();
+        let Statement::CreateTable { name, if_not_exists, primary_key, columns, durability } = &statements[0] else {
+            panic!("{statements:?}")
+        };
+        assert_eq!((name.as_str(), *if_not_exists, primary_key.as_str()), ("orders", true, "id"));
+        let types: Vec<String> = columns.iter().map(|column| format!("{} {}", column.name, column.ty)).collect();
+        assert_eq!(types, ["id TEXT", "customer BIGINT", "tags TEXT[]", "note TEXT", "total DOUBLE"]);
+        assert!(columns[0].not_null && columns[1].not_null && !columns[2].not_null);
+        assert_eq!(*durability, Some(Durability::Async));
+        assert!(matches!(&statements[1], Statement::CreateTable { primary_key, columns, .. }
+            if primary_key == "email" && columns[0].not_null));
+        assert_eq!(
+            statements[2..],
+            [
+                Statement::CreateIndex { name: None, table: "orders".into(), field: "customer".into() },
+                Statement::CreateIndex { name: Some("by_tag".into()), table: "orders".into(), field: "tags".into() },
+                Statement::DropIndex { name: "by_tag".into(), if_exists: true },
+                Statement::DropTable { name: "orders".into(), if_exists: false },
+                Statement::DropStream { name: "clicks".into(), if_exists: true },
+                Statement::ShowTables,
+            ]
+        );
+        let message = |sql: &str| parse(sql).unwrap_err().to_string();
+        assert!(message("CREATE TABLE t (a TEXT)").contains("needs a PRIMARY KEY"));
+        assert!(message("CREATE TABLE t (a TEXT PRIMARY KEY, b MONEY)").contains("unknown column type"));
+        assert!(message("CREATE TABLE t (a TEXT PRIMARY KEY, b TEXT UNIQUE)").contains("not supported"));
+        assert!(message("CREATE TABLE t (a TEXT PRIMARY KEY) WITH (partitions = 2)").contains("takes durability"));
+        assert!(message("CREATE INDEX ON t (a, b)").contains("one column"));
+        assert!(message("DROP VIEW v").contains("not supported"));
+    }
+
+    #[test]
     fn errors_say_what_is_wrong_and_what_works() {
         let message = |sql: &str| parse(sql).unwrap_err().to_string();
         assert!(message("CREATE STREAM s WITH (colour = 'red')").contains("unknown option \"colour\""));
@@ -197,7 +414,7 @@ mod tests {
         assert!(message("CREATE STREAM s WITH (durability = 'eventually')").contains("\"fsync\" or \"async\""));
         assert!(message("CREATE STREAM a.b").contains("no schemas"));
         let unsupported = message("SELECT * FROM orders");
-        assert!(unsupported.contains("SELECT") && unsupported.contains("CREATE STREAM name"), "{unsupported}");
+        assert!(unsupported.contains("SELECT") && unsupported.contains("CREATE TABLE"), "{unsupported}");
         assert!(message("CREATE STREAM").starts_with("syntax error"));
         assert!(message("CREATE STREAM s s2").contains("expected ;"));
         assert!(message("  ;; ").contains("no statement"));

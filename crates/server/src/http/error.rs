@@ -22,12 +22,15 @@ impl ApiError {
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         let status = match error.code() {
-            "unknown_stream" | "unknown_partition" => StatusCode::NOT_FOUND,
-            "stream_exists" => StatusCode::CONFLICT,
+            "unknown_stream" | "unknown_partition" | "unknown_table" | "unknown_index" | "not_found" => {
+                StatusCode::NOT_FOUND
+            }
+            "stream_exists" | "table_exists" | "name_taken" => StatusCode::CONFLICT,
+            "precondition_failed" => StatusCode::PRECONDITION_FAILED,
             "record_too_large" | "batch_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "offset_before_start" | "offset_past_end" => StatusCode::RANGE_NOT_SATISFIABLE,
             "shutting_down" => StatusCode::SERVICE_UNAVAILABLE,
-            "storage_failed" => StatusCode::INTERNAL_SERVER_ERROR,
+            "storage_failed" | "internal" => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_REQUEST,
         };
         ApiError { status, code: error.code(), message: error.to_string() }

@@ -11,7 +11,8 @@ pub mod error;
 pub mod sql;
 pub mod sse;
 pub mod streams;
-mod time;
+pub mod subscribe;
+pub mod tables;
 pub mod ws;
 
 use std::future::Future;
@@ -35,6 +36,8 @@ pub struct AppState {
     pub body_bytes_max: usize,
     /// `None` when no recorder is installed (tests that build several apps in one process).
     pub metrics: Option<PrometheusHandle>,
+    /// Subscriptions one WebSocket may hold.
+    pub subscriptions_per_socket_max: usize,
 }
 
 impl AppState {
@@ -42,7 +45,7 @@ impl AppState {
     /// `batch_bytes_max`, since an NDJSON envelope escapes its value as JSON.
     pub fn new(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Self {
         let body_bytes_max = engine.options().stream_defaults.batch_bytes_max.saturating_mul(2);
-        AppState { engine, body_bytes_max, metrics }
+        AppState { engine, body_bytes_max, metrics, subscriptions_per_socket_max: ws::SUBSCRIPTIONS_PER_SOCKET_DEFAULT }
     }
 }
 
@@ -71,6 +74,11 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
+        .route("/tables/{table}", get(tables::query_rows))
+        .route(
+            "/tables/{table}/{id}",
+            get(tables::get_row).put(tables::put_row).patch(tables::patch_row).delete(tables::delete_row),
+        )
         .route("/sql", axum::routing::post(sql::run))
         .route_layer(axum::middleware::from_fn(record_request))
         .layer(body_limit)
@@ -79,11 +87,13 @@ pub fn app(state: AppState) -> Router {
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     let streams = state.engine.streams().len();
+    let tables = state.engine.tables().len();
     let partitions = state.engine.log().partitions().len();
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({ "status": "ok", "streams": streams, "partitions": partitions }).to_string(),
+        serde_json::json!({ "status": "ok", "streams": streams, "tables": tables, "partitions": partitions })
+            .to_string(),
     )
 }
 

@@ -1,40 +1,36 @@
-//! Subscriptions over Server-Sent Events: `GET /streams/{s}` with `Accept: text/event-stream`.
+//! Subscriptions over Server-Sent Events: `GET /streams/{s}`, `/tables/{t}` or
+//! `/tables/{t}/{id}` with `Accept: text/event-stream` (see [`super::subscribe`] for filters).
 //!
-//! Each record is an event `record` whose data is the record as JSON (as in reads). Its `id` is
-//! the subscriber's position after it: `partition:offset` of the last delivered record of every
-//! partition (`-1` where none yet), so `0:15` on a one-partition stream. A client that
-//! reconnects with `Last-Event-ID` (browsers do) resumes right after that record, with nothing
-//! missed and nothing repeated. The record's bytes are encoded once and shared by every
-//! subscriber; only the `id` line is written per subscriber.
+//! A stream record is an event `record` whose data is the record as JSON (as in reads); a table
+//! change is an event `insert`, `update` or `delete` (what the change is *to this
+//! subscription's set*) whose data is `{"id","table","op","key","offset","timestamp","row"}`.
+//! With `snapshot=true`, the matching rows come first as `snapshot` events, then one
+//! `snapshot_end`. Every event after the snapshot has an `id`: the subscriber's position after
+//! it, `partition:offset` of the last delivered record of every partition (`-1` where none yet),
+//! so `0:15` on a one-partition stream. A client that reconnects with `Last-Event-ID` (browsers
+//! do) resumes right after that event, with nothing missed and nothing repeated. An event's
+//! bytes are encoded once and shared by every subscriber; only the `id` line is written per
+//! subscriber.
 //!
 //! A subscriber too slow to keep up is sent an `overflow` event with the id to resume from,
 //! and the response ends. A comment line every 15 s keeps idle connections open.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use onehop_engine::hub::{Cursor, Delivery, Event};
-use onehop_engine::subject::SubjectFilter;
-use onehop_engine::{Position, Stream};
-use serde::Deserialize;
+use onehop_engine::hub::{Change, Cursor, Delivery};
+use onehop_engine::{Position, Row, Stream};
 
 use super::AppState;
 use super::error::ApiError;
-use super::streams::{parse_position, record_json};
+use super::streams::parse_position;
+use super::subscribe::{Opened, Params, Target, encode, encode_snapshot_row, open};
 
 /// How often an idle subscription gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SubscribeQuery {
-    pub subject: Option<String>,
-    pub from: Option<String>,
-}
 
 /// Whether the request asks for an event stream.
 pub fn wants_events(headers: &HeaderMap) -> bool {
@@ -70,11 +66,6 @@ fn resume_id(positions: &[u64]) -> String {
     parts.join(",")
 }
 
-/// The record as JSON: the bytes every subscriber and wire format share.
-pub fn encode(event: &Event) -> Bytes {
-    Bytes::from(record_json(event.partition, &event.record).to_string())
-}
-
 /// The starting positions a subscription asks for: a resume id (`Last-Event-ID`, or `from` in
 /// id form), or `from` as earliest/latest/time/offset (offset only on one-partition streams).
 pub fn start_positions(stream: &Stream, from: Option<&str>, resume: Option<&str>) -> Result<Vec<u64>, ApiError> {
@@ -98,33 +89,31 @@ pub fn start_positions(stream: &Stream, from: Option<&str>, resume: Option<&str>
     }
 }
 
-/// A subject filter from a query or a message.
-pub fn parse_filter(subject: Option<String>) -> Result<Option<SubjectFilter>, ApiError> {
-    subject
-        .map(|text| {
-            SubjectFilter::parse(&text)
-                .map_err(|error| ApiError::bad_request("bad_filter", format!("subject={text:?}: {error}")))
-        })
-        .transpose()
-}
-
 /// The id of the subscriber's current position.
 pub fn position_id(cursor: &Cursor) -> String {
     resume_id(cursor.positions())
 }
 
+/// A subscription's response in progress: snapshot rows still to send, then the cursor.
+struct Feed {
+    opened: Opened,
+    snapshot: std::vec::IntoIter<Row>,
+    snapshot_end: bool,
+}
+
+/// `target` as an SSE response.
 pub async fn subscribe(
     state: AppState,
-    name: String,
-    query: SubscribeQuery,
+    target: Target,
+    raw_query: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let stream: Arc<Stream> = state.engine.stream(&name)?;
-    let filter = parse_filter(query.subject)?;
+    let params = Params::parse(raw_query, &target)?;
     let last_event_id = headers.get("last-event-id").and_then(|value| value.to_str().ok());
-    let positions = start_positions(&stream, query.from.as_deref(), last_event_id)?;
-    let cursor = state.engine.subscribe(&stream, filter, positions)?;
-    let events = futures_util::stream::unfold(Some(cursor), next_chunk);
+    let mut opened = open(&state, &target, params, last_event_id)?;
+    let snapshot = opened.snapshot.take();
+    let feed = Feed { snapshot_end: snapshot.is_some(), snapshot: snapshot.unwrap_or_default().into_iter(), opened };
+    let events = futures_util::stream::unfold(Some(feed), next_chunk);
     let mut response = Body::from_stream(events).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -133,29 +122,50 @@ pub async fn subscribe(
     Ok(response)
 }
 
-/// The next piece of the response: an event, a keep-alive, or the final overflow notice.
-async fn next_chunk(cursor: Option<Cursor>) -> Option<(Result<Bytes, Infallible>, Option<Cursor>)> {
-    let mut cursor = cursor?;
+/// The next piece of the response: a snapshot row, an event, a keep-alive, or the final
+/// overflow notice.
+async fn next_chunk(feed: Option<Feed>) -> Option<(Result<Bytes, Infallible>, Option<Feed>)> {
+    let mut feed = feed?;
+    if let Some(row) = feed.snapshot.next() {
+        let table = feed.opened.table.as_deref().unwrap_or_default();
+        let data = encode_snapshot_row(table, &row);
+        let mut chunk = Vec::with_capacity(data.len() + 32);
+        chunk.extend_from_slice(b"event: snapshot\ndata: ");
+        chunk.extend_from_slice(&data);
+        chunk.extend_from_slice(b"\n\n");
+        return Some((Ok(Bytes::from(chunk)), Some(feed)));
+    }
+    if feed.snapshot_end {
+        feed.snapshot_end = false;
+        let id = position_id(&feed.opened.cursor);
+        let chunk = format!("id: {id}\nevent: snapshot_end\ndata: {{\"resume_id\":\"{id}\"}}\n\n");
+        return Some((Ok(Bytes::from(chunk)), Some(feed)));
+    }
+    let cursor = &mut feed.opened.cursor;
     let delivery = match tokio::time::timeout(KEEP_ALIVE, cursor.next()).await {
-        Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(cursor))),
+        Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(feed))),
         Ok(Err(error)) => {
-            // The server is stopping or storage failed: end the stream; the client resumes.
+            // The server is stopping, storage failed or the stream was dropped: end the
+            // response; the client resumes.
             tracing::debug!(%error, "subscription ended");
             return None;
         }
         Ok(Ok(delivery)) => delivery,
     };
     match delivery {
-        Delivery::Event(event) => {
-            let shared = event.encoded(encode);
+        Delivery::Event(event, change) => {
+            let shared = event.encoded(change, encode);
             let id = resume_id(cursor.positions());
+            let name = if change == Change::Record { "record" } else { change.as_str() };
             let mut chunk = Vec::with_capacity(id.len() + shared.len() + 32);
             chunk.extend_from_slice(b"id: ");
             chunk.extend_from_slice(id.as_bytes());
-            chunk.extend_from_slice(b"\nevent: record\ndata: ");
+            chunk.extend_from_slice(b"\nevent: ");
+            chunk.extend_from_slice(name.as_bytes());
+            chunk.extend_from_slice(b"\ndata: ");
             chunk.extend_from_slice(&shared);
             chunk.extend_from_slice(b"\n\n");
-            Some((Ok(Bytes::from(chunk)), Some(cursor)))
+            Some((Ok(Bytes::from(chunk)), Some(feed)))
         }
         Delivery::Overflow { positions } => {
             let id = resume_id(&positions);

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
-use super::time::parse_rfc3339_ms;
+use onehop_engine::units::parse_rfc3339_ms;
 
 /// The request header that overrides a stream's durability for one publish.
 pub const DURABILITY_HEADER: &str = "onehop-durability";
@@ -66,7 +66,7 @@ fn typed_query<T: serde::de::DeserializeOwned>(raw: &str) -> Result<T, ApiError>
     Query::try_from_uri(&uri).map(|Query(query)| query).map_err(query_error)
 }
 
-fn durability(headers: &HeaderMap) -> Result<Option<Durability>, ApiError> {
+pub fn durability(headers: &HeaderMap) -> Result<Option<Durability>, ApiError> {
     let Some(value) = headers.get(DURABILITY_HEADER) else { return Ok(None) };
     let text = value.to_str().unwrap_or_default();
     text.parse().map(Some).map_err(|_| {
@@ -240,19 +240,18 @@ pub async fn read_or_subscribe(
     let raw = raw.unwrap_or_default();
     // Not being a WebSocket handshake is no error: it is a read or an SSE subscription.
     if let Ok(upgrade) = upgrade {
-        let query: super::sse::SubscribeQuery = typed_query(&raw)?;
+        let target = super::subscribe::Target::Stream(name.clone());
         // Refuse a bad first subscription before upgrading, in HTTP.
+        let params = super::subscribe::Params::parse(&raw, &target)?;
         state.engine.stream(&name)?;
-        super::sse::parse_filter(query.subject.clone())?;
-        let request =
-            super::ws::Request { subscription: "url".into(), stream: name, subject: query.subject, from: query.from };
+        let request = super::ws::Request { subscription: "url".into(), target, params };
+        let max = state.subscriptions_per_socket_max;
         return Ok(super::ws::configure(upgrade)
-            .on_upgrade(move |socket| super::ws::serve(state, socket, Some(request)))
+            .on_upgrade(move |socket| super::ws::serve(state, socket, Some(request), max))
             .into_response());
     }
     if super::sse::wants_events(&headers) {
-        let query: super::sse::SubscribeQuery = typed_query(&raw)?;
-        return super::sse::subscribe(state, name, query, &headers).await;
+        return super::sse::subscribe(state, super::subscribe::Target::Stream(name), &raw, &headers).await;
     }
     let query: ReadQuery = typed_query(&raw)?;
     Ok(read(state, name, query).await?.into_response())

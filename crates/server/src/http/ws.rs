@@ -1,20 +1,24 @@
-//! Subscriptions over WebSocket: a stream's URL with an upgrade, one socket for many
+//! Subscriptions over WebSocket: a stream's or table's URL with an upgrade, one socket for many
 //! subscriptions.
 //!
 //! The URL's own subscription starts at once, named `url`. The client adds and removes others
-//! with JSON messages:
+//! with JSON messages, naming what to follow by URL (as SSE would) or, for a stream, by fields:
 //!
 //! ```text
-//! → {"op":"subscribe","subscription":"s1","stream":"scores","subject":"scores/+","from":"latest"}
+//! → {"op":"subscribe","subscription":"s1","url":"/tables/orders?customer=42&snapshot=true"}
+//! → {"op":"subscribe","subscription":"s2","stream":"scores","subject":"scores/+","from":"latest"}
 //! ← {"type":"subscribed","subscription":"s1"}
-//! ← {"type":"record","subscription":"s1","id":"0:5","record":{…}}
+//! ← {"type":"snapshot","subscription":"s1","change":{"op":"snapshot",…}}   (snapshot rows)
+//! ← {"type":"snapshot_end","subscription":"s1","id":"0:41"}
+//! ← {"type":"change","subscription":"s1","id":"0:42","change":{"op":"update",…}}
+//! ← {"type":"record","subscription":"s2","id":"0:5","record":{…}}
 //! → {"op":"unsubscribe","subscription":"s1"}
 //! ← {"type":"unsubscribed","subscription":"s1"}
 //! ← {"type":"error","subscription":"s1","code":"…","message":"…"}
 //! ← {"type":"overflow","subscription":"s1","resume_id":"0:5"}
 //! ```
 //!
-//! `id` is the subscription's position after the record (as SSE ids); `from` accepts it to
+//! `id` is the subscription's position after the event (as SSE ids); `from` accepts it to
 //! resume. The record bytes are the ones SSE sends, encoded once per event. Each subscription is
 //! a task feeding one bounded outbox per socket: a socket that does not drain stops its tasks,
 //! their hub queues fill, and each is cut off with an `overflow` message to resume from.
@@ -23,7 +27,7 @@ use std::collections::HashMap;
 
 use axum::extract::ws::{Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
-use onehop_engine::hub::{Cursor, Delivery};
+use onehop_engine::hub::{Change, Delivery};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -31,10 +35,11 @@ use tokio::task::JoinHandle;
 
 use super::AppState;
 use super::error::ApiError;
-use super::sse::{encode, parse_filter, position_id, start_positions};
+use super::sse::position_id;
+use super::subscribe::{Opened, Params, Target, encode, encode_snapshot_row, open};
 
-/// Subscriptions one socket may hold.
-pub const SUBSCRIPTIONS_PER_SOCKET_MAX: usize = 100;
+/// Subscriptions one socket may hold unless configured otherwise.
+pub const SUBSCRIPTIONS_PER_SOCKET_DEFAULT: usize = 100;
 /// Messages waiting to be written to one socket.
 const OUTBOX_MESSAGES: usize = 256;
 /// The longest client message accepted (commands are small).
@@ -43,8 +48,16 @@ const COMMAND_BYTES_MAX: usize = 64 * 1024;
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 enum Command {
-    Subscribe { subscription: String, stream: String, subject: Option<String>, from: Option<String> },
-    Unsubscribe { subscription: String },
+    Subscribe {
+        subscription: String,
+        url: Option<String>,
+        stream: Option<String>,
+        subject: Option<String>,
+        from: Option<String>,
+    },
+    Unsubscribe {
+        subscription: String,
+    },
 }
 
 /// Socket buffers: the library's defaults (128 KiB each way) would make 10 000 idle
@@ -62,12 +75,65 @@ pub fn configure(upgrade: axum::extract::ws::WebSocketUpgrade) -> axum::extract:
         .max_frame_size(COMMAND_BYTES_MAX)
 }
 
-/// A subscription to start: which stream, from where, through which filter.
+/// A subscription to start: what to follow, through which filter, from where.
 pub struct Request {
     pub subscription: String,
-    pub stream: String,
-    pub subject: Option<String>,
-    pub from: Option<String>,
+    pub target: Target,
+    pub params: Params,
+}
+
+impl Request {
+    /// A request from a subscribe command: a `url`, or a `stream` with `subject` and `from`.
+    fn from_command(
+        subscription: String,
+        url: Option<String>,
+        stream: Option<String>,
+        subject: Option<String>,
+        from: Option<String>,
+    ) -> Result<Request, ApiError> {
+        match (url, stream) {
+            (Some(url), None) if subject.is_none() && from.is_none() => {
+                let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+                let target = Target::from_path(path)?;
+                let params = Params::parse(query, &target)?;
+                Ok(Request { subscription, target, params })
+            }
+            (None, Some(stream)) => {
+                let target = Target::Stream(stream);
+                let mut query = Vec::new();
+                if let Some(subject) = subject {
+                    query.push(("subject", subject));
+                }
+                if let Some(from) = from {
+                    query.push(("from", from));
+                }
+                let raw = query
+                    .iter()
+                    .map(|(name, value)| format!("{name}={}", encode_component(value)))
+                    .collect::<Vec<_>>()
+                    .join("&");
+                let params = Params::parse(&raw, &target)?;
+                Ok(Request { subscription, target, params })
+            }
+            _ => Err(ApiError::bad_request(
+                "bad_command",
+                "a subscribe command names a url (with its filter and from in the query), or a stream",
+            )),
+        }
+    }
+}
+
+/// Percent-encodes a query value.
+fn encode_component(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 fn error_message(subscription: Option<&str>, error: &ApiError) -> Message {
@@ -75,33 +141,50 @@ fn error_message(subscription: Option<&str>, error: &ApiError) -> Message {
     Message::Text(body.to_string().into())
 }
 
-/// Starts a subscription's cursor; refusals come back as the error to send.
-fn open(state: &AppState, request: &Request) -> Result<Cursor, ApiError> {
-    let stream = state.engine.stream(&request.stream)?;
-    let filter = parse_filter(request.subject.clone())?;
-    let positions = start_positions(&stream, request.from.as_deref(), None)?;
-    Ok(state.engine.subscribe(&stream, filter, positions)?)
-}
-
-/// Feeds one subscription's records into the socket's outbox until the socket goes away or the
-/// subscriber is cut off.
-async fn run_subscription(mut cursor: Cursor, name: String, outbox: mpsc::Sender<Message>) {
-    let prefix = format!("{{\"type\":\"record\",\"subscription\":{},\"id\":", json!(name));
+/// Feeds one subscription's snapshot and events into the socket's outbox until the socket goes
+/// away or the subscriber is cut off.
+async fn run_subscription(mut opened: Opened, name: String, outbox: mpsc::Sender<Message>) {
+    let subscription = json!(name).to_string();
+    if let Some(rows) = opened.snapshot.take() {
+        let table = opened.table.clone().unwrap_or_default();
+        for row in rows {
+            let change = encode_snapshot_row(&table, &row);
+            let text = format!(
+                "{{\"type\":\"snapshot\",\"subscription\":{subscription},\"change\":{}}}",
+                std::str::from_utf8(&change).expect("JSON is UTF-8")
+            );
+            if outbox.send(Message::Text(Utf8Bytes::from(text))).await.is_err() {
+                return;
+            }
+        }
+        let end = json!({ "type": "snapshot_end", "subscription": name, "id": position_id(&opened.cursor) });
+        if outbox.send(Message::Text(end.to_string().into())).await.is_err() {
+            return;
+        }
+    }
+    let cursor = &mut opened.cursor;
     loop {
         let message = match cursor.next().await {
-            Ok(Delivery::Event(event)) => {
-                let record = event.encoded(encode);
-                let id = json!(position_id(&cursor)).to_string();
-                let mut text = String::with_capacity(prefix.len() + id.len() + record.len() + 12);
-                text.push_str(&prefix);
+            Ok(Delivery::Event(event, change)) => {
+                let shared = event.encoded(change, encode);
+                let id = json!(position_id(cursor)).to_string();
+                let kind = if change == Change::Record { "record" } else { "change" };
+                let mut text = String::with_capacity(subscription.len() + id.len() + shared.len() + 48);
+                text.push_str("{\"type\":\"");
+                text.push_str(kind);
+                text.push_str("\",\"subscription\":");
+                text.push_str(&subscription);
+                text.push_str(",\"id\":");
                 text.push_str(&id);
-                text.push_str(",\"record\":");
-                text.push_str(std::str::from_utf8(&record).expect("record JSON is UTF-8"));
+                text.push_str(",\"");
+                text.push_str(kind);
+                text.push_str("\":");
+                text.push_str(std::str::from_utf8(&shared).expect("JSON is UTF-8"));
                 text.push('}');
                 Message::Text(Utf8Bytes::from(text))
             }
             Ok(Delivery::Overflow { .. }) => {
-                let body = json!({ "type": "overflow", "subscription": name, "resume_id": position_id(&cursor) });
+                let body = json!({ "type": "overflow", "subscription": name, "resume_id": position_id(cursor) });
                 let _ = outbox.send(Message::Text(body.to_string().into())).await;
                 return;
             }
@@ -118,7 +201,7 @@ async fn run_subscription(mut cursor: Cursor, name: String, outbox: mpsc::Sender
 }
 
 /// Serves one socket until the client closes it.
-pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>) {
+pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>, subscriptions_max: usize) {
     let (mut sink, mut incoming) = socket.split();
     let (outbox, mut outgoing) = mpsc::channel::<Message>(OUTBOX_MESSAGES);
     let mut subscriptions: HashMap<String, JoinHandle<()>> = HashMap::new();
@@ -131,16 +214,18 @@ pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>)
             return error_message(Some(&request.subscription), &error);
         }
         subscriptions.retain(|_, task| !task.is_finished());
-        if subscriptions.len() >= SUBSCRIPTIONS_PER_SOCKET_MAX {
+        if subscriptions.len() >= subscriptions_max {
             let error = ApiError::bad_request(
                 "too_many_subscriptions",
-                format!("a socket holds at most {SUBSCRIPTIONS_PER_SOCKET_MAX} subscriptions"),
+                format!(
+                    "a socket holds at most {subscriptions_max} subscriptions (setting subscriptions_per_socket_max)"
+                ),
             );
             return error_message(Some(&request.subscription), &error);
         }
-        match open(&state, &request) {
-            Ok(cursor) => {
-                let task = tokio::spawn(run_subscription(cursor, request.subscription.clone(), outbox.clone()));
+        match open(&state, &request.target, request.params, None) {
+            Ok(opened) => {
+                let task = tokio::spawn(run_subscription(opened, request.subscription.clone(), outbox.clone()));
                 subscriptions.insert(request.subscription.clone(), task);
                 Message::Text(json!({ "type": "subscribed", "subscription": request.subscription }).to_string().into())
             }
@@ -165,8 +250,11 @@ pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>)
                 let answer = match incoming {
                     Some(Ok(Message::Text(text))) if text.len() <= COMMAND_BYTES_MAX => {
                         match serde_json::from_str::<Command>(&text) {
-                            Ok(Command::Subscribe { subscription, stream, subject, from }) => {
-                                subscribe(Request { subscription, stream, subject, from }, &mut subscriptions)
+                            Ok(Command::Subscribe { subscription, url, stream, subject, from }) => {
+                                match Request::from_command(subscription.clone(), url, stream, subject, from) {
+                                    Ok(request) => subscribe(request, &mut subscriptions),
+                                    Err(error) => error_message(Some(&subscription), &error),
+                                }
                             }
                             Ok(Command::Unsubscribe { subscription }) => match subscriptions.remove(&subscription) {
                                 Some(task) => {

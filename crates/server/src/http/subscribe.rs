@@ -1,0 +1,238 @@
+//! What SSE and WebSocket subscriptions share: the URL of what to follow, the filter in its
+//! query, where to start, a table's snapshot, and the JSON of each event.
+//!
+//! | URL | follows |
+//! |-----|---------|
+//! | `/streams/{s}?subject=a/+&team=red` | records whose subject matches and whose JSON value has `team` = `red` |
+//! | `/tables/{t}?customer=42` | rows entering, changing in and leaving the set `customer = 42` |
+//! | `/tables/{t}/{id}` | one row |
+//!
+//! Query parameters other than `subject`, `from` and `snapshot` (and the read parameters
+//! `limit`, `partition`, `after`, `scan`, refused here) are `field=value` conditions
+//! (all must hold; an array field matches when an element does). `from` is `latest` (the
+//! default), `earliest`, an offset, an RFC 3339 time or an event id. `snapshot=true` on a table
+//! sends the matching rows first, then the changes after them.
+
+use axum::body::Bytes;
+use axum::extract::Query;
+use onehop_engine::hub::{Change, Cursor, Event};
+use onehop_engine::subject::SubjectFilter;
+use onehop_engine::{Filter, Row, Stream};
+use serde_json::json;
+
+use super::AppState;
+use super::error::ApiError;
+use super::sse::start_positions;
+use super::streams::record_json;
+
+/// What a subscription follows.
+#[derive(Clone, Debug)]
+pub enum Target {
+    Stream(String),
+    Table(String),
+    Row { table: String, id: String },
+}
+
+impl Target {
+    /// The target a URL path names: `/streams/{s}`, `/tables/{t}` or `/tables/{t}/{id}`.
+    pub fn from_path(path: &str) -> Result<Target, ApiError> {
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let decode = |part: &str| {
+            percent_decode(part).ok_or_else(|| ApiError::bad_request("bad_url", format!("{part:?} is not valid UTF-8")))
+        };
+        match parts.as_slice() {
+            ["streams", name] => Ok(Target::Stream(decode(name)?)),
+            ["tables", name] => Ok(Target::Table(decode(name)?)),
+            ["tables", name, id] => Ok(Target::Row { table: decode(name)?, id: decode(id)? }),
+            _ => Err(ApiError::bad_request(
+                "bad_url",
+                format!(
+                    "{path:?} names nothing to subscribe to: use /streams/{{s}}, /tables/{{t}} or /tables/{{t}}/{{id}}"
+                ),
+            )),
+        }
+    }
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            if i + 3 > bytes.len() {
+                return None;
+            }
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A subscription's query: its filter, start and snapshot wish.
+#[derive(Clone, Debug, Default)]
+pub struct Params {
+    pub filter: Filter,
+    pub from: Option<String>,
+    pub snapshot: bool,
+}
+
+impl Params {
+    /// Parses a raw query string for a subscription to `target`.
+    pub fn parse(raw: &str, target: &Target) -> Result<Params, ApiError> {
+        let uri: axum::http::Uri = format!("/?{raw}")
+            .parse()
+            .map_err(|_| ApiError::bad_request("bad_query", "the query string is not valid in a URL"))?;
+        let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(&uri)
+            .map_err(|rejection| ApiError::bad_request("bad_query", rejection.body_text()))?;
+        let mut params = Params::default();
+        for (name, value) in pairs {
+            match name.as_str() {
+                "from" => params.from = Some(value),
+                "subject" => {
+                    if !matches!(target, Target::Stream(_)) {
+                        return Err(ApiError::bad_request(
+                            "bad_filter",
+                            "table rows have no subject; filter them with field=value",
+                        ));
+                    }
+                    params.filter.subject =
+                        Some(SubjectFilter::parse(&value).map_err(|error| {
+                            ApiError::bad_request("bad_filter", format!("subject={value:?}: {error}"))
+                        })?);
+                }
+                "snapshot" => {
+                    if matches!(target, Target::Stream(_)) {
+                        return Err(ApiError::bad_request(
+                            "bad_query",
+                            "snapshot=true is for tables; a stream replays its history with from=earliest",
+                        ));
+                    }
+                    params.snapshot = match value.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        other => {
+                            return Err(ApiError::bad_request(
+                                "bad_query",
+                                format!("snapshot must be true or false, not {other:?}"),
+                            ));
+                        }
+                    };
+                }
+                "limit" | "partition" | "after" | "scan" => {
+                    return Err(ApiError::bad_request(
+                        "bad_query",
+                        format!("{name} is for reads; a subscription takes from, snapshot, subject and field=value"),
+                    ));
+                }
+                field => params.filter = params.filter.with_condition(field, &value)?,
+            }
+        }
+        if params.snapshot && params.from.is_some() {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                "snapshot=true starts from the snapshot; to resume after it, use from (or Last-Event-ID) alone",
+            ));
+        }
+        if let Target::Row { id, .. } = target {
+            params.filter.key = Some(Bytes::from(id.clone()));
+        }
+        Ok(params)
+    }
+}
+
+/// A started subscription: the rows of its snapshot (if asked for) and the cursor that follows.
+pub struct Opened {
+    pub cursor: Cursor,
+    /// For a table: its name, and the snapshot rows when `snapshot=true`.
+    pub table: Option<String>,
+    pub snapshot: Option<Vec<Row>>,
+}
+
+/// Starts a subscription. `resume` is a `Last-Event-ID`.
+pub fn open(state: &AppState, target: &Target, params: Params, resume: Option<&str>) -> Result<Opened, ApiError> {
+    match target {
+        Target::Stream(name) => {
+            let stream = state.engine.stream(name)?;
+            let positions = start_positions(&stream, params.from.as_deref(), resume)?;
+            let cursor = state.engine.subscribe(&stream, params.filter, positions)?;
+            Ok(Opened { cursor, table: None, snapshot: None })
+        }
+        Target::Table(name) | Target::Row { table: name, .. } => {
+            let table = state.engine.table(name)?;
+            if params.snapshot && resume.is_none() {
+                let (rows, next) = table.snapshot(&params.filter);
+                let cursor = state.engine.subscribe(table.storage(), params.filter, vec![next])?;
+                return Ok(Opened { cursor, table: Some(name.clone()), snapshot: Some(rows) });
+            }
+            let storage: &std::sync::Arc<Stream> = table.storage();
+            let positions = start_positions(storage, params.from.as_deref(), resume)?;
+            let cursor = state.engine.subscribe(storage, params.filter, positions)?;
+            Ok(Opened { cursor, table: Some(name.clone()), snapshot: None })
+        }
+    }
+}
+
+/// A table change as JSON: `{"id","table","op","key","offset","timestamp","row"}`; `row` is the
+/// row after the change (null when deleted).
+fn change_json(table: &str, key: &[u8], op: &str, offset: u64, timestamp_ms: i64, row: Option<&[u8]>) -> Bytes {
+    let row = row.map_or("null", |row| std::str::from_utf8(row).unwrap_or("null"));
+    let text = format!(
+        "{{\"id\":\"0:{offset}\",\"table\":{},\"op\":\"{op}\",\"key\":{},\"offset\":{offset},\"timestamp\":{timestamp_ms},\"row\":{row}}}",
+        json!(table),
+        json!(String::from_utf8_lossy(key)),
+    );
+    Bytes::from(text)
+}
+
+/// The JSON of an event, shared by every subscriber and wire format: a stream record as reads
+/// return it, or a table change.
+pub fn encode(event: &Event, change: Change) -> Bytes {
+    if !event.table {
+        return Bytes::from(record_json(event.partition, &event.record).to_string());
+    }
+    let record = &event.record;
+    change_json(
+        &event.stream,
+        record.key.as_deref().unwrap_or_default(),
+        change.as_str(),
+        record.offset,
+        record.timestamp_ms,
+        record.value.as_deref(),
+    )
+}
+
+/// A snapshot row as JSON, shaped like a change with `"op":"snapshot"`.
+pub fn encode_snapshot_row(table: &str, row: &Row) -> Bytes {
+    change_json(table, row.id.as_bytes(), "snapshot", row.offset, row.timestamp_ms, Some(&row.json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_params_parse() {
+        assert!(matches!(Target::from_path("/tables/orders/o%201"), Ok(Target::Row { id, .. }) if id == "o 1"));
+        assert!(matches!(Target::from_path("/streams/s"), Ok(Target::Stream(name)) if name == "s"));
+        assert!(Target::from_path("/views/v").is_err());
+        let table = Target::Table("t".into());
+        let params = Params::parse("customer=42&tags=a%20b&snapshot=true", &table).unwrap();
+        assert!(params.snapshot);
+        assert_eq!(params.filter.conditions.len(), 2);
+        assert_eq!(params.filter.conditions[1].value, "a b");
+        assert_eq!(Params::parse("subject=a/b", &table).unwrap_err().code, "bad_filter");
+        assert_eq!(Params::parse("bad%20field=1", &table).unwrap_err().code, "bad_filter");
+        assert_eq!(Params::parse("snapshot=maybe", &table).unwrap_err().code, "bad_query");
+        let stream = Target::Stream("s".into());
+        assert_eq!(Params::parse("subject=a/%23/b", &stream).unwrap_err().code, "bad_filter");
+        assert_eq!(Params::parse("snapshot=true", &stream).unwrap_err().code, "bad_query");
+        let row = Target::Row { table: "t".into(), id: "o1".into() };
+        assert_eq!(Params::parse("", &row).unwrap().filter.key.as_deref(), Some(&b"o1"[..]));
+    }
+}

@@ -1,0 +1,317 @@
+//! Tables over REST: `PUT|PATCH|GET|DELETE /tables/{t}/{id}` and `GET /tables/{t}?field=value`.
+//!
+//! A row is a JSON object. `PUT` replaces it (creating it if need be), `PATCH` applies a JSON
+//! merge patch (RFC 7386) to an existing row, `DELETE` removes it. Every answer about one row
+//! carries its version (the offset of the change that wrote it) as `ETag`; `If-Match: "N"`
+//! makes a write conditional on that version, `If-Match: *` on the row existing and
+//! `If-None-Match: *` on it not existing (412 otherwise, and nothing is written). A write is
+//! answered once it is durable (`Onehop-Durability` as for streams) and visible to reads.
+//!
+//! `GET /tables/{t}?customer=42&limit=N&after={id}` lists matching rows in id order from an
+//! index; a condition on a field without one is refused with the `CREATE INDEX` that would
+//! serve it, unless `scan=true`. The same URLs with `Accept: text/event-stream` or a WebSocket
+//! upgrade subscribe (see [`super::subscribe`]).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use onehop_engine::filter::Condition;
+use onehop_engine::{Precondition, Row, Write, Written};
+use serde_json::{Map, Value, json};
+
+use super::AppState;
+use super::error::ApiError;
+use super::streams::durability;
+use super::subscribe::{Params, Target};
+
+type Upgrade = Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>;
+
+/// Rows a query returns when it does not say.
+const QUERY_LIMIT_DEFAULT: usize = 100;
+
+fn etag(offset: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{offset}\"")).expect("digits are a valid header")
+}
+
+/// The version an `If-Match` / `If-None-Match` names: `"17"`, `W/"17"` or `17`.
+fn parse_version(text: &str) -> Option<u64> {
+    let text = text.trim().trim_start_matches("W/");
+    text.trim_matches('"').parse().ok()
+}
+
+fn precondition(headers: &HeaderMap) -> Result<Precondition, ApiError> {
+    let header_text = |name: header::HeaderName| -> Result<Option<String>, ApiError> {
+        headers
+            .get(&name)
+            .map(|value| {
+                value
+                    .to_str()
+                    .map(str::to_string)
+                    .map_err(|_| ApiError::bad_request("bad_precondition", format!("{name} is not text")))
+            })
+            .transpose()
+    };
+    match (header_text(header::IF_MATCH)?, header_text(header::IF_NONE_MATCH)?) {
+        (None, None) => Ok(Precondition::None),
+        (Some(_), Some(_)) => {
+            Err(ApiError::bad_request("bad_precondition", "send If-Match or If-None-Match, not both"))
+        }
+        (Some(value), None) if value.trim() == "*" => Ok(Precondition::Exists),
+        (Some(value), None) => parse_version(&value).map(Precondition::Version).ok_or_else(|| {
+            ApiError::bad_request(
+                "bad_precondition",
+                format!("If-Match {value:?}: expected one ETag such as \"17\" (a row's version), or *"),
+            )
+        }),
+        (None, Some(value)) if value.trim() == "*" => Ok(Precondition::Missing),
+        (None, Some(value)) => Err(ApiError::bad_request(
+            "bad_precondition",
+            format!("If-None-Match {value:?}: on a write, only * (create only) is supported"),
+        )),
+    }
+}
+
+fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| ApiError {
+        status: rejection.status(),
+        code: if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_body" },
+        message: format!("{} (the limit is {} bytes)", rejection.body_text(), state.body_bytes_max),
+    })
+}
+
+fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(other) => Err(ApiError::bad_request("bad_json", format!("a row is a JSON object, not {}", kind_of(&other)))),
+        Err(error) => Err(ApiError::bad_request("bad_json", format!("the body is not JSON: {error}"))),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The answer to a write: status, ETag and `{"table","id","offset","row"}`.
+fn written(table: &str, id: &str, written: Written) -> Response {
+    let status = if written.created { StatusCode::CREATED } else { StatusCode::OK };
+    let row = written.row.as_ref().map_or("null".to_string(), |row| String::from_utf8_lossy(&row.json).into_owned());
+    let body =
+        format!("{{\"table\":{},\"id\":{},\"offset\":{},\"row\":{row}}}", json!(table), json!(id), written.offset);
+    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if written.row.is_some() {
+        response.headers_mut().insert(header::ETAG, etag(written.offset));
+    }
+    response
+}
+
+async fn write(
+    state: AppState,
+    table: String,
+    id: String,
+    headers: HeaderMap,
+    write: Write,
+) -> Result<Response, ApiError> {
+    let precondition = precondition(&headers)?;
+    let durability = durability(&headers)?;
+    let handle = state.engine.table(&table)?;
+    let done = handle.write(&id, write, precondition, durability).await?;
+    Ok(written(&table, &id, done))
+}
+
+pub async fn put_row(
+    State(state): State<AppState>,
+    Path((table, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let row = json_object(&body_bytes(&state, body)?)?;
+    write(state, table, id, headers, Write::Put(row)).await
+}
+
+pub async fn patch_row(
+    State(state): State<AppState>,
+    Path((table, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let patch = json_object(&body_bytes(&state, body)?)?;
+    write(state, table, id, headers, Write::Patch(patch)).await
+}
+
+pub async fn delete_row(
+    State(state): State<AppState>,
+    Path((table, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    write(state, table, id, headers, Write::Delete).await
+}
+
+/// A WebSocket or SSE subscription to `target` when the request asks for one.
+async fn maybe_subscribe(
+    state: &AppState,
+    target: Target,
+    raw: &str,
+    headers: &HeaderMap,
+    upgrade: Upgrade,
+) -> Result<Option<Response>, ApiError> {
+    if let Ok(upgrade) = upgrade {
+        // Refuse a bad first subscription before upgrading, in HTTP.
+        let params = Params::parse(raw, &target)?;
+        match &target {
+            Target::Stream(name) => drop(state.engine.stream(name)?),
+            Target::Table(name) | Target::Row { table: name, .. } => drop(state.engine.table(name)?),
+        }
+        let request = super::ws::Request { subscription: "url".into(), target, params };
+        let state = state.clone();
+        let max = state.subscriptions_per_socket_max;
+        return Ok(Some(
+            super::ws::configure(upgrade)
+                .on_upgrade(move |socket| super::ws::serve(state, socket, Some(request), max))
+                .into_response(),
+        ));
+    }
+    if super::sse::wants_events(headers) {
+        return Ok(Some(super::sse::subscribe(state.clone(), target, raw, headers).await?));
+    }
+    Ok(None)
+}
+
+/// `GET /tables/{t}/{id}`: the row (or a subscription to it).
+pub async fn get_row(
+    State(state): State<AppState>,
+    Path((table, id)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    upgrade: Upgrade,
+) -> Result<Response, ApiError> {
+    let raw = raw.unwrap_or_default();
+    let target = Target::Row { table: table.clone(), id: id.clone() };
+    if let Some(response) = maybe_subscribe(&state, target, &raw, &headers, upgrade).await? {
+        return Ok(response);
+    }
+    if !raw.is_empty() {
+        return Err(ApiError::bad_request("bad_query", "reading one row takes no query parameters"));
+    }
+    let handle = state.engine.table(&table)?;
+    let Some(row) = handle.get(&id) else {
+        return Err(onehop_engine::EngineError::RowNotFound { table, id }.into());
+    };
+    let unchanged = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(parse_version)
+        .is_some_and(|version| version == row.offset);
+    if unchanged {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag(row.offset))]).into_response());
+    }
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), (header::ETAG, etag(row.offset))],
+        row.json.clone(),
+    )
+        .into_response())
+}
+
+/// `GET /tables/{t}?…`: matching rows (or a subscription to them).
+pub async fn query_rows(
+    State(state): State<AppState>,
+    Path(table): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    upgrade: Upgrade,
+) -> Result<Response, ApiError> {
+    let raw = raw.unwrap_or_default();
+    if let Some(response) = maybe_subscribe(&state, Target::Table(table.clone()), &raw, &headers, upgrade).await? {
+        return Ok(response);
+    }
+    let uri: axum::http::Uri = format!("/?{raw}")
+        .parse()
+        .map_err(|_| ApiError::bad_request("bad_query", "the query string is not valid in a URL"))?;
+    let axum::extract::Query(pairs) = axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
+        .map_err(|rejection| ApiError::bad_request("bad_query", rejection.body_text()))?;
+    let (mut limit, mut after, mut scan, mut conditions) = (QUERY_LIMIT_DEFAULT, None, false, Vec::new());
+    for (name, value) in pairs {
+        match name.as_str() {
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| (1..=onehop_engine::table::QUERY_LIMIT_MAX).contains(&n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "bad_limit",
+                            format!("limit must be between 1 and {}", onehop_engine::table::QUERY_LIMIT_MAX),
+                        )
+                    })?;
+            }
+            "after" => after = Some(value),
+            "scan" => {
+                scan = match value.as_str() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    other => {
+                        return Err(ApiError::bad_request(
+                            "bad_query",
+                            format!("scan must be true or false, not {other:?}"),
+                        ));
+                    }
+                }
+            }
+            "from" | "snapshot" | "subject" => {
+                return Err(ApiError::bad_request(
+                    "bad_query",
+                    format!("{name} is for subscriptions (Accept: text/event-stream or a WebSocket upgrade)"),
+                ));
+            }
+            field => conditions.push(Condition::new(field, &value)?),
+        }
+    }
+    let handle = state.engine.table(&table)?;
+    let page = handle.query(&conditions, after.as_deref(), limit, scan)?;
+    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], page_json(&table, &page.rows, page.next_after))
+        .into_response())
+}
+
+/// `{"table","rows":[…],"next_after"}` with each row's stored JSON as it is.
+fn page_json(table: &str, rows: &[Row], next_after: Option<String>) -> Vec<u8> {
+    let mut body = Vec::with_capacity(64 + rows.iter().map(|row| row.json.len() + 1).sum::<usize>());
+    body.extend_from_slice(format!("{{\"table\":{},\"rows\":[", json!(table)).as_bytes());
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&row.json);
+    }
+    body.extend_from_slice(format!("],\"next_after\":{}}}", json!(next_after)).as_bytes());
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preconditions_parse() {
+        let headers = |name: &'static str, value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(name, HeaderValue::from_static(value));
+            headers
+        };
+        assert_eq!(precondition(&HeaderMap::new()).unwrap(), Precondition::None);
+        assert_eq!(precondition(&headers("if-match", "\"17\"")).unwrap(), Precondition::Version(17));
+        assert_eq!(precondition(&headers("if-match", "W/\"17\"")).unwrap(), Precondition::Version(17));
+        assert_eq!(precondition(&headers("if-match", "*")).unwrap(), Precondition::Exists);
+        assert_eq!(precondition(&headers("if-none-match", "*")).unwrap(), Precondition::Missing);
+        assert_eq!(precondition(&headers("if-match", "\"abc\"")).unwrap_err().code, "bad_precondition");
+        assert_eq!(precondition(&headers("if-none-match", "\"1\"")).unwrap_err().code, "bad_precondition");
+    }
+}
