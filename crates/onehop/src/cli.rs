@@ -94,6 +94,20 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_AUTO_CREATE", value_name = "BOOL")]
     pub auto_create: Option<bool>,
 
+    /// Most HTTP connections open at once (subscriptions included); more are answered 503
+    /// [default: 20000].
+    #[arg(long, env = "ONEHOP_CONNECTIONS_MAX", value_name = "N")]
+    pub connections_max: Option<usize>,
+
+    /// Most subscriptions one WebSocket may hold [default: 100].
+    #[arg(long, env = "ONEHOP_SUBSCRIPTIONS_PER_SOCKET_MAX", value_name = "N")]
+    pub subscriptions_per_socket_max: Option<usize>,
+
+    /// Events a subscriber may have waiting before it is cut off with a resume id
+    /// [default: 1024].
+    #[arg(long, env = "ONEHOP_SUBSCRIBER_QUEUE", value_name = "EVENTS")]
+    pub subscriber_queue: Option<usize>,
+
     /// How often retention and compaction run, in seconds [default: 30].
     #[arg(long, env = "ONEHOP_MAINTENANCE_INTERVAL_S", value_name = "SECONDS")]
     pub maintenance_interval_s: Option<u64>,

@@ -51,7 +51,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         stream_defaults: settings.stream_defaults.clone(),
         default_partitions: 1,
         auto_create: settings.auto_create,
-        ..EngineOptions::default()
+        subscriber_queue_capacity: settings.subscriber_queue,
     };
     let engine = {
         let log = log.clone();
@@ -72,8 +72,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(%address, "listening on a non-loopback address: reachable from other machines");
     }
     tracing::info!(%address, "listening on http://{address}");
-    let state = AppState::new(engine.clone(), Some(metrics));
-    serve_http(listener, state, shutdown).await.context("HTTP server")?;
+    let mut state = AppState::new(engine.clone(), Some(metrics));
+    state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
+    serve_http(listener, state, settings.connections_max, shutdown).await.context("HTTP server")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
     tracing::info!("shutting down: flushing the log");

@@ -17,6 +17,9 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_CONFIG_FILE: &str = "onehop.toml";
 const DEFAULT_MAINTENANCE_INTERVAL_S: u64 = 30;
 const DEFAULT_LOG_FILTER: &str = "info";
+const DEFAULT_CONNECTIONS_MAX: usize = 20_000;
+const DEFAULT_SUBSCRIPTIONS_PER_SOCKET_MAX: usize = 100;
+const DEFAULT_SUBSCRIBER_QUEUE: usize = 1024;
 
 /// A size in the config file: a number of bytes or a string such as "64MiB".
 #[derive(Deserialize, Debug, Clone)]
@@ -49,6 +52,9 @@ struct FileSettings {
     batch_bytes_max: Option<Size>,
     maintenance_interval_s: Option<u64>,
     auto_create: Option<bool>,
+    connections_max: Option<usize>,
+    subscriptions_per_socket_max: Option<usize>,
+    subscriber_queue: Option<usize>,
     schema: Option<PathBuf>,
     log: Option<String>,
 }
@@ -63,6 +69,12 @@ pub struct Settings {
     pub maintenance_interval: Duration,
     /// Create streams on their first publish.
     pub auto_create: bool,
+    /// Most HTTP connections at once.
+    pub connections_max: usize,
+    /// Most subscriptions per WebSocket.
+    pub subscriptions_per_socket_max: usize,
+    /// Events a subscriber may have queued before it is cut off.
+    pub subscriber_queue: usize,
     /// SQL applied at start.
     pub schema: Option<PathBuf>,
     pub log_filter: String,
@@ -133,7 +145,32 @@ impl Settings {
         if maintenance_interval_s == 0 {
             bail!("maintenance_interval_s must be at least 1");
         }
+        let count = |flag: Option<usize>, from_file: Option<usize>, key: &str, default: usize| {
+            let value = flag.or(from_file).unwrap_or(default);
+            if value == 0 {
+                bail!("{key} must be at least 1");
+            }
+            Ok(value)
+        };
         Ok(Settings {
+            connections_max: count(
+                args.connections_max,
+                file.connections_max,
+                "connections_max",
+                DEFAULT_CONNECTIONS_MAX,
+            )?,
+            subscriptions_per_socket_max: count(
+                args.subscriptions_per_socket_max,
+                file.subscriptions_per_socket_max,
+                "subscriptions_per_socket_max",
+                DEFAULT_SUBSCRIPTIONS_PER_SOCKET_MAX,
+            )?,
+            subscriber_queue: count(
+                args.subscriber_queue,
+                file.subscriber_queue,
+                "subscriber_queue",
+                DEFAULT_SUBSCRIBER_QUEUE,
+            )?,
             data_dir: args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
             http_addr: args
                 .http_addr

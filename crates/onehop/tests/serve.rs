@@ -262,6 +262,9 @@ fn help_documents_every_serve_flag() {
         "--batch-bytes-max",
         "--maintenance-interval-s",
         "--auto-create",
+        "--connections-max",
+        "--subscriptions-per-socket-max",
+        "--subscriber-queue",
         "--schema",
         "--log",
     ] {
@@ -580,4 +583,45 @@ fn a_subscription_resumes_from_its_last_id_after_kill_9() {
         seen.push(events.next().1["value"].as_i64().unwrap());
     }
     assert_eq!(seen, (0..15).collect::<Vec<_>>(), "nothing missed, nothing repeated across the crash");
+}
+
+#[test]
+fn connection_and_subscription_limits_are_settings_and_refusals_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--http-addr", "127.0.0.1:0", "--connections-max", "2", "--subscriptions-per-socket-max", "1"];
+    let server = start(dir.path(), &args, &[]);
+    assert_eq!(post(server.address, "/streams/s", "v").map(|(status, _)| status), Some(200));
+    let first = RawSse::open(server.address, "/streams/s", None);
+    let second = RawSse::open(server.address, "/streams/s", None);
+    let (status, body) = get(server.address, "/healthz");
+    assert_eq!(status, 503, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "too_many_connections");
+    assert!(body["error"]["message"].as_str().unwrap().contains("connections_max"));
+    drop(first);
+    // The permit comes back when the server notices the close.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(server.address, "/healthz").0 != 200 {
+        assert!(Instant::now() < deadline, "the closed connection's slot never came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(second);
+
+    // One subscription per socket: the URL's own; a second is refused on the socket.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let (mut socket, _) =
+            tokio_tungstenite::connect_async(format!("ws://{}/streams/s", server.address)).await.unwrap();
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next()).await.unwrap().unwrap().unwrap();
+        let answer: serde_json::Value = serde_json::from_str(message.to_text().unwrap()).unwrap();
+        assert_eq!(answer["type"], "subscribed");
+        let command = serde_json::json!({"op": "subscribe", "subscription": "two", "stream": "s"});
+        socket.send(Message::Text(command.to_string().into())).await.unwrap();
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next()).await.unwrap().unwrap().unwrap();
+        let answer: serde_json::Value = serde_json::from_str(message.to_text().unwrap()).unwrap();
+        assert_eq!(answer["code"], "too_many_subscriptions", "{answer}");
+        assert!(answer["message"].as_str().unwrap().contains("subscriptions_per_socket_max"));
+    });
 }

@@ -8,6 +8,7 @@
 //! - `time`: RFC 3339 times in query strings.
 
 pub mod error;
+pub mod limit;
 pub mod sql;
 pub mod sse;
 pub mod streams;
@@ -106,12 +107,14 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then stops accepting and lets
-/// in-flight requests finish.
+/// Serves `app` on `listener`, at most `connections_max` connections at a time, until
+/// `shutdown` resolves, then stops accepting and lets in-flight requests finish.
 pub async fn serve_http(
     listener: TcpListener,
     state: AppState,
+    connections_max: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let listener = limit::LimitedListener::new(listener, connections_max);
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await
 }
