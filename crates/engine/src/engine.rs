@@ -237,9 +237,9 @@ impl Engine {
         self.tables.read().expect("tables lock").values().cloned().collect()
     }
 
-    /// Durability of tables created without saying.
+    /// Durability of tables created without saying: the server's default, as for streams.
     pub fn default_table_durability(&self) -> Durability {
-        Durability::Fsync
+        self.options.stream_defaults.durability
     }
 
     /// Creates the table `def` describes, durably. A table that exists with the same columns
