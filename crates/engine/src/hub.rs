@@ -37,7 +37,7 @@ use crate::error::EngineError;
 use crate::filter::{self, Filter, for_each_key};
 use crate::stream::Stream;
 use crate::subject::{SubjectFilter, SubjectTrie};
-use crate::table::{TableOp, table_op};
+use crate::table::{TableOp, op_name, table_op};
 
 /// Records a tailer reads per wake-up, bounding its memory.
 const TAIL_BATCH_RECORDS: usize = 1024;
@@ -129,14 +129,22 @@ impl Event {
     }
 
     /// What this record is to a subscription with `filter`, or `None` if it does not concern it.
+    /// The value is parsed (and a table row's previous state rebuilt) only for filters with
+    /// field conditions.
     pub fn classify(&self, filter: &Filter) -> Option<Change> {
         let key = self.record.key.as_deref();
         let subject = self.record.subject.as_deref();
+        let fields = !filter.conditions.is_empty();
+        let doc = || if fields { self.doc() } else { None };
         if !self.table {
-            return filter.matches(key, subject, self.doc()).then_some(Change::Record);
+            return filter.matches(key, subject, doc()).then_some(Change::Record);
         }
-        let now = self.record.value.is_some() && filter.matches(key, subject, self.doc());
-        let was = self.before().is_some_and(|before| filter.matches(key, subject, Some(before)));
+        let now = self.record.value.is_some() && filter.matches(key, subject, doc());
+        let was = if fields {
+            self.before().is_some_and(|before| filter.matches(key, subject, Some(before)))
+        } else {
+            matches!(op_name(&self.record), Some(b"update" | b"delete")) && filter.matches(key, subject, None)
+        };
         match (was, now) {
             (false, true) => Some(Change::Insert),
             (true, true) => Some(Change::Update),

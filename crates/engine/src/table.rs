@@ -54,6 +54,12 @@ pub enum TableOp {
     Delete(Value),
 }
 
+/// The `onehop-op` header of a table record (`insert`, `update`, `delete`), without parsing
+/// the rest.
+pub fn op_name(record: &Record) -> Option<&[u8]> {
+    record.headers.iter().find(|(name, _)| name == OP_HEADER).map(|(_, value)| value.as_ref())
+}
+
 /// The change a table record describes; `None` when it is not a table record.
 pub fn table_op(record: &Record) -> Option<TableOp> {
     let header = |name: &str| record.headers.iter().find(|(key, _)| key == name).map(|(_, value)| value);
