@@ -137,6 +137,20 @@ impl Stream {
         Ok(published)
     }
 
+    /// Queues `records` to `partition` and returns once they are queued, in order behind
+    /// earlier queued appends; the returned future resolves when they are durable at
+    /// `durability` (the stream's default when `None`). A caller that queues from one task keeps
+    /// its records in the order it queued them (MQTT's ordered delivery per topic).
+    pub async fn enqueue_to(
+        &self,
+        partition: u32,
+        records: &[NewRecord],
+        durability: Option<Durability>,
+    ) -> Result<onehop_log::QueuedAppend, EngineError> {
+        let durability = durability.unwrap_or(self.def.durability);
+        Ok(self.partition(partition)?.enqueue_with(records, durability).await?)
+    }
+
     /// The offset `position` names in `partition`.
     pub fn resolve(&self, partition: u32, position: Position) -> Result<u64, EngineError> {
         let log = self.partition(partition)?;

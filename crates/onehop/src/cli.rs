@@ -67,6 +67,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_HTTP_ADDR", value_name = "ADDR")]
     pub http_addr: Option<SocketAddr>,
 
+    /// Address of the MQTT listener (3.1.1 and 5.0 over TCP). Use port 0 for any free port
+    /// [default: 127.0.0.1:1883].
+    #[arg(long, env = "ONEHOP_MQTT_ADDR", value_name = "ADDR")]
+    pub mqtt_addr: Option<SocketAddr>,
+
     /// Default durability of new streams and tables: `fsync` acknowledges after fdatasync of
     /// the batch holding the write; `async` after write(2), with a background fsync
     /// [default: fsync].

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{DirLock, Log, LogOptions};
+use onehop_server::mqtt::{MqttConfig, serve_mqtt};
 use onehop_server::{AppState, install_metrics, serve_http};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -71,10 +72,35 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     if !address.ip().is_loopback() {
         tracing::warn!(%address, "listening on a non-loopback address: reachable from other machines");
     }
+    let mqtt_listener = tokio::net::TcpListener::bind(settings.mqtt_addr)
+        .await
+        .with_context(|| format!("cannot listen for MQTT on {}", settings.mqtt_addr))?;
+    let mqtt_address = mqtt_listener.local_addr()?;
+    if !mqtt_address.ip().is_loopback() {
+        tracing::warn!(address = %mqtt_address, "MQTT is listening on a non-loopback address: reachable from other machines");
+    }
+    tracing::info!(address = %mqtt_address, "listening on mqtt://{mqtt_address}");
     tracing::info!(%address, "listening on http://{address}");
+    // One signal stops both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let mqtt_config = MqttConfig {
+        connections_max: settings.connections_max,
+        // A message is one record: the packet may add its topic and properties.
+        max_packet_bytes: u32::try_from(settings.stream_defaults.record_bytes_max + 64 * 1024).unwrap_or(u32::MAX),
+        ..MqttConfig::default()
+    };
+    let mqtt = tokio::spawn(serve_mqtt(mqtt_listener, engine.clone(), mqtt_config, until_stopped(stopped.clone())));
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
-    serve_http(listener, state, settings.connections_max, shutdown).await.context("HTTP server")?;
+    serve_http(listener, state, settings.connections_max, until_stopped(stopped)).await.context("HTTP server")?;
+    mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
     tracing::info!("shutting down: flushing the log");

@@ -14,6 +14,7 @@ use crate::cli::ServeArgs;
 
 pub const DEFAULT_DATA_DIR: &str = "./onehop-data";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
+pub const DEFAULT_MQTT_ADDR: &str = "127.0.0.1:1883";
 pub const DEFAULT_CONFIG_FILE: &str = "onehop.toml";
 const DEFAULT_MAINTENANCE_INTERVAL_S: u64 = 30;
 const DEFAULT_LOG_FILTER: &str = "info";
@@ -45,6 +46,7 @@ impl Size {
 struct FileSettings {
     data_dir: Option<PathBuf>,
     http_addr: Option<SocketAddr>,
+    mqtt_addr: Option<SocketAddr>,
     durability: Option<String>,
     async_fsync_interval_ms: Option<u64>,
     segment_bytes_max: Option<Size>,
@@ -64,6 +66,7 @@ struct FileSettings {
 pub struct Settings {
     pub data_dir: PathBuf,
     pub http_addr: SocketAddr,
+    pub mqtt_addr: SocketAddr,
     /// Settings given to new streams and tables unless they declare their own.
     pub stream_defaults: PartitionConfig,
     pub maintenance_interval: Duration,
@@ -176,6 +179,10 @@ impl Settings {
                 .http_addr
                 .or(file.http_addr)
                 .unwrap_or_else(|| DEFAULT_HTTP_ADDR.parse().expect("valid default address")),
+            mqtt_addr: args
+                .mqtt_addr
+                .or(file.mqtt_addr)
+                .unwrap_or_else(|| DEFAULT_MQTT_ADDR.parse().expect("valid default address")),
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
             auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),

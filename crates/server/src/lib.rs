@@ -8,6 +8,7 @@
 //! - `telemetry`: the Prometheus recorder behind `/metrics`.
 
 pub mod http;
+pub mod mqtt;
 pub mod telemetry;
 
 pub use http::{AppState, app, serve_http};

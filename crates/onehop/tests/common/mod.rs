@@ -1,0 +1,195 @@
+//! Helpers shared by the binary's tests: start `onehop serve` and talk HTTP to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub struct Server {
+    pub child: Child,
+    pub address: SocketAddr,
+    /// The MQTT listener's address (logged before the HTTP one, which means ready).
+    pub mqtt_address: SocketAddr,
+    /// Every stderr line the server printed so far, collected by a reader thread.
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+pub fn onehop() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_onehop"));
+    // Keep the environment of whoever runs the tests out of the server's settings.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("ONEHOP_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+/// Starts `onehop serve` with `args` in `cwd` and waits until it is listening.
+pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
+    let mut command = onehop();
+    command.arg("serve").args(args);
+    // Tests run in parallel: every server takes a free MQTT port unless a test picks one.
+    let mqtt_chosen = args.contains(&"--mqtt-addr") || envs.iter().any(|(key, _)| *key == "ONEHOP_MQTT_ADDR");
+    if !mqtt_chosen {
+        command.args(["--mqtt-addr", "127.0.0.1:0"]);
+    }
+    let mut child = command
+        .envs(envs.iter().copied())
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn onehop serve");
+    let stderr = child.stderr.take().unwrap();
+    let (sender, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut server = Server {
+        child,
+        address: "127.0.0.1:1".parse().unwrap(),
+        mqtt_address: "127.0.0.1:1".parse().unwrap(),
+        lines,
+        seen: Vec::new(),
+    };
+    let line = server.wait_for_line("listening on mqtt://");
+    let address = line.split("listening on mqtt://").nth(1).unwrap();
+    let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
+    server.mqtt_address = address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}"));
+    let line = server.wait_for_line("listening on http://");
+    let address = line.split("listening on http://").nth(1).unwrap();
+    let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
+    server.address = address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}"));
+    server
+}
+
+impl Server {
+    pub fn wait_for_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line containing {needle:?}; server said:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Collect what is left of stderr.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                    self.seen.push(line);
+                }
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server did not exit; it said:\n{}", self.seen.join("\n"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 GET over a fresh connection; returns (status, body).
+pub fn get(address: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+/// One HTTP/1.1 POST over a fresh connection; returns (status, body), or None when the
+/// connection failed (the server was killed mid-request).
+pub fn post(address: SocketAddr, path: &str, body: &str) -> Option<(u16, String)> {
+    request(address, "POST", path, body)
+}
+
+/// One HTTP/1.1 request over a fresh connection; `None` when the connection failed or broke.
+pub fn request(address: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+pub struct RawSse {
+    reader: BufReader<TcpStream>,
+}
+
+impl RawSse {
+    pub fn open(address: SocketAddr, path: &str, last_event_id: Option<&str>) -> RawSse {
+        let mut stream = TcpStream::connect(address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let resume = last_event_id.map_or_else(String::new, |id| format!("Last-Event-ID: {id}\r\n"));
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\nAccept: text/event-stream\r\n{resume}\r\n").unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.contains(" 200 "), "{line}");
+        // Skip the headers.
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+        }
+        RawSse { reader }
+    }
+
+    /// The next record event's id and data (chunked transfer framing lines are skipped).
+    pub fn next(&mut self) -> (String, serde_json::Value) {
+        let (mut id, mut line) = (None, String::new());
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).unwrap();
+            if let Some(value) = line.strip_prefix("id: ") {
+                id = Some(value.trim().to_string());
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                return (id.take().expect("an id before the data"), serde_json::from_str(data.trim()).unwrap());
+            }
+        }
+    }
+}

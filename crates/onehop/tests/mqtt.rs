@@ -1,0 +1,312 @@
+//! The MQTT broker with real, independent clients: mosquitto_pub / mosquitto_sub (Debian's
+//! mosquitto-clients) and paho-mqtt (PyPI), both installed by scripts/test. QoS 0/1/2 each
+//! way in 3.1.1 and 5, wildcards, v5 properties, wills, takeover, keep-alive, MQTT ↔ HTTP,
+//! bad input, and acknowledged publishes surviving kill -9.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{RawSse, Server, get, post, start};
+use serde_json::Value;
+
+fn tool(name: &str) -> Command {
+    let found = Command::new("sh").args(["-c", &format!("command -v {name}")]).output().unwrap();
+    assert!(found.status.success(), "{name} is missing: run scripts/test, which installs the MQTT test clients");
+    Command::new(name)
+}
+
+fn server() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()], &[]);
+    (server, dir)
+}
+
+fn port(address: SocketAddr) -> String {
+    address.port().to_string()
+}
+
+fn mosquitto_pub(address: SocketAddr, args: &[&str]) {
+    let output = tool("mosquitto_pub").args(["-h", "127.0.0.1", "-p", &port(address)]).args(args).output().unwrap();
+    assert!(output.status.success(), "mosquitto_pub {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// A running `mosquitto_sub`, subscribed (its SUBACK seen), and its output lines.
+struct Sub {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+/// `mosquitto_sub` waiting for `count` messages, printing each as `-F format` (which must start
+/// with `MSG ` to tell messages from the `-d` debug lines). Returns once it is subscribed.
+fn mosquitto_sub(address: SocketAddr, args: &[&str], count: usize) -> Sub {
+    tool("mosquitto_sub");
+    // Line-buffered: piped stdio would otherwise hold the SUBACK line until exit.
+    let mut child = Command::new("stdbuf")
+        .args(["-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", &port(address), "-C", &count.to_string(), "-W", "20"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        match lines.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) if line.contains("SUBACK") => return Sub { child, lines },
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("mosquitto_sub did not subscribe within 10 s");
+            }
+        }
+    }
+}
+
+/// The message lines a `mosquitto_sub` printed (without the `MSG ` mark), once it exits.
+fn sub_output(mut sub: Sub) -> Vec<String> {
+    let status = sub.child.wait().unwrap();
+    let mut stderr = String::new();
+    sub.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(status.success(), "mosquitto_sub failed: {stderr}");
+    sub.lines.iter().filter_map(|line| line.strip_prefix("MSG ").map(str::to_string)).collect()
+}
+
+fn paho(address: SocketAddr, args: &[&str]) -> Output {
+    tool("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mqtt/paho_client.py"))
+        .arg(port(address))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The JSON facts a paho scenario printed, by their "check" name.
+fn paho_checks(address: SocketAddr, scenario: &str) -> Vec<Value> {
+    let output = paho(address, &[scenario]);
+    assert!(
+        output.status.success(),
+        "paho scenario {scenario} failed: {}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8(output.stdout).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+fn check<'a>(checks: &'a [Value], name: &str) -> Vec<&'a Value> {
+    checks.iter().filter(|check| check["check"] == name).collect()
+}
+
+#[test]
+fn mosquitto_clients_publish_and_subscribe_with_wildcards_and_every_qos() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    // The format "MSG %t %q %p" marks message lines apart from -d's debug lines.
+    let plus = mosquitto_sub(mqtt, &["-d", "-q", "2", "-t", "sensors/+/temp", "-F", "MSG %t %q %p"], 4);
+    let v5 = mosquitto_sub(mqtt, &["-d", "-V", "mqttv5", "-q", "1", "-t", "sensors/#", "-F", "MSG %t %q %p"], 5);
+    for qos in ["0", "1", "2"] {
+        mosquitto_pub(mqtt, &["-q", qos, "-t", &format!("sensors/room-{qos}/temp"), "-m", &format!("t{qos}")]);
+    }
+    mosquitto_pub(mqtt, &["-V", "mqttv5", "-q", "1", "-t", "sensors/room-9/humidity", "-m", "h"]);
+    // HTTP → MQTT: an HTTP publish with a matching subject reaches both.
+    let (status, body) = post(server.address, "/streams/sensors?subject=sensors/room-h/temp", "from-http").unwrap();
+    assert_eq!(status, 200, "{body}");
+
+    let mut plus = sub_output(plus);
+    plus.sort();
+    assert_eq!(
+        plus,
+        [
+            "sensors/room-0/temp 0 t0",
+            "sensors/room-1/temp 1 t1",
+            "sensors/room-2/temp 2 t2",
+            "sensors/room-h/temp 1 from-http"
+        ],
+        "delivered at the lower of publish and subscription QoS; HTTP publishes count as QoS 1"
+    );
+    let mut v5 = sub_output(v5);
+    v5.sort();
+    assert_eq!(v5.len(), 5, "{v5:?}");
+    assert!(v5.contains(&"sensors/room-2/temp 1 t2".to_string()), "QoS 2 capped at the subscription's 1: {v5:?}");
+    assert!(v5.contains(&"sensors/room-9/humidity 1 h".to_string()));
+}
+
+#[test]
+fn mqtt_publishes_reach_http_readers_and_sse_subscribers() {
+    let (server, _dir) = server();
+    let mut sse = {
+        // The stream must exist before an SSE subscription to it.
+        mosquitto_pub(server.mqtt_address, &["-q", "1", "-t", "orders/created", "-m", "{\"n\":0}"]);
+        RawSse::open(server.address, "/streams/orders?subject=orders/%2B", None)
+    };
+    mosquitto_pub(server.mqtt_address, &["-q", "1", "-t", "orders/created", "-m", "{\"n\":1}"]);
+    let (id, record) = sse.next();
+    assert_eq!(id, "0:1");
+    assert_eq!(record["value"]["n"], 1);
+    assert_eq!(record["subject"], "orders/created");
+    let (status, body) = get(server.address, "/streams/orders?from=earliest");
+    assert_eq!(status, 200);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["records"].as_array().unwrap().len(), 2);
+    assert_eq!(body["records"][0]["headers"]["onehop-mqtt-qos"], "1");
+}
+
+#[test]
+fn paho_round_trips_every_qos_exactly_once_in_both_versions() {
+    let (server, _dir) = server();
+    let checks = paho_checks(server.mqtt_address, "qos");
+    for suback in check(&checks, "suback") {
+        assert_eq!(suback["granted"], serde_json::json!([2]), "{suback}");
+    }
+    for round_trip in check(&checks, "round_trip") {
+        let protocol = round_trip["protocol"].as_str().unwrap();
+        let expected = serde_json::json!([
+            [format!("paho/{protocol}/q0"), "qos0", 0],
+            [format!("paho/{protocol}/q1"), "qos1", 1],
+            [format!("paho/{protocol}/q2"), "qos2", 2],
+        ]);
+        assert_eq!(round_trip["messages"], expected, "each message once, at its QoS");
+    }
+    // QoS 2 stored exactly once in the log.
+    let (_, body) = get(server.address, "/streams/paho?from=earliest");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["records"].as_array().unwrap().len(), 6, "{body}");
+}
+
+#[test]
+fn paho_v5_properties_subscription_ids_aliases_and_assigned_ids() {
+    let (server, _dir) = server();
+    let checks = paho_checks(server.mqtt_address, "v5");
+    let assigned = &check(&checks, "assigned_id")[0]["id"];
+    assert!(assigned.as_str().is_some_and(|id| id.starts_with("onehop-")), "{assigned}");
+    let v5 = check(&checks, "v5_properties")[0];
+    assert_eq!(v5["user_properties"], serde_json::json!([["site", "oslo"], ["unit", "celsius"]]));
+    assert_eq!(v5["subscription_ids"], serde_json::json!([7]));
+    assert!(v5["expiry"].as_u64().is_some_and(|secs| (58..=60).contains(&secs)), "{v5}");
+    assert_eq!(v5["topics"], serde_json::json!(["v5/things/a", "v5/things/b", "v5/things/b"]), "the alias resolves");
+}
+
+#[test]
+fn wills_takeover_and_keep_alive() {
+    let (server, _dir) = server();
+    let checks = paho_checks(server.mqtt_address, "will");
+    let will = check(&checks, "will")[0];
+    assert_eq!((will["topic"].as_str(), will["payload"].as_str()), (Some("status/doomed"), Some("gone")));
+    assert_eq!(check(&checks, "takeover")[0]["first_closed"], true);
+    assert_eq!(
+        check(&checks, "wills_seen")[0]["topics"],
+        serde_json::json!(["status/doomed"]),
+        "a normal DISCONNECT sends no will"
+    );
+    let checks = paho_checks(server.mqtt_address, "keepalive");
+    let timed_out = check(&checks, "keep_alive")[0];
+    assert_eq!(timed_out["topic"], "status/silent");
+    let seconds = timed_out["seconds"].as_f64().unwrap();
+    assert!((1.0..6.0).contains(&seconds), "dropped after {seconds} s with a 1 s keep-alive");
+}
+
+/// Sends raw bytes and returns what the server answers before it closes the connection.
+fn raw_exchange(address: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let _ = stream.write_all(bytes);
+    // The client says it has nothing more: a half-read packet cannot keep the connection open.
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    answer
+}
+
+#[test]
+fn bad_input_closes_only_the_offending_connection() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    // CONNECT with protocol level 9: CONNACK "unacceptable protocol version", then close.
+    let bad_level = [0x10, 0x0c, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x09, 0x02, 0x00, 0x3c, 0x00, 0x00];
+    assert_eq!(raw_exchange(mqtt, &bad_level), [0x20, 0x02, 0x00, 0x01]);
+    // Not MQTT at all, and a packet claiming 200 MB: closed without an answer.
+    assert_eq!(raw_exchange(mqtt, b"GET / HTTP/1.1\r\n\r\n"), b"");
+    let v311_connect = [0x10, 0x0c, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x04, 0x02, 0x00, 0x3c, 0x00, 0x00];
+    let mut huge = v311_connect.to_vec();
+    huge.extend_from_slice(&[0x30, 0xff, 0xff, 0xff, 0x7f]);
+    let answer = raw_exchange(mqtt, &huge);
+    assert_eq!(&answer[..], &[0x20, 0x02, 0x00, 0x00], "CONNACK, then closed on the oversize header");
+    // Random bytes, many times: every connection ends, the broker keeps serving.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..200 {
+        let mut bytes = v311_connect.to_vec();
+        for _ in 0..64 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            bytes.push(seed as u8);
+        }
+        raw_exchange(mqtt, &bytes);
+    }
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "alive/check", "-F", "MSG %p"], 1);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "alive/check", "-m", "still serving"]);
+    assert_eq!(sub_output(sub), ["still serving"]);
+    // A wildcard first level cannot name a stream yet: refused in the SUBACK, not a crash.
+    let output = tool("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-t", "#", "-C", "1", "-W", "3", "-V", "mqttv5"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("denied"), "{said}");
+}
+
+#[test]
+fn acknowledged_qos1_publishes_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let mut server = start(dir.path(), &args, &[]);
+    let mut publisher = tool("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mqtt/paho_client.py"))
+        .args([&port(server.mqtt_address), "publisher", "durable/acked", "1000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(publisher.stdout.take().unwrap()).lines();
+    // Let a few hundred acknowledgements go by, then kill the server mid-stream.
+    for _ in 0..300 {
+        lines.next().expect("the publisher stopped early").unwrap();
+    }
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let acked: Vec<String> = lines
+        .map_while(Result::ok)
+        .chain(std::iter::empty())
+        .filter_map(|line| line.strip_prefix("acked ").map(str::to_string))
+        .collect();
+    let _ = publisher.wait();
+    let acked_total = 300 + acked.len();
+
+    let server = start(dir.path(), &args, &[]);
+    let (status, body) = get(server.address, "/streams/durable?from=earliest&limit=10000");
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let stored: Vec<&str> = body["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|record| record["value_text"].as_str().unwrap_or_else(|| record["value"].as_str().unwrap()))
+        .collect();
+    assert!(stored.len() >= acked_total, "{} stored, {acked_total} acknowledged", stored.len());
+    for (i, value) in stored.iter().take(acked_total).enumerate() {
+        assert_eq!(*value, format!("m{i}"), "acknowledged message {i} lost or out of order");
+    }
+}

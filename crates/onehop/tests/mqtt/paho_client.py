@@ -1,0 +1,229 @@
+"""Independent MQTT client checks against onehop, with paho-mqtt (PyPI). Called by
+crates/onehop/tests/mqtt.rs with a port and a scenario; prints one JSON line per fact the Rust
+test asserts on, or "acked <payload>" lines for the publisher scenario. Exits non-zero on a
+failed expectation, with the reason on stderr."""
+
+import json
+import sys
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+HOST = "127.0.0.1"
+
+
+def fail(reason):
+    print(reason, file=sys.stderr)
+    sys.exit(1)
+
+
+def client(client_id, protocol=mqtt.MQTTv311, **kwargs):
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, **kwargs)
+    return c
+
+
+class Inbox:
+    """Collects messages; wait(n) blocks until n arrived or times out."""
+
+    def __init__(self):
+        self.messages = []
+        self.cond = threading.Condition()
+
+    def on_message(self, _client, _userdata, message):
+        with self.cond:
+            self.messages.append(message)
+            self.cond.notify_all()
+
+    def wait(self, count, timeout=10.0):
+        deadline = time.time() + timeout
+        with self.cond:
+            while len(self.messages) < count:
+                left = deadline - time.time()
+                if left <= 0:
+                    fail(f"expected {count} messages, got {len(self.messages)}: "
+                         f"{[(m.topic, m.payload) for m in self.messages]}")
+                self.cond.wait(left)
+        return self.messages
+
+
+def connected(c, port, **kwargs):
+    ready = threading.Event()
+    result = {}
+
+    def on_connect(_client, _userdata, flags, reason_code, properties):
+        result["rc"] = reason_code
+        result["properties"] = properties
+        result["flags"] = flags
+        ready.set()
+
+    c.on_connect = on_connect
+    c.connect(HOST, port, **kwargs)
+    c.loop_start()
+    if not ready.wait(10):
+        fail("no CONNACK within 10 s")
+    if result["rc"].is_failure:
+        fail(f"connect refused: {result['rc']}")
+    return result
+
+
+def subscribed(c, topic, qos, **kwargs):
+    done = threading.Event()
+    granted = {}
+
+    def on_subscribe(_client, _userdata, mid, reason_codes, properties):
+        granted["codes"] = reason_codes
+        done.set()
+
+    c.on_subscribe = on_subscribe
+    c.subscribe(topic, qos, **kwargs)
+    if not done.wait(10):
+        fail(f"no SUBACK for {topic}")
+    return granted["codes"]
+
+
+def qos_round_trips(port):
+    """QoS 0, 1 and 2 each way, v3.1.1 and v5, exactly-once for QoS 2."""
+    for protocol, name in ((mqtt.MQTTv311, "v311"), (mqtt.MQTTv5, "v5")):
+        inbox = Inbox()
+        sub = client(f"paho-sub-{name}", protocol)
+        sub.on_message = inbox.on_message
+        connected(sub, port)
+        codes = subscribed(sub, f"paho/{name}/#", 2)
+        print(json.dumps({"check": "suback", "protocol": name, "granted": [c.value for c in codes]}))
+        pub = client(f"paho-pub-{name}", protocol)
+        connected(pub, port)
+        for qos in (0, 1, 2):
+            info = pub.publish(f"paho/{name}/q{qos}", f"qos{qos}", qos=qos)
+            info.wait_for_publish(10)
+            if not info.is_published():
+                fail(f"{name} QoS {qos} publish not acknowledged")
+        messages = inbox.wait(3)
+        time.sleep(0.3)  # a duplicate would arrive meanwhile
+        got = sorted((m.topic, m.payload.decode(), m.qos) for m in inbox.messages)
+        print(json.dumps({"check": "round_trip", "protocol": name, "messages": got}))
+        pub.disconnect()
+        sub.disconnect()
+        pub.loop_stop()
+        sub.loop_stop()
+
+
+def v5_features(port):
+    """User properties, subscription identifiers, topic aliases, message expiry, assigned ids."""
+    inbox = Inbox()
+    sub = client("", mqtt.MQTTv5)
+    sub.on_message = inbox.on_message
+    result = connected(sub, port, clean_start=True)
+    assigned = getattr(result["properties"], "AssignedClientIdentifier", None)
+    print(json.dumps({"check": "assigned_id", "id": assigned}))
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.SubscriptionIdentifier = 7
+    subscribed(sub, "v5/things/+", 1, properties=props)
+    pub = client("v5-pub", mqtt.MQTTv5)
+    connected(pub, port)
+    publish_props = Properties(PacketTypes.PUBLISH)
+    publish_props.UserProperty = [("unit", "celsius"), ("site", "oslo")]
+    publish_props.MessageExpiryInterval = 60
+    pub.publish("v5/things/a", "with properties", qos=1, properties=publish_props).wait_for_publish(10)
+    alias_props = Properties(PacketTypes.PUBLISH)
+    alias_props.TopicAlias = 3
+    pub.publish("v5/things/b", "sets alias", qos=1, properties=alias_props).wait_for_publish(10)
+    pub.publish("", "uses alias", qos=1, properties=alias_props).wait_for_publish(10)
+    messages = inbox.wait(3)
+    first = messages[0]
+    print(json.dumps({
+        "check": "v5_properties",
+        "user_properties": sorted(getattr(first.properties, "UserProperty", [])),
+        "subscription_ids": getattr(first.properties, "SubscriptionIdentifier", None),
+        "expiry": getattr(first.properties, "MessageExpiryInterval", None),
+        "topics": [m.topic for m in messages],
+        "payloads": [m.payload.decode() for m in messages],
+    }))
+    pub.disconnect()
+    sub.disconnect()
+
+
+def will_and_takeover(port):
+    """A will is sent when a client vanishes; a second connection with an id takes it over."""
+    inbox = Inbox()
+    watcher = client("will-watcher")
+    watcher.on_message = inbox.on_message
+    connected(watcher, port)
+    subscribed(watcher, "status/+", 1)
+    doomed = client("doomed")
+    doomed.will_set("status/doomed", "gone", qos=1)
+    connected(doomed, port)
+    doomed.loop_stop()
+    doomed.socket().close()  # vanish without DISCONNECT
+    messages = inbox.wait(1)
+    print(json.dumps({"check": "will", "topic": messages[0].topic, "payload": messages[0].payload.decode()}))
+    polite = client("polite")
+    polite.will_set("status/polite", "should not appear", qos=1)
+    connected(polite, port)
+    polite.disconnect()
+    polite.loop_stop()
+    # Takeover: the first connection of "twin" is closed when the second arrives.
+    first = client("twin")
+    closed = threading.Event()
+    first.on_disconnect = lambda *args: closed.set()
+    connected(first, port)
+    second = client("twin")
+    connected(second, port)
+    print(json.dumps({"check": "takeover", "first_closed": closed.wait(5)}))
+    time.sleep(0.5)
+    print(json.dumps({"check": "wills_seen", "topics": sorted(m.topic for m in inbox.messages)}))
+    second.disconnect()
+    watcher.disconnect()
+
+
+def keep_alive(port):
+    """A client that stops talking is dropped after 1.5 times its keep-alive, and its will is sent."""
+    inbox = Inbox()
+    watcher = client("ka-watcher")
+    watcher.on_message = inbox.on_message
+    connected(watcher, port)
+    subscribed(watcher, "status/+", 1)
+    silent = client("silent")
+    silent.will_set("status/silent", "timed out", qos=1)
+    connected(silent, port, keepalive=1)
+    silent.loop_stop()  # no more PINGREQ
+    started = time.time()
+    messages = inbox.wait(1, timeout=10)
+    print(json.dumps({"check": "keep_alive", "topic": messages[0].topic,
+                      "seconds": round(time.time() - started, 2)}))
+    watcher.disconnect()
+
+
+def publisher(port, topic, count):
+    """QoS 1 publishes one after another; prints each payload once PUBACKed."""
+    c = client("kill-publisher")
+    connected(c, port)
+    for i in range(count):
+        payload = f"m{i}"
+        info = c.publish(topic, payload, qos=1)
+        try:
+            info.wait_for_publish(5)
+        except Exception:  # the server died
+            break
+        if not info.is_published():
+            break
+        print(f"acked {payload}", flush=True)
+
+
+if __name__ == "__main__":
+    port = int(sys.argv[1])
+    scenario = sys.argv[2]
+    if scenario == "qos":
+        qos_round_trips(port)
+    elif scenario == "v5":
+        v5_features(port)
+    elif scenario == "will":
+        will_and_takeover(port)
+    elif scenario == "keepalive":
+        keep_alive(port)
+    elif scenario == "publisher":
+        publisher(port, sys.argv[3], int(sys.argv[4]))
+    else:
+        fail(f"unknown scenario {scenario}")

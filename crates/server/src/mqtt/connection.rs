@@ -1,0 +1,734 @@
+//! One MQTT connection: the handshake, then one task that reads packets, writes answers and
+//! messages, and enforces keep-alive. Publishes are queued to the log in the order they arrive
+//! (so one topic's messages keep their order) and acknowledged from small tasks once durable;
+//! each subscription is a task that follows the hub and feeds the connection's outbound queue.
+
+use std::collections::{HashMap, HashSet};
+use std::num::{NonZeroU16, NonZeroU32};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use bytestring::ByteString;
+use onehop_engine::hub::{Delivery, Event};
+use onehop_engine::subject::{SubjectFilter, validate_subject};
+use onehop_engine::{EngineError, Filter, Stream};
+use onehop_log::{Durability, NewRecord};
+use rmqtt_codec::types::{Publish, QoS};
+use rmqtt_codec::v5::PublishProperties;
+use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::codec::Decoder;
+
+use super::Broker;
+use super::proto::{
+    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, Version, Will, goodbye_for,
+};
+
+/// The record header holding the QoS a message was published with.
+const QOS_HEADER: &str = "onehop-mqtt-qos";
+/// The record header holding when a message expires (ms since the epoch), from v5 message expiry.
+const EXPIRES_HEADER: &str = "onehop-mqtt-expires";
+/// How long writing to a client may take before it is given up on.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
+}
+
+fn qos_rank(qos: QoS) -> u8 {
+    match qos {
+        QoS::AtMostOnce => 0,
+        QoS::AtLeastOnce => 1,
+        QoS::ExactlyOnce => 2,
+    }
+}
+
+/// An acknowledgement ready to send, from a publish's task.
+struct Ack {
+    qos: QoS,
+    packet_id: NonZeroU16,
+    outcome: Result<(), (Refusal, String)>,
+}
+
+/// What subscription tasks hand the connection.
+enum Outbound {
+    Message {
+        event: Arc<Event>,
+        qos: QoS,
+        subscription_id: Option<NonZeroU32>,
+    },
+    /// The hub cut a subscription off: the client is too slow.
+    CutOff,
+}
+
+/// Where an outgoing QoS 1/2 message stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)]
+enum Inflight {
+    AwaitingAck,
+    AwaitingRec,
+    AwaitingComp,
+}
+
+/// Why the connection ends.
+struct Close {
+    /// Publish the will (the connection ended other than by a normal DISCONNECT).
+    will: bool,
+    /// What a v5 client is told, if anything.
+    goodbye: Option<(Goodbye, String)>,
+}
+
+impl Close {
+    fn abnormal(goodbye: Goodbye, reason: impl Into<String>) -> Close {
+        Close { will: true, goodbye: Some((goodbye, reason.into())) }
+    }
+}
+
+/// Reads until `buf` holds a whole packet of the handshake, or the client goes away.
+async fn read_more(reader: &mut OwnedReadHalf, buf: &mut BytesMut) -> Option<()> {
+    match reader.read_buf(buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(()),
+    }
+}
+
+/// Reads the protocol version and the CONNECT.
+async fn handshake(
+    broker: &Broker,
+    reader: &mut OwnedReadHalf,
+    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    buf: &mut BytesMut,
+) -> Option<(Codec, super::proto::Connect)> {
+    let version = loop {
+        match VersionCodec.decode(buf) {
+            Ok(Some(ProtocolVersion::MQTT3)) => break Version::V3,
+            Ok(Some(ProtocolVersion::MQTT5)) => break Version::V5,
+            Ok(None) => read_more(reader, buf).await?,
+            Err(rmqtt_codec::error::DecodeError::UnsupportedProtocolLevel) => {
+                let _ = writer.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
+                return None;
+            }
+            Err(rmqtt_codec::error::DecodeError::InvalidProtocol) if names_mqtt(buf) => {
+                // CONNACK "unacceptable protocol version", in the 3.1.1 form every client reads.
+                let _ = writer.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
+                return None;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "MQTT handshake refused");
+                return None;
+            }
+        }
+    };
+    let mut codec = Codec::new(version, broker.config.max_packet_bytes);
+    loop {
+        match codec.decode(buf) {
+            Ok(Some(Inbound::Connect(connect))) => return Some((codec, *connect)),
+            Ok(Some(other)) => {
+                tracing::debug!(packet = ?other, "MQTT: the first packet must be CONNECT");
+                return None;
+            }
+            Ok(None) => read_more(reader, buf).await?,
+            Err(error) => {
+                tracing::debug!(%error, "MQTT CONNECT refused");
+                let mut out = BytesMut::new();
+                if codec.disconnect(goodbye_for(&error), &error.to_string(), &mut out).is_ok() {
+                    let _ = writer.write_all(&out).await;
+                }
+                return None;
+            }
+        }
+    }
+}
+
+/// Whether `buf` starts with a CONNECT naming the MQTT protocol (so a refusal is about its
+/// level, which deserves a CONNACK saying so, not a silent close).
+fn names_mqtt(buf: &[u8]) -> bool {
+    if buf.first() != Some(&0x10) {
+        return false;
+    }
+    // Skip the remaining length (1 to 4 bytes).
+    let Some(length_bytes) = buf[1..].iter().take(4).position(|byte| byte & 0x80 == 0).map(|i| i + 1) else {
+        return false;
+    };
+    let rest = &buf[1 + length_bytes..];
+    rest.starts_with(&[0x00, 0x04, b'M', b'Q', b'T', b'T'])
+        || rest.starts_with(&[0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p'])
+}
+
+fn generated_client_id(connection: u64) -> String {
+    format!("onehop-{connection:x}-{:x}", now_ms())
+}
+
+/// The stream a topic's first level names (created on first use when allowed).
+async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusal, String)> {
+    let first = topic.split('/').next().unwrap_or_default();
+    if first.is_empty() || first.starts_with('$') || first == "+" || first == "#" {
+        return Err((
+            Refusal::TopicInvalid,
+            format!("{topic:?}: the first level names a stream, so it must be a name, not {first:?}"),
+        ));
+    }
+    broker.engine.stream_or_create(first).await.map_err(|error| match error {
+        EngineError::UnknownStream(_) => (Refusal::NotAuthorized, error.to_string()),
+        EngineError::InvalidName { .. } => (Refusal::TopicInvalid, error.to_string()),
+        other => (Refusal::Unavailable, other.to_string()),
+    })
+}
+
+/// Queues a message for the log: the stream its topic names, the partition its topic hashes to.
+async fn append(
+    broker: &Broker,
+    topic: &str,
+    payload: Bytes,
+    qos: QoS,
+    user_properties: Vec<(String, String)>,
+    expiry_secs: Option<u32>,
+) -> Result<onehop_log::QueuedAppend, (Refusal, String)> {
+    if let Err(error) = validate_subject(topic) {
+        return Err((Refusal::TopicInvalid, format!("topic {topic:?}: {error}")));
+    }
+    if topic.starts_with('$') {
+        return Err((Refusal::TopicInvalid, format!("topic {topic:?}: topics starting with $ are reserved")));
+    }
+    let stream = stream_for(broker, topic).await?;
+    let mut headers: Vec<(String, Bytes)> =
+        user_properties.into_iter().map(|(name, value)| (name, Bytes::from(value))).collect();
+    headers.push((QOS_HEADER.to_string(), Bytes::from(qos_rank(qos).to_string())));
+    if let Some(secs) = expiry_secs {
+        headers.push((EXPIRES_HEADER.to_string(), Bytes::from((now_ms() + i64::from(secs) * 1000).to_string())));
+    }
+    let record =
+        NewRecord { timestamp_ms: None, key: None, subject: Some(topic.to_string()), headers, value: Some(payload) };
+    let partition = crc32c::crc32c(topic.as_bytes()) % stream.partition_count();
+    let durability = if qos == QoS::AtMostOnce { Some(Durability::Async) } else { None };
+    stream.enqueue_to(partition, std::slice::from_ref(&record), durability).await.map_err(|error| match error {
+        EngineError::Append(onehop_log::AppendError::RecordTooLarge { .. }) => {
+            (Refusal::QuotaExceeded, error.to_string())
+        }
+        other => (Refusal::Unavailable, other.to_string()),
+    })
+}
+
+/// Publishes a will message (after the connection ended abnormally).
+fn publish_will(broker: Arc<Broker>, will: Will) {
+    tokio::spawn(async move {
+        let queued =
+            append(&broker, &will.topic, will.payload, will.qos, will.user_properties, will.message_expiry_secs).await;
+        match queued {
+            Ok(queued) => {
+                if let Err(error) = queued.await {
+                    tracing::warn!(topic = %will.topic, %error, "the will message could not be stored");
+                }
+            }
+            Err((_, reason)) => tracing::debug!(topic = %will.topic, reason, "will message dropped"),
+        }
+    });
+}
+
+pub(super) async fn run(broker: Arc<Broker>, stream: TcpStream, connection: u64) {
+    let (mut reader, mut writer) = stream.into_split();
+    let mut buf = BytesMut::with_capacity(4096);
+    let handshake =
+        tokio::time::timeout(broker.config.connect_timeout, handshake(&broker, &mut reader, &mut writer, &mut buf))
+            .await;
+    let Ok(Some((mut codec, connect))) = handshake else { return };
+    let mut out = BytesMut::with_capacity(4096);
+
+    let mut assigned = None;
+    let client_id = if connect.client_id.is_empty() {
+        if codec.version() == Version::V3 && !connect.clean_start {
+            let _ = codec.connack(Err(ConnectRefusal::BadClientId), &mut out);
+            let _ = writer.write_all(&out).await;
+            return;
+        }
+        let id = generated_client_id(connection);
+        assigned = Some(id.clone());
+        id
+    } else {
+        connect.client_id.clone()
+    };
+    if !broker.config.auth.allow(&client_id, connect.username.as_deref(), connect.password.as_deref()) {
+        let _ = codec.connack(Err(ConnectRefusal::NotAuthorized), &mut out);
+        let _ = writer.write_all(&out).await;
+        return;
+    }
+    if let Some(max) = connect.max_packet_size {
+        codec.set_max_outbound(max);
+    }
+    let info = ConnackInfo {
+        assigned_client_id: assigned,
+        receive_max: broker.config.receive_max,
+        max_packet_size: broker.config.max_packet_bytes,
+        topic_alias_max: broker.config.topic_alias_max,
+    };
+    if codec.connack(Ok(info), &mut out).is_err() || writer.write_all(&out).await.is_err() {
+        return;
+    }
+    out.clear();
+    let kicked = broker.register(&client_id, connection);
+    tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
+
+    let (acks_tx, acks_rx) = mpsc::channel(usize::from(broker.config.receive_max) + 16);
+    let (deliveries_tx, deliveries_rx) = mpsc::channel(broker.config.outbound_queue);
+    let mut session = Session {
+        broker: broker.clone(),
+        codec,
+        out,
+        client_id: client_id.clone(),
+        will: connect.will.clone(),
+        aliases: HashMap::new(),
+        awaiting_release: HashSet::new(),
+        inflight: HashMap::new(),
+        next_packet_id: 1,
+        client_receive_max: usize::from(connect.receive_max.max(1)),
+        subscriptions: HashMap::new(),
+        acks_tx,
+        deliveries_tx,
+        inbound_permits: Arc::new(Semaphore::new(usize::from(broker.config.receive_max))),
+    };
+    let keep_alive =
+        (connect.keep_alive_secs > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * 1500));
+    let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, acks_rx, deliveries_rx).await;
+
+    for (_, task) in session.subscriptions.drain() {
+        task.abort();
+    }
+    if let Some((goodbye, reason)) = &close.goodbye {
+        session.out.clear();
+        if session.codec.disconnect(*goodbye, reason, &mut session.out).is_ok() && !session.out.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), writer.write_all(&session.out)).await;
+        }
+        tracing::debug!(client_id, ?goodbye, reason, "MQTT connection closed by the server");
+    }
+    let _ = writer.shutdown().await;
+    broker.unregister(&client_id, connection);
+    if close.will
+        && let Some(will) = session.will.take()
+    {
+        publish_will(broker, will);
+    }
+}
+
+struct Session {
+    broker: Arc<Broker>,
+    codec: Codec,
+    out: BytesMut,
+    client_id: String,
+    will: Option<Will>,
+    /// v5 topic aliases the client defined.
+    aliases: HashMap<u16, String>,
+    /// QoS 2 publishes stored and PUBREC'd, waiting for PUBREL: a duplicate is not stored again.
+    awaiting_release: HashSet<NonZeroU16>,
+    /// Outgoing QoS 1/2 messages not yet acknowledged.
+    inflight: HashMap<NonZeroU16, Inflight>,
+    next_packet_id: u16,
+    client_receive_max: usize,
+    subscriptions: HashMap<String, JoinHandle<()>>,
+    acks_tx: mpsc::Sender<Ack>,
+    deliveries_tx: mpsc::Sender<Outbound>,
+    /// Inbound QoS 1/2 publishes not yet acknowledged, at most our receive maximum.
+    inbound_permits: Arc<Semaphore>,
+}
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    async fn serve(
+        &mut self,
+        reader: &mut OwnedReadHalf,
+        writer: &mut tokio::net::tcp::OwnedWriteHalf,
+        mut buf: BytesMut,
+        keep_alive: Option<Duration>,
+        mut kicked: tokio::sync::oneshot::Receiver<()>,
+        mut acks: mpsc::Receiver<Ack>,
+        mut deliveries: mpsc::Receiver<Outbound>,
+    ) -> Close {
+        let mut shutdown = self.broker.shutdown.clone();
+        let mut last_seen = Instant::now();
+        // Packets already buffered after CONNECT are handled first.
+        let mut pending_input = !buf.is_empty();
+        loop {
+            if pending_input {
+                pending_input = false;
+                if let Some(close) = self.handle_input(&mut buf).await {
+                    return close;
+                }
+            } else {
+                let deadline = keep_alive.map(|keep_alive| last_seen + keep_alive);
+                tokio::select! {
+                    _ = &mut kicked => {
+                        return Close::abnormal(Goodbye::SessionTakenOver, "another connection took this client id over");
+                    }
+                    _ = shutdown.changed() => {
+                        return Close { will: false, goodbye: Some((Goodbye::ShuttingDown, "the server is shutting down".into())) };
+                    }
+                    read = reader.read_buf(&mut buf) => match read {
+                        Ok(0) | Err(_) => return Close { will: true, goodbye: None },
+                        Ok(_) => {
+                            last_seen = Instant::now();
+                            if let Some(close) = self.handle_input(&mut buf).await {
+                                return close;
+                            }
+                        }
+                    },
+                    Some(ack) = acks.recv() => {
+                        if let Some(close) = self.send_ack(ack) {
+                            return close;
+                        }
+                    }
+                    Some(outbound) = deliveries.recv(), if self.inflight.len() < self.client_receive_max => {
+                        if let Some(close) = self.deliver(outbound) {
+                            return close;
+                        }
+                    }
+                    () = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => {
+                        return Close::abnormal(Goodbye::KeepAliveTimeout, "no packet within 1.5 times the keep-alive");
+                    }
+                }
+            }
+            // Send what is ready at once: acks and messages that queued up meanwhile too.
+            while self.out.len() < 64 * 1024 {
+                if let Ok(ack) = acks.try_recv() {
+                    if let Some(close) = self.send_ack(ack) {
+                        return close;
+                    }
+                } else if self.inflight.len() < self.client_receive_max
+                    && let Ok(outbound) = deliveries.try_recv()
+                {
+                    if let Some(close) = self.deliver(outbound) {
+                        return close;
+                    }
+                } else {
+                    break;
+                }
+            }
+            if !self.out.is_empty() {
+                match tokio::time::timeout(WRITE_TIMEOUT, writer.write_all(&self.out)).await {
+                    Ok(Ok(())) => self.out.clear(),
+                    _ => return Close { will: true, goodbye: None },
+                }
+            }
+        }
+    }
+
+    /// Handles every whole packet in `buf`.
+    async fn handle_input(&mut self, buf: &mut BytesMut) -> Option<Close> {
+        loop {
+            match self.codec.decode(buf) {
+                Ok(Some(packet)) => {
+                    metrics::counter!("mqtt_packets_received_total").increment(1);
+                    if let Some(close) = self.handle(packet).await {
+                        return Some(close);
+                    }
+                }
+                Ok(None) => return None,
+                Err(error) => {
+                    metrics::counter!("mqtt_protocol_errors_total").increment(1);
+                    return Some(Close::abnormal(goodbye_for(&error), error.to_string()));
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, packet: Inbound) -> Option<Close> {
+        match packet {
+            Inbound::Connect(_) => Some(Close::abnormal(Goodbye::ProtocolError, "a second CONNECT")),
+            Inbound::Publish(publish) => self.publish(*publish).await,
+            Inbound::PubAck(packet_id) => {
+                if self.inflight.get(&packet_id) == Some(&Inflight::AwaitingAck) {
+                    self.inflight.remove(&packet_id);
+                }
+                None
+            }
+            Inbound::PubRec(packet_id) => {
+                if self.inflight.get(&packet_id) == Some(&Inflight::AwaitingRec) {
+                    self.inflight.insert(packet_id, Inflight::AwaitingComp);
+                }
+                self.encoded(|codec, out| codec.publish_ack2(true, packet_id, out))
+            }
+            Inbound::PubComp(packet_id) => {
+                if self.inflight.get(&packet_id) == Some(&Inflight::AwaitingComp) {
+                    self.inflight.remove(&packet_id);
+                }
+                None
+            }
+            Inbound::PubRel(packet_id) => {
+                self.awaiting_release.remove(&packet_id);
+                self.encoded(|codec, out| codec.publish_ack2(false, packet_id, out))
+            }
+            Inbound::Subscribe { packet_id, id, filters } => {
+                let mut granted = Vec::with_capacity(filters.len());
+                for (filter, qos) in filters {
+                    granted.push(self.subscribe(filter, qos, id).await);
+                }
+                self.encoded(|codec, out| codec.suback(packet_id, &granted, out))
+            }
+            Inbound::Unsubscribe { packet_id, filters } => {
+                let existed: Vec<bool> = filters
+                    .iter()
+                    .map(|filter| match self.subscriptions.remove(filter) {
+                        Some(task) => {
+                            task.abort();
+                            metrics::gauge!("mqtt_subscriptions").decrement(1.0);
+                            true
+                        }
+                        None => false,
+                    })
+                    .collect();
+                self.encoded(|codec, out| codec.unsuback(packet_id, &existed, out))
+            }
+            Inbound::PingReq => self.encoded(|codec, out| codec.pingresp(out)),
+            Inbound::Disconnect { with_will } => Some(Close { will: with_will, goodbye: None }),
+            Inbound::Unexpected(name) => {
+                Some(Close::abnormal(Goodbye::ProtocolError, format!("{name} is not a packet a client sends")))
+            }
+        }
+    }
+
+    /// Encodes an answer; an encoding failure ends the connection.
+    fn encoded(
+        &mut self,
+        encode: impl FnOnce(&mut Codec, &mut BytesMut) -> Result<(), rmqtt_codec::error::EncodeError>,
+    ) -> Option<Close> {
+        match encode(&mut self.codec, &mut self.out) {
+            Ok(()) => None,
+            Err(error) => Some(Close::abnormal(Goodbye::Unavailable, format!("encoding an answer failed: {error}"))),
+        }
+    }
+
+    async fn publish(&mut self, publish: Publish) -> Option<Close> {
+        metrics::counter!("mqtt_publishes_received_total").increment(1);
+        let Publish { qos, topic, packet_id, payload, properties, retain, .. } = publish;
+        let mut topic = topic.to_string();
+        let (mut user_properties, mut expiry) = (Vec::new(), None);
+        if let Some(properties) = properties {
+            if let Some(alias) = properties.topic_alias {
+                if alias.get() > self.broker.config.topic_alias_max {
+                    return Some(Close::abnormal(
+                        Goodbye::TopicAliasInvalid,
+                        format!("topic alias {alias} is above the maximum"),
+                    ));
+                }
+                if topic.is_empty() {
+                    match self.aliases.get(&alias.get()) {
+                        Some(known) => topic = known.clone(),
+                        None => {
+                            return Some(Close::abnormal(
+                                Goodbye::TopicAliasInvalid,
+                                format!("topic alias {alias} was never set"),
+                            ));
+                        }
+                    }
+                } else {
+                    self.aliases.insert(alias.get(), topic.clone());
+                }
+            }
+            user_properties = properties.user_properties.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            expiry = properties.message_expiry_interval.map(NonZeroU32::get);
+        }
+        if retain {
+            tracing::debug!(client_id = %self.client_id, topic, "retained messages are not kept yet; stored as a plain message");
+        }
+        let refuse = |this: &mut Self, refusal: Refusal, reason: String| -> Option<Close> {
+            match (qos, packet_id, this.codec.version()) {
+                (QoS::AtMostOnce, _, _) | (_, None, _) => {
+                    tracing::debug!(reason, "QoS 0 message dropped");
+                    None
+                }
+                (_, Some(_), Version::V3) => Some(Close::abnormal(Goodbye::TopicNameInvalid, reason)),
+                (_, Some(packet_id), Version::V5) => {
+                    this.encoded(|codec, out| codec.publish_ack(qos, packet_id, Err((refusal, reason)), out))
+                }
+            }
+        };
+        if qos == QoS::ExactlyOnce
+            && let Some(packet_id) = packet_id
+            && self.awaiting_release.contains(&packet_id)
+        {
+            // A resend of a message already stored: acknowledge again, store nothing.
+            return self.encoded(|codec, out| codec.publish_ack(qos, packet_id, Ok(()), out));
+        }
+        let permit: Option<OwnedSemaphorePermit> = match (qos, self.codec.version()) {
+            (QoS::AtMostOnce, _) => None,
+            (_, Version::V5) => match self.inbound_permits.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    return Some(Close::abnormal(
+                        Goodbye::ReceiveMaximumExceeded,
+                        "more unacknowledged QoS 1/2 publishes than the receive maximum",
+                    ));
+                }
+            },
+            // v3 has no receive maximum: a client that outruns the disk waits here.
+            (_, Version::V3) => self.inbound_permits.clone().acquire_owned().await.ok(),
+        };
+        let queued = match append(&self.broker, &topic, payload, qos, user_properties, expiry).await {
+            Ok(queued) => queued,
+            Err((refusal, reason)) => return refuse(self, refusal, reason),
+        };
+        let Some(packet_id) = packet_id.filter(|_| qos != QoS::AtMostOnce) else {
+            tokio::spawn(async move {
+                if let Err(error) = queued.await {
+                    tracing::warn!(%error, "a QoS 0 message could not be stored");
+                }
+            });
+            return None;
+        };
+        if qos == QoS::ExactlyOnce {
+            self.awaiting_release.insert(packet_id);
+        }
+        let acks = self.acks_tx.clone();
+        tokio::spawn(async move {
+            let outcome = queued.await.map(|_| ()).map_err(|error| (Refusal::Unavailable, error.to_string()));
+            let _ = acks.send(Ack { qos, packet_id, outcome }).await;
+            drop(permit);
+        });
+        None
+    }
+
+    fn send_ack(&mut self, ack: Ack) -> Option<Close> {
+        if ack.outcome.is_err() {
+            self.awaiting_release.remove(&ack.packet_id);
+            if self.codec.version() == Version::V3 {
+                let reason = ack.outcome.err().map(|(_, reason)| reason).unwrap_or_default();
+                return Some(Close::abnormal(Goodbye::Unavailable, reason));
+            }
+        }
+        self.encoded(|codec, out| codec.publish_ack(ack.qos, ack.packet_id, ack.outcome, out))
+    }
+
+    async fn subscribe(&mut self, filter: String, qos: QoS, subscription_id: Option<NonZeroU32>) -> Granted {
+        if filter.starts_with("$share/") {
+            return Err(Refusal::SharedNotSupported);
+        }
+        let parsed = SubjectFilter::parse(&filter).map_err(|_| Refusal::TopicInvalid)?;
+        let stream = match stream_for(&self.broker, &filter).await {
+            Ok(stream) => stream,
+            Err((refusal, reason)) => {
+                tracing::debug!(client_id = %self.client_id, filter, reason, "subscription refused");
+                return Err(refusal);
+            }
+        };
+        let positions: Vec<u64> = (0..stream.partition_count())
+            .map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset()))
+            .collect();
+        let mut cursor = self
+            .broker
+            .engine
+            .subscribe(&stream, Filter::subject(parsed), positions)
+            .map_err(|_| Refusal::Unavailable)?;
+        let deliveries = self.deliveries_tx.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match cursor.next().await {
+                    Ok(Delivery::Event(event, _)) => {
+                        if deliveries.send(Outbound::Message { event, qos, subscription_id }).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Delivery::Overflow { .. }) => {
+                        let _ = deliveries.send(Outbound::CutOff).await;
+                        return;
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        if let Some(previous) = self.subscriptions.insert(filter, task) {
+            previous.abort();
+        } else {
+            metrics::gauge!("mqtt_subscriptions").increment(1.0);
+        }
+        Ok(qos)
+    }
+
+    fn allocate_packet_id(&mut self) -> NonZeroU16 {
+        loop {
+            let id = NonZeroU16::new(self.next_packet_id).unwrap_or(NonZeroU16::MIN);
+            self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
+            if !self.inflight.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn deliver(&mut self, outbound: Outbound) -> Option<Close> {
+        let (event, granted, subscription_id) = match outbound {
+            Outbound::Message { event, qos, subscription_id } => (event, qos, subscription_id),
+            Outbound::CutOff => {
+                return Some(Close::abnormal(
+                    Goodbye::QuotaExceeded,
+                    "this client fell too far behind its subscriptions and was cut off",
+                ));
+            }
+        };
+        let record = &event.record;
+        let header = |name: &str| {
+            record.headers.iter().find(|(key, _)| key == name).and_then(|(_, value)| std::str::from_utf8(value).ok())
+        };
+        let published_qos = match header(QOS_HEADER) {
+            Some("0") => QoS::AtMostOnce,
+            Some("2") => QoS::ExactlyOnce,
+            _ => QoS::AtLeastOnce,
+        };
+        let qos = if qos_rank(published_qos) < qos_rank(granted) { published_qos } else { granted };
+        let mut expiry = None;
+        if let Some(expires) = header(EXPIRES_HEADER).and_then(|text| text.parse::<i64>().ok()) {
+            let left_ms = expires - now_ms();
+            if left_ms <= 0 {
+                metrics::counter!("mqtt_messages_expired_total").increment(1);
+                return None;
+            }
+            expiry = NonZeroU32::new(((left_ms + 999) / 1000).min(i64::from(u32::MAX)) as u32);
+        }
+        let topic = record.subject.clone().unwrap_or_else(|| event.stream.to_string());
+        let packet_id = (qos != QoS::AtMostOnce).then(|| self.allocate_packet_id());
+        let properties = (self.codec.version() == Version::V5).then(|| PublishProperties {
+            topic_alias: None,
+            correlation_data: None,
+            message_expiry_interval: expiry,
+            content_type: None,
+            user_properties: record
+                .headers
+                .iter()
+                .filter(|(name, _)| !name.starts_with("onehop-"))
+                .map(|(name, value)| {
+                    (ByteString::from(name.clone()), ByteString::from(String::from_utf8_lossy(value).into_owned()))
+                })
+                .collect(),
+            is_utf8_payload: false,
+            response_topic: None,
+            subscription_ids: subscription_id.into_iter().collect(),
+        });
+        let publish = Publish {
+            dup: false,
+            retain: false,
+            qos,
+            topic: ByteString::from(topic),
+            packet_id,
+            payload: record.value.clone().unwrap_or_default(),
+            properties,
+        };
+        match self.codec.publish(publish, &mut self.out) {
+            Ok(()) => {
+                metrics::counter!("mqtt_messages_sent_total").increment(1);
+                if let Some(packet_id) = packet_id {
+                    let state = if qos == QoS::ExactlyOnce { Inflight::AwaitingRec } else { Inflight::AwaitingAck };
+                    self.inflight.insert(packet_id, state);
+                }
+                None
+            }
+            Err(rmqtt_codec::error::EncodeError::OverMaxPacketSize { .. }) => {
+                // MQTT 5: a message larger than the client accepts is discarded for that client.
+                metrics::counter!("mqtt_messages_too_large_total").increment(1);
+                None
+            }
+            Err(error) => Some(Close::abnormal(Goodbye::Unavailable, format!("encoding a message failed: {error}"))),
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The MQTT broker (3.1.1 and 5.0 over TCP), on the same log and hub as HTTP.
+//!
+//! # Mapping
+//!
+//! A PUBLISH to `sensors/room-1/temp` appends a record to the stream named by the topic's first
+//! level (`sensors`, created on first use when `auto_create` is on) with the topic as its
+//! subject, the payload as its value and v5 user properties as headers. Records of one topic
+//! stay in one partition (chosen by the topic's hash), so they keep their order. A QoS 1 or 2
+//! publish is acknowledged only once its record is durable at the stream's durability; QoS 0
+//! is written `async`.
+//!
+//! A SUBSCRIBE to `sensors/+/temp` follows the stream `sensors` through the hub, like an SSE
+//! or WebSocket subscription to `/streams/sensors?subject=sensors/+/temp`: HTTP and MQTT
+//! publishers and subscribers of one subject see the same records. A message is delivered at
+//! the lower of the subscription's QoS and its publisher's (records published over HTTP count
+//! as QoS 1).
+//!
+//! # Not yet
+//!
+//! Persistent sessions (a v3 `clean_session = 0` or a v5 session expiry is accepted, the
+//! session ends with the connection, and CONNACK says no session was present), retained
+//! messages, shared subscriptions (`$share/…`, refused per filter) and filters whose first
+//! level is a wildcard (`#`, `+/x`; refused per filter) come next. MQTT over WebSocket too.
+
+mod connection;
+pub mod proto;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use onehop_engine::Engine;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, oneshot, watch};
+
+/// Decides whether a client may connect. The default allows everyone.
+pub trait Authenticate: Send + Sync {
+    fn allow(&self, client_id: &str, username: Option<&str>, password: Option<&[u8]>) -> bool;
+}
+
+/// Lets every client in.
+pub struct AllowAll;
+
+impl Authenticate for AllowAll {
+    fn allow(&self, _client_id: &str, _username: Option<&str>, _password: Option<&[u8]>) -> bool {
+        true
+    }
+}
+
+/// The broker's limits.
+#[derive(Clone)]
+pub struct MqttConfig {
+    /// Largest packet accepted from a client (also advertised to v5 clients).
+    pub max_packet_bytes: u32,
+    /// QoS 1/2 publishes a client may have unacknowledged at once (v5 receive maximum).
+    pub receive_max: u16,
+    /// Topic aliases a v5 client may define.
+    pub topic_alias_max: u16,
+    /// Messages waiting to be written to one client before its subscriptions are cut off.
+    pub outbound_queue: usize,
+    /// Time a new connection has to send CONNECT.
+    pub connect_timeout: Duration,
+    /// Most MQTT connections at once.
+    pub connections_max: usize,
+    pub auth: Arc<dyn Authenticate>,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            max_packet_bytes: 1024 * 1024,
+            receive_max: 1024,
+            topic_alias_max: 64,
+            outbound_queue: 1024,
+            connect_timeout: Duration::from_secs(10),
+            connections_max: 20_000,
+            auth: Arc::new(AllowAll),
+        }
+    }
+}
+
+/// What every connection shares.
+pub struct Broker {
+    engine: Arc<Engine>,
+    config: MqttConfig,
+    /// Connected clients by id, with the signal that takes their session over.
+    clients: Mutex<HashMap<String, (u64, oneshot::Sender<()>)>>,
+    next_connection: AtomicU64,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Broker {
+    /// Registers `client_id` for connection `connection`, taking over (disconnecting) an
+    /// earlier connection with the same id. Returns the signal of this one's takeover.
+    fn register(&self, client_id: &str, connection: u64) -> oneshot::Receiver<()> {
+        let (kick, kicked) = oneshot::channel();
+        let previous = self.clients.lock().expect("clients lock").insert(client_id.to_string(), (connection, kick));
+        if let Some((_, kick)) = previous {
+            let _ = kick.send(());
+        }
+        kicked
+    }
+
+    fn unregister(&self, client_id: &str, connection: u64) {
+        let mut clients = self.clients.lock().expect("clients lock");
+        if clients.get(client_id).is_some_and(|(id, _)| *id == connection) {
+            clients.remove(client_id);
+        }
+    }
+}
+
+/// Serves MQTT on `listener` until `shutdown` resolves; then every connection is told the
+/// server is shutting down (v5) and closed.
+pub async fn serve_mqtt(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    config: MqttConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop, stopped) = watch::channel(false);
+    let permits = Arc::new(Semaphore::new(config.connections_max));
+    let broker = Arc::new(Broker {
+        engine,
+        config,
+        clients: Mutex::new(HashMap::new()),
+        next_connection: AtomicU64::new(1),
+        shutdown: stopped,
+    });
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "MQTT accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            metrics::counter!("mqtt_connections_refused_total").increment(1);
+            tracing::warn!(%peer, "MQTT connection refused: connections_max reached");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let id = broker.next_connection.fetch_add(1, Ordering::Relaxed);
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            metrics::gauge!("mqtt_connections").increment(1.0);
+            connection::run(broker, stream, id).await;
+            metrics::gauge!("mqtt_connections").decrement(1.0);
+            drop(permit);
+        });
+    }
+    let _ = stop.send(true);
+    // Give connections a moment to say goodbye.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while permits.available_permits() < broker.config.connections_max && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
