@@ -310,3 +310,35 @@ fn acknowledged_qos1_publishes_survive_kill_9() {
         assert_eq!(*value, format!("m{i}"), "acknowledged message {i} lost or out of order");
     }
 }
+
+#[test]
+fn retained_messages_are_sent_to_new_subscribers_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let mut server = start(dir.path(), &args, &[]);
+    let mqtt = server.mqtt_address;
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/kitchen/light", "-m", "on"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/hall/light", "-m", "off"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/hall/light", "-m", "dim"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home-other/x", "-m", "not under home"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "home/kitchen/door", "-m", "not retained"]);
+    // %r is the retain flag.
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "home/+/light", "-F", "MSG %r %t %p"], 2);
+    let mut got = sub_output(sub);
+    got.sort();
+    assert_eq!(got, ["1 home/hall/light dim", "1 home/kitchen/light on"], "the newest retained message per topic");
+
+    // A clean stop and a start: still there. An empty retained message clears a topic.
+    server.signal("TERM");
+    assert!(server.wait_exit().success());
+    let server = start(dir.path(), &args, &[]);
+    let mqtt = server.mqtt_address;
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/kitchen/light", "-n"]);
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "home/#", "-F", "MSG %r %t %p"], 1);
+    assert_eq!(sub_output(sub), ["1 home/hall/light dim"]);
+    // Live messages reach existing subscribers without the flag (MQTT 3.1.1 rules).
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "home/garage/light", "-F", "MSG %r %t %p"], 1);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/garage/light", "-m", "on"]);
+    assert_eq!(sub_output(sub), ["0 home/garage/light on"]);
+}

@@ -27,13 +27,15 @@ use tokio_util::codec::Decoder;
 
 use super::Broker;
 use super::proto::{
-    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, Version, Will, goodbye_for,
+    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for,
 };
 
 /// The record header holding the QoS a message was published with.
 const QOS_HEADER: &str = "onehop-mqtt-qos";
 /// The record header holding when a message expires (ms since the epoch), from v5 message expiry.
 const EXPIRES_HEADER: &str = "onehop-mqtt-expires";
+/// The record header marking a message published with the retain flag.
+const RETAIN_HEADER: &str = "onehop-mqtt-retain";
 /// How long writing to a client may take before it is given up on.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -62,6 +64,10 @@ enum Outbound {
         event: Arc<Event>,
         qos: QoS,
         subscription_id: Option<NonZeroU32>,
+        /// Sent with the retain flag: a retained message at subscribe time.
+        retain: bool,
+        /// v5: a live message keeps the retain flag it was published with.
+        retain_as_published: bool,
     },
     /// The hub cut a subscription off: the client is too slow.
     CutOff,
@@ -181,14 +187,32 @@ async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusa
     })
 }
 
+/// The record headers of a message: its user properties, QoS, expiry and retain flag.
+fn message_headers(
+    qos: QoS,
+    user_properties: Vec<(String, String)>,
+    expiry_secs: Option<u32>,
+    retain: bool,
+) -> Vec<(String, Bytes)> {
+    let mut headers: Vec<(String, Bytes)> =
+        user_properties.into_iter().map(|(name, value)| (name, Bytes::from(value))).collect();
+    headers.push((QOS_HEADER.to_string(), Bytes::from(qos_rank(qos).to_string())));
+    if let Some(secs) = expiry_secs {
+        headers.push((EXPIRES_HEADER.to_string(), Bytes::from((now_ms() + i64::from(secs) * 1000).to_string())));
+    }
+    if retain {
+        headers.push((RETAIN_HEADER.to_string(), Bytes::from_static(b"1")));
+    }
+    headers
+}
+
 /// Queues a message for the log: the stream its topic names, the partition its topic hashes to.
 async fn append(
     broker: &Broker,
     topic: &str,
     payload: Bytes,
     qos: QoS,
-    user_properties: Vec<(String, String)>,
-    expiry_secs: Option<u32>,
+    headers: Vec<(String, Bytes)>,
 ) -> Result<onehop_log::QueuedAppend, (Refusal, String)> {
     if let Err(error) = validate_subject(topic) {
         return Err((Refusal::TopicInvalid, format!("topic {topic:?}: {error}")));
@@ -197,12 +221,6 @@ async fn append(
         return Err((Refusal::TopicInvalid, format!("topic {topic:?}: topics starting with $ are reserved")));
     }
     let stream = stream_for(broker, topic).await?;
-    let mut headers: Vec<(String, Bytes)> =
-        user_properties.into_iter().map(|(name, value)| (name, Bytes::from(value))).collect();
-    headers.push((QOS_HEADER.to_string(), Bytes::from(qos_rank(qos).to_string())));
-    if let Some(secs) = expiry_secs {
-        headers.push((EXPIRES_HEADER.to_string(), Bytes::from((now_ms() + i64::from(secs) * 1000).to_string())));
-    }
     let record =
         NewRecord { timestamp_ms: None, key: None, subject: Some(topic.to_string()), headers, value: Some(payload) };
     let partition = crc32c::crc32c(topic.as_bytes()) % stream.partition_count();
@@ -218,12 +236,17 @@ async fn append(
 /// Publishes a will message (after the connection ended abnormally).
 fn publish_will(broker: Arc<Broker>, will: Will) {
     tokio::spawn(async move {
-        let queued =
-            append(&broker, &will.topic, will.payload, will.qos, will.user_properties, will.message_expiry_secs).await;
+        let headers = message_headers(will.qos, will.user_properties, will.message_expiry_secs, will.retain);
+        let queued = append(&broker, &will.topic, will.payload.clone(), will.qos, headers.clone()).await;
         match queued {
             Ok(queued) => {
                 if let Err(error) = queued.await {
                     tracing::warn!(topic = %will.topic, %error, "the will message could not be stored");
+                }
+                if will.retain
+                    && let Err(error) = broker.retained.set(&will.topic, will.payload, headers).await
+                {
+                    tracing::warn!(topic = %will.topic, %error, "the retained will could not be stored");
                 }
             }
             Err((_, reason)) => tracing::debug!(topic = %will.topic, reason, "will message dropped"),
@@ -463,8 +486,8 @@ impl Session {
             }
             Inbound::Subscribe { packet_id, id, filters } => {
                 let mut granted = Vec::with_capacity(filters.len());
-                for (filter, qos) in filters {
-                    granted.push(self.subscribe(filter, qos, id).await);
+                for filter in filters {
+                    granted.push(self.subscribe(filter, id).await);
                 }
                 self.encoded(|codec, out| codec.suback(packet_id, &granted, out))
             }
@@ -531,9 +554,6 @@ impl Session {
             user_properties = properties.user_properties.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
             expiry = properties.message_expiry_interval.map(NonZeroU32::get);
         }
-        if retain {
-            tracing::debug!(client_id = %self.client_id, topic, "retained messages are not kept yet; stored as a plain message");
-        }
         let refuse = |this: &mut Self, refusal: Refusal, reason: String| -> Option<Close> {
             match (qos, packet_id, this.codec.version()) {
                 (QoS::AtMostOnce, _, _) | (_, None, _) => {
@@ -567,13 +587,28 @@ impl Session {
             // v3 has no receive maximum: a client that outruns the disk waits here.
             (_, Version::V3) => self.inbound_permits.clone().acquire_owned().await.ok(),
         };
-        let queued = match append(&self.broker, &topic, payload, qos, user_properties, expiry).await {
+        let headers = message_headers(qos, user_properties, expiry, retain);
+        let queued = match append(&self.broker, &topic, payload.clone(), qos, headers.clone()).await {
             Ok(queued) => queued,
             Err((refusal, reason)) => return refuse(self, refusal, reason),
         };
+        // A retained message is also stored as its topic's retained message, durably before
+        // the acknowledgement.
+        let broker = self.broker.clone();
+        let stored = async move {
+            let appended = queued.await.map(|_| ()).map_err(|error| (Refusal::Unavailable, error.to_string()));
+            if appended.is_ok() && retain {
+                return broker
+                    .retained
+                    .set(&topic, payload, headers)
+                    .await
+                    .map_err(|error| (Refusal::Unavailable, error));
+            }
+            appended
+        };
         let Some(packet_id) = packet_id.filter(|_| qos != QoS::AtMostOnce) else {
             tokio::spawn(async move {
-                if let Err(error) = queued.await {
+                if let Err((_, error)) = stored.await {
                     tracing::warn!(%error, "a QoS 0 message could not be stored");
                 }
             });
@@ -584,7 +619,7 @@ impl Session {
         }
         let acks = self.acks_tx.clone();
         tokio::spawn(async move {
-            let outcome = queued.await.map(|_| ()).map_err(|error| (Refusal::Unavailable, error.to_string()));
+            let outcome = stored.await;
             let _ = acks.send(Ack { qos, packet_id, outcome }).await;
             drop(permit);
         });
@@ -602,7 +637,8 @@ impl Session {
         self.encoded(|codec, out| codec.publish_ack(ack.qos, ack.packet_id, ack.outcome, out))
     }
 
-    async fn subscribe(&mut self, filter: String, qos: QoS, subscription_id: Option<NonZeroU32>) -> Granted {
+    async fn subscribe(&mut self, request: SubscribeFilter, subscription_id: Option<NonZeroU32>) -> Granted {
+        let SubscribeFilter { filter, qos, retain_handling, retain_as_published } = request;
         if filter.starts_with("$share/") {
             return Err(Refusal::SharedNotSupported);
         }
@@ -617,17 +653,43 @@ impl Session {
         let positions: Vec<u64> = (0..stream.partition_count())
             .map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset()))
             .collect();
+        let is_new = !self.subscriptions.contains_key(&filter);
+        let retained = match retain_handling {
+            0 => self.broker.retained.matching(&parsed),
+            1 if is_new => self.broker.retained.matching(&parsed),
+            _ => Vec::new(),
+        };
         let mut cursor = self
             .broker
             .engine
             .subscribe(&stream, Filter::subject(parsed), positions)
             .map_err(|_| Refusal::Unavailable)?;
         let deliveries = self.deliveries_tx.clone();
+        let stream_name: Arc<str> = Arc::from(stream.name());
         let task = tokio::spawn(async move {
+            // The retained messages first, flagged as such; then what is published from now on.
+            for message in retained {
+                let record = onehop_log::Record {
+                    offset: 0,
+                    timestamp_ms: 0,
+                    key: None,
+                    subject: Some(message.topic),
+                    headers: message.headers,
+                    value: Some(message.payload),
+                };
+                let event = Arc::new(Event::new(stream_name.clone(), 0, record, false));
+                let outbound =
+                    Outbound::Message { event, qos, subscription_id, retain: true, retain_as_published: true };
+                if deliveries.send(outbound).await.is_err() {
+                    return;
+                }
+            }
             loop {
                 match cursor.next().await {
                     Ok(Delivery::Event(event, _)) => {
-                        if deliveries.send(Outbound::Message { event, qos, subscription_id }).await.is_err() {
+                        let outbound =
+                            Outbound::Message { event, qos, subscription_id, retain: false, retain_as_published };
+                        if deliveries.send(outbound).await.is_err() {
                             return;
                         }
                     }
@@ -658,8 +720,10 @@ impl Session {
     }
 
     fn deliver(&mut self, outbound: Outbound) -> Option<Close> {
-        let (event, granted, subscription_id) = match outbound {
-            Outbound::Message { event, qos, subscription_id } => (event, qos, subscription_id),
+        let (event, granted, subscription_id, retain, retain_as_published) = match outbound {
+            Outbound::Message { event, qos, subscription_id, retain, retain_as_published } => {
+                (event, qos, subscription_id, retain, retain_as_published)
+            }
             Outbound::CutOff => {
                 return Some(Close::abnormal(
                     Goodbye::QuotaExceeded,
@@ -705,9 +769,10 @@ impl Session {
             response_topic: None,
             subscription_ids: subscription_id.into_iter().collect(),
         });
+        let retain = retain || (retain_as_published && header(RETAIN_HEADER).is_some());
         let publish = Publish {
             dup: false,
-            retain: false,
+            retain,
             qos,
             topic: ByteString::from(topic),
             packet_id,

@@ -15,15 +15,19 @@
 //! the lower of the subscription's QoS and its publisher's (records published over HTTP count
 //! as QoS 1).
 //!
+//! A retained PUBLISH is stored both in its stream and as its topic's retained message
+//! ([`retained`]); a new subscription first gets the retained messages its filter matches.
+//!
 //! # Not yet
 //!
 //! Persistent sessions (a v3 `clean_session = 0` or a v5 session expiry is accepted, the
-//! session ends with the connection, and CONNACK says no session was present), retained
-//! messages, shared subscriptions (`$share/…`, refused per filter) and filters whose first
-//! level is a wildcard (`#`, `+/x`; refused per filter) come next. MQTT over WebSocket too.
+//! session ends with the connection, and CONNACK says no session was present), shared
+//! subscriptions (`$share/…`, refused per filter) and filters whose first level is a wildcard
+//! (`#`, `+/x`; refused per filter) come next. MQTT over WebSocket too.
 
 mod connection;
 pub mod proto;
+pub mod retained;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -90,6 +94,7 @@ pub struct Broker {
     clients: Mutex<HashMap<String, (u64, oneshot::Sender<()>)>>,
     next_connection: AtomicU64,
     shutdown: watch::Receiver<bool>,
+    retained: retained::RetainedStore,
 }
 
 impl Broker {
@@ -122,7 +127,15 @@ pub async fn serve_mqtt(
 ) -> std::io::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let permits = Arc::new(Semaphore::new(config.connections_max));
+    let retained = {
+        let (log, record_bytes_max) = (engine.log().clone(), engine.options().stream_defaults.record_bytes_max);
+        tokio::task::spawn_blocking(move || retained::RetainedStore::open(&log, record_bytes_max))
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?
+    };
     let broker = Arc::new(Broker {
+        retained,
         engine,
         config,
         clients: Mutex::new(HashMap::new()),

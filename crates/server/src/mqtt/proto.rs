@@ -44,6 +44,17 @@ pub struct Connect {
     pub max_packet_size: Option<u32>,
 }
 
+/// One filter of a SUBSCRIBE with its options (v3.1.1 has only the QoS).
+#[derive(Debug, Clone)]
+pub struct SubscribeFilter {
+    pub filter: String,
+    pub qos: QoS,
+    /// v5: 0 send retained messages at subscribe, 1 only for a new subscription, 2 never.
+    pub retain_handling: u8,
+    /// v5: keep the retain flag of messages as published (else live messages have it clear).
+    pub retain_as_published: bool,
+}
+
 /// What a client sends.
 #[derive(Debug)]
 pub enum Inbound {
@@ -56,7 +67,7 @@ pub enum Inbound {
     Subscribe {
         packet_id: NonZeroU16,
         id: Option<NonZeroU32>,
-        filters: Vec<(String, QoS)>,
+        filters: Vec<SubscribeFilter>,
     },
     Unsubscribe {
         packet_id: NonZeroU16,
@@ -166,7 +177,15 @@ impl Codec {
                     v3::Packet::Subscribe { packet_id, topic_filters } => Inbound::Subscribe {
                         packet_id,
                         id: None,
-                        filters: topic_filters.iter().map(|(filter, qos)| (text(filter), *qos)).collect(),
+                        filters: topic_filters
+                            .iter()
+                            .map(|(filter, qos)| SubscribeFilter {
+                                filter: text(filter),
+                                qos: *qos,
+                                retain_handling: 0,
+                                retain_as_published: false,
+                            })
+                            .collect(),
                     },
                     v3::Packet::Unsubscribe { packet_id, topic_filters } => {
                         Inbound::Unsubscribe { packet_id, filters: topic_filters.iter().map(text).collect() }
@@ -211,7 +230,12 @@ impl Codec {
                         filters: subscribe
                             .topic_filters
                             .iter()
-                            .map(|(filter, options)| (text(filter), options.qos))
+                            .map(|(filter, options)| SubscribeFilter {
+                                filter: text(filter),
+                                qos: options.qos,
+                                retain_handling: u8::from(options.retain_handling),
+                                retain_as_published: options.retain_as_published,
+                            })
                             .collect(),
                     },
                     v5::Packet::Unsubscribe(unsubscribe) => Inbound::Unsubscribe {
@@ -267,7 +291,7 @@ impl Codec {
                         ack.max_packet_size = Some(info.max_packet_size);
                         ack.topic_alias_max = info.topic_alias_max;
                         ack.session_expiry_interval_secs = Some(0);
-                        ack.retain_available = false;
+                        ack.retain_available = true;
                         ack.wildcard_subscription_available = true;
                         ack.subscription_identifiers_available = true;
                         ack.shared_subscription_available = false;

@@ -1,0 +1,114 @@
+//! Retained messages: the last retained message of each topic, kept in the compacted system
+//! topic `__mqtt_retained` (key = topic, value = payload, headers = QoS, user properties,
+//! expiry; a tombstone when an empty retained message clears the topic) and in memory,
+//! replayed from that topic at start. So retained messages survive restarts.
+//!
+//! The memory map keeps, per topic, the log offset of the message it holds: a message replaces
+//! another only if it is later in the log, so concurrent retained publishes to one topic end
+//! as the log orders them, whatever order their acknowledgements arrive in.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use onehop_engine::subject::SubjectFilter;
+use onehop_log::{Durability, Log, NewRecord, Partition, PartitionConfig};
+
+pub const RETAINED_TOPIC: &str = "__mqtt_retained";
+
+/// A retained message.
+#[derive(Clone, Debug)]
+pub struct Retained {
+    pub topic: String,
+    pub payload: Bytes,
+    /// The record headers it was published with (QoS, user properties, expiry).
+    pub headers: Vec<(String, Bytes)>,
+}
+
+pub struct RetainedStore {
+    log: Arc<Partition>,
+    /// Topic → (offset, message).
+    messages: RwLock<BTreeMap<String, (u64, Retained)>>,
+}
+
+impl RetainedStore {
+    /// Opens (creating it the first time) and replays the retained topic.
+    pub fn open(log: &Log, record_bytes_max: usize) -> Result<RetainedStore, String> {
+        let config = PartitionConfig {
+            compacted: true,
+            durability: Durability::Fsync,
+            record_bytes_max,
+            batch_bytes_max: record_bytes_max.max(1024 * 1024),
+            ..PartitionConfig::default()
+        };
+        let partition = log.open_partition(RETAINED_TOPIC, 0, config).map_err(|error| error.to_string())?;
+        let store = RetainedStore { log: partition, messages: RwLock::new(BTreeMap::new()) };
+        let mut next = store.log.start_offset();
+        let end = store.log.end_offset();
+        while next < end {
+            let records = store.log.read(next, 1024, 8 * 1024 * 1024).map_err(|error| error.to_string())?;
+            let Some(last) = records.last() else { break };
+            next = last.offset + 1;
+            for record in records {
+                let Some(topic) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { continue };
+                let topic = topic.to_string();
+                let offset = record.offset;
+                store.apply(offset, topic, record.value, record.headers);
+            }
+        }
+        tracing::info!(retained = store.len(), "retained MQTT messages replayed");
+        Ok(store)
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.read().expect("retained lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn apply(&self, offset: u64, topic: String, payload: Option<Bytes>, headers: Vec<(String, Bytes)>) {
+        let mut messages = self.messages.write().expect("retained lock");
+        if messages.get(&topic).is_some_and(|(held, _)| *held > offset) {
+            return;
+        }
+        match payload.filter(|payload| !payload.is_empty()) {
+            Some(payload) => {
+                messages.insert(topic.clone(), (offset, Retained { topic, payload, headers }));
+            }
+            None => {
+                messages.remove(&topic);
+            }
+        }
+        metrics::gauge!("mqtt_retained_messages").set(messages.len() as f64);
+    }
+
+    /// Stores `payload` as the retained message of `topic` (an empty payload clears it),
+    /// durably; returns once it is.
+    pub async fn set(&self, topic: &str, payload: Bytes, headers: Vec<(String, Bytes)>) -> Result<(), String> {
+        let record = NewRecord {
+            timestamp_ms: None,
+            key: Some(Bytes::from(topic.to_string())),
+            subject: None,
+            headers: if payload.is_empty() { Vec::new() } else { headers.clone() },
+            value: (!payload.is_empty()).then(|| payload.clone()),
+        };
+        let ack = self.log.append(std::slice::from_ref(&record)).await.map_err(|error| error.to_string())?;
+        self.apply(ack.base_offset, topic.to_string(), Some(payload), headers);
+        Ok(())
+    }
+
+    /// The retained messages whose topic matches `filter`.
+    pub fn matching(&self, filter: &SubjectFilter) -> Vec<Retained> {
+        let messages = self.messages.read().expect("retained lock");
+        // Filters start with a stream name, so only topics under it can match.
+        let first = filter.as_str().split('/').next().unwrap_or_default();
+        messages
+            .range(first.to_string()..)
+            .take_while(|(topic, _)| topic.starts_with(first))
+            .filter(|(topic, _)| topic.split('/').next() == Some(first) && filter.matches(topic))
+            .map(|(_, (_, message))| message.clone())
+            .collect()
+    }
+}
