@@ -5,6 +5,8 @@
 //! - `log`: `onehop bench log` — the fdatasync floor against log appends at several writer
 //!   counts in `fsync` and `async` mode.
 //! - `notify`: `onehop bench notify` — a durable write over HTTP reaching SSE subscribers.
+//! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, open loop, with
+//!   a rate sweep.
 //! - `server`: starting and stopping a `onehop serve` process for a run.
 //! - `histogram`: latency histograms (HdrHistogram, nanoseconds) and their percentiles.
 //! - `plot`: small self-contained SVG charts for reports.
@@ -14,6 +16,7 @@
 
 pub mod histogram;
 pub mod log;
+pub mod mqtt;
 pub mod notify;
 pub mod plot;
 pub mod server;

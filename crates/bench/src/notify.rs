@@ -109,7 +109,7 @@ pub struct NotifyReport {
 }
 
 /// Resident set size of process `pid`, in MiB, from /proc.
-fn rss_mb(pid: u32) -> Option<f64> {
+pub(crate) fn rss_mb(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -118,7 +118,7 @@ fn rss_mb(pid: u32) -> Option<f64> {
 
 /// Lets the publisher thread's sleeps end within microseconds of the intended time instead of
 /// the default 50 µs timer slack.
-fn tighten_timer_slack() {
+pub(crate) fn tighten_timer_slack() {
     // SAFETY: PR_SET_TIMERSLACK takes an integer and touches no memory of ours.
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);

@@ -12,6 +12,8 @@ use anyhow::{Context, bail};
 pub struct ServerProcess {
     child: Child,
     pub url: String,
+    /// The MQTT listener, `host:port`.
+    pub mqtt: String,
     _data: tempfile::TempDir,
 }
 
@@ -22,7 +24,7 @@ impl ServerProcess {
         let data = tempfile::Builder::new().prefix("onehop-bench-data-").tempdir_in(dir)?;
         let mut child = Command::new(exe)
             .arg("serve")
-            .args(["--http-addr", "127.0.0.1:0", "--log", "warn,onehop=info"])
+            .args(["--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log", "warn,onehop=info"])
             .arg("--data-dir")
             .arg(data.path())
             .args(extra_args)
@@ -40,8 +42,12 @@ impl ServerProcess {
                 }
             }
         });
+        let mut mqtt = String::new();
         let url = loop {
             let line = lines.recv_timeout(Duration::from_secs(30)).context("the server did not start within 30 s")?;
+            if let Some(rest) = line.split("listening on mqtt://").nth(1) {
+                mqtt = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default().to_string();
+            }
             if let Some(rest) = line.split("listening on http://").nth(1) {
                 let address = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default();
                 break format!("http://{address}");
@@ -53,7 +59,7 @@ impl ServerProcess {
         };
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || while lines.recv().is_ok() {});
-        Ok(ServerProcess { child, url, _data: data })
+        Ok(ServerProcess { child, url, mqtt, _data: data })
     }
 
     pub fn pid(&self) -> u32 {

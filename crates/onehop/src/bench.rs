@@ -5,13 +5,43 @@ use std::time::Duration;
 use anyhow::Context;
 use onehop_bench::log::{LogBenchOptions, json_line, table};
 
-use crate::cli::{BenchCommand, BenchLogArgs, BenchNotifyArgs};
+use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs};
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Log(args) => bench_log(args),
         BenchCommand::Notify(args) => bench_notify(args),
+        BenchCommand::Mqtt(args) => bench_mqtt(args),
     }
+}
+
+fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {
+    use onehop_bench::mqtt::{MqttBenchOptions, json_line, run, table};
+    if !(args.duration > 0.0 && args.warmup >= 0.0) {
+        anyhow::bail!("--duration must be positive and --warmup not negative");
+    }
+    let options = MqttBenchOptions {
+        address: args.address,
+        exe: std::env::current_exe().context("finding the onehop executable")?,
+        dir: args.dir,
+        publishers: args.publishers,
+        subscribers: args.subscribers,
+        rate: args.rate,
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+        payload_bytes: args.payload_bytes,
+        qos: args.qos,
+        sweep: args.sweep,
+        idle_clients: args.idle_clients,
+        progress: !args.no_progress,
+    };
+    let report = run(&options)?;
+    println!("{}", table(&report));
+    println!("command: onehop bench mqtt {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    if args.json {
+        println!("{}", json_line(&report));
+    }
+    Ok(())
 }
 
 fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {

@@ -133,6 +133,53 @@ pub enum BenchCommand {
     Log(BenchLogArgs),
     /// Write over HTTP → subscribers over SSE: latency from intended send to receipt.
     Notify(BenchNotifyArgs),
+    /// MQTT publishers → broker → subscribers, open loop: latency from intended send to receipt.
+    Mqtt(BenchMqttArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchMqttArgs {
+    /// A running broker (`host:port`) to measure; without it, a server is started on a
+    /// temporary data directory under --dir and stopped afterwards.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub address: Option<String>,
+    /// Where a started server keeps its data: put it on the disk to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Publishing connections; the rate is shared among them.
+    #[arg(long, default_value_t = 1)]
+    pub publishers: usize,
+    /// Subscribing connections, each receiving every message.
+    #[arg(long, default_value_t = 1)]
+    pub subscribers: usize,
+    /// Messages per second, all publishers together, on a fixed schedule.
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    /// Measured seconds (per rate with --sweep).
+    #[arg(long = "duration", value_name = "SECONDS", default_value_t = 10.0)]
+    pub duration: f64,
+    /// Unmeasured seconds first.
+    #[arg(long = "warmup", value_name = "SECONDS", default_value_t = 2.0)]
+    pub warmup: f64,
+    /// Payload size in bytes (at least 16: the intended send time and a sequence number).
+    #[arg(long, default_value_t = 256)]
+    pub payload_bytes: usize,
+    /// QoS of publishes and subscriptions.
+    #[arg(long, default_value_t = 1)]
+    pub qos: u8,
+    /// Double the rate from --rate until p99 exceeds 10 ms or a message goes missing; report
+    /// the highest rate that held.
+    #[arg(long)]
+    pub sweep: bool,
+    /// Extra clients that connect and stay idle for the whole run.
+    #[arg(long, default_value_t = 0)]
+    pub idle_clients: usize,
+    /// End the output with one JSON line of the results.
+    #[arg(long)]
+    pub json: bool,
+    /// Do not draw a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 #[derive(Args, Debug)]

@@ -342,3 +342,32 @@ fn retained_messages_are_sent_to_new_subscribers_and_survive_a_restart() {
     mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/garage/light", "-m", "on"]);
     assert_eq!(sub_output(sub), ["0 home/garage/light on"]);
 }
+
+#[test]
+fn bench_mqtt_runs_end_to_end_and_a_sweep_reports_what_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::onehop()
+        .args(["bench", "mqtt", "--duration", "0.5", "--warmup", "0.2", "--rate", "500", "--subscribers", "2"])
+        .args(["--sweep", "--idle-clients", "20", "--json", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["bench"], "mqtt");
+    let sweep = report["sweep"].as_array().unwrap();
+    assert!(!sweep.is_empty());
+    // The sweep doubles the rate until one does not hold (or a cap).
+    for (step, point) in sweep.iter().enumerate() {
+        assert_eq!(point["rate"].as_f64().unwrap(), 500.0 * 2f64.powi(step as i32));
+    }
+    if report["max_rate_held"].is_number() {
+        assert_eq!(report["delivered_pct"], 100.0, "{report}");
+        assert_eq!(report["errors"], 0);
+        assert_eq!(report["deliveries"], report["deliveries_expected"]);
+        assert!(report["p50_us"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(report["idle_clients"], 20);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the server's data was removed");
+}

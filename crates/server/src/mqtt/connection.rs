@@ -20,7 +20,7 @@ use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
@@ -51,12 +51,26 @@ fn qos_rank(qos: QoS) -> u8 {
     }
 }
 
-/// An acknowledgement ready to send, from a publish's task.
+/// Acknowledgements ready to send (in order), from the task that waited for their records.
 struct Ack {
-    qos: QoS,
-    packet_id: NonZeroU16,
+    packets: Vec<(QoS, NonZeroU16)>,
     outcome: Result<(), (Refusal, String)>,
 }
+
+/// Publishes decoded from one read, for one partition, queued to the log as one append.
+struct Batch {
+    stream: Arc<Stream>,
+    partition: u32,
+    durability: Option<Durability>,
+    records: Vec<NewRecord>,
+    bytes: usize,
+    acks: Vec<(QoS, NonZeroU16)>,
+    permits: Vec<OwnedSemaphorePermit>,
+}
+
+/// A batch is queued once it holds this many records or bytes.
+const BATCH_RECORDS_MAX: usize = 1024;
+const BATCH_BYTES_MAX: usize = 1024 * 1024;
 
 /// What subscription tasks hand the connection.
 enum Outbound {
@@ -69,7 +83,7 @@ enum Outbound {
         /// v5: a live message keeps the retain flag it was published with.
         retain_as_published: bool,
     },
-    /// The hub cut a subscription off: the client is too slow.
+    /// A subscription could not carry on (its stream's history is gone past where it was).
     CutOff,
 }
 
@@ -206,14 +220,15 @@ fn message_headers(
     headers
 }
 
-/// Queues a message for the log: the stream its topic names, the partition its topic hashes to.
-async fn append(
+/// Where a message goes and as what: the stream its topic names, the partition its topic
+/// hashes to (one topic stays in order), the record, and its durability.
+async fn prepare(
     broker: &Broker,
     topic: &str,
     payload: Bytes,
     qos: QoS,
     headers: Vec<(String, Bytes)>,
-) -> Result<onehop_log::QueuedAppend, (Refusal, String)> {
+) -> Result<(Arc<Stream>, u32, NewRecord, Option<Durability>), (Refusal, String)> {
     if let Err(error) = validate_subject(topic) {
         return Err((Refusal::TopicInvalid, format!("topic {topic:?}: {error}")));
     }
@@ -224,13 +239,30 @@ async fn append(
     let record =
         NewRecord { timestamp_ms: None, key: None, subject: Some(topic.to_string()), headers, value: Some(payload) };
     let partition = crc32c::crc32c(topic.as_bytes()) % stream.partition_count();
+    if let Err(error) = stream
+        .partition(partition)
+        .map_err(|error| error.to_string())
+        .and_then(|log| log.check(std::slice::from_ref(&record)).map(|_| ()).map_err(|error| error.to_string()))
+    {
+        return Err((Refusal::QuotaExceeded, error));
+    }
     let durability = if qos == QoS::AtMostOnce { Some(Durability::Async) } else { None };
-    stream.enqueue_to(partition, std::slice::from_ref(&record), durability).await.map_err(|error| match error {
-        EngineError::Append(onehop_log::AppendError::RecordTooLarge { .. }) => {
-            (Refusal::QuotaExceeded, error.to_string())
-        }
-        other => (Refusal::Unavailable, other.to_string()),
-    })
+    Ok((stream, partition, record, durability))
+}
+
+/// Queues one message for the log.
+async fn append(
+    broker: &Broker,
+    topic: &str,
+    payload: Bytes,
+    qos: QoS,
+    headers: Vec<(String, Bytes)>,
+) -> Result<onehop_log::QueuedAppend, (Refusal, String)> {
+    let (stream, partition, record, durability) = prepare(broker, topic, payload, qos, headers).await?;
+    stream
+        .enqueue_to(partition, std::slice::from_ref(&record), durability)
+        .await
+        .map_err(|error| (Refusal::Unavailable, error.to_string()))
 }
 
 /// Publishes a will message (after the connection ended abnormally).
@@ -314,6 +346,8 @@ pub(super) async fn run(broker: Arc<Broker>, stream: TcpStream, connection: u64)
         acks_tx,
         deliveries_tx,
         inbound_permits: Arc::new(Semaphore::new(usize::from(broker.config.receive_max))),
+        batch: None,
+        acks_done: None,
     };
     let keep_alive =
         (connect.keep_alive_secs > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * 1500));
@@ -357,6 +391,11 @@ struct Session {
     deliveries_tx: mpsc::Sender<Outbound>,
     /// Inbound QoS 1/2 publishes not yet acknowledged, at most our receive maximum.
     inbound_permits: Arc<Semaphore>,
+    /// Publishes gathered from the current read, not yet queued.
+    batch: Option<Batch>,
+    /// Resolves when the acknowledgements of everything queued so far have been handed over:
+    /// each group waits for the one before, so PUBACKs go out in the order of the PUBLISHes.
+    acks_done: Option<oneshot::Receiver<()>>,
 }
 
 impl Session {
@@ -445,12 +484,20 @@ impl Session {
             match self.codec.decode(buf) {
                 Ok(Some(packet)) => {
                     metrics::counter!("mqtt_packets_received_total").increment(1);
+                    if !matches!(packet, Inbound::Publish(_)) {
+                        self.flush().await;
+                    }
                     if let Some(close) = self.handle(packet).await {
+                        self.flush().await;
                         return Some(close);
                     }
                 }
-                Ok(None) => return None,
+                Ok(None) => {
+                    self.flush().await;
+                    return None;
+                }
                 Err(error) => {
+                    self.flush().await;
                     metrics::counter!("mqtt_protocol_errors_total").increment(1);
                     return Some(Close::abnormal(goodbye_for(&error), error.to_string()));
                 }
@@ -562,7 +609,9 @@ impl Session {
                 }
                 (_, Some(_), Version::V3) => Some(Close::abnormal(Goodbye::TopicNameInvalid, reason)),
                 (_, Some(packet_id), Version::V5) => {
-                    this.encoded(|codec, out| codec.publish_ack(qos, packet_id, Err((refusal, reason)), out))
+                    // In its turn, after the acknowledgements of earlier publishes.
+                    this.chain(vec![(qos, packet_id)], Vec::new(), async move { Err((refusal, reason)) });
+                    None
                 }
             }
         };
@@ -570,8 +619,10 @@ impl Session {
             && let Some(packet_id) = packet_id
             && self.awaiting_release.contains(&packet_id)
         {
-            // A resend of a message already stored: acknowledge again, store nothing.
-            return self.encoded(|codec, out| codec.publish_ack(qos, packet_id, Ok(()), out));
+            // A resend of a message already stored: acknowledge again (in its turn), store nothing.
+            self.flush().await;
+            self.chain(vec![(qos, packet_id)], Vec::new(), async { Ok(()) });
+            return None;
         }
         let permit: Option<OwnedSemaphorePermit> = match (qos, self.codec.version()) {
             (QoS::AtMostOnce, _) => None,
@@ -588,53 +639,124 @@ impl Session {
             (_, Version::V3) => self.inbound_permits.clone().acquire_owned().await.ok(),
         };
         let headers = message_headers(qos, user_properties, expiry, retain);
-        let queued = match append(&self.broker, &topic, payload.clone(), qos, headers.clone()).await {
-            Ok(queued) => queued,
-            Err((refusal, reason)) => return refuse(self, refusal, reason),
-        };
-        // A retained message is also stored as its topic's retained message, durably before
-        // the acknowledgement.
-        let broker = self.broker.clone();
-        let stored = async move {
-            let appended = queued.await.map(|_| ()).map_err(|error| (Refusal::Unavailable, error.to_string()));
-            if appended.is_ok() && retain {
-                return broker
-                    .retained
-                    .set(&topic, payload, headers)
-                    .await
-                    .map_err(|error| (Refusal::Unavailable, error));
+        let packet = packet_id.filter(|_| qos != QoS::AtMostOnce).map(|packet_id| (qos, packet_id));
+        if retain {
+            // Stored in its stream and as its topic's retained message, both durable before
+            // the acknowledgement: on its own, after what is gathered so far.
+            self.flush().await;
+            let queued = match append(&self.broker, &topic, payload.clone(), qos, headers.clone()).await {
+                Ok(queued) => queued,
+                Err((refusal, reason)) => return refuse(self, refusal, reason),
+            };
+            let broker = self.broker.clone();
+            let stored = async move {
+                queued.await.map_err(|error| (Refusal::Unavailable, error.to_string()))?;
+                broker.retained.set(&topic, payload, headers).await.map_err(|error| (Refusal::Unavailable, error))
+            };
+            if let Some((_, packet_id)) = packet
+                && qos == QoS::ExactlyOnce
+            {
+                self.awaiting_release.insert(packet_id);
             }
-            appended
-        };
-        let Some(packet_id) = packet_id.filter(|_| qos != QoS::AtMostOnce) else {
-            tokio::spawn(async move {
-                if let Err((_, error)) = stored.await {
-                    tracing::warn!(%error, "a QoS 0 message could not be stored");
-                }
-            });
+            self.chain(packet.into_iter().collect(), permit.into_iter().collect(), stored);
             return None;
-        };
-        if qos == QoS::ExactlyOnce {
-            self.awaiting_release.insert(packet_id);
         }
-        let acks = self.acks_tx.clone();
-        tokio::spawn(async move {
-            let outcome = stored.await;
-            let _ = acks.send(Ack { qos, packet_id, outcome }).await;
-            drop(permit);
+        let (stream, partition, record, durability) = match prepare(&self.broker, &topic, payload, qos, headers).await {
+            Ok(prepared) => prepared,
+            Err((refusal, reason)) => {
+                self.flush().await;
+                return refuse(self, refusal, reason);
+            }
+        };
+        let fits = self.batch.as_ref().is_some_and(|batch| {
+            Arc::ptr_eq(&batch.stream, &stream)
+                && batch.partition == partition
+                && batch.durability == durability
+                && batch.records.len() < BATCH_RECORDS_MAX
+                && batch.bytes < BATCH_BYTES_MAX
         });
+        if !fits {
+            self.flush().await;
+        }
+        let batch = self.batch.get_or_insert_with(|| Batch {
+            stream,
+            partition,
+            durability,
+            records: Vec::new(),
+            bytes: 0,
+            acks: Vec::new(),
+            permits: Vec::new(),
+        });
+        batch.bytes += record.encoded_len();
+        batch.records.push(record);
+        batch.permits.extend(permit);
+        if let Some((qos, packet_id)) = packet {
+            batch.acks.push((qos, packet_id));
+            if qos == QoS::ExactlyOnce {
+                self.awaiting_release.insert(packet_id);
+            }
+        }
         None
     }
 
+    /// Queues the gathered publishes as one append.
+    async fn flush(&mut self) {
+        let Some(batch) = self.batch.take() else { return };
+        let queued = batch.stream.enqueue_to(batch.partition, &batch.records, batch.durability).await;
+        let stored = async move {
+            match queued {
+                Ok(queued) => queued.await.map(|_| ()).map_err(|error| (Refusal::Unavailable, error.to_string())),
+                Err(error) => Err((Refusal::Unavailable, error.to_string())),
+            }
+        };
+        self.chain(batch.acks, batch.permits, stored);
+    }
+
+    /// Hands `packets`' acknowledgements over once `stored` is done and every earlier group's
+    /// have been; the receive-maximum permits are released with them.
+    fn chain(
+        &mut self,
+        packets: Vec<(QoS, NonZeroU16)>,
+        permits: Vec<OwnedSemaphorePermit>,
+        stored: impl std::future::Future<Output = Result<(), (Refusal, String)>> + Send + 'static,
+    ) {
+        let previous = self.acks_done.take();
+        let (done, done_receiver) = oneshot::channel();
+        self.acks_done = Some(done_receiver);
+        let acks = self.acks_tx.clone();
+        tokio::spawn(async move {
+            let outcome = stored.await;
+            if let Some(previous) = previous {
+                let _ = previous.await;
+            }
+            if packets.is_empty() {
+                if let Err((_, error)) = outcome {
+                    tracing::warn!(%error, "QoS 0 messages could not be stored");
+                }
+            } else {
+                let _ = acks.send(Ack { packets, outcome }).await;
+            }
+            drop(permits);
+            let _ = done.send(());
+        });
+    }
+
     fn send_ack(&mut self, ack: Ack) -> Option<Close> {
-        if ack.outcome.is_err() {
-            self.awaiting_release.remove(&ack.packet_id);
+        if let Err((_, reason)) = &ack.outcome {
+            for (_, packet_id) in &ack.packets {
+                self.awaiting_release.remove(packet_id);
+            }
             if self.codec.version() == Version::V3 {
-                let reason = ack.outcome.err().map(|(_, reason)| reason).unwrap_or_default();
-                return Some(Close::abnormal(Goodbye::Unavailable, reason));
+                return Some(Close::abnormal(Goodbye::Unavailable, reason.clone()));
             }
         }
-        self.encoded(|codec, out| codec.publish_ack(ack.qos, ack.packet_id, ack.outcome, out))
+        for (qos, packet_id) in ack.packets {
+            let outcome = ack.outcome.clone();
+            if let Some(close) = self.encoded(|codec, out| codec.publish_ack(qos, packet_id, outcome, out)) {
+                return Some(close);
+            }
+        }
+        None
     }
 
     async fn subscribe(&mut self, request: SubscribeFilter, subscription_id: Option<NonZeroU32>) -> Granted {
@@ -659,12 +781,14 @@ impl Session {
             1 if is_new => self.broker.retained.matching(&parsed),
             _ => Vec::new(),
         };
+        let subject_filter = Filter::subject(parsed);
         let mut cursor = self
             .broker
             .engine
-            .subscribe(&stream, Filter::subject(parsed), positions)
+            .subscribe(&stream, subject_filter.clone(), positions)
             .map_err(|_| Refusal::Unavailable)?;
         let deliveries = self.deliveries_tx.clone();
+        let broker = self.broker.clone();
         let stream_name: Arc<str> = Arc::from(stream.name());
         let task = tokio::spawn(async move {
             // The retained messages first, flagged as such; then what is published from now on.
@@ -693,9 +817,17 @@ impl Session {
                             return;
                         }
                     }
-                    Ok(Delivery::Overflow { .. }) => {
-                        let _ = deliveries.send(Outbound::CutOff).await;
-                        return;
+                    Ok(Delivery::Overflow { positions }) => {
+                        // Behind the live feed: carry on from the log where this left off, so a
+                        // burst costs the client time, not messages, and the server no memory.
+                        metrics::counter!("mqtt_subscriptions_caught_up_from_log_total").increment(1);
+                        match broker.engine.subscribe(&stream, subject_filter.clone(), positions) {
+                            Ok(resumed) => cursor = resumed,
+                            Err(_) => {
+                                let _ = deliveries.send(Outbound::CutOff).await;
+                                return;
+                            }
+                        }
                     }
                     Err(_) => return,
                 }
@@ -727,7 +859,7 @@ impl Session {
             Outbound::CutOff => {
                 return Some(Close::abnormal(
                     Goodbye::QuotaExceeded,
-                    "this client fell too far behind its subscriptions and was cut off",
+                    "this client fell behind its subscriptions past what the log still holds",
                 ));
             }
         };
