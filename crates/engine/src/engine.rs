@@ -49,6 +49,8 @@ pub struct Engine {
     /// Definition changes one at a time, so two creates of one name cannot both append.
     ddl: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
+    /// Bumped whenever a stream is created or dropped, for followers of every stream.
+    streams_changed: tokio::sync::watch::Sender<u64>,
 }
 
 /// The catalog's own log settings: compacted (newest definition per name), always fsync.
@@ -82,6 +84,7 @@ impl Engine {
             tables: RwLock::new(BTreeMap::new()),
             ddl: tokio::sync::Mutex::new(()),
             hub,
+            streams_changed: tokio::sync::watch::channel(0).0,
         };
         // A topic on disk that the catalog does not define is what an interrupted DROP left:
         // the drop was acknowledged once its catalog record was durable, so finish it.
@@ -183,6 +186,16 @@ impl Engine {
         self.streams.read().expect("streams lock").values().cloned().collect()
     }
 
+    /// Changes whenever a stream is created or dropped: what a subscription to every stream
+    /// (an MQTT `#`) watches to follow new ones.
+    pub fn watch_streams(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.streams_changed.subscribe()
+    }
+
+    fn streams_changed(&self) {
+        self.streams_changed.send_modify(|generation| *generation += 1);
+    }
+
     /// Creates the stream `def` describes, durably (the definition is in the catalog before
     /// this returns). Creating a stream that exists with the same definition returns it; with a
     /// different definition is an error.
@@ -201,6 +214,7 @@ impl Engine {
         self.catalog.append(&[catalog::stream_record(&def)]).await?;
         let stream = self.open_stream(def)?;
         self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream.clone());
+        self.streams_changed();
         tracing::info!(stream = stream.name(), definition = %stream.def().describe(), "stream created");
         Ok(stream)
     }
@@ -321,6 +335,7 @@ impl Engine {
         self.stream(name)?;
         self.catalog.append(&[catalog::drop_record(name, false)]).await?;
         self.streams.write().expect("streams lock").remove(name);
+        self.streams_changed();
         self.log.remove_topic(name)?;
         tracing::info!(stream = name, "stream dropped");
         Ok(())

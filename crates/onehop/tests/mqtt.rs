@@ -258,13 +258,40 @@ fn bad_input_closes_only_the_offending_connection() {
     let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "alive/check", "-F", "MSG %p"], 1);
     mosquitto_pub(mqtt, &["-q", "1", "-t", "alive/check", "-m", "still serving"]);
     assert_eq!(sub_output(sub), ["still serving"]);
-    // A wildcard first level cannot name a stream yet: refused in the SUBACK, not a crash.
-    let output = tool("mosquitto_sub")
-        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-t", "#", "-C", "1", "-W", "3", "-V", "mqttv5"])
+    // A topic whose first level cannot name a stream is refused (v5: with a reason), not stored.
+    let output = tool("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-t", "no spaces/x", "-m", "m"])
         .output()
         .unwrap();
-    let said = String::from_utf8_lossy(&output.stderr);
-    assert!(said.contains("denied"), "{said}");
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("Topic Name invalid") && said.contains("not allowed in a name"), "{said}");
+    // MQTT 3.1.1 has no negative PUBACK: the connection is closed instead.
+    let output = tool("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-q", "1", "-t", "no spaces/x", "-m", "m"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let (_, health) = get(server.address, "/healthz");
+    assert!(health.contains("\"streams\":1"), "only the alive stream exists: {health}");
+}
+
+#[test]
+fn a_wildcard_first_level_follows_every_stream_even_new_ones() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "alpha/x", "-m", "before"]);
+    let everything = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "#", "-F", "MSG %t %p"], 3);
+    let temps = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "+/temp", "-F", "MSG %t %p"], 2);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "alpha/x", "-m", "a"]);
+    // A stream that does not exist yet: created by this publish, followed from its start.
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "beta/temp", "-m", "b"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "gamma/temp", "-m", "c"]);
+    let mut got = sub_output(everything);
+    got.sort();
+    assert_eq!(got, ["alpha/x a", "beta/temp b", "gamma/temp c"], "nothing from before subscribing");
+    let mut got = sub_output(temps);
+    got.sort();
+    assert_eq!(got, ["beta/temp b", "gamma/temp c"]);
 }
 
 #[test]

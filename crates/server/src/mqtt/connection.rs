@@ -765,74 +765,67 @@ impl Session {
             return Err(Refusal::SharedNotSupported);
         }
         let parsed = SubjectFilter::parse(&filter).map_err(|_| Refusal::TopicInvalid)?;
-        let stream = match stream_for(&self.broker, &filter).await {
-            Ok(stream) => stream,
-            Err((refusal, reason)) => {
-                tracing::debug!(client_id = %self.client_id, filter, reason, "subscription refused");
-                return Err(refusal);
+        let every_stream = matches!(filter.split('/').next(), Some("+" | "#"));
+        let stream = if every_stream {
+            None
+        } else {
+            match stream_for(&self.broker, &filter).await {
+                Ok(stream) => Some(stream),
+                Err((refusal, reason)) => {
+                    tracing::debug!(client_id = %self.client_id, filter, reason, "subscription refused");
+                    return Err(refusal);
+                }
             }
         };
-        let positions: Vec<u64> = (0..stream.partition_count())
-            .map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset()))
-            .collect();
         let is_new = !self.subscriptions.contains_key(&filter);
         let retained = match retain_handling {
             0 => self.broker.retained.matching(&parsed),
             1 if is_new => self.broker.retained.matching(&parsed),
             _ => Vec::new(),
         };
-        let subject_filter = Filter::subject(parsed);
-        let mut cursor = self
-            .broker
-            .engine
-            .subscribe(&stream, subject_filter.clone(), positions)
-            .map_err(|_| Refusal::Unavailable)?;
-        let deliveries = self.deliveries_tx.clone();
-        let broker = self.broker.clone();
-        let stream_name: Arc<str> = Arc::from(stream.name());
-        let task = tokio::spawn(async move {
-            // The retained messages first, flagged as such; then what is published from now on.
-            for message in retained {
-                let record = onehop_log::Record {
-                    offset: 0,
-                    timestamp_ms: 0,
-                    key: None,
-                    subject: Some(message.topic),
-                    headers: message.headers,
-                    value: Some(message.payload),
-                };
-                let event = Arc::new(Event::new(stream_name.clone(), 0, record, false));
-                let outbound =
-                    Outbound::Message { event, qos, subscription_id, retain: true, retain_as_published: true };
-                if deliveries.send(outbound).await.is_err() {
-                    return;
-                }
-            }
-            loop {
-                match cursor.next().await {
-                    Ok(Delivery::Event(event, _)) => {
-                        let outbound =
-                            Outbound::Message { event, qos, subscription_id, retain: false, retain_as_published };
-                        if deliveries.send(outbound).await.is_err() {
-                            return;
-                        }
+        let follower = Follower {
+            broker: self.broker.clone(),
+            filter: Filter::subject(parsed),
+            deliveries: self.deliveries_tx.clone(),
+            qos,
+            subscription_id,
+            retain_as_published,
+        };
+        // Subscribed now: what is published from here on is delivered.
+        let task = match stream {
+            Some(stream) => {
+                let positions = end_offsets(&stream);
+                let cursor = self
+                    .broker
+                    .engine
+                    .subscribe(&stream, follower.filter.clone(), positions)
+                    .map_err(|_| Refusal::Unavailable)?;
+                tokio::spawn(async move {
+                    if follower.send_retained(retained).await {
+                        follower.follow(stream, cursor).await;
                     }
-                    Ok(Delivery::Overflow { positions }) => {
-                        // Behind the live feed: carry on from the log where this left off, so a
-                        // burst costs the client time, not messages, and the server no memory.
-                        metrics::counter!("mqtt_subscriptions_caught_up_from_log_total").increment(1);
-                        match broker.engine.subscribe(&stream, subject_filter.clone(), positions) {
-                            Ok(resumed) => cursor = resumed,
-                            Err(_) => {
-                                let _ = deliveries.send(Outbound::CutOff).await;
-                                return;
-                            }
-                        }
-                    }
-                    Err(_) => return,
-                }
+                })
             }
-        });
+            None => {
+                // Watching before listing: a stream created in between is not missed.
+                let changes = self.broker.engine.watch_streams();
+                let starts: Vec<(Arc<Stream>, Vec<u64>)> = self
+                    .broker
+                    .engine
+                    .streams()
+                    .into_iter()
+                    .map(|stream| {
+                        let positions = end_offsets(&stream);
+                        (stream, positions)
+                    })
+                    .collect();
+                tokio::spawn(async move {
+                    if follower.send_retained(retained).await {
+                        follower.follow_every_stream(starts, changes).await;
+                    }
+                })
+            }
+        };
         if let Some(previous) = self.subscriptions.insert(filter, task) {
             previous.abort();
         } else {
@@ -926,6 +919,136 @@ impl Session {
                 None
             }
             Err(error) => Some(Close::abnormal(Goodbye::Unavailable, format!("encoding a message failed: {error}"))),
+        }
+    }
+}
+
+/// The next offset of every partition of `stream`: where a subscription from now starts.
+fn end_offsets(stream: &Stream) -> Vec<u64> {
+    (0..stream.partition_count())
+        .map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset()))
+        .collect()
+}
+
+/// One subscription's feed into its connection's outbound queue.
+#[derive(Clone)]
+struct Follower {
+    broker: Arc<Broker>,
+    filter: Filter,
+    deliveries: mpsc::Sender<Outbound>,
+    qos: QoS,
+    subscription_id: Option<NonZeroU32>,
+    retain_as_published: bool,
+}
+
+impl Follower {
+    /// Sends the retained messages, flagged as such; false when the connection is gone.
+    async fn send_retained(&self, retained: Vec<super::retained::Retained>) -> bool {
+        for message in retained {
+            let stream: Arc<str> = Arc::from(message.topic.split('/').next().unwrap_or_default());
+            let record = onehop_log::Record {
+                offset: 0,
+                timestamp_ms: 0,
+                key: None,
+                subject: Some(message.topic),
+                headers: message.headers,
+                value: Some(message.payload),
+            };
+            let event = Arc::new(Event::new(stream, 0, record, false));
+            let outbound = Outbound::Message {
+                event,
+                qos: self.qos,
+                subscription_id: self.subscription_id,
+                retain: true,
+                retain_as_published: true,
+            };
+            if self.deliveries.send(outbound).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Feeds the records of `stream` that match until the connection or the stream goes away.
+    async fn follow(&self, stream: Arc<Stream>, mut cursor: onehop_engine::hub::Cursor) {
+        loop {
+            match cursor.next().await {
+                Ok(Delivery::Event(event, _)) => {
+                    let outbound = Outbound::Message {
+                        event,
+                        qos: self.qos,
+                        subscription_id: self.subscription_id,
+                        retain: false,
+                        retain_as_published: self.retain_as_published,
+                    };
+                    if self.deliveries.send(outbound).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Delivery::Overflow { positions }) => {
+                    // Behind the live feed: carry on from the log where this left off, so a
+                    // burst costs the client time, not messages, and the server no memory.
+                    metrics::counter!("mqtt_subscriptions_caught_up_from_log_total").increment(1);
+                    match self.broker.engine.subscribe(&stream, self.filter.clone(), positions) {
+                        Ok(resumed) => cursor = resumed,
+                        Err(_) => {
+                            let _ = self.deliveries.send(Outbound::CutOff).await;
+                            return;
+                        }
+                    }
+                }
+                // The stream was dropped, or the server is stopping.
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// A filter whose first level is a wildcard (`#`, `+/temp`): follows every stream, from
+    /// `starts` for those that exist now and from the beginning for each created later.
+    async fn follow_every_stream(
+        self,
+        starts: Vec<(Arc<Stream>, Vec<u64>)>,
+        mut changes: tokio::sync::watch::Receiver<u64>,
+    ) {
+        let mut followed: HashMap<String, (Arc<Stream>, tokio::task::AbortHandle)> = HashMap::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let start = |stream: Arc<Stream>, positions: Vec<u64>, tasks: &mut tokio::task::JoinSet<()>| {
+            let Ok(cursor) = self.broker.engine.subscribe(&stream, self.filter.clone(), positions) else { return None };
+            let follower = self.clone();
+            let followed_stream = stream.clone();
+            Some(tasks.spawn(async move { follower.follow(followed_stream, cursor).await }))
+        };
+        for (stream, positions) in starts {
+            if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
+                followed.insert(stream.name().to_string(), (stream, handle));
+            }
+        }
+        loop {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                // Reap finished followers (a dropped stream) so the set stays small.
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            }
+            let now = self.broker.engine.streams();
+            followed.retain(|name, (stream, handle)| {
+                let current = now.iter().any(|other| other.name() == name && Arc::ptr_eq(other, stream));
+                if !current {
+                    handle.abort();
+                }
+                current
+            });
+            for stream in now {
+                if followed.contains_key(stream.name()) {
+                    continue;
+                }
+                // Created after the subscription: everything in it is new.
+                let positions = (0..stream.partition_count())
+                    .map(|partition| stream.partition(partition).map_or(0, |log| log.start_offset()))
+                    .collect();
+                if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
+                    followed.insert(stream.name().to_string(), (stream, handle));
+                }
+            }
         }
     }
 }

@@ -13,7 +13,8 @@
 //! or WebSocket subscription to `/streams/sensors?subject=sensors/+/temp`: HTTP and MQTT
 //! publishers and subscribers of one subject see the same records. A message is delivered at
 //! the lower of the subscription's QoS and its publisher's (records published over HTTP count
-//! as QoS 1).
+//! as QoS 1). A filter whose first level is a wildcard (`#`, `+/temp`) follows every stream,
+//! including those created after it subscribed.
 //!
 //! A retained PUBLISH is stored both in its stream and as its topic's retained message
 //! ([`retained`]); a new subscription first gets the retained messages its filter matches.
@@ -22,8 +23,7 @@
 //!
 //! Persistent sessions (a v3 `clean_session = 0` or a v5 session expiry is accepted, the
 //! session ends with the connection, and CONNACK says no session was present), shared
-//! subscriptions (`$share/…`, refused per filter) and filters whose first level is a wildcard
-//! (`#`, `+/x`; refused per filter) come next. MQTT over WebSocket too.
+//! subscriptions (`$share/…`, refused per filter) and MQTT over WebSocket come next.
 
 mod connection;
 pub mod proto;

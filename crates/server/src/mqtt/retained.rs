@@ -102,8 +102,15 @@ impl RetainedStore {
     /// The retained messages whose topic matches `filter`.
     pub fn matching(&self, filter: &SubjectFilter) -> Vec<Retained> {
         let messages = self.messages.read().expect("retained lock");
-        // Filters start with a stream name, so only topics under it can match.
         let first = filter.as_str().split('/').next().unwrap_or_default();
+        if first == "+" || first == "#" {
+            return messages
+                .values()
+                .filter(|(_, message)| filter.matches(&message.topic))
+                .map(|(_, message)| message.clone())
+                .collect();
+        }
+        // Only topics under the filter's stream can match.
         messages
             .range(first.to_string()..)
             .take_while(|(topic, _)| topic.starts_with(first))
