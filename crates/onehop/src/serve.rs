@@ -5,7 +5,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{DirLock, Log, LogOptions};
-use onehop_server::mqtt::{MqttConfig, serve_mqtt};
+use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
 use onehop_server::{AppState, install_metrics, serve_http};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -96,9 +96,11 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         max_packet_bytes: u32::try_from(settings.stream_defaults.record_bytes_max + 64 * 1024).unwrap_or(u32::MAX),
         ..MqttConfig::default()
     };
-    let mqtt = tokio::spawn(serve_mqtt(mqtt_listener, engine.clone(), mqtt_config, until_stopped(stopped.clone())));
+    let broker = Broker::open(engine.clone(), mqtt_config).await.context("opening the MQTT broker")?;
+    let mqtt = tokio::spawn(serve_mqtt(mqtt_listener, broker.clone(), until_stopped(stopped.clone())));
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
+    state.mqtt = Some(broker);
     serve_http(listener, state, settings.connections_max, until_stopped(stopped)).await.context("HTTP server")?;
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
     // No new requests now; close the log: queued appends are written and synced and each

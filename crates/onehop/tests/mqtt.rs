@@ -398,3 +398,23 @@ fn bench_mqtt_runs_end_to_end_and_a_sweep_reports_what_held() {
     assert_eq!(report["idle_clients"], 20);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the server's data was removed");
 }
+
+#[test]
+fn mqtt_over_websocket_and_tcp_see_each_other() {
+    let (server, _dir) = server();
+    let output = paho(server.address, &["websocket", &port(server.mqtt_address)]);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let facts: Value = serde_json::from_str(String::from_utf8_lossy(&output.stdout).trim()).unwrap();
+    let both = serde_json::json!([["web/from-tcp", "hello browser"], ["web/from-ws", "hello device"]]);
+    assert_eq!(facts["ws_got"], both);
+    assert_eq!(facts["tcp_got"], both);
+    // A plain GET is not an upgrade: a clear refusal, in HTTP.
+    let (status, body) = get(server.address, "/mqtt");
+    assert_eq!(status, 400);
+    assert!(body.contains("not_websocket"), "{body}");
+}

@@ -423,8 +423,22 @@ fn connection_and_subscription_limits_are_settings_and_refusals_say_so() {
     let args = ["--http-addr", "127.0.0.1:0", "--connections-max", "2", "--subscriptions-per-socket-max", "1"];
     let server = start(dir.path(), &args, &[]);
     assert_eq!(post(server.address, "/streams/s", "v").map(|(status, _)| status), Some(200));
-    let first = RawSse::open(server.address, "/streams/s", None);
-    let second = RawSse::open(server.address, "/streams/s", None);
+    // The POST's connection frees its slot once the server has seen it close: retry briefly.
+    let open_when_free = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match RawSse::try_open(server.address, "/streams/s", None) {
+                Ok(sse) => return sse,
+                Err(line) if Instant::now() < deadline => {
+                    assert!(line.contains(" 503 "), "{line}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(line) => panic!("no free connection slot: {line}"),
+            }
+        }
+    };
+    let first = open_when_free();
+    let second = open_when_free();
     let (status, body) = get(server.address, "/healthz");
     assert_eq!(status, 503, "{body}");
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();

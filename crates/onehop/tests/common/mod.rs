@@ -160,6 +160,11 @@ pub struct RawSse {
 
 impl RawSse {
     pub fn open(address: SocketAddr, path: &str, last_event_id: Option<&str>) -> RawSse {
+        Self::try_open(address, path, last_event_id).unwrap_or_else(|line| panic!("{line}"))
+    }
+
+    /// As `open`, but a response other than 200 comes back as its status line.
+    pub fn try_open(address: SocketAddr, path: &str, last_event_id: Option<&str>) -> Result<RawSse, String> {
         let mut stream = TcpStream::connect(address).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let resume = last_event_id.map_or_else(String::new, |id| format!("Last-Event-ID: {id}\r\n"));
@@ -167,7 +172,9 @@ impl RawSse {
         let mut reader = BufReader::new(stream);
         let mut line = String::new();
         reader.read_line(&mut line).unwrap();
-        assert!(line.contains(" 200 "), "{line}");
+        if !line.contains(" 200 ") {
+            return Err(line);
+        }
         // Skip the headers.
         loop {
             line.clear();
@@ -176,7 +183,7 @@ impl RawSse {
                 break;
             }
         }
-        RawSse { reader }
+        Ok(RawSse { reader })
     }
 
     /// The next record event's id and data (chunked transfer framing lines are skipped).

@@ -196,6 +196,29 @@ def keep_alive(port):
     watcher.disconnect()
 
 
+def websocket(http_port, tcp_port):
+    """MQTT over WebSocket (/mqtt on the HTTP port) and over TCP see each other's messages."""
+    inbox = Inbox()
+    ws = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="ws-client", protocol=mqtt.MQTTv5,
+                     transport="websockets")
+    ws.ws_set_options(path="/mqtt")
+    ws.on_message = inbox.on_message
+    connected(ws, http_port)
+    subscribed(ws, "web/+", 1)
+    tcp = client("tcp-client")
+    tcp_inbox = Inbox()
+    tcp.on_message = tcp_inbox.on_message
+    connected(tcp, tcp_port)
+    subscribed(tcp, "web/#", 1)
+    tcp.publish("web/from-tcp", "hello browser", qos=1).wait_for_publish(10)
+    ws.publish("web/from-ws", "hello device", qos=1).wait_for_publish(10)
+    got = sorted((m.topic, m.payload.decode()) for m in inbox.wait(2))
+    tcp_got = sorted((m.topic, m.payload.decode()) for m in tcp_inbox.wait(2))
+    print(json.dumps({"check": "websocket", "ws_got": got, "tcp_got": tcp_got}))
+    ws.disconnect()
+    tcp.disconnect()
+
+
 def publisher(port, topic, count):
     """QoS 1 publishes one after another; prints each payload once PUBACKed."""
     c = client("kill-publisher")
@@ -223,6 +246,8 @@ if __name__ == "__main__":
         will_and_takeover(port)
     elif scenario == "keepalive":
         keep_alive(port)
+    elif scenario == "websocket":
+        websocket(port, int(sys.argv[3]))
     elif scenario == "publisher":
         publisher(port, sys.argv[3], int(sys.argv[4]))
     else:

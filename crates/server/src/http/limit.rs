@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::serve::Listener;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -66,12 +66,16 @@ impl Listener for LimitedListener {
                              connection: close\r\nretry-after: 1\r\n\r\n{body}",
                             body.len()
                         );
-                        let _ = tokio::time::timeout(
-                            std::time::Duration::from_secs(1),
-                            stream.write_all(response.as_bytes()),
-                        )
-                        .await;
-                        let _ = stream.shutdown().await;
+                        let linger = async {
+                            stream.write_all(response.as_bytes()).await?;
+                            stream.shutdown().await?;
+                            // Read what the client sent until it closes too: closing with its
+                            // request unread would reset the connection and lose our answer.
+                            let mut sink = [0u8; 1024];
+                            while stream.read(&mut sink).await? > 0 {}
+                            Ok::<(), std::io::Error>(())
+                        };
+                        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), linger).await;
                     });
                 }
             }

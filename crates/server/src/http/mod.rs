@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod limit;
+pub mod mqtt_ws;
 pub mod sql;
 pub mod sse;
 pub mod streams;
@@ -39,6 +40,8 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Subscriptions one WebSocket may hold.
     pub subscriptions_per_socket_max: usize,
+    /// The MQTT broker, for MQTT over WebSocket on `/mqtt`; `None` answers 404 there.
+    pub mqtt: Option<Arc<crate::mqtt::Broker>>,
 }
 
 impl AppState {
@@ -46,7 +49,13 @@ impl AppState {
     /// `batch_bytes_max`, since an NDJSON envelope escapes its value as JSON.
     pub fn new(engine: Arc<Engine>, metrics: Option<PrometheusHandle>) -> Self {
         let body_bytes_max = engine.options().stream_defaults.batch_bytes_max.saturating_mul(2);
-        AppState { engine, body_bytes_max, metrics, subscriptions_per_socket_max: ws::SUBSCRIPTIONS_PER_SOCKET_DEFAULT }
+        AppState {
+            engine,
+            body_bytes_max,
+            metrics,
+            subscriptions_per_socket_max: ws::SUBSCRIPTIONS_PER_SOCKET_DEFAULT,
+            mqtt: None,
+        }
     }
 }
 
@@ -81,6 +90,7 @@ pub fn app(state: AppState) -> Router {
             get(tables::get_row).put(tables::put_row).patch(tables::patch_row).delete(tables::delete_row),
         )
         .route("/sql", axum::routing::post(sql::run))
+        .route("/mqtt", get(mqtt_ws::upgrade))
         .route_layer(axum::middleware::from_fn(record_request))
         .layer(body_limit)
         .with_state(state)

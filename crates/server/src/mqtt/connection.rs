@@ -17,9 +17,8 @@ use onehop_log::{Durability, NewRecord};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::v5::PublishProperties;
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -111,7 +110,7 @@ impl Close {
 }
 
 /// Reads until `buf` holds a whole packet of the handshake, or the client goes away.
-async fn read_more(reader: &mut OwnedReadHalf, buf: &mut BytesMut) -> Option<()> {
+async fn read_more<S: AsyncRead>(reader: &mut ReadHalf<S>, buf: &mut BytesMut) -> Option<()> {
     match reader.read_buf(buf).await {
         Ok(0) | Err(_) => None,
         Ok(_) => Some(()),
@@ -119,10 +118,10 @@ async fn read_more(reader: &mut OwnedReadHalf, buf: &mut BytesMut) -> Option<()>
 }
 
 /// Reads the protocol version and the CONNECT.
-async fn handshake(
+async fn handshake<S: AsyncRead + AsyncWrite>(
     broker: &Broker,
-    reader: &mut OwnedReadHalf,
-    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    reader: &mut ReadHalf<S>,
+    writer: &mut WriteHalf<S>,
     buf: &mut BytesMut,
 ) -> Option<(Codec, super::proto::Connect)> {
     let version = loop {
@@ -286,8 +285,10 @@ fn publish_will(broker: Arc<Broker>, will: Will) {
     });
 }
 
-pub(super) async fn run(broker: Arc<Broker>, stream: TcpStream, connection: u64) {
-    let (mut reader, mut writer) = stream.into_split();
+/// Serves one client over `stream` (a TCP connection, or a WebSocket's byte stream) until it
+/// goes away.
+pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<Broker>, stream: S, connection: u64) {
+    let (mut reader, mut writer) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(4096);
     let handshake =
         tokio::time::timeout(broker.config.connect_timeout, handshake(&broker, &mut reader, &mut writer, &mut buf))
@@ -400,10 +401,10 @@ struct Session {
 
 impl Session {
     #[allow(clippy::too_many_arguments)]
-    async fn serve(
+    async fn serve<S: AsyncRead + AsyncWrite>(
         &mut self,
-        reader: &mut OwnedReadHalf,
-        writer: &mut tokio::net::tcp::OwnedWriteHalf,
+        reader: &mut ReadHalf<S>,
+        writer: &mut WriteHalf<S>,
         mut buf: BytesMut,
         keep_alive: Option<Duration>,
         mut kicked: tokio::sync::oneshot::Receiver<()>,

@@ -23,7 +23,10 @@
 //!
 //! Persistent sessions (a v3 `clean_session = 0` or a v5 session expiry is accepted, the
 //! session ends with the connection, and CONNACK says no session was present), shared
-//! subscriptions (`$share/…`, refused per filter) and MQTT over WebSocket come next.
+//! subscriptions (`$share/…`, refused per filter) come next.
+//!
+//! Clients connect over TCP ([`serve_mqtt`]) or over WebSocket (`/mqtt` on the HTTP port,
+//! subprotocol `mqtt`; [`Broker::serve_stream`]).
 
 mod connection;
 pub mod proto;
@@ -94,6 +97,7 @@ pub struct Broker {
     clients: Mutex<HashMap<String, (u64, oneshot::Sender<()>)>>,
     next_connection: AtomicU64,
     shutdown: watch::Receiver<bool>,
+    stop: watch::Sender<bool>,
     retained: retained::RetainedStore,
 }
 
@@ -117,31 +121,59 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// The broker for `engine`: opens (and replays) the retained messages.
+    pub async fn open(engine: Arc<Engine>, config: MqttConfig) -> std::io::Result<Arc<Broker>> {
+        let retained = {
+            let (log, record_bytes_max) = (engine.log().clone(), engine.options().stream_defaults.record_bytes_max);
+            tokio::task::spawn_blocking(move || retained::RetainedStore::open(&log, record_bytes_max))
+                .await
+                .map_err(std::io::Error::other)?
+                .map_err(std::io::Error::other)?
+        };
+        let (stop, shutdown) = watch::channel(false);
+        Ok(Arc::new(Broker {
+            engine,
+            config,
+            clients: Mutex::new(HashMap::new()),
+            next_connection: AtomicU64::new(1),
+            shutdown,
+            stop,
+            retained,
+        }))
+    }
+
+    /// Serves one client over a byte stream that is not a TCP connection of ours (MQTT over
+    /// WebSocket).
+    pub async fn serve_stream<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(
+        self: Arc<Self>,
+        stream: S,
+    ) {
+        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!("mqtt_connections").increment(1.0);
+        connection::run(self, stream, id).await;
+        metrics::gauge!("mqtt_connections").decrement(1.0);
+    }
+
+    /// The largest packet a client may send.
+    pub fn max_packet_bytes(&self) -> u32 {
+        self.config.max_packet_bytes
+    }
+
+    /// Tells every connection the server is shutting down.
+    pub fn shut_down(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
 /// Serves MQTT on `listener` until `shutdown` resolves; then every connection is told the
 /// server is shutting down (v5) and closed.
 pub async fn serve_mqtt(
     listener: TcpListener,
-    engine: Arc<Engine>,
-    config: MqttConfig,
+    broker: Arc<Broker>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (stop, stopped) = watch::channel(false);
-    let permits = Arc::new(Semaphore::new(config.connections_max));
-    let retained = {
-        let (log, record_bytes_max) = (engine.log().clone(), engine.options().stream_defaults.record_bytes_max);
-        tokio::task::spawn_blocking(move || retained::RetainedStore::open(&log, record_bytes_max))
-            .await
-            .map_err(std::io::Error::other)?
-            .map_err(std::io::Error::other)?
-    };
-    let broker = Arc::new(Broker {
-        retained,
-        engine,
-        config,
-        clients: Mutex::new(HashMap::new()),
-        next_connection: AtomicU64::new(1),
-        shutdown: stopped,
-    });
+    let permits = Arc::new(Semaphore::new(broker.config.connections_max));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -162,16 +194,13 @@ pub async fn serve_mqtt(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let id = broker.next_connection.fetch_add(1, Ordering::Relaxed);
         let broker = broker.clone();
         tokio::spawn(async move {
-            metrics::gauge!("mqtt_connections").increment(1.0);
-            connection::run(broker, stream, id).await;
-            metrics::gauge!("mqtt_connections").decrement(1.0);
+            broker.serve_stream(stream).await;
             drop(permit);
         });
     }
-    let _ = stop.send(true);
+    broker.shut_down();
     // Give connections a moment to say goodbye.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     while permits.available_permits() < broker.config.connections_max && tokio::time::Instant::now() < deadline {

@@ -1,0 +1,91 @@
+//! MQTT over WebSocket: `GET /mqtt` with an upgrade (subprotocol `mqtt`), as browsers and
+//! MQTT.js connect. Each binary WebSocket message carries MQTT bytes; the connection is then
+//! served by the same broker code as TCP, through an in-memory byte pipe.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::mqtt::Broker;
+
+/// Bytes buffered between the WebSocket and the broker, each way.
+const PIPE_BYTES: usize = 64 * 1024;
+
+pub async fn upgrade(
+    State(state): State<AppState>,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let upgrade = upgrade.map_err(|rejection| {
+        ApiError::bad_request(
+            "not_websocket",
+            format!("/mqtt is MQTT over WebSocket (subprotocol mqtt): {}", rejection.body_text()),
+        )
+    })?;
+    let Some(broker) = state.mqtt.clone() else {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "mqtt_disabled",
+            message: "this server runs no MQTT broker".into(),
+        });
+    };
+    let max_message = usize::try_from(broker.max_packet_bytes()).unwrap_or(usize::MAX);
+    Ok(upgrade
+        .protocols(["mqtt"])
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(0)
+        .max_message_size(max_message)
+        .max_frame_size(max_message)
+        .on_upgrade(move |socket| bridge(broker, socket))
+        .into_response())
+}
+
+/// Pipes the WebSocket's binary messages to the broker and the broker's bytes back.
+async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
+    let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
+    let (mut from_broker, mut to_broker) = tokio::io::split(theirs);
+    let (mut sink, mut messages) = socket.split();
+    let inbound = async move {
+        while let Some(Ok(message)) = messages.next().await {
+            match message {
+                Message::Binary(bytes) => {
+                    if to_broker.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+                // MQTT over WebSocket is binary only; anything else ends the connection.
+                Message::Text(_) | Message::Close(_) => break,
+                Message::Ping(_) | Message::Pong(_) => {}
+            }
+        }
+        let _ = to_broker.shutdown().await;
+    };
+    let outbound = async move {
+        let mut chunk = vec![0u8; 16 * 1024];
+        loop {
+            match from_broker.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => {
+                    if sink.send(Message::Binary(Bytes::copy_from_slice(&chunk[..read]))).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = sink.close().await;
+    };
+    let pumps = async move {
+        tokio::select! {
+            () = inbound => {}
+            () = outbound => {}
+        }
+    };
+    tokio::join!(broker.serve_stream(ours), pumps);
+}
