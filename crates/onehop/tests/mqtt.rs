@@ -418,3 +418,18 @@ fn mqtt_over_websocket_and_tcp_see_each_other() {
     assert_eq!(status, 400);
     assert!(body.contains("not_websocket"), "{body}");
 }
+
+#[test]
+fn shared_subscriptions_balance_messages_across_members() {
+    let (server, _dir) = server();
+    let checks = paho_checks(server.mqtt_address, "shared");
+    let shared = check(&checks, "shared")[0];
+    let per_member: Vec<u64> = shared["per_member"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect();
+    assert_eq!(per_member.iter().sum::<u64>(), 40, "each message to exactly one member: {shared}");
+    assert!(per_member.iter().all(|&n| n > 0), "both members got work: {shared}");
+    let mut expected: Vec<String> = (0..40).map(|i| format!("job{i}")).collect();
+    expected.sort();
+    assert_eq!(shared["payloads"], serde_json::json!(expected));
+    assert_eq!(shared["watcher"], 40, "a plain subscription still gets everything");
+    assert_eq!(check(&checks, "shared_after_leave")[0]["got"], 10);
+}

@@ -219,6 +219,53 @@ def websocket(http_port, tcp_port):
     tcp.disconnect()
 
 
+def shared(port):
+    """$share/workers/jobs/#: each message to exactly one member; a plain subscriber gets all."""
+    inboxes = []
+    members = []
+    for i, protocol in enumerate((mqtt.MQTTv311, mqtt.MQTTv5)):
+        inbox = Inbox()
+        member = client(f"worker-{i}", protocol)
+        member.on_message = inbox.on_message
+        connected(member, port)
+        codes = subscribed(member, "$share/workers/jobs/#", 1)
+        if codes[0].is_failure:
+            fail(f"shared subscription refused: {codes}")
+        inboxes.append(inbox)
+        members.append(member)
+    watcher_inbox = Inbox()
+    watcher = client("jobs-watcher")
+    watcher.on_message = watcher_inbox.on_message
+    connected(watcher, port)
+    subscribed(watcher, "jobs/#", 1)
+    pub = client("jobs-publisher")
+    connected(pub, port)
+    for i in range(40):
+        pub.publish(f"jobs/{i % 4}", f"job{i}", qos=1).wait_for_publish(10)
+    watcher_inbox.wait(40)
+    deadline = time.time() + 10
+    while sum(len(inbox.messages) for inbox in inboxes) < 40 and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a duplicate would arrive meanwhile
+    print(json.dumps({
+        "check": "shared",
+        "per_member": [len(inbox.messages) for inbox in inboxes],
+        "payloads": sorted(m.payload.decode() for inbox in inboxes for m in inbox.messages),
+        "watcher": len(watcher_inbox.messages),
+    }))
+    # When one member leaves, the other gets everything.
+    members[0].disconnect()
+    members[0].loop_stop()
+    time.sleep(0.3)
+    before = len(inboxes[1].messages)
+    for i in range(10):
+        pub.publish("jobs/after", f"late{i}", qos=1).wait_for_publish(10)
+    inboxes[1].wait(before + 10)
+    print(json.dumps({"check": "shared_after_leave", "got": len(inboxes[1].messages) - before}))
+    for c in (members[1], watcher, pub):
+        c.disconnect()
+
+
 def publisher(port, topic, count):
     """QoS 1 publishes one after another; prints each payload once PUBACKed."""
     c = client("kill-publisher")
@@ -246,6 +293,8 @@ if __name__ == "__main__":
         will_and_takeover(port)
     elif scenario == "keepalive":
         keep_alive(port)
+    elif scenario == "shared":
+        shared(port)
     elif scenario == "websocket":
         websocket(port, int(sys.argv[3]))
     elif scenario == "publisher":

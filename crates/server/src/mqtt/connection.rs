@@ -5,7 +5,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::num::{NonZeroU16, NonZeroU32};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
@@ -354,9 +355,8 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         (connect.keep_alive_secs > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * 1500));
     let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, acks_rx, deliveries_rx).await;
 
-    for (_, task) in session.subscriptions.drain() {
-        task.abort();
-    }
+    // Dropping the handles stops the followers and leaves shared groups.
+    session.subscriptions.clear();
     if let Some((goodbye, reason)) = &close.goodbye {
         session.out.clear();
         if session.codec.disconnect(*goodbye, reason, &mut session.out).is_ok() && !session.out.is_empty() {
@@ -387,7 +387,7 @@ struct Session {
     inflight: HashMap<NonZeroU16, Inflight>,
     next_packet_id: u16,
     client_receive_max: usize,
-    subscriptions: HashMap<String, JoinHandle<()>>,
+    subscriptions: HashMap<String, SubscriptionHandle>,
     acks_tx: mpsc::Sender<Ack>,
     deliveries_tx: mpsc::Sender<Outbound>,
     /// Inbound QoS 1/2 publishes not yet acknowledged, at most our receive maximum.
@@ -543,8 +543,7 @@ impl Session {
                 let existed: Vec<bool> = filters
                     .iter()
                     .map(|filter| match self.subscriptions.remove(filter) {
-                        Some(task) => {
-                            task.abort();
+                        Some(_) => {
                             metrics::gauge!("mqtt_subscriptions").decrement(1.0);
                             true
                         }
@@ -762,8 +761,8 @@ impl Session {
 
     async fn subscribe(&mut self, request: SubscribeFilter, subscription_id: Option<NonZeroU32>) -> Granted {
         let SubscribeFilter { filter, qos, retain_handling, retain_as_published } = request;
-        if filter.starts_with("$share/") {
-            return Err(Refusal::SharedNotSupported);
+        if let Some(shared) = filter.strip_prefix("$share/") {
+            return self.subscribe_shared(filter.clone(), shared, qos, subscription_id).await;
         }
         let parsed = SubjectFilter::parse(&filter).map_err(|_| Refusal::TopicInvalid)?;
         let every_stream = matches!(filter.split('/').next(), Some("+" | "#"));
@@ -787,7 +786,7 @@ impl Session {
         let follower = Follower {
             broker: self.broker.clone(),
             filter: Filter::subject(parsed),
-            deliveries: self.deliveries_tx.clone(),
+            sink: Sink::Connection(self.deliveries_tx.clone()),
             qos,
             subscription_id,
             retain_as_published,
@@ -827,9 +826,78 @@ impl Session {
                 })
             }
         };
-        if let Some(previous) = self.subscriptions.insert(filter, task) {
-            previous.abort();
+        let handle = SubscriptionHandle { task: Some(task), membership: None };
+        if self.subscriptions.insert(filter, handle).is_none() {
+            metrics::gauge!("mqtt_subscriptions").increment(1.0);
+        }
+        Ok(qos)
+    }
+
+    /// `$share/{group}/{filter}`: joins the group; each message matching the filter goes to
+    /// one member (round robin, skipping members whose queue is full).
+    async fn subscribe_shared(
+        &mut self,
+        full: String,
+        shared: &str,
+        qos: QoS,
+        subscription_id: Option<NonZeroU32>,
+    ) -> Granted {
+        let Some((group, filter)) = shared.split_once('/') else { return Err(Refusal::TopicInvalid) };
+        if group.is_empty() || group.contains(['+', '#']) {
+            return Err(Refusal::TopicInvalid);
+        }
+        let parsed = SubjectFilter::parse(filter).map_err(|_| Refusal::TopicInvalid)?;
+        let every_stream = matches!(filter.split('/').next(), Some("+" | "#"));
+        let stream = if every_stream {
+            None
         } else {
+            Some(stream_for(&self.broker, filter).await.map_err(|(refusal, _)| refusal)?)
+        };
+        let member_id = self.broker.next_connection.fetch_add(1, Ordering::Relaxed);
+        let member = Member { id: member_id, deliveries: self.deliveries_tx.clone(), qos, subscription_id };
+        let mut groups = self.broker.groups.lock().expect("groups lock");
+        if let Some(existing) = groups.get(&full) {
+            existing.members.lock().expect("members lock").push(member);
+        } else {
+            let group = Arc::new(Group {
+                members: Mutex::new(vec![member]),
+                next: AtomicUsize::new(0),
+                task: Mutex::new(None),
+            });
+            let follower = Follower {
+                broker: self.broker.clone(),
+                filter: Filter::subject(parsed),
+                sink: Sink::Group(group.clone()),
+                qos: QoS::ExactlyOnce,
+                subscription_id: None,
+                retain_as_published: false,
+            };
+            let task = match stream {
+                Some(stream) => {
+                    let cursor = self
+                        .broker
+                        .engine
+                        .subscribe(&stream, follower.filter.clone(), end_offsets(&stream))
+                        .map_err(|_| Refusal::Unavailable)?;
+                    tokio::spawn(async move { follower.follow(stream, cursor).await })
+                }
+                None => {
+                    let changes = self.broker.engine.watch_streams();
+                    let starts = self.broker.engine.streams().into_iter().map(|stream| {
+                        let positions = end_offsets(&stream);
+                        (stream, positions)
+                    });
+                    let starts: Vec<_> = starts.collect();
+                    tokio::spawn(async move { follower.follow_every_stream(starts, changes).await })
+                }
+            };
+            *group.task.lock().expect("group task lock") = Some(task);
+            groups.insert(full.clone(), group);
+        }
+        drop(groups);
+        let handle =
+            SubscriptionHandle { task: None, membership: Some((self.broker.clone(), full.clone(), member_id)) };
+        if self.subscriptions.insert(full, handle).is_none() {
             metrics::gauge!("mqtt_subscriptions").increment(1.0);
         }
         Ok(qos)
@@ -936,7 +1004,7 @@ fn end_offsets(stream: &Stream) -> Vec<u64> {
 struct Follower {
     broker: Arc<Broker>,
     filter: Filter,
-    deliveries: mpsc::Sender<Outbound>,
+    sink: Sink,
     qos: QoS,
     subscription_id: Option<NonZeroU32>,
     retain_as_published: bool,
@@ -963,7 +1031,7 @@ impl Follower {
                 retain: true,
                 retain_as_published: true,
             };
-            if self.deliveries.send(outbound).await.is_err() {
+            if !self.sink.send(outbound).await {
                 return false;
             }
         }
@@ -982,7 +1050,7 @@ impl Follower {
                         retain: false,
                         retain_as_published: self.retain_as_published,
                     };
-                    if self.deliveries.send(outbound).await.is_err() {
+                    if !self.sink.send(outbound).await {
                         return;
                     }
                 }
@@ -993,7 +1061,7 @@ impl Follower {
                     match self.broker.engine.subscribe(&stream, self.filter.clone(), positions) {
                         Ok(resumed) => cursor = resumed,
                         Err(_) => {
-                            let _ = self.deliveries.send(Outbound::CutOff).await;
+                            self.sink.send(Outbound::CutOff).await;
                             return;
                         }
                     }
@@ -1049,6 +1117,102 @@ impl Follower {
                 if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
                     followed.insert(stream.name().to_string(), (stream, handle));
                 }
+            }
+        }
+    }
+}
+
+/// A subscription of a connection: its follower task, or its place in a shared group. Dropping
+/// it (unsubscribe, resubscribe, disconnect) stops the one and leaves the other.
+struct SubscriptionHandle {
+    task: Option<JoinHandle<()>>,
+    membership: Option<(Arc<Broker>, String, u64)>,
+}
+
+impl Drop for SubscriptionHandle {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+        if let Some((broker, key, member)) = self.membership.take() {
+            broker.leave_group(&key, member);
+        }
+    }
+}
+
+/// Where a follower's messages go: one connection, or one member of a shared group.
+#[derive(Clone)]
+enum Sink {
+    Connection(mpsc::Sender<Outbound>),
+    Group(Arc<Group>),
+}
+
+impl Sink {
+    /// Hands `outbound` over; false when nobody is there any more.
+    async fn send(&self, outbound: Outbound) -> bool {
+        match self {
+            Sink::Connection(deliveries) => deliveries.send(outbound).await.is_ok(),
+            Sink::Group(group) => group.dispatch(outbound).await,
+        }
+    }
+}
+
+/// A member of a shared subscription group.
+pub(super) struct Member {
+    pub(super) id: u64,
+    deliveries: mpsc::Sender<Outbound>,
+    qos: QoS,
+    subscription_id: Option<NonZeroU32>,
+}
+
+/// A shared subscription (`$share/{group}/{filter}`): one follower, many members.
+pub(super) struct Group {
+    pub(super) members: Mutex<Vec<Member>>,
+    next: AtomicUsize,
+    pub(super) task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Group {
+    /// Gives a message to one member, round robin, preferring one whose queue has room.
+    async fn dispatch(&self, outbound: Outbound) -> bool {
+        let Outbound::Message { event, retain, retain_as_published, .. } = outbound else {
+            // Cut off: every member is told.
+            let members: Vec<mpsc::Sender<Outbound>> =
+                self.members.lock().expect("members lock").iter().map(|member| member.deliveries.clone()).collect();
+            for deliveries in members {
+                let _ = deliveries.send(Outbound::CutOff).await;
+            }
+            return false;
+        };
+        loop {
+            let members: Vec<(mpsc::Sender<Outbound>, QoS, Option<NonZeroU32>)> = self
+                .members
+                .lock()
+                .expect("members lock")
+                .iter()
+                .map(|member| (member.deliveries.clone(), member.qos, member.subscription_id))
+                .collect();
+            if members.is_empty() {
+                return false;
+            }
+            let message = |qos: QoS, subscription_id: Option<NonZeroU32>| Outbound::Message {
+                event: event.clone(),
+                qos,
+                subscription_id,
+                retain,
+                retain_as_published,
+            };
+            let start = self.next.fetch_add(1, Ordering::Relaxed) % members.len();
+            for i in 0..members.len() {
+                let (deliveries, qos, subscription_id) = &members[(start + i) % members.len()];
+                if deliveries.try_send(message(*qos, *subscription_id)).is_ok() {
+                    return true;
+                }
+            }
+            // Every queue is full: wait for the member whose turn it is.
+            let (deliveries, qos, subscription_id) = &members[start];
+            if deliveries.send(message(*qos, *subscription_id)).await.is_ok() {
+                return true;
             }
         }
     }

@@ -19,14 +19,16 @@
 //! A retained PUBLISH is stored both in its stream and as its topic's retained message
 //! ([`retained`]); a new subscription first gets the retained messages its filter matches.
 //!
-//! # Not yet
-//!
-//! Persistent sessions (a v3 `clean_session = 0` or a v5 session expiry is accepted, the
-//! session ends with the connection, and CONNACK says no session was present), shared
-//! subscriptions (`$share/…`, refused per filter) come next.
+//! Shared subscriptions (`$share/{group}/{filter}`) are one follower per group handing each
+//! message to one member, round robin (a consumer group).
 //!
 //! Clients connect over TCP ([`serve_mqtt`]) or over WebSocket (`/mqtt` on the HTTP port,
 //! subprotocol `mqtt`; [`Broker::serve_stream`]).
+//!
+//! # Not yet
+//!
+//! Persistent sessions (a v3 `clean_session = 0` or a v5 session expiry is accepted, the
+//! session ends with the connection, and CONNACK says no session was present).
 
 mod connection;
 pub mod proto;
@@ -99,6 +101,8 @@ pub struct Broker {
     shutdown: watch::Receiver<bool>,
     stop: watch::Sender<bool>,
     retained: retained::RetainedStore,
+    /// Shared subscription groups by their full filter (`$share/{group}/{filter}`).
+    groups: Mutex<HashMap<String, Arc<connection::Group>>>,
 }
 
 impl Broker {
@@ -140,6 +144,7 @@ impl Broker {
             shutdown,
             stop,
             retained,
+            groups: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -153,6 +158,24 @@ impl Broker {
         metrics::gauge!("mqtt_connections").increment(1.0);
         connection::run(self, stream, id).await;
         metrics::gauge!("mqtt_connections").decrement(1.0);
+    }
+
+    /// Removes member `member` from the shared group `key`; the last one out stops the
+    /// group's follower.
+    fn leave_group(&self, key: &str, member: u64) {
+        let mut groups = self.groups.lock().expect("groups lock");
+        let Some(group) = groups.get(key) else { return };
+        let empty = {
+            let mut members = group.members.lock().expect("members lock");
+            members.retain(|other| other.id != member);
+            members.is_empty()
+        };
+        if empty {
+            if let Some(task) = group.task.lock().expect("group task lock").take() {
+                task.abort();
+            }
+            groups.remove(key);
+        }
     }
 
     /// The largest packet a client may send.

@@ -294,7 +294,7 @@ impl Codec {
                         ack.retain_available = true;
                         ack.wildcard_subscription_available = true;
                         ack.subscription_identifiers_available = true;
-                        ack.shared_subscription_available = false;
+                        ack.shared_subscription_available = true;
                         ack.max_qos = QoS::ExactlyOnce;
                     }
                     Err(refusal) => {
