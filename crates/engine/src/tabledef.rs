@@ -181,9 +181,18 @@ impl TableDef {
     pub fn key_value(&self, id: &str) -> Result<Value, EngineError> {
         let key = self.column(&self.primary_key).expect("validated: the key is a column");
         match key.ty {
-            ColumnType::Integer => id.parse::<i64>().map(Value::from).map_err(|_| {
-                EngineError::InvalidRow(format!("{} is an integer key; {id:?} is not an integer", self.primary_key))
-            }),
+            ColumnType::Integer => match id.parse::<i64>() {
+                // One spelling per key: "007" and "7" must not be two rows.
+                Ok(key) if key.to_string() == id => Ok(Value::from(key)),
+                Ok(key) => Err(EngineError::InvalidRow(format!(
+                    "{} is an integer key: write {id:?} as \"{key}\"",
+                    self.primary_key
+                ))),
+                Err(_) => Err(EngineError::InvalidRow(format!(
+                    "{} is an integer key; {id:?} is not an integer",
+                    self.primary_key
+                ))),
+            },
             _ => Ok(Value::String(id.to_string())),
         }
     }
@@ -335,5 +344,6 @@ mod tests {
         };
         assert_eq!(integer_key.key_value("17").unwrap(), json!(17));
         assert!(integer_key.key_value("x").is_err());
+        assert!(integer_key.key_value("007").unwrap_err().to_string().contains("\"7\""), "one spelling per key");
     }
 }
