@@ -95,7 +95,12 @@ fn paho(address: SocketAddr, args: &[&str]) -> Output {
 
 /// The JSON facts a paho scenario printed, by their "check" name.
 fn paho_checks(address: SocketAddr, scenario: &str) -> Vec<Value> {
-    let output = paho(address, &[scenario]);
+    paho_checks_with(address, &[scenario])
+}
+
+fn paho_checks_with(address: SocketAddr, args: &[&str]) -> Vec<Value> {
+    let scenario = args[0];
+    let output = paho(address, args);
     assert!(
         output.status.success(),
         "paho scenario {scenario} failed: {}{}",
@@ -432,4 +437,55 @@ fn shared_subscriptions_balance_messages_across_members() {
     assert_eq!(shared["payloads"], serde_json::json!(expected));
     assert_eq!(shared["watcher"], 40, "a plain subscription still gets everything");
     assert_eq!(check(&checks, "shared_after_leave")[0]["got"], 10);
+}
+
+fn expected_inbox(count: usize) -> Value {
+    let mut payloads: Vec<String> = (0..count).map(|i| format!("msg{i}")).collect();
+    payloads.sort();
+    serde_json::json!(payloads)
+}
+
+#[test]
+fn persistent_sessions_keep_subscriptions_and_messages_across_reconnects() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    for (client, protocol) in [("keeper-v311", "v311"), ("keeper-v5", "v5")] {
+        let checks = paho_checks_with(mqtt, &["session_subscribe", client, protocol]);
+        assert_eq!(check(&checks, "session_subscribed")[0]["present"], false, "{client}: a new session");
+    }
+    paho_checks_with(mqtt, &["session_publish", "12"]);
+    for (client, protocol) in [("keeper-v311", "v311"), ("keeper-v5", "v5")] {
+        let checks = paho_checks_with(mqtt, &["session_resume", client, protocol, "12"]);
+        let resumed = check(&checks, "session_resumed")[0];
+        assert_eq!(resumed["present"], true, "{client}: {resumed}");
+        assert_eq!(resumed["payloads"], expected_inbox(12), "{client}: what came while away, once");
+        // Acknowledged: a second reconnect brings nothing again.
+        let checks = paho_checks_with(mqtt, &["session_resume", client, protocol, "0"]);
+        let again = check(&checks, "session_resumed")[0];
+        assert_eq!((again["present"].clone(), again["payloads"].clone()), (Value::Bool(true), serde_json::json!([])));
+    }
+    // A clean session ends the stored one.
+    let checks = paho_checks_with(mqtt, &["session_clean", "keeper-v311"]);
+    assert_eq!(check(&checks, "session_clean")[0]["present"], false);
+    paho_checks_with(mqtt, &["session_publish", "3"]);
+    let checks = paho_checks_with(mqtt, &["session_resume", "keeper-v311", "v311", "0"]);
+    let after = check(&checks, "session_resumed")[0];
+    assert_eq!((after["present"].clone(), after["payloads"].clone()), (Value::Bool(false), serde_json::json!([])));
+}
+
+#[test]
+fn a_persistent_session_gets_every_acknowledged_message_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let mut server = start(dir.path(), &args, &[]);
+    paho_checks_with(server.mqtt_address, &["session_subscribe", "survivor", "v311"]);
+    paho_checks_with(server.mqtt_address, &["session_publish", "30"]);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let server = start(dir.path(), &args, &[]);
+    let checks = paho_checks_with(server.mqtt_address, &["session_resume", "survivor", "v311", "30"]);
+    let resumed = check(&checks, "session_resumed")[0];
+    assert_eq!(resumed["present"], true, "the session survived: {resumed}");
+    assert_eq!(resumed["payloads"], expected_inbox(30), "every PUBACKed message, once");
 }

@@ -266,6 +266,66 @@ def shared(port):
         c.disconnect()
 
 
+def session_subscribe(port, client_id, protocol_name):
+    """A persistent session subscribes to inbox/#, then disconnects."""
+    protocol = mqtt.MQTTv5 if protocol_name == "v5" else mqtt.MQTTv311
+    if protocol == mqtt.MQTTv5:
+        c = client(client_id, protocol)
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        result = connected(c, port, clean_start=False, properties=props)
+    else:
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=False)
+        result = connected(c, port)
+    subscribed(c, "inbox/#", 1)
+    print(json.dumps({"check": "session_subscribed", "present": bool(result["flags"].session_present)}))
+    c.disconnect()
+    c.loop_stop()
+
+
+def session_clean(port, client_id):
+    """Connects with a clean session (which ends any stored one) and leaves."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=True)
+    result = connected(c, port)
+    print(json.dumps({"check": "session_clean", "present": bool(result["flags"].session_present)}))
+    c.disconnect()
+    c.loop_stop()
+
+
+def session_publish(port, count):
+    """QoS 1 messages to inbox/…, each acknowledged."""
+    c = client("inbox-publisher")
+    connected(c, port)
+    for i in range(count):
+        c.publish(f"inbox/{i % 3}", f"msg{i}", qos=1).wait_for_publish(10)
+    print(json.dumps({"check": "session_published", "count": count}))
+    c.disconnect()
+
+
+def session_resume(port, client_id, protocol_name, count):
+    """Reconnects to the session: it is present, and every message sent meanwhile arrives."""
+    protocol = mqtt.MQTTv5 if protocol_name == "v5" else mqtt.MQTTv311
+    inbox = Inbox()
+    if protocol == mqtt.MQTTv5:
+        c = client(client_id, protocol)
+        c.on_message = inbox.on_message
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        result = connected(c, port, clean_start=False, properties=props)
+    else:
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=False)
+        c.on_message = inbox.on_message
+        result = connected(c, port)
+    present = bool(result["flags"].session_present)
+    if count > 0:
+        inbox.wait(count)
+    time.sleep(0.3)
+    print(json.dumps({"check": "session_resumed", "present": present,
+                      "payloads": sorted(m.payload.decode() for m in inbox.messages)}))
+    c.disconnect()
+    c.loop_stop()
+
+
 def publisher(port, topic, count):
     """QoS 1 publishes one after another; prints each payload once PUBACKed."""
     c = client("kill-publisher")
@@ -293,6 +353,14 @@ if __name__ == "__main__":
         will_and_takeover(port)
     elif scenario == "keepalive":
         keep_alive(port)
+    elif scenario == "session_subscribe":
+        session_subscribe(port, sys.argv[3], sys.argv[4])
+    elif scenario == "session_clean":
+        session_clean(port, sys.argv[3])
+    elif scenario == "session_publish":
+        session_publish(port, int(sys.argv[3]))
+    elif scenario == "session_resume":
+        session_resume(port, sys.argv[3], sys.argv[4], int(sys.argv[5]))
     elif scenario == "shared":
         shared(port)
     elif scenario == "websocket":

@@ -29,6 +29,7 @@ use super::Broker;
 use super::proto::{
     Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for,
 };
+use super::sessions::{StoredSession, StoredSubscription};
 
 /// The record header holding the QoS a message was published with.
 const QOS_HEADER: &str = "onehop-mqtt-qos";
@@ -41,6 +42,14 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
+}
+
+fn qos_of(rank: u8) -> QoS {
+    match rank {
+        0 => QoS::AtMostOnce,
+        2 => QoS::ExactlyOnce,
+        _ => QoS::AtLeastOnce,
+    }
 }
 
 fn qos_rank(qos: QoS) -> u8 {
@@ -82,6 +91,9 @@ enum Outbound {
         retain: bool,
         /// v5: a live message keeps the retain flag it was published with.
         retain_as_published: bool,
+        /// The subscription's progress, to mark this message acknowledged (live messages of a
+        /// connection's own subscriptions; not retained ones, not shared groups').
+        progress: Option<SharedProgress>,
     },
     /// A subscription could not carry on (its stream's history is gone past where it was).
     CutOff,
@@ -318,17 +330,38 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     if let Some(max) = connect.max_packet_size {
         codec.set_max_outbound(max);
     }
+    // Take the client id over (an earlier connection with it is closed), then wait until that
+    // connection has written its session, so this one finds it as it was left.
+    let kicked = broker.register(&client_id, connection);
+    let owner = broker.sessions.owner_lock(&client_id);
+    let Ok(owned) = tokio::time::timeout(Duration::from_secs(5), owner.lock_owned()).await else {
+        let _ = codec.connack(Err(ConnectRefusal::Unavailable), &mut out);
+        let _ = writer.write_all(&out).await;
+        broker.unregister(&client_id, connection);
+        return;
+    };
+    let stored = if connect.clean_start {
+        if broker.sessions.get(&client_id).is_some()
+            && let Err(error) = broker.sessions.put(&client_id, None).await
+        {
+            tracing::warn!(client_id, %error, "an MQTT session could not be ended");
+        }
+        None
+    } else {
+        broker.sessions.get(&client_id).filter(|session| !session.expired(now_ms()))
+    };
     let info = ConnackInfo {
         assigned_client_id: assigned,
         receive_max: broker.config.receive_max,
         max_packet_size: broker.config.max_packet_bytes,
         topic_alias_max: broker.config.topic_alias_max,
+        session_present: stored.is_some(),
     };
     if codec.connack(Ok(info), &mut out).is_err() || writer.write_all(&out).await.is_err() {
+        broker.unregister(&client_id, connection);
         return;
     }
     out.clear();
-    let kicked = broker.register(&client_id, connection);
     tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
 
     let (acks_tx, acks_rx) = mpsc::channel(usize::from(broker.config.receive_max) + 16);
@@ -348,12 +381,45 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         acks_tx,
         deliveries_tx,
         inbound_permits: Arc::new(Semaphore::new(usize::from(broker.config.receive_max))),
+        persistent: connect.session_expiry_secs > 0,
+        session_expiry_secs: connect.session_expiry_secs,
+        session_written: Instant::now(),
         batch: None,
         acks_done: None,
     };
+    if let Some(stored) = &stored {
+        // The subscriptions of the session, each from where it was acknowledged up to; the
+        // messages published meanwhile are in the log and come now.
+        for subscription in &stored.subscriptions {
+            let request = SubscribeFilter {
+                filter: subscription.filter.clone(),
+                qos: qos_of(subscription.qos),
+                retain_handling: 2,
+                retain_as_published: subscription.retain_as_published,
+            };
+            let id = subscription.subscription_id.and_then(NonZeroU32::new);
+            if let Err(refusal) = session.subscribe_from(request, id, Some(&subscription.positions)).await {
+                tracing::warn!(
+                    client_id,
+                    filter = subscription.filter,
+                    ?refusal,
+                    "a stored subscription could not resume"
+                );
+            }
+        }
+    }
+    if session.persistent {
+        session.persist(false).await;
+    } else if stored.is_some() {
+        let _ = broker.sessions.put(&client_id, None).await;
+    }
     let keep_alive =
         (connect.keep_alive_secs > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * 1500));
     let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, acks_rx, deliveries_rx).await;
+    if session.persistent {
+        session.persist(true).await;
+    }
+    drop(owned);
 
     // Dropping the handles stops the followers and leaves shared groups.
     session.subscriptions.clear();
@@ -384,7 +450,7 @@ struct Session {
     /// QoS 2 publishes stored and PUBREC'd, waiting for PUBREL: a duplicate is not stored again.
     awaiting_release: HashSet<NonZeroU16>,
     /// Outgoing QoS 1/2 messages not yet acknowledged.
-    inflight: HashMap<NonZeroU16, Inflight>,
+    inflight: HashMap<NonZeroU16, (Inflight, Option<Acked>)>,
     next_packet_id: u16,
     client_receive_max: usize,
     subscriptions: HashMap<String, SubscriptionHandle>,
@@ -392,6 +458,12 @@ struct Session {
     deliveries_tx: mpsc::Sender<Outbound>,
     /// Inbound QoS 1/2 publishes not yet acknowledged, at most our receive maximum.
     inbound_permits: Arc<Semaphore>,
+    /// Whether this connection's session outlives it (clean_session = 0, or a v5 expiry).
+    persistent: bool,
+    /// The session's expiry, stored with it.
+    session_expiry_secs: u32,
+    /// When the session was last written, to write it again about once a second.
+    session_written: Instant,
     /// Publishes gathered from the current read, not yet queued.
     batch: Option<Batch>,
     /// Resolves when the acknowledgements of everything queued so far have been handed over:
@@ -400,6 +472,30 @@ struct Session {
 }
 
 impl Session {
+    /// Writes the session: its subscriptions and, for each, the positions acknowledged up to.
+    async fn persist(&mut self, disconnected: bool) {
+        let subscriptions = self
+            .subscriptions
+            .values()
+            .map(|handle| {
+                let mut spec = handle.spec.clone();
+                if let Some(progress) = &handle.progress {
+                    spec.positions = progress.lock().expect("progress lock").committed();
+                }
+                spec
+            })
+            .collect();
+        let session = StoredSession {
+            expiry_secs: self.session_expiry_secs,
+            disconnected_ms: disconnected.then(now_ms),
+            subscriptions,
+        };
+        if let Err(error) = self.broker.sessions.put(&self.client_id, Some(session)).await {
+            tracing::warn!(client_id = %self.client_id, %error, "the MQTT session could not be stored");
+        }
+        self.session_written = Instant::now();
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn serve<S: AsyncRead + AsyncWrite>(
         &mut self,
@@ -476,6 +572,11 @@ impl Session {
                     _ => return Close { will: true, goodbye: None },
                 }
             }
+            // A persistent session's positions follow the acknowledgements, written about once
+            // a second: after a crash, at most that much is delivered again.
+            if self.persistent && self.session_written.elapsed() >= Duration::from_secs(1) {
+                self.persist(false).await;
+            }
         }
     }
 
@@ -511,19 +612,27 @@ impl Session {
             Inbound::Connect(_) => Some(Close::abnormal(Goodbye::ProtocolError, "a second CONNECT")),
             Inbound::Publish(publish) => self.publish(*publish).await,
             Inbound::PubAck(packet_id) => {
-                if self.inflight.get(&packet_id) == Some(&Inflight::AwaitingAck) {
-                    self.inflight.remove(&packet_id);
+                if self.inflight.get(&packet_id).is_some_and(|(state, _)| *state == Inflight::AwaitingAck)
+                    && let Some((_, Some(acked))) = self.inflight.remove(&packet_id)
+                {
+                    acked.mark();
                 }
                 None
             }
             Inbound::PubRec(packet_id) => {
-                if self.inflight.get(&packet_id) == Some(&Inflight::AwaitingRec) {
-                    self.inflight.insert(packet_id, Inflight::AwaitingComp);
+                if let Some((state, acked)) = self.inflight.get_mut(&packet_id)
+                    && *state == Inflight::AwaitingRec
+                {
+                    // The client has it: a redelivery would be a duplicate.
+                    *state = Inflight::AwaitingComp;
+                    if let Some(acked) = acked.take() {
+                        acked.mark();
+                    }
                 }
                 self.encoded(|codec, out| codec.publish_ack2(true, packet_id, out))
             }
             Inbound::PubComp(packet_id) => {
-                if self.inflight.get(&packet_id) == Some(&Inflight::AwaitingComp) {
+                if self.inflight.get(&packet_id).is_some_and(|(state, _)| *state == Inflight::AwaitingComp) {
                     self.inflight.remove(&packet_id);
                 }
                 None
@@ -536,6 +645,9 @@ impl Session {
                 let mut granted = Vec::with_capacity(filters.len());
                 for filter in filters {
                     granted.push(self.subscribe(filter, id).await);
+                }
+                if self.persistent {
+                    self.persist(false).await;
                 }
                 self.encoded(|codec, out| codec.suback(packet_id, &granted, out))
             }
@@ -550,6 +662,9 @@ impl Session {
                         None => false,
                     })
                     .collect();
+                if self.persistent {
+                    self.persist(false).await;
+                }
                 self.encoded(|codec, out| codec.unsuback(packet_id, &existed, out))
             }
             Inbound::PingReq => self.encoded(|codec, out| codec.pingresp(out)),
@@ -760,6 +875,17 @@ impl Session {
     }
 
     async fn subscribe(&mut self, request: SubscribeFilter, subscription_id: Option<NonZeroU32>) -> Granted {
+        self.subscribe_from(request, subscription_id, None).await
+    }
+
+    /// Subscribes from now, or, restoring a persistent session, from `resume` (per stream, the
+    /// positions its previous connection had acknowledged up to).
+    async fn subscribe_from(
+        &mut self,
+        request: SubscribeFilter,
+        subscription_id: Option<NonZeroU32>,
+        resume: Option<&std::collections::BTreeMap<String, Vec<u64>>>,
+    ) -> Granted {
         let SubscribeFilter { filter, qos, retain_handling, retain_as_published } = request;
         if let Some(shared) = filter.strip_prefix("$share/") {
             return self.subscribe_shared(filter.clone(), shared, qos, subscription_id).await;
@@ -783,6 +909,7 @@ impl Session {
             1 if is_new => self.broker.retained.matching(&parsed),
             _ => Vec::new(),
         };
+        let progress = self.persistent.then(SharedProgress::default);
         let follower = Follower {
             broker: self.broker.clone(),
             filter: Filter::subject(parsed),
@@ -790,11 +917,20 @@ impl Session {
             qos,
             subscription_id,
             retain_as_published,
+            progress: progress.clone(),
         };
-        // Subscribed now: what is published from here on is delivered.
+        // From now on, or from where a persistent session left off (a stream it did not know
+        // yet was created since: everything in it is new).
+        let start_of = |stream: &Stream| match resume {
+            None => end_offsets(stream),
+            Some(resume) => resume_positions(stream, resume.get(stream.name())),
+        };
         let task = match stream {
             Some(stream) => {
-                let positions = end_offsets(&stream);
+                let positions = start_of(&stream);
+                if let Some(progress) = &progress {
+                    progress.lock().expect("progress lock").start(stream.name(), &positions);
+                }
                 let cursor = self
                     .broker
                     .engine
@@ -815,7 +951,7 @@ impl Session {
                     .streams()
                     .into_iter()
                     .map(|stream| {
-                        let positions = end_offsets(&stream);
+                        let positions = start_of(&stream);
                         (stream, positions)
                     })
                     .collect();
@@ -826,7 +962,14 @@ impl Session {
                 })
             }
         };
-        let handle = SubscriptionHandle { task: Some(task), membership: None };
+        let spec = StoredSubscription {
+            filter: filter.clone(),
+            qos: qos_rank(qos),
+            subscription_id: subscription_id.map(NonZeroU32::get),
+            retain_as_published,
+            positions: Default::default(),
+        };
+        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
         if self.subscriptions.insert(filter, handle).is_none() {
             metrics::gauge!("mqtt_subscriptions").increment(1.0);
         }
@@ -871,6 +1014,7 @@ impl Session {
                 qos: QoS::ExactlyOnce,
                 subscription_id: None,
                 retain_as_published: false,
+                progress: None,
             };
             let task = match stream {
                 Some(stream) => {
@@ -895,8 +1039,19 @@ impl Session {
             groups.insert(full.clone(), group);
         }
         drop(groups);
-        let handle =
-            SubscriptionHandle { task: None, membership: Some((self.broker.clone(), full.clone(), member_id)) };
+        let spec = StoredSubscription {
+            filter: full.clone(),
+            qos: qos_rank(qos),
+            subscription_id: subscription_id.map(NonZeroU32::get),
+            retain_as_published: false,
+            positions: Default::default(),
+        };
+        let handle = SubscriptionHandle {
+            task: None,
+            membership: Some((self.broker.clone(), full.clone(), member_id)),
+            spec,
+            progress: None,
+        };
         if self.subscriptions.insert(full, handle).is_none() {
             metrics::gauge!("mqtt_subscriptions").increment(1.0);
         }
@@ -914,9 +1069,15 @@ impl Session {
     }
 
     fn deliver(&mut self, outbound: Outbound) -> Option<Close> {
-        let (event, granted, subscription_id, retain, retain_as_published) = match outbound {
-            Outbound::Message { event, qos, subscription_id, retain, retain_as_published } => {
-                (event, qos, subscription_id, retain, retain_as_published)
+        let (event, granted, subscription_id, retain, retain_as_published, acked) = match outbound {
+            Outbound::Message { event, qos, subscription_id, retain, retain_as_published, progress } => {
+                let acked = progress.map(|progress| Acked {
+                    progress,
+                    stream: event.stream.clone(),
+                    partition: event.partition,
+                    offset: event.record.offset,
+                });
+                (event, qos, subscription_id, retain, retain_as_published, acked)
             }
             Outbound::CutOff => {
                 return Some(Close::abnormal(
@@ -940,6 +1101,9 @@ impl Session {
             let left_ms = expires - now_ms();
             if left_ms <= 0 {
                 metrics::counter!("mqtt_messages_expired_total").increment(1);
+                if let Some(acked) = acked {
+                    acked.mark();
+                }
                 return None;
             }
             expiry = NonZeroU32::new(((left_ms + 999) / 1000).min(i64::from(u32::MAX)) as u32);
@@ -976,15 +1140,26 @@ impl Session {
         match self.codec.publish(publish, &mut self.out) {
             Ok(()) => {
                 metrics::counter!("mqtt_messages_sent_total").increment(1);
-                if let Some(packet_id) = packet_id {
-                    let state = if qos == QoS::ExactlyOnce { Inflight::AwaitingRec } else { Inflight::AwaitingAck };
-                    self.inflight.insert(packet_id, state);
+                match packet_id {
+                    Some(packet_id) => {
+                        let state = if qos == QoS::ExactlyOnce { Inflight::AwaitingRec } else { Inflight::AwaitingAck };
+                        self.inflight.insert(packet_id, (state, acked));
+                    }
+                    // QoS 0: done once sent.
+                    None => {
+                        if let Some(acked) = acked {
+                            acked.mark();
+                        }
+                    }
                 }
                 None
             }
             Err(rmqtt_codec::error::EncodeError::OverMaxPacketSize { .. }) => {
                 // MQTT 5: a message larger than the client accepts is discarded for that client.
                 metrics::counter!("mqtt_messages_too_large_total").increment(1);
+                if let Some(acked) = acked {
+                    acked.mark();
+                }
                 None
             }
             Err(error) => Some(Close::abnormal(Goodbye::Unavailable, format!("encoding a message failed: {error}"))),
@@ -1008,6 +1183,8 @@ struct Follower {
     qos: QoS,
     subscription_id: Option<NonZeroU32>,
     retain_as_published: bool,
+    /// Where a persistent session's positions come from.
+    progress: Option<SharedProgress>,
 }
 
 impl Follower {
@@ -1030,6 +1207,7 @@ impl Follower {
                 subscription_id: self.subscription_id,
                 retain: true,
                 retain_as_published: true,
+                progress: None,
             };
             if !self.sink.send(outbound).await {
                 return false;
@@ -1043,12 +1221,21 @@ impl Follower {
         loop {
             match cursor.next().await {
                 Ok(Delivery::Event(event, _)) => {
+                    if let Some(progress) = &self.progress {
+                        progress.lock().expect("progress lock").delivered(
+                            stream.name(),
+                            event.partition,
+                            event.record.offset,
+                            cursor.positions(),
+                        );
+                    }
                     let outbound = Outbound::Message {
                         event,
                         qos: self.qos,
                         subscription_id: self.subscription_id,
                         retain: false,
                         retain_as_published: self.retain_as_published,
+                        progress: self.progress.clone(),
                     };
                     if !self.sink.send(outbound).await {
                         return;
@@ -1082,6 +1269,9 @@ impl Follower {
         let mut followed: HashMap<String, (Arc<Stream>, tokio::task::AbortHandle)> = HashMap::new();
         let mut tasks = tokio::task::JoinSet::new();
         let start = |stream: Arc<Stream>, positions: Vec<u64>, tasks: &mut tokio::task::JoinSet<()>| {
+            if let Some(progress) = &self.progress {
+                progress.lock().expect("progress lock").start(stream.name(), &positions);
+            }
             let Ok(cursor) = self.broker.engine.subscribe(&stream, self.filter.clone(), positions) else { return None };
             let follower = self.clone();
             let followed_stream = stream.clone();
@@ -1127,6 +1317,21 @@ impl Follower {
 struct SubscriptionHandle {
     task: Option<JoinHandle<()>>,
     membership: Option<(Arc<Broker>, String, u64)>,
+    /// What a persistent session stores of it.
+    spec: StoredSubscription,
+    progress: Option<SharedProgress>,
+}
+
+/// Where a resumed subscription starts in `stream`: the stored positions (kept within what the
+/// stream still holds), or its beginning when the session never saw it.
+fn resume_positions(stream: &Stream, stored: Option<&Vec<u64>>) -> Vec<u64> {
+    (0..stream.partition_count())
+        .map(|partition| {
+            let Ok(log) = stream.partition(partition) else { return 0 };
+            let stored = stored.and_then(|positions| positions.get(partition as usize)).copied();
+            stored.unwrap_or(0).clamp(log.start_offset(), log.end_offset())
+        })
+        .collect()
 }
 
 impl Drop for SubscriptionHandle {
@@ -1175,7 +1380,7 @@ pub(super) struct Group {
 impl Group {
     /// Gives a message to one member, round robin, preferring one whose queue has room.
     async fn dispatch(&self, outbound: Outbound) -> bool {
-        let Outbound::Message { event, retain, retain_as_published, .. } = outbound else {
+        let Outbound::Message { event, retain, retain_as_published, progress, .. } = outbound else {
             // Cut off: every member is told.
             let members: Vec<mpsc::Sender<Outbound>> =
                 self.members.lock().expect("members lock").iter().map(|member| member.deliveries.clone()).collect();
@@ -1201,6 +1406,7 @@ impl Group {
                 subscription_id,
                 retain,
                 retain_as_published,
+                progress: progress.clone(),
             };
             let start = self.next.fetch_add(1, Ordering::Relaxed) % members.len();
             for i in 0..members.len() {
@@ -1215,5 +1421,78 @@ impl Group {
                 return true;
             }
         }
+    }
+}
+
+/// What one subscription has delivered and which deliveries are still unacknowledged, per
+/// stream partition: a persistent session resumes from the first unacknowledged message, or
+/// past everything delivered when all is acknowledged.
+#[derive(Default)]
+pub(super) struct Progress {
+    streams: HashMap<String, StreamProgress>,
+}
+
+struct StreamProgress {
+    /// The cursor's position after the last record it handed over.
+    next: Vec<u64>,
+    unacked: Vec<std::collections::BTreeSet<u64>>,
+}
+
+pub(super) type SharedProgress = Arc<Mutex<Progress>>;
+
+impl Progress {
+    /// A stream followed from `positions`.
+    fn start(&mut self, stream: &str, positions: &[u64]) {
+        self.streams.insert(
+            stream.to_string(),
+            StreamProgress { next: positions.to_vec(), unacked: vec![Default::default(); positions.len()] },
+        );
+    }
+
+    /// A record handed over for delivery; `next` is the cursor's position after it.
+    fn delivered(&mut self, stream: &str, partition: u32, offset: u64, next: &[u64]) {
+        let Some(progress) = self.streams.get_mut(stream) else { return };
+        progress.next = next.to_vec();
+        if let Some(unacked) = progress.unacked.get_mut(partition as usize) {
+            unacked.insert(offset);
+        }
+    }
+
+    fn acked(&mut self, stream: &str, partition: u32, offset: u64) {
+        if let Some(unacked) =
+            self.streams.get_mut(stream).and_then(|progress| progress.unacked.get_mut(partition as usize))
+        {
+            unacked.remove(&offset);
+        }
+    }
+
+    /// Per stream, where a resumed subscription starts.
+    pub(super) fn committed(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
+        self.streams
+            .iter()
+            .map(|(stream, progress)| {
+                let positions = progress
+                    .next
+                    .iter()
+                    .zip(&progress.unacked)
+                    .map(|(&next, unacked)| unacked.first().map_or(next, |&first| first.min(next)))
+                    .collect();
+                (stream.clone(), positions)
+            })
+            .collect()
+    }
+}
+
+/// A delivered message to mark acknowledged in its subscription's progress.
+struct Acked {
+    progress: SharedProgress,
+    stream: Arc<str>,
+    partition: u32,
+    offset: u64,
+}
+
+impl Acked {
+    fn mark(self) {
+        self.progress.lock().expect("progress lock").acked(&self.stream, self.partition, self.offset);
     }
 }

@@ -25,14 +25,14 @@
 //! Clients connect over TCP ([`serve_mqtt`]) or over WebSocket (`/mqtt` on the HTTP port,
 //! subprotocol `mqtt`; [`Broker::serve_stream`]).
 //!
-//! # Not yet
-//!
-//! Persistent sessions (a v3 `clean_session = 0` or a v5 session expiry is accepted, the
-//! session ends with the connection, and CONNACK says no session was present).
+//! A persistent session ([`sessions`]) keeps its subscriptions and, for each, the log positions
+//! up to which the client acknowledged everything; on reconnect the subscriptions resume from
+//! there, so the log is the queue of what came while the client was away.
 
 mod connection;
 pub mod proto;
 pub mod retained;
+pub mod sessions;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -101,6 +101,7 @@ pub struct Broker {
     shutdown: watch::Receiver<bool>,
     stop: watch::Sender<bool>,
     retained: retained::RetainedStore,
+    sessions: sessions::SessionStore,
     /// Shared subscription groups by their full filter (`$share/{group}/{filter}`).
     groups: Mutex<HashMap<String, Arc<connection::Group>>>,
 }
@@ -135,8 +136,16 @@ impl Broker {
                 .map_err(std::io::Error::other)?
                 .map_err(std::io::Error::other)?
         };
+        let sessions = {
+            let log = engine.log().clone();
+            tokio::task::spawn_blocking(move || sessions::SessionStore::open(&log))
+                .await
+                .map_err(std::io::Error::other)?
+                .map_err(std::io::Error::other)?
+        };
         let (stop, shutdown) = watch::channel(false);
         Ok(Arc::new(Broker {
+            sessions,
             engine,
             config,
             clients: Mutex::new(HashMap::new()),

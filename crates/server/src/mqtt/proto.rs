@@ -272,13 +272,14 @@ impl Codec {
     ) -> Result<(), EncodeError> {
         match self {
             Codec::V3(codec) => {
+                let session_present = accepted.as_ref().is_ok_and(|info| info.session_present);
                 let return_code = match accepted {
                     Ok(_) => v3::ConnectAckReason::ConnectionAccepted,
                     Err(ConnectRefusal::BadClientId) => v3::ConnectAckReason::IdentifierRejected,
                     Err(ConnectRefusal::NotAuthorized) => v3::ConnectAckReason::BadUserNameOrPassword,
                     Err(ConnectRefusal::Unavailable) => v3::ConnectAckReason::ServiceUnavailable,
                 };
-                let ack = v3::ConnectAck { return_code, session_present: false };
+                let ack = v3::ConnectAck { return_code, session_present };
                 Self::put3(codec, v3::Packet::ConnectAck(ack), out)
             }
             Codec::V5(codec) => {
@@ -290,7 +291,7 @@ impl Codec {
                         ack.receive_max = NonZeroU16::new(info.receive_max).unwrap_or(NonZeroU16::MAX);
                         ack.max_packet_size = Some(info.max_packet_size);
                         ack.topic_alias_max = info.topic_alias_max;
-                        ack.session_expiry_interval_secs = Some(0);
+                        ack.session_present = info.session_present;
                         ack.retain_available = true;
                         ack.wildcard_subscription_available = true;
                         ack.subscription_identifiers_available = true;
@@ -494,6 +495,8 @@ pub struct ConnackInfo {
     pub receive_max: u16,
     pub max_packet_size: u32,
     pub topic_alias_max: u16,
+    /// Whether the client's earlier session was found.
+    pub session_present: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,115 @@
+//! Persistent sessions: what a client with `clean_session = 0` (3.1.1) or a session expiry
+//! (5.0) finds again when it reconnects — its subscriptions, and for each the log positions up
+//! to which it has acknowledged everything. The log itself is the queue of messages published
+//! while the client was away: on reconnect its subscriptions resume from those positions.
+//!
+//! Sessions are kept in the compacted system topic `__mqtt_sessions` (key = client id, value =
+//! JSON, a tombstone when the session ends) and in memory, replayed at start, so they survive
+//! restarts and `kill -9`. A session is written when its subscriptions change, about once a
+//! second while acknowledgements move its positions, and when its connection ends.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use onehop_log::{Durability, Log, NewRecord, Partition, PartitionConfig};
+use serde::{Deserialize, Serialize};
+
+pub const SESSIONS_TOPIC: &str = "__mqtt_sessions";
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoredSubscription {
+    pub filter: String,
+    pub qos: u8,
+    pub subscription_id: Option<u32>,
+    pub retain_as_published: bool,
+    /// Per stream, the next offset of each partition not yet acknowledged.
+    pub positions: BTreeMap<String, Vec<u64>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoredSession {
+    /// Seconds the session outlives its connection (`u32::MAX`: forever).
+    pub expiry_secs: u32,
+    /// When its last connection ended (ms since the epoch); `None` while connected.
+    pub disconnected_ms: Option<i64>,
+    pub subscriptions: Vec<StoredSubscription>,
+}
+
+impl StoredSession {
+    /// Whether the session has outlived its expiry at `now_ms`.
+    pub fn expired(&self, now_ms: i64) -> bool {
+        match self.disconnected_ms {
+            None => false,
+            Some(_) if self.expiry_secs == u32::MAX => false,
+            Some(since) => now_ms - since > i64::from(self.expiry_secs) * 1000,
+        }
+    }
+}
+
+pub struct SessionStore {
+    log: Arc<Partition>,
+    sessions: Mutex<HashMap<String, StoredSession>>,
+    /// Held by the connection that owns a client id's session, so a reconnecting client finds
+    /// the session its previous connection wrote last.
+    owners: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl SessionStore {
+    pub fn open(log: &Log) -> Result<SessionStore, String> {
+        let config = PartitionConfig { compacted: true, durability: Durability::Fsync, ..PartitionConfig::default() };
+        let partition = log.open_partition(SESSIONS_TOPIC, 0, config).map_err(|error| error.to_string())?;
+        let mut sessions = HashMap::new();
+        let mut next = partition.start_offset();
+        let end = partition.end_offset();
+        while next < end {
+            let records = partition.read(next, 1024, 8 * 1024 * 1024).map_err(|error| error.to_string())?;
+            let Some(last) = records.last() else { break };
+            next = last.offset + 1;
+            for record in records {
+                let Some(client) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else {
+                    continue;
+                };
+                match record.value.as_deref().map(serde_json::from_slice::<StoredSession>) {
+                    Some(Ok(session)) => {
+                        sessions.insert(client.to_string(), session);
+                    }
+                    Some(Err(error)) => tracing::warn!(client, %error, "skipping an unreadable MQTT session"),
+                    None => {
+                        sessions.remove(client);
+                    }
+                }
+            }
+        }
+        tracing::info!(sessions = sessions.len(), "MQTT sessions replayed");
+        Ok(SessionStore { log: partition, sessions: Mutex::new(sessions), owners: Mutex::new(HashMap::new()) })
+    }
+
+    /// The lock a connection holds while it owns `client`'s session.
+    pub fn owner_lock(&self, client: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.owners.lock().expect("owners lock").entry(client.to_string()).or_default().clone()
+    }
+
+    pub fn get(&self, client: &str) -> Option<StoredSession> {
+        self.sessions.lock().expect("sessions lock").get(client).cloned()
+    }
+
+    /// Stores `session` for `client` durably (`None` ends it).
+    pub async fn put(&self, client: &str, session: Option<StoredSession>) -> Result<(), String> {
+        {
+            let mut sessions = self.sessions.lock().expect("sessions lock");
+            if sessions.get(client) == session.as_ref() {
+                return Ok(());
+            }
+            match &session {
+                Some(session) => sessions.insert(client.to_string(), session.clone()),
+                None => sessions.remove(client),
+            };
+        }
+        let value = session.map(|session| Bytes::from(serde_json::to_vec(&session).expect("a session serializes")));
+        let record = NewRecord { key: Some(Bytes::from(client.to_string())), value, ..NewRecord::default() };
+        self.log.append(std::slice::from_ref(&record)).await.map_err(|error| error.to_string())?;
+        metrics::gauge!("mqtt_sessions_stored").set(self.sessions.lock().expect("sessions lock").len() as f64);
+        Ok(())
+    }
+}
