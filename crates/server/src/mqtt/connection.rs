@@ -334,7 +334,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     // connection has written its session, so this one finds it as it was left.
     let kicked = broker.register(&client_id, connection);
     let owner = broker.sessions.owner_lock(&client_id);
-    let Ok(owned) = tokio::time::timeout(Duration::from_secs(5), owner.lock_owned()).await else {
+    let Ok(owned) = tokio::time::timeout(Duration::from_secs(5), owner.clone().lock_owned()).await else {
         let _ = codec.connack(Err(ConnectRefusal::Unavailable), &mut out);
         let _ = writer.write_all(&out).await;
         broker.unregister(&client_id, connection);
@@ -359,6 +359,8 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     };
     if codec.connack(Ok(info), &mut out).is_err() || writer.write_all(&out).await.is_err() {
         broker.unregister(&client_id, connection);
+        drop(owned);
+        broker.sessions.release_owner(&client_id, owner);
         return;
     }
     out.clear();
@@ -420,6 +422,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         session.persist(true).await;
     }
     drop(owned);
+    broker.sessions.release_owner(&client_id, owner);
 
     // Dropping the handles stops the followers and leaves shared groups.
     session.subscriptions.clear();

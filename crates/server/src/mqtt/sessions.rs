@@ -90,6 +90,16 @@ impl SessionStore {
         self.owners.lock().expect("owners lock").entry(client.to_string()).or_default().clone()
     }
 
+    /// Forgets `client`'s owner lock once no connection holds or awaits it, so client ids seen
+    /// once (generated ones, say) do not accumulate.
+    pub fn release_owner(&self, client: &str, lock: Arc<tokio::sync::Mutex<()>>) {
+        let mut owners = self.owners.lock().expect("owners lock");
+        // The map's reference and `lock`: nobody else.
+        if Arc::strong_count(&lock) <= 2 {
+            owners.remove(client);
+        }
+    }
+
     pub fn get(&self, client: &str) -> Option<StoredSession> {
         self.sessions.lock().expect("sessions lock").get(client).cloned()
     }
