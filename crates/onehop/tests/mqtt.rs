@@ -489,3 +489,14 @@ fn a_persistent_session_gets_every_acknowledged_message_after_kill_9() {
     assert_eq!(resumed["present"], true, "the session survived: {resumed}");
     assert_eq!(resumed["payloads"], expected_inbox(30), "every PUBACKed message, once");
 }
+
+#[test]
+fn unacknowledged_messages_come_again_flagged_dup() {
+    let (server, _dir) = server();
+    let checks = paho_checks(server.mqtt_address, "session_unacked");
+    let unacked = check(&checks, "unacked")[0];
+    assert_eq!(unacked["present"], true);
+    assert_eq!(unacked["first_dup"], serde_json::json!([false, false, false, false]));
+    let second = serde_json::json!([["chore0", true], ["chore1", true], ["chore2", true], ["chore3", true]]);
+    assert_eq!(unacked["second"], second, "the same messages, once each, flagged DUP: {unacked}");
+}

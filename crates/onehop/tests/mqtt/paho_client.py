@@ -292,6 +292,40 @@ def session_clean(port, client_id):
     c.loop_stop()
 
 
+def session_unacked(port):
+    """A persistent session receives 4 QoS 1 messages without acknowledging them and leaves;
+    back again, it gets the same 4, flagged DUP, and acknowledges them."""
+    inbox = Inbox()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="forgetful", protocol=mqtt.MQTTv311,
+                    clean_session=False, manual_ack=True)
+    c.on_message = inbox.on_message
+    connected(c, port)
+    subscribed(c, "chores/#", 1)
+    pub = client("chores-publisher")
+    connected(pub, port)
+    for i in range(4):
+        pub.publish("chores/today", f"chore{i}", qos=1).wait_for_publish(10)
+    first = inbox.wait(4)
+    first_dup = [bool(m.dup) for m in first]
+    c.disconnect()
+    c.loop_stop()
+    again = Inbox()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="forgetful", protocol=mqtt.MQTTv311,
+                    clean_session=False)
+    c.on_message = again.on_message
+    result = connected(c, port)
+    second = again.wait(4)
+    time.sleep(0.3)
+    print(json.dumps({
+        "check": "unacked",
+        "present": bool(result["flags"].session_present),
+        "first_dup": first_dup,
+        "second": sorted((m.payload.decode(), bool(m.dup)) for m in again.messages),
+    }))
+    c.disconnect()
+    pub.disconnect()
+
+
 def session_publish(port, count):
     """QoS 1 messages to inbox/…, each acknowledged."""
     c = client("inbox-publisher")
@@ -355,6 +389,8 @@ if __name__ == "__main__":
         keep_alive(port)
     elif scenario == "session_subscribe":
         session_subscribe(port, sys.argv[3], sys.argv[4])
+    elif scenario == "session_unacked":
+        session_unacked(port)
     elif scenario == "session_clean":
         session_clean(port, sys.argv[3])
     elif scenario == "session_publish":

@@ -94,6 +94,8 @@ enum Outbound {
         /// The subscription's progress, to mark this message acknowledged (live messages of a
         /// connection's own subscriptions; not retained ones, not shared groups').
         progress: Option<SharedProgress>,
+        /// Sent before, to a previous connection of this session.
+        dup: bool,
     },
     /// A subscription could not carry on (its stream's history is gone past where it was).
     CutOff,
@@ -400,7 +402,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
                 retain_as_published: subscription.retain_as_published,
             };
             let id = subscription.subscription_id.and_then(NonZeroU32::new);
-            if let Err(refusal) = session.subscribe_from(request, id, Some(&subscription.positions)).await {
+            if let Err(refusal) = session.subscribe_from(request, id, Some(subscription)).await {
                 tracing::warn!(
                     client_id,
                     filter = subscription.filter,
@@ -483,7 +485,9 @@ impl Session {
             .map(|handle| {
                 let mut spec = handle.spec.clone();
                 if let Some(progress) = &handle.progress {
-                    spec.positions = progress.lock().expect("progress lock").committed();
+                    let progress = progress.lock().expect("progress lock");
+                    spec.positions = progress.committed();
+                    spec.sent = progress.sent();
                 }
                 spec
             })
@@ -887,7 +891,7 @@ impl Session {
         &mut self,
         request: SubscribeFilter,
         subscription_id: Option<NonZeroU32>,
-        resume: Option<&std::collections::BTreeMap<String, Vec<u64>>>,
+        resume: Option<&StoredSubscription>,
     ) -> Granted {
         let SubscribeFilter { filter, qos, retain_handling, retain_as_published } = request;
         if let Some(shared) = filter.strip_prefix("$share/") {
@@ -921,12 +925,13 @@ impl Session {
             subscription_id,
             retain_as_published,
             progress: progress.clone(),
+            sent_before: resume.map(|resume| Arc::new(resume.sent.clone())),
         };
         // From now on, or from where a persistent session left off (a stream it did not know
         // yet was created since: everything in it is new).
         let start_of = |stream: &Stream| match resume {
             None => end_offsets(stream),
-            Some(resume) => resume_positions(stream, resume.get(stream.name())),
+            Some(resume) => resume_positions(stream, resume.positions.get(stream.name())),
         };
         let task = match stream {
             Some(stream) => {
@@ -971,6 +976,7 @@ impl Session {
             subscription_id: subscription_id.map(NonZeroU32::get),
             retain_as_published,
             positions: Default::default(),
+            sent: Default::default(),
         };
         let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
         if self.subscriptions.insert(filter, handle).is_none() {
@@ -1018,6 +1024,7 @@ impl Session {
                 subscription_id: None,
                 retain_as_published: false,
                 progress: None,
+                sent_before: None,
             };
             let task = match stream {
                 Some(stream) => {
@@ -1048,6 +1055,7 @@ impl Session {
             subscription_id: subscription_id.map(NonZeroU32::get),
             retain_as_published: false,
             positions: Default::default(),
+            sent: Default::default(),
         };
         let handle = SubscriptionHandle {
             task: None,
@@ -1072,15 +1080,15 @@ impl Session {
     }
 
     fn deliver(&mut self, outbound: Outbound) -> Option<Close> {
-        let (event, granted, subscription_id, retain, retain_as_published, acked) = match outbound {
-            Outbound::Message { event, qos, subscription_id, retain, retain_as_published, progress } => {
+        let (event, granted, subscription_id, retain, retain_as_published, acked, dup) = match outbound {
+            Outbound::Message { event, qos, subscription_id, retain, retain_as_published, progress, dup } => {
                 let acked = progress.map(|progress| Acked {
                     progress,
                     stream: event.stream.clone(),
                     partition: event.partition,
                     offset: event.record.offset,
                 });
-                (event, qos, subscription_id, retain, retain_as_published, acked)
+                (event, qos, subscription_id, retain, retain_as_published, acked, dup)
             }
             Outbound::CutOff => {
                 return Some(Close::abnormal(
@@ -1132,7 +1140,8 @@ impl Session {
         });
         let retain = retain || (retain_as_published && header(RETAIN_HEADER).is_some());
         let publish = Publish {
-            dup: false,
+            // DUP only means something for QoS 1 and 2 (and must be 0 at QoS 0).
+            dup: dup && qos != QoS::AtMostOnce,
             retain,
             qos,
             topic: ByteString::from(topic),
@@ -1188,6 +1197,8 @@ struct Follower {
     retain_as_published: bool,
     /// Where a persistent session's positions come from.
     progress: Option<SharedProgress>,
+    /// A resumed session's send positions: records below them were sent before (DUP).
+    sent_before: Option<Arc<std::collections::BTreeMap<String, Vec<u64>>>>,
 }
 
 impl Follower {
@@ -1211,6 +1222,7 @@ impl Follower {
                 retain: true,
                 retain_as_published: true,
                 progress: None,
+                dup: false,
             };
             if !self.sink.send(outbound).await {
                 return false;
@@ -1232,6 +1244,11 @@ impl Follower {
                             cursor.positions(),
                         );
                     }
+                    let dup = self.sent_before.as_ref().is_some_and(|sent| {
+                        sent.get(stream.name())
+                            .and_then(|positions| positions.get(event.partition as usize))
+                            .is_some_and(|&sent| event.record.offset < sent)
+                    });
                     let outbound = Outbound::Message {
                         event,
                         qos: self.qos,
@@ -1239,6 +1256,7 @@ impl Follower {
                         retain: false,
                         retain_as_published: self.retain_as_published,
                         progress: self.progress.clone(),
+                        dup,
                     };
                     if !self.sink.send(outbound).await {
                         return;
@@ -1383,7 +1401,7 @@ pub(super) struct Group {
 impl Group {
     /// Gives a message to one member, round robin, preferring one whose queue has room.
     async fn dispatch(&self, outbound: Outbound) -> bool {
-        let Outbound::Message { event, retain, retain_as_published, progress, .. } = outbound else {
+        let Outbound::Message { event, retain, retain_as_published, progress, dup, .. } = outbound else {
             // Cut off: every member is told.
             let members: Vec<mpsc::Sender<Outbound>> =
                 self.members.lock().expect("members lock").iter().map(|member| member.deliveries.clone()).collect();
@@ -1410,6 +1428,7 @@ impl Group {
                 retain,
                 retain_as_published,
                 progress: progress.clone(),
+                dup,
             };
             let start = self.next.fetch_add(1, Ordering::Relaxed) % members.len();
             for i in 0..members.len() {
@@ -1467,6 +1486,11 @@ impl Progress {
         {
             unacked.remove(&offset);
         }
+    }
+
+    /// Per stream, how far records were handed over for delivery.
+    pub(super) fn sent(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
+        self.streams.iter().map(|(stream, progress)| (stream.clone(), progress.next.clone())).collect()
     }
 
     /// Per stream, where a resumed subscription starts.

@@ -25,6 +25,10 @@ pub struct StoredSubscription {
     pub retain_as_published: bool,
     /// Per stream, the next offset of each partition not yet acknowledged.
     pub positions: BTreeMap<String, Vec<u64>>,
+    /// Per stream, how far each partition had been handed to the client: a message below it is
+    /// sent again with DUP set.
+    #[serde(default)]
+    pub sent: BTreeMap<String, Vec<u64>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
