@@ -500,3 +500,47 @@ fn unacknowledged_messages_come_again_flagged_dup() {
     let second = serde_json::json!([["chore0", true], ["chore1", true], ["chore2", true], ["chore3", true]]);
     assert_eq!(unacked["second"], second, "the same messages, once each, flagged DUP: {unacked}");
 }
+
+#[test]
+fn retained_messages_on_a_table_topic_write_rows_and_subscribers_get_rows() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    let (status, body) =
+        post(server.address, "/sql", "CREATE TABLE devices (id TEXT PRIMARY KEY, state TEXT)").unwrap();
+    assert_eq!(status, 200, "{body}");
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "devices/d1", "-m", r#"{"state":"on"}"#]);
+    let (status, row) = get(server.address, "/tables/devices/d1");
+    assert_eq!((status, row.as_str()), (200, r#"{"id":"d1","state":"on"}"#), "the retained message wrote the row");
+
+    // A subscriber to the table gets its rows as retained messages, then every change.
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "devices/#", "-F", "MSG %r %t %p"], 4);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "devices/d2", "-m", r#"{"state":"off"}"#]);
+    let (status, _) = common::request(server.address, "PUT", "/tables/devices/d3", r#"{"state":"idle"}"#).unwrap();
+    assert_eq!(status, 201);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "devices/d1", "-n"]);
+    assert_eq!(
+        sub_output(sub),
+        [
+            r#"1 devices/d1 {"id":"d1","state":"on"}"#,
+            r#"0 devices/d2 {"id":"d2","state":"off"}"#,
+            r#"0 devices/d3 {"id":"d3","state":"idle"}"#,
+            "0 devices/d1 ",
+        ]
+    );
+    assert_eq!(get(server.address, "/tables/devices/d1").0, 404, "an empty retained message deleted the row");
+
+    // Rows are JSON objects; and a table takes no plain (non-retained) messages.
+    let output = tool("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-r", "-t", "devices/d4", "-m", "on"])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("JSON object"), "{said}");
+    let output = tool("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-t", "devices/d4", "-m", "{}"])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("is a table"), "{said}");
+    assert_eq!(get(server.address, "/tables/devices/d4").0, 404);
+}

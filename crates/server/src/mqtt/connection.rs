@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use onehop_engine::hub::{Delivery, Event};
 use onehop_engine::subject::{SubjectFilter, validate_subject};
-use onehop_engine::{EngineError, Filter, Stream};
+use onehop_engine::{EngineError, Filter, Precondition, Stream, Table, Write};
 use onehop_log::{Durability, NewRecord};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::v5::PublishProperties;
@@ -249,6 +249,13 @@ async fn prepare(
     if topic.starts_with('$') {
         return Err((Refusal::TopicInvalid, format!("topic {topic:?}: topics starting with $ are reserved")));
     }
+    let first = topic.split('/').next().unwrap_or_default();
+    if broker.engine.table(first).is_ok() {
+        return Err((
+            Refusal::TopicInvalid,
+            format!("{first:?} is a table: write a row with a retained message to {first}/{{id}}"),
+        ));
+    }
     let stream = stream_for(broker, topic).await?;
     let record =
         NewRecord { timestamp_ms: None, key: None, subject: Some(topic.to_string()), headers, value: Some(payload) };
@@ -477,6 +484,87 @@ struct Session {
 }
 
 impl Session {
+    /// The table a `{table}/{id}` topic names, if its first level is a table.
+    fn table_of(&self, topic: &str) -> Option<Arc<Table>> {
+        let (first, id) = topic.split_once('/')?;
+        if id.is_empty() || id.contains('/') {
+            return None;
+        }
+        self.broker.engine.table(first).ok()
+    }
+
+    /// A filter under a table (`orders/#`, `orders/o1`): its rows first, as retained messages,
+    /// then every change to a matching row (a deleted row comes as an empty message).
+    #[allow(clippy::too_many_arguments)]
+    fn subscribe_table(
+        &mut self,
+        filter: String,
+        parsed: SubjectFilter,
+        table: Arc<Table>,
+        qos: QoS,
+        subscription_id: Option<NonZeroU32>,
+        send_rows: bool,
+        resume: Option<&StoredSubscription>,
+    ) -> Granted {
+        let storage = table.storage().clone();
+        let name = storage.name().to_string();
+        let (rows, next) = match resume {
+            Some(resume) => (Vec::new(), resume_positions(&storage, resume.positions.get(&name))),
+            None => {
+                let (rows, next) = table.snapshot(&Filter::default());
+                let rows = if send_rows {
+                    rows.into_iter().filter(|row| parsed.matches(&format!("{name}/{}", row.id))).collect()
+                } else {
+                    Vec::new()
+                };
+                (rows, vec![next])
+            }
+        };
+        let progress = self.persistent.then(SharedProgress::default);
+        if let Some(progress) = &progress {
+            progress.lock().expect("progress lock").start(&name, &next);
+        }
+        let cursor =
+            self.broker.engine.subscribe(&storage, Filter::default(), next).map_err(|_| Refusal::Unavailable)?;
+        let follower = Follower {
+            broker: self.broker.clone(),
+            filter: Filter::default(),
+            sink: Sink::Connection(self.deliveries_tx.clone()),
+            qos,
+            subscription_id,
+            retain_as_published: false,
+            progress: progress.clone(),
+            sent_before: resume.map(|resume| Arc::new(resume.sent.clone())),
+            topic_filter: Some(parsed),
+        };
+        let retained: Vec<super::retained::Retained> = rows
+            .into_iter()
+            .map(|row| super::retained::Retained {
+                topic: format!("{name}/{}", row.id),
+                payload: row.json.clone(),
+                headers: Vec::new(),
+            })
+            .collect();
+        let task = tokio::spawn(async move {
+            if follower.send_retained(retained).await {
+                follower.follow(storage, cursor).await;
+            }
+        });
+        let spec = StoredSubscription {
+            filter: filter.clone(),
+            qos: qos_rank(qos),
+            subscription_id: subscription_id.map(NonZeroU32::get),
+            retain_as_published: false,
+            positions: Default::default(),
+            sent: Default::default(),
+        };
+        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        if self.subscriptions.insert(filter, handle).is_none() {
+            metrics::gauge!("mqtt_subscriptions").increment(1.0);
+        }
+        Ok(qos)
+    }
+
     /// Writes the session: its subscriptions and, for each, the positions acknowledged up to.
     async fn persist(&mut self, disconnected: bool) {
         let subscriptions = self
@@ -762,6 +850,34 @@ impl Session {
         };
         let headers = message_headers(qos, user_properties, expiry, retain);
         let packet = packet_id.filter(|_| qos != QoS::AtMostOnce).map(|packet_id| (qos, packet_id));
+        if retain && let Some(table) = self.table_of(&topic) {
+            // A retained message to {table}/{id} writes the row (an empty one deletes it),
+            // durably and in order, before the acknowledgement.
+            self.flush().await;
+            let id = topic.split_once('/').map(|(_, id)| id.to_string()).unwrap_or_default();
+            let write = if payload.is_empty() {
+                Ok(Write::Delete)
+            } else {
+                match serde_json::from_slice::<serde_json::Value>(&payload) {
+                    Ok(serde_json::Value::Object(row)) => Ok(Write::Put(row)),
+                    _ => Err((Refusal::PayloadInvalid, format!("a row of table {:?} is a JSON object", table.name()))),
+                }
+            };
+            let durability = (qos == QoS::AtMostOnce).then_some(Durability::Async);
+            let outcome = match write {
+                Ok(write) => match table.write(&id, write, Precondition::None, durability).await {
+                    Ok(_) | Err(EngineError::RowNotFound { .. }) => Ok(()),
+                    Err(error @ EngineError::InvalidRow(_)) => Err((Refusal::PayloadInvalid, error.to_string())),
+                    Err(error) => Err((Refusal::Unavailable, error.to_string())),
+                },
+                Err(refusal) => Err(refusal),
+            };
+            if let Err((refusal, reason)) = outcome {
+                return refuse(self, refusal, reason);
+            }
+            self.chain(packet.into_iter().collect(), permit.into_iter().collect(), async { Ok(()) });
+            return None;
+        }
         if retain {
             // Stored in its stream and as its topic's retained message, both durable before
             // the acknowledgement: on its own, after what is gathered so far.
@@ -899,6 +1015,10 @@ impl Session {
         }
         let parsed = SubjectFilter::parse(&filter).map_err(|_| Refusal::TopicInvalid)?;
         let every_stream = matches!(filter.split('/').next(), Some("+" | "#"));
+        if !every_stream && let Ok(table) = self.broker.engine.table(filter.split('/').next().unwrap_or_default()) {
+            let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
+            return self.subscribe_table(filter, parsed, table, qos, subscription_id, send_rows, resume);
+        }
         let stream = if every_stream {
             None
         } else {
@@ -926,6 +1046,7 @@ impl Session {
             retain_as_published,
             progress: progress.clone(),
             sent_before: resume.map(|resume| Arc::new(resume.sent.clone())),
+            topic_filter: None,
         };
         // From now on, or from where a persistent session left off (a stream it did not know
         // yet was created since: everything in it is new).
@@ -1025,6 +1146,7 @@ impl Session {
                 retain_as_published: false,
                 progress: None,
                 sent_before: None,
+                topic_filter: None,
             };
             let task = match stream {
                 Some(stream) => {
@@ -1119,7 +1241,7 @@ impl Session {
             }
             expiry = NonZeroU32::new(((left_ms + 999) / 1000).min(i64::from(u32::MAX)) as u32);
         }
-        let topic = record.subject.clone().unwrap_or_else(|| event.stream.to_string());
+        let topic = message_topic(&event);
         let packet_id = (qos != QoS::AtMostOnce).then(|| self.allocate_packet_id());
         let properties = (self.codec.version() == Version::V5).then(|| PublishProperties {
             topic_alias: None,
@@ -1179,6 +1301,16 @@ impl Session {
     }
 }
 
+/// The MQTT topic of a record: its subject, or for a table change `{table}/{id}`, or else the
+/// stream's name.
+fn message_topic(event: &Event) -> String {
+    if event.table {
+        let id = event.record.key.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+        return format!("{}/{id}", event.stream);
+    }
+    event.record.subject.clone().unwrap_or_else(|| event.stream.to_string())
+}
+
 /// The next offset of every partition of `stream`: where a subscription from now starts.
 fn end_offsets(stream: &Stream) -> Vec<u64> {
     (0..stream.partition_count())
@@ -1199,6 +1331,9 @@ struct Follower {
     progress: Option<SharedProgress>,
     /// A resumed session's send positions: records below them were sent before (DUP).
     sent_before: Option<Arc<std::collections::BTreeMap<String, Vec<u64>>>>,
+    /// For a table: which `{table}/{id}` topics the subscription wants (table changes carry
+    /// no subject, so the stream filter cannot say).
+    topic_filter: Option<SubjectFilter>,
 }
 
 impl Follower {
@@ -1236,6 +1371,11 @@ impl Follower {
         loop {
             match cursor.next().await {
                 Ok(Delivery::Event(event, _)) => {
+                    if let Some(topic_filter) = &self.topic_filter
+                        && !topic_filter.matches(&message_topic(&event))
+                    {
+                        continue;
+                    }
                     if let Some(progress) = &self.progress {
                         progress.lock().expect("progress lock").delivered(
                             stream.name(),
