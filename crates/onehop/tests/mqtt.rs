@@ -544,3 +544,16 @@ fn retained_messages_on_a_table_topic_write_rows_and_subscribers_get_rows() {
     assert!(said.contains("is a table"), "{said}");
     assert_eq!(get(server.address, "/tables/devices/d4").0, 404);
 }
+
+#[test]
+fn v5_no_local_will_delay_and_ending_a_session_at_disconnect() {
+    let (server, _dir) = server();
+    let checks = paho_checks(server.mqtt_address, "v5_more");
+    assert_eq!(check(&checks, "no_local")[0]["topics"], serde_json::json!(["chat/theirs"]), "not its own message");
+    assert_eq!(
+        check(&checks, "will_delay")[0]["topics"],
+        serde_json::json!(["gone/stays-away"]),
+        "a client back within its will delay sends no will"
+    );
+    assert_eq!(check(&checks, "session_ended")[0]["present"], false);
+}

@@ -69,7 +69,7 @@ def connected(c, port, **kwargs):
     return result
 
 
-def subscribed(c, topic, qos, **kwargs):
+def subscribed(c, topic, qos=None, **kwargs):
     done = threading.Event()
     granted = {}
 
@@ -78,7 +78,10 @@ def subscribed(c, topic, qos, **kwargs):
         done.set()
 
     c.on_subscribe = on_subscribe
-    c.subscribe(topic, qos, **kwargs)
+    if qos is None:
+        c.subscribe(topic, **kwargs)
+    else:
+        c.subscribe(topic, qos, **kwargs)
     if not done.wait(10):
         fail(f"no SUBACK for {topic}")
     return granted["codes"]
@@ -360,6 +363,65 @@ def session_resume(port, client_id, protocol_name, count):
     c.loop_stop()
 
 
+def v5_more(port):
+    """no local, will delay (not sent when the client is back in time), and a DISCONNECT that
+    ends a persistent session."""
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+    inbox = Inbox()
+    talker = client("talker", mqtt.MQTTv5)
+    talker.on_message = inbox.on_message
+    connected(talker, port)
+    subscribed(talker, "chat/#", options=SubscribeOptions(qos=1, noLocal=True))
+    talker.publish("chat/mine", "from me", qos=1).wait_for_publish(10)
+    other = client("other", mqtt.MQTTv5)
+    connected(other, port)
+    other.publish("chat/theirs", "from them", qos=1).wait_for_publish(10)
+    inbox.wait(1)
+    time.sleep(0.3)
+    print(json.dumps({"check": "no_local", "topics": [m.topic for m in inbox.messages]}))
+
+    wills = Inbox()
+    watcher = client("delay-watcher", mqtt.MQTTv5)
+    watcher.on_message = wills.on_message
+    connected(watcher, port)
+    subscribed(watcher, "gone/+", 1)
+
+    def vanishing(client_id, delay):
+        c = client(client_id, mqtt.MQTTv5)
+        will_props = Properties(PacketTypes.WILLMESSAGE)
+        will_props.WillDelayInterval = delay
+        c.will_set(f"gone/{client_id}", "bye", qos=1, properties=will_props)
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 60
+        connected(c, port, clean_start=False, properties=props)
+        c.loop_stop()
+        c.socket().close()
+
+    vanishing("returns", 2)
+    time.sleep(0.5)
+    back = client("returns", mqtt.MQTTv5)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 60
+    connected(back, port, clean_start=False, properties=props)
+    vanishing("stays-away", 1)
+    wills.wait(1, timeout=10)
+    time.sleep(2.5)  # the returning client's will would be due by now
+    print(json.dumps({"check": "will_delay", "topics": sorted(m.topic for m in wills.messages)}))
+
+    # DISCONNECT with a session expiry of 0 ends the stored session.
+    end_props = Properties(PacketTypes.DISCONNECT)
+    end_props.SessionExpiryInterval = 0
+    back.disconnect(properties=end_props)
+    back.loop_stop()
+    again = client("returns", mqtt.MQTTv5)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 60
+    result = connected(again, port, clean_start=False, properties=props)
+    print(json.dumps({"check": "session_ended", "present": bool(result["flags"].session_present)}))
+    for c in (again, watcher, other, talker):
+        c.disconnect()
+
+
 def publisher(port, topic, count):
     """QoS 1 publishes one after another; prints each payload once PUBACKed."""
     c = client("kill-publisher")
@@ -389,6 +451,8 @@ if __name__ == "__main__":
         keep_alive(port)
     elif scenario == "session_subscribe":
         session_subscribe(port, sys.argv[3], sys.argv[4])
+    elif scenario == "v5_more":
+        v5_more(port)
     elif scenario == "session_unacked":
         session_unacked(port)
     elif scenario == "session_clean":

@@ -35,6 +35,8 @@ use super::sessions::{StoredSession, StoredSubscription};
 const QOS_HEADER: &str = "onehop-mqtt-qos";
 /// The record header holding when a message expires (ms since the epoch), from v5 message expiry.
 const EXPIRES_HEADER: &str = "onehop-mqtt-expires";
+/// The record header naming the MQTT 5 client that published a message (for no local).
+const CLIENT_HEADER: &str = "onehop-mqtt-client";
 /// The record header marking a message published with the retain flag.
 const RETAIN_HEADER: &str = "onehop-mqtt-retain";
 /// How long writing to a client may take before it is given up on.
@@ -286,9 +288,16 @@ async fn append(
         .map_err(|error| (Refusal::Unavailable, error.to_string()))
 }
 
-/// Publishes a will message (after the connection ended abnormally).
-fn publish_will(broker: Arc<Broker>, will: Will) {
+/// Publishes a will message (after the connection ended abnormally), after `delay` unless the
+/// client is back by then.
+fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Duration) {
     tokio::spawn(async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+            if broker.is_connected(&client_id) {
+                return;
+            }
+        }
         let headers = message_headers(will.qos, will.user_properties, will.message_expiry_secs, will.retain);
         let queued = append(&broker, &will.topic, will.payload.clone(), will.qos, headers.clone()).await;
         match queued {
@@ -395,6 +404,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         persistent: connect.session_expiry_secs > 0,
         session_expiry_secs: connect.session_expiry_secs,
         session_written: Instant::now(),
+        end_session: false,
         batch: None,
         acks_done: None,
     };
@@ -407,6 +417,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
                 qos: qos_of(subscription.qos),
                 retain_handling: 2,
                 retain_as_published: subscription.retain_as_published,
+                no_local: subscription.no_local,
             };
             let id = subscription.subscription_id.and_then(NonZeroU32::new);
             if let Err(refusal) = session.subscribe_from(request, id, Some(subscription)).await {
@@ -429,6 +440,8 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, acks_rx, deliveries_rx).await;
     if session.persistent {
         session.persist(true).await;
+    } else if session.end_session {
+        let _ = broker.sessions.put(&client_id, None).await;
     }
     drop(owned);
     broker.sessions.release_owner(&client_id, owner);
@@ -447,7 +460,10 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     if close.will
         && let Some(will) = session.will.take()
     {
-        publish_will(broker, will);
+        // Sent when the will delay is over or the session ends, whichever comes first.
+        let session_left = if session.persistent { session.session_expiry_secs } else { 0 };
+        let delay = Duration::from_secs(u64::from(will.delay_secs.min(session_left)));
+        publish_will(broker, will, client_id, delay);
     }
 }
 
@@ -476,6 +492,8 @@ struct Session {
     session_expiry_secs: u32,
     /// When the session was last written, to write it again about once a second.
     session_written: Instant,
+    /// The client asked (v5 DISCONNECT) for its stored session to end.
+    end_session: bool,
     /// Publishes gathered from the current read, not yet queued.
     batch: Option<Batch>,
     /// Resolves when the acknowledgements of everything queued so far have been handed over:
@@ -536,6 +554,7 @@ impl Session {
             progress: progress.clone(),
             sent_before: resume.map(|resume| Arc::new(resume.sent.clone())),
             topic_filter: Some(parsed),
+            no_local_client: None,
         };
         let retained: Vec<super::retained::Retained> = rows
             .into_iter()
@@ -555,6 +574,7 @@ impl Session {
             qos: qos_rank(qos),
             subscription_id: subscription_id.map(NonZeroU32::get),
             retain_as_published: false,
+            no_local: false,
             positions: Default::default(),
             sent: Default::default(),
         };
@@ -763,7 +783,17 @@ impl Session {
                 self.encoded(|codec, out| codec.unsuback(packet_id, &existed, out))
             }
             Inbound::PingReq => self.encoded(|codec, out| codec.pingresp(out)),
-            Inbound::Disconnect { with_will } => Some(Close { will: with_will, goodbye: None }),
+            Inbound::Disconnect { with_will, session_expiry_secs } => {
+                if let Some(expiry) = session_expiry_secs {
+                    self.session_expiry_secs = expiry;
+                    if expiry == 0 && self.persistent {
+                        // The session ends with this connection after all.
+                        self.persistent = false;
+                        self.end_session = true;
+                    }
+                }
+                Some(Close { will: with_will, goodbye: None })
+            }
             Inbound::Unexpected(name) => {
                 Some(Close::abnormal(Goodbye::ProtocolError, format!("{name} is not a packet a client sends")))
             }
@@ -848,7 +878,11 @@ impl Session {
             // v3 has no receive maximum: a client that outruns the disk waits here.
             (_, Version::V3) => self.inbound_permits.clone().acquire_owned().await.ok(),
         };
-        let headers = message_headers(qos, user_properties, expiry, retain);
+        let mut headers = message_headers(qos, user_properties, expiry, retain);
+        if self.codec.version() == Version::V5 {
+            // Only a 5.0 subscription can ask not to get its own client's messages back.
+            headers.push((CLIENT_HEADER.to_string(), Bytes::from(self.client_id.clone())));
+        }
         let packet = packet_id.filter(|_| qos != QoS::AtMostOnce).map(|packet_id| (qos, packet_id));
         if retain && let Some(table) = self.table_of(&topic) {
             // A retained message to {table}/{id} writes the row (an empty one deletes it),
@@ -1009,7 +1043,7 @@ impl Session {
         subscription_id: Option<NonZeroU32>,
         resume: Option<&StoredSubscription>,
     ) -> Granted {
-        let SubscribeFilter { filter, qos, retain_handling, retain_as_published } = request;
+        let SubscribeFilter { filter, qos, retain_handling, retain_as_published, no_local } = request;
         if let Some(shared) = filter.strip_prefix("$share/") {
             return self.subscribe_shared(filter.clone(), shared, qos, subscription_id).await;
         }
@@ -1047,6 +1081,7 @@ impl Session {
             progress: progress.clone(),
             sent_before: resume.map(|resume| Arc::new(resume.sent.clone())),
             topic_filter: None,
+            no_local_client: no_local.then(|| Arc::from(self.client_id.as_str())),
         };
         // From now on, or from where a persistent session left off (a stream it did not know
         // yet was created since: everything in it is new).
@@ -1096,6 +1131,7 @@ impl Session {
             qos: qos_rank(qos),
             subscription_id: subscription_id.map(NonZeroU32::get),
             retain_as_published,
+            no_local,
             positions: Default::default(),
             sent: Default::default(),
         };
@@ -1147,6 +1183,7 @@ impl Session {
                 progress: None,
                 sent_before: None,
                 topic_filter: None,
+                no_local_client: None,
             };
             let task = match stream {
                 Some(stream) => {
@@ -1176,6 +1213,7 @@ impl Session {
             qos: qos_rank(qos),
             subscription_id: subscription_id.map(NonZeroU32::get),
             retain_as_published: false,
+            no_local: false,
             positions: Default::default(),
             sent: Default::default(),
         };
@@ -1334,6 +1372,8 @@ struct Follower {
     /// For a table: which `{table}/{id}` topics the subscription wants (table changes carry
     /// no subject, so the stream filter cannot say).
     topic_filter: Option<SubjectFilter>,
+    /// v5 no local: the client id whose own messages are not sent back to it.
+    no_local_client: Option<Arc<str>>,
 }
 
 impl Follower {
@@ -1373,6 +1413,15 @@ impl Follower {
                 Ok(Delivery::Event(event, _)) => {
                     if let Some(topic_filter) = &self.topic_filter
                         && !topic_filter.matches(&message_topic(&event))
+                    {
+                        continue;
+                    }
+                    if let Some(own) = &self.no_local_client
+                        && event
+                            .record
+                            .headers
+                            .iter()
+                            .any(|(name, value)| name == CLIENT_HEADER && value.as_ref() == own.as_bytes())
                     {
                         continue;
                     }

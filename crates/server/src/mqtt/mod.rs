@@ -118,6 +118,11 @@ impl Broker {
         kicked
     }
 
+    /// Whether a connection with `client_id` is open.
+    fn is_connected(&self, client_id: &str) -> bool {
+        self.clients.lock().expect("clients lock").contains_key(client_id)
+    }
+
     fn unregister(&self, client_id: &str, connection: u64) {
         let mut clients = self.clients.lock().expect("clients lock");
         if clients.get(client_id).is_some_and(|(id, _)| *id == connection) {

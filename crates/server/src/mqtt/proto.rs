@@ -26,6 +26,8 @@ pub struct Will {
     pub retain: bool,
     pub user_properties: Vec<(String, String)>,
     pub message_expiry_secs: Option<u32>,
+    /// v5: seconds to wait before sending the will (it is not sent if the client is back).
+    pub delay_secs: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -53,6 +55,8 @@ pub struct SubscribeFilter {
     pub retain_handling: u8,
     /// v5: keep the retain flag of messages as published (else live messages have it clear).
     pub retain_as_published: bool,
+    /// v5: do not send this client its own messages.
+    pub no_local: bool,
 }
 
 /// What a client sends.
@@ -74,9 +78,11 @@ pub enum Inbound {
         filters: Vec<String>,
     },
     PingReq,
-    /// `with_will`: a v5 DISCONNECT with reason 0x04 asks for the will to be sent.
+    /// `with_will`: a v5 DISCONNECT with reason 0x04 asks for the will to be sent;
+    /// `session_expiry_secs`: a v5 DISCONNECT may change the session's expiry.
     Disconnect {
         with_will: bool,
+        session_expiry_secs: Option<u32>,
     },
     /// A packet only a server sends, or v5 AUTH (enhanced authentication is not offered).
     Unexpected(&'static str),
@@ -165,6 +171,7 @@ impl Codec {
                             retain: will.retain,
                             user_properties: Vec::new(),
                             message_expiry_secs: None,
+                            delay_secs: 0,
                         }),
                         receive_max: u16::MAX,
                         max_packet_size: None,
@@ -184,6 +191,7 @@ impl Codec {
                                 qos: *qos,
                                 retain_handling: 0,
                                 retain_as_published: false,
+                                no_local: false,
                             })
                             .collect(),
                     },
@@ -191,7 +199,7 @@ impl Codec {
                         Inbound::Unsubscribe { packet_id, filters: topic_filters.iter().map(text).collect() }
                     }
                     v3::Packet::PingRequest => Inbound::PingReq,
-                    v3::Packet::Disconnect => Inbound::Disconnect { with_will: false },
+                    v3::Packet::Disconnect => Inbound::Disconnect { with_will: false, session_expiry_secs: None },
                     v3::Packet::ConnectAck(_) => Inbound::Unexpected("CONNACK"),
                     v3::Packet::SubscribeAck { .. } => Inbound::Unexpected("SUBACK"),
                     v3::Packet::UnsubscribeAck { .. } => Inbound::Unexpected("UNSUBACK"),
@@ -215,6 +223,7 @@ impl Codec {
                             retain: will.retain,
                             user_properties: will.user_properties.iter().map(|(k, v)| (text(k), text(v))).collect(),
                             message_expiry_secs: will.message_expiry_interval.map(NonZeroU32::get),
+                            delay_secs: will.will_delay_interval_sec.unwrap_or(0),
                         }),
                         receive_max: connect.receive_max.map_or(u16::MAX, NonZeroU16::get),
                         max_packet_size: connect.max_packet_size.map(NonZeroU32::get),
@@ -235,6 +244,7 @@ impl Codec {
                                 qos: options.qos,
                                 retain_handling: u8::from(options.retain_handling),
                                 retain_as_published: options.retain_as_published,
+                                no_local: options.no_local,
                             })
                             .collect(),
                     },
@@ -245,6 +255,7 @@ impl Codec {
                     v5::Packet::PingRequest => Inbound::PingReq,
                     v5::Packet::Disconnect(disconnect) => Inbound::Disconnect {
                         with_will: disconnect.reason_code == v5::DisconnectReasonCode::DisconnectWithWillMessage,
+                        session_expiry_secs: disconnect.session_expiry_interval_secs,
                     },
                     v5::Packet::Auth(_) => Inbound::Unexpected("AUTH"),
                     v5::Packet::ConnectAck(_) => Inbound::Unexpected("CONNACK"),

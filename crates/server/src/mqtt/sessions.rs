@@ -23,6 +23,8 @@ pub struct StoredSubscription {
     pub qos: u8,
     pub subscription_id: Option<u32>,
     pub retain_as_published: bool,
+    #[serde(default)]
+    pub no_local: bool,
     /// Per stream, the next offset of each partition not yet acknowledged.
     pub positions: BTreeMap<String, Vec<u64>>,
     /// Per stream, how far each partition had been handed to the client: a message below it is
