@@ -1,10 +1,13 @@
 //! onehop's protocol front ends. Protocol code never reaches into storage files; it talks to
-//! the log (and, as they land, the engine) through their public APIs.
+//! the engine and the log through their public APIs.
 //!
 //! # Layout
 //!
-//! - `http`: the HTTP router (`app`) and its listener (`serve_http`): health and metrics now;
-//!   REST, SSE and WebSocket as they land.
+//! - `http`: the HTTP router (`app`) and its listener (`serve_http`, with the connection
+//!   limit): health, metrics, SQL, streams and tables over REST, subscriptions over SSE and
+//!   WebSocket, and MQTT over WebSocket on `/mqtt`.
+//! - `mqtt`: the MQTT 3.1.1/5.0 broker (`serve_mqtt` over TCP, `Broker::serve_stream` for any
+//!   byte stream), with retained messages and persistent sessions in system topics.
 //! - `telemetry`: the Prometheus recorder behind `/metrics`.
 
 pub mod http;
