@@ -92,6 +92,23 @@ fn stream_row(stream: &onehop_engine::Stream) -> Vec<Value> {
     ]
 }
 
+/// A DROP's answer: done, or, with IF EXISTS, nothing to drop.
+fn dropped(label: String, result: Result<(), EngineError>, if_exists: bool, kind: &str) -> Result<Output, SqlError> {
+    match result {
+        Ok(()) => Ok(Output::Dropped { statement: label }),
+        Err(EngineError::UnknownStream(_) | EngineError::UnknownTable(_) | EngineError::UnknownIndex(_))
+            if if_exists =>
+        {
+            Ok(Output::Unchanged {
+                statement: label,
+                definition: String::new(),
+                note: format!("IF EXISTS: there is no such {kind}"),
+            })
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// Runs one statement.
 pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, SqlError> {
     let label = statement.label();
@@ -152,30 +169,13 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
                 Ok(Output::Unchanged { statement: label, definition, note })
             }
         }
-        Statement::DropStream { name, if_exists } => match engine.drop_stream(name).await {
-            Err(EngineError::UnknownStream(_)) if *if_exists => Ok(Output::Unchanged {
-                statement: label,
-                definition: String::new(),
-                note: "IF EXISTS: there is no such stream".into(),
-            }),
-            other => other.map(|()| Output::Dropped { statement: label }).map_err(Into::into),
-        },
-        Statement::DropTable { name, if_exists } => match engine.drop_table(name).await {
-            Err(EngineError::UnknownTable(_)) if *if_exists => Ok(Output::Unchanged {
-                statement: label,
-                definition: String::new(),
-                note: "IF EXISTS: there is no such table".into(),
-            }),
-            other => other.map(|()| Output::Dropped { statement: label }).map_err(Into::into),
-        },
-        Statement::DropIndex { name, if_exists } => match engine.drop_index(name).await {
-            Err(EngineError::UnknownIndex(_)) if *if_exists => Ok(Output::Unchanged {
-                statement: label,
-                definition: String::new(),
-                note: "IF EXISTS: there is no such index".into(),
-            }),
-            other => other.map(|_| Output::Dropped { statement: label }).map_err(Into::into),
-        },
+        Statement::DropStream { name, if_exists } => {
+            dropped(label, engine.drop_stream(name).await, *if_exists, "stream")
+        }
+        Statement::DropTable { name, if_exists } => dropped(label, engine.drop_table(name).await, *if_exists, "table"),
+        Statement::DropIndex { name, if_exists } => {
+            dropped(label, engine.drop_index(name).await.map(|_| ()), *if_exists, "index")
+        }
         Statement::ShowTables => Ok(Output::Rows {
             statement: label,
             columns: TABLE_COLUMNS.iter().map(|column| column.to_string()).collect(),

@@ -269,17 +269,25 @@ def shared(port):
         c.disconnect()
 
 
-def session_subscribe(port, client_id, protocol_name):
-    """A persistent session subscribes to inbox/#, then disconnects."""
-    protocol = mqtt.MQTTv5 if protocol_name == "v5" else mqtt.MQTTv311
-    if protocol == mqtt.MQTTv5:
-        c = client(client_id, protocol)
+def persistent(port, client_id, protocol_name, inbox=None):
+    """Connects to a persistent session (3.1.1 clean_session=0, or 5.0 with an expiry)."""
+    if protocol_name == "v5":
+        c = client(client_id, mqtt.MQTTv5)
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 3600
-        result = connected(c, port, clean_start=False, properties=props)
+        connect_args = {"clean_start": False, "properties": props}
     else:
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=False)
-        result = connected(c, port)
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
+                        clean_session=False)
+        connect_args = {}
+    if inbox is not None:
+        c.on_message = inbox.on_message
+    return c, connected(c, port, **connect_args)
+
+
+def session_subscribe(port, client_id, protocol_name):
+    """A persistent session subscribes to inbox/#, then disconnects."""
+    c, result = persistent(port, client_id, protocol_name)
     subscribed(c, "inbox/#", 1)
     print(json.dumps({"check": "session_subscribed", "present": bool(result["flags"].session_present)}))
     c.disconnect()
@@ -341,18 +349,8 @@ def session_publish(port, count):
 
 def session_resume(port, client_id, protocol_name, count):
     """Reconnects to the session: it is present, and every message sent meanwhile arrives."""
-    protocol = mqtt.MQTTv5 if protocol_name == "v5" else mqtt.MQTTv311
     inbox = Inbox()
-    if protocol == mqtt.MQTTv5:
-        c = client(client_id, protocol)
-        c.on_message = inbox.on_message
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = 3600
-        result = connected(c, port, clean_start=False, properties=props)
-    else:
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=False)
-        c.on_message = inbox.on_message
-        result = connected(c, port)
+    c, result = persistent(port, client_id, protocol_name, inbox)
     present = bool(result["flags"].session_present)
     if count > 0:
         inbox.wait(count)

@@ -391,6 +391,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         codec,
         out,
         client_id: client_id.clone(),
+        client_id_bytes: Bytes::from(client_id.clone()),
         will: connect.will.clone(),
         aliases: HashMap::new(),
         awaiting_release: HashSet::new(),
@@ -472,6 +473,8 @@ struct Session {
     codec: Codec,
     out: BytesMut,
     client_id: String,
+    /// The client id as shared bytes, for the header of every 5.0 publish.
+    client_id_bytes: Bytes,
     will: Option<Will>,
     /// v5 topic aliases the client defined.
     aliases: HashMap<u16, String>,
@@ -502,6 +505,13 @@ struct Session {
 }
 
 impl Session {
+    /// Keeps a subscription's handle under its filter (dropping one it replaces).
+    fn keep_subscription(&mut self, filter: String, handle: SubscriptionHandle) {
+        if self.subscriptions.insert(filter, handle).is_none() {
+            metrics::gauge!("mqtt_subscriptions").increment(1.0);
+        }
+    }
+
     /// The table a `{table}/{id}` topic names, if its first level is a table.
     fn table_of(&self, topic: &str) -> Option<Arc<Table>> {
         let (first, id) = topic.split_once('/')?;
@@ -569,19 +579,9 @@ impl Session {
                 follower.follow(storage, cursor).await;
             }
         });
-        let spec = StoredSubscription {
-            filter: filter.clone(),
-            qos: qos_rank(qos),
-            subscription_id: subscription_id.map(NonZeroU32::get),
-            retain_as_published: false,
-            no_local: false,
-            positions: Default::default(),
-            sent: Default::default(),
-        };
+        let spec = stored_subscription(&filter, qos, subscription_id, false, false);
         let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
-        if self.subscriptions.insert(filter, handle).is_none() {
-            metrics::gauge!("mqtt_subscriptions").increment(1.0);
-        }
+        self.keep_subscription(filter, handle);
         Ok(qos)
     }
 
@@ -881,7 +881,7 @@ impl Session {
         let mut headers = message_headers(qos, user_properties, expiry, retain);
         if self.codec.version() == Version::V5 {
             // Only a 5.0 subscription can ask not to get its own client's messages back.
-            headers.push((CLIENT_HEADER.to_string(), Bytes::from(self.client_id.clone())));
+            headers.push((CLIENT_HEADER.to_string(), self.client_id_bytes.clone()));
         }
         let packet = packet_id.filter(|_| qos != QoS::AtMostOnce).map(|packet_id| (qos, packet_id));
         if retain && let Some(table) = self.table_of(&topic) {
@@ -1126,19 +1126,9 @@ impl Session {
                 })
             }
         };
-        let spec = StoredSubscription {
-            filter: filter.clone(),
-            qos: qos_rank(qos),
-            subscription_id: subscription_id.map(NonZeroU32::get),
-            retain_as_published,
-            no_local,
-            positions: Default::default(),
-            sent: Default::default(),
-        };
+        let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
         let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
-        if self.subscriptions.insert(filter, handle).is_none() {
-            metrics::gauge!("mqtt_subscriptions").increment(1.0);
-        }
+        self.keep_subscription(filter, handle);
         Ok(qos)
     }
 
@@ -1208,24 +1198,14 @@ impl Session {
             groups.insert(full.clone(), group);
         }
         drop(groups);
-        let spec = StoredSubscription {
-            filter: full.clone(),
-            qos: qos_rank(qos),
-            subscription_id: subscription_id.map(NonZeroU32::get),
-            retain_as_published: false,
-            no_local: false,
-            positions: Default::default(),
-            sent: Default::default(),
-        };
+        let spec = stored_subscription(&full, qos, subscription_id, false, false);
         let handle = SubscriptionHandle {
             task: None,
             membership: Some((self.broker.clone(), full.clone(), member_id)),
             spec,
             progress: None,
         };
-        if self.subscriptions.insert(full, handle).is_none() {
-            metrics::gauge!("mqtt_subscriptions").increment(1.0);
-        }
+        self.keep_subscription(full, handle);
         Ok(qos)
     }
 
@@ -1532,6 +1512,25 @@ struct SubscriptionHandle {
     progress: Option<SharedProgress>,
 }
 
+/// What a persistent session stores of a new subscription (positions come with its progress).
+fn stored_subscription(
+    filter: &str,
+    qos: QoS,
+    subscription_id: Option<NonZeroU32>,
+    retain_as_published: bool,
+    no_local: bool,
+) -> StoredSubscription {
+    StoredSubscription {
+        filter: filter.to_string(),
+        qos: qos_rank(qos),
+        subscription_id: subscription_id.map(NonZeroU32::get),
+        retain_as_published,
+        no_local,
+        positions: Default::default(),
+        sent: Default::default(),
+    }
+}
+
 /// Where a resumed subscription starts in `stream`: the stored positions (kept within what the
 /// stream still holds), or its beginning when the session never saw it.
 fn resume_positions(stream: &Stream, stored: Option<&Vec<u64>>) -> Vec<u64> {
@@ -1599,36 +1598,34 @@ impl Group {
             }
             return false;
         };
+        let message = |qos: QoS, subscription_id: Option<NonZeroU32>| Outbound::Message {
+            event: event.clone(),
+            qos,
+            subscription_id,
+            retain,
+            retain_as_published,
+            progress: progress.clone(),
+            dup,
+        };
         loop {
-            let members: Vec<(mpsc::Sender<Outbound>, QoS, Option<NonZeroU32>)> = self
-                .members
-                .lock()
-                .expect("members lock")
-                .iter()
-                .map(|member| (member.deliveries.clone(), member.qos, member.subscription_id))
-                .collect();
-            if members.is_empty() {
-                return false;
-            }
-            let message = |qos: QoS, subscription_id: Option<NonZeroU32>| Outbound::Message {
-                event: event.clone(),
-                qos,
-                subscription_id,
-                retain,
-                retain_as_published,
-                progress: progress.clone(),
-                dup,
-            };
-            let start = self.next.fetch_add(1, Ordering::Relaxed) % members.len();
-            for i in 0..members.len() {
-                let (deliveries, qos, subscription_id) = &members[(start + i) % members.len()];
-                if deliveries.try_send(message(*qos, *subscription_id)).is_ok() {
-                    return true;
+            // try_send never waits, so the members are tried under the lock; only when every
+            // queue is full is the turn's member taken out to wait on.
+            let (deliveries, qos, subscription_id) = {
+                let members = self.members.lock().expect("members lock");
+                if members.is_empty() {
+                    return false;
                 }
-            }
-            // Every queue is full: wait for the member whose turn it is.
-            let (deliveries, qos, subscription_id) = &members[start];
-            if deliveries.send(message(*qos, *subscription_id)).await.is_ok() {
+                let start = self.next.fetch_add(1, Ordering::Relaxed) % members.len();
+                for i in 0..members.len() {
+                    let member = &members[(start + i) % members.len()];
+                    if member.deliveries.try_send(message(member.qos, member.subscription_id)).is_ok() {
+                        return true;
+                    }
+                }
+                let member = &members[start];
+                (member.deliveries.clone(), member.qos, member.subscription_id)
+            };
+            if deliveries.send(message(qos, subscription_id)).await.is_ok() {
                 return true;
             }
         }
