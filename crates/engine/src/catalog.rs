@@ -10,6 +10,7 @@ use onehop_log::{Durability, NewRecord, Partition, Record};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
+use crate::subject::SubjectFilter;
 use crate::tabledef::{Column, ColumnType, IndexDef, TableDef};
 
 /// The topic holding the catalog. Names starting with `__` are reserved for the system.
@@ -32,6 +33,9 @@ pub struct StreamDef {
     pub retention_bytes: Option<u64>,
     /// Durability of publishes that do not ask for one.
     pub durability: Durability,
+    /// MQTT topics this stream takes (a topic filter such as `devices/+/telemetry`): a publish
+    /// to a matching topic lands here whatever its first level says.
+    pub mqtt_topic: Option<String>,
 }
 
 impl StreamDef {
@@ -46,6 +50,9 @@ impl StreamDef {
         if self.retention_ms == Some(0) || self.retention_bytes == Some(0) {
             return Err(EngineError::InvalidDefinition("a retention of 0 would delete everything".into()));
         }
+        if let Some(topic) = &self.mqtt_topic {
+            mqtt_route(topic)?;
+        }
         Ok(())
     }
 
@@ -58,8 +65,22 @@ impl StreamDef {
         if let Some(bytes) = self.retention_bytes {
             text.push_str(&format!(", retention_bytes = {bytes}"));
         }
+        if let Some(topic) = &self.mqtt_topic {
+            text.push_str(&format!(", mqtt_topic = '{topic}'"));
+        }
         text
     }
+}
+
+/// The parsed form of a stream's `mqtt_topic`: a valid MQTT topic filter outside the `$`
+/// topics MQTT reserves.
+pub fn mqtt_route(topic: &str) -> Result<SubjectFilter, EngineError> {
+    let bad = |reason: String| EngineError::InvalidDefinition(format!("mqtt_topic {topic:?}: {reason}"));
+    let filter = SubjectFilter::parse(topic).map_err(|error| bad(error.to_string()))?;
+    if topic.starts_with('$') {
+        return Err(bad("topics starting with $ are reserved".into()));
+    }
+    Ok(filter)
 }
 
 /// Checks a user-chosen name: a usable directory name, and not reserved.
@@ -85,6 +106,8 @@ struct StreamRecord {
     retention_ms: Option<u64>,
     retention_bytes: Option<u64>,
     durability: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mqtt_topic: Option<String>,
 }
 
 /// The catalog record that stores `def`.
@@ -96,6 +119,7 @@ pub(crate) fn stream_record(def: &StreamDef) -> NewRecord {
         retention_ms: def.retention_ms,
         retention_bytes: def.retention_bytes,
         durability: def.durability.to_string(),
+        mqtt_topic: def.mqtt_topic.clone(),
     };
     let value = serde_json::to_vec(&value).expect("a definition serializes");
     NewRecord::keyed(Bytes::from(format!("{STREAM_KEY_PREFIX}{}", def.name)), value)
@@ -113,6 +137,7 @@ fn parse_stream(record: &Record, value: &[u8]) -> Result<StreamDef, EngineError>
         retention_ms: parsed.retention_ms,
         retention_bytes: parsed.retention_bytes,
         durability: parsed.durability.parse().map_err(bad)?,
+        mqtt_topic: parsed.mqtt_topic,
     };
     def.validate().map_err(|error| bad(error.to_string()))?;
     Ok(def)

@@ -51,6 +51,8 @@ pub struct Engine {
     hub: Arc<Hub>,
     /// Bumped whenever a stream is created or dropped, for followers of every stream.
     streams_changed: tokio::sync::watch::Sender<u64>,
+    /// The streams that declare an `mqtt_topic`, looked through on every MQTT publish.
+    routed: RwLock<Vec<Arc<Stream>>>,
 }
 
 /// The catalog's own log settings: compacted (newest definition per name), always fsync.
@@ -85,6 +87,7 @@ impl Engine {
             ddl: tokio::sync::Mutex::new(()),
             hub,
             streams_changed: tokio::sync::watch::channel(0).0,
+            routed: RwLock::new(Vec::new()),
         };
         // A topic on disk that the catalog does not define is what an interrupted DROP left:
         // the drop was acknowledged once its catalog record was durable, so finish it.
@@ -99,6 +102,7 @@ impl Engine {
             let stream = engine.open_stream(def)?;
             engine.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
         }
+        engine.update_routes();
         for def in defs.tables.into_values() {
             let table = engine.open_table(def)?;
             engine.tables.write().expect("tables lock").insert(table.name(), table);
@@ -150,6 +154,7 @@ impl Engine {
             retention_ms: None,
             retention_bytes: None,
             durability: def.durability,
+            mqtt_topic: None,
         };
         Table::open(def, Arc::new(Stream::table_storage(storage_def, partition)))
     }
@@ -169,6 +174,7 @@ impl Engine {
             retention_ms: None,
             retention_bytes: None,
             durability: self.options.stream_defaults.durability,
+            mqtt_topic: None,
         }
     }
 
@@ -193,7 +199,20 @@ impl Engine {
     }
 
     fn streams_changed(&self) {
+        self.update_routes();
         self.streams_changed.send_modify(|generation| *generation += 1);
+    }
+
+    fn update_routes(&self) {
+        let routed = self.streams().into_iter().filter(|stream| stream.mqtt_route().is_some()).collect();
+        *self.routed.write().expect("routes lock") = routed;
+    }
+
+    /// The stream whose declared `mqtt_topic` matches `topic` (declared filters never overlap,
+    /// so there is at most one).
+    pub fn stream_for_mqtt_topic(&self, topic: &str) -> Option<Arc<Stream>> {
+        let routed = self.routed.read().expect("routes lock");
+        routed.iter().find(|stream| stream.mqtt_route().is_some_and(|route| route.matches(topic))).cloned()
     }
 
     /// Creates the stream `def` describes, durably (the definition is in the catalog before
@@ -210,6 +229,18 @@ impl Engine {
         }
         if self.table(&def.name).is_ok() {
             return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
+        }
+        if let Some(topic) = &def.mqtt_topic {
+            let route = catalog::mqtt_route(topic)?;
+            for other in self.routed.read().expect("routes lock").iter() {
+                if other.mqtt_route().is_some_and(|theirs| theirs.overlaps(&route)) {
+                    return Err(EngineError::InvalidDefinition(format!(
+                        "mqtt_topic '{topic}' overlaps stream {}'s mqtt_topic '{}': each MQTT topic must belong to one stream",
+                        other.name(),
+                        other.def().mqtt_topic.as_deref().unwrap_or_default()
+                    )));
+                }
+            }
         }
         self.catalog.append(&[catalog::stream_record(&def)]).await?;
         let stream = self.open_stream(def)?;

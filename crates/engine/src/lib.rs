@@ -29,10 +29,11 @@ pub mod table;
 mod tabledef;
 pub mod units;
 
-pub use catalog::{CATALOG_TOPIC, StreamDef};
+pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};
 pub use engine::{Engine, EngineOptions};
 pub use error::EngineError;
 pub use filter::Filter;
 pub use stream::{Position, Published, Stream};
+pub use subject::SubjectFilter;
 pub use table::{Page, Precondition, Row, Table, Write, Written};
 pub use tabledef::{Column, ColumnType, IndexDef, TableDef};

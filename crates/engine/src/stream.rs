@@ -11,6 +11,7 @@ use onehop_log::{Durability, NewRecord, Partition, Record};
 
 use crate::catalog::StreamDef;
 use crate::error::EngineError;
+use crate::subject::SubjectFilter;
 
 /// Where a read starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,23 +40,31 @@ pub struct Stream {
     next_keyless: AtomicU32,
     /// Whether this is a table's storage (row changes, not published records).
     table: bool,
+    /// The MQTT topics routed here (`mqtt_topic`), parsed.
+    mqtt_route: Option<SubjectFilter>,
 }
 
 impl Stream {
     pub(crate) fn new(def: StreamDef, partitions: Vec<Arc<Partition>>) -> Self {
         assert_eq!(partitions.len(), def.partitions as usize, "one log partition per stream partition");
-        Stream { def, partitions, next_keyless: AtomicU32::new(0), table: false }
+        let mqtt_route = def.mqtt_topic.as_deref().and_then(|topic| crate::catalog::mqtt_route(topic).ok());
+        Stream { def, partitions, next_keyless: AtomicU32::new(0), table: false, mqtt_route }
     }
 
     /// The storage of a table: one compacted partition of row changes.
     pub(crate) fn table_storage(def: StreamDef, partition: Arc<Partition>) -> Self {
         assert_eq!(def.partitions, 1, "a table is stored in one partition");
-        Stream { def, partitions: vec![partition], next_keyless: AtomicU32::new(0), table: true }
+        Stream { def, partitions: vec![partition], next_keyless: AtomicU32::new(0), table: true, mqtt_route: None }
     }
 
     /// Whether this stream is a table's storage: its records are row changes.
     pub fn is_table(&self) -> bool {
         self.table
+    }
+
+    /// The MQTT topic filter whose topics this stream takes, when it declares one.
+    pub fn mqtt_route(&self) -> Option<&SubjectFilter> {
+        self.mqtt_route.as_ref()
     }
 
     pub fn def(&self) -> &StreamDef {

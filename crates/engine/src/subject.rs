@@ -120,6 +120,28 @@ impl SubjectFilter {
         }
         parts.next().is_none()
     }
+
+    /// Whether some subject matches both filters.
+    pub fn overlaps(&self, other: &SubjectFilter) -> bool {
+        let (mut mine, mut theirs) = (self.levels.iter(), other.levels.iter());
+        loop {
+            match (mine.next(), theirs.next()) {
+                (Some(Level::Rest), _) | (_, Some(Level::Rest)) => return true,
+                (None, None) => return true,
+                (None, Some(_)) | (Some(_), None) => return false,
+                (Some(Level::Exact(a)), Some(Level::Exact(b))) if a != b => return false,
+                _ => {}
+            }
+        }
+    }
+
+    /// The first level when it is a name, not a wildcard.
+    pub fn first_level(&self) -> Option<&str> {
+        match self.levels.first() {
+            Some(Level::Exact(first)) => Some(first),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for SubjectFilter {
@@ -392,6 +414,26 @@ mod tests {
                     .collect();
                 prop_assert_eq!(found, expected, "subject {:?}", subject);
             }
+        }
+
+        /// Two filters overlap exactly when some subject matches both (searched among every
+        /// subject of up to five levels over the filters' names plus one name neither uses).
+        #[test]
+        fn overlap_agrees_with_the_definition(a in filter_text(), b in filter_text()) {
+            prop_assume!(!a.starts_with('$') && !b.starts_with('$'));
+            let (a, b) = (filter(&a), filter(&b));
+            let names = ["a", "b", "", "$s", "x"];
+            let mut witness = false;
+            let mut subjects: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+            for _ in 0..5 {
+                witness |= subjects.iter().any(|subject| a.matches(subject) && b.matches(subject));
+                subjects = subjects
+                    .iter()
+                    .flat_map(|subject| names.iter().map(move |name| format!("{subject}/{name}")))
+                    .collect();
+            }
+            prop_assert_eq!(a.overlaps(&b), witness, "{} and {}", a, b);
+            prop_assert_eq!(b.overlaps(&a), witness);
         }
 
         /// Parsing never panics, and what it accepts prints back as given.

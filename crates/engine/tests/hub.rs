@@ -23,6 +23,7 @@ async fn stream(engine: &Engine, name: &str, partitions: u32) -> Arc<Stream> {
         retention_ms: None,
         retention_bytes: None,
         durability: Durability::Async,
+        mqtt_topic: None,
     };
     engine.create_stream(def).await.unwrap()
 }

@@ -20,6 +20,7 @@ fn def(name: &str, partitions: u32) -> StreamDef {
         retention_ms: None,
         retention_bytes: None,
         durability: Durability::Fsync,
+        mqtt_topic: None,
     }
 }
 
@@ -226,4 +227,45 @@ async fn concurrent_auto_creates_of_one_name_make_one_definition() {
     }
     let catalog = engine.log().partition(onehop_engine::CATALOG_TOPIC, 0).unwrap();
     assert_eq!(catalog.end_offset(), 1, "one catalog record for one stream");
+}
+
+#[tokio::test]
+async fn declared_mqtt_topics_route_publishes_and_never_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), EngineOptions::default());
+    let routed = |topic: &str| engine.stream_for_mqtt_topic(topic).map(|stream| stream.name().to_string());
+    engine
+        .create_stream(StreamDef { mqtt_topic: Some("devices/+/telemetry".into()), ..def("telemetry", 1) })
+        .await
+        .unwrap();
+    assert_eq!(routed("devices/d1/telemetry").as_deref(), Some("telemetry"));
+    assert_eq!(routed("devices/d1/status"), None);
+
+    // A second stream may not claim a topic the first already takes.
+    let error = engine
+        .create_stream(StreamDef { mqtt_topic: Some("devices/#".into()), ..def("everything", 1) })
+        .await
+        .err()
+        .expect("an overlapping mqtt_topic was accepted");
+    assert_eq!(error.code(), "invalid_definition");
+    assert!(error.to_string().contains("overlaps stream telemetry"), "{error}");
+    assert!(engine.stream("everything").is_err(), "nothing was created");
+    // Disjoint filters are fine; `$` topics and malformed filters are not.
+    engine.create_stream(StreamDef { mqtt_topic: Some("devices/+/status".into()), ..def("status", 1) }).await.unwrap();
+    for bad in ["$SYS/#", "devices/#/x", "a+/b"] {
+        let error = engine.create_stream(StreamDef { mqtt_topic: Some(bad.into()), ..def("bad", 1) }).await.err();
+        assert!(error.is_some_and(|error| error.to_string().contains("mqtt_topic")), "{bad} was accepted");
+    }
+
+    // The routes come back with the catalog, and go with a dropped stream.
+    close(engine);
+    let engine = open(dir.path(), EngineOptions::default());
+    assert_eq!(
+        engine.stream("telemetry").unwrap().def().mqtt_topic.as_deref(),
+        Some("devices/+/telemetry"),
+        "the definition kept its route"
+    );
+    assert_eq!(engine.stream_for_mqtt_topic("devices/d2/status").unwrap().name(), "status");
+    engine.drop_stream("status").await.unwrap();
+    assert!(engine.stream_for_mqtt_topic("devices/d2/status").is_none());
 }

@@ -280,6 +280,7 @@ async fn names_are_shared_and_drops_remove_data() {
         retention_ms: None,
         retention_bytes: None,
         durability: Durability::Fsync,
+        mqtt_topic: None,
     };
     let events = engine.create_stream(stream_def.clone()).await.unwrap();
     events.publish(&[NewRecord::value("old")], None).await.unwrap();
@@ -316,6 +317,7 @@ async fn stream_subscriptions_filter_on_json_fields() {
         retention_ms: None,
         retention_bytes: None,
         durability: Durability::Async,
+        mqtt_topic: None,
     };
     let scores = engine.create_stream(def).await.unwrap();
     let filter = Filter::default().with_condition("team", "red").unwrap().with_condition("points", "3").unwrap();

@@ -300,6 +300,41 @@ fn a_wildcard_first_level_follows_every_stream_even_new_ones() {
 }
 
 #[test]
+fn a_stream_declaring_an_mqtt_topic_takes_those_topics() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    let sql = "CREATE STREAM telemetry WITH (mqtt_topic = 'devices/+/telemetry')";
+    let (status, body) = post(server.address, "/sql", sql).unwrap();
+    assert_eq!(status, 200, "{body}");
+    // Subscribed before any stream named `devices` exists: the declared stream is followed,
+    // and so is `devices` once a publish outside the declared filter creates it.
+    let devices = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "devices/#", "-F", "MSG %t %p"], 2);
+    let telemetry = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "devices/d1/telemetry", "-F", "MSG %t %p"], 1);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "devices/d1/telemetry", "-m", "21.5"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "devices/d1/status", "-m", "online"]);
+    let mut got = sub_output(devices);
+    got.sort();
+    assert_eq!(got, ["devices/d1/status online", "devices/d1/telemetry 21.5"]);
+    assert_eq!(sub_output(telemetry), ["devices/d1/telemetry 21.5"]);
+
+    // Each record is in the stream its topic routes to.
+    let records = |stream: &str| {
+        let (status, body) = get(server.address, &format!("/streams/{stream}?from=earliest"));
+        assert_eq!(status, 200, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        body["records"].as_array().unwrap().iter().map(|record| record["subject"].clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(records("telemetry"), ["devices/d1/telemetry"]);
+    assert_eq!(records("devices"), ["devices/d1/status"]);
+
+    // A second stream may not claim topics the first one takes.
+    let (status, body) =
+        post(server.address, "/sql", "CREATE STREAM all_devices WITH (mqtt_topic = 'devices/#')").unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("overlaps stream telemetry"), "{body}");
+}
+
+#[test]
 fn acknowledged_qos1_publishes_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");

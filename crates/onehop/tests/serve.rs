@@ -116,6 +116,7 @@ fn recovers_streams_after_kill_9_and_reports_them() {
             retention_ms: None,
             retention_bytes: None,
             durability: Durability::Fsync,
+            mqtt_topic: None,
         };
         let stream = runtime.block_on(engine.create_stream(def)).unwrap();
         runtime.block_on(stream.publish(&[NewRecord::keyed("a", "1"), NewRecord::keyed("b", "2")], None)).unwrap();

@@ -206,6 +206,7 @@ async fn reads_from_offsets_times_and_partitions() {
         retention_ms: None,
         retention_bytes: None,
         durability: onehop_log::Durability::Fsync,
+        mqtt_topic: None,
     };
     server.engine.create_stream(def).await.unwrap();
     for key in ["a", "b", "c", "d", "e", "f"] {

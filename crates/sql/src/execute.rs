@@ -72,11 +72,12 @@ fn stream_def(engine: &Engine, name: &str, options: &StreamOptions) -> StreamDef
         retention_ms: options.retention_ms,
         retention_bytes: options.retention_bytes,
         durability: options.durability.unwrap_or(defaults.durability),
+        mqtt_topic: options.mqtt_topic.clone(),
     }
 }
 
-const STREAM_COLUMNS: [&str; 6] =
-    ["name", "partitions", "durability", "retention_ms", "retention_bytes", "end_offsets"];
+const STREAM_COLUMNS: [&str; 7] =
+    ["name", "partitions", "durability", "retention_ms", "retention_bytes", "end_offsets", "mqtt_topic"];
 
 fn stream_row(stream: &onehop_engine::Stream) -> Vec<Value> {
     let def = stream.def();
@@ -89,6 +90,7 @@ fn stream_row(stream: &onehop_engine::Stream) -> Vec<Value> {
         json!(def.retention_ms),
         json!(def.retention_bytes),
         json!(end_offsets),
+        json!(def.mqtt_topic),
     ]
 }
 

@@ -18,6 +18,7 @@ pub struct StreamOptions {
     pub retention_ms: Option<u64>,
     pub retention_bytes: Option<u64>,
     pub durability: Option<Durability>,
+    pub mqtt_topic: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,9 +173,13 @@ fn apply_option(options: &mut StreamOptions, key: &str, value: &Expr) -> Result<
         "durability" => {
             options.durability = Some(text.parse().map_err(invalid)?);
         }
+        "mqtt_topic" => {
+            onehop_engine::SubjectFilter::parse(&text).map_err(|error| invalid(error.to_string()))?;
+            options.mqtt_topic = Some(text);
+        }
         other => {
             return Err(SqlError::InvalidOption(format!(
-                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes and durability"
+                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes, durability and mqtt_topic"
             )));
         }
     }
@@ -337,7 +342,7 @@ mod tests {
     #[test]
     fn create_stream_with_every_option() {
         let statements = parse(
-            "CREATE STREAM orders WITH (partitions = 4, retention = '7d', retention_bytes = '1GiB', durability = 'async');\n\
+            "CREATE STREAM orders WITH (partitions = 4, retention = '7d', retention_bytes = '1GiB', durability = 'async', mqtt_topic = 'shop/+/orders');\n\
              create stream if not exists clicks; SHOW STREAMS; DESCRIBE orders",
         )
         .unwrap();
@@ -352,6 +357,7 @@ mod tests {
                         retention_ms: Some(7 * 86_400_000),
                         retention_bytes: Some(1 << 30),
                         durability: Some(Durability::Async),
+                        mqtt_topic: Some("shop/+/orders".into()),
                     },
                 },
                 Statement::CreateStream {
@@ -412,6 +418,7 @@ mod tests {
         assert!(message("CREATE STREAM s WITH (partitions = 'many')").contains("whole number"));
         assert!(message("CREATE STREAM s WITH (retention = 'a while')").contains("7d"));
         assert!(message("CREATE STREAM s WITH (durability = 'eventually')").contains("\"fsync\" or \"async\""));
+        assert!(message("CREATE STREAM s WITH (mqtt_topic = 'a/#/b')").contains("mqtt_topic"));
         assert!(message("CREATE STREAM a.b").contains("no schemas"));
         let unsupported = message("SELECT * FROM orders");
         assert!(unsupported.contains("SELECT") && unsupported.contains("CREATE TABLE"), "{unsupported}");

@@ -201,8 +201,12 @@ fn generated_client_id(connection: u64) -> String {
     format!("onehop-{connection:x}-{:x}", now_ms())
 }
 
-/// The stream a topic's first level names (created on first use when allowed).
+/// The stream a published topic goes to: the one whose declared `mqtt_topic` matches it, else
+/// the one its first level names (created on first use when allowed).
 async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusal, String)> {
+    if let Some(stream) = broker.engine.stream_for_mqtt_topic(topic) {
+        return Ok(stream);
+    }
     let first = topic.split('/').next().unwrap_or_default();
     if first.is_empty() || first.starts_with('$') || first == "+" || first == "#" {
         return Err((
@@ -215,6 +219,48 @@ async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusa
         EngineError::InvalidName { .. } => (Refusal::TopicInvalid, error.to_string()),
         other => (Refusal::Unavailable, other.to_string()),
     })
+}
+
+/// The streams a subscription's topic filter can find messages in: every stream for a
+/// wildcard first level; else the stream the first level names and each stream whose declared
+/// `mqtt_topic` overlaps the filter — now or when such a stream is created later.
+#[derive(Clone)]
+enum Streams {
+    Every,
+    Some { first: String, filter: SubjectFilter },
+}
+
+impl Streams {
+    /// The streams of `filter`, or why a subscription to it can never get a message.
+    fn of(broker: &Broker, filter: &SubjectFilter) -> Result<Streams, (Refusal, String)> {
+        let Some(first) = filter.first_level() else { return Ok(Streams::Every) };
+        let streams = Streams::Some { first: first.to_string(), filter: filter.clone() };
+        let routed =
+            broker.engine.streams().iter().any(|stream| stream.mqtt_route().is_some() && streams.wants(stream));
+        if routed || broker.engine.stream(first).is_ok() {
+            return Ok(streams);
+        }
+        if first.starts_with('$') {
+            return Err((Refusal::TopicInvalid, format!("{filter}: topics starting with $ are reserved")));
+        }
+        onehop_engine::validate_name(first).map_err(|error| (Refusal::TopicInvalid, error.to_string()))?;
+        if !broker.engine.options().auto_create {
+            return Err((
+                Refusal::NotAuthorized,
+                format!("{filter}: no stream {first:?}, and streams are not created on use"),
+            ));
+        }
+        Ok(streams)
+    }
+
+    fn wants(&self, stream: &Stream) -> bool {
+        match self {
+            Streams::Every => true,
+            Streams::Some { first, filter } => {
+                stream.name() == first || stream.mqtt_route().is_some_and(|route| route.overlaps(filter))
+            }
+        }
+    }
 }
 
 /// The record headers of a message: its user properties, QoS, expiry and retain flag.
@@ -1048,20 +1094,17 @@ impl Session {
             return self.subscribe_shared(filter.clone(), shared, qos, subscription_id).await;
         }
         let parsed = SubjectFilter::parse(&filter).map_err(|_| Refusal::TopicInvalid)?;
-        let every_stream = matches!(filter.split('/').next(), Some("+" | "#"));
-        if !every_stream && let Ok(table) = self.broker.engine.table(filter.split('/').next().unwrap_or_default()) {
+        if let Some(first) = parsed.first_level()
+            && let Ok(table) = self.broker.engine.table(first)
+        {
             let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
             return self.subscribe_table(filter, parsed, table, qos, subscription_id, send_rows, resume);
         }
-        let stream = if every_stream {
-            None
-        } else {
-            match stream_for(&self.broker, &filter).await {
-                Ok(stream) => Some(stream),
-                Err((refusal, reason)) => {
-                    tracing::debug!(client_id = %self.client_id, filter, reason, "subscription refused");
-                    return Err(refusal);
-                }
+        let streams = match Streams::of(&self.broker, &parsed) {
+            Ok(streams) => streams,
+            Err((refusal, reason)) => {
+                tracing::debug!(client_id = %self.client_id, filter, reason, "subscription refused");
+                return Err(refusal);
             }
         };
         let is_new = !self.subscriptions.contains_key(&filter);
@@ -1089,43 +1132,24 @@ impl Session {
             None => end_offsets(stream),
             Some(resume) => resume_positions(stream, resume.positions.get(stream.name())),
         };
-        let task = match stream {
-            Some(stream) => {
+        // Watching before listing: a stream created in between is not missed.
+        let changes = self.broker.engine.watch_streams();
+        let starts: Vec<(Arc<Stream>, Vec<u64>)> = self
+            .broker
+            .engine
+            .streams()
+            .into_iter()
+            .filter(|stream| streams.wants(stream))
+            .map(|stream| {
                 let positions = start_of(&stream);
-                if let Some(progress) = &progress {
-                    progress.lock().expect("progress lock").start(stream.name(), &positions);
-                }
-                let cursor = self
-                    .broker
-                    .engine
-                    .subscribe(&stream, follower.filter.clone(), positions)
-                    .map_err(|_| Refusal::Unavailable)?;
-                tokio::spawn(async move {
-                    if follower.send_retained(retained).await {
-                        follower.follow(stream, cursor).await;
-                    }
-                })
+                (stream, positions)
+            })
+            .collect();
+        let task = tokio::spawn(async move {
+            if follower.send_retained(retained).await {
+                follower.follow_streams(streams, starts, changes).await;
             }
-            None => {
-                // Watching before listing: a stream created in between is not missed.
-                let changes = self.broker.engine.watch_streams();
-                let starts: Vec<(Arc<Stream>, Vec<u64>)> = self
-                    .broker
-                    .engine
-                    .streams()
-                    .into_iter()
-                    .map(|stream| {
-                        let positions = start_of(&stream);
-                        (stream, positions)
-                    })
-                    .collect();
-                tokio::spawn(async move {
-                    if follower.send_retained(retained).await {
-                        follower.follow_every_stream(starts, changes).await;
-                    }
-                })
-            }
-        };
+        });
         let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
         let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
         self.keep_subscription(filter, handle);
@@ -1146,12 +1170,7 @@ impl Session {
             return Err(Refusal::TopicInvalid);
         }
         let parsed = SubjectFilter::parse(filter).map_err(|_| Refusal::TopicInvalid)?;
-        let every_stream = matches!(filter.split('/').next(), Some("+" | "#"));
-        let stream = if every_stream {
-            None
-        } else {
-            Some(stream_for(&self.broker, filter).await.map_err(|(refusal, _)| refusal)?)
-        };
+        let streams = Streams::of(&self.broker, &parsed).map_err(|(refusal, _)| refusal)?;
         let member_id = self.broker.next_connection.fetch_add(1, Ordering::Relaxed);
         let member = Member { id: member_id, deliveries: self.deliveries_tx.clone(), qos, subscription_id };
         let mut groups = self.broker.groups.lock().expect("groups lock");
@@ -1175,25 +1194,19 @@ impl Session {
                 topic_filter: None,
                 no_local_client: None,
             };
-            let task = match stream {
-                Some(stream) => {
-                    let cursor = self
-                        .broker
-                        .engine
-                        .subscribe(&stream, follower.filter.clone(), end_offsets(&stream))
-                        .map_err(|_| Refusal::Unavailable)?;
-                    tokio::spawn(async move { follower.follow(stream, cursor).await })
-                }
-                None => {
-                    let changes = self.broker.engine.watch_streams();
-                    let starts = self.broker.engine.streams().into_iter().map(|stream| {
-                        let positions = end_offsets(&stream);
-                        (stream, positions)
-                    });
-                    let starts: Vec<_> = starts.collect();
-                    tokio::spawn(async move { follower.follow_every_stream(starts, changes).await })
-                }
-            };
+            let changes = self.broker.engine.watch_streams();
+            let starts: Vec<_> = self
+                .broker
+                .engine
+                .streams()
+                .into_iter()
+                .filter(|stream| streams.wants(stream))
+                .map(|stream| {
+                    let positions = end_offsets(&stream);
+                    (stream, positions)
+                })
+                .collect();
+            let task = tokio::spawn(async move { follower.follow_streams(streams, starts, changes).await });
             *group.task.lock().expect("group task lock") = Some(task);
             groups.insert(full.clone(), group);
         }
@@ -1449,10 +1462,11 @@ impl Follower {
         }
     }
 
-    /// A filter whose first level is a wildcard (`#`, `+/temp`): follows every stream, from
-    /// `starts` for those that exist now and from the beginning for each created later.
-    async fn follow_every_stream(
+    /// Follows the streams of a subscription: from `starts` for those that exist now and from
+    /// the beginning for each one created later that `streams` wants.
+    async fn follow_streams(
         self,
+        streams: Streams,
         starts: Vec<(Arc<Stream>, Vec<u64>)>,
         mut changes: tokio::sync::watch::Receiver<u64>,
     ) {
@@ -1487,7 +1501,7 @@ impl Follower {
                 current
             });
             for stream in now {
-                if followed.contains_key(stream.name()) {
+                if followed.contains_key(stream.name()) || !streams.wants(&stream) {
                     continue;
                 }
                 // Created after the subscription: everything in it is new.
