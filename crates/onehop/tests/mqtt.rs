@@ -526,6 +526,66 @@ fn a_persistent_session_gets_every_acknowledged_message_after_kill_9() {
 }
 
 #[test]
+fn qos2_messages_are_stored_and_delivered_exactly_once_across_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let mut server = start(dir.path(), &args, &[]);
+    let count = 400;
+    let mut client = tool("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mqtt/paho_client.py"))
+        .args([port(server.mqtt_address), "exactly_once_crash".into(), count.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("the scenario ended early").unwrap();
+    assert!(line.contains("kill_me"), "{line}");
+    // Mid-stream: messages are being stored, acknowledged, delivered and released.
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let server = start(dir.path(), &args, &[]);
+    writeln!(client.stdin.as_mut().unwrap(), "{}", server.mqtt_address.port()).unwrap();
+    let output = client.wait_with_output().unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(output.status.success(), "the scenario failed: {}", String::from_utf8_lossy(&output.stderr));
+    let result: Value = serde_json::from_str(rest.last().expect("a result line")).unwrap();
+    let received: Vec<String> =
+        result["payloads"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+
+    // Stored once: the stream holds each message one time.
+    let (status, body) = get(server.address, &format!("/streams/exact?from=earliest&limit={}", count * 2));
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let stored: Vec<String> =
+        body["records"].as_array().unwrap().iter().map(|r| r["value_text"].as_str().unwrap().to_string()).collect();
+    let (stored_twice, stored_missing) = compared(&stored, count);
+    let (received_twice, received_missing) = compared(&received, count);
+    assert!(
+        stored_twice.is_empty() && stored_missing.is_empty(),
+        "stored twice: {stored_twice:?}, never stored: {stored_missing:?}"
+    );
+    assert!(
+        received_twice.is_empty() && received_missing.is_empty(),
+        "delivered twice: {received_twice:?}, never delivered: {received_missing:?}"
+    );
+}
+
+/// Which of `e0`…`e{count-1}` occur more than once in `payloads`, and which never.
+fn compared(payloads: &[String], count: usize) -> (Vec<String>, Vec<String>) {
+    let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+    for payload in payloads {
+        *seen.entry(payload.as_str()).or_default() += 1;
+    }
+    let expected: Vec<String> = (0..count).map(|i| format!("e{i}")).collect();
+    let twice = seen.iter().filter(|(_, n)| **n > 1).map(|(p, _)| p.to_string()).collect();
+    let missing = expected.into_iter().filter(|p| !seen.contains_key(p.as_str())).collect();
+    (twice, missing)
+}
+
+#[test]
 fn unacknowledged_messages_come_again_flagged_dup() {
     let (server, _dir) = server();
     let checks = paho_checks(server.mqtt_address, "session_unacked");

@@ -3,7 +3,7 @@
 //! (so one topic's messages keep their order) and acknowledged from small tasks once durable;
 //! each subscription is a task that follows the hub and feeds the connection's outbound queue.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::num::{NonZeroU16, NonZeroU32};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,7 @@ use super::Broker;
 use super::proto::{
     Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for,
 };
-use super::sessions::{StoredSession, StoredSubscription};
+use super::sessions::{StoredRelease, StoredSession, StoredSubscription};
 
 /// The record header holding the QoS a message was published with.
 const QOS_HEADER: &str = "onehop-mqtt-qos";
@@ -37,6 +37,9 @@ const QOS_HEADER: &str = "onehop-mqtt-qos";
 const EXPIRES_HEADER: &str = "onehop-mqtt-expires";
 /// The record header naming the MQTT 5 client that published a message (for no local).
 const CLIENT_HEADER: &str = "onehop-mqtt-client";
+/// On a QoS 2 message of a persistent session: its packet id, to recognise a resend after a
+/// crash (with the client header).
+const PACKET_HEADER: &str = "onehop-mqtt-packet";
 /// The record header marking a message published with the retain flag.
 const RETAIN_HEADER: &str = "onehop-mqtt-retain";
 /// How long writing to a client may take before it is given up on.
@@ -440,7 +443,14 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         client_id_bytes: Bytes::from(client_id.clone()),
         will: connect.will.clone(),
         aliases: HashMap::new(),
-        awaiting_release: HashSet::new(),
+        awaiting_release: HashMap::new(),
+        in_doubt: stored
+            .iter()
+            .flat_map(|stored| &stored.awaiting_release)
+            .filter_map(|release| Some((NonZeroU16::new(release.packet_id)?, release.clone())))
+            .collect(),
+        awaiting_persist: false,
+        pubrel_due: Vec::new(),
         inflight: HashMap::new(),
         next_packet_id: 1,
         client_receive_max: usize::from(connect.receive_max.max(1)),
@@ -477,6 +487,21 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
             }
         }
     }
+    if let Some(stored) = &stored {
+        // QoS 2 messages the client had PUBREC'd: their PUBRELs come again.
+        for packet_id in stored.releasing.iter().filter_map(|&id| NonZeroU16::new(id)) {
+            session.inflight.insert(packet_id, (Inflight::AwaitingComp, None));
+            if session.encoded(|codec, out| codec.publish_ack2(true, packet_id, out)).is_some() {
+                break;
+            }
+        }
+        if !session.out.is_empty() {
+            if writer.write_all(&session.out).await.is_err() {
+                tracing::debug!(client_id, "the connection ended while its session was restored");
+            }
+            session.out.clear();
+        }
+    }
     if session.persistent {
         session.persist(false).await;
     } else if stored.is_some() {
@@ -484,8 +509,21 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     }
     let keep_alive =
         (connect.keep_alive_secs > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * 1500));
-    let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, acks_rx, deliveries_rx).await;
+    let mut acks_rx = acks_rx;
+    let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, &mut acks_rx, deliveries_rx).await;
     if session.persistent {
+        // What the session keeps of incoming QoS 2 messages must be what was stored: wait for
+        // the writes still under way, and forget the ones that failed.
+        if let Some(done) = session.acks_done.take() {
+            let _ = done.await;
+        }
+        while let Ok(ack) = acks_rx.try_recv() {
+            if ack.outcome.is_err() {
+                for (_, packet_id) in &ack.packets {
+                    session.awaiting_release.remove(packet_id);
+                }
+            }
+        }
         session.persist(true).await;
     } else if session.end_session {
         let _ = broker.sessions.put(&client_id, None).await;
@@ -524,8 +562,17 @@ struct Session {
     will: Option<Will>,
     /// v5 topic aliases the client defined.
     aliases: HashMap<u16, String>,
-    /// QoS 2 publishes stored and PUBREC'd, waiting for PUBREL: a duplicate is not stored again.
-    awaiting_release: HashSet<NonZeroU16>,
+    /// QoS 2 publishes stored (or being stored), waiting for PUBREL: a resend is not stored
+    /// again. A persistent session keeps where each went.
+    awaiting_release: HashMap<NonZeroU16, Option<StoredRelease>>,
+    /// From the session a reconnect found: QoS 2 publishes that were awaiting PUBREL, which
+    /// may or may not have been stored before a crash. A resend looks for them in the log.
+    in_doubt: HashMap<NonZeroU16, StoredRelease>,
+    /// A QoS 2 publish was taken that the stored session does not list yet: the session is
+    /// written before the message is queued.
+    awaiting_persist: bool,
+    /// PUBRECs received in this read: their PUBRELs go out once the session says so.
+    pubrel_due: Vec<NonZeroU16>,
     /// Outgoing QoS 1/2 messages not yet acknowledged.
     inflight: HashMap<NonZeroU16, (Inflight, Option<Acked>)>,
     next_packet_id: u16,
@@ -608,7 +655,7 @@ impl Session {
             subscription_id,
             retain_as_published: false,
             progress: progress.clone(),
-            sent_before: resume.map(|resume| Arc::new(resume.sent.clone())),
+            resumed: resume.map(Resumed::of),
             topic_filter: Some(parsed),
             no_local_client: None,
         };
@@ -642,15 +689,29 @@ impl Session {
                     let progress = progress.lock().expect("progress lock");
                     spec.positions = progress.committed();
                     spec.sent = progress.sent();
+                    spec.unacked = Some(progress.unacked());
                 }
                 spec
             })
             .collect();
+        let mut awaiting_release: Vec<StoredRelease> =
+            self.awaiting_release.values().flatten().cloned().chain(self.in_doubt.values().cloned()).collect();
+        awaiting_release.sort_by_key(|release| release.packet_id);
+        let mut releasing: Vec<u16> = self
+            .inflight
+            .iter()
+            .filter(|(_, (state, _))| *state == Inflight::AwaitingComp)
+            .map(|(packet_id, _)| packet_id.get())
+            .collect();
+        releasing.sort_unstable();
         let session = StoredSession {
             expiry_secs: self.session_expiry_secs,
             disconnected_ms: disconnected.then(now_ms),
             subscriptions,
+            awaiting_release,
+            releasing,
         };
+        self.awaiting_persist = false;
         if let Err(error) = self.broker.sessions.put(&self.client_id, Some(session)).await {
             tracing::warn!(client_id = %self.client_id, %error, "the MQTT session could not be stored");
         }
@@ -665,7 +726,7 @@ impl Session {
         mut buf: BytesMut,
         keep_alive: Option<Duration>,
         mut kicked: tokio::sync::oneshot::Receiver<()>,
-        mut acks: mpsc::Receiver<Ack>,
+        acks: &mut mpsc::Receiver<Ack>,
         mut deliveries: mpsc::Receiver<Outbound>,
     ) -> Close {
         let mut shutdown = self.broker.shutdown.clone();
@@ -757,7 +818,7 @@ impl Session {
                 }
                 Ok(None) => {
                     self.flush().await;
-                    return None;
+                    return self.release_due().await;
                 }
                 Err(error) => {
                     self.flush().await;
@@ -790,7 +851,8 @@ impl Session {
                         acked.mark();
                     }
                 }
-                self.encoded(|codec, out| codec.publish_ack2(true, packet_id, out))
+                self.pubrel_due.push(packet_id);
+                None
             }
             Inbound::PubComp(packet_id) => {
                 if self.inflight.get(&packet_id).is_some_and(|(state, _)| *state == Inflight::AwaitingComp) {
@@ -800,6 +862,7 @@ impl Session {
             }
             Inbound::PubRel(packet_id) => {
                 self.awaiting_release.remove(&packet_id);
+                self.in_doubt.remove(&packet_id);
                 self.encoded(|codec, out| codec.publish_ack2(false, packet_id, out))
             }
             Inbound::Subscribe { packet_id, id, filters } => {
@@ -903,12 +966,23 @@ impl Session {
         };
         if qos == QoS::ExactlyOnce
             && let Some(packet_id) = packet_id
-            && self.awaiting_release.contains(&packet_id)
         {
-            // A resend of a message already stored: acknowledge again (in its turn), store nothing.
-            self.flush().await;
-            self.chain(vec![(qos, packet_id)], Vec::new(), async { Ok(()) });
-            return None;
+            // A message already stored (or, after a crash, found in the log where the session
+            // said it would go) is acknowledged again, in its turn, and not stored again.
+            // Clients do not all set DUP on a resend, so the log decides: the same packet id,
+            // topic and payload from this client where the session said it would go.
+            let stored = match self.in_doubt.remove(&packet_id) {
+                Some(release) if self.stored_before(&release, packet_id, &topic, &payload) => {
+                    self.awaiting_release.insert(packet_id, Some(release));
+                    true
+                }
+                _ => self.awaiting_release.contains_key(&packet_id),
+            };
+            if stored {
+                self.flush().await;
+                self.chain(vec![(qos, packet_id)], Vec::new(), async { Ok(()) });
+                return None;
+            }
         }
         let permit: Option<OwnedSemaphorePermit> = match (qos, self.codec.version()) {
             (QoS::AtMostOnce, _) => None,
@@ -925,9 +999,13 @@ impl Session {
             (_, Version::V3) => self.inbound_permits.clone().acquire_owned().await.ok(),
         };
         let mut headers = message_headers(qos, user_properties, expiry, retain);
-        if self.codec.version() == Version::V5 {
-            // Only a 5.0 subscription can ask not to get its own client's messages back.
+        let exactly_once = qos == QoS::ExactlyOnce && self.persistent;
+        if self.codec.version() == Version::V5 || exactly_once {
+            // A 5.0 subscription can ask not to get its own client's messages back.
             headers.push((CLIENT_HEADER.to_string(), self.client_id_bytes.clone()));
+        }
+        if exactly_once && let Some(packet_id) = packet_id {
+            headers.push((PACKET_HEADER.to_string(), Bytes::from(packet_id.get().to_string())));
         }
         let packet = packet_id.filter(|_| qos != QoS::AtMostOnce).map(|packet_id| (qos, packet_id));
         if retain && let Some(table) = self.table_of(&topic) {
@@ -962,20 +1040,33 @@ impl Session {
             // Stored in its stream and as its topic's retained message, both durable before
             // the acknowledgement: on its own, after what is gathered so far.
             self.flush().await;
-            let queued = match append(&self.broker, &topic, payload.clone(), qos, headers.clone()).await {
+            let (stream, partition, record, durability) =
+                match prepare(&self.broker, &topic, payload.clone(), qos, headers.clone()).await {
+                    Ok(prepared) => prepared,
+                    Err((refusal, reason)) => return refuse(self, refusal, reason),
+                };
+            if let Some((_, packet_id)) = packet
+                && qos == QoS::ExactlyOnce
+            {
+                self.await_release(packet_id, &stream, partition);
+                if self.awaiting_persist {
+                    self.persist(false).await;
+                }
+            }
+            let queued = match stream.enqueue_to(partition, std::slice::from_ref(&record), durability).await {
                 Ok(queued) => queued,
-                Err((refusal, reason)) => return refuse(self, refusal, reason),
+                Err(error) => {
+                    if let Some((_, packet_id)) = packet {
+                        self.awaiting_release.remove(&packet_id);
+                    }
+                    return refuse(self, Refusal::Unavailable, error.to_string());
+                }
             };
             let broker = self.broker.clone();
             let stored = async move {
                 queued.await.map_err(|error| (Refusal::Unavailable, error.to_string()))?;
                 broker.retained.set(&topic, payload, headers).await.map_err(|error| (Refusal::Unavailable, error))
             };
-            if let Some((_, packet_id)) = packet
-                && qos == QoS::ExactlyOnce
-            {
-                self.awaiting_release.insert(packet_id);
-            }
             self.chain(packet.into_iter().collect(), permit.into_iter().collect(), stored);
             return None;
         }
@@ -986,6 +1077,9 @@ impl Session {
                 return refuse(self, refusal, reason);
             }
         };
+        if let Some((QoS::ExactlyOnce, packet_id)) = packet {
+            self.await_release(packet_id, &stream, partition);
+        }
         let fits = self.batch.as_ref().is_some_and(|batch| {
             Arc::ptr_eq(&batch.stream, &stream)
                 && batch.partition == partition
@@ -1008,18 +1102,73 @@ impl Session {
         batch.bytes += record.encoded_len();
         batch.records.push(record);
         batch.permits.extend(permit);
-        if let Some((qos, packet_id)) = packet {
-            batch.acks.push((qos, packet_id));
-            if qos == QoS::ExactlyOnce {
-                self.awaiting_release.insert(packet_id);
+        batch.acks.extend(packet);
+        None
+    }
+
+    /// Notes an incoming QoS 2 message as stored until its PUBREL; a persistent session notes
+    /// where, and writes it down before the message is queued.
+    fn await_release(&mut self, packet_id: NonZeroU16, stream: &Stream, partition: u32) {
+        let release = self.persistent.then(|| StoredRelease {
+            packet_id: packet_id.get(),
+            stream: stream.name().to_string(),
+            partition,
+            from: stream.partition(partition).map_or(0, |log| log.end_offset()),
+        });
+        self.awaiting_persist |= release.is_some();
+        self.awaiting_release.insert(packet_id, release);
+    }
+
+    /// Whether this client's QoS 2 message `packet_id` (with this topic and payload) is in the
+    /// log where `release` says it would have gone (read in bounded chunks: this only runs for
+    /// a resend after a reconnect).
+    fn stored_before(&self, release: &StoredRelease, packet_id: NonZeroU16, topic: &str, payload: &[u8]) -> bool {
+        let Ok(stream) = self.broker.engine.stream(&release.stream) else { return false };
+        let Ok(log) = stream.partition(release.partition) else { return false };
+        let packet = packet_id.get().to_string();
+        let mut next = release.from.max(log.start_offset());
+        while next < log.end_offset() {
+            let Ok(records) = log.read(next, 1024, 4 * 1024 * 1024) else { return false };
+            let Some(last) = records.last() else { return false };
+            next = last.offset + 1;
+            let found = records.iter().any(|record| {
+                let header = |name: &str| record.headers.iter().find(|(key, _)| key == name).map(|(_, value)| value);
+                header(CLIENT_HEADER).is_some_and(|client| client.as_ref() == self.client_id.as_bytes())
+                    && header(PACKET_HEADER).is_some_and(|id| id.as_ref() == packet.as_bytes())
+                    && record.subject.as_deref() == Some(topic)
+                    && record.value.as_deref() == Some(payload)
+            });
+            if found {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Sends the PUBRELs of the PUBRECs just received — a persistent session first records
+    /// that those messages are acknowledged, so none of them is ever sent again.
+    async fn release_due(&mut self) -> Option<Close> {
+        if self.pubrel_due.is_empty() {
+            return None;
+        }
+        if self.persistent {
+            self.persist(false).await;
+        }
+        for packet_id in std::mem::take(&mut self.pubrel_due) {
+            if let Some(close) = self.encoded(|codec, out| codec.publish_ack2(true, packet_id, out)) {
+                return Some(close);
             }
         }
         None
     }
 
-    /// Queues the gathered publishes as one append.
+    /// Queues the gathered publishes as one append (a persistent session first writes down
+    /// where its QoS 2 messages go).
     async fn flush(&mut self) {
         let Some(batch) = self.batch.take() else { return };
+        if self.awaiting_persist {
+            self.persist(false).await;
+        }
         let queued = batch.stream.enqueue_to(batch.partition, &batch.records, batch.durability).await;
         let stored = async move {
             match queued {
@@ -1122,7 +1271,7 @@ impl Session {
             subscription_id,
             retain_as_published,
             progress: progress.clone(),
-            sent_before: resume.map(|resume| Arc::new(resume.sent.clone())),
+            resumed: resume.map(Resumed::of),
             topic_filter: None,
             no_local_client: no_local.then(|| Arc::from(self.client_id.as_str())),
         };
@@ -1190,7 +1339,7 @@ impl Session {
                 subscription_id: None,
                 retain_as_published: false,
                 progress: None,
-                sent_before: None,
+                resumed: None,
                 topic_filter: None,
                 no_local_client: None,
             };
@@ -1349,6 +1498,39 @@ fn end_offsets(stream: &Stream) -> Vec<u64> {
         .collect()
 }
 
+/// What a resumed subscription had sent before, from its stored session.
+struct Resumed {
+    /// Per stream partition, how far records had been handed over.
+    sent: std::collections::BTreeMap<String, Vec<u64>>,
+    /// Per stream partition, which of those had not been acknowledged (sorted); `None` for a
+    /// session stored before this was kept: then all of them count as unacknowledged.
+    unacked: Option<std::collections::BTreeMap<String, Vec<Vec<u64>>>>,
+}
+
+impl Resumed {
+    fn of(stored: &StoredSubscription) -> Arc<Resumed> {
+        Arc::new(Resumed { sent: stored.sent.clone(), unacked: stored.unacked.clone() })
+    }
+
+    /// Whether the record at `offset` was sent before (so it goes again flagged DUP), and
+    /// whether it was also acknowledged (so it does not go again at all).
+    fn sent_before(&self, stream: &str, partition: u32, offset: u64) -> (bool, bool) {
+        let sent = self
+            .sent
+            .get(stream)
+            .and_then(|positions| positions.get(partition as usize))
+            .is_some_and(|&sent| offset < sent);
+        let acknowledged = sent
+            && self.unacked.as_ref().is_some_and(|unacked| {
+                unacked
+                    .get(stream)
+                    .and_then(|partitions| partitions.get(partition as usize))
+                    .is_none_or(|offsets| offsets.binary_search(&offset).is_err())
+            });
+        (sent, acknowledged)
+    }
+}
+
 /// One subscription's feed into its connection's outbound queue.
 #[derive(Clone)]
 struct Follower {
@@ -1360,8 +1542,8 @@ struct Follower {
     retain_as_published: bool,
     /// Where a persistent session's positions come from.
     progress: Option<SharedProgress>,
-    /// A resumed session's send positions: records below them were sent before (DUP).
-    sent_before: Option<Arc<std::collections::BTreeMap<String, Vec<u64>>>>,
+    /// What a resumed session had sent and had acknowledged.
+    resumed: Option<Arc<Resumed>>,
     /// For a table: which `{table}/{id}` topics the subscription wants (table changes carry
     /// no subject, so the stream filter cannot say).
     topic_filter: Option<SubjectFilter>,
@@ -1426,11 +1608,20 @@ impl Follower {
                             cursor.positions(),
                         );
                     }
-                    let dup = self.sent_before.as_ref().is_some_and(|sent| {
-                        sent.get(stream.name())
-                            .and_then(|positions| positions.get(event.partition as usize))
-                            .is_some_and(|&sent| event.record.offset < sent)
+                    let (dup, acknowledged) = self.resumed.as_ref().map_or((false, false), |resumed| {
+                        resumed.sent_before(stream.name(), event.partition, event.record.offset)
                     });
+                    if acknowledged {
+                        // Sent and acknowledged before the session's last connection ended.
+                        if let Some(progress) = &self.progress {
+                            progress.lock().expect("progress lock").acked(
+                                stream.name(),
+                                event.partition,
+                                event.record.offset,
+                            );
+                        }
+                        continue;
+                    }
                     let outbound = Outbound::Message {
                         event,
                         qos: self.qos,
@@ -1542,6 +1733,7 @@ fn stored_subscription(
         no_local,
         positions: Default::default(),
         sent: Default::default(),
+        unacked: None,
     }
 }
 
@@ -1686,6 +1878,16 @@ impl Progress {
         {
             unacked.remove(&offset);
         }
+    }
+
+    /// Per stream and partition, the records handed over and not acknowledged, in order.
+    pub(super) fn unacked(&self) -> std::collections::BTreeMap<String, Vec<Vec<u64>>> {
+        self.streams
+            .iter()
+            .map(|(stream, progress)| {
+                (stream.clone(), progress.unacked.iter().map(|offsets| offsets.iter().copied().collect()).collect())
+            })
+            .collect()
     }
 
     /// Per stream, how far records were handed over for delivery.

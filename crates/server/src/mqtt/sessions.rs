@@ -6,7 +6,10 @@
 //! Sessions are kept in the compacted system topic `__mqtt_sessions` (key = client id, value =
 //! JSON, a tombstone when the session ends) and in memory, replayed at start, so they survive
 //! restarts and `kill -9`. A session is written when its subscriptions change, about once a
-//! second while acknowledgements move its positions, and when its connection ends.
+//! second while acknowledgements move its positions, and when its connection ends — and, for
+//! exactly-once QoS 2, before an incoming QoS 2 message is stored (so a resend after a crash
+//! knows where to look for it) and before a PUBREL goes out (so the message it releases is never
+//! sent again).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -31,6 +34,23 @@ pub struct StoredSubscription {
     /// sent again with DUP set.
     #[serde(default)]
     pub sent: BTreeMap<String, Vec<u64>>,
+    /// Per stream and partition, the messages below `sent` handed over but not acknowledged:
+    /// on resume only these come again, so one the client acknowledged (a QoS 2 message whose
+    /// PUBREC came) is never sent twice. Absent in sessions written before it existed: then
+    /// everything from `positions` comes again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unacked: Option<BTreeMap<String, Vec<Vec<u64>>>>,
+}
+
+/// An incoming QoS 2 message whose PUBREL has not come yet, and where it was (or is being)
+/// stored: its stream partition, at or after offset `from`, with the client's id and the packet
+/// id in its headers. A resend after a crash looks there before storing it again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredRelease {
+    pub packet_id: u16,
+    pub stream: String,
+    pub partition: u32,
+    pub from: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -40,6 +60,13 @@ pub struct StoredSession {
     /// When its last connection ended (ms since the epoch); `None` while connected.
     pub disconnected_ms: Option<i64>,
     pub subscriptions: Vec<StoredSubscription>,
+    /// Incoming QoS 2 messages awaiting their PUBREL.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting_release: Vec<StoredRelease>,
+    /// Outgoing QoS 2 messages the client has PUBREC'd, whose PUBCOMP has not come: their
+    /// PUBREL is sent again on reconnect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub releasing: Vec<u16>,
 }
 
 impl StoredSession {
