@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::EngineError;
 use crate::subject::SubjectFilter;
 use crate::tabledef::{Column, ColumnType, IndexDef, TableDef};
+use crate::view::ViewDef;
 
 /// The topic holding the catalog. Names starting with `__` are reserved for the system.
 pub const CATALOG_TOPIC: &str = "__catalog";
@@ -20,6 +21,7 @@ pub const CATALOG_TOPIC: &str = "__catalog";
 pub const STREAM_PARTITIONS_MAX: u32 = 64;
 const STREAM_KEY_PREFIX: &str = "stream/";
 const TABLE_KEY_PREFIX: &str = "table/";
+const VIEW_KEY_PREFIX: &str = "view/";
 const DEFINITION_VERSION: u32 = 1;
 
 /// What a stream is: its name, partition count, retention and default durability.
@@ -227,11 +229,40 @@ fn parse_table(record: &Record, value: &[u8]) -> Result<TableDef, EngineError> {
     Ok(def)
 }
 
+/// The JSON form of a view definition in the catalog.
+#[derive(Serialize, Deserialize)]
+struct ViewRecord {
+    version: u32,
+    view: ViewDef,
+}
+
+/// The catalog record that stores `def`.
+pub(crate) fn view_record(def: &ViewDef) -> NewRecord {
+    let value = ViewRecord { version: DEFINITION_VERSION, view: def.clone() };
+    let value = serde_json::to_vec(&value).expect("a definition serializes");
+    NewRecord::keyed(Bytes::from(format!("{VIEW_KEY_PREFIX}{}", def.name)), value)
+}
+
+/// The catalog record that drops the view `name`.
+pub(crate) fn drop_view_record(name: &str) -> NewRecord {
+    NewRecord { key: Some(Bytes::from(format!("{VIEW_KEY_PREFIX}{name}"))), ..NewRecord::default() }
+}
+
+fn parse_view(record: &Record, value: &[u8]) -> Result<ViewDef, EngineError> {
+    let bad = |reason: String| EngineError::Catalog { offset: record.offset, reason };
+    let parsed: ViewRecord = serde_json::from_slice(value).map_err(|error| bad(error.to_string()))?;
+    if parsed.version != DEFINITION_VERSION {
+        return Err(bad(format!("definition version {} is newer than this onehop understands", parsed.version)));
+    }
+    Ok(parsed.view)
+}
+
 /// Everything the catalog defines.
 #[derive(Default)]
 pub(crate) struct Definitions {
     pub streams: BTreeMap<String, StreamDef>,
     pub tables: BTreeMap<String, TableDef>,
+    pub views: BTreeMap<String, ViewDef>,
 }
 
 /// Every definition in the catalog, newest record per key winning.
@@ -262,6 +293,18 @@ pub(crate) fn replay(catalog: &Partition) -> Result<Definitions, EngineError> {
                             });
                         }
                         defs.tables.insert(def.name.clone(), def);
+                    }
+                }
+                continue;
+            }
+            if let Some(name) = key.strip_prefix(VIEW_KEY_PREFIX) {
+                match &record.value {
+                    None => {
+                        defs.views.remove(name);
+                    }
+                    Some(value) => {
+                        let def = parse_view(record, value)?;
+                        defs.views.insert(name.to_string(), def);
                     }
                 }
                 continue;

@@ -14,6 +14,9 @@ use crate::hub::{Cursor, Hub};
 use crate::stream::Stream;
 use crate::table::Table;
 use crate::tabledef::{IndexDef, TableDef, validate_field_name};
+use crate::view::runtime::{self, CHECKPOINT_TOPIC, Checkpoint, OUTPUT_PREFIX};
+use crate::view::state::ViewState;
+use crate::view::{Start, View, ViewDef};
 
 /// How the engine creates what it creates.
 #[derive(Clone, Debug)]
@@ -53,6 +56,9 @@ pub struct Engine {
     streams_changed: tokio::sync::watch::Sender<u64>,
     /// The streams that declare an `mqtt_topic`, looked through on every MQTT publish.
     routed: RwLock<Vec<Arc<Stream>>>,
+    views: RwLock<BTreeMap<String, Arc<View>>>,
+    /// Where views checkpoint their state.
+    checkpoints: Arc<Partition>,
 }
 
 /// The catalog's own log settings: compacted (newest definition per name), always fsync.
@@ -77,6 +83,7 @@ impl Engine {
         }
         let catalog = log.open_partition(CATALOG_TOPIC, 0, catalog_config())?;
         let defs = catalog::replay(&catalog)?;
+        let checkpoints = log.open_partition(CHECKPOINT_TOPIC, 0, runtime::checkpoint_config())?;
         let hub = Arc::new(Hub::new(options.subscriber_queue_capacity));
         let engine = Engine {
             log,
@@ -88,6 +95,8 @@ impl Engine {
             hub,
             streams_changed: tokio::sync::watch::channel(0).0,
             routed: RwLock::new(Vec::new()),
+            views: RwLock::new(BTreeMap::new()),
+            checkpoints,
         };
         // A topic on disk that the catalog does not define is what an interrupted DROP left:
         // the drop was acknowledged once its catalog record was durable, so finish it.
@@ -95,6 +104,12 @@ impl Engine {
             let defined = defs.streams.contains_key(&topic) || defs.tables.contains_key(&topic);
             if !defined && !topic.starts_with("__") {
                 tracing::warn!(topic, "removing the data of a dropped stream or table");
+                engine.log.remove_topic(&topic)?;
+            }
+            if let Some(view) = topic.strip_prefix(OUTPUT_PREFIX)
+                && !defs.views.contains_key(view)
+            {
+                tracing::warn!(topic, "removing the changes of a dropped view");
                 engine.log.remove_topic(&topic)?;
             }
         }
@@ -107,12 +122,141 @@ impl Engine {
             let table = engine.open_table(def)?;
             engine.tables.write().expect("tables lock").insert(table.name(), table);
         }
+        let mut checkpoints = runtime::read_checkpoints(&engine.checkpoints)?;
+        for def in defs.views.into_values() {
+            let name = def.name.clone();
+            let checkpoint = checkpoints.remove(&name);
+            match engine.open_view(def, checkpoint) {
+                Ok(view) => {
+                    engine.views.write().expect("views lock").insert(name, view);
+                }
+                Err(error) => tracing::error!(view = name, %error, "a view could not be opened"),
+            }
+        }
         tracing::info!(
             streams = engine.streams.read().expect("streams lock").len(),
             tables = engine.tables.read().expect("tables lock").len(),
+            views = engine.views.read().expect("views lock").len(),
             "catalog replayed"
         );
         Ok(engine)
+    }
+
+    /// Opens a defined view and starts it from its checkpoint (or, with none, from where its
+    /// definition says).
+    fn open_view(&self, def: ViewDef, checkpoint: Option<Checkpoint>) -> Result<Arc<View>, EngineError> {
+        let source = self.stream(&def.source)?;
+        let output_def = StreamDef {
+            name: format!("{OUTPUT_PREFIX}{}", def.name),
+            partitions: 1,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: Durability::Async,
+            mqtt_topic: None,
+        };
+        let output_partition =
+            self.log.open_partition(&output_def.name, 0, runtime::output_config(&self.options.stream_defaults))?;
+        let output = Arc::new(Stream::new(output_def, vec![output_partition]));
+        let late = def.late_stream.as_deref().and_then(|name| self.stream(name).ok());
+        let (positions, state) = match checkpoint {
+            Some(checkpoint) if checkpoint.positions.len() == source.partition_count() as usize => {
+                (checkpoint.positions, checkpoint.state)
+            }
+            _ => {
+                tracing::warn!(view = def.name, "no checkpoint: the view starts over from its source");
+                (start_positions(&source, def.start), ViewState::default())
+            }
+        };
+        let view = Arc::new(View::new(def, source, output, late, state));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            view.start(self.hub.clone(), self.checkpoints.clone(), positions);
+        } else {
+            tracing::error!(view = view.name(), "views run inside the tokio runtime: this one is not started");
+        }
+        Ok(view)
+    }
+
+    pub fn view(&self, name: &str) -> Result<Arc<View>, EngineError> {
+        self.views.read().expect("views lock").get(name).cloned().ok_or_else(|| EngineError::UnknownView(name.into()))
+    }
+
+    /// Every view, by name.
+    pub fn views(&self) -> Vec<Arc<View>> {
+        self.views.read().expect("views lock").values().cloned().collect()
+    }
+
+    /// Creates the view `def` describes and starts it: its definition and a first checkpoint
+    /// (where it starts in its source) are durable before this returns. Creating a view that
+    /// exists with the same definition returns it.
+    pub async fn create_view(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
+        catalog::validate_name(&def.name)?;
+        if let Some(late) = &def.late_stream {
+            if late == &def.source {
+                return Err(EngineError::InvalidDefinition("late_stream cannot be the view's own source".into()));
+            }
+            // Created first (it takes the definition lock itself); harmless if the view is not.
+            self.stream_or_create(late).await?;
+        }
+        let _ddl = self.ddl.lock().await;
+        if let Ok(existing) = self.view(&def.name) {
+            if existing.def() == &def {
+                return Ok(existing);
+            }
+            return Err(EngineError::ViewExists { name: def.name.clone() });
+        }
+        if self.stream(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
+        }
+        if self.table(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
+        }
+        if self.table(&def.source).is_ok() {
+            return Err(EngineError::InvalidDefinition(format!(
+                "{:?} is a table: views aggregate streams for now (views over tables are coming)",
+                def.source
+            )));
+        }
+        let source = self.stream(&def.source)?;
+        let positions = start_positions(&source, def.start);
+        let checkpoint = Checkpoint::new(positions, ViewState::default());
+        self.checkpoints.append(&[checkpoint.record(&def.name)]).await?;
+        self.catalog.append(&[catalog::view_record(&def)]).await?;
+        let name = def.name.clone();
+        let view = self.open_view(def, Some(checkpoint))?;
+        self.views.write().expect("views lock").insert(name.clone(), view.clone());
+        tracing::info!(view = name, source = view.def().source, "view created");
+        Ok(view)
+    }
+
+    /// Drops the view `name`: stops it and deletes its changes and checkpoint.
+    pub async fn drop_view(&self, name: &str) -> Result<(), EngineError> {
+        let _ddl = self.ddl.lock().await;
+        let view = self.view(name)?;
+        self.catalog.append(&[catalog::drop_view_record(name)]).await?;
+        self.views.write().expect("views lock").remove(name);
+        view.stop().await;
+        let tombstone = onehop_log::NewRecord { key: Some(bytes::Bytes::from(name.to_string())), ..Default::default() };
+        self.checkpoints.append(&[tombstone]).await?;
+        self.log.remove_topic(&format!("{OUTPUT_PREFIX}{name}"))?;
+        tracing::info!(view = name, "view dropped");
+        Ok(())
+    }
+
+    /// Stops every view, each writing a last checkpoint (before the log closes).
+    pub async fn stop_views(&self) {
+        for view in self.views() {
+            view.stop().await;
+        }
+    }
+
+    /// The view reading `name`, if any (a stream read by a view cannot be dropped).
+    fn reader_of(&self, name: &str) -> Option<String> {
+        self.views
+            .read()
+            .expect("views lock")
+            .values()
+            .find(|view| view.def().source == name)
+            .map(|view| view.name().to_string())
     }
 
     pub fn log(&self) -> &Arc<Log> {
@@ -230,6 +374,9 @@ impl Engine {
         if self.table(&def.name).is_ok() {
             return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
         }
+        if self.view(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "view" });
+        }
         if let Some(topic) = &def.mqtt_topic {
             let route = catalog::mqtt_route(topic)?;
             for other in self.routed.read().expect("routes lock").iter() {
@@ -303,6 +450,9 @@ impl Engine {
         if self.stream(&def.name).is_ok() {
             return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
         }
+        if self.view(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "view" });
+        }
         self.catalog.append(&[catalog::table_record(&def)]).await?;
         let table = self.open_table(def)?;
         self.tables.write().expect("tables lock").insert(table.name(), table.clone());
@@ -364,6 +514,9 @@ impl Engine {
     pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;
         self.stream(name)?;
+        if let Some(view) = self.reader_of(name) {
+            return Err(EngineError::InUse { name: name.to_string(), view });
+        }
         self.catalog.append(&[catalog::drop_record(name, false)]).await?;
         self.streams.write().expect("streams lock").remove(name);
         self.streams_changed();
@@ -382,4 +535,16 @@ impl Engine {
         tracing::info!(table = name, "table dropped");
         Ok(())
     }
+}
+
+/// Where a view with no checkpoint starts in `source`.
+fn start_positions(source: &Stream, start: Start) -> Vec<u64> {
+    (0..source.partition_count())
+        .map(|partition| {
+            source.partition(partition).map_or(0, |log| match start {
+                Start::Earliest => log.start_offset(),
+                Start::Latest => log.end_offset(),
+            })
+        })
+        .collect()
 }

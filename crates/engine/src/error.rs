@@ -32,10 +32,16 @@ pub enum EngineError {
         "table {name:?} already exists with a different definition ({existing}); drop it first or use the existing definition"
     )]
     TableExists { name: String, existing: String },
-    #[error("{name:?} is already the name of a {kind}; streams and tables share one namespace")]
+    #[error("{name:?} is already the name of a {kind}; streams, tables and views share one namespace")]
     NameTaken { name: String, kind: &'static str },
     #[error("unknown index {0:?}")]
     UnknownIndex(String),
+    #[error("unknown view {0:?}: create it first (CREATE VIEW {0} AS SELECT …)")]
+    UnknownView(String),
+    #[error("view {name:?} already exists with a different definition; drop it first (DROP VIEW {name})")]
+    ViewExists { name: String },
+    #[error("{name:?} is read by view {view:?}: drop the view first (DROP VIEW {view})")]
+    InUse { name: String, view: String },
     #[error("invalid row: {0}")]
     InvalidRow(String),
     #[error("table {table:?} has no row {id:?}")]
@@ -77,6 +83,9 @@ impl EngineError {
             EngineError::TableExists { .. } => "table_exists",
             EngineError::NameTaken { .. } => "name_taken",
             EngineError::UnknownIndex(_) => "unknown_index",
+            EngineError::UnknownView(_) => "unknown_view",
+            EngineError::ViewExists { .. } => "view_exists",
+            EngineError::InUse { .. } => "in_use",
             EngineError::InvalidRow(_) => "invalid_row",
             EngineError::RowNotFound { .. } => "not_found",
             EngineError::PreconditionFailed { .. } => "precondition_failed",

@@ -15,6 +15,8 @@
 //!   bounded subscriber queues) and `Cursor`, a gap-free history-then-live subscription.
 //! - `subject`: subjects, MQTT-style subject filters (`+`, `#`) and the trie that matches a
 //!   subject against many filters at once (the hub's and the MQTT broker's index).
+//! - `view`: live views — the expression language, windowed and running aggregates, and the
+//!   task that keeps each view, serves its reads and checkpoints it.
 //! - `error`: `EngineError`, each variant with a stable code for clients.
 //! - `units`: byte sizes and durations as people write them (`64MiB`, `7d`).
 
@@ -28,6 +30,7 @@ pub mod subject;
 pub mod table;
 mod tabledef;
 pub mod units;
+pub mod view;
 
 pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};
 pub use engine::{Engine, EngineOptions};

@@ -105,7 +105,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
-    tracing::info!("shutting down: flushing the log");
+    tracing::info!("shutting down: checkpointing views, flushing the log");
+    engine.stop_views().await;
     drop(engine);
     tokio::task::spawn_blocking(move || log.close()).await.context("closing the log")?;
     drop(lock);

@@ -94,19 +94,38 @@ fn stream_row(stream: &onehop_engine::Stream) -> Vec<Value> {
     ]
 }
 
+const VIEW_COLUMNS: [&str; 8] =
+    ["name", "source", "window", "keys", "events", "late_events", "restoring", "definition"];
+
+fn view_row(view: &onehop_engine::view::View) -> Vec<Value> {
+    let def = view.def();
+    let status = view.status();
+    vec![
+        json!(def.name),
+        json!(def.source),
+        serde_json::to_value(&def.window).unwrap_or(Value::Null),
+        json!(status.keys),
+        json!(status.events),
+        json!(status.late_events),
+        json!(status.restoring),
+        json!(def.sql),
+    ]
+}
+
 /// A DROP's answer: done, or, with IF EXISTS, nothing to drop.
 fn dropped(label: String, result: Result<(), EngineError>, if_exists: bool, kind: &str) -> Result<Output, SqlError> {
     match result {
         Ok(()) => Ok(Output::Dropped { statement: label }),
-        Err(EngineError::UnknownStream(_) | EngineError::UnknownTable(_) | EngineError::UnknownIndex(_))
-            if if_exists =>
-        {
-            Ok(Output::Unchanged {
-                statement: label,
-                definition: String::new(),
-                note: format!("IF EXISTS: there is no such {kind}"),
-            })
-        }
+        Err(
+            EngineError::UnknownStream(_)
+            | EngineError::UnknownTable(_)
+            | EngineError::UnknownIndex(_)
+            | EngineError::UnknownView(_),
+        ) if if_exists => Ok(Output::Unchanged {
+            statement: label,
+            definition: String::new(),
+            note: format!("IF EXISTS: there is no such {kind}"),
+        }),
         Err(error) => Err(error.into()),
     }
 }
@@ -132,6 +151,12 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
             }
             let stream = engine.create_stream(def).await?;
             Ok(Output::Created { statement: label, definition: stream.def().describe() })
+        }
+        Statement::CreateView { def, if_not_exists } => {
+            crate::view::execute_create_view(engine, def, *if_not_exists, label).await
+        }
+        Statement::CreateTransform { def, if_not_exists, stream_options } => {
+            crate::view::execute_create_transform(engine, def, stream_options, *if_not_exists, label).await
         }
         Statement::ShowStreams => Ok(Output::Rows {
             statement: label,
@@ -183,9 +208,22 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
             columns: TABLE_COLUMNS.iter().map(|column| column.to_string()).collect(),
             rows: engine.tables().iter().map(|table| table_row(table)).collect(),
         }),
+        Statement::ShowViews => Ok(Output::Rows {
+            statement: label,
+            columns: VIEW_COLUMNS.iter().map(|column| column.to_string()).collect(),
+            rows: engine.views().iter().map(|view| view_row(view)).collect(),
+        }),
+        Statement::DropView { name, if_exists } => dropped(label, engine.drop_view(name).await, *if_exists, "view"),
         Statement::Describe { name } => {
             if let Ok(table) = engine.table(name) {
                 return Ok(describe_table(label, &table.def()));
+            }
+            if let Ok(view) = engine.view(name) {
+                return Ok(Output::Rows {
+                    statement: label,
+                    columns: VIEW_COLUMNS.iter().map(|column| column.to_string()).collect(),
+                    rows: vec![view_row(&view)],
+                });
             }
             let stream = engine.stream(name).map_err(|error| match error {
                 EngineError::UnknownStream(_) => EngineError::UnknownStream(name.clone()),

@@ -2,14 +2,17 @@
 //!
 //! # Layout
 //!
-//! - `parse`: text to [`Statement`]s with sqlparser; `CREATE STREAM`, `DROP STREAM` and
-//!   `SHOW TABLES`, which sqlparser does not know or parses otherwise, are parsed here from the
+//! - `parse`: text to [`Statement`]s with sqlparser; `CREATE STREAM`, `CREATE VIEW`, `DROP STREAM`
+//!   and `SHOW TABLES`, which sqlparser does not know or parses otherwise, are parsed here from the
 //!   same token stream. Anything unsupported is refused with the
 //!   list of what is supported.
+//! - `view`: `CREATE VIEW … AS SELECT` and `CREATE STREAM … AS SELECT` (transforms), and SQL
+//!   expressions to the engine's expression language; refuses what views cannot run.
 //! - `execute`: a [`Statement`] run on the engine, to an [`Output`].
 
 mod execute;
 mod parse;
+mod view;
 
 pub use execute::{Output, execute};
 pub use parse::{Statement, StreamOptions, parse};
@@ -23,6 +26,12 @@ pub enum SqlError {
     Unsupported { statement: String },
     #[error("{0}")]
     InvalidOption(String),
+    /// A view or transform uses SQL they do not support.
+    #[error("{what} is not supported here; {supported}")]
+    UnsupportedQuery { what: String, supported: String },
+    /// A view or transform is valid SQL but not a definition onehop can run (and says why).
+    #[error("{0}")]
+    InvalidQuery(String),
     #[error(transparent)]
     Engine(#[from] onehop_engine::EngineError),
 }
@@ -30,15 +39,18 @@ pub enum SqlError {
 /// What `SqlError::Unsupported` lists.
 pub const SUPPORTED: &str = "CREATE STREAM [IF NOT EXISTS] name [WITH (partitions = N, retention = '7d', retention_bytes = '1GiB', \
      durability = 'fsync'|'async')]; CREATE TABLE [IF NOT EXISTS] name (id TEXT PRIMARY KEY, col TYPE [NOT NULL], …) \
-     [WITH (durability = …)]; CREATE INDEX [name] ON table (field); DROP STREAM|TABLE|INDEX [IF EXISTS] name; \
-     SHOW STREAMS; SHOW TABLES; DESCRIBE name";
+     [WITH (durability = …)]; CREATE INDEX [name] ON table (field); DROP STREAM|TABLE|INDEX|VIEW [IF EXISTS] name; \
+     SHOW STREAMS; SHOW TABLES; SHOW VIEWS; DESCRIBE name; \
+     CREATE VIEW [IF NOT EXISTS] name [WITH (grace = '1s', emit = 'changes', …)] AS SELECT key, COUNT(*), SUM(x), … \
+     FROM source | TUMBLE|HOP|SLIDING|SESSION(source, …) [WHERE condition] GROUP BY key";
 
 impl SqlError {
     /// A stable code for clients.
     pub fn code(&self) -> &'static str {
         match self {
             SqlError::Syntax(_) => "sql_syntax",
-            SqlError::Unsupported { .. } => "sql_unsupported",
+            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } => "sql_unsupported",
+            SqlError::InvalidQuery(_) => "sql_invalid_query",
             SqlError::InvalidOption(_) => "sql_invalid_option",
             SqlError::Engine(error) => error.code(),
         }

@@ -1,15 +1,18 @@
 //! SQL text to statements.
 
 use onehop_engine::units::{parse_bytes, parse_duration};
+use onehop_engine::view::ViewDef;
+use onehop_engine::view::expr::TransformDef;
 use onehop_engine::{Column, ColumnType};
 use onehop_log::Durability;
 use sqlparser::ast::{self, Expr, ObjectName, SqlOption, Value};
 use sqlparser::dialect::GenericDialect;
 use sqlparser::keywords::Keyword;
 use sqlparser::parser::Parser;
-use sqlparser::tokenizer::Token;
+use sqlparser::tokenizer::{Location, Token};
 
 use crate::SqlError;
+use crate::view;
 
 /// Options of `CREATE STREAM … WITH (…)`; what is left out takes the server's default.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,12 +24,25 @@ pub struct StreamOptions {
     pub mqtt_topic: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+// Not `Eq`: view and transform definitions hold JSON literals (floats).
+#[derive(Clone, Debug, PartialEq)]
 pub enum Statement {
     CreateStream {
         name: String,
         if_not_exists: bool,
         options: StreamOptions,
+    },
+    /// `CREATE VIEW … AS SELECT …`.
+    CreateView {
+        def: ViewDef,
+        if_not_exists: bool,
+    },
+    /// `CREATE STREAM name [WITH (…)] AS SELECT … FROM source`: a stream fed by a transform;
+    /// `stream_options` are those of the output stream.
+    CreateTransform {
+        def: TransformDef,
+        if_not_exists: bool,
+        stream_options: StreamOptions,
     },
     CreateTable {
         name: String,
@@ -54,6 +70,11 @@ pub enum Statement {
     },
     ShowStreams,
     ShowTables,
+    ShowViews,
+    DropView {
+        name: String,
+        if_exists: bool,
+    },
     Describe {
         name: String,
     },
@@ -64,6 +85,8 @@ impl Statement {
     pub fn label(&self) -> String {
         match self {
             Statement::CreateStream { name, .. } => format!("CREATE STREAM {name}"),
+            Statement::CreateView { def, .. } => format!("CREATE VIEW {}", def.name),
+            Statement::CreateTransform { def, .. } => format!("CREATE STREAM {} AS SELECT", def.name),
             Statement::CreateTable { name, .. } => format!("CREATE TABLE {name}"),
             Statement::CreateIndex { table, field, .. } => format!("CREATE INDEX ON {table} ({field})"),
             Statement::DropStream { name, .. } => format!("DROP STREAM {name}"),
@@ -71,6 +94,8 @@ impl Statement {
             Statement::DropIndex { name, .. } => format!("DROP INDEX {name}"),
             Statement::ShowStreams => "SHOW STREAMS".into(),
             Statement::ShowTables => "SHOW TABLES".into(),
+            Statement::ShowViews => "SHOW VIEWS".into(),
+            Statement::DropView { name, .. } => format!("DROP VIEW {name}"),
             Statement::Describe { name } => format!("DESCRIBE {name}"),
         }
     }
@@ -86,14 +111,20 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>, SqlError> {
         if parser.peek_token().token == Token::EOF {
             break;
         }
+        // Where the statement starts, for definitions that keep their text.
+        let start = parser.peek_token().span.start;
         let statement = if parser.parse_keywords(&[Keyword::CREATE, Keyword::STREAM]) {
-            parse_create_stream(&mut parser)?
+            parse_create_stream(&mut parser, sql, start)?
+        } else if parser.parse_keywords(&[Keyword::CREATE, Keyword::VIEW]) {
+            view::parse_create_view(&mut parser, sql, start)?
         } else if parser.parse_keywords(&[Keyword::DROP, Keyword::STREAM]) {
             let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
             let name = simple_name(&parser.parse_object_name(false).map_err(syntax)?)?;
             Statement::DropStream { name, if_exists }
         } else if parser.parse_keywords(&[Keyword::SHOW, Keyword::TABLES]) {
             Statement::ShowTables
+        } else if parser.parse_keywords(&[Keyword::SHOW, Keyword::VIEWS]) {
+            Statement::ShowViews
         } else {
             let statement = parser.parse_statement().map_err(|error| SqlError::Syntax(error.to_string()))?;
             convert(statement)?
@@ -110,19 +141,20 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>, SqlError> {
     Ok(statements)
 }
 
-fn syntax(error: sqlparser::parser::ParserError) -> SqlError {
+pub(crate) fn syntax(error: sqlparser::parser::ParserError) -> SqlError {
     SqlError::Syntax(error.to_string())
 }
 
 /// A plain name: one identifier, not `schema.name`.
-fn simple_name(name: &ObjectName) -> Result<String, SqlError> {
+pub(crate) fn simple_name(name: &ObjectName) -> Result<String, SqlError> {
     match name.0.as_slice() {
         [part] => Ok(part.as_ident().map(|ident| ident.value.clone()).unwrap_or_else(|| part.to_string())),
         _ => Err(SqlError::Syntax(format!("{name} is not a plain name: onehop has no schemas"))),
     }
 }
 
-fn parse_create_stream(parser: &mut Parser) -> Result<Statement, SqlError> {
+/// `CREATE STREAM` (already read) `[IF NOT EXISTS] name [WITH (…)] [AS SELECT …]`.
+fn parse_create_stream(parser: &mut Parser, sql: &str, start: Location) -> Result<Statement, SqlError> {
     let if_not_exists = parser.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
     let name = simple_name(&parser.parse_object_name(false).map_err(syntax)?)?;
     let mut options = StreamOptions::default();
@@ -134,11 +166,15 @@ fn parse_create_stream(parser: &mut Parser) -> Result<Statement, SqlError> {
             apply_option(&mut options, &key.value.to_ascii_lowercase(), &value)?;
         }
     }
+    if parser.parse_keyword(Keyword::AS) {
+        let def = view::parse_transform(parser, name, sql, start)?;
+        return Ok(Statement::CreateTransform { def, if_not_exists, stream_options: options });
+    }
     Ok(Statement::CreateStream { name, if_not_exists, options })
 }
 
 /// The text of a literal option value: a number or a quoted string.
-fn literal(value: &Expr) -> Option<String> {
+pub(crate) fn literal(value: &Expr) -> Option<String> {
     match value {
         Expr::Value(value) => match &value.value {
             Value::Number(number, _) => Some(number.clone()),
@@ -324,6 +360,7 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
             match object_type {
                 ast::ObjectType::Table => Ok(Statement::DropTable { name, if_exists }),
                 ast::ObjectType::Index => Ok(Statement::DropIndex { name, if_exists }),
+                ast::ObjectType::View => Ok(Statement::DropView { name, if_exists }),
                 other => Err(unsupported(format!("DROP {other}"))),
             }
         }
@@ -408,7 +445,11 @@ mod tests {
         assert!(message("CREATE TABLE t (a TEXT PRIMARY KEY, b TEXT UNIQUE)").contains("not supported"));
         assert!(message("CREATE TABLE t (a TEXT PRIMARY KEY) WITH (partitions = 2)").contains("takes durability"));
         assert!(message("CREATE INDEX ON t (a, b)").contains("one column"));
-        assert!(message("DROP VIEW v").contains("not supported"));
+        assert!(message("DROP SCHEMA v").contains("not supported"));
+        assert_eq!(
+            parse("DROP VIEW IF EXISTS v; SHOW VIEWS").unwrap(),
+            [Statement::DropView { name: "v".into(), if_exists: true }, Statement::ShowViews,]
+        );
     }
 
     #[test]

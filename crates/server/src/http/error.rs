@@ -22,10 +22,9 @@ impl ApiError {
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         let status = match error.code() {
-            "unknown_stream" | "unknown_partition" | "unknown_table" | "unknown_index" | "not_found" => {
-                StatusCode::NOT_FOUND
-            }
-            "stream_exists" | "table_exists" | "name_taken" => StatusCode::CONFLICT,
+            "unknown_stream" | "unknown_partition" | "unknown_table" | "unknown_index" | "unknown_view"
+            | "not_found" => StatusCode::NOT_FOUND,
+            "stream_exists" | "table_exists" | "view_exists" | "name_taken" | "in_use" => StatusCode::CONFLICT,
             "precondition_failed" => StatusCode::PRECONDITION_FAILED,
             "record_too_large" | "batch_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "offset_before_start" | "offset_past_end" => StatusCode::RANGE_NOT_SATISFIABLE,

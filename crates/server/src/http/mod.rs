@@ -3,6 +3,7 @@
 //! - `streams`: `POST /streams/{s}` publishes, `GET /streams/{s}` reads.
 //! - `sse`: subscriptions over Server-Sent Events on the same URLs as reads.
 //! - `ws`: subscriptions over WebSocket, several per socket, on the same URLs.
+//! - `views`: `GET /views/{v}/{key}` point reads and `GET /views/{v}` listings of views.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `time`: RFC 3339 times in query strings.
@@ -15,6 +16,7 @@ pub mod sse;
 pub mod streams;
 pub mod subscribe;
 pub mod tables;
+pub mod views;
 pub mod ws;
 
 use std::future::Future;
@@ -89,6 +91,8 @@ pub fn app(state: AppState) -> Router {
             "/tables/{table}/{id}",
             get(tables::get_row).put(tables::put_row).patch(tables::patch_row).delete(tables::delete_row),
         )
+        .route("/views/{view}", get(views::list_keys))
+        .route("/views/{view}/{key}", get(views::get_key))
         .route("/sql", axum::routing::post(sql::run))
         .route("/mqtt", get(mqtt_ws::upgrade))
         .route_layer(axum::middleware::from_fn(record_request))

@@ -22,12 +22,12 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use onehop_engine::hub::{Change, Cursor, Delivery};
-use onehop_engine::{Position, Row, Stream};
+use onehop_engine::{Position, Stream};
 
 use super::AppState;
 use super::error::ApiError;
 use super::streams::parse_position;
-use super::subscribe::{Opened, Params, Target, encode, encode_snapshot_row, open};
+use super::subscribe::{Opened, Params, Target, encode, open};
 
 /// How often an idle subscription gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -97,7 +97,7 @@ pub fn position_id(cursor: &Cursor) -> String {
 /// A subscription's response in progress: snapshot rows still to send, then the cursor.
 struct Feed {
     opened: Opened,
-    snapshot: std::vec::IntoIter<Row>,
+    snapshot: std::vec::IntoIter<Bytes>,
     snapshot_end: bool,
 }
 
@@ -126,9 +126,7 @@ pub async fn subscribe(
 /// overflow notice.
 async fn next_chunk(feed: Option<Feed>) -> Option<(Result<Bytes, Infallible>, Option<Feed>)> {
     let mut feed = feed?;
-    if let Some(row) = feed.snapshot.next() {
-        let table = feed.opened.table.as_deref().unwrap_or_default();
-        let data = encode_snapshot_row(table, &row);
+    if let Some(data) = feed.snapshot.next() {
         let mut chunk = Vec::with_capacity(data.len() + 32);
         chunk.extend_from_slice(b"event: snapshot\ndata: ");
         chunk.extend_from_slice(&data);

@@ -18,7 +18,7 @@ use axum::extract::Query;
 use onehop_engine::hub::{Change, Cursor, Event};
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::{Filter, Row, Stream};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
@@ -30,7 +30,15 @@ use super::streams::record_json;
 pub enum Target {
     Stream(String),
     Table(String),
-    Row { table: String, id: String },
+    Row {
+        table: String,
+        id: String,
+    },
+    /// `/views/{v}` (every key) or `/views/{v}/{key}`.
+    View {
+        view: String,
+        key: Option<String>,
+    },
 }
 
 impl Target {
@@ -44,17 +52,19 @@ impl Target {
             ["streams", name] => Ok(Target::Stream(decode(name)?)),
             ["tables", name] => Ok(Target::Table(decode(name)?)),
             ["tables", name, id] => Ok(Target::Row { table: decode(name)?, id: decode(id)? }),
+            ["views", name] => Ok(Target::View { view: decode(name)?, key: None }),
+            ["views", name, key] => Ok(Target::View { view: decode(name)?, key: Some(decode(key)?) }),
             _ => Err(ApiError::bad_request(
                 "bad_url",
                 format!(
-                    "{path:?} names nothing to subscribe to: use /streams/{{s}}, /tables/{{t}} or /tables/{{t}}/{{id}}"
+                    "{path:?} names nothing to subscribe to: use /streams/{{s}}, /tables/{{t}}, /tables/{{t}}/{{id}}, /views/{{v}} or /views/{{v}}/{{key}}"
                 ),
             )),
         }
     }
 }
 
-fn percent_decode(text: &str) -> Option<String> {
+pub(super) fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -106,6 +116,19 @@ impl Params {
                             ApiError::bad_request("bad_filter", format!("subject={value:?}: {error}"))
                         })?);
                 }
+                "final" if matches!(target, Target::View { .. }) => {
+                    // Only the last value of each window, once it closes.
+                    match value.as_str() {
+                        "true" | "1" => params.filter = params.filter.with_condition("final", "true")?,
+                        "false" | "0" => {}
+                        other => {
+                            return Err(ApiError::bad_request(
+                                "bad_query",
+                                format!("final must be true or false, not {other:?}"),
+                            ));
+                        }
+                    }
+                }
                 "snapshot" => {
                     if matches!(target, Target::Stream(_)) {
                         return Err(ApiError::bad_request(
@@ -139,19 +162,18 @@ impl Params {
                 "snapshot=true starts from the snapshot; to resume after it, use from (or Last-Event-ID) alone",
             ));
         }
-        if let Target::Row { id, .. } = target {
+        if let Target::Row { id, .. } | Target::View { key: Some(id), .. } = target {
             params.filter.key = Some(Bytes::from(id.clone()));
         }
         Ok(params)
     }
 }
 
-/// A started subscription: the rows of its snapshot (if asked for) and the cursor that follows.
+/// A started subscription: its snapshot (if asked for), each row encoded as the JSON of a
+/// snapshot event, and the cursor that follows.
 pub struct Opened {
     pub cursor: Cursor,
-    /// For a table: its name, and the snapshot rows when `snapshot=true`.
-    pub table: Option<String>,
-    pub snapshot: Option<Vec<Row>>,
+    pub snapshot: Option<Vec<Bytes>>,
 }
 
 /// Starts a subscription. `resume` is a `Last-Event-ID`.
@@ -161,19 +183,48 @@ pub fn open(state: &AppState, target: &Target, params: Params, resume: Option<&s
             let stream = state.engine.stream(name)?;
             let positions = start_positions(&stream, params.from.as_deref(), resume)?;
             let cursor = state.engine.subscribe(&stream, params.filter, positions)?;
-            Ok(Opened { cursor, table: None, snapshot: None })
+            Ok(Opened { cursor, snapshot: None })
+        }
+        Target::View { view, key } => {
+            let handle = state.engine.view(view)?;
+            let output = handle.output();
+            if params.snapshot && resume.is_none() {
+                let (keys, next) = match key {
+                    Some(key) => {
+                        // Rows first, then the end: a change written in between comes twice,
+                        // never not at all.
+                        let rows = handle.rows(key);
+                        let next = output.partition(0).map_or(0, |log| log.end_offset());
+                        (vec![(key.clone(), rows)], next)
+                    }
+                    None => handle.snapshot(),
+                };
+                let wants_final = params.filter.conditions.iter().any(|condition| condition.path == "final");
+                let snapshot = keys
+                    .into_iter()
+                    .flat_map(|(key, rows)| rows.into_iter().map(move |row| (key.clone(), row)))
+                    .filter(|(_, row)| !wants_final || row.get("final") == Some(&Value::Bool(true)))
+                    .map(|(key, row)| encode_view_snapshot_row(view, &key, &row))
+                    .collect();
+                let cursor = state.engine.subscribe(output, params.filter, vec![next])?;
+                return Ok(Opened { cursor, snapshot: Some(snapshot) });
+            }
+            let positions = start_positions(output, params.from.as_deref(), resume)?;
+            let cursor = state.engine.subscribe(output, params.filter, positions)?;
+            Ok(Opened { cursor, snapshot: None })
         }
         Target::Table(name) | Target::Row { table: name, .. } => {
             let table = state.engine.table(name)?;
             if params.snapshot && resume.is_none() {
                 let (rows, next) = table.snapshot(&params.filter);
+                let rows = rows.iter().map(|row| encode_snapshot_row(name, row)).collect();
                 let cursor = state.engine.subscribe(table.storage(), params.filter, vec![next])?;
-                return Ok(Opened { cursor, table: Some(name.clone()), snapshot: Some(rows) });
+                return Ok(Opened { cursor, snapshot: Some(rows) });
             }
             let storage: &std::sync::Arc<Stream> = table.storage();
             let positions = start_positions(storage, params.from.as_deref(), resume)?;
             let cursor = state.engine.subscribe(storage, params.filter, positions)?;
-            Ok(Opened { cursor, table: Some(name.clone()), snapshot: None })
+            Ok(Opened { cursor, snapshot: None })
         }
     }
 }
@@ -193,6 +244,9 @@ fn change_json(table: &str, key: &[u8], op: &str, offset: u64, timestamp_ms: i64
 /// The JSON of an event, shared by every subscriber and wire format: a stream record as reads
 /// return it, or a table change.
 pub fn encode(event: &Event, change: Change) -> Bytes {
+    if let Some(view) = event.stream.strip_prefix(onehop_engine::view::runtime::OUTPUT_PREFIX) {
+        return encode_view_change(view, event);
+    }
     if !event.table {
         return Bytes::from(record_json(event.partition, &event.record).to_string());
     }
@@ -205,6 +259,44 @@ pub fn encode(event: &Event, change: Change) -> Bytes {
         record.timestamp_ms,
         record.value.as_deref(),
     )
+}
+
+/// A view change as JSON: `{"id","view","key","offset","timestamp","final","row"}` (and
+/// `"removed":true` for a row that is gone).
+fn encode_view_change(view: &str, event: &Event) -> Bytes {
+    let record = &event.record;
+    let mut row: Value =
+        record.value.as_deref().and_then(|value| serde_json::from_slice(value).ok()).unwrap_or(Value::Null);
+    let (is_final, removed) = match &mut row {
+        Value::Object(fields) => (
+            fields.remove("final").is_some_and(|value| value == Value::Bool(true)),
+            fields.remove("removed").is_some_and(|value| value == Value::Bool(true)),
+        ),
+        _ => (false, false),
+    };
+    let mut change = json!({
+        "id": format!("0:{}", record.offset),
+        "view": view,
+        "key": String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()),
+        "offset": record.offset,
+        "timestamp": record.timestamp_ms,
+        "final": is_final,
+        "row": row,
+    });
+    if removed {
+        change["removed"] = Value::Bool(true);
+    }
+    Bytes::from(change.to_string())
+}
+
+/// A view row of a snapshot: `{"view","key","op":"snapshot","final","row"}`.
+fn encode_view_snapshot_row(view: &str, key: &str, row: &Value) -> Bytes {
+    let mut row = row.clone();
+    let is_final = match &mut row {
+        Value::Object(fields) => fields.remove("final").is_some_and(|value| value == Value::Bool(true)),
+        _ => false,
+    };
+    Bytes::from(json!({ "view": view, "key": key, "op": "snapshot", "final": is_final, "row": row }).to_string())
 }
 
 /// A snapshot row as JSON, shaped like a change with `"op":"snapshot"`.
@@ -220,7 +312,13 @@ mod tests {
     fn targets_and_params_parse() {
         assert!(matches!(Target::from_path("/tables/orders/o%201"), Ok(Target::Row { id, .. }) if id == "o 1"));
         assert!(matches!(Target::from_path("/streams/s"), Ok(Target::Stream(name)) if name == "s"));
-        assert!(Target::from_path("/views/v").is_err());
+        assert!(matches!(Target::from_path("/views/v/k%201"), Ok(Target::View { key: Some(key), .. }) if key == "k 1"));
+        assert!(Target::from_path("/things/v").is_err());
+        let view = Target::View { view: "v".into(), key: Some("k".into()) };
+        let params = Params::parse("final=true&snapshot=true", &view).unwrap();
+        assert_eq!(params.filter.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(params.filter.conditions[0].path, "final");
+        assert_eq!(Params::parse("final=perhaps", &view).unwrap_err().code, "bad_query");
         let table = Target::Table("t".into());
         let params = Params::parse("customer=42&tags=a%20b&snapshot=true", &table).unwrap();
         assert!(params.snapshot);

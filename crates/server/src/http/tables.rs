@@ -156,7 +156,7 @@ pub async fn delete_row(
 }
 
 /// A WebSocket or SSE subscription to `target` when the request asks for one.
-async fn maybe_subscribe(
+pub(super) async fn maybe_subscribe(
     state: &AppState,
     target: Target,
     raw: &str,
@@ -169,6 +169,7 @@ async fn maybe_subscribe(
         match &target {
             Target::Stream(name) => drop(state.engine.stream(name)?),
             Target::Table(name) | Target::Row { table: name, .. } => drop(state.engine.table(name)?),
+            Target::View { view, .. } => drop(state.engine.view(view)?),
         }
         let request = super::ws::Request { subscription: "url".into(), target, params };
         let state = state.clone();

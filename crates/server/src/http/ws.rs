@@ -36,7 +36,7 @@ use tokio::task::JoinHandle;
 use super::AppState;
 use super::error::ApiError;
 use super::sse::position_id;
-use super::subscribe::{Opened, Params, Target, encode, encode_snapshot_row, open};
+use super::subscribe::{Opened, Params, Target, encode, open};
 
 /// Subscriptions one socket may hold unless configured otherwise.
 pub const SUBSCRIPTIONS_PER_SOCKET_DEFAULT: usize = 100;
@@ -146,9 +146,7 @@ fn error_message(subscription: Option<&str>, error: &ApiError) -> Message {
 async fn run_subscription(mut opened: Opened, name: String, outbox: mpsc::Sender<Message>) {
     let subscription = json!(name).to_string();
     if let Some(rows) = opened.snapshot.take() {
-        let table = opened.table.clone().unwrap_or_default();
-        for row in rows {
-            let change = encode_snapshot_row(&table, &row);
+        for change in rows {
             let text = format!(
                 "{{\"type\":\"snapshot\",\"subscription\":{subscription},\"change\":{}}}",
                 std::str::from_utf8(&change).expect("JSON is UTF-8")

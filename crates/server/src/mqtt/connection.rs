@@ -224,6 +224,13 @@ async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusa
     })
 }
 
+/// The view a `views/{v}/…` topic or filter names, if `v` is a view.
+fn view_of(broker: &Broker, topic: &str) -> Option<Arc<onehop_engine::view::View>> {
+    let rest = topic.strip_prefix("views/")?;
+    let name = rest.split('/').next()?;
+    broker.engine.view(name).ok()
+}
+
 /// The streams a subscription's topic filter can find messages in: every stream for a
 /// wildcard first level; else the stream the first level names and each stream whose declared
 /// `mqtt_topic` overlaps the filter — now or when such a stream is created later.
@@ -299,6 +306,9 @@ async fn prepare(
     }
     if topic.starts_with('$') {
         return Err((Refusal::TopicInvalid, format!("topic {topic:?}: topics starting with $ are reserved")));
+    }
+    if view_of(broker, topic).is_some() {
+        return Err((Refusal::NotAuthorized, format!("{topic:?} is a view's topic: views are read-only")));
     }
     let first = topic.split('/').next().unwrap_or_default();
     if broker.engine.table(first).is_ok() {
@@ -670,6 +680,68 @@ impl Session {
         let task = tokio::spawn(async move {
             if follower.send_retained(retained).await {
                 follower.follow(storage, cursor).await;
+            }
+        });
+        let spec = stored_subscription(&filter, qos, subscription_id, false, false);
+        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        self.keep_subscription(filter, handle);
+        Ok(qos)
+    }
+
+    /// `views/{v}/{key}` (or `views/{v}/+`, `views/{v}/#`): the view's current rows first, as
+    /// retained messages, then each change (the row with `"final"`), topic `views/{v}/{key}`.
+    #[allow(clippy::too_many_arguments)]
+    fn subscribe_view(
+        &mut self,
+        filter: String,
+        parsed: SubjectFilter,
+        view: Arc<onehop_engine::view::View>,
+        qos: QoS,
+        subscription_id: Option<NonZeroU32>,
+        send_rows: bool,
+        resume: Option<&StoredSubscription>,
+    ) -> Granted {
+        let output = view.output().clone();
+        let (rows, next) = match resume {
+            Some(resume) => (Vec::new(), resume_positions(&output, resume.positions.get(output.name()))),
+            None if send_rows => {
+                let (keys, next) = view.snapshot();
+                let rows = keys
+                    .into_iter()
+                    .map(|(key, rows)| (format!("views/{}/{key}", view.name()), rows))
+                    .filter(|(topic, _)| parsed.matches(topic))
+                    .flat_map(|(topic, rows)| rows.into_iter().map(move |row| (topic.clone(), row)))
+                    .map(|(topic, row)| super::retained::Retained {
+                        topic,
+                        payload: Bytes::from(row.to_string()),
+                        headers: Vec::new(),
+                    })
+                    .collect();
+                (rows, vec![next])
+            }
+            None => (Vec::new(), end_offsets(&output)),
+        };
+        let progress = self.persistent.then(SharedProgress::default);
+        if let Some(progress) = &progress {
+            progress.lock().expect("progress lock").start(output.name(), &next);
+        }
+        let follower = Follower {
+            broker: self.broker.clone(),
+            filter: Filter::subject(parsed),
+            sink: Sink::Connection(self.deliveries_tx.clone()),
+            qos,
+            subscription_id,
+            retain_as_published: false,
+            progress: progress.clone(),
+            resumed: resume.map(Resumed::of),
+            topic_filter: None,
+            no_local_client: None,
+        };
+        let cursor =
+            self.broker.engine.subscribe(&output, follower.filter.clone(), next).map_err(|_| Refusal::Unavailable)?;
+        let task = tokio::spawn(async move {
+            if follower.send_retained(rows).await {
+                follower.follow(output, cursor).await;
             }
         });
         let spec = stored_subscription(&filter, qos, subscription_id, false, false);
@@ -1248,6 +1320,10 @@ impl Session {
         {
             let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
             return self.subscribe_table(filter, parsed, table, qos, subscription_id, send_rows, resume);
+        }
+        if let Some(view) = view_of(&self.broker, &filter) {
+            let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
+            return self.subscribe_view(filter, parsed, view, qos, subscription_id, send_rows, resume);
         }
         let streams = match Streams::of(&self.broker, &parsed) {
             Ok(streams) => streams,

@@ -1,0 +1,115 @@
+//! Live views: windowed and running aggregates over a stream, kept in memory, served by key,
+//! pushed to subscribers, and rebuilt after a crash from a checkpoint and the source log.
+//!
+//! - `expr`: the expression language of view and transform definitions (our own AST, stored
+//!   in the catalog as JSON) and its evaluation against one record.
+//! - this module: what a view is (`ViewDef`), as the SQL front end produces it.
+
+pub mod expr;
+pub mod runtime;
+pub mod state;
+
+use serde::{Deserialize, Serialize};
+
+pub use expr::{Expr, Input};
+pub use runtime::{View, ViewStatus};
+
+/// How events are grouped in time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Window {
+    /// No window: running totals since the view started.
+    None,
+    /// `TUMBLE(src, size)`: fixed, non-overlapping windows aligned to the epoch.
+    Tumble { size_ms: u64 },
+    /// `HOP(src, slide, size)`: windows of `size`, one starting every `slide` (an event is in
+    /// `size / slide` of them).
+    Hop { slide_ms: u64, size_ms: u64 },
+    /// `SLIDING(src, size)`: per key, the `size` before its latest event (one window per key,
+    /// moving with each event; events older than that fall out).
+    Sliding { size_ms: u64 },
+    /// `SESSION(src, gap)`: per key, events closer than `gap` together; merges sessions an
+    /// event bridges.
+    Session { gap_ms: u64 },
+}
+
+/// An aggregate function of a view column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregateKind {
+    /// `COUNT(*)` (no argument) or `COUNT(x)` (non-null values of x).
+    Count,
+    /// `COUNT(DISTINCT x)`.
+    CountDistinct,
+    Sum,
+    Avg,
+    Min,
+    Max,
+    /// The value at the earliest event time (ties: earliest in the log).
+    First,
+    /// The value at the latest event time (ties: latest in the log).
+    Last,
+}
+
+/// One output column of a view.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Column {
+    /// The group key (the GROUP BY expression), under this name.
+    Key { name: String },
+    /// An aggregate; `arg` is `None` only for `COUNT(*)`.
+    Aggregate { name: String, function: AggregateKind, arg: Option<Expr> },
+}
+
+impl Column {
+    pub fn name(&self) -> &str {
+        match self {
+            Column::Key { name } | Column::Aggregate { name, .. } => name,
+        }
+    }
+}
+
+/// Where a new view starts reading its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Start {
+    /// From the oldest record the source still has (backfill).
+    Earliest,
+    /// From what is published after the view is created.
+    Latest,
+}
+
+/// A view, as `CREATE VIEW … AS SELECT …` defines it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ViewDef {
+    pub name: String,
+    /// The stream (or table) aggregated.
+    pub source: String,
+    pub window: Window,
+    /// Event time in ms since the epoch; `None`: the record's timestamp. A value that is not a
+    /// number (or an RFC 3339 text) makes the event count as late-and-invalid (dropped, counted).
+    pub event_time: Option<Expr>,
+    /// WHERE: events for which this is not `true` are skipped.
+    pub filter: Option<Expr>,
+    /// GROUP BY: the key of each event (its value as text; null groups under `null`).
+    pub key: Expr,
+    /// SELECT list, in order (a `Key` column at most once).
+    pub columns: Vec<Column>,
+    /// How long after a window's end late events are still counted (ms).
+    pub grace_ms: u64,
+    /// Push every change of a window's aggregate.
+    pub emit_changes: bool,
+    /// Push a window's aggregate once more, flagged final, when it closes.
+    pub emit_final: bool,
+    /// How long closed windows stay readable (ms).
+    pub retention_ms: u64,
+    pub start: Start,
+    /// Late events go to this stream (as they were) instead of only being counted.
+    pub late_stream: Option<String>,
+    /// The statement as the user wrote it, for DESCRIBE.
+    pub sql: String,
+}
+
+/// Defaults of the options of `CREATE VIEW … WITH (…)`.
+pub const DEFAULT_GRACE_MS: u64 = 0;
+pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;

@@ -1,0 +1,651 @@
+//! A view's state: per key, its windows and their aggregates. Pure and deterministic — events
+//! in, changes out — so the runtime can rebuild it by replaying the source from a checkpoint
+//! and get exactly what it had.
+//!
+//! Time. Each event has an event time `t` (the record timestamp or the view's time column)
+//! and an arrival time `r` (the record's log timestamp, stamped by the server when it took the
+//! record). A window closes at `end + grace`: an event arriving after that (`r > end + grace`)
+//! is late for it, and a window whose close time the clock has passed is closed even if its key
+//! never sees another event. Because lateness depends on the data alone, a replay after a crash
+//! decides exactly as the live run did.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::expr::{Input, as_time_ms, is_true, key_text};
+use super::{AggregateKind, Column, ViewDef, Window};
+
+/// One change of a view row, as subscribers get it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub key: String,
+    /// The row: key column, `window_start` / `window_end` (windowed views), the aggregates.
+    pub row: Value,
+    /// The window closed: this is its last value.
+    pub is_final: bool,
+    /// The row is gone (a session merged into another, a sliding window emptied).
+    pub removed: bool,
+}
+
+/// An aggregate's running value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "acc", rename_all = "snake_case")]
+enum Acc {
+    Count {
+        n: u64,
+    },
+    Distinct {
+        values: HashMap<String, u64>,
+    },
+    /// Integers add exactly; a float, or an integer sum leaving i64, makes the sum a float.
+    Sum {
+        int: i64,
+        float: f64,
+        floats: u64,
+        n: u64,
+    },
+    Avg {
+        sum: f64,
+        n: u64,
+    },
+    Min {
+        best: Option<Value>,
+    },
+    Max {
+        best: Option<Value>,
+    },
+    /// The value at the earliest (First) or latest (Last) event time; ties by log position.
+    First {
+        at: Option<(i64, u32, u64)>,
+        value: Value,
+    },
+    Last {
+        at: Option<(i64, u32, u64)>,
+        value: Value,
+    },
+}
+
+/// Numbers compare as numbers, text as text; anything else has no order.
+fn compare(a: &Value, b: &Value) -> Option<std::cmp::Ordering> {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64()?.partial_cmp(&y.as_f64()?),
+        (Value::String(x), Value::String(y)) => Some(x.cmp(y)),
+        _ => None,
+    }
+}
+
+/// Replaces `best` with `arg` when it orders `want` against it (or there is none yet).
+fn keep_if(best: &mut Option<Value>, arg: Option<&Value>, want: std::cmp::Ordering) {
+    let Some(value) = arg.filter(|value| value.is_number() || value.is_string()) else { return };
+    if best.as_ref().is_none_or(|current| compare(value, current) == Some(want)) {
+        *best = Some(value.clone());
+    }
+}
+
+impl Acc {
+    fn new(function: AggregateKind) -> Acc {
+        match function {
+            AggregateKind::Count => Acc::Count { n: 0 },
+            AggregateKind::CountDistinct => Acc::Distinct { values: HashMap::new() },
+            AggregateKind::Sum => Acc::Sum { int: 0, float: 0.0, floats: 0, n: 0 },
+            AggregateKind::Avg => Acc::Avg { sum: 0.0, n: 0 },
+            AggregateKind::Min => Acc::Min { best: None },
+            AggregateKind::Max => Acc::Max { best: None },
+            AggregateKind::First => Acc::First { at: None, value: Value::Null },
+            AggregateKind::Last => Acc::Last { at: None, value: Value::Null },
+        }
+    }
+
+    /// Adds one event's argument (`None` for `COUNT(*)`), at `at` = (event time, partition,
+    /// offset).
+    fn add(&mut self, arg: Option<&Value>, at: (i64, u32, u64)) {
+        match self {
+            Acc::Count { n } => {
+                if arg.is_none_or(|value| !value.is_null()) {
+                    *n += 1;
+                }
+            }
+            Acc::Distinct { values } => {
+                if let Some(value) = arg.filter(|value| !value.is_null()) {
+                    *values.entry(key_text(value)).or_default() += 1;
+                }
+            }
+            Acc::Sum { int, float, floats, n } => match arg.and_then(Value::as_number) {
+                Some(number) if let Some(sum) = number.as_i64().and_then(|value| int.checked_add(value)) => {
+                    *int = sum;
+                    *n += 1;
+                }
+                Some(number) => {
+                    *float += number.as_f64().unwrap_or(0.0);
+                    *floats += 1;
+                    *n += 1;
+                }
+                None => {}
+            },
+            Acc::Avg { sum, n } => {
+                if let Some(value) = arg.and_then(Value::as_f64) {
+                    *sum += value;
+                    *n += 1;
+                }
+            }
+            // A value of another kind than the best so far (text among numbers) is ignored: it
+            // cannot be ordered against it.
+            Acc::Min { best } => keep_if(best, arg, std::cmp::Ordering::Less),
+            Acc::Max { best } => keep_if(best, arg, std::cmp::Ordering::Greater),
+            Acc::First { at: best_at, value } => {
+                if best_at.is_none_or(|best| at < best) {
+                    *best_at = Some(at);
+                    *value = arg.cloned().unwrap_or(Value::Null);
+                }
+            }
+            Acc::Last { at: best_at, value } => {
+                if best_at.is_none_or(|best| at > best) {
+                    *best_at = Some(at);
+                    *value = arg.cloned().unwrap_or(Value::Null);
+                }
+            }
+        }
+    }
+
+    /// Folds `other` (of the same function) in: two sessions become one.
+    fn merge(&mut self, other: Acc) {
+        match (self, other) {
+            (Acc::Count { n }, Acc::Count { n: more }) => *n += more,
+            (Acc::Distinct { values }, Acc::Distinct { values: more }) => {
+                for (value, count) in more {
+                    *values.entry(value).or_default() += count;
+                }
+            }
+            (Acc::Sum { int, float, floats, n }, Acc::Sum { int: i, float: f, floats: fs, n: more }) => {
+                match int.checked_add(i) {
+                    Some(sum) => *int = sum,
+                    None => {
+                        *float += i as f64;
+                        *floats += 1;
+                    }
+                }
+                *float += f;
+                *floats += fs;
+                *n += more;
+            }
+            (Acc::Avg { sum, n }, Acc::Avg { sum: s, n: more }) => {
+                *sum += s;
+                *n += more;
+            }
+            (
+                this @ (Acc::Min { .. } | Acc::Max { .. }),
+                Acc::Min { best: Some(value) } | Acc::Max { best: Some(value) },
+            ) => {
+                this.add(Some(&value), (0, 0, 0));
+            }
+            (this @ Acc::First { .. }, Acc::First { at: Some(at), value }) => this.add(Some(&value), at),
+            (this @ Acc::Last { .. }, Acc::Last { at: Some(at), value }) => this.add(Some(&value), at),
+            _ => {}
+        }
+    }
+
+    fn value(&self) -> Value {
+        match self {
+            Acc::Count { n } => Value::from(*n),
+            Acc::Distinct { values } => Value::from(values.len()),
+            Acc::Sum { n: 0, .. } => Value::Null,
+            Acc::Sum { int, floats: 0, .. } => Value::from(*int),
+            Acc::Sum { int, float, .. } => Value::from(*int as f64 + float),
+            Acc::Avg { n: 0, .. } => Value::Null,
+            Acc::Avg { sum, n } => Value::from(sum / *n as f64),
+            Acc::Min { best } | Acc::Max { best } => best.clone().unwrap_or(Value::Null),
+            Acc::First { value, .. } | Acc::Last { value, .. } => value.clone(),
+        }
+    }
+}
+
+/// One window of one key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct WindowState {
+    start: i64,
+    end: i64,
+    accs: Vec<Acc>,
+}
+
+/// A closed window, kept readable for the view's retention.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Closed {
+    start: i64,
+    end: i64,
+    row: Value,
+}
+
+/// An event kept by a sliding window: its time, log position and aggregate arguments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Kept {
+    at: (i64, u32, u64),
+    args: Vec<Option<Value>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct KeyState {
+    /// The GROUP BY value as the first event of the key had it (the key column shows it).
+    key_value: Value,
+    /// Open windows by start (one for no window; sessions by their start).
+    open: Vec<WindowState>,
+    /// Closed windows, oldest first.
+    closed: VecDeque<Closed>,
+    /// A sliding window's events, by time.
+    kept: Vec<Kept>,
+    /// A sliding window's current end (its latest event time, or when it was last evicted).
+    sliding_end: i64,
+}
+
+/// What a view holds: every key's windows, and the times at which windows close.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ViewState {
+    keys: HashMap<String, KeyState>,
+    /// (close time, key, window start) of every open window that closes.
+    deadlines: BTreeSet<(i64, String, i64)>,
+    /// Events dropped because every window they belong to had closed.
+    pub late_events: u64,
+    /// Events dropped because their event time was not a time.
+    pub invalid_events: u64,
+    /// Events that counted.
+    pub events: u64,
+}
+
+/// Whether an event is dropped as late, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Counted in at least one window.
+    Counted,
+    /// Skipped by the WHERE clause.
+    Filtered,
+    /// Too late for every window it belongs to.
+    Late,
+    /// Its event time is not a time.
+    Invalid,
+}
+
+impl ViewState {
+    /// Applies one event arriving at `arrival_ms`, pushing the changes it makes to `changes`.
+    pub fn apply(&mut self, def: &ViewDef, input: &Input, arrival_ms: i64, changes: &mut Vec<Change>) -> Applied {
+        if let Some(filter) = &def.filter
+            && !is_true(&filter.eval(input))
+        {
+            return Applied::Filtered;
+        }
+        let time = match &def.event_time {
+            None => Some(input.timestamp_ms),
+            Some(expr) => as_time_ms(&expr.eval(input)),
+        };
+        let Some(time) = time else {
+            self.invalid_events += 1;
+            return Applied::Invalid;
+        };
+        let key_value = def.key.eval(input);
+        let key = key_text(&key_value);
+        let args: Vec<Option<Value>> = def
+            .columns
+            .iter()
+            .filter_map(|column| match column {
+                Column::Key { .. } => None,
+                Column::Aggregate { arg, .. } => Some(arg.as_ref().map(|arg| arg.eval(input))),
+            })
+            .collect();
+        let at = (time, input.partition, input.offset);
+        let applied = match def.window {
+            Window::None => {
+                self.apply_fixed(def, &key, key_value, &[(i64::MIN, i64::MAX)], &args, at, arrival_ms, changes)
+            }
+            Window::Tumble { size_ms } => {
+                let size = size_ms as i64;
+                let start = time.div_euclid(size) * size;
+                self.apply_fixed(def, &key, key_value, &[(start, start + size)], &args, at, arrival_ms, changes)
+            }
+            Window::Hop { slide_ms, size_ms } => {
+                let (slide, size) = (slide_ms as i64, size_ms as i64);
+                let mut windows = Vec::new();
+                let mut start = time.div_euclid(slide) * slide;
+                while start > time - size {
+                    windows.push((start, start + size));
+                    start -= slide;
+                }
+                windows.reverse();
+                self.apply_fixed(def, &key, key_value, &windows, &args, at, arrival_ms, changes)
+            }
+            Window::Session { gap_ms } => {
+                self.apply_session(def, &key, key_value, gap_ms as i64, &args, at, arrival_ms, changes)
+            }
+            Window::Sliding { size_ms } => {
+                self.apply_sliding(def, &key, key_value, size_ms as i64, args, at, arrival_ms, changes)
+            }
+        };
+        match applied {
+            Applied::Counted => self.events += 1,
+            Applied::Late => self.late_events += 1,
+            _ => {}
+        }
+        applied
+    }
+
+    /// Tumbling and hopping windows (and no window: one window forever).
+    #[allow(clippy::too_many_arguments)]
+    fn apply_fixed(
+        &mut self,
+        def: &ViewDef,
+        key: &str,
+        key_value: Value,
+        windows: &[(i64, i64)],
+        args: &[Option<Value>],
+        at: (i64, u32, u64),
+        arrival_ms: i64,
+        changes: &mut Vec<Change>,
+    ) -> Applied {
+        let grace = def.grace_ms as i64;
+        let closes = !matches!(def.window, Window::None);
+        let state = self.keys.entry(key.to_string()).or_insert_with(|| KeyState { key_value, ..KeyState::default() });
+        let mut counted = false;
+        for &(start, end) in windows {
+            let close_at = end.saturating_add(grace);
+            if closes && (arrival_ms > close_at || state.closed.iter().any(|closed| closed.start == start)) {
+                continue;
+            }
+            let index = match state.open.binary_search_by_key(&start, |window| window.start) {
+                Ok(index) => index,
+                Err(index) => {
+                    let accs = aggregates(def).map(Acc::new).collect();
+                    state.open.insert(index, WindowState { start, end, accs });
+                    if closes {
+                        self.deadlines.insert((close_at, key.to_string(), start));
+                    }
+                    index
+                }
+            };
+            let window = &mut state.open[index];
+            for (acc, arg) in window.accs.iter_mut().zip(args) {
+                acc.add(arg.as_ref(), at);
+            }
+            counted = true;
+            if def.emit_changes {
+                changes.push(Change {
+                    key: key.to_string(),
+                    row: row(def, &state.key_value, closes.then_some((start, end)), &window.accs),
+                    is_final: false,
+                    removed: false,
+                });
+            }
+        }
+        if counted { Applied::Counted } else { Applied::Late }
+    }
+
+    /// Session windows: an event joins (and bridges) the sessions within `gap` of it.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_session(
+        &mut self,
+        def: &ViewDef,
+        key: &str,
+        key_value: Value,
+        gap: i64,
+        args: &[Option<Value>],
+        at: (i64, u32, u64),
+        arrival_ms: i64,
+        changes: &mut Vec<Change>,
+    ) -> Applied {
+        let grace = def.grace_ms as i64;
+        let time = at.0;
+        let state = self.keys.entry(key.to_string()).or_insert_with(|| KeyState { key_value, ..KeyState::default() });
+        // A session is [first event, last event + gap): events less than `gap` apart are in one.
+        // The event joins every session it falls in or is less than `gap` before.
+        let touches = |start: i64, end: i64| time > start - gap && time < end;
+        if state.closed.iter().any(|closed| touches(closed.start, closed.end)) {
+            return Applied::Late;
+        }
+        let mut start = time;
+        let mut end = time + gap;
+        let mut joined: Vec<WindowState> = Vec::new();
+        let mut index = 0;
+        while index < state.open.len() {
+            let window = &state.open[index];
+            if touches(window.start, window.end) {
+                let window = state.open.remove(index);
+                start = start.min(window.start);
+                end = end.max(window.end);
+                joined.push(window);
+            } else {
+                index += 1;
+            }
+        }
+        if arrival_ms > end.saturating_add(grace) {
+            // Too late to open or extend anything: put back what it would have joined.
+            for window in joined {
+                let at = state.open.partition_point(|other| other.start < window.start);
+                state.open.insert(at, window);
+            }
+            return Applied::Late;
+        }
+        let mut accs: Vec<Acc> = aggregates(def).map(Acc::new).collect();
+        for window in joined {
+            self.deadlines.remove(&(window.end.saturating_add(grace), key.to_string(), window.start));
+            if window.start != start && def.emit_changes {
+                // Merged into the new session: its row is gone.
+                changes.push(Change {
+                    key: key.to_string(),
+                    row: row(def, &state.key_value, Some((window.start, window.end)), &window.accs),
+                    is_final: false,
+                    removed: true,
+                });
+            }
+            for (acc, other) in accs.iter_mut().zip(window.accs) {
+                acc.merge(other);
+            }
+        }
+        for (acc, arg) in accs.iter_mut().zip(args) {
+            acc.add(arg.as_ref(), at);
+        }
+        if def.emit_changes {
+            changes.push(Change {
+                key: key.to_string(),
+                row: row(def, &state.key_value, Some((start, end)), &accs),
+                is_final: false,
+                removed: false,
+            });
+        }
+        let at_index = state.open.partition_point(|other| other.start < start);
+        state.open.insert(at_index, WindowState { start, end, accs });
+        self.deadlines.insert((end.saturating_add(grace), key.to_string(), start));
+        Applied::Counted
+    }
+
+    /// A sliding window: per key, the events of the last `size` before its latest event.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_sliding(
+        &mut self,
+        def: &ViewDef,
+        key: &str,
+        key_value: Value,
+        size: i64,
+        args: Vec<Option<Value>>,
+        at: (i64, u32, u64),
+        arrival_ms: i64,
+        changes: &mut Vec<Change>,
+    ) -> Applied {
+        let grace = def.grace_ms as i64;
+        let time = at.0;
+        // Already outside the window when it arrived.
+        if time <= arrival_ms - size - grace {
+            return Applied::Late;
+        }
+        let state = self.keys.entry(key.to_string()).or_insert_with(|| KeyState { key_value, ..KeyState::default() });
+        let index = state.kept.partition_point(|kept| kept.at < at);
+        state.kept.insert(index, Kept { at, args });
+        state.sliding_end = state.sliding_end.max(time);
+        let end = state.sliding_end;
+        let evicted = state.kept.partition_point(|kept| kept.at.0 <= end - size);
+        state.kept.drain(..evicted);
+        if state.kept.is_empty() {
+            // It fell out at once (older than the window the key's latest event set).
+            return Applied::Late;
+        }
+        if def.emit_changes {
+            changes.push(Change {
+                key: key.to_string(),
+                row: sliding_row(def, state, size),
+                is_final: false,
+                removed: false,
+            });
+        }
+        Applied::Counted
+    }
+
+    /// The earliest time at which something closes or falls out, if anything will.
+    pub fn next_deadline(&self, def: &ViewDef) -> Option<i64> {
+        let closing = self.deadlines.first().map(|(at, _, _)| *at);
+        let sliding = match def.window {
+            Window::Sliding { size_ms } => self
+                .keys
+                .values()
+                .filter_map(|state| state.kept.first())
+                .map(|kept| kept.at.0 + size_ms as i64 + def.grace_ms as i64)
+                .min(),
+            _ => None,
+        };
+        let retention = self
+            .keys
+            .values()
+            .filter_map(|state| state.closed.front())
+            .map(|closed| closed.end.saturating_add(def.grace_ms as i64).saturating_add(def.retention_ms as i64))
+            .min();
+        [closing, sliding, retention].into_iter().flatten().min()
+    }
+
+    /// Closes the windows due at `now_ms` (finals to `changes`), lets sliding windows move on,
+    /// and forgets closed windows past their retention.
+    pub fn advance(&mut self, def: &ViewDef, now_ms: i64, changes: &mut Vec<Change>) {
+        while let Some((close_at, key, start)) = self.deadlines.first().cloned() {
+            if close_at > now_ms {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(state) = self.keys.get_mut(&key) else { continue };
+            let Ok(index) = state.open.binary_search_by_key(&start, |window| window.start) else { continue };
+            let window = state.open.remove(index);
+            let row = row(def, &state.key_value, Some((window.start, window.end)), &window.accs);
+            if def.emit_final {
+                changes.push(Change { key: key.clone(), row: row.clone(), is_final: true, removed: false });
+            }
+            let at = state.closed.partition_point(|closed| closed.start < window.start);
+            state.closed.insert(at, Closed { start: window.start, end: window.end, row });
+        }
+        if let Window::Sliding { size_ms } = def.window {
+            let size = size_ms as i64;
+            let horizon = now_ms - size - def.grace_ms as i64;
+            for (key, state) in self.keys.iter_mut() {
+                let evicted = state.kept.partition_point(|kept| kept.at.0 <= horizon);
+                if evicted == 0 {
+                    continue;
+                }
+                // The window moved to when the last of them fell out (not to now: a replay
+                // that sees it later must show the same row).
+                let fell_out = state.kept[evicted - 1].at.0 + size;
+                state.kept.drain(..evicted);
+                state.sliding_end = state.sliding_end.max(fell_out);
+                if def.emit_changes {
+                    changes.push(Change {
+                        key: key.clone(),
+                        row: sliding_row(def, state, size),
+                        is_final: false,
+                        removed: state.kept.is_empty(),
+                    });
+                }
+            }
+        }
+        // Kept for the retention after they close (measured on the same clock as closing).
+        let retention = (def.retention_ms as i64).saturating_add(def.grace_ms as i64);
+        self.keys.retain(|_, state| {
+            while state.closed.front().is_some_and(|closed| closed.end.saturating_add(retention) <= now_ms) {
+                state.closed.pop_front();
+            }
+            !(state.open.is_empty() && state.closed.is_empty() && state.kept.is_empty())
+        });
+    }
+
+    /// The rows of `key`, newest window first: open windows, then closed ones.
+    pub fn rows(&self, def: &ViewDef, key: &str) -> Vec<Value> {
+        let Some(state) = self.keys.get(key) else { return Vec::new() };
+        self.key_rows(def, state)
+    }
+
+    fn key_rows(&self, def: &ViewDef, state: &KeyState) -> Vec<Value> {
+        if let Window::Sliding { size_ms } = def.window {
+            return if state.kept.is_empty() { Vec::new() } else { vec![sliding_row(def, state, size_ms as i64)] };
+        }
+        let windowed = !matches!(def.window, Window::None);
+        let mut rows: Vec<Value> = state
+            .open
+            .iter()
+            .rev()
+            .map(|window| {
+                let bounds = windowed.then_some((window.start, window.end));
+                row(def, &state.key_value, bounds, &window.accs)
+            })
+            .collect();
+        rows.extend(state.closed.iter().rev().map(|closed| {
+            let mut row = closed.row.clone();
+            if let Value::Object(fields) = &mut row {
+                fields.insert("final".into(), Value::Bool(true));
+            }
+            row
+        }));
+        rows
+    }
+
+    /// Every key, in key order, with its rows; `after` pages on.
+    pub fn keys_page(&self, def: &ViewDef, after: Option<&str>, limit: usize) -> Vec<(String, Vec<Value>)> {
+        let mut keys: Vec<&String> =
+            self.keys.keys().filter(|key| after.is_none_or(|after| key.as_str() > after)).collect();
+        keys.sort();
+        keys.into_iter().take(limit).map(|key| (key.clone(), self.key_rows(def, &self.keys[key]))).collect()
+    }
+
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+fn aggregates(def: &ViewDef) -> impl Iterator<Item = AggregateKind> + '_ {
+    def.columns.iter().filter_map(|column| match column {
+        Column::Aggregate { function, .. } => Some(*function),
+        Column::Key { .. } => None,
+    })
+}
+
+/// A row: the key column(s), the window bounds, the aggregates in SELECT order.
+fn row(def: &ViewDef, key_value: &Value, bounds: Option<(i64, i64)>, accs: &[Acc]) -> Value {
+    let mut fields = Map::with_capacity(def.columns.len() + 2);
+    let mut accs = accs.iter();
+    for column in &def.columns {
+        match column {
+            Column::Key { name } => {
+                fields.insert(name.clone(), key_value.clone());
+            }
+            Column::Aggregate { name, .. } => {
+                fields.insert(name.clone(), accs.next().map_or(Value::Null, Acc::value));
+            }
+        }
+    }
+    if let Some((start, end)) = bounds {
+        fields.insert("window_start".into(), Value::from(start));
+        fields.insert("window_end".into(), Value::from(end));
+    }
+    Value::Object(fields)
+}
+
+/// A sliding window's row, computed from the events it holds.
+fn sliding_row(def: &ViewDef, state: &KeyState, size: i64) -> Value {
+    let mut accs: Vec<Acc> = aggregates(def).map(Acc::new).collect();
+    for kept in &state.kept {
+        for (acc, arg) in accs.iter_mut().zip(&kept.args) {
+            acc.add(arg.as_ref(), kept.at);
+        }
+    }
+    row(def, &state.key_value, Some((state.sliding_end - size, state.sliding_end)), &accs)
+}
