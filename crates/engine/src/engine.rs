@@ -167,6 +167,12 @@ impl Engine {
                 (start_positions(&source, def.start), ViewState::default())
             }
         };
+        // Records retention removed since the checkpoint are gone: carry on from what is left.
+        let positions: Vec<u64> = positions
+            .iter()
+            .enumerate()
+            .map(|(partition, &at)| at.max(source.partition(partition as u32).map_or(0, |log| log.start_offset())))
+            .collect();
         let view = Arc::new(View::new(def, source, output, late, state));
         if tokio::runtime::Handle::try_current().is_ok() {
             view.start(self.hub.clone(), self.checkpoints.clone(), positions);
