@@ -88,6 +88,11 @@ async fn a_view_aggregates_serves_keys_pushes_changes_and_survives_a_restart() {
 
     // The change stream: every change, then each window's final, keyed and with its topic.
     let output = view.output().clone();
+    // Written without waiting for the disk: give the writer a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while output.partition(0).unwrap().end_offset() < 39 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let offset = output.resolve(0, Position::Earliest).unwrap();
     let changes = output.read(0, Position::Offset(offset), 1000, 1 << 20).unwrap();
     let finals: Vec<&onehop_log::Record> = changes
