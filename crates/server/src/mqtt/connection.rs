@@ -231,6 +231,9 @@ fn view_of(broker: &Broker, topic: &str) -> Option<Arc<onehop_engine::view::View
     broker.engine.view(name).ok()
 }
 
+/// The streams a subscription follows from the start, each with its start positions.
+type Starts = Vec<(Arc<Stream>, Vec<u64>)>;
+
 /// The streams a subscription's topic filter can find messages in: every stream for a
 /// wildcard first level; else the stream the first level names and each stream whose declared
 /// `mqtt_topic` overlaps the filter — now or when such a stream is created later.
@@ -1357,9 +1360,27 @@ impl Session {
             None => end_offsets(stream),
             Some(resume) => resume_positions(stream, resume.positions.get(stream.name())),
         };
-        // Watching before listing: a stream created in between is not missed.
+        let (changes, starts) = self.starts(&streams, start_of);
+        let task = tokio::spawn(async move {
+            if follower.send_retained(retained).await {
+                follower.follow_streams(streams, starts, changes).await;
+            }
+        });
+        let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
+        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        self.keep_subscription(filter, handle);
+        Ok(qos)
+    }
+
+    /// The streams a subscription follows now, each from `start_of` it, and the watch that
+    /// tells of streams created later (taken before listing, so none is missed in between).
+    fn starts(
+        &self,
+        streams: &Streams,
+        start_of: impl Fn(&Stream) -> Vec<u64>,
+    ) -> (tokio::sync::watch::Receiver<u64>, Starts) {
         let changes = self.broker.engine.watch_streams();
-        let starts: Vec<(Arc<Stream>, Vec<u64>)> = self
+        let starts = self
             .broker
             .engine
             .streams()
@@ -1370,15 +1391,7 @@ impl Session {
                 (stream, positions)
             })
             .collect();
-        let task = tokio::spawn(async move {
-            if follower.send_retained(retained).await {
-                follower.follow_streams(streams, starts, changes).await;
-            }
-        });
-        let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
-        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
-        self.keep_subscription(filter, handle);
-        Ok(qos)
+        (changes, starts)
     }
 
     /// `$share/{group}/{filter}`: joins the group; each message matching the filter goes to
@@ -1419,18 +1432,7 @@ impl Session {
                 topic_filter: None,
                 no_local_client: None,
             };
-            let changes = self.broker.engine.watch_streams();
-            let starts: Vec<_> = self
-                .broker
-                .engine
-                .streams()
-                .into_iter()
-                .filter(|stream| streams.wants(stream))
-                .map(|stream| {
-                    let positions = end_offsets(&stream);
-                    (stream, positions)
-                })
-                .collect();
+            let (changes, starts) = self.starts(&streams, end_offsets);
             let task = tokio::spawn(async move { follower.follow_streams(streams, starts, changes).await });
             *group.task.lock().expect("group task lock") = Some(task);
             groups.insert(full.clone(), group);
@@ -1731,12 +1733,7 @@ impl Follower {
 
     /// Follows the streams of a subscription: from `starts` for those that exist now and from
     /// the beginning for each one created later that `streams` wants.
-    async fn follow_streams(
-        self,
-        streams: Streams,
-        starts: Vec<(Arc<Stream>, Vec<u64>)>,
-        mut changes: tokio::sync::watch::Receiver<u64>,
-    ) {
+    async fn follow_streams(self, streams: Streams, starts: Starts, mut changes: tokio::sync::watch::Receiver<u64>) {
         let mut followed: HashMap<String, (Arc<Stream>, tokio::task::AbortHandle)> = HashMap::new();
         let mut tasks = tokio::task::JoinSet::new();
         let start = |stream: Arc<Stream>, positions: Vec<u64>, tasks: &mut tokio::task::JoinSet<()>| {
