@@ -13,6 +13,7 @@ use crate::error::EngineError;
 use crate::subject::SubjectFilter;
 use crate::tabledef::{Column, ColumnType, IndexDef, TableDef};
 use crate::view::ViewDef;
+use crate::view::transform::TransformDef;
 
 /// The topic holding the catalog. Names starting with `__` are reserved for the system.
 pub const CATALOG_TOPIC: &str = "__catalog";
@@ -22,6 +23,7 @@ pub const STREAM_PARTITIONS_MAX: u32 = 64;
 const STREAM_KEY_PREFIX: &str = "stream/";
 const TABLE_KEY_PREFIX: &str = "table/";
 const VIEW_KEY_PREFIX: &str = "view/";
+const TRANSFORM_KEY_PREFIX: &str = "transform/";
 const DEFINITION_VERSION: u32 = 1;
 
 /// What a stream is: its name, partition count, retention and default durability.
@@ -257,12 +259,42 @@ fn parse_view(record: &Record, value: &[u8]) -> Result<ViewDef, EngineError> {
     Ok(parsed.view)
 }
 
+/// The JSON form of a transform definition in the catalog (its output stream has its own
+/// `stream/` record, written in the same batch).
+#[derive(Serialize, Deserialize)]
+struct TransformRecord {
+    version: u32,
+    transform: TransformDef,
+}
+
+/// The catalog record that stores `def`.
+pub(crate) fn transform_record(def: &TransformDef) -> NewRecord {
+    let value = TransformRecord { version: DEFINITION_VERSION, transform: def.clone() };
+    let value = serde_json::to_vec(&value).expect("a definition serializes");
+    NewRecord::keyed(Bytes::from(format!("{TRANSFORM_KEY_PREFIX}{}", def.name)), value)
+}
+
+/// The catalog record that drops the transform `name`.
+pub(crate) fn drop_transform_record(name: &str) -> NewRecord {
+    NewRecord { key: Some(Bytes::from(format!("{TRANSFORM_KEY_PREFIX}{name}"))), ..NewRecord::default() }
+}
+
+fn parse_transform(record: &Record, value: &[u8]) -> Result<TransformDef, EngineError> {
+    let bad = |reason: String| EngineError::Catalog { offset: record.offset, reason };
+    let parsed: TransformRecord = serde_json::from_slice(value).map_err(|error| bad(error.to_string()))?;
+    if parsed.version != DEFINITION_VERSION {
+        return Err(bad(format!("definition version {} is newer than this onehop understands", parsed.version)));
+    }
+    Ok(parsed.transform)
+}
+
 /// Everything the catalog defines.
 #[derive(Default)]
 pub(crate) struct Definitions {
     pub streams: BTreeMap<String, StreamDef>,
     pub tables: BTreeMap<String, TableDef>,
     pub views: BTreeMap<String, ViewDef>,
+    pub transforms: BTreeMap<String, TransformDef>,
 }
 
 /// Every definition in the catalog, newest record per key winning.
@@ -305,6 +337,18 @@ pub(crate) fn replay(catalog: &Partition) -> Result<Definitions, EngineError> {
                     Some(value) => {
                         let def = parse_view(record, value)?;
                         defs.views.insert(name.to_string(), def);
+                    }
+                }
+                continue;
+            }
+            if let Some(name) = key.strip_prefix(TRANSFORM_KEY_PREFIX) {
+                match &record.value {
+                    None => {
+                        defs.transforms.remove(name);
+                    }
+                    Some(value) => {
+                        let def = parse_transform(record, value)?;
+                        defs.transforms.insert(name.to_string(), def);
                     }
                 }
                 continue;

@@ -16,7 +16,8 @@ use crate::table::Table;
 use crate::tabledef::{IndexDef, TableDef, validate_field_name};
 use crate::view::runtime::{self, CHECKPOINT_TOPIC, Checkpoint, OUTPUT_PREFIX};
 use crate::view::state::ViewState;
-use crate::view::{Start, View, ViewDef};
+use crate::view::transform::{self, TransformCheckpoint};
+use crate::view::{Start, Transform, TransformDef, View, ViewDef};
 
 /// How the engine creates what it creates.
 #[derive(Clone, Debug)]
@@ -57,7 +58,9 @@ pub struct Engine {
     /// The streams that declare an `mqtt_topic`, looked through on every MQTT publish.
     routed: RwLock<Vec<Arc<Stream>>>,
     views: RwLock<BTreeMap<String, Arc<View>>>,
-    /// Where views checkpoint their state.
+    /// Transforms by name (the name of the stream each writes).
+    transforms: RwLock<BTreeMap<String, Arc<Transform>>>,
+    /// Where views and transforms checkpoint.
     checkpoints: Arc<Partition>,
 }
 
@@ -96,6 +99,7 @@ impl Engine {
             streams_changed: tokio::sync::watch::channel(0).0,
             routed: RwLock::new(Vec::new()),
             views: RwLock::new(BTreeMap::new()),
+            transforms: RwLock::new(BTreeMap::new()),
             checkpoints,
         };
         // A topic on disk that the catalog does not define is what an interrupted DROP left:
@@ -125,7 +129,7 @@ impl Engine {
         let mut checkpoints = runtime::read_checkpoints(&engine.checkpoints)?;
         for def in defs.views.into_values() {
             let name = def.name.clone();
-            let checkpoint = checkpoints.remove(&name);
+            let checkpoint = checkpoints.remove(&name).and_then(|value| Checkpoint::parse(&name, &value));
             match engine.open_view(def, checkpoint) {
                 Ok(view) => {
                     engine.views.write().expect("views lock").insert(name, view);
@@ -133,10 +137,23 @@ impl Engine {
                 Err(error) => tracing::error!(view = name, %error, "a view could not be opened"),
             }
         }
+        for def in defs.transforms.into_values() {
+            let name = def.name.clone();
+            let checkpoint = checkpoints
+                .remove(&transform::checkpoint_key(&name))
+                .and_then(|value| TransformCheckpoint::parse(&name, &value));
+            match engine.open_transform(def, checkpoint) {
+                Ok(transform) => {
+                    engine.transforms.write().expect("transforms lock").insert(name, transform);
+                }
+                Err(error) => tracing::error!(transform = name, %error, "a transform could not be opened"),
+            }
+        }
         tracing::info!(
             streams = engine.streams.read().expect("streams lock").len(),
             tables = engine.tables.read().expect("tables lock").len(),
             views = engine.views.read().expect("views lock").len(),
+            transforms = engine.transforms.read().expect("transforms lock").len(),
             "catalog replayed"
         );
         Ok(engine)
@@ -167,12 +184,7 @@ impl Engine {
                 (start_positions(&source, def.start), ViewState::default())
             }
         };
-        // Records retention removed since the checkpoint are gone: carry on from what is left.
-        let positions: Vec<u64> = positions
-            .iter()
-            .enumerate()
-            .map(|(partition, &at)| at.max(source.partition(partition as u32).map_or(0, |log| log.start_offset())))
-            .collect();
+        let positions = still_stored(&source, positions);
         let view = Arc::new(View::new(def, source, output, late, state));
         if tokio::runtime::Handle::try_current().is_ok() {
             view.start(self.hub.clone(), self.checkpoints.clone(), positions);
@@ -248,21 +260,129 @@ impl Engine {
         Ok(())
     }
 
-    /// Stops every view, each writing a last checkpoint (before the log closes).
-    pub async fn stop_views(&self) {
+    /// Stops every view and transform, each writing a last checkpoint (before the log closes).
+    pub async fn stop_derived(&self) {
         for view in self.views() {
             view.stop().await;
         }
+        for transform in self.transforms() {
+            transform.stop().await;
+        }
     }
 
-    /// The view reading `name`, if any (a stream read by a view cannot be dropped).
-    fn reader_of(&self, name: &str) -> Option<String> {
-        self.views
-            .read()
-            .expect("views lock")
-            .values()
-            .find(|view| view.def().source == name)
-            .map(|view| view.name().to_string())
+    /// Refuses to drop `name` while a view or transform reads it.
+    fn check_unread(&self, name: &str) -> Result<(), EngineError> {
+        let views = self.views.read().expect("views lock");
+        if let Some(view) = views.values().find(|view| view.def().source == name) {
+            return Err(EngineError::InUse {
+                name: name.to_string(),
+                reader: format!("view {:?}", view.name()),
+                drop: format!("DROP VIEW {}", view.name()),
+            });
+        }
+        drop(views);
+        let transforms = self.transforms.read().expect("transforms lock");
+        if let Some(transform) = transforms.values().find(|transform| transform.def().source == name) {
+            return Err(EngineError::InUse {
+                name: name.to_string(),
+                reader: format!("transform {:?}", transform.name()),
+                drop: format!("DROP STREAM {}", transform.name()),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn transform(&self, name: &str) -> Option<Arc<Transform>> {
+        self.transforms.read().expect("transforms lock").get(name).cloned()
+    }
+
+    /// Every transform, by name.
+    pub fn transforms(&self) -> Vec<Arc<Transform>> {
+        self.transforms.read().expect("transforms lock").values().cloned().collect()
+    }
+
+    /// Opens a defined transform and starts it from its checkpoint (or, with none, from where
+    /// its definition says, not writing again what its output already has from there).
+    fn open_transform(
+        &self,
+        def: TransformDef,
+        checkpoint: Option<TransformCheckpoint>,
+    ) -> Result<Arc<Transform>, EngineError> {
+        let source = self.stream(&def.source)?;
+        let output = self.stream(&def.name)?;
+        let checkpoint = match checkpoint {
+            Some(checkpoint)
+                if checkpoint.positions.len() == source.partition_count() as usize
+                    && checkpoint.output_ends.len() == output.partition_count() as usize =>
+            {
+                checkpoint
+            }
+            _ => {
+                tracing::warn!(
+                    transform = def.name,
+                    "no checkpoint: the transform starts over, skipping what it wrote"
+                );
+                let output_starts = (0..output.partition_count())
+                    .map(|partition| output.partition(partition).map_or(0, |log| log.start_offset()))
+                    .collect();
+                TransformCheckpoint::new(start_positions(&source, def.start), output_starts)
+            }
+        };
+        let checkpoint = TransformCheckpoint::new(still_stored(&source, checkpoint.positions), checkpoint.output_ends);
+        let transform = Arc::new(Transform::new(def, source, output));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            transform.start(self.hub.clone(), self.checkpoints.clone(), checkpoint);
+        } else {
+            tracing::error!(
+                transform = transform.name(),
+                "transforms run inside the tokio runtime: this one is not started"
+            );
+        }
+        Ok(transform)
+    }
+
+    /// Creates the stream `output` and the transform `def` that feeds it from its source, and
+    /// starts it. Both definitions and the transform's starting point are durable before this
+    /// returns. Creating one that exists with the same definitions returns it.
+    pub async fn create_transform(&self, def: TransformDef, output: StreamDef) -> Result<Arc<Transform>, EngineError> {
+        output.validate()?;
+        if output.name != def.name {
+            return Err(EngineError::InvalidDefinition(format!(
+                "the transform {:?} must write the stream of its name, not {:?}",
+                def.name, output.name
+            )));
+        }
+        let _ddl = self.ddl.lock().await;
+        if let Some(existing) = self.transform(&def.name) {
+            if existing.def() == &def && existing.output().def() == &output {
+                return Ok(existing);
+            }
+            return Err(EngineError::StreamExists {
+                name: def.name.clone(),
+                existing: format!("computed by {}", existing.def().sql),
+            });
+        }
+        self.check_new_stream(&output)?;
+        if self.table(&def.source).is_ok() {
+            return Err(EngineError::InvalidDefinition(format!(
+                "{:?} is a table: a transform reads a stream (aggregate a table with CREATE VIEW)",
+                def.source
+            )));
+        }
+        let source = self.stream(&def.source)?;
+        let positions = start_positions(&source, def.start);
+        let checkpoint = TransformCheckpoint::new(positions, vec![0; output.partitions as usize]);
+        self.checkpoints.append(&[checkpoint.record(&def.name)]).await?;
+        // One batch: the stream and the transform that writes it are defined together or not at all.
+        self.catalog.append(&[catalog::stream_record(&output), catalog::transform_record(&def)]).await?;
+        let stream = self.open_stream(output)?;
+        self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
+        self.streams_changed();
+        let name = def.name.clone();
+        let transform = self.open_transform(def, Some(checkpoint))?;
+        self.transforms.write().expect("transforms lock").insert(name.clone(), transform.clone());
+        tracing::info!(transform = name, source = transform.def().source, "transform created");
+        Ok(transform)
     }
 
     pub fn log(&self) -> &Arc<Log> {
@@ -377,6 +497,20 @@ impl Engine {
             }
             return Err(EngineError::StreamExists { name: def.name.clone(), existing: existing.def().describe() });
         }
+        self.check_new_stream(&def)?;
+        self.catalog.append(&[catalog::stream_record(&def)]).await?;
+        let stream = self.open_stream(def)?;
+        self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream.clone());
+        self.streams_changed();
+        tracing::info!(stream = stream.name(), definition = %stream.def().describe(), "stream created");
+        Ok(stream)
+    }
+
+    /// Refuses a new stream whose name is taken or whose `mqtt_topic` overlaps another's.
+    fn check_new_stream(&self, def: &StreamDef) -> Result<(), EngineError> {
+        if let Ok(existing) = self.stream(&def.name) {
+            return Err(EngineError::StreamExists { name: def.name.clone(), existing: existing.def().describe() });
+        }
         if self.table(&def.name).is_ok() {
             return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
         }
@@ -395,12 +529,7 @@ impl Engine {
                 }
             }
         }
-        self.catalog.append(&[catalog::stream_record(&def)]).await?;
-        let stream = self.open_stream(def)?;
-        self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream.clone());
-        self.streams_changed();
-        tracing::info!(stream = stream.name(), definition = %stream.def().describe(), "stream created");
-        Ok(stream)
+        Ok(())
     }
 
     /// The stream `name`, created with the default definition when it does not exist and
@@ -520,10 +649,22 @@ impl Engine {
     pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;
         self.stream(name)?;
-        if let Some(view) = self.reader_of(name) {
-            return Err(EngineError::InUse { name: name.to_string(), view });
+        self.check_unread(name)?;
+        let transform = self.transform(name);
+        let mut records = vec![catalog::drop_record(name, false)];
+        if transform.is_some() {
+            records.push(catalog::drop_transform_record(name));
         }
-        self.catalog.append(&[catalog::drop_record(name, false)]).await?;
+        self.catalog.append(&records).await?;
+        if let Some(transform) = transform {
+            self.transforms.write().expect("transforms lock").remove(name);
+            transform.stop().await;
+            let tombstone = onehop_log::NewRecord {
+                key: Some(bytes::Bytes::from(transform::checkpoint_key(name))),
+                ..Default::default()
+            };
+            self.checkpoints.append(&[tombstone]).await?;
+        }
         self.streams.write().expect("streams lock").remove(name);
         self.streams_changed();
         self.log.remove_topic(name)?;
@@ -543,7 +684,17 @@ impl Engine {
     }
 }
 
-/// Where a view with no checkpoint starts in `source`.
+/// `positions` in `source`, past what retention removed since they were taken (a view or
+/// transform carries on from what is left).
+fn still_stored(source: &Stream, positions: Vec<u64>) -> Vec<u64> {
+    positions
+        .iter()
+        .enumerate()
+        .map(|(partition, &at)| at.max(source.partition(partition as u32).map_or(0, |log| log.start_offset())))
+        .collect()
+}
+
+/// Where a view or transform with no checkpoint starts in `source`.
 fn start_positions(source: &Stream, start: Start) -> Vec<u64> {
     (0..source.partition_count())
         .map(|partition| {

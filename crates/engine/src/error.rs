@@ -40,8 +40,8 @@ pub enum EngineError {
     UnknownView(String),
     #[error("view {name:?} already exists with a different definition; drop it first (DROP VIEW {name})")]
     ViewExists { name: String },
-    #[error("{name:?} is read by view {view:?}: drop the view first (DROP VIEW {view})")]
-    InUse { name: String, view: String },
+    #[error("{name:?} is read by {reader}: drop that first ({drop})")]
+    InUse { name: String, reader: String, drop: String },
     #[error("invalid row: {0}")]
     InvalidRow(String),
     #[error("table {table:?} has no row {id:?}")]

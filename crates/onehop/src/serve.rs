@@ -106,7 +106,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
     tracing::info!("shutting down: checkpointing views, flushing the log");
-    engine.stop_views().await;
+    engine.stop_derived().await;
     drop(engine);
     tokio::task::spawn_blocking(move || log.close()).await.context("closing the log")?;
     drop(lock);

@@ -4,30 +4,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{RawSse, get, post, start};
+use common::{RawSse, get, post, publish_batch, start};
 use serde_json::{Value, json};
-
-/// Publishes NDJSON envelopes in one request; true once they are acknowledged (durable).
-fn publish_batch(address: SocketAddr, stream: &str, values: &[Value]) -> bool {
-    let body: String = values.iter().map(|value| format!("{}\n", json!({ "value": value }))).collect();
-    let Ok(mut socket) = TcpStream::connect(address) else { return false };
-    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let request = format!(
-        "POST /streams/{stream} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
-         Content-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    if socket.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
-    let mut response = String::new();
-    let _ = socket.read_to_string(&mut response);
-    response.starts_with("HTTP/1.1 200")
-}
 
 /// The events of the test: who bought what, deterministic.
 fn event(i: usize) -> Value {

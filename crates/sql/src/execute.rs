@@ -64,7 +64,7 @@ fn describe_table(label: String, def: &TableDef) -> Output {
     Output::Rows { statement: label, columns: DESCRIBE_TABLE_COLUMNS.iter().map(|c| c.to_string()).collect(), rows }
 }
 
-fn stream_def(engine: &Engine, name: &str, options: &StreamOptions) -> StreamDef {
+pub(crate) fn stream_def(engine: &Engine, name: &str, options: &StreamOptions) -> StreamDef {
     let defaults = engine.default_stream_def(name);
     StreamDef {
         name: name.to_string(),
@@ -76,10 +76,10 @@ fn stream_def(engine: &Engine, name: &str, options: &StreamOptions) -> StreamDef
     }
 }
 
-const STREAM_COLUMNS: [&str; 7] =
-    ["name", "partitions", "durability", "retention_ms", "retention_bytes", "end_offsets", "mqtt_topic"];
+const STREAM_COLUMNS: [&str; 8] =
+    ["name", "partitions", "durability", "retention_ms", "retention_bytes", "end_offsets", "mqtt_topic", "computed_by"];
 
-fn stream_row(stream: &onehop_engine::Stream) -> Vec<Value> {
+fn stream_row(engine: &Engine, stream: &onehop_engine::Stream) -> Vec<Value> {
     let def = stream.def();
     let end_offsets: Vec<u64> =
         (0..def.partitions).map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset())).collect();
@@ -91,6 +91,25 @@ fn stream_row(stream: &onehop_engine::Stream) -> Vec<Value> {
         json!(def.retention_bytes),
         json!(end_offsets),
         json!(def.mqtt_topic),
+        json!(engine.transform(&def.name).map(|transform| transform.def().sql.clone())),
+    ]
+}
+
+const TRANSFORM_COLUMNS: [&str; 8] =
+    ["name", "source", "records_in", "records_out", "filtered", "rejected", "restoring", "definition"];
+
+fn transform_row(transform: &onehop_engine::view::Transform) -> Vec<Value> {
+    let def = transform.def();
+    let status = transform.status();
+    vec![
+        json!(def.name),
+        json!(def.source),
+        json!(status.records_in),
+        json!(status.records_out),
+        json!(status.filtered),
+        json!(status.rejected),
+        json!(status.restoring),
+        json!(def.sql),
     ]
 }
 
@@ -161,7 +180,7 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
         Statement::ShowStreams => Ok(Output::Rows {
             statement: label,
             columns: STREAM_COLUMNS.iter().map(|column| column.to_string()).collect(),
-            rows: engine.streams().iter().map(|stream| stream_row(stream)).collect(),
+            rows: engine.streams().iter().map(|stream| stream_row(engine, stream)).collect(),
         }),
         Statement::CreateTable { name, if_not_exists, primary_key, columns, durability } => {
             let def = TableDef {
@@ -213,6 +232,11 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
             columns: VIEW_COLUMNS.iter().map(|column| column.to_string()).collect(),
             rows: engine.views().iter().map(|view| view_row(view)).collect(),
         }),
+        Statement::ShowTransforms => Ok(Output::Rows {
+            statement: label,
+            columns: TRANSFORM_COLUMNS.iter().map(|column| column.to_string()).collect(),
+            rows: engine.transforms().iter().map(|transform| transform_row(transform)).collect(),
+        }),
         Statement::DropView { name, if_exists } => dropped(label, engine.drop_view(name).await, *if_exists, "view"),
         Statement::Describe { name } => {
             if let Ok(table) = engine.table(name) {
@@ -232,7 +256,7 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
             Ok(Output::Rows {
                 statement: label,
                 columns: STREAM_COLUMNS.iter().map(|column| column.to_string()).collect(),
-                rows: vec![stream_row(&stream)],
+                rows: vec![stream_row(engine, &stream)],
             })
         }
     }

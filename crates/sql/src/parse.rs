@@ -2,7 +2,7 @@
 
 use onehop_engine::units::{parse_bytes, parse_duration};
 use onehop_engine::view::ViewDef;
-use onehop_engine::view::expr::TransformDef;
+use onehop_engine::view::{Start, TransformDef};
 use onehop_engine::{Column, ColumnType};
 use onehop_log::Durability;
 use sqlparser::ast::{self, Expr, ObjectName, SqlOption, Value};
@@ -22,6 +22,8 @@ pub struct StreamOptions {
     pub retention_bytes: Option<u64>,
     pub durability: Option<Durability>,
     pub mqtt_topic: Option<String>,
+    /// `start`: where a transform starts in its source (only with `AS SELECT`).
+    pub start: Option<Start>,
 }
 
 // Not `Eq`: view and transform definitions hold JSON literals (floats).
@@ -71,6 +73,7 @@ pub enum Statement {
     ShowStreams,
     ShowTables,
     ShowViews,
+    ShowTransforms,
     DropView {
         name: String,
         if_exists: bool,
@@ -95,6 +98,7 @@ impl Statement {
             Statement::ShowStreams => "SHOW STREAMS".into(),
             Statement::ShowTables => "SHOW TABLES".into(),
             Statement::ShowViews => "SHOW VIEWS".into(),
+            Statement::ShowTransforms => "SHOW TRANSFORMS".into(),
             Statement::DropView { name, .. } => format!("DROP VIEW {name}"),
             Statement::Describe { name } => format!("DESCRIBE {name}"),
         }
@@ -167,8 +171,14 @@ fn parse_create_stream(parser: &mut Parser, sql: &str, start: Location) -> Resul
         }
     }
     if parser.parse_keyword(Keyword::AS) {
-        let def = view::parse_transform(parser, name, sql, start)?;
+        let mut def = view::parse_transform(parser, name, sql, start)?;
+        def.start = options.start.take().unwrap_or(Start::Latest);
         return Ok(Statement::CreateTransform { def, if_not_exists, stream_options: options });
+    }
+    if options.start.is_some() {
+        return Err(SqlError::InvalidOption(
+            "start applies to a stream computed by a transform (CREATE STREAM … WITH (start = …) AS SELECT …)".into(),
+        ));
     }
     Ok(Statement::CreateStream { name, if_not_exists, options })
 }
@@ -213,9 +223,16 @@ fn apply_option(options: &mut StreamOptions, key: &str, value: &Expr) -> Result<
             onehop_engine::SubjectFilter::parse(&text).map_err(|error| invalid(error.to_string()))?;
             options.mqtt_topic = Some(text);
         }
+        "start" => {
+            options.start = Some(match text.as_str() {
+                "earliest" => Start::Earliest,
+                "latest" => Start::Latest,
+                _ => return Err(invalid("expected 'earliest' or 'latest'".into())),
+            });
+        }
         other => {
             return Err(SqlError::InvalidOption(format!(
-                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes, durability and mqtt_topic"
+                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes, durability and mqtt_topic (and start, with AS SELECT)"
             )));
         }
     }
@@ -339,6 +356,11 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
         {
             Ok(Statement::ShowStreams)
         }
+        ast::Statement::ShowVariable { variable }
+            if variable.len() == 1 && variable[0].value.eq_ignore_ascii_case("transforms") =>
+        {
+            Ok(Statement::ShowTransforms)
+        }
         ast::Statement::ExplainTable { table_name, .. } => Ok(Statement::Describe { name: simple_name(&table_name)? }),
         ast::Statement::CreateTable(create) => convert_create_table(create),
         ast::Statement::CreateIndex(create) => {
@@ -395,6 +417,7 @@ mod tests {
                         retention_bytes: Some(1 << 30),
                         durability: Some(Durability::Async),
                         mqtt_topic: Some("shop/+/orders".into()),
+                        start: None,
                     },
                 },
                 Statement::CreateStream {

@@ -8,10 +8,10 @@
 use onehop_engine::Engine;
 use onehop_engine::units::parse_duration;
 use onehop_engine::view::expr::{
-    BinaryOp, CastType, FUNCTION_NAMES, Function, IsTest, RecordField, Step, TransformDef, UnaryOp, When,
+    BinaryOp, CastType, FUNCTION_NAMES, Function, IsTest, RecordField, Step, UnaryOp, When,
 };
 use onehop_engine::view::{
-    AggregateKind, Column, DEFAULT_GRACE_MS, DEFAULT_RETENTION_MS, Expr, Start, ViewDef, Window,
+    AggregateKind, Column, DEFAULT_GRACE_MS, DEFAULT_RETENTION_MS, Expr, Start, TransformDef, ViewDef, Window,
 };
 use serde_json::{Number, Value};
 use sqlparser::ast::{self, SqlOption};
@@ -116,15 +116,37 @@ pub(crate) async fn execute_create_view(
 /// Runs `CREATE STREAM … AS SELECT`: creates the output stream with `stream_options` and starts
 /// the transform.
 pub(crate) async fn execute_create_transform(
-    _engine: &Engine,
-    _def: &TransformDef,
-    _stream_options: &StreamOptions,
-    _if_not_exists: bool,
-    _label: String,
+    engine: &Engine,
+    def: &TransformDef,
+    stream_options: &StreamOptions,
+    if_not_exists: bool,
+    label: String,
 ) -> Result<Output, SqlError> {
-    Err(SqlError::Unsupported {
-        statement: "CREATE STREAM … AS SELECT (stateless transforms are parsed and checked, but do not run yet)".into(),
-    })
+    let output = crate::execute::stream_def(engine, &def.name, stream_options);
+    if let Some(existing) = engine.transform(&def.name) {
+        if existing.def() == def && existing.output().def() == &output {
+            return Ok(Output::Unchanged {
+                statement: label,
+                definition: existing.def().sql.clone(),
+                note: "the stream exists, computed by this transform".into(),
+            });
+        }
+        if if_not_exists {
+            return Ok(Output::Unchanged {
+                statement: label,
+                definition: existing.def().sql.clone(),
+                note: "IF NOT EXISTS: the existing definition is kept".into(),
+            });
+        }
+    } else if if_not_exists && let Ok(existing) = engine.stream(&def.name) {
+        return Ok(Output::Unchanged {
+            statement: label,
+            definition: existing.def().describe(),
+            note: "IF NOT EXISTS: a stream of this name exists (written directly, not by a transform)".into(),
+        });
+    }
+    let transform = engine.create_transform(def.clone(), output).await?;
+    Ok(Output::Created { statement: label, definition: transform.def().sql.clone() })
 }
 
 /// The text between two token locations (line and column, 1-based, in characters), trimmed.
@@ -696,8 +718,17 @@ fn transform_def(name: String, query: &ast::Query, sql: String) -> Result<Transf
         return Err(invalid(format!("stream {name} cannot be computed from itself")));
     }
     let filter = select.selection.as_ref().map(convert_expr).transpose()?;
-    let mut def =
-        TransformDef { name, source, filter, columns: Vec::new(), all_fields: false, key: None, subject: None, sql };
+    let mut def = TransformDef {
+        name,
+        source,
+        filter,
+        columns: Vec::new(),
+        all_fields: false,
+        key: None,
+        subject: None,
+        start: Start::Latest,
+        sql,
+    };
     for item in &select.projection {
         let (expr, name) = match item {
             ast::SelectItem::Wildcard(options) => {
@@ -1504,8 +1535,8 @@ mod tests {
     #[test]
     fn transforms() {
         let statements = parse(
-            "CREATE STREAM IF NOT EXISTS big_orders WITH (partitions = 2, durability = 'async') AS \
-             SELECT *, UPPER(name) AS name_upper, amount * 100 AS cents FROM orders WHERE amount > 100",
+            "CREATE STREAM IF NOT EXISTS big_orders WITH (partitions = 2, durability = 'async', start = 'earliest') \
+             AS SELECT *, UPPER(name) AS name_upper, amount * 100 AS cents FROM orders WHERE amount > 100",
         )
         .unwrap();
         let Statement::CreateTransform { def, if_not_exists, stream_options } = &statements[0] else {
@@ -1541,8 +1572,10 @@ mod tests {
                 all_fields: true,
                 key: None,
                 subject: None,
-                sql: "CREATE STREAM IF NOT EXISTS big_orders WITH (partitions = 2, durability = 'async') AS \
-                      SELECT *, UPPER(name) AS name_upper, amount * 100 AS cents FROM orders WHERE amount > 100"
+                start: Start::Earliest,
+                sql: "CREATE STREAM IF NOT EXISTS big_orders WITH (partitions = 2, durability = 'async', \
+                      start = 'earliest') AS SELECT *, UPPER(name) AS name_upper, amount * 100 AS cents FROM orders \
+                      WHERE amount > 100"
                     .into(),
             }
         );

@@ -15,7 +15,7 @@ fn open(dir: &std::path::Path) -> Arc<Engine> {
 }
 
 async fn close(engine: Arc<Engine>) {
-    engine.stop_views().await;
+    engine.stop_derived().await;
     let log = engine.log().clone();
     drop(engine);
     log.close();

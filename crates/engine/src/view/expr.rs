@@ -309,27 +309,23 @@ pub enum Expr {
     },
 }
 
-/// A stateless transform, as `CREATE STREAM name AS SELECT … FROM source [WHERE …]` defines it:
-/// every record of `source` that passes `filter` becomes one record of the stream `name`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TransformDef {
-    pub name: String,
-    pub source: String,
-    /// WHERE: records for which this is not `true` are skipped.
-    pub filter: Option<Expr>,
-    /// The computed columns of the output value (a JSON object), in order. With `all_fields`
-    /// they are set over the source value's fields (a column replaces a field of its name).
-    pub columns: Vec<(String, Expr)>,
-    /// `SELECT *`: the output starts from the source value's fields (a value that is not an
-    /// object contributes none).
-    pub all_fields: bool,
-    /// A column `_key`: the output record's key ([`key_text`] of it); `None` keeps the source key.
-    pub key: Option<Expr>,
-    /// A column `_subject`: the output record's subject (as text; null: none); `None` keeps the
-    /// source subject.
-    pub subject: Option<Expr>,
-    /// The statement as the user wrote it, for DESCRIBE.
-    pub sql: String,
+impl<'a> Input<'a> {
+    /// The input of `record` of `partition`, whose value parsed as JSON is `value`.
+    pub fn of(record: &'a onehop_log::Record, partition: u32, value: &'a Value) -> Input<'a> {
+        Input {
+            key: record.key.as_deref(),
+            subject: record.subject.as_deref(),
+            timestamp_ms: record.timestamp_ms,
+            partition,
+            offset: record.offset,
+            value,
+        }
+    }
+}
+
+/// A record's value as JSON: `Null` when it has none or it is not JSON.
+pub fn parse_value(record: &onehop_log::Record) -> Value {
+    record.value.as_deref().and_then(|bytes| serde_json::from_slice(bytes).ok()).unwrap_or(Value::Null)
 }
 
 /// Only JSON `true` is true: how WHERE, CASE WHEN and AND/OR read a value.
@@ -1493,18 +1489,6 @@ mod tests {
         assert_eq!(eval_on(&indexed, &json!({"items": [{"sku": "a"}, {"sku": "b"}]})), json!("b"));
         let case: Expr = serde_json::from_value(json!({"kind": "case", "branches": []})).unwrap();
         assert_eq!(case, Expr::Case { operand: None, branches: vec![], otherwise: None });
-        let transform = TransformDef {
-            name: "big".into(),
-            source: "orders".into(),
-            filter: Some(expr),
-            columns: vec![("id".into(), path("id"))],
-            all_fields: true,
-            key: Some(path("id")),
-            subject: None,
-            sql: "CREATE STREAM big AS SELECT …".into(),
-        };
-        let text = serde_json::to_string(&transform).unwrap();
-        assert_eq!(serde_json::from_str::<TransformDef>(&text).unwrap(), transform);
     }
 
     fn json_value() -> impl Strategy<Value = Value> {

@@ -3,16 +3,23 @@
 //!
 //! - `expr`: the expression language of view and transform definitions (our own AST, stored
 //!   in the catalog as JSON) and its evaluation against one record.
+//! - `state`: a view's windows and aggregates, and how events and time change them (pure).
+//! - `runtime`: a running view (its task, checkpoints, change stream, reads).
+//! - `transform`: stateless transforms (`CREATE STREAM … AS SELECT`) and their task.
+//! - `catchup`: progress of a view or transform replaying its source.
 //! - this module: what a view is (`ViewDef`), as the SQL front end produces it.
 
+mod catchup;
 pub mod expr;
 pub mod runtime;
 pub mod state;
+pub mod transform;
 
 use serde::{Deserialize, Serialize};
 
 pub use expr::{Expr, Input};
 pub use runtime::{View, ViewStatus};
+pub use transform::{Transform, TransformDef, TransformStatus};
 
 /// How events are grouped in time.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

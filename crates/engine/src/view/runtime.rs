@@ -19,21 +19,21 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::ViewDef;
-use super::expr::Input;
+use super::catchup::Catchup;
+use super::expr::{Input, parse_value};
 use super::state::{Applied, Change, ViewState};
 use crate::error::EngineError;
 use crate::filter::Filter;
 use crate::hub::{Cursor, Delivery, Hub};
 use crate::stream::Stream;
 
-/// The compacted topic of view checkpoints: key = view name, newest per view wins.
+/// The compacted topic of view and transform checkpoints: key = view name (a transform's is
+/// `transform/{name}`), newest per key wins.
 pub const CHECKPOINT_TOPIC: &str = "__view_checkpoints";
 /// The change stream of view `name` is the topic `__view.{name}`.
 pub const OUTPUT_PREFIX: &str = "__view.";
 /// How often a view's state is checkpointed while it changes.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-/// Restoration logs its progress this often.
-const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
 /// Records folded before the task lets others run (a backfill reads without waiting).
 const YIELD_EVERY: usize = 512;
 const CHECKPOINT_VERSION: u32 = 1;
@@ -82,8 +82,23 @@ impl Checkpoint {
     }
 }
 
-/// Every view's latest checkpoint.
-pub(crate) fn read_checkpoints(partition: &Partition) -> Result<HashMap<String, Checkpoint>, EngineError> {
+impl Checkpoint {
+    /// A view's checkpoint as stored; `None` (and a warning) when it cannot be read, and the
+    /// view replays from its start instead.
+    pub fn parse(view: &str, value: &[u8]) -> Option<Checkpoint> {
+        match serde_json::from_slice::<Checkpoint>(value) {
+            Ok(checkpoint) if checkpoint.version == CHECKPOINT_VERSION => Some(checkpoint),
+            _ => {
+                tracing::warn!(view, "skipping an unreadable view checkpoint");
+                None
+            }
+        }
+    }
+}
+
+/// The newest checkpoint of every view and transform, as stored (key → value; a deleted one is
+/// absent).
+pub(crate) fn read_checkpoints(partition: &Partition) -> Result<HashMap<String, Bytes>, EngineError> {
     let mut checkpoints = HashMap::new();
     let end = partition.end_offset();
     let mut next = partition.start_offset();
@@ -92,20 +107,11 @@ pub(crate) fn read_checkpoints(partition: &Partition) -> Result<HashMap<String, 
         let Some(last) = records.last() else { break };
         next = last.offset + 1;
         for record in records {
-            let Some(view) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { continue };
-            match record.value.as_deref().map(serde_json::from_slice::<Checkpoint>) {
-                None => {
-                    checkpoints.remove(view);
-                }
-                Some(Ok(checkpoint)) if checkpoint.version == CHECKPOINT_VERSION => {
-                    checkpoints.insert(view.to_string(), checkpoint);
-                }
-                Some(Ok(_)) | Some(Err(_)) => {
-                    // Unreadable: the view replays from its start instead.
-                    tracing::warn!(view, offset = record.offset, "skipping an unreadable view checkpoint");
-                    checkpoints.remove(view);
-                }
-            }
+            let Some(key) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { continue };
+            match record.value {
+                None => checkpoints.remove(key),
+                Some(value) => checkpoints.insert(key.to_string(), value),
+            };
         }
     }
     Ok(checkpoints)
@@ -220,29 +226,22 @@ impl View {
 
     async fn run(&self, hub: Arc<Hub>, checkpoints: Arc<Partition>, positions: Vec<u64>) -> Result<(), EngineError> {
         let mut stop = self.stop.subscribe();
-        let targets: Vec<u64> = (0..self.source.partition_count())
-            .map(|partition| self.source.partition(partition).map_or(0, |log| log.end_offset()))
-            .collect();
-        let starts = positions.clone();
-        let backlog: u64 = targets.iter().zip(&starts).map(|(end, at)| end.saturating_sub(*at)).sum();
-        let mut cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
-        let started = Instant::now();
-        let mut restored: u64;
-        let mut restoring = backlog > 0;
-        if restoring {
-            tracing::info!(view = self.name(), records = backlog, "view restoring: replaying its source");
-        } else {
-            self.finish_restoring(started, 0);
+        let mut catchup = Catchup::new("view", self.name(), &self.source, &positions);
+        if catchup.done() {
+            self.restoring.store(false, Ordering::Relaxed);
         }
-        let mut last_progress = Instant::now();
+        let mut cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
         let mut last_checkpoint = Instant::now();
         let mut checkpointed_events = u64::MAX;
         let mut changes: Vec<Change> = Vec::new();
         let mut late: Vec<NewRecord> = Vec::new();
         let mut since_yield = 0usize;
         loop {
-            let deadline =
-                if restoring { None } else { self.state.read().expect("view state lock").next_deadline(&self.def) };
+            let deadline = if !catchup.done() {
+                None
+            } else {
+                self.state.read().expect("view state lock").next_deadline(&self.def)
+            };
             let sleep = async {
                 match deadline {
                     Some(at) => {
@@ -264,30 +263,10 @@ impl View {
                         }
                     }
                     since_yield += 1;
-                    if restoring {
-                        restored = cursor
-                            .positions()
-                            .iter()
-                            .zip(&targets)
-                            .zip(&starts)
-                            .map(|((at, end), start)| (*at).min(*end).saturating_sub(*start))
-                            .sum();
-                        if cursor.positions().iter().zip(&targets).all(|(at, end)| at >= end) {
-                            restoring = false;
-                            changes.clear();
-                            self.state.write().expect("view state lock").advance(&self.def, now_ms(), &mut changes);
-                            self.finish_restoring(started, restored);
-                        } else if last_progress.elapsed() >= PROGRESS_INTERVAL {
-                            last_progress = Instant::now();
-                            let rate = restored as f64 / started.elapsed().as_secs_f64();
-                            tracing::info!(
-                                view = self.name(),
-                                records = restored,
-                                of = backlog,
-                                records_per_s = rate as u64,
-                                "view restoring"
-                            );
-                        }
+                    if !catchup.done() && catchup.update(cursor.positions()) {
+                        changes.clear();
+                        self.state.write().expect("view state lock").advance(&self.def, now_ms(), &mut changes);
+                        self.restoring.store(false, Ordering::Relaxed);
                     }
                 }
                 () = sleep => {
@@ -306,7 +285,7 @@ impl View {
                     return Ok(());
                 }
             }
-            if restoring {
+            if !catchup.done() {
                 // Changes of the replay were pushed before the restart (or are history).
                 changes.clear();
             }
@@ -316,19 +295,6 @@ impl View {
                 tokio::task::yield_now().await;
             }
         }
-    }
-
-    fn finish_restoring(&self, started: Instant, records: u64) {
-        self.restoring.store(false, Ordering::Relaxed);
-        let seconds = started.elapsed().as_secs_f64();
-        let rate = if seconds > 0.0 { records as f64 / seconds } else { 0.0 };
-        tracing::info!(
-            view = self.name(),
-            records,
-            seconds = format!("{seconds:.3}"),
-            records_per_s = rate as u64,
-            "view restored"
-        );
     }
 
     /// Folds one delivery in.
@@ -343,16 +309,8 @@ impl View {
         match delivery {
             Delivery::Event(event, _) => {
                 let record = &event.record;
-                let value: Value =
-                    record.value.as_deref().and_then(|bytes| serde_json::from_slice(bytes).ok()).unwrap_or(Value::Null);
-                let input = Input {
-                    key: record.key.as_deref(),
-                    subject: record.subject.as_deref(),
-                    timestamp_ms: record.timestamp_ms,
-                    partition: event.partition,
-                    offset: record.offset,
-                    value: &value,
-                };
+                let value = parse_value(record);
+                let input = Input::of(record, event.partition, &value);
                 let applied = {
                     let mut state = self.state.write().expect("view state lock");
                     // Windows whose close time passed before this record arrived close first.

@@ -154,6 +154,24 @@ pub fn request(address: SocketAddr, method: &str, path: &str, body: &str) -> Opt
     Some((status, body))
 }
 
+/// Publishes NDJSON envelopes in one request; true once they are acknowledged (durable).
+pub fn publish_batch(address: SocketAddr, stream: &str, values: &[serde_json::Value]) -> bool {
+    let body: String = values.iter().map(|value| format!("{}\n", serde_json::json!({ "value": value }))).collect();
+    let Ok(mut socket) = TcpStream::connect(address) else { return false };
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!(
+        "POST /streams/{stream} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Content-Type: application/x-ndjson\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if socket.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = socket.read_to_string(&mut response);
+    response.starts_with("HTTP/1.1 200")
+}
+
 pub struct RawSse {
     reader: BufReader<TcpStream>,
 }

@@ -1,0 +1,100 @@
+//! How far a view or transform is in replaying its source up to where the source ended when
+//! the task started, logged as it goes: `{kind} restoring` every 2 s with records/s, and
+//! `{kind} restored` with the total and the rate once it has caught up.
+
+use std::time::{Duration, Instant};
+
+use crate::stream::Stream;
+
+/// Restoration logs its progress this often.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+
+pub(crate) struct Catchup {
+    /// `view` or `transform`, for the log.
+    kind: &'static str,
+    name: String,
+    starts: Vec<u64>,
+    /// The source's end offsets when the task started.
+    targets: Vec<u64>,
+    backlog: u64,
+    started: Instant,
+    last_log: Instant,
+    done: bool,
+}
+
+impl Catchup {
+    /// Starts counting from `positions` in `source`; logs the backlog when there is one.
+    pub fn new(kind: &'static str, name: &str, source: &Stream, positions: &[u64]) -> Catchup {
+        let targets: Vec<u64> = (0..source.partition_count())
+            .map(|partition| source.partition(partition).map_or(0, |log| log.end_offset()))
+            .collect();
+        let backlog = targets.iter().zip(positions).map(|(end, at)| end.saturating_sub(*at)).sum();
+        let mut catchup = Catchup {
+            kind,
+            name: name.to_string(),
+            starts: positions.to_vec(),
+            targets,
+            backlog,
+            started: Instant::now(),
+            last_log: Instant::now(),
+            done: false,
+        };
+        if backlog > 0 {
+            tracing::info!(kind, name, records = backlog, "{kind} restoring: replaying its source");
+        } else {
+            catchup.finish(0);
+        }
+        catchup
+    }
+
+    /// Whether everything that was in the source at the start has been read.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    /// Takes where the task has read up to; true the one time that reaches the targets.
+    pub fn update(&mut self, positions: &[u64]) -> bool {
+        if self.done {
+            return false;
+        }
+        let read: u64 = positions
+            .iter()
+            .zip(&self.targets)
+            .zip(&self.starts)
+            .map(|((at, end), start)| (*at).min(*end).saturating_sub(*start))
+            .sum();
+        if positions.iter().zip(&self.targets).all(|(at, end)| at >= end) {
+            self.finish(read);
+            return true;
+        }
+        if self.last_log.elapsed() >= PROGRESS_INTERVAL {
+            self.last_log = Instant::now();
+            let rate = read as f64 / self.started.elapsed().as_secs_f64();
+            let (kind, name) = (self.kind, self.name.as_str());
+            tracing::info!(
+                kind,
+                name,
+                records = read,
+                of = self.backlog,
+                records_per_s = rate as u64,
+                "{kind} restoring"
+            );
+        }
+        false
+    }
+
+    fn finish(&mut self, records: u64) {
+        self.done = true;
+        let seconds = self.started.elapsed().as_secs_f64();
+        let rate = if seconds > 0.0 { records as f64 / seconds } else { 0.0 };
+        let (kind, name) = (self.kind, self.name.as_str());
+        tracing::info!(
+            kind,
+            name,
+            records,
+            seconds = format!("{seconds:.3}"),
+            records_per_s = rate as u64,
+            "{kind} restored"
+        );
+    }
+}

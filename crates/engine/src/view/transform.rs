@@ -1,0 +1,519 @@
+//! Stateless transforms: `CREATE STREAM out AS SELECT … FROM src [WHERE …]` maps every record
+//! of `src` that passes the filter to one record of `out`, which is an ordinary stream (read,
+//! subscribed to and aggregated like any other).
+//!
+//! One task per transform reads `src` through the hub (history, then live), evaluates each
+//! record, and appends the results to `out`, a batch at a time: a batch is durable (at `out`'s
+//! durability) before the next is read. Every output record carries the header
+//! `onehop-source: {partition}:{offset}` naming the record it came from.
+//!
+//! Exactly once: the task checkpoints about once a second (and when it stops) where it is in
+//! `src` and where `out` ends, in the compacted checkpoint topic views use. After a crash it
+//! reads what `out` received after the checkpoint, collects the source positions named there,
+//! and replays `src` from the checkpoint without writing a record again for a position it finds.
+//! Evaluation is deterministic, so a record it did not write before is written as it would have
+//! been.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use onehop_log::{NewRecord, Partition, Record};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::Start;
+use super::catchup::Catchup;
+use super::expr::{Expr, Input, is_true, key_text, parse_value};
+use crate::error::EngineError;
+use crate::filter::Filter;
+use crate::hub::{Cursor, Delivery, Hub};
+use crate::stream::Stream;
+
+/// The header naming the source record of a transform's output record.
+pub const SOURCE_HEADER: &str = "onehop-source";
+/// A transform's checkpoint key in the checkpoint topic.
+pub(crate) const CHECKPOINT_PREFIX: &str = "transform/";
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+const CHECKPOINT_VERSION: u32 = 1;
+/// Records read into one batch at most.
+const BATCH_MAX: usize = 4096;
+/// How long a failed write waits before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// A stateless transform, as `CREATE STREAM name AS SELECT … FROM source [WHERE …]` defines it:
+/// every record of `source` that passes `filter` becomes one record of the stream `name`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TransformDef {
+    pub name: String,
+    pub source: String,
+    /// WHERE: records for which this is not `true` are skipped.
+    pub filter: Option<Expr>,
+    /// The computed columns of the output value (a JSON object), in order. With `all_fields`
+    /// they are set over the source value's fields (a column replaces a field of its name).
+    pub columns: Vec<(String, Expr)>,
+    /// `SELECT *`: the output starts from the source value's fields (a value that is not an
+    /// object contributes none).
+    pub all_fields: bool,
+    /// A column `_key`: the output record's key ([`key_text`] of it; null: no key); `None`
+    /// keeps the source key.
+    pub key: Option<Expr>,
+    /// A column `_subject`: the output record's subject (as text; null or a text that is not a
+    /// valid subject: none); `None` keeps the source subject.
+    pub subject: Option<Expr>,
+    /// Where the transform starts in its source when it is created.
+    #[serde(default = "latest")]
+    pub start: Start,
+    /// The statement as the user wrote it, for DESCRIBE.
+    pub sql: String,
+}
+
+fn latest() -> Start {
+    Start::Latest
+}
+
+impl TransformDef {
+    /// The record `record` (whose value parsed as JSON is in `input`) becomes, or `None` when
+    /// the filter skips it. The second value is false when the subject computed was not a valid
+    /// subject (and was left out).
+    pub fn apply(&self, input: &Input, record: &Record) -> Option<(NewRecord, bool)> {
+        if let Some(filter) = &self.filter
+            && !is_true(&filter.eval(input))
+        {
+            return None;
+        }
+        let mut fields = match (self.all_fields, input.value) {
+            (true, Value::Object(fields)) => fields.clone(),
+            _ => Map::with_capacity(self.columns.len()),
+        };
+        for (name, expr) in &self.columns {
+            fields.insert(name.clone(), expr.eval(input));
+        }
+        let key = match &self.key {
+            None => record.key.clone(),
+            Some(expr) => match expr.eval(input) {
+                Value::Null => None,
+                value => Some(Bytes::from(key_text(&value))),
+            },
+        };
+        let mut subject_valid = true;
+        let subject = match &self.subject {
+            None => record.subject.clone(),
+            Some(expr) => match expr.eval(input) {
+                Value::Null => None,
+                value => {
+                    let text = key_text(&value);
+                    subject_valid = crate::subject::validate_subject(&text).is_ok();
+                    subject_valid.then_some(text)
+                }
+            },
+        };
+        let mut headers = record.headers.clone();
+        headers.retain(|(name, _)| name != SOURCE_HEADER);
+        headers.push((SOURCE_HEADER.to_string(), Bytes::from(format!("{}:{}", input.partition, record.offset))));
+        let value = serde_json::to_vec(&Value::Object(fields)).expect("a JSON object serializes");
+        let output =
+            NewRecord { timestamp_ms: Some(record.timestamp_ms), key, subject, headers, value: Some(value.into()) };
+        Some((output, subject_valid))
+    }
+}
+
+/// The source position an output record names in its `onehop-source` header.
+pub fn source_position(record: &Record) -> Option<(u32, u64)> {
+    let (_, value) = record.headers.iter().rev().find(|(name, _)| name == SOURCE_HEADER)?;
+    let text = std::str::from_utf8(value).ok()?;
+    let (partition, offset) = text.split_once(':')?;
+    Some((partition.parse().ok()?, offset.parse().ok()?))
+}
+
+/// Where a transform is: the next source offset per partition, and the output's end offsets at
+/// that moment (output records after those may come from source records after the positions).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct TransformCheckpoint {
+    version: u32,
+    pub positions: Vec<u64>,
+    pub output_ends: Vec<u64>,
+}
+
+impl TransformCheckpoint {
+    pub fn new(positions: Vec<u64>, output_ends: Vec<u64>) -> TransformCheckpoint {
+        TransformCheckpoint { version: CHECKPOINT_VERSION, positions, output_ends }
+    }
+
+    pub fn parse(name: &str, value: &[u8]) -> Option<TransformCheckpoint> {
+        match serde_json::from_slice::<TransformCheckpoint>(value) {
+            Ok(checkpoint) if checkpoint.version == CHECKPOINT_VERSION => Some(checkpoint),
+            _ => {
+                tracing::warn!(transform = name, "skipping an unreadable transform checkpoint");
+                None
+            }
+        }
+    }
+
+    pub fn record(&self, name: &str) -> NewRecord {
+        let value = serde_json::to_vec(self).expect("a checkpoint serializes");
+        NewRecord::keyed(Bytes::from(checkpoint_key(name)), value)
+    }
+}
+
+pub(crate) fn checkpoint_key(name: &str) -> String {
+    format!("{CHECKPOINT_PREFIX}{name}")
+}
+
+/// What a transform reports about itself (counts since the process started).
+#[derive(Clone, Debug, Serialize)]
+pub struct TransformStatus {
+    /// Source records read.
+    pub records_in: u64,
+    /// Records written to the output.
+    pub records_out: u64,
+    /// Records the filter skipped.
+    pub filtered: u64,
+    /// Records not written because they broke the output's limits (too large).
+    pub rejected: u64,
+    /// Still replaying what its source held when it started.
+    pub restoring: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    records_in: AtomicU64,
+    records_out: AtomicU64,
+    filtered: AtomicU64,
+    rejected: AtomicU64,
+}
+
+pub struct Transform {
+    def: Arc<TransformDef>,
+    source: Arc<Stream>,
+    output: Arc<Stream>,
+    counters: Counters,
+    restoring: std::sync::atomic::AtomicBool,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Transform {
+    pub(crate) fn new(def: TransformDef, source: Arc<Stream>, output: Arc<Stream>) -> Transform {
+        Transform {
+            def: Arc::new(def),
+            source,
+            output,
+            counters: Counters::default(),
+            restoring: std::sync::atomic::AtomicBool::new(true),
+            stop: tokio::sync::watch::channel(false).0,
+            task: std::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn def(&self) -> &TransformDef {
+        &self.def
+    }
+
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    pub fn source(&self) -> &Arc<Stream> {
+        &self.source
+    }
+
+    pub fn output(&self) -> &Arc<Stream> {
+        &self.output
+    }
+
+    pub fn status(&self) -> TransformStatus {
+        let counters = &self.counters;
+        TransformStatus {
+            records_in: counters.records_in.load(Ordering::Relaxed),
+            records_out: counters.records_out.load(Ordering::Relaxed),
+            filtered: counters.filtered.load(Ordering::Relaxed),
+            rejected: counters.rejected.load(Ordering::Relaxed),
+            restoring: self.restoring.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Starts the task from `checkpoint` (inside the tokio runtime).
+    pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<Partition>, checkpoint: TransformCheckpoint) {
+        let transform = self.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = transform.run(hub, checkpoints, checkpoint).await {
+                tracing::error!(transform = transform.name(), %error, "the transform stopped");
+            }
+        });
+        *self.task.lock().expect("transform task lock") = Some(task);
+    }
+
+    /// Stops the task, which checkpoints first.
+    pub(crate) async fn stop(&self) {
+        self.stop.send_replace(true);
+        let task = self.task.lock().expect("transform task lock").take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    async fn run(
+        &self,
+        hub: Arc<Hub>,
+        checkpoints: Arc<Partition>,
+        checkpoint: TransformCheckpoint,
+    ) -> Result<(), EngineError> {
+        let mut stop = self.stop.subscribe();
+        let mut written = self.written_since(&checkpoint.output_ends)?;
+        let positions = checkpoint.positions;
+        let mut catchup = Catchup::new("transform", self.name(), &self.source, &positions);
+        self.restoring.store(!catchup.done(), Ordering::Relaxed);
+        let mut cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+        let mut last_checkpoint = Instant::now();
+        let mut checkpointed = Vec::new();
+        let mut batch: Vec<NewRecord> = Vec::new();
+        loop {
+            let checkpoint_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_checkpoint.elapsed()));
+            tokio::select! {
+                delivery = cursor.next() => {
+                    self.take(delivery?, &mut cursor, &hub, &mut written, &mut batch)?;
+                    // Whatever else is ready now: one append for many records.
+                    while batch.len() < BATCH_MAX {
+                        match tokio::time::timeout(Duration::ZERO, cursor.next()).await {
+                            Ok(delivery) => self.take(delivery?, &mut cursor, &hub, &mut written, &mut batch)?,
+                            Err(_) => break,
+                        }
+                    }
+                    if !self.write(&mut batch, &mut stop).await {
+                        // Stopped while the output could not be written: the batch is not
+                        // done, so the checkpoint stays where it was.
+                        return Ok(());
+                    }
+                    if !catchup.done() && catchup.update(cursor.positions()) {
+                        self.restoring.store(false, Ordering::Relaxed);
+                    }
+                    tokio::task::yield_now().await;
+                }
+                () = checkpoint_due => {
+                    last_checkpoint = Instant::now();
+                    if cursor.positions() != checkpointed.as_slice() {
+                        checkpointed = cursor.positions().to_vec();
+                        self.checkpoint(&checkpoints, checkpointed.clone()).await;
+                    }
+                }
+                _ = stop.changed() => {
+                    self.checkpoint(&checkpoints, cursor.positions().to_vec()).await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The source positions named by output records written after `ends` (by a run that
+    /// crashed before its next checkpoint).
+    fn written_since(&self, ends: &[u64]) -> Result<HashSet<(u32, u64)>, EngineError> {
+        let mut written = HashSet::new();
+        for partition in 0..self.output.partition_count() {
+            let log = self.output.partition(partition)?;
+            let end = log.end_offset();
+            let mut next = ends.get(partition as usize).copied().unwrap_or(0).max(log.start_offset());
+            while next < end {
+                let records = log.read(next, 1024, 16 * 1024 * 1024)?;
+                let Some(last) = records.last() else { break };
+                next = last.offset + 1;
+                written.extend(records.iter().filter_map(source_position));
+            }
+        }
+        if !written.is_empty() {
+            tracing::info!(
+                transform = self.name(),
+                records = written.len(),
+                "found output written after the last checkpoint: those source records are not written again"
+            );
+        }
+        Ok(written)
+    }
+
+    /// Evaluates one delivery into `batch`.
+    fn take(
+        &self,
+        delivery: Delivery,
+        cursor: &mut Cursor,
+        hub: &Arc<Hub>,
+        written: &mut HashSet<(u32, u64)>,
+        batch: &mut Vec<NewRecord>,
+    ) -> Result<(), EngineError> {
+        match delivery {
+            Delivery::Event(event, _) => {
+                let record = &event.record;
+                self.counters.records_in.fetch_add(1, Ordering::Relaxed);
+                if !written.is_empty() && written.remove(&(event.partition, record.offset)) {
+                    // Written before a crash, after the checkpoint.
+                    self.counters.records_out.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                let value = parse_value(record);
+                let input = Input::of(record, event.partition, &value);
+                match self.def.apply(&input, record) {
+                    None => {
+                        self.counters.filtered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some((output, subject_valid)) => {
+                        if !subject_valid {
+                            metrics::counter!("transform_invalid_subjects_total", "transform" => self.def.name.clone())
+                                .increment(1);
+                        }
+                        batch.push(output);
+                    }
+                }
+            }
+            Delivery::Overflow { positions } => {
+                // Fell behind the live feed: read on from the log.
+                *cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends `batch` to the output, each record to its key's partition, all partitions at
+    /// once, and returns once every record is durable. A record the output's limits refuse is
+    /// dropped (counted, logged); a storage failure is retried until it succeeds or the
+    /// transform stops (false).
+    async fn write(&self, batch: &mut Vec<NewRecord>, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+        if batch.is_empty() {
+            return true;
+        }
+        let count = self.output.partition_count() as usize;
+        let mut groups: Vec<Vec<NewRecord>> = vec![Vec::new(); count];
+        let mut keyless = 0usize;
+        for record in batch.drain(..) {
+            let partition = match &record.key {
+                Some(key) => self.output.partition_for_key(key) as usize,
+                None => {
+                    keyless = (keyless + 1) % count;
+                    keyless
+                }
+            };
+            let log = self.output.partition(partition as u32).expect("a partition of the output");
+            if let Err(error) = log.check(std::slice::from_ref(&record)) {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("transform_rejected_records_total", "transform" => self.def.name.clone())
+                    .increment(1);
+                tracing::warn!(transform = self.name(), %error, "a transformed record was not written");
+                continue;
+            }
+            groups[partition].push(record);
+        }
+        loop {
+            let mut pending = Vec::new();
+            let mut failed = false;
+            for (partition, group) in groups.iter().enumerate() {
+                if group.is_empty() {
+                    continue;
+                }
+                match self.output.enqueue_to(partition as u32, group, None).await {
+                    Ok(ack) => pending.push((partition, ack)),
+                    Err(error) => {
+                        tracing::warn!(transform = self.name(), %error, "the transform's output could not be written");
+                        failed = true;
+                    }
+                }
+            }
+            for (partition, ack) in pending {
+                match ack.await {
+                    Ok(_) => {
+                        let written = groups[partition].len() as u64;
+                        self.counters.records_out.fetch_add(written, Ordering::Relaxed);
+                        groups[partition].clear();
+                    }
+                    Err(error) => {
+                        tracing::warn!(transform = self.name(), %error, "the transform's output could not be written");
+                        failed = true;
+                    }
+                }
+            }
+            if !failed {
+                return true;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(RETRY_AFTER) => {}
+                _ = stop.changed() => return false,
+            }
+        }
+    }
+
+    async fn checkpoint(&self, checkpoints: &Partition, positions: Vec<u64>) {
+        let ends = (0..self.output.partition_count())
+            .map(|partition| self.output.partition(partition).map_or(0, |log| log.end_offset()))
+            .collect();
+        let record = TransformCheckpoint::new(positions, ends).record(self.name());
+        if let Err(error) = checkpoints.append(std::slice::from_ref(&record)).await {
+            tracing::warn!(transform = self.name(), %error, "the transform could not be checkpointed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::expr::RecordField;
+
+    fn def(key: Option<Expr>, subject: Option<Expr>) -> TransformDef {
+        TransformDef {
+            name: "out".into(),
+            source: "in".into(),
+            filter: None,
+            columns: vec![("n".into(), Expr::Path { path: vec![super::super::expr::Step::Field("n".into())] })],
+            all_fields: false,
+            key,
+            subject,
+            start: Start::Latest,
+            sql: String::new(),
+        }
+    }
+
+    fn record() -> Record {
+        Record {
+            offset: 7,
+            timestamp_ms: 1_000,
+            key: Some(Bytes::from_static(b"source-key")),
+            subject: Some("in/a".into()),
+            headers: vec![
+                ("trace".into(), Bytes::from_static(b"t1")),
+                (SOURCE_HEADER.into(), Bytes::from_static(b"0:1")),
+            ],
+            value: Some(Bytes::from_static(br#"{"n": 5, "topic": "a/+/b"}"#)),
+        }
+    }
+
+    fn literal(value: Value) -> Expr {
+        Expr::Literal { value }
+    }
+
+    #[test]
+    fn keys_subjects_and_headers_of_an_output_record() {
+        let record = record();
+        let value = super::super::expr::parse_value(&record);
+        let input = Input::of(&record, 1, &value);
+        // Kept from the source, with the source header replaced by this record's position.
+        let (output, valid) = def(None, None).apply(&input, &record).unwrap();
+        assert!(valid);
+        assert_eq!(output.key.as_deref(), Some(&b"source-key"[..]));
+        assert_eq!(output.subject.as_deref(), Some("in/a"));
+        assert_eq!(output.timestamp_ms, Some(1_000));
+        assert_eq!(
+            output.headers,
+            [("trace".to_string(), Bytes::from_static(b"t1")), (SOURCE_HEADER.to_string(), Bytes::from_static(b"1:7"))]
+        );
+        assert_eq!(output.value.as_deref(), Some(&br#"{"n":5}"#[..]));
+        // A null key: none. A number: its text. A subject that is not one: left out, and said.
+        let (output, valid) =
+            def(Some(literal(Value::Null)), Some(literal(json_text("a/+/b")))).apply(&input, &record).unwrap();
+        assert_eq!((output.key, output.subject, valid), (None, None, false));
+        let key = Expr::Record { field: RecordField::Offset };
+        let (output, valid) = def(Some(key), Some(literal(json_text("out/x")))).apply(&input, &record).unwrap();
+        assert_eq!((output.key.as_deref(), output.subject.as_deref(), valid), (Some(&b"7"[..]), Some("out/x"), true));
+    }
+
+    fn json_text(text: &str) -> Value {
+        Value::String(text.into())
+    }
+}
