@@ -162,7 +162,11 @@ impl Engine {
     /// Opens a defined view and starts it from its checkpoint (or, with none, from where its
     /// definition says).
     fn open_view(&self, def: ViewDef, checkpoint: Option<Checkpoint>) -> Result<Arc<View>, EngineError> {
-        let source = self.stream(&def.source)?;
+        let table = self.table(&def.source).ok();
+        let source = match &table {
+            Some(table) => table.storage().clone(),
+            None => self.stream(&def.source)?,
+        };
         let output_def = StreamDef {
             name: format!("{OUTPUT_PREFIX}{}", def.name),
             partitions: 1,
@@ -176,6 +180,8 @@ impl Engine {
         let output = Arc::new(Stream::new(output_def, vec![output_partition]));
         let late = def.late_stream.as_deref().and_then(|name| self.stream(name).ok());
         let (positions, state) = match checkpoint {
+            // A view over a table starts from the table's rows.
+            _ if table.is_some() => (vec![0], ViewState::default()),
             Some(checkpoint) if checkpoint.positions.len() == source.partition_count() as usize => {
                 (checkpoint.positions, checkpoint.state)
             }
@@ -185,7 +191,7 @@ impl Engine {
             }
         };
         let positions = still_stored(&source, positions);
-        let view = Arc::new(View::new(def, source, output, late, state));
+        let view = Arc::new(View::new(def, source, table, output, late, state));
         if tokio::runtime::Handle::try_current().is_ok() {
             view.start(self.hub.clone(), self.checkpoints.clone(), positions);
         } else {
@@ -208,6 +214,9 @@ impl Engine {
     /// exists with the same definition returns it.
     pub async fn create_view(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
         catalog::validate_name(&def.name)?;
+        if self.table(&def.source).is_ok() {
+            check_over_table(&def)?;
+        }
         if let Some(late) = &def.late_stream {
             if late == &def.source {
                 return Err(EngineError::InvalidDefinition("late_stream cannot be the view's own source".into()));
@@ -228,19 +237,18 @@ impl Engine {
         if self.table(&def.name).is_ok() {
             return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
         }
-        if self.table(&def.source).is_ok() {
-            return Err(EngineError::InvalidDefinition(format!(
-                "{:?} is a table: views aggregate streams for now (views over tables are coming)",
-                def.source
-            )));
-        }
-        let source = self.stream(&def.source)?;
-        let positions = start_positions(&source, def.start);
-        let checkpoint = Checkpoint::new(positions, ViewState::default());
-        self.checkpoints.append(&[checkpoint.record(&def.name)]).await?;
+        let checkpoint = if self.table(&def.source).is_ok() {
+            None
+        } else {
+            let source = self.stream(&def.source)?;
+            let positions = start_positions(&source, def.start);
+            let checkpoint = Checkpoint::new(positions, ViewState::default());
+            self.checkpoints.append(&[checkpoint.record(&def.name)]).await?;
+            Some(checkpoint)
+        };
         self.catalog.append(&[catalog::view_record(&def)]).await?;
         let name = def.name.clone();
-        let view = self.open_view(def, Some(checkpoint))?;
+        let view = self.open_view(def, checkpoint)?;
         self.views.write().expect("views lock").insert(name.clone(), view.clone());
         tracing::info!(view = name, source = view.def().source, "view created");
         Ok(view)
@@ -676,12 +684,50 @@ impl Engine {
     pub async fn drop_table(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;
         self.table(name)?;
+        self.check_unread(name)?;
         self.catalog.append(&[catalog::drop_record(name, true)]).await?;
         self.tables.write().expect("tables lock").remove(name);
         self.log.remove_topic(name)?;
         tracing::info!(table = name, "table dropped");
         Ok(())
     }
+}
+
+/// Refuses what a view over a table cannot do: it aggregates the rows there are now, so time
+/// (windows, event times, lateness, finals) and order (FIRST, LAST) do not apply.
+fn check_over_table(def: &ViewDef) -> Result<(), EngineError> {
+    let refuse = |what: &str| {
+        Err(EngineError::InvalidDefinition(format!(
+            "{:?} is a table: a view over a table aggregates its current rows, so it takes no {what} \
+             (views over streams do)",
+            def.source
+        )))
+    };
+    if def.window != crate::view::Window::None {
+        return refuse("window");
+    }
+    if def.event_time.is_some() {
+        return refuse("event_time");
+    }
+    if def.late_stream.is_some() {
+        return refuse("late_stream");
+    }
+    if def.emit_final || !def.emit_changes {
+        return refuse("emit = 'final' (its rows change with every row change)");
+    }
+    let ordered = def.columns.iter().any(|column| {
+        matches!(
+            column,
+            crate::view::Column::Aggregate {
+                function: crate::view::AggregateKind::First | crate::view::AggregateKind::Last,
+                ..
+            }
+        )
+    });
+    if ordered {
+        return refuse("FIRST or LAST (rows have no order in time)");
+    }
+    Ok(())
 }
 
 /// `positions` in `source`, past what retention removed since they were taken (a view or

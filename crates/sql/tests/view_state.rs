@@ -241,3 +241,71 @@ fn a_checkpoint_taken_midway_continues_exactly_as_a_run_straight_through() {
     assert_eq!(resumed.take(), straight.take(), "the same changes, in the same order");
     assert!(straight.state.late_events > 0, "the stream had late events");
 }
+
+/// A view over a table: each row change as the runtime feeds it, the old row and the new one.
+fn row_change(run: &mut Run, before: Option<Value>, after: Option<Value>) -> Applied {
+    let offset = run.offset;
+    run.offset += 1;
+    let input = |value| Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset, value };
+    let (before, after) = (before.as_ref().map(input), after.as_ref().map(input));
+    run.state.apply_row_change(&run.def, before.as_ref(), after.as_ref(), &mut run.changes)
+}
+
+fn removed(key: &str, row: Value) -> (String, bool, bool, Value) {
+    (key.to_string(), false, true, row)
+}
+
+#[test]
+fn a_view_over_a_table_follows_rows_joining_moving_and_leaving_groups() {
+    let mut run = Run::new(
+        "CREATE VIEW stock AS SELECT category, COUNT(*) AS n, SUM(qty) AS qty, AVG(price) AS price, \
+         MIN(price) AS low, MAX(name) AS last_name, COUNT(DISTINCT supplier) AS suppliers \
+         FROM products WHERE qty IS NOT NULL GROUP BY category",
+    );
+    let p1 = json!({"category": "tea", "qty": 5, "price": 4, "name": "assam", "supplier": "x"});
+    let p2 = json!({"category": "tea", "qty": 2, "price": 2.5, "name": "sencha", "supplier": "x"});
+    let p3 = json!({"category": "tea", "qty": 1, "price": 9, "name": "matcha", "supplier": "y"});
+    let row = |n: u64, qty: Value, price: Value, low: Value, last: &str, suppliers: u64| json!({"category": "tea", "n": n, "qty": qty, "price": price, "low": low, "last_name": last, "suppliers": suppliers});
+    assert_eq!(row_change(&mut run, None, Some(p1.clone())), Applied::Counted);
+    assert_eq!(row_change(&mut run, None, Some(p2.clone())), Applied::Counted);
+    assert_eq!(row_change(&mut run, None, Some(p3.clone())), Applied::Counted);
+    assert_eq!(
+        run.take(),
+        [
+            change("tea", row(1, json!(5), json!(4.0), json!(4), "assam", 1)),
+            change("tea", row(2, json!(7), json!(3.25), json!(2.5), "sencha", 1)),
+            change("tea", row(3, json!(8), json!(5.166666666666667), json!(2.5), "sencha", 2)),
+        ]
+    );
+    // The cheapest leaves: the minimum is the next one; the greatest name goes too.
+    assert_eq!(row_change(&mut run, Some(p2.clone()), None), Applied::Counted);
+    assert_eq!(run.take(), [change("tea", row(2, json!(6), json!(6.5), json!(4), "matcha", 2))]);
+    // A row moves to another group: one change for each, in the order out, in.
+    let mut moved = p3.clone();
+    moved["category"] = json!("coffee");
+    assert_eq!(row_change(&mut run, Some(p3.clone()), Some(moved.clone())), Applied::Counted);
+    let coffee =
+        json!({"category": "coffee", "n": 1, "qty": 1, "price": 9.0, "low": 9, "last_name": "matcha", "suppliers": 1});
+    assert_eq!(
+        run.take(),
+        [change("tea", row(1, json!(5), json!(4.0), json!(4), "assam", 1)), change("coffee", coffee)]
+    );
+    // A row the WHERE clause stops taking leaves its group; the last row out removes the group.
+    let mut unstocked = p1.clone();
+    unstocked["qty"] = Value::Null;
+    assert_eq!(row_change(&mut run, Some(p1.clone()), Some(unstocked.clone())), Applied::Counted);
+    let empty =
+        json!({"category": "tea", "n": 0, "qty": null, "price": null, "low": null, "last_name": null, "suppliers": 0});
+    assert_eq!(run.take(), [removed("tea", empty)]);
+    assert_eq!(run.state.rows(&run.def, "tea"), Vec::<Value>::new());
+    assert_eq!(row_change(&mut run, Some(unstocked), None), Applied::Filtered);
+    assert!(run.take().is_empty());
+    // Updating in place: out and in again, one change.
+    let mut cheaper = moved.clone();
+    cheaper["price"] = json!(7);
+    assert_eq!(row_change(&mut run, Some(moved), Some(cheaper)), Applied::Counted);
+    let coffee =
+        json!({"category": "coffee", "n": 1, "qty": 1, "price": 7.0, "low": 7, "last_name": "matcha", "suppliers": 1});
+    assert_eq!(run.take(), [change("coffee", coffee)]);
+    assert_eq!(run.state.key_count(), 1);
+}

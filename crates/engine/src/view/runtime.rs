@@ -26,6 +26,7 @@ use crate::error::EngineError;
 use crate::filter::Filter;
 use crate::hub::{Cursor, Delivery, Hub};
 use crate::stream::Stream;
+use crate::table::Table;
 
 /// The compacted topic of view and transform checkpoints: key = view name (a transform's is
 /// `transform/{name}`), newest per key wins.
@@ -130,7 +131,11 @@ pub struct ViewStatus {
 
 pub struct View {
     def: Arc<ViewDef>,
+    /// The stream read, or the storage of the table aggregated.
     source: Arc<Stream>,
+    /// A view over a table: the table (its state is rebuilt from the rows at every start, so
+    /// it has no checkpoint).
+    table: Option<Arc<Table>>,
     output: Arc<Stream>,
     late: Option<Arc<Stream>>,
     state: RwLock<ViewState>,
@@ -143,6 +148,7 @@ impl View {
     pub(crate) fn new(
         def: ViewDef,
         source: Arc<Stream>,
+        table: Option<Arc<Table>>,
         output: Arc<Stream>,
         late: Option<Arc<Stream>>,
         state: ViewState,
@@ -150,6 +156,7 @@ impl View {
         View {
             def: Arc::new(def),
             source,
+            table,
             output,
             late,
             state: RwLock::new(state),
@@ -225,6 +232,9 @@ impl View {
     }
 
     async fn run(&self, hub: Arc<Hub>, checkpoints: Arc<Partition>, positions: Vec<u64>) -> Result<(), EngineError> {
+        if let Some(table) = &self.table {
+            return self.run_over_table(hub, table).await;
+        }
         let mut stop = self.stop.subscribe();
         let mut catchup = Catchup::new("view", self.name(), &self.source, &positions);
         if catchup.done() {
@@ -295,6 +305,90 @@ impl View {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    /// A view over a table: folds in every row the table has now, then each change from the
+    /// offset after them (the old row out, the new one in).
+    async fn run_over_table(&self, hub: Arc<Hub>, table: &Table) -> Result<(), EngineError> {
+        let mut stop = self.stop.subscribe();
+        let (rows, next) = table.snapshot(&Filter::default());
+        let started = Instant::now();
+        tracing::info!(view = self.name(), rows = rows.len(), "view restoring: folding in the table's rows");
+        let mut changes = Vec::new();
+        for chunk in rows.chunks(YIELD_EVERY * 8) {
+            {
+                let mut state = self.state.write().expect("view state lock");
+                for row in chunk {
+                    let value = Value::Object(row.doc().clone());
+                    let input = Input {
+                        key: Some(row.id.as_bytes()),
+                        subject: None,
+                        timestamp_ms: row.timestamp_ms,
+                        partition: 0,
+                        offset: row.offset,
+                        value: &value,
+                    };
+                    state.apply_row_change(&self.def, None, Some(&input), &mut changes);
+                    changes.clear();
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            view = self.name(),
+            records = rows.len(),
+            seconds = format!("{seconds:.3}"),
+            records_per_s = if seconds > 0.0 { (rows.len() as f64 / seconds) as u64 } else { 0 },
+            "view restored"
+        );
+        drop(rows);
+        self.restoring.store(false, Ordering::Relaxed);
+        let mut cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), vec![next])?;
+        let mut late = Vec::new();
+        loop {
+            tokio::select! {
+                delivery = cursor.next() => {
+                    self.take_row_change(delivery?, &mut cursor, &hub, &mut changes)?;
+                    while changes.len() < 4096 {
+                        match tokio::time::timeout(Duration::ZERO, cursor.next()).await {
+                            Ok(delivery) => self.take_row_change(delivery?, &mut cursor, &hub, &mut changes)?,
+                            Err(_) => break,
+                        }
+                    }
+                }
+                _ = stop.changed() => return Ok(()),
+            }
+            self.publish(&mut changes, &mut late).await;
+        }
+    }
+
+    /// Folds one table change in.
+    fn take_row_change(
+        &self,
+        delivery: Delivery,
+        cursor: &mut Cursor,
+        hub: &Arc<Hub>,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), EngineError> {
+        match delivery {
+            Delivery::Event(event, _) => {
+                let record = &event.record;
+                let input = |value| Input::of(record, event.partition, value);
+                let after = event.doc().map(input);
+                let before = event.before().map(input);
+                self.state.write().expect("view state lock").apply_row_change(
+                    &self.def,
+                    before.as_ref(),
+                    after.as_ref(),
+                    changes,
+                );
+            }
+            Delivery::Overflow { positions } => {
+                *cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+            }
+        }
+        Ok(())
     }
 
     /// Folds one delivery in.

@@ -9,7 +9,7 @@
 //! never sees another event. Because lateness depends on the data alone, a replay after a crash
 //! decides exactly as the live run did.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -65,6 +65,26 @@ enum Acc {
         at: Option<(i64, u32, u64)>,
         value: Value,
     },
+    /// MIN or MAX of values that can also leave (a view over a table): every value with its
+    /// count, by [`rank`]: numbers before texts, each in their order.
+    Ranked {
+        values: BTreeMap<String, (Value, u64)>,
+        max: bool,
+    },
+}
+
+/// A key that sorts numbers (by value) before texts (by text); `None` for other values.
+fn rank(value: &Value) -> Option<String> {
+    match value {
+        Value::Number(number) => {
+            let bits = number.as_f64()?.to_bits();
+            // Flip so that the unsigned order of the bits is the order of the numbers.
+            let sortable = if bits >> 63 == 1 { !bits } else { bits | (1 << 63) };
+            Some(format!("n{sortable:016x}"))
+        }
+        Value::String(text) => Some(format!("t{text}")),
+        _ => None,
+    }
 }
 
 /// Numbers compare as numbers, text as text; anything else has no order.
@@ -95,6 +115,71 @@ impl Acc {
             AggregateKind::Max => Acc::Max { best: None },
             AggregateKind::First => Acc::First { at: None, value: Value::Null },
             AggregateKind::Last => Acc::Last { at: None, value: Value::Null },
+        }
+    }
+
+    /// An accumulator rows can leave as well as join (views over tables).
+    fn retractable(function: AggregateKind) -> Acc {
+        match function {
+            AggregateKind::Min => Acc::Ranked { values: BTreeMap::new(), max: false },
+            AggregateKind::Max => Acc::Ranked { values: BTreeMap::new(), max: true },
+            other => Acc::new(other),
+        }
+    }
+
+    /// Takes back what `add(arg)` added (a row left or changed). FIRST and LAST cannot be taken
+    /// back (views over tables refuse them).
+    fn remove(&mut self, arg: Option<&Value>) {
+        match self {
+            Acc::Count { n } => {
+                if arg.is_none_or(|value| !value.is_null()) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            Acc::Distinct { values } => {
+                if let Some(value) = arg.filter(|value| !value.is_null()) {
+                    let text = key_text(value);
+                    if let Some(count) = values.get_mut(&text) {
+                        *count -= 1;
+                        if *count == 0 {
+                            values.remove(&text);
+                        }
+                    }
+                }
+            }
+            Acc::Sum { int, float, floats, n } => match arg.and_then(Value::as_number) {
+                Some(number) if let Some(difference) = number.as_i64().and_then(|value| int.checked_sub(value)) => {
+                    *int = difference;
+                    *n = n.saturating_sub(1);
+                }
+                Some(number) => {
+                    *float -= number.as_f64().unwrap_or(0.0);
+                    *floats = floats.saturating_sub(1);
+                    *n = n.saturating_sub(1);
+                    if *floats == 0 {
+                        // No float left in the sum: drop the rounding error with it.
+                        *float = 0.0;
+                    }
+                }
+                None => {}
+            },
+            Acc::Avg { sum, n } => {
+                if let Some(value) = arg.and_then(Value::as_f64) {
+                    *n = n.saturating_sub(1);
+                    *sum = if *n == 0 { 0.0 } else { *sum - value };
+                }
+            }
+            Acc::Ranked { values, .. } => {
+                if let Some(rank) = arg.and_then(rank)
+                    && let Some((_, count)) = values.get_mut(&rank)
+                {
+                    *count -= 1;
+                    if *count == 0 {
+                        values.remove(&rank);
+                    }
+                }
+            }
+            Acc::Min { .. } | Acc::Max { .. } | Acc::First { .. } | Acc::Last { .. } => {}
         }
     }
 
@@ -144,6 +229,13 @@ impl Acc {
                 if best_at.is_none_or(|best| at > best) {
                     *best_at = Some(at);
                     *value = arg.cloned().unwrap_or(Value::Null);
+                }
+            }
+            Acc::Ranked { values, .. } => {
+                if let Some(value) = arg
+                    && let Some(rank) = rank(value)
+                {
+                    values.entry(rank).or_insert_with(|| (value.clone(), 0)).1 += 1;
                 }
             }
         }
@@ -197,6 +289,15 @@ impl Acc {
             Acc::Avg { sum, n } => Value::from(sum / *n as f64),
             Acc::Min { best } | Acc::Max { best } => best.clone().unwrap_or(Value::Null),
             Acc::First { value, .. } | Acc::Last { value, .. } => value.clone(),
+            // The least number (or, with none, the least text); the greatest likewise.
+            Acc::Ranked { values, max: false } => {
+                values.values().next().map_or(Value::Null, |(value, _)| value.clone())
+            }
+            Acc::Ranked { values, max: true } => values
+                .range(..="o".to_string())
+                .next_back()
+                .or_else(|| values.iter().next_back())
+                .map_or(Value::Null, |(_, (value, _))| value.clone()),
         }
     }
 }
@@ -236,6 +337,9 @@ struct KeyState {
     kept: Vec<Kept>,
     /// A sliding window's current end (its latest event time, or when it was last evicted).
     sliding_end: i64,
+    /// A view over a table: the rows in this group (the key goes when the last one leaves).
+    #[serde(default)]
+    rows: u64,
 }
 
 /// What a view holds: every key's windows, and the times at which windows close.
@@ -325,6 +429,80 @@ impl ViewState {
             _ => {}
         }
         applied
+    }
+
+    /// A view over a table: a row changed from `before` to `after` (each absent for an insert,
+    /// a delete). Takes back what the old row gave its group, adds the new row to its group,
+    /// and pushes the new row of each group it touched (`removed` when its last row left).
+    pub fn apply_row_change(
+        &mut self,
+        def: &ViewDef,
+        before: Option<&Input>,
+        after: Option<&Input>,
+        changes: &mut Vec<Change>,
+    ) -> Applied {
+        let left = before.and_then(|input| self.fold_row(def, input, false));
+        let joined = after.and_then(|input| self.fold_row(def, input, true));
+        if left.is_none() && joined.is_none() {
+            return Applied::Filtered;
+        }
+        self.events += 1;
+        for key in left.iter().chain(joined.iter().filter(|key| Some(*key) != left.as_ref())) {
+            let Some(state) = self.keys.get(key) else { continue };
+            let row = row(def, &state.key_value, None, &state.open[0].accs);
+            let removed = state.rows == 0;
+            if removed {
+                self.keys.remove(key);
+            }
+            if def.emit_changes {
+                changes.push(Change { key: key.clone(), row, is_final: false, removed });
+            }
+        }
+        Applied::Counted
+    }
+
+    /// Adds (or takes back) one row in its group; the group's key, or `None` when the WHERE
+    /// clause skips the row.
+    fn fold_row(&mut self, def: &ViewDef, input: &Input, add: bool) -> Option<String> {
+        if let Some(filter) = &def.filter
+            && !is_true(&filter.eval(input))
+        {
+            return None;
+        }
+        let key_value = def.key.eval(input);
+        let key = key_text(&key_value);
+        let state = if add {
+            self.keys.entry(key.clone()).or_insert_with(|| KeyState {
+                key_value,
+                open: vec![WindowState {
+                    start: i64::MIN,
+                    end: i64::MAX,
+                    accs: aggregates(def).map(Acc::retractable).collect(),
+                }],
+                ..KeyState::default()
+            })
+        } else {
+            self.keys.get_mut(&key)?
+        };
+        let window = &mut state.open[0];
+        let mut args = def.columns.iter().filter_map(|column| match column {
+            Column::Key { .. } => None,
+            Column::Aggregate { arg, .. } => Some(arg.as_ref().map(|arg| arg.eval(input))),
+        });
+        for acc in window.accs.iter_mut() {
+            let arg = args.next().flatten();
+            if add {
+                acc.add(arg.as_ref(), (input.timestamp_ms, input.partition, input.offset));
+            } else {
+                acc.remove(arg.as_ref());
+            }
+        }
+        if add {
+            state.rows += 1;
+        } else {
+            state.rows = state.rows.saturating_sub(1);
+        }
+        Some(key)
     }
 
     /// Tumbling and hopping windows (and no window: one window forever).
