@@ -464,6 +464,8 @@ pub struct Cursor {
     phase: Phase,
     live: Option<Subscription>,
     buffer: VecDeque<(Arc<Event>, Change)>,
+    /// Records read from the log per step while catching up.
+    read_ahead: usize,
 }
 
 impl Cursor {
@@ -499,7 +501,16 @@ impl Cursor {
             phase: Phase::CatchUp { targets },
             live: None,
             buffer: VecDeque::new(),
+            read_ahead: CATCH_UP_BATCH_RECORDS,
         })
+    }
+
+    /// Reads `records` per step while catching up instead of the default few hundred: for one
+    /// reader replaying much (a view, a transform), fewer passes over large batches. Memory is
+    /// still bounded by the bytes read per step.
+    pub fn read_ahead(mut self, records: usize) -> Cursor {
+        self.read_ahead = records.max(1);
+        self
     }
 
     /// The next offset to deliver, per partition: where to resume after the last delivery.
@@ -517,7 +528,7 @@ impl Cursor {
                 continue;
             }
             let log = self.stream.partition(partition as u32)?;
-            let records = log.read(from, CATCH_UP_BATCH_RECORDS, TAIL_BATCH_BYTES)?;
+            let records = log.read(from, self.read_ahead, TAIL_BATCH_BYTES)?;
             for record in records {
                 if record.offset >= limit {
                     break;

@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::config::{Durability, PartitionConfig};
 use crate::error::{AppendError, OpenError, ReadError, io_at};
-use crate::format::{HEADERS_MAX, NewRecord, Record, SUBJECT_BYTES_MAX, decode_records, encode_record};
+use crate::format::{HEADERS_MAX, NewRecord, Record, SUBJECT_BYTES_MAX, decode_records, encode_record, records_from};
 use crate::metrics as m;
 use crate::segment::{LOG_SUFFIX, Segment, sync_dir};
 
@@ -379,9 +379,10 @@ impl Partition {
                 if header.base_offset >= end {
                     return Ok(false);
                 }
-                for record in decode_records(header, &batch)? {
-                    if record.offset < from || record.offset >= end {
-                        continue;
+                for record in records_from(header, &batch, from) {
+                    let record = record?;
+                    if record.offset >= end {
+                        return Ok(false);
                     }
                     bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
                     records.push(record);

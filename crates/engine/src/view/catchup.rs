@@ -1,10 +1,24 @@
 //! How far a view or transform is in replaying its source up to where the source ended when
 //! the task started, logged as it goes: `{kind} restoring` every 2 s with records/s, and
-//! `{kind} restored` with the total and the rate once it has caught up.
+//! `{kind} restored` with the total and the rate once it has caught up; and the cursor they
+//! read their source with.
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use crate::error::EngineError;
+use crate::filter::Filter;
+use crate::hub::{Cursor, Hub};
 use crate::stream::Stream;
+
+/// Records a view or transform reads from the log per step while replaying.
+const READ_AHEAD: usize = 4096;
+
+/// A cursor over every record of `source` from `positions` on, reading ahead in large steps.
+pub(crate) fn follow(hub: &Arc<Hub>, source: &Arc<Stream>, positions: Vec<u64>) -> Result<Cursor, EngineError> {
+    Ok(Cursor::new(hub.clone(), source.clone(), Arc::new(Filter::default()), positions)?.read_ahead(READ_AHEAD))
+}
 
 /// Restoration logs its progress this often.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);

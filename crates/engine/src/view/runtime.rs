@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::ViewDef;
-use super::catchup::Catchup;
+use super::catchup::{Catchup, follow};
 use super::expr::{Input, parse_value};
 use super::state::{Applied, Change, ViewState};
 use crate::error::EngineError;
@@ -131,6 +131,9 @@ pub struct ViewStatus {
 
 pub struct View {
     def: Arc<ViewDef>,
+    /// The definition emitting nothing: what a replay folds records with (its changes were
+    /// pushed before the restart, so building them would be wasted).
+    quiet: ViewDef,
     /// The stream read, or the storage of the table aggregated.
     source: Arc<Stream>,
     /// A view over a table: the table (its state is rebuilt from the rows at every start, so
@@ -153,7 +156,9 @@ impl View {
         late: Option<Arc<Stream>>,
         state: ViewState,
     ) -> View {
+        let quiet = ViewDef { emit_changes: false, emit_final: false, ..def.clone() };
         View {
+            quiet,
             def: Arc::new(def),
             source,
             table,
@@ -240,7 +245,7 @@ impl View {
         if catchup.done() {
             self.restoring.store(false, Ordering::Relaxed);
         }
-        let mut cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+        let mut cursor = follow(&hub, &self.source, positions)?;
         let mut last_checkpoint = Instant::now();
         let mut checkpointed_events = u64::MAX;
         let mut changes: Vec<Change> = Vec::new();
@@ -344,7 +349,7 @@ impl View {
         );
         drop(rows);
         self.restoring.store(false, Ordering::Relaxed);
-        let mut cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), vec![next])?;
+        let mut cursor = follow(&hub, &self.source, vec![next])?;
         let mut late = Vec::new();
         loop {
             tokio::select! {
@@ -385,7 +390,7 @@ impl View {
                 );
             }
             Delivery::Overflow { positions } => {
-                *cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+                *cursor = follow(hub, &self.source, positions)?;
             }
         }
         Ok(())
@@ -408,8 +413,9 @@ impl View {
                 let applied = {
                     let mut state = self.state.write().expect("view state lock");
                     // Windows whose close time passed before this record arrived close first.
-                    state.advance(&self.def, record.timestamp_ms - 1, changes);
-                    state.apply(&self.def, &input, record.timestamp_ms, changes)
+                    let def = if self.restoring.load(Ordering::Relaxed) { &self.quiet } else { &*self.def };
+                    state.advance(def, record.timestamp_ms - 1, changes);
+                    state.apply(def, &input, record.timestamp_ms, changes)
                 };
                 match applied {
                     Applied::Late => {
@@ -426,7 +432,7 @@ impl View {
             }
             Delivery::Overflow { positions } => {
                 // The view fell behind the live feed: read on from the log.
-                *cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+                *cursor = follow(hub, &self.source, positions)?;
             }
         }
         Ok(())

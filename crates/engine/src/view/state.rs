@@ -354,6 +354,38 @@ pub struct ViewState {
     pub invalid_events: u64,
     /// Events that counted.
     pub events: u64,
+    /// No closed window is due to be forgotten before this (a lower bound; unknown after a
+    /// restore): spares `advance` a pass over every key for every event.
+    #[serde(skip)]
+    next_expiry: LowerBound,
+    /// No sliding window holds an event older than this (a lower bound, likewise).
+    #[serde(skip)]
+    next_eviction: LowerBound,
+}
+
+/// A time nothing is due before, when known: a cache, not part of the state (two states equal
+/// whatever their caches say).
+#[derive(Clone, Copy, Debug, Default)]
+struct LowerBound(Option<i64>);
+
+impl LowerBound {
+    /// Whether something may be due at `now`: the bound is unknown or passed.
+    fn due(self, now: i64) -> bool {
+        self.0.is_none_or(|at| at <= now)
+    }
+
+    /// Something new is due at `at`.
+    fn lower(&mut self, at: i64) {
+        if let Some(bound) = &mut self.0 {
+            *bound = (*bound).min(at);
+        }
+    }
+}
+
+impl PartialEq for LowerBound {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Whether an event is dropped as late, and why.
@@ -520,7 +552,7 @@ impl ViewState {
     ) -> Applied {
         let grace = def.grace_ms as i64;
         let closes = !matches!(def.window, Window::None);
-        let state = self.keys.entry(key.to_string()).or_insert_with(|| KeyState { key_value, ..KeyState::default() });
+        let state = key_state(&mut self.keys, key, key_value);
         let mut counted = false;
         for &(start, end) in windows {
             let close_at = end.saturating_add(grace);
@@ -570,7 +602,7 @@ impl ViewState {
     ) -> Applied {
         let grace = def.grace_ms as i64;
         let time = at.0;
-        let state = self.keys.entry(key.to_string()).or_insert_with(|| KeyState { key_value, ..KeyState::default() });
+        let state = key_state(&mut self.keys, key, key_value);
         // A session is [first event, last event + gap): events less than `gap` apart are in one.
         // The event joins every session it falls in or is less than `gap` before.
         let touches = |start: i64, end: i64| time > start - gap && time < end;
@@ -652,9 +684,10 @@ impl ViewState {
         if time <= arrival_ms - size - grace {
             return Applied::Late;
         }
-        let state = self.keys.entry(key.to_string()).or_insert_with(|| KeyState { key_value, ..KeyState::default() });
+        let state = key_state(&mut self.keys, key, key_value);
         let index = state.kept.partition_point(|kept| kept.at < at);
         state.kept.insert(index, Kept { at, args });
+        self.next_eviction.lower(at.0);
         state.sliding_end = state.sliding_end.max(time);
         let end = state.sliding_end;
         let evicted = state.kept.partition_point(|kept| kept.at.0 <= end - size);
@@ -677,21 +710,26 @@ impl ViewState {
     /// The earliest time at which something closes or falls out, if anything will.
     pub fn next_deadline(&self, def: &ViewDef) -> Option<i64> {
         let closing = self.deadlines.first().map(|(at, _, _)| *at);
+        // From the bounds when known (waking early only costs a pass that finds nothing due).
         let sliding = match def.window {
-            Window::Sliding { size_ms } => self
-                .keys
-                .values()
-                .filter_map(|state| state.kept.first())
-                .map(|kept| kept.at.0 + size_ms as i64 + def.grace_ms as i64)
-                .min(),
+            Window::Sliding { size_ms } => {
+                let oldest = match self.next_eviction.0 {
+                    Some(bound) => (bound < i64::MAX).then_some(bound),
+                    None => self.keys.values().filter_map(|state| state.kept.first()).map(|kept| kept.at.0).min(),
+                };
+                oldest.map(|at| at + size_ms as i64 + def.grace_ms as i64)
+            }
             _ => None,
         };
-        let retention = self
-            .keys
-            .values()
-            .filter_map(|state| state.closed.front())
-            .map(|closed| closed.end.saturating_add(def.grace_ms as i64).saturating_add(def.retention_ms as i64))
-            .min();
+        let retention = match self.next_expiry.0 {
+            Some(bound) => (bound < i64::MAX).then_some(bound),
+            None => self
+                .keys
+                .values()
+                .filter_map(|state| state.closed.front())
+                .map(|closed| closed.end.saturating_add(def.grace_ms as i64).saturating_add(def.retention_ms as i64))
+                .min(),
+        };
         [closing, sliding, retention].into_iter().flatten().min()
     }
 
@@ -712,12 +750,20 @@ impl ViewState {
             }
             let at = state.closed.partition_point(|closed| closed.start < window.start);
             state.closed.insert(at, Closed { start: window.start, end: window.end, row });
+            self.next_expiry
+                .lower(window.end.saturating_add(def.grace_ms as i64).saturating_add(def.retention_ms as i64));
         }
         if let Window::Sliding { size_ms } = def.window {
             let size = size_ms as i64;
             let horizon = now_ms - size - def.grace_ms as i64;
-            for (key, state) in self.keys.iter_mut() {
+            let mut earliest = i64::MAX;
+            let mut emptied = Vec::new();
+            let scan = self.next_eviction.due(horizon);
+            for (key, state) in self.keys.iter_mut().filter(|_| scan) {
                 let evicted = state.kept.partition_point(|kept| kept.at.0 <= horizon);
+                if let Some(kept) = state.kept.get(evicted) {
+                    earliest = earliest.min(kept.at.0);
+                }
                 if evicted == 0 {
                     continue;
                 }
@@ -734,16 +780,32 @@ impl ViewState {
                         removed: state.kept.is_empty(),
                     });
                 }
+                if state.kept.is_empty() && state.open.is_empty() && state.closed.is_empty() {
+                    emptied.push(key.clone());
+                }
+            }
+            if scan {
+                for key in emptied {
+                    self.keys.remove(&key);
+                }
+                self.next_eviction = LowerBound(Some(earliest));
             }
         }
         // Kept for the retention after they close (measured on the same clock as closing).
         let retention = (def.retention_ms as i64).saturating_add(def.grace_ms as i64);
-        self.keys.retain(|_, state| {
-            while state.closed.front().is_some_and(|closed| closed.end.saturating_add(retention) <= now_ms) {
-                state.closed.pop_front();
-            }
-            !(state.open.is_empty() && state.closed.is_empty() && state.kept.is_empty())
-        });
+        if self.next_expiry.due(now_ms) {
+            let mut earliest = i64::MAX;
+            self.keys.retain(|_, state| {
+                while state.closed.front().is_some_and(|closed| closed.end.saturating_add(retention) <= now_ms) {
+                    state.closed.pop_front();
+                }
+                if let Some(closed) = state.closed.front() {
+                    earliest = earliest.min(closed.end.saturating_add(retention));
+                }
+                !(state.open.is_empty() && state.closed.is_empty() && state.kept.is_empty())
+            });
+            self.next_expiry = LowerBound(Some(earliest));
+        }
     }
 
     /// The rows of `key`, newest window first: open windows, then closed ones.
@@ -787,6 +849,15 @@ impl ViewState {
     pub fn key_count(&self) -> usize {
         self.keys.len()
     }
+}
+
+/// The state of `key`, created (showing `key_value`) by its first event. Looked up before it is
+/// inserted: the key is copied once per key, not once per event.
+fn key_state<'a>(keys: &'a mut HashMap<String, KeyState>, key: &str, key_value: Value) -> &'a mut KeyState {
+    if !keys.contains_key(key) {
+        keys.insert(key.to_string(), KeyState { key_value, ..KeyState::default() });
+    }
+    keys.get_mut(key).expect("inserted")
 }
 
 fn aggregates(def: &ViewDef) -> impl Iterator<Item = AggregateKind> + '_ {

@@ -25,10 +25,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::Start;
-use super::catchup::Catchup;
+use super::catchup::{Catchup, follow};
 use super::expr::{Expr, Input, is_true, key_text, parse_value};
 use crate::error::EngineError;
-use crate::filter::Filter;
 use crate::hub::{Cursor, Delivery, Hub};
 use crate::stream::Stream;
 
@@ -266,7 +265,7 @@ impl Transform {
         let positions = checkpoint.positions;
         let mut catchup = Catchup::new("transform", self.name(), &self.source, &positions);
         self.restoring.store(!catchup.done(), Ordering::Relaxed);
-        let mut cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+        let mut cursor = follow(&hub, &self.source, positions)?;
         let mut last_checkpoint = Instant::now();
         let mut checkpointed = Vec::new();
         let mut batch: Vec<NewRecord> = Vec::new();
@@ -367,7 +366,7 @@ impl Transform {
             }
             Delivery::Overflow { positions } => {
                 // Fell behind the live feed: read on from the log.
-                *cursor = Cursor::new(hub.clone(), self.source.clone(), Arc::new(Filter::default()), positions)?;
+                *cursor = follow(hub, &self.source, positions)?;
             }
         }
         Ok(())
