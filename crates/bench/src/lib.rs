@@ -7,6 +7,7 @@
 //! - `notify`: `onehop bench notify` — a durable write over HTTP reaching SSE subscribers.
 //! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, open loop, with
 //!   a rate sweep.
+//! - `restore`: `onehop bench restore` — views rebuilding their state from the log.
 //! - `server`: starting and stopping a `onehop serve` process for a run.
 //! - `histogram`: latency histograms (HdrHistogram, nanoseconds) and their percentiles.
 //! - `plot`: small self-contained SVG charts for reports.
@@ -19,4 +20,5 @@ pub mod log;
 pub mod mqtt;
 pub mod notify;
 pub mod plot;
+pub mod restore;
 pub mod server;

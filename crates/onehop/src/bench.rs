@@ -5,14 +5,28 @@ use std::time::Duration;
 use anyhow::Context;
 use onehop_bench::log::{LogBenchOptions, json_line, table};
 
-use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs};
+use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchRestoreArgs};
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Log(args) => bench_log(args),
         BenchCommand::Notify(args) => bench_notify(args),
         BenchCommand::Mqtt(args) => bench_mqtt(args),
+        BenchCommand::Restore(args) => bench_restore(args),
     }
+}
+
+fn bench_restore(args: BenchRestoreArgs) -> anyhow::Result<()> {
+    use onehop_bench::restore::{RestoreOptions, json_line, run, table};
+    let options = RestoreOptions { dir: args.dir, records: args.records, keys: args.keys, progress: !args.no_progress };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let report = runtime.block_on(run(&options))?;
+    println!("{}", table(&report));
+    println!("command: onehop bench restore {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    if args.json {
+        println!("{}", json_line(&report));
+    }
+    Ok(())
 }
 
 fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {

@@ -135,6 +135,8 @@ pub enum BenchCommand {
     Notify(BenchNotifyArgs),
     /// MQTT publishers → broker → subscribers, open loop: latency from intended send to receipt.
     Mqtt(BenchMqttArgs),
+    /// How fast views rebuild their state by replaying the log (records/s).
+    Restore(BenchRestoreArgs),
 }
 
 #[derive(Args, Debug)]
@@ -260,6 +262,29 @@ pub struct BenchLogArgs {
     /// Also write log.json, log.txt and SVG plots into this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+
+    /// End the output with one JSON line of the results.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Do not draw progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchRestoreArgs {
+    /// The data goes in a temporary directory under this one: put it on the disk to measure.
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Records written, then replayed by each view.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub records: u64,
+
+    /// Distinct keys among them.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
 
     /// End the output with one JSON line of the results.
     #[arg(long)]

@@ -138,3 +138,27 @@ fn a_view_after_kill_9_equals_the_view_without_the_crash() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("views are read-only"), "{refused:?}");
     assert_eq!(settled(server.address, 3002)["alice"], row, "nothing was written to the view");
 }
+
+#[test]
+fn bench_restore_replays_every_record_into_each_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::onehop()
+        .args(["bench", "restore", "--records", "20000", "--keys", "100", "--json", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["bench"], "restore");
+    assert_eq!(report["records"], 20000);
+    let views = report["views"].as_array().unwrap();
+    assert_eq!(views.len(), 2);
+    for view in views {
+        // Every key seen, so every record was folded in.
+        assert_eq!(view["keys"], 100, "{view}");
+        assert!(view["records_per_s"].as_f64().unwrap() > 0.0, "{view}");
+    }
+    // The scratch data is gone afterwards.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
