@@ -481,7 +481,8 @@ impl ViewState {
         self.events += 1;
         for key in left.iter().chain(joined.iter().filter(|key| Some(*key) != left.as_ref())) {
             let Some(state) = self.keys.get(key) else { continue };
-            let row = row(def, &state.key_value, None, &state.open[0].accs);
+            let Some(window) = state.open.first() else { continue };
+            let row = row(def, &state.key_value, None, &window.accs);
             let removed = state.rows == 0;
             if removed {
                 self.keys.remove(key);
@@ -516,7 +517,8 @@ impl ViewState {
         } else {
             self.keys.get_mut(&key)?
         };
-        let window = &mut state.open[0];
+        // A table view's group has its one window from its first row (`?`: never otherwise).
+        let window = state.open.first_mut()?;
         let mut args = def.columns.iter().filter_map(|column| match column {
             Column::Key { .. } => None,
             Column::Aggregate { arg, .. } => Some(arg.as_ref().map(|arg| arg.eval(input))),
