@@ -1,8 +1,9 @@
 //! `onehop bench …`: thin front ends over the harness in `onehop-bench`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use onehop_bench::log::{LogBenchOptions, json_line, table};
 
 use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs};
@@ -15,29 +16,53 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// The command as typed, for the reports.
+fn command_line() -> String {
+    let mut words = vec!["onehop".to_string()];
+    words.extend(std::env::args().skip(1));
+    words.join(" ")
+}
+
+/// Seconds from a flag: finite and positive (`allow_zero` for warm-ups).
+fn seconds(flag: &str, value: f64, allow_zero: bool) -> anyhow::Result<Duration> {
+    if !value.is_finite() || value < 0.0 || (value == 0.0 && !allow_zero) {
+        bail!(
+            "{flag} must be a {} number of seconds, not {value}",
+            if allow_zero { "non-negative" } else { "positive" }
+        );
+    }
+    Duration::try_from_secs_f64(value).with_context(|| format!("{flag} {value}"))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")
+}
+
+fn exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("finding the onehop executable")
+}
+
 fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {
     use onehop_bench::mqtt::{MqttBenchOptions, json_line, run, table};
-    if !(args.duration > 0.0 && args.warmup >= 0.0) {
-        anyhow::bail!("--duration must be positive and --warmup not negative");
-    }
     let options = MqttBenchOptions {
         address: args.address,
-        exe: std::env::current_exe().context("finding the onehop executable")?,
+        exe: exe()?,
         dir: args.dir,
         publishers: args.publishers,
         subscribers: args.subscribers,
         rate: args.rate,
-        duration: Duration::from_secs_f64(args.duration),
-        warmup: Duration::from_secs_f64(args.warmup),
+        duration: seconds("--duration", args.duration, false)?,
+        warmup: seconds("--warmup", args.warmup, true)?,
         payload_bytes: args.payload_bytes,
         qos: args.qos,
         sweep: args.sweep,
         idle_clients: args.idle_clients,
         progress: !args.no_progress,
     };
-    let report = run(&options)?;
+    let runtime = runtime()?;
+    let report = run(&options, runtime.handle())?;
     println!("{}", table(&report));
-    println!("command: onehop bench mqtt {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    println!("command: {}", command_line());
     if args.json {
         println!("{}", json_line(&report));
     }
@@ -46,25 +71,21 @@ fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {
 
 fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
     if args.writers.is_empty() || args.writers.contains(&0) {
-        anyhow::bail!("--writers needs one or more positive counts");
-    }
-    if !(args.duration > 0.0 && args.warmup >= 0.0) {
-        anyhow::bail!("--duration must be positive and --warmup not negative");
+        bail!("--writers needs one or more positive counts");
     }
     let options = LogBenchOptions {
         dir: args.dir,
         record_bytes: args.record_bytes,
         writers: args.writers,
         modes: args.modes,
-        duration: Duration::from_secs_f64(args.duration),
-        warmup: Duration::from_secs_f64(args.warmup),
+        duration: seconds("--duration", args.duration, false)?,
+        warmup: seconds("--warmup", args.warmup, true)?,
         out: args.out,
         progress: !args.no_progress,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let report = runtime.block_on(onehop_bench::log::run(&options))?;
+    let report = runtime()?.block_on(onehop_bench::log::run(&options))?;
     println!("{}", table(&report));
-    println!("command: onehop bench log {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    println!("command: {}", command_line());
     if args.json {
         println!("{}", json_line(&report));
     }
@@ -73,27 +94,24 @@ fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
 
 fn bench_notify(args: BenchNotifyArgs) -> anyhow::Result<()> {
     use onehop_bench::notify::{NotifyOptions, json_line, run, table};
-    if !(args.duration > 0.0 && args.warmup >= 0.0) {
-        anyhow::bail!("--duration must be positive and --warmup not negative");
-    }
     let options = NotifyOptions {
         url: args.url,
-        exe: std::env::current_exe().context("finding the onehop executable")?,
+        exe: exe()?,
         dir: args.dir,
         subscribers: args.subscribers,
         subjects: args.subjects,
         rate: args.rate,
-        duration: Duration::from_secs_f64(args.duration),
-        warmup: Duration::from_secs_f64(args.warmup),
+        duration: seconds("--duration", args.duration, false)?,
+        warmup: seconds("--warmup", args.warmup, true)?,
         durability: args.durability.to_string(),
         in_flight_max: 10_000,
         protocol: args.protocol,
         progress: !args.no_progress,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let report = runtime.block_on(run(&options))?;
+    let runtime = runtime()?;
+    let report = run(&options, runtime.handle())?;
     println!("{}", table(&report));
-    println!("command: onehop bench notify {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    println!("command: {}", command_line());
     if args.json {
         println!("{}", json_line(&report));
     }
