@@ -14,12 +14,13 @@
 //! - `client`: onehop's protocols as the workloads use them (HTTP writes and queries, SSE and
 //!   WebSocket subscriptions, MQTT), shared by both targets.
 //! - `run`: one run — open, drive, drain, stop; `analysis`: its figures and raw rows;
-//!   `progress`: the bar per run.
+//!   `progress`: the bar per run; `report`: raw.csv, meta.json, summary.md, plots, JSON lines.
 //! - `histogram`: latency histograms (HdrHistogram, nanoseconds), merged across runs;
 //!   `plot`: small self-contained SVG charts; `server`: starting and stopping `onehop serve`.
 //!
 //! The benchmarks built from them:
 //!
+//! - `workload`: `onehop bench w1|w2|w3|w4|all` (study 1 of ../shared/BENCHMARKS.md).
 //! - `notify`: `onehop bench notify` — a durable write over HTTP reaching SSE subscribers.
 //! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, with a sweep.
 //! - `log`: `onehop bench log` — the fdatasync floor against log appends.
@@ -37,7 +38,9 @@ pub mod plan;
 pub mod plot;
 pub mod progress;
 pub mod recorder;
+pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod server;
 pub mod target;
+pub mod workload;

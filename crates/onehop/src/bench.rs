@@ -5,14 +5,28 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use onehop_bench::log::{LogBenchOptions, json_line, table};
+use onehop_bench::target::TargetOptions;
+use onehop_bench::workload::{BenchOptions, Workload};
 
-use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs};
+use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchWorkloadArgs};
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Log(args) => bench_log(args),
         BenchCommand::Notify(args) => bench_notify(args),
         BenchCommand::Mqtt(args) => bench_mqtt(args),
+        BenchCommand::W1(args) => bench_workloads(vec![Workload::W1], args),
+        BenchCommand::W2(args) => bench_workloads(vec![Workload::W2], args),
+        BenchCommand::W3(args) => bench_workloads(vec![Workload::W3], args),
+        BenchCommand::W4(args) => bench_workloads(vec![Workload::W4], args),
+        BenchCommand::All(args) => {
+            if args.rate.is_some() || !args.sweep.is_empty() {
+                bail!(
+                    "`bench all` runs each workload at its own rate: give --rate or --sweep to one workload at a time"
+                );
+            }
+            bench_workloads(Workload::ALL.to_vec(), args)
+        }
     }
 }
 
@@ -40,6 +54,36 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().context("finding the onehop executable")
+}
+
+fn bench_workloads(workloads: Vec<Workload>, args: BenchWorkloadArgs) -> anyhow::Result<()> {
+    let options = BenchOptions {
+        workloads,
+        targets: args.target,
+        target_options: TargetOptions { url: args.url, mqtt_address: args.mqtt_address, exe: exe()?, dir: args.dir },
+        rate_hz: args.rate,
+        sweep: args.sweep,
+        duration: args.duration.map(|value| seconds("--duration", value, false)).transpose()?,
+        warmup: args.warmup.map(|value| seconds("--warmup", value, true)).transpose()?,
+        runs: args.runs,
+        out: Some(args.out.clone()),
+        progress: !args.no_progress,
+        view_keys: None,
+        seed: args.seed,
+        command: command_line(),
+    };
+    options.validate()?;
+    let runtime = runtime()?;
+    let summaries = onehop_bench::workload::run(&options, runtime.handle())?;
+    println!("{}", onehop_bench::report::tables(&summaries));
+    println!("results: {} (summary.md, <workload>/<run_id>/raw.csv and meta.json)", args.out.display());
+    println!("command: {}", options.command);
+    if args.json {
+        for summary in &summaries {
+            println!("{}", onehop_bench::report::json_line(summary));
+        }
+    }
+    Ok(())
 }
 
 fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {
