@@ -20,7 +20,8 @@
 //!
 //! The benchmarks built from them:
 //!
-//! - `workload`: `onehop bench w1|w2|w3|w4|all` (study 1 of ../shared/BENCHMARKS.md).
+//! - `workload`: `onehop bench w1|w2|w3|w4|all` (study 1 of ../shared/BENCHMARKS.md), and
+//!   `onehop bench view` (W3 with its own flags).
 //! - `notify`: `onehop bench notify` — a durable write over HTTP reaching SSE subscribers.
 //! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, with a sweep.
 //! - `log`: `onehop bench log` — the fdatasync floor against log appends.

@@ -309,6 +309,85 @@ pub fn json_line(summary: &Summary) -> String {
     serde_json::to_string(&line).expect("the line serializes")
 }
 
+/// The last line of `onehop bench view --json`.
+#[derive(Serialize)]
+pub struct ViewLine {
+    pub bench: &'static str,
+    pub freshness_p50_us: f64,
+    pub freshness_p99_us: f64,
+    pub close_lag_p99_ms: f64,
+    pub query_p50_us: f64,
+    pub query_p99_us: f64,
+    pub freshness_p999_us: f64,
+    pub close_lag_p50_ms: f64,
+    pub rate: f64,
+    pub keys: u32,
+    pub events: u64,
+    pub delivered_pct: f64,
+    pub windows: u64,
+    pub queries: u64,
+    pub errors: u64,
+    pub write_ack_p50_us: f64,
+    pub server_rss_mb: Option<f64>,
+}
+
+pub fn view_line(summary: &Summary, keys: u32) -> ViewLine {
+    let figures = &summary.figures;
+    let us = |ns: u64| ns as f64 / 1e3;
+    let (fresh, close, query, ack) = (
+        Percentiles::of(&figures.latency),
+        Percentiles::of(&figures.close_lag),
+        Percentiles::of(&figures.query),
+        Percentiles::of(&figures.ack),
+    );
+    ViewLine {
+        bench: "view",
+        freshness_p50_us: us(fresh.p50_ns),
+        freshness_p99_us: us(fresh.p99_ns),
+        close_lag_p99_ms: close.p99_ns as f64 / 1e6,
+        query_p50_us: us(query.p50_ns),
+        query_p99_us: us(query.p99_ns),
+        freshness_p999_us: us(fresh.p999_ns),
+        close_lag_p50_ms: close.p50_ns as f64 / 1e6,
+        rate: summary.rate_hz,
+        keys,
+        events: figures.producer_emitted,
+        delivered_pct: figures.delivered_pct(),
+        windows: close.count,
+        queries: query.count,
+        errors: figures.errors.total(),
+        write_ack_p50_us: us(ack.p50_ns),
+        server_rss_mb: figures.server_rss_mb,
+    }
+}
+
+pub fn view_table(line: &ViewLine) -> String {
+    format!(
+        "view benchmark — {:.0} events/s over {} keys into a 5 s tumbling count (grace 1 s), \
+         a subscriber on the whole view, point queries at 20/s over HTTP keep-alive\n\n\
+         freshness (intended send → a row that includes it)  p50 {:>8.0} µs   p99 {:>8.0} µs   p99.9 {:>8.0} µs\n\
+         window close lag (end + grace → final row)          p50 {:>8.1} ms   p99 {:>8.1} ms   ({} windows)\n\
+         point query (GET /views/{{v}}/{{key}})                  p50 {:>8.0} µs   p99 {:>8.0} µs   ({} queries)\n\
+         write → durable ack p50 {:.0} µs; delivered {:.2} % of {} events, errors {}{}\n",
+        line.rate,
+        line.keys,
+        line.freshness_p50_us,
+        line.freshness_p99_us,
+        line.freshness_p999_us,
+        line.close_lag_p50_ms,
+        line.close_lag_p99_ms,
+        line.windows,
+        line.query_p50_us,
+        line.query_p99_us,
+        line.queries,
+        line.write_ack_p50_us,
+        line.delivered_pct,
+        line.events,
+        line.errors,
+        line.server_rss_mb.map_or_else(String::new, |mb| format!(", server RSS {mb:.0} MiB")),
+    )
+}
+
 /// The side-by-side tables, as Markdown (printed too: it reads as plain text).
 pub fn tables(summaries: &[Summary]) -> String {
     let mut text = String::new();

@@ -8,7 +8,7 @@ use onehop_bench::log::{LogBenchOptions, json_line, table};
 use onehop_bench::target::TargetOptions;
 use onehop_bench::workload::{BenchOptions, Workload};
 
-use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchWorkloadArgs};
+use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchViewArgs, BenchWorkloadArgs};
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
@@ -27,6 +27,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             }
             bench_workloads(Workload::ALL.to_vec(), args)
         }
+        BenchCommand::View(args) => bench_view(args),
     }
 }
 
@@ -82,6 +83,34 @@ fn bench_workloads(workloads: Vec<Workload>, args: BenchWorkloadArgs) -> anyhow:
         for summary in &summaries {
             println!("{}", onehop_bench::report::json_line(summary));
         }
+    }
+    Ok(())
+}
+
+fn bench_view(args: BenchViewArgs) -> anyhow::Result<()> {
+    let options = BenchOptions {
+        workloads: vec![Workload::W3],
+        targets: vec!["onehop".into()],
+        target_options: TargetOptions { url: args.url, mqtt_address: None, exe: exe()?, dir: args.dir },
+        rate_hz: Some(args.rate),
+        sweep: Vec::new(),
+        duration: Some(seconds("--duration", args.duration, false)?),
+        warmup: Some(seconds("--warmup", args.warmup, true)?),
+        runs: 1,
+        out: None,
+        progress: !args.no_progress,
+        view_keys: Some(args.keys),
+        seed: onehop_bench::workload::SEED_DEFAULT,
+        command: command_line(),
+    };
+    options.validate()?;
+    let runtime = runtime()?;
+    let summaries = onehop_bench::workload::run(&options, runtime.handle())?;
+    let line = onehop_bench::report::view_line(&summaries[0], args.keys);
+    println!("{}", onehop_bench::report::view_table(&line));
+    println!("command: {}", options.command);
+    if args.json {
+        println!("{}", serde_json::to_string(&line)?);
     }
     Ok(())
 }

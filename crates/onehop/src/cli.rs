@@ -149,6 +149,8 @@ pub enum BenchCommand {
     W4(BenchWorkloadArgs),
     /// W1, W2, W3 and W4 one after another, each at its own published parameters.
     All(BenchWorkloadArgs),
+    /// A live view: freshness, window-close lag and point-query latency (W3 with its own flags).
+    View(BenchViewArgs),
 }
 
 /// Flags of `onehop bench w1|w2|w3|w4|all`. Left out, rate, duration and warm-up are the
@@ -208,6 +210,44 @@ pub struct BenchWorkloadArgs {
     pub json: bool,
 
     /// Do not draw progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Flags of `onehop bench view`.
+#[derive(Args, Debug)]
+pub struct BenchViewArgs {
+    /// Events per second into the view's stream. Above 2 000/s, events due within 1 ms go as
+    /// one NDJSON batch.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+
+    /// Keys the events are spread over, uniformly.
+    #[arg(long, default_value_t = 100)]
+    pub keys: u32,
+
+    /// Measured seconds.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub duration: f64,
+
+    /// Unmeasured seconds first.
+    #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
+    pub warmup: f64,
+
+    /// A running server to measure; without it, one is started on a temporary data directory
+    /// under --dir and stopped afterwards.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+
+    /// Where a started server keeps its data.
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// End the output with one JSON line of the results.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Do not draw a progress bar.
     #[arg(long)]
     pub no_progress: bool,
 }

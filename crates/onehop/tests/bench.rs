@@ -1,4 +1,4 @@
-//! The benchmark harness end to end: `onehop bench w1|w2|w3|w4` run
+//! The benchmark harness end to end: `onehop bench w1|w2|w3|w4` and `onehop bench view` run
 //! against a server they start (the real binary, a separate process) for a few seconds, and
 //! must deliver everything, report no error, and leave well-formed raw.csv and meta.json
 //! behind. No figure is checked against a threshold: speed is what the benchmarks report.
@@ -209,6 +209,31 @@ fn w4_ingests_over_mqtt_and_sweeps_merge_runs_per_rate() {
 }
 
 #[test]
+fn bench_view_is_w3_with_its_own_flags_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::onehop()
+        .args(["bench", "view", "--rate", "200", "--keys", "20", "--duration", "3", "--warmup", "1"])
+        .args(["--json", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let line: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(line["bench"], "view");
+    assert_eq!(line["delivered_pct"], 100.0, "{line}");
+    assert_eq!(line["errors"], 0, "{line}");
+    assert_eq!(line["keys"], 20);
+    assert_eq!(line["events"], 600);
+    for key in ["freshness_p50_us", "freshness_p99_us", "query_p50_us", "query_p99_us"] {
+        assert!(line[key].as_f64().unwrap() > 0.0, "{key} in {line}");
+    }
+    assert!(line["close_lag_p99_ms"].as_f64().unwrap() >= 0.0);
+    assert!(line["windows"].as_u64().unwrap() >= 20, "every key's window closed: {line}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the server's data was removed");
+}
+
+#[test]
 fn bad_flags_are_refused_with_the_reason() {
     let refusal = |args: &[&str]| {
         let output = common::onehop().arg("bench").args(args).output().unwrap();
@@ -221,5 +246,6 @@ fn bad_flags_are_refused_with_the_reason() {
     assert!(refusal(&["w2", "--rate", "0"]).contains("rates must be positive"));
     assert!(refusal(&["w3", "--sweep", "10,x"]).contains("invalid value"));
     assert!(refusal(&["all", "--rate", "5"]).contains("each workload at its own rate"));
+    assert!(refusal(&["view", "--keys", "0"]).contains("--keys must be positive"));
     assert!(refusal(&["w4", "--target", "onehop,onehop"]).contains("twice"));
 }
