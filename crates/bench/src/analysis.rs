@@ -112,6 +112,8 @@ pub struct Figures {
     pub deliveries_expected: u64,
     pub deliveries_seen: u64,
     pub duplicates: u64,
+    /// Times an observer was cut off for falling behind and resumed without a gap.
+    pub observer_resumes: u64,
     pub windows_expected: u64,
     pub queries_emitted: u64,
     pub errors: Errors,
@@ -136,6 +138,7 @@ impl Default for Figures {
             deliveries_expected: 0,
             deliveries_seen: 0,
             duplicates: 0,
+            observer_resumes: 0,
             windows_expected: 0,
             queries_emitted: 0,
             errors: Errors::default(),
@@ -165,6 +168,7 @@ impl Figures {
         self.deliveries_expected += other.deliveries_expected;
         self.deliveries_seen += other.deliveries_seen;
         self.duplicates += other.duplicates;
+        self.observer_resumes += other.observer_resumes;
         self.windows_expected += other.windows_expected;
         self.queries_emitted += other.queries_emitted;
         self.errors.add(&other.errors);
@@ -208,6 +212,7 @@ pub fn analyze(plan: &Plan, recorder: &Recorder, rows: &mut dyn FnMut(RawRow)) -
         }
     }
     figures.errors.observer = recorder.observer_errors();
+    figures.observer_resumes = recorder.resumes();
     let elapsed_s = (events.schedule.warmup + events.schedule.duration).as_secs_f64();
     figures.sent_rate_hz = events.sent_count() as f64 / elapsed_s;
     match plan {

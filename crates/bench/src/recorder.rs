@@ -181,6 +181,8 @@ pub struct Recorder {
     /// Closing rows seen so far (views).
     finals: AtomicU64,
     observer_errors: AtomicU64,
+    /// Subscriptions the target cut off for falling behind, resumed from the id it gave.
+    resumes: AtomicU64,
     problems: Mutex<Vec<String>>,
 }
 
@@ -195,6 +197,7 @@ impl Recorder {
             delivered: AtomicU64::new(0),
             finals: AtomicU64::new(0),
             observer_errors: AtomicU64::new(0),
+            resumes: AtomicU64::new(0),
             problems: Mutex::new(Vec::new()),
         }
     }
@@ -245,6 +248,14 @@ impl Recorder {
         if problems.len() < PROBLEMS_KEPT {
             problems.push(why);
         }
+    }
+
+    pub fn count_resume(&self) {
+        self.resumes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn resumes(&self) -> u64 {
+        self.resumes.load(Ordering::Relaxed)
     }
 
     pub fn observer_errors(&self) -> u64 {

@@ -201,6 +201,7 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         "started_at": rfc3339(meta.started_at),
         "ended_at": rfc3339(meta.ended_at),
     });
+    value["observer_resumes"] = figures.observer_resumes.into();
     if meta.workload == Workload::W3 {
         let close = Percentiles::of(&figures.close_lag);
         let query = Percentiles::of(&figures.query);
@@ -327,6 +328,8 @@ pub struct ViewLine {
     pub windows: u64,
     pub queries: u64,
     pub errors: u64,
+    /// Times the subscriber was cut off for falling behind and resumed without a gap.
+    pub resumes: u64,
     pub write_ack_p50_us: f64,
     pub server_rss_mb: Option<f64>,
 }
@@ -356,6 +359,7 @@ pub fn view_line(summary: &Summary, keys: u32) -> ViewLine {
         windows: close.count,
         queries: query.count,
         errors: figures.errors.total(),
+        resumes: figures.observer_resumes,
         write_ack_p50_us: us(ack.p50_ns),
         server_rss_mb: figures.server_rss_mb,
     }
@@ -368,7 +372,7 @@ pub fn view_table(line: &ViewLine) -> String {
          freshness (intended send → a row that includes it)  p50 {:>8.0} µs   p99 {:>8.0} µs   p99.9 {:>8.0} µs\n\
          window close lag (end + grace → final row)          p50 {:>8.1} ms   p99 {:>8.1} ms   ({} windows)\n\
          point query (GET /views/{{v}}/{{key}})                  p50 {:>8.0} µs   p99 {:>8.0} µs   ({} queries)\n\
-         write → durable ack p50 {:.0} µs; delivered {:.2} % of {} events, errors {}{}\n",
+         write → durable ack p50 {:.0} µs; delivered {:.2} % of {} events, errors {}, subscriber resumes {}{}\n",
         line.rate,
         line.keys,
         line.freshness_p50_us,
@@ -384,6 +388,7 @@ pub fn view_table(line: &ViewLine) -> String {
         line.delivered_pct,
         line.events,
         line.errors,
+        line.resumes,
         line.server_rss_mb.map_or_else(String::new, |mb| format!(", server RSS {mb:.0} MiB")),
     )
 }
@@ -480,6 +485,14 @@ pub fn tables(summaries: &[Summary]) -> String {
                     );
                 }
             }
+        }
+        for summary in rows.iter().filter(|summary| summary.figures.observer_resumes > 0) {
+            let _ = writeln!(
+                text,
+                "\n{} at {:.0}/s: subscribers were cut off for falling behind {} time(s) and resumed from \
+                 the id the server gave (nothing missed; the time it took is in the latency).",
+                summary.target, summary.rate_hz, summary.figures.observer_resumes
+            );
         }
         let problems: Vec<&String> = rows.iter().flat_map(|summary| summary.figures.problems.iter()).take(5).collect();
         if !problems.is_empty() {

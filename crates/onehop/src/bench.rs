@@ -108,6 +108,13 @@ fn bench_view(args: BenchViewArgs) -> anyhow::Result<()> {
     let summaries = onehop_bench::workload::run(&options, runtime.handle())?;
     let line = onehop_bench::report::view_line(&summaries[0], args.keys);
     println!("{}", onehop_bench::report::view_table(&line));
+    let figures = &summaries[0].figures;
+    if figures.errors.total() > 0 {
+        println!("errors: {}", serde_json::to_string(&figures.errors)?);
+        for problem in figures.problems.iter().take(5) {
+            println!("- {problem}");
+        }
+    }
     println!("command: {}", options.command);
     if args.json {
         println!("{}", serde_json::to_string(&line)?);

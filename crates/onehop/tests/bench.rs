@@ -230,7 +230,31 @@ fn bench_view_is_w3_with_its_own_flags_and_line() {
     }
     assert!(line["close_lag_p99_ms"].as_f64().unwrap() >= 0.0);
     assert!(line["windows"].as_u64().unwrap() >= 20, "every key's window closed: {line}");
+    assert!(line["resumes"].is_u64(), "{line}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the server's data was removed");
+}
+
+#[test]
+fn a_view_subscriber_cut_off_for_falling_behind_resumes_without_a_gap() {
+    // A running server (--url) whose subscribers may fall only 8 events behind: the view's
+    // batches of changes cut the subscriber off again and again, and every time it resumes
+    // from the id the server gave. Nothing may be missed.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--subscriber-queue", "8", "--data-dir", data.to_str().unwrap()];
+    let server = common::start(dir.path(), &args, &[]);
+    let url = format!("http://{}", server.address);
+    let output = common::onehop()
+        .args(["bench", "view", "--url", &url, "--rate", "3000", "--keys", "300", "--duration", "1.5"])
+        .args(["--warmup", "0.5", "--json", "--no-progress"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let line: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(line["resumes"].as_u64().unwrap() > 0, "never cut off: {line}");
+    assert_eq!(line["delivered_pct"], 100.0, "{line}");
+    assert_eq!(line["errors"], 0, "{line}");
 }
 
 #[test]

@@ -63,10 +63,10 @@ fn open_fanout(
     for (observer, filter) in fanout.routing.subscriptions() {
         let task = match fanout.protocol {
             Protocol::Sse => {
-                let target = sse::target(&format!("/streams/{stream}"), &filter);
-                let subscription =
-                    runtime.block_on(sse::subscribe(&address, &target)).context("subscribing over SSE")?;
-                runtime.spawn(sse::fanout_observer(subscription, observer, recorder.clone(), observers.stop_signal()))
+                let source = sse::Source::filtered(&address, &format!("/streams/{stream}"), &filter);
+                let subscription = runtime.block_on(source.subscribe()).context("subscribing over SSE")?;
+                let (recorder, stop) = (recorder.clone(), observers.stop_signal());
+                runtime.spawn(sse::fanout_observer(source, subscription, observer, recorder, stop))
             }
             Protocol::Ws => {
                 let socket = runtime
@@ -100,10 +100,10 @@ fn open_view(
     let mut observers = Observers::default();
     // One subscription to the whole view: every key's changes and closing rows.
     let address = http::address_of(&endpoints.http);
-    let subscription = runtime
-        .block_on(sse::subscribe(&address, &format!("/views/{name}?from=earliest")))
-        .context("subscribing to the view")?;
-    observers.add_task(runtime.spawn(sse::view_observer(subscription, recorder.clone(), observers.stop_signal())));
+    let view_source = sse::Source { address, target: format!("/views/{name}") };
+    let subscription = runtime.block_on(view_source.subscribe()).context("subscribing to the view")?;
+    let (view_recorder, stop) = (recorder.clone(), observers.stop_signal());
+    observers.add_task(runtime.spawn(sse::view_observer(view_source, subscription, view_recorder, stop)));
     let producer = http::HttpWriter::events(&endpoints.http, format!("/streams/{source}"), plan, recorder.clone())?;
     // Point queries on connections of their own, kept alive between queries.
     let querier = http::HttpWriter::queries(&endpoints.http, format!("/views/{name}"), view.clone(), recorder.clone())?;

@@ -21,14 +21,34 @@ pub struct Subscription {
     early: Vec<u8>,
 }
 
-/// The path and query of a subscription to `path` with `filter`, from the stream's start (the
-/// stream is new, so this is everything written after the subscription exists too).
-pub fn target(path: &str, filter: &Filter) -> String {
-    let (name, value) = match filter {
-        Filter::Subject(subject) => ("subject", subject.as_str()),
-        Filter::Field { field, value } => (*field, value.as_str()),
-    };
-    format!("{path}?{name}={}&from=earliest", http1::encode(value))
+/// What a subscription follows: the server, and the path and query without a start position.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub address: String,
+    pub target: String,
+}
+
+impl Source {
+    /// A subscription to `path` with `filter`.
+    pub fn filtered(address: &str, path: &str, filter: &Filter) -> Source {
+        let (name, value) = match filter {
+            Filter::Subject(subject) => ("subject", subject.as_str()),
+            Filter::Field { field, value } => (*field, value.as_str()),
+        };
+        Source { address: address.to_string(), target: format!("{path}?{name}={}", http1::encode(value)) }
+    }
+
+    /// The target starting at `from` (`earliest`, or an event id to resume after).
+    pub fn from(&self, from: &str) -> String {
+        let separator = if self.target.contains('?') { '&' } else { '?' };
+        format!("{}{separator}from={}", self.target, http1::encode(from))
+    }
+
+    /// Subscribes from the start: the stream or view is new, so this is also everything
+    /// written after the subscription exists.
+    pub async fn subscribe(&self) -> anyhow::Result<Subscription> {
+        subscribe(&self.address, &self.from("earliest")).await
+    }
 }
 
 /// Opens an SSE subscription to `target` (path and query) on the server at `address`.
@@ -62,7 +82,7 @@ pub async fn subscribe(address: &str, target: &str) -> anyhow::Result<Subscripti
 /// Why a reader stopped.
 enum Ended {
     Stopped,
-    Closed,
+    Closed(String),
 }
 
 /// Reads events until told to stop or the server ends the response, calling `on_event` with
@@ -82,7 +102,8 @@ async fn read_events(
             // or the harness would spend the CPU it is measuring.
             let read = tokio::select! {
                 read = subscription.stream.read(&mut chunk) => match read {
-                    Ok(0) | Err(_) => return Ended::Closed,
+                    Ok(0) => return Ended::Closed("the server closed the connection".into()),
+                    Err(error) => return Ended::Closed(format!("reading: {error}")),
                     Ok(read) => read,
                 },
                 _ = stop.changed() => return Ended::Stopped,
@@ -90,10 +111,13 @@ async fn read_events(
             raw.extend_from_slice(&chunk[..read]);
         }
         let received_ns = clock.now_ns();
+        let mut ended = None;
         match subscription.chunked.as_mut() {
             Some(decoder) => {
-                if decoder.feed(&raw, &mut buffer).is_err() || decoder.is_done() {
-                    return Ended::Closed;
+                if let Err(error) = decoder.feed(&raw, &mut buffer) {
+                    ended = Some(format!("a malformed response: {error}"));
+                } else if decoder.is_done() {
+                    ended = Some("the server ended the response".to_string());
                 }
             }
             None => buffer.extend_from_slice(&raw),
@@ -117,6 +141,9 @@ async fn read_events(
             }
         }
         buffer.drain(..start);
+        if let Some(why) = ended {
+            return Ended::Closed(why);
+        }
     }
 }
 
@@ -130,31 +157,65 @@ struct SeqValue {
     seq: u64,
 }
 
+/// Reads a subscription's `record` events until stopped. When the server cuts it off for
+/// falling behind, it resumes from the id the server gave, as a client should: nothing is
+/// missed, the time it took counts as latency, and the resume is counted.
+async fn follow(
+    source: &Source,
+    mut subscription: Subscription,
+    recorder: &Recorder,
+    stop: tokio::sync::watch::Receiver<bool>,
+    mut on_record: impl FnMut(&str, u64),
+) {
+    loop {
+        let mut resume_id: Option<Result<String, String>> = None;
+        let ended = read_events(subscription, recorder.clock, stop.clone(), |event, data, received_ns| match event {
+            "record" => on_record(data, received_ns),
+            "overflow" => {
+                let id = serde_json::from_str::<serde_json::Value>(data)
+                    .ok()
+                    .and_then(|overflow| overflow["resume_id"].as_str().map(str::to_string));
+                resume_id = Some(id.ok_or_else(|| data.to_string()));
+            }
+            _ => {}
+        })
+        .await;
+        let why = match (ended, resume_id) {
+            (_, Some(Ok(id))) => {
+                recorder.count_resume();
+                match subscribe(&source.address, &source.from(&id)).await {
+                    Ok(resumed) => {
+                        subscription = resumed;
+                        continue;
+                    }
+                    Err(error) => format!("resuming after being cut off: {error:#}"),
+                }
+            }
+            (_, Some(Err(data))) => format!("cut off with no resume id: {data}"),
+            (Ended::Closed(why), None) => why,
+            (Ended::Stopped, None) => return,
+        };
+        recorder.observer_failed(format!("subscription {}: {why}", source.target));
+        return;
+    }
+}
+
 /// Records every event a stream subscription delivers to `observer`.
 pub async fn fanout_observer(
+    source: Source,
     subscription: Subscription,
     observer: u32,
     recorder: Arc<Recorder>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut deliveries = Vec::new();
-    let mut cut_off = None;
-    let ended = read_events(subscription, recorder.clock, stop, |event, data, received_ns| match event {
-        "record" => {
-            if let Ok(record) = serde_json::from_str::<RecordEvent>(data) {
-                deliveries.push(Delivery { seq: record.value.seq, observer, received_ns });
-                recorder.count_received(1);
-            }
+    follow(&source, subscription, &recorder, stop, |data, received_ns| {
+        if let Ok(record) = serde_json::from_str::<RecordEvent>(data) {
+            deliveries.push(Delivery { seq: record.value.seq, observer, received_ns });
+            recorder.count_received(1);
         }
-        "overflow" => cut_off = Some(data.to_string()),
-        _ => {}
     })
     .await;
-    match (ended, cut_off) {
-        (_, Some(data)) => recorder.observer_failed(format!("subscriber {observer} was cut off: {data}")),
-        (Ended::Closed, None) => recorder.observer_failed(format!("subscriber {observer}: the server ended it")),
-        (Ended::Stopped, None) => {}
-    }
     recorder.add_deliveries(deliveries);
 }
 
@@ -175,36 +236,27 @@ struct ViewRow {
 /// Records every row change of a view: the key, the window, its count and whether it is the
 /// window's closing row.
 pub async fn view_observer(
+    source: Source,
     subscription: Subscription,
     recorder: Arc<Recorder>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut observations = Vec::new();
-    let mut cut_off = None;
-    let ended = read_events(subscription, recorder.clock, stop, |event, data, received_ns| match event {
-        "record" => {
-            let Ok(change) = serde_json::from_str::<ViewChange>(data) else { return };
-            let Some(key) = change.key.strip_prefix('k').and_then(|key| key.parse().ok()) else { return };
-            observations.push(Observation {
-                key,
-                window_start_ms: change.row.window_start,
-                count: change.row.n,
-                is_final: change.is_final,
-                received_ns,
-            });
-            recorder.count_received(1);
-            if change.is_final {
-                recorder.count_finals(1);
-            }
+    follow(&source, subscription, &recorder, stop, |data, received_ns| {
+        let Ok(change) = serde_json::from_str::<ViewChange>(data) else { return };
+        let Some(key) = change.key.strip_prefix('k').and_then(|key| key.parse().ok()) else { return };
+        observations.push(Observation {
+            key,
+            window_start_ms: change.row.window_start,
+            count: change.row.n,
+            is_final: change.is_final,
+            received_ns,
+        });
+        recorder.count_received(1);
+        if change.is_final {
+            recorder.count_finals(1);
         }
-        "overflow" => cut_off = Some(data.to_string()),
-        _ => {}
     })
     .await;
-    match (ended, cut_off) {
-        (_, Some(data)) => recorder.observer_failed(format!("the view subscriber was cut off: {data}")),
-        (Ended::Closed, None) => recorder.observer_failed("the view subscription was ended by the server".into()),
-        (Ended::Stopped, None) => {}
-    }
     recorder.add_observations(observations);
 }
