@@ -85,6 +85,10 @@ pub trait Producer: Send {
     /// receives an answer records it in the track ([`Track::answered`]). The producer records
     /// when each event actually went out ([`Track::sent`]).
     fn send(&mut self, seqs: Range<u64>);
+
+    /// Event `seq` is due shortly, alone: work that does not depend on the send time (encoding
+    /// the request) can be done now, off the measured path. Optional.
+    fn prepare(&mut self, _seq: u64) {}
 }
 
 /// How the scheduler may group and hold back events.
@@ -135,6 +139,7 @@ pub fn drive(track: &Track, limits: DriveLimits, producer: &mut dyn Producer, st
     let linger_ns = limits.linger.as_nanos() as u64;
     let spin_ns = spin_for(track.schedule.rate_hz).as_nanos() as u64;
     let mut seq = 0;
+    let mut prepared = None;
     while seq < total && !stop.load(Ordering::Relaxed) {
         let now_ns = track.clock.now_ns();
         let wake_ns = track.intended_ns(seq) + linger_ns;
@@ -143,6 +148,10 @@ pub fn drive(track: &Track, limits: DriveLimits, producer: &mut dyn Producer, st
             if remaining_ns > spin_ns {
                 std::thread::sleep(Duration::from_nanos(remaining_ns - spin_ns));
             } else {
+                if spin_ns > 0 && prepared != Some(seq) {
+                    producer.prepare(seq);
+                    prepared = Some(seq);
+                }
                 std::hint::spin_loop();
             }
             continue;

@@ -81,6 +81,8 @@ pub struct HttpWriter {
     /// Whether an answer's status means the request succeeded.
     accept: fn(u16) -> bool,
     stopped: Arc<AtomicBool>,
+    /// A request encoded ahead of its due time ([`Producer::prepare`]).
+    prepared: Option<(u64, Vec<u8>)>,
 }
 
 /// The `host:port` of an `http://host:port` URL.
@@ -104,6 +106,7 @@ impl HttpWriter {
             build,
             accept,
             stopped: Arc::new(AtomicBool::new(false)),
+            prepared: None,
         };
         // One connection up front, so the first event does not pay for the connect.
         writer.connect()?;
@@ -207,10 +210,17 @@ impl HttpWriter {
 }
 
 impl Producer for HttpWriter {
+    fn prepare(&mut self, seq: u64) {
+        self.prepare_request(seq);
+    }
+
     fn send(&mut self, seqs: Range<u64>) {
         let recorder = self.recorder.clone();
         let track = track(&recorder, self.answers);
-        let bytes = (self.build)(seqs.clone(), track);
+        let bytes = match self.prepared.take() {
+            Some((seq, bytes)) if seqs == (seq..seq + 1) => bytes,
+            _ => (self.build)(seqs.clone(), track),
+        };
         let fail = |why: String| {
             let now_ns = track.clock.now_ns();
             for seq in seqs.clone() {
@@ -247,6 +257,14 @@ impl Producer for HttpWriter {
             let _ = connection.writer.shutdown(std::net::Shutdown::Both);
             self.recorder.problem(format!("writing a request: {error}"));
         }
+    }
+}
+
+impl HttpWriter {
+    fn prepare_request(&mut self, seq: u64) {
+        let recorder = self.recorder.clone();
+        let bytes = (self.build)(seq..seq + 1, track(&recorder, self.answers));
+        self.prepared = Some((seq, bytes));
     }
 }
 
