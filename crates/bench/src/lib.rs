@@ -2,23 +2,48 @@
 //!
 //! # Layout
 //!
-//! - `log`: `onehop bench log` — the fdatasync floor against log appends at several writer
-//!   counts in `fsync` and `async` mode.
+//! The pieces every end-to-end benchmark shares:
+//!
+//! - `schedule`: the run's one monotonic clock, the open-loop schedule (intended send times)
+//!   and the scheduler thread with its in-flight cap.
+//! - `recorder`: per-event send/answer times and observer receipts, recorded without locks.
+//! - `plan`: what a workload asks of a target (events, subscriptions, who is owed what),
+//!   seeded.
+//! - `target`: the `Target` trait and its implementations — `onehop` (a server started as a
+//!   separate process, or a running one) and `echo` (the harness's own latency floor).
+//! - `client`: onehop's protocols as the workloads use them (HTTP writes and queries, SSE and
+//!   WebSocket subscriptions, MQTT), shared by both targets.
+//! - `run`: one run — open, drive, drain, stop; `analysis`: its figures and raw rows;
+//!   `progress`: the bar per run; `report`: raw.csv, meta.json, summary.md, plots, JSON lines.
+//! - `histogram`: latency histograms (HdrHistogram, nanoseconds), merged across runs;
+//!   `plot`: small self-contained SVG charts; `server`: starting and stopping `onehop serve`.
+//!
+//! The benchmarks built from them:
+//!
+//! - `workload`: `onehop bench w1|w2|w3|w4|all` (study 1 of ../shared/BENCHMARKS.md), and
+//!   `onehop bench view` (W3 with its own flags).
 //! - `notify`: `onehop bench notify` — a durable write over HTTP reaching SSE subscribers.
-//! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, open loop, with
-//!   a rate sweep.
+//! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, with a sweep.
+//! - `log`: `onehop bench log` — the fdatasync floor against log appends.
 //! - `restore`: `onehop bench restore` — views rebuilding their state from the log.
-//! - `server`: starting and stopping a `onehop serve` process for a run.
-//! - `histogram`: latency histograms (HdrHistogram, nanoseconds) and their percentiles.
-//! - `plot`: small self-contained SVG charts for reports.
 //!
 //! Every benchmark prints a readable table, shows progress on stderr while it runs, and can end
-//! with one JSON line for machines (`--json`).
+//! with JSON lines for machines (`--json`).
 
+pub mod analysis;
+pub mod client;
 pub mod histogram;
 pub mod log;
 pub mod mqtt;
 pub mod notify;
+pub mod plan;
 pub mod plot;
+pub mod progress;
+pub mod recorder;
+pub mod report;
 pub mod restore;
+pub mod run;
+pub mod schedule;
 pub mod server;
+pub mod target;
+pub mod workload;

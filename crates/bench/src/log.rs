@@ -342,6 +342,7 @@ fn write_outputs(out: &Path, report: &LogBenchReport) -> anyhow::Result<()> {
         y_label: "records/s".into(),
         y_log: true,
         series: series(|result| result.records_per_s),
+        x_tick_labels: Vec::new(),
     };
     std::fs::write(out.join("log-throughput.svg"), throughput.to_svg())?;
     let mut latency_series = series(|result| result.p99_us);
@@ -363,6 +364,7 @@ fn write_outputs(out: &Path, report: &LogBenchReport) -> anyhow::Result<()> {
         y_label: "µs".into(),
         y_log: true,
         series: latency_series,
+        x_tick_labels: Vec::new(),
     };
     std::fs::write(out.join("log-latency.svg"), latency.to_svg())?;
     Ok(())

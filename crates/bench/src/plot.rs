@@ -15,6 +15,9 @@ pub struct Chart {
     pub y_label: String,
     pub y_log: bool,
     pub series: Vec<Series>,
+    /// Labels for chosen x positions (e.g. `p99` at 100 on a percentile axis); empty: a tick
+    /// at every x value, labelled with it.
+    pub x_tick_labels: Vec<(f64, String)>,
 }
 
 const WIDTH: f64 = 760.0;
@@ -96,17 +99,23 @@ impl Chart {
                 format_value(tick)
             );
         }
-        let mut x_ticks: Vec<f64> = self.series.iter().flat_map(|series| series.points.iter().map(|p| p.0)).collect();
-        x_ticks.sort_by(f64::total_cmp);
-        x_ticks.dedup();
-        for tick in x_ticks {
+        let x_ticks: Vec<(f64, String)> = if self.x_tick_labels.is_empty() {
+            let mut values: Vec<f64> =
+                self.series.iter().flat_map(|series| series.points.iter().map(|p| p.0)).collect();
+            values.sort_by(f64::total_cmp);
+            values.dedup();
+            values.into_iter().map(|value| (value, format_value(value))).collect()
+        } else {
+            self.x_tick_labels.clone()
+        };
+        for (tick, label) in x_ticks {
             let x = sx(tick);
             let _ = write!(svg, r##"<line x1="{x}" x2="{x}" y1="{TOP}" y2="{}" stroke="#eee"/>"##, TOP + plot_height);
             let _ = write!(
                 svg,
                 r#"<text x="{x}" y="{}" text-anchor="middle">{}</text>"#,
                 TOP + plot_height + 16.0,
-                format_value(tick)
+                escape(&label)
             );
         }
         let _ = write!(
@@ -160,6 +169,7 @@ mod tests {
                 Series { name: "fsync".into(), points: vec![(1.0, 5_000.0), (8.0, 40_000.0), (64.0, 250_000.0)] },
                 Series { name: "async".into(), points: vec![(1.0, 90_000.0), (64.0, 1_500_000.0)] },
             ],
+            x_tick_labels: Vec::new(),
         };
         let svg = chart.to_svg();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));

@@ -1,11 +1,16 @@
 //! `onehop bench …`: thin front ends over the harness in `onehop-bench`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use onehop_bench::log::{LogBenchOptions, json_line, table};
+use onehop_bench::target::TargetOptions;
+use onehop_bench::workload::{BenchOptions, Workload};
 
-use crate::cli::{BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchRestoreArgs};
+use crate::cli::{
+    BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchRestoreArgs, BenchViewArgs, BenchWorkloadArgs,
+};
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
@@ -13,7 +18,111 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Notify(args) => bench_notify(args),
         BenchCommand::Mqtt(args) => bench_mqtt(args),
         BenchCommand::Restore(args) => bench_restore(args),
+        BenchCommand::W1(args) => bench_workloads(vec![Workload::W1], args),
+        BenchCommand::W2(args) => bench_workloads(vec![Workload::W2], args),
+        BenchCommand::W3(args) => bench_workloads(vec![Workload::W3], args),
+        BenchCommand::W4(args) => bench_workloads(vec![Workload::W4], args),
+        BenchCommand::All(args) => {
+            if args.rate.is_some() || !args.sweep.is_empty() {
+                bail!(
+                    "`bench all` runs each workload at its own rate: give --rate or --sweep to one workload at a time"
+                );
+            }
+            bench_workloads(Workload::ALL.to_vec(), args)
+        }
+        BenchCommand::View(args) => bench_view(args),
     }
+}
+
+/// The command as typed, for the reports.
+fn command_line() -> String {
+    let mut words = vec!["onehop".to_string()];
+    words.extend(std::env::args().skip(1));
+    words.join(" ")
+}
+
+/// Seconds from a flag: finite and positive (`allow_zero` for warm-ups).
+fn seconds(flag: &str, value: f64, allow_zero: bool) -> anyhow::Result<Duration> {
+    if !value.is_finite() || value < 0.0 || (value == 0.0 && !allow_zero) {
+        bail!(
+            "{flag} must be a {} number of seconds, not {value}",
+            if allow_zero { "non-negative" } else { "positive" }
+        );
+    }
+    Duration::try_from_secs_f64(value).with_context(|| format!("{flag} {value}"))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")
+}
+
+fn exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("finding the onehop executable")
+}
+
+fn bench_workloads(workloads: Vec<Workload>, args: BenchWorkloadArgs) -> anyhow::Result<()> {
+    let options = BenchOptions {
+        workloads,
+        targets: args.target,
+        target_options: TargetOptions { url: args.url, mqtt_address: args.mqtt_address, exe: exe()?, dir: args.dir },
+        rate_hz: args.rate,
+        sweep: args.sweep,
+        duration: args.duration.map(|value| seconds("--duration", value, false)).transpose()?,
+        warmup: args.warmup.map(|value| seconds("--warmup", value, true)).transpose()?,
+        runs: args.runs,
+        out: Some(args.out.clone()),
+        progress: !args.no_progress,
+        view_keys: None,
+        seed: args.seed,
+        command: command_line(),
+    };
+    options.validate()?;
+    let runtime = runtime()?;
+    let summaries = onehop_bench::workload::run(&options, runtime.handle())?;
+    println!("{}", onehop_bench::report::tables(&summaries));
+    println!("results: {} (summary.md, <workload>/<run_id>/raw.csv and meta.json)", args.out.display());
+    println!("command: {}", options.command);
+    if args.json {
+        for summary in &summaries {
+            println!("{}", onehop_bench::report::json_line(summary));
+        }
+    }
+    Ok(())
+}
+
+fn bench_view(args: BenchViewArgs) -> anyhow::Result<()> {
+    let options = BenchOptions {
+        workloads: vec![Workload::W3],
+        targets: vec!["onehop".into()],
+        target_options: TargetOptions { url: args.url, mqtt_address: None, exe: exe()?, dir: args.dir },
+        rate_hz: Some(args.rate),
+        sweep: Vec::new(),
+        duration: Some(seconds("--duration", args.duration, false)?),
+        warmup: Some(seconds("--warmup", args.warmup, true)?),
+        runs: 1,
+        out: None,
+        progress: !args.no_progress,
+        view_keys: Some(args.keys),
+        seed: onehop_bench::workload::SEED_DEFAULT,
+        command: command_line(),
+    };
+    options.validate()?;
+    let runtime = runtime()?;
+    let summaries = onehop_bench::workload::run(&options, runtime.handle())?;
+    let line = onehop_bench::report::view_line(&summaries[0], args.keys);
+    println!("{}", onehop_bench::report::view_table(&line));
+    let figures = &summaries[0].figures;
+    if figures.errors.total() > 0 {
+        println!("errors: {}", serde_json::to_string(&figures.errors)?);
+        for problem in figures.problems.iter().take(5) {
+            println!("- {problem}");
+        }
+    }
+    println!("command: {}", options.command);
+    if args.json {
+        println!("{}", serde_json::to_string(&line)?);
+    }
+    Ok(())
 }
 
 fn bench_restore(args: BenchRestoreArgs) -> anyhow::Result<()> {
@@ -31,27 +140,25 @@ fn bench_restore(args: BenchRestoreArgs) -> anyhow::Result<()> {
 
 fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {
     use onehop_bench::mqtt::{MqttBenchOptions, json_line, run, table};
-    if !(args.duration > 0.0 && args.warmup >= 0.0) {
-        anyhow::bail!("--duration must be positive and --warmup not negative");
-    }
     let options = MqttBenchOptions {
         address: args.address,
-        exe: std::env::current_exe().context("finding the onehop executable")?,
+        exe: exe()?,
         dir: args.dir,
         publishers: args.publishers,
         subscribers: args.subscribers,
         rate: args.rate,
-        duration: Duration::from_secs_f64(args.duration),
-        warmup: Duration::from_secs_f64(args.warmup),
+        duration: seconds("--duration", args.duration, false)?,
+        warmup: seconds("--warmup", args.warmup, true)?,
         payload_bytes: args.payload_bytes,
         qos: args.qos,
         sweep: args.sweep,
         idle_clients: args.idle_clients,
         progress: !args.no_progress,
     };
-    let report = run(&options)?;
+    let runtime = runtime()?;
+    let report = run(&options, runtime.handle())?;
     println!("{}", table(&report));
-    println!("command: onehop bench mqtt {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    println!("command: {}", command_line());
     if args.json {
         println!("{}", json_line(&report));
     }
@@ -60,25 +167,21 @@ fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {
 
 fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
     if args.writers.is_empty() || args.writers.contains(&0) {
-        anyhow::bail!("--writers needs one or more positive counts");
-    }
-    if !(args.duration > 0.0 && args.warmup >= 0.0) {
-        anyhow::bail!("--duration must be positive and --warmup not negative");
+        bail!("--writers needs one or more positive counts");
     }
     let options = LogBenchOptions {
         dir: args.dir,
         record_bytes: args.record_bytes,
         writers: args.writers,
         modes: args.modes,
-        duration: Duration::from_secs_f64(args.duration),
-        warmup: Duration::from_secs_f64(args.warmup),
+        duration: seconds("--duration", args.duration, false)?,
+        warmup: seconds("--warmup", args.warmup, true)?,
         out: args.out,
         progress: !args.no_progress,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let report = runtime.block_on(onehop_bench::log::run(&options))?;
+    let report = runtime()?.block_on(onehop_bench::log::run(&options))?;
     println!("{}", table(&report));
-    println!("command: onehop bench log {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    println!("command: {}", command_line());
     if args.json {
         println!("{}", json_line(&report));
     }
@@ -87,27 +190,24 @@ fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
 
 fn bench_notify(args: BenchNotifyArgs) -> anyhow::Result<()> {
     use onehop_bench::notify::{NotifyOptions, json_line, run, table};
-    if !(args.duration > 0.0 && args.warmup >= 0.0) {
-        anyhow::bail!("--duration must be positive and --warmup not negative");
-    }
     let options = NotifyOptions {
         url: args.url,
-        exe: std::env::current_exe().context("finding the onehop executable")?,
+        exe: exe()?,
         dir: args.dir,
         subscribers: args.subscribers,
         subjects: args.subjects,
         rate: args.rate,
-        duration: Duration::from_secs_f64(args.duration),
-        warmup: Duration::from_secs_f64(args.warmup),
+        duration: seconds("--duration", args.duration, false)?,
+        warmup: seconds("--warmup", args.warmup, true)?,
         durability: args.durability.to_string(),
         in_flight_max: 10_000,
         protocol: args.protocol,
         progress: !args.no_progress,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    let report = runtime.block_on(run(&options))?;
+    let runtime = runtime()?;
+    let report = run(&options, runtime.handle())?;
     println!("{}", table(&report));
-    println!("command: onehop bench notify {}", std::env::args().skip(3).collect::<Vec<_>>().join(" "));
+    println!("command: {}", command_line());
     if args.json {
         println!("{}", json_line(&report));
     }

@@ -137,6 +137,121 @@ pub enum BenchCommand {
     Mqtt(BenchMqttArgs),
     /// How fast views rebuild their state by replaying the log (records/s).
     Restore(BenchRestoreArgs),
+    /// W1 (study 1): a durable write notifying every subscriber of its 5 lookup keys
+    /// (1 000 keys, one SSE subscriber each; 50 events/s × 15 s, 3 s warm-up, fsync).
+    W1(BenchWorkloadArgs),
+    /// W2: each message to every subscriber of its tag (100 subscribers × 3 of 10 tags;
+    /// 10 events/s × 15 s, 3 s warm-up, fsync).
+    W2(BenchWorkloadArgs),
+    /// W3: a windowed count per key (5 s tumbling, 1 s grace, 100 keys): freshness, window-close
+    /// lag and point queries at 20/s (100 events/s × 30 s, 5 s warm-up, fsync).
+    W3(BenchWorkloadArgs),
+    /// W4: sustained MQTT QoS 1 ingestion, 256-byte payloads (1 000 events/s × 30 s, 5 s
+    /// warm-up, fsync); `--sweep 1000,2500,5000,10000` is the study's ascending probe.
+    W4(BenchWorkloadArgs),
+    /// W1, W2, W3 and W4 one after another, each at its own published parameters.
+    All(BenchWorkloadArgs),
+    /// A live view: freshness, window-close lag and point-query latency (W3 with its own flags).
+    View(BenchViewArgs),
+}
+
+/// Flags of `onehop bench w1|w2|w3|w4|all`. Left out, rate, duration and warm-up are the
+/// workload's published parameters.
+#[derive(Args, Debug)]
+pub struct BenchWorkloadArgs {
+    /// Targets to run the workload against, one after another, reported side by side:
+    /// `onehop`, and `echo` (a loopback server in the harness that answers and delivers at once:
+    /// the harness's own latency floor).
+    #[arg(long, value_delimiter = ',', default_value = "onehop", value_name = "TARGET,…")]
+    pub target: Vec<String>,
+
+    /// A running onehop to measure; without it, one is started (this executable, `serve`, on a
+    /// temporary data directory under --dir) and stopped afterwards.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+
+    /// The MQTT listener of the server at --url (W4) [default: the URL's host, port 1883].
+    #[arg(long, value_name = "HOST:PORT", requires = "url")]
+    pub mqtt_address: Option<String>,
+
+    /// Events per second, on a fixed schedule [default: the workload's].
+    #[arg(long, value_name = "RATE", conflicts_with = "sweep")]
+    pub rate: Option<f64>,
+
+    /// Run at each of these rates (events per second), ascending; plots latency by rate.
+    #[arg(long, value_delimiter = ',', value_name = "R1,R2,…")]
+    pub sweep: Vec<f64>,
+
+    /// Measured seconds per run [default: the workload's].
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+
+    /// Unmeasured seconds before each run's measured window [default: the workload's].
+    #[arg(long, value_name = "SECONDS")]
+    pub warmup: Option<f64>,
+
+    /// Runs per rate; their histograms are merged (percentiles are never averaged).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub runs: u32,
+
+    /// Where each run's raw.csv and meta.json (under <W>/<run_id>/) and the invocation's
+    /// summary.md and SVG plots go.
+    #[arg(long, default_value = "results", value_name = "DIR")]
+    pub out: PathBuf,
+
+    /// Where a started server keeps its data: put it on the disk to measure.
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Seed of every random choice (keys per event, tags per subscriber, view keys).
+    #[arg(long, default_value_t = onehop_bench::workload::SEED_DEFAULT)]
+    pub seed: u64,
+
+    /// End the output with one JSON line per workload, target and rate.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Do not draw progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Flags of `onehop bench view`.
+#[derive(Args, Debug)]
+pub struct BenchViewArgs {
+    /// Events per second into the view's stream. Above 2 000/s, events due within 1 ms go as
+    /// one NDJSON batch.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+
+    /// Keys the events are spread over, uniformly.
+    #[arg(long, default_value_t = 100)]
+    pub keys: u32,
+
+    /// Measured seconds.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub duration: f64,
+
+    /// Unmeasured seconds first.
+    #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
+    pub warmup: f64,
+
+    /// A running server to measure; without it, one is started on a temporary data directory
+    /// under --dir and stopped afterwards.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+
+    /// Where a started server keeps its data.
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// End the output with one JSON line of the results.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Do not draw a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 #[derive(Args, Debug)]

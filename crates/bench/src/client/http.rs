@@ -1,0 +1,338 @@
+//! Writes and point queries over HTTP/1.1 keep-alive, sent by the scheduler thread itself.
+//!
+//! The scheduler writes each request straight to an idle keep-alive connection (opening one
+//! more when all are busy, up to [`CONNECTIONS_MAX`], then pipelining on the least busy); a
+//! reader thread per connection parses the answers in order and records them. Nothing sits
+//! between the intended send time and the socket but the request's encoding.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, bail};
+
+use super::http1;
+use crate::plan::{Plan, ViewPlan};
+use crate::recorder::{Recorder, Track};
+use crate::schedule::Producer;
+
+/// Keep-alive connections one writer opens at most; past it, requests are pipelined.
+const CONNECTIONS_MAX: usize = 64;
+
+/// A client for setup requests (definitions), which are not measured.
+pub fn client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder().pool_max_idle_per_host(8).tcp_nodelay(true).build()?)
+}
+
+/// Runs SQL definitions on the server.
+pub async fn sql(client: &reqwest::Client, url: &str, statements: &str) -> anyhow::Result<()> {
+    let response = client
+        .post(format!("{url}/sql"))
+        .body(statements.to_string())
+        .send()
+        .await
+        .with_context(|| format!("reaching the server at {url}"))?;
+    if !response.status().is_success() {
+        bail!("{statements}: {}", response.text().await.unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// Which schedule a writer's requests belong to.
+#[derive(Clone, Copy, Debug)]
+enum Answers {
+    Events,
+    Queries,
+}
+
+fn track(recorder: &Recorder, answers: Answers) -> &Track {
+    match answers {
+        Answers::Events => &recorder.events,
+        Answers::Queries => recorder.queries.as_ref().expect("a query track"),
+    }
+}
+
+/// One keep-alive connection: the socket the scheduler writes, and the requests awaiting
+/// their answers, in order, shared with its reader thread.
+struct Connection {
+    writer: TcpStream,
+    waiting: Arc<Mutex<Waiting>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Waiting {
+    requests: VecDeque<Range<u64>>,
+    /// False once the reader has stopped: nothing more will be answered here.
+    open: bool,
+}
+
+/// Builds the request for events `seqs`.
+type BuildRequest = Box<dyn FnMut(Range<u64>, &Track) -> Vec<u8> + Send>;
+
+pub struct HttpWriter {
+    address: String,
+    connections: Vec<Connection>,
+    recorder: Arc<Recorder>,
+    answers: Answers,
+    build: BuildRequest,
+    /// Whether an answer's status means the request succeeded.
+    accept: fn(u16) -> bool,
+    stopped: Arc<AtomicBool>,
+    /// A request encoded ahead of its due time ([`Producer::prepare`]).
+    prepared: Option<(u64, Vec<u8>)>,
+}
+
+/// The `host:port` of an `http://host:port` URL.
+pub fn address_of(url: &str) -> String {
+    url.trim_start_matches("http://").trim_end_matches('/').to_string()
+}
+
+impl HttpWriter {
+    fn new(
+        url: &str,
+        recorder: Arc<Recorder>,
+        answers: Answers,
+        build: BuildRequest,
+        accept: fn(u16) -> bool,
+    ) -> anyhow::Result<HttpWriter> {
+        let mut writer = HttpWriter {
+            address: address_of(url),
+            connections: Vec::new(),
+            recorder,
+            answers,
+            build,
+            accept,
+            stopped: Arc::new(AtomicBool::new(false)),
+            prepared: None,
+        };
+        // One connection up front, so the first event does not pay for the connect.
+        writer.connect()?;
+        Ok(writer)
+    }
+
+    /// Publishes events to `stream_path` (`/streams/{s}`): one request per event, or one
+    /// NDJSON batch when several are due together (its answer, once they are durable,
+    /// acknowledges them all).
+    pub fn events(url: &str, stream_path: String, plan: Arc<Plan>, recorder: Arc<Recorder>) -> anyhow::Result<Self> {
+        let host = address_of(url);
+        let build: BuildRequest = Box::new(move |seqs: Range<u64>, track: &Track| {
+            if seqs.end - seqs.start == 1 {
+                let seq = seqs.start;
+                let intended_ns = track.intended_ns(seq);
+                let mut target = stream_path.clone();
+                let mut separator = '?';
+                if let Some(key) = plan.key_of(seq) {
+                    target.push_str(&format!("{separator}key={}", http1::encode(&key)));
+                    separator = '&';
+                }
+                if let Some(subject) = plan.subject_of(seq) {
+                    target.push_str(&format!("{separator}subject={}", http1::encode(&subject)));
+                }
+                let value = plan.value_json(seq, intended_ns, track.clock.epoch_ms_at(intended_ns));
+                return http1::request("POST", &host, &target, None, value.as_bytes());
+            }
+            let mut body = String::with_capacity((seqs.end - seqs.start) as usize * 96);
+            for seq in seqs {
+                let intended_ns = track.intended_ns(seq);
+                body.push('{');
+                if let Some(key) = plan.key_of(seq) {
+                    body.push_str(&format!("\"key\":{},", serde_json::Value::from(key)));
+                }
+                if let Some(subject) = plan.subject_of(seq) {
+                    body.push_str(&format!("\"subject\":{},", serde_json::Value::from(subject)));
+                }
+                body.push_str("\"value\":");
+                body.push_str(&plan.value_json(seq, intended_ns, track.clock.epoch_ms_at(intended_ns)));
+                body.push_str("}\n");
+            }
+            http1::request("POST", &host, &stream_path, Some("application/x-ndjson"), body.as_bytes())
+        });
+        HttpWriter::new(url, recorder, Answers::Events, build, |status| (200..300).contains(&status))
+    }
+
+    /// Reads a view's rows for one key (`GET {view_path}/{key}`) per scheduled query. A key
+    /// with no rows yet is a valid answer (404 `not_found`), not an error.
+    pub fn queries(url: &str, view_path: String, view: ViewPlan, recorder: Arc<Recorder>) -> anyhow::Result<Self> {
+        let host = address_of(url);
+        let build: BuildRequest = Box::new(move |seqs: Range<u64>, _: &Track| {
+            let mut bytes = Vec::new();
+            for seq in seqs {
+                let target = format!("{view_path}/k{}", view.query_key_of(seq));
+                bytes.extend_from_slice(&http1::request("GET", &host, &target, None, b""));
+            }
+            bytes
+        });
+        HttpWriter::new(url, recorder, Answers::Queries, build, |status| (200..300).contains(&status) || status == 404)
+    }
+
+    fn connect(&mut self) -> anyhow::Result<usize> {
+        let stream =
+            TcpStream::connect(&self.address).with_context(|| format!("connecting to HTTP at {}", self.address))?;
+        stream.set_nodelay(true)?;
+        let waiting = Arc::new(Mutex::new(Waiting { requests: VecDeque::new(), open: true }));
+        let reader = {
+            let (stream, waiting, recorder) = (stream.try_clone()?, waiting.clone(), self.recorder.clone());
+            let (answers, accept, stopped) = (self.answers, self.accept, self.stopped.clone());
+            std::thread::Builder::new()
+                .name(format!("bench-http-{}", self.connections.len()))
+                .spawn(move || read_answers(stream, waiting, recorder, answers, accept, stopped))?
+        };
+        self.connections.push(Connection { writer: stream, waiting, reader: Some(reader) });
+        Ok(self.connections.len() - 1)
+    }
+
+    /// An idle open connection, else a new one, else the open one with the fewest waiting.
+    fn choose(&mut self) -> Option<usize> {
+        let mut best: Option<(usize, usize)> = None;
+        for (index, connection) in self.connections.iter().enumerate() {
+            let waiting = connection.waiting.lock().expect("waiting");
+            if !waiting.open {
+                continue;
+            }
+            if waiting.requests.is_empty() {
+                return Some(index);
+            }
+            if best.is_none_or(|(_, fewest)| waiting.requests.len() < fewest) {
+                best = Some((index, waiting.requests.len()));
+            }
+        }
+        if self.connections.len() < CONNECTIONS_MAX {
+            match self.connect() {
+                Ok(index) => return Some(index),
+                Err(error) => self.recorder.problem(format!("{error:#}")),
+            }
+        }
+        best.map(|(index, _)| index)
+    }
+}
+
+impl Producer for HttpWriter {
+    fn prepare(&mut self, seq: u64) {
+        self.prepare_request(seq);
+    }
+
+    fn send(&mut self, seqs: Range<u64>) {
+        let recorder = self.recorder.clone();
+        let track = track(&recorder, self.answers);
+        let bytes = match self.prepared.take() {
+            Some((seq, bytes)) if seqs == (seq..seq + 1) => bytes,
+            _ => (self.build)(seqs.clone(), track),
+        };
+        let fail = |why: String| {
+            let now_ns = track.clock.now_ns();
+            for seq in seqs.clone() {
+                track.sent(seq, now_ns);
+                track.answered(seq, now_ns, false);
+            }
+            recorder.problem(why);
+        };
+        let Some(index) = self.choose() else {
+            fail(format!("no connection to {} could be opened", self.address));
+            return;
+        };
+        let connection = &mut self.connections[index];
+        // Queries go one per request; events one request per call.
+        let requests: Vec<Range<u64>> = match self.answers {
+            Answers::Events => vec![seqs.clone()],
+            Answers::Queries => seqs.clone().map(|seq| seq..seq + 1).collect(),
+        };
+        {
+            let mut waiting = connection.waiting.lock().expect("waiting");
+            if !waiting.open {
+                drop(waiting);
+                fail("the connection closed".into());
+                return;
+            }
+            waiting.requests.extend(requests);
+        }
+        let sent_ns = track.clock.now_ns();
+        for seq in seqs {
+            track.sent(seq, sent_ns);
+        }
+        if let Err(error) = connection.writer.write_all(&bytes) {
+            // The reader sees the connection end and fails what is waiting on it.
+            let _ = connection.writer.shutdown(std::net::Shutdown::Both);
+            self.recorder.problem(format!("writing a request: {error}"));
+        }
+    }
+}
+
+impl HttpWriter {
+    fn prepare_request(&mut self, seq: u64) {
+        let recorder = self.recorder.clone();
+        let bytes = (self.build)(seq..seq + 1, track(&recorder, self.answers));
+        self.prepared = Some((seq, bytes));
+    }
+}
+
+impl Drop for HttpWriter {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        for connection in &mut self.connections {
+            let _ = connection.writer.shutdown(std::net::Shutdown::Both);
+            if let Some(reader) = connection.reader.take() {
+                let _ = reader.join();
+            }
+        }
+    }
+}
+
+/// Parses answers in order until the connection ends, then fails whatever still waits.
+fn read_answers(
+    mut stream: TcpStream,
+    waiting: Arc<Mutex<Waiting>>,
+    recorder: Arc<Recorder>,
+    answers: Answers,
+    accept: fn(u16) -> bool,
+    stopped: Arc<AtomicBool>,
+) {
+    let track = track(&recorder, answers);
+    let mut buffer: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut chunk = vec![0u8; 64 * 1024];
+    let ended = 'read: loop {
+        let read = match stream.read(&mut chunk) {
+            Ok(0) => break 'read "the server closed the connection".to_string(),
+            Ok(read) => read,
+            Err(error) => break 'read format!("reading an answer: {error}"),
+        };
+        let now_ns = track.clock.now_ns();
+        buffer.extend_from_slice(&chunk[..read]);
+        let mut used = 0;
+        loop {
+            match http1::parse_response(&buffer[used..]) {
+                Ok(Some((status, body, length))) => {
+                    used += length;
+                    let Some(request) = waiting.lock().expect("waiting").requests.pop_front() else {
+                        break 'read format!("an answer ({status}) to no request");
+                    };
+                    let ok = accept(status);
+                    for seq in request {
+                        track.answered(seq, now_ns, ok);
+                    }
+                    if !ok {
+                        recorder.problem(format!("refused: {status} {}", String::from_utf8_lossy(&body)));
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => break 'read error,
+            }
+        }
+        buffer.drain(..used);
+    };
+    let mut waiting = waiting.lock().expect("waiting");
+    waiting.open = false;
+    let now_ns = track.clock.now_ns();
+    let unanswered: Vec<Range<u64>> = waiting.requests.drain(..).collect();
+    drop(waiting);
+    if !unanswered.is_empty() || !stopped.load(Ordering::Relaxed) {
+        recorder.problem(format!("HTTP connection ended: {ended}"));
+    }
+    for request in unanswered {
+        for seq in request {
+            track.answered(seq, now_ns, false);
+        }
+    }
+}

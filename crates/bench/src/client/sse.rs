@@ -1,0 +1,262 @@
+//! Subscriptions over Server-Sent Events, and the observers that read them.
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::http1::{self, Chunked, Framing};
+use crate::plan::Filter;
+use crate::recorder::{Delivery, Observation, Recorder};
+use crate::schedule::Clock;
+
+/// An open SSE response on its own connection, read straight from the socket (no connection
+/// task in between: one wake-up per arrival).
+pub struct Subscription {
+    stream: TcpStream,
+    chunked: Option<Chunked>,
+    /// Body bytes read with the head.
+    early: Vec<u8>,
+}
+
+/// What a subscription follows: the server, and the path and query without a start position.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub address: String,
+    pub target: String,
+}
+
+impl Source {
+    /// A subscription to `path` with `filter`.
+    pub fn filtered(address: &str, path: &str, filter: &Filter) -> Source {
+        let (name, value) = match filter {
+            Filter::Subject(subject) => ("subject", subject.as_str()),
+            Filter::Field { field, value } => (*field, value.as_str()),
+        };
+        Source { address: address.to_string(), target: format!("{path}?{name}={}", http1::encode(value)) }
+    }
+
+    /// The target starting at `from` (`earliest`, or an event id to resume after).
+    pub fn from(&self, from: &str) -> String {
+        let separator = if self.target.contains('?') { '&' } else { '?' };
+        format!("{}{separator}from={}", self.target, http1::encode(from))
+    }
+
+    /// Subscribes from the start: the stream or view is new, so this is also everything
+    /// written after the subscription exists.
+    pub async fn subscribe(&self) -> anyhow::Result<Subscription> {
+        subscribe(&self.address, &self.from("earliest")).await
+    }
+}
+
+/// Opens an SSE subscription to `target` (path and query) on the server at `address`.
+pub async fn subscribe(address: &str, target: &str) -> anyhow::Result<Subscription> {
+    let mut stream = TcpStream::connect(address).await.with_context(|| format!("connecting to {address}"))?;
+    stream.set_nodelay(true)?;
+    let mut request = http1::request("GET", address, target, None, b"");
+    request.truncate(request.len() - 2);
+    request.extend_from_slice(b"Accept: text/event-stream\r\n\r\n");
+    stream.write_all(&request).await?;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head = loop {
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            bail!("the server closed the connection before answering {target}");
+        }
+        bytes.extend_from_slice(&chunk[..read]);
+        if let Some(head) = http1::parse_head(&bytes).map_err(anyhow::Error::msg)? {
+            break head;
+        }
+    };
+    let early = bytes.split_off(head.length);
+    if head.status != 200 {
+        bail!("subscribing to {target}: {} {}", head.status, String::from_utf8_lossy(&early));
+    }
+    let chunked = (head.framing == Framing::Chunked).then(Chunked::default);
+    Ok(Subscription { stream, chunked, early })
+}
+
+/// Why a reader stopped.
+enum Ended {
+    Stopped,
+    Closed(String),
+}
+
+/// Reads events until told to stop or the server ends the response, calling `on_event` with
+/// each event's name, data and the time its bytes arrived.
+async fn read_events(
+    mut subscription: Subscription,
+    clock: Clock,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut on_event: impl FnMut(&str, &str, u64),
+) -> Ended {
+    let mut raw = std::mem::take(&mut subscription.early);
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        if raw.is_empty() {
+            // Asleep until data or the stop signal: thousands of subscribers must not poll,
+            // or the harness would spend the CPU it is measuring.
+            let read = tokio::select! {
+                read = subscription.stream.read(&mut chunk) => match read {
+                    Ok(0) => return Ended::Closed("the server closed the connection".into()),
+                    Err(error) => return Ended::Closed(format!("reading: {error}")),
+                    Ok(read) => read,
+                },
+                _ = stop.changed() => return Ended::Stopped,
+            };
+            raw.extend_from_slice(&chunk[..read]);
+        }
+        let received_ns = clock.now_ns();
+        let mut ended = None;
+        match subscription.chunked.as_mut() {
+            Some(decoder) => {
+                if let Err(error) = decoder.feed(&raw, &mut buffer) {
+                    ended = Some(format!("a malformed response: {error}"));
+                } else if decoder.is_done() {
+                    ended = Some("the server ended the response".to_string());
+                }
+            }
+            None => buffer.extend_from_slice(&raw),
+        }
+        raw.clear();
+        let mut start = 0;
+        while let Some(end) = buffer[start..].windows(2).position(|pair| pair == b"\n\n") {
+            let block = &buffer[start..start + end];
+            start += end + 2;
+            let Ok(block) = std::str::from_utf8(block) else { continue };
+            let (mut event, mut data) = ("message", "");
+            for line in block.lines() {
+                if let Some(name) = line.strip_prefix("event: ") {
+                    event = name;
+                } else if let Some(text) = line.strip_prefix("data: ") {
+                    data = text;
+                }
+            }
+            if !data.is_empty() {
+                on_event(event, data, received_ns);
+            }
+        }
+        buffer.drain(..start);
+        if let Some(why) = ended {
+            return Ended::Closed(why);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RecordEvent {
+    value: SeqValue,
+}
+
+#[derive(Deserialize)]
+struct SeqValue {
+    seq: u64,
+}
+
+/// Reads a subscription's `record` events until stopped. When the server cuts it off for
+/// falling behind, it resumes from the id the server gave, as a client should: nothing is
+/// missed, the time it took counts as latency, and the resume is counted.
+async fn follow(
+    source: &Source,
+    mut subscription: Subscription,
+    recorder: &Recorder,
+    stop: tokio::sync::watch::Receiver<bool>,
+    mut on_record: impl FnMut(&str, u64),
+) {
+    loop {
+        let mut resume_id: Option<Result<String, String>> = None;
+        let ended = read_events(subscription, recorder.clock, stop.clone(), |event, data, received_ns| match event {
+            "record" => on_record(data, received_ns),
+            "overflow" => {
+                let id = serde_json::from_str::<serde_json::Value>(data)
+                    .ok()
+                    .and_then(|overflow| overflow["resume_id"].as_str().map(str::to_string));
+                resume_id = Some(id.ok_or_else(|| data.to_string()));
+            }
+            _ => {}
+        })
+        .await;
+        let why = match (ended, resume_id) {
+            (_, Some(Ok(id))) => {
+                recorder.count_resume();
+                match subscribe(&source.address, &source.from(&id)).await {
+                    Ok(resumed) => {
+                        subscription = resumed;
+                        continue;
+                    }
+                    Err(error) => format!("resuming after being cut off: {error:#}"),
+                }
+            }
+            (_, Some(Err(data))) => format!("cut off with no resume id: {data}"),
+            (Ended::Closed(why), None) => why,
+            (Ended::Stopped, None) => return,
+        };
+        recorder.observer_failed(format!("subscription {}: {why}", source.target));
+        return;
+    }
+}
+
+/// Records every event a stream subscription delivers to `observer`.
+pub async fn fanout_observer(
+    source: Source,
+    subscription: Subscription,
+    observer: u32,
+    recorder: Arc<Recorder>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut deliveries = Vec::new();
+    follow(&source, subscription, &recorder, stop, |data, received_ns| {
+        if let Ok(record) = serde_json::from_str::<RecordEvent>(data) {
+            deliveries.push(Delivery { seq: record.value.seq, observer, received_ns });
+            recorder.count_received(1);
+        }
+    })
+    .await;
+    recorder.add_deliveries(deliveries);
+}
+
+#[derive(Deserialize)]
+struct ViewChange {
+    key: String,
+    #[serde(rename = "final")]
+    is_final: bool,
+    row: ViewRow,
+}
+
+#[derive(Deserialize)]
+struct ViewRow {
+    n: u64,
+    window_start: i64,
+}
+
+/// Records every row change of a view: the key, the window, its count and whether it is the
+/// window's closing row.
+pub async fn view_observer(
+    source: Source,
+    subscription: Subscription,
+    recorder: Arc<Recorder>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut observations = Vec::new();
+    follow(&source, subscription, &recorder, stop, |data, received_ns| {
+        let Ok(change) = serde_json::from_str::<ViewChange>(data) else { return };
+        let Some(key) = change.key.strip_prefix('k').and_then(|key| key.parse().ok()) else { return };
+        observations.push(Observation {
+            key,
+            window_start_ms: change.row.window_start,
+            count: change.row.n,
+            is_final: change.is_final,
+            received_ns,
+        });
+        recorder.count_received(1);
+        if change.is_final {
+            recorder.count_finals(1);
+        }
+    })
+    .await;
+    recorder.add_observations(observations);
+}

@@ -1,0 +1,276 @@
+//! What a run saw, recorded without locks on the hot path.
+//!
+//! A [`Track`] holds one slot per scheduled event (or query): when it was sent and answered and
+//! whether the answer was good, in arrays sized up front, so recording is a few atomic stores
+//! and the schedule never allocates. Observers keep their receipts in a local vector and hand
+//! it over when they stop; live counters feed the progress bar and the drain. Latencies are
+//! computed after the run from these raw times (see `analysis`), which is also what `raw.csv`
+//! is written from.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use crate::schedule::{Clock, Schedule};
+
+const PENDING: u8 = 0;
+const OK: u8 = 1;
+const FAILED: u8 = 2;
+const SKIPPED: u8 = 3;
+
+/// How one scheduled event ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Sent, never answered (the drain timed out).
+    Pending,
+    Ok,
+    /// Sent and refused, or the connection failed.
+    Failed,
+    /// Not sent: the in-flight cap was reached.
+    Skipped,
+}
+
+/// The sending side of one schedule.
+pub struct Track {
+    pub clock: Clock,
+    pub schedule: Schedule,
+    /// Clock time of event 0, set once by [`Track::start_at`] when the run begins.
+    start_ns: AtomicU64,
+    sent_ns: Box<[AtomicU64]>,
+    answered_ns: Box<[AtomicU64]>,
+    outcome: Box<[AtomicU8]>,
+    in_flight: AtomicU64,
+    sent: AtomicU64,
+    answered: AtomicU64,
+    failed: AtomicU64,
+}
+
+fn zeroes(count: u64) -> Box<[AtomicU64]> {
+    (0..count).map(|_| AtomicU64::new(0)).collect()
+}
+
+impl Track {
+    pub fn new(clock: Clock, schedule: Schedule) -> Track {
+        let total = schedule.total();
+        Track {
+            clock,
+            schedule,
+            start_ns: AtomicU64::new(0),
+            sent_ns: zeroes(total),
+            answered_ns: zeroes(total),
+            outcome: (0..total).map(|_| AtomicU8::new(PENDING)).collect(),
+            in_flight: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    pub fn start_at(&self, ns: u64) {
+        self.start_ns.store(ns, Ordering::Relaxed);
+    }
+
+    pub fn start_ns(&self) -> u64 {
+        self.start_ns.load(Ordering::Relaxed)
+    }
+
+    /// When event `seq` is due, on the run's clock.
+    pub fn intended_ns(&self, seq: u64) -> u64 {
+        self.start_ns() + self.schedule.offset_ns(seq)
+    }
+
+    /// End of the measured window on the run's clock.
+    pub fn end_ns(&self) -> u64 {
+        self.start_ns() + (self.schedule.warmup + self.schedule.duration).as_nanos() as u64
+    }
+
+    /// The scheduler hands `count` events to the producer.
+    pub fn begin(&self, count: u64) {
+        self.in_flight.fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// Event `seq` went out at `ns`.
+    pub fn sent(&self, seq: u64, ns: u64) {
+        self.sent_ns[seq as usize].store(ns.max(1), Ordering::Relaxed);
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Event `seq` was answered at `ns`: acknowledged (`ok`) or refused. Once per sent event.
+    pub fn answered(&self, seq: u64, ns: u64, ok: bool) {
+        self.answered_ns[seq as usize].store(ns.max(1), Ordering::Relaxed);
+        self.outcome[seq as usize].store(if ok { OK } else { FAILED }, Ordering::Relaxed);
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Event `seq` was due but not sent: too many were in flight.
+    pub fn skipped(&self, seq: u64) {
+        self.outcome[seq as usize].store(SKIPPED, Ordering::Relaxed);
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn sent_count(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    pub fn answered_count(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    pub fn failed_count(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    pub fn outcome(&self, seq: u64) -> Outcome {
+        match self.outcome[seq as usize].load(Ordering::Relaxed) {
+            OK => Outcome::Ok,
+            FAILED => Outcome::Failed,
+            SKIPPED => Outcome::Skipped,
+            _ => Outcome::Pending,
+        }
+    }
+
+    /// When event `seq` went out, if it did.
+    pub fn sent_at(&self, seq: u64) -> Option<u64> {
+        Some(self.sent_ns[seq as usize].load(Ordering::Relaxed)).filter(|ns| *ns > 0)
+    }
+
+    /// When event `seq` was answered, if it was.
+    pub fn answered_at(&self, seq: u64) -> Option<u64> {
+        Some(self.answered_ns[seq as usize].load(Ordering::Relaxed)).filter(|ns| *ns > 0)
+    }
+}
+
+/// An observer received event `seq` at `received_ns`.
+#[derive(Clone, Copy, Debug)]
+pub struct Delivery {
+    pub seq: u64,
+    pub observer: u32,
+    pub received_ns: u64,
+}
+
+/// A view subscriber saw the aggregate of `key` in the window starting at `window_start_ms`
+/// reach `count` events (`is_final`: the window's closing row).
+#[derive(Clone, Copy, Debug)]
+pub struct Observation {
+    pub key: u32,
+    pub window_start_ms: i64,
+    pub count: u64,
+    pub is_final: bool,
+    pub received_ns: u64,
+}
+
+/// Error messages kept for the report, at most this many (the count is kept regardless).
+const PROBLEMS_KEPT: usize = 20;
+
+/// Everything one run records.
+pub struct Recorder {
+    pub clock: Clock,
+    pub events: Track,
+    /// Point queries (W3), on their own schedule.
+    pub queries: Option<Track>,
+    deliveries: Mutex<Vec<Delivery>>,
+    observations: Mutex<Vec<Observation>>,
+    /// Receipts so far (deliveries or view rows), for progress and the drain.
+    delivered: AtomicU64,
+    /// Closing rows seen so far (views).
+    finals: AtomicU64,
+    observer_errors: AtomicU64,
+    /// Subscriptions the target cut off for falling behind, resumed from the id it gave.
+    resumes: AtomicU64,
+    problems: Mutex<Vec<String>>,
+}
+
+impl Recorder {
+    pub fn new(clock: Clock, events: Schedule, queries: Option<Schedule>) -> Recorder {
+        Recorder {
+            clock,
+            events: Track::new(clock, events),
+            queries: queries.map(|schedule| Track::new(clock, schedule)),
+            deliveries: Mutex::new(Vec::new()),
+            observations: Mutex::new(Vec::new()),
+            delivered: AtomicU64::new(0),
+            finals: AtomicU64::new(0),
+            observer_errors: AtomicU64::new(0),
+            resumes: AtomicU64::new(0),
+            problems: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Starts both schedules at clock time `ns`.
+    pub fn start_at(&self, ns: u64) {
+        self.events.start_at(ns);
+        if let Some(queries) = &self.queries {
+            queries.start_at(ns);
+        }
+    }
+
+    /// Counts receipts as they arrive (the receipts themselves come with [`Recorder::add_deliveries`]).
+    pub fn count_received(&self, count: u64) {
+        self.delivered.fetch_add(count, Ordering::Relaxed);
+    }
+
+    pub fn count_finals(&self, count: u64) {
+        self.finals.fetch_add(count, Ordering::Relaxed);
+    }
+
+    pub fn received_count(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+
+    pub fn finals_count(&self) -> u64 {
+        self.finals.load(Ordering::Relaxed)
+    }
+
+    /// An observer's receipts, handed over when it stops.
+    pub fn add_deliveries(&self, deliveries: Vec<Delivery>) {
+        self.deliveries.lock().expect("deliveries").extend(deliveries);
+    }
+
+    pub fn add_observations(&self, observations: Vec<Observation>) {
+        self.observations.lock().expect("observations").extend(observations);
+    }
+
+    /// An observer lost its subscription (cut off, disconnected) before the run ended.
+    pub fn observer_failed(&self, why: String) {
+        self.observer_errors.fetch_add(1, Ordering::Relaxed);
+        self.problem(why);
+    }
+
+    /// Keeps an error message for the report.
+    pub fn problem(&self, why: String) {
+        let mut problems = self.problems.lock().expect("problems");
+        if problems.len() < PROBLEMS_KEPT {
+            problems.push(why);
+        }
+    }
+
+    pub fn count_resume(&self) {
+        self.resumes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn resumes(&self) -> u64 {
+        self.resumes.load(Ordering::Relaxed)
+    }
+
+    pub fn observer_errors(&self) -> u64 {
+        self.observer_errors.load(Ordering::Relaxed)
+    }
+
+    pub fn take_deliveries(&self) -> Vec<Delivery> {
+        std::mem::take(&mut self.deliveries.lock().expect("deliveries"))
+    }
+
+    pub fn take_observations(&self) -> Vec<Observation> {
+        std::mem::take(&mut self.observations.lock().expect("observations"))
+    }
+
+    pub fn problems(&self) -> Vec<String> {
+        self.problems.lock().expect("problems").clone()
+    }
+}

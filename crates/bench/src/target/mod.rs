@@ -1,0 +1,146 @@
+//! Targets: the systems a workload drives, behind one small interface.
+//!
+//! A target turns a [`Plan`] into a [`Session`] for one run: it defines what the workload
+//! needs (streams, views), opens the observers (subscribers) that record what they receive,
+//! and hands back a producer the scheduler calls with the events due. How it does that is its
+//! own business — onehop over HTTP, SSE and MQTT today; Kafka, Postgres + Debezium, Redis or
+//! NATS clients later — as long as it records honestly: when each event went out, when the
+//! target acknowledged it, and when each observer received it, all on the run's clock.
+//!
+//! - `onehop`: a `onehop serve` started for the invocation (release build, temporary data
+//!   directory, separate process), or a running one (`--url`).
+//! - `echo`: a loopback server inside the harness that speaks the same protocols and answers and
+//!   delivers at once, with no disk and no real routing: driven by the same client code, it
+//!   measures the harness's own latency floor.
+
+pub mod echo;
+pub mod onehop;
+
+use std::any::Any;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::bail;
+use tokio::runtime::Handle;
+
+use crate::plan::Plan;
+use crate::recorder::Recorder;
+use crate::schedule::Producer;
+
+/// A system under test, ready for runs. Dropping it stops whatever it started.
+pub trait Target {
+    fn name(&self) -> &str;
+
+    /// What an acknowledged write has waited for on this target (recorded in meta.json).
+    fn durability(&self, plan: &Plan) -> String;
+
+    /// Prepares one run of `plan`: definitions made, observers subscribed and recording into
+    /// `recorder`. The schedule starts once this returns.
+    fn open(&self, plan: &Plan, recorder: &Arc<Recorder>, runtime: &Handle) -> anyhow::Result<Session>;
+
+    /// The server process this target started, if any (its memory is reported).
+    fn server_pid(&self) -> Option<u32> {
+        None
+    }
+}
+
+/// One run's handles.
+pub struct Session {
+    pub producer: Box<dyn Producer>,
+    /// Point queries on their own schedule (views).
+    pub querier: Option<Box<dyn Producer>>,
+    pub observers: Observers,
+}
+
+/// The observers of a run: async tasks and threads, stopped together once the run has drained.
+pub struct Observers {
+    stop_flag: Arc<AtomicBool>,
+    stop_signal: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Anything that must live as long as the observers (connections held open).
+    keep: Vec<Box<dyn Any + Send>>,
+}
+
+impl Default for Observers {
+    fn default() -> Self {
+        Observers {
+            stop_flag: Arc::new(AtomicBool::new(false)),
+            stop_signal: tokio::sync::watch::channel(false).0,
+            tasks: Vec::new(),
+            threads: Vec::new(),
+            keep: Vec::new(),
+        }
+    }
+}
+
+impl Observers {
+    /// Set when observer threads should stop.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop_flag.clone()
+    }
+
+    /// Changes when observer tasks should stop.
+    pub fn stop_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.stop_signal.subscribe()
+    }
+
+    pub fn add_task(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.tasks.push(task);
+    }
+
+    pub fn add_thread(&mut self, thread: std::thread::JoinHandle<()>) {
+        self.threads.push(thread);
+    }
+
+    pub fn keep(&mut self, value: Box<dyn Any + Send>) {
+        self.keep.push(value);
+    }
+
+    /// Stops every observer and waits until each has handed over what it recorded.
+    pub fn stop(self, runtime: &Handle) -> anyhow::Result<()> {
+        self.stop_flag.store(true, Ordering::Relaxed);
+        let _ = self.stop_signal.send(true);
+        let mut panicked = false;
+        runtime.block_on(async {
+            for task in self.tasks {
+                panicked |= task.await.is_err();
+            }
+        });
+        for thread in self.threads {
+            panicked |= thread.join().is_err();
+        }
+        drop(self.keep);
+        if panicked {
+            bail!("an observer panicked");
+        }
+        Ok(())
+    }
+}
+
+/// Where targets start their servers and which running ones to use.
+#[derive(Clone, Debug)]
+pub struct TargetOptions {
+    /// A running onehop's HTTP URL; `None` starts one.
+    pub url: Option<String>,
+    /// A running onehop's MQTT listener (`host:port`); with `url` and no address, the URL's
+    /// host on port 1883.
+    pub mqtt_address: Option<String>,
+    /// The onehop executable to start (`onehop serve`).
+    pub exe: PathBuf,
+    /// Where a started server keeps its data: the disk being measured.
+    pub dir: PathBuf,
+}
+
+/// The targets this harness knows, by name.
+pub const TARGET_NAMES: [&str; 2] = ["onehop", "echo"];
+
+/// Starts (or connects to) the target called `name`, for runs of `plan`.
+pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result<Box<dyn Target>> {
+    match name {
+        "onehop" => Ok(Box::new(onehop::OnehopTarget::start(options)?)),
+        "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
+        other => bail!("unknown target {other:?}: the targets are {}", TARGET_NAMES.join(", ")),
+    }
+}

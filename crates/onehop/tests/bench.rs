@@ -1,0 +1,275 @@
+//! The benchmark harness end to end: `onehop bench w1|w2|w3|w4` and `onehop bench view` run
+//! against a server they start (the real binary, a separate process) for a few seconds, and
+//! must deliver everything, report no error, and leave well-formed raw.csv and meta.json
+//! behind. No figure is checked against a threshold: speed is what the benchmarks report.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Runs `onehop bench {args}` writing into a fresh directory; returns the JSON lines printed
+/// last and the directory.
+fn bench(args: &[&str]) -> (Vec<Value>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::onehop()
+        .arg("bench")
+        .args(args)
+        .args(["--json", "--no-progress", "--out"])
+        .arg(dir.path().join("results"))
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines = stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap());
+    (lines.collect(), dir)
+}
+
+/// The run directories a workload left, each with raw.csv and meta.json.
+fn runs(results: &Path, workload: &str) -> Vec<PathBuf> {
+    let mut runs: Vec<PathBuf> =
+        std::fs::read_dir(results.join(workload)).unwrap().map(|entry| entry.unwrap().path()).collect();
+    runs.sort();
+    runs
+}
+
+const META_KEYS: [&str; 21] = [
+    "workload_id",
+    "run_id",
+    "stack",
+    "target_rate_hz",
+    "duration_secs",
+    "warmup_secs",
+    "latency_p50_ns",
+    "latency_p95_ns",
+    "latency_p99_ns",
+    "latency_p999_ns",
+    "max_ns",
+    "producer_emitted",
+    "observer_seen",
+    "joined_count",
+    "knobs",
+    "host_info",
+    "git_sha",
+    "started_at",
+    "ended_at",
+    "durability",
+    "errors",
+];
+
+/// Checks one run's files and returns its meta.json and raw rows (as fields).
+fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>>) {
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    for key in META_KEYS {
+        assert!(meta.get(key).is_some_and(|value| !value.is_null()), "{key} missing from {meta}");
+    }
+    assert_eq!(meta["workload_id"], workload);
+    assert_eq!(meta["stack"], stack);
+    assert_eq!(meta["run_id"], run.file_name().unwrap().to_str().unwrap());
+    assert_eq!(meta["errors"], 0, "{meta}");
+    assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
+    for time in ["started_at", "ended_at"] {
+        let text = meta[time].as_str().unwrap();
+        assert!(text.len() == 24 && text.ends_with('Z') && text.as_bytes()[10] == b'T', "{time}: {text}");
+    }
+    assert!(meta["host_info"]["cpus"].as_u64().unwrap() > 0);
+    let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
+    let mut lines = raw.lines();
+    assert_eq!(lines.next(), Some("kind,event_id,observer_id,key,intended_ns,sent_ns,ack_ns,received_ns"));
+    let rows: Vec<Vec<String>> = lines.map(|line| line.split(',').map(str::to_string).collect()).collect();
+    assert!(!rows.is_empty());
+    for row in &rows {
+        assert_eq!(row.len(), 8, "{row:?}");
+        let intended: u64 = row[4].parse().unwrap();
+        if row[0] != "close" {
+            let sent: u64 = row[5].parse().unwrap();
+            let ack: u64 = row[6].parse().unwrap();
+            assert!(sent >= intended && ack >= sent, "{row:?}");
+        }
+        let received: u64 = row[7].parse().unwrap_or_else(|_| panic!("not received: {row:?}"));
+        assert!(received >= intended || row[0] == "close", "{row:?}");
+    }
+    (meta, rows)
+}
+
+/// The JSON line of a workload: everything delivered, no error, latencies present.
+fn check_line(line: &Value, workload: &str, target: &str) {
+    assert_eq!(line["workload"], workload);
+    assert_eq!(line["target"], target);
+    assert_eq!(line["delivered_pct"], 100.0, "{line}");
+    assert_eq!(line["errors"], 0, "{line}");
+    assert_eq!(line["observer_seen"], line["producer_emitted"]);
+    for key in ["p50_ns", "p95_ns", "p99_ns", "p999_ns", "max_ns", "producer_emitted"] {
+        assert!(line[key].as_u64().unwrap() > 0, "{key} in {line}");
+    }
+}
+
+#[test]
+fn w1_notifies_every_subscriber_of_each_of_five_keys() {
+    let (lines, dir) = bench(&["w1", "--duration", "3", "--warmup", "1"]);
+    assert_eq!(lines.len(), 1);
+    check_line(&lines[0], "W1", "onehop");
+    assert_eq!(lines[0]["producer_emitted"], 150, "50 events/s for 3 s");
+    let runs = runs(&dir.path().join("results"), "W1");
+    assert_eq!(runs.len(), 1);
+    let (meta, rows) = check_run(&runs[0], "W1", "onehop");
+    assert_eq!(meta["durability"], "fsync");
+    assert_eq!(meta["knobs"]["lookup_keys"], 1000);
+    // One row per delivery: five per event, to five distinct subscribers, each named by its key.
+    assert_eq!(rows.len(), 150 * 5);
+    for event in rows.chunks(5) {
+        let keys: Vec<&str> = event[0][3].split(' ').collect();
+        assert_eq!(keys.len(), 5);
+        let mut observers: Vec<String> = event.iter().map(|row| format!("k{}", row[2])).collect();
+        observers.sort();
+        let mut keys: Vec<String> = keys.iter().map(|key| key.to_string()).collect();
+        keys.sort();
+        assert_eq!(observers, keys);
+    }
+    // The server it started is gone, its data too: only the results are left.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert_eq!(left, ["results"]);
+}
+
+#[test]
+fn w2_runs_side_by_side_with_the_echo_floor() {
+    let (lines, dir) = bench(&["w2", "--target", "onehop,echo", "--duration", "3", "--warmup", "1"]);
+    assert_eq!(lines.len(), 2);
+    check_line(&lines[0], "W2", "onehop");
+    check_line(&lines[1], "W2", "echo");
+    let results = dir.path().join("results");
+    let runs = runs(&results, "W2");
+    assert_eq!(runs.len(), 2);
+    let stacks: Vec<String> = runs
+        .iter()
+        .map(|run| {
+            check_run(run, "W2", if run.to_str().unwrap().contains("echo") { "echo" } else { "onehop" }).0["stack"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(stacks.contains(&"onehop".to_string()) && stacks.contains(&"echo".to_string()));
+    let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+    assert!(summary.contains("| onehop | 10 |") && summary.contains("| echo | 10 |"), "{summary}");
+    assert!(summary.contains("Harness overhead"), "{summary}");
+    let svg = std::fs::read_to_string(results.join("W2-cdf.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("onehop") && svg.contains("echo"));
+}
+
+#[test]
+fn w3_measures_freshness_window_close_and_point_queries() {
+    let (lines, dir) = bench(&["w3", "--duration", "3", "--warmup", "1"]);
+    assert_eq!(lines.len(), 1);
+    let line = &lines[0];
+    check_line(line, "W3", "onehop");
+    for key in ["freshness_p50_ns", "freshness_p99_ns", "query_p50_ns", "query_p99_ns"] {
+        assert!(line[key].as_u64().unwrap() > 0, "{key} in {line}");
+    }
+    assert!(line["close_lag_p99_ns"].is_u64(), "{line}");
+    let runs = runs(&dir.path().join("results"), "W3");
+    let (meta, rows) = check_run(&runs[0], "W3", "onehop");
+    let count = |kind: &str| rows.iter().filter(|row| row[0] == kind).count();
+    assert_eq!(count("fresh"), 300, "100 events/s for 3 s");
+    assert_eq!(count("query"), 60, "20 queries/s for 3 s");
+    // Every window that got a measured event closed, with the count that was sent to it.
+    assert!(count("close") > 0);
+    assert_eq!(meta["windows_expected"].as_u64().unwrap(), count("close") as u64);
+    assert_eq!(meta["error_detail"]["window_count_wrong"], 0);
+}
+
+#[test]
+fn w4_ingests_over_mqtt_and_sweeps_merge_runs_per_rate() {
+    let (lines, dir) = bench(&["w4", "--duration", "3", "--warmup", "1"]);
+    assert_eq!(lines.len(), 1);
+    check_line(&lines[0], "W4", "onehop");
+    assert_eq!(lines[0]["producer_emitted"], 3000);
+    let runs = runs(&dir.path().join("results"), "W4");
+    let (meta, rows) = check_run(&runs[0], "W4", "onehop");
+    assert_eq!(rows.len(), 3000);
+    assert_eq!(meta["knobs"]["qos"], 1);
+    assert_eq!(meta["knobs"]["payload_bytes"], 256);
+
+    // Two rates, two runs each, on the echo (quick): one line per rate, runs merged into it.
+    let (lines, dir) =
+        bench(&["w4", "--target", "echo", "--sweep", "200,400", "--runs", "2", "--duration", "1", "--warmup", "0.5"]);
+    assert_eq!(lines.len(), 2);
+    for (line, rate) in lines.iter().zip([200, 400]) {
+        check_line(line, "W4", "echo");
+        assert_eq!(line["rate_hz"], rate as f64);
+        assert_eq!(line["runs"], 2);
+        assert_eq!(line["producer_emitted"], 2 * rate, "two runs of 1 s merged");
+    }
+    let results = dir.path().join("results");
+    assert_eq!(self::runs(&results, "W4").len(), 4);
+    assert!(std::fs::read_to_string(results.join("W4-rate.svg")).unwrap().contains("echo p99"));
+}
+
+#[test]
+fn bench_view_is_w3_with_its_own_flags_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::onehop()
+        .args(["bench", "view", "--rate", "200", "--keys", "20", "--duration", "3", "--warmup", "1"])
+        .args(["--json", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let line: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(line["bench"], "view");
+    assert_eq!(line["delivered_pct"], 100.0, "{line}");
+    assert_eq!(line["errors"], 0, "{line}");
+    assert_eq!(line["keys"], 20);
+    assert_eq!(line["events"], 600);
+    for key in ["freshness_p50_us", "freshness_p99_us", "query_p50_us", "query_p99_us"] {
+        assert!(line[key].as_f64().unwrap() > 0.0, "{key} in {line}");
+    }
+    assert!(line["close_lag_p99_ms"].as_f64().unwrap() >= 0.0);
+    assert!(line["windows"].as_u64().unwrap() >= 20, "every key's window closed: {line}");
+    assert!(line["resumes"].is_u64(), "{line}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the server's data was removed");
+}
+
+#[test]
+fn a_view_subscriber_cut_off_for_falling_behind_resumes_without_a_gap() {
+    // A running server (--url) whose subscribers may fall only 8 events behind: the view's
+    // batches of changes cut the subscriber off again and again, and every time it resumes
+    // from the id the server gave. Nothing may be missed.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--subscriber-queue", "8", "--data-dir", data.to_str().unwrap()];
+    let server = common::start(dir.path(), &args, &[]);
+    let url = format!("http://{}", server.address);
+    let output = common::onehop()
+        .args(["bench", "view", "--url", &url, "--rate", "3000", "--keys", "300", "--duration", "1.5"])
+        .args(["--warmup", "0.5", "--json", "--no-progress"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let line: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(line["resumes"].as_u64().unwrap() > 0, "never cut off: {line}");
+    assert_eq!(line["delivered_pct"], 100.0, "{line}");
+    assert_eq!(line["errors"], 0, "{line}");
+}
+
+#[test]
+fn bad_flags_are_refused_with_the_reason() {
+    let refusal = |args: &[&str]| {
+        let output = common::onehop().arg("bench").args(args).output().unwrap();
+        assert!(!output.status.success(), "{args:?} ran");
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    assert!(refusal(&["w1", "--target", "kafka"]).contains("unknown target \"kafka\""));
+    assert!(refusal(&["w1", "--runs", "0"]).contains("--runs must be at least 1"));
+    assert!(refusal(&["w2", "--duration=-1"]).contains("--duration must be a positive number"));
+    assert!(refusal(&["w2", "--rate", "0"]).contains("rates must be positive"));
+    assert!(refusal(&["w3", "--sweep", "10,x"]).contains("invalid value"));
+    assert!(refusal(&["all", "--rate", "5"]).contains("each workload at its own rate"));
+    assert!(refusal(&["view", "--keys", "0"]).contains("--keys must be positive"));
+    assert!(refusal(&["w4", "--target", "onehop,onehop"]).contains("twice"));
+}
