@@ -14,6 +14,8 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+// Not `timeout(ZERO, …)`: a zero timer still waits for the timer wheel's next tick (1 ms).
+use futures_util::FutureExt;
 use onehop_log::{Durability, NewRecord, Partition, PartitionConfig, Record};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -272,9 +274,9 @@ impl View {
                     self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?;
                     // Whatever else is ready now, before writing: one append for many changes.
                     while changes.len() < 4096 {
-                        match tokio::time::timeout(Duration::ZERO, cursor.next()).await {
-                            Ok(delivery) => self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?,
-                            Err(_) => break,
+                        match cursor.next().now_or_never() {
+                            Some(delivery) => self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?,
+                            None => break,
                         }
                     }
                     since_yield += 1;
@@ -356,9 +358,9 @@ impl View {
                 delivery = cursor.next() => {
                     self.take_row_change(delivery?, &mut cursor, &hub, &mut changes)?;
                     while changes.len() < 4096 {
-                        match tokio::time::timeout(Duration::ZERO, cursor.next()).await {
-                            Ok(delivery) => self.take_row_change(delivery?, &mut cursor, &hub, &mut changes)?,
-                            Err(_) => break,
+                        match cursor.next().now_or_never() {
+                            Some(delivery) => self.take_row_change(delivery?, &mut cursor, &hub, &mut changes)?,
+                            None => break,
                         }
                     }
                 }

@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+// Not `timeout(ZERO, …)`: a zero timer still waits for the timer wheel's next tick (1 ms).
+use futures_util::FutureExt;
 use onehop_log::{NewRecord, Partition, Record};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -276,9 +278,9 @@ impl Transform {
                     self.take(delivery?, &mut cursor, &hub, &mut written, &mut batch)?;
                     // Whatever else is ready now: one append for many records.
                     while batch.len() < BATCH_MAX {
-                        match tokio::time::timeout(Duration::ZERO, cursor.next()).await {
-                            Ok(delivery) => self.take(delivery?, &mut cursor, &hub, &mut written, &mut batch)?,
-                            Err(_) => break,
+                        match cursor.next().now_or_never() {
+                            Some(delivery) => self.take(delivery?, &mut cursor, &hub, &mut written, &mut batch)?,
+                            None => break,
                         }
                     }
                     if !self.write(&mut batch, &mut stop).await {
