@@ -58,6 +58,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let start_ns = clock.now_ns() + START_LEAD.as_nanos() as u64;
     recorder.start_at(start_ns);
     let progress = RunProgress::start(spec.progress, spec.label.clone(), recorder.clone());
+    // Schedules run to their end; the flag is how a caller would cut one short.
     let never = Arc::new(AtomicBool::new(false));
     let query_thread = match querier {
         Some(mut querier) => {

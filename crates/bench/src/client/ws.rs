@@ -6,26 +6,18 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::Message;
 
+use super::http1;
 use crate::plan::Filter;
 use crate::recorder::{Delivery, Recorder};
 
 pub type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|byte| match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (byte as char).to_string(),
-            other => format!("%{other:02X}"),
-        })
-        .collect()
-}
-
 /// Opens a WebSocket subscription to `path` on the server at `url` with `filter`.
 pub async fn subscribe(url: &str, path: &str, filter: &Filter) -> anyhow::Result<Socket> {
     let address = url.trim_start_matches("http://");
     let condition = match filter {
-        Filter::Subject(subject) => format!("subject={}", percent_encode(subject)),
-        Filter::Field { field, value } => format!("{field}={}", percent_encode(value)),
+        Filter::Subject(subject) => format!("subject={}", http1::encode(subject)),
+        Filter::Field { field, value } => format!("{field}={}", http1::encode(value)),
     };
     let ws_url = format!("ws://{address}{path}?{condition}&from=earliest");
     // Small buffers: the defaults (128 KiB each way) would cost the harness gigabytes at
