@@ -93,21 +93,16 @@ pub(crate) async fn execute_create_view(
     if_not_exists: bool,
     label: String,
 ) -> Result<Output, SqlError> {
-    if let Ok(existing) = engine.view(&def.name) {
-        if existing.def() == def {
-            return Ok(Output::Unchanged {
-                statement: label,
-                definition: existing.def().sql.clone(),
-                note: "the view exists with this definition".into(),
-            });
-        }
-        if if_not_exists {
-            return Ok(Output::Unchanged {
-                statement: label,
-                definition: existing.def().sql.clone(),
-                note: "IF NOT EXISTS: the existing definition is kept".into(),
-            });
-        }
+    if let Ok(existing) = engine.view(&def.name)
+        && let Some(output) = already_defined(
+            &label,
+            &existing.def().sql,
+            existing.def() == def,
+            if_not_exists,
+            "the view exists with this definition",
+        )
+    {
+        return Ok(output);
     }
     let view = engine.create_view(def.clone()).await?;
     Ok(Output::Created { statement: label, definition: view.def().sql.clone() })
@@ -124,19 +119,10 @@ pub(crate) async fn execute_create_transform(
 ) -> Result<Output, SqlError> {
     let output = crate::execute::stream_def(engine, &def.name, stream_options);
     if let Some(existing) = engine.transform(&def.name) {
-        if existing.def() == def && existing.output().def() == &output {
-            return Ok(Output::Unchanged {
-                statement: label,
-                definition: existing.def().sql.clone(),
-                note: "the stream exists, computed by this transform".into(),
-            });
-        }
-        if if_not_exists {
-            return Ok(Output::Unchanged {
-                statement: label,
-                definition: existing.def().sql.clone(),
-                note: "IF NOT EXISTS: the existing definition is kept".into(),
-            });
+        let same = existing.def() == def && existing.output().def() == &output;
+        let note = "the stream exists, computed by this transform";
+        if let Some(output) = already_defined(&label, &existing.def().sql, same, if_not_exists, note) {
+            return Ok(output);
         }
     } else if if_not_exists && let Ok(existing) = engine.stream(&def.name) {
         return Ok(Output::Unchanged {
@@ -147,6 +133,19 @@ pub(crate) async fn execute_create_transform(
     }
     let transform = engine.create_transform(def.clone(), output).await?;
     Ok(Output::Created { statement: label, definition: transform.def().sql.clone() })
+}
+
+/// What a CREATE of something that exists answers: unchanged when the definition is the same
+/// (`note` says so) or IF NOT EXISTS keeps the existing one; `None` when it must be refused.
+fn already_defined(label: &str, existing_sql: &str, same: bool, if_not_exists: bool, note: &str) -> Option<Output> {
+    let note = if same {
+        note
+    } else if if_not_exists {
+        "IF NOT EXISTS: the existing definition is kept"
+    } else {
+        return None;
+    };
+    Some(Output::Unchanged { statement: label.to_string(), definition: existing_sql.to_string(), note: note.into() })
 }
 
 /// The text between two token locations (line and column, 1-based, in characters), trimmed.

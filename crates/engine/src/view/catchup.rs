@@ -99,16 +99,20 @@ impl Catchup {
 
     fn finish(&mut self, records: u64) {
         self.done = true;
-        let seconds = self.started.elapsed().as_secs_f64();
-        let rate = if seconds > 0.0 { records as f64 / seconds } else { 0.0 };
-        let (kind, name) = (self.kind, self.name.as_str());
-        tracing::info!(
-            kind,
-            name,
-            records,
-            seconds = format!("{seconds:.3}"),
-            records_per_s = rate as u64,
-            "{kind} restored"
-        );
+        restored(self.kind, &self.name, records, self.started);
     }
+}
+
+/// Logs that a view or transform has its state back: `records` folded in since `started`.
+pub(crate) fn restored(kind: &str, name: &str, records: u64, started: Instant) {
+    let seconds = started.elapsed().as_secs_f64();
+    let rate = if seconds > 0.0 { records as f64 / seconds } else { 0.0 };
+    tracing::info!(
+        kind,
+        name,
+        records,
+        seconds = format!("{seconds:.3}"),
+        records_per_s = rate as u64,
+        "{kind} restored"
+    );
 }

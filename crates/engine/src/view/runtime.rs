@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::ViewDef;
-use super::catchup::{Catchup, follow};
+use super::catchup::{Catchup, follow, restored};
 use super::expr::{Input, parse_value};
 use super::state::{Applied, Change, ViewState};
 use crate::error::EngineError;
@@ -341,14 +341,7 @@ impl View {
             }
             tokio::task::yield_now().await;
         }
-        let seconds = started.elapsed().as_secs_f64();
-        tracing::info!(
-            view = self.name(),
-            records = rows.len(),
-            seconds = format!("{seconds:.3}"),
-            records_per_s = if seconds > 0.0 { (rows.len() as f64 / seconds) as u64 } else { 0 },
-            "view restored"
-        );
+        restored("view", self.name(), rows.len() as u64, started);
         drop(rows);
         self.restoring.store(false, Ordering::Relaxed);
         let mut cursor = follow(&hub, &self.source, vec![next])?;
