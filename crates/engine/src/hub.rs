@@ -405,6 +405,9 @@ async fn tail(routes: Arc<Routes>, partition: u32, log: Arc<onehop_log::Partitio
         };
         let table = routes.stream.is_table();
         for record in records {
+            // A burst is read without waiting: counted like a channel receive, so the tailer
+            // lets the tasks queued behind it run every so often.
+            tokio::task::consume_budget().await;
             next = record.offset + 1;
             let event = Arc::new(Event::new(routes.name.clone(), partition, record, table));
             routes.route(&event);
@@ -466,6 +469,10 @@ pub struct Cursor {
     buffer: VecDeque<(Arc<Event>, Change)>,
     /// Records read from the log per step while catching up.
     read_ahead: usize,
+    /// When cut off by the hub: read on from the log (true) or yield [`Delivery::Overflow`].
+    carry_on: bool,
+    /// How many times this cursor fell behind the live feed and read on from the log.
+    carried_on: u64,
 }
 
 impl Cursor {
@@ -502,6 +509,8 @@ impl Cursor {
             live: None,
             buffer: VecDeque::new(),
             read_ahead: CATCH_UP_BATCH_RECORDS,
+            carry_on: false,
+            carried_on: 0,
         })
     }
 
@@ -511,6 +520,20 @@ impl Cursor {
     pub fn read_ahead(mut self, records: usize) -> Cursor {
         self.read_ahead = records.max(1);
         self
+    }
+
+    /// Never yields [`Delivery::Overflow`]: when the hub cuts this cursor off, it reads on from
+    /// the log where it left off and registers again once it has caught up. A burst then costs
+    /// a slow reader time, not a reconnection, and the server still holds no more than the
+    /// bounded queue plus one read step for it.
+    pub fn carry_on(mut self) -> Cursor {
+        self.carry_on = true;
+        self
+    }
+
+    /// How many times this cursor fell behind the live feed and read on from the log.
+    pub fn carried_on(&self) -> u64 {
+        self.carried_on
     }
 
     /// The next offset to deliver, per partition: where to resume after the last delivery.
@@ -555,6 +578,14 @@ impl Cursor {
     /// The next matching record, waiting for one to be committed if need be.
     pub async fn next(&mut self) -> Result<Delivery, EngineError> {
         loop {
+            if !self.buffer.is_empty() {
+                // Records read from the log are ready at once and cost the scheduler nothing:
+                // without this, a reader working through a backlog (a burst of window finals,
+                // a replay) would keep its worker thread for as long as the backlog lasts and
+                // hold up every task queued behind it. Taking from the hub's channel counts the
+                // same way.
+                tokio::task::consume_budget().await;
+            }
             if let Some((event, change)) = self.buffer.pop_front() {
                 self.positions[event.partition as usize] = event.record.offset + 1;
                 if self.buffer.is_empty() {
@@ -580,7 +611,16 @@ impl Cursor {
                     let live = self.live.as_mut().expect("registered before going live");
                     // Cut off, and everything queued before that delivered: say where to resume.
                     if live.overflowed.load(Ordering::Relaxed) && live.receiver.is_empty() {
-                        return Ok(Delivery::Overflow { positions: self.positions.clone() });
+                        if !self.carry_on {
+                            return Ok(Delivery::Overflow { positions: self.positions.clone() });
+                        }
+                        // Live, everything delivered is everything covered: read on from there.
+                        metrics::counter!("hub_subscribers_carried_on_from_log_total").increment(1);
+                        self.carried_on += 1;
+                        self.live = None;
+                        self.covered.clone_from(&self.positions);
+                        self.phase = Phase::CatchUp { targets: end_offsets(&self.stream) };
+                        continue;
                     }
                     let Some((event, change)) = live.receiver.recv().await else {
                         return Err(EngineError::Read(onehop_log::ReadError::Closed));

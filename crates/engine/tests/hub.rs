@@ -1,11 +1,12 @@
 //! The hub and cursors: filtering, history then live with no gap and no duplicate, resume,
-//! and cutting off a subscriber that falls behind.
+//! cutting off a subscriber that falls behind, or carrying it on from the log.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use onehop_engine::hub::{Cursor, Delivery};
+use onehop_engine::filter::Condition;
+use onehop_engine::hub::{Cursor, Delivery, Event};
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::{Engine, EngineOptions, Filter, Stream, StreamDef};
 use onehop_log::{Durability, Log, LogOptions, NewRecord};
@@ -164,6 +165,51 @@ async fn a_subscriber_that_falls_behind_is_cut_off_and_can_resume() {
         received.push(next_event(&mut resumed).await.2.parse().unwrap());
     }
     assert_eq!(received, (0..200).collect::<Vec<_>>(), "no gap, no duplicate across the cut");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carry_on_cursor_reads_on_from_the_log_when_it_falls_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), 8);
+    let fast = stream(&engine, "fast", 2).await;
+    // Only even numbers match, so positions must step over filtered records across the switch.
+    let filter = Filter { conditions: vec![Condition::new("even", "true").unwrap()], ..Filter::default() };
+    let mut slow = engine.subscribe(&fast, filter, vec![0, 0]).unwrap().carry_on();
+    let record = |i: u32| NewRecord::keyed(format!("k{i}"), format!("{{\"n\":{i},\"even\":{}}}", i.is_multiple_of(2)));
+    fast.publish(&[record(0)], None).await.unwrap();
+    let number = |event: &Event| -> u32 {
+        let value: serde_json::Value = serde_json::from_slice(event.record.value.as_ref().unwrap()).unwrap();
+        value["n"].as_u64().unwrap() as u32
+    };
+    let mut received = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(10), slow.next()).await.unwrap().unwrap() {
+        Delivery::Event(event, _) => received.push((event.partition, number(&event))),
+        Delivery::Overflow { .. } => panic!("overflow"),
+    }
+    // Live now; 400 records while it does not read overflow its queue of 8 many times over.
+    for i in 1..400 {
+        fast.publish(&[record(i)], None).await.unwrap();
+    }
+    while received.len() < 200 {
+        match tokio::time::timeout(Duration::from_secs(10), slow.next()).await.unwrap().unwrap() {
+            Delivery::Event(event, _) => received.push((event.partition, number(&event))),
+            Delivery::Overflow { positions } => panic!("a carry-on cursor yielded an overflow at {positions:?}"),
+        }
+    }
+    assert!(slow.carried_on() >= 1, "the queue of 8 cannot have held 200 events");
+    let mut numbers: Vec<u32> = received.iter().map(|&(_, n)| n).collect();
+    for partition in 0..2 {
+        let in_partition: Vec<u32> = received.iter().filter(|&&(p, _)| p == partition).map(|&(_, n)| n).collect();
+        assert!(in_partition.windows(2).all(|pair| pair[0] < pair[1]), "partition {partition} in order");
+    }
+    numbers.sort_unstable();
+    assert_eq!(numbers, (0..400).step_by(2).collect::<Vec<_>>(), "every match once");
+    // Back on the live feed: a new match arrives.
+    fast.publish(&[record(1000)], None).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(10), slow.next()).await.unwrap().unwrap() {
+        Delivery::Event(event, _) => assert_eq!(number(&event), 1000),
+        Delivery::Overflow { .. } => panic!("overflow"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

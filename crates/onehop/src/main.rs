@@ -19,6 +19,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc, not the system allocator: views, subscriptions and HTTP allocate many small
+/// objects per event, and glibc's malloc spent more time consolidating its free lists than
+/// the view spent folding events (a 10 000-window close took 30 ms with it, 8 ms without).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {

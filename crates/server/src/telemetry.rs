@@ -39,5 +39,12 @@ fn describe() {
     );
     describe_counter!("http_errors_total", "Refused or failed HTTP requests, by error code.");
     describe_gauge!("hub_subscriptions", "Live subscriptions registered with the hub (SSE and WebSocket).");
-    describe_counter!("hub_subscribers_overflowed_total", "Subscribers cut off because their queue was full.");
+    describe_counter!(
+        "hub_subscribers_overflowed_total",
+        "Subscribers whose queue was full; each reads on from the log (or resumes, if told to)."
+    );
+    describe_counter!(
+        "hub_subscribers_carried_on_from_log_total",
+        "Times an HTTP subscriber fell behind the live feed and read on from the log."
+    );
 }

@@ -37,6 +37,8 @@ const TRANSFORM_SHAPE: &str = "a transform is CREATE STREAM name [WITH (…)] AS
 const AGGREGATES: &str = "COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM(x), AVG(x), MIN(x), MAX(x), FIRST(x), LAST(x)";
 /// Columns every windowed view row gets from the runtime.
 const WINDOW_COLUMNS: [&str; 2] = ["window_start", "window_end"];
+/// The flags every row of a view's changes carries beside its columns.
+const FLAG_COLUMNS: [&str; 2] = ["final", "removed"];
 /// Output columns of a transform that set the record's key and subject instead of a field.
 const KEY_COLUMN: &str = "_key";
 const SUBJECT_COLUMN: &str = "_subject";
@@ -502,6 +504,12 @@ fn view_columns(projection: &[ast::SelectItem], group_by: &ast::Expr) -> Result<
         let name = column.name();
         if WINDOW_COLUMNS.iter().any(|window_column| window_column.eq_ignore_ascii_case(name)) {
             return Err(window_column_error(name));
+        }
+        if FLAG_COLUMNS.iter().any(|flag| flag.eq_ignore_ascii_case(name)) {
+            return Err(invalid(format!(
+                "{name}: every row of a view carries \"final\" (and \"removed\" when it is gone); \
+                 name the column otherwise with AS"
+            )));
         }
         if columns.iter().any(|existing| existing.name() == name) {
             return Err(invalid(format!("two columns are named {name}; name one with AS")));
@@ -1494,6 +1502,8 @@ mod tests {
                 "window_start and window_end come automatically",
             ),
             ("SELECT COUNT(*) AS window_end FROM TUMBLE(s, '1s') GROUP BY a", "come automatically"),
+            ("SELECT a, COUNT(*) AS final FROM s GROUP BY a", "every row of a view carries \"final\""),
+            ("SELECT removed, COUNT(*) FROM s GROUP BY removed", "name the column otherwise"),
             ("SELECT * FROM s GROUP BY a", "SELECT * in a view"),
             (
                 "SELECT SUM(x) / COUNT(*) FROM s GROUP BY a",

@@ -1,12 +1,14 @@
 //! A running view: one task reads its source (history, then live) through the hub, folds each
-//! record into the view's state, closes windows on time, appends every change to the view's
-//! change stream (what subscriptions follow), and checkpoints state and source positions about
-//! once a second. Point reads take the state's read lock: memory only, no disk.
+//! record into the view's state and closes windows on time; a second task appends every change
+//! to the view's change stream (what subscriptions follow); a third, now and then, checkpoints
+//! the state and source positions (about once a second, less often for a large state). Point
+//! reads take the state's read lock: memory only, no disk.
 //!
 //! Recovery: the task starts from the last checkpoint's positions and state and replays the
 //! source from there. Windows close by the records' arrival times while replaying and by the
 //! wall clock once caught up, so the replay decides every window as the live run did (see
-//! `state`). Changes are pushed once the view has caught up.
+//! `state`); a tumbling or hopping window refuses a record that arrived after its close time
+//! either way. Changes are pushed once the view has caught up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,10 +22,10 @@ use onehop_log::{Durability, NewRecord, Partition, PartitionConfig, Record};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::ViewDef;
 use super::catchup::{Catchup, follow, restored};
 use super::expr::{Input, parse_value};
 use super::state::{Applied, Change, ViewState};
+use super::{ViewDef, Window};
 use crate::error::EngineError;
 use crate::filter::Filter;
 use crate::hub::{Cursor, Delivery, Hub};
@@ -35,10 +37,17 @@ use crate::table::Table;
 pub const CHECKPOINT_TOPIC: &str = "__view_checkpoints";
 /// The change stream of view `name` is the topic `__view.{name}`.
 pub const OUTPUT_PREFIX: &str = "__view.";
-/// How often a view's state is checkpointed while it changes.
+/// How often a view's state is checkpointed while it changes, at most.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// And at least this many times the last checkpoint's duration apart: a view of 10 000 keys
+/// takes tens of ms to write (every key, every time), which must not become a steady load.
+const CHECKPOINT_COST_SHARE: u32 = 20;
 /// Records folded before the task lets others run (a backfill reads without waiting).
 const YIELD_EVERY: usize = 512;
+/// Batches of changes waiting for the change writer before the view waits for it.
+const CHANGE_BATCHES_QUEUED: usize = 64;
+/// Windows closed at a time when many are due at once (see `run`).
+const CLOSE_CHUNK: usize = 512;
 const CHECKPOINT_VERSION: u32 = 1;
 
 pub(crate) fn checkpoint_config() -> PartitionConfig {
@@ -248,17 +257,56 @@ impl View {
             self.restoring.store(false, Ordering::Relaxed);
         }
         let mut cursor = follow(&hub, &self.source, positions)?;
+        let (writer, writing) = self.change_writer();
         let mut last_checkpoint = Instant::now();
         let mut checkpointed_events = u64::MAX;
         let mut changes: Vec<Change> = Vec::new();
         let mut late: Vec<NewRecord> = Vec::new();
         let mut since_yield = 0usize;
+        // The checkpoint being written, if any: at most one at a time, so they land in order.
+        let mut checkpointing: Option<tokio::task::JoinHandle<Duration>> = None;
+        let mut checkpoint_interval = CHECKPOINT_INTERVAL;
+        // The deadline last closed on the spot (see below), so a deadline `advance` does not
+        // move cannot keep the loop from waiting.
+        let mut forced: Option<i64> = None;
         loop {
             let deadline = if !catchup.done() {
                 None
             } else {
                 self.state.read().expect("view state lock").next_deadline(&self.def)
             };
+            // Past due: close now, before reading on. Left to the timer below, a source that
+            // always has a record ready would keep it from ever firing (a zero sleep waits for
+            // the timer's next tick, and each turn makes a new one), and windows would close
+            // only when a later record arrived. A few hundred windows at a time, with the
+            // records that arrived meanwhile folded in between: when 10 000 keys' windows close
+            // at once, neither their records nor point reads wait for all of them.
+            if let Some(at) = deadline
+                && at < now_ms()
+                && forced != Some(at)
+            {
+                let more = self.state.write().expect("view state lock").advance_some(
+                    &self.def,
+                    now_ms(),
+                    &mut changes,
+                    CLOSE_CHUNK,
+                );
+                if !more {
+                    forced = Some(at);
+                }
+                while changes.len() < 4096 {
+                    match cursor.next().now_or_never() {
+                        Some(delivery) => self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?,
+                        None => break,
+                    }
+                }
+                self.publish(&writer, &mut changes, &mut late).await;
+                if more {
+                    // Let the change writer, the hub and the subscribers move this chunk on.
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
             let sleep = async {
                 match deadline {
                     Some(at) => {
@@ -268,7 +316,7 @@ impl View {
                     None => std::future::pending().await,
                 }
             };
-            let checkpoint_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_checkpoint.elapsed()));
+            let checkpoint_due = tokio::time::sleep(checkpoint_interval.saturating_sub(last_checkpoint.elapsed()));
             tokio::select! {
                 delivery = cursor.next() => {
                     self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?;
@@ -286,19 +334,30 @@ impl View {
                         self.restoring.store(false, Ordering::Relaxed);
                     }
                 }
-                () = sleep => {
-                    self.state.write().expect("view state lock").advance(&self.def, now_ms(), &mut changes);
-                }
+                // The loop's top closes what is due, a chunk at a time.
+                () = sleep => {}
                 () = checkpoint_due => {
                     last_checkpoint = Instant::now();
                     let events = self.state.read().expect("view state lock").events;
-                    if events != checkpointed_events {
+                    if let Some(task) = checkpointing.take_if(|task| task.is_finished())
+                        && let Ok(took) = task.await
+                    {
+                        // A large state costs a while to write: write it less often, so that
+                        // checkpoints take at most a small share of the time.
+                        checkpoint_interval = CHECKPOINT_INTERVAL.max(took * CHECKPOINT_COST_SHARE);
+                    }
+                    if events != checkpointed_events && checkpointing.is_none() {
                         checkpointed_events = events;
-                        self.checkpoint(&checkpoints, cursor.positions().to_vec()).await;
+                        checkpointing = Some(self.checkpoint(&checkpoints, cursor.positions().to_vec()));
                     }
                 }
                 _ = stop.changed() => {
-                    self.checkpoint(&checkpoints, cursor.positions().to_vec()).await;
+                    if let Some(task) = checkpointing.take() {
+                        let _ = task.await;
+                    }
+                    let _ = self.checkpoint(&checkpoints, cursor.positions().to_vec()).await;
+                    drop(writer);
+                    let _ = writing.await;
                     return Ok(());
                 }
             }
@@ -306,7 +365,7 @@ impl View {
                 // Changes of the replay were pushed before the restart (or are history).
                 changes.clear();
             }
-            self.publish(&mut changes, &mut late).await;
+            self.publish(&writer, &mut changes, &mut late).await;
             if since_yield >= YIELD_EVERY {
                 since_yield = 0;
                 tokio::task::yield_now().await;
@@ -345,6 +404,7 @@ impl View {
         drop(rows);
         self.restoring.store(false, Ordering::Relaxed);
         let mut cursor = follow(&hub, &self.source, vec![next])?;
+        let (writer, writing) = self.change_writer();
         let mut late = Vec::new();
         loop {
             tokio::select! {
@@ -357,9 +417,13 @@ impl View {
                         }
                     }
                 }
-                _ = stop.changed() => return Ok(()),
+                _ = stop.changed() => {
+                    drop(writer);
+                    let _ = writing.await;
+                    return Ok(());
+                }
             }
-            self.publish(&mut changes, &mut late).await;
+            self.publish(&writer, &mut changes, &mut late).await;
         }
     }
 
@@ -407,9 +471,16 @@ impl View {
                 let input = Input::of(record, event.partition, &value);
                 let applied = {
                     let mut state = self.state.write().expect("view state lock");
-                    // Windows whose close time passed before this record arrived close first.
-                    let def = if self.restoring.load(Ordering::Relaxed) { &self.quiet } else { &*self.def };
-                    state.advance(def, record.timestamp_ms - 1, changes);
+                    // Windows whose close time passed before this record arrived close first,
+                    // while restoring (no wall clock then) and for windows whose closing decides
+                    // what the record joins (sessions, sliding windows). A tumbling or hopping
+                    // window refuses a record that arrived after its close time whether it has
+                    // closed yet or not, so live, the wall clock closes those (see `run`).
+                    let restoring = self.restoring.load(Ordering::Relaxed);
+                    let def = if restoring { &self.quiet } else { &*self.def };
+                    if restoring || !matches!(def.window, Window::Tumble { .. } | Window::Hop { .. }) {
+                        state.advance(def, record.timestamp_ms - 1, changes);
+                    }
                     state.apply(def, &input, record.timestamp_ms, changes)
                 };
                 match applied {
@@ -433,16 +504,40 @@ impl View {
         Ok(())
     }
 
-    /// Appends the changes to the view's change stream and late events to the late stream.
-    async fn publish(&self, changes: &mut Vec<Change>, late: &mut Vec<NewRecord>) {
-        if !changes.is_empty() {
-            let records: Vec<NewRecord> =
-                changes.drain(..).map(|change| change_record(&self.def.name, change)).collect();
-            metrics::counter!("view_changes_total", "view" => self.def.name.clone()).increment(records.len() as u64);
-            // Not awaited: the change stream is derived, so it is written without waiting.
-            if let Err(error) = self.output.enqueue_to(0, &records, Some(Durability::Async)).await {
-                tracing::warn!(view = self.name(), %error, "view changes could not be written");
+    /// A task that appends changes to the view's change stream, in the order sent. Writing
+    /// them out (a JSON value each, then a log batch) overlaps with the view folding the next
+    /// events: when 10 000 windows close at once, their finals are encoded on the other core.
+    /// The channel is bounded, so a writer that falls behind holds the view back.
+    fn change_writer(&self) -> (tokio::sync::mpsc::Sender<Vec<Change>>, tokio::task::JoinHandle<()>) {
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<Vec<Change>>(CHANGE_BATCHES_QUEUED);
+        let output = self.output.clone();
+        let name = self.def.name.clone();
+        let task = tokio::spawn(async move {
+            while let Some(changes) = receiver.recv().await {
+                // Taking a batch is cheap and writing it is not: one batch per turn, so a burst
+                // of batches does not keep the worker thread.
+                tokio::task::yield_now().await;
+                let records: Vec<NewRecord> = changes.into_iter().map(|change| change_record(&name, change)).collect();
+                metrics::counter!("view_changes_total", "view" => name.clone()).increment(records.len() as u64);
+                // Not awaited: the change stream is derived, so it is written without waiting.
+                if let Err(error) = output.enqueue_to(0, &records, Some(Durability::Async)).await {
+                    tracing::warn!(view = name, %error, "view changes could not be written");
+                }
             }
+        });
+        (sender, task)
+    }
+
+    /// Hands the changes to the change writer and appends late events to the late stream.
+    async fn publish(
+        &self,
+        writer: &tokio::sync::mpsc::Sender<Vec<Change>>,
+        changes: &mut Vec<Change>,
+        late: &mut Vec<NewRecord>,
+    ) {
+        if !changes.is_empty() {
+            // Fails only once the writer is gone, which is when the view stops.
+            let _ = writer.send(std::mem::take(changes)).await;
         }
         if let Some(stream) = &self.late
             && !late.is_empty()
@@ -455,37 +550,88 @@ impl View {
         late.clear();
     }
 
-    async fn checkpoint(&self, checkpoints: &Partition, positions: Vec<u64>) {
+    /// Writes a checkpoint of the state as it is now and the source `positions` it stands for,
+    /// in the background: the view reads on meanwhile. Cloning the state copies one pointer
+    /// per key (see `ViewState`); serializing it runs off the runtime's threads.
+    /// The task answers how long it took.
+    fn checkpoint(&self, checkpoints: &Arc<Partition>, positions: Vec<u64>) -> tokio::task::JoinHandle<Duration> {
         let state = self.state.read().expect("view state lock").clone();
         let name = self.def.name.clone();
-        // Serializing a large state takes a while: not on the runtime's threads.
-        let record = tokio::task::spawn_blocking(move || Checkpoint::new(positions, state).record(&name))
-            .await
-            .expect("serializes");
-        if let Err(error) = checkpoints.append(std::slice::from_ref(&record)).await {
-            tracing::warn!(view = self.name(), %error, "the view could not be checkpointed");
-        }
+        let checkpoints = checkpoints.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let (record, name) =
+                tokio::task::spawn_blocking(move || (Checkpoint::new(positions, state).record(&name), name))
+                    .await
+                    .expect("serializes");
+            if let Err(error) = checkpoints.append(std::slice::from_ref(&record)).await {
+                tracing::warn!(view = name, %error, "the view could not be checkpointed");
+            }
+            started.elapsed()
+        })
     }
 }
 
 /// A change as a record of the change stream: key = the view key, subject `views/{v}/{key}`
-/// (its MQTT topic), value = the row plus `"final"` (and `"removed": true` for a row that is
-/// gone).
+/// (its MQTT topic), value = the row with `"final"` (and `"removed": true` for a row that is
+/// gone), laid out by [`change_value`].
 fn change_record(view: &str, change: Change) -> NewRecord {
-    let mut row = change.row;
-    if let Value::Object(fields) = &mut row {
-        fields.insert("final".into(), Value::Bool(change.is_final));
-        if change.removed {
-            fields.insert("removed".into(), Value::Bool(true));
-        }
-    }
     let subject = format!("views/{view}/{}", change.key);
-    let mut record = NewRecord::keyed(Bytes::from(change.key), serde_json::to_vec(&row).expect("a row serializes"));
+    let value = change_value(&change);
+    let mut record = NewRecord::keyed(Bytes::from(change.key), value);
     // A key that cannot be a topic level (a `/`, a wildcard) leaves the subject out.
     if !change_key_unfit(&subject) {
         record.subject = Some(subject);
     }
     record
+}
+
+/// A change's value in the change stream: `{"final":…[,"removed":true],<the row's fields>}`.
+/// The flags come first, so a subscriber's encoder takes them and the row's fields apart
+/// without parsing the row ([`change_parts`]); the value is still one JSON object, which is
+/// what MQTT subscribers and `final=true` filters read.
+pub fn change_value(change: &Change) -> Vec<u8> {
+    let row = serde_json::to_vec(&change.row).expect("a row serializes");
+    let mut value = Vec::with_capacity(row.len() + 32);
+    value.extend_from_slice(if change.is_final { b"{\"final\":true" } else { b"{\"final\":false" });
+    if change.removed {
+        value.extend_from_slice(b",\"removed\":true");
+    }
+    match row.strip_prefix(b"{") {
+        // A row is an object; its fields follow the flags.
+        Some(b"}") => value.push(b'}'),
+        Some(fields) => {
+            value.push(b',');
+            value.extend_from_slice(fields);
+        }
+        // Not an object (never, but not worth a panic): the row under its own name.
+        None => {
+            value.extend_from_slice(b",\"row\":");
+            value.extend_from_slice(&row);
+            value.push(b'}');
+        }
+    }
+    value
+}
+
+/// The parts of a change-stream value as [`change_value`] lays it out: whether it is final,
+/// whether the row was removed, and the row's fields with the closing brace (`}` for none, or
+/// `"a":1,…}` — the row is `{` followed by them). `None` for any other layout.
+pub fn change_parts(value: &[u8]) -> Option<(bool, bool, &[u8])> {
+    let (is_final, rest) = if let Some(rest) = value.strip_prefix(b"{\"final\":true") {
+        (true, rest)
+    } else {
+        (false, value.strip_prefix(b"{\"final\":false")?)
+    };
+    let (removed, rest) = match rest.strip_prefix(b",\"removed\":true") {
+        Some(rest) => (true, rest),
+        None => (false, rest),
+    };
+    if rest == b"}" {
+        return Some((is_final, removed, rest));
+    }
+    let fields = rest.strip_prefix(b",")?;
+    fields.ends_with(b"}").then_some((is_final, removed, fields))
 }
 
 fn change_key_unfit(subject: &str) -> bool {
@@ -505,4 +651,37 @@ fn as_new(record: &Record) -> NewRecord {
 
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_change_value_is_one_object_whose_flags_and_row_come_apart_without_parsing() {
+        let row = json!({"sku": "a\"b", "n": 3, "window_start": 0, "final_count": 1});
+        for (is_final, removed) in [(false, false), (true, false), (false, true), (true, true)] {
+            let change = Change { key: "k".into(), row: row.clone(), is_final, removed };
+            let value = change_value(&change);
+            let mut expected = row.clone();
+            expected["final"] = json!(is_final);
+            if removed {
+                expected["removed"] = json!(true);
+            }
+            assert_eq!(serde_json::from_slice::<Value>(&value).unwrap(), expected);
+            let (final_, removed_, fields) = change_parts(&value).unwrap();
+            assert_eq!((final_, removed_), (is_final, removed));
+            let rebuilt = [b"{".as_slice(), fields].concat();
+            assert_eq!(serde_json::from_slice::<Value>(&rebuilt).unwrap(), row);
+        }
+        let empty = change_value(&Change { key: "k".into(), row: json!({}), is_final: true, removed: false });
+        assert_eq!(empty, b"{\"final\":true}");
+        assert_eq!(change_parts(&empty), Some((true, false, b"}".as_slice())));
+        // Anything else is left to a parser.
+        for other in [&b"{\"n\":1,\"final\":true}"[..], b"{\"final\":true", b"{\"final\":truex}", b"", b"null"] {
+            assert_eq!(change_parts(other), None, "{}", String::from_utf8_lossy(other));
+        }
+    }
 }

@@ -10,6 +10,7 @@
 //! decides exactly as the live run did.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -345,7 +346,10 @@ struct KeyState {
 /// What a view holds: every key's windows, and the times at which windows close.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ViewState {
-    keys: HashMap<String, KeyState>,
+    /// Each key's state behind its own `Arc`: a clone of the whole state (a checkpoint) copies
+    /// pointers, and a key changed while a checkpoint still holds it is copied then
+    /// (`Arc::make_mut`), one key at a time.
+    keys: HashMap<String, Arc<KeyState>>,
     /// (close time, key, window start) of every open window that closes.
     deadlines: BTreeSet<(i64, String, i64)>,
     /// Events dropped because every window they belong to had closed.
@@ -505,18 +509,21 @@ impl ViewState {
         let key_value = def.key.eval(input);
         let key = key_text(&key_value);
         let state = if add {
-            self.keys.entry(key.clone()).or_insert_with(|| KeyState {
-                key_value,
-                open: vec![WindowState {
-                    start: i64::MIN,
-                    end: i64::MAX,
-                    accs: aggregates(def).map(Acc::retractable).collect(),
-                }],
-                ..KeyState::default()
+            self.keys.entry(key.clone()).or_insert_with(|| {
+                Arc::new(KeyState {
+                    key_value,
+                    open: vec![WindowState {
+                        start: i64::MIN,
+                        end: i64::MAX,
+                        accs: aggregates(def).map(Acc::retractable).collect(),
+                    }],
+                    ..KeyState::default()
+                })
             })
         } else {
             self.keys.get_mut(&key)?
         };
+        let state = Arc::make_mut(state);
         // A table view's group has its one window from its first row (`?`: never otherwise).
         let window = state.open.first_mut()?;
         let mut args = def.columns.iter().filter_map(|column| match column {
@@ -738,12 +745,21 @@ impl ViewState {
     /// Closes the windows due at `now_ms` (finals to `changes`), lets sliding windows move on,
     /// and forgets closed windows past their retention.
     pub fn advance(&mut self, def: &ViewDef, now_ms: i64, changes: &mut Vec<Change>) {
-        while let Some((close_at, key, start)) = self.deadlines.first().cloned() {
-            if close_at > now_ms {
-                break;
+        self.advance_some(def, now_ms, changes, usize::MAX);
+    }
+
+    /// [`ViewState::advance`], closing at most `limit` windows: true when windows due were
+    /// left for the next call. The rest (sliding windows, retention) runs once closing is done.
+    pub fn advance_some(&mut self, def: &ViewDef, now_ms: i64, changes: &mut Vec<Change>, limit: usize) -> bool {
+        let mut closed = 0;
+        while self.deadlines.first().is_some_and(|(close_at, _, _)| *close_at <= now_ms) {
+            if closed == limit {
+                return true;
             }
-            self.deadlines.pop_first();
+            closed += 1;
+            let Some((_, key, start)) = self.deadlines.pop_first() else { break };
             let Some(state) = self.keys.get_mut(&key) else { continue };
+            let state = Arc::make_mut(state);
             let Ok(index) = state.open.binary_search_by_key(&start, |window| window.start) else { continue };
             let window = state.open.remove(index);
             let row = row(def, &state.key_value, Some((window.start, window.end)), &window.accs);
@@ -769,6 +785,7 @@ impl ViewState {
                 if evicted == 0 {
                     continue;
                 }
+                let state = Arc::make_mut(state);
                 // The window moved to when the last of them fell out (not to now: a replay
                 // that sees it later must show the same row).
                 let fell_out = state.kept[evicted - 1].at.0 + size;
@@ -798,8 +815,14 @@ impl ViewState {
         if self.next_expiry.due(now_ms) {
             let mut earliest = i64::MAX;
             self.keys.retain(|_, state| {
-                while state.closed.front().is_some_and(|closed| closed.end.saturating_add(retention) <= now_ms) {
-                    state.closed.pop_front();
+                let expired = |state: &KeyState| {
+                    state.closed.front().is_some_and(|closed| closed.end.saturating_add(retention) <= now_ms)
+                };
+                if expired(state) {
+                    let state = Arc::make_mut(state);
+                    while expired(state) {
+                        state.closed.pop_front();
+                    }
                 }
                 if let Some(closed) = state.closed.front() {
                     earliest = earliest.min(closed.end.saturating_add(retention));
@@ -808,6 +831,7 @@ impl ViewState {
             });
             self.next_expiry = LowerBound(Some(earliest));
         }
+        false
     }
 
     /// The rows of `key`, newest window first: open windows, then closed ones.
@@ -855,11 +879,11 @@ impl ViewState {
 
 /// The state of `key`, created (showing `key_value`) by its first event. Looked up before it is
 /// inserted: the key is copied once per key, not once per event.
-fn key_state<'a>(keys: &'a mut HashMap<String, KeyState>, key: &str, key_value: Value) -> &'a mut KeyState {
+fn key_state<'a>(keys: &'a mut HashMap<String, Arc<KeyState>>, key: &str, key_value: Value) -> &'a mut KeyState {
     if !keys.contains_key(key) {
-        keys.insert(key.to_string(), KeyState { key_value, ..KeyState::default() });
+        keys.insert(key.to_string(), Arc::new(KeyState { key_value, ..KeyState::default() }));
     }
-    keys.get_mut(key).expect("inserted")
+    Arc::make_mut(keys.get_mut(key).expect("inserted"))
 }
 
 fn aggregates(def: &ViewDef) -> impl Iterator<Item = AggregateKind> + '_ {

@@ -227,6 +227,58 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
     Value::Object(object)
 }
 
+/// [`record_json`] written out as bytes, copying a JSON value as it is stored instead of
+/// parsing and writing it again: what subscriptions send for every record they deliver. A value
+/// with a line break in it (pretty-printed JSON) is written again on one line, as SSE needs.
+pub fn record_json_bytes(partition: u32, record: &Record) -> Vec<u8> {
+    let value = match &record.value {
+        Some(value) if is_one_line_json(value) => value.trim_ascii(),
+        _ => return record_json(partition, record).to_string().into_bytes(),
+    };
+    let offset = record.offset;
+    let mut out = Vec::with_capacity(value.len() + 128);
+    out.extend_from_slice(
+        format!(
+            "{{\"id\":\"{partition}:{offset}\",\"partition\":{partition},\"offset\":{offset},\"timestamp\":{}",
+            record.timestamp_ms
+        )
+        .as_bytes(),
+    );
+    if let Some(key) = &record.key {
+        match std::str::from_utf8(key) {
+            Ok(key) => {
+                out.extend_from_slice(b",\"key\":");
+                serde_json::to_writer(&mut out, key).expect("a string serializes");
+            }
+            Err(_) => {
+                out.extend_from_slice(b",\"key_base64\":\"");
+                out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(key).as_bytes());
+                out.push(b'"');
+            }
+        }
+    }
+    if let Some(subject) = &record.subject {
+        out.extend_from_slice(b",\"subject\":");
+        serde_json::to_writer(&mut out, subject).expect("a string serializes");
+    }
+    if !record.headers.is_empty() {
+        let headers: serde_json::Map<String, Value> =
+            record.headers.iter().map(|(name, value)| (name.clone(), json!(String::from_utf8_lossy(value)))).collect();
+        out.extend_from_slice(b",\"headers\":");
+        serde_json::to_writer(&mut out, &headers).expect("headers serialize");
+    }
+    out.extend_from_slice(b",\"value\":");
+    out.extend_from_slice(value);
+    out.push(b'}');
+    out
+}
+
+/// Whether `value` is one JSON value with no line break anywhere (checked without building it).
+fn is_one_line_json(value: &[u8]) -> bool {
+    !value.iter().any(|&byte| byte == b'\n' || byte == b'\r')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok()
+}
+
 /// `GET /streams/{s}`: a read; with `Accept: text/event-stream` an SSE subscription; with a
 /// WebSocket upgrade, a socket whose first subscription is this URL's.
 pub async fn read_or_subscribe(
@@ -307,4 +359,51 @@ fn read_partitions(
         records.extend(read.iter().map(|record| record_json(partition, record)));
     }
     Ok((records, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: Option<&[u8]>, subject: Option<&str>, headers: &[(&str, &str)], value: Option<&[u8]>) -> Record {
+        Record {
+            offset: 41,
+            timestamp_ms: 1_700_000_000_123,
+            key: key.map(Bytes::copy_from_slice),
+            subject: subject.map(str::to_string),
+            headers: headers
+                .iter()
+                .map(|(name, value)| (name.to_string(), Bytes::copy_from_slice(value.as_bytes())))
+                .collect(),
+            value: value.map(Bytes::copy_from_slice),
+        }
+    }
+
+    #[test]
+    fn a_record_written_as_bytes_is_the_record_as_json() {
+        let values: [Option<&[u8]>; 9] = [
+            Some(br#"{"n":1,"tags":["a","b"],"nested":{"x":null}}"#),
+            Some(b"  42 "),
+            Some(b"\"text with \\\"quotes\\\"\""),
+            Some(b"{\n  \"pretty\": true\n}"),
+            Some(b"not json"),
+            Some(&[0xff, 0x00, 0x10]),
+            Some(b"{\"unfinished\":"),
+            Some(b""),
+            None,
+        ];
+        for value in values {
+            for (key, subject, headers) in [
+                (None, None, &[][..]),
+                (Some(&b"k\"1"[..]), Some("a/b"), &[("trace", "t1"), ("b", "\u{e9}")][..]),
+                (Some(&[0xfe, 0x01][..]), None, &[][..]),
+            ] {
+                let record = record(key, subject, headers, value);
+                let bytes = record_json_bytes(3, &record);
+                assert!(!bytes.contains(&b'\n'), "one line: {}", String::from_utf8_lossy(&bytes));
+                let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+                assert_eq!(parsed, record_json(3, &record), "{}", String::from_utf8_lossy(&bytes));
+            }
+        }
+    }
 }

@@ -15,13 +15,12 @@
 //! → {"op":"unsubscribe","subscription":"s1"}
 //! ← {"type":"unsubscribed","subscription":"s1"}
 //! ← {"type":"error","subscription":"s1","code":"…","message":"…"}
-//! ← {"type":"overflow","subscription":"s1","resume_id":"0:5"}
 //! ```
 //!
 //! `id` is the subscription's position after the event (as SSE ids); `from` accepts it to
 //! resume. The record bytes are the ones SSE sends, encoded once per event. Each subscription is
 //! a task feeding one bounded outbox per socket: a socket that does not drain stops its tasks,
-//! their hub queues fill, and each is cut off with an `overflow` message to resume from.
+//! their hub queues fill, and each reads on from the log once the socket drains again.
 
 use std::collections::HashMap;
 
@@ -181,11 +180,9 @@ async fn run_subscription(mut opened: Opened, name: String, outbox: mpsc::Sender
                 text.push('}');
                 Message::Text(Utf8Bytes::from(text))
             }
-            Ok(Delivery::Overflow { .. }) => {
-                let body = json!({ "type": "overflow", "subscription": name, "resume_id": position_id(cursor) });
-                let _ = outbox.send(Message::Text(body.to_string().into())).await;
-                return;
-            }
+            // The cursor carries on from the log instead (`subscribe::open`); should that ever
+            // change, the client resumes from the last id it was sent.
+            Ok(Delivery::Overflow { .. }) => return,
             Err(error) => {
                 let error: ApiError = error.into();
                 let _ = outbox.send(error_message(Some(&name), &error)).await;
