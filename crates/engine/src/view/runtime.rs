@@ -514,14 +514,16 @@ impl View {
         let name = self.def.name.clone();
         let task = tokio::spawn(async move {
             while let Some(changes) = receiver.recv().await {
-                // Taking a batch is cheap and writing it is not: one batch per turn, so a burst
-                // of batches does not keep the worker thread.
-                tokio::task::yield_now().await;
                 let records: Vec<NewRecord> = changes.into_iter().map(|change| change_record(&name, change)).collect();
                 metrics::counter!("view_changes_total", "view" => name.clone()).increment(records.len() as u64);
                 // Not awaited: the change stream is derived, so it is written without waiting.
                 if let Err(error) = output.enqueue_to(0, &records, Some(Durability::Async)).await {
                     tracing::warn!(view = name, %error, "view changes could not be written");
+                }
+                if !receiver.is_empty() {
+                    // A backlog (a burst of window finals): one batch per turn, so writing it
+                    // out does not keep the worker thread from the hub and the subscribers.
+                    tokio::task::yield_now().await;
                 }
             }
         });
