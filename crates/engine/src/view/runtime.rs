@@ -266,9 +266,10 @@ impl View {
         // The checkpoint being written, if any: at most one at a time, so they land in order.
         let mut checkpointing: Option<tokio::task::JoinHandle<Duration>> = None;
         let mut checkpoint_interval = CHECKPOINT_INTERVAL;
-        // The deadline last closed on the spot (see below), so a deadline `advance` does not
-        // move cannot keep the loop from waiting.
-        let mut forced: Option<i64> = None;
+        // A deadline a full `advance` left where it was (never expected: everything due is then
+        // done): left to the timer, so it cannot keep the loop from waiting. Only that one
+        // value: a window opened later with the same close time still closes on the spot.
+        let mut stuck: Option<i64> = None;
         loop {
             let deadline = if !catchup.done() {
                 None
@@ -283,17 +284,14 @@ impl View {
             // at once, neither their records nor point reads wait for all of them.
             if let Some(at) = deadline
                 && at < now_ms()
-                && forced != Some(at)
+                && stuck != Some(at)
             {
-                let more = self.state.write().expect("view state lock").advance_some(
-                    &self.def,
-                    now_ms(),
-                    &mut changes,
-                    CLOSE_CHUNK,
-                );
-                if !more {
-                    forced = Some(at);
-                }
+                let more = {
+                    let mut state = self.state.write().expect("view state lock");
+                    let more = state.advance_some(&self.def, now_ms(), &mut changes, CLOSE_CHUNK);
+                    stuck = (!more && state.next_deadline(&self.def) == Some(at)).then_some(at);
+                    more
+                };
                 while changes.len() < 4096 {
                     match cursor.next().now_or_never() {
                         Some(delivery) => self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?,
