@@ -216,8 +216,18 @@ impl View {
         (state.keys_page(&self.def, None, usize::MAX), end)
     }
 
-    pub fn status(&self) -> ViewStatus {
+    /// [`View::page`] and [`View::status`] as of one moment: the status counts exactly the
+    /// events the rows show.
+    pub fn page_and_status(&self, after: Option<&str>, limit: usize) -> (Vec<(String, Vec<Value>)>, ViewStatus) {
         let state = self.state.read().expect("view state lock");
+        (state.keys_page(&self.def, after, limit), self.status_of(&state))
+    }
+
+    pub fn status(&self) -> ViewStatus {
+        self.status_of(&self.state.read().expect("view state lock"))
+    }
+
+    fn status_of(&self, state: &ViewState) -> ViewStatus {
         ViewStatus {
             keys: state.key_count(),
             events: state.events,

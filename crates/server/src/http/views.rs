@@ -89,7 +89,7 @@ pub async fn list_keys(
         }
     }
     // One more than asked says whether there is a next page.
-    let mut page = handle.page(after.as_deref(), limit + 1);
+    let (mut page, status) = handle.page_and_status(after.as_deref(), limit + 1);
     let next_after = (page.len() > limit).then(|| {
         page.truncate(limit);
         page.last().map(|(key, _)| key.clone())
@@ -98,7 +98,7 @@ pub async fn list_keys(
         page.into_iter().map(|(key, rows)| json!({ "key": key, "rows": rows })).collect();
     Ok(json_response(json!({
         "view": view,
-        "status": handle.status(),
+        "status": status,
         "keys": keys,
         "next_after": next_after.flatten(),
     })))
