@@ -601,25 +601,27 @@ fn change_record(view: &str, change: Change) -> NewRecord {
 /// without parsing the row ([`change_parts`]); the value is still one JSON object, which is
 /// what MQTT subscribers and `final=true` filters read.
 pub fn change_value(change: &Change) -> Vec<u8> {
-    let row = serde_json::to_vec(&change.row).expect("a row serializes");
-    let mut value = Vec::with_capacity(row.len() + 32);
+    let mut value = Vec::with_capacity(128);
     value.extend_from_slice(if change.is_final { b"{\"final\":true" } else { b"{\"final\":false" });
     if change.removed {
         value.extend_from_slice(b",\"removed\":true");
     }
-    match row.strip_prefix(b"{") {
-        // A row is an object; its fields follow the flags.
-        Some(b"}") => value.push(b'}'),
-        Some(fields) => {
-            value.push(b',');
-            value.extend_from_slice(fields);
-        }
-        // Not an object (never, but not worth a panic): the row under its own name.
-        None => {
-            value.extend_from_slice(b",\"row\":");
-            value.extend_from_slice(&row);
+    let row_at = value.len();
+    if change.row.is_object() {
+        // The row written in place, its opening brace then turned into the comma after the
+        // flags (or, for a row with no fields, dropped): one buffer, no copy.
+        serde_json::to_writer(&mut value, &change.row).expect("a row serializes");
+        if value.len() == row_at + 2 {
+            value.truncate(row_at);
             value.push(b'}');
+        } else {
+            value[row_at] = b',';
         }
+    } else {
+        // Not an object (never, but not worth a panic): the row under its own name.
+        value.extend_from_slice(b",\"row\":");
+        serde_json::to_writer(&mut value, &change.row).expect("a row serializes");
+        value.push(b'}');
     }
     value
 }

@@ -8,6 +8,7 @@
 //! stream's default).
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -237,12 +238,11 @@ pub fn record_json_bytes(partition: u32, record: &Record) -> Vec<u8> {
     };
     let offset = record.offset;
     let mut out = Vec::with_capacity(value.len() + 128);
-    out.extend_from_slice(
-        format!(
-            "{{\"id\":\"{partition}:{offset}\",\"partition\":{partition},\"offset\":{offset},\"timestamp\":{}",
-            record.timestamp_ms
-        )
-        .as_bytes(),
+    // Into the buffer itself: writing to a Vec cannot fail.
+    let _ = write!(
+        out,
+        "{{\"id\":\"{partition}:{offset}\",\"partition\":{partition},\"offset\":{offset},\"timestamp\":{}",
+        record.timestamp_ms
     );
     if let Some(key) = &record.key {
         match std::str::from_utf8(key) {

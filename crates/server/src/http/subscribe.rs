@@ -13,6 +13,8 @@
 //! default), `earliest`, an offset, an RFC 3339 time or an event id. `snapshot=true` on a table
 //! sends the matching rows first, then the changes after them.
 
+use std::io::Write as _;
+
 use axum::body::Bytes;
 use axum::extract::Query;
 use onehop_engine::hub::{Change, Cursor, Event};
@@ -280,12 +282,11 @@ fn encode_view_change(view: &str, event: &Event) -> Bytes {
     let key = String::from_utf8_lossy(record.key.as_deref().unwrap_or_default());
     let offset = record.offset;
     let mut out = Vec::with_capacity(fields.len() + view.len() + key.len() + 112);
-    out.extend_from_slice(
-        format!(
-            "{{\"id\":\"0:{offset}\",\"offset\":{offset},\"timestamp\":{},\"final\":{is_final}",
-            record.timestamp_ms
-        )
-        .as_bytes(),
+    // Into the buffer itself: writing to a Vec cannot fail.
+    let _ = write!(
+        out,
+        "{{\"id\":\"0:{offset}\",\"offset\":{offset},\"timestamp\":{},\"final\":{is_final}",
+        record.timestamp_ms
     );
     if removed {
         out.extend_from_slice(b",\"removed\":true");
