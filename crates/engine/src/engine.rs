@@ -14,8 +14,8 @@ use crate::hub::{Cursor, Hub};
 use crate::stream::Stream;
 use crate::table::Table;
 use crate::tabledef::{IndexDef, TableDef, validate_field_name};
-use crate::view::runtime::{self, CHECKPOINT_TOPIC, Checkpoint, OUTPUT_PREFIX};
-use crate::view::state::ViewState;
+use crate::view::checkpoint::{self, CHECKPOINT_TOPIC, Restored};
+use crate::view::runtime::{self, OUTPUT_PREFIX};
 use crate::view::transform::{self, TransformCheckpoint};
 use crate::view::{Start, Transform, TransformDef, View, ViewDef};
 
@@ -76,6 +76,9 @@ fn catalog_config() -> PartitionConfig {
     }
 }
 
+/// Tombstones appended at once when a view's checkpoint records are deleted.
+const TOMBSTONES_PER_APPEND: usize = 65_536;
+
 impl Engine {
     /// Opens the catalog in `log` (creating it the first time), replays it and opens every
     /// stream it defines.
@@ -86,7 +89,7 @@ impl Engine {
         }
         let catalog = log.open_partition(CATALOG_TOPIC, 0, catalog_config())?;
         let defs = catalog::replay(&catalog)?;
-        let checkpoints = log.open_partition(CHECKPOINT_TOPIC, 0, runtime::checkpoint_config())?;
+        let checkpoints = log.open_partition(CHECKPOINT_TOPIC, 0, checkpoint::checkpoint_config())?;
         let hub = Arc::new(Hub::new(options.subscriber_queue_capacity));
         let engine = Engine {
             log,
@@ -126,10 +129,10 @@ impl Engine {
             let table = engine.open_table(def)?;
             engine.tables.write().expect("tables lock").insert(table.name(), table);
         }
-        let mut checkpoints = runtime::read_checkpoints(&engine.checkpoints)?;
+        let mut checkpoints = checkpoint::read_all(&engine.checkpoints)?;
         for def in defs.views.into_values() {
             let name = def.name.clone();
-            let checkpoint = checkpoints.remove(&name).and_then(|value| Checkpoint::parse(&name, &value));
+            let checkpoint = checkpoint::restore(&def, &mut checkpoints);
             match engine.open_view(def, checkpoint) {
                 Ok(view) => {
                     engine.views.write().expect("views lock").insert(name, view);
@@ -149,6 +152,9 @@ impl Engine {
                 Err(error) => tracing::error!(transform = name, %error, "a transform could not be opened"),
             }
         }
+        let live: Vec<(String, u64)> =
+            engine.views().iter().map(|view| (view.name().to_string(), view.incarnation())).collect();
+        engine.delete_stray_checkpoints(checkpoint::strays(&checkpoints, &live));
         tracing::info!(
             streams = engine.streams.read().expect("streams lock").len(),
             tables = engine.tables.read().expect("tables lock").len(),
@@ -161,7 +167,7 @@ impl Engine {
 
     /// Opens a defined view and starts it from its checkpoint (or, with none, from where its
     /// definition says).
-    fn open_view(&self, def: ViewDef, checkpoint: Option<Checkpoint>) -> Result<Arc<View>, EngineError> {
+    fn open_view(&self, def: ViewDef, checkpoint: Option<Restored>) -> Result<Arc<View>, EngineError> {
         let table = self.table(&def.source).ok();
         let source = match &table {
             Some(table) => table.storage().clone(),
@@ -179,19 +185,17 @@ impl Engine {
             self.log.open_partition(&output_def.name, 0, runtime::output_config(&self.options.stream_defaults))?;
         let output = Arc::new(Stream::new(output_def, vec![output_partition]));
         let late = def.late_stream.as_deref().and_then(|name| self.stream(name).ok());
-        let (positions, state) = match checkpoint {
+        let restored = match checkpoint {
             // A view over a table starts from the table's rows.
-            _ if table.is_some() => (vec![0], ViewState::default()),
-            Some(checkpoint) if checkpoint.positions.len() == source.partition_count() as usize => {
-                (checkpoint.positions, checkpoint.state)
-            }
+            _ if table.is_some() => Restored::empty(vec![0]),
+            Some(checkpoint) if checkpoint.positions.len() == source.partition_count() as usize => checkpoint,
             _ => {
                 tracing::warn!(view = def.name, "no checkpoint: the view starts over from its source");
-                (start_positions(&source, def.start), ViewState::default())
+                Restored::empty(start_positions(&source, def.start))
             }
         };
-        let positions = still_stored(&source, positions);
-        let view = Arc::new(View::new(def, source, table, output, late, state));
+        let positions = still_stored(&source, restored.positions.clone());
+        let view = Arc::new(View::new(def, source, table, output, late, restored));
         if tokio::runtime::Handle::try_current().is_ok() {
             view.start(self.hub.clone(), self.checkpoints.clone(), positions);
         } else {
@@ -241,9 +245,8 @@ impl Engine {
             None
         } else {
             let source = self.stream(&def.source)?;
-            let positions = start_positions(&source, def.start);
-            let checkpoint = Checkpoint::new(positions, ViewState::default());
-            self.checkpoints.append(&[checkpoint.record(&def.name)]).await?;
+            let checkpoint = Restored::empty(start_positions(&source, def.start));
+            self.checkpoints.append(&[checkpoint.header(&def.name)]).await?;
             Some(checkpoint)
         };
         self.catalog.append(&[catalog::view_record(&def)]).await?;
@@ -261,11 +264,38 @@ impl Engine {
         self.catalog.append(&[catalog::drop_view_record(name)]).await?;
         self.views.write().expect("views lock").remove(name);
         view.stop().await;
-        let tombstone = onehop_log::NewRecord { key: Some(bytes::Bytes::from(name.to_string())), ..Default::default() };
-        self.checkpoints.append(&[tombstone]).await?;
+        // The header first: a drop cut short leaves strays, deleted at the next start.
+        for tombstones in view.checkpoint_tombstones().chunks(TOMBSTONES_PER_APPEND) {
+            self.checkpoints.append(tombstones).await?;
+        }
         self.log.remove_topic(&format!("{OUTPUT_PREFIX}{name}"))?;
         tracing::info!(view = name, "view dropped");
         Ok(())
+    }
+
+    /// Deletes checkpoint records no view owns (see `checkpoint::strays`), in the background.
+    fn delete_stray_checkpoints(&self, strays: Vec<String>) {
+        if strays.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        tracing::info!(records = strays.len(), "deleting view checkpoint records no view owns");
+        let checkpoints = self.checkpoints.clone();
+        runtime.spawn(async move {
+            for chunk in strays.chunks(TOMBSTONES_PER_APPEND) {
+                let tombstones: Vec<onehop_log::NewRecord> = chunk
+                    .iter()
+                    .map(|key| onehop_log::NewRecord {
+                        key: Some(bytes::Bytes::from(key.clone())),
+                        ..Default::default()
+                    })
+                    .collect();
+                if let Err(error) = checkpoints.append(&tombstones).await {
+                    tracing::warn!(%error, "stray view checkpoint records could not be deleted");
+                    return;
+                }
+            }
+        });
     }
 
     /// Stops every view and transform, each writing a last checkpoint (before the log closes).

@@ -67,11 +67,25 @@ fn a_view_after_kill_9_equals_the_view_without_the_crash() {
     let (status, body) = post(server.address, "/sql", SCHEMA).unwrap();
     assert_eq!(status, 200, "{body}");
     let events: Vec<Value> = (0..3000).map(event).collect();
-    // Half of it in batches, then kill -9 right after the last acknowledgement: the view has
-    // not checkpointed (nor perhaps even read) the newest of them.
-    for batch in events[..1500].chunks(100) {
-        assert!(publish_batch(server.address, "purchases", batch));
+    // Half of it in batches, in three parts over more than two seconds (so checkpoints, each
+    // writing what changed since the one before, are taken in between), then kill -9 right
+    // after the last acknowledgement: the view has not checkpointed (nor perhaps even read)
+    // the newest of them.
+    for (part, events) in events[..1500].chunks(500).enumerate() {
+        if part > 0 {
+            std::thread::sleep(Duration::from_millis(1200));
+        }
+        for batch in events.chunks(100) {
+            assert!(publish_batch(server.address, "purchases", batch));
+        }
     }
+    let (_, metrics) = get(server.address, "/metrics");
+    let checkpoints: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("view_checkpoints_total{view=\"totals\"} "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(checkpoints >= 2, "checkpoints were taken before the crash: {checkpoints}");
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 

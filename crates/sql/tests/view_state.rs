@@ -3,8 +3,13 @@
 //! window kind, out-of-order and late events, grace, wall-clock closing of quiet keys, the emit
 //! modes, and a checkpoint taken halfway giving the same result as a run straight through.
 
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use onehop_engine::view::checkpoint;
 use onehop_engine::view::state::{Applied, Change, ViewState};
 use onehop_engine::view::{Input, ViewDef};
+use onehop_log::NewRecord;
 use onehop_sql::{Statement, parse};
 use serde_json::{Value, json};
 
@@ -240,6 +245,143 @@ fn a_checkpoint_taken_midway_continues_exactly_as_a_run_straight_through() {
     assert_eq!(resumed.state, straight.state);
     assert_eq!(resumed.take(), straight.take(), "the same changes, in the same order");
     assert!(straight.state.late_events > 0, "the stream had late events");
+}
+
+/// One step of a run: an event arriving, or the clock moving on with nothing arriving.
+#[derive(Clone)]
+enum Step {
+    Event(i64, Value),
+    Tick(i64),
+}
+
+impl Run {
+    fn step(&mut self, step: &Step) {
+        match step {
+            Step::Event(arrival, value) => {
+                self.event(*arrival, value.clone());
+            }
+            Step::Tick(now) => self.tick(*now),
+        }
+    }
+}
+
+/// A compacted topic as a map: each record replaces its key's value, a tombstone deletes it.
+fn store(stored: &mut HashMap<String, Bytes>, records: Vec<NewRecord>) {
+    for record in records {
+        let key = String::from_utf8(record.key.unwrap().to_vec()).unwrap();
+        match record.value {
+            Some(value) => stored.insert(key, value),
+            None => stored.remove(&key),
+        };
+    }
+}
+
+#[test]
+fn incremental_checkpoints_taken_as_it_goes_restore_exactly_the_state_at_each() {
+    let views = [
+        "CREATE VIEW v WITH (grace = '300ms', emit = 'changes,final', retention = '3s') AS SELECT player, \
+         COUNT(*) AS n, SUM(amount) AS total, MAX(amount) AS top, LAST(item) AS item \
+         FROM TUMBLE(s, t, INTERVAL '1' SECOND) GROUP BY player",
+        "CREATE VIEW v WITH (grace = '200ms', emit = 'final', retention = '2s') AS SELECT player, COUNT(*) AS n, \
+         COUNT(DISTINCT item) AS items FROM HOP(s, t, INTERVAL '500' MILLISECOND, INTERVAL '1500' MILLISECOND) \
+         GROUP BY player",
+        "CREATE VIEW v WITH (grace = '100ms', retention = '2s') AS SELECT player, COUNT(*) AS n, \
+         FIRST(item) AS first FROM SESSION(s, t, INTERVAL '400' MILLISECOND) GROUP BY player",
+        "CREATE VIEW v AS SELECT player, COUNT(*) AS n, MIN(amount) AS low \
+         FROM SLIDING(s, t, INTERVAL '700' MILLISECOND) GROUP BY player",
+        "CREATE VIEW v AS SELECT player, COUNT(*) AS n, SUM(amount) AS total FROM s GROUP BY player",
+    ];
+    // Seeded: 1 500 events over 30 s from eight players (some of whom go quiet for a while), out
+    // of order by up to a second, some late; the clock ticking on between some of them.
+    let mut seed = 7u64;
+    let mut next = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed >> 33
+    };
+    let mut steps = Vec::new();
+    for i in 0..1500i64 {
+        let arrival = 1000 + i * 20;
+        if next() % 5 == 0 {
+            steps.push(Step::Tick(arrival - 7));
+        }
+        let t = arrival - (next() % 1000) as i64;
+        let players = if (i / 300) % 2 == 0 { 8 } else { 3 };
+        let player = format!("p{}", next() % players);
+        steps.push(Step::Event(arrival, json!({"player": player, "t": t, "amount": next() % 100, "item": next() % 5})));
+    }
+    steps.push(Step::Tick(40_000));
+    for sql in views {
+        let mut straight = Run::new(sql);
+        straight.state.track_unsaved(false);
+        let mut stored = HashMap::new();
+        // (steps done, the topic then, the offset then, changes emitted then)
+        let mut checkpoints = Vec::new();
+        for (done, step) in steps.iter().enumerate() {
+            if done % 97 == 0 {
+                let delta = straight.state.take_unsaved();
+                store(&mut stored, checkpoint::records("v", 7, vec![straight.offset], &delta));
+                checkpoints.push((done, stored.clone(), straight.offset, straight.changes.len()));
+            }
+            straight.step(step);
+        }
+        let changes = straight.take();
+        assert!(straight.state.late_events > 0 || !sql.contains("TUMBLE"), "{sql}: the stream had late events");
+        for (done, stored, offset, emitted) in checkpoints {
+            let mut left = stored.clone();
+            let restored = checkpoint::restore(&view(sql), &mut left).expect("a checkpoint");
+            assert!(left.is_empty(), "{sql}: every record is the view's: {:?}", left.keys());
+            assert_eq!(restored.positions, [offset]);
+            let mut resumed = Run { def: view(sql), state: restored.state, changes: Vec::new(), offset };
+            for step in &steps[done..] {
+                resumed.step(step);
+            }
+            assert!(resumed.state == straight.state, "{sql}: restored after {done} steps");
+            // Each key's changes in the same order (keys whose windows close at the same
+            // moment come in the order of a hash map).
+            let by_key = |changes: &[(String, bool, bool, Value)]| {
+                let mut keys: BTreeMap<String, Vec<(bool, bool, Value)>> = BTreeMap::new();
+                for (key, is_final, removed, row) in changes {
+                    keys.entry(key.clone()).or_default().push((*is_final, *removed, row.clone()));
+                }
+                keys
+            };
+            assert!(
+                by_key(&resumed.take()) == by_key(&changes[emitted..]),
+                "{sql}: the same changes after {done} steps"
+            );
+        }
+        // What the topic holds is the state and nothing more: forgotten windows and keys were
+        // deleted, not left behind.
+        let delta = straight.state.take_unsaved();
+        store(&mut stored, checkpoint::records("v", 7, vec![straight.offset], &delta));
+        let whole = straight.state.everything();
+        assert_eq!(stored.len(), whole.keys.len() + whole.closed.len() + 1, "{sql}");
+        let restored = checkpoint::restore(&view(sql), &mut stored.clone()).unwrap();
+        assert!(restored.state == straight.state, "{sql}");
+    }
+}
+
+#[test]
+fn a_whole_state_checkpoint_of_the_earlier_format_is_restored_and_then_written_whole() {
+    let sql = "CREATE VIEW v WITH (grace = '0s') AS SELECT player, COUNT(*) AS n \
+               FROM TUMBLE(s, t, INTERVAL '1' SECOND) GROUP BY player";
+    let mut run = Run::new(sql);
+    for i in 0..50 {
+        run.event(1000 + i * 100, json!({"player": format!("p{}", i % 3), "t": 1000 + i * 100}));
+    }
+    let old = json!({"version": 1, "positions": [50], "state": run.state});
+    let mut stored = HashMap::from([("v".to_string(), Bytes::from(old.to_string()))]);
+    let mut restored = checkpoint::restore(&view(sql), &mut stored).unwrap();
+    assert!(restored.write_everything);
+    assert_eq!((restored.positions.as_slice(), &restored.state), ([50].as_slice(), &run.state));
+    // Written whole in the new form, it restores to the same state.
+    restored.state.track_unsaved(true);
+    let delta = restored.state.take_unsaved();
+    assert_eq!(delta.keys.len(), 3);
+    assert!(!delta.closed.is_empty());
+    let mut stored = HashMap::new();
+    store(&mut stored, checkpoint::records("v", 9, vec![50], &delta));
+    assert_eq!(checkpoint::restore(&view(sql), &mut stored).unwrap().state, run.state);
 }
 
 /// A view over a table: each row change as the runtime feeds it, the old row and the new one.

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use onehop_engine::view::checkpoint;
 use onehop_engine::{Engine, EngineOptions, Position};
 use onehop_log::{Log, LogOptions, NewRecord};
 use onehop_sql::{Output, execute, parse};
@@ -44,6 +45,11 @@ async fn settle(
         assert!(Instant::now() < deadline, "the view did not settle: {page:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The checkpoint topic's newest record per key.
+fn stored_checkpoints(engine: &Engine) -> std::collections::HashMap<String, bytes::Bytes> {
+    checkpoint::read_all(&engine.log().partition(checkpoint::CHECKPOINT_TOPIC, 0).unwrap()).unwrap()
 }
 
 const VIEW: &str = "CREATE STREAM clicks; \
@@ -116,11 +122,25 @@ async fn a_view_aggregates_serves_keys_pushes_changes_and_survives_a_restart() {
         run(&engine, "CREATE VIEW per_page AS SELECT page, COUNT(*) AS n FROM clicks GROUP BY page").await.unwrap_err();
     assert_eq!(error.code(), "view_exists");
 
+    // A record of an earlier view of the same name, as a drop cut short by a crash leaves.
+    let stray = "per_page\u{1}0000000000000001\u{1}k\u{1}p0";
+    let checkpoints = engine.log().partition(checkpoint::CHECKPOINT_TOPIC, 0).unwrap();
+    checkpoints.append(&[NewRecord::keyed(stray.as_bytes().to_vec(), b"{}".to_vec())]).await.unwrap();
+
     // A restart finds the view as it was (from its checkpoint), and it keeps counting.
     close(engine).await;
     let engine = open(dir.path());
     let again = settle(&engine, "per_page", all_closed).await;
     assert_eq!(again, page);
+    // Its checkpoint is its header, its three keys and its nine closed windows; the stray
+    // record is deleted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stored_checkpoints(&engine).contains_key(stray) {
+        assert!(Instant::now() < deadline, "the stray checkpoint record was not deleted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stored = stored_checkpoints(&engine);
+    assert_eq!(stored.keys().filter(|key| key.starts_with("per_page")).count(), 1 + 3 + 9, "{:?}", stored.keys());
     let clicks = engine.stream("clicks").unwrap();
     let late = NewRecord {
         timestamp_ms: Some(base + 40_000),
@@ -135,6 +155,8 @@ async fn a_view_aggregates_serves_keys_pushes_changes_and_survives_a_restart() {
     run(&engine, "DROP VIEW per_page; DROP VIEW IF EXISTS per_page").await.unwrap();
     assert_eq!(engine.view("per_page").err().unwrap().code(), "unknown_view");
     assert!(engine.log().topics().iter().all(|topic| !topic.starts_with("__view.")));
+    let stored = stored_checkpoints(&engine);
+    assert!(stored.keys().all(|key| !key.starts_with("per_page")), "its checkpoint is deleted: {:?}", stored.keys());
     run(&engine, "DROP STREAM clicks").await.unwrap();
     close(engine).await;
     let engine = open(dir.path());

@@ -4,12 +4,14 @@
 //! - `expr`: the expression language of view and transform definitions (our own AST, stored
 //!   in the catalog as JSON) and its evaluation against one record.
 //! - `state`: a view's windows and aggregates, and how events and time change them (pure).
-//! - `runtime`: a running view (its task, checkpoints, change stream, reads).
+//! - `runtime`: a running view (its task, change stream, reads).
+//! - `checkpoint`: a view's checkpoint records (incremental) and its restore.
 //! - `transform`: stateless transforms (`CREATE STREAM … AS SELECT`) and their task.
 //! - `catchup`: progress of a view or transform replaying its source.
 //! - this module: what a view is (`ViewDef`), as the SQL front end produces it.
 
 mod catchup;
+pub mod checkpoint;
 pub mod expr;
 pub mod runtime;
 pub mod state;

@@ -10,8 +10,7 @@
 //! `state`); a tumbling or hopping window refuses a record that arrived after its close time
 //! either way. Changes are pushed once the view has caught up.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -19,12 +18,13 @@ use bytes::Bytes;
 // Not `timeout(ZERO, …)`: a zero timer still waits for the timer wheel's next tick (1 ms).
 use futures_util::FutureExt;
 use onehop_log::{Durability, NewRecord, Partition, PartitionConfig, Record};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::catchup::{Catchup, follow, restored};
+use super::checkpoint::{self, Restored};
 use super::expr::{Input, parse_value};
-use super::state::{Applied, Change, ViewState};
+use super::state::{Applied, Change, Delta, ViewState};
 use super::{ViewDef, Window};
 use crate::error::EngineError;
 use crate::filter::Filter;
@@ -32,15 +32,12 @@ use crate::hub::{Cursor, Delivery, Hub};
 use crate::stream::Stream;
 use crate::table::Table;
 
-/// The compacted topic of view and transform checkpoints: key = view name (a transform's is
-/// `transform/{name}`), newest per key wins.
-pub const CHECKPOINT_TOPIC: &str = "__view_checkpoints";
 /// The change stream of view `name` is the topic `__view.{name}`.
 pub const OUTPUT_PREFIX: &str = "__view.";
 /// How often a view's state is checkpointed while it changes, at most.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-/// And at least this many times the last checkpoint's duration apart: a view of 10 000 keys
-/// takes tens of ms to write (every key, every time), which must not become a steady load.
+/// And at least this many times the last checkpoint's duration apart: a burst of changes (a
+/// backfill, 10 000 keys each changing every second) must not make checkpoints a steady load.
 const CHECKPOINT_COST_SHARE: u32 = 20;
 /// Records folded before the task lets others run (a backfill reads without waiting).
 const YIELD_EVERY: usize = 512;
@@ -48,19 +45,6 @@ const YIELD_EVERY: usize = 512;
 const CHANGE_BATCHES_QUEUED: usize = 64;
 /// Windows closed at a time when many are due at once (see `run`).
 const CLOSE_CHUNK: usize = 512;
-const CHECKPOINT_VERSION: u32 = 1;
-
-pub(crate) fn checkpoint_config() -> PartitionConfig {
-    PartitionConfig {
-        compacted: true,
-        durability: Durability::Fsync,
-        segment_bytes_max: 256 * 1024 * 1024,
-        record_bytes_max: 128 * 1024 * 1024,
-        batch_bytes_max: 128 * 1024 * 1024,
-        queue_bytes_max: 256 * 1024 * 1024,
-        ..PartitionConfig::default()
-    }
-}
 
 /// A view's change stream: appended without fsync (it is derived, and rebuilt by replay),
 /// kept an hour or 256 MiB.
@@ -74,60 +58,8 @@ pub(crate) fn output_config(defaults: &PartitionConfig) -> PartitionConfig {
     }
 }
 
-/// What a checkpoint holds: the source positions (next offset per partition) and the state
-/// after everything before them.
-#[derive(Serialize, Deserialize)]
-pub(crate) struct Checkpoint {
-    version: u32,
-    pub positions: Vec<u64>,
-    pub state: ViewState,
-}
-
-impl Checkpoint {
-    pub fn new(positions: Vec<u64>, state: ViewState) -> Checkpoint {
-        Checkpoint { version: CHECKPOINT_VERSION, positions, state }
-    }
-
-    pub fn record(&self, view: &str) -> NewRecord {
-        let value = serde_json::to_vec(self).expect("a checkpoint serializes");
-        NewRecord::keyed(Bytes::from(view.to_string()), value)
-    }
-}
-
-impl Checkpoint {
-    /// A view's checkpoint as stored; `None` (and a warning) when it cannot be read, and the
-    /// view replays from its start instead.
-    pub fn parse(view: &str, value: &[u8]) -> Option<Checkpoint> {
-        match serde_json::from_slice::<Checkpoint>(value) {
-            Ok(checkpoint) if checkpoint.version == CHECKPOINT_VERSION => Some(checkpoint),
-            _ => {
-                tracing::warn!(view, "skipping an unreadable view checkpoint");
-                None
-            }
-        }
-    }
-}
-
-/// The newest checkpoint of every view and transform, as stored (key → value; a deleted one is
-/// absent).
-pub(crate) fn read_checkpoints(partition: &Partition) -> Result<HashMap<String, Bytes>, EngineError> {
-    let mut checkpoints = HashMap::new();
-    let end = partition.end_offset();
-    let mut next = partition.start_offset();
-    while next < end {
-        let records = partition.read(next, 64, 256 * 1024 * 1024)?;
-        let Some(last) = records.last() else { break };
-        next = last.offset + 1;
-        for record in records {
-            let Some(key) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { continue };
-            match record.value {
-                None => checkpoints.remove(key),
-                Some(value) => checkpoints.insert(key.to_string(), value),
-            };
-        }
-    }
-    Ok(checkpoints)
-}
+/// A checkpoint task's answer: how long it took, or why it failed and the changes it held.
+type Written = Result<Duration, (onehop_log::AppendError, Delta)>;
 
 /// What a view reports about itself.
 #[derive(Clone, Debug, Serialize)]
@@ -153,6 +85,9 @@ pub struct View {
     output: Arc<Stream>,
     late: Option<Arc<Stream>>,
     state: RwLock<ViewState>,
+    /// Tells this view's checkpoint records from those of an earlier view of the same name
+    /// (or of this one before a checkpoint was lost, see `written`).
+    incarnation: AtomicU64,
     restoring: AtomicBool,
     stop: tokio::sync::watch::Sender<bool>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -165,8 +100,12 @@ impl View {
         table: Option<Arc<Table>>,
         output: Arc<Stream>,
         late: Option<Arc<Stream>>,
-        state: ViewState,
+        restored: Restored,
     ) -> View {
+        let Restored { incarnation, mut state, write_everything, .. } = restored;
+        if table.is_none() {
+            state.track_unsaved(write_everything);
+        }
         let quiet = ViewDef { emit_changes: false, emit_final: false, ..def.clone() };
         View {
             quiet,
@@ -176,6 +115,7 @@ impl View {
             output,
             late,
             state: RwLock::new(state),
+            incarnation: AtomicU64::new(incarnation),
             restoring: AtomicBool::new(true),
             stop: tokio::sync::watch::channel(false).0,
             task: std::sync::Mutex::new(None),
@@ -197,6 +137,17 @@ impl View {
 
     pub fn source(&self) -> &Arc<Stream> {
         &self.source
+    }
+
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Relaxed)
+    }
+
+    /// Tombstones for every checkpoint record of the view, as its state is now (a stopped
+    /// view's last checkpoint wrote exactly that).
+    pub(crate) fn checkpoint_tombstones(&self) -> Vec<NewRecord> {
+        let whole = self.state.read().expect("view state lock").everything();
+        checkpoint::tombstones(self.name(), self.incarnation(), &whole)
     }
 
     /// The rows of `key`: open windows newest first, then closed ones (flagged `final`).
@@ -269,12 +220,12 @@ impl View {
         let mut cursor = follow(&hub, &self.source, positions)?;
         let (writer, writing) = self.change_writer();
         let mut last_checkpoint = Instant::now();
-        let mut checkpointed_events = u64::MAX;
+        let mut checkpointed_positions: Vec<u64> = Vec::new();
         let mut changes: Vec<Change> = Vec::new();
         let mut late: Vec<NewRecord> = Vec::new();
         let mut since_yield = 0usize;
         // The checkpoint being written, if any: at most one at a time, so they land in order.
-        let mut checkpointing: Option<tokio::task::JoinHandle<Duration>> = None;
+        let mut checkpointing: Option<tokio::task::JoinHandle<Written>> = None;
         let mut checkpoint_interval = CHECKPOINT_INTERVAL;
         // A deadline a full `advance` left where it was (never expected: everything due is then
         // done): left to the timer, so it cannot keep the loop from waiting. Only that one
@@ -346,24 +297,24 @@ impl View {
                 () = sleep => {}
                 () = checkpoint_due => {
                     last_checkpoint = Instant::now();
-                    let events = self.state.read().expect("view state lock").events;
                     if let Some(task) = checkpointing.take_if(|task| task.is_finished())
-                        && let Ok(took) = task.await
+                        && let Some(took) = self.written(task.await)
                     {
-                        // A large state costs a while to write: write it less often, so that
+                        // Many changes cost a while to write: write them less often, so that
                         // checkpoints take at most a small share of the time.
                         checkpoint_interval = CHECKPOINT_INTERVAL.max(took * CHECKPOINT_COST_SHARE);
                     }
-                    if events != checkpointed_events && checkpointing.is_none() {
-                        checkpointed_events = events;
+                    let moved = checkpointed_positions != cursor.positions();
+                    if checkpointing.is_none() && (moved || self.state.read().expect("view state lock").has_unsaved()) {
+                        checkpointed_positions = cursor.positions().to_vec();
                         checkpointing = Some(self.checkpoint(&checkpoints, cursor.positions().to_vec()));
                     }
                 }
                 _ = stop.changed() => {
                     if let Some(task) = checkpointing.take() {
-                        let _ = task.await;
+                        self.written(task.await);
                     }
-                    let _ = self.checkpoint(&checkpoints, cursor.positions().to_vec()).await;
+                    self.written(self.checkpoint(&checkpoints, cursor.positions().to_vec()).await);
                     drop(writer);
                     let _ = writing.await;
                     return Ok(());
@@ -560,25 +511,52 @@ impl View {
         late.clear();
     }
 
-    /// Writes a checkpoint of the state as it is now and the source `positions` it stands for,
-    /// in the background: the view reads on meanwhile. Cloning the state copies one pointer
-    /// per key (see `ViewState`); serializing it runs off the runtime's threads.
-    /// The task answers how long it took.
-    fn checkpoint(&self, checkpoints: &Arc<Partition>, positions: Vec<u64>) -> tokio::task::JoinHandle<Duration> {
-        let state = self.state.read().expect("view state lock").clone();
-        let name = self.def.name.clone();
+    /// Writes a checkpoint of what changed since the last one (see `checkpoint`) and the source
+    /// `positions` the state now stands for, in the background: the view reads on meanwhile.
+    /// Taking the changes copies one pointer per changed key; serializing them runs off the
+    /// runtime's threads.
+    fn checkpoint(&self, checkpoints: &Arc<Partition>, positions: Vec<u64>) -> tokio::task::JoinHandle<Written> {
+        let delta = self.state.write().expect("view state lock").take_unsaved();
+        let (name, incarnation) = (self.def.name.clone(), self.incarnation());
         let checkpoints = checkpoints.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let (record, name) =
-                tokio::task::spawn_blocking(move || (Checkpoint::new(positions, state).record(&name), name))
-                    .await
-                    .expect("serializes");
-            if let Err(error) = checkpoints.append(std::slice::from_ref(&record)).await {
-                tracing::warn!(view = name, %error, "the view could not be checkpointed");
+            let (records, delta, name) = tokio::task::spawn_blocking(move || {
+                (checkpoint::records(&name, incarnation, positions, &delta), delta, name)
+            })
+            .await
+            .expect("serializes");
+            match checkpoints.append(&records).await {
+                Ok(_) => {
+                    metrics::counter!("view_checkpoints_total", "view" => name).increment(1);
+                    Ok(started.elapsed())
+                }
+                Err(error) => Err((error, delta)),
             }
-            started.elapsed()
         })
+    }
+
+    /// What a checkpoint task answered: how long it took, or `None` when it failed, and then
+    /// its changes are unsaved again, for the next checkpoint to write.
+    fn written(&self, written: Result<Written, tokio::task::JoinError>) -> Option<Duration> {
+        match written {
+            Ok(Ok(took)) => Some(took),
+            Ok(Err((error, delta))) => {
+                tracing::warn!(view = self.name(), %error, "the view could not be checkpointed");
+                metrics::counter!("view_checkpoint_failures_total", "view" => self.def.name.clone()).increment(1);
+                self.state.write().expect("view state lock").put_back(delta);
+                None
+            }
+            Err(error) => {
+                // The task panicked: which keys and windows it held is lost. The next
+                // checkpoint writes the whole state under a new incarnation, and its header
+                // makes the records of the old one strays (deleted at the next start).
+                tracing::error!(view = self.name(), %error, "a view checkpoint task failed");
+                self.incarnation.store(checkpoint::new_incarnation(), Ordering::Relaxed);
+                self.state.write().expect("view state lock").track_unsaved(true);
+                None
+            }
+        }
     }
 }
 

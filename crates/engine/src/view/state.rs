@@ -9,7 +9,7 @@
 //! never sees another event. Because lateness depends on the data alone, a replay after a crash
 //! decides exactly as the live run did.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -311,9 +311,10 @@ struct WindowState {
     accs: Vec<Acc>,
 }
 
-/// A closed window, kept readable for the view's retention.
+/// A closed window, kept readable for the view's retention. Never changes once closed: a
+/// checkpoint writes it once (see [`Unsaved`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Closed {
+pub struct Closed {
     start: i64,
     end: i64,
     row: Value,
@@ -327,13 +328,14 @@ struct Kept {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-struct KeyState {
+pub struct KeyState {
     /// The GROUP BY value as the first event of the key had it (the key column shows it).
     key_value: Value,
     /// Open windows by start (one for no window; sessions by their start).
     open: Vec<WindowState>,
-    /// Closed windows, oldest first.
-    closed: VecDeque<Closed>,
+    /// Closed windows, oldest first; shared with a checkpoint being written.
+    #[serde(default)]
+    closed: VecDeque<Arc<Closed>>,
     /// A sliding window's events, by time.
     kept: Vec<Kept>,
     /// A sliding window's current end (its latest event time, or when it was last evicted).
@@ -365,6 +367,85 @@ pub struct ViewState {
     /// No sliding window holds an event older than this (a lower bound, likewise).
     #[serde(skip)]
     next_eviction: LowerBound,
+    /// What changed since the last checkpoint, when the view checkpoints.
+    #[serde(skip)]
+    unsaved: Unsaved,
+}
+
+/// What changed since the last checkpoint: the keys whose state changed (or went), and the
+/// closed windows written or forgotten, in order. A checkpoint writes only these: a key's open
+/// windows when they change, a closed window once when it closes and a tombstone when its
+/// retention ends, so its cost follows the changes, not the size of the state.
+#[derive(Clone, Debug, Default)]
+struct Unsaved {
+    /// Off for a view that never checkpoints (a view over a table): nothing is kept.
+    on: bool,
+    keys: HashSet<String>,
+    closed: Vec<ClosedChange>,
+}
+
+/// A closed window of `key` starting at `start` that closed (`Some`) or was forgotten (`None`).
+pub type ClosedChange = (String, i64, Option<Arc<Closed>>);
+
+impl Unsaved {
+    fn key(&mut self, key: &str) {
+        if self.on && !self.keys.contains(key) {
+            self.keys.insert(key.to_string());
+        }
+    }
+
+    fn closed(&mut self, key: &str, start: i64, closed: Option<Arc<Closed>>) {
+        if self.on {
+            self.closed.push((key.to_string(), start, closed));
+        }
+    }
+}
+
+impl PartialEq for Unsaved {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The changes one checkpoint writes ([`ViewState::take_unsaved`]), with the counters as of
+/// then. The key states are shared with the view, so taking them copies pointers.
+#[derive(Debug, Default)]
+pub struct Delta {
+    /// Each changed key and its state now, or `None` when it is gone.
+    pub keys: Vec<(String, Option<Arc<KeyState>>)>,
+    pub closed: Vec<ClosedChange>,
+    pub events: u64,
+    pub late_events: u64,
+    pub invalid_events: u64,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.closed.is_empty()
+    }
+}
+
+/// A key's state as a checkpoint stores it: everything but its closed windows, which are
+/// stored one by one.
+#[derive(Serialize)]
+pub struct SavedKey<'a> {
+    key_value: &'a Value,
+    open: &'a [WindowState],
+    kept: &'a [Kept],
+    sliding_end: i64,
+    rows: u64,
+}
+
+impl KeyState {
+    pub fn saved(&self) -> SavedKey<'_> {
+        SavedKey {
+            key_value: &self.key_value,
+            open: &self.open,
+            kept: &self.kept,
+            sliding_end: self.sliding_end,
+            rows: self.rows,
+        }
+    }
 }
 
 /// A time nothing is due before, when known: a cache, not part of the state (two states equal
@@ -490,6 +571,7 @@ impl ViewState {
             let removed = state.rows == 0;
             if removed {
                 self.keys.remove(key);
+                self.unsaved.key(key);
             }
             if def.emit_changes {
                 changes.push(Change { key: key.clone(), row, is_final: false, removed });
@@ -508,6 +590,7 @@ impl ViewState {
         }
         let key_value = def.key.eval(input);
         let key = key_text(&key_value);
+        self.unsaved.key(&key);
         let state = if add {
             self.keys.entry(key.clone()).or_insert_with(|| {
                 Arc::new(KeyState {
@@ -561,7 +644,7 @@ impl ViewState {
     ) -> Applied {
         let grace = def.grace_ms as i64;
         let closes = !matches!(def.window, Window::None);
-        let state = key_state(&mut self.keys, key, key_value);
+        let state = key_state(&mut self.keys, &mut self.unsaved, key, key_value);
         let mut counted = false;
         for &(start, end) in windows {
             let close_at = end.saturating_add(grace);
@@ -611,7 +694,7 @@ impl ViewState {
     ) -> Applied {
         let grace = def.grace_ms as i64;
         let time = at.0;
-        let state = key_state(&mut self.keys, key, key_value);
+        let state = key_state(&mut self.keys, &mut self.unsaved, key, key_value);
         // A session is [first event, last event + gap): events less than `gap` apart are in one.
         // The event joins every session it falls in or is less than `gap` before.
         let touches = |start: i64, end: i64| time > start - gap && time < end;
@@ -693,7 +776,7 @@ impl ViewState {
         if time <= arrival_ms - size - grace {
             return Applied::Late;
         }
-        let state = key_state(&mut self.keys, key, key_value);
+        let state = key_state(&mut self.keys, &mut self.unsaved, key, key_value);
         let index = state.kept.partition_point(|kept| kept.at < at);
         state.kept.insert(index, Kept { at, args });
         self.next_eviction.lower(at.0);
@@ -767,7 +850,10 @@ impl ViewState {
                 changes.push(Change { key: key.clone(), row: row.clone(), is_final: true, removed: false });
             }
             let at = state.closed.partition_point(|closed| closed.start < window.start);
-            state.closed.insert(at, Closed { start: window.start, end: window.end, row });
+            let closed = Arc::new(Closed { start: window.start, end: window.end, row });
+            self.unsaved.key(&key);
+            self.unsaved.closed(&key, window.start, Some(closed.clone()));
+            state.closed.insert(at, closed);
             self.next_expiry
                 .lower(window.end.saturating_add(def.grace_ms as i64).saturating_add(def.retention_ms as i64));
         }
@@ -785,6 +871,7 @@ impl ViewState {
                 if evicted == 0 {
                     continue;
                 }
+                self.unsaved.key(key);
                 let state = Arc::make_mut(state);
                 // The window moved to when the last of them fell out (not to now: a replay
                 // that sees it later must show the same row).
@@ -814,14 +901,18 @@ impl ViewState {
         let retention = (def.retention_ms as i64).saturating_add(def.grace_ms as i64);
         if self.next_expiry.due(now_ms) {
             let mut earliest = i64::MAX;
-            self.keys.retain(|_, state| {
+            let unsaved = &mut self.unsaved;
+            self.keys.retain(|key, state| {
                 let expired = |state: &KeyState| {
                     state.closed.front().is_some_and(|closed| closed.end.saturating_add(retention) <= now_ms)
                 };
                 if expired(state) {
+                    unsaved.key(key);
                     let state = Arc::make_mut(state);
                     while expired(state) {
-                        state.closed.pop_front();
+                        if let Some(closed) = state.closed.pop_front() {
+                            unsaved.closed(key, closed.start, None);
+                        }
                     }
                 }
                 if let Some(closed) = state.closed.front() {
@@ -875,11 +966,113 @@ impl ViewState {
     pub fn key_count(&self) -> usize {
         self.keys.len()
     }
+
+    /// Keeps what changes from now on for [`ViewState::take_unsaved`]; with `everything`, the
+    /// whole state counts as changed (a state no checkpoint holds in this form yet).
+    pub fn track_unsaved(&mut self, everything: bool) {
+        self.unsaved.on = true;
+        if everything {
+            let whole = self.everything();
+            self.unsaved.keys.extend(whole.keys.into_iter().map(|(key, _)| key));
+            self.unsaved.closed.extend(whole.closed);
+        }
+    }
+
+    /// Whether anything changed since the last [`ViewState::take_unsaved`].
+    pub fn has_unsaved(&self) -> bool {
+        !self.unsaved.keys.is_empty() || !self.unsaved.closed.is_empty()
+    }
+
+    /// What changed since the last call: each changed key's state now (pointers, not copies),
+    /// and the closed windows written and forgotten, in order.
+    pub fn take_unsaved(&mut self) -> Delta {
+        let keys = std::mem::take(&mut self.unsaved.keys);
+        Delta {
+            keys: keys
+                .into_iter()
+                .map(|key| {
+                    let state = self.keys.get(&key).cloned();
+                    (key, state)
+                })
+                .collect(),
+            closed: std::mem::take(&mut self.unsaved.closed),
+            events: self.events,
+            late_events: self.late_events,
+            invalid_events: self.invalid_events,
+        }
+    }
+
+    /// A delta that was not written (its checkpoint failed): its changes are unsaved again,
+    /// ahead of those made since.
+    pub fn put_back(&mut self, delta: Delta) {
+        self.unsaved.keys.extend(delta.keys.into_iter().map(|(key, _)| key));
+        let since = std::mem::replace(&mut self.unsaved.closed, delta.closed);
+        self.unsaved.closed.extend(since);
+    }
+
+    /// The whole state as one delta: every key and every closed window.
+    pub fn everything(&self) -> Delta {
+        let mut closed = Vec::new();
+        for (key, state) in &self.keys {
+            closed.extend(state.closed.iter().map(|window| (key.clone(), window.start, Some(window.clone()))));
+        }
+        Delta {
+            keys: self.keys.iter().map(|(key, state)| (key.clone(), Some(state.clone()))).collect(),
+            closed,
+            events: self.events,
+            late_events: self.late_events,
+            invalid_events: self.invalid_events,
+        }
+    }
+
+    /// A state put back together from what checkpoints stored: each key's state, each closed
+    /// window, and the counters. The close times of open windows follow from the windows.
+    pub fn restore(
+        def: &ViewDef,
+        counters: (u64, u64, u64),
+        keys: impl IntoIterator<Item = (String, KeyState)>,
+        closed: impl IntoIterator<Item = (String, Closed)>,
+    ) -> ViewState {
+        let mut state = ViewState {
+            events: counters.0,
+            late_events: counters.1,
+            invalid_events: counters.2,
+            ..ViewState::default()
+        };
+        let closes = !matches!(def.window, Window::None | Window::Sliding { .. });
+        for (key, mut key_state) in keys {
+            key_state.closed.clear();
+            if closes {
+                for window in &key_state.open {
+                    state.deadlines.insert((window.end.saturating_add(def.grace_ms as i64), key.clone(), window.start));
+                }
+            }
+            state.keys.insert(key, Arc::new(key_state));
+        }
+        for (key, window) in closed {
+            // A key's closed windows come with its state (a key is stored whenever it changes).
+            let Some(key_state) = state.keys.get_mut(&key) else { continue };
+            let key_state = Arc::make_mut(key_state);
+            let at = key_state.closed.partition_point(|other| other.start < window.start);
+            if key_state.closed.get(at).is_some_and(|other| other.start == window.start) {
+                key_state.closed[at] = Arc::new(window);
+            } else {
+                key_state.closed.insert(at, Arc::new(window));
+            }
+        }
+        state
+    }
 }
 
 /// The state of `key`, created (showing `key_value`) by its first event. Looked up before it is
 /// inserted: the key is copied once per key, not once per event.
-fn key_state<'a>(keys: &'a mut HashMap<String, Arc<KeyState>>, key: &str, key_value: Value) -> &'a mut KeyState {
+fn key_state<'a>(
+    keys: &'a mut HashMap<String, Arc<KeyState>>,
+    unsaved: &mut Unsaved,
+    key: &str,
+    key_value: Value,
+) -> &'a mut KeyState {
+    unsaved.key(key);
     if !keys.contains_key(key) {
         keys.insert(key.to_string(), Arc::new(KeyState { key_value, ..KeyState::default() }));
     }
