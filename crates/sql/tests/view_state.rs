@@ -50,7 +50,10 @@ impl Run {
 
     /// The changes since the last call, as `(key, final, removed, row)`.
     fn take(&mut self) -> Vec<(String, bool, bool, Value)> {
-        self.changes.drain(..).map(|change| (change.key, change.is_final, change.removed, change.row)).collect()
+        self.changes
+            .drain(..)
+            .map(|change| (change.key, change.is_final, change.removed, std::sync::Arc::unwrap_or_clone(change.row)))
+            .collect()
     }
 }
 

@@ -653,7 +653,7 @@ mod tests {
     fn a_change_value_is_one_object_whose_flags_and_row_come_apart_without_parsing() {
         let row = json!({"sku": "a\"b", "n": 3, "window_start": 0, "final_count": 1});
         for (is_final, removed) in [(false, false), (true, false), (false, true), (true, true)] {
-            let change = Change { key: "k".into(), row: row.clone(), is_final, removed };
+            let change = Change { key: "k".into(), row: Arc::new(row.clone()), is_final, removed };
             let value = change_value(&change);
             let mut expected = row.clone();
             expected["final"] = json!(is_final);
@@ -666,7 +666,7 @@ mod tests {
             let rebuilt = [b"{".as_slice(), fields].concat();
             assert_eq!(serde_json::from_slice::<Value>(&rebuilt).unwrap(), row);
         }
-        let empty = change_value(&Change { key: "k".into(), row: json!({}), is_final: true, removed: false });
+        let empty = change_value(&Change { key: "k".into(), row: Arc::new(json!({})), is_final: true, removed: false });
         assert_eq!(empty, b"{\"final\":true}");
         assert_eq!(change_parts(&empty), Some((true, false, b"}".as_slice())));
         // Anything else is left to a parser.

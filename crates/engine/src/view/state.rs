@@ -23,7 +23,8 @@ use super::{AggregateKind, Column, ViewDef, Window};
 pub struct Change {
     pub key: String,
     /// The row: key column, `window_start` / `window_end` (windowed views), the aggregates.
-    pub row: Value,
+    /// A window's final shares it with the closed window kept for reads.
+    pub row: Arc<Value>,
     /// The window closed: this is its last value.
     pub is_final: bool,
     /// The row is gone (a session merged into another, a sliding window emptied).
@@ -317,7 +318,7 @@ struct WindowState {
 pub struct Closed {
     start: i64,
     end: i64,
-    row: Value,
+    row: Arc<Value>,
 }
 
 /// An event kept by a sliding window: its time, log position and aggregate arguments.
@@ -567,7 +568,7 @@ impl ViewState {
         for key in left.iter().chain(joined.iter().filter(|key| Some(*key) != left.as_ref())) {
             let Some(state) = self.keys.get(key) else { continue };
             let Some(window) = state.open.first() else { continue };
-            let row = row(def, &state.key_value, None, &window.accs);
+            let row = Arc::new(row(def, &state.key_value, None, &window.accs));
             let removed = state.rows == 0;
             if removed {
                 self.keys.remove(key);
@@ -670,7 +671,7 @@ impl ViewState {
             if def.emit_changes {
                 changes.push(Change {
                     key: key.to_string(),
-                    row: row(def, &state.key_value, closes.then_some((start, end)), &window.accs),
+                    row: Arc::new(row(def, &state.key_value, closes.then_some((start, end)), &window.accs)),
                     is_final: false,
                     removed: false,
                 });
@@ -731,7 +732,7 @@ impl ViewState {
                 // Merged into the new session: its row is gone.
                 changes.push(Change {
                     key: key.to_string(),
-                    row: row(def, &state.key_value, Some((window.start, window.end)), &window.accs),
+                    row: Arc::new(row(def, &state.key_value, Some((window.start, window.end)), &window.accs)),
                     is_final: false,
                     removed: true,
                 });
@@ -746,7 +747,7 @@ impl ViewState {
         if def.emit_changes {
             changes.push(Change {
                 key: key.to_string(),
-                row: row(def, &state.key_value, Some((start, end)), &accs),
+                row: Arc::new(row(def, &state.key_value, Some((start, end)), &accs)),
                 is_final: false,
                 removed: false,
             });
@@ -791,7 +792,7 @@ impl ViewState {
         if def.emit_changes {
             changes.push(Change {
                 key: key.to_string(),
-                row: sliding_row(def, state, size),
+                row: Arc::new(sliding_row(def, state, size)),
                 is_final: false,
                 removed: false,
             });
@@ -845,7 +846,7 @@ impl ViewState {
             let state = Arc::make_mut(state);
             let Ok(index) = state.open.binary_search_by_key(&start, |window| window.start) else { continue };
             let window = state.open.remove(index);
-            let row = row(def, &state.key_value, Some((window.start, window.end)), &window.accs);
+            let row = Arc::new(row(def, &state.key_value, Some((window.start, window.end)), &window.accs));
             if def.emit_final {
                 changes.push(Change { key: key.clone(), row: row.clone(), is_final: true, removed: false });
             }
@@ -881,7 +882,7 @@ impl ViewState {
                 if def.emit_changes {
                     changes.push(Change {
                         key: key.clone(),
-                        row: sliding_row(def, state, size),
+                        row: Arc::new(sliding_row(def, state, size)),
                         is_final: false,
                         removed: state.kept.is_empty(),
                     });
@@ -946,7 +947,7 @@ impl ViewState {
             })
             .collect();
         rows.extend(state.closed.iter().rev().map(|closed| {
-            let mut row = closed.row.clone();
+            let mut row = (*closed.row).clone();
             if let Value::Object(fields) = &mut row {
                 fields.insert("final".into(), Value::Bool(true));
             }

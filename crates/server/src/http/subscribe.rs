@@ -354,7 +354,7 @@ mod tests {
         let row = json!({"sku": "a\"b", "n": 3, "window_start": 0, "window_end": 5000});
         for (is_final, removed) in [(false, false), (true, false), (false, true)] {
             for row in [row.clone(), json!({})] {
-                let change = ViewChange { key: "k/é".into(), row, is_final, removed };
+                let change = ViewChange { key: "k/é".into(), row: std::sync::Arc::new(row), is_final, removed };
                 let record = onehop_log::Record {
                     offset: 7,
                     timestamp_ms: 1_700_000_000_000,
@@ -367,7 +367,7 @@ mod tests {
                 let fast: Value = serde_json::from_slice(&encode_view_change("clicks", &event)).unwrap();
                 let parsed: Value = serde_json::from_slice(&encode_view_change_parsed("clicks", &event)).unwrap();
                 assert_eq!(fast, parsed);
-                assert_eq!(fast["row"], change.row);
+                assert_eq!(fast["row"], *change.row);
                 assert_eq!(fast["final"], is_final);
             }
         }
