@@ -130,9 +130,13 @@ impl Engine {
             engine.tables.write().expect("tables lock").insert(table.name(), table);
         }
         let mut checkpoints = checkpoint::read_all(&engine.checkpoints)?;
+        let mut live = Vec::new();
         for def in defs.views.into_values() {
             let name = def.name.clone();
             let checkpoint = checkpoint::restore(&def, &mut checkpoints);
+            if let Some(checkpoint) = &checkpoint {
+                live.push((name.clone(), checkpoint.incarnation));
+            }
             match engine.open_view(def, checkpoint) {
                 Ok(view) => {
                     engine.views.write().expect("views lock").insert(name, view);
@@ -152,8 +156,7 @@ impl Engine {
                 Err(error) => tracing::error!(transform = name, %error, "a transform could not be opened"),
             }
         }
-        let live: Vec<(String, u64)> =
-            engine.views().iter().map(|view| (view.name().to_string(), view.incarnation())).collect();
+        live.extend(engine.views().iter().map(|view| (view.name().to_string(), view.incarnation())));
         engine.delete_stray_checkpoints(checkpoint::strays(&checkpoints, &live));
         tracing::info!(
             streams = engine.streams.read().expect("streams lock").len(),

@@ -178,8 +178,8 @@ pub fn read_all(partition: &Partition) -> Result<HashMap<String, Bytes>, EngineE
     Ok(checkpoints)
 }
 
-/// Takes view `def`'s checkpoint out of `stored`: `None` (and a warning) when there is none or
-/// it cannot be read, and the view starts over from its source.
+/// View `def`'s checkpoint in `stored` (its header is taken out): `None` (and a warning) when
+/// there is none or it cannot be read, and the view starts over from its source.
 pub fn restore(def: &ViewDef, stored: &mut HashMap<String, Bytes>) -> Option<Restored> {
     let view = def.name.as_str();
     let value = stored.remove(view)?;
@@ -207,18 +207,17 @@ pub fn restore(def: &ViewDef, stored: &mut HashMap<String, Bytes>) -> Option<Res
         }
     }
     let prefix = prefix(view, header.incarnation);
-    let mine: Vec<String> = stored.keys().filter(|key| key.starts_with(&prefix)).cloned().collect();
+    // Left in `stored`: what [`strays`] deletes is decided from the live incarnations.
     let (mut keys, mut closed) = (Vec::new(), Vec::new());
-    for record_key in mine {
-        let value = stored.remove(&record_key).expect("listed");
+    for (record_key, value) in stored.iter().filter(|(key, _)| key.starts_with(&prefix)) {
         let rest = &record_key[prefix.len()..];
         let parsed = if let Some(key) = rest.strip_prefix(&format!("k{SEPARATOR}")) {
-            serde_json::from_slice::<KeyState>(&value).map(|state| keys.push((key.to_string(), state)))
+            serde_json::from_slice::<KeyState>(value).map(|state| keys.push((key.to_string(), state)))
         } else if let Some((start, key)) =
             rest.strip_prefix(&format!("c{SEPARATOR}")).and_then(|rest| rest.split_once(SEPARATOR))
             && start.parse::<i64>().is_ok()
         {
-            serde_json::from_slice::<Closed>(&value).map(|window| closed.push((key.to_string(), window)))
+            serde_json::from_slice::<Closed>(value).map(|window| closed.push((key.to_string(), window)))
         } else {
             Ok(())
         };
@@ -239,8 +238,9 @@ pub fn restore(def: &ViewDef, stored: &mut HashMap<String, Bytes>) -> Option<Res
 }
 
 /// Keys of records that belong to no live view incarnation: left by a drop cut short, or by a
-/// view that started over. `live` holds each open view's (name, incarnation).
-pub(crate) fn strays(stored: &HashMap<String, Bytes>, live: &[(String, u64)]) -> Vec<String> {
+/// view that started over. `live` holds (name, incarnation) of each view's checkpoint read at
+/// start (kept even when the view could not be opened) and of each open view.
+pub fn strays(stored: &HashMap<String, Bytes>, live: &[(String, u64)]) -> Vec<String> {
     let live: Vec<String> = live.iter().map(|(view, incarnation)| prefix(view, *incarnation)).collect();
     stored
         .keys()
