@@ -286,13 +286,8 @@ impl Engine {
         let checkpoints = self.checkpoints.clone();
         runtime.spawn(async move {
             for chunk in strays.chunks(TOMBSTONES_PER_APPEND) {
-                let tombstones: Vec<onehop_log::NewRecord> = chunk
-                    .iter()
-                    .map(|key| onehop_log::NewRecord {
-                        key: Some(bytes::Bytes::from(key.clone())),
-                        ..Default::default()
-                    })
-                    .collect();
+                let tombstones: Vec<onehop_log::NewRecord> =
+                    chunk.iter().map(|key| onehop_log::NewRecord::tombstone(key.clone())).collect();
                 if let Err(error) = checkpoints.append(&tombstones).await {
                     tracing::warn!(%error, "stray view checkpoint records could not be deleted");
                     return;

@@ -81,7 +81,13 @@ impl Restored {
 
     /// The header of this checkpoint as it stands (a view created writes it first).
     pub(crate) fn header(&self, view: &str) -> NewRecord {
-        header(view, self.incarnation, self.positions.clone(), &self.state.everything())
+        let counters = Delta {
+            events: self.state.events,
+            late_events: self.state.late_events,
+            invalid_events: self.state.invalid_events,
+            ..Delta::default()
+        };
+        header(view, self.incarnation, self.positions.clone(), &counters)
     }
 }
 
@@ -116,7 +122,7 @@ pub fn records(view: &str, incarnation: u64, positions: Vec<u64>, delta: &Delta)
             Some(state) => {
                 NewRecord::keyed(record_key, serde_json::to_vec(&state.saved()).expect("a key state serializes"))
             }
-            None => NewRecord { key: Some(record_key), ..Default::default() },
+            None => NewRecord::tombstone(record_key),
         });
     }
     for (key, start, closed) in &delta.closed {
@@ -125,7 +131,7 @@ pub fn records(view: &str, incarnation: u64, positions: Vec<u64>, delta: &Delta)
             Some(closed) => {
                 NewRecord::keyed(record_key, serde_json::to_vec(&**closed).expect("a closed window serializes"))
             }
-            None => NewRecord { key: Some(record_key), ..Default::default() },
+            None => NewRecord::tombstone(record_key),
         });
     }
     records.push(header(view, incarnation, positions, delta));
@@ -149,11 +155,13 @@ pub fn header(view: &str, incarnation: u64, positions: Vec<u64>, delta: &Delta) 
 /// Tombstones for every record of a view whose state is `whole` ([`ViewState::everything`]),
 /// the header first: a drop cut short leaves records no header names, deleted at the next start.
 pub fn tombstones(view: &str, incarnation: u64, whole: &Delta) -> Vec<NewRecord> {
-    let tombstone = |key: String| NewRecord { key: Some(Bytes::from(key)), ..Default::default() };
-    let mut records = vec![tombstone(view.to_string())];
-    records.extend(whole.keys.iter().map(|(key, _)| tombstone(key_record_key(view, incarnation, key))));
+    let mut records = vec![NewRecord::tombstone(view.to_string())];
+    records.extend(whole.keys.iter().map(|(key, _)| NewRecord::tombstone(key_record_key(view, incarnation, key))));
     records.extend(
-        whole.closed.iter().map(|(key, start, _)| tombstone(closed_record_key(view, incarnation, *start, key))),
+        whole
+            .closed
+            .iter()
+            .map(|(key, start, _)| NewRecord::tombstone(closed_record_key(view, incarnation, *start, key))),
     );
     records
 }
