@@ -21,7 +21,7 @@ use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::v3;
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::recorder::{Delivery, Recorder};
+use crate::recorder::{Delivery, Receipts, Recorder};
 use crate::schedule::Producer;
 
 /// Packet ids a publisher may have awaiting PUBACK; MQTT has 65 535.
@@ -111,7 +111,7 @@ fn is_timeout(error: &std::io::Error) -> bool {
 /// Reads messages until `stop`, acknowledging QoS 1 ones in batches and recording each as
 /// delivered to `observer`.
 pub fn subscriber(mut connection: Connection, observer: u32, recorder: Arc<Recorder>, stop: Arc<AtomicBool>) {
-    let mut deliveries = Vec::new();
+    let mut deliveries = Receipts::new();
     let mut chunk = vec![0u8; 256 * 1024];
     let _ = connection.stream.set_read_timeout(Some(Duration::from_millis(100)));
     let mut acks = BytesMut::new();

@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 
 use super::http1::{self, Chunked, Framing};
 use crate::plan::Filter;
-use crate::recorder::{Delivery, Observation, Recorder};
+use crate::recorder::{Delivery, Observation, Receipts, Recorder};
 use crate::schedule::Clock;
 
 /// An open SSE response on its own connection, read straight from the socket (no connection
@@ -208,7 +208,7 @@ pub async fn fanout_observer(
     recorder: Arc<Recorder>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut deliveries = Vec::new();
+    let mut deliveries = Receipts::new();
     follow(&source, subscription, &recorder, stop, |data, received_ns| {
         if let Ok(record) = serde_json::from_str::<RecordEvent>(data) {
             deliveries.push(Delivery { seq: record.value.seq, observer, received_ns });
@@ -241,7 +241,7 @@ pub async fn view_observer(
     recorder: Arc<Recorder>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut observations = Vec::new();
+    let mut observations = Receipts::new();
     follow(&source, subscription, &recorder, stop, |data, received_ns| {
         let Ok(change) = serde_json::from_str::<ViewChange>(data) else { return };
         let Some(key) = change.key.strip_prefix('k').and_then(|key| key.parse().ok()) else { return };

@@ -8,7 +8,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::http1;
 use crate::plan::Filter;
-use crate::recorder::{Delivery, Recorder};
+use crate::recorder::{Delivery, Receipts, Recorder};
 
 pub type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -38,7 +38,7 @@ pub async fn fanout_observer(
     recorder: Arc<Recorder>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut deliveries = Vec::new();
+    let mut deliveries = Receipts::new();
     loop {
         let message = tokio::select! {
             message = socket.next() => match message {
