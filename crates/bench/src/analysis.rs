@@ -98,6 +98,10 @@ pub struct Figures {
     pub ack: Histogram<u64>,
     /// Intended send → the event actually written to the socket: the harness's own lateness.
     pub send_lag: Histogram<u64>,
+    /// Per latency sample with a kernel arrival stamp, the time the harness itself added: its
+    /// send lag plus the time from the receipt's bytes reaching the observer's socket to the
+    /// harness recording them (waking, reading, parsing).
+    pub harness: Histogram<u64>,
     /// Views: window end + grace → its closing row received.
     pub close_lag: Histogram<u64>,
     /// Views: intended send of a point query → its answer.
@@ -129,6 +133,7 @@ impl Default for Figures {
             latency: latency_histogram(),
             ack: latency_histogram(),
             send_lag: latency_histogram(),
+            harness: latency_histogram(),
             close_lag: latency_histogram(),
             query: latency_histogram(),
             producer_emitted: 0,
@@ -159,6 +164,7 @@ impl Figures {
         merge(&mut self.latency, &other.latency);
         merge(&mut self.ack, &other.ack);
         merge(&mut self.send_lag, &other.send_lag);
+        merge(&mut self.harness, &other.harness);
         merge(&mut self.close_lag, &other.close_lag);
         merge(&mut self.query, &other.query);
         self.producer_emitted += other.producer_emitted;
@@ -232,6 +238,18 @@ pub fn analyze(plan: &Plan, recorder: &Recorder, rows: &mut dyn FnMut(RawRow)) -
     figures
 }
 
+/// The harness's own share of one latency sample: how late it sent event `seq`, plus how long
+/// its receipt sat in the observer's socket before being recorded. Skipped without a stamp.
+fn record_harness(harness: &mut Histogram<u64>, events: &Track, seq: u64, received_ns: u64, arrived_ns: u64) {
+    if arrived_ns == 0 {
+        return;
+    }
+    if let Some(sent_ns) = events.sent_at(seq) {
+        let send_lag = sent_ns.saturating_sub(events.intended_ns(seq));
+        record(harness, send_lag + received_ns.saturating_sub(arrived_ns));
+    }
+}
+
 /// Fan-out: one measurement per (event, observer owed it).
 fn deliveries(
     recorder: &Recorder,
@@ -262,6 +280,7 @@ fn deliveries(
             if owed.contains(&delivery.observer) {
                 seen += 1;
                 record(&mut figures.latency, delivery.received_ns.saturating_sub(intended_ns));
+                record_harness(&mut figures.harness, events, seq, delivery.received_ns, delivery.arrived_ns);
             } else {
                 figures.errors.misrouted += 1;
             }
@@ -293,6 +312,10 @@ fn deliveries(
     }
 }
 
+/// A view row as the freshness join uses it: received at, the highest count seen by then (the
+/// row's own count until the times are folded), arrived at (kernel stamp, 0 if none).
+type Seen = (u64, u64, u64);
+
 /// Views: freshness per event, close lag per window, point-query latency.
 fn freshness(
     view: &ViewPlan,
@@ -320,11 +343,11 @@ fn freshness(
         place[seq as usize] = (key, window, *count);
     }
     // Per window: the times its count was seen, with the highest count seen by then.
-    let mut seen: HashMap<(u32, i64), Vec<(u64, u64)>> = HashMap::new();
+    let mut seen: HashMap<(u32, i64), Vec<Seen>> = HashMap::new();
     let mut finals: HashMap<(u32, i64), (u64, u64)> = HashMap::new();
     for observation in recorder.take_observations() {
         let window = (observation.key, observation.window_start_ms);
-        seen.entry(window).or_default().push((observation.received_ns, observation.count));
+        seen.entry(window).or_default().push((observation.received_ns, observation.count, observation.arrived_ns));
         if observation.is_final {
             finals.entry(window).or_insert((observation.received_ns, observation.count));
         }
@@ -341,18 +364,20 @@ fn freshness(
     for seq in measured {
         let (key, window, place_in_window) = place[seq as usize];
         let intended_ns = events.intended_ns(seq);
-        let mut received_ns = None;
+        let mut received = None;
         if place_in_window > 0 {
             measured_windows.insert((key, window), ());
             if let Some(times) = seen.get(&(key, window)) {
-                let index = times.partition_point(|(_, highest)| *highest < place_in_window);
-                received_ns = times.get(index).map(|(at, _)| *at);
+                let index = times.partition_point(|(_, highest, _)| *highest < place_in_window);
+                received = times.get(index).map(|(at, _, arrived)| (*at, *arrived));
             }
         }
-        if let Some(at) = received_ns {
+        let received_ns = received.map(|(at, _)| at);
+        if let Some((at, arrived)) = received {
             figures.observer_seen += 1;
             figures.joined_count += 1;
             record(&mut figures.latency, at.saturating_sub(intended_ns));
+            record_harness(&mut figures.harness, events, seq, at, arrived);
         }
         rows(RawRow {
             kind: "fresh",

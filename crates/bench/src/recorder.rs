@@ -152,6 +152,8 @@ pub struct Delivery {
     pub seq: u64,
     pub observer: u32,
     pub received_ns: u64,
+    /// When its bytes reached the observer's socket, by the kernel's stamp (0: no stamp).
+    pub arrived_ns: u64,
 }
 
 /// A view subscriber saw the aggregate of `key` in the window starting at `window_start_ms`
@@ -163,6 +165,8 @@ pub struct Observation {
     pub count: u64,
     pub is_final: bool,
     pub received_ns: u64,
+    /// When its bytes reached the subscriber's socket, by the kernel's stamp (0: no stamp).
+    pub arrived_ns: u64,
 }
 
 /// Receipts per chunk of [`Receipts`]: 16 384 deliveries are 384 KiB.

@@ -202,6 +202,13 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         "ended_at": rfc3339(meta.ended_at),
     });
     value["observer_resumes"] = figures.observer_resumes.into();
+    let harness = Percentiles::of(&figures.harness);
+    value["harness_p50_ns"] = harness.p50_ns.into();
+    value["harness_p99_ns"] = harness.p99_ns.into();
+    value["harness_samples"] = harness.count.into();
+    value["harness_measures"] = "per latency sample: send lag + the receipt's bytes waiting in the observer's socket \
+        (kernel arrival stamp) until the harness recorded them: the time the harness itself adds"
+        .into();
     if meta.workload == Workload::W3 {
         let close = Percentiles::of(&figures.close_lag);
         let query = Percentiles::of(&figures.query);
@@ -263,6 +270,10 @@ pub struct JsonLine<'a> {
     pub ack_p99_ns: u64,
     pub send_lag_p50_ns: u64,
     pub send_lag_p99_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness_p50_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness_p99_ns: Option<u64>,
     pub durability: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub freshness_p50_ns: Option<u64>,
@@ -282,6 +293,7 @@ pub fn json_line(summary: &Summary) -> String {
     let ack = Percentiles::of(&figures.ack);
     let view = summary.workload == Workload::W3;
     let query = Percentiles::of(&figures.query);
+    let harness = Some(Percentiles::of(&figures.harness));
     let line = JsonLine {
         workload: summary.workload.id(),
         target: &summary.target,
@@ -300,6 +312,8 @@ pub fn json_line(summary: &Summary) -> String {
         ack_p99_ns: ack.p99_ns,
         send_lag_p50_ns: Percentiles::of(&figures.send_lag).p50_ns,
         send_lag_p99_ns: Percentiles::of(&figures.send_lag).p99_ns,
+        harness_p50_ns: harness.filter(|harness| harness.count > 0).map(|harness| harness.p50_ns),
+        harness_p99_ns: harness.filter(|harness| harness.count > 0).map(|harness| harness.p99_ns),
         durability: &summary.durability,
         freshness_p50_ns: view.then_some(latency.p50_ns),
         freshness_p99_ns: view.then_some(latency.p99_ns),
@@ -468,6 +482,20 @@ pub fn tables(summaries: &[Summary]) -> String {
                     query.count
                 );
             }
+        }
+        // The harness's own time, measured per sample from the kernel's arrival stamps.
+        for summary in rows.iter().filter(|summary| !summary.figures.harness.is_empty()) {
+            let (own, latency) = (Percentiles::of(&summary.figures.harness), Percentiles::of(&summary.figures.latency));
+            let _ = writeln!(
+                text,
+                "\nHarness's own time at {:.0}/s against {} (send lag + socket → recorded, per sample): p50 {:.0} µs, \
+                 p99 {:.0} µs; {:.1} % of the p50 latency.",
+                summary.rate_hz,
+                summary.target,
+                own.p50_ns as f64 / 1e3,
+                own.p99_ns as f64 / 1e3,
+                own.p50_ns as f64 * 100.0 / latency.p50_ns.max(1) as f64
+            );
         }
         // The harness's floor beside what it measured, at each rate both ran.
         for echo in rows.iter().filter(|summary| summary.target == "echo") {

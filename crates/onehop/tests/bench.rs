@@ -76,6 +76,11 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
         assert!(text.len() == 24 && text.ends_with('Z') && text.as_bytes()[10] == b'T', "{time}: {text}");
     }
     assert!(meta["host_info"]["cpus"].as_u64().unwrap() > 0);
+    // Every receipt came over SSE or MQTT with the kernel's arrival stamp, so the harness's
+    // own time is known for every latency sample, and no sample's share exceeds its latency.
+    assert_eq!(meta["harness_samples"], meta["joined_count"], "{meta}");
+    let harness_p50 = meta["harness_p50_ns"].as_u64().unwrap();
+    assert!(harness_p50 > 0 && harness_p50 <= meta["latency_p50_ns"].as_u64().unwrap(), "{meta}");
     let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
     let mut lines = raw.lines();
     assert_eq!(lines.next(), Some("kind,event_id,observer_id,key,intended_ns,sent_ns,ack_ns,received_ns"));

@@ -6,6 +6,7 @@
 pub mod http;
 pub mod http1;
 pub mod mqtt;
+pub mod rxstamp;
 pub mod sse;
 pub mod ws;
 

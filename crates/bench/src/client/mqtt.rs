@@ -10,6 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::num::NonZeroU16;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,6 +22,7 @@ use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::v3;
 use tokio_util::codec::{Decoder, Encoder};
 
+use super::rxstamp;
 use crate::recorder::{Delivery, Receipts, Recorder};
 use crate::schedule::Producer;
 
@@ -114,10 +116,16 @@ pub fn subscriber(mut connection: Connection, observer: u32, recorder: Arc<Recor
     let mut deliveries = Receipts::new();
     let mut chunk = vec![0u8; 256 * 1024];
     let _ = connection.stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let stamped = rxstamp::enable(connection.stream.as_raw_fd()).is_ok();
     let mut acks = BytesMut::new();
     while !stop.load(Ordering::Relaxed) {
-        let read = match connection.stream.read(&mut chunk) {
-            Ok(0) => {
+        let read = if stamped {
+            rxstamp::recv(connection.stream.as_raw_fd(), &mut chunk, false)
+        } else {
+            connection.stream.read(&mut chunk).map(|read| (read, None))
+        };
+        let (read, arrived) = match read {
+            Ok((0, _)) => {
                 recorder.observer_failed(format!("MQTT subscriber {observer}: the broker closed the connection"));
                 break;
             }
@@ -129,6 +137,7 @@ pub fn subscriber(mut connection: Connection, observer: u32, recorder: Arc<Recor
             }
         };
         let received_ns = recorder.clock.now_ns();
+        let arrived_ns = rxstamp::arrival_on_clock(received_ns, arrived);
         connection.buf.extend_from_slice(&chunk[..read]);
         let before = deliveries.len();
         while let Ok(Some((packet, _))) = connection.codec.decode(&mut connection.buf) {
@@ -138,7 +147,7 @@ pub fn subscriber(mut connection: Connection, observer: u32, recorder: Arc<Recor
             }
             if publish.payload.len() >= PAYLOAD_BYTES_MIN {
                 let seq = u64::from_le_bytes(publish.payload[8..16].try_into().expect("8 bytes"));
-                deliveries.push(Delivery { seq, observer, received_ns });
+                deliveries.push(Delivery { seq, observer, received_ns, arrived_ns });
             }
         }
         recorder.count_received((deliveries.len() - before) as u64);

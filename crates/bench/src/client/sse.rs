@@ -4,10 +4,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::os::fd::AsRawFd;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use super::http1::{self, Chunked, Framing};
+use super::rxstamp;
 use crate::plan::Filter;
 use crate::recorder::{Delivery, Observation, Receipts, Recorder};
 use crate::schedule::Clock;
@@ -55,6 +58,7 @@ impl Source {
 pub async fn subscribe(address: &str, target: &str) -> anyhow::Result<Subscription> {
     let mut stream = TcpStream::connect(address).await.with_context(|| format!("connecting to {address}"))?;
     stream.set_nodelay(true)?;
+    rxstamp::enable(stream.as_raw_fd()).context("asking for receive timestamps")?;
     let mut request = http1::request("GET", address, target, None, b"");
     request.truncate(request.len() - 2);
     request.extend_from_slice(b"Accept: text/event-stream\r\n\r\n");
@@ -85,32 +89,50 @@ enum Ended {
     Closed(String),
 }
 
+/// Reads what the socket holds, with the kernel's arrival stamp, waiting until it holds
+/// something.
+async fn read_stamped(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<(usize, Option<u64>)> {
+    let fd = stream.as_raw_fd();
+    loop {
+        stream.readable().await?;
+        match stream.try_io(Interest::READABLE, || rxstamp::recv(fd, buf, true)) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+            result => return result,
+        }
+    }
+}
+
 /// Reads events until told to stop or the server ends the response, calling `on_event` with
-/// each event's name, data and the time its bytes arrived.
+/// each event's name, data, the time the harness read its bytes and the time they arrived.
 async fn read_events(
     mut subscription: Subscription,
     clock: Clock,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    mut on_event: impl FnMut(&str, &str, u64),
+    mut on_event: impl FnMut(&str, &str, u64, u64),
 ) -> Ended {
     let mut raw = std::mem::take(&mut subscription.early);
     let mut buffer: Vec<u8> = Vec::new();
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
+        let mut arrived = None;
         if raw.is_empty() {
             // Asleep until data or the stop signal: thousands of subscribers must not poll,
             // or the harness would spend the CPU it is measuring.
             let read = tokio::select! {
-                read = subscription.stream.read(&mut chunk) => match read {
-                    Ok(0) => return Ended::Closed("the server closed the connection".into()),
+                read = read_stamped(&subscription.stream, &mut chunk) => match read {
+                    Ok((0, _)) => return Ended::Closed("the server closed the connection".into()),
                     Err(error) => return Ended::Closed(format!("reading: {error}")),
-                    Ok(read) => read,
+                    Ok((read, stamp)) => {
+                        arrived = stamp;
+                        read
+                    }
                 },
                 _ = stop.changed() => return Ended::Stopped,
             };
             raw.extend_from_slice(&chunk[..read]);
         }
         let received_ns = clock.now_ns();
+        let arrived_ns = rxstamp::arrival_on_clock(received_ns, arrived);
         let mut ended = None;
         match subscription.chunked.as_mut() {
             Some(decoder) => {
@@ -137,7 +159,7 @@ async fn read_events(
                 }
             }
             if !data.is_empty() {
-                on_event(event, data, received_ns);
+                on_event(event, data, received_ns, arrived_ns);
             }
         }
         buffer.drain(..start);
@@ -165,21 +187,27 @@ async fn follow(
     mut subscription: Subscription,
     recorder: &Recorder,
     stop: tokio::sync::watch::Receiver<bool>,
-    mut on_record: impl FnMut(&str, u64),
+    mut on_record: impl FnMut(&str, u64, u64),
 ) {
     loop {
         let mut resume_id: Option<Result<String, String>> = None;
-        let ended = read_events(subscription, recorder.clock, stop.clone(), |event, data, received_ns| match event {
-            "record" => on_record(data, received_ns),
-            "overflow" => {
-                let id = serde_json::from_str::<serde_json::Value>(data)
-                    .ok()
-                    .and_then(|overflow| overflow["resume_id"].as_str().map(str::to_string));
-                resume_id = Some(id.ok_or_else(|| data.to_string()));
-            }
-            _ => {}
-        })
-        .await;
+        let ended =
+            read_events(
+                subscription,
+                recorder.clock,
+                stop.clone(),
+                |event, data, received_ns, arrived_ns| match event {
+                    "record" => on_record(data, received_ns, arrived_ns),
+                    "overflow" => {
+                        let id = serde_json::from_str::<serde_json::Value>(data)
+                            .ok()
+                            .and_then(|overflow| overflow["resume_id"].as_str().map(str::to_string));
+                        resume_id = Some(id.ok_or_else(|| data.to_string()));
+                    }
+                    _ => {}
+                },
+            )
+            .await;
         let why = match (ended, resume_id) {
             (_, Some(Ok(id))) => {
                 recorder.count_resume();
@@ -209,9 +237,9 @@ pub async fn fanout_observer(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut deliveries = Receipts::new();
-    follow(&source, subscription, &recorder, stop, |data, received_ns| {
+    follow(&source, subscription, &recorder, stop, |data, received_ns, arrived_ns| {
         if let Ok(record) = serde_json::from_str::<RecordEvent>(data) {
-            deliveries.push(Delivery { seq: record.value.seq, observer, received_ns });
+            deliveries.push(Delivery { seq: record.value.seq, observer, received_ns, arrived_ns });
             recorder.count_received(1);
         }
     })
@@ -242,7 +270,7 @@ pub async fn view_observer(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut observations = Receipts::new();
-    follow(&source, subscription, &recorder, stop, |data, received_ns| {
+    follow(&source, subscription, &recorder, stop, |data, received_ns, arrived_ns| {
         let Ok(change) = serde_json::from_str::<ViewChange>(data) else { return };
         let Some(key) = change.key.strip_prefix('k').and_then(|key| key.parse().ok()) else { return };
         observations.push(Observation {
@@ -251,6 +279,7 @@ pub async fn view_observer(
             count: change.row.n,
             is_final: change.is_final,
             received_ns,
+            arrived_ns,
         });
         recorder.count_received(1);
         if change.is_final {

@@ -56,7 +56,8 @@ pub async fn fanout_observer(
         match message["type"].as_str() {
             Some("record") => {
                 if let Some(seq) = message["record"]["value"]["seq"].as_u64() {
-                    deliveries.push(Delivery { seq, observer, received_ns });
+                    // No kernel stamp: the WebSocket library reads the socket.
+                    deliveries.push(Delivery { seq, observer, received_ns, arrived_ns: 0 });
                     recorder.count_received(1);
                 }
             }
