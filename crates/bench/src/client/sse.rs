@@ -6,6 +6,7 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use std::os::fd::AsRawFd;
 
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
@@ -90,14 +91,21 @@ enum Ended {
 }
 
 /// Reads what the socket holds, with the kernel's arrival stamp, waiting until it holds
-/// something.
-async fn read_stamped(stream: &TcpStream, buf: &mut [u8]) -> std::io::Result<(usize, Option<u64>)> {
-    let fd = stream.as_raw_fd();
+/// something. A read shorter than `buf` emptied the socket, so its readiness is cleared and the
+/// next read waits for new bytes instead of asking the kernel once more for nothing (as tokio's
+/// own reads do; the readiness tick keeps an edge that came meanwhile).
+async fn read_stamped(socket: &AsyncFd<std::net::TcpStream>, buf: &mut [u8]) -> std::io::Result<(usize, Option<u64>)> {
     loop {
-        stream.readable().await?;
-        match stream.try_io(Interest::READABLE, || rxstamp::recv(fd, buf, true)) {
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
-            result => return result,
+        let mut ready = socket.readable().await?;
+        match ready.try_io(|socket| rxstamp::recv(socket.as_raw_fd(), buf, true)) {
+            Ok(Ok((read, arrived))) => {
+                if read > 0 && read < buf.len() {
+                    ready.clear_ready();
+                }
+                return Ok((read, arrived));
+            }
+            Ok(Err(error)) => return Err(error),
+            Err(_would_block) => continue,
         }
     }
 }
@@ -111,6 +119,14 @@ async fn read_events(
     mut on_event: impl FnMut(&str, &str, u64, u64),
 ) -> Ended {
     let mut raw = std::mem::take(&mut subscription.early);
+    let socket = match subscription.stream.into_std().and_then(|socket| {
+        // SAFETY: the stream moves into the AsyncFd, which owns its descriptor for as long as
+        // the registration lives and deregisters it before closing it.
+        unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }.map_err(std::io::Error::from)
+    }) {
+        Ok(socket) => socket,
+        Err(error) => return Ended::Closed(format!("watching the socket: {error}")),
+    };
     let mut buffer: Vec<u8> = Vec::new();
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
@@ -119,7 +135,7 @@ async fn read_events(
             // Asleep until data or the stop signal: thousands of subscribers must not poll,
             // or the harness would spend the CPU it is measuring.
             let read = tokio::select! {
-                read = read_stamped(&subscription.stream, &mut chunk) => match read {
+                read = read_stamped(&socket, &mut chunk) => match read {
                     Ok((0, _)) => return Ended::Closed("the server closed the connection".into()),
                     Err(error) => return Ended::Closed(format!("reading: {error}")),
                     Ok((read, stamp)) => {
