@@ -293,7 +293,7 @@ pub fn json_line(summary: &Summary) -> String {
     let ack = Percentiles::of(&figures.ack);
     let view = summary.workload == Workload::W3;
     let query = Percentiles::of(&figures.query);
-    let harness = Some(Percentiles::of(&figures.harness));
+    let harness = Percentiles::of(&figures.harness);
     let line = JsonLine {
         workload: summary.workload.id(),
         target: &summary.target,
@@ -312,8 +312,8 @@ pub fn json_line(summary: &Summary) -> String {
         ack_p99_ns: ack.p99_ns,
         send_lag_p50_ns: Percentiles::of(&figures.send_lag).p50_ns,
         send_lag_p99_ns: Percentiles::of(&figures.send_lag).p99_ns,
-        harness_p50_ns: harness.filter(|harness| harness.count > 0).map(|harness| harness.p50_ns),
-        harness_p99_ns: harness.filter(|harness| harness.count > 0).map(|harness| harness.p99_ns),
+        harness_p50_ns: (harness.count > 0).then_some(harness.p50_ns),
+        harness_p99_ns: (harness.count > 0).then_some(harness.p99_ns),
         durability: &summary.durability,
         freshness_p50_ns: view.then_some(latency.p50_ns),
         freshness_p99_ns: view.then_some(latency.p99_ns),
