@@ -40,6 +40,9 @@ pub struct LogBenchOptions {
     pub out: Option<PathBuf>,
     /// Show progress bars on stderr.
     pub progress: bool,
+    /// Also measure the floor with this long idle before each write + fdatasync: what a write
+    /// at a low rate (W1, W2) finds the disk doing.
+    pub floor_idle: Option<Duration>,
 }
 
 impl Default for LogBenchOptions {
@@ -53,6 +56,7 @@ impl Default for LogBenchOptions {
             warmup: Duration::from_millis(500),
             out: None,
             progress: true,
+            floor_idle: None,
         }
     }
 }
@@ -81,6 +85,13 @@ pub struct LogBenchReport {
     /// size does not change (the log's runway aims for this).
     pub floor_overwrite_p50_us: f64,
     pub floor_overwrite_p99_us: f64,
+    /// The append loop with `floor_idle_ms` of idle before each write, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor_idle_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor_idle_p50_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor_idle_p99_us: Option<f64>,
     pub results: Vec<LogBenchResult>,
 }
 
@@ -102,16 +113,31 @@ pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
         .prefix("onehop-bench-log-")
         .tempdir_in(&options.dir)
         .with_context(|| format!("creating a scratch directory in {}", options.dir.display()))?;
-    let (floor, overwrite) = {
+    let (floor, overwrite, idle) = {
         let path = scratch.path().join("floor");
         let (record_bytes, duration, warmup) = (options.record_bytes, options.duration, options.warmup);
         let bar = progress_bar(options.progress, "floor write+fdatasync");
         let overwrite_bar = progress_bar(options.progress, "floor overwrite+fdatasync");
+        let idle_bar = options.floor_idle.map(|_| progress_bar(options.progress, "floor after idle"));
+        let floor_idle = options.floor_idle;
         tokio::task::spawn_blocking(move || {
-            let floor = measure_floor(&path, record_bytes, warmup, duration, false, &bar)?;
+            let floor = measure_floor(&path, record_bytes, warmup, duration, false, Duration::ZERO, &bar)?;
+            let zeroed = path.with_extension("zeroed");
             let overwrite =
-                measure_floor(&path.with_extension("zeroed"), record_bytes, warmup, duration, true, &overwrite_bar)?;
-            anyhow::Ok((floor, overwrite))
+                measure_floor(&zeroed, record_bytes, warmup, duration, true, Duration::ZERO, &overwrite_bar)?;
+            let idle = match (floor_idle, idle_bar) {
+                (Some(idle), Some(bar)) => Some(measure_floor(
+                    &path.with_extension("idle"),
+                    record_bytes,
+                    warmup,
+                    duration,
+                    false,
+                    idle,
+                    &bar,
+                )?),
+                _ => None,
+            };
+            anyhow::Ok((floor, overwrite, idle))
         })
         .await
         .context("floor thread")??
@@ -132,6 +158,9 @@ pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
         floor_syncs_per_s: floor.1,
         floor_overwrite_p50_us: quantile_us(&overwrite.0, 0.5),
         floor_overwrite_p99_us: quantile_us(&overwrite.0, 0.99),
+        floor_idle_ms: options.floor_idle.map(|idle| idle.as_secs_f64() * 1e3),
+        floor_idle_p50_us: idle.as_ref().map(|idle| quantile_us(&idle.0, 0.5)),
+        floor_idle_p99_us: idle.as_ref().map(|idle| quantile_us(&idle.0, 0.99)),
         results,
     };
     if let Some(out) = &options.out {
@@ -145,13 +174,14 @@ const OVERWRITE_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The floor: write `record_bytes` and fdatasync, one at a time, on one thread. Appending grows
 /// the file with every write; `overwrite` writes into a file zeroed and synced beforehand, so
-/// the size never changes.
+/// the size never changes. `idle` is slept (untimed) before each write.
 fn measure_floor(
     path: &Path,
     record_bytes: usize,
     warmup: Duration,
     duration: Duration,
     overwrite: bool,
+    idle: Duration,
     bar: &ProgressBar,
 ) -> anyhow::Result<(Histogram<u64>, f64)> {
     use std::os::unix::fs::FileExt;
@@ -170,6 +200,9 @@ fn measure_floor(
     let mut measured = 0u64;
     let mut measuring_since = None;
     while started.elapsed() < warmup + duration {
+        if !idle.is_zero() {
+            std::thread::sleep(idle);
+        }
         let before = Instant::now();
         if overwrite && position + record_bytes as u64 > OVERWRITE_FILE_BYTES {
             position = 0;
@@ -182,7 +215,7 @@ fn measure_floor(
             measuring_since.get_or_insert(before);
             record(&mut histogram, elapsed.as_nanos() as u64);
             measured += 1;
-            if measured.is_multiple_of(256) {
+            if measured.is_multiple_of(256) || !idle.is_zero() {
                 bar.set_message(format!("{measured} syncs, p50 {:.0} µs", quantile_us(&histogram, 0.5)));
             }
         }
@@ -282,7 +315,7 @@ pub fn table(report: &LogBenchReport) -> String {
     let mut text = format!(
         "log append benchmark — {} B records, {:.1} s per configuration\n\n\
          floor (one write + fdatasync at a time): p50 {:.0} µs, p99 {:.0} µs, {:.0} syncs/s\n\
-         floor overwriting pre-zeroed blocks:      p50 {:.0} µs, p99 {:.0} µs\n\n",
+         floor overwriting pre-zeroed blocks:      p50 {:.0} µs, p99 {:.0} µs\n",
         report.record_bytes,
         report.duration_s,
         report.floor_p50_us,
@@ -291,6 +324,12 @@ pub fn table(report: &LogBenchReport) -> String {
         report.floor_overwrite_p50_us,
         report.floor_overwrite_p99_us
     );
+    if let (Some(idle), Some(p50), Some(p99)) =
+        (report.floor_idle_ms, report.floor_idle_p50_us, report.floor_idle_p99_us)
+    {
+        text.push_str(&format!("floor after {idle:.0} ms idle each time:  p50 {p50:.0} µs, p99 {p99:.0} µs\n"));
+    }
+    text.push('\n');
     text.push_str(&format!(
         "{:<6} {:>7} {:>14} {:>10} {:>10} {:>10} {:>10} {:>12}\n",
         "mode", "writers", "records/s", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "p50/floor"
@@ -385,11 +424,15 @@ mod tests {
             warmup: Duration::from_millis(50),
             out: Some(out.clone()),
             progress: false,
+            floor_idle: Some(Duration::from_millis(20)),
             ..LogBenchOptions::default()
         };
         let report = run(&options).await.unwrap();
         assert_eq!(report.results.len(), 4);
         assert!(report.floor_p50_us > 0.0 && report.floor_overwrite_p50_us > 0.0);
+        assert_eq!(report.floor_idle_ms, Some(20.0));
+        assert!(report.floor_idle_p50_us.is_some_and(|p50| p50 > 0.0), "{report:?}");
+        assert!(table(&report).contains("after 20 ms idle"), "{}", table(&report));
         for result in &report.results {
             assert!(result.records > 0, "{result:?}");
             assert!(result.p50_us > 0.0 && result.p99_us >= result.p50_us, "{result:?}");

@@ -178,6 +178,12 @@ fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
         warmup: seconds("--warmup", args.warmup, true)?,
         out: args.out,
         progress: !args.no_progress,
+        floor_idle: match args.floor_idle_ms {
+            Some(ms) if !ms.is_finite() || ms <= 0.0 || ms > 60_000.0 => {
+                bail!("--floor-idle-ms must be a number of milliseconds above 0 and at most 60000, not {ms}")
+            }
+            ms => ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
+        },
     };
     let report = runtime()?.block_on(onehop_bench::log::run(&options))?;
     println!("{}", table(&report));

@@ -378,6 +378,11 @@ pub struct BenchLogArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 
+    /// Also measure the floor with this many milliseconds idle before each write + fdatasync,
+    /// as a write at a low rate finds the disk.
+    #[arg(long, value_name = "MS")]
+    pub floor_idle_ms: Option<f64>,
+
     /// End the output with one JSON line of the results.
     #[arg(long)]
     pub json: bool,
