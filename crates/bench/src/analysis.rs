@@ -24,15 +24,18 @@ pub struct RawRow {
     pub sent_ns: Option<u64>,
     pub ack_ns: Option<u64>,
     pub received_ns: Option<u64>,
+    /// When the receipt's bytes reached the observer's socket, by the kernel's stamp, on the
+    /// same clock: `received_ns - arrived_ns` is the time the harness took to read it.
+    pub arrived_ns: Option<u64>,
 }
 
-pub const RAW_HEADER: &str = "kind,event_id,observer_id,key,intended_ns,sent_ns,ack_ns,received_ns";
+pub const RAW_HEADER: &str = "kind,event_id,observer_id,key,intended_ns,sent_ns,ack_ns,received_ns,arrived_ns";
 
 impl RawRow {
     pub fn to_csv(&self) -> String {
         let optional = |value: Option<u64>| value.map_or(String::new(), |value| value.to_string());
         format!(
-            "{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{}",
             self.kind,
             self.event_id,
             self.observer_id.map_or(String::new(), |id| id.to_string()),
@@ -40,7 +43,8 @@ impl RawRow {
             self.intended_ns,
             optional(self.sent_ns),
             optional(self.ack_ns),
-            optional(self.received_ns)
+            optional(self.received_ns),
+            optional(self.arrived_ns)
         )
     }
 }
@@ -291,7 +295,7 @@ fn deliveries(
             figures.observer_seen += 1;
         }
         let label = label_of(seq);
-        let row = |observer_id: Option<u32>, received_ns: Option<u64>| RawRow {
+        let row = |observer_id: Option<u32>, receipt: Option<&Delivery>| RawRow {
             kind: "delivery",
             event_id: seq as i64,
             observer_id,
@@ -299,15 +303,14 @@ fn deliveries(
             intended_ns,
             sent_ns: events.sent_at(seq),
             ack_ns: events.answered_at(seq),
-            received_ns,
+            received_ns: receipt.map(|delivery| delivery.received_ns),
+            arrived_ns: receipt.map(|delivery| delivery.arrived_ns).filter(|ns| *ns > 0),
         };
         if owed.is_empty() {
             rows(row(None, None));
         }
         for observer in owed {
-            let receipt =
-                got.iter().find(|delivery| delivery.observer == observer).map(|delivery| delivery.received_ns);
-            rows(row(Some(observer), receipt));
+            rows(row(Some(observer), got.iter().find(|delivery| delivery.observer == observer)));
         }
     }
 }
@@ -344,12 +347,12 @@ fn freshness(
     }
     // Per window: the times its count was seen, with the highest count seen by then.
     let mut seen: HashMap<(u32, i64), Vec<Seen>> = HashMap::new();
-    let mut finals: HashMap<(u32, i64), (u64, u64)> = HashMap::new();
+    let mut finals: HashMap<(u32, i64), (u64, u64, u64)> = HashMap::new();
     for observation in recorder.take_observations() {
         let window = (observation.key, observation.window_start_ms);
         seen.entry(window).or_default().push((observation.received_ns, observation.count, observation.arrived_ns));
         if observation.is_final {
-            finals.entry(window).or_insert((observation.received_ns, observation.count));
+            finals.entry(window).or_insert((observation.received_ns, observation.count, observation.arrived_ns));
         }
     }
     for times in seen.values_mut() {
@@ -373,6 +376,7 @@ fn freshness(
             }
         }
         let received_ns = received.map(|(at, _)| at);
+        let arrived_ns = received.map(|(_, arrived)| arrived).filter(|ns| *ns > 0);
         if let Some((at, arrived)) = received {
             figures.observer_seen += 1;
             figures.joined_count += 1;
@@ -388,6 +392,7 @@ fn freshness(
             sent_ns: events.sent_at(seq),
             ack_ns: events.answered_at(seq),
             received_ns,
+            arrived_ns,
         });
     }
     let mut windows: Vec<(u32, i64)> = measured_windows.into_keys().collect();
@@ -397,7 +402,7 @@ fn freshness(
         let close_ns = clock.ns_at_epoch_ms(window + view.window_ms + view.grace_ms);
         let closing = finals.get(&(key, window));
         match closing {
-            Some((at, count)) => {
+            Some((at, count, _)) => {
                 record(&mut figures.close_lag, at.saturating_sub(close_ns));
                 if Some(count) != counted.get(&(key, window)) {
                     figures.errors.window_count_wrong += 1;
@@ -417,7 +422,8 @@ fn freshness(
             intended_ns: close_ns,
             sent_ns: None,
             ack_ns: None,
-            received_ns: closing.map(|(at, _)| *at),
+            received_ns: closing.map(|(at, _, _)| *at),
+            arrived_ns: closing.map(|(_, _, arrived)| *arrived).filter(|ns| *ns > 0),
         });
     }
     if let Some(queries) = &recorder.queries {
@@ -436,6 +442,7 @@ fn freshness(
                 sent_ns: queries.sent_at(seq),
                 ack_ns: queries.answered_at(seq),
                 received_ns: queries.answered_at(seq),
+                arrived_ns: None,
             });
         }
     }

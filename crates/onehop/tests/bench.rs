@@ -83,11 +83,11 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
     assert!(harness_p50 > 0 && harness_p50 <= meta["latency_p50_ns"].as_u64().unwrap(), "{meta}");
     let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
     let mut lines = raw.lines();
-    assert_eq!(lines.next(), Some("kind,event_id,observer_id,key,intended_ns,sent_ns,ack_ns,received_ns"));
+    assert_eq!(lines.next(), Some("kind,event_id,observer_id,key,intended_ns,sent_ns,ack_ns,received_ns,arrived_ns"));
     let rows: Vec<Vec<String>> = lines.map(|line| line.split(',').map(str::to_string).collect()).collect();
     assert!(!rows.is_empty());
     for row in &rows {
-        assert_eq!(row.len(), 8, "{row:?}");
+        assert_eq!(row.len(), 9, "{row:?}");
         let intended: u64 = row[4].parse().unwrap();
         if row[0] != "close" {
             let sent: u64 = row[5].parse().unwrap();
@@ -96,6 +96,13 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
         }
         let received: u64 = row[7].parse().unwrap_or_else(|_| panic!("not received: {row:?}"));
         assert!(received >= intended || row[0] == "close", "{row:?}");
+        // A receipt's bytes arrived before the harness read them; a query has no stamp.
+        if row[0] == "query" {
+            assert_eq!(row[8], "", "{row:?}");
+        } else {
+            let arrived: u64 = row[8].parse().unwrap_or_else(|_| panic!("no arrival stamp: {row:?}"));
+            assert!(arrived > 0 && arrived <= received, "{row:?}");
+        }
     }
     (meta, rows)
 }
