@@ -16,7 +16,8 @@
 //! - `run`: one run — open, drive, drain, stop; `analysis`: its figures and raw rows;
 //!   `progress`: the bar per run; `report`: raw.csv, meta.json, summary.md, plots, JSON lines.
 //! - `histogram`: latency histograms (HdrHistogram, nanoseconds), merged across runs;
-//!   `plot`: small self-contained SVG charts; `server`: starting and stopping `onehop serve`.
+//!   `plot`: small self-contained SVG charts; `server`: starting and stopping `onehop serve`;
+//!   `priority`: the harness's threads ask to run ahead of the target's.
 //!
 //! The benchmarks built from them:
 //!
@@ -38,6 +39,7 @@ pub mod mqtt;
 pub mod notify;
 pub mod plan;
 pub mod plot;
+pub mod priority;
 pub mod progress;
 pub mod recorder;
 pub mod report;

@@ -64,6 +64,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         Some(mut querier) => {
             let (recorder, never, limits) = (recorder.clone(), never.clone(), spec.limits);
             Some(std::thread::Builder::new().name("bench-queries".into()).spawn(move || {
+                crate::priority::raise_this_thread();
                 let queries = recorder.queries.as_ref().expect("a query track");
                 drive(
                     queries,
@@ -81,6 +82,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         std::thread::Builder::new()
             .name("bench-schedule".into())
             .spawn(move || {
+                crate::priority::raise_this_thread();
                 drive(&recorder.events, limits, producer.as_mut(), &never);
                 producer
             })?

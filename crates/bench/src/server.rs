@@ -1,6 +1,7 @@
 //! Starting and stopping a `onehop serve` process for a benchmark run.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -22,7 +23,8 @@ impl ServerProcess {
     /// waits until it listens.
     pub fn start(exe: &Path, dir: &Path, extra_args: &[&str]) -> anyhow::Result<ServerProcess> {
         let data = tempfile::Builder::new().prefix("onehop-bench-data-").tempdir_in(dir)?;
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .arg("serve")
             .args(["--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log", "warn,onehop=info"])
             .arg("--data-dir")
@@ -30,9 +32,18 @@ impl ServerProcess {
             .args(extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {} serve", exe.display()))?;
+            .stderr(Stdio::piped());
+        // The target runs at the process's own priority, whichever thread starts it (harness
+        // threads ask for more; see `priority`).
+        let nice = crate::priority::base_nice();
+        // SAFETY: between fork and exec the closure makes one async-signal-safe syscall.
+        unsafe {
+            command.pre_exec(move || {
+                libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().with_context(|| format!("starting {} serve", exe.display()))?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let (sender, lines) = mpsc::channel();
         std::thread::spawn(move || {

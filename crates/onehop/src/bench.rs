@@ -52,8 +52,14 @@ fn seconds(flag: &str, value: f64, allow_zero: bool) -> anyhow::Result<Duration>
     Duration::try_from_secs_f64(value).with_context(|| format!("{flag} {value}"))
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")
+/// The runtime of a benchmark that drives a target: its workers run the observers, so they ask
+/// for the harness's priority (`onehop_bench::priority`).
+fn harness_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_start(onehop_bench::priority::raise_this_thread)
+        .build()
+        .context("starting the runtime")
 }
 
 fn exe() -> anyhow::Result<PathBuf> {
@@ -77,7 +83,7 @@ fn bench_workloads(workloads: Vec<Workload>, args: BenchWorkloadArgs) -> anyhow:
         command: command_line(),
     };
     options.validate()?;
-    let runtime = runtime()?;
+    let runtime = harness_runtime()?;
     let summaries = onehop_bench::workload::run(&options, runtime.handle())?;
     println!("{}", onehop_bench::report::tables(&summaries));
     println!("results: {} (summary.md, <workload>/<run_id>/raw.csv and meta.json)", args.out.display());
@@ -107,7 +113,7 @@ fn bench_view(args: BenchViewArgs) -> anyhow::Result<()> {
         command: command_line(),
     };
     options.validate()?;
-    let runtime = runtime()?;
+    let runtime = harness_runtime()?;
     let summaries = onehop_bench::workload::run(&options, runtime.handle())?;
     let line = onehop_bench::report::view_line(&summaries[0], args.keys);
     println!("{}", onehop_bench::report::view_table(&line));
@@ -155,7 +161,7 @@ fn bench_mqtt(args: BenchMqttArgs) -> anyhow::Result<()> {
         idle_clients: args.idle_clients,
         progress: !args.no_progress,
     };
-    let runtime = runtime()?;
+    let runtime = harness_runtime()?;
     let report = run(&options, runtime.handle())?;
     println!("{}", table(&report));
     println!("command: {}", command_line());
@@ -185,7 +191,9 @@ fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
             ms => ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
         },
     };
-    let report = runtime()?.block_on(onehop_bench::log::run(&options))?;
+    // The log runs in this process: it is the target, at the process's own priority.
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let report = runtime.block_on(onehop_bench::log::run(&options))?;
     println!("{}", table(&report));
     println!("command: {}", command_line());
     if args.json {
@@ -210,7 +218,7 @@ fn bench_notify(args: BenchNotifyArgs) -> anyhow::Result<()> {
         protocol: args.protocol,
         progress: !args.no_progress,
     };
-    let runtime = runtime()?;
+    let runtime = harness_runtime()?;
     let report = run(&options, runtime.handle())?;
     println!("{}", table(&report));
     println!("command: {}", command_line());

@@ -76,6 +76,8 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
         assert!(text.len() == 24 && text.ends_with('Z') && text.as_bytes()[10] == b'T', "{time}: {text}");
     }
     assert!(meta["host_info"]["cpus"].as_u64().unwrap() > 0);
+    // The priority the harness's threads ran at is on record (raised, or the process's own).
+    assert!(meta["knobs"]["harness_nice"].is_i64(), "{meta}");
     // Every receipt came over SSE or MQTT with the kernel's arrival stamp, so the harness's
     // own time is known for every latency sample, and no sample's share exceeds its latency.
     assert_eq!(meta["harness_samples"], meta["joined_count"], "{meta}");

@@ -176,9 +176,10 @@ impl HttpWriter {
         let reader = {
             let (stream, waiting, recorder) = (stream.try_clone()?, waiting.clone(), self.recorder.clone());
             let (answers, accept, stopped) = (self.answers, self.accept, self.stopped.clone());
-            std::thread::Builder::new()
-                .name(format!("bench-http-{}", self.connections.len()))
-                .spawn(move || read_answers(stream, waiting, recorder, answers, accept, stopped))?
+            std::thread::Builder::new().name(format!("bench-http-{}", self.connections.len())).spawn(move || {
+                crate::priority::raise_this_thread();
+                read_answers(stream, waiting, recorder, answers, accept, stopped)
+            })?
         };
         self.connections.push(Connection { writer: stream, waiting, reader: Some(reader) });
         Ok(self.connections.len() - 1)

@@ -133,11 +133,10 @@ fn open_ingest(
         let connection = mqtt::Connection::open(&endpoints.mqtt, &format!("{stream}-sub-{index}"))?;
         let connection = connection.subscribe(&format!("{stream}/#"), ingest.qos)?;
         let (recorder, stop) = (recorder.clone(), observers.stop_flag());
-        observers.add_thread(
-            std::thread::Builder::new()
-                .name(format!("bench-sub-{index}"))
-                .spawn(move || mqtt::subscriber(connection, index, recorder, stop))?,
-        );
+        observers.add_thread(std::thread::Builder::new().name(format!("bench-sub-{index}")).spawn(move || {
+            crate::priority::raise_this_thread();
+            mqtt::subscriber(connection, index, recorder, stop)
+        })?);
     }
     let mut connections = Vec::new();
     for index in 0..ingest.publishers {

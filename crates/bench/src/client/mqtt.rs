@@ -196,9 +196,10 @@ impl MqttProducer {
             let in_flight: Arc<Mutex<HashMap<u16, u64>>> = Arc::new(Mutex::new(HashMap::new()));
             let reader = {
                 let (in_flight, recorder, stream) = (in_flight.clone(), recorder.clone(), connection.stream);
-                std::thread::Builder::new()
-                    .name(format!("bench-puback-{index}"))
-                    .spawn(move || read_acks(stream, in_flight, recorder))?
+                std::thread::Builder::new().name(format!("bench-puback-{index}")).spawn(move || {
+                    crate::priority::raise_this_thread();
+                    read_acks(stream, in_flight, recorder)
+                })?
             };
             publishers.push(Publisher {
                 writer,
