@@ -6,6 +6,7 @@ pub const RECORDS: &str = "log_records_appended_total";
 pub const BYTES: &str = "log_bytes_appended_total";
 pub const BATCH_RECORDS: &str = "log_commit_batch_records";
 pub const FSYNC_SECONDS: &str = "log_fsync_duration_seconds";
+pub const INLINE_SYNCS: &str = "log_inline_syncs_total";
 pub const SEGMENTS_ROLLED: &str = "log_segments_rolled_total";
 pub const RECOVERY_TRUNCATIONS: &str = "log_recovery_truncations_total";
 pub const RECOVERY_TRUNCATED_BYTES: &str = "log_recovery_truncated_bytes_total";
@@ -27,6 +28,10 @@ pub fn describe() {
     describe_counter!(BYTES, Unit::Bytes, "Bytes of batches written, headers included.");
     describe_histogram!(BATCH_RECORDS, "Records per group-commit batch (one write, at most one fdatasync).");
     describe_histogram!(FSYNC_SECONDS, Unit::Seconds, "Duration of each fdatasync of a log segment.");
+    describe_counter!(
+        INLINE_SYNCS,
+        "Batches the write thread made durable itself, with no other write in flight (no hand-off to the sync thread)."
+    );
     describe_counter!(SEGMENTS_ROLLED, "Segments closed because they reached segment_bytes_max.");
     describe_counter!(RECOVERY_TRUNCATIONS, "Partitions whose tail recovery cut a torn or corrupt batch.");
     describe_counter!(RECOVERY_TRUNCATED_BYTES, Unit::Bytes, "Bytes cut from segment tails by recovery.");

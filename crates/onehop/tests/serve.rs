@@ -28,6 +28,9 @@ fn serves_health_and_metrics_then_stops_cleanly_on_sigterm() {
         assert!(body.contains(metric), "{metric} missing from:\n{body}");
     }
     assert!(body.contains(r#"route="/streams/{stream}""#), "routes are labelled by template:\n{body}");
+    // One write at a time, on an idle server: each was made durable by its partition's write
+    // thread itself, without a hand-off to the sync thread.
+    assert!(body.contains("log_inline_syncs_total 2"), "{body}");
     // The embedded default: data in ./onehop-data of the working directory, locked.
     assert!(dir.path().join("onehop-data/LOCK").exists());
     server.signal("TERM");
