@@ -267,14 +267,12 @@ impl Writer {
     /// Syncs `batch` (and a segment with earlier unsynced `async` batches), then publishes and
     /// acknowledges it, on the write thread. The caller has set `syncing`.
     fn sync_inline(&mut self, batch: Written, unsynced: Option<Arc<Segment>>) {
-        let started = Instant::now();
-        let mut synced = batch.segment.sync();
+        let mut synced = sync_timed(&batch.segment);
         if synced.is_ok()
             && let Some(segment) = unsynced.filter(|segment| !Arc::ptr_eq(segment, &batch.segment))
         {
-            synced = segment.sync();
+            synced = sync_timed(&segment);
         }
-        metrics::histogram!(m::FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
         match synced {
             Ok(()) => {
                 metrics::counter!(m::INLINE_SYNCS).increment(1);
@@ -283,9 +281,7 @@ impl Writer {
             Err(error) => {
                 let reason = format!("fsync failed: {error}");
                 poison(&self.shared, &reason);
-                for (sender, _, _) in batch.acks {
-                    let _ = sender.send(Err(AppendError::Poisoned(reason.clone())));
-                }
+                refuse(batch.acks, &reason);
             }
         }
         let mut commit = self.shared.commit.lock().expect("commit lock");
@@ -465,9 +461,7 @@ impl Syncer {
                 let mut commit = self.shared.commit.lock().expect("commit lock");
                 for entry in entries.into_iter().chain(commit.written.drain(..)) {
                     if let Entry::Batch(batch) = entry {
-                        for (sender, _, _) in batch.acks {
-                            let _ = sender.send(Err(AppendError::Poisoned(reason.clone())));
-                        }
+                        refuse(batch.acks, &reason);
                     }
                 }
                 commit.syncing = false;
@@ -494,10 +488,23 @@ impl Syncer {
     }
 
     fn sync(&mut self, segment: &Segment) -> std::io::Result<()> {
-        let started = Instant::now();
-        segment.sync()?;
-        metrics::histogram!(m::FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
+        sync_timed(segment)?;
         self.last_sync = Instant::now();
         Ok(())
+    }
+}
+
+/// One fdatasync of `segment`, timed into the fsync histogram when it succeeds.
+fn sync_timed(segment: &Segment) -> std::io::Result<()> {
+    let started = Instant::now();
+    segment.sync()?;
+    metrics::histogram!(m::FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Answers every append of a batch that cannot be made durable.
+fn refuse(acks: Vec<Ack>, reason: &str) {
+    for (sender, _, _) in acks {
+        let _ = sender.send(Err(AppendError::Poisoned(reason.to_string())));
     }
 }
