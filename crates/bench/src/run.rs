@@ -51,6 +51,8 @@ pub fn rss_mb(pid: u32) -> Option<f64> {
 
 /// Runs `plan` once against `target`.
 pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Handle) -> anyhow::Result<RunData> {
+    // Before the target opens: its observer threads take the run's priority as they start.
+    crate::priority::enter_run(spec.schedule.rate_hz);
     let clock = Clock::start();
     let queries = spec.query_rate_hz.map(|rate_hz| Schedule { rate_hz, ..spec.schedule });
     let recorder = Arc::new(Recorder::new(clock, spec.schedule, queries));

@@ -171,7 +171,7 @@ pub fn knobs(plan: &Plan, limits: &DriveLimits) -> serde_json::Value {
 pub fn run_knobs(plan: &Plan, limits: &DriveLimits, rate_hz: f64) -> serde_json::Value {
     let mut knobs = knobs(plan, limits);
     knobs["scheduler_spin_us"] = (crate::schedule::spin_for(rate_hz).as_micros() as u64).into();
-    knobs["harness_nice"] = crate::priority::harness_nice().into();
+    knobs["harness_nice"] = crate::priority::nice_for(rate_hz).into();
     knobs
 }
 

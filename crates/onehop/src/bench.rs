@@ -52,12 +52,14 @@ fn seconds(flag: &str, value: f64, allow_zero: bool) -> anyhow::Result<Duration>
     Duration::try_from_secs_f64(value).with_context(|| format!("{flag} {value}"))
 }
 
-/// The runtime of a benchmark that drives a target: its workers run the observers, so they ask
-/// for the harness's priority (`onehop_bench::priority`).
+/// The runtime of a benchmark that drives a target: its workers run the observers, so they take
+/// the harness's priority for the current run (`onehop_bench::priority`) when they start and
+/// each time they wake.
 fn harness_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .on_thread_start(onehop_bench::priority::raise_this_thread)
+        .on_thread_unpark(onehop_bench::priority::raise_this_thread)
         .build()
         .context("starting the runtime")
 }
