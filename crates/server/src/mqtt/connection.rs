@@ -477,6 +477,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         end_session: false,
         batch: None,
         acks_done: None,
+        counters: Counters::new(),
     };
     if let Some(stored) = &stored {
         // The subscriptions of the session, each from where it was acknowledged up to; the
@@ -608,6 +609,26 @@ struct Session {
     /// Resolves when the acknowledgements of everything queued so far have been handed over:
     /// each group waits for the one before, so PUBACKs go out in the order of the PUBLISHes.
     acks_done: Option<oneshot::Receiver<()>>,
+    counters: Counters,
+}
+
+/// The per-packet counters, looked up in the metrics registry once per connection instead of
+/// on every packet (a lookup hashes the name and takes a lock: at 100 000 messages a second,
+/// three per message showed in profiles).
+struct Counters {
+    packets_received: metrics::Counter,
+    publishes_received: metrics::Counter,
+    messages_sent: metrics::Counter,
+}
+
+impl Counters {
+    fn new() -> Self {
+        Counters {
+            packets_received: metrics::counter!("mqtt_packets_received_total"),
+            publishes_received: metrics::counter!("mqtt_publishes_received_total"),
+            messages_sent: metrics::counter!("mqtt_messages_sent_total"),
+        }
+    }
 }
 
 impl Session {
@@ -882,7 +903,7 @@ impl Session {
         loop {
             match self.codec.decode(buf) {
                 Ok(Some(packet)) => {
-                    metrics::counter!("mqtt_packets_received_total").increment(1);
+                    self.counters.packets_received.increment(1);
                     if !matches!(packet, Inbound::Publish(_)) {
                         self.flush().await;
                     }
@@ -996,7 +1017,7 @@ impl Session {
     }
 
     async fn publish(&mut self, publish: Publish) -> Option<Close> {
-        metrics::counter!("mqtt_publishes_received_total").increment(1);
+        self.counters.publishes_received.increment(1);
         let Publish { qos, topic, packet_id, payload, properties, retain, .. } = publish;
         let mut topic = topic.to_string();
         let (mut user_properties, mut expiry) = (Vec::new(), None);
@@ -1531,7 +1552,7 @@ impl Session {
         };
         match self.codec.publish(publish, &mut self.out) {
             Ok(()) => {
-                metrics::counter!("mqtt_messages_sent_total").increment(1);
+                self.counters.messages_sent.increment(1);
                 match packet_id {
                     Some(packet_id) => {
                         let state = if qos == QoS::ExactlyOnce { Inflight::AwaitingRec } else { Inflight::AwaitingAck };
