@@ -128,6 +128,8 @@ pub struct Figures {
     /// Events actually sent per second over the run.
     pub sent_rate_hz: f64,
     pub server_rss_mb: Option<f64>,
+    /// The target's own fdatasyncs during the run(s), when it exposes them.
+    pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
     pub problems: Vec<String>,
 }
 
@@ -153,6 +155,7 @@ impl Default for Figures {
             errors: Errors::default(),
             sent_rate_hz: 0.0,
             server_rss_mb: None,
+            target_fsyncs: None,
             problems: Vec::new(),
         }
     }
@@ -187,6 +190,11 @@ impl Figures {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
+        match (&mut self.target_fsyncs, &other.target_fsyncs) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (mine @ None, Some(theirs)) => *mine = Some(theirs.clone()),
+            _ => {}
+        }
         self.problems.extend(other.problems.iter().take(20usize.saturating_sub(self.problems.len())).cloned());
     }
 }

@@ -17,7 +17,8 @@
 //!   `progress`: the bar per run; `report`: raw.csv, meta.json, summary.md, plots, JSON lines.
 //! - `histogram`: latency histograms (HdrHistogram, nanoseconds), merged across runs;
 //!   `plot`: small self-contained SVG charts; `server`: starting and stopping `onehop serve`;
-//!   `priority`: the harness's threads ask to run ahead of the target's.
+//!   `priority`: the harness's threads ask to run ahead of the target's; `fsyncs`: the
+//!   target's own fdatasync times over a run, from its `/metrics`.
 //!
 //! The benchmarks built from them:
 //!
@@ -33,6 +34,7 @@
 
 pub mod analysis;
 pub mod client;
+pub mod fsyncs;
 pub mod histogram;
 pub mod log;
 pub mod mqtt;

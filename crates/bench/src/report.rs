@@ -202,6 +202,10 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         "ended_at": rfc3339(meta.ended_at),
     });
     value["observer_resumes"] = figures.observer_resumes.into();
+    value["target_fsyncs"] = json!(figures.target_fsyncs.as_ref().map(crate::fsyncs::Fsyncs::summary));
+    value["target_fsyncs_measures"] = "the target's own fdatasyncs (from its /metrics) from just before the \
+        schedule to the end of the drain, warm-up included; null when the target exposes none"
+        .into();
     let harness = Percentiles::of(&figures.harness);
     value["harness_p50_ns"] = harness.p50_ns.into();
     value["harness_p99_ns"] = harness.p99_ns.into();
@@ -241,12 +245,13 @@ fn ms(ns: u64) -> String {
 pub fn run_line(workload: Workload, target: &str, rate_hz: f64, run: u32, figures: &Figures) -> String {
     let latency = Percentiles::of(&figures.latency);
     format!(
-        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}",
+        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}{}",
         workload.id(),
         ms(latency.p50_ns),
         ms(latency.p99_ns),
         figures.delivered_pct(),
-        figures.errors.total()
+        figures.errors.total(),
+        figures.target_fsyncs.as_ref().map_or_else(String::new, |fsyncs| format!("; {}", fsyncs.summary().describe()))
     )
 }
 

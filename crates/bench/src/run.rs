@@ -39,6 +39,9 @@ pub struct RunData {
     pub ended_at: SystemTime,
     /// Resident memory of the server at the end of the run, when the target started it.
     pub server_rss_mb: Option<f64>,
+    /// The target's fdatasyncs from just before the schedule started to the end of the drain
+    /// (warm-up included), when it exposes them.
+    pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
 }
 
 /// Resident set size of process `pid`, in MiB, from /proc.
@@ -57,6 +60,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let queries = spec.query_rate_hz.map(|rate_hz| Schedule { rate_hz, ..spec.schedule });
     let recorder = Arc::new(Recorder::new(clock, spec.schedule, queries));
     let Session { mut producer, querier, observers } = target.open(plan, &recorder, runtime)?;
+    let fsyncs_before = target.fsyncs(runtime);
     let start_ns = clock.now_ns() + START_LEAD.as_nanos() as u64;
     recorder.start_at(start_ns);
     let progress = RunProgress::start(spec.progress, spec.label.clone(), recorder.clone());
@@ -103,12 +107,13 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     }
     wait_for_receipts(plan, &recorder);
     let server_rss_mb = target.server_pid().and_then(rss_mb);
+    let target_fsyncs = fsyncs_before.and_then(|before| Some(target.fsyncs(runtime)?.since(&before)));
     let ended_at = clock.system_time_at(clock.now_ns());
     observers.stop(runtime).context("stopping the observers")?;
     drop(producer);
     drop(querier);
     progress.finish();
-    Ok(RunData { recorder, started_at: clock.system_time_at(start_ns), ended_at, server_rss_mb })
+    Ok(RunData { recorder, started_at: clock.system_time_at(start_ns), ended_at, server_rss_mb, target_fsyncs })
 }
 
 /// Waits (bounded) until the observers have received everything the acknowledged events owe

@@ -78,6 +78,17 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
     assert!(meta["host_info"]["cpus"].as_u64().unwrap() > 0);
     // The priority the harness's threads ran at is on record (raised, or the process's own).
     assert!(meta["knobs"]["harness_nice"].is_i64(), "{meta}");
+    // The target's own fdatasyncs over the run: onehop's from its /metrics (every workload
+    // here writes at fsync), none for the echo.
+    let fsyncs = &meta["target_fsyncs"];
+    if stack == "onehop" {
+        let count = fsyncs["count"].as_u64().unwrap_or_else(|| panic!("no target_fsyncs in {meta}"));
+        assert!(count > 0 && fsyncs["over_10ms"].as_u64().unwrap() <= count, "{meta}");
+        let slowest = &fsyncs["slowest_at_most_s"];
+        assert!(slowest.is_null() || slowest.as_f64().unwrap() > 0.0, "{meta}");
+    } else {
+        assert!(fsyncs.is_null(), "{meta}");
+    }
     // Every receipt came over SSE or MQTT with the kernel's arrival stamp, so the harness's
     // own time is known for every latency sample, and no sample's share exceeds its latency.
     assert_eq!(meta["harness_samples"], meta["joined_count"], "{meta}");

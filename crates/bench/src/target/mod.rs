@@ -43,6 +43,12 @@ pub trait Target {
     fn server_pid(&self) -> Option<u32> {
         None
     }
+
+    /// The target's fdatasync histogram so far, if it exposes one: read before and after each
+    /// run, so a run's tail can be checked against the disk.
+    fn fsyncs(&self, _runtime: &Handle) -> Option<crate::fsyncs::Fsyncs> {
+        None
+    }
 }
 
 /// One run's handles.

@@ -67,4 +67,14 @@ impl Target for OnehopTarget {
     fn server_pid(&self) -> Option<u32> {
         self.process.as_ref().map(ServerProcess::pid)
     }
+
+    fn fsyncs(&self, runtime: &Handle) -> Option<crate::fsyncs::Fsyncs> {
+        // The whole server's: with --url, other clients' writes count too.
+        let url = format!("{}/metrics", self.endpoints.http);
+        let text = runtime.block_on(async {
+            let response = client::http::client().ok()?.get(&url).send().await.ok()?;
+            response.error_for_status().ok()?.text().await.ok()
+        })?;
+        crate::fsyncs::Fsyncs::parse(&text)
+    }
 }
