@@ -69,10 +69,12 @@ impl Target for OnehopTarget {
     }
 
     fn fsyncs(&self, runtime: &Handle) -> Option<crate::fsyncs::Fsyncs> {
-        // The whole server's: with --url, other clients' writes count too.
+        // The whole server's: with --url, other clients' writes count too. A server that does
+        // not answer in time leaves the run without the figure, not the harness waiting.
         let url = format!("{}/metrics", self.endpoints.http);
         let text = runtime.block_on(async {
-            let response = client::http::client().ok()?.get(&url).send().await.ok()?;
+            let request = client::http::client().ok()?.get(&url).timeout(std::time::Duration::from_secs(5));
+            let response = request.send().await.ok()?;
             response.error_for_status().ok()?.text().await.ok()
         })?;
         crate::fsyncs::Fsyncs::parse(&text)
