@@ -88,14 +88,14 @@ impl Fsyncs {
 }
 
 impl FsyncSummary {
-    /// For the run line: `target fsyncs 52 614 (3 over 10 ms, slowest ≤ 50 ms)`.
+    /// For the run line and summary.md: `52614 (3 over 10 ms, slowest ≤ 50 ms)`.
     pub fn describe(&self) -> String {
         let slowest = match self.slowest_at_most_s {
             Some(bound) => format!("slowest ≤ {} ms", (bound * 1e6).round() / 1e3),
             None if self.count > 0 => "slowest beyond the largest bucket".to_string(),
             None => "none".to_string(),
         };
-        format!("target fsyncs {} ({} over 10 ms, {slowest})", self.count, self.over_10ms)
+        format!("{} ({} over 10 ms, {slowest})", self.count, self.over_10ms)
     }
 }
 
@@ -122,16 +122,16 @@ mod tests {
         let after = Fsyncs::parse(&metrics([2, 8, 11, 13, 14])).unwrap();
         let run = after.since(&before);
         assert_eq!(run.summary(), FsyncSummary { count: 10, over_10ms: 3, slowest_at_most_s: None });
-        assert_eq!(run.summary().describe(), "target fsyncs 10 (3 over 10 ms, slowest beyond the largest bucket)");
+        assert_eq!(run.summary().describe(), "10 (3 over 10 ms, slowest beyond the largest bucket)");
         let quiet = Fsyncs::parse(&metrics([2, 8, 11, 13, 13])).unwrap().since(&before);
         assert_eq!(quiet.summary(), FsyncSummary { count: 9, over_10ms: 2, slowest_at_most_s: Some(0.1) });
-        assert_eq!(quiet.summary().describe(), "target fsyncs 9 (2 over 10 ms, slowest ≤ 100 ms)");
+        assert_eq!(quiet.summary().describe(), "9 (2 over 10 ms, slowest ≤ 100 ms)");
         let mut merged = run.clone();
         merged.merge(&quiet);
         assert_eq!(merged.summary(), FsyncSummary { count: 19, over_10ms: 5, slowest_at_most_s: None });
         let none = before.since(&before).summary();
         assert_eq!(none, FsyncSummary { count: 0, over_10ms: 0, slowest_at_most_s: None });
-        assert_eq!(none.describe(), "target fsyncs 0 (0 over 10 ms, none)");
+        assert_eq!(none.describe(), "0 (0 over 10 ms, none)");
     }
 
     #[test]

@@ -251,7 +251,10 @@ pub fn run_line(workload: Workload, target: &str, rate_hz: f64, run: u32, figure
         ms(latency.p99_ns),
         figures.delivered_pct(),
         figures.errors.total(),
-        figures.target_fsyncs.as_ref().map_or_else(String::new, |fsyncs| format!("; {}", fsyncs.summary().describe()))
+        figures
+            .target_fsyncs
+            .as_ref()
+            .map_or_else(String::new, |fsyncs| format!("; target fsyncs {}", fsyncs.summary().describe()))
     )
 }
 
@@ -501,6 +504,19 @@ pub fn tables(summaries: &[Summary]) -> String {
                 own.p99_ns as f64 / 1e3,
                 own.p50_ns as f64 * 100.0 / latency.p50_ns.max(1) as f64
             );
+        }
+        // The target's own fdatasyncs, to read a long tail against the disk.
+        for summary in rows.iter() {
+            if let Some(fsyncs) = &summary.figures.target_fsyncs {
+                let _ = writeln!(
+                    text,
+                    "\n{}'s own fdatasyncs at {:.0}/s over {} run(s), warm-up included: {}.",
+                    summary.target,
+                    summary.rate_hz,
+                    summary.runs,
+                    fsyncs.summary().describe()
+                );
+            }
         }
         // The harness's floor beside what it measured, at each rate both ran.
         for echo in rows.iter().filter(|summary| summary.target == "echo") {

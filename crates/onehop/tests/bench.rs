@@ -181,6 +181,9 @@ fn w2_runs_side_by_side_with_the_echo_floor() {
     let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
     assert!(summary.contains("| onehop | 10 |") && summary.contains("| echo | 10 |"), "{summary}");
     assert!(summary.contains("Harness overhead"), "{summary}");
+    // onehop's own fdatasyncs are summed over the run; the echo has none to show.
+    assert!(summary.contains("onehop's own fdatasyncs at 10/s over 1 run(s)"), "{summary}");
+    assert!(!summary.contains("echo's own fdatasyncs"), "{summary}");
     let svg = std::fs::read_to_string(results.join("W2-cdf.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("onehop") && svg.contains("echo"));
 }
