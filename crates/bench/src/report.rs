@@ -462,6 +462,18 @@ pub fn tables(summaries: &[Summary]) -> String {
                 summary.durability
             );
         }
+        // Run by run, where there were several: the merged figures above hide the spread.
+        for summary in rows.iter().filter(|summary| summary.per_run.len() > 1) {
+            let runs: Vec<String> =
+                summary.per_run.iter().map(|&(p50, p99)| format!("{} / {}", ms(p50), ms(p99))).collect();
+            let _ = writeln!(
+                text,
+                "\n{} at {:.0}/s, run by run (p50 / p99 ms): {}.",
+                summary.target,
+                summary.rate_hz,
+                runs.join(", ")
+            );
+        }
         if workload == Workload::W3 {
             let _ = writeln!(
                 text,

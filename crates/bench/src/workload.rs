@@ -219,6 +219,9 @@ pub struct Summary {
     pub durability: String,
     pub figures: Figures,
     pub run_ids: Vec<String>,
+    /// Each run's own p50 and p99 latency (ns), in order: the merged histogram hides how much
+    /// runs differ.
+    pub per_run: Vec<(u64, u64)>,
 }
 
 impl BenchOptions {
@@ -300,6 +303,7 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                     durability: target.durability(&plan),
                     figures: Figures::default(),
                     run_ids: Vec::new(),
+                    per_run: Vec::new(),
                 };
                 for run in 1..=options.runs {
                     let spec =
@@ -334,6 +338,8 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                         report::write_meta(&directory, &meta, &context)?;
                     }
                     eprintln!("{}", report::run_line(workload, name, rate_hz, run, &figures));
+                    let latency = crate::histogram::Percentiles::of(&figures.latency);
+                    summary.per_run.push((latency.p50_ns, latency.p99_ns));
                     summary.figures.merge(&figures);
                     summary.run_ids.push(run_id);
                 }

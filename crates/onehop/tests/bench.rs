@@ -234,6 +234,13 @@ fn w4_ingests_over_mqtt_and_sweeps_merge_runs_per_rate() {
     let results = dir.path().join("results");
     assert_eq!(self::runs(&results, "W4").len(), 4);
     assert!(std::fs::read_to_string(results.join("W4-rate.svg")).unwrap().contains("echo p99"));
+    // The summary shows each run beside the merged figures: two p50 / p99 pairs per rate.
+    let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+    for rate in [200, 400] {
+        let prefix = format!("echo at {rate}/s, run by run (p50 / p99 ms): ");
+        let line = summary.lines().find(|line| line.starts_with(&prefix)).unwrap_or_else(|| panic!("{summary}"));
+        assert_eq!(line.trim_start_matches(&prefix).matches(" / ").count(), 2, "{line}");
+    }
 }
 
 #[test]
