@@ -26,8 +26,9 @@ pub struct FsyncSummary {
 }
 
 impl Fsyncs {
-    /// The histogram in a `/metrics` text, if it is there. Lines of other series, and a bucket
-    /// line that does not parse, are passed over.
+    /// The histogram in a `/metrics` text, if it is there: summed over its series, should it
+    /// ever carry labels besides `le`. Lines of other metrics, and a bucket line that does not
+    /// parse, are passed over.
     pub fn parse(text: &str) -> Option<Fsyncs> {
         let mut buckets: Vec<(f64, u64)> = text
             .lines()
@@ -43,6 +44,13 @@ impl Fsyncs {
             return None;
         }
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        buckets.dedup_by(|later, earlier| {
+            let same = later.0 == earlier.0;
+            if same {
+                earlier.1 += later.1;
+            }
+            same
+        });
         Some(Fsyncs { buckets })
     }
 
@@ -141,5 +149,12 @@ mod tests {
         // A bucket line that does not parse is passed over, not taken as zero.
         let text = "log_fsync_duration_seconds_bucket{le=\"x\"} 3\nlog_fsync_duration_seconds_bucket{le=\"+Inf\"} 4\n";
         assert_eq!(Fsyncs::parse(text).unwrap().count(), 4);
+        // Two series (by a label besides `le`) are one histogram for the whole server.
+        let text = "log_fsync_duration_seconds_bucket{partition=\"0\",le=\"0.01\"} 3\n\
+                    log_fsync_duration_seconds_bucket{partition=\"1\",le=\"0.01\"} 2\n\
+                    log_fsync_duration_seconds_bucket{partition=\"0\",le=\"+Inf\"} 4\n\
+                    log_fsync_duration_seconds_bucket{partition=\"1\",le=\"+Inf\"} 2\n";
+        let both = Fsyncs::parse(text).unwrap().summary();
+        assert_eq!(both, FsyncSummary { count: 6, over_10ms: 1, slowest_at_most_s: None });
     }
 }
