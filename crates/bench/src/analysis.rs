@@ -130,6 +130,8 @@ pub struct Figures {
     pub server_rss_mb: Option<f64>,
     /// The target's own fdatasyncs during the run(s), when it exposes them.
     pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
+    /// CPU used and the machine's pressure during the run(s).
+    pub host: Option<crate::host::HostUsage>,
     pub problems: Vec<String>,
 }
 
@@ -156,6 +158,7 @@ impl Default for Figures {
             sent_rate_hz: 0.0,
             server_rss_mb: None,
             target_fsyncs: None,
+            host: None,
             problems: Vec::new(),
         }
     }
@@ -193,6 +196,11 @@ impl Figures {
         match (&mut self.target_fsyncs, &other.target_fsyncs) {
             (Some(mine), Some(theirs)) => mine.merge(theirs),
             (mine @ None, Some(theirs)) => *mine = Some(theirs.clone()),
+            _ => {}
+        }
+        match (&mut self.host, &other.host) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (mine @ None, Some(theirs)) => *mine = Some(*theirs),
             _ => {}
         }
         self.problems.extend(other.problems.iter().take(20usize.saturating_sub(self.problems.len())).cloned());

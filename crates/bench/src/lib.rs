@@ -18,7 +18,8 @@
 //! - `histogram`: latency histograms (HdrHistogram, nanoseconds), merged across runs;
 //!   `plot`: small self-contained SVG charts; `server`: starting and stopping `onehop serve`;
 //!   `priority`: the harness's threads ask to run ahead of the target's; `fsyncs`: the
-//!   target's own fdatasync times over a run, from its `/metrics`.
+//!   target's own fdatasync times over a run, from its `/metrics`; `host`: the CPU the harness
+//!   and a started server used during a run, and the machine's CPU and I/O pressure.
 //!
 //! The benchmarks built from them:
 //!
@@ -36,6 +37,7 @@ pub mod analysis;
 pub mod client;
 pub mod fsyncs;
 pub mod histogram;
+pub mod host;
 pub mod log;
 pub mod mqtt;
 pub mod notify;

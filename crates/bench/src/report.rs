@@ -203,6 +203,11 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
     });
     value["observer_resumes"] = figures.observer_resumes.into();
     value["target_fsyncs"] = json!(figures.target_fsyncs.as_ref().map(crate::fsyncs::Fsyncs::summary));
+    value["host_usage"] = json!(figures.host.as_ref().map(crate::host::HostUsage::summary));
+    value["host_usage_measures"] = "over the same span: CPU time of the harness process (the echo target included) \
+        and of a server it started (null with --url) ÷ wall time, and the share of that time some task waited for a \
+        CPU or for I/O, or all did for I/O (Linux PSI; null where the kernel has none)"
+        .into();
     value["target_fsyncs_measures"] = "the target's own fdatasyncs (from its /metrics) from just before the \
         schedule to the end of the drain, warm-up included; null when the target exposes none"
         .into();
@@ -245,7 +250,7 @@ fn ms(ns: u64) -> String {
 pub fn run_line(workload: Workload, target: &str, rate_hz: f64, run: u32, figures: &Figures) -> String {
     let latency = Percentiles::of(&figures.latency);
     format!(
-        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}{}",
+        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}{}{}",
         workload.id(),
         ms(latency.p50_ns),
         ms(latency.p99_ns),
@@ -254,7 +259,8 @@ pub fn run_line(workload: Workload, target: &str, rate_hz: f64, run: u32, figure
         figures
             .target_fsyncs
             .as_ref()
-            .map_or_else(String::new, |fsyncs| format!("; target fsyncs {}", fsyncs.summary().describe()))
+            .map_or_else(String::new, |fsyncs| format!("; target fsyncs {}", fsyncs.summary().describe())),
+        figures.host.as_ref().map_or_else(String::new, |host| format!("; {}", host.summary().describe()))
     )
 }
 
@@ -527,6 +533,19 @@ pub fn tables(summaries: &[Summary]) -> String {
                     summary.rate_hz,
                     summary.runs,
                     fsyncs.summary().describe()
+                );
+            }
+        }
+        // What else the machine did meanwhile.
+        for summary in rows.iter() {
+            if let Some(host) = &summary.figures.host {
+                let _ = writeln!(
+                    text,
+                    "\nThe machine at {:.0}/s against {} over {} run(s): {}.",
+                    summary.rate_hz,
+                    summary.target,
+                    summary.runs,
+                    host.summary().describe()
                 );
             }
         }

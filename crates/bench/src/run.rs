@@ -42,6 +42,9 @@ pub struct RunData {
     /// The target's fdatasyncs from just before the schedule started to the end of the drain
     /// (warm-up included), when it exposes them.
     pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
+    /// CPU used by the harness and a started server, and the machine's pressure, over the
+    /// same span.
+    pub host: crate::host::HostUsage,
 }
 
 /// Resident set size of process `pid`, in MiB, from /proc.
@@ -61,6 +64,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let recorder = Arc::new(Recorder::new(clock, spec.schedule, queries));
     let Session { mut producer, querier, observers } = target.open(plan, &recorder, runtime)?;
     let fsyncs_before = target.fsyncs(runtime);
+    let host_before = crate::host::Snapshot::take(clock.now_ns(), target.server_pid());
     let start_ns = clock.now_ns() + START_LEAD.as_nanos() as u64;
     recorder.start_at(start_ns);
     let progress = RunProgress::start(spec.progress, spec.label.clone(), recorder.clone());
@@ -108,12 +112,13 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     wait_for_receipts(plan, &recorder);
     let server_rss_mb = target.server_pid().and_then(rss_mb);
     let target_fsyncs = fsyncs_before.and_then(|before| Some(target.fsyncs(runtime)?.since(&before)));
+    let host = crate::host::Snapshot::take(clock.now_ns(), target.server_pid()).since(&host_before);
     let ended_at = clock.system_time_at(clock.now_ns());
     observers.stop(runtime).context("stopping the observers")?;
     drop(producer);
     drop(querier);
     progress.finish();
-    Ok(RunData { recorder, started_at: clock.system_time_at(start_ns), ended_at, server_rss_mb, target_fsyncs })
+    Ok(RunData { recorder, started_at: clock.system_time_at(start_ns), ended_at, server_rss_mb, target_fsyncs, host })
 }
 
 /// Waits (bounded) until the observers have received everything the acknowledged events owe

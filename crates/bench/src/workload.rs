@@ -322,6 +322,7 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                     });
                     figures.server_rss_mb = data.server_rss_mb;
                     figures.target_fsyncs = data.target_fsyncs;
+                    figures.host = Some(data.host);
                     if let Some(raw) = raw {
                         let directory = raw.finish()?;
                         let meta = RunMeta {

@@ -89,6 +89,14 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
     } else {
         assert!(fsyncs.is_null(), "{meta}");
     }
+    // What the machine did meanwhile: the harness's CPU always, the server's when the harness
+    // started it (as here), none for the echo; the pressure shares are percentages.
+    let host = &meta["host_usage"];
+    assert!(host["seconds"].as_f64().unwrap() > 0.0 && host["harness_cores"].as_f64().unwrap() > 0.0, "{meta}");
+    assert_eq!(host["target_cores"].is_f64(), stack == "onehop", "{meta}");
+    for share in ["cpu_pressure_pct", "io_pressure_pct", "io_full_pct"] {
+        assert!(host[share].is_null() || (0.0..=100.0).contains(&host[share].as_f64().unwrap()), "{meta}");
+    }
     // Every receipt came over SSE or MQTT with the kernel's arrival stamp, so the harness's
     // own time is known for every latency sample, and no sample's share exceeds its latency.
     assert_eq!(meta["harness_samples"], meta["joined_count"], "{meta}");
@@ -184,6 +192,8 @@ fn w2_runs_side_by_side_with_the_echo_floor() {
     // onehop's own fdatasyncs are summed over the run; the echo has none to show.
     assert!(summary.contains("onehop's own fdatasyncs at 10/s over 1 run(s)"), "{summary}");
     assert!(!summary.contains("echo's own fdatasyncs"), "{summary}");
+    assert!(summary.contains("The machine at 10/s against onehop over 1 run(s): target "), "{summary}");
+    assert!(summary.contains("The machine at 10/s against echo over 1 run(s): harness "), "{summary}");
     let svg = std::fs::read_to_string(results.join("W2-cdf.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("onehop") && svg.contains("echo"));
 }
