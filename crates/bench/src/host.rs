@@ -6,18 +6,9 @@
 
 use serde::Serialize;
 
-/// One reading of the counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Snapshot {
-    wall_ns: u64,
-    harness_cpu_ns: u64,
-    target_cpu_ns: Option<u64>,
-    cpu_some_us: Option<u64>,
-    io_some_us: Option<u64>,
-    io_full_us: Option<u64>,
-}
-
-/// A run's (or several runs') totals between two snapshots.
+/// The counters: as read at one moment ([`HostUsage::take`]), or what they counted over a run
+/// or several ([`HostUsage::since`], [`HostUsage::merge`]). A counter the machine does not have
+/// is `None`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HostUsage {
     wall_ns: u64,
@@ -81,11 +72,11 @@ fn own_cpu_ns() -> u64 {
     ns(usage.ru_utime) + ns(usage.ru_stime)
 }
 
-impl Snapshot {
+impl HostUsage {
     /// Reads the counters now; `wall_ns` on the run's clock, `target_pid` a server the harness
     /// started.
-    pub fn take(wall_ns: u64, target_pid: Option<u32>) -> Snapshot {
-        Snapshot {
+    pub fn take(wall_ns: u64, target_pid: Option<u32>) -> HostUsage {
+        HostUsage {
             wall_ns,
             harness_cpu_ns: own_cpu_ns(),
             target_cpu_ns: target_pid.and_then(process_cpu_ns),
@@ -96,7 +87,7 @@ impl Snapshot {
     }
 
     /// What was used between `before` and this reading.
-    pub fn since(&self, before: &Snapshot) -> HostUsage {
+    pub fn since(&self, before: &HostUsage) -> HostUsage {
         let delta = |after: Option<u64>, before: Option<u64>| Some(after?.saturating_sub(before?));
         HostUsage {
             wall_ns: self.wall_ns.saturating_sub(before.wall_ns),
@@ -107,9 +98,7 @@ impl Snapshot {
             io_full_us: delta(self.io_full_us, before.io_full_us),
         }
     }
-}
 
-impl HostUsage {
     /// Adds another run's.
     pub fn merge(&mut self, other: &HostUsage) {
         let add = |mine: Option<u64>, theirs: Option<u64>| Some(mine? + theirs?);
@@ -168,7 +157,7 @@ mod tests {
 
     #[test]
     fn a_run_is_what_changed_and_runs_add_up() {
-        let before = Snapshot {
+        let before = HostUsage {
             wall_ns: 1_000_000_000,
             harness_cpu_ns: 500_000_000,
             target_cpu_ns: Some(2_000_000_000),
@@ -176,7 +165,7 @@ mod tests {
             io_some_us: Some(1_000),
             io_full_us: None,
         };
-        let after = Snapshot {
+        let after = HostUsage {
             wall_ns: 11_000_000_000,
             harness_cpu_ns: 3_500_000_000,
             target_cpu_ns: Some(12_000_000_000),
@@ -207,14 +196,14 @@ mod tests {
 
     #[test]
     fn this_process_and_machine_can_be_read() {
-        let before = Snapshot::take(0, Some(std::process::id()));
+        let before = HostUsage::take(0, Some(std::process::id()));
         // Some CPU for the counters to see.
         let mut x = 0u64;
         for i in 0..20_000_000u64 {
             x = x.wrapping_add(i * i);
         }
         assert!(x > 0);
-        let after = Snapshot::take(1_000_000_000, Some(std::process::id()));
+        let after = HostUsage::take(1_000_000_000, Some(std::process::id()));
         let usage = after.since(&before).summary();
         assert!(usage.harness_cores > 0.0, "{usage:?}");
         assert!(usage.target_cores.is_some(), "{usage:?}");

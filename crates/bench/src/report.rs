@@ -523,7 +523,8 @@ pub fn tables(summaries: &[Summary]) -> String {
                 own.p50_ns as f64 * 100.0 / latency.p50_ns.max(1) as f64
             );
         }
-        // The target's own fdatasyncs, to read a long tail against the disk.
+        // The target's own fdatasyncs, to read a long tail against the disk, and what else the
+        // machine did meanwhile.
         for summary in rows.iter() {
             if let Some(fsyncs) = &summary.figures.target_fsyncs {
                 let _ = writeln!(
@@ -535,9 +536,6 @@ pub fn tables(summaries: &[Summary]) -> String {
                     fsyncs.summary().describe()
                 );
             }
-        }
-        // What else the machine did meanwhile.
-        for summary in rows.iter() {
             if let Some(host) = &summary.figures.host {
                 let _ = writeln!(
                     text,

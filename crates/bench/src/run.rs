@@ -64,7 +64,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let recorder = Arc::new(Recorder::new(clock, spec.schedule, queries));
     let Session { mut producer, querier, observers } = target.open(plan, &recorder, runtime)?;
     let fsyncs_before = target.fsyncs(runtime);
-    let host_before = crate::host::Snapshot::take(clock.now_ns(), target.server_pid());
+    let host_before = crate::host::HostUsage::take(clock.now_ns(), target.server_pid());
     let start_ns = clock.now_ns() + START_LEAD.as_nanos() as u64;
     recorder.start_at(start_ns);
     let progress = RunProgress::start(spec.progress, spec.label.clone(), recorder.clone());
@@ -112,7 +112,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     wait_for_receipts(plan, &recorder);
     let server_rss_mb = target.server_pid().and_then(rss_mb);
     let target_fsyncs = fsyncs_before.and_then(|before| Some(target.fsyncs(runtime)?.since(&before)));
-    let host = crate::host::Snapshot::take(clock.now_ns(), target.server_pid()).since(&host_before);
+    let host = crate::host::HostUsage::take(clock.now_ns(), target.server_pid()).since(&host_before);
     let ended_at = clock.system_time_at(clock.now_ns());
     observers.stop(runtime).context("stopping the observers")?;
     drop(producer);
