@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::histogram::{latency_histogram, merge, record};
 use crate::plan::{Plan, ViewPlan};
 use crate::recorder::{Delivery, Outcome, Recorder, Track};
+use crate::saturation::{Quarters, Saturation};
 
 /// One row of raw.csv.
 pub struct RawRow {
@@ -132,6 +133,8 @@ pub struct Figures {
     pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
     /// CPU used and the machine's pressure during the run(s).
     pub host: Option<crate::host::HostUsage>,
+    /// Whether each run kept up with its offered rate, in run order.
+    pub saturation: Vec<Saturation>,
     pub problems: Vec<String>,
 }
 
@@ -159,12 +162,18 @@ impl Default for Figures {
             server_rss_mb: None,
             target_fsyncs: None,
             host: None,
+            saturation: Vec::new(),
             problems: Vec::new(),
         }
     }
 }
 
 impl Figures {
+    /// How many of the runs were saturated.
+    pub fn saturated_runs(&self) -> usize {
+        self.saturation.iter().filter(|run| run.saturated).count()
+    }
+
     pub fn delivered_pct(&self) -> f64 {
         if self.producer_emitted == 0 { 0.0 } else { self.observer_seen as f64 * 100.0 / self.producer_emitted as f64 }
     }
@@ -203,6 +212,7 @@ impl Figures {
             (mine @ None, Some(theirs)) => *mine = Some(*theirs),
             _ => {}
         }
+        self.saturation.extend(other.saturation.iter().copied());
         self.problems.extend(other.problems.iter().take(20usize.saturating_sub(self.problems.len())).cloned());
     }
 }
@@ -241,19 +251,21 @@ pub fn analyze(plan: &Plan, recorder: &Recorder, rows: &mut dyn FnMut(RawRow)) -
     figures.observer_resumes = recorder.resumes();
     let elapsed_s = (events.schedule.warmup + events.schedule.duration).as_secs_f64();
     figures.sent_rate_hz = events.sent_count() as f64 / elapsed_s;
+    let mut quarters = Quarters::new(measured.clone());
     match plan {
         Plan::Fanout(fanout) => {
             let observers_of = |seq: u64| fanout.routing.observers_of(seq);
             let label_of = |seq: u64| fanout.routing.label_of(seq);
-            deliveries(recorder, measured, &observers_of, &label_of, &mut figures, rows);
+            deliveries(recorder, measured, &observers_of, &label_of, &mut figures, &mut quarters, rows);
         }
         Plan::Ingest(ingest) => {
             let all: Vec<u32> = (0..ingest.subscribers).collect();
             let observers_of = |_: u64| all.clone();
-            deliveries(recorder, measured, &observers_of, &|_| String::new(), &mut figures, rows);
+            deliveries(recorder, measured, &observers_of, &|_| String::new(), &mut figures, &mut quarters, rows);
         }
-        Plan::View(view) => freshness(view, recorder, measured, &mut figures, rows),
+        Plan::View(view) => freshness(view, recorder, measured, &mut figures, &mut quarters, rows),
     }
+    figures.saturation = vec![quarters.verdict(figures.errors.in_flight_cap, figures.producer_emitted)];
     figures.problems = recorder.problems();
     figures
 }
@@ -277,6 +289,7 @@ fn deliveries(
     observers_of: &dyn Fn(u64) -> Vec<u32>,
     label_of: &dyn Fn(u64) -> String,
     figures: &mut Figures,
+    quarters: &mut Quarters,
     rows: &mut dyn FnMut(RawRow),
 ) {
     let events = &recorder.events;
@@ -299,7 +312,9 @@ fn deliveries(
         for delivery in got {
             if owed.contains(&delivery.observer) {
                 seen += 1;
-                record(&mut figures.latency, delivery.received_ns.saturating_sub(intended_ns));
+                let latency_ns = delivery.received_ns.saturating_sub(intended_ns);
+                record(&mut figures.latency, latency_ns);
+                quarters.record(seq, latency_ns);
                 record_harness(&mut figures.harness, events, seq, delivery.received_ns, delivery.arrived_ns);
             } else {
                 figures.errors.misrouted += 1;
@@ -341,6 +356,7 @@ fn freshness(
     recorder: &Recorder,
     measured: std::ops::Range<u64>,
     figures: &mut Figures,
+    quarters: &mut Quarters,
     rows: &mut dyn FnMut(RawRow),
 ) {
     let events = &recorder.events;
@@ -397,6 +413,7 @@ fn freshness(
             figures.observer_seen += 1;
             figures.joined_count += 1;
             record(&mut figures.latency, at.saturating_sub(intended_ns));
+            quarters.record(seq, at.saturating_sub(intended_ns));
             record_harness(&mut figures.harness, events, seq, at, arrived);
         }
         rows(RawRow {

@@ -49,6 +49,7 @@ pub mod recorder;
 pub mod report;
 pub mod restore;
 pub mod run;
+pub mod saturation;
 pub mod schedule;
 pub mod server;
 pub mod target;

@@ -28,7 +28,7 @@ const TOP: f64 = 40.0;
 const BOTTOM: f64 = 60.0;
 const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
 
-fn format_value(value: f64) -> String {
+pub(crate) fn format_value(value: f64) -> String {
     if value >= 1_000_000.0 {
         format!("{:.1}M", value / 1_000_000.0)
     } else if value >= 1_000.0 {

@@ -202,6 +202,12 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         "ended_at": rfc3339(meta.ended_at),
     });
     value["observer_resumes"] = figures.observer_resumes.into();
+    value["saturation"] = json!(figures.saturation.first());
+    value["saturation_measures"] = "whether the run kept up with its rate: saturated when the median latency of the \
+        events due in the last quarter of the measured window is at least twice the first quarter's and 10 ms above \
+        it, or when 1 % or more of the events were skipped at the in-flight cap; a saturated run's latencies are \
+        queue depth, not service time"
+        .into();
     value["target_fsyncs"] = json!(figures.target_fsyncs.as_ref().map(crate::fsyncs::Fsyncs::summary));
     value["host_usage"] = json!(figures.host.as_ref().map(crate::host::HostUsage::summary));
     value["host_usage_measures"] = "over the same span: CPU time of the harness process (the echo target included) \
@@ -250,12 +256,17 @@ fn ms(ns: u64) -> String {
 pub fn run_line(workload: Workload, target: &str, rate_hz: f64, run: u32, figures: &Figures) -> String {
     let latency = Percentiles::of(&figures.latency);
     format!(
-        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}{}{}",
+        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}{}{}{}",
         workload.id(),
         ms(latency.p50_ns),
         ms(latency.p99_ns),
         figures.delivered_pct(),
         figures.errors.total(),
+        figures
+            .saturation
+            .iter()
+            .find(|run| run.saturated)
+            .map_or_else(String::new, |saturation| format!("; saturated: {}", saturation.describe())),
         figures
             .target_fsyncs
             .as_ref()
@@ -284,6 +295,8 @@ pub struct JsonLine<'a> {
     pub ack_p99_ns: u64,
     pub send_lag_p50_ns: u64,
     pub send_lag_p99_ns: u64,
+    /// Whether any of the runs was saturated (see `saturation.rs`).
+    pub saturated: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harness_p50_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -326,6 +339,7 @@ pub fn json_line(summary: &Summary) -> String {
         ack_p99_ns: ack.p99_ns,
         send_lag_p50_ns: Percentiles::of(&figures.send_lag).p50_ns,
         send_lag_p99_ns: Percentiles::of(&figures.send_lag).p99_ns,
+        saturated: figures.saturated_runs() > 0,
         harness_p50_ns: (harness.count > 0).then_some(harness.p50_ns),
         harness_p99_ns: (harness.count > 0).then_some(harness.p99_ns),
         durability: &summary.durability,
@@ -564,6 +578,25 @@ pub fn tables(summaries: &[Summary]) -> String {
                 }
             }
         }
+        // Runs that could not keep up: their latency is the backlog's.
+        for summary in rows.iter().filter(|summary| summary.figures.saturated_runs() > 0) {
+            let figures = &summary.figures;
+            let worst = figures
+                .saturation
+                .iter()
+                .filter(|run| run.saturated)
+                .max_by_key(|run| run.last_quarter_p50_ns)
+                .expect("at least one saturated run");
+            let _ = writeln!(
+                text,
+                "\n**{} at {:.0}/s did not keep up** in {} of {} run(s); the worst: {}.",
+                summary.target,
+                summary.rate_hz,
+                figures.saturated_runs(),
+                figures.saturation.len(),
+                worst.describe()
+            );
+        }
         for summary in rows.iter().filter(|summary| summary.figures.observer_resumes > 0) {
             let _ = writeln!(
                 text,
@@ -617,11 +650,12 @@ pub fn write_summary(out: &Path, summaries: &[Summary], context: &Context) -> an
         let series = rows
             .iter()
             .map(|summary| Series {
-                name: if several_rates {
-                    format!("{} {:.0}/s", summary.target, summary.rate_hz)
-                } else {
-                    summary.target.clone()
-                },
+                name: format!(
+                    "{}{}{}",
+                    summary.target,
+                    if several_rates { format!(" {:.0}/s", summary.rate_hz) } else { String::new() },
+                    if summary.figures.saturated_runs() > 0 { " (saturated)" } else { "" }
+                ),
                 points: if summary.figures.latency.is_empty() {
                     Vec::new()
                 } else {
@@ -666,13 +700,25 @@ pub fn write_summary(out: &Path, summaries: &[Summary], context: &Context) -> an
                     });
                 }
             }
+            // A rate where a target did not keep up says so under its tick.
+            let mut rates: Vec<f64> = rows.iter().map(|summary| summary.rate_hz).collect();
+            rates.sort_by(f64::total_cmp);
+            rates.dedup();
+            let x_tick_labels = rates
+                .into_iter()
+                .map(|rate| {
+                    let saturated =
+                        rows.iter().any(|summary| summary.rate_hz == rate && summary.figures.saturated_runs() > 0);
+                    (rate, format!("{}{}", crate::plot::format_value(rate), if saturated { " saturated" } else { "" }))
+                })
+                .collect();
             let chart = Chart {
                 title: format!("{}: latency by rate", workload.id()),
                 x_label: "events/s".into(),
                 y_label: "ms".into(),
                 y_log: true,
                 series,
-                x_tick_labels: Vec::new(),
+                x_tick_labels,
             };
             let name = format!("{}-rate.svg", workload.id());
             std::fs::write(out.join(&name), chart.to_svg())?;
