@@ -372,6 +372,8 @@ pub struct ViewLine {
     pub errors: u64,
     /// Times the subscriber was cut off for falling behind and resumed without a gap.
     pub resumes: u64,
+    /// Whether the run could not keep up with its rate (see `saturation.rs`).
+    pub saturated: bool,
     pub write_ack_p50_us: f64,
     pub server_rss_mb: Option<f64>,
 }
@@ -402,6 +404,7 @@ pub fn view_line(summary: &Summary, keys: u32) -> ViewLine {
         queries: query.count,
         errors: figures.errors.total(),
         resumes: figures.observer_resumes,
+        saturated: figures.saturated_runs() > 0,
         write_ack_p50_us: us(ack.p50_ns),
         server_rss_mb: figures.server_rss_mb,
     }

@@ -340,6 +340,7 @@ fn bench_view_is_w3_with_its_own_flags_and_line() {
     assert!(line["close_lag_p99_ms"].as_f64().unwrap() >= 0.0);
     assert!(line["windows"].as_u64().unwrap() >= 20, "every key's window closed: {line}");
     assert!(line["resumes"].is_u64(), "{line}");
+    assert!(line["saturated"].is_boolean(), "{line}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the server's data was removed");
 }
 
