@@ -1,6 +1,7 @@
 //! What the machine did besides the workload during a run: the CPU time the harness process
-//! and a server it started used, and the kernel's pressure stall information (PSI: how much of
-//! the time some task waited for a CPU, or for I/O). On a small, shared VM a run's tail often
+//! and a server it started used, the kernel's pressure stall information (PSI: how much of the
+//! time some task waited for a CPU, or for I/O), and the CPU time the hypervisor took from this
+//! VM's CPUs for others (steal). On a small, shared VM a run's tail often
 //! says more about these than about the target; recording them per run lets a reader tell a
 //! slow target from a busy machine.
 
@@ -17,6 +18,7 @@ pub struct HostUsage {
     cpu_some_us: Option<u64>,
     io_some_us: Option<u64>,
     io_full_us: Option<u64>,
+    steal_ns: Option<u64>,
 }
 
 /// What meta.json says: cores used on average, and the share of the time stalled.
@@ -34,6 +36,9 @@ pub struct HostSummary {
     pub io_pressure_pct: Option<f64>,
     /// Share of the time every non-idle task waited for I/O (PSI `io full`), in %.
     pub io_full_pct: Option<f64>,
+    /// CPU time the hypervisor ran something else on this VM's CPUs while they had work
+    /// (`steal` in /proc/stat), summed over the CPUs, in ms: a stretch the whole VM stood still.
+    pub cpu_steal_ms: Option<f64>,
 }
 
 /// The `total=` (µs) of the `some` or `full` line of a PSI file.
@@ -44,6 +49,17 @@ pub fn psi_total(text: &str, kind: &str) -> Option<u64> {
 
 fn psi(resource: &str, kind: &str) -> Option<u64> {
     psi_total(&std::fs::read_to_string(format!("/proc/pressure/{resource}")).ok()?, kind)
+}
+
+/// The `steal` ticks of the all-CPU line of /proc/stat (its eighth number).
+pub fn steal_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|line| line.split_whitespace().next() == Some("cpu"))?;
+    line.split_whitespace().nth(8)?.parse().ok()
+}
+
+fn steal_ns() -> Option<u64> {
+    let ticks = steal_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    Some(ticks * 1_000_000_000 / clock_ticks_per_second())
 }
 
 fn clock_ticks_per_second() -> u64 {
@@ -83,6 +99,7 @@ impl HostUsage {
             cpu_some_us: psi("cpu", "some"),
             io_some_us: psi("io", "some"),
             io_full_us: psi("io", "full"),
+            steal_ns: steal_ns(),
         }
     }
 
@@ -96,6 +113,7 @@ impl HostUsage {
             cpu_some_us: delta(self.cpu_some_us, before.cpu_some_us),
             io_some_us: delta(self.io_some_us, before.io_some_us),
             io_full_us: delta(self.io_full_us, before.io_full_us),
+            steal_ns: delta(self.steal_ns, before.steal_ns),
         }
     }
 
@@ -108,6 +126,7 @@ impl HostUsage {
         self.cpu_some_us = add(self.cpu_some_us, other.cpu_some_us);
         self.io_some_us = add(self.io_some_us, other.io_some_us);
         self.io_full_us = add(self.io_full_us, other.io_full_us);
+        self.steal_ns = add(self.steal_ns, other.steal_ns);
     }
 
     pub fn summary(&self) -> HostSummary {
@@ -120,6 +139,7 @@ impl HostUsage {
             cpu_pressure_pct: share(self.cpu_some_us),
             io_pressure_pct: share(self.io_some_us),
             io_full_pct: share(self.io_full_us),
+            cpu_steal_ms: self.steal_ns.map(|ns| ns as f64 / 1e6),
         }
     }
 }
@@ -136,6 +156,10 @@ impl HostSummary {
         }
         if let Some(pct) = self.io_pressure_pct {
             text.push_str(&format!(", I/O pressure {pct:.0} %"));
+        }
+        // Only when there was some: most runs have none, and the line is long enough.
+        if let Some(ms) = self.cpu_steal_ms.filter(|ms| *ms > 0.0) {
+            text.push_str(&format!(", {ms:.0} ms of CPU stolen by the hypervisor"));
         }
         text
     }
@@ -156,6 +180,15 @@ mod tests {
     }
 
     #[test]
+    fn steal_is_the_eighth_number_of_the_cpu_line() {
+        let stat = "cpu  3027621 77694 1054423 7239916 155529 0 109707 12274 0 0\n\
+                    cpu0 1513810 38847 527211 3619958 77764 0 54853 6137 0 0\nintr 1\n";
+        assert_eq!(steal_ticks(stat), Some(12_274));
+        assert_eq!(steal_ticks("cpu  1 2 3 4 5 6 7\n"), None, "a kernel without the column");
+        assert_eq!(steal_ticks("intr 1\n"), None);
+    }
+
+    #[test]
     fn a_run_is_what_changed_and_runs_add_up() {
         let before = HostUsage {
             wall_ns: 1_000_000_000,
@@ -164,6 +197,7 @@ mod tests {
             cpu_some_us: Some(10_000_000),
             io_some_us: Some(1_000),
             io_full_us: None,
+            steal_ns: Some(0),
         };
         let after = HostUsage {
             wall_ns: 11_000_000_000,
@@ -172,6 +206,7 @@ mod tests {
             cpu_some_us: Some(14_500_000),
             io_some_us: Some(1_001_000),
             io_full_us: None,
+            steal_ns: Some(20_000_000),
         };
         let run = after.since(&before);
         let summary = run.summary();
@@ -181,16 +216,23 @@ mod tests {
             (summary.cpu_pressure_pct, summary.io_pressure_pct, summary.io_full_pct),
             (Some(45.0), Some(10.0), None)
         );
-        assert_eq!(summary.describe(), "target 1.00 cores, harness 0.30, CPU pressure 45 %, I/O pressure 10 %");
+        assert_eq!(summary.cpu_steal_ms, Some(20.0));
+        assert_eq!(
+            summary.describe(),
+            "target 1.00 cores, harness 0.30, CPU pressure 45 %, I/O pressure 10 %, 20 ms of CPU stolen by the hypervisor"
+        );
         let mut two = run;
         two.merge(&run);
         assert_eq!(two.summary().seconds, 20.0);
         assert_eq!(two.summary().cpu_pressure_pct, Some(45.0));
+        assert_eq!(two.summary().cpu_steal_ms, Some(40.0));
         // A run without a started server has no target figure, and neither has their sum.
         let mut without = run;
         without.target_cpu_ns = None;
+        without.steal_ns = Some(0);
         two.merge(&without);
         assert_eq!(two.summary().target_cores, None);
+        // No steal, nothing said about it.
         assert_eq!(without.summary().describe(), "harness 0.30 cores, CPU pressure 45 %, I/O pressure 10 %");
     }
 
@@ -207,5 +249,7 @@ mod tests {
         let usage = after.since(&before).summary();
         assert!(usage.harness_cores > 0.0, "{usage:?}");
         assert!(usage.target_cores.is_some(), "{usage:?}");
+        // Linux has had the steal column since 2.6.11.
+        assert!(usage.cpu_steal_ms.is_some_and(|ms| ms >= 0.0), "{usage:?}");
     }
 }

@@ -211,8 +211,9 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
     value["target_fsyncs"] = json!(figures.target_fsyncs.as_ref().map(crate::fsyncs::Fsyncs::summary));
     value["host_usage"] = json!(figures.host.as_ref().map(crate::host::HostUsage::summary));
     value["host_usage_measures"] = "over the same span: CPU time of the harness process (the echo target included) \
-        and of a server it started (null with --url) ÷ wall time, and the share of that time some task waited for a \
-        CPU or for I/O, or all did for I/O (Linux PSI; null where the kernel has none)"
+        and of a server it started (null with --url) ÷ wall time, the share of that time some task waited for a \
+        CPU or for I/O, or all did for I/O (Linux PSI; null where the kernel has none), and the CPU time the \
+        hypervisor took from this machine's CPUs while they had work (steal, ms, summed over the CPUs)"
         .into();
     value["target_fsyncs_measures"] = "the target's own fdatasyncs (from its /metrics) from just before the \
         schedule to the end of the drain, warm-up included; null when the target exposes none"

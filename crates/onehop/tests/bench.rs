@@ -97,6 +97,7 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
     for share in ["cpu_pressure_pct", "io_pressure_pct", "io_full_pct"] {
         assert!(host[share].is_null() || (0.0..=100.0).contains(&host[share].as_f64().unwrap()), "{meta}");
     }
+    assert!(host["cpu_steal_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{meta}");
     // Whether the run kept up with its rate, judged from the medians of its first and last
     // quarters (both measured, since everything was delivered) and the in-flight cap (never
     // reached here).
