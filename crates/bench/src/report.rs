@@ -588,11 +588,11 @@ pub fn tables(summaries: &[Summary]) -> String {
         let mut targets: Vec<&str> = rows.iter().map(|summary| summary.target.as_str()).collect();
         targets.dedup();
         for target in targets.into_iter().filter(|_| several_rates) {
-            let kept_up = rows
+            let highest = rows
                 .iter()
                 .filter(|summary| summary.target == target && kept_up(summary))
                 .max_by(|a, b| a.rate_hz.total_cmp(&b.rate_hz));
-            let _ = match kept_up {
+            let _ = match highest {
                 Some(summary) => writeln!(
                     text,
                     "\n{target} kept up with rates up to {:.0}/s in this sweep (p99 {} ms there, 100 % delivered, \
