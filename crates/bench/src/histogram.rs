@@ -16,6 +16,18 @@ pub fn record(histogram: &mut Histogram<u64>, ns: u64) {
     histogram.saturating_record(ns.clamp(1, LATENCY_NS_MAX));
 }
 
+/// A latency in milliseconds as the reports print it: three significant digits or so.
+pub fn ms(ns: u64) -> String {
+    let ms = ns as f64 / 1e6;
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else if ms >= 10.0 {
+        format!("{ms:.1}")
+    } else {
+        format!("{ms:.3}")
+    }
+}
+
 /// The value at `quantile` (0..=1) in microseconds.
 pub fn quantile_us(histogram: &Histogram<u64>, quantile: f64) -> f64 {
     histogram.value_at_quantile(quantile) as f64 / 1000.0

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::analysis::{Figures, RAW_HEADER, RawRow};
-use crate::histogram::Percentiles;
+use crate::histogram::{Percentiles, ms};
 use crate::plot::{Chart, Series};
 use crate::schedule::Schedule;
 use crate::workload::{Summary, Workload};
@@ -240,17 +240,6 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
     let path = directory.join("meta.json");
     std::fs::write(&path, serde_json::to_string_pretty(&value)? + "\n")
         .with_context(|| format!("writing {}", path.display()))
-}
-
-fn ms(ns: u64) -> String {
-    let ms = ns as f64 / 1e6;
-    if ms >= 100.0 {
-        format!("{ms:.0}")
-    } else if ms >= 10.0 {
-        format!("{ms:.1}")
-    } else {
-        format!("{ms:.3}")
-    }
 }
 
 /// One line per run on stderr, as runs finish.

@@ -18,7 +18,7 @@ use std::ops::Range;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::histogram::{latency_histogram, record};
+use crate::histogram::{latency_histogram, ms, record};
 
 /// Growth of the median, last quarter over first, that marks a backlog.
 const GROWTH_FACTOR: u64 = 2;
@@ -55,10 +55,6 @@ impl Saturation {
 
     /// What a reader is told about a saturated run.
     pub fn describe(&self) -> String {
-        let ms = |ns: u64| {
-            let ms = ns as f64 / 1e6;
-            if ms >= 10.0 { format!("{ms:.0}") } else { format!("{ms:.2}") }
-        };
         format!(
             "p50 {} ms in the first quarter, {} ms in the last, {:.1} % of events skipped at the in-flight cap: \
              these latencies are queue depth, not service time",
@@ -151,7 +147,7 @@ mod tests {
     #[test]
     fn the_description_says_what_the_figures_mean() {
         let text = Saturation::judge(MS / 2, 840 * MS, 0, 1000).describe();
-        assert!(text.contains("0.50 ms in the first quarter, 840 ms in the last"), "{text}");
+        assert!(text.contains("0.500 ms in the first quarter, 840 ms in the last"), "{text}");
         assert!(text.contains("queue depth"), "{text}");
     }
 }
