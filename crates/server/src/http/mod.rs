@@ -19,13 +19,14 @@ pub mod tables;
 pub mod views;
 pub mod ws;
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -44,6 +45,8 @@ pub struct AppState {
     pub subscriptions_per_socket_max: usize,
     /// The MQTT broker, for MQTT over WebSocket on `/mqtt`; `None` answers 404 there.
     pub mqtt: Option<Arc<crate::mqtt::Broker>>,
+    /// Every request's count and time, by route template, method and status.
+    pub request_metrics: Arc<RequestMetrics>,
 }
 
 impl AppState {
@@ -57,27 +60,104 @@ impl AppState {
             metrics,
             subscriptions_per_socket_max: ws::SUBSCRIPTIONS_PER_SOCKET_DEFAULT,
             mqtt: None,
+            request_metrics: Arc::default(),
         }
     }
 }
 
 /// Counts every request and times it, labelled by the route's template (`/streams/{stream}`,
-/// never the concrete path, so labels stay bounded), method and status. For a subscription
-/// the time is until the response starts streaming.
-async fn record_request(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
-    let route = request
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
-    let method = request.method().as_str().to_string();
+/// never the concrete path), method and status. For a subscription the time is until the
+/// response starts streaming.
+async fn record_request(
+    State(metrics): State<Arc<RequestMetrics>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request.extensions().get::<axum::extract::MatchedPath>().cloned();
+    let method = request.method().clone();
     let started = std::time::Instant::now();
     let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    metrics::counter!("http_requests_total", "route" => route.clone(), "method" => method.clone(), "status" => status)
-        .increment(1);
-    metrics::histogram!("http_request_duration_seconds", "route" => route, "method" => method)
-        .record(started.elapsed().as_secs_f64());
+    let route = route.as_ref().map_or("unmatched", |path| path.as_str());
+    metrics.record(route, &method, response.status().as_u16(), started.elapsed().as_secs_f64());
     response
+}
+
+/// The request metrics' handles, registered once per route template, method and status.
+///
+/// `counter!` and `histogram!` with labels build the label set, hash it and look it up in the
+/// recorder's registry on every call. Kept here, a request costs one map lookup and two atomic
+/// updates. A point query on an idle server (`GET /views/{v}/{key}` every 20 ms) spent ~12 µs
+/// in the old per-request registration.
+///
+/// Labels stay bounded: route templates are the router's, statuses three digits, and a method
+/// outside the standard nine is labelled `OTHER`.
+#[derive(Default)]
+pub struct RequestMetrics {
+    routes: RwLock<HashMap<String, Vec<RequestHandles>>>,
+}
+
+struct RequestHandles {
+    method: &'static str,
+    status: u16,
+    requests: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+impl RequestHandles {
+    fn record(&self, seconds: f64) {
+        self.requests.increment(1);
+        self.duration.record(seconds);
+    }
+}
+
+impl RequestMetrics {
+    fn record(&self, route: &str, method: &Method, status: u16, seconds: f64) {
+        let method = method_label(method);
+        let find = |handles: &[RequestHandles]| {
+            handles.iter().position(|handles| handles.method == method && handles.status == status)
+        };
+        {
+            let routes = self.routes.read().expect("request metrics lock");
+            if let Some(handles) = routes.get(route)
+                && let Some(index) = find(handles)
+            {
+                handles[index].record(seconds);
+                return;
+            }
+        }
+        let mut routes = self.routes.write().expect("request metrics lock");
+        let handles = routes.entry(route.to_string()).or_default();
+        let index = find(handles).unwrap_or_else(|| {
+            let (route, status_label) = (route.to_string(), status.to_string());
+            handles.push(RequestHandles {
+                requests: metrics::counter!(
+                    "http_requests_total", "route" => route.clone(), "method" => method, "status" => status_label
+                ),
+                duration: metrics::histogram!("http_request_duration_seconds", "route" => route, "method" => method),
+                method,
+                status,
+            });
+            handles.len() - 1
+        });
+        handles[index].record(seconds);
+    }
+}
+
+/// The method as a label: one of the standard nine, else `OTHER`.
+fn method_label(method: &Method) -> &'static str {
+    const STANDARD: [Method; 9] = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::PATCH,
+        Method::TRACE,
+    ];
+    const LABELS: [&str; 9] = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "CONNECT", "PATCH", "TRACE"];
+    STANDARD.iter().position(|standard| standard == method).map_or("OTHER", |index| LABELS[index])
 }
 
 pub fn app(state: AppState) -> Router {
@@ -95,7 +175,7 @@ pub fn app(state: AppState) -> Router {
         .route("/views/{view}/{key}", get(views::get_key))
         .route("/sql", axum::routing::post(sql::run))
         .route("/mqtt", get(mqtt_ws::upgrade))
-        .route_layer(axum::middleware::from_fn(record_request))
+        .route_layer(axum::middleware::from_fn_with_state(state.request_metrics.clone(), record_request))
         .layer(body_limit)
         .with_state(state)
 }
@@ -131,4 +211,41 @@ pub async fn serve_http(
 ) -> std::io::Result<()> {
     let listener = limit::LimitedListener::new(listener, connections_max);
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_metrics_count_every_request_under_bounded_labels() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let requests = RequestMetrics::default();
+        metrics::with_local_recorder(&recorder, || {
+            for _ in 0..3 {
+                requests.record("/views/{view}/{key}", &Method::GET, 200, 0.000_3);
+            }
+            requests.record("/views/{view}/{key}", &Method::GET, 404, 0.000_2);
+            requests.record("/streams/{stream}", &Method::POST, 200, 0.001);
+            for method in ["FOO", "BAR"] {
+                requests.record("/streams/{stream}", &Method::from_bytes(method.as_bytes()).unwrap(), 405, 0.0);
+            }
+        });
+        let text = handle.render();
+        for line in [
+            r#"http_requests_total{route="/views/{view}/{key}",method="GET",status="200"} 3"#,
+            r#"http_requests_total{route="/views/{view}/{key}",method="GET",status="404"} 1"#,
+            r#"http_requests_total{route="/streams/{stream}",method="POST",status="200"} 1"#,
+            r#"http_requests_total{route="/streams/{stream}",method="OTHER",status="405"} 2"#,
+            r#"http_request_duration_seconds_count{route="/views/{view}/{key}",method="GET"} 4"#,
+        ] {
+            assert!(text.lines().any(|got| got == line), "no {line:?} in\n{text}");
+        }
+        assert!(!text.contains("FOO") && !text.contains("BAR"), "{text}");
+        // One set of handles per route, method and status, however many requests.
+        let routes = requests.routes.read().unwrap();
+        assert_eq!(routes["/views/{view}/{key}"].len(), 2);
+        assert_eq!(routes["/streams/{stream}"].len(), 2);
+    }
 }
