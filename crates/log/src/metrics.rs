@@ -14,6 +14,32 @@ pub const RETENTION_SEGMENTS_DELETED: &str = "log_retention_segments_deleted_tot
 pub const COMPACTION_RECORDS_REMOVED: &str = "log_compaction_records_removed_total";
 pub const POISONED: &str = "log_partitions_poisoned_total";
 
+/// The write path's per-batch metrics, registered once per partition: `counter!` and
+/// `histogram!` look their key up in the recorder on every call, and these are recorded on the
+/// way from a batch's fdatasync to its acknowledgements. A recorder installed after the
+/// partition opened does not see them (the server installs its recorder first).
+pub(crate) struct Meters {
+    pub(crate) appends: metrics::Counter,
+    pub(crate) records: metrics::Counter,
+    pub(crate) bytes: metrics::Counter,
+    pub(crate) batch_records: metrics::Histogram,
+    pub(crate) fsync_seconds: metrics::Histogram,
+    pub(crate) inline_syncs: metrics::Counter,
+}
+
+impl Meters {
+    pub(crate) fn register() -> Meters {
+        Meters {
+            appends: metrics::counter!(APPENDS),
+            records: metrics::counter!(RECORDS),
+            bytes: metrics::counter!(BYTES),
+            batch_records: metrics::histogram!(BATCH_RECORDS),
+            fsync_seconds: metrics::histogram!(FSYNC_SECONDS),
+            inline_syncs: metrics::counter!(INLINE_SYNCS),
+        }
+    }
+}
+
 /// Histogram bucket bounds for the exporter: fsync latency in seconds.
 pub const FSYNC_SECONDS_BUCKETS: &[f64] =
     &[0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0];

@@ -98,6 +98,7 @@ pub(crate) struct Shared {
     pub(crate) commit_ready: Condvar,
     /// Retention and compaction replace segments; one at a time.
     pub(crate) maintenance: Mutex<()>,
+    pub(crate) meters: crate::metrics::Meters,
 }
 
 /// A partition of the log. Cheap to share behind an `Arc`; `close` (or drop) stops its writer.
@@ -207,6 +208,7 @@ impl Partition {
             commit_ready: Condvar::new(),
             queue_ready: Condvar::new(),
             maintenance: Mutex::new(()),
+            meters: crate::metrics::Meters::register(),
         });
         let writer_shared = shared.clone();
         let thread_name = format!("log-writer-{}", dir.file_name().unwrap_or_default().to_string_lossy());

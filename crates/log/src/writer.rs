@@ -267,15 +267,16 @@ impl Writer {
     /// Syncs `batch` (and a segment with earlier unsynced `async` batches), then publishes and
     /// acknowledges it, on the write thread. The caller has set `syncing`.
     fn sync_inline(&mut self, batch: Written, unsynced: Option<Arc<Segment>>) {
-        let mut synced = sync_timed(&batch.segment);
+        let fsync_seconds = &self.shared.meters.fsync_seconds;
+        let mut synced = sync_timed(&batch.segment, fsync_seconds);
         if synced.is_ok()
             && let Some(segment) = unsynced.filter(|segment| !Arc::ptr_eq(segment, &batch.segment))
         {
-            synced = sync_timed(&segment);
+            synced = sync_timed(&segment, fsync_seconds);
         }
         match synced {
             Ok(()) => {
-                metrics::counter!(m::INLINE_SYNCS).increment(1);
+                self.shared.meters.inline_syncs.increment(1);
                 publish(&self.shared, vec![Entry::Batch(batch)]);
             }
             Err(error) => {
@@ -357,7 +358,7 @@ fn publish(shared: &Shared, entries: Vec<Entry>) {
         appends += batch.acks.len() as u64;
         records += batch.header.record_count as u64;
         bytes += batch.header.batch_len as u64;
-        metrics::histogram!(m::BATCH_RECORDS).record(batch.header.record_count as f64);
+        shared.meters.batch_records.record(batch.header.record_count as f64);
         acks.extend(batch.acks);
     }
     if let Some(next_offset) = next_offset {
@@ -369,9 +370,9 @@ fn publish(shared: &Shared, entries: Vec<Entry>) {
         let _ = sender.send(Ok(ack));
         drop(credit);
     }
-    metrics::counter!(m::APPENDS).increment(appends);
-    metrics::counter!(m::RECORDS).increment(records);
-    metrics::counter!(m::BYTES).increment(bytes);
+    shared.meters.appends.increment(appends);
+    shared.meters.records.increment(records);
+    shared.meters.bytes.increment(bytes);
 }
 
 /// The sync thread's state.
@@ -488,17 +489,17 @@ impl Syncer {
     }
 
     fn sync(&mut self, segment: &Segment) -> std::io::Result<()> {
-        sync_timed(segment)?;
+        sync_timed(segment, &self.shared.meters.fsync_seconds)?;
         self.last_sync = Instant::now();
         Ok(())
     }
 }
 
 /// One fdatasync of `segment`, timed into the fsync histogram when it succeeds.
-fn sync_timed(segment: &Segment) -> std::io::Result<()> {
+fn sync_timed(segment: &Segment, fsync_seconds: &metrics::Histogram) -> std::io::Result<()> {
     let started = Instant::now();
     segment.sync()?;
-    metrics::histogram!(m::FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
+    fsync_seconds.record(started.elapsed().as_secs_f64());
     Ok(())
 }
 

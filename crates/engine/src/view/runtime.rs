@@ -472,9 +472,11 @@ impl View {
         let output = self.output.clone();
         let name = self.def.name.clone();
         let task = tokio::spawn(async move {
+            // Registered once: a labelled `counter!` builds and looks up its key on every call.
+            let changes_total = metrics::counter!("view_changes_total", "view" => name.clone());
             while let Some(changes) = receiver.recv().await {
                 let records: Vec<NewRecord> = changes.into_iter().map(|change| change_record(&name, change)).collect();
-                metrics::counter!("view_changes_total", "view" => name.clone()).increment(records.len() as u64);
+                changes_total.increment(records.len() as u64);
                 // Not awaited: the change stream is derived, so it is written without waiting.
                 if let Err(error) = output.enqueue_to(0, &records, Some(Durability::Async)).await {
                     tracing::warn!(view = name, %error, "view changes could not be written");
