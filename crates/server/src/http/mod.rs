@@ -145,19 +145,8 @@ impl RequestMetrics {
 
 /// The method as a label: one of the standard nine, else `OTHER`.
 fn method_label(method: &Method) -> &'static str {
-    const STANDARD: [Method; 9] = [
-        Method::GET,
-        Method::POST,
-        Method::PUT,
-        Method::DELETE,
-        Method::HEAD,
-        Method::OPTIONS,
-        Method::CONNECT,
-        Method::PATCH,
-        Method::TRACE,
-    ];
-    const LABELS: [&str; 9] = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "CONNECT", "PATCH", "TRACE"];
-    STANDARD.iter().position(|standard| standard == method).map_or("OTHER", |index| LABELS[index])
+    const STANDARD: [&str; 9] = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "CONNECT", "PATCH", "TRACE"];
+    STANDARD.into_iter().find(|standard| *standard == method.as_str()).unwrap_or("OTHER")
 }
 
 pub fn app(state: AppState) -> Router {
