@@ -107,6 +107,11 @@ pub struct Figures {
     /// send lag plus the time from the receipt's bytes reaching the observer's socket to the
     /// harness recording them (waking, reading, parsing).
     pub harness: Histogram<u64>,
+    /// Per event owed to several observers, all of whose deliveries came with a kernel arrival
+    /// stamp: intended send → the first of them reaching its observer's socket, and → the last.
+    /// Between the two lies the fan-out: how long the target took to reach every subscriber.
+    pub first_arrival: Histogram<u64>,
+    pub last_arrival: Histogram<u64>,
     /// Views: window end + grace → its closing row received.
     pub close_lag: Histogram<u64>,
     /// Views: intended send of a point query → its answer.
@@ -145,6 +150,8 @@ impl Default for Figures {
             ack: latency_histogram(),
             send_lag: latency_histogram(),
             harness: latency_histogram(),
+            first_arrival: latency_histogram(),
+            last_arrival: latency_histogram(),
             close_lag: latency_histogram(),
             query: latency_histogram(),
             producer_emitted: 0,
@@ -184,6 +191,8 @@ impl Figures {
         merge(&mut self.ack, &other.ack);
         merge(&mut self.send_lag, &other.send_lag);
         merge(&mut self.harness, &other.harness);
+        merge(&mut self.first_arrival, &other.first_arrival);
+        merge(&mut self.last_arrival, &other.last_arrival);
         merge(&mut self.close_lag, &other.close_lag);
         merge(&mut self.query, &other.query);
         self.producer_emitted += other.producer_emitted;
@@ -309,9 +318,13 @@ fn deliveries(
         let got = &received[first..next];
         figures.deliveries_expected += owed.len() as u64;
         let mut seen = 0;
+        // The first and last kernel arrival among the event's deliveries (0: one had no stamp).
+        let (mut first_arrived, mut last_arrived) = (u64::MAX, 0);
         for delivery in got {
             if owed.contains(&delivery.observer) {
                 seen += 1;
+                first_arrived = first_arrived.min(delivery.arrived_ns);
+                last_arrived = last_arrived.max(delivery.arrived_ns);
                 let latency_ns = delivery.received_ns.saturating_sub(intended_ns);
                 record(&mut figures.latency, latency_ns);
                 quarters.record(seq, latency_ns);
@@ -324,6 +337,10 @@ fn deliveries(
         figures.joined_count += seen;
         if seen == owed.len() as u64 {
             figures.observer_seen += 1;
+            if owed.len() > 1 && first_arrived > 0 {
+                record(&mut figures.first_arrival, first_arrived.saturating_sub(intended_ns));
+                record(&mut figures.last_arrival, last_arrived.saturating_sub(intended_ns));
+            }
         }
         let label = label_of(seq);
         let row = |observer_id: Option<u32>, receipt: Option<&Delivery>| RawRow {

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::analysis::{Figures, RAW_HEADER, RawRow};
 use crate::histogram::{Percentiles, ms};
@@ -224,6 +224,17 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
     value["harness_samples"] = harness.count.into();
     value["harness_measures"] = "per latency sample: send lag + the receipt's bytes waiting in the observer's socket \
         (kernel arrival stamp) until the harness recorded them: the time the harness itself adds"
+        .into();
+    let (first, last) = (Percentiles::of(&figures.first_arrival), Percentiles::of(&figures.last_arrival));
+    let stamped = |ns: u64| if first.count > 0 { json!(ns) } else { Value::Null };
+    value["fanout_events"] = first.count.into();
+    value["first_arrival_p50_ns"] = stamped(first.p50_ns);
+    value["first_arrival_p99_ns"] = stamped(first.p99_ns);
+    value["last_arrival_p50_ns"] = stamped(last.p50_ns);
+    value["last_arrival_p99_ns"] = stamped(last.p99_ns);
+    value["fanout_measures"] = "per event owed to several observers, all its deliveries stamped by the kernel: \
+        intended send → the first of them reaching its observer's socket, and → the last; null when no event \
+        had several observers"
         .into();
     if meta.workload == Workload::W3 {
         let close = Percentiles::of(&figures.close_lag);
@@ -528,6 +539,23 @@ pub fn tables(summaries: &[Summary]) -> String {
                 own.p50_ns as f64 / 1e3,
                 own.p99_ns as f64 / 1e3,
                 own.p50_ns as f64 * 100.0 / latency.p50_ns.max(1) as f64
+            );
+        }
+        // The fan-out: when an event's first and last deliveries reached their sockets.
+        for summary in rows.iter().filter(|summary| !summary.figures.first_arrival.is_empty()) {
+            let (first, last) =
+                (Percentiles::of(&summary.figures.first_arrival), Percentiles::of(&summary.figures.last_arrival));
+            let _ = writeln!(
+                text,
+                "\nFan-out at {:.0}/s against {}, per event ({} events): its first delivery reached a subscriber's \
+                 socket at p50 {} ms (p99 {} ms), its last at p50 {} ms (p99 {} ms).",
+                summary.rate_hz,
+                summary.target,
+                first.count,
+                ms(first.p50_ns),
+                ms(first.p99_ns),
+                ms(last.p50_ns),
+                ms(last.p99_ns)
             );
         }
         // The target's own fdatasyncs, to read a long tail against the disk, and what else the

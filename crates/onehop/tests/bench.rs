@@ -135,7 +135,44 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
             assert!(arrived > 0 && arrived <= received, "{row:?}");
         }
     }
+    check_fanout(&meta, &rows);
     (meta, rows)
+}
+
+/// The fan-out figures in meta.json are those of raw.csv: per event delivered to several
+/// observers, intended send → the first and the last of its deliveries' arrival stamps.
+fn check_fanout(meta: &Value, rows: &[Vec<String>]) {
+    // Per event: intended, first arrival, last arrival, deliveries.
+    let mut events: std::collections::BTreeMap<&str, (u64, u64, u64, usize)> = Default::default();
+    for row in rows.iter().filter(|row| row[0] == "delivery") {
+        let (intended, arrived): (u64, u64) = (row[4].parse().unwrap(), row[8].parse().unwrap());
+        let event = events.entry(&row[1]).or_insert((intended, u64::MAX, 0, 0));
+        event.1 = event.1.min(arrived);
+        event.2 = event.2.max(arrived);
+        event.3 += 1;
+    }
+    let (mut firsts, mut lasts): (Vec<u64>, Vec<u64>) = events
+        .values()
+        .filter(|(_, _, _, deliveries)| *deliveries > 1)
+        .map(|(intended, first, last, _)| (first - intended, last - intended))
+        .unzip();
+    assert_eq!(meta["fanout_events"], firsts.len(), "{meta}");
+    let keys = ["first_arrival_p50_ns", "first_arrival_p99_ns", "last_arrival_p50_ns", "last_arrival_p99_ns"];
+    if firsts.is_empty() {
+        assert!(keys.iter().all(|key| meta[key].is_null()), "{meta}");
+        return;
+    }
+    firsts.sort_unstable();
+    lasts.sort_unstable();
+    let rank = |sorted: &[u64], quantile: f64| sorted[((quantile * sorted.len() as f64).ceil() as usize).max(1) - 1];
+    for (key, exact) in
+        keys.iter().zip([rank(&firsts, 0.5), rank(&firsts, 0.99), rank(&lasts, 0.5), rank(&lasts, 0.99)])
+    {
+        // The histograms keep three significant digits.
+        let reported = meta[key].as_u64().unwrap();
+        assert!(reported.abs_diff(exact) <= exact / 100, "{key}: {reported} reported, {exact} in raw.csv");
+    }
+    assert!(meta["first_arrival_p50_ns"].as_u64() <= meta["last_arrival_p50_ns"].as_u64(), "{meta}");
 }
 
 /// The JSON line of a workload: everything delivered, no error, latencies present.
@@ -162,6 +199,8 @@ fn w1_notifies_every_subscriber_of_each_of_five_keys() {
     let (meta, rows) = check_run(&runs[0], "W1", "onehop");
     assert_eq!(meta["durability"], "fsync");
     assert_eq!(meta["knobs"]["lookup_keys"], 1000);
+    // Every event has five deliveries, so every event measures the fan-out.
+    assert_eq!(meta["fanout_events"], 150, "{meta}");
     // One row per delivery: five per event, to five distinct subscribers, each named by its key.
     assert_eq!(rows.len(), 150 * 5);
     for event in rows.chunks(5) {
@@ -200,6 +239,10 @@ fn w2_runs_side_by_side_with_the_echo_floor() {
     let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
     assert!(summary.contains("| onehop | 10 |") && summary.contains("| echo | 10 |"), "{summary}");
     assert!(summary.contains("Harness overhead"), "{summary}");
+    // Each event reaches about thirty subscribers: when the first and the last got it.
+    for target in ["onehop", "echo"] {
+        assert!(summary.contains(&format!("Fan-out at 10/s against {target}, per event (")), "{summary}");
+    }
     // onehop's own fdatasyncs are summed over the run; the echo has none to show.
     assert!(summary.contains("onehop's own fdatasyncs at 10/s over 1 run(s)"), "{summary}");
     assert!(!summary.contains("echo's own fdatasyncs"), "{summary}");
