@@ -26,9 +26,10 @@ const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
 /// While its partition is idle, the active segment is given a zero-filled runway ahead of its
 /// data. A batch written inside the runway overwrites blocks that already exist, so its
 /// fdatasync flushes just the data, with no file-size change to make durable (a journal
-/// commit, or on ext4 without a journal, as here, a write of the inode): measured here (`onehop bench log` prints both floors), a small write's fdatasync
-/// falls from ~127 µs to ~91 µs at p50. The runway is only grown while no data sync waits
-/// (fdatasync would also wait for the zeros), so under saturation writes simply append.
+/// commit, or on ext4 without a journal, as here, a write of the inode): measured here
+/// (`onehop bench log` prints both floors), a small write's fdatasync falls from ~127 µs to
+/// ~91 µs at p50. The runway is only grown while no data sync waits (fdatasync would also
+/// wait for the zeros), so under saturation writes simply append.
 pub(crate) const RUNWAY_BYTES: u64 = 256 * 1024;
 /// When a busy partition's batches outrun the runway, the write thread adds this much.
 pub(crate) const BUSY_RUNWAY_BYTES: u64 = 64 * 1024;
