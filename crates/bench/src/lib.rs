@@ -19,7 +19,8 @@
 //!   `plot`: small self-contained SVG charts; `server`: starting and stopping `onehop serve`;
 //!   `priority`: the harness's threads ask to run ahead of the target's; `fsyncs`: the
 //!   target's own fdatasync times over a run, from its `/metrics`; `host`: the CPU the harness
-//!   and a started server used during a run, and the machine's CPU and I/O pressure.
+//!   and a started server used during a run, and the machine's CPU and I/O pressure;
+//!   `timeline`: a run by 100 ms slice, latency beside what the machine did.
 //!
 //! The benchmarks built from them:
 //!
@@ -53,4 +54,5 @@ pub mod saturation;
 pub mod schedule;
 pub mod server;
 pub mod target;
+pub mod timeline;
 pub mod workload;

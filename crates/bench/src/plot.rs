@@ -8,11 +8,15 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-/// A line chart with a log₂ x axis (writer counts, rates) and a linear or log₁₀ y axis.
+/// A line chart with a log₂ (writer counts, rates) or linear (time) x axis and a linear or
+/// log₁₀ y axis.
 pub struct Chart {
     pub title: String,
     pub x_label: String,
     pub y_label: String,
+    pub x_log: bool,
+    /// The x axis's span when given (charts stacked on one time axis), else the points'.
+    pub x_range: Option<(f64, f64)>,
     pub y_log: bool,
     pub series: Vec<Series>,
     /// Labels for chosen x positions (e.g. `p99` at 100 on a percentile axis); empty: a tick
@@ -53,7 +57,10 @@ impl Chart {
         if x_min > x_max {
             (x_min, x_max, y_min, y_max) = (1.0, 2.0, 0.0, 1.0);
         }
-        let x_of = |x: f64| x.max(1e-9).log2();
+        if let Some((low, high)) = self.x_range {
+            (x_min, x_max) = (low, high);
+        }
+        let x_of = |x: f64| if self.x_log { x.max(1e-9).log2() } else { x };
         let (x_lo, x_hi) = (x_of(x_min), x_of(x_max).max(x_of(x_min) + 1.0));
         let (y_lo, y_hi) = if self.y_log {
             let lo = y_min.max(1e-9).log10().floor();
@@ -150,6 +157,20 @@ impl Chart {
     }
 }
 
+/// Charts one above the other in one SVG, sharing nothing but the page.
+pub fn stack(charts: &[Chart]) -> String {
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{}">"#,
+        HEIGHT * charts.len() as f64
+    );
+    for (index, chart) in charts.iter().enumerate() {
+        let _ =
+            write!(svg, r#"<g transform="translate(0,{})">{}</g>"#, HEIGHT * index as f64, chart.to_svg().trim_end());
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
@@ -164,6 +185,8 @@ mod tests {
             title: "a <b> & c".into(),
             x_label: "writers".into(),
             y_label: "records/s".into(),
+            x_log: true,
+            x_range: None,
             y_log: true,
             series: vec![
                 Series { name: "fsync".into(), points: vec![(1.0, 5_000.0), (8.0, 40_000.0), (64.0, 250_000.0)] },

@@ -723,6 +723,8 @@ pub fn write_summary(out: &Path, summaries: &[Summary], context: &Context) -> an
             title: format!("{}: latency by percentile", workload.id()),
             x_label: "percentile".into(),
             y_label: "ms".into(),
+            x_log: true,
+            x_range: None,
             y_log: true,
             series,
             x_tick_labels: CDF_QUANTILES
@@ -767,6 +769,8 @@ pub fn write_summary(out: &Path, summaries: &[Summary], context: &Context) -> an
                 title: format!("{}: latency by rate", workload.id()),
                 x_label: "events/s".into(),
                 y_label: "ms".into(),
+                x_log: true,
+                x_range: None,
                 y_log: true,
                 series,
                 x_tick_labels,
@@ -776,7 +780,11 @@ pub fn write_summary(out: &Path, summaries: &[Summary], context: &Context) -> an
             let _ = writeln!(text, "![{} latency by rate]({name})\n", workload.id());
         }
     }
-    let _ = writeln!(text, "Runs (each in `<workload>/<run_id>/` with raw.csv and meta.json):\n");
+    let _ = writeln!(
+        text,
+        "Runs (each in `<workload>/<run_id>/` with raw.csv, meta.json, and the run by 100 ms in timeline.csv and \
+         timeline.svg):\n"
+    );
     for summary in summaries {
         let _ = writeln!(text, "- {}: {}", summary.workload.id(), summary.run_ids.join(", "));
     }

@@ -45,6 +45,9 @@ pub struct RunData {
     /// CPU used by the harness and a started server, and the machine's pressure, over the
     /// same span.
     pub host: crate::host::HostUsage,
+    /// The same counters read at the start of every slice of the schedule and once at the
+    /// end of the drain (see [`crate::timeline`]).
+    pub host_samples: Vec<crate::host::HostUsage>,
 }
 
 /// Resident set size of process `pid`, in MiB, from /proc.
@@ -67,6 +70,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let host_before = crate::host::HostUsage::take(clock.now_ns(), target.server_pid());
     let start_ns = clock.now_ns() + START_LEAD.as_nanos() as u64;
     recorder.start_at(start_ns);
+    let sampler = crate::timeline::HostSampler::start(clock, start_ns, target.server_pid())?;
     let progress = RunProgress::start(spec.progress, spec.label.clone(), recorder.clone());
     // Schedules run to their end; the flag is how a caller would cut one short.
     let never = Arc::new(AtomicBool::new(false));
@@ -113,12 +117,21 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let server_rss_mb = target.server_pid().and_then(rss_mb);
     let target_fsyncs = fsyncs_before.and_then(|before| Some(target.fsyncs(runtime)?.since(&before)));
     let host = crate::host::HostUsage::take(clock.now_ns(), target.server_pid()).since(&host_before);
+    let host_samples = sampler.finish();
     let ended_at = clock.system_time_at(clock.now_ns());
     observers.stop(runtime).context("stopping the observers")?;
     drop(producer);
     drop(querier);
     progress.finish();
-    Ok(RunData { recorder, started_at: clock.system_time_at(start_ns), ended_at, server_rss_mb, target_fsyncs, host })
+    Ok(RunData {
+        recorder,
+        started_at: clock.system_time_at(start_ns),
+        ended_at,
+        server_rss_mb,
+        target_fsyncs,
+        host,
+        host_samples,
+    })
 }
 
 /// Waits (bounded) until the observers have received everything the acknowledged events owe

@@ -13,6 +13,7 @@ use crate::report::{self, RunMeta};
 use crate::run::{RunSpec, run_once};
 use crate::schedule::{DriveLimits, Schedule};
 use crate::target::{self, TargetOptions};
+use crate::timeline::Timeline;
 
 /// The seed of every random choice (W1's keys per event, W2's tags per subscriber and per
 /// event, W3's keys), unless `--seed` says otherwise.
@@ -315,9 +316,13 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                         Some(out) => Some(report::RawWriter::create(&out.join(workload.id()).join(&run_id))?),
                         None => None,
                     };
+                    let mut timeline = raw.as_ref().map(|_| Timeline::new(data.recorder.events.start_ns()));
                     let mut figures = analyze(&plan, &data.recorder, &mut |row| {
                         if let Some(raw) = raw.as_mut() {
                             raw.write(&row);
+                        }
+                        if let Some(timeline) = timeline.as_mut() {
+                            timeline.record(&row);
                         }
                     });
                     figures.server_rss_mb = data.server_rss_mb;
@@ -337,6 +342,10 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                             ended_at: data.ended_at,
                         };
                         report::write_meta(&directory, &meta, &context)?;
+                        if let Some(timeline) = timeline {
+                            let title = format!("{} {name} {rate_hz:.0}/s #{run}", workload.id());
+                            crate::timeline::write(&directory, &title, &timeline.slices(&data.host_samples))?;
+                        }
                     }
                     eprintln!("{}", report::run_line(workload, name, rate_hz, run, &figures));
                     let latency = crate::histogram::Percentiles::of(&figures.latency);

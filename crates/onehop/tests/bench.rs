@@ -28,7 +28,7 @@ fn bench(args: &[&str]) -> (Vec<Value>, tempfile::TempDir) {
     (lines.collect(), dir)
 }
 
-/// The run directories a workload left, each with raw.csv and meta.json.
+/// The run directories a workload left, each with raw.csv, meta.json and the timeline.
 fn runs(results: &Path, workload: &str) -> Vec<PathBuf> {
     let mut runs: Vec<PathBuf> =
         std::fs::read_dir(results.join(workload)).unwrap().map(|entry| entry.unwrap().path()).collect();
@@ -136,7 +136,53 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
         }
     }
     check_fanout(&meta, &rows);
+    check_timeline(run, &meta, &rows);
     (meta, rows)
+}
+
+/// timeline.csv holds every latency sample of raw.csv once, in the 100 ms slice of its
+/// intended send, beside a reading of the machine for every slice; timeline.svg draws both.
+fn check_timeline(run: &Path, meta: &Value, rows: &[Vec<String>]) {
+    let csv = std::fs::read_to_string(run.join("timeline.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some(
+            "start_s,samples,latency_p50_ns,latency_p99_ns,latency_max_ns,cpu_steal_ms,cpu_pressure_pct,\
+             io_pressure_pct,target_cores,harness_cores"
+        )
+    );
+    let slices: Vec<Vec<&str>> = lines.map(|line| line.split(',').collect()).collect();
+    // The schedule's warm-up and measured window, at least, in 100 ms slices.
+    let scheduled = meta["warmup_secs"].as_f64().unwrap() + meta["duration_secs"].as_f64().unwrap();
+    assert!(slices.len() as f64 >= scheduled * 10.0 - 1.0, "{} slices for {scheduled} s", slices.len());
+    let mut samples: Vec<u64> = vec![0; slices.len()];
+    let latencies: Vec<&Vec<String>> =
+        rows.iter().filter(|row| matches!(row[0].as_str(), "delivery" | "fresh")).collect();
+    // Slices count from the schedule's start; the first measured event is due at the end of
+    // the warm-up (at these rates exactly), a slice boundary.
+    let measured_ns = latencies.iter().map(|row| row[4].parse::<u64>().unwrap()).min().unwrap();
+    let first = (meta["warmup_secs"].as_f64().unwrap() * 10.0).round() as usize;
+    for row in latencies {
+        samples[first + ((row[4].parse::<u64>().unwrap() - measured_ns) / 100_000_000) as usize] += 1;
+    }
+    for (index, slice) in slices.iter().enumerate() {
+        assert_eq!(slice.len(), 10, "{slice:?}");
+        assert_eq!(slice[0], format!("{:.1}", index as f64 / 10.0));
+        assert_eq!(slice[1].parse::<u64>().unwrap(), samples[index], "slice {index}: {slice:?}");
+        if samples[index] > 0 {
+            let (p50, p99, max): (u64, u64, u64) =
+                (slice[2].parse().unwrap(), slice[3].parse().unwrap(), slice[4].parse().unwrap());
+            assert!(0 < p50 && p50 <= p99 && p99 <= max, "{slice:?}");
+        } else {
+            assert!(slice[2..5].iter().all(|field| field.is_empty()), "{slice:?}");
+        }
+        // The machine was read at every slice's start and once after the drain.
+        assert!(slice[9].parse::<f64>().is_ok_and(|cores| cores >= 0.0), "{slice:?}");
+    }
+    let svg = std::fs::read_to_string(run.join("timeline.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("latency of the events due in each 100 ms"), "{svg}");
+    assert!(svg.contains("the machine in each 100 ms") && svg.contains("CPU pressure %"), "{svg}");
 }
 
 /// The fan-out figures in meta.json are those of raw.csv: per event delivered to several
