@@ -45,8 +45,8 @@ impl HostSampler {
                     return samples;
                 }
                 if now_ns < due_ns {
-                    // Short naps, so a finish is not kept waiting for a whole slice.
-                    std::thread::sleep(Duration::from_nanos(due_ns - now_ns).min(Duration::from_millis(10)));
+                    // Until the slice is due, or until a finish unparks it.
+                    std::thread::park_timeout(Duration::from_nanos(due_ns - now_ns));
                     continue;
                 }
                 samples.push(HostUsage::take(now_ns, target_pid));
@@ -58,17 +58,20 @@ impl HostSampler {
 
     /// Stops sampling and returns the samples, oldest first.
     pub fn finish(mut self) -> Vec<HostUsage> {
+        self.stop_thread().unwrap_or_default()
+    }
+
+    fn stop_thread(&mut self) -> Option<Vec<HostUsage>> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().and_then(|thread| thread.join().ok()).unwrap_or_default()
+        let thread = self.thread.take()?;
+        thread.thread().unpark();
+        thread.join().ok()
     }
 }
 
 impl Drop for HostSampler {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.stop_thread();
     }
 }
 
