@@ -590,7 +590,9 @@ pub fn tables(summaries: &[Summary]) -> String {
                 if figure.p50_ns > 0 {
                     let _ = writeln!(
                         text,
-                        "\nHarness overhead at {:.0}/s (echo ÷ {}): p50 {:.1} %, p99 {:.1} %.",
+                        "\nEcho floor at {:.0}/s (echo ÷ {}): p50 {:.1} %, p99 {:.1} %. The echo is the harness \
+                         against a server that only answers and forwards: the floor of any client and server \
+                         pair on this machine, wake-ups included, not the harness's own time (above).",
                         echo.rate_hz,
                         measured.target,
                         floor.p50_ns as f64 * 100.0 / figure.p50_ns as f64,
