@@ -218,3 +218,37 @@ async fn websocket_subscribes_to_tables_and_streams_by_url() {
     assert_eq!((got[0]["type"].as_str(), got[0]["change"]["op"].as_str()), (Some("change"), Some("delete")));
     assert_eq!((got[1]["type"].as_str(), got[1]["record"]["value"]["n"].as_i64()), (Some("record"), Some(1)));
 }
+
+/// A body over the limit is refused with `413` before it is read. The client is still sending
+/// it then, and must still get the answer: the server closes by shutting its side and reading
+/// the rest, not by closing a socket with unread input (which the kernel answers with a
+/// reset, so the client sees "broken pipe" or "connection reset" and never the `413`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_answered_even_while_the_client_still_sends_it() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (address, _dir) = start(EngineOptions::default()).await;
+    orders(address).await;
+    for attempt in 0..3 {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let body_bytes = 64usize << 20;
+        let head = format!("PUT /tables/orders/o1 HTTP/1.1\r\nHost: onehop\r\nContent-Length: {body_bytes}\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // The whole declared body, as a client streaming an upload does: every write must be
+        // taken (read and dropped by the server), none reset.
+        let chunk = vec![b' '; 1 << 20];
+        for sent in 0..body_bytes / chunk.len() {
+            if let Err(error) = stream.write_all(&chunk).await {
+                panic!("attempt {attempt}: the server reset the upload after {sent} MiB: {error}");
+            }
+        }
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap_or_else(|error| panic!("attempt {attempt}: {error}"));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "attempt {attempt}: {answer}");
+        assert!(answer.contains("\"body_too_large\""), "attempt {attempt}: {answer}");
+    }
+    // Nothing was written.
+    let (status, _, _) = send(client().get(format!("http://{address}/tables/orders/o1"))).await;
+    assert_eq!(status, 404);
+}

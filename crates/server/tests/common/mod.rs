@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{Log, LogOptions};
-use onehop_server::{AppState, app};
+use onehop_server::{AppState, serve_http};
 use serde_json::Value;
 
 pub async fn start(options: EngineOptions) -> (SocketAddr, tempfile::TempDir) {
@@ -17,8 +17,9 @@ pub async fn start(options: EngineOptions) -> (SocketAddr, tempfile::TempDir) {
     let engine = Arc::new(Engine::open(Arc::new(log), options).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let router = app(AppState::new(engine, None));
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    // The server's own listener (connection limit, lingering close), as `onehop serve` runs it.
+    let state = AppState::new(engine, None);
+    tokio::spawn(async move { serve_http(listener, state, 1024, std::future::pending()).await.unwrap() });
     (address, dir)
 }
 
