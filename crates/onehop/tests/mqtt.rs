@@ -280,6 +280,45 @@ fn bad_input_closes_only_the_offending_connection() {
     assert!(health.contains("\"streams\":1"), "only the alive stream exists: {health}");
 }
 
+/// A 5.0 PUBLISH over the maximum packet size is refused from its header with a DISCONNECT
+/// naming why (0x95, packet too large). The client is still sending the packet then, and must
+/// still read that answer: the server closes by shutting its side and reading the rest, not
+/// by closing with input unread (which the kernel answers with a reset).
+#[test]
+fn an_oversized_packet_is_answered_even_while_the_client_still_sends_it() {
+    let (server, _dir) = server();
+    for attempt in 0..3 {
+        let mut stream = TcpStream::connect(server.mqtt_address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        // CONNECT, MQTT 5.0, clean start, keep-alive 60 s, no properties, empty client id.
+        let connect = [0x10, 0x0d, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0x02, 0x00, 0x3c, 0x00, 0x00, 0x00];
+        stream.write_all(&connect).unwrap();
+        // PUBLISH QoS 0 of 8 MiB (the limit is 1 MiB): topic "a", no properties, then the payload.
+        let remaining = 8usize << 20;
+        // The remaining length 2^23 as a variable byte integer: 0, 0, 0 with continuation, 4.
+        let head = [0x30, 0x80, 0x80, 0x80, 0x04, 0x00, 0x01, b'a', 0x00];
+        let payload = remaining - 4;
+        stream.write_all(&head).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        let mut sent = 0;
+        while sent < payload {
+            let n = chunk.len().min(payload - sent);
+            if let Err(error) = stream.write_all(&chunk[..n]) {
+                panic!("attempt {attempt}: the server reset the connection after {sent} bytes: {error}");
+            }
+            sent += n;
+        }
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap_or_else(|error| panic!("attempt {attempt}: {error}"));
+        // CONNACK (its length in one byte here), then DISCONNECT with reason 0x95.
+        assert_eq!(answer.first(), Some(&0x20), "attempt {attempt}: {answer:02x?}");
+        let disconnect = &answer[2 + usize::from(answer[1])..];
+        assert_eq!(disconnect.first(), Some(&0xe0), "attempt {attempt}: {answer:02x?}");
+        assert_eq!(disconnect.get(2), Some(&0x95), "attempt {attempt}: {answer:02x?}");
+    }
+}
+
 #[test]
 fn a_wildcard_first_level_follows_every_stream_even_new_ones() {
     let (server, _dir) = server();

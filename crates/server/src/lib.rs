@@ -11,6 +11,7 @@
 //! - `telemetry`: the Prometheus recorder behind `/metrics`.
 
 pub mod http;
+mod linger;
 pub mod mqtt;
 pub mod telemetry;
 

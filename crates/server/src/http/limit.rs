@@ -3,24 +3,22 @@
 //! answers "max number of clients reached": the client learns why instead of hanging in the
 //! accept queue.
 //!
-//! Every connection is closed the same careful way (a lingering close): the server's side is
-//! shut down for writing after its last answer, then what the client is still sending is read
-//! and dropped until it closes too, for at most `LINGER_TIME` and `LINGER_BYTES`. Closing a
-//! socket with unread input makes the kernel reset the connection, and a client still sending
-//! (a body over the limit, answered `413` before it was read) then gets "broken pipe" or
-//! "connection reset" instead of the answer. The connection keeps its permit while it lingers.
+//! Every connection, admitted or refused, closes with a lingering close (`crate::linger`), so
+//! a client still sending gets the last answer, not a reset. A connection keeps its permit
+//! while it lingers.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::serve::Listener;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::linger::{LINGER_TIME, Lingering, linger};
 
 /// A TCP listener that admits at most `max` connections at a time.
 pub struct LimitedListener {
@@ -35,49 +33,15 @@ impl LimitedListener {
     }
 }
 
-/// How long a closed connection may keep reading what its client still sends.
-const LINGER_TIME: Duration = Duration::from_secs(2);
-/// How much of it a closed connection reads at most.
-const LINGER_BYTES: usize = 64 << 20;
-
 /// An admitted connection; its permit returns when it has closed and lingered.
 pub struct Admitted {
-    /// `None` once dropped: the stream has moved to the task that lingers on it.
-    stream: Option<TcpStream>,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-impl Admitted {
-    fn stream(&mut self) -> &mut TcpStream {
-        self.stream.as_mut().expect("an admitted connection has its stream until dropped")
-    }
+    connection: Lingering<OwnedSemaphorePermit>,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         metrics::gauge!("http_connections").decrement(1.0);
-        if let (Some(stream), Ok(runtime)) = (self.stream.take(), tokio::runtime::Handle::try_current()) {
-            runtime.spawn(linger(stream, self.permit.take()));
-        }
     }
-}
-
-/// Shuts the connection down for writing (everything written is sent first), then reads what
-/// the client still sends until it closes, within `LINGER_TIME` and `LINGER_BYTES`.
-async fn linger(mut stream: TcpStream, _permit: Option<OwnedSemaphorePermit>) {
-    let drain = async {
-        stream.shutdown().await?;
-        let mut sink = [0u8; 16 * 1024];
-        let mut read = 0;
-        while read < LINGER_BYTES {
-            match stream.read(&mut sink).await? {
-                0 => break,
-                n => read += n,
-            }
-        }
-        Ok::<(), io::Error>(())
-    };
-    let _ = tokio::time::timeout(LINGER_TIME, drain).await;
 }
 
 impl Listener for LimitedListener {
@@ -91,7 +55,7 @@ impl Listener for LimitedListener {
                 Ok(permit) => {
                     let _ = stream.set_nodelay(true);
                     metrics::gauge!("http_connections").increment(1.0);
-                    return (Admitted { stream: Some(stream), permit: Some(permit) }, address);
+                    return (Admitted { connection: Lingering::new(stream, permit) }, address);
                 }
                 Err(_) => {
                     metrics::counter!("http_connections_refused_total").increment(1);
@@ -108,7 +72,7 @@ impl Listener for LimitedListener {
                             body.len()
                         );
                         if tokio::time::timeout(LINGER_TIME, stream.write_all(response.as_bytes())).await.is_ok() {
-                            linger(stream, None).await;
+                            linger(stream).await;
                         }
                     });
                 }
@@ -123,21 +87,21 @@ impl Listener for LimitedListener {
 
 impl AsyncRead for Admitted {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(self.stream()).poll_read(cx, buf)
+        Pin::new(&mut self.connection).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Admitted {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(self.stream()).poll_write(cx, buf)
+        Pin::new(&mut self.connection).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(self.stream()).poll_flush(cx)
+        Pin::new(&mut self.connection).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(self.stream()).poll_shutdown(cx)
+        Pin::new(&mut self.connection).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -145,10 +109,10 @@ impl AsyncWrite for Admitted {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(self.stream()).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.connection).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.as_ref().is_some_and(TcpStream::is_write_vectored)
+        self.connection.is_write_vectored()
     }
 }

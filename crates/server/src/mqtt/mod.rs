@@ -45,6 +45,8 @@ use onehop_engine::Engine;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot, watch};
 
+use crate::linger::Lingering;
+
 /// Decides whether a client may connect. The default allows everyone.
 pub trait Authenticate: Send + Sync {
     fn allow(&self, client_id: &str, username: Option<&str>, password: Option<&[u8]>) -> bool;
@@ -232,10 +234,8 @@ pub async fn serve_mqtt(
         };
         let _ = stream.set_nodelay(true);
         let broker = broker.clone();
-        tokio::spawn(async move {
-            broker.serve_stream(stream).await;
-            drop(permit);
-        });
+        // The permit returns once the connection has closed and lingered (`crate::linger`).
+        tokio::spawn(broker.serve_stream(Lingering::new(stream, permit)));
     }
     broker.shut_down();
     // Give connections a moment to say goodbye.
