@@ -26,8 +26,15 @@ pub(crate) const LINGER_BYTES: usize = 64 << 20;
 pub(crate) async fn linger(mut stream: TcpStream) {
     let drain = async {
         stream.shutdown().await?;
-        let mut sink = [0u8; 16 * 1024];
-        let mut read = 0;
+        // Most clients have closed already (or do on our end of stream): a small first read
+        // sees that, so thousands of connections closing at once cost little memory. Only a
+        // client still sending gets a larger buffer to drain into.
+        let mut first = [0u8; 512];
+        let mut read = match stream.read(&mut first).await? {
+            0 => return Ok(()),
+            n => n,
+        };
+        let mut sink = vec![0u8; 16 * 1024];
         while read < LINGER_BYTES {
             match stream.read(&mut sink).await? {
                 0 => break,
