@@ -39,10 +39,12 @@ use crate::stream::Stream;
 use crate::subject::{SubjectFilter, SubjectTrie};
 use crate::table::{TableOp, op_name, table_op};
 
-/// Records a tailer reads per wake-up, bounding its memory.
+/// Records a tailer reads per wake-up (and the rest of the batch it stops in), bounding its
+/// memory.
 const TAIL_BATCH_RECORDS: usize = 1024;
 const TAIL_BATCH_BYTES: usize = 4 * 1024 * 1024;
-/// Records a cursor reads from the log per step while catching up.
+/// Records a cursor reads from the log per step while catching up (and the rest of the batch
+/// it stops in).
 const CATCH_UP_BATCH_RECORDS: usize = 256;
 
 /// What a delivered record means to the subscription that receives it.
@@ -396,7 +398,7 @@ async fn tail(routes: Arc<Routes>, partition: u32, log: Arc<onehop_log::Partitio
         if log.wait_for(next).await.is_err() {
             return;
         }
-        let records = match log.read(next, TAIL_BATCH_RECORDS, TAIL_BATCH_BYTES) {
+        let records = match log.read_through_batch(next, TAIL_BATCH_RECORDS, TAIL_BATCH_BYTES) {
             Ok(records) => records,
             Err(error) => {
                 tracing::error!(stream = %routes.name, partition, %error, "the hub cannot read the log; stopping this tailer");
@@ -551,7 +553,7 @@ impl Cursor {
                 continue;
             }
             let log = self.stream.partition(partition as u32)?;
-            let records = log.read(from, self.read_ahead, TAIL_BATCH_BYTES)?;
+            let records = log.read_through_batch(from, self.read_ahead, TAIL_BATCH_BYTES)?;
             for record in records {
                 if record.offset >= limit {
                     break;

@@ -359,6 +359,31 @@ impl Partition {
     /// values and keys are collected (at least one record is returned when one exists).
     /// Reading at the end offset returns nothing; `wait_for` tells when more arrives.
     pub fn read(&self, from: u64, max_records: usize, max_bytes: usize) -> Result<Vec<Record>, ReadError> {
+        self.read_records(from, max_records, max_bytes, false)
+    }
+
+    /// Like [`read`](Self::read), but a read whose limits fall inside a batch takes the rest of
+    /// that batch too, so it returns up to one batch more than the limits. For a reader that
+    /// goes on from where it stopped (a tailer, a subscription catching up): each batch is read
+    /// from the file, checked and copied once, however many records it holds. A burst is
+    /// written as batches of thousands of records; read a few hundred at a time, each such
+    /// batch would be read and checked again for every few hundred.
+    pub fn read_through_batch(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, ReadError> {
+        self.read_records(from, max_records, max_bytes, true)
+    }
+
+    fn read_records(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+        through_batch: bool,
+    ) -> Result<Vec<Record>, ReadError> {
         let end = self.end_offset();
         let start = self.start_offset();
         if from < start {
@@ -372,9 +397,11 @@ impl Partition {
             return Ok(records);
         }
         let mut bytes = 0;
+        let full = |records: &Vec<Record>, bytes: usize| records.len() >= max_records || bytes >= max_bytes;
         for segment in self.segments_from(from) {
             let position = segment.position_for_offset(from);
-            let read = segment.read_batches(position, |header, batch| {
+            let first_chunk = segment.bytes_for_records(position, max_records - records.len());
+            let read = segment.read_batches(position, first_chunk, |header, batch| {
                 if header.next_offset() <= from {
                     return Ok(true);
                 }
@@ -388,11 +415,12 @@ impl Partition {
                     }
                     bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
                     records.push(record);
-                    if records.len() >= max_records || bytes >= max_bytes {
+                    if !through_batch && full(&records, bytes) {
                         return Ok(false);
                     }
                 }
-                Ok(true)
+                // A batch with nothing taken from it (a read from a gap) does not end the read.
+                Ok(records.is_empty() || !full(&records, bytes))
             });
             if let Err((position, reason)) = read {
                 return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
@@ -420,7 +448,8 @@ impl Partition {
             }
             let mut found = None;
             let position = segment.position_for_timestamp(timestamp_ms);
-            let read = segment.read_batches(position, |header, batch| {
+            // The record sought is in the first batches from the index entry.
+            let read = segment.read_batches(position, 0, |header, batch| {
                 if header.base_offset >= end {
                     return Ok(false);
                 }

@@ -23,6 +23,8 @@ const INDEX_VERSION: u16 = 1;
 const INDEX_HEADER_BYTES: usize = 48;
 /// Scans read this much at a time so recovery is not one syscall per batch.
 const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+/// The least a read for consumers starts with.
+const READ_CHUNK_MIN_BYTES: usize = 16 * 1024;
 /// While its partition is idle, the active segment is given a zero-filled runway ahead of its
 /// data. A batch written inside the runway overwrites blocks that already exist, so its
 /// fdatasync flushes just the data, with no file-size change to make durable (a journal
@@ -311,15 +313,33 @@ impl Segment {
         if at == 0 { 0 } else { meta.entries[at - 1].position as u64 }
     }
 
+    /// How many bytes from `position` hold about `records` records, by this segment's average
+    /// record size: what a read wanting that many first takes from the file.
+    pub fn bytes_for_records(&self, position: u64, records: usize) -> usize {
+        let committed = self.committed_bytes();
+        let count = self.next_offset().saturating_sub(self.base_offset).max(1);
+        let average = committed.div_ceil(count);
+        // The read starts at an index entry up to an interval before the first record wanted,
+        // and its last batch may run past the records wanted: a quarter more, and an interval.
+        let wanted = (records as u64).saturating_mul(average);
+        let estimate = wanted.saturating_add(wanted / 4).saturating_add(2 * self.index_interval_bytes);
+        estimate.min(committed.saturating_sub(position)) as usize
+    }
+
     /// Reads batches from `position` up to the committed end, calling `visit` for each until it
-    /// returns false. A batch `visit` cannot decode is reported with its byte position.
+    /// returns false. The file is read in chunks, the first of `first_chunk` bytes (at least a
+    /// few KiB), each next twice as large up to a scan's 1 MiB: a reader taking a few records
+    /// reads a few records' worth, not a megabyte. A batch `visit` cannot decode is reported
+    /// with its byte position.
     pub fn read_batches(
         &self,
         position: u64,
+        first_chunk: usize,
         mut visit: impl FnMut(&BatchHeader, Bytes) -> Result<bool, DecodeError>,
     ) -> Result<(), (u64, String)> {
         let end = self.committed_bytes();
-        let mut reader = BatchReader::new(&self.file, position, end);
+        let first_chunk = first_chunk.clamp(READ_CHUNK_MIN_BYTES, SCAN_CHUNK_BYTES);
+        let mut reader = BatchReader::new(&self.file, position, end, first_chunk);
         loop {
             match reader.next_batch() {
                 Ok(None) => return Ok(()),
@@ -485,7 +505,7 @@ pub(crate) fn scan(
     base_offset: u64,
     mut visit: impl FnMut(u64, &BatchHeader, Bytes),
 ) -> Result<(), ScanStop> {
-    let mut reader = BatchReader::new(file, from, end);
+    let mut reader = BatchReader::new(file, from, end, SCAN_CHUNK_BYTES);
     let mut next_offset = base_offset;
     loop {
         let position = reader.position;
@@ -522,11 +542,14 @@ struct BatchReader<'a> {
     buffer: Vec<u8>,
     /// File position of `buffer[0]`.
     buffer_start: u64,
+    /// Bytes the next refill reads (more when a batch needs it); doubles up to
+    /// [`SCAN_CHUNK_BYTES`].
+    chunk: usize,
 }
 
 impl<'a> BatchReader<'a> {
-    fn new(file: &'a File, position: u64, end: u64) -> Self {
-        BatchReader { file, position, end, buffer: Vec::new(), buffer_start: position }
+    fn new(file: &'a File, position: u64, end: u64, first_chunk: usize) -> Self {
+        BatchReader { file, position, end, buffer: Vec::new(), buffer_start: position, chunk: first_chunk }
     }
 
     /// Makes `[from, from + len)` available in the buffer; returns its start index.
@@ -535,8 +558,15 @@ impl<'a> BatchReader<'a> {
         if from >= self.buffer_start && from + len as u64 <= buffered_end {
             return Ok((from - self.buffer_start) as usize);
         }
-        let want = len.max(SCAN_CHUNK_BYTES).min((self.end - from) as usize).max(len);
-        self.buffer.resize(want, 0);
+        let want = len.max(self.chunk).min((self.end - from) as usize).max(len);
+        self.chunk = (self.chunk * 2).min(SCAN_CHUNK_BYTES);
+        if self.buffer.len() < want {
+            // A fresh zeroed allocation, not a resize: nothing of the old chunk is kept, so
+            // nothing is copied, and memory fresh from the system needs no zeroing.
+            self.buffer = vec![0; want];
+        } else {
+            self.buffer.truncate(want);
+        }
         self.file.read_exact_at(&mut self.buffer, from)?;
         self.buffer_start = from;
         Ok(0)

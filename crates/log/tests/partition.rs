@@ -242,6 +242,61 @@ async fn reads_respect_record_and_byte_limits() {
 }
 
 #[tokio::test]
+async fn a_read_through_batch_takes_the_rest_of_the_batch_it_stops_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let partition = open(dir.path(), PartitionConfig::default());
+    // Batches of 100, 100 and 5 records.
+    let records: Vec<NewRecord> = (0..205).map(|i| numbered(i, 50)).collect();
+    for chunk in [&records[0..100], &records[100..200], &records[200..205]] {
+        partition.append(chunk).await.unwrap();
+    }
+    let offsets = |read: Vec<Record>| read.iter().map(|record| record.offset).collect::<Vec<_>>();
+    let range = |from: u64, to: u64| (from..to).collect::<Vec<_>>();
+    // A limit inside a batch takes the batch to its end; `read` stops at the limit.
+    assert_eq!(offsets(partition.read_through_batch(5, 10, usize::MAX).unwrap()), range(5, 100));
+    assert_eq!(offsets(partition.read(5, 10, usize::MAX).unwrap()), range(5, 15));
+    assert_eq!(offsets(partition.read_through_batch(0, 150, usize::MAX).unwrap()), range(0, 200));
+    // A byte limit the same: 50-byte values, reached at the third record.
+    assert_eq!(offsets(partition.read_through_batch(120, 1000, 150).unwrap()), range(120, 200));
+    // A limit that ends exactly with a batch does not start the next one.
+    assert_eq!(offsets(partition.read_through_batch(0, 100, usize::MAX).unwrap()), range(0, 100));
+    assert_eq!(offsets(partition.read_through_batch(190, 10, usize::MAX).unwrap()), range(190, 200));
+    // Limits past the end stop at the end; nothing at the end; none asked, none given.
+    assert_eq!(offsets(partition.read_through_batch(150, 1000, usize::MAX).unwrap()), range(150, 205));
+    assert_eq!(offsets(partition.read_through_batch(205, 10, usize::MAX).unwrap()), Vec::<u64>::new());
+    assert_eq!(offsets(partition.read_through_batch(0, 0, usize::MAX).unwrap()), Vec::<u64>::new());
+    // The records are the ones appended, read as a tailer does, a few at a time.
+    let mut next = 0;
+    while next < 205 {
+        for record in partition.read_through_batch(next, 7, usize::MAX).unwrap() {
+            assert_eq!(record, stored(next, &records[next as usize]));
+            next += 1;
+        }
+    }
+}
+
+#[tokio::test]
+async fn reads_of_records_larger_than_the_segment_average_are_whole() {
+    // A read takes from the file what the segment's average record size says the records it
+    // wants need, and reads on when they are larger: here a thousand tiny records, then large
+    // ones in batches of 1, 7 and 30.
+    let dir = tempfile::tempdir().unwrap();
+    let partition = open(dir.path(), PartitionConfig::default());
+    let mut records: Vec<NewRecord> = (0..1000).map(|i| numbered(i, 8)).collect();
+    records.extend((1000..1038).map(|i| numbered(i, 20_000 + i as usize)));
+    for chunk in [&records[0..1000], &records[1000..1001], &records[1001..1008], &records[1008..1038]] {
+        partition.append(chunk).await.unwrap();
+    }
+    for (from, limit) in [(1000, 1), (1000, 38), (1001, 3), (995, 20), (1008, 30), (0, 2000)] {
+        let read = partition.read(from, limit, usize::MAX).unwrap();
+        assert_eq!(read.len(), limit.min(1038 - from as usize), "read({from}, {limit})");
+        for record in read {
+            assert_eq!(record, stored(record.offset, &records[record.offset as usize]));
+        }
+    }
+}
+
+#[tokio::test]
 async fn reads_outside_the_log_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let partition = open(dir.path(), PartitionConfig::default());
