@@ -6,7 +6,9 @@
 //! - `fsync` appends: N concurrent writers, each awaiting its own durable acknowledgement before
 //!   sending the next record (closed loop), so throughput shows how well group commit shares
 //!   one fdatasync among writers;
-//! - `async` appends: the same, acknowledged after write(2), fsynced in the background.
+//! - `async` appends: the same, acknowledged after write(2), fsynced in the background;
+//! - reads: the CPU a record costs to read back (page cache warm), in the steps consumers take,
+//!   from batches as written at a low rate and after a stall.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -43,6 +45,9 @@ pub struct LogBenchOptions {
     /// Also measure the floor with this long idle before each write + fdatasync: what a write
     /// at a low rate (W1, W2) finds the disk doing.
     pub floor_idle: Option<Duration>,
+    /// Records written for the read measurements (0: none): reading them back in steps as
+    /// consumers do, from batches as a quiet and a busy partition writes them.
+    pub read_records: usize,
 }
 
 impl Default for LogBenchOptions {
@@ -57,8 +62,27 @@ impl Default for LogBenchOptions {
             out: None,
             progress: true,
             floor_idle: None,
+            read_records: 200_000,
         }
     }
+}
+
+/// Records per batch of the read measurements: as a partition writes them at a low rate
+/// (a few records per fdatasync) and after a stall (a whole burst in one batch).
+const READ_BATCH_RECORDS: [usize; 2] = [25, 2_000];
+/// Records a read asks for: a live subscriber's step, a subscription catching up, a tailer.
+const READ_STEP_RECORDS: [usize; 3] = [25, 256, 1024];
+/// Passes over the records per measurement; the fastest is reported (the least disturbed).
+const READ_PASSES: usize = 3;
+
+/// Reading records back from the log: `read` stops at its limit, `read_through_batch` takes
+/// the rest of the batch it stops in (what tailers and catching-up subscriptions use).
+#[derive(Clone, Debug, Serialize)]
+pub struct LogReadResult {
+    pub batch_records: usize,
+    pub read_records: usize,
+    pub read_ns_per_record: f64,
+    pub read_through_batch_ns_per_record: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -93,6 +117,9 @@ pub struct LogBenchReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub floor_idle_p99_us: Option<f64>,
     pub results: Vec<LogBenchResult>,
+    /// Records in each read measurement (0 when not measured).
+    pub read_records: usize,
+    pub reads: Vec<LogReadResult>,
 }
 
 fn progress_bar(enabled: bool, label: &str) -> ProgressBar {
@@ -149,6 +176,13 @@ pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
             results.push(measure_appends(&dir, mode, writers, options).await?);
         }
     }
+    let mut reads = Vec::new();
+    if options.read_records > 0 {
+        for batch_records in READ_BATCH_RECORDS {
+            let dir = scratch.path().join(format!("reads-{batch_records}"));
+            reads.extend(measure_reads(&dir, batch_records, options).await?);
+        }
+    }
     let report = LogBenchReport {
         bench: "log",
         record_bytes: options.record_bytes,
@@ -162,6 +196,8 @@ pub async fn run(options: &LogBenchOptions) -> anyhow::Result<LogBenchReport> {
         floor_idle_p50_us: idle.as_ref().map(|idle| quantile_us(&idle.0, 0.5)),
         floor_idle_p99_us: idle.as_ref().map(|idle| quantile_us(&idle.0, 0.99)),
         results,
+        read_records: if reads.is_empty() { 0 } else { options.read_records },
+        reads,
     };
     if let Some(out) = &options.out {
         write_outputs(out, &report)?;
@@ -310,6 +346,91 @@ async fn measure_appends(
     Ok(result)
 }
 
+/// Writes `options.read_records` records (`record_bytes` encoded, with a subject and a header,
+/// as an MQTT message is stored) in batches of `batch_records`, then reads them all back in steps of
+/// each of [`READ_STEP_RECORDS`], with both kinds of read: CPU per record, the page cache warm.
+async fn measure_reads(
+    dir: &Path,
+    batch_records: usize,
+    options: &LogBenchOptions,
+) -> anyhow::Result<Vec<LogReadResult>> {
+    let config = PartitionConfig { durability: Durability::Async, ..PartitionConfig::default() };
+    let (partition, _) = Partition::open(dir, config).with_context(|| format!("opening {}", dir.display()))?;
+    let bar = progress_bar(options.progress, &format!("reads, batches of {batch_records}"));
+    bar.set_message("writing");
+    let mut record = NewRecord {
+        subject: Some("bench/reads".into()),
+        headers: vec![("onehop-qos".into(), Bytes::from_static(b"1"))],
+        ..Default::default()
+    };
+    // `record_bytes` is the encoded size, as for the appends.
+    record.value = Some(Bytes::from(vec![0x5a_u8; options.record_bytes.saturating_sub(record.encoded_len())]));
+    let batch = vec![record; batch_records];
+    let mut written = 0;
+    while written < options.read_records {
+        let take = batch_records.min(options.read_records - written);
+        partition.append(&batch[..take]).await?;
+        written += take;
+    }
+    let end = partition.end_offset();
+    let partition = Arc::new(partition);
+    let mut results = Vec::new();
+    for read_records in READ_STEP_RECORDS {
+        let mut best = [f64::MAX; 2];
+        for (kind, through_batch) in [false, true].into_iter().enumerate() {
+            bar.set_message(format!(
+                "reading {read_records} at a time, {}",
+                if through_batch { "through batches" } else { "exactly" }
+            ));
+            let partition = partition.clone();
+            best[kind] = tokio::task::spawn_blocking(move || {
+                let mut best = f64::MAX;
+                for _ in 0..READ_PASSES {
+                    let started = Instant::now();
+                    let (mut next, mut count) = (0, 0);
+                    while next < end {
+                        let records = if through_batch {
+                            partition.read_through_batch(next, read_records, usize::MAX)?
+                        } else {
+                            partition.read(next, read_records, usize::MAX)?
+                        };
+                        let last = records.last().context("a read before the end returned nothing")?;
+                        next = last.offset + 1;
+                        count += records.len();
+                    }
+                    anyhow::ensure!(count as u64 == end, "read {count} of {end} records");
+                    best = best.min(started.elapsed().as_nanos() as f64 / count as f64);
+                }
+                anyhow::Ok(best)
+            })
+            .await
+            .context("read thread")??;
+        }
+        results.push(LogReadResult {
+            batch_records,
+            read_records,
+            read_ns_per_record: best[0],
+            read_through_batch_ns_per_record: best[1],
+        });
+    }
+    bar.finish_with_message(
+        results
+            .iter()
+            .map(|result| {
+                format!(
+                    "{}: {:.0}/{:.0} ns",
+                    result.read_records, result.read_ns_per_record, result.read_through_batch_ns_per_record
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    partition.close();
+    drop(partition);
+    std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    Ok(results)
+}
+
 /// A readable table of the report.
 pub fn table(report: &LogBenchReport) -> String {
     let mut text = format!(
@@ -346,6 +467,19 @@ pub fn table(report: &LogBenchReport) -> String {
             result.max_us,
             result.p50_us / report.floor_p50_us.max(f64::MIN_POSITIVE),
         ));
+    }
+    if !report.reads.is_empty() {
+        text.push_str(&format!(
+            "\nreads of {} records ({} B, with a subject and a header), CPU per record, fastest of {READ_PASSES}:\n\
+             {:>14} {:>12} {:>10} {:>20}\n",
+            report.read_records, report.record_bytes, "batch records", "read step", "read ns", "read_through_batch ns"
+        ));
+        for read in &report.reads {
+            text.push_str(&format!(
+                "{:>14} {:>12} {:>10.0} {:>20.0}\n",
+                read.batch_records, read.read_records, read.read_ns_per_record, read.read_through_batch_ns_per_record
+            ));
+        }
     }
     text
 }
@@ -429,6 +563,7 @@ mod tests {
             out: Some(out.clone()),
             progress: false,
             floor_idle: Some(Duration::from_millis(20)),
+            read_records: 5_000,
             ..LogBenchOptions::default()
         };
         let report = run(&options).await.unwrap();
@@ -445,6 +580,16 @@ mod tests {
         assert_eq!(line["bench"], "log");
         assert_eq!(line["results"][2]["mode"], "async");
         assert_eq!(line["results"][1]["writers"], 4);
+        // Every batch size read in every step, both ways.
+        let reads: Vec<(usize, usize)> =
+            report.reads.iter().map(|read| (read.batch_records, read.read_records)).collect();
+        assert_eq!(reads, vec![(25, 25), (25, 256), (25, 1024), (2000, 25), (2000, 256), (2000, 1024)]);
+        for read in &report.reads {
+            assert!(read.read_ns_per_record > 0.0 && read.read_through_batch_ns_per_record > 0.0, "{read:?}");
+        }
+        assert_eq!(line["read_records"], 5_000);
+        assert_eq!(line["reads"][5]["batch_records"], 2000);
+        assert!(table(&report).contains("read_through_batch ns"), "{}", table(&report));
         for file in ["log.json", "log.txt", "log-throughput.svg", "log-latency.svg"] {
             assert!(out.join(file).exists(), "{file} missing");
         }

@@ -192,6 +192,10 @@ fn bench_log(args: BenchLogArgs) -> anyhow::Result<()> {
             }
             ms => ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
         },
+        read_records: match args.read_records {
+            n if n > 10_000_000 => bail!("--read-records must be at most 10000000, not {n}"),
+            n => n,
+        },
     };
     // The log runs in this process: it is the target, at the process's own priority.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;

@@ -383,6 +383,10 @@ pub struct BenchLogArgs {
     #[arg(long, value_name = "MS")]
     pub floor_idle_ms: Option<f64>,
 
+    /// Records written and read back for the read figures (at most 10000000; 0 skips them).
+    #[arg(long, default_value_t = 200_000, value_name = "N")]
+    pub read_records: usize,
+
     /// End the output with one JSON line of the results.
     #[arg(long)]
     pub json: bool,
