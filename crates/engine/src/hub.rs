@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use bytes::Bytes;
-use onehop_log::Record;
+use onehop_log::{ReadAhead, Record};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -39,12 +39,10 @@ use crate::stream::Stream;
 use crate::subject::{SubjectFilter, SubjectTrie};
 use crate::table::{TableOp, op_name, table_op};
 
-/// Records a tailer reads per wake-up (and the rest of the batch it stops in), bounding its
-/// memory.
+/// Records a tailer reads per wake-up, bounding its memory.
 const TAIL_BATCH_RECORDS: usize = 1024;
 const TAIL_BATCH_BYTES: usize = 4 * 1024 * 1024;
-/// Records a cursor reads from the log per step while catching up (and the rest of the batch
-/// it stops in).
+/// Records a cursor reads from the log per step while catching up.
 const CATCH_UP_BATCH_RECORDS: usize = 256;
 
 /// What a delivered record means to the subscription that receives it.
@@ -394,11 +392,13 @@ impl Hub {
 /// closes.
 async fn tail(routes: Arc<Routes>, partition: u32, log: Arc<onehop_log::Partition>, start: u64) {
     let mut next = start;
+    // A burst committed as one large batch is read from the file once, not once per pass.
+    let mut ahead = ReadAhead::default();
     loop {
         if log.wait_for(next).await.is_err() {
             return;
         }
-        let records = match log.read_through_batch(next, TAIL_BATCH_RECORDS, TAIL_BATCH_BYTES) {
+        let records = match log.read_next(next, TAIL_BATCH_RECORDS, TAIL_BATCH_BYTES, &mut ahead) {
             Ok(records) => records,
             Err(error) => {
                 tracing::error!(stream = %routes.name, partition, %error, "the hub cannot read the log; stopping this tailer");
@@ -471,6 +471,8 @@ pub struct Cursor {
     buffer: VecDeque<(Arc<Event>, Change)>,
     /// Records read from the log per step while catching up.
     read_ahead: usize,
+    /// Per partition, the rest of the batch the last step stopped in.
+    ahead: Vec<ReadAhead>,
     /// When cut off by the hub: read on from the log (true) or yield [`Delivery::Overflow`].
     carry_on: bool,
     /// How many times this cursor fell behind the live feed and read on from the log.
@@ -499,6 +501,7 @@ impl Cursor {
             }
         }
         let targets = end_offsets(&stream);
+        let ahead = positions.iter().map(|_| ReadAhead::default()).collect();
         Ok(Cursor {
             hub,
             name: Arc::from(stream.name()),
@@ -511,6 +514,7 @@ impl Cursor {
             live: None,
             buffer: VecDeque::new(),
             read_ahead: CATCH_UP_BATCH_RECORDS,
+            ahead,
             carry_on: false,
             carried_on: 0,
         })
@@ -553,7 +557,7 @@ impl Cursor {
                 continue;
             }
             let log = self.stream.partition(partition as u32)?;
-            let records = log.read_through_batch(from, self.read_ahead, TAIL_BATCH_BYTES)?;
+            let records = log.read_next(from, self.read_ahead, TAIL_BATCH_BYTES, &mut self.ahead[partition])?;
             for record in records {
                 if record.offset >= limit {
                     break;

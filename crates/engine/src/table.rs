@@ -238,15 +238,14 @@ impl Table {
         }
     }
 
-    /// Applies up to `max_records` durable records not yet applied (and the rest of the batch
-    /// that limit falls in); true when none is left.
+    /// Applies up to `max_records` durable records not yet applied; true when none is left.
     fn catch_up(&self, max_records: usize) -> Result<bool, EngineError> {
         let mut state = self.state.write().expect("table state lock");
         let end = self.log.end_offset();
         if state.next >= end {
             return Ok(true);
         }
-        let records = self.log.read_through_batch(state.next, max_records, 4 * 1024 * 1024)?;
+        let records = self.log.read(state.next, max_records, 4 * 1024 * 1024)?;
         if records.is_empty() {
             // Compaction removed what was left below the end.
             state.next = end;

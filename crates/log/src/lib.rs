@@ -30,5 +30,5 @@ pub use config::{Durability, PartitionConfig};
 pub use error::{AppendError, DecodeError, MaintenanceError, OpenError, ReadError};
 pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, NewRecord, Record, decode_records};
 pub use maintenance::{CompactionReport, RetentionReport};
-pub use partition::{AppendAck, Partition, QueuedAppend, RecoveryReport, Watermark};
+pub use partition::{AppendAck, Partition, QueuedAppend, ReadAhead, RecoveryReport, Watermark};
 pub use store::{DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, validate_topic_name};

@@ -157,7 +157,7 @@ impl Partition {
 fn read_segment(segment: &Segment, end: u64) -> Result<Vec<Record>, MaintenanceError> {
     let mut records = Vec::new();
     segment
-        .read_batches(0, usize::MAX, |header, batch| {
+        .read_batches(0, usize::MAX, |_, header, batch| {
             if header.base_offset >= end {
                 return Ok(false);
             }

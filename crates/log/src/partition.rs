@@ -18,7 +18,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::config::{Durability, PartitionConfig};
 use crate::error::{AppendError, OpenError, ReadError, io_at};
-use crate::format::{HEADERS_MAX, NewRecord, Record, SUBJECT_BYTES_MAX, decode_records, encode_record, records_from};
+use crate::format::{
+    HEADERS_MAX, NewRecord, Record, RecordsFrom, SUBJECT_BYTES_MAX, decode_records, encode_record, records_from,
+};
 use crate::metrics as m;
 use crate::segment::{LOG_SUFFIX, Segment, sync_dir};
 
@@ -99,6 +101,25 @@ pub(crate) struct Shared {
     /// Retention and compaction replace segments; one at a time.
     pub(crate) maintenance: Mutex<()>,
     pub(crate) meters: crate::metrics::Meters,
+}
+
+/// What a reader that goes on from where it stopped keeps between reads
+/// ([`Partition::read_next`]): the rest of the batch its last read stopped in. It holds that
+/// batch's bytes, which the records read from it share anyway.
+#[derive(Default)]
+pub struct ReadAhead {
+    rest: Option<Rest>,
+}
+
+struct Rest {
+    /// The offset a read must start from to go on with these records.
+    next: u64,
+    /// Where the batch ends, for a read that takes all that is left of it.
+    batch_next_offset: u64,
+    records: RecordsFrom,
+    /// For reporting a record that does not decode.
+    segment: std::path::PathBuf,
+    position: u64,
 }
 
 /// A partition of the log. Cheap to share behind an `Arc`; `close` (or drop) stops its writer.
@@ -359,22 +380,23 @@ impl Partition {
     /// values and keys are collected (at least one record is returned when one exists).
     /// Reading at the end offset returns nothing; `wait_for` tells when more arrives.
     pub fn read(&self, from: u64, max_records: usize, max_bytes: usize) -> Result<Vec<Record>, ReadError> {
-        self.read_records(from, max_records, max_bytes, false)
+        self.read_records(from, max_records, max_bytes, None)
     }
 
-    /// Like [`read`](Self::read), but a read whose limits fall inside a batch takes the rest of
-    /// that batch too, so it returns up to one batch more than the limits. For a reader that
-    /// goes on from where it stopped (a tailer, a subscription catching up): each batch is read
-    /// from the file, checked and copied once, however many records it holds. A burst is
-    /// written as batches of thousands of records; read a few hundred at a time, each such
-    /// batch would be read and checked again for every few hundred.
-    pub fn read_through_batch(
+    /// Reads like [`read`](Self::read), for a reader that goes on from where its last read
+    /// stopped (a tailer, a subscription catching up, a replay): `ahead` keeps the rest of the
+    /// batch that read stopped in, already read from the file and checked, and a read from
+    /// where it stopped takes its records from there. A burst is written as one batch of
+    /// thousands of records; read a few hundred at a time, each step would otherwise read,
+    /// check and copy the whole batch again. A read from anywhere else reads the file.
+    pub fn read_next(
         &self,
         from: u64,
         max_records: usize,
         max_bytes: usize,
+        ahead: &mut ReadAhead,
     ) -> Result<Vec<Record>, ReadError> {
-        self.read_records(from, max_records, max_bytes, true)
+        self.read_records(from, max_records, max_bytes, Some(ahead))
     }
 
     fn read_records(
@@ -382,7 +404,7 @@ impl Partition {
         from: u64,
         max_records: usize,
         max_bytes: usize,
-        through_batch: bool,
+        mut ahead: Option<&mut ReadAhead>,
     ) -> Result<Vec<Record>, ReadError> {
         let end = self.end_offset();
         let start = self.start_offset();
@@ -397,33 +419,84 @@ impl Partition {
             return Ok(records);
         }
         let mut bytes = 0;
-        let full = |records: &Vec<Record>, bytes: usize| records.len() >= max_records || bytes >= max_bytes;
+        let mut from = from;
+        let kept = ahead.as_deref_mut().and_then(|ahead| ahead.rest.take());
+        if let Some(mut rest) = kept.filter(|rest| rest.next == from) {
+            // Committed records are below the end for good, so the rest of a batch read
+            // before needs no check against it.
+            loop {
+                match rest.records.next() {
+                    None => {
+                        from = rest.batch_next_offset;
+                        break;
+                    }
+                    Some(Err(reason)) => {
+                        let segment = rest.segment.display().to_string();
+                        return Err(ReadError::Corrupt {
+                            segment,
+                            position: rest.position,
+                            reason: reason.to_string(),
+                        });
+                    }
+                    Some(Ok(record)) => {
+                        bytes +=
+                            record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
+                        rest.next = record.offset + 1;
+                        records.push(record);
+                        if records.len() >= max_records || bytes >= max_bytes {
+                            if let Some(ahead) = ahead {
+                                ahead.rest = Some(rest);
+                            }
+                            return Ok(records);
+                        }
+                    }
+                }
+            }
+            if from >= end {
+                return Ok(records);
+            }
+        }
         for segment in self.segments_from(from) {
             let position = segment.position_for_offset(from);
             let first_chunk = segment.bytes_for_records(position, max_records - records.len());
-            let read = segment.read_batches(position, first_chunk, |header, batch| {
+            let mut stopped_in: Option<Rest> = None;
+            let keep = ahead.is_some();
+            let read = segment.read_batches(position, first_chunk, |batch_position, header, batch| {
                 if header.next_offset() <= from {
                     return Ok(true);
                 }
                 if header.base_offset >= end {
                     return Ok(false);
                 }
-                for record in records_from(header, &batch, from) {
+                let mut batch_records = records_from(header, &batch, from);
+                while let Some(record) = batch_records.next() {
                     let record = record?;
                     if record.offset >= end {
                         return Ok(false);
                     }
                     bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
+                    let next = record.offset + 1;
                     records.push(record);
-                    if !through_batch && full(&records, bytes) {
+                    if records.len() >= max_records || bytes >= max_bytes {
+                        if keep {
+                            stopped_in = Some(Rest {
+                                next,
+                                batch_next_offset: header.next_offset(),
+                                records: batch_records,
+                                segment: segment.path.clone(),
+                                position: batch_position,
+                            });
+                        }
                         return Ok(false);
                     }
                 }
-                // A batch with nothing taken from it (a read from a gap) does not end the read.
-                Ok(records.is_empty() || !full(&records, bytes))
+                Ok(true)
             });
             if let Err((position, reason)) = read {
                 return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
+            }
+            if let (Some(ahead), Some(rest)) = (ahead.as_deref_mut(), stopped_in) {
+                ahead.rest = Some(rest);
             }
             // `bytes >= max_bytes` holds from the start when `max_bytes` is 0: it only counts once
             // a record is in, or a read from a gap compaction left at a segment's end finds nothing.
@@ -449,7 +522,7 @@ impl Partition {
             let mut found = None;
             let position = segment.position_for_timestamp(timestamp_ms);
             // The record sought is in the first batches from the index entry.
-            let read = segment.read_batches(position, 0, |header, batch| {
+            let read = segment.read_batches(position, 0, |_, header, batch| {
                 if header.base_offset >= end {
                     return Ok(false);
                 }

@@ -326,8 +326,8 @@ impl Segment {
         estimate.min(committed.saturating_sub(position)) as usize
     }
 
-    /// Reads batches from `position` up to the committed end, calling `visit` for each until it
-    /// returns false. The file is read in chunks, the first of `first_chunk` bytes (at least a
+    /// Reads batches from `position` up to the committed end, calling `visit` with each one's
+    /// position until it returns false. The file is read in chunks, the first of `first_chunk` bytes (at least a
     /// few KiB), each next twice as large up to a scan's 1 MiB: a reader taking a few records
     /// reads a few records' worth, not a megabyte. A batch `visit` cannot decode is reported
     /// with its byte position.
@@ -335,7 +335,7 @@ impl Segment {
         &self,
         position: u64,
         first_chunk: usize,
-        mut visit: impl FnMut(&BatchHeader, Bytes) -> Result<bool, DecodeError>,
+        mut visit: impl FnMut(u64, &BatchHeader, Bytes) -> Result<bool, DecodeError>,
     ) -> Result<(), (u64, String)> {
         let end = self.committed_bytes();
         let first_chunk = first_chunk.clamp(READ_CHUNK_MIN_BYTES, SCAN_CHUNK_BYTES);
@@ -343,7 +343,7 @@ impl Segment {
         loop {
             match reader.next_batch() {
                 Ok(None) => return Ok(()),
-                Ok(Some((batch_position, header, batch))) => match visit(&header, batch) {
+                Ok(Some((batch_position, header, batch))) => match visit(batch_position, &header, batch) {
                     Ok(true) => {}
                     Ok(false) => return Ok(()),
                     Err(reason) => return Err((batch_position, reason.to_string())),

@@ -242,37 +242,61 @@ async fn reads_respect_record_and_byte_limits() {
 }
 
 #[tokio::test]
-async fn a_read_through_batch_takes_the_rest_of_the_batch_it_stops_in() {
+async fn read_next_goes_on_from_the_batch_the_last_read_stopped_in() {
     let dir = tempfile::tempdir().unwrap();
-    let partition = open(dir.path(), PartitionConfig::default());
-    // Batches of 100, 100 and 5 records.
-    let records: Vec<NewRecord> = (0..205).map(|i| numbered(i, 50)).collect();
+    let config = PartitionConfig {
+        segment_bytes_max: 64 * 1024,
+        record_bytes_max: 4096,
+        batch_bytes_max: 64 * 1024,
+        queue_bytes_max: 1 << 20,
+        ..PartitionConfig::default()
+    };
+    let partition = open(dir.path(), config);
+    // Batches of 100, 100 and 5 records, then enough to roll over into more segments.
+    let mut records: Vec<NewRecord> = (0..205).map(|i| numbered(i, 50)).collect();
     for chunk in [&records[0..100], &records[100..200], &records[200..205]] {
         partition.append(chunk).await.unwrap();
     }
     let offsets = |read: Vec<Record>| read.iter().map(|record| record.offset).collect::<Vec<_>>();
     let range = |from: u64, to: u64| (from..to).collect::<Vec<_>>();
-    // A limit inside a batch takes the batch to its end; `read` stops at the limit.
-    assert_eq!(offsets(partition.read_through_batch(5, 10, usize::MAX).unwrap()), range(5, 100));
-    assert_eq!(offsets(partition.read(5, 10, usize::MAX).unwrap()), range(5, 15));
-    assert_eq!(offsets(partition.read_through_batch(0, 150, usize::MAX).unwrap()), range(0, 200));
-    // A byte limit the same: 50-byte values, reached at the third record.
-    assert_eq!(offsets(partition.read_through_batch(120, 1000, 150).unwrap()), range(120, 200));
-    // A limit that ends exactly with a batch does not start the next one.
-    assert_eq!(offsets(partition.read_through_batch(0, 100, usize::MAX).unwrap()), range(0, 100));
-    assert_eq!(offsets(partition.read_through_batch(190, 10, usize::MAX).unwrap()), range(190, 200));
-    // Limits past the end stop at the end; nothing at the end; none asked, none given.
-    assert_eq!(offsets(partition.read_through_batch(150, 1000, usize::MAX).unwrap()), range(150, 205));
-    assert_eq!(offsets(partition.read_through_batch(205, 10, usize::MAX).unwrap()), Vec::<u64>::new());
-    assert_eq!(offsets(partition.read_through_batch(0, 0, usize::MAX).unwrap()), Vec::<u64>::new());
-    // The records are the ones appended, read as a tailer does, a few at a time.
+    let mut ahead = onehop_log::ReadAhead::default();
+    // The same limits as `read`, whether the records come from the file or from the batch
+    // the last read stopped in.
+    assert_eq!(offsets(partition.read_next(5, 10, usize::MAX, &mut ahead).unwrap()), range(5, 15));
+    assert_eq!(offsets(partition.read_next(15, 10, usize::MAX, &mut ahead).unwrap()), range(15, 25));
+    assert_eq!(offsets(partition.read_next(25, 100, usize::MAX, &mut ahead).unwrap()), range(25, 125));
+    // A byte limit: 50-byte values, reached at the third record.
+    assert_eq!(offsets(partition.read_next(125, 1000, 150, &mut ahead).unwrap()), range(125, 128));
+    // Anywhere else, the file again; then on from there.
+    assert_eq!(offsets(partition.read_next(3, 2, usize::MAX, &mut ahead).unwrap()), range(3, 5));
+    assert_eq!(offsets(partition.read_next(5, 2, usize::MAX, &mut ahead).unwrap()), range(5, 7));
+    assert_eq!(offsets(partition.read_next(150, 1000, usize::MAX, &mut ahead).unwrap()), range(150, 205));
+    assert_eq!(offsets(partition.read_next(205, 10, usize::MAX, &mut ahead).unwrap()), Vec::<u64>::new());
+    // The last record of a batch: the next read goes on into the next batch.
+    assert_eq!(offsets(partition.read_next(90, 10, usize::MAX, &mut ahead).unwrap()), range(90, 100));
+    assert_eq!(offsets(partition.read_next(100, 3, usize::MAX, &mut ahead).unwrap()), range(100, 103));
+    // Records appended after a read stopped at the end are read from the file.
+    records.extend((205..1400).map(|i| numbered(i, 50)));
+    for chunk in records[205..].chunks(300) {
+        partition.append(chunk).await.unwrap();
+    }
+    assert!(partition.segment_count() > 1, "the test wants reads across segments");
+    // A tailer's pattern, a few at a time from where it stopped, across batches and
+    // segments: exactly the records appended.
+    let mut ahead = onehop_log::ReadAhead::default();
     let mut next = 0;
-    while next < 205 {
-        for record in partition.read_through_batch(next, 7, usize::MAX).unwrap() {
+    while next < 1400 {
+        let read = partition.read_next(next, 7, usize::MAX, &mut ahead).unwrap();
+        assert!(!read.is_empty() && read.len() <= 7);
+        for record in read {
             assert_eq!(record, stored(next, &records[next as usize]));
             next += 1;
         }
     }
+    // Retention past where a reader stopped is an error as for `read`, whatever it kept.
+    let mut ahead = onehop_log::ReadAhead::default();
+    partition.read_next(0, 10, usize::MAX, &mut ahead).unwrap();
+    assert!(matches!(partition.read_next(2000, 10, usize::MAX, &mut ahead), Err(ReadError::PastEnd { .. })));
 }
 
 #[tokio::test]
