@@ -611,6 +611,9 @@ impl Cursor {
                     let thresholds = thresholds.clone();
                     if self.read_log(&thresholds)? {
                         self.phase = Phase::Live { thresholds };
+                        // Live events come from the hub: a batch kept for reading on is not
+                        // needed, and would stay in memory for as long as the subscription.
+                        self.ahead.iter_mut().for_each(|ahead| *ahead = ReadAhead::default());
                     }
                 }
                 Phase::Live { thresholds } => {

@@ -364,6 +364,11 @@ pub struct RecordsFrom {
 }
 
 impl RecordsFrom {
+    /// Whether every record of the batch has been taken.
+    pub(crate) fn is_done(&self) -> bool {
+        self.left == 0 || self.failed
+    }
+
     fn step(&mut self) -> Result<Option<Record>, DecodeError> {
         loop {
             if self.left == 0 {

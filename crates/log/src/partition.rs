@@ -444,7 +444,9 @@ impl Partition {
                         rest.next = record.offset + 1;
                         records.push(record);
                         if records.len() >= max_records || bytes >= max_bytes {
-                            if let Some(ahead) = ahead {
+                            if let Some(ahead) = ahead
+                                && !rest.records.is_done()
+                            {
                                 ahead.rest = Some(rest);
                             }
                             return Ok(records);
@@ -478,7 +480,8 @@ impl Partition {
                     let next = record.offset + 1;
                     records.push(record);
                     if records.len() >= max_records || bytes >= max_bytes {
-                        if keep {
+                        // Kept only with records left: an idle reader holds no batch.
+                        if keep && !batch_records.is_done() {
                             stopped_in = Some(Rest {
                                 next,
                                 batch_next_offset: header.next_offset(),
