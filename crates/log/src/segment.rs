@@ -327,10 +327,10 @@ impl Segment {
     }
 
     /// Reads batches from `position` up to the committed end, calling `visit` with each one's
-    /// position until it returns false. The file is read in chunks, the first of `first_chunk` bytes (at least a
-    /// few KiB), each next twice as large up to a scan's 1 MiB: a reader taking a few records
-    /// reads a few records' worth, not a megabyte. A batch `visit` cannot decode is reported
-    /// with its byte position.
+    /// position until it returns false. The file is read in chunks, the first of `first_chunk`
+    /// bytes (at least 16 KiB), each next twice as large up to a scan's 1 MiB: a reader taking
+    /// a few records reads a few records' worth, not a megabyte. A batch `visit` cannot decode
+    /// is reported with its byte position.
     pub fn read_batches(
         &self,
         position: u64,
