@@ -347,9 +347,10 @@ async fn measure_appends(
     Ok(result)
 }
 
-/// Writes `options.read_records` records (`record_bytes` encoded, with a subject and a header,
-/// as an MQTT message is stored) in batches of `batch_records`, then reads them all back in steps of
-/// each of [`READ_STEP_RECORDS`], with both kinds of read: CPU per record, the page cache warm.
+/// Writes `options.read_records` records (`record_bytes` encoded, with a subject and a
+/// header, as an MQTT message is stored) in batches of `batch_records`, then reads them all
+/// back in steps of each of [`READ_STEP_RECORDS`], with both kinds of read: CPU per record,
+/// the page cache warm.
 async fn measure_reads(
     dir: &Path,
     batch_records: usize,
