@@ -138,6 +138,8 @@ pub struct Figures {
     pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
     /// CPU used and the machine's pressure during the run(s).
     pub host: Option<crate::host::HostUsage>,
+    /// Stalls made on purpose during the run (`--pause-ms`), when asked for.
+    pub pauses: Option<crate::pause::PauseFigures>,
     /// Whether each run kept up with its offered rate, in run order.
     pub saturation: Vec<Saturation>,
     pub problems: Vec<String>,
@@ -169,6 +171,7 @@ impl Default for Figures {
             server_rss_mb: None,
             target_fsyncs: None,
             host: None,
+            pauses: None,
             saturation: Vec::new(),
             problems: Vec::new(),
         }
@@ -217,6 +220,11 @@ impl Figures {
             _ => {}
         }
         match (&mut self.host, &other.host) {
+            (Some(mine), Some(theirs)) => mine.merge(theirs),
+            (mine @ None, Some(theirs)) => *mine = Some(*theirs),
+            _ => {}
+        }
+        match (&mut self.pauses, &other.pauses) {
             (Some(mine), Some(theirs)) => mine.merge(theirs),
             (mine @ None, Some(theirs)) => *mine = Some(*theirs),
             _ => {}

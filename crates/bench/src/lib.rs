@@ -20,7 +20,8 @@
 //!   `priority`: the harness's threads ask to run ahead of the target's; `fsyncs`: the
 //!   target's own fdatasync times over a run, from its `/metrics`; `host`: the CPU the harness
 //!   and a started server used during a run, and the machine's CPU and I/O pressure;
-//!   `timeline`: a run by 100 ms slice, latency beside what the machine did.
+//!   `timeline`: a run by 100 ms slice, latency beside what the machine did; `pause`: stalls
+//!   made on purpose, a started server stopped and continued at set times.
 //!
 //! The benchmarks built from them:
 //!
@@ -42,6 +43,7 @@ pub mod host;
 pub mod log;
 pub mod mqtt;
 pub mod notify;
+pub mod pause;
 pub mod plan;
 pub mod plot;
 pub mod priority;

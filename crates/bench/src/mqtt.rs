@@ -131,6 +131,7 @@ fn run_once_at(
         limits: DriveLimits::default(),
         label: format!("mqtt {rate:.0}/s"),
         progress: options.progress,
+        pauses: None,
     };
     let data = run_once(target, &plan, &spec, runtime)?;
     let figures = analyze(&plan, &data.recorder, &mut |_| {});

@@ -114,6 +114,7 @@ pub fn run(options: &NotifyOptions, runtime: &tokio::runtime::Handle) -> anyhow:
         limits: DriveLimits { in_flight_max: options.in_flight_max, ..DriveLimits::default() },
         label: "notify".into(),
         progress: options.progress,
+        pauses: None,
     };
     let data = run_once(&target, &plan, &spec, runtime)?;
     drop(target);

@@ -210,6 +210,12 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         .into();
     value["target_fsyncs"] = json!(figures.target_fsyncs.as_ref().map(crate::fsyncs::Fsyncs::summary));
     value["host_usage"] = json!(figures.host.as_ref().map(crate::host::HostUsage::summary));
+    value["pauses"] = json!(figures.pauses);
+    value["pauses_measures"] = "stalls made on purpose (--pause-ms): the server the harness started stopped \
+        (SIGSTOP) for length_ms every every_s seconds of the measured window, the first one interval after the \
+        warm-up, then continued (SIGCONT); made, and the time it was stopped in all; null when none were asked for \
+        or the target is not a started server"
+        .into();
     value["host_usage_measures"] = "over the same span: CPU time of the harness process (the echo target included) \
         and of a server it started (null with --url) ÷ wall time, the share of that time some task waited for a \
         CPU or for I/O, or all did for I/O (Linux PSI; null where the kernel has none), and the CPU time the \
@@ -257,7 +263,7 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
 pub fn run_line(workload: Workload, target: &str, rate_hz: f64, run: u32, figures: &Figures) -> String {
     let latency = Percentiles::of(&figures.latency);
     format!(
-        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}{}{}{}",
+        "{} {target} {rate_hz:.0}/s run {run}: p50 {} ms, p99 {} ms, delivered {:.2} %, errors {}{}{}{}{}",
         workload.id(),
         ms(latency.p50_ns),
         ms(latency.p99_ns),
@@ -272,7 +278,16 @@ pub fn run_line(workload: Workload, target: &str, rate_hz: f64, run: u32, figure
             .target_fsyncs
             .as_ref()
             .map_or_else(String::new, |fsyncs| format!("; target fsyncs {}", fsyncs.summary().describe())),
-        figures.host.as_ref().map_or_else(String::new, |host| format!("; {}", host.summary().describe()))
+        figures.host.as_ref().map_or_else(String::new, |host| format!("; {}", host.summary().describe())),
+        figures.pauses.as_ref().map_or_else(String::new, |pauses| format!("; {}", describe_pauses(pauses)))
+    )
+}
+
+/// The stalls made on purpose, in words.
+fn describe_pauses(pauses: &crate::pause::PauseFigures) -> String {
+    format!(
+        "stopped on purpose {} time(s) for {:.0} ms every {} s, {:.0} ms in all",
+        pauses.made, pauses.length_ms, pauses.every_s, pauses.stopped_ms
     )
 }
 
@@ -485,6 +500,17 @@ pub fn tables(summaries: &[Summary]) -> String {
                 summary.figures.errors.total(),
                 summary.durability
             );
+        }
+        for summary in &rows {
+            if let Some(pauses) = &summary.figures.pauses {
+                let _ = writeln!(
+                    text,
+                    "\n{} at {:.0}/s was {} (SIGSTOP, then SIGCONT), from one interval after the warm-up; the latencies include catching up.",
+                    summary.target,
+                    summary.rate_hz,
+                    describe_pauses(pauses)
+                );
+            }
         }
         // Run by run, where there were several: the merged figures above hide the spread.
         for summary in rows.iter().filter(|summary| summary.per_run.len() > 1) {

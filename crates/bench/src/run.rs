@@ -30,6 +30,8 @@ pub struct RunSpec {
     /// The progress bar's label.
     pub label: String,
     pub progress: bool,
+    /// Stop a started server now and then (the echo, in-process, is never stopped).
+    pub pauses: Option<crate::pause::Pauses>,
 }
 
 /// What a run recorded, ready for analysis.
@@ -48,6 +50,8 @@ pub struct RunData {
     /// The same counters read at the start of every slice of the schedule and once at the
     /// end of the drain (see [`crate::timeline`]).
     pub host_samples: Vec<crate::host::HostUsage>,
+    /// The stalls made on purpose, when asked for and the target is a started server.
+    pub pauses: Option<crate::pause::PauseFigures>,
 }
 
 /// Resident set size of process `pid`, in MiB, from /proc.
@@ -72,6 +76,13 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     recorder.start_at(start_ns);
     let sampler = crate::timeline::HostSampler::start(clock, start_ns, target.server_pid())?;
     let progress = RunProgress::start(spec.progress, spec.label.clone(), recorder.clone());
+    let pauser = match (spec.pauses, target.server_pid()) {
+        (Some(pauses), Some(pid)) => {
+            let starts = pauses.starts(&spec.schedule);
+            Some(crate::pause::Pauser::start(pid, pauses, clock, start_ns, starts).context("starting the pauses")?)
+        }
+        _ => None,
+    };
     // Schedules run to their end; the flag is how a caller would cut one short.
     let never = Arc::new(AtomicBool::new(false));
     let query_thread = match querier {
@@ -107,6 +118,8 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         Some(thread) => Some(thread.join().map_err(|_| anyhow::anyhow!("the query thread panicked"))?),
         None => None,
     };
+    // Every pause ends inside the schedule: by now the last is over.
+    let pauses = pauser.map(crate::pause::Pauser::finish);
     // Let the last answers come back, then the last deliveries.
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let in_flight = || recorder.events.in_flight() + recorder.queries.as_ref().map_or(0, |queries| queries.in_flight());
@@ -131,6 +144,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         target_fsyncs,
         host,
         host_samples,
+        pauses,
     })
 }
 

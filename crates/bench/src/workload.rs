@@ -205,6 +205,8 @@ pub struct BenchOptions {
     /// W3's key count.
     pub view_keys: Option<u32>,
     pub seed: u64,
+    /// Stop the started onehop server now and then, to see it recover (`--pause-ms`).
+    pub pauses: Option<crate::pause::Pauses>,
     /// The command line, for the reports.
     pub command: String,
 }
@@ -258,6 +260,17 @@ impl BenchOptions {
         if self.view_keys == Some(0) {
             bail!("--keys must be positive");
         }
+        if let Some(pauses) = self.pauses {
+            if pauses.length.is_zero() || pauses.length > Duration::from_secs(10) {
+                bail!("--pause-ms must be above 0 and at most 10000");
+            }
+            if pauses.every <= pauses.length {
+                bail!("--pause-every must be longer than --pause-ms: a pause must end before the next begins");
+            }
+            if self.target_options.url.is_some() && self.targets.iter().any(|name| name == "onehop") {
+                bail!("--pause-ms stops the onehop server the harness starts: it cannot be used with --url");
+            }
+        }
         Ok(())
     }
 
@@ -293,6 +306,7 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                     limits,
                     label: String::new(),
                     progress: options.progress,
+                    pauses: options.pauses,
                 };
                 let mut summary = Summary {
                     workload,
@@ -328,6 +342,7 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                     figures.server_rss_mb = data.server_rss_mb;
                     figures.target_fsyncs = data.target_fsyncs;
                     figures.host = Some(data.host);
+                    figures.pauses = data.pauses;
                     if let Some(raw) = raw {
                         let directory = raw.finish()?;
                         let meta = RunMeta {

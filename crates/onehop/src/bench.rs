@@ -82,6 +82,16 @@ fn bench_workloads(workloads: Vec<Workload>, args: BenchWorkloadArgs) -> anyhow:
         progress: !args.no_progress,
         view_keys: None,
         seed: args.seed,
+        pauses: match args.pause_ms {
+            Some(ms) if !ms.is_finite() || ms <= 0.0 || ms > 10_000.0 => {
+                bail!("--pause-ms must be a number of milliseconds above 0 and at most 10000, not {ms}")
+            }
+            Some(ms) => Some(onehop_bench::pause::Pauses {
+                length: Duration::from_secs_f64(ms / 1e3),
+                every: seconds("--pause-every", args.pause_every, false)?,
+            }),
+            None => None,
+        },
         command: command_line(),
     };
     options.validate()?;
@@ -112,6 +122,7 @@ fn bench_view(args: BenchViewArgs) -> anyhow::Result<()> {
         progress: !args.no_progress,
         view_keys: Some(args.keys),
         seed: onehop_bench::workload::SEED_DEFAULT,
+        pauses: None,
         command: command_line(),
     };
     options.validate()?;

@@ -207,6 +207,15 @@ pub struct BenchWorkloadArgs {
     #[arg(long, default_value_t = onehop_bench::workload::SEED_DEFAULT)]
     pub seed: u64,
 
+    /// Stall the started onehop server on purpose: stop it (SIGSTOP) for this many
+    /// milliseconds every --pause-every seconds of the measured window, to see it catch up.
+    #[arg(long, value_name = "MS", conflicts_with = "url")]
+    pub pause_ms: Option<f64>,
+
+    /// Seconds between the starts of two pauses; the first starts this long after the warm-up.
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS", requires = "pause_ms")]
+    pub pause_every: f64,
+
     /// End the output with one JSON line per workload, target and rate.
     #[arg(long)]
     pub json: bool,

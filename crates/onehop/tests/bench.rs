@@ -355,6 +355,45 @@ fn w4_ingests_over_mqtt_and_sweeps_merge_runs_per_rate() {
     assert!(summary.contains("echo kept up with rates up to 400/s in this sweep"), "{summary}");
 }
 
+/// `--pause-ms` stops the started server for a while every second of the measured window: the
+/// run still delivers everything, says how often and how long it stopped the server, and the
+/// events due while it was stopped waited for it.
+#[test]
+fn a_server_stopped_on_purpose_catches_up_and_the_run_says_so() {
+    let (lines, dir) = bench(&["w4", "--duration", "3", "--warmup", "1", "--pause-ms", "50"]);
+    check_line(&lines[0], "W4", "onehop");
+    let results = dir.path().join("results");
+    let runs = runs(&results, "W4");
+    let (meta, _) = check_run(&runs[0], "W4", "onehop");
+    // At 2 s and 3 s of the schedule; one at 4 s would end after the window.
+    assert_eq!(meta["pauses"]["made"], 2, "{}", meta["pauses"]);
+    assert_eq!(meta["pauses"]["length_ms"], 50.0);
+    assert_eq!(meta["pauses"]["every_s"], 1.0);
+    assert!(meta["pauses"]["stopped_ms"].as_f64().unwrap() >= 100.0, "{}", meta["pauses"]);
+    // An event due as a pause began was delivered only after it ended.
+    let raw = std::fs::read_to_string(runs[0].join("raw.csv")).unwrap();
+    let mut rows = raw.lines();
+    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|field| *field == name).unwrap();
+    let (intended, received) = (column("intended_ns"), column("received_ns"));
+    let waited_ns = rows
+        .map(|row| row.split(',').collect::<Vec<_>>())
+        .filter(|row| !row[received].is_empty())
+        .map(|row| row[received].parse::<u64>().unwrap() - row[intended].parse::<u64>().unwrap())
+        .max()
+        .unwrap();
+    assert!(waited_ns >= 40_000_000, "the longest wait was {waited_ns} ns, shorter than a pause");
+    let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+    assert!(summary.contains("was stopped on purpose 2 time(s) for 50 ms every 1 s"), "{summary}");
+    // Only a server the harness started can be stopped.
+    let output = common::onehop()
+        .args(["bench", "w4", "--url", "http://127.0.0.1:9", "--pause-ms", "50", "--no-progress"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot be used with"), "{output:?}");
+}
+
 /// A rate far past what the target can take is called what it is: saturation. The run is
 /// marked in meta.json, the JSON line, its stderr line, summary.md and the CDF's legend, so
 /// nobody reads its latencies (the backlog's depth) as the target's speed.
