@@ -149,9 +149,19 @@ mod tests {
 
     #[test]
     fn a_paused_process_is_stopped_then_continued() {
-        // A child of our own that we stop and continue: its state in /proc shows each.
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let pid = child.id();
+        // A child of our own that we stop and continue: its state in /proc shows each. It is
+        // continued and killed however the test ends.
+        struct Child(std::process::Child);
+        impl Drop for Child {
+            fn drop(&mut self) {
+                // SAFETY: as in `Continue::drop`.
+                unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGCONT) };
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Child(std::process::Command::new("sleep").arg("30").spawn().unwrap());
+        let pid = child.0.id();
         let state = || {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
             stat.rsplit(") ").next().unwrap().chars().next().unwrap()
@@ -171,7 +181,6 @@ mod tests {
         assert_eq!(state(), 'T');
         drop(pauser);
         assert_eq!(state(), 'S');
-        child.kill().unwrap();
-        child.wait().unwrap();
+        drop(child);
     }
 }
