@@ -51,7 +51,7 @@ impl Pauses {
 pub struct Pauser {
     pauses: Pauses,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<(u64, Duration)>>,
+    thread: Option<JoinHandle<Vec<(u64, u64)>>>,
 }
 
 /// Continues the process when dropped, so a stopped server is never left behind.
@@ -78,20 +78,20 @@ impl Pauser {
             let stop = stop.clone();
             std::thread::Builder::new().name("bench-pauses".into()).spawn(move || {
                 let pid = pid as libc::pid_t;
-                let (mut made, mut stopped) = (0u64, Duration::ZERO);
+                let mut stopped = Vec::new();
                 for start in starts {
                     let due_ns = start_ns + start.as_nanos() as u64;
                     loop {
                         let now_ns = clock.now_ns();
                         if stop.load(Ordering::Relaxed) {
-                            return (made, stopped);
+                            return stopped;
                         }
                         if now_ns >= due_ns {
                             break;
                         }
                         std::thread::sleep(Duration::from_nanos(due_ns - now_ns).min(Duration::from_millis(50)));
                     }
-                    let began = std::time::Instant::now();
+                    let began_ns = clock.now_ns();
                     // SAFETY: as in `Continue::drop`.
                     if unsafe { libc::kill(pid, libc::SIGSTOP) } != 0 {
                         // The server is gone; the run will say so.
@@ -100,26 +100,26 @@ impl Pauser {
                     let resume = Continue(pid);
                     std::thread::sleep(pauses.length);
                     drop(resume);
-                    made += 1;
-                    stopped += began.elapsed();
+                    stopped.push((began_ns, clock.now_ns()));
                 }
-                (made, stopped)
+                stopped
             })?
         };
         Ok(Pauser { pauses, stop, thread: Some(thread) })
     }
 
-    /// Waits for the pause under way, if any, and says what was done. Pauses not yet begun
-    /// are not made.
-    pub fn finish(mut self) -> PauseFigures {
+    /// Waits for the pause under way, if any, and says what was done, with when the server
+    /// was stopped (from, to, on the run's clock). Pauses not yet begun are not made.
+    pub fn finish(mut self) -> (PauseFigures, Vec<(u64, u64)>) {
         self.stop.store(true, Ordering::Relaxed);
-        let (made, stopped) = self.thread.take().and_then(|thread| thread.join().ok()).unwrap_or_default();
-        PauseFigures {
+        let stopped = self.thread.take().and_then(|thread| thread.join().ok()).unwrap_or_default();
+        let figures = PauseFigures {
             length_ms: self.pauses.length.as_secs_f64() * 1e3,
             every_s: self.pauses.every.as_secs_f64(),
-            made,
-            stopped_ms: stopped.as_secs_f64() * 1e3,
-        }
+            made: stopped.len() as u64,
+            stopped_ms: stopped.iter().map(|(from, to)| to - from).sum::<u64>() as f64 / 1e6,
+        };
+        (figures, stopped)
     }
 }
 
@@ -171,10 +171,12 @@ mod tests {
         let pauser = Pauser::start(pid, pauses, clock, clock.now_ns(), vec![Duration::from_millis(50)]).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(state(), 'T', "stopped during the pause");
-        let figures = pauser.finish();
+        let (figures, stopped) = pauser.finish();
         assert_eq!(state(), 'S', "running (asleep in sleep(1)) after it");
         assert_eq!(figures.made, 1);
         assert!(figures.stopped_ms >= 300.0, "{figures:?}");
+        assert_eq!(stopped.len(), 1);
+        assert!(stopped[0].1 - stopped[0].0 >= 300_000_000, "{stopped:?}");
         // A pauser dropped in the middle of a pause still continues the process.
         let pauser = Pauser::start(pid, pauses, clock, clock.now_ns(), vec![Duration::ZERO]).unwrap();
         std::thread::sleep(Duration::from_millis(100));

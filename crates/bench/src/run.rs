@@ -52,6 +52,8 @@ pub struct RunData {
     pub host_samples: Vec<crate::host::HostUsage>,
     /// The stalls made on purpose, when asked for and the target is a started server.
     pub pauses: Option<crate::pause::PauseFigures>,
+    /// When the server was stopped (from, to, on the run's clock).
+    pub stopped_ns: Vec<(u64, u64)>,
 }
 
 /// Resident set size of process `pid`, in MiB, from /proc.
@@ -119,7 +121,10 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         None => None,
     };
     // Every pause ends inside the schedule: by now the last is over.
-    let pauses = pauser.map(crate::pause::Pauser::finish);
+    let (pauses, stopped_ns) = match pauser.map(crate::pause::Pauser::finish) {
+        Some((figures, stopped)) => (Some(figures), stopped),
+        None => (None, Vec::new()),
+    };
     // Let the last answers come back, then the last deliveries.
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let in_flight = || recorder.events.in_flight() + recorder.queries.as_ref().map_or(0, |queries| queries.in_flight());
@@ -145,6 +150,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         host,
         host_samples,
         pauses,
+        stopped_ns,
     })
 }
 

@@ -90,10 +90,13 @@ pub struct Slice {
     /// p50, p99 and max, when the slice has samples.
     pub latency_ns: Option<(u64, u64, u64)>,
     pub host: Option<HostSummary>,
+    /// The share of the slice the server was stopped on purpose (`--pause-ms`), in %; `None`
+    /// when no pauses were asked for.
+    pub target_stopped_pct: Option<f64>,
 }
 
 pub const CSV_HEADER: &str = "start_s,samples,latency_p50_ns,latency_p99_ns,latency_max_ns,cpu_steal_ms,\
-cpu_pressure_pct,io_pressure_pct,target_cores,harness_cores";
+cpu_pressure_pct,io_pressure_pct,target_cores,harness_cores,target_stopped_pct";
 
 impl Timeline {
     /// Slices start at `start_ns`, the schedule's start on the run's clock.
@@ -115,8 +118,10 @@ impl Timeline {
         }
     }
 
-    /// The slices, given the machine's samples taken at each slice's start.
-    pub fn slices(mut self, host: &[HostUsage]) -> Vec<Slice> {
+    /// The slices, given the machine's samples taken at each slice's start and when the
+    /// server was stopped on purpose (from, to, on the run's clock; empty when it never was).
+    pub fn slices(mut self, host: &[HostUsage], stopped_ns: &[(u64, u64)]) -> Vec<Slice> {
+        let start_ns = self.start_ns;
         let count = self.latencies.len().max(host.len().saturating_sub(1));
         self.latencies.resize_with(count, Vec::new);
         self.latencies
@@ -133,6 +138,12 @@ impl Timeline {
                     latency_ns: (!latencies.is_empty())
                         .then(|| (rank(0.5), rank(0.99), latencies[latencies.len() - 1])),
                     host: host.get(index + 1).map(|after| after.since(&host[index]).summary()),
+                    target_stopped_pct: (!stopped_ns.is_empty()).then(|| {
+                        let (from, to) = (start_ns + index as u64 * SLICE_NS, start_ns + (index as u64 + 1) * SLICE_NS);
+                        let overlap: u64 =
+                            stopped_ns.iter().map(|&(begin, end)| end.min(to).saturating_sub(begin.max(from))).sum();
+                        overlap as f64 * 100.0 / SLICE_NS as f64
+                    }),
                 }
             })
             .collect()
@@ -147,7 +158,7 @@ pub fn to_csv(slices: &[Slice]) -> String {
         let host = slice.host.as_ref();
         let _ = writeln!(
             text,
-            "{:.1},{},{},{},{},{},{},{},{},{}",
+            "{:.1},{},{},{},{},{},{},{},{},{},{}",
             slice.start_s,
             slice.samples,
             some(slice.latency_ns.map(|(p50, _, _)| p50.to_string())),
@@ -158,6 +169,7 @@ pub fn to_csv(slices: &[Slice]) -> String {
             some(host.and_then(|host| host.io_pressure_pct).map(|pct| format!("{pct:.1}"))),
             some(host.and_then(|host| host.target_cores).map(|cores| format!("{cores:.2}"))),
             some(host.map(|host| format!("{:.2}", host.harness_cores))),
+            some(slice.target_stopped_pct.map(|pct| format!("{pct:.1}"))),
         );
     }
     text
@@ -204,11 +216,23 @@ pub fn to_svg(title: &str, slices: &[Slice]) -> String {
         x_log: false,
         x_range: Some((0.0, seconds)),
         y_log: false,
-        series: vec![
-            machine("CPU pressure %", |host| host.cpu_pressure_pct),
-            machine("I/O pressure %", |host| host.io_pressure_pct),
-            machine("steal (ms)", |host| host.cpu_steal_ms),
-        ],
+        series: {
+            let mut series = vec![
+                machine("CPU pressure %", |host| host.cpu_pressure_pct),
+                machine("I/O pressure %", |host| host.io_pressure_pct),
+                machine("steal (ms)", |host| host.cpu_steal_ms),
+            ];
+            if slices.iter().any(|slice| slice.target_stopped_pct.is_some()) {
+                series.push(Series {
+                    name: "stopped on purpose %".into(),
+                    points: slices
+                        .iter()
+                        .filter_map(|slice| slice.target_stopped_pct.map(|pct| (slice.start_s, pct)))
+                        .collect(),
+                });
+            }
+            series
+        },
         x_tick_labels: ticks,
     };
     crate::plot::stack(&[upper, lower])
@@ -254,7 +278,7 @@ mod tests {
         timeline.record(&row("delivery", start + 50_000_000, None));
         timeline.record(&row("close", start + 50_000_000, Some(start + 60_000_000)));
         timeline.record(&row("query", start + 50_000_000, Some(start + 60_000_000)));
-        let slices = timeline.slices(&[]);
+        let slices = timeline.slices(&[], &[]);
         assert_eq!(slices.len(), 3);
         assert_eq!(slices[0].samples, 100);
         assert_eq!(slices[0].latency_ns, Some((50_000_000, 99_000_000, 100_000_000)));
@@ -265,11 +289,26 @@ mod tests {
         let csv = to_csv(&slices);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines[0], CSV_HEADER);
-        assert_eq!(lines[1], "0.0,100,50000000,99000000,100000000,,,,,");
-        assert_eq!(lines[2], "0.1,0,,,,,,,,");
+        assert_eq!(lines[1], "0.0,100,50000000,99000000,100000000,,,,,,");
+        assert_eq!(lines[2], "0.1,0,,,,,,,,,");
         let svg = to_svg("W4 onehop 100000/s #1", &slices);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
         assert!(svg.contains("W4 onehop 100000/s #1: latency") && svg.contains("the machine in each 100 ms"));
+        assert!(!svg.contains("stopped on purpose"), "no pauses, no series for them");
+    }
+
+    #[test]
+    fn a_stopped_server_is_shown_by_slice() {
+        let start = 1_000_000_000;
+        let mut timeline = Timeline::new(start);
+        timeline.record(&row("delivery", start + 350_000_000, Some(start + 360_000_000)));
+        // Stopped 40 ms from 0.05 s (across slices 0 and 1) and 30 ms from 0.2 s.
+        let stopped = [(start + 80_000_000, start + 120_000_000), (start + 200_000_000, start + 230_000_000)];
+        let slices = timeline.slices(&[], &stopped);
+        let pct: Vec<f64> = slices.iter().map(|slice| slice.target_stopped_pct.unwrap()).collect();
+        assert_eq!(pct, vec![20.0, 20.0, 30.0, 0.0]);
+        assert!(to_csv(&slices).lines().nth(3).unwrap().ends_with(",30.0"), "{}", to_csv(&slices));
+        assert!(to_svg("W4", &slices).contains("stopped on purpose %"));
     }
 
     #[test]
@@ -282,7 +321,7 @@ mod tests {
         // One at each 100 ms that had begun before the finish, and the closing one.
         let due = (elapsed_ns / SLICE_NS + 1) as usize;
         assert!(samples.len() >= 2 && samples.len() <= due + 2, "{} samples, {due} due", samples.len());
-        let slices = Timeline::new(0).slices(&samples);
+        let slices = Timeline::new(0).slices(&samples, &[]);
         assert_eq!(slices.len(), samples.len() - 1);
         for slice in &slices {
             let host = slice.host.expect("a reading per slice");

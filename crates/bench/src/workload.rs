@@ -359,7 +359,11 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                         report::write_meta(&directory, &meta, &context)?;
                         if let Some(timeline) = timeline {
                             let title = format!("{} {name} {rate_hz:.0}/s #{run}", workload.id());
-                            crate::timeline::write(&directory, &title, &timeline.slices(&data.host_samples))?;
+                            crate::timeline::write(
+                                &directory,
+                                &title,
+                                &timeline.slices(&data.host_samples, &data.stopped_ns),
+                            )?;
                         }
                     }
                     eprintln!("{}", report::run_line(workload, name, rate_hz, run, &figures));

@@ -149,7 +149,7 @@ fn check_timeline(run: &Path, meta: &Value, rows: &[Vec<String>]) {
         lines.next(),
         Some(
             "start_s,samples,latency_p50_ns,latency_p99_ns,latency_max_ns,cpu_steal_ms,cpu_pressure_pct,\
-             io_pressure_pct,target_cores,harness_cores"
+             io_pressure_pct,target_cores,harness_cores,target_stopped_pct"
         )
     );
     let slices: Vec<Vec<&str>> = lines.map(|line| line.split(',').collect()).collect();
@@ -167,7 +167,7 @@ fn check_timeline(run: &Path, meta: &Value, rows: &[Vec<String>]) {
         samples[first + ((row[4].parse::<u64>().unwrap() - measured_ns) / 100_000_000) as usize] += 1;
     }
     for (index, slice) in slices.iter().enumerate() {
-        assert_eq!(slice.len(), 10, "{slice:?}");
+        assert_eq!(slice.len(), 11, "{slice:?}");
         assert_eq!(slice[0], format!("{:.1}", index as f64 / 10.0));
         assert_eq!(slice[1].parse::<u64>().unwrap(), samples[index], "slice {index}: {slice:?}");
         if samples[index] > 0 {
@@ -383,6 +383,20 @@ fn a_server_stopped_on_purpose_catches_up_and_the_run_says_so() {
         .max()
         .unwrap();
     assert!(waited_ns >= 40_000_000, "the longest wait was {waited_ns} ns, shorter than a pause");
+    // The timeline shows when: only the slices at 2.0 and 3.0 s (and, if a pause began late,
+    // the next), adding up to the time stopped.
+    let timeline = std::fs::read_to_string(runs[0].join("timeline.csv")).unwrap();
+    let mut stopped_ms = 0.0;
+    for line in timeline.lines().skip(1) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let (start_s, pct): (f64, f64) = (fields[0].parse().unwrap(), fields[10].parse().unwrap());
+        if pct > 0.0 {
+            assert!([2.0, 2.1, 3.0, 3.1].iter().any(|at| (start_s - at).abs() < 1e-6), "{line}");
+        }
+        stopped_ms += pct;
+    }
+    let recorded_ms = meta["pauses"]["stopped_ms"].as_f64().unwrap();
+    assert!((stopped_ms - recorded_ms).abs() < 1.0, "{stopped_ms} ms in timeline.csv, {recorded_ms} in meta.json");
     let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
     assert!(summary.contains("was stopped on purpose 2 time(s) for 50 ms every 1 s"), "{summary}");
     // Only a server the harness started can be stopped.
