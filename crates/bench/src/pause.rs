@@ -3,8 +3,8 @@
 //! hypervisor taking the CPUs or a collector's pause does to a real server, on demand: a run
 //! then shows how long the target takes to catch up, not only how it runs undisturbed.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -54,6 +54,35 @@ pub struct Pauser {
     thread: Option<JoinHandle<Vec<(u64, u64)>>>,
 }
 
+/// The process stopped right now (0: none), for the signal handler below.
+static STOPPED: AtomicI32 = AtomicI32::new(0);
+
+/// Interrupted (Ctrl-C, a TERM or a hang-up) in the middle of a pause, the harness dies
+/// without running destructors: the server would stay stopped, with the signal its process
+/// group got pending, until someone continued it. This continues it first, then dies of the
+/// signal as before. Only async-signal-safe calls: an atomic load, kill, signal, raise.
+extern "C" fn continue_then_die(signal: libc::c_int) {
+    let pid = STOPPED.load(Ordering::SeqCst);
+    // SAFETY: kill(2), signal(2) and raise(3) are async-signal-safe and take plain integers.
+    unsafe {
+        if pid > 0 {
+            libc::kill(pid, libc::SIGCONT);
+        }
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+}
+
+fn continue_on_interrupt() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: the handler only makes async-signal-safe calls (see above).
+            unsafe { libc::signal(signal, continue_then_die as *const () as libc::sighandler_t) };
+        }
+    });
+}
+
 /// Continues the process when dropped, so a stopped server is never left behind.
 struct Continue(libc::pid_t);
 
@@ -61,6 +90,7 @@ impl Drop for Continue {
     fn drop(&mut self) {
         // SAFETY: kill(2) with a pid and a signal number has no memory-safety preconditions.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
+        STOPPED.store(0, Ordering::SeqCst);
     }
 }
 
@@ -73,6 +103,7 @@ impl Pauser {
         start_ns: u64,
         starts: Vec<Duration>,
     ) -> std::io::Result<Pauser> {
+        continue_on_interrupt();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
@@ -92,8 +123,12 @@ impl Pauser {
                         std::thread::sleep(Duration::from_nanos(due_ns - now_ns).min(Duration::from_millis(50)));
                     }
                     let began_ns = clock.now_ns();
+                    // Set before the stop: an interrupt in between continues a running
+                    // process, which is harmless.
+                    STOPPED.store(pid, Ordering::SeqCst);
                     // SAFETY: as in `Continue::drop`.
                     if unsafe { libc::kill(pid, libc::SIGSTOP) } != 0 {
+                        STOPPED.store(0, Ordering::SeqCst);
                         // The server is gone; the run will say so.
                         break;
                     }

@@ -408,6 +408,59 @@ fn a_server_stopped_on_purpose_catches_up_and_the_run_says_so() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot be used with"), "{output:?}");
 }
 
+/// Interrupted in the middle of a pause, the harness continues the server before it dies of
+/// the signal: a Ctrl-C never leaves a stopped server behind.
+#[test]
+fn an_interrupted_run_does_not_leave_its_server_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut harness = common::onehop()
+        .args(["bench", "w4", "--rate", "200", "--duration", "3", "--warmup", "0"])
+        .args(["--pause-ms", "900", "--pause-every", "1", "--no-progress", "--out"])
+        .arg(dir.path().join("results"))
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let state = |pid: u32| -> Option<(char, u32)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut fields = stat.rsplit(") ").next()?.split(' ');
+        let state = fields.next()?.chars().next()?;
+        Some((state, fields.next()?.parse().ok()?))
+    };
+    // The server the harness started: its child, found by parent pid, while it is stopped.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let server = loop {
+        assert!(std::time::Instant::now() < deadline, "the server was never seen stopped");
+        let stopped = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|&pid| state(pid).is_some_and(|(state, parent)| parent == harness.id() && state == 'T'));
+        if let Some(pid) = stopped {
+            break pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let interrupted = std::process::Command::new("kill").args(["-INT", &harness.id().to_string()]).status().unwrap();
+    assert!(interrupted.success());
+    let status = harness.wait().unwrap();
+    assert!(!status.success(), "the harness dies of the interrupt: {status:?}");
+    // Continued: running, or already gone; never left stopped.
+    let after = state(server);
+    // It was a child of the harness, which is gone: stop it here, continued first whatever
+    // the outcome, so a failing test leaves nothing behind either.
+    for signal in ["-CONT", "-TERM"] {
+        let _ = std::process::Command::new("kill").args([signal, &server.to_string()]).status();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while state(server).is_some_and(|(state, _)| state != 'Z') && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(after.is_none_or(|(state, _)| state != 'T'), "the server was left stopped: {after:?}");
+    assert!(state(server).is_none_or(|(state, _)| state == 'Z'), "the server did not stop on TERM");
+}
+
 /// A rate far past what the target can take is called what it is: saturation. The run is
 /// marked in meta.json, the JSON line, its stderr line, summary.md and the CDF's legend, so
 /// nobody reads its latencies (the backlog's depth) as the target's speed.
