@@ -117,9 +117,16 @@ struct Rest {
     /// Where the batch ends, for a read that takes all that is left of it.
     batch_next_offset: u64,
     records: RecordsFrom,
-    /// For reporting a record that does not decode.
-    segment: std::path::PathBuf,
+    /// For reporting a record that does not decode: the segment and the batch's position.
+    segment: Arc<Segment>,
     position: u64,
+}
+
+/// Adds `record` to a read's result; true when the read's limits are reached.
+fn take(records: &mut Vec<Record>, bytes: &mut usize, record: Record, max_records: usize, max_bytes: usize) -> bool {
+    *bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
+    records.push(record);
+    records.len() >= max_records || *bytes >= max_bytes
 }
 
 /// A partition of the log. Cheap to share behind an `Arc`; `close` (or drop) stops its writer.
@@ -431,7 +438,7 @@ impl Partition {
                         break;
                     }
                     Some(Err(reason)) => {
-                        let segment = rest.segment.display().to_string();
+                        let segment = rest.segment.path.display().to_string();
                         return Err(ReadError::Corrupt {
                             segment,
                             position: rest.position,
@@ -439,11 +446,8 @@ impl Partition {
                         });
                     }
                     Some(Ok(record)) => {
-                        bytes +=
-                            record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
                         rest.next = record.offset + 1;
-                        records.push(record);
-                        if records.len() >= max_records || bytes >= max_bytes {
+                        if take(&mut records, &mut bytes, record, max_records, max_bytes) {
                             if let Some(ahead) = ahead
                                 && !rest.records.is_done()
                             {
@@ -476,17 +480,15 @@ impl Partition {
                     if record.offset >= end {
                         return Ok(false);
                     }
-                    bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
                     let next = record.offset + 1;
-                    records.push(record);
-                    if records.len() >= max_records || bytes >= max_bytes {
+                    if take(&mut records, &mut bytes, record, max_records, max_bytes) {
                         // Kept only with records left: an idle reader holds no batch.
                         if keep && !batch_records.is_done() {
                             stopped_in = Some(Rest {
                                 next,
                                 batch_next_offset: header.next_offset(),
                                 records: batch_records,
-                                segment: segment.path.clone(),
+                                segment: segment.clone(),
                                 position: batch_position,
                             });
                         }
