@@ -14,9 +14,11 @@
 //!
 //! The server never waits for a subscriber: one that falls behind the live feed (its hub queue
 //! full) reads on from the log where it left off, so it gets every event, later, on the same
-//! response. A comment line every 15 s keeps idle connections open.
+//! response. A comment line after every 15 s without an event keeps idle connections open.
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::pin::Pin;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -24,13 +26,14 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use onehop_engine::hub::{Change, Cursor, Delivery};
 use onehop_engine::{Position, Stream};
+use tokio::time::{Instant, Sleep};
 
 use super::AppState;
 use super::error::ApiError;
 use super::streams::parse_position;
 use super::subscribe::{Opened, Params, Target, encode, open};
 
-/// How often an idle subscription gets a keep-alive comment.
+/// How long a subscription may go without sending anything before it gets a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Whether the request asks for an event stream.
@@ -62,9 +65,20 @@ pub fn parse_resume_id(text: &str, partitions: u32) -> Result<Vec<u64>, String> 
 }
 
 fn resume_id(positions: &[u64]) -> String {
-    let parts: Vec<String> =
-        positions.iter().enumerate().map(|(partition, &next)| format!("{partition}:{}", next as i64 - 1)).collect();
-    parts.join(",")
+    let mut id = String::with_capacity(positions.len() * 12);
+    write_resume_id(&mut id, positions);
+    id
+}
+
+/// Appends the resume id of `positions` to `out`, without an allocation of its own: it is
+/// written once per delivered event.
+pub fn write_resume_id(out: &mut String, positions: &[u64]) {
+    for (partition, &next) in positions.iter().enumerate() {
+        if partition > 0 {
+            out.push(',');
+        }
+        write!(out, "{partition}:{}", next as i64 - 1).expect("writing to a String cannot fail");
+    }
 }
 
 /// The starting positions a subscription asks for: a resume id (`Last-Event-ID`, or `from` in
@@ -100,6 +114,46 @@ struct Feed {
     opened: Opened,
     snapshot: std::vec::IntoIter<Bytes>,
     snapshot_end: bool,
+    keep_alive: KeepAlive,
+}
+
+/// When an idle subscription is due a keep-alive comment: `KEEP_ALIVE` after it last sent
+/// anything.
+///
+/// One timer per subscription, moved only when it fires. Arming a fresh timeout around every
+/// wait for an event instead registers and cancels a timer in the runtime's wheel once per
+/// delivered event, for a comment that is almost never sent while events flow.
+struct KeepAlive {
+    timer: Pin<Box<Sleep>>,
+    last_sent: Instant,
+}
+
+impl KeepAlive {
+    fn new() -> Self {
+        let now = Instant::now();
+        KeepAlive { timer: Box::pin(tokio::time::sleep_until(now + KEEP_ALIVE)), last_sent: now }
+    }
+
+    /// Something was sent: the silence starts again.
+    fn sent(&mut self) {
+        self.last_sent = Instant::now();
+    }
+
+    /// Resolves once `KEEP_ALIVE` has passed since the last thing sent; the keep-alive is
+    /// counted as sent. Cancel-safe: dropped before then, it loses nothing.
+    async fn due(&mut self) {
+        loop {
+            (&mut self.timer).await;
+            let due = self.last_sent + KEEP_ALIVE;
+            let now = Instant::now();
+            if due <= now {
+                self.last_sent = now;
+                self.timer.as_mut().reset(now + KEEP_ALIVE);
+                return;
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
 }
 
 /// `target` as an SSE response.
@@ -113,7 +167,12 @@ pub async fn subscribe(
     let last_event_id = headers.get("last-event-id").and_then(|value| value.to_str().ok());
     let mut opened = open(&state, &target, params, last_event_id)?;
     let snapshot = opened.snapshot.take();
-    let feed = Feed { snapshot_end: snapshot.is_some(), snapshot: snapshot.unwrap_or_default().into_iter(), opened };
+    let feed = Feed {
+        snapshot_end: snapshot.is_some(),
+        snapshot: snapshot.unwrap_or_default().into_iter(),
+        opened,
+        keep_alive: KeepAlive::new(),
+    };
     let events = futures_util::stream::unfold(Some(feed), next_chunk);
     let mut response = Body::from_stream(events).into_response();
     let headers = response.headers_mut();
@@ -131,38 +190,45 @@ async fn next_chunk(feed: Option<Feed>) -> Option<(Result<Bytes, Infallible>, Op
         chunk.extend_from_slice(b"event: snapshot\ndata: ");
         chunk.extend_from_slice(&data);
         chunk.extend_from_slice(b"\n\n");
+        feed.keep_alive.sent();
         return Some((Ok(Bytes::from(chunk)), Some(feed)));
     }
     if feed.snapshot_end {
         feed.snapshot_end = false;
         let id = position_id(&feed.opened.cursor);
         let chunk = format!("id: {id}\nevent: snapshot_end\ndata: {{\"resume_id\":\"{id}\"}}\n\n");
+        feed.keep_alive.sent();
         return Some((Ok(Bytes::from(chunk)), Some(feed)));
     }
     let cursor = &mut feed.opened.cursor;
-    let delivery = match tokio::time::timeout(KEEP_ALIVE, cursor.next()).await {
-        Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(feed))),
-        Ok(Err(error)) => {
+    let delivery = tokio::select! {
+        // Events first: a keep-alive due at the same moment is not needed.
+        biased;
+        delivery = cursor.next() => delivery,
+        () = feed.keep_alive.due() => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(feed))),
+    };
+    let delivery = match delivery {
+        Err(error) => {
             // The server is stopping, storage failed or the stream was dropped: end the
             // response; the client resumes.
             tracing::debug!(%error, "subscription ended");
             return None;
         }
-        Ok(Ok(delivery)) => delivery,
+        Ok(delivery) => delivery,
     };
     match delivery {
         Delivery::Event(event, change) => {
             let shared = event.encoded(change, encode);
-            let id = resume_id(cursor.positions());
             let name = if change == Change::Record { "record" } else { change.as_str() };
-            let mut chunk = Vec::with_capacity(id.len() + shared.len() + 32);
-            chunk.extend_from_slice(b"id: ");
-            chunk.extend_from_slice(id.as_bytes());
-            chunk.extend_from_slice(b"\nevent: ");
-            chunk.extend_from_slice(name.as_bytes());
-            chunk.extend_from_slice(b"\ndata: ");
-            chunk.extend_from_slice(&shared);
-            chunk.extend_from_slice(b"\n\n");
+            let mut chunk = String::with_capacity(shared.len() + 48);
+            chunk.push_str("id: ");
+            write_resume_id(&mut chunk, cursor.positions());
+            chunk.push_str("\nevent: ");
+            chunk.push_str(name);
+            chunk.push_str("\ndata: ");
+            chunk.push_str(std::str::from_utf8(&shared).expect("JSON is UTF-8"));
+            chunk.push_str("\n\n");
+            feed.keep_alive.sent();
             Some((Ok(Bytes::from(chunk)), Some(feed)))
         }
         // The cursor carries on from the log instead (`subscribe::open`); should that ever
@@ -185,5 +251,32 @@ mod tests {
         assert!(parse_resume_id("3:1", 2).is_err());
         assert!(parse_resume_id("0:-2", 1).is_err());
         assert!(parse_resume_id("zero", 1).is_err());
+        let mut appended = String::from("id: ");
+        write_resume_id(&mut appended, &[0, 3]);
+        assert_eq!(appended, "id: 0:-1,1:2");
+    }
+
+    /// A keep-alive comes after `KEEP_ALIVE` of silence, counted from the last thing sent, not
+    /// on a fixed beat.
+    #[tokio::test(start_paused = true)]
+    async fn keep_alive_follows_the_last_thing_sent() {
+        let started = Instant::now();
+        let mut keep_alive = KeepAlive::new();
+        keep_alive.due().await;
+        assert_eq!(started.elapsed(), KEEP_ALIVE);
+
+        // An event 10 s later: the next keep-alive is 15 s after it, not 15 s after the first.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        keep_alive.sent();
+        keep_alive.due().await;
+        assert_eq!(started.elapsed(), KEEP_ALIVE + Duration::from_secs(10) + KEEP_ALIVE);
+
+        // Waiting and giving up in between (an event won the race) loses nothing.
+        let before = Instant::now();
+        for _ in 0..3 {
+            assert!(tokio::time::timeout(Duration::from_secs(4), keep_alive.due()).await.is_err());
+        }
+        keep_alive.due().await;
+        assert_eq!(before.elapsed(), KEEP_ALIVE);
     }
 }

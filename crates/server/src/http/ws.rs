@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 
 use super::AppState;
 use super::error::ApiError;
-use super::sse::position_id;
+use super::sse::{position_id, write_resume_id};
 use super::subscribe::{Opened, Params, Target, encode, open};
 
 /// Subscriptions one socket may hold unless configured otherwise.
@@ -164,16 +164,16 @@ async fn run_subscription(mut opened: Opened, name: String, outbox: mpsc::Sender
         let message = match cursor.next().await {
             Ok(Delivery::Event(event, change)) => {
                 let shared = event.encoded(change, encode);
-                let id = json!(position_id(cursor)).to_string();
                 let kind = if change == Change::Record { "record" } else { "change" };
-                let mut text = String::with_capacity(subscription.len() + id.len() + shared.len() + 48);
+                let mut text = String::with_capacity(subscription.len() + shared.len() + 64);
                 text.push_str("{\"type\":\"");
                 text.push_str(kind);
                 text.push_str("\",\"subscription\":");
                 text.push_str(&subscription);
-                text.push_str(",\"id\":");
-                text.push_str(&id);
-                text.push_str(",\"");
+                // A resume id is digits, colons and commas: nothing to escape.
+                text.push_str(",\"id\":\"");
+                write_resume_id(&mut text, cursor.positions());
+                text.push_str("\",\"");
                 text.push_str(kind);
                 text.push_str("\":");
                 text.push_str(std::str::from_utf8(&shared).expect("JSON is UTF-8"));
