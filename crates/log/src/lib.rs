@@ -7,6 +7,7 @@
 //! - `partition`: a directory of segments; appends, reads and waiting for new records.
 //! - `writer`: the commit pipeline of a partition — a write thread and a sync thread doing
 //!   group commit.
+//! - `tail`: the newest batches of a partition in memory, for readers close behind the writer.
 //! - `maintenance`: retention (whole segments by age or size) and compaction (newest per key).
 //! - `store`: the log as a directory of topics and partitions, its maintenance thread, and the
 //!   data-directory lock.
@@ -24,6 +25,7 @@ pub mod metrics;
 mod partition;
 mod segment;
 mod store;
+mod tail;
 mod writer;
 
 pub use config::{Durability, PartitionConfig};

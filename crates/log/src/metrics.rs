@@ -13,8 +13,10 @@ pub const RECOVERY_TRUNCATED_BYTES: &str = "log_recovery_truncated_bytes_total";
 pub const RETENTION_SEGMENTS_DELETED: &str = "log_retention_segments_deleted_total";
 pub const COMPACTION_RECORDS_REMOVED: &str = "log_compaction_records_removed_total";
 pub const POISONED: &str = "log_partitions_poisoned_total";
+pub const READS_FROM_MEMORY: &str = "log_reads_from_memory_total";
+pub const READS_FROM_FILE: &str = "log_reads_from_file_total";
 
-/// The write path's per-batch metrics, registered once per partition: `counter!` and
+/// The write and read paths' metrics, registered once per partition: `counter!` and
 /// `histogram!` look their key up in the recorder on every call, and these are recorded on the
 /// way from a batch's fdatasync to its acknowledgements. A recorder installed after the
 /// partition opened does not see them (the server installs its recorder first).
@@ -25,6 +27,8 @@ pub(crate) struct Meters {
     pub(crate) batch_records: metrics::Histogram,
     pub(crate) fsync_seconds: metrics::Histogram,
     pub(crate) inline_syncs: metrics::Counter,
+    pub(crate) reads_from_memory: metrics::Counter,
+    pub(crate) reads_from_file: metrics::Counter,
 }
 
 impl Meters {
@@ -36,6 +40,8 @@ impl Meters {
             batch_records: metrics::histogram!(BATCH_RECORDS),
             fsync_seconds: metrics::histogram!(FSYNC_SECONDS),
             inline_syncs: metrics::counter!(INLINE_SYNCS),
+            reads_from_memory: metrics::counter!(READS_FROM_MEMORY),
+            reads_from_file: metrics::counter!(READS_FROM_FILE),
         }
     }
 }
@@ -64,4 +70,9 @@ pub fn describe() {
     describe_counter!(RETENTION_SEGMENTS_DELETED, "Segments deleted by age or size retention.");
     describe_counter!(COMPACTION_RECORDS_REMOVED, "Records removed by compaction (superseded keys, old tombstones).");
     describe_counter!(POISONED, "Partitions that stopped accepting writes after an I/O failure.");
+    describe_counter!(
+        READS_FROM_MEMORY,
+        "Reads that began in the newest batches kept in memory (the tail cache), without reading the file."
+    );
+    describe_counter!(READS_FROM_FILE, "Reads that read batches from a segment file.");
 }

@@ -98,6 +98,9 @@ pub(crate) struct Shared {
     /// Batches written but not yet published, between the write thread and the sync thread.
     pub(crate) commit: Mutex<crate::writer::CommitQueue>,
     pub(crate) commit_ready: Condvar,
+    /// The newest batches as written, for readers close behind the writer. A mutex: the write
+    /// thread takes it once per batch and a reader once per read, each only to clone handles.
+    pub(crate) tail: Mutex<crate::tail::TailCache>,
     /// Retention and compaction replace segments; one at a time.
     pub(crate) maintenance: Mutex<()>,
     pub(crate) meters: crate::metrics::Meters,
@@ -235,6 +238,7 @@ impl Partition {
             commit: Mutex::new(crate::writer::CommitQueue::default()),
             commit_ready: Condvar::new(),
             queue_ready: Condvar::new(),
+            tail: Mutex::new(crate::tail::TailCache::default()),
             maintenance: Mutex::new(()),
             meters: crate::metrics::Meters::register(),
         });
@@ -462,6 +466,45 @@ impl Partition {
                 return Ok(records);
             }
         }
+        let wanted = max_records - records.len();
+        let cached = self.shared.tail.lock().expect("tail cache lock").batches_from(from, end, wanted);
+        if let Some(batches) = cached {
+            self.shared.meters.reads_from_memory.increment(1);
+            for batch in batches {
+                let mut batch_records = records_from(&batch.header, &batch.bytes, from);
+                while let Some(record) = batch_records.next() {
+                    let record = record.map_err(|reason| ReadError::Corrupt {
+                        segment: batch.segment.path.display().to_string(),
+                        position: batch.position,
+                        reason: reason.to_string(),
+                    })?;
+                    if record.offset >= end {
+                        return Ok(records);
+                    }
+                    let next = record.offset + 1;
+                    if take(&mut records, &mut bytes, record, max_records, max_bytes) {
+                        // Kept only with records left, as from the file.
+                        if let Some(ahead) = ahead
+                            && !batch_records.is_done()
+                        {
+                            ahead.rest = Some(Rest {
+                                next,
+                                batch_next_offset: batch.header.next_offset(),
+                                records: batch_records,
+                                segment: batch.segment.clone(),
+                                position: batch.position,
+                            });
+                        }
+                        return Ok(records);
+                    }
+                }
+                from = batch.header.next_offset();
+            }
+            // The cache holds every written batch after the first one it has, and the read
+            // took all of those below the end: nothing more is readable now.
+            return Ok(records);
+        }
+        self.shared.meters.reads_from_file.increment(1);
         for segment in self.segments_from(from) {
             let position = segment.position_for_offset(from);
             let first_chunk = segment.bytes_for_records(position, max_records - records.len());

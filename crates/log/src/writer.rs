@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::config::Durability;
@@ -33,6 +34,7 @@ use crate::format::{BatchBuilder, BatchHeader};
 use crate::metrics as m;
 use crate::partition::{AppendAck, Pending, Shared};
 use crate::segment::Segment;
+use crate::tail::{CachedBatch, TAIL_CACHE_BYTES};
 
 type Ack = (oneshot::Sender<Result<AppendAck, AppendError>>, AppendAck, OwnedSemaphorePermit);
 
@@ -220,6 +222,15 @@ impl Writer {
             return;
         }
         self.next_offset = header.next_offset();
+        {
+            let mut tail = self.shared.tail.lock().expect("tail cache lock");
+            if self.buffer.len() <= TAIL_CACHE_BYTES {
+                let bytes = Bytes::copy_from_slice(&self.buffer);
+                tail.push(CachedBatch { segment: self.active.clone(), position, header, bytes });
+            } else {
+                tail.clear();
+            }
+        }
         let mut acks = Vec::with_capacity(taken.len());
         let mut offset = base_offset;
         for pending in taken.drain(..) {
@@ -303,6 +314,9 @@ impl Writer {
             .map_err(|error| format!("could not create a segment: {error}"))?;
         let closed = std::mem::replace(&mut self.active, segment.clone());
         metrics::counter!(m::SEGMENTS_ROLLED).increment(1);
+        // Only the active segment is cached: retention and compaction never touch it, so a
+        // cached batch is always what the file holds.
+        self.shared.tail.lock().expect("tail cache lock").clear();
         // The closed segment's index describes its published bytes, so the sync thread writes
         // it after publishing the closed segment's last batch, then adds the new segment.
         let mut commit = self.shared.commit.lock().expect("commit lock");

@@ -241,6 +241,109 @@ async fn reads_respect_record_and_byte_limits() {
     }
 }
 
+/// Reads close behind the writer take the newest batches from memory, and get exactly what the
+/// file gives: every read of a grid of starts and limits, and a tailer's read-on pattern, gives
+/// the same records again once the partition is reopened (nothing in memory then). The data is
+/// larger than the cache and spans segments, so the oldest reads miss it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_from_memory_are_what_the_file_holds() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let counter = |name: &str| -> u64 {
+        let text = handle.render();
+        text.lines().find_map(|line| line.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = PartitionConfig { segment_bytes_max: 2 << 20, batch_bytes_max: 1 << 20, ..PartitionConfig::default() };
+    let partition = Arc::new(metrics::with_local_recorder(&recorder, || open(dir.path(), config)));
+    // ~3 MiB in batches of 1 to 40 records, one append at a time and, for some, many at once
+    // (one batch of several appends); keys, subjects and headers on some records.
+    let record = |i: u64| NewRecord {
+        timestamp_ms: Some(1_000 + i as i64),
+        key: i.is_multiple_of(3).then(|| Bytes::from(format!("key-{}", i % 17))),
+        subject: i.is_multiple_of(5).then(|| format!("subjects/{}", i % 7)),
+        headers: if i.is_multiple_of(4) { vec![("h".to_string(), Bytes::from(i.to_string()))] } else { Vec::new() },
+        value: Some(filler(i, 50 + (i as usize * 37) % 700)),
+    };
+    // What each offset holds, from the acknowledgements (appends made at once land in any order).
+    let mut expected: Vec<Option<Record>> = Vec::new();
+    let mut acknowledged = |ack: onehop_log::AppendAck, records: &[NewRecord]| {
+        for (i, record) in records.iter().enumerate() {
+            let offset = ack.base_offset + i as u64;
+            if expected.len() <= offset as usize {
+                expected.resize(offset as usize + 1, None);
+            }
+            expected[offset as usize] = Some(stored(offset, record));
+        }
+    };
+    let mut appended = 0u64;
+    let mut round = 0u64;
+    while partition.size_bytes() < 3 << 20 {
+        round += 1;
+        if round.is_multiple_of(4) {
+            let mut appends = Vec::new();
+            for _ in 0..8 {
+                let records: Vec<NewRecord> = (appended..appended + 3).map(record).collect();
+                appended += 3;
+                let partition = partition.clone();
+                appends.push(tokio::spawn(async move { (partition.append(&records).await.unwrap(), records) }));
+            }
+            for append in appends {
+                let (ack, records) = append.await.unwrap();
+                acknowledged(ack, &records);
+            }
+        } else {
+            let count = 1 + round % 40;
+            let records: Vec<NewRecord> = (appended..appended + count).map(record).collect();
+            acknowledged(partition.append(&records).await.unwrap(), &records);
+            appended += count;
+        }
+    }
+    assert!(partition.segment_count() > 1, "the test wants reads across segments");
+    let end = partition.end_offset();
+    assert_eq!(end, appended);
+
+    let read_everything = |partition: &Partition| {
+        let mut reads = Vec::new();
+        for from in (0..end).step_by(97).chain([end - 1, end]) {
+            for max_records in [1, 3, 25, 1000] {
+                for max_bytes in [0, 300, 1 << 20] {
+                    reads.push(partition.read(from, max_records, max_bytes).unwrap());
+                }
+            }
+        }
+        // A tailer's pattern: on from where each read stopped, from a start near the end.
+        let mut ahead = onehop_log::ReadAhead::default();
+        let mut next = end - end / 3;
+        while next < end {
+            let read = partition.read_next(next, 7, usize::MAX, &mut ahead).unwrap();
+            next = read.last().unwrap().offset + 1;
+            reads.push(read);
+        }
+        reads
+    };
+    let (memory_before, file_before) = (counter("log_reads_from_memory_total"), counter("log_reads_from_file_total"));
+    let cached = read_everything(&partition);
+    let (memory_after, file_after) = (counter("log_reads_from_memory_total"), counter("log_reads_from_file_total"));
+    assert!(memory_after - memory_before > 100, "the newest records come from memory");
+    assert!(file_after > file_before, "the oldest records are no longer in memory");
+
+    let partition = Arc::try_unwrap(partition).ok().expect("the appends are done");
+    let partition = metrics::with_local_recorder(&recorder, || reopen(partition));
+    let from_file = read_everything(&partition);
+    assert_eq!(counter("log_reads_from_memory_total"), memory_after, "a reopened partition has nothing in memory");
+    assert_eq!(cached.len(), from_file.len());
+    for (cached, from_file) in cached.iter().zip(&from_file) {
+        assert!(
+            cached == from_file,
+            "a read from memory differs from the file from offset {:?}",
+            cached.first().map(|record| record.offset)
+        );
+    }
+    let expected: Vec<Record> = expected.into_iter().map(|record| record.expect("every offset acknowledged")).collect();
+    assert!(read_all(&partition) == expected, "the partition does not hold what was acknowledged");
+}
+
 #[tokio::test]
 async fn read_next_goes_on_from_the_batch_the_last_read_stopped_in() {
     let dir = tempfile::tempdir().unwrap();
