@@ -74,6 +74,8 @@ const READ_BATCH_RECORDS: [usize; 2] = [25, 2_000];
 const READ_STEP_RECORDS: [usize; 3] = [25, 256, 1024];
 /// Passes over the records per measurement; the fastest is reported (the least disturbed).
 const READ_PASSES: usize = 3;
+/// Records a read right behind the writer asks for: the hub tailer's step.
+const TAIL_STEP_RECORDS: usize = 1024;
 
 /// Reading records back from the log: each `read` on its own, or `read_next` going on from
 /// where the last stopped, keeping the rest of the batch it stopped in (what tailers and
@@ -84,6 +86,10 @@ pub struct LogReadResult {
     pub read_records: usize,
     pub read_ns_per_record: f64,
     pub read_next_ns_per_record: f64,
+    /// Each batch read as soon as it is written, [`TAIL_STEP_RECORDS`] at a time with
+    /// `read_next`, as the hub's tailer reads: from the newest batches the log keeps in
+    /// memory. The same for every read step of a batch size.
+    pub behind_writer_ns_per_record: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -348,9 +354,11 @@ async fn measure_appends(
 }
 
 /// Writes `options.read_records` records (`record_bytes` encoded, with a subject and a
-/// header, as an MQTT message is stored) in batches of `batch_records`, then reads them all
-/// back in steps of each of [`READ_STEP_RECORDS`], with both kinds of read: CPU per record,
-/// the page cache warm.
+/// header, as an MQTT message is stored) in batches of `batch_records`, reading each batch as
+/// soon as it is written (a tailer close behind the writer), then reads them all back from the
+/// start in steps of each of [`READ_STEP_RECORDS`], with both kinds of read (a consumer
+/// catching up: all but the newest of them from the file): CPU per record, the page cache
+/// warm.
 async fn measure_reads(
     dir: &Path,
     batch_records: usize,
@@ -369,12 +377,23 @@ async fn measure_reads(
     record.value = Some(Bytes::from(vec![0x5a_u8; options.record_bytes.saturating_sub(record.encoded_len())]));
     let batch = vec![record; batch_records];
     let mut written = 0;
+    let (mut behind, mut behind_next, mut behind_read, mut behind_records) =
+        (ReadAhead::default(), 0, Duration::ZERO, 0);
     while written < options.read_records {
         let take = batch_records.min(options.read_records - written);
         partition.append(&batch[..take]).await?;
         written += take;
+        let started = Instant::now();
+        while behind_next < partition.end_offset() {
+            let records = partition.read_next(behind_next, TAIL_STEP_RECORDS, usize::MAX, &mut behind)?;
+            behind_next = records.last().context("a read before the end returned nothing")?.offset + 1;
+            behind_records += records.len();
+        }
+        behind_read += started.elapsed();
     }
     let end = partition.end_offset();
+    anyhow::ensure!(behind_records as u64 == end, "read {behind_records} of {end} records behind the writer");
+    let behind_writer_ns_per_record = behind_read.as_nanos() as f64 / behind_records.max(1) as f64;
     let partition = Arc::new(partition);
     let mut results = Vec::new();
     for read_records in READ_STEP_RECORDS {
@@ -414,20 +433,19 @@ async fn measure_reads(
             read_records,
             read_ns_per_record: best[0],
             read_next_ns_per_record: best[1],
+            behind_writer_ns_per_record,
         });
     }
-    bar.finish_with_message(
-        results
-            .iter()
-            .map(|result| {
-                format!(
-                    "{}: {:.0}/{:.0} ns",
-                    result.read_records, result.read_ns_per_record, result.read_next_ns_per_record
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
+    let steps: Vec<String> = results
+        .iter()
+        .map(|result| {
+            format!(
+                "{}: {:.0}/{:.0} ns",
+                result.read_records, result.read_ns_per_record, result.read_next_ns_per_record
+            )
+        })
+        .collect();
+    bar.finish_with_message(format!("behind the writer {behind_writer_ns_per_record:.0} ns; {}", steps.join(", ")));
     partition.close();
     drop(partition);
     std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
@@ -473,14 +491,26 @@ pub fn table(report: &LogBenchReport) -> String {
     }
     if !report.reads.is_empty() {
         text.push_str(&format!(
-            "\nreads of {} records ({} B, with a subject and a header), CPU per record, fastest of {READ_PASSES}:\n\
-             {:>14} {:>12} {:>10} {:>20}\n",
-            report.read_records, report.record_bytes, "batch records", "read step", "read ns", "read_next ns"
+            "\nreads of {} records ({} B, with a subject and a header), CPU per record, fastest of {READ_PASSES}\n\
+             (from the start: a consumer catching up; behind the writer: each batch read as it is written,\n\
+             {TAIL_STEP_RECORDS} at a time, as a tailer reads, from the newest batches kept in memory):\n\
+             {:>14} {:>12} {:>10} {:>14} {:>20}\n",
+            report.read_records,
+            report.record_bytes,
+            "batch records",
+            "read step",
+            "read ns",
+            "read_next ns",
+            "behind writer ns"
         ));
         for read in &report.reads {
             text.push_str(&format!(
-                "{:>14} {:>12} {:>10.0} {:>20.0}\n",
-                read.batch_records, read.read_records, read.read_ns_per_record, read.read_next_ns_per_record
+                "{:>14} {:>12} {:>10.0} {:>14.0} {:>20.0}\n",
+                read.batch_records,
+                read.read_records,
+                read.read_ns_per_record,
+                read.read_next_ns_per_record,
+                read.behind_writer_ns_per_record
             ));
         }
     }
@@ -588,7 +618,12 @@ mod tests {
             report.reads.iter().map(|read| (read.batch_records, read.read_records)).collect();
         assert_eq!(reads, vec![(25, 25), (25, 256), (25, 1024), (2000, 25), (2000, 256), (2000, 1024)]);
         for read in &report.reads {
-            assert!(read.read_ns_per_record > 0.0 && read.read_next_ns_per_record > 0.0, "{read:?}");
+            assert!(
+                read.read_ns_per_record > 0.0
+                    && read.read_next_ns_per_record > 0.0
+                    && read.behind_writer_ns_per_record > 0.0,
+                "{read:?}"
+            );
         }
         assert_eq!(line["read_records"], 5_000);
         assert_eq!(line["reads"][5]["batch_records"], 2000);
