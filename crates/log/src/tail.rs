@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -24,6 +25,12 @@ use crate::segment::Segment;
 /// few milliseconds without a CPU, and little beside the page cache holding the same bytes.
 /// A batch larger than this is not cached.
 pub(crate) const TAIL_CACHE_BYTES: usize = 1024 * 1024;
+/// How long a batch stays cached. Readers close behind the writer read a batch within
+/// milliseconds; by age, the memory all partitions together hold is what they were written in
+/// this long, whatever their number, instead of up to [`TAIL_CACHE_BYTES`] each for every
+/// partition ever written (a server of thousands of tables would hold gigabytes). The write
+/// thread drops the whole cache once it has written nothing for this long.
+pub(crate) const TAIL_CACHE_AGE: Duration = Duration::from_millis(250);
 
 /// One batch as written: header and payload, byte for byte what the file holds.
 #[derive(Clone)]
@@ -33,10 +40,11 @@ pub(crate) struct CachedBatch {
     pub(crate) position: u64,
     pub(crate) header: BatchHeader,
     pub(crate) bytes: Bytes,
+    pub(crate) written_at: Instant,
 }
 
-/// The newest batches, in offset order with no gap between them, at most
-/// [`TAIL_CACHE_BYTES`] of them.
+/// The newest batches, in offset order with no gap between them: at most
+/// [`TAIL_CACHE_BYTES`] of them, none older than [`TAIL_CACHE_AGE`] when the next is pushed.
 #[derive(Default)]
 pub(crate) struct TailCache {
     batches: VecDeque<CachedBatch>,
@@ -55,10 +63,13 @@ impl TailCache {
         if self.batches.back().is_some_and(|last| last.header.next_offset() != batch.header.base_offset) {
             self.clear();
         }
+        let oldest_kept = batch.written_at.checked_sub(TAIL_CACHE_AGE);
         self.bytes += batch.bytes.len();
         self.batches.push_back(batch);
-        while self.bytes > TAIL_CACHE_BYTES {
-            let evicted = self.batches.pop_front().expect("over budget means something is cached");
+        while self.bytes > TAIL_CACHE_BYTES
+            || self.batches.front().zip(oldest_kept).is_some_and(|(front, oldest)| front.written_at < oldest)
+        {
+            let evicted = self.batches.pop_front().expect("the batch just pushed is neither too old nor too large");
             self.bytes -= evicted.bytes.len();
         }
     }
@@ -119,7 +130,13 @@ mod tests {
         let mut builder = BatchBuilder::new(&mut buffer, base_offset);
         builder.push_encoded(&encoded, base_offset, count, 1, 1);
         let header = builder.finish();
-        CachedBatch { segment: segment.clone(), position: 0, header, bytes: Bytes::from(buffer) }
+        CachedBatch {
+            segment: segment.clone(),
+            position: 0,
+            header,
+            bytes: Bytes::from(buffer),
+            written_at: Instant::now(),
+        }
     }
 
     fn bases(batches: &[CachedBatch]) -> Vec<u64> {
@@ -162,6 +179,23 @@ mod tests {
         assert_eq!(cache.bytes, cache.batches.iter().map(|batch| batch.bytes.len()).sum::<usize>());
         assert!(cache.batches_from(first - 1, 1100, 1).is_none());
         assert_eq!(bases(&cache.batches_from(first, 1100, 1).unwrap()), [first]);
+    }
+
+    #[test]
+    fn batches_older_than_the_age_go_when_the_next_is_pushed() {
+        let (_dir, segment) = segment();
+        let mut cache = TailCache::default();
+        let start = Instant::now();
+        for (base, age_ms) in [(0, 400), (10, 300), (20, 100), (30, 0)] {
+            let mut pushed = batch(&segment, base, 10, 16);
+            pushed.written_at = start + Duration::from_millis(400 - age_ms);
+            cache.push(pushed);
+        }
+        // Written 400 and 300 ms before the newest: gone; 100 ms before: kept.
+        assert_eq!(cache.offsets(), Some((20, 40)));
+        assert_eq!(cache.bytes, cache.batches.iter().map(|batch| batch.bytes.len()).sum::<usize>());
+        assert!(cache.batches_from(15, 40, 1).is_none());
+        assert_eq!(bases(&cache.batches_from(25, 40, 100).unwrap()), [20, 30]);
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::format::{BatchBuilder, BatchHeader};
 use crate::metrics as m;
 use crate::partition::{AppendAck, Pending, Shared};
 use crate::segment::Segment;
-use crate::tail::{CachedBatch, TAIL_CACHE_BYTES};
+use crate::tail::{CachedBatch, TAIL_CACHE_AGE, TAIL_CACHE_BYTES};
 
 type Ack = (oneshot::Sender<Result<AppendAck, AppendError>>, AppendAck, OwnedSemaphorePermit);
 
@@ -99,11 +99,14 @@ pub(crate) struct Writer {
     /// An empty queue with capacity, swapped in when the writer takes the whole queue, so
     /// appenders do not regrow it (under the queue lock) after every batch.
     spare: Vec<Pending>,
+    /// When everything in the tail cache is older than its age, if it holds anything: an idle
+    /// partition lets its cache go then, instead of holding it until the next write.
+    tail_stale_at: Option<Instant>,
 }
 
 impl Writer {
     pub(crate) fn new(shared: Arc<Shared>, active: Arc<Segment>, next_offset: u64) -> Self {
-        Writer { shared, active, next_offset, buffer: Vec::new(), spare: Vec::new() }
+        Writer { shared, active, next_offset, buffer: Vec::new(), spare: Vec::new(), tail_stale_at: None }
     }
 
     pub(crate) fn run(mut self) {
@@ -160,7 +163,19 @@ impl Writer {
     fn take(&mut self) -> (Vec<Pending>, bool) {
         let mut queue = self.shared.queue.lock().expect("queue lock");
         while queue.pending.is_empty() && !queue.closing {
-            queue = self.shared.queue_ready.wait(queue).expect("queue lock");
+            let Some(stale_at) = self.tail_stale_at else {
+                queue = self.shared.queue_ready.wait(queue).expect("queue lock");
+                continue;
+            };
+            let now = Instant::now();
+            if now >= stale_at {
+                // Idle for the cache's age: nobody close behind the writer needs it now.
+                // Lock order: queue, then tail cache (readers take the tail cache alone).
+                self.shared.tail.lock().expect("tail cache lock").clear();
+                self.tail_stale_at = None;
+                continue;
+            }
+            queue = self.shared.queue_ready.wait_timeout(queue, stale_at - now).expect("queue lock").0;
         }
         if let Some(reason) = queue.poisoned.clone() {
             let refused = std::mem::take(&mut queue.pending);
@@ -226,7 +241,9 @@ impl Writer {
             let mut tail = self.shared.tail.lock().expect("tail cache lock");
             if self.buffer.len() <= TAIL_CACHE_BYTES {
                 let bytes = Bytes::copy_from_slice(&self.buffer);
-                tail.push(CachedBatch { segment: self.active.clone(), position, header, bytes });
+                let written_at = Instant::now();
+                tail.push(CachedBatch { segment: self.active.clone(), position, header, bytes, written_at });
+                self.tail_stale_at = Some(written_at + TAIL_CACHE_AGE);
             } else {
                 tail.clear();
             }
@@ -317,6 +334,7 @@ impl Writer {
         // Only the active segment is cached: retention and compaction never touch it, so a
         // cached batch is always what the file holds.
         self.shared.tail.lock().expect("tail cache lock").clear();
+        self.tail_stale_at = None;
         // The closed segment's index describes its published bytes, so the sync thread writes
         // it after publishing the closed segment's last batch, then adds the new segment.
         let mut commit = self.shared.commit.lock().expect("commit lock");
