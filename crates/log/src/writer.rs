@@ -237,16 +237,15 @@ impl Writer {
             return;
         }
         self.next_offset = header.next_offset();
-        {
-            let mut tail = self.shared.tail.lock().expect("tail cache lock");
-            if self.buffer.len() <= TAIL_CACHE_BYTES {
-                let bytes = Bytes::copy_from_slice(&self.buffer);
-                let written_at = Instant::now();
-                tail.push(CachedBatch { segment: self.active.clone(), position, header, bytes, written_at });
-                self.tail_stale_at = Some(written_at + TAIL_CACHE_AGE);
-            } else {
-                tail.clear();
-            }
+        if self.buffer.len() <= TAIL_CACHE_BYTES {
+            // Copied before taking the lock, which readers take too.
+            let bytes = Bytes::copy_from_slice(&self.buffer);
+            let written_at = Instant::now();
+            let batch = CachedBatch { segment: self.active.clone(), position, header, bytes, written_at };
+            self.shared.tail.lock().expect("tail cache lock").push(batch);
+            self.tail_stale_at = Some(written_at + TAIL_CACHE_AGE);
+        } else {
+            self.shared.tail.lock().expect("tail cache lock").clear();
         }
         let mut acks = Vec::with_capacity(taken.len());
         let mut offset = base_offset;
