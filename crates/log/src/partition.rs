@@ -125,6 +125,40 @@ struct Rest {
     position: u64,
 }
 
+/// What taking a batch's records into a read left.
+enum Taken {
+    /// Every record of the batch is in, and the read wants more.
+    Batch,
+    /// The read is complete (the end, or its limits). When its limits stopped it inside the
+    /// batch, the records left and the offset they start from.
+    Read(Option<(u64, RecordsFrom)>),
+}
+
+/// Takes the records of one batch (from where `batch_records` starts) into a read's result,
+/// up to the published `end` and the read's limits.
+fn take_batch(
+    mut batch_records: RecordsFrom,
+    end: u64,
+    records: &mut Vec<Record>,
+    bytes: &mut usize,
+    max_records: usize,
+    max_bytes: usize,
+) -> Result<Taken, crate::error::DecodeError> {
+    while let Some(record) = batch_records.next() {
+        let record = record?;
+        if record.offset >= end {
+            return Ok(Taken::Read(None));
+        }
+        let next = record.offset + 1;
+        if take(records, bytes, record, max_records, max_bytes) {
+            // Kept only with records left: an idle reader holds no batch.
+            let left = !batch_records.is_done();
+            return Ok(Taken::Read(left.then_some((next, batch_records))));
+        }
+    }
+    Ok(Taken::Batch)
+}
+
 /// Adds `record` to a read's result; true when the read's limits are reached.
 fn take(records: &mut Vec<Record>, bytes: &mut usize, record: Record, max_records: usize, max_bytes: usize) -> bool {
     *bytes += record.value.as_ref().map_or(0, Bytes::len) + record.key.as_ref().map_or(0, Bytes::len);
@@ -471,32 +505,25 @@ impl Partition {
         if let Some(batches) = cached {
             self.shared.meters.reads_from_memory.increment(1);
             for batch in batches {
-                let mut batch_records = records_from(&batch.header, &batch.bytes, from);
-                while let Some(record) = batch_records.next() {
-                    let record = record.map_err(|reason| ReadError::Corrupt {
+                let batch_records = records_from(&batch.header, &batch.bytes, from);
+                let taken = take_batch(batch_records, end, &mut records, &mut bytes, max_records, max_bytes).map_err(
+                    |reason| ReadError::Corrupt {
                         segment: batch.segment.path.display().to_string(),
                         position: batch.position,
                         reason: reason.to_string(),
-                    })?;
-                    if record.offset >= end {
-                        return Ok(records);
+                    },
+                )?;
+                if let Taken::Read(left) = taken {
+                    if let (Some(ahead), Some((next, left))) = (ahead, left) {
+                        ahead.rest = Some(Rest {
+                            next,
+                            batch_next_offset: batch.header.next_offset(),
+                            records: left,
+                            segment: batch.segment,
+                            position: batch.position,
+                        });
                     }
-                    let next = record.offset + 1;
-                    if take(&mut records, &mut bytes, record, max_records, max_bytes) {
-                        // Kept only with records left, as from the file.
-                        if let Some(ahead) = ahead
-                            && !batch_records.is_done()
-                        {
-                            ahead.rest = Some(Rest {
-                                next,
-                                batch_next_offset: batch.header.next_offset(),
-                                records: batch_records,
-                                segment: batch.segment.clone(),
-                                position: batch.position,
-                            });
-                        }
-                        return Ok(records);
-                    }
+                    return Ok(records);
                 }
                 from = batch.header.next_offset();
             }
@@ -517,28 +544,22 @@ impl Partition {
                 if header.base_offset >= end {
                     return Ok(false);
                 }
-                let mut batch_records = records_from(header, &batch, from);
-                while let Some(record) = batch_records.next() {
-                    let record = record?;
-                    if record.offset >= end {
-                        return Ok(false);
-                    }
-                    let next = record.offset + 1;
-                    if take(&mut records, &mut bytes, record, max_records, max_bytes) {
-                        // Kept only with records left: an idle reader holds no batch.
-                        if keep && !batch_records.is_done() {
+                let batch_records = records_from(header, &batch, from);
+                match take_batch(batch_records, end, &mut records, &mut bytes, max_records, max_bytes)? {
+                    Taken::Batch => Ok(true),
+                    Taken::Read(left) => {
+                        if keep && let Some((next, left)) = left {
                             stopped_in = Some(Rest {
                                 next,
                                 batch_next_offset: header.next_offset(),
-                                records: batch_records,
+                                records: left,
                                 segment: segment.clone(),
                                 position: batch_position,
                             });
                         }
-                        return Ok(false);
+                        Ok(false)
                     }
                 }
-                Ok(true)
             });
             if let Err((position, reason)) = read {
                 return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });

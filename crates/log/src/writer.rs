@@ -30,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::config::Durability;
 use crate::error::AppendError;
-use crate::format::{BatchBuilder, BatchHeader};
+use crate::format::{BATCH_HEADER_BYTES, BatchBuilder, BatchHeader};
 use crate::metrics as m;
 use crate::partition::{AppendAck, Pending, Shared};
 use crate::segment::Segment;
@@ -94,7 +94,7 @@ pub(crate) struct Writer {
     active: Arc<Segment>,
     /// The offset the next batch gets (assigned at write, published later).
     next_offset: u64,
-    /// Reused for every batch so writing does not allocate per batch.
+    /// Reused for batches too large for the tail cache (the others become the cached bytes).
     buffer: Vec<u8>,
     /// An empty queue with capacity, swapped in when the writer takes the whole queue, so
     /// appenders do not regrow it (under the queue lock) after every batch.
@@ -207,8 +207,14 @@ impl Writer {
     /// Encodes `taken` as one batch, writes it, and passes it on to be synced and published.
     fn write(&mut self, mut taken: Vec<Pending>) {
         let base_offset = self.next_offset;
-        self.buffer.clear();
-        let mut builder = BatchBuilder::new(&mut self.buffer, base_offset);
+        let batch_bytes = BATCH_HEADER_BYTES + taken.iter().map(|pending| pending.encoded.len()).sum::<usize>();
+        // A batch the tail cache keeps is built in a buffer of its own, which becomes the cached
+        // bytes as it is: no copy between the write and the acknowledgement. A larger one is
+        // built in the reused buffer.
+        let cached = batch_bytes <= TAIL_CACHE_BYTES;
+        let mut buffer = if cached { Vec::with_capacity(batch_bytes) } else { std::mem::take(&mut self.buffer) };
+        buffer.clear();
+        let mut builder = BatchBuilder::new(&mut buffer, base_offset);
         let mut offset = base_offset;
         let mut needs_fsync = false;
         for pending in &taken {
@@ -232,20 +238,21 @@ impl Writer {
             return;
         }
         let position = self.active.written_bytes();
-        if let Err(error) = self.active.write(&self.buffer, self.shared.config.segment_bytes_max) {
+        if let Err(error) = self.active.write(&buffer, self.shared.config.segment_bytes_max) {
             self.poison(format!("write failed: {error}"), taken);
             return;
         }
         self.next_offset = header.next_offset();
-        if self.buffer.len() <= TAIL_CACHE_BYTES {
-            // Copied before taking the lock, which readers take too.
-            let bytes = Bytes::copy_from_slice(&self.buffer);
+        if cached {
+            debug_assert_eq!(buffer.len(), batch_bytes, "a batch is its header and its appends' records");
             let written_at = Instant::now();
+            let bytes = Bytes::from(buffer);
             let batch = CachedBatch { segment: self.active.clone(), position, header, bytes, written_at };
             self.shared.tail.lock().expect("tail cache lock").push(batch);
             self.tail_stale_at = Some(written_at + TAIL_CACHE_AGE);
         } else {
             self.shared.tail.lock().expect("tail cache lock").clear();
+            self.buffer = buffer;
         }
         let mut acks = Vec::with_capacity(taken.len());
         let mut offset = base_offset;
