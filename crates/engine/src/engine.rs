@@ -595,6 +595,11 @@ impl Engine {
             .ok_or_else(|| EngineError::UnknownTable(name.into()))
     }
 
+    /// Whether a table named `name` exists (a lookup that builds no error when it does not).
+    pub fn has_table(&self, name: &str) -> bool {
+        self.tables.read().expect("tables lock").contains_key(name)
+    }
+
     /// Every table, by name.
     pub fn tables(&self) -> Vec<Arc<Table>> {
         self.tables.read().expect("tables lock").values().cloned().collect()

@@ -226,10 +226,9 @@ impl<T> SubjectTrie<T> {
 
     /// Calls `visit` with every value whose filter matches `subject`.
     pub fn for_each_match(&self, subject: &str, mut visit: impl FnMut(u64, &T)) {
-        let levels: Vec<&str> = subject.split('/').collect();
         // A subject starting with `$` is matched only by filters starting with its exact level.
         let system = subject.starts_with('$');
-        visit_matches(&self.root, &levels, 0, system, &mut visit);
+        visit_matches(&self.root, Some(subject), 0, system, &mut visit);
     }
 }
 
@@ -259,7 +258,11 @@ fn remove_at<T>(node: &mut Node<T>, levels: &[Level], id: u64) -> Option<T> {
     }
 }
 
-fn visit_matches<T>(node: &Node<T>, levels: &[&str], depth: usize, system: bool, visit: &mut impl FnMut(u64, &T)) {
+/// Visits the values of `node` matching `left`: the subject's levels from `depth` on, `None`
+/// when none are left (so `a/` is `a` then an empty level, as `split('/')` has it). Walking
+/// the subject in place, rather than splitting it into a list first, keeps routing a record
+/// free of allocation.
+fn visit_matches<T>(node: &Node<T>, left: Option<&str>, depth: usize, system: bool, visit: &mut impl FnMut(u64, &T)) {
     let wildcards_allowed = !(system && depth == 0);
     if wildcards_allowed {
         // `#` here matches whatever is left, nothing included.
@@ -267,17 +270,21 @@ fn visit_matches<T>(node: &Node<T>, levels: &[&str], depth: usize, system: bool,
             visit(*id, value);
         }
     }
-    let Some(level) = levels.get(depth) else {
+    let Some(left) = left else {
         for (id, value) in &node.here {
             visit(*id, value);
         }
         return;
     };
-    if let Some(child) = node.exact.get(*level) {
-        visit_matches(child, levels, depth + 1, system, visit);
+    let (level, rest) = match left.split_once('/') {
+        Some((level, rest)) => (level, Some(rest)),
+        None => (left, None),
+    };
+    if let Some(child) = node.exact.get(level) {
+        visit_matches(child, rest, depth + 1, system, visit);
     }
     if wildcards_allowed && let Some(child) = &node.one {
-        visit_matches(child, levels, depth + 1, system, visit);
+        visit_matches(child, rest, depth + 1, system, visit);
     }
 }
 

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use onehop_log::{Durability, NewRecord, Partition, Record};
+use onehop_log::{Durability, NewRecord, Partition, Record, Text};
 use serde_json::{Map, Value};
 
 use crate::error::EngineError;
@@ -464,9 +464,12 @@ impl Table {
             (Some(before), Some(after)) => ("update", Some(filter::describe_change(before, after))),
             (Some(before), None) => ("delete", Some(Value::Object((**before).clone()))),
         };
-        let mut headers = vec![(OP_HEADER.to_string(), Bytes::from_static(op.as_bytes()))];
+        let mut headers = vec![(Text::from_static(OP_HEADER), Bytes::from_static(op.as_bytes()))];
         if let Some(prev) = prev {
-            headers.push((PREV_HEADER.to_string(), Bytes::from(serde_json::to_vec(&prev).expect("JSON serializes"))));
+            headers.push((
+                Text::from_static(PREV_HEADER),
+                Bytes::from(serde_json::to_vec(&prev).expect("JSON serializes")),
+            ));
         }
         let value = after.as_ref().map(|row| Bytes::from(serde_json::to_vec(row).expect("JSON serializes")));
         let record =

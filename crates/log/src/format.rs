@@ -8,6 +8,7 @@
 use bytes::{Buf, Bytes};
 
 use crate::error::DecodeError;
+use crate::text::Text;
 
 /// The first four bytes of every batch: `O`, `H`, `B`, `1`.
 pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"OHB1");
@@ -44,8 +45,8 @@ pub struct Record {
     pub timestamp_ms: i64,
     pub key: Option<Bytes>,
     /// A `/`-separated topic such as `scores/team-42`.
-    pub subject: Option<String>,
-    pub headers: Vec<(String, Bytes)>,
+    pub subject: Option<Text>,
+    pub headers: Vec<(Text, Bytes)>,
     /// `None` is a tombstone: on a compacted partition it deletes its key.
     pub value: Option<Bytes>,
 }
@@ -55,8 +56,8 @@ pub struct Record {
 pub struct NewRecord {
     pub timestamp_ms: Option<i64>,
     pub key: Option<Bytes>,
-    pub subject: Option<String>,
-    pub headers: Vec<(String, Bytes)>,
+    pub subject: Option<Text>,
+    pub headers: Vec<(Text, Bytes)>,
     pub value: Option<Bytes>,
 }
 
@@ -437,9 +438,9 @@ fn take_u32(buf: &mut Bytes) -> Result<u32, DecodeError> {
     Ok(buf.get_u32_le())
 }
 
-fn take_string(buf: &mut Bytes, len: usize) -> Result<String, DecodeError> {
-    let bytes = take(buf, len)?;
-    String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::BadUtf8)
+/// A string of the batch, shared with it: checked, not copied.
+fn take_text(buf: &mut Bytes, len: usize) -> Result<Text, DecodeError> {
+    Text::from_utf8(take(buf, len)?).map_err(|_| DecodeError::BadUtf8)
 }
 
 fn decode_record(base_offset: u64, payload: &mut Bytes) -> Result<Record, DecodeError> {
@@ -462,7 +463,7 @@ fn decode_record(base_offset: u64, payload: &mut Bytes) -> Result<Record, Decode
     };
     let subject = if flags & FLAG_SUBJECT != 0 {
         let subject_len = take_u16(&mut body)? as usize;
-        Some(take_string(&mut body, subject_len)?)
+        Some(take_text(&mut body, subject_len)?)
     } else {
         None
     };
@@ -470,7 +471,7 @@ fn decode_record(base_offset: u64, payload: &mut Bytes) -> Result<Record, Decode
     let mut headers = Vec::with_capacity(header_count.min(64));
     for _ in 0..header_count {
         let name_len = take_u16(&mut body)? as usize;
-        let name = take_string(&mut body, name_len)?;
+        let name = take_text(&mut body, name_len)?;
         let value_len = take_u32(&mut body)? as usize;
         headers.push((name, take(&mut body, value_len)?));
     }
@@ -494,7 +495,7 @@ mod tests {
         NewRecord {
             timestamp_ms: None,
             key: i.is_multiple_of(2).then(|| Bytes::from(format!("key-{i}"))),
-            subject: i.is_multiple_of(3).then(|| format!("scores/team-{i}")),
+            subject: i.is_multiple_of(3).then(|| format!("scores/team-{i}").into()),
             headers: vec![("h".into(), Bytes::from_static(b"v"))],
             value: (!i.is_multiple_of(5)).then(|| Bytes::from(vec![i as u8; i as usize])),
         }

@@ -8,6 +8,7 @@
 //! - `writer`: the commit pipeline of a partition — a write thread and a sync thread doing
 //!   group commit.
 //! - `tail`: the newest batches of a partition in memory, for readers close behind the writer.
+//! - `text`: [`Text`], the shared UTF-8 strings of records (subjects, header names).
 //! - `maintenance`: retention (whole segments by age or size) and compaction (newest per key).
 //! - `store`: the log as a directory of topics and partitions, its maintenance thread, and the
 //!   data-directory lock.
@@ -26,6 +27,7 @@ mod partition;
 mod segment;
 mod store;
 mod tail;
+mod text;
 mod writer;
 
 pub use config::{Durability, PartitionConfig};
@@ -34,3 +36,4 @@ pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, Ne
 pub use maintenance::{CompactionReport, RetentionReport};
 pub use partition::{AppendAck, Partition, QueuedAppend, ReadAhead, RecoveryReport, Watermark};
 pub use store::{DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, validate_topic_name};
+pub use text::Text;

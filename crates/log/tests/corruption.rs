@@ -19,7 +19,7 @@ fn record(i: u64) -> NewRecord {
     NewRecord {
         timestamp_ms: Some(1_000 + i as i64),
         key: i.is_multiple_of(2).then(|| format!("key-{i}").into()),
-        subject: i.is_multiple_of(3).then(|| format!("orders/{i}")),
+        subject: i.is_multiple_of(3).then(|| format!("orders/{i}").into()),
         headers: vec![("n".into(), i.to_string().into())],
         value: (i % 7 != 6).then(|| filler(i, 20 + (i as usize * 13) % 90)),
     }

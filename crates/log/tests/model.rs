@@ -18,7 +18,7 @@ use bytes::Bytes;
 use common::{assert_exact, batches_and_data_end, filler, read_all, remove_index_files, segment_bases, segment_path};
 use onehop_log::{
     AppendAck, AppendError, CompactionReport, Durability, NewRecord, Partition, PartitionConfig, ReadError, Record,
-    RetentionReport,
+    RetentionReport, Text,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -125,8 +125,8 @@ fn record() -> impl Strategy<Value = NewRecord> {
     (key, subject, headers, value, 0i64..10_000).prop_map(|(key, subject, headers, value, age)| NewRecord {
         timestamp_ms: Some(TIME_ORIGIN_MS + age),
         key,
-        subject,
-        headers,
+        subject: subject.map(Text::from),
+        headers: headers.into_iter().map(|(name, value)| (Text::from(name), value)).collect(),
         value,
     })
 }

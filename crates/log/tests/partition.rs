@@ -15,7 +15,7 @@ use common::{
 };
 use onehop_log::{
     AppendError, DirLock, Durability, LockError, Log, LogOptions, NewRecord, OpenError, Partition, PartitionConfig,
-    ReadError, Record,
+    ReadError, Record, Text,
 };
 
 fn now_ms() -> i64 {
@@ -111,7 +111,7 @@ async fn records_are_identical_after_reopen() {
         NewRecord {
             timestamp_ms: Some(0),
             key: None,
-            subject: Some(String::new()),
+            subject: Some(Text::default()),
             headers: vec![("dup".into(), Bytes::from_static(b"a")), ("dup".into(), Bytes::from_static(b"b"))],
             value: Some(Bytes::new()),
         },
@@ -119,7 +119,7 @@ async fn records_are_identical_after_reopen() {
             timestamp_ms: Some(i64::MAX),
             key: Some(Bytes::new()),
             subject: Some("é/ü/😀".into()),
-            headers: vec![(String::new(), filler(1, 300))],
+            headers: vec![(Text::default(), filler(1, 300))],
             value: Some(filler(2, 100_000)),
         },
         NewRecord { timestamp_ms: Some(i64::MIN), value: Some(filler(3, 1)), ..Default::default() },
@@ -201,11 +201,11 @@ async fn refused_appends_write_nothing() {
     // Limits of the format itself, with room in record_bytes_max to reach them.
     let dir = tempfile::tempdir().unwrap();
     let partition = open(dir.path(), PartitionConfig::default());
-    let long_subject = NewRecord { subject: Some("s".repeat(70_000)), ..NewRecord::value("v") };
+    let long_subject = NewRecord { subject: Some("s".repeat(70_000).into()), ..NewRecord::value("v") };
     assert_eq!(partition.append(&[long_subject]).await, Err(AppendError::SubjectTooLong(70_000)));
-    let many_headers = NewRecord { headers: vec![(String::new(), Bytes::new()); 65_536], ..NewRecord::value("v") };
+    let many_headers = NewRecord { headers: vec![(Text::default(), Bytes::new()); 65_536], ..NewRecord::value("v") };
     assert_eq!(partition.append(&[many_headers]).await, Err(AppendError::TooManyHeaders));
-    let long_name = NewRecord { headers: vec![("n".repeat(65_536), Bytes::new())], ..NewRecord::value("v") };
+    let long_name = NewRecord { headers: vec![("n".repeat(65_536).into(), Bytes::new())], ..NewRecord::value("v") };
     assert_eq!(partition.append(&[long_name]).await, Err(AppendError::TooManyHeaders));
     nothing_written(&partition);
 }
@@ -261,8 +261,12 @@ async fn reads_from_memory_are_what_the_file_holds() {
     let record = |i: u64| NewRecord {
         timestamp_ms: Some(1_000 + i as i64),
         key: i.is_multiple_of(3).then(|| Bytes::from(format!("key-{}", i % 17))),
-        subject: i.is_multiple_of(5).then(|| format!("subjects/{}", i % 7)),
-        headers: if i.is_multiple_of(4) { vec![("h".to_string(), Bytes::from(i.to_string()))] } else { Vec::new() },
+        subject: i.is_multiple_of(5).then(|| format!("subjects/{}", i % 7).into()),
+        headers: if i.is_multiple_of(4) {
+            vec![(Text::from_static("h"), Bytes::from(i.to_string()))]
+        } else {
+            Vec::new()
+        },
         value: Some(filler(i, 50 + (i as usize * 37) % 700)),
     };
     // What each offset holds, from the acknowledgements (appends made at once land in any order).
@@ -888,7 +892,7 @@ async fn compaction_keeps_the_newest_record_per_key() {
     let keyed = |key: &str, tag: &str, timestamp_ms: i64| NewRecord {
         timestamp_ms: Some(timestamp_ms),
         key: Some(Bytes::from(key.to_string())),
-        subject: Some(format!("table/{key}")),
+        subject: Some(format!("table/{key}").into()),
         headers: vec![("tag".into(), Bytes::from(tag.to_string()))],
         value: Some(Bytes::from(format!("{key}={tag};{}", "x".repeat(200)))),
     };

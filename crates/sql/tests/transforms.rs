@@ -91,7 +91,7 @@ fn by_key(records: &[Record], source: &Engine) -> std::collections::BTreeMap<Str
         let origin_value: Value = serde_json::from_slice(origin.value.as_deref().unwrap()).unwrap();
         assert_eq!(origin_value["id"], value["id"]);
         assert_eq!(origin.timestamp_ms, record.timestamp_ms);
-        let previous = seen.insert(key.clone(), (record.subject.clone().unwrap(), value));
+        let previous = seen.insert(key.clone(), (record.subject.as_deref().unwrap().to_string(), value));
         assert!(previous.is_none(), "{key} written twice");
     }
     seen

@@ -571,7 +571,7 @@ fn change_record(view: &str, change: Change) -> NewRecord {
     let mut record = NewRecord::keyed(Bytes::from(change.key), value);
     // A key that cannot be a topic level (a `/`, a wildcard) leaves the subject out.
     if !change_key_unfit(&subject) {
-        record.subject = Some(subject);
+        record.subject = Some(subject.into());
     }
     record
 }

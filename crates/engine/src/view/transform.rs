@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 // Not `timeout(ZERO, …)`: a zero timer still waits for the timer wheel's next tick (1 ms).
 use futures_util::FutureExt;
-use onehop_log::{NewRecord, Partition, Record};
+use onehop_log::{NewRecord, Partition, Record, Text};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -107,13 +107,13 @@ impl TransformDef {
                 value => {
                     let text = key_text(&value);
                     subject_valid = crate::subject::validate_subject(&text).is_ok();
-                    subject_valid.then_some(text)
+                    subject_valid.then(|| text.into())
                 }
             },
         };
         let mut headers = record.headers.clone();
         headers.retain(|(name, _)| name != SOURCE_HEADER);
-        headers.push((SOURCE_HEADER.to_string(), Bytes::from(format!("{}:{}", input.partition, record.offset))));
+        headers.push((Text::from_static(SOURCE_HEADER), Bytes::from(format!("{}:{}", input.partition, record.offset))));
         let value = serde_json::to_vec(&Value::Object(fields)).expect("a JSON object serializes");
         let output =
             NewRecord { timestamp_ms: Some(record.timestamp_ms), key, subject, headers, value: Some(value.into()) };
@@ -502,7 +502,10 @@ mod tests {
         assert_eq!(output.timestamp_ms, Some(1_000));
         assert_eq!(
             output.headers,
-            [("trace".to_string(), Bytes::from_static(b"t1")), (SOURCE_HEADER.to_string(), Bytes::from_static(b"1:7"))]
+            [
+                (Text::from_static("trace"), Bytes::from_static(b"t1")),
+                (Text::from_static(SOURCE_HEADER), Bytes::from_static(b"1:7"))
+            ]
         );
         assert_eq!(output.value.as_deref(), Some(&br#"{"n":5}"#[..]));
         // A null key: none. A number: its text. A subject that is not one: left out, and said.

@@ -18,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use base64::Engine as _;
 use onehop_engine::subject::validate_subject;
 use onehop_engine::{Position, Published, Stream};
-use onehop_log::{Durability, NewRecord, Record};
+use onehop_log::{Durability, NewRecord, Record, Text};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -78,13 +78,13 @@ pub fn durability(headers: &HeaderMap) -> Result<Option<Durability>, ApiError> {
     })
 }
 
-fn checked_subject(subject: Option<String>, line: Option<usize>) -> Result<Option<String>, ApiError> {
+fn checked_subject(subject: Option<String>, line: Option<usize>) -> Result<Option<Text>, ApiError> {
     let Some(subject) = subject else { return Ok(None) };
     validate_subject(&subject).map_err(|error| {
         let at = line.map_or_else(String::new, |line| format!("line {line}: "));
         ApiError::bad_request("bad_subject", format!("{at}subject {subject:?}: {error}"))
     })?;
-    Ok(Some(subject))
+    Ok(Some(subject.into()))
 }
 
 fn is_ndjson(headers: &HeaderMap) -> bool {
@@ -109,7 +109,7 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
             timestamp_ms: None,
             key: envelope.key.map(Bytes::from),
             subject: checked_subject(envelope.subject, Some(line_number))?,
-            headers: envelope.headers.into_iter().map(|(name, value)| (name, Bytes::from(value))).collect(),
+            headers: envelope.headers.into_iter().map(|(name, value)| (name.into(), Bytes::from(value))).collect(),
             value: match envelope.value {
                 None | Some(Value::Null) => None,
                 Some(value) => Some(Bytes::from(serde_json::to_vec(&value).expect("a JSON value serializes"))),
@@ -204,11 +204,14 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
         };
     }
     if let Some(subject) = &record.subject {
-        object.insert("subject".into(), json!(subject));
+        object.insert("subject".into(), json!(subject.as_str()));
     }
     if !record.headers.is_empty() {
-        let headers: serde_json::Map<String, Value> =
-            record.headers.iter().map(|(name, value)| (name.clone(), json!(String::from_utf8_lossy(value)))).collect();
+        let headers: serde_json::Map<String, Value> = record
+            .headers
+            .iter()
+            .map(|(name, value)| (name.to_string(), json!(String::from_utf8_lossy(value))))
+            .collect();
         object.insert("headers".into(), Value::Object(headers));
     }
     match &record.value {
@@ -259,11 +262,14 @@ pub fn record_json_bytes(partition: u32, record: &Record) -> Vec<u8> {
     }
     if let Some(subject) = &record.subject {
         out.extend_from_slice(b",\"subject\":");
-        serde_json::to_writer(&mut out, subject).expect("a string serializes");
+        serde_json::to_writer(&mut out, subject.as_str()).expect("a string serializes");
     }
     if !record.headers.is_empty() {
-        let headers: serde_json::Map<String, Value> =
-            record.headers.iter().map(|(name, value)| (name.clone(), json!(String::from_utf8_lossy(value)))).collect();
+        let headers: serde_json::Map<String, Value> = record
+            .headers
+            .iter()
+            .map(|(name, value)| (name.to_string(), json!(String::from_utf8_lossy(value))))
+            .collect();
         out.extend_from_slice(b",\"headers\":");
         serde_json::to_writer(&mut out, &headers).expect("headers serialize");
     }
@@ -370,10 +376,10 @@ mod tests {
             offset: 41,
             timestamp_ms: 1_700_000_000_123,
             key: key.map(Bytes::copy_from_slice),
-            subject: subject.map(str::to_string),
+            subject: subject.map(Text::from),
             headers: headers
                 .iter()
-                .map(|(name, value)| (name.to_string(), Bytes::copy_from_slice(value.as_bytes())))
+                .map(|(name, value)| (Text::from(*name), Bytes::copy_from_slice(value.as_bytes())))
                 .collect(),
             value: value.map(Bytes::copy_from_slice),
         }

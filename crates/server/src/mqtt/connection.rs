@@ -14,7 +14,7 @@ use bytestring::ByteString;
 use onehop_engine::hub::{Delivery, Event};
 use onehop_engine::subject::{SubjectFilter, validate_subject};
 use onehop_engine::{EngineError, Filter, Precondition, Stream, Table, Write};
-use onehop_log::{Durability, NewRecord};
+use onehop_log::{Durability, NewRecord, Text};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::v5::PublishProperties;
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
@@ -63,6 +63,15 @@ fn qos_rank(qos: QoS) -> u8 {
         QoS::AtLeastOnce => 1,
         QoS::ExactlyOnce => 2,
     }
+}
+
+/// The value of a message's QoS header.
+fn qos_header_value(qos: QoS) -> Bytes {
+    Bytes::from_static(match qos {
+        QoS::AtMostOnce => b"0",
+        QoS::AtLeastOnce => b"1",
+        QoS::ExactlyOnce => b"2",
+    })
 }
 
 /// Acknowledgements ready to send (in order), from the task that waited for their records.
@@ -282,15 +291,16 @@ fn message_headers(
     user_properties: Vec<(String, String)>,
     expiry_secs: Option<u32>,
     retain: bool,
-) -> Vec<(String, Bytes)> {
-    let mut headers: Vec<(String, Bytes)> =
-        user_properties.into_iter().map(|(name, value)| (name, Bytes::from(value))).collect();
-    headers.push((QOS_HEADER.to_string(), Bytes::from(qos_rank(qos).to_string())));
+) -> Vec<(Text, Bytes)> {
+    let mut headers: Vec<(Text, Bytes)> = Vec::with_capacity(user_properties.len() + 4);
+    headers.extend(user_properties.into_iter().map(|(name, value)| (Text::from(name), Bytes::from(value))));
+    headers.push((Text::from_static(QOS_HEADER), qos_header_value(qos)));
     if let Some(secs) = expiry_secs {
-        headers.push((EXPIRES_HEADER.to_string(), Bytes::from((now_ms() + i64::from(secs) * 1000).to_string())));
+        let expires = (now_ms() + i64::from(secs) * 1000).to_string();
+        headers.push((Text::from_static(EXPIRES_HEADER), Bytes::from(expires)));
     }
     if retain {
-        headers.push((RETAIN_HEADER.to_string(), Bytes::from_static(b"1")));
+        headers.push((Text::from_static(RETAIN_HEADER), Bytes::from_static(b"1")));
     }
     headers
 }
@@ -299,10 +309,10 @@ fn message_headers(
 /// hashes to (one topic stays in order), the record, and its durability.
 async fn prepare(
     broker: &Broker,
-    topic: &str,
+    topic: &Text,
     payload: Bytes,
     qos: QoS,
-    headers: Vec<(String, Bytes)>,
+    headers: Vec<(Text, Bytes)>,
 ) -> Result<(Arc<Stream>, u32, NewRecord, Option<Durability>), (Refusal, String)> {
     if let Err(error) = validate_subject(topic) {
         return Err((Refusal::TopicInvalid, format!("topic {topic:?}: {error}")));
@@ -314,7 +324,7 @@ async fn prepare(
         return Err((Refusal::NotAuthorized, format!("{topic:?} is a view's topic: views are read-only")));
     }
     let first = topic.split('/').next().unwrap_or_default();
-    if broker.engine.table(first).is_ok() {
+    if broker.engine.has_table(first) {
         return Err((
             Refusal::TopicInvalid,
             format!("{first:?} is a table: write a row with a retained message to {first}/{{id}}"),
@@ -322,7 +332,7 @@ async fn prepare(
     }
     let stream = stream_for(broker, topic).await?;
     let record =
-        NewRecord { timestamp_ms: None, key: None, subject: Some(topic.to_string()), headers, value: Some(payload) };
+        NewRecord { timestamp_ms: None, key: None, subject: Some(topic.clone()), headers, value: Some(payload) };
     let partition = crc32c::crc32c(topic.as_bytes()) % stream.partition_count();
     if let Err(error) = stream
         .partition(partition)
@@ -338,10 +348,10 @@ async fn prepare(
 /// Queues one message for the log.
 async fn append(
     broker: &Broker,
-    topic: &str,
+    topic: &Text,
     payload: Bytes,
     qos: QoS,
-    headers: Vec<(String, Bytes)>,
+    headers: Vec<(Text, Bytes)>,
 ) -> Result<onehop_log::QueuedAppend, (Refusal, String)> {
     let (stream, partition, record, durability) = prepare(broker, topic, payload, qos, headers).await?;
     stream
@@ -361,7 +371,7 @@ fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Durat
             }
         }
         let headers = message_headers(will.qos, will.user_properties, will.message_expiry_secs, will.retain);
-        let queued = append(&broker, &will.topic, will.payload.clone(), will.qos, headers.clone()).await;
+        let queued = append(&broker, &Text::from(&will.topic), will.payload.clone(), will.qos, headers.clone()).await;
         match queued {
             Ok(queued) => {
                 if let Err(error) = queued.await {
@@ -575,7 +585,7 @@ struct Session {
     client_id_bytes: Bytes,
     will: Option<Will>,
     /// v5 topic aliases the client defined.
-    aliases: HashMap<u16, String>,
+    aliases: HashMap<u16, Text>,
     /// QoS 2 publishes stored (or being stored), waiting for PUBREL: a resend is not stored
     /// again. A persistent session keeps where each went.
     awaiting_release: HashMap<NonZeroU16, Option<StoredRelease>>,
@@ -1019,7 +1029,11 @@ impl Session {
     async fn publish(&mut self, publish: Publish) -> Option<Close> {
         self.counters.publishes_received.increment(1);
         let Publish { qos, topic, packet_id, payload, properties, retain, .. } = publish;
-        let mut topic = topic.to_string();
+        // The topic as the packet holds it, shared rather than copied (the codec checked its
+        // UTF-8; this check cannot fail, but costs little next to a copy).
+        let Ok(mut topic) = Text::from_utf8(topic.into_bytes()) else {
+            return Some(Close::abnormal(Goodbye::ProtocolError, "the topic is not valid UTF-8"));
+        };
         let (mut user_properties, mut expiry) = (Vec::new(), None);
         if let Some(properties) = properties {
             if let Some(alias) = properties.topic_alias {
@@ -1098,10 +1112,10 @@ impl Session {
         let exactly_once = qos == QoS::ExactlyOnce && self.persistent;
         if self.codec.version() == Version::V5 || exactly_once {
             // A 5.0 subscription can ask not to get its own client's messages back.
-            headers.push((CLIENT_HEADER.to_string(), self.client_id_bytes.clone()));
+            headers.push((Text::from_static(CLIENT_HEADER), self.client_id_bytes.clone()));
         }
         if exactly_once && let Some(packet_id) = packet_id {
-            headers.push((PACKET_HEADER.to_string(), Bytes::from(packet_id.get().to_string())));
+            headers.push((Text::from_static(PACKET_HEADER), Bytes::from(packet_id.get().to_string())));
         }
         let packet = packet_id.filter(|_| qos != QoS::AtMostOnce).map(|packet_id| (qos, packet_id));
         if retain && let Some(table) = self.table_of(&topic) {
@@ -1531,9 +1545,7 @@ impl Session {
                 .headers
                 .iter()
                 .filter(|(name, _)| !name.starts_with("onehop-"))
-                .map(|(name, value)| {
-                    (ByteString::from(name.clone()), ByteString::from(String::from_utf8_lossy(value).into_owned()))
-                })
+                .map(|(name, value)| (byte_string(name), ByteString::from(String::from_utf8_lossy(value).into_owned())))
                 .collect(),
             is_utf8_payload: false,
             response_topic: None,
@@ -1545,7 +1557,7 @@ impl Session {
             dup: dup && qos != QoS::AtMostOnce,
             retain,
             qos,
-            topic: ByteString::from(topic),
+            topic: byte_string(&topic),
             packet_id,
             payload: record.value.clone().unwrap_or_default(),
             properties,
@@ -1582,12 +1594,20 @@ impl Session {
 
 /// The MQTT topic of a record: its subject, or for a table change `{table}/{id}`, or else the
 /// stream's name.
-fn message_topic(event: &Event) -> String {
+fn message_topic(event: &Event) -> Text {
     if event.table {
         let id = event.record.key.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-        return format!("{}/{id}", event.stream);
+        return Text::from(format!("{}/{id}", event.stream));
     }
-    event.record.subject.clone().unwrap_or_else(|| event.stream.to_string())
+    match &event.record.subject {
+        Some(subject) => subject.clone(),
+        None => Text::from(&*event.stream),
+    }
+}
+
+/// `text` for the codec, sharing its bytes.
+fn byte_string(text: &Text) -> ByteString {
+    ByteString::try_from(text.clone().into_bytes()).expect("a Text holds UTF-8")
 }
 
 /// The next offset of every partition of `stream`: where a subscription from now starts.
@@ -1659,7 +1679,7 @@ impl Follower {
                 offset: 0,
                 timestamp_ms: 0,
                 key: None,
-                subject: Some(message.topic),
+                subject: Some(message.topic.into()),
                 headers: message.headers,
                 value: Some(message.payload),
             };

@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use onehop_engine::subject::SubjectFilter;
-use onehop_log::{Durability, Log, NewRecord, Partition, PartitionConfig};
+use onehop_log::{Durability, Log, NewRecord, Partition, PartitionConfig, Text};
 
 pub const RETAINED_TOPIC: &str = "__mqtt_retained";
 
@@ -22,7 +22,7 @@ pub struct Retained {
     pub topic: String,
     pub payload: Bytes,
     /// The record headers it was published with (QoS, user properties, expiry).
-    pub headers: Vec<(String, Bytes)>,
+    pub headers: Vec<(Text, Bytes)>,
 }
 
 pub struct RetainedStore {
@@ -68,7 +68,7 @@ impl RetainedStore {
         self.len() == 0
     }
 
-    fn apply(&self, offset: u64, topic: String, payload: Option<Bytes>, headers: Vec<(String, Bytes)>) {
+    fn apply(&self, offset: u64, topic: String, payload: Option<Bytes>, headers: Vec<(Text, Bytes)>) {
         let mut messages = self.messages.write().expect("retained lock");
         if messages.get(&topic).is_some_and(|(held, _)| *held > offset) {
             return;
@@ -86,7 +86,7 @@ impl RetainedStore {
 
     /// Stores `payload` as the retained message of `topic` (an empty payload clears it),
     /// durably; returns once it is.
-    pub async fn set(&self, topic: &str, payload: Bytes, headers: Vec<(String, Bytes)>) -> Result<(), String> {
+    pub async fn set(&self, topic: &str, payload: Bytes, headers: Vec<(Text, Bytes)>) -> Result<(), String> {
         let record = NewRecord {
             timestamp_ms: None,
             key: Some(Bytes::from(topic.to_string())),
