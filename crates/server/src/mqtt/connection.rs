@@ -1054,7 +1054,9 @@ impl Session {
                         }
                     }
                 } else {
-                    self.aliases.insert(alias.get(), topic.clone());
+                    // A copy: the topic shares the packet's read buffer, which an alias kept
+                    // for the connection's life would otherwise hold on to.
+                    self.aliases.insert(alias.get(), Text::from(topic.as_str()));
                 }
             }
             user_properties = properties.user_properties.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

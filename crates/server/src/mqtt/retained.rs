@@ -25,6 +25,23 @@ pub struct Retained {
     pub headers: Vec<(Text, Bytes)>,
 }
 
+impl Retained {
+    /// A message in buffers of its own. A payload fresh from a packet or a log read is a slice
+    /// of the connection's read buffer or of a whole batch, and a retained message lives until
+    /// its topic is cleared: shared, a small message could hold kilobytes (a replay, megabytes)
+    /// for as long.
+    fn owned(topic: String, payload: &[u8], headers: &[(Text, Bytes)]) -> Retained {
+        Retained {
+            topic,
+            payload: Bytes::copy_from_slice(payload),
+            headers: headers
+                .iter()
+                .map(|(name, value)| (Text::from(name.as_str()), Bytes::copy_from_slice(value)))
+                .collect(),
+        }
+    }
+}
+
 pub struct RetainedStore {
     log: Arc<Partition>,
     /// Topic → (offset, message).
@@ -75,7 +92,8 @@ impl RetainedStore {
         }
         match payload.filter(|payload| !payload.is_empty()) {
             Some(payload) => {
-                messages.insert(topic.clone(), (offset, Retained { topic, payload, headers }));
+                let message = Retained::owned(topic.clone(), &payload, &headers);
+                messages.insert(topic, (offset, message));
             }
             None => {
                 messages.remove(&topic);
@@ -117,5 +135,33 @@ impl RetainedStore {
             .filter(|(topic, _)| topic.split('/').next() == Some(first) && filter.matches(topic))
             .map(|(_, (_, message))| message.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `part` lies inside `whole`'s memory.
+    fn within(part: &[u8], whole: &[u8]) -> bool {
+        let range = whole.as_ptr_range();
+        range.contains(&part.as_ptr())
+    }
+
+    #[test]
+    fn a_retained_message_holds_only_its_own_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = Log::open(dir.path(), onehop_log::LogOptions::default()).unwrap();
+        let store = RetainedStore::open(&log, 1024 * 1024).unwrap();
+        // A packet as the codec leaves it: topic, header value and payload slices of one buffer.
+        let buffer = Bytes::from(vec![b'x'; 64 * 1024]);
+        let name = Text::from_utf8(buffer.slice(0..4)).unwrap();
+        store.apply(7, "home/hall".into(), Some(buffer.slice(100..110)), vec![(name, buffer.slice(4..5))]);
+        let message = store.messages.read().unwrap().get("home/hall").unwrap().1.clone();
+        assert_eq!(&message.payload[..], &[b'x'; 10]);
+        assert_eq!(message.headers, [(Text::from("xxxx"), Bytes::from_static(b"x"))]);
+        assert!(!within(&message.payload, &buffer), "the payload is a copy");
+        assert!(!within(message.headers[0].0.as_bytes(), &buffer), "the header name is a copy");
+        assert!(!within(&message.headers[0].1, &buffer), "the header value is a copy");
     }
 }
