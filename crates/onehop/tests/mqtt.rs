@@ -146,6 +146,21 @@ fn mosquitto_clients_publish_and_subscribe_with_wildcards_and_every_qos() {
     assert_eq!(v5.len(), 5, "{v5:?}");
     assert!(v5.contains(&"sensors/room-2/temp 1 t2".to_string()), "QoS 2 capped at the subscription's 1: {v5:?}");
     assert!(v5.contains(&"sensors/room-9/humidity 1 h".to_string()));
+
+    // The counters: four MQTT publishes (the HTTP one is not an MQTT packet), nine messages
+    // sent, and the packets around them (connects, subscribes, acknowledgements).
+    let (_, metrics) = get(server.address, "/metrics");
+    let counter = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    assert_eq!(counter("mqtt_publishes_received_total"), 4);
+    assert_eq!(counter("mqtt_messages_sent_total"), 9);
+    // Per publisher a CONNECT and a PUBLISH at least, per subscriber a CONNECT and a SUBSCRIBE
+    // (their acknowledgements may still be on the way).
+    assert!(counter("mqtt_packets_received_total") >= 4 * 2 + 2 * 2, "{metrics}");
 }
 
 #[test]
