@@ -57,14 +57,14 @@ pub enum TableOp {
 /// The `onehop-op` header of a table record (`insert`, `update`, `delete`), without parsing
 /// the rest.
 pub fn op_name(record: &Record) -> Option<&[u8]> {
-    record.headers.iter().find(|(name, _)| name == OP_HEADER).map(|(_, value)| value.as_ref())
+    record.headers.get(OP_HEADER)
 }
 
 /// The change a table record describes; `None` when it is not a table record.
 pub fn table_op(record: &Record) -> Option<TableOp> {
-    let header = |name: &str| record.headers.iter().find(|(key, _)| key == name).map(|(_, value)| value);
+    let header = |name: &str| record.headers.get(name);
     let prev = || header(PREV_HEADER).and_then(|value| serde_json::from_slice::<Value>(value).ok());
-    match header(OP_HEADER)?.as_ref() {
+    match header(OP_HEADER)? {
         b"insert" => Some(TableOp::Insert),
         b"update" => Some(TableOp::Update(prev()?)),
         b"delete" => Some(TableOp::Delete(prev()?)),

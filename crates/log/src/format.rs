@@ -8,6 +8,7 @@
 use bytes::{Buf, Bytes};
 
 use crate::error::DecodeError;
+use crate::headers::Headers;
 use crate::text::Text;
 
 /// The first four bytes of every batch: `O`, `H`, `B`, `1`.
@@ -46,7 +47,7 @@ pub struct Record {
     pub key: Option<Bytes>,
     /// A `/`-separated topic such as `scores/team-42`.
     pub subject: Option<Text>,
-    pub headers: Vec<(Text, Bytes)>,
+    pub headers: Headers,
     /// `None` is a tombstone: on a compacted partition it deletes its key.
     pub value: Option<Bytes>,
 }
@@ -266,7 +267,7 @@ impl<'a> BatchBuilder<'a> {
             timestamp_ms: Some(record.timestamp_ms),
             key: record.key.clone(),
             subject: record.subject.clone(),
-            headers: record.headers.clone(),
+            headers: record.headers.to_vec(),
             value: record.value.clone(),
         };
         let at = self.out.len();
@@ -467,14 +468,7 @@ fn decode_record(base_offset: u64, payload: &mut Bytes) -> Result<Record, Decode
     } else {
         None
     };
-    let header_count = take_u16(&mut body)? as usize;
-    let mut headers = Vec::with_capacity(header_count.min(64));
-    for _ in 0..header_count {
-        let name_len = take_u16(&mut body)? as usize;
-        let name = take_text(&mut body, name_len)?;
-        let value_len = take_u32(&mut body)? as usize;
-        headers.push((name, take(&mut body, value_len)?));
-    }
+    let headers = Headers::take(&mut body)?;
     let value = if flags & FLAG_VALUE != 0 {
         let value_len = take_u32(&mut body)? as usize;
         Some(take(&mut body, value_len)?)
@@ -525,7 +519,7 @@ mod tests {
             assert_eq!(record.timestamp_ms, 1000 + i as i64);
             assert_eq!(record.key, expected.key);
             assert_eq!(record.subject, expected.subject);
-            assert_eq!(record.headers, expected.headers);
+            assert_eq!(record.headers.to_vec(), expected.headers);
             assert_eq!(record.value, expected.value);
         }
     }
@@ -558,7 +552,7 @@ mod tests {
                 timestamp_ms: offset as i64,
                 key: Some(Bytes::from(format!("k{offset}"))),
                 subject: None,
-                headers: vec![],
+                headers: Headers::default(),
                 value: None,
             })
             .collect();
@@ -636,7 +630,7 @@ mod tests {
             timestamp_ms: TIMESTAMP_MS,
             key: record.key.clone(),
             subject: record.subject.clone(),
-            headers: vec![],
+            headers: Headers::default(),
             value: record.value.clone(),
         };
         assert_eq!(decode_records(&parsed, &batch).unwrap(), vec![expected]);

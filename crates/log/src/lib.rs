@@ -8,7 +8,8 @@
 //! - `writer`: the commit pipeline of a partition — a write thread and a sync thread doing
 //!   group commit.
 //! - `tail`: the newest batches of a partition in memory, for readers close behind the writer.
-//! - `text`: [`Text`], the shared UTF-8 strings of records (subjects, header names).
+//! - `text`, `headers`: [`Text`], the shared UTF-8 strings of records (subjects, header names),
+//!   and [`Headers`], a read record's headers left in its batch's bytes.
 //! - `maintenance`: retention (whole segments by age or size) and compaction (newest per key).
 //! - `store`: the log as a directory of topics and partitions, its maintenance thread, and the
 //!   data-directory lock.
@@ -21,6 +22,7 @@
 mod config;
 mod error;
 mod format;
+mod headers;
 mod maintenance;
 pub mod metrics;
 mod partition;
@@ -33,6 +35,7 @@ mod writer;
 pub use config::{Durability, PartitionConfig};
 pub use error::{AppendError, DecodeError, MaintenanceError, OpenError, ReadError};
 pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, NewRecord, Record, decode_records};
+pub use headers::Headers;
 pub use maintenance::{CompactionReport, RetentionReport};
 pub use partition::{AppendAck, Partition, QueuedAppend, ReadAhead, RecoveryReport, Watermark};
 pub use store::{DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, validate_topic_name};

@@ -157,7 +157,7 @@ fn encoded_len(record: &Record) -> u64 {
         timestamp_ms: Some(record.timestamp_ms),
         key: record.key.clone(),
         subject: record.subject.clone(),
-        headers: record.headers.clone(),
+        headers: record.headers.to_vec(),
         value: record.value.clone(),
     };
     new.encoded_len() as u64

@@ -636,7 +636,7 @@ fn as_new(record: &Record) -> NewRecord {
         timestamp_ms: Some(record.timestamp_ms),
         key: record.key.clone(),
         subject: record.subject.clone(),
-        headers: record.headers.clone(),
+        headers: record.headers.to_vec(),
         value: record.value.clone(),
     }
 }

@@ -111,7 +111,7 @@ impl TransformDef {
                 }
             },
         };
-        let mut headers = record.headers.clone();
+        let mut headers = record.headers.to_vec();
         headers.retain(|(name, _)| name != SOURCE_HEADER);
         headers.push((Text::from_static(SOURCE_HEADER), Bytes::from(format!("{}:{}", input.partition, record.offset))));
         let value = serde_json::to_vec(&Value::Object(fields)).expect("a JSON object serializes");
@@ -123,7 +123,7 @@ impl TransformDef {
 
 /// The source position an output record names in its `onehop-source` header.
 pub fn source_position(record: &Record) -> Option<(u32, u64)> {
-    let (_, value) = record.headers.iter().rev().find(|(name, _)| name == SOURCE_HEADER)?;
+    let value = record.headers.get_last(SOURCE_HEADER)?;
     let text = std::str::from_utf8(value).ok()?;
     let (partition, offset) = text.split_once(':')?;
     Some((partition.parse().ok()?, offset.parse().ok()?))
@@ -456,6 +456,7 @@ impl Transform {
 mod tests {
     use super::*;
     use crate::view::expr::RecordField;
+    use onehop_log::Headers;
 
     fn def(key: Option<Expr>, subject: Option<Expr>) -> TransformDef {
         TransformDef {
@@ -477,10 +478,12 @@ mod tests {
             timestamp_ms: 1_000,
             key: Some(Bytes::from_static(b"source-key")),
             subject: Some("in/a".into()),
-            headers: vec![
-                ("trace".into(), Bytes::from_static(b"t1")),
-                (SOURCE_HEADER.into(), Bytes::from_static(b"0:1")),
-            ],
+            headers: Headers::from(
+                &[
+                    (Text::from_static("trace"), Bytes::from_static(b"t1")),
+                    (Text::from_static(SOURCE_HEADER), Bytes::from_static(b"0:1")),
+                ][..],
+            ),
             value: Some(Bytes::from_static(br#"{"n": 5, "topic": "a/+/b"}"#)),
         }
     }

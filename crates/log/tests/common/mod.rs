@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use onehop_log::{BATCH_HEADER_BYTES, BatchHeader, NewRecord, Partition, PartitionConfig, Record};
+use onehop_log::{BATCH_HEADER_BYTES, BatchHeader, Headers, NewRecord, Partition, PartitionConfig, Record};
 
 /// Settings that roll a segment every few kilobytes, so a test with a few hundred records crosses
 /// many segment boundaries and index entries.
@@ -30,7 +30,7 @@ pub fn stored(offset: u64, new: &NewRecord) -> Record {
         timestamp_ms: new.timestamp_ms.expect("expected records carry explicit timestamps"),
         key: new.key.clone(),
         subject: new.subject.clone(),
-        headers: new.headers.clone(),
+        headers: Headers::from(&new.headers[..]),
         value: new.value.clone(),
     }
 }

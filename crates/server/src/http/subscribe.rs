@@ -360,7 +360,7 @@ mod tests {
                     timestamp_ms: 1_700_000_000_000,
                     key: Some(Bytes::from(change.key.clone())),
                     subject: None,
-                    headers: Vec::new(),
+                    headers: Default::default(),
                     value: Some(Bytes::from(change_value(&change))),
                 };
                 let event = Event::new("__view.clicks".into(), 0, record, false);

@@ -14,7 +14,7 @@ use bytestring::ByteString;
 use onehop_engine::hub::{Delivery, Event};
 use onehop_engine::subject::{SubjectFilter, validate_subject};
 use onehop_engine::{EngineError, Filter, Precondition, Stream, Table, Write};
-use onehop_log::{Durability, NewRecord, Text};
+use onehop_log::{Durability, Headers, NewRecord, Text};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::v5::PublishProperties;
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
@@ -744,7 +744,7 @@ impl Session {
             .map(|row| super::retained::Retained {
                 topic: format!("{name}/{}", row.id),
                 payload: row.json.clone(),
-                headers: Vec::new(),
+                headers: Headers::default(),
             })
             .collect();
         let task = tokio::spawn(async move {
@@ -784,7 +784,7 @@ impl Session {
                     .map(|(topic, row)| super::retained::Retained {
                         topic,
                         payload: Bytes::from(row.to_string()),
-                        headers: Vec::new(),
+                        headers: Headers::default(),
                     })
                     .collect();
                 (rows, vec![next])
@@ -1281,9 +1281,9 @@ impl Session {
             let Some(last) = records.last() else { return false };
             next = last.offset + 1;
             let found = records.iter().any(|record| {
-                let header = |name: &str| record.headers.iter().find(|(key, _)| key == name).map(|(_, value)| value);
-                header(CLIENT_HEADER).is_some_and(|client| client.as_ref() == self.client_id.as_bytes())
-                    && header(PACKET_HEADER).is_some_and(|id| id.as_ref() == packet.as_bytes())
+                let header = |name: &str| record.headers.get(name);
+                header(CLIENT_HEADER).is_some_and(|client| client == self.client_id.as_bytes())
+                    && header(PACKET_HEADER).is_some_and(|id| id == packet.as_bytes())
                     && record.subject.as_deref() == Some(topic)
                     && record.value.as_deref() == Some(payload)
             });
@@ -1552,9 +1552,7 @@ impl Session {
             }
         };
         let record = &event.record;
-        let header = |name: &str| {
-            record.headers.iter().find(|(key, _)| key == name).and_then(|(_, value)| std::str::from_utf8(value).ok())
-        };
+        let header = |name: &str| record.headers.get(name).and_then(|value| std::str::from_utf8(value).ok());
         let published_qos = match header(QOS_HEADER) {
             Some("0") => QoS::AtMostOnce,
             Some("2") => QoS::ExactlyOnce,
@@ -1584,7 +1582,9 @@ impl Session {
                 .headers
                 .iter()
                 .filter(|(name, _)| !name.starts_with("onehop-"))
-                .map(|(name, value)| (byte_string(name), ByteString::from(String::from_utf8_lossy(value).into_owned())))
+                .map(|(name, value)| {
+                    (ByteString::from(name), ByteString::from(String::from_utf8_lossy(value).into_owned()))
+                })
                 .collect(),
             is_utf8_payload: false,
             response_topic: None,
@@ -1754,7 +1754,7 @@ impl Follower {
                             .record
                             .headers
                             .iter()
-                            .any(|(name, value)| name == CLIENT_HEADER && value.as_ref() == own.as_bytes())
+                            .any(|(name, value)| name == CLIENT_HEADER && value == own.as_bytes())
                     {
                         continue;
                     }

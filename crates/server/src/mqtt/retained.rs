@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use onehop_engine::subject::SubjectFilter;
-use onehop_log::{Durability, Log, NewRecord, Partition, PartitionConfig, Text};
+use onehop_log::{Durability, Headers, Log, NewRecord, Partition, PartitionConfig, Text};
 
 pub const RETAINED_TOPIC: &str = "__mqtt_retained";
 
@@ -22,7 +22,7 @@ pub struct Retained {
     pub topic: String,
     pub payload: Bytes,
     /// The record headers it was published with (QoS, user properties, expiry).
-    pub headers: Vec<(Text, Bytes)>,
+    pub headers: Headers,
 }
 
 impl Retained {
@@ -34,10 +34,8 @@ impl Retained {
         Retained {
             topic,
             payload: Bytes::copy_from_slice(payload),
-            headers: headers
-                .iter()
-                .map(|(name, value)| (Text::from(name.as_str()), Bytes::copy_from_slice(value)))
-                .collect(),
+            // Encoded into a buffer of its own.
+            headers: Headers::from(headers),
         }
     }
 }
@@ -70,7 +68,7 @@ impl RetainedStore {
                 let Some(topic) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { continue };
                 let topic = topic.to_string();
                 let offset = record.offset;
-                store.apply(offset, topic, record.value, record.headers);
+                store.apply(offset, topic, record.value, &record.headers.to_vec());
             }
         }
         tracing::info!(retained = store.len(), "retained MQTT messages replayed");
@@ -85,14 +83,14 @@ impl RetainedStore {
         self.len() == 0
     }
 
-    fn apply(&self, offset: u64, topic: String, payload: Option<Bytes>, headers: Vec<(Text, Bytes)>) {
+    fn apply(&self, offset: u64, topic: String, payload: Option<Bytes>, headers: &[(Text, Bytes)]) {
         let mut messages = self.messages.write().expect("retained lock");
         if messages.get(&topic).is_some_and(|(held, _)| *held > offset) {
             return;
         }
         match payload.filter(|payload| !payload.is_empty()) {
             Some(payload) => {
-                let message = Retained::owned(topic.clone(), &payload, &headers);
+                let message = Retained::owned(topic.clone(), &payload, headers);
                 messages.insert(topic, (offset, message));
             }
             None => {
@@ -113,7 +111,7 @@ impl RetainedStore {
             value: (!payload.is_empty()).then(|| payload.clone()),
         };
         let ack = self.log.append(std::slice::from_ref(&record)).await.map_err(|error| error.to_string())?;
-        self.apply(ack.base_offset, topic.to_string(), Some(payload), headers);
+        self.apply(ack.base_offset, topic.to_string(), Some(payload), &headers);
         Ok(())
     }
 
@@ -156,12 +154,13 @@ mod tests {
         // A packet as the codec leaves it: topic, header value and payload slices of one buffer.
         let buffer = Bytes::from(vec![b'x'; 64 * 1024]);
         let name = Text::from_utf8(buffer.slice(0..4)).unwrap();
-        store.apply(7, "home/hall".into(), Some(buffer.slice(100..110)), vec![(name, buffer.slice(4..5))]);
+        store.apply(7, "home/hall".into(), Some(buffer.slice(100..110)), &[(name, buffer.slice(4..5))]);
         let message = store.messages.read().unwrap().get("home/hall").unwrap().1.clone();
         assert_eq!(&message.payload[..], &[b'x'; 10]);
-        assert_eq!(message.headers, [(Text::from("xxxx"), Bytes::from_static(b"x"))]);
+        let headers: Vec<(&str, &[u8])> = message.headers.iter().collect();
+        assert_eq!(headers, [("xxxx", &b"x"[..])]);
         assert!(!within(&message.payload, &buffer), "the payload is a copy");
-        assert!(!within(message.headers[0].0.as_bytes(), &buffer), "the header name is a copy");
-        assert!(!within(&message.headers[0].1, &buffer), "the header value is a copy");
+        assert!(!within(headers[0].0.as_bytes(), &buffer), "the header name is a copy");
+        assert!(!within(headers[0].1, &buffer), "the header value is a copy");
     }
 }
