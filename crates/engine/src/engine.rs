@@ -3,6 +3,7 @@
 //! one log topic).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use onehop_log::{Durability, Log, Partition, PartitionConfig};
@@ -55,6 +56,9 @@ pub struct Engine {
     hub: Arc<Hub>,
     /// Bumped whenever a stream is created or dropped, for followers of every stream.
     streams_changed: tokio::sync::watch::Sender<u64>,
+    /// Bumped after every change to which streams, tables and views exist (see
+    /// [`Engine::catalog_generation`]).
+    catalog_generation: AtomicU64,
     /// The streams that declare an `mqtt_topic`, looked through on every MQTT publish.
     routed: RwLock<Vec<Arc<Stream>>>,
     views: RwLock<BTreeMap<String, Arc<View>>>,
@@ -100,6 +104,7 @@ impl Engine {
             ddl: tokio::sync::Mutex::new(()),
             hub,
             streams_changed: tokio::sync::watch::channel(0).0,
+            catalog_generation: AtomicU64::new(0),
             routed: RwLock::new(Vec::new()),
             views: RwLock::new(BTreeMap::new()),
             transforms: RwLock::new(BTreeMap::new()),
@@ -256,6 +261,7 @@ impl Engine {
         let name = def.name.clone();
         let view = self.open_view(def, checkpoint)?;
         self.views.write().expect("views lock").insert(name.clone(), view.clone());
+        self.catalog_changed();
         tracing::info!(view = name, source = view.def().source, "view created");
         Ok(view)
     }
@@ -266,6 +272,7 @@ impl Engine {
         let view = self.view(name)?;
         self.catalog.append(&[catalog::drop_view_record(name)]).await?;
         self.views.write().expect("views lock").remove(name);
+        self.catalog_changed();
         view.stop().await;
         // The header first: a drop cut short leaves strays, deleted at the next start.
         for tombstones in view.checkpoint_tombstones().chunks(TOMBSTONES_PER_APPEND) {
@@ -507,6 +514,18 @@ impl Engine {
     fn streams_changed(&self) {
         self.update_routes();
         self.streams_changed.send_modify(|generation| *generation += 1);
+        self.catalog_changed();
+    }
+
+    /// A number that changes after every stream, table or view is created or dropped. What
+    /// was decided from the catalog while it read `g` (an MQTT topic's stream, say) still
+    /// holds while it reads `g`: a change makes its maps visible first, then bumps it.
+    pub fn catalog_generation(&self) -> u64 {
+        self.catalog_generation.load(Ordering::Acquire)
+    }
+
+    fn catalog_changed(&self) {
+        self.catalog_generation.fetch_add(1, Ordering::AcqRel);
     }
 
     fn update_routes(&self) {
@@ -632,6 +651,7 @@ impl Engine {
         self.catalog.append(&[catalog::table_record(&def)]).await?;
         let table = self.open_table(def)?;
         self.tables.write().expect("tables lock").insert(table.name(), table.clone());
+        self.catalog_changed();
         tracing::info!(table = %table.name(), definition = %table.def().describe(), "table created");
         Ok(table)
     }
@@ -720,6 +740,7 @@ impl Engine {
         self.check_unread(name)?;
         self.catalog.append(&[catalog::drop_record(name, true)]).await?;
         self.tables.write().expect("tables lock").remove(name);
+        self.catalog_changed();
         self.log.remove_topic(name)?;
         tracing::info!(table = name, "table dropped");
         Ok(())

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::{RawSse, Server, get, post, start};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn tool(name: &str) -> Command {
     let found = Command::new("sh").args(["-c", &format!("command -v {name}")]).output().unwrap();
@@ -430,6 +430,36 @@ fn acknowledged_qos1_publishes_survive_kill_9() {
     for (i, value) in stored.iter().take(acked_total).enumerate() {
         assert_eq!(*value, format!("m{i}"), "acknowledged message {i} lost or out of order");
     }
+}
+
+#[test]
+fn a_connection_publishing_on_follows_streams_tables_and_views_as_they_change() {
+    // A connection remembers where its last topic went; every change to the catalog must
+    // still count for its next publish.
+    let (server, _dir) = server();
+    let checks = paho_checks_with(server.mqtt_address, &["routes", &port(server.address)]);
+    let codes: Vec<(String, u64)> = check(&checks, "route")
+        .iter()
+        .map(|check| (check["step"].as_str().unwrap().to_string(), check["code"].as_u64().unwrap()))
+        .collect();
+    let code = |step: &str| codes.iter().find(|(name, _)| name == step).map(|(_, code)| *code);
+    let stored =
+        ["new_stream", "again", "stream_dropped", "routed_stream", "table_dropped", "before_view", "before_view_again"];
+    for step in stored {
+        assert_eq!(code(step), Some(0), "{step} is stored: {codes:?}");
+    }
+    assert_eq!(code("table_created"), Some(0x90), "a table's topic takes no plain message: {codes:?}");
+    assert_eq!(code("view_created"), Some(0x87), "a view's topic is read-only: {codes:?}");
+
+    // Each stored message is in the stream its topic named when it was sent.
+    let values = |stream: &str| {
+        let (status, body) = get(server.address, &format!("/streams/{stream}?from=earliest"));
+        assert_eq!(status, 200, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        body["records"].as_array().unwrap().iter().map(|record| record["value"].clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(values("gadgets"), [json!(3)], "the stream made again after the drop, holding only what came after");
+    assert_eq!(values("gz"), [json!(4), json!(6)]);
 }
 
 #[test]

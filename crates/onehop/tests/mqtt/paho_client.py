@@ -457,6 +457,56 @@ def v5_more(port):
         c.disconnect()
 
 
+def routes_follow_the_catalog(port, http_port):
+    """One connection publishes to the same topics while streams, tables and views are created
+    and dropped over HTTP: each PUBACK must say what the catalog says at that moment."""
+    import urllib.error
+    import urllib.request
+
+    def sql(statement):
+        request = urllib.request.Request(f"http://{HOST}:{http_port}/sql", data=statement.encode(), method="POST")
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except urllib.error.HTTPError as error:
+            fail(f"{statement}: HTTP {error.code} {error.read().decode()}")
+
+    codes = {}
+    acked = threading.Condition()
+
+    def on_publish(_client, _userdata, mid, reason_code, _properties):
+        with acked:
+            codes[mid] = reason_code.value
+            acked.notify_all()
+
+    c = client("router", mqtt.MQTTv5)
+    c.on_publish = on_publish
+    connected(c, port)
+
+    def publish(step, topic, payload):
+        info = c.publish(topic, payload, qos=1)
+        with acked:
+            if not acked.wait_for(lambda: info.mid in codes, timeout=10):
+                fail(f"{step}: no PUBACK")
+        print(json.dumps({"check": "route", "step": step, "code": codes[info.mid]}))
+
+    publish("new_stream", "gadgets/a", "1")
+    publish("again", "gadgets/a", "2")
+    sql("DROP STREAM gadgets")
+    publish("stream_dropped", "gadgets/a", "3")
+    sql("CREATE STREAM gz WITH (mqtt_topic = 'gizmos/#')")
+    publish("routed_stream", "gizmos/a", "4")
+    sql("CREATE TABLE gizmos (id TEXT PRIMARY KEY)")
+    publish("table_created", "gizmos/a", "5")
+    sql("DROP TABLE gizmos")
+    publish("table_dropped", "gizmos/a", "6")
+    publish("before_view", "views/counts/a", "7")
+    # Again: the first one created a stream, so only now is the route remembered unchanged.
+    publish("before_view_again", "views/counts/a", "7")
+    sql("CREATE VIEW counts AS SELECT COUNT(*) AS n FROM gadgets GROUP BY 'all'")
+    publish("view_created", "views/counts/a", "8")
+    c.disconnect()
+
+
 def publisher(port, topic, count):
     """QoS 1 publishes one after another; prints each payload once PUBACKed."""
     c = client("kill-publisher")
@@ -502,6 +552,8 @@ if __name__ == "__main__":
         websocket(port, int(sys.argv[3]))
     elif scenario == "publisher":
         publisher(port, sys.argv[3], int(sys.argv[4]))
+    elif scenario == "routes":
+        routes_follow_the_catalog(port, int(sys.argv[3]))
     elif scenario == "exactly_once_crash":
         exactly_once_crash(port, int(sys.argv[3]))
     else:

@@ -305,15 +305,43 @@ fn message_headers(
     headers
 }
 
-/// Where a message goes and as what: the stream its topic names, the partition its topic
-/// hashes to (one topic stays in order), the record, and its durability.
-async fn prepare(
+/// Where a session's last publish went: its topic, the stream and partition it resolved to,
+/// and the catalog generation that held while it did. A publisher mostly repeats one topic,
+/// and resolving it (checking it, looking for a view, a table and a routed stream, hashing
+/// it) was ~3 % of the server's CPU at 100 000 messages a second.
+struct LastRoute {
+    topic: Text,
+    generation: u64,
+    stream: Arc<Stream>,
+    partition: u32,
+}
+
+/// The stream and partition of `topic` (the partition its topic hashes to: one topic stays in
+/// order), or why it takes no message. With `last`, the last route is used when it is for the
+/// same topic and no stream, table or view was created or dropped since, and kept otherwise.
+async fn route(
     broker: &Broker,
     topic: &Text,
-    payload: Bytes,
-    qos: QoS,
-    headers: Vec<(Text, Bytes)>,
-) -> Result<(Arc<Stream>, u32, NewRecord, Option<Durability>), (Refusal, String)> {
+    last: Option<&mut Option<LastRoute>>,
+) -> Result<(Arc<Stream>, u32), (Refusal, String)> {
+    // Read before resolving: a change during it makes the route stale at once.
+    let generation = broker.engine.catalog_generation();
+    if let Some(Some(route)) = last.as_deref()
+        && route.generation == generation
+        && route.topic == *topic
+    {
+        return Ok((route.stream.clone(), route.partition));
+    }
+    let (stream, partition) = resolve(broker, topic).await?;
+    if let Some(last) = last {
+        // A copy: the topic shares the packet's read buffer.
+        let topic = Text::from(topic.as_str());
+        *last = Some(LastRoute { topic, generation, stream: stream.clone(), partition });
+    }
+    Ok((stream, partition))
+}
+
+async fn resolve(broker: &Broker, topic: &Text) -> Result<(Arc<Stream>, u32), (Refusal, String)> {
     if let Err(error) = validate_subject(topic) {
         return Err((Refusal::TopicInvalid, format!("topic {topic:?}: {error}")));
     }
@@ -331,9 +359,23 @@ async fn prepare(
         ));
     }
     let stream = stream_for(broker, topic).await?;
+    let partition = crc32c::crc32c(topic.as_bytes()) % stream.partition_count();
+    Ok((stream, partition))
+}
+
+/// Where a message goes and as what: its stream and partition (see [`route`]), the record,
+/// and its durability.
+async fn prepare(
+    broker: &Broker,
+    topic: &Text,
+    payload: Bytes,
+    qos: QoS,
+    headers: Vec<(Text, Bytes)>,
+    last: Option<&mut Option<LastRoute>>,
+) -> Result<(Arc<Stream>, u32, NewRecord, Option<Durability>), (Refusal, String)> {
+    let (stream, partition) = route(broker, topic, last).await?;
     let record =
         NewRecord { timestamp_ms: None, key: None, subject: Some(topic.clone()), headers, value: Some(payload) };
-    let partition = crc32c::crc32c(topic.as_bytes()) % stream.partition_count();
     if let Err(error) = stream
         .partition(partition)
         .map_err(|error| error.to_string())
@@ -353,7 +395,7 @@ async fn append(
     qos: QoS,
     headers: Vec<(Text, Bytes)>,
 ) -> Result<onehop_log::QueuedAppend, (Refusal, String)> {
-    let (stream, partition, record, durability) = prepare(broker, topic, payload, qos, headers).await?;
+    let (stream, partition, record, durability) = prepare(broker, topic, payload, qos, headers, None).await?;
     stream
         .enqueue_to(partition, std::slice::from_ref(&record), durability)
         .await
@@ -466,6 +508,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         client_id_bytes: Bytes::from(client_id.clone()),
         will: connect.will.clone(),
         aliases: HashMap::new(),
+        last_route: None,
         awaiting_release: HashMap::new(),
         in_doubt: stored
             .iter()
@@ -586,6 +629,8 @@ struct Session {
     will: Option<Will>,
     /// v5 topic aliases the client defined.
     aliases: HashMap<u16, Text>,
+    /// Where the last publish went, for the next one to the same topic.
+    last_route: Option<LastRoute>,
     /// QoS 2 publishes stored (or being stored), waiting for PUBREL: a resend is not stored
     /// again. A persistent session keeps where each went.
     awaiting_release: HashMap<NonZeroU16, Option<StoredRelease>>,
@@ -1190,7 +1235,9 @@ impl Session {
             // the acknowledgement: on its own, after what is gathered so far.
             self.flush().await;
             let (stream, partition, record, durability) =
-                match prepare(&self.broker, &topic, payload.clone(), qos, headers.clone()).await {
+                match prepare(&self.broker, &topic, payload.clone(), qos, headers.clone(), Some(&mut self.last_route))
+                    .await
+                {
                     Ok(prepared) => prepared,
                     Err((refusal, reason)) => return refuse(self, refusal, reason),
                 };
@@ -1219,7 +1266,8 @@ impl Session {
             self.chain(packet.into_iter().collect(), permit.into_iter().collect(), stored);
             return None;
         }
-        let (stream, partition, record, durability) = match prepare(&self.broker, &topic, payload, qos, headers).await {
+        let prepared = prepare(&self.broker, &topic, payload, qos, headers, Some(&mut self.last_route)).await;
+        let (stream, partition, record, durability) = match prepared {
             Ok(prepared) => prepared,
             Err((refusal, reason)) => {
                 self.flush().await;
