@@ -1,6 +1,7 @@
 //! Arbitrary bytes as a batch: parsing, CRC checking and record decoding must return an error
-//! or records, never panic or allocate without bound. The CRC check is not a gate here, so the
-//! fuzzer reaches the record decoder with bytes a CRC would have rejected.
+//! or records, never panic or allocate without bound, and a decoded record's headers read back
+//! in full. The CRC check is not a gate here, so the fuzzer reaches the record decoder with
+//! bytes a CRC would have rejected.
 #![no_main]
 
 use bytes::Bytes;
@@ -23,6 +24,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(record.offset >= header.base_offset && record.offset < header.next_offset());
             assert!(previous.is_none_or(|previous| record.offset > previous));
             previous = Some(record.offset);
+            // Headers are checked when decoded and read in place after: every pair is there.
+            assert_eq!(record.headers.iter().count(), record.headers.len());
+            assert_eq!(record.headers.to_vec().len(), record.headers.len());
         }
     }
 });

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         timestamp_ms: 1_700_000_000_000,
         key: Some(bytes::Bytes::from_static(b"k")),
         subject: Some("a/b".into()),
-        headers: Vec::new(),
+        headers: Default::default(),
         value: serde_json::to_vec(&value).ok().map(Into::into),
     };
     for statement in statements {
