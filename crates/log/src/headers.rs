@@ -7,6 +7,7 @@
 //! in, checked when decoded (every length, every name UTF-8), and reads them in place.
 
 use std::fmt;
+use std::ops::Range;
 
 use bytes::{Buf, Bytes};
 
@@ -55,7 +56,12 @@ impl Headers {
 
     /// The pairs in order.
     pub fn iter(&self) -> Iter<'_> {
-        Iter { raw: &self.raw, at: 0, left: self.count }
+        Iter { raw: &self.raw, ranges: self.ranges() }
+    }
+
+    /// Where each pair's name and value lie in `raw`.
+    fn ranges(&self) -> Ranges<'_> {
+        Ranges { raw: &self.raw, at: 0, left: self.count }
     }
 
     /// The value of the first header named `name`.
@@ -70,16 +76,12 @@ impl Headers {
 
     /// The pairs as a list, sharing the record's bytes (for a record to be written again).
     pub fn to_vec(&self) -> Vec<(Text, Bytes)> {
-        let base = self.raw.as_ptr() as usize;
-        self.iter()
+        self.ranges()
             .map(|(name, value)| {
-                let slice = |part: &[u8]| {
-                    let from = part.as_ptr() as usize - base;
-                    self.raw.slice(from..from + part.len())
-                };
                 // Checked when decoded; the fallback copies and cannot differ.
-                let name = Text::from_utf8(slice(name.as_bytes())).unwrap_or_else(|_| Text::from(name));
-                (name, slice(value))
+                let name = Text::from_utf8(self.raw.slice(name.clone()))
+                    .unwrap_or_else(|_| Text::from(String::from_utf8_lossy(&self.raw[name]).into_owned()));
+                (name, self.raw.slice(value))
             })
             .collect()
     }
@@ -117,12 +119,31 @@ impl fmt::Debug for Headers {
 /// The pairs of [`Headers`], in order: `(name, value)`.
 pub struct Iter<'a> {
     raw: &'a [u8],
-    at: usize,
-    left: u16,
+    ranges: Ranges<'a>,
 }
 
 impl<'a> Iterator for Iter<'a> {
     type Item = (&'a str, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (name, value) = self.ranges.next()?;
+        Some((std::str::from_utf8(&self.raw[name]).ok()?, &self.raw[value]))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.ranges.size_hint()
+    }
+}
+
+/// Where the names and values of [`Headers`] lie in its bytes, pair by pair.
+struct Ranges<'a> {
+    raw: &'a [u8],
+    at: usize,
+    left: u16,
+}
+
+impl Iterator for Ranges<'_> {
+    type Item = (Range<usize>, Range<usize>);
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.left == 0 {
@@ -130,14 +151,17 @@ impl<'a> Iterator for Iter<'a> {
         }
         self.left -= 1;
         // `Headers` holds only well-formed lists (checked by `take`, built by `from`), so
-        // these reads stay in bounds and names are UTF-8; were that ever broken, the
-        // iteration ends rather than panics.
+        // these reads stay in bounds; were that ever broken, the iteration ends rather than
+        // panics.
         let (name_len, from) = read_u16(self.raw, self.at)?;
-        let name = self.raw.get(from..from + name_len as usize)?;
-        let (value_len, from) = read_u32(self.raw, from + name_len as usize)?;
-        let value = self.raw.get(from..from + value_len as usize)?;
-        self.at = from + value_len as usize;
-        Some((std::str::from_utf8(name).ok()?, value))
+        let name = from..from + name_len as usize;
+        let (value_len, from) = read_u32(self.raw, name.end)?;
+        let value = from..from + value_len as usize;
+        if value.end > self.raw.len() {
+            return None;
+        }
+        self.at = value.end;
+        Some((name, value))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
