@@ -36,13 +36,59 @@ pub enum OpenError {
     #[error("I/O error on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error(
-        "segment {path} is corrupt at byte {position} ({reason}); it is not the last segment, so this is \
-         not a torn write: restore the partition from a replica or backup, or move the file aside to \
-         accept losing its records"
+        "segment {path} is damaged at byte {position} ({reason}); it is not the last segment, so this is not \
+         a torn write from a crash. Nothing was changed. What to do: {remedy}"
     )]
-    Corrupt { path: PathBuf, position: u64, reason: String },
+    Corrupt { path: PathBuf, position: u64, reason: String, remedy: String },
+    #[error(transparent)]
+    Damaged(Box<Damaged>),
+    #[error(transparent)]
+    DamagedTail(Box<DamagedTail>),
     #[error("invalid partition configuration in {path}: {reason}")]
     BadConfig { path: PathBuf, reason: String },
+}
+
+/// Bad bytes in a segment that valid batches follow: damage, not a torn write. Opening refuses
+/// (see `recovery.rs`).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "segment {path} is damaged from byte {position} to byte {resume_at} ({reason}), and valid batches follow \
+     from byte {resume_at} (offset {resume_offset} on). A crash tears only the last write, so this is damage: \
+     cutting the segment there would lose records that may have been acknowledged and give their offsets out \
+     again. Nothing was changed. The damaged bytes held the records at offsets {first_offset} up to but not \
+     including {resume_offset}.{power_cut_note} What to do: {remedy}"
+)]
+pub struct Damaged {
+    pub path: PathBuf,
+    /// Where the first bad batch starts, and where the next valid one does.
+    pub position: u64,
+    pub resume_at: u64,
+    /// The offsets the bad bytes could have held: `[first_offset, resume_offset)`.
+    pub first_offset: u64,
+    pub resume_offset: u64,
+    pub reason: String,
+    /// Empty, or a sentence on what the damaged bytes look like when they look like the writes
+    /// a power cut lost.
+    pub power_cut_note: String,
+    pub remedy: String,
+}
+
+/// A last segment ending in bytes that are not a valid batch, in a partition that never cuts
+/// its tail on the guess that it is torn (the catalog).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "segment {path} ends in {bytes} bytes that are not a valid batch, from byte {position} ({reason}; the records \
+     from offset {first_offset} on). After a crash that is the last write, torn, but this partition is never cut \
+     on that guess. Nothing was changed. What to do: {remedy}"
+)]
+pub struct DamagedTail {
+    pub path: PathBuf,
+    pub position: u64,
+    /// From `position` to the last non-zero byte.
+    pub bytes: u64,
+    pub first_offset: u64,
+    pub reason: String,
+    pub remedy: String,
 }
 
 /// Why an append was refused or not acknowledged.

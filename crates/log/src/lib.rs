@@ -3,7 +3,11 @@
 //! # Layout
 //!
 //! - `format`: the batch and record encoding on disk (docs/log-format.md is its description).
-//! - `segment`: one segment file with its sparse offset and time indexes; tail recovery.
+//! - `file`: [`SegmentFile`] and [`Storage`], the file layer under segments ([`FileStorage`] is
+//!   the real one; tests put faults there).
+//! - `segment`: one segment file with its sparse offset and time indexes.
+//! - `recovery`: what opening a segment does with bytes that are not valid batches: the runway
+//!   and a torn tail are cut, damage is refused or set aside ([`RecoveryPolicy`]).
 //! - `partition`: a directory of segments; appends, reads and waiting for new records.
 //! - `writer`: the commit pipeline of a partition — a write thread and a sync thread doing
 //!   group commit.
@@ -16,16 +20,19 @@
 //! - `config`, `error`, `metrics`: settings, error enums, metric names.
 //!
 //! Durability contract: an append resolves only when its [`Durability`] holds, and readers only
-//! ever see records whose append condition held. After a crash, recovery keeps every batch up to
-//! the first torn or corrupt one in the last segment and cuts the rest.
+//! ever see records whose append condition held. After a crash, recovery keeps every valid
+//! batch, cuts a torn tail (the write in progress), and refuses damage that valid batches
+//! follow rather than cut acknowledged records.
 
 mod config;
 mod error;
+mod file;
 mod format;
 mod headers;
 mod maintenance;
 pub mod metrics;
 mod partition;
+mod recovery;
 mod segment;
 mod store;
 mod tail;
@@ -34,9 +41,11 @@ mod writer;
 
 pub use config::{Durability, PartitionConfig};
 pub use error::{AppendError, DecodeError, MaintenanceError, OpenError, ReadError};
+pub use file::{FileStorage, SegmentFile, Storage};
 pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, NewRecord, Record, decode_records};
 pub use headers::Headers;
 pub use maintenance::{CompactionReport, RetentionReport};
-pub use partition::{AppendAck, Partition, QueuedAppend, ReadAhead, RecoveryReport, Watermark};
+pub use partition::{AppendAck, Partition, PartitionOptions, QueuedAppend, ReadAhead, RecoveryReport, Watermark};
+pub use recovery::{Discarded, RecoveryPolicy};
 pub use store::{DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, validate_topic_name};
 pub use text::Text;

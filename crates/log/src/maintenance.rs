@@ -132,7 +132,13 @@ impl Partition {
                 segment.delete_files(&dir).map_err(io_error(&segment.path))?;
                 continue;
             }
-            let rewritten = rewrite_segment(&dir, segment.base_offset, &survivors, self.config().index_interval_bytes)?;
+            let rewritten = rewrite_segment(
+                &dir,
+                segment.base_offset,
+                &survivors,
+                self.config().index_interval_bytes,
+                self.storage(),
+            )?;
             report.bytes_after += rewritten.written_bytes();
             self.replace_segment(Arc::new(rewritten));
         }
@@ -181,6 +187,7 @@ fn rewrite_segment(
     base_offset: u64,
     records: &[Record],
     index_interval_bytes: u64,
+    storage: &dyn crate::file::Storage,
 ) -> Result<Segment, MaintenanceError> {
     let temporary = dir.join(format!("{base_offset:020}.compacting"));
     let mut bytes = Vec::new();
@@ -204,6 +211,8 @@ fn rewrite_segment(
     let path = segment_file(dir, base_offset, LOG_SUFFIX);
     fs::rename(&temporary, &path).map_err(io_error(&path))?;
     sync_dir(dir).map_err(io_error(dir))?;
-    let (segment, _) = Segment::open(dir, base_offset, index_interval_bytes, false)?;
+    // Written from valid records just now: a bad batch here is refused, never set aside.
+    let policy = crate::recovery::RecoveryPolicy::default();
+    let (segment, _) = Segment::open(dir, base_offset, index_interval_bytes, false, storage, &policy)?;
     Ok(segment)
 }

@@ -18,10 +18,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::config::{Durability, PartitionConfig};
 use crate::error::{AppendError, OpenError, ReadError, io_at};
+use crate::file::{FileStorage, Storage};
 use crate::format::{
     HEADERS_MAX, NewRecord, Record, RecordsFrom, SUBJECT_BYTES_MAX, decode_records, encode_record, records_from,
 };
 use crate::metrics as m;
+use crate::recovery::{Discarded, RecoveryPolicy};
 use crate::segment::{LOG_SUFFIX, Segment, sync_dir};
 
 pub(crate) const CONFIG_FILE: &str = "partition.conf";
@@ -56,6 +58,21 @@ pub struct RecoveryReport {
     /// Where the tail was cut and why, when it was.
     pub truncated_at: Option<(u64, String)>,
     pub indexes_rebuilt: usize,
+    /// Damage set aside because the policy said to ([`RecoveryPolicy::discard_damaged`]).
+    pub discarded: Vec<Discarded>,
+}
+
+/// How a partition is opened: the file layer under it and what recovery may do.
+#[derive(Clone, Debug)]
+pub struct PartitionOptions {
+    pub storage: Arc<dyn Storage>,
+    pub recovery: RecoveryPolicy,
+}
+
+impl Default for PartitionOptions {
+    fn default() -> Self {
+        PartitionOptions { storage: Arc::new(FileStorage), recovery: RecoveryPolicy::default() }
+    }
 }
 
 /// One append waiting for the writer.
@@ -80,6 +97,8 @@ pub(crate) struct Queue {
 
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
+    /// Opens the segment files the writer creates on a roll and compaction rewrites.
+    pub(crate) storage: Arc<dyn Storage>,
     /// Names the partition in logs (its directory).
     pub(crate) label: String,
     pub(crate) config: PartitionConfig,
@@ -180,6 +199,15 @@ impl Partition {
     /// Opens the partition in `dir`, creating it when it does not exist, and stores `config`
     /// as its settings.
     pub fn open(dir: impl AsRef<Path>, config: PartitionConfig) -> Result<(Partition, RecoveryReport), OpenError> {
+        Self::open_with_options(dir, config, &PartitionOptions::default())
+    }
+
+    /// [`open`](Self::open) on the given file layer and recovery policy.
+    pub fn open_with_options(
+        dir: impl AsRef<Path>,
+        config: PartitionConfig,
+        options: &PartitionOptions,
+    ) -> Result<(Partition, RecoveryReport), OpenError> {
         let dir = dir.as_ref();
         config.validate().map_err(|reason| OpenError::BadConfig { path: dir.join(CONFIG_FILE), reason })?;
         fs::create_dir_all(dir).map_err(io_at(dir))?;
@@ -190,19 +218,32 @@ impl Partition {
             crate::segment::write_atomically(&config_path, text.as_bytes()).map_err(io_at(&config_path))?;
             sync_dir(dir).map_err(io_at(dir))?;
         }
-        Self::open_with(dir, config)
+        Self::open_with(dir, config, options)
     }
 
     /// Opens an existing partition with the settings stored in it.
     pub fn open_existing(dir: impl AsRef<Path>) -> Result<(Partition, RecoveryReport), OpenError> {
+        Self::open_existing_with_options(dir, &PartitionOptions::default())
+    }
+
+    /// [`open_existing`](Self::open_existing) on the given file layer and recovery policy.
+    pub fn open_existing_with_options(
+        dir: impl AsRef<Path>,
+        options: &PartitionOptions,
+    ) -> Result<(Partition, RecoveryReport), OpenError> {
         let dir = dir.as_ref();
         let config_path = dir.join(CONFIG_FILE);
         let text = fs::read_to_string(&config_path).map_err(io_at(&config_path))?;
         let config = PartitionConfig::from_text(&text, &config_path)?;
-        Self::open_with(dir, config)
+        Self::open_with(dir, config, options)
     }
 
-    fn open_with(dir: &Path, config: PartitionConfig) -> Result<(Partition, RecoveryReport), OpenError> {
+    fn open_with(
+        dir: &Path,
+        config: PartitionConfig,
+        options: &PartitionOptions,
+    ) -> Result<(Partition, RecoveryReport), OpenError> {
+        let storage = &*options.storage;
         let label = dir.display().to_string();
         let mut bases = Vec::new();
         for entry in fs::read_dir(dir).map_err(io_at(dir))? {
@@ -227,7 +268,8 @@ impl Partition {
         let mut previous_next: Option<u64> = None;
         for (i, &base) in bases.iter().enumerate() {
             let is_tail = i + 1 == bases.len();
-            let (segment, recovery) = Segment::open(dir, base, config.index_interval_bytes, is_tail)?;
+            let (segment, recovery) =
+                Segment::open(dir, base, config.index_interval_bytes, is_tail, storage, &options.recovery)?;
             if let Some(previous) = previous_next
                 && base < previous
             {
@@ -235,6 +277,8 @@ impl Partition {
                     path: segment.path.clone(),
                     position: 0,
                     reason: format!("segment starts at offset {base}, before the previous segment ends ({previous})"),
+                    remedy: "restore the partition from a replica or backup, or move the segments that overlap aside"
+                        .into(),
                 });
             }
             previous_next = Some(segment.next_offset());
@@ -243,10 +287,11 @@ impl Partition {
                 report.truncated_at = recovery.truncated_at;
             }
             report.indexes_rebuilt += recovery.index_rebuilt as usize;
+            report.discarded.extend(recovery.discarded);
             segments.insert(base, Arc::new(segment));
         }
         if segments.is_empty() {
-            segments.insert(0, Arc::new(Segment::create(dir, 0, config.index_interval_bytes)?));
+            segments.insert(0, Arc::new(Segment::create(dir, 0, config.index_interval_bytes, storage)?));
         }
         report.segments = segments.len();
         if let Some((position, reason)) = &report.truncated_at {
@@ -262,6 +307,7 @@ impl Partition {
         let (watermark, _) = watch::channel(Watermark { next_offset, closed: false });
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
+            storage: options.storage.clone(),
             label,
             queue_credit: Arc::new(Semaphore::new(config.queue_bytes_max)),
             config,
@@ -650,6 +696,10 @@ impl Drop for Partition {
 impl Partition {
     pub(crate) fn label(&self) -> &str {
         &self.shared.label
+    }
+
+    pub(crate) fn storage(&self) -> &dyn Storage {
+        &*self.shared.storage
     }
 
     pub(crate) fn maintenance_lock(&self) -> std::sync::MutexGuard<'_, ()> {

@@ -1,9 +1,8 @@
 //! One segment: a file of batches named by its base offset, plus its sparse offset index and
 //! time index (kept in memory, persisted when the segment closes, rebuilt when stale).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
@@ -11,7 +10,9 @@ use std::sync::{Mutex, RwLock};
 use bytes::Bytes;
 
 use crate::error::{DecodeError, OpenError, io_at};
+use crate::file::{SegmentFile, Storage};
 use crate::format::{BATCH_HEADER_BYTES, BatchHeader, decode_records};
+use crate::recovery::{self, BadBytes, Decision, Discarded, RecoveryPolicy};
 
 pub(crate) const LOG_SUFFIX: &str = "log";
 pub(crate) const INDEX_SUFFIX: &str = "index";
@@ -22,7 +23,7 @@ const TIME_INDEX_MAGIC: u32 = u32::from_le_bytes(*b"OHTX");
 const INDEX_VERSION: u16 = 1;
 const INDEX_HEADER_BYTES: usize = 48;
 /// Scans read this much at a time so recovery is not one syscall per batch.
-const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+pub(crate) const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
 /// The least a read for consumers starts with.
 const READ_CHUNK_MIN_BYTES: usize = 16 * 1024;
 /// While its partition is idle, the active segment is given a zero-filled runway ahead of its
@@ -105,12 +106,14 @@ pub(crate) struct Recovery {
     pub truncated_bytes: u64,
     pub truncated_at: Option<(u64, String)>,
     pub index_rebuilt: bool,
+    /// Damage set aside under [`RecoveryPolicy::discard_damaged`].
+    pub discarded: Option<Discarded>,
 }
 
 pub(crate) struct Segment {
     pub base_offset: u64,
     pub path: PathBuf,
-    file: File,
+    file: Box<dyn SegmentFile>,
     /// Bytes of batches written to the file. Only the partition writer changes it.
     written_bytes: AtomicU64,
     /// Length of the file and whether it may still grow. A mutex, not an atomic, because
@@ -128,9 +131,14 @@ pub(crate) struct Segment {
 
 impl Segment {
     /// Creates a new empty segment and makes its directory entry durable.
-    pub fn create(dir: &Path, base_offset: u64, index_interval_bytes: u64) -> Result<Segment, OpenError> {
+    pub fn create(
+        dir: &Path,
+        base_offset: u64,
+        index_interval_bytes: u64,
+        storage: &dyn Storage,
+    ) -> Result<Segment, OpenError> {
         let path = segment_file(dir, base_offset, LOG_SUFFIX);
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io_at(&path))?;
+        let file = storage.open(&path, true).map_err(io_at(&path))?;
         sync_dir(dir).map_err(io_at(dir))?;
         Ok(Segment {
             base_offset,
@@ -146,43 +154,76 @@ impl Segment {
 
     /// Opens an existing segment. When its index files are intact and describe exactly the
     /// file's length (a clean close, or a segment closed by a roll), they are trusted and the
-    /// data is not read. Otherwise every batch is validated (header, CRC, records): the last
-    /// segment of a partition (`is_tail`) may end in a torn or corrupt batch from a crash, and is
-    /// cut at the first bad one; any other segment was synced before the next was created, so
-    /// damage there is reported as corruption rather than cut.
+    /// data is not read. Otherwise every batch is validated (header, CRC, records), and bytes
+    /// that are not valid batches are dealt with as `recovery.rs` describes: the zero runway and
+    /// a torn tail of the last segment (`is_tail`) are cut; damage is refused, or set aside
+    /// under `policy.discard_damaged`. A segment other than the last was synced before the next
+    /// was created, so nothing in it is ever a torn write.
     pub fn open(
         dir: &Path,
         base_offset: u64,
         index_interval_bytes: u64,
         is_tail: bool,
+        storage: &dyn Storage,
+        policy: &RecoveryPolicy,
     ) -> Result<(Segment, Recovery), OpenError> {
         let path = segment_file(dir, base_offset, LOG_SUFFIX);
-        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_at(&path))?;
-        let file_bytes = file.metadata().map_err(io_at(&path))?.len();
         let mut recovery = Recovery::default();
+        let mut file = storage.open(&path, false).map_err(io_at(&path))?;
+        let mut file_bytes = file.size().map_err(io_at(&path))?;
         let meta = match load_index(dir, base_offset, file_bytes) {
             Some(meta) => meta,
             None => {
                 recovery.index_rebuilt = true;
                 let mut meta = SegmentMeta::empty(base_offset);
-                let scanned = scan(&file, 0, file_bytes, base_offset, |position, header, _| {
+                let mut scanned = scan(&*file, 0, file_bytes, base_offset, |position, header, _| {
                     meta.note_batch(base_offset, position, header, index_interval_bytes);
                 });
+                if let Err(ScanStop::Bad { position, reason }) = &scanned {
+                    let (position, first_offset) = (*position, meta.next_offset);
+                    let damage = recovery::assess(&*file, position, file_bytes, first_offset).map_err(io_at(&path))?;
+                    let bad = BadBytes { path: &path, position, first_offset, reason, damage: &damage };
+                    match bad.decide(is_tail, policy)? {
+                        Decision::Cut { damaged_end } => {
+                            if damaged_end > position {
+                                recovery.truncated_bytes = damaged_end - position;
+                                recovery.truncated_at = Some((position, reason.clone()));
+                            }
+                            file.set_len(position).map_err(io_at(&path))?;
+                            scanned = Ok(());
+                        }
+                        Decision::Discard => {
+                            let discarded =
+                                recovery::discard_damage(dir, &path, &*file, base_offset).map_err(io_at(&path))?;
+                            tracing::warn!(
+                                segment = %path.display(), copy = %discarded.copy.display(),
+                                ranges = ?discarded.ranges, offsets = ?discarded.offsets,
+                                "set damaged bytes aside (discard_damaged); every valid batch is kept"
+                            );
+                            recovery.truncated_bytes = discarded.ranges.iter().map(|(start, end)| end - start).sum();
+                            recovery.truncated_at = Some((position, reason.clone()));
+                            recovery.discarded = Some(discarded);
+                            // The repaired file holds only valid batches: scan it afresh.
+                            file = storage.open(&path, false).map_err(io_at(&path))?;
+                            file_bytes = file.size().map_err(io_at(&path))?;
+                            meta = SegmentMeta::empty(base_offset);
+                            scanned = scan(&*file, 0, file_bytes, base_offset, |position, header, _| {
+                                meta.note_batch(base_offset, position, header, index_interval_bytes);
+                            });
+                        }
+                    }
+                }
                 match scanned {
                     Ok(()) => {}
                     Err(ScanStop::Io(error)) => return Err(OpenError::Io { path, source: error }),
-                    Err(ScanStop::Bad { position, reason }) if is_tail => {
-                        // Zeros after the last batch are the runway of an active segment, not
-                        // damage; anything else there is a torn or corrupt write.
-                        let damaged_end = last_nonzero_end(&file, position, file_bytes).map_err(io_at(&path))?;
-                        if damaged_end > position {
-                            recovery.truncated_bytes = damaged_end - position;
-                            recovery.truncated_at = Some((position, reason));
-                        }
-                        file.set_len(position).map_err(io_at(&path))?;
-                    }
                     Err(ScanStop::Bad { position, reason }) => {
-                        return Err(OpenError::Corrupt { path, position, reason });
+                        // Only a repaired file can get here, and it was written from valid batches.
+                        return Err(OpenError::Corrupt {
+                            path,
+                            position,
+                            reason: format!("still not valid after setting damage aside: {reason}"),
+                            remedy: policy.remedy.to_string(),
+                        });
                     }
                 }
                 // What recovery accepted is what readers will see: make it durable before
@@ -191,7 +232,7 @@ impl Segment {
                 meta
             }
         };
-        let bytes = file.metadata().map_err(io_at(&path))?.len();
+        let bytes = file.size().map_err(io_at(&path))?;
         let segment = Segment {
             base_offset,
             path,
@@ -339,7 +380,7 @@ impl Segment {
     ) -> Result<(), (u64, String)> {
         let end = self.committed_bytes();
         let first_chunk = first_chunk.clamp(READ_CHUNK_MIN_BYTES, SCAN_CHUNK_BYTES);
-        let mut reader = BatchReader::new(&self.file, position, end, first_chunk);
+        let mut reader = BatchReader::new(&*self.file, position, end, first_chunk);
         loop {
             match reader.next_batch() {
                 Ok(None) => return Ok(()),
@@ -426,22 +467,6 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     fs::rename(&temporary, path)
 }
 
-/// The end of the last non-zero byte in `[from, end)` of `file`, or `from` when all are zero.
-fn last_nonzero_end(file: &File, from: u64, end: u64) -> io::Result<u64> {
-    let mut buffer = vec![0u8; SCAN_CHUNK_BYTES];
-    let mut last = from;
-    let mut at = from;
-    while at < end {
-        let len = ((end - at) as usize).min(SCAN_CHUNK_BYTES);
-        file.read_exact_at(&mut buffer[..len], at)?;
-        if let Some(index) = buffer[..len].iter().rposition(|&byte| byte != 0) {
-            last = at + index as u64 + 1;
-        }
-        at += len as u64;
-    }
-    Ok(last)
-}
-
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -499,7 +524,7 @@ pub(crate) enum ScanStop {
 /// Validates every batch in `[from, end)` (header, length, CRC, offsets increasing from
 /// `base_offset`), calling `visit` for each good one.
 pub(crate) fn scan(
-    file: &File,
+    file: &dyn SegmentFile,
     from: u64,
     end: u64,
     base_offset: u64,
@@ -534,9 +559,20 @@ pub(crate) fn scan(
     }
 }
 
+/// The batch at `position`, whole and checked (header, length within `end`, CRC; its records
+/// are not decoded). `None` at `end`.
+pub(crate) fn read_batch_at(
+    file: &dyn SegmentFile,
+    position: u64,
+    end: u64,
+) -> Result<Option<(BatchHeader, Bytes)>, ScanStop> {
+    let mut reader = BatchReader::new(file, position, end, READ_CHUNK_MIN_BYTES);
+    Ok(reader.next_batch()?.map(|(_, header, batch)| (header, batch)))
+}
+
 /// Reads consecutive batches with positioned reads through a chunk buffer.
 struct BatchReader<'a> {
-    file: &'a File,
+    file: &'a dyn SegmentFile,
     position: u64,
     end: u64,
     buffer: Vec<u8>,
@@ -548,7 +584,7 @@ struct BatchReader<'a> {
 }
 
 impl<'a> BatchReader<'a> {
-    fn new(file: &'a File, position: u64, end: u64, first_chunk: usize) -> Self {
+    fn new(file: &'a dyn SegmentFile, position: u64, end: u64, first_chunk: usize) -> Self {
         BatchReader { file, position, end, buffer: Vec::new(), buffer_start: position, chunk: first_chunk }
     }
 

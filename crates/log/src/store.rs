@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use crate::config::PartitionConfig;
 use crate::error::{OpenError, io_at};
-use crate::partition::{CONFIG_FILE, Partition, RecoveryReport};
+use crate::file::{FileStorage, Storage};
+use crate::partition::{CONFIG_FILE, Partition, PartitionOptions, RecoveryReport};
+use crate::recovery::RecoveryPolicy;
 
 /// Longest topic name; names become directory names.
 pub const TOPIC_NAME_BYTES_MAX: usize = 200;
@@ -43,16 +45,37 @@ type PartitionMap = BTreeMap<(String, u32), Arc<Partition>>;
 pub struct LogOptions {
     /// How often retention and compaction run over every partition.
     pub maintenance_interval: Duration,
+    /// The file layer under every segment.
+    pub storage: Arc<dyn Storage>,
+    /// What opening a partition may do with damaged bytes, for every topic not in
+    /// `topic_recovery`.
+    pub recovery: RecoveryPolicy,
+    /// Topics that recover by a policy of their own (the catalog never has its tail cut).
+    pub topic_recovery: BTreeMap<String, RecoveryPolicy>,
 }
 
 impl Default for LogOptions {
     fn default() -> Self {
-        LogOptions { maintenance_interval: Duration::from_secs(30) }
+        LogOptions {
+            maintenance_interval: Duration::from_secs(30),
+            storage: Arc::new(FileStorage),
+            recovery: RecoveryPolicy::default(),
+            topic_recovery: BTreeMap::new(),
+        }
+    }
+}
+
+impl LogOptions {
+    /// How partitions of `topic` are opened.
+    fn partition_options(&self, topic: &str) -> PartitionOptions {
+        let recovery = self.topic_recovery.get(topic).unwrap_or(&self.recovery).clone();
+        PartitionOptions { storage: self.storage.clone(), recovery }
     }
 }
 
 pub struct Log {
     dir: PathBuf,
+    options: LogOptions,
     partitions: Arc<RwLock<PartitionMap>>,
     /// Set to stop the maintenance thread; the condvar wakes it early.
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -92,7 +115,8 @@ impl Log {
         let mut opened = Vec::new();
         let total = found.len();
         for (i, (topic, index, path)) in found.into_iter().enumerate() {
-            let (partition, recovery) = Partition::open_existing(&path)?;
+            let (partition, recovery) =
+                Partition::open_existing_with_options(&path, &options.partition_options(&topic))?;
             tracing::info!(
                 topic = %topic, partition = index, progress = %format!("{}/{}", i + 1, total),
                 segments = recovery.segments, end_offset = partition.end_offset(),
@@ -105,12 +129,13 @@ impl Log {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let maintenance = {
             let (partitions, stop) = (partitions.clone(), stop.clone());
+            let interval = options.maintenance_interval;
             std::thread::Builder::new()
                 .name("log-maintenance".into())
-                .spawn(move || run_maintenance(partitions, stop, options.maintenance_interval))
+                .spawn(move || run_maintenance(partitions, stop, interval))
                 .map_err(io_at(&dir))?
         };
-        Ok((Log { dir, partitions, stop, maintenance: Mutex::new(Some(maintenance)) }, opened))
+        Ok((Log { dir, options, partitions, stop, maintenance: Mutex::new(Some(maintenance)) }, opened))
     }
 
     pub fn dir(&self) -> &Path {
@@ -131,7 +156,7 @@ impl Log {
         if let Some(partition) = partitions.get(&(topic.to_string(), index)) {
             return Ok(partition.clone());
         }
-        let (partition, _) = Partition::open(&path, config)?;
+        let (partition, _) = Partition::open_with_options(&path, config, &self.options.partition_options(topic))?;
         let partition = Arc::new(partition);
         partitions.insert((topic.to_string(), index), partition.clone());
         Ok(partition)

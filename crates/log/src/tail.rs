@@ -116,7 +116,7 @@ mod tests {
 
     fn segment() -> (tempfile::TempDir, Arc<Segment>) {
         let dir = tempfile::tempdir().unwrap();
-        let segment = Arc::new(Segment::create(dir.path(), 0, 4096).unwrap());
+        let segment = Arc::new(Segment::create(dir.path(), 0, 4096, &crate::file::FileStorage).unwrap());
         (dir, segment)
     }
 

@@ -143,7 +143,21 @@ impl Writer {
             tracing::error!(partition = %self.shared.label, "the log sync thread panicked");
         }
         // A clean close leaves an exact file (no zero tail) and an index describing it, so the
-        // next open needs no scan.
+        // next open needs no scan. After an I/O failure nothing is touched: what reached the
+        // disk is unknown, and the next open must scan the segment rather than trust an index
+        // written now.
+        let poisoned = self.shared.queue.lock().expect("queue lock").poisoned.is_some();
+        if poisoned {
+            tracing::warn!(partition = %self.shared.label, "closing a poisoned partition as it is; the next open scans it");
+        } else {
+            self.close_active();
+        }
+        self.shared.watermark.send_modify(|watermark| watermark.closed = true);
+        self.shared.queue_credit.close();
+    }
+
+    /// Trims the active segment to its data and writes its index, on a clean close.
+    fn close_active(&self) {
         match self.active.trim() {
             Ok(()) => {
                 if let Err(error) = self.active.persist_index(&self.shared.dir) {
@@ -154,8 +168,6 @@ impl Writer {
                 tracing::warn!(partition = %self.shared.label, %error, "could not trim the active segment on close; the next open scans it")
             }
         }
-        self.shared.watermark.send_modify(|watermark| watermark.closed = true);
-        self.shared.queue_credit.close();
     }
 
     /// Waits for appends; returns those that fit one batch, and whether the partition is
@@ -332,9 +344,14 @@ impl Writer {
         self.active
             .trim()
             .map_err(|error| format!("trimming and syncing the segment before a roll failed: {error}"))?;
-        let segment = Segment::create(&self.shared.dir, base_offset, self.shared.config.index_interval_bytes)
-            .map(Arc::new)
-            .map_err(|error| format!("could not create a segment: {error}"))?;
+        let segment = Segment::create(
+            &self.shared.dir,
+            base_offset,
+            self.shared.config.index_interval_bytes,
+            &*self.shared.storage,
+        )
+        .map(Arc::new)
+        .map_err(|error| format!("could not create a segment: {error}"))?;
         let closed = std::mem::replace(&mut self.active, segment.clone());
         metrics::counter!(m::SEGMENTS_ROLLED).increment(1);
         // Only the active segment is cached: retention and compaction never touch it, so a

@@ -1,6 +1,7 @@
 //! Damaged files on disk: torn and corrupt tails are cut back to the last good batch; damage
-//! in a segment that is not the last is reported, never silently cut; leftovers of interrupted
-//! writes are cleaned up.
+//! that valid batches follow, or in a segment that is not the last, is refused, never silently
+//! cut, and set aside (with a copy kept) only when asked; leftovers of interrupted writes are
+//! cleaned up.
 
 mod common;
 
@@ -12,7 +13,9 @@ use common::{
     batches_and_data_end, batches_in, copy_dir, filler, nonzero_end, read_all, remove_segment_index, segment_bases,
     segment_path, small_config,
 };
-use onehop_log::{NewRecord, OpenError, Partition, PartitionConfig, ReadError, Record};
+use onehop_log::{
+    NewRecord, OpenError, Partition, PartitionConfig, PartitionOptions, ReadError, Record, RecoveryPolicy,
+};
 
 /// A record whose bytes depend on `i`.
 fn record(i: u64) -> NewRecord {
@@ -145,23 +148,50 @@ fn corrupt_last_batch_is_cut_whichever_byte_flips() {
 }
 
 #[test]
-fn damage_inside_the_last_segment_cuts_from_the_first_bad_batch() {
+fn damage_inside_the_last_segment_that_valid_batches_follow_is_refused_not_cut() {
     let source = tempfile::tempdir().unwrap();
     let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 12));
     let segment = segment_path(source.path(), 0);
     let batches = batches_in(&segment);
     let file_bytes = fs::metadata(&segment).unwrap().len();
     let (bad_at, bad) = batches[5];
+    let (next_at, next) = batches[6];
     let scratch = tempfile::tempdir().unwrap();
 
-    // A flipped payload byte in the sixth of twelve batches: it and everything after goes.
+    // A flipped payload byte in the sixth of twelve batches, with no index (as after a crash):
+    // the six batches after it are whole and checksummed, so this is damage, not a torn write.
+    // Cutting there would lose them and hand their offsets out again: opening refuses.
     let dir = scratch.path().join("middle");
     copy_dir(source.path(), &dir);
     let mut bytes = fs::read(&segment).unwrap();
     bytes[bad_at as usize + 60] ^= 0x01;
     fs::write(segment_path(&dir, 0), &bytes).unwrap();
     remove_segment_index(&dir, 0);
-    assert_cut_at(&dir, &segment_path(&dir, 0), bad_at, &records[..bad.base_offset as usize], true);
+    match Partition::open_existing(&dir).err().expect("damage before valid batches is refused") {
+        OpenError::Damaged(damage) => {
+            assert_eq!(damage.path, segment_path(&dir, 0));
+            assert_eq!((damage.position, damage.resume_at), (bad_at, next_at));
+            assert_eq!((damage.first_offset, damage.resume_offset), (bad.base_offset, next.base_offset));
+        }
+        other => panic!("expected Damaged, got {other}"),
+    }
+    assert_eq!(fs::read(segment_path(&dir, 0)).unwrap(), bytes, "a refused open changes nothing");
+    // Told to, it sets the damaged batch aside and keeps every other record at its offset.
+    let options = PartitionOptions {
+        recovery: RecoveryPolicy { discard_damaged: true, ..RecoveryPolicy::default() },
+        ..PartitionOptions::default()
+    };
+    let (partition, report) = Partition::open_existing_with_options(&dir, &options).unwrap();
+    assert_eq!(report.discarded.len(), 1, "{report:?}");
+    assert_eq!(fs::read(&report.discarded[0].copy).unwrap(), bytes, "the damaged file is kept");
+    let survivors: Vec<Record> = records
+        .iter()
+        .filter(|record| record.offset < bad.base_offset || record.offset >= next.base_offset)
+        .cloned()
+        .collect();
+    assert_eq!(read_all(&partition), survivors);
+    assert_eq!(partition.end_offset(), records.len() as u64, "no offset is given out again");
+    drop(partition);
 
     // Zeros after the last batch (space kept ahead of the data, or a file that grew but whose
     // data never reached the disk) are cut without counting as damage.
@@ -247,7 +277,11 @@ fn damage_in_a_closed_segment_is_reported_not_cut() {
             assert_eq!(path, segment_path(dir, victim));
             assert_eq!(at, position);
         }
-        other => panic!("expected Corrupt, got {other}"),
+        OpenError::Damaged(damage) => {
+            assert_eq!(damage.path, segment_path(dir, victim));
+            assert_eq!(damage.position, position);
+        }
+        other => panic!("expected Corrupt or Damaged, got {other}"),
     };
 
     // Without its index the segment is scanned at open: open fails and the file is untouched.
@@ -256,7 +290,7 @@ fn damage_in_a_closed_segment_is_reported_not_cut() {
     let bytes = flipped(&dir);
     remove_segment_index(&dir, victim);
     let error = Partition::open_existing(&dir).err().expect("open must refuse a corrupt closed segment");
-    assert!(error.to_string().contains("not the last segment"), "{error}");
+    assert!(matches!(error, OpenError::Damaged(_)), "valid batches follow the damage: {error}");
     assert_corrupt_at(error, &dir, bad_at);
     assert_eq!(fs::read(segment_path(&dir, victim)).unwrap(), bytes, "a closed segment is never cut");
 
@@ -293,8 +327,26 @@ fn damage_in_a_closed_segment_is_reported_not_cut() {
     let (last_at, _) = *batches_in(&path).last().unwrap();
     OpenOptions::new().write(true).open(&path).unwrap().set_len(length - 10).unwrap();
     let error = Partition::open_existing(&dir).err().expect("open must refuse a torn closed segment");
+    assert!(error.to_string().contains("not the last segment"), "{error}");
     assert_corrupt_at(error, &dir, last_at);
     assert_eq!(fs::metadata(&path).unwrap().len(), length - 10, "a closed segment is never cut");
+    // Told to set damage aside, it drops that last batch only (a copy of the file is kept), and
+    // the next segment's offsets follow a gap, never an offset given out twice.
+    let options = PartitionOptions {
+        recovery: RecoveryPolicy { discard_damaged: true, ..RecoveryPolicy::default() },
+        ..PartitionOptions::default()
+    };
+    let (partition, report) = Partition::open_existing_with_options(&dir, &options).unwrap();
+    assert_eq!(report.discarded.len(), 1, "{report:?}");
+    assert_eq!(fs::metadata(&report.discarded[0].copy).unwrap().len(), length - 10);
+    let lost = batches_in(&segment_path(source.path(), victim)).last().unwrap().1;
+    let survivors: Vec<Record> = records
+        .iter()
+        .filter(|record| record.offset < lost.base_offset || record.offset >= lost.next_offset())
+        .cloned()
+        .collect();
+    assert_eq!(read_all(&partition), survivors);
+    assert_eq!(partition.end_offset(), records.len() as u64);
 }
 
 #[test]
@@ -336,4 +388,57 @@ fn an_empty_last_segment_from_a_crash_during_a_roll_is_fine() {
     let ack = runtime.block_on(partition.append(&[record(end)])).unwrap();
     assert_eq!(ack.base_offset, end);
     assert_eq!(batches_in(&segment_path(dir.path(), end)).len(), 1, "the append went into the empty segment");
+}
+
+#[test]
+fn a_partition_that_never_cuts_its_tail_refuses_a_torn_one_but_not_its_runway() {
+    let source = tempfile::tempdir().unwrap();
+    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 6));
+    let segment = segment_path(source.path(), 0);
+    let (last_at, last) = *batches_in(&segment).last().unwrap();
+    let strict = |discard_damaged| PartitionOptions {
+        recovery: RecoveryPolicy {
+            cut_torn_tail: false,
+            discard_damaged,
+            remedy: "start with --recover-the-thing".into(),
+        },
+        ..PartitionOptions::default()
+    };
+    let scratch = tempfile::tempdir().unwrap();
+
+    // Zeros after the data are the runway, never damage: opened as usual.
+    let dir = scratch.path().join("runway");
+    copy_dir(source.path(), &dir);
+    let mut file = OpenOptions::new().append(true).open(segment_path(&dir, 0)).unwrap();
+    file.write_all(&[0; 4096]).unwrap();
+    drop(file);
+    remove_segment_index(&dir, 0);
+    let (partition, report) = Partition::open_existing_with_options(&dir, &strict(false)).unwrap();
+    assert_eq!((report.truncated_bytes, read_all(&partition)), (0, records.clone()));
+    drop(partition);
+
+    // A bad last batch: refused, naming the file, the byte, the offsets and the way out.
+    let dir = scratch.path().join("torn");
+    copy_dir(source.path(), &dir);
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[last_at as usize + 50] ^= 0x20;
+    fs::write(segment_path(&dir, 0), &bytes).unwrap();
+    remove_segment_index(&dir, 0);
+    let error = Partition::open_existing_with_options(&dir, &strict(false)).err().expect("refused");
+    let message = error.to_string();
+    match error {
+        OpenError::DamagedTail(torn) => {
+            assert_eq!(
+                (torn.path, torn.position, torn.first_offset),
+                (segment_path(&dir, 0), last_at, last.base_offset)
+            );
+        }
+        other => panic!("expected DamagedTail, got {other}"),
+    }
+    assert!(message.contains("--recover-the-thing") && message.contains(&format!("byte {last_at}")), "{message}");
+    assert_eq!(fs::read(segment_path(&dir, 0)).unwrap(), bytes, "a refused open changes nothing");
+    // Told to, it cuts the bad batch, keeping a copy of the file as it was.
+    let (partition, report) = Partition::open_existing_with_options(&dir, &strict(true)).unwrap();
+    assert_eq!(fs::read(&report.discarded[0].copy).unwrap(), bytes);
+    assert_eq!(read_all(&partition), records[..last.base_offset as usize]);
 }

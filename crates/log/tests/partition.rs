@@ -1006,7 +1006,7 @@ async fn compaction_removes_emptied_segments_and_moves_the_start() {
 #[tokio::test]
 async fn log_open_recovers_partitions() {
     let dir = tempfile::tempdir().unwrap();
-    let options = LogOptions { maintenance_interval: Duration::from_secs(3600) };
+    let options = LogOptions { maintenance_interval: Duration::from_secs(3600), ..LogOptions::default() };
     let (log, opened) = Log::open(dir.path(), options.clone()).unwrap();
     assert!(opened.is_empty());
     let table = PartitionConfig { compacted: true, ..PartitionConfig::default() };

@@ -125,6 +125,13 @@ pub struct ServeArgs {
     /// Log filter, e.g. `info` or `onehop_log=debug,info` [default: info].
     #[arg(long, env = "ONEHOP_LOG", value_name = "FILTER")]
     pub log: Option<String>,
+
+    /// Open even when a segment holds damaged bytes that valid batches follow: set the damaged
+    /// bytes aside (a copy of each file is kept beside it) and keep every valid batch. Without
+    /// it such damage stops the start. For one start after reading why it stopped; not a
+    /// config-file key.
+    #[arg(long, env = "ONEHOP_DISCARD_DAMAGED")]
+    pub discard_damaged: bool,
 }
 
 #[derive(Subcommand, Debug)]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use onehop_engine::{Engine, EngineOptions};
-use onehop_log::{DirLock, Log, LogOptions};
+use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
 use onehop_server::{AppState, install_metrics, serve_http};
 use tokio::signal::unix::{SignalKind, signal};
@@ -40,13 +40,19 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     );
     let metrics = install_metrics().map_err(anyhow::Error::msg)?;
     let log_dir = settings.data_dir.join("log");
-    let options = LogOptions { maintenance_interval: settings.maintenance_interval };
+    let options = log_options(&settings);
     let (log, opened) = tokio::task::spawn_blocking(move || Log::open(log_dir, options))
         .await
         .context("log recovery thread")?
         .context("opening the log")?;
     let truncated: u64 = opened.iter().map(|partition| partition.recovery.truncated_bytes).sum();
     tracing::info!(partitions = opened.len(), truncated_bytes = truncated, "log recovered");
+    for discarded in opened.iter().flat_map(|partition| &partition.recovery.discarded) {
+        tracing::warn!(
+            segment = %discarded.segment.display(), copy = %discarded.copy.display(),
+            offsets = ?discarded.offsets, "damaged bytes were set aside; the original file is kept as the copy"
+        );
+    }
     let log = Arc::new(log);
     let options = EngineOptions {
         stream_defaults: settings.stream_defaults.clone(),
@@ -112,6 +118,22 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     drop(lock);
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// The log's settings, with the recovery policy: damage stops the start unless
+/// `--discard-damaged`.
+fn log_options(settings: &Settings) -> LogOptions {
+    LogOptions {
+        maintenance_interval: settings.maintenance_interval,
+        recovery: RecoveryPolicy {
+            discard_damaged: settings.discard_damaged,
+            remedy: "restore the data directory from a backup, or start once with --discard-damaged to set the \
+                     damaged bytes aside (a copy of the file is kept beside it) and keep every valid batch"
+                .into(),
+            ..RecoveryPolicy::default()
+        },
+        ..LogOptions::default()
+    }
 }
 
 /// Applies the statements of `path` before the server listens; any failure stops the start.

@@ -83,6 +83,8 @@ pub struct Settings {
     pub log_filter: String,
     /// The config file that was read, if any.
     pub config_file: Option<PathBuf>,
+    /// Set damaged bytes aside instead of refusing to start (flag or environment only).
+    pub discard_damaged: bool,
 }
 
 impl Settings {
@@ -189,6 +191,7 @@ impl Settings {
             schema: args.schema.clone().or(file.schema),
             log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             config_file,
+            discard_damaged: args.discard_damaged,
         })
     }
 }

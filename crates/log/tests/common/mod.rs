@@ -4,6 +4,8 @@
 // Each test binary compiles this module and uses a different part of it.
 #![allow(dead_code)]
 
+pub mod disk;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 
