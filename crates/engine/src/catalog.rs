@@ -3,7 +3,7 @@
 //! tombstone. At start the engine replays the topic, newest record per key winning, so the
 //! definitions survive restarts exactly as acknowledged.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use onehop_log::{Durability, NewRecord, Partition, Record};
@@ -288,13 +288,31 @@ fn parse_transform(record: &Record, value: &[u8]) -> Result<TransformDef, Engine
     Ok(parsed.transform)
 }
 
-/// Everything the catalog defines.
+/// Everything the catalog defines, and what it says was dropped.
 #[derive(Default)]
 pub(crate) struct Definitions {
     pub streams: BTreeMap<String, StreamDef>,
     pub tables: BTreeMap<String, TableDef>,
     pub views: BTreeMap<String, ViewDef>,
     pub transforms: BTreeMap<String, TransformDef>,
+    /// Streams and tables whose newest record is a drop (a tombstone): the only names whose
+    /// data may be deleted at start (what a drop cut short by a crash left). A name the
+    /// catalog does not mention at all is never taken for dropped.
+    pub dropped: BTreeSet<String>,
+    /// Views whose newest record is a drop.
+    pub dropped_views: BTreeSet<String>,
+}
+
+impl Definitions {
+    /// Notes that the newest record of `name` is a definition (`defined`) or a drop.
+    fn note(&mut self, name: &str, defined: bool, view: bool) {
+        let dropped = if view { &mut self.dropped_views } else { &mut self.dropped };
+        if defined {
+            dropped.remove(name);
+        } else {
+            dropped.insert(name.to_string());
+        }
+    }
 }
 
 /// Every definition in the catalog, newest record per key winning.
@@ -312,6 +330,7 @@ pub(crate) fn replay(catalog: &Partition) -> Result<Definitions, EngineError> {
             let key = record.key.as_deref().unwrap_or_default();
             let key = std::str::from_utf8(key).unwrap_or_default();
             if let Some(name) = key.strip_prefix(TABLE_KEY_PREFIX) {
+                defs.note(name, record.value.is_some(), false);
                 match &record.value {
                     None => {
                         defs.tables.remove(name);
@@ -330,6 +349,7 @@ pub(crate) fn replay(catalog: &Partition) -> Result<Definitions, EngineError> {
                 continue;
             }
             if let Some(name) = key.strip_prefix(VIEW_KEY_PREFIX) {
+                defs.note(name, record.value.is_some(), true);
                 match &record.value {
                     None => {
                         defs.views.remove(name);
@@ -358,6 +378,7 @@ pub(crate) fn replay(catalog: &Partition) -> Result<Definitions, EngineError> {
                 tracing::warn!(offset = record.offset, key, "skipping a catalog record of an unknown kind");
                 continue;
             };
+            defs.note(name, record.value.is_some(), false);
             match &record.value {
                 None => {
                     defs.streams.remove(name);

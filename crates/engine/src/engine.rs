@@ -2,11 +2,11 @@
 //! definitions and data to the front ends. Streams and tables share one namespace (a name is
 //! one log topic).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use onehop_log::{Durability, Log, Partition, PartitionConfig};
+use onehop_log::{Durability, Log, LogOptions, Partition, PartitionConfig, RecoveryPolicy};
 
 use crate::catalog::{self, CATALOG_TOPIC, StreamDef};
 use crate::error::EngineError;
@@ -66,6 +66,34 @@ pub struct Engine {
     transforms: RwLock<BTreeMap<String, Arc<Transform>>>,
     /// Where views and transforms checkpoint.
     checkpoints: Arc<Partition>,
+    /// Topics with data on disk that the catalog neither defines nor says were dropped (a
+    /// catalog recovered by cutting, or one lost): kept, never deleted, and taken back by
+    /// defining them again. A name leaves the set when it is defined.
+    orphans: RwLock<BTreeSet<String>>,
+}
+
+/// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
+/// cut on the guess that it is a torn write, since a definition cut away would make its stream
+/// look dropped. With `recover` (the operator's `--recover-catalog`), damaged catalog bytes are
+/// set aside (a copy of the file is kept), the definitions before them stand, and every topic
+/// they no longer define is kept as an orphan.
+pub fn catalog_recovery(recover: bool) -> RecoveryPolicy {
+    RecoveryPolicy {
+        cut_torn_tail: false,
+        discard_damaged: recover,
+        remedy: "this is onehop's catalog, the definitions of every stream, table and view; onehop does not \
+                 start on a catalog it cannot read whole, since it could not tell which streams exist. The data of \
+                 the streams is untouched. Start once with --recover-catalog to set the damaged bytes aside (a copy \
+                 of the file is kept beside it) and keep the definitions before them; each stream or table they \
+                 no longer define stays on disk, listed as orphaned, until it is defined again (CREATE STREAM, \
+                 CREATE TABLE or your schema file), which takes its data back"
+            .into(),
+    }
+}
+
+/// Puts the policies of onehop's own topics into `options` (see [`catalog_recovery`]).
+pub fn set_system_recovery(options: &mut LogOptions, recover_catalog: bool) {
+    options.topic_recovery.insert(CATALOG_TOPIC.to_string(), catalog_recovery(recover_catalog));
 }
 
 /// The catalog's own log settings: compacted (newest definition per name), always fsync.
@@ -109,22 +137,10 @@ impl Engine {
             views: RwLock::new(BTreeMap::new()),
             transforms: RwLock::new(BTreeMap::new()),
             checkpoints,
+            orphans: RwLock::new(BTreeSet::new()),
         };
-        // A topic on disk that the catalog does not define is what an interrupted DROP left:
-        // the drop was acknowledged once its catalog record was durable, so finish it.
-        for topic in engine.log.topics() {
-            let defined = defs.streams.contains_key(&topic) || defs.tables.contains_key(&topic);
-            if !defined && !topic.starts_with("__") {
-                tracing::warn!(topic, "removing the data of a dropped stream or table");
-                engine.log.remove_topic(&topic)?;
-            }
-            if let Some(view) = topic.strip_prefix(OUTPUT_PREFIX)
-                && !defs.views.contains_key(view)
-            {
-                tracing::warn!(topic, "removing the changes of a dropped view");
-                engine.log.remove_topic(&topic)?;
-            }
-        }
+        engine.finish_drops_and_keep_orphans(&defs)?;
+        let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();
         for def in defs.streams.into_values() {
             let stream = engine.open_stream(def)?;
             engine.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
@@ -162,7 +178,17 @@ impl Engine {
             }
         }
         live.extend(engine.views().iter().map(|view| (view.name().to_string(), view.incarnation())));
-        engine.delete_stray_checkpoints(checkpoint::strays(&checkpoints, &live));
+        // Only the records of views that are defined (an older incarnation) or were dropped:
+        // a view the catalog does not mention may be one a damaged catalog lost, and its state
+        // is kept for when it is defined again.
+        let strays = checkpoint::strays(&checkpoints, &live)
+            .into_iter()
+            .filter(|key| {
+                let view = checkpoint::view_of_key(key);
+                defined_views.contains(view) || defs.dropped_views.contains(view)
+            })
+            .collect();
+        engine.delete_stray_checkpoints(strays);
         tracing::info!(
             streams = engine.streams.read().expect("streams lock").len(),
             tables = engine.tables.read().expect("tables lock").len(),
@@ -171,6 +197,86 @@ impl Engine {
             "catalog replayed"
         );
         Ok(engine)
+    }
+
+    /// Deletes the data of what the catalog says was dropped (a drop is acknowledged once its
+    /// catalog record is durable, so one cut short by a crash is finished here), and keeps
+    /// every other topic the catalog does not define as an orphan. Data is deleted only on
+    /// the strength of a drop record, never because a definition is missing: a catalog that
+    /// lost records (damage set aside with `--recover-catalog`, a deleted catalog directory)
+    /// must not cost the data of the streams it forgot.
+    fn finish_drops_and_keep_orphans(&self, defs: &catalog::Definitions) -> Result<(), EngineError> {
+        let mut orphans = BTreeSet::new();
+        for topic in self.log.topics() {
+            let (name, dropped, defined) = match topic.strip_prefix(OUTPUT_PREFIX) {
+                Some(view) => (view, defs.dropped_views.contains(view), defs.views.contains_key(view)),
+                None if topic.starts_with("__") => continue,
+                None => (
+                    topic.as_str(),
+                    defs.dropped.contains(&topic),
+                    defs.streams.contains_key(&topic) || defs.tables.contains_key(&topic),
+                ),
+            };
+            if defined {
+                continue;
+            }
+            if dropped {
+                tracing::warn!(topic, name, "removing the data of a dropped stream, table or view");
+                self.log.remove_topic(&topic)?;
+            } else {
+                tracing::error!(
+                    topic,
+                    "the catalog neither defines nor dropped this topic: its data is kept as an orphan; define \
+                     it again to take it back"
+                );
+                orphans.insert(topic);
+            }
+        }
+        metrics::gauge!("engine_orphaned_topics").set(orphans.len() as f64);
+        *self.orphans.write().expect("orphans lock") = orphans;
+        Ok(())
+    }
+
+    /// Topics whose data is on disk but that the catalog neither defines nor dropped (see
+    /// [`Engine::open`]). Defining one again takes its data back.
+    pub fn orphans(&self) -> Vec<String> {
+        self.orphans.read().expect("orphans lock").iter().cloned().collect()
+    }
+
+    /// Checks that `topic`, if it is an orphan, can be taken back by a definition with
+    /// `partitions` partitions (`compacted` for a table): its data on disk must fit.
+    fn check_adoption(&self, topic: &str, partitions: u32, compacted: bool, kind: &str) -> Result<(), EngineError> {
+        if !self.orphans.read().expect("orphans lock").contains(topic) {
+            return Ok(());
+        }
+        let found: Vec<Arc<Partition>> = self
+            .log
+            .partitions()
+            .into_iter()
+            .filter(|(name, _, _)| name == topic)
+            .map(|(_, _, partition)| partition)
+            .collect();
+        let on_disk_compacted = found.first().is_some_and(|partition| partition.config().compacted);
+        if found.len() as u32 != partitions || on_disk_compacted != compacted {
+            let shape = if on_disk_compacted { "a table's (compacted) data" } else { "a stream's data" };
+            return Err(EngineError::InvalidDefinition(format!(
+                "{topic:?} has data on disk that the catalog lost (an orphan): {shape} in {} partition(s), which \
+                 a {kind} with {partitions} partition(s) cannot take back. Define it to fit that data, or move \
+                 {} aside to start it empty",
+                found.len(),
+                self.log.dir().join(topic).display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Notes that the orphan `topic` (if it is one) has been defined again.
+    fn adopted(&self, topic: &str) {
+        let mut orphans = self.orphans.write().expect("orphans lock");
+        if orphans.remove(topic) {
+            metrics::gauge!("engine_orphaned_topics").set(orphans.len() as f64);
+            tracing::warn!(topic, "an orphaned topic was defined again: its data is taken back");
+        }
     }
 
     /// Opens a defined view and starts it from its checkpoint (or, with none, from where its
@@ -260,6 +366,7 @@ impl Engine {
         self.catalog.append(&[catalog::view_record(&def)]).await?;
         let name = def.name.clone();
         let view = self.open_view(def, checkpoint)?;
+        self.adopted(&format!("{OUTPUT_PREFIX}{name}"));
         self.views.write().expect("views lock").insert(name.clone(), view.clone());
         self.catalog_changed();
         tracing::info!(view = name, source = view.def().source, "view created");
@@ -419,6 +526,7 @@ impl Engine {
         // One batch: the stream and the transform that writes it are defined together or not at all.
         self.catalog.append(&[catalog::stream_record(&output), catalog::transform_record(&def)]).await?;
         let stream = self.open_stream(output)?;
+        self.adopted(stream.name());
         self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
         self.streams_changed();
         let name = def.name.clone();
@@ -555,14 +663,17 @@ impl Engine {
         self.check_new_stream(&def)?;
         self.catalog.append(&[catalog::stream_record(&def)]).await?;
         let stream = self.open_stream(def)?;
+        self.adopted(stream.name());
         self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream.clone());
         self.streams_changed();
         tracing::info!(stream = stream.name(), definition = %stream.def().describe(), "stream created");
         Ok(stream)
     }
 
-    /// Refuses a new stream whose name is taken or whose `mqtt_topic` overlaps another's.
+    /// Refuses a new stream whose name is taken, whose `mqtt_topic` overlaps another's, or that
+    /// does not fit the orphaned data of its name.
     fn check_new_stream(&self, def: &StreamDef) -> Result<(), EngineError> {
+        self.check_adoption(&def.name, def.partitions, false, "stream")?;
         if let Ok(existing) = self.stream(&def.name) {
             return Err(EngineError::StreamExists { name: def.name.clone(), existing: existing.def().describe() });
         }
@@ -648,8 +759,10 @@ impl Engine {
         if self.view(&def.name).is_ok() {
             return Err(EngineError::NameTaken { name: def.name.clone(), kind: "view" });
         }
+        self.check_adoption(&def.name, 1, true, "table")?;
         self.catalog.append(&[catalog::table_record(&def)]).await?;
         let table = self.open_table(def)?;
+        self.adopted(&table.name());
         self.tables.write().expect("tables lock").insert(table.name(), table.clone());
         self.catalog_changed();
         tracing::info!(table = %table.name(), definition = %table.def().describe(), "table created");

@@ -33,7 +33,7 @@ pub mod units;
 pub mod view;
 
 pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};
-pub use engine::{Engine, EngineOptions};
+pub use engine::{Engine, EngineOptions, catalog_recovery, set_system_recovery};
 pub use error::EngineError;
 pub use filter::Filter;
 pub use stream::{Position, Published, Stream};

@@ -132,6 +132,13 @@ pub struct ServeArgs {
     /// config-file key.
     #[arg(long, env = "ONEHOP_DISCARD_DAMAGED")]
     pub discard_damaged: bool,
+
+    /// Open even when the catalog (the definitions of streams, tables and views) is damaged:
+    /// keep the definitions before the damage (a copy of the file is kept), and keep the data
+    /// of every stream they no longer define as orphaned until it is defined again. For one
+    /// start after reading why it stopped; not a config-file key.
+    #[arg(long, env = "ONEHOP_RECOVER_CATALOG")]
+    pub recover_catalog: bool,
 }
 
 #[derive(Subcommand, Debug)]

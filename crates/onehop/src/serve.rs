@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use onehop_engine::{Engine, EngineOptions};
+use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
 use onehop_server::{AppState, install_metrics, serve_http};
@@ -68,6 +68,14 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             .context("opening the catalog")?
     };
     let engine = Arc::new(engine);
+    let orphans = engine.orphans();
+    if !orphans.is_empty() {
+        tracing::error!(
+            ?orphans,
+            "topics with data that the catalog neither defines nor dropped are kept, not served; define each \
+             again (CREATE STREAM / CREATE TABLE, or the schema file) to take its data back"
+        );
+    }
     if let Some(schema) = &settings.schema {
         apply_schema(&engine, schema).await?;
     }
@@ -120,10 +128,10 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The log's settings, with the recovery policy: damage stops the start unless
-/// `--discard-damaged`.
+/// The log's settings, with the recovery policies: damage stops the start unless
+/// `--discard-damaged`; the catalog's tail is never cut on a guess, unless `--recover-catalog`.
 fn log_options(settings: &Settings) -> LogOptions {
-    LogOptions {
+    let mut options = LogOptions {
         maintenance_interval: settings.maintenance_interval,
         recovery: RecoveryPolicy {
             discard_damaged: settings.discard_damaged,
@@ -133,7 +141,9 @@ fn log_options(settings: &Settings) -> LogOptions {
             ..RecoveryPolicy::default()
         },
         ..LogOptions::default()
-    }
+    };
+    set_system_recovery(&mut options, settings.recover_catalog);
+    options
 }
 
 /// Applies the statements of `path` before the server listens; any failure stops the start.

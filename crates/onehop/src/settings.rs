@@ -85,6 +85,8 @@ pub struct Settings {
     pub config_file: Option<PathBuf>,
     /// Set damaged bytes aside instead of refusing to start (flag or environment only).
     pub discard_damaged: bool,
+    /// Open a damaged catalog by setting its damage aside (flag or environment only).
+    pub recover_catalog: bool,
 }
 
 impl Settings {
@@ -192,6 +194,7 @@ impl Settings {
             log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             config_file,
             discard_damaged: args.discard_damaged,
+            recover_catalog: args.recover_catalog,
         })
     }
 }

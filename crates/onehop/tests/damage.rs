@@ -1,13 +1,16 @@
 //! The binary on a damaged data directory, as an outside test found it: after `kill -9`, bytes
-//! flipped inside a stream's last segment. The server refuses to start, naming the file, the
-//! byte and the way out, and loses no acknowledged record.
+//! flipped inside the catalog or inside a stream's last segment. The server refuses to start,
+//! naming the file, the byte and the way out, and loses no acknowledged record either way.
 
 mod common;
 
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
-use common::{get, onehop, post, publish_batch, start};
+use common::{STARTUP_TIMEOUT, get, onehop, post, publish_batch, start};
 
 /// Starts the server in `dir` on `data`, publishes `count` records to `stream` one request at a
 /// time (one batch each), and kills it with SIGKILL: no clean close, so no segment index.
@@ -20,17 +23,35 @@ fn publish_then_kill(dir: &Path, data: &str, stream: &str, count: usize) {
     server.child.wait().unwrap();
 }
 
-/// Runs `onehop serve` expecting it to refuse to start; returns what it printed.
+/// Runs `onehop serve` expecting it to refuse to start; returns what it printed. A server
+/// that starts instead is stopped (by its PID) and the test fails.
 fn refused_start(dir: &Path, data: &str, extra: &[&str]) -> String {
-    let output = onehop()
+    let mut child = onehop()
         .args(["serve", "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--data-dir", data])
         .args(extra)
         .current_dir(dir)
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!output.status.success(), "the server started on damaged data:\n{stderr}");
-    stderr
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    match status {
+        Some(status) if !status.success() => stderr,
+        _ => panic!("the server started on damaged data:\n{stderr}"),
+    }
 }
 
 /// Every record of partition 0 of `stream`, as (offset, value).
@@ -68,6 +89,41 @@ fn flip(path: &Path, range: std::ops::Range<usize>) {
         bytes[at] ^= 0xFF;
     }
     fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_damaged_catalog_stops_the_start_and_costs_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().unwrap();
+    publish_then_kill(dir.path(), data_arg, "orders", 120);
+    let catalog = segment(&data, "__catalog");
+    assert_eq!(batch_positions(&catalog), [0], "the auto-created stream is the catalog's only batch");
+    let orders = fs::read(segment(&data, "orders")).unwrap();
+    // Four bytes inside the catalog's only batch, as the outside test flipped them.
+    flip(&catalog, 52..56);
+
+    let stderr = refused_start(dir.path(), data_arg, &[]);
+    for needed in [catalog.display().to_string(), "byte 0".to_string(), "--recover-catalog".to_string()] {
+        assert!(stderr.contains(&needed), "the refusal names {needed:?}:\n{stderr}");
+    }
+    assert!(!stderr.contains("removing the data"), "{stderr}");
+    assert_eq!(fs::read(segment(&data, "orders")).unwrap(), orders, "the stream's data is untouched");
+
+    // With --recover-catalog the server starts, keeps the stream's data as an orphan, and a
+    // definition takes it back whole.
+    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg, "--recover-catalog"], &[]);
+    let (_, health) = get(server.address, "/healthz");
+    assert!(health.contains(r#""orphaned":["orders"]"#), "{health}");
+    let (status, body) = post(server.address, "/sql", "CREATE STREAM orders").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let records = read_all(server.address, "orders");
+    assert_eq!(records.len(), 120);
+    for (i, (offset, value)) in records.iter().enumerate() {
+        assert_eq!((*offset, value["n"].as_u64()), (i as u64, Some(i as u64)));
+    }
+    let (_, health) = get(server.address, "/healthz");
+    assert!(health.contains(r#""orphaned":[]"#), "{health}");
 }
 
 #[test]

@@ -245,6 +245,11 @@ pub fn restore(def: &ViewDef, stored: &mut HashMap<String, Bytes>) -> Option<Res
     })
 }
 
+/// The view a checkpoint record's key belongs to.
+pub fn view_of_key(key: &str) -> &str {
+    key.split(SEPARATOR).next().unwrap_or(key)
+}
+
 /// Keys of records that belong to no live view incarnation: left by a drop cut short, or by a
 /// view that started over. `live` holds (name, incarnation) of each view's checkpoint read at
 /// start (kept even when the view could not be opened) and of each open view.

@@ -173,11 +173,15 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     let streams = state.engine.streams().len();
     let tables = state.engine.tables().len();
     let partitions = state.engine.log().partitions().len();
+    // Data the catalog lost track of is kept, not served: the operator must see it.
+    let orphaned = state.engine.orphans();
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({ "status": "ok", "streams": streams, "tables": tables, "partitions": partitions })
-            .to_string(),
+        serde_json::json!({
+            "status": "ok", "streams": streams, "tables": tables, "partitions": partitions, "orphaned": orphaned
+        })
+        .to_string(),
     )
 }
 
