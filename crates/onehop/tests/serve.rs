@@ -165,6 +165,8 @@ fn help_documents_every_serve_flag() {
         "--subscriber-queue",
         "--schema",
         "--log",
+        "--discard-damaged",
+        "--recover-catalog",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
     }
