@@ -605,7 +605,7 @@ impl Engine {
             .expect("streams lock")
             .get(name)
             .cloned()
-            .ok_or_else(|| EngineError::UnknownStream(name.into()))
+            .ok_or_else(|| EngineError::UnknownStream { name: name.into(), auto_create: self.options.auto_create })
     }
 
     /// Every stream, by name.
@@ -703,7 +703,7 @@ impl Engine {
     pub async fn stream_or_create(&self, name: &str) -> Result<Arc<Stream>, EngineError> {
         match self.stream(name) {
             Ok(stream) => Ok(stream),
-            Err(EngineError::UnknownStream(_)) if self.options.auto_create => {
+            Err(EngineError::UnknownStream { .. }) if self.options.auto_create => {
                 catalog::validate_name(name)?;
                 let def = self.default_stream_def(name);
                 match self.create_stream(def).await {

@@ -7,8 +7,11 @@ use onehop_log::{AppendError, OpenError, ReadError};
 pub enum EngineError {
     #[error("invalid name {name:?}: {reason}")]
     InvalidName { name: String, reason: String },
-    #[error("unknown stream {0:?}: create it first (CREATE STREAM {0}) or turn auto_create on")]
-    UnknownStream(String),
+    /// No stream of that name. `auto_create` is whether this server creates streams on their
+    /// first publish or subscription, so the message says what would create it here, and never
+    /// suggests a setting already in force.
+    #[error("unknown stream {name:?}: {}", unknown_stream_hint(name, *auto_create))]
+    UnknownStream { name: String, auto_create: bool },
     #[error(
         "stream {name:?} already exists with a different definition ({existing}); drop it first or use \
          the existing definition"
@@ -59,12 +62,24 @@ pub enum EngineError {
     Internal(String),
 }
 
+/// What creates the stream `name` on this server.
+fn unknown_stream_hint(name: &str, auto_create: bool) -> String {
+    if auto_create {
+        format!("nothing has created it yet; CREATE STREAM {name}, a first publish or a first subscription does")
+    } else {
+        format!(
+            "create it first (CREATE STREAM {name}); this server has auto_create off, so a publish or a \
+             subscription does not create it"
+        )
+    }
+}
+
 impl EngineError {
     /// A stable, machine-readable code for clients.
     pub fn code(&self) -> &'static str {
         match self {
             EngineError::InvalidName { .. } => "invalid_name",
-            EngineError::UnknownStream(_) => "unknown_stream",
+            EngineError::UnknownStream { .. } => "unknown_stream",
             EngineError::StreamExists { .. } => "stream_exists",
             EngineError::UnknownPartition { .. } => "unknown_partition",
             EngineError::InvalidDefinition(_) => "invalid_definition",

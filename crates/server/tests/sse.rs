@@ -83,7 +83,6 @@ async fn bad_subscriptions_are_refused_with_json() {
     publish(address, "/streams/s", "v").await;
     let cases = [
         ("/streams/s?subject=a/%23/b", None, 400, "bad_filter"),
-        ("/streams/nothing", None, 404, "unknown_stream"),
         ("/streams/s?from=5", None, 416, "offset_past_end"),
         ("/streams/s", Some("0:zz"), 400, "bad_offset"),
         ("/streams/s?limit=5", None, 400, "bad_query"),
@@ -99,4 +98,43 @@ async fn bad_subscriptions_are_refused_with_json() {
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], code, "{path}: {body}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_to_a_stream_not_yet_created_creates_it_when_auto_create_is_on() {
+    let (address, _dir) = start(EngineOptions::default()).await;
+    // The subscriber comes first, as in most apps; the publisher's record reaches it.
+    let mut events = Events::open(address, "/streams/later?subject=scores/%2B", None).await;
+    publish(address, "/streams/later?subject=scores/red", "first").await;
+    let event = events.next().await.unwrap();
+    assert_eq!(event.data["value_text"], "first");
+
+    // Without auto_create, the refusal says how to create it, and never to turn on a setting
+    // that is on.
+    let (address, _dir) = start(EngineOptions { auto_create: false, ..EngineOptions::default() }).await;
+    let response = reqwest::Client::new()
+        .get(format!("http://{address}/streams/nothing"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_stream");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("CREATE STREAM nothing") && message.contains("auto_create off"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plus_typed_as_is_in_a_subject_filter_is_the_wildcard() {
+    let (address, _dir) = start(EngineOptions::default()).await;
+    publish(address, "/streams/scores?subject=scores/red", "r").await;
+    publish(address, "/streams/scores?subject=other/red", "o").await;
+    // reqwest sends the query as written: a raw `+`, as curl and browsers' address bars do.
+    let mut events = Events::open(address, "/streams/scores?subject=scores/+&from=earliest", None).await;
+    let event = events.next().await.unwrap();
+    assert_eq!((event.data["subject"].as_str(), event.data["value_text"].as_str()), (Some("scores/red"), Some("r")));
+    publish(address, "/streams/scores?subject=scores/blue", "b").await;
+    let event = events.next().await.unwrap();
+    assert_eq!(event.data["value_text"], "b", "the record on other/red did not match");
 }

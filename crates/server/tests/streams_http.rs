@@ -3,6 +3,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+mod common;
+
+use common::Events;
 use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{Log, LogOptions, PartitionConfig};
 use onehop_server::{AppState, app};
@@ -144,6 +147,20 @@ async fn bad_input_is_refused_with_a_code_and_nothing_is_written() {
         },
         refusal("/streams/s", "x".repeat(40 * 1024), 413, "record_too_large", "record_bytes_max"),
         refusal("/streams/s", "x".repeat(200 * 1024), 413, "body_too_large", "limit is 131072 bytes"),
+        // A `+` typed as is in a subject is the wildcard, never a space: refused in a publish.
+        refusal("/streams/s?subject=scores/+", "v".into(), 400, "bad_subject", "wildcards"),
+        // Bytes that are not UTF-8 would be stored as U+FFFD, so distinct keys would collide.
+        refusal("/streams/s?key=%FF", "v".into(), 400, "bad_query", "UTF-8"),
+        refusal("/streams/s?key=a&subject=%C3", "v".into(), 400, "bad_query", "UTF-8"),
+        refusal("/streams/s?key=%G1", "v".into(), 400, "bad_query", "percent escape"),
+        Refusal {
+            header: Some(("content-type", "application/json")),
+            ..refusal("/streams/s", "{\"score\": 1".into(), 400, "bad_json", "not valid JSON")
+        },
+        Refusal {
+            header: Some(("content-type", "application/merge-patch+json; charset=utf-8")),
+            ..refusal("/streams/s", "score=1".into(), 400, "bad_json", "not valid JSON")
+        },
     ];
     for case in cases {
         let mut request = reqwest::Client::new().post(server.url(case.path)).body(case.body);
@@ -275,4 +292,72 @@ async fn sql_defines_streams_and_answers_with_rows_or_reasons() {
         "{message}"
     );
     assert!(server.engine.stream("fine").is_ok());
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_json_is_stored_as_text_unless_it_says_it_is_json() {
+    let server = start(EngineOptions::default()).await;
+    let send = |content_type: &'static str, body: &'static str| {
+        reqwest::Client::new().post(server.url("/streams/docs")).header("content-type", content_type).body(body).send()
+    };
+    assert_eq!(send("application/json", r#"{"ok":true}"#).await.unwrap().status().as_u16(), 200);
+    assert_eq!(send("text/plain", "{not json").await.unwrap().status().as_u16(), 200);
+    let (_, read) = server.get("/streams/docs?from=earliest").await;
+    assert_eq!(read["records"][0]["value"], json!({ "ok": true }));
+    assert_eq!(read["records"][1]["value_text"], "{not json");
+}
+
+#[tokio::test]
+async fn reads_filter_by_subject_and_next_from_continues_them_across_partitions() {
+    let server = start(EngineOptions::default()).await;
+    let def = onehop_engine::StreamDef {
+        name: "multi".into(),
+        partitions: 3,
+        retention_ms: None,
+        retention_bytes: None,
+        durability: onehop_log::Durability::Fsync,
+        mqtt_topic: None,
+    };
+    server.engine.create_stream(def).await.unwrap();
+    for i in 0..30 {
+        let subject = if i % 2 == 0 { "a/x" } else { "b/x" };
+        let (status, _) = server.post(&format!("/streams/multi?key=k{i}&subject={subject}"), format!("{i}")).await;
+        assert_eq!(status, 200);
+    }
+    // Page through everything, 7 at a time, giving each answer's next_from back as from.
+    let server = &server;
+    let page_through = |query: &'static str| async move {
+        let mut seen = Vec::new();
+        let mut from = "earliest".to_string();
+        for _ in 0..100 {
+            let (status, read) = server.get(&format!("/streams/multi?limit=7&from={from}{query}")).await;
+            assert_eq!(status, 200, "{read}");
+            let records = read["records"].as_array().unwrap();
+            if records.is_empty() {
+                return (seen, from);
+            }
+            seen.extend(records.iter().map(|record| record["value"].as_u64().unwrap()));
+            from = read["next_from"].as_str().unwrap().to_string();
+        }
+        panic!("paging never ended");
+    };
+    let (mut all, end) = page_through("").await;
+    all.sort_unstable();
+    assert_eq!(all, (0..30).collect::<Vec<u64>>(), "every record exactly once");
+    // `+` as typed is the wildcard.
+    let (mut matched, _) = page_through("&subject=a/+").await;
+    matched.sort_unstable();
+    assert_eq!(matched, (0..30).step_by(2).collect::<Vec<u64>>());
+
+    // next_from is also where a subscription can go on from: only what comes after.
+    let mut events = Events::open(server.address, &format!("/streams/multi?from={end}"), None).await;
+    let (status, _) = server.post("/streams/multi?key=k99", "99").await;
+    assert_eq!(status, 200);
+    assert_eq!(events.next().await.unwrap().data["value"], 99);
+
+    // A read that names something it does not take says what it takes.
+    let (status, read) = server.get("/streams/multi?subject=a/%2B&colour=red").await;
+    assert_eq!((status, error_code(&read)), (400, "bad_query"));
+    let message = read["error"]["message"].as_str().unwrap();
+    assert!(message.contains("colour") && message.contains("from, limit, partition and subject"), "{message}");
 }

@@ -107,13 +107,14 @@ async fn a_subscription_resumes_from_a_record_id() {
 async fn bad_commands_get_error_messages_and_the_socket_stays_open() {
     let (address, _dir) = start().await;
     publish(address, "/streams/s", "1").await;
-    // A bad first subscription is refused in HTTP, before the upgrade.
-    let refused = tokio_tungstenite::connect_async(format!("ws://{address}/streams/nothing")).await;
-    assert!(refused.is_err(), "upgrading to an unknown stream must fail");
+    // A bad first subscription is refused in HTTP, before the upgrade. (A stream that does not
+    // exist is created: with auto_create on, subscribers may come before publishers.)
+    let refused = tokio_tungstenite::connect_async(format!("ws://{address}/tables/nothing")).await;
+    assert!(refused.is_err(), "upgrading to an unknown table must fail");
     let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{address}/streams/s")).await.unwrap();
     receive(&mut socket).await;
     let cases = [
-        (json!({ "op": "subscribe", "subscription": "x", "stream": "nothing" }), "unknown_stream"),
+        (json!({ "op": "subscribe", "subscription": "x", "url": "/tables/nothing" }), "unknown_table"),
         (json!({ "op": "subscribe", "subscription": "url", "stream": "s" }), "subscription_exists"),
         (json!({ "op": "subscribe", "subscription": "y", "stream": "s", "subject": "a/#/b" }), "bad_filter"),
         (json!({ "op": "subscribe", "subscription": "z", "stream": "s", "from": "99" }), "offset_past_end"),
@@ -158,4 +159,19 @@ async fn an_oversized_message_closes_only_that_socket() {
     assert!(closed);
     publish(address, "/streams/s", "2").await;
     assert_eq!(receive(&mut other).await["record"]["value"], 2, "other sockets are unaffected");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_to_a_stream_not_yet_created_waits_for_its_first_record() {
+    let (address, _dir) = start().await;
+    let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{address}/streams/first")).await.unwrap();
+    assert_eq!(receive(&mut socket).await, json!({ "type": "subscribed", "subscription": "url" }));
+    send(&mut socket, json!({ "op": "subscribe", "subscription": "second", "stream": "second" })).await;
+    assert_eq!(receive(&mut socket).await, json!({ "type": "subscribed", "subscription": "second" }));
+    publish(address, "/streams/first", "1").await;
+    publish(address, "/streams/second", "2").await;
+    let mut got = [receive(&mut socket).await, receive(&mut socket).await];
+    got.sort_by_key(|record| record["record"]["value"].as_u64());
+    assert_eq!((got[0]["subscription"].as_str(), got[0]["record"]["value"].as_u64()), (Some("url"), Some(1)));
+    assert_eq!((got[1]["subscription"].as_str(), got[1]["record"]["value"].as_u64()), (Some("second"), Some(2)));
 }

@@ -136,7 +136,7 @@ fn dropped(label: String, result: Result<(), EngineError>, if_exists: bool, kind
     match result {
         Ok(()) => Ok(Output::Dropped { statement: label }),
         Err(
-            EngineError::UnknownStream(_)
+            EngineError::UnknownStream { .. }
             | EngineError::UnknownTable(_)
             | EngineError::UnknownIndex(_)
             | EngineError::UnknownView(_),
@@ -250,7 +250,9 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
                 });
             }
             let stream = engine.stream(name).map_err(|error| match error {
-                EngineError::UnknownStream(_) => EngineError::UnknownStream(name.clone()),
+                EngineError::UnknownStream { auto_create, .. } => {
+                    EngineError::UnknownStream { name: name.clone(), auto_create }
+                }
                 other => other,
             })?;
             Ok(Output::Rows {

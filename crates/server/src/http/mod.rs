@@ -6,11 +6,13 @@
 //! - `views`: `GET /views/{v}/{key}` point reads and `GET /views/{v}` listings of views.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
+//! - `query`: query strings decoded strictly (whole escapes, UTF-8; `+` literal in `subject`).
 //! - `time`: RFC 3339 times in query strings.
 
 pub mod error;
 pub mod limit;
 pub mod mqtt_ws;
+pub mod query;
 pub mod sql;
 pub mod sse;
 pub mod streams;

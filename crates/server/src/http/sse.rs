@@ -164,6 +164,7 @@ pub async fn subscribe(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(raw_query, &target)?;
+    super::subscribe::ensure_exists(&state, &target).await?;
     let last_event_id = headers.get("last-event-id").and_then(|value| value.to_str().ok());
     let mut opened = open(&state, &target, params, last_event_id)?;
     let snapshot = opened.snapshot.take();

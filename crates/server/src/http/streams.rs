@@ -12,11 +12,11 @@ use std::io::Write as _;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, RawQuery, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use base64::Engine as _;
-use onehop_engine::subject::validate_subject;
+use onehop_engine::subject::{SubjectFilter, validate_subject};
 use onehop_engine::{Position, Published, Stream};
 use onehop_log::{Durability, NewRecord, Record, Text};
 use serde::Deserialize;
@@ -35,11 +35,30 @@ const READ_LIMIT_MAX: usize = 10_000;
 /// Bytes of keys and values one read collects at most (about; at least one record).
 const READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A publish's query: `key` and `subject` of the one record the body is.
+#[derive(Default)]
 pub struct PublishQuery {
     key: Option<String>,
     subject: Option<String>,
+}
+
+impl PublishQuery {
+    fn parse(raw: &str) -> Result<PublishQuery, ApiError> {
+        let mut query = PublishQuery::default();
+        for (name, value) in super::query::pairs(raw)? {
+            match name.as_str() {
+                "key" => query.key = Some(value),
+                "subject" => query.subject = Some(value),
+                other => {
+                    return Err(ApiError::bad_request(
+                        "bad_query",
+                        format!("unknown parameter {other:?}: a publish takes key and subject"),
+                    ));
+                }
+            }
+        }
+        Ok(query)
+    }
 }
 
 /// One line of an NDJSON publish.
@@ -52,19 +71,6 @@ struct Envelope {
     headers: BTreeMap<String, String>,
     #[serde(default)]
     value: Option<Value>,
-}
-
-fn query_error(rejection: QueryRejection) -> ApiError {
-    ApiError::bad_request("bad_query", rejection.body_text())
-}
-
-/// The query string as `T`: one URL serves reads and subscriptions, whose parameters differ, so
-/// it is parsed once the kind of request is known.
-fn typed_query<T: serde::de::DeserializeOwned>(raw: &str) -> Result<T, ApiError> {
-    let uri: axum::http::Uri = format!("/?{raw}")
-        .parse()
-        .map_err(|_| ApiError::bad_request("bad_query", "the query string is not valid in a URL"))?;
-    Query::try_from_uri(&uri).map(|Query(query)| query).map_err(query_error)
 }
 
 pub fn durability(headers: &HeaderMap) -> Result<Option<Durability>, ApiError> {
@@ -92,6 +98,16 @@ fn is_ndjson(headers: &HeaderMap) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.starts_with("application/x-ndjson") || value.starts_with("application/jsonl"))
+}
+
+/// Whether the body says it is one JSON document: `application/json` or `application/…+json`
+/// (any case, any parameters).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|value| value.to_str().ok()) else {
+        return false;
+    };
+    let media_type = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    media_type == "application/json" || (media_type.starts_with("application/") && media_type.ends_with("+json"))
 }
 
 fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
@@ -125,11 +141,11 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
 pub async fn publish(
     State(state): State<AppState>,
     Path(name): Path<String>,
-    query: Result<Query<PublishQuery>, QueryRejection>,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(query) = query.map_err(query_error)?;
+    let query = PublishQuery::parse(raw.as_deref().unwrap_or_default())?;
     let durability = durability(&headers)?;
     let body = body.map_err(|rejection| ApiError {
         status: rejection.status(),
@@ -145,6 +161,16 @@ pub async fn publish(
         }
         (parse_envelopes(&body)?, true)
     } else {
+        // A body that says it is JSON and is not would be stored as text, and read back as
+        // `value_text` by clients that expect a value: refused instead.
+        if is_json(&headers)
+            && let Err(error) = serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+        {
+            return Err(ApiError::bad_request(
+                "bad_json",
+                format!("the body is not valid JSON, as its Content-Type says it is: {error}"),
+            ));
+        }
         let record = NewRecord {
             timestamp_ms: None,
             key: query.key.map(Bytes::from),
@@ -164,12 +190,50 @@ pub async fn publish(
     }))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A read's query.
+#[derive(Default)]
 pub struct ReadQuery {
     from: Option<String>,
     limit: Option<usize>,
     partition: Option<u32>,
+    subject: Option<SubjectFilter>,
+}
+
+impl ReadQuery {
+    fn parse(raw: &str) -> Result<ReadQuery, ApiError> {
+        let mut query = ReadQuery::default();
+        for (name, value) in super::query::pairs(raw)? {
+            match name.as_str() {
+                "from" => query.from = Some(value),
+                "limit" => {
+                    query.limit = Some(value.parse().map_err(|_| {
+                        ApiError::bad_request("bad_limit", format!("limit must be a number, not {value:?}"))
+                    })?);
+                }
+                "partition" => {
+                    query.partition = Some(value.parse().map_err(|_| {
+                        ApiError::bad_request("bad_query", format!("partition must be a number, not {value:?}"))
+                    })?);
+                }
+                "subject" => {
+                    query.subject =
+                        Some(SubjectFilter::parse(&value).map_err(|error| {
+                            ApiError::bad_request("bad_filter", format!("subject={value:?}: {error}"))
+                        })?);
+                }
+                other => {
+                    return Err(ApiError::bad_request(
+                        "bad_query",
+                        format!(
+                            "unknown parameter {other:?}: a read takes from, limit, partition and subject (a \
+                             subscription also takes field=value filters)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(query)
+    }
 }
 
 pub fn parse_position(text: Option<&str>) -> Result<Position, ApiError> {
@@ -301,7 +365,7 @@ pub async fn read_or_subscribe(
         let target = super::subscribe::Target::Stream(name.clone());
         // Refuse a bad first subscription before upgrading, in HTTP.
         let params = super::subscribe::Params::parse(&raw, &target)?;
-        state.engine.stream(&name)?;
+        super::subscribe::ensure_exists(&state, &target).await?;
         let request = super::ws::Request { subscription: "url".into(), target, params };
         let max = state.subscriptions_per_socket_max;
         return Ok(super::ws::configure(upgrade)
@@ -311,7 +375,7 @@ pub async fn read_or_subscribe(
     if super::sse::wants_events(&headers) {
         return super::sse::subscribe(state, super::subscribe::Target::Stream(name), &raw, &headers).await;
     }
-    let query: ReadQuery = typed_query(&raw)?;
+    let query = ReadQuery::parse(&raw)?;
     Ok(read(state, name, query).await?.into_response())
 }
 
@@ -321,17 +385,55 @@ async fn read(state: AppState, name: String, query: ReadQuery) -> Result<Json<Va
     if limit == 0 || limit > READ_LIMIT_MAX {
         return Err(ApiError::bad_request("bad_limit", format!("limit must be between 1 and {READ_LIMIT_MAX}")));
     }
-    let position = parse_position(query.from.as_deref())?;
-    let partitions: Vec<u32> = match query.partition {
-        Some(partition) => {
-            stream.partition(partition)?;
-            vec![partition]
+    let starts = read_starts(&stream, &name, query.from.as_deref(), query.partition)?;
+    let (records, next) = read_partitions(&stream, &starts, query.subject.as_ref(), limit)?;
+    // The same positions as a resume id, which `from` takes back: the way to continue a read of
+    // several partitions in one parameter (and to subscribe from where the read ended).
+    let mut next_from = String::new();
+    for (i, (partition, next)) in next.iter().enumerate() {
+        if i > 0 {
+            next_from.push(',');
         }
+        next_from.push_str(&format!("{partition}:{}", *next as i64 - 1));
+    }
+    let next: BTreeMap<String, u64> = next.into_iter().map(|(partition, next)| (partition.to_string(), next)).collect();
+    Ok(Json(json!({ "stream": name, "records": records, "next": next, "next_from": next_from })))
+}
+
+/// A partition and the offset a read starts (or goes on) from in it.
+type PartitionStart = (u32, u64);
+
+/// Where a read starts in each partition it reads: every partition (or the one `partition`
+/// names) from `from`, or, when `from` is a resume id (`0:41,1:-1`, a previous read's
+/// `next_from` or an event id), the partitions it lists, each right after its offset.
+fn read_starts(
+    stream: &Stream,
+    name: &str,
+    from: Option<&str>,
+    only: Option<u32>,
+) -> Result<Vec<(u32, u64)>, ApiError> {
+    if let Some(only) = only {
+        stream.partition(only)?;
+    }
+    if let Some(id) = from.filter(|from| from.contains(':') && !from.contains('T')) {
+        let listed = parse_read_id(id, stream.partition_count())
+            .map_err(|reason| ApiError::bad_request("bad_offset", format!("from={id:?}: {reason}")))?;
+        let Some(only) = only else { return Ok(listed) };
+        let found: Vec<(u32, u64)> = listed.into_iter().filter(|(partition, _)| *partition == only).collect();
+        if found.is_empty() {
+            return Err(ApiError::bad_request("bad_offset", format!("from={id:?} does not list partition {only}")));
+        }
+        return Ok(found);
+    }
+    let position = parse_position(from)?;
+    let partitions: Vec<u32> = match only {
+        Some(partition) => vec![partition],
         None if matches!(position, Position::Offset(_)) && stream.partition_count() > 1 => {
             return Err(ApiError::bad_request(
                 "bad_offset",
                 format!(
-                    "an offset is per partition: add partition=0..{} (stream {name:?} has {} partitions)",
+                    "an offset is per partition: add partition=0..{} (stream {name:?} has {} partitions), or give \
+                     from as partition:offset pairs (a read's next_from)",
                     stream.partition_count() - 1,
                     stream.partition_count()
                 ),
@@ -339,30 +441,76 @@ async fn read(state: AppState, name: String, query: ReadQuery) -> Result<Json<Va
         }
         None => (0..stream.partition_count()).collect(),
     };
-    let (records, next) = read_partitions(&stream, &partitions, position, limit)?;
-    Ok(Json(json!({ "stream": name, "records": records, "next": next })))
+    partitions.into_iter().map(|partition| Ok((partition, stream.resolve(partition, position)?))).collect()
 }
 
-/// Reads partition by partition until `limit` records; returns them and, per partition, the
-/// offset to continue from.
+/// `partition:offset` pairs (the offset last read, `-1` for none), each partition at most
+/// once, as (partition, the offset to read from) in the order given.
+fn parse_read_id(text: &str, partitions: u32) -> Result<Vec<(u32, u64)>, String> {
+    let mut starts: Vec<(u32, u64)> = Vec::new();
+    for part in text.split(',') {
+        let (partition, offset) =
+            part.trim().split_once(':').ok_or_else(|| format!("{part:?} is not partition:offset"))?;
+        let partition: u32 = partition.parse().map_err(|_| format!("bad partition in {part:?}"))?;
+        let offset: i64 = offset.parse().map_err(|_| format!("bad offset in {part:?}"))?;
+        if partition >= partitions || offset < -1 {
+            return Err(format!("{part:?} does not fit a stream of {partitions} partitions"));
+        }
+        if starts.iter().any(|(seen, _)| *seen == partition) {
+            return Err(format!("partition {partition} is listed twice"));
+        }
+        starts.push((partition, (offset + 1) as u64));
+    }
+    Ok(starts)
+}
+
+/// Records one read scans at most when it filters by subject, so a filter that matches little
+/// cannot make one request read a whole stream; `next` says where to go on.
+const READ_SCAN_RECORDS_MAX: usize = 100_000;
+/// Records read at a time while filtering.
+const READ_SCAN_CHUNK: usize = 1_000;
+
+/// Reads partition by partition until `limit` records (those whose subject `subject` matches,
+/// when given); returns them and, per partition, the offset to continue from.
 fn read_partitions(
     stream: &Stream,
-    partitions: &[u32],
-    position: Position,
+    starts: &[(u32, u64)],
+    subject: Option<&SubjectFilter>,
     limit: usize,
-) -> Result<(Vec<Value>, BTreeMap<String, u64>), ApiError> {
+) -> Result<(Vec<Value>, Vec<PartitionStart>), ApiError> {
     let mut records = Vec::new();
-    let mut next = BTreeMap::new();
-    for &partition in partitions {
-        let from = stream.resolve(partition, position)?;
-        let left = limit - records.len();
-        let read = if left == 0 {
-            Vec::new()
-        } else {
-            stream.read(partition, Position::Offset(from), left, READ_BYTES_MAX)?
-        };
-        next.insert(partition.to_string(), read.last().map_or(from, |record| record.offset + 1));
-        records.extend(read.iter().map(|record| record_json(partition, record)));
+    let mut next = Vec::with_capacity(starts.len());
+    let mut scanned = 0;
+    for &(partition, from) in starts {
+        let mut at = from;
+        'partition: while records.len() < limit && scanned < READ_SCAN_RECORDS_MAX {
+            let want = match subject {
+                None => limit - records.len(),
+                Some(_) => READ_SCAN_CHUNK.min(READ_SCAN_RECORDS_MAX - scanned),
+            };
+            let read = stream.read(partition, Position::Offset(at), want, READ_BYTES_MAX)?;
+            if read.is_empty() {
+                break;
+            }
+            for record in &read {
+                at = record.offset + 1;
+                scanned += 1;
+                let wanted = subject
+                    .is_none_or(|filter| record.subject.as_ref().is_some_and(|text| filter.matches(text.as_str())));
+                if wanted {
+                    records.push(record_json(partition, record));
+                    if records.len() == limit {
+                        break 'partition;
+                    }
+                }
+            }
+            if subject.is_none() {
+                // Unfiltered, one read is this partition's share (it stopped at the limit or
+                // at the read's byte budget); the next partitions get what is left.
+                break;
+            }
+        }
+        next.push((partition, at));
     }
     Ok((records, next))
 }

@@ -16,7 +16,6 @@
 use std::io::Write as _;
 
 use axum::body::Bytes;
-use axum::extract::Query;
 use onehop_engine::hub::{Change, Cursor, Event};
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::{Filter, Row, Stream};
@@ -97,13 +96,8 @@ pub struct Params {
 impl Params {
     /// Parses a raw query string for a subscription to `target`.
     pub fn parse(raw: &str, target: &Target) -> Result<Params, ApiError> {
-        let uri: axum::http::Uri = format!("/?{raw}")
-            .parse()
-            .map_err(|_| ApiError::bad_request("bad_query", "the query string is not valid in a URL"))?;
-        let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(&uri)
-            .map_err(|rejection| ApiError::bad_request("bad_query", rejection.body_text()))?;
         let mut params = Params::default();
-        for (name, value) in pairs {
+        for (name, value) in super::query::pairs(raw)? {
             match name.as_str() {
                 "from" => params.from = Some(value),
                 "subject" => {
@@ -169,6 +163,19 @@ impl Params {
         }
         Ok(params)
     }
+}
+
+/// Checks that `target` exists before a subscription to it opens. A stream that does not is
+/// created, when the server creates streams on first use (`auto_create`): subscribers often
+/// start before publishers, as NATS, MQTT and Kafka clients may. Tables and views are never
+/// created this way: they need a definition.
+pub async fn ensure_exists(state: &AppState, target: &Target) -> Result<(), ApiError> {
+    match target {
+        Target::Stream(name) => drop(state.engine.stream_or_create(name).await?),
+        Target::Table(name) | Target::Row { table: name, .. } => drop(state.engine.table(name)?),
+        Target::View { view, .. } => drop(state.engine.view(view)?),
+    }
+    Ok(())
 }
 
 /// A started subscription: its snapshot (if asked for), each row encoded as the JSON of a

@@ -166,11 +166,7 @@ pub(super) async fn maybe_subscribe(
     if let Ok(upgrade) = upgrade {
         // Refuse a bad first subscription before upgrading, in HTTP.
         let params = Params::parse(raw, &target)?;
-        match &target {
-            Target::Stream(name) => drop(state.engine.stream(name)?),
-            Target::Table(name) | Target::Row { table: name, .. } => drop(state.engine.table(name)?),
-            Target::View { view, .. } => drop(state.engine.view(view)?),
-        }
+        super::subscribe::ensure_exists(state, &target).await?;
         let request = super::ws::Request { subscription: "url".into(), target, params };
         let state = state.clone();
         let max = state.subscriptions_per_socket_max;
@@ -234,11 +230,7 @@ pub async fn query_rows(
     if let Some(response) = maybe_subscribe(&state, Target::Table(table.clone()), &raw, &headers, upgrade).await? {
         return Ok(response);
     }
-    let uri: axum::http::Uri = format!("/?{raw}")
-        .parse()
-        .map_err(|_| ApiError::bad_request("bad_query", "the query string is not valid in a URL"))?;
-    let axum::extract::Query(pairs) = axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
-        .map_err(|rejection| ApiError::bad_request("bad_query", rejection.body_text()))?;
+    let pairs = super::query::pairs(&raw)?;
     let (mut limit, mut after, mut scan, mut conditions) = (QUERY_LIMIT_DEFAULT, None, false, Vec::new());
     for (name, value) in pairs {
         match name.as_str() {

@@ -246,7 +246,12 @@ pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>,
                     Some(Ok(Message::Text(text))) if text.len() <= COMMAND_BYTES_MAX => {
                         match serde_json::from_str::<Command>(&text) {
                             Ok(Command::Subscribe { subscription, url, stream, subject, from }) => {
-                                match Request::from_command(subscription.clone(), url, stream, subject, from) {
+                                let request = Request::from_command(subscription.clone(), url, stream, subject, from);
+                                let ready = match request {
+                                    Ok(request) => super::subscribe::ensure_exists(&state, &request.target).await.map(|()| request),
+                                    Err(error) => Err(error),
+                                };
+                                match ready {
                                     Ok(request) => subscribe(request, &mut subscriptions),
                                     Err(error) => error_message(Some(&subscription), &error),
                                 }

@@ -227,7 +227,7 @@ async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusa
         ));
     }
     broker.engine.stream_or_create(first).await.map_err(|error| match error {
-        EngineError::UnknownStream(_) => (Refusal::NotAuthorized, error.to_string()),
+        EngineError::UnknownStream { .. } => (Refusal::NotAuthorized, error.to_string()),
         EngineError::InvalidName { .. } => (Refusal::TopicInvalid, error.to_string()),
         other => (Refusal::Unavailable, other.to_string()),
     })
