@@ -4,6 +4,8 @@
 //! bad input, and acknowledged publishes surviving kill -9.
 
 mod common;
+#[path = "mqtt/raw.rs"]
+mod raw;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -735,4 +737,39 @@ fn v5_no_local_will_delay_and_ending_a_session_at_disconnect() {
         "a client back within its will delay sends no will"
     );
     assert_eq!(check(&checks, "session_ended")[0]["present"], false);
+}
+
+/// MQTT 5 counts a QoS 2 publish against the server's receive maximum until the PUBCOMP that
+/// ends its exchange, not until its PUBREC: a client holding more unreleased than that gets
+/// DISCONNECT 0x93 (receive maximum exceeded). Sent as raw bytes: paho keeps to the limit.
+#[test]
+fn unreleased_qos2_publishes_count_against_the_receive_maximum_until_pubcomp() {
+    let (server, _dir) = server();
+    let mut client = raw::RawClient::connect(server.mqtt_address, &raw::connect(true, "hoarder", true));
+    let connack = client.expect(2);
+    assert_eq!(connack.body[1], 0, "accepted: {connack:02x?}");
+    let receive_maximum = raw::receive_maximum(&connack);
+    assert!(receive_maximum < u16::MAX - 2, "a receive maximum is announced: {connack:02x?}");
+    // As many QoS 2 publishes as the server takes at once, none released: each gets its PUBREC.
+    let publishes: Vec<u8> = (1..=receive_maximum)
+        .flat_map(|id| raw::publish_v5("quota/q2", 2, id, &[], format!("m{id}").as_bytes()))
+        .collect();
+    client.send(&publishes);
+    for id in 1..=receive_maximum {
+        let pubrec = client.expect(5);
+        assert_eq!((raw::packet_id(&pubrec), raw::ack_reason(&pubrec)), (id, 0), "{pubrec:02x?}");
+    }
+    // Releasing one makes room for exactly one more.
+    client.send(&raw::pubrel(1));
+    let pubcomp = client.expect(7);
+    assert_eq!(raw::packet_id(&pubcomp), 1);
+    let next = receive_maximum + 1;
+    client.send(&raw::publish_v5("quota/q2", 2, next, &[], b"fits"));
+    let pubrec = client.expect(5);
+    assert_eq!((raw::packet_id(&pubrec), raw::ack_reason(&pubrec)), (next, 0), "{pubrec:02x?}");
+    // One over: DISCONNECT with reason 0x93, then the connection closes.
+    client.send(&raw::publish_v5("quota/q2", 2, next + 1, &[], b"one too many"));
+    let disconnect = client.expect(14);
+    assert_eq!(disconnect.body.first(), Some(&0x93), "{disconnect:02x?}");
+    assert!(client.packet().is_none(), "closed after the DISCONNECT");
 }

@@ -20,7 +20,7 @@ use rmqtt_codec::v5::PublishProperties;
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
@@ -29,6 +29,7 @@ use super::Broker;
 use super::proto::{
     Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for,
 };
+use super::quota::InboundQuota;
 use super::sessions::{StoredRelease, StoredSession, StoredSubscription};
 
 /// The record header holding the QoS a message was published with.
@@ -523,7 +524,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         subscriptions: HashMap::new(),
         acks_tx,
         deliveries_tx,
-        inbound_permits: Arc::new(Semaphore::new(usize::from(broker.config.receive_max))),
+        quota: InboundQuota::new(broker.config.receive_max),
         persistent: connect.session_expiry_secs > 0,
         session_expiry_secs: connect.session_expiry_secs,
         session_written: Instant::now(),
@@ -649,8 +650,8 @@ struct Session {
     subscriptions: HashMap<String, SubscriptionHandle>,
     acks_tx: mpsc::Sender<Ack>,
     deliveries_tx: mpsc::Sender<Outbound>,
-    /// Inbound QoS 1/2 publishes not yet acknowledged, at most our receive maximum.
-    inbound_permits: Arc<Semaphore>,
+    /// Inbound QoS 1/2 publishes not yet done with, at most our receive maximum.
+    quota: InboundQuota,
     /// Whether this connection's session outlives it (clean_session = 0, or a v5 expiry).
     persistent: bool,
     /// The session's expiry, stored with it.
@@ -1050,6 +1051,7 @@ impl Session {
             }
             Inbound::PubRel(packet_id) => {
                 self.awaiting_release.remove(&packet_id);
+                self.quota.release(packet_id);
                 self.in_doubt.remove(&packet_id);
                 self.encoded(|codec, out| codec.publish_ack2(false, packet_id, out))
             }
@@ -1180,18 +1182,18 @@ impl Session {
         }
         let permit: Option<OwnedSemaphorePermit> = match (qos, self.codec.version()) {
             (QoS::AtMostOnce, _) => None,
-            (_, Version::V5) => match self.inbound_permits.clone().try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
+            (_, Version::V5) => match self.quota.try_take() {
+                Some(permit) => Some(permit),
+                None => {
                     return Some(Close::abnormal(
                         Goodbye::ReceiveMaximumExceeded,
-                        "more unacknowledged QoS 1/2 publishes than the receive maximum",
+                        "more QoS 1/2 publishes outstanding than the receive maximum (QoS 2 until PUBCOMP)",
                     ));
                 }
             },
-            // v3 has no receive maximum: a client that outruns the disk waits here.
-            (_, Version::V3) => self.inbound_permits.clone().acquire_owned().await.ok(),
+            (_, Version::V3) => self.quota.take().await,
         };
+        let permit = self.hold_until_release(qos, packet_id, permit);
         let mut headers = message_headers(qos, user_properties, expiry, retain);
         let exactly_once = qos == QoS::ExactlyOnce && self.persistent;
         if self.codec.version() == Version::V5 || exactly_once {
@@ -1303,6 +1305,26 @@ impl Session {
         None
     }
 
+    /// A v5 QoS 2 publish counts against the receive maximum until its PUBCOMP: its permit is
+    /// kept until the PUBREL (or its refusal, in [`Self::send_ack`]) instead of going with
+    /// its PUBREC. Other permits are returned as they are. Not in 3.1.1, which has no receive
+    /// maximum: a publish waits for a permit there, and one held for a PUBREL that is queued
+    /// behind it would never come.
+    fn hold_until_release(
+        &mut self,
+        qos: QoS,
+        packet_id: Option<NonZeroU16>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Option<OwnedSemaphorePermit> {
+        match (qos, packet_id, permit, self.codec.version()) {
+            (QoS::ExactlyOnce, Some(packet_id), Some(permit), Version::V5) => {
+                self.quota.hold_until_release(packet_id, permit);
+                None
+            }
+            (_, _, permit, _) => permit,
+        }
+    }
+
     /// Notes an incoming QoS 2 message as stored until its PUBREL; a persistent session notes
     /// where, and writes it down before the message is queued.
     fn await_release(&mut self, packet_id: NonZeroU16, stream: &Stream, partition: u32) {
@@ -1407,8 +1429,12 @@ impl Session {
 
     fn send_ack(&mut self, ack: Ack) -> Option<Close> {
         if let Err((_, reason)) = &ack.outcome {
-            for (_, packet_id) in &ack.packets {
+            for (qos, packet_id) in &ack.packets {
                 self.awaiting_release.remove(packet_id);
+                if *qos == QoS::ExactlyOnce {
+                    // A refused QoS 2 publish is done with at its PUBREC.
+                    self.quota.release(*packet_id);
+                }
             }
             if self.codec.version() == Version::V3 {
                 return Some(Close::abnormal(Goodbye::Unavailable, reason.clone()));

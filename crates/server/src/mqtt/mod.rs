@@ -31,6 +31,7 @@
 
 mod connection;
 pub mod proto;
+mod quota;
 pub mod retained;
 pub mod sessions;
 
