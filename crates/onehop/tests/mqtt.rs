@@ -773,3 +773,21 @@ fn unreleased_qos2_publishes_count_against_the_receive_maximum_until_pubcomp() {
     assert_eq!(disconnect.body.first(), Some(&0x93), "{disconnect:02x?}");
     assert!(client.packet().is_none(), "closed after the DISCONNECT");
 }
+
+/// An empty client id cannot name a session that outlives the connection: MQTT 3.1.1 refuses
+/// it with CONNACK 0x02 (identifier rejected), MQTT 5 with CONNACK 0x85 (client identifier
+/// not valid). Either way the first packet the client gets is a CONNACK, not a DISCONNECT or
+/// a closed socket.
+#[test]
+fn an_empty_client_id_with_a_persistent_session_is_refused_by_connack() {
+    let (server, _dir) = server();
+    let v311 = raw_exchange(server.mqtt_address, &raw::connect(false, "", false));
+    assert_eq!(v311, [0x20, 0x02, 0x00, 0x02], "3.1.1: identifier rejected");
+    let v5 = raw_exchange(server.mqtt_address, &raw::connect(true, "", false));
+    assert_eq!(v5.first(), Some(&0x20), "5.0: a CONNACK first: {v5:02x?}");
+    assert_eq!(v5.get(3), Some(&0x85), "5.0: client identifier not valid: {v5:02x?}");
+    assert_eq!(v5.len(), 2 + usize::from(v5[1]), "5.0: the CONNACK and nothing after it: {v5:02x?}");
+    // With a clean session an empty id is still welcome (and gets an id of its own).
+    let v311 = raw_exchange(server.mqtt_address, &raw::connect(false, "", true));
+    assert_eq!(v311, [0x20, 0x02, 0x00, 0x00]);
+}

@@ -27,7 +27,8 @@ use tokio_util::codec::Decoder;
 
 use super::Broker;
 use super::proto::{
-    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for,
+    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will,
+    connect_refusal_for, goodbye_for,
 };
 use super::quota::InboundQuota;
 use super::sessions::{StoredRelease, StoredSession, StoredSubscription};
@@ -186,7 +187,7 @@ async fn handshake<S: AsyncRead + AsyncWrite>(
             Err(error) => {
                 tracing::debug!(%error, "MQTT CONNECT refused");
                 let mut out = BytesMut::new();
-                if codec.disconnect(goodbye_for(&error), &error.to_string(), &mut out).is_ok() {
+                if codec.connack(Err(connect_refusal_for(&error)), &mut out).is_ok() {
                     let _ = writer.write_all(&out).await;
                 }
                 return None;

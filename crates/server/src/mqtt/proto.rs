@@ -289,6 +289,8 @@ impl Codec {
                     Err(ConnectRefusal::BadClientId) => v3::ConnectAckReason::IdentifierRejected,
                     Err(ConnectRefusal::NotAuthorized) => v3::ConnectAckReason::BadUserNameOrPassword,
                     Err(ConnectRefusal::Unavailable) => v3::ConnectAckReason::ServiceUnavailable,
+                    // 3.1.1 has no return code for a CONNECT it cannot read: it just closes.
+                    Err(ConnectRefusal::Unreadable(_)) => return Ok(()),
                 };
                 let ack = v3::ConnectAck { return_code, session_present };
                 Self::put3(codec, v3::Packet::ConnectAck(ack), out)
@@ -314,6 +316,11 @@ impl Codec {
                             ConnectRefusal::BadClientId => v5::ConnectAckReason::ClientIdentifierNotValid,
                             ConnectRefusal::NotAuthorized => v5::ConnectAckReason::NotAuthorized,
                             ConnectRefusal::Unavailable => v5::ConnectAckReason::ServerUnavailable,
+                            ConnectRefusal::Unreadable(Goodbye::PacketTooLarge) => v5::ConnectAckReason::PacketTooLarge,
+                            ConnectRefusal::Unreadable(Goodbye::MalformedPacket) => {
+                                v5::ConnectAckReason::MalformedPacket
+                            }
+                            ConnectRefusal::Unreadable(_) => v5::ConnectAckReason::ProtocolError,
                         };
                     }
                 }
@@ -515,6 +522,18 @@ pub enum ConnectRefusal {
     BadClientId,
     NotAuthorized,
     Unavailable,
+    /// The CONNECT could not be decoded, for the reason a DISCONNECT would give later on.
+    Unreadable(Goodbye),
+}
+
+/// The CONNACK refusal a CONNECT that did not decode deserves: the server may send no
+/// DISCONNECT before it has accepted the connection (MQTT 5, 3.14.0-1). An empty client id
+/// with a session that outlives the connection is one the codecs refuse to decode.
+pub fn connect_refusal_for(error: &DecodeError) -> ConnectRefusal {
+    match error {
+        DecodeError::InvalidClientId => ConnectRefusal::BadClientId,
+        other => ConnectRefusal::Unreadable(goodbye_for(other)),
+    }
 }
 
 /// The goodbye a decode error deserves.
