@@ -791,3 +791,16 @@ fn an_empty_client_id_with_a_persistent_session_is_refused_by_connack() {
     let v311 = raw_exchange(server.mqtt_address, &raw::connect(false, "", true));
     assert_eq!(v311, [0x20, 0x02, 0x00, 0x00]);
 }
+
+/// A topic alias of 0 is not a malformed packet but an invalid topic alias: DISCONNECT 0x94.
+#[test]
+fn topic_alias_zero_is_refused_as_an_invalid_topic_alias() {
+    let (server, _dir) = server();
+    let mut client = raw::RawClient::connect(server.mqtt_address, &raw::connect(true, "aliaser", true));
+    assert_eq!(client.expect(2).body[1], 0);
+    // Property 0x23 (topic alias) with the value 0.
+    client.send(&raw::publish_v5("alias/zero", 1, 1, &[0x23, 0x00, 0x00], b"m"));
+    let disconnect = client.expect(14);
+    assert_eq!(disconnect.body.first(), Some(&0x94), "{disconnect:02x?}");
+    assert!(client.packet().is_none(), "closed after the DISCONNECT");
+}

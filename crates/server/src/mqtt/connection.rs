@@ -1097,6 +1097,10 @@ impl Session {
             Inbound::Unexpected(name) => {
                 Some(Close::abnormal(Goodbye::ProtocolError, format!("{name} is not a packet a client sends")))
             }
+            Inbound::Invalid { goodbye, reason } => {
+                metrics::counter!("mqtt_protocol_errors_total").increment(1);
+                Some(Close::abnormal(goodbye, reason))
+            }
         }
     }
 

@@ -30,6 +30,7 @@
 //! there, so the log is the queue of what came while the client was away.
 
 mod connection;
+mod frame;
 pub mod proto;
 mod quota;
 pub mod retained;

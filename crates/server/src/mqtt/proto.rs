@@ -4,12 +4,14 @@
 
 use std::num::{NonZeroU16, NonZeroU32};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use bytestring::ByteString;
 use rmqtt_codec::error::{DecodeError, EncodeError};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::{v3, v5};
 use tokio_util::codec::{Decoder, Encoder};
+
+use super::frame;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
@@ -86,6 +88,12 @@ pub enum Inbound {
     },
     /// A packet only a server sends, or v5 AUTH (enhanced authentication is not offered).
     Unexpected(&'static str),
+    /// A packet refused before decoding, for a fault the codec would not name (it has been
+    /// taken out of the buffer).
+    Invalid {
+        goodbye: Goodbye,
+        reason: &'static str,
+    },
 }
 
 /// Why a publish or subscription was refused (v5 reason codes; v3 has no negative acks, so a
@@ -207,6 +215,9 @@ impl Codec {
                 }
             }
             Codec::V5(codec) => {
+                if let Some(refused) = refuse_before_decoding(buf, codec.max_inbound_size()) {
+                    return Ok(refused);
+                }
                 let Some((packet, _)) = codec.decode(buf)? else { return Ok(None) };
                 match packet {
                     v5::Packet::Connect(connect) => Inbound::Connect(Box::new(Connect {
@@ -533,6 +544,25 @@ pub fn connect_refusal_for(error: &DecodeError) -> ConnectRefusal {
     match error {
         DecodeError::InvalidClientId => ConnectRefusal::BadClientId,
         other => ConnectRefusal::Unreadable(goodbye_for(other)),
+    }
+}
+
+/// For a 5.0 connection, before the codec decodes what `buf` holds: `Some(None)` while the
+/// packet at its start has not all arrived (the codec is given whole packets only, see
+/// [`frame`]), `Some(Some(Invalid))` for a whole packet refused for what the codec would call
+/// malformed, `None` to go on decoding.
+fn refuse_before_decoding(buf: &mut BytesMut, remaining_max: u32) -> Option<Option<Inbound>> {
+    match frame::arrived(buf, remaining_max) {
+        frame::Arrived::Part(length) => {
+            buf.reserve(length - buf.len());
+            Some(None)
+        }
+        frame::Arrived::Whole(length) if frame::publish_topic_alias(&buf[..length]) == Some(0) => {
+            buf.advance(length);
+            let reason = "topic alias 0 is not a topic alias: they start at 1";
+            Some(Some(Inbound::Invalid { goodbye: Goodbye::TopicAliasInvalid, reason }))
+        }
+        frame::Arrived::Whole(_) | frame::Arrived::Unknown => None,
     }
 }
 
