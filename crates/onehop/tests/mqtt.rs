@@ -804,3 +804,45 @@ fn topic_alias_zero_is_refused_as_an_invalid_topic_alias() {
     assert_eq!(disconnect.body.first(), Some(&0x94), "{disconnect:02x?}");
     assert!(client.packet().is_none(), "closed after the DISCONNECT");
 }
+
+/// Payload format, content type, response topic and correlation data reach MQTT 5
+/// subscribers as published — live, as a retained message, and to a persistent session that
+/// was away — and show as record headers over HTTP; an HTTP publish can set them too.
+#[test]
+fn request_response_properties_travel_with_the_message() {
+    let (server, _dir) = server();
+    let checks = paho_checks_with(server.mqtt_address, &["properties", &port(server.address)]);
+    let expected = json!({
+        "format": 1,
+        "content_type": "application/json",
+        "response_topic": "rpc/replies/caller-7",
+        "correlation_hex": "0072657134322dff",
+        "user_properties": [["trace", "t-1"]],
+    });
+    for via in ["live", "retained", "session"] {
+        let got = check(&checks, "properties").into_iter().find(|check| check["via"] == via);
+        let got = got.unwrap_or_else(|| panic!("no message {via}: {checks:?}"));
+        for (name, value) in expected.as_object().unwrap() {
+            assert_eq!(&got[name], value, "{via}: {name} in {got}");
+        }
+    }
+    let from_http = check(&checks, "properties").into_iter().find(|check| check["via"] == "http").unwrap();
+    assert_eq!(from_http["response_topic"], "rpc/replies/http", "{from_http}");
+    assert_eq!(from_http["correlation_hex"], hex(b"from-http"), "{from_http}");
+    assert_eq!(from_http["content_type"], "text/plain", "{from_http}");
+
+    // Over HTTP: headers, the binary correlation data in base64.
+    let (status, body) = get(server.address, "/streams/rpc?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let record = &body["records"][0];
+    assert_eq!(record["headers"]["onehop-mqtt-payload-format"], "1", "{record}");
+    assert_eq!(record["headers"]["onehop-mqtt-content-type"], "application/json", "{record}");
+    assert_eq!(record["headers"]["onehop-mqtt-response-topic"], "rpc/replies/caller-7", "{record}");
+    assert_eq!(record["headers_base64"]["onehop-mqtt-correlation-data"], "AHJlcTQyLf8=", "{record}");
+    assert!(record["headers"].get("onehop-mqtt-correlation-data").is_none(), "not twice: {record}");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}

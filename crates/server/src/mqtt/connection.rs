@@ -16,7 +16,6 @@ use onehop_engine::subject::{SubjectFilter, validate_subject};
 use onehop_engine::{EngineError, Filter, Precondition, Stream, Table, Write};
 use onehop_log::{Durability, Headers, NewRecord, Text};
 use rmqtt_codec::types::{Publish, QoS};
-use rmqtt_codec::v5::PublishProperties;
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 
 use super::Broker;
+use super::headers::{EXPIRES_HEADER, MessageProperties, QOS_HEADER, RETAIN_HEADER, message_headers};
 use super::proto::{
     Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will,
     connect_refusal_for, goodbye_for,
@@ -33,17 +33,11 @@ use super::proto::{
 use super::quota::InboundQuota;
 use super::sessions::{StoredRelease, StoredSession, StoredSubscription};
 
-/// The record header holding the QoS a message was published with.
-const QOS_HEADER: &str = "onehop-mqtt-qos";
-/// The record header holding when a message expires (ms since the epoch), from v5 message expiry.
-const EXPIRES_HEADER: &str = "onehop-mqtt-expires";
 /// The record header naming the MQTT 5 client that published a message (for no local).
 const CLIENT_HEADER: &str = "onehop-mqtt-client";
 /// On a QoS 2 message of a persistent session: its packet id, to recognise a resend after a
 /// crash (with the client header).
 const PACKET_HEADER: &str = "onehop-mqtt-packet";
-/// The record header marking a message published with the retain flag.
-const RETAIN_HEADER: &str = "onehop-mqtt-retain";
 /// How long writing to a client may take before it is given up on.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -65,15 +59,6 @@ fn qos_rank(qos: QoS) -> u8 {
         QoS::AtLeastOnce => 1,
         QoS::ExactlyOnce => 2,
     }
-}
-
-/// The value of a message's QoS header.
-fn qos_header_value(qos: QoS) -> Bytes {
-    Bytes::from_static(match qos {
-        QoS::AtMostOnce => b"0",
-        QoS::AtLeastOnce => b"1",
-        QoS::ExactlyOnce => b"2",
-    })
 }
 
 /// Acknowledgements ready to send (in order), from the task that waited for their records.
@@ -287,26 +272,6 @@ impl Streams {
     }
 }
 
-/// The record headers of a message: its user properties, QoS, expiry and retain flag.
-fn message_headers(
-    qos: QoS,
-    user_properties: Vec<(String, String)>,
-    expiry_secs: Option<u32>,
-    retain: bool,
-) -> Vec<(Text, Bytes)> {
-    let mut headers: Vec<(Text, Bytes)> = Vec::with_capacity(user_properties.len() + 4);
-    headers.extend(user_properties.into_iter().map(|(name, value)| (Text::from(name), Bytes::from(value))));
-    headers.push((Text::from_static(QOS_HEADER), qos_header_value(qos)));
-    if let Some(secs) = expiry_secs {
-        let expires = (now_ms() + i64::from(secs) * 1000).to_string();
-        headers.push((Text::from_static(EXPIRES_HEADER), Bytes::from(expires)));
-    }
-    if retain {
-        headers.push((Text::from_static(RETAIN_HEADER), Bytes::from_static(b"1")));
-    }
-    headers
-}
-
 /// Where a session's last publish went: its topic, the stream and partition it resolved to,
 /// and the catalog generation that held while it did. A publisher mostly repeats one topic,
 /// and resolving it (checking it, looking for a view, a table and a routed stream, hashing
@@ -414,7 +379,7 @@ fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Durat
                 return;
             }
         }
-        let headers = message_headers(will.qos, will.user_properties, will.message_expiry_secs, will.retain);
+        let headers = message_headers(will.qos, will.properties, will.retain, now_ms());
         let queued = append(&broker, &Text::from(&will.topic), will.payload.clone(), will.qos, headers.clone()).await;
         match queued {
             Ok(queued) => {
@@ -1123,7 +1088,7 @@ impl Session {
         let Ok(mut topic) = Text::from_utf8(topic.into_bytes()) else {
             return Some(Close::abnormal(Goodbye::ProtocolError, "the topic is not valid UTF-8"));
         };
-        let (mut user_properties, mut expiry) = (Vec::new(), None);
+        let mut message_properties = MessageProperties::default();
         if let Some(properties) = properties {
             if let Some(alias) = properties.topic_alias {
                 if alias.get() > self.broker.config.topic_alias_max {
@@ -1148,8 +1113,10 @@ impl Session {
                     self.aliases.insert(alias.get(), Text::from(topic.as_str()));
                 }
             }
-            user_properties = properties.user_properties.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-            expiry = properties.message_expiry_interval.map(NonZeroU32::get);
+            message_properties = MessageProperties::of_publish(&properties);
+            if let Some(fault) = message_properties.fault() {
+                return Some(Close::abnormal(Goodbye::ProtocolError, fault));
+            }
         }
         let refuse = |this: &mut Self, refusal: Refusal, reason: String| -> Option<Close> {
             match (qos, packet_id, this.codec.version()) {
@@ -1199,7 +1166,7 @@ impl Session {
             (_, Version::V3) => self.quota.take().await,
         };
         let permit = self.hold_until_release(qos, packet_id, permit);
-        let mut headers = message_headers(qos, user_properties, expiry, retain);
+        let mut headers = message_headers(qos, message_properties, retain, now_ms());
         let exactly_once = qos == QoS::ExactlyOnce && self.persistent;
         if self.codec.version() == Version::V5 || exactly_once {
             // A 5.0 subscription can ask not to get its own client's messages back.
@@ -1652,23 +1619,8 @@ impl Session {
         }
         let topic = message_topic(&event);
         let packet_id = (qos != QoS::AtMostOnce).then(|| self.allocate_packet_id());
-        let properties = (self.codec.version() == Version::V5).then(|| PublishProperties {
-            topic_alias: None,
-            correlation_data: None,
-            message_expiry_interval: expiry,
-            content_type: None,
-            user_properties: record
-                .headers
-                .iter()
-                .filter(|(name, _)| !name.starts_with("onehop-"))
-                .map(|(name, value)| {
-                    (ByteString::from(name), ByteString::from(String::from_utf8_lossy(value).into_owned()))
-                })
-                .collect(),
-            is_utf8_payload: false,
-            response_topic: None,
-            subscription_ids: subscription_id.into_iter().collect(),
-        });
+        let properties = (self.codec.version() == Version::V5)
+            .then(|| super::headers::publish_properties(&record.headers, expiry, subscription_id));
         let retain = retain || (retain_as_published && header(RETAIN_HEADER).is_some());
         let publish = Publish {
             // DUP only means something for QoS 1 and 2 (and must be 0 at QoS 0).

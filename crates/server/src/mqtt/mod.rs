@@ -4,7 +4,7 @@
 //!
 //! A PUBLISH to `sensors/room-1/temp` appends a record to the stream named by the topic's first
 //! level (`sensors`, created on first use when `auto_create` is on) with the topic as its
-//! subject, the payload as its value and v5 user properties as headers. Records of one topic
+//! subject, the payload as its value and v5 properties as headers ([`headers`]). Records of one topic
 //! stay in one partition (chosen by the topic's hash), so they keep their order. A QoS 1 or 2
 //! publish is acknowledged only once its record is durable at the stream's durability; QoS 0
 //! is written `async`.
@@ -31,6 +31,7 @@
 
 mod connection;
 mod frame;
+pub mod headers;
 pub mod proto;
 mod quota;
 pub mod retained;

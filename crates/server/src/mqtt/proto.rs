@@ -12,6 +12,7 @@ use rmqtt_codec::{v3, v5};
 use tokio_util::codec::{Decoder, Encoder};
 
 use super::frame;
+use super::headers::MessageProperties;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
@@ -26,8 +27,7 @@ pub struct Will {
     pub payload: Bytes,
     pub qos: QoS,
     pub retain: bool,
-    pub user_properties: Vec<(String, String)>,
-    pub message_expiry_secs: Option<u32>,
+    pub properties: MessageProperties,
     /// v5: seconds to wait before sending the will (it is not sent if the client is back).
     pub delay_secs: u32,
 }
@@ -177,8 +177,7 @@ impl Codec {
                             payload: will.message.clone(),
                             qos: will.qos,
                             retain: will.retain,
-                            user_properties: Vec::new(),
-                            message_expiry_secs: None,
+                            properties: MessageProperties::default(),
                             delay_secs: 0,
                         }),
                         receive_max: u16::MAX,
@@ -232,8 +231,7 @@ impl Codec {
                             payload: will.message.clone(),
                             qos: will.qos,
                             retain: will.retain,
-                            user_properties: will.user_properties.iter().map(|(k, v)| (text(k), text(v))).collect(),
-                            message_expiry_secs: will.message_expiry_interval.map(NonZeroU32::get),
+                            properties: will_properties(will),
                             delay_secs: will.will_delay_interval_sec.unwrap_or(0),
                         }),
                         receive_max: connect.receive_max.map_or(u16::MAX, NonZeroU16::get),
@@ -515,6 +513,18 @@ impl Codec {
             user_properties: Vec::new(),
         };
         Self::put5(codec, v5::Packet::Disconnect(disconnect), out)
+    }
+}
+
+/// The message properties of a v5 will, copied out of the CONNECT's read buffer.
+fn will_properties(will: &v5::LastWill) -> MessageProperties {
+    MessageProperties {
+        user_properties: will.user_properties.iter().map(|(k, v)| (text(k), text(v))).collect(),
+        expiry_secs: will.message_expiry_interval.map(NonZeroU32::get),
+        payload_utf8: will.is_utf8_payload.unwrap_or(false),
+        content_type: will.content_type.as_ref().map(text),
+        response_topic: will.response_topic.as_ref().map(text),
+        correlation_data: will.correlation_data.as_deref().map(Bytes::copy_from_slice),
     }
 }
 
