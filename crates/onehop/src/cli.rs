@@ -125,6 +125,11 @@ pub struct ServeArgs {
     /// Log filter, e.g. `info` or `onehop_log=debug,info` [default: info].
     #[arg(long, env = "ONEHOP_LOG", value_name = "FILTER")]
     pub log: Option<String>,
+
+    /// The stream that takes MQTT topics whose first level is empty (`/devices/1`), since a
+    /// first level names a stream and an empty one cannot [default: root].
+    #[arg(long, env = "ONEHOP_MQTT_EMPTY_FIRST_LEVEL_STREAM", value_name = "NAME")]
+    pub mqtt_empty_first_level_stream: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -846,3 +846,56 @@ fn request_response_properties_travel_with_the_message() {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
+
+/// `/devices/1` (an empty first level, common on devices) goes to the stream set by
+/// `mqtt_empty_first_level_stream` (`root` unless set), and subscriptions find it there; `$`
+/// topics stay reserved for the server: publishing to one is refused, subscribing is allowed
+/// (and brings nothing yet).
+#[test]
+fn an_empty_first_level_goes_to_its_own_stream_and_dollar_topics_stay_reserved() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    let devices = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "/devices/+", "-F", "MSG %t %p"], 1);
+    let everything = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "#", "-F", "MSG %t %p"], 2);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "/devices/1", "-m", "on"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "devices/2", "-m", "not under /devices"]);
+    assert_eq!(sub_output(devices), ["/devices/1 on"]);
+    let mut got = sub_output(everything);
+    got.sort();
+    assert_eq!(got, ["/devices/1 on", "devices/2 not under /devices"]);
+    let (status, body) = get(server.address, "/streams/root?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["records"][0]["subject"], "/devices/1", "{body}");
+
+    // $ topics: a publish is refused, with the reason; a subscription is granted.
+    let output = tool("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-t", "$SYS/broker/x", "-m", "m"])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("Topic Name invalid") && said.contains("reserved"), "{said}");
+    let mut client = raw::RawClient::connect(mqtt, &raw::connect(true, "sys-watcher", true));
+    assert_eq!(client.expect(2).body[1], 0);
+    client.send(&raw::subscribe_v5(1, "$SYS/#", 1));
+    let suback = client.expect(9);
+    // Packet id, no properties, then the granted QoS.
+    assert_eq!(suback.body, [0x00, 0x01, 0x00, 0x01], "granted QoS 1: {suback:02x?}");
+
+    // The stream is a setting.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let server = start(dir.path(), &args, &[("ONEHOP_MQTT_EMPTY_FIRST_LEVEL_STREAM", "leading-slash")]);
+    mosquitto_pub(server.mqtt_address, &["-q", "1", "-t", "/x", "-m", "m"]);
+    let (status, body) = get(server.address, "/streams/leading-slash?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"subject\":\"/x\""), "{body}");
+    // A name no stream can have is refused at start, naming the setting.
+    let output = common::onehop()
+        .args(["serve", "--data-dir", data.to_str().unwrap(), "--mqtt-empty-first-level-stream", "no spaces"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && said.contains("mqtt_empty_first_level_stream"), "{said}");
+}

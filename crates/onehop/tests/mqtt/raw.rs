@@ -123,6 +123,15 @@ pub fn pubrel(packet_id: u16) -> Vec<u8> {
     packet(0x62, &packet_id.to_be_bytes())
 }
 
+/// A 5.0 SUBSCRIBE of one filter at `qos`.
+pub fn subscribe_v5(packet_id: u16, filter: &str, qos: u8) -> Vec<u8> {
+    let mut body = packet_id.to_be_bytes().to_vec();
+    body.push(0);
+    body.extend_from_slice(&string(filter.as_bytes()));
+    body.push(qos);
+    packet(0x82, &body)
+}
+
 /// The packet id at the start of an acknowledgement's body.
 pub fn packet_id(packet: &Packet) -> u16 {
     u16::from_be_bytes([packet.body[0], packet.body[1]])

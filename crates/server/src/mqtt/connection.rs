@@ -200,14 +200,20 @@ fn generated_client_id(connection: u64) -> String {
     format!("onehop-{connection:x}-{:x}", now_ms())
 }
 
+/// The name of the stream a topic's first level names: the level itself, or for an empty one
+/// (`/devices/1`, common on devices) the stream set for those (`empty_first_level_stream`).
+fn named_stream<'a>(broker: &'a Broker, first: &'a str) -> &'a str {
+    if first.is_empty() { &broker.config.empty_first_level_stream } else { first }
+}
+
 /// The stream a published topic goes to: the one whose declared `mqtt_topic` matches it, else
 /// the one its first level names (created on first use when allowed).
 async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusal, String)> {
     if let Some(stream) = broker.engine.stream_for_mqtt_topic(topic) {
         return Ok(stream);
     }
-    let first = topic.split('/').next().unwrap_or_default();
-    if first.is_empty() || first.starts_with('$') || first == "+" || first == "#" {
+    let first = named_stream(broker, topic.split('/').next().unwrap_or_default());
+    if first.starts_with('$') || first == "+" || first == "#" {
         return Err((
             Refusal::TopicInvalid,
             format!("{topic:?}: the first level names a stream, so it must be a name, not {first:?}"),
@@ -231,26 +237,31 @@ fn view_of(broker: &Broker, topic: &str) -> Option<Arc<onehop_engine::view::View
 type Starts = Vec<(Arc<Stream>, Vec<u64>)>;
 
 /// The streams a subscription's topic filter can find messages in: every stream for a
-/// wildcard first level; else the stream the first level names and each stream whose declared
-/// `mqtt_topic` overlaps the filter — now or when such a stream is created later.
+/// wildcard first level; none for a `$` topic (those are the server's, and no stream holds
+/// them); else the stream the first level names and each stream whose declared `mqtt_topic`
+/// overlaps the filter — now or when such a stream is created later.
 #[derive(Clone)]
 enum Streams {
     Every,
-    Some { first: String, filter: SubjectFilter },
+    Reserved,
+    Some { named: String, filter: SubjectFilter },
 }
 
 impl Streams {
     /// The streams of `filter`, or why a subscription to it can never get a message.
     fn of(broker: &Broker, filter: &SubjectFilter) -> Result<Streams, (Refusal, String)> {
         let Some(first) = filter.first_level() else { return Ok(Streams::Every) };
-        let streams = Streams::Some { first: first.to_string(), filter: filter.clone() };
+        if first.starts_with('$') {
+            // Granted, as other brokers do, so a client that watches `$SYS/#` works; nothing
+            // is published there yet.
+            return Ok(Streams::Reserved);
+        }
+        let first = named_stream(broker, first);
+        let streams = Streams::Some { named: first.to_string(), filter: filter.clone() };
         let routed =
             broker.engine.streams().iter().any(|stream| stream.mqtt_route().is_some() && streams.wants(stream));
         if routed || broker.engine.stream(first).is_ok() {
             return Ok(streams);
-        }
-        if first.starts_with('$') {
-            return Err((Refusal::TopicInvalid, format!("{filter}: topics starting with $ are reserved")));
         }
         onehop_engine::validate_name(first).map_err(|error| (Refusal::TopicInvalid, error.to_string()))?;
         if !broker.engine.options().auto_create {
@@ -265,8 +276,9 @@ impl Streams {
     fn wants(&self, stream: &Stream) -> bool {
         match self {
             Streams::Every => true,
-            Streams::Some { first, filter } => {
-                stream.name() == first || stream.mqtt_route().is_some_and(|route| route.overlaps(filter))
+            Streams::Reserved => false,
+            Streams::Some { named, filter } => {
+                stream.name() == named || stream.mqtt_route().is_some_and(|route| route.overlaps(filter))
             }
         }
     }
