@@ -899,3 +899,32 @@ fn an_empty_first_level_goes_to_its_own_stream_and_dollar_topics_stay_reserved()
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && said.contains("mqtt_empty_first_level_stream"), "{said}");
 }
+
+/// `mqtt_subscriptions` counts the subscriptions of connected clients: it goes back down
+/// when a client leaves without unsubscribing, whether it says DISCONNECT or just vanishes.
+#[test]
+fn the_subscriptions_gauge_follows_clients_that_leave() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "gauge/a", "-t", "gauge/b", "-F", "MSG %t %p"], 1);
+    let mut vanishing = raw::RawClient::connect(mqtt, &raw::connect(true, "vanishing", true));
+    vanishing.expect(2);
+    vanishing.send(&raw::subscribe_v5(1, "gauge/#", 1));
+    vanishing.expect(9);
+    assert_eq!(metric(server.address, "mqtt_subscriptions"), Some(3.0));
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "gauge/a", "-m", "bye"]);
+    assert_eq!(sub_output(sub), ["gauge/a bye"], "it got its message and disconnected");
+    drop(vanishing);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(server.address, "mqtt_connections") != Some(0.0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(metric(server.address, "mqtt_connections"), Some(0.0));
+    assert_eq!(metric(server.address, "mqtt_subscriptions"), Some(0.0), "no client, no subscription");
+}
+
+/// The value of the unlabelled series `name` in `/metrics`.
+fn metric(address: SocketAddr, name: &str) -> Option<f64> {
+    let (_, metrics) = get(address, "/metrics");
+    metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -704,9 +704,7 @@ impl Drop for Counters {
 impl Session {
     /// Keeps a subscription's handle under its filter (dropping one it replaces).
     fn keep_subscription(&mut self, filter: String, handle: SubscriptionHandle) {
-        if self.subscriptions.insert(filter, handle).is_none() {
-            metrics::gauge!("mqtt_subscriptions").increment(1.0);
-        }
+        self.subscriptions.insert(filter, handle);
     }
 
     /// The table a `{table}/{id}` topic names, if its first level is a table.
@@ -777,7 +775,7 @@ impl Session {
             }
         });
         let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
         self.keep_subscription(filter, handle);
         Ok(qos)
     }
@@ -839,7 +837,7 @@ impl Session {
             }
         });
         let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
         self.keep_subscription(filter, handle);
         Ok(qos)
     }
@@ -1044,16 +1042,8 @@ impl Session {
                 self.encoded(|codec, out| codec.suback(packet_id, &granted, out))
             }
             Inbound::Unsubscribe { packet_id, filters } => {
-                let existed: Vec<bool> = filters
-                    .iter()
-                    .map(|filter| match self.subscriptions.remove(filter) {
-                        Some(_) => {
-                            metrics::gauge!("mqtt_subscriptions").decrement(1.0);
-                            true
-                        }
-                        None => false,
-                    })
-                    .collect();
+                let existed: Vec<bool> =
+                    filters.iter().map(|filter| self.subscriptions.remove(filter).is_some()).collect();
                 if self.persistent {
                     self.persist(false).await;
                 }
@@ -1499,7 +1489,7 @@ impl Session {
             }
         });
         let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
-        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
         self.keep_subscription(filter, handle);
         Ok(qos)
     }
@@ -1571,12 +1561,8 @@ impl Session {
         }
         drop(groups);
         let spec = stored_subscription(&full, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle {
-            task: None,
-            membership: Some((self.broker.clone(), full.clone(), member_id)),
-            spec,
-            progress: None,
-        };
+        let membership = Some((self.broker.clone(), full.clone(), member_id));
+        let handle = SubscriptionHandle::new(None, membership, spec, None);
         self.keep_subscription(full, handle);
         Ok(qos)
     }
@@ -1904,7 +1890,8 @@ impl Follower {
 }
 
 /// A subscription of a connection: its follower task, or its place in a shared group. Dropping
-/// it (unsubscribe, resubscribe, disconnect) stops the one and leaves the other.
+/// it (unsubscribe, resubscribe, disconnect) stops the one and leaves the other. The
+/// `mqtt_subscriptions` gauge counts the handles alive, so it follows every way one ends.
 struct SubscriptionHandle {
     task: Option<JoinHandle<()>>,
     membership: Option<(Arc<Broker>, String, u64)>,
@@ -1945,8 +1932,21 @@ fn resume_positions(stream: &Stream, stored: Option<&Vec<u64>>) -> Vec<u64> {
         .collect()
 }
 
+impl SubscriptionHandle {
+    fn new(
+        task: Option<JoinHandle<()>>,
+        membership: Option<(Arc<Broker>, String, u64)>,
+        spec: StoredSubscription,
+        progress: Option<SharedProgress>,
+    ) -> SubscriptionHandle {
+        metrics::gauge!("mqtt_subscriptions").increment(1.0);
+        SubscriptionHandle { task, membership, spec, progress }
+    }
+}
+
 impl Drop for SubscriptionHandle {
     fn drop(&mut self) {
+        metrics::gauge!("mqtt_subscriptions").decrement(1.0);
         if let Some(task) = &self.task {
             task.abort();
         }
