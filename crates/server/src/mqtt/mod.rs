@@ -36,6 +36,7 @@ pub mod proto;
 mod quota;
 pub mod retained;
 pub mod sessions;
+pub mod telemetry;
 
 use std::collections::HashMap;
 use std::future::Future;
