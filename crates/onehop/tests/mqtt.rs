@@ -790,6 +790,13 @@ fn an_empty_client_id_with_a_persistent_session_is_refused_by_connack() {
     // With a clean session an empty id is still welcome (and gets an id of its own).
     let v311 = raw_exchange(server.mqtt_address, &raw::connect(false, "", true));
     assert_eq!(v311, [0x20, 0x02, 0x00, 0x00]);
+    // Any other CONNECT the codec refuses gets a 5.0 CONNACK naming why: here the reserved
+    // connect flag is set, a protocol error (0x82).
+    let mut reserved_flag = raw::connect(true, "flagged", true);
+    reserved_flag[9] |= 0x01;
+    let v5 = raw_exchange(server.mqtt_address, &reserved_flag);
+    assert_eq!((v5.first(), v5.get(3)), (Some(&0x20), Some(&0x82)), "{v5:02x?}");
+    assert_eq!(v5.len(), 2 + usize::from(v5[1]), "the CONNACK and nothing after it: {v5:02x?}");
 }
 
 /// A topic alias of 0 is not a malformed packet but an invalid topic alias: DISCONNECT 0x94.
