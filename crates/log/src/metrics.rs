@@ -52,9 +52,38 @@ pub const FSYNC_SECONDS_BUCKETS: &[f64] =
 /// Histogram bucket bounds for the exporter: records per group commit.
 pub const BATCH_RECORDS_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
 
-/// Registers a description for every log metric with the installed recorder.
+/// Registers every log metric with the installed recorder, so each is exported (at 0) before
+/// its first event: a series that appears only with its first increment hides that increment
+/// from `rate()` and `increase()`. Most are registered with each partition anyway; recovery,
+/// retention, compaction and poisoning count rare events.
+fn register() {
+    let counters = [
+        APPENDS,
+        RECORDS,
+        BYTES,
+        INLINE_SYNCS,
+        SEGMENTS_ROLLED,
+        RECOVERY_TRUNCATIONS,
+        RECOVERY_TRUNCATED_BYTES,
+        RETENTION_SEGMENTS_DELETED,
+        COMPACTION_RECORDS_REMOVED,
+        POISONED,
+        READS_FROM_MEMORY,
+        READS_FROM_FILE,
+    ];
+    for name in counters {
+        let _ = metrics::counter!(name);
+    }
+    for name in [BATCH_RECORDS, FSYNC_SECONDS] {
+        let _ = metrics::histogram!(name);
+    }
+}
+
+/// Registers a description for every log metric with the installed recorder, and the metrics
+/// themselves ([`register`]).
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_histogram};
+    register();
     describe_counter!(APPENDS, "Append requests acknowledged.");
     describe_counter!(RECORDS, "Records appended and acknowledged.");
     describe_counter!(BYTES, Unit::Bytes, "Bytes of batches written, headers included.");

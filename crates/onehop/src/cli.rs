@@ -139,6 +139,11 @@ pub struct ServeArgs {
     /// start after reading why it stopped; not a config-file key.
     #[arg(long, env = "ONEHOP_RECOVER_CATALOG")]
     pub recover_catalog: bool,
+
+    /// The stream that takes MQTT topics whose first level is empty (`/devices/1`), since a
+    /// first level names a stream and an empty one cannot [default: root].
+    #[arg(long, env = "ONEHOP_MQTT_EMPTY_FIRST_LEVEL_STREAM", value_name = "NAME")]
+    pub mqtt_empty_first_level_stream: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

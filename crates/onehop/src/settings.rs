@@ -21,6 +21,7 @@ const DEFAULT_LOG_FILTER: &str = "info";
 const DEFAULT_CONNECTIONS_MAX: usize = 20_000;
 const DEFAULT_SUBSCRIPTIONS_PER_SOCKET_MAX: usize = 100;
 const DEFAULT_SUBSCRIBER_QUEUE: usize = 1024;
+const DEFAULT_MQTT_EMPTY_FIRST_LEVEL_STREAM: &str = "root";
 
 /// A size in the config file: a number of bytes or a string such as "64MiB".
 #[derive(Deserialize, Debug, Clone)]
@@ -59,6 +60,7 @@ struct FileSettings {
     subscriber_queue: Option<usize>,
     schema: Option<PathBuf>,
     log: Option<String>,
+    mqtt_empty_first_level_stream: Option<String>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -87,6 +89,8 @@ pub struct Settings {
     pub discard_damaged: bool,
     /// Open a damaged catalog by setting its damage aside (flag or environment only).
     pub recover_catalog: bool,
+    /// The stream of MQTT topics whose first level is empty.
+    pub mqtt_empty_first_level_stream: String,
 }
 
 impl Settings {
@@ -159,6 +163,14 @@ impl Settings {
             }
             Ok(value)
         };
+        let mqtt_empty_first_level_stream = args
+            .mqtt_empty_first_level_stream
+            .clone()
+            .or(file.mqtt_empty_first_level_stream)
+            .unwrap_or_else(|| DEFAULT_MQTT_EMPTY_FIRST_LEVEL_STREAM.to_string());
+        if let Err(error) = onehop_engine::validate_name(&mqtt_empty_first_level_stream) {
+            bail!("mqtt_empty_first_level_stream: {error}");
+        }
         Ok(Settings {
             connections_max: count(
                 args.connections_max,
@@ -195,6 +207,7 @@ impl Settings {
             config_file,
             discard_damaged: args.discard_damaged,
             recover_catalog: args.recover_catalog,
+            mqtt_empty_first_level_stream,
         })
     }
 }
@@ -251,5 +264,19 @@ mod tests {
         let args = ServeArgs { record_bytes_max: Some(64 << 20), ..ServeArgs::default() };
         let error = Settings::merge(&args, FileSettings::default(), None).unwrap_err();
         assert!(error.to_string().contains("record_bytes_max"), "{error}");
+    }
+
+    #[test]
+    fn the_empty_first_level_stream_must_be_a_stream_name() {
+        let settings = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
+        assert_eq!(settings.mqtt_empty_first_level_stream, "root");
+        let from_file = file("mqtt_empty_first_level_stream = \"slash\"");
+        let settings = Settings::merge(&ServeArgs::default(), from_file, None).unwrap();
+        assert_eq!(settings.mqtt_empty_first_level_stream, "slash");
+        for bad in ["", "no spaces", "__reserved"] {
+            let args = ServeArgs { mqtt_empty_first_level_stream: Some(bad.into()), ..ServeArgs::default() };
+            let error = Settings::merge(&args, FileSettings::default(), None).unwrap_err();
+            assert!(error.to_string().contains("mqtt_empty_first_level_stream"), "{bad:?}: {error}");
+        }
     }
 }

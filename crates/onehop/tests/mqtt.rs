@@ -4,6 +4,8 @@
 //! bad input, and acknowledged publishes surviving kill -9.
 
 mod common;
+#[path = "mqtt/raw.rs"]
+mod raw;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -735,4 +737,201 @@ fn v5_no_local_will_delay_and_ending_a_session_at_disconnect() {
         "a client back within its will delay sends no will"
     );
     assert_eq!(check(&checks, "session_ended")[0]["present"], false);
+}
+
+/// MQTT 5 counts a QoS 2 publish against the server's receive maximum until the PUBCOMP that
+/// ends its exchange, not until its PUBREC: a client holding more unreleased than that gets
+/// DISCONNECT 0x93 (receive maximum exceeded). Sent as raw bytes: paho keeps to the limit.
+#[test]
+fn unreleased_qos2_publishes_count_against_the_receive_maximum_until_pubcomp() {
+    let (server, _dir) = server();
+    let mut client = raw::RawClient::connect(server.mqtt_address, &raw::connect(true, "hoarder", true));
+    let connack = client.expect(2);
+    assert_eq!(connack.body[1], 0, "accepted: {connack:02x?}");
+    let receive_maximum = raw::receive_maximum(&connack);
+    assert!(receive_maximum < u16::MAX - 2, "a receive maximum is announced: {connack:02x?}");
+    // As many QoS 2 publishes as the server takes at once, none released: each gets its PUBREC.
+    let publishes: Vec<u8> = (1..=receive_maximum)
+        .flat_map(|id| raw::publish_v5("quota/q2", 2, id, &[], format!("m{id}").as_bytes()))
+        .collect();
+    client.send(&publishes);
+    for id in 1..=receive_maximum {
+        let pubrec = client.expect(5);
+        assert_eq!((raw::packet_id(&pubrec), raw::ack_reason(&pubrec)), (id, 0), "{pubrec:02x?}");
+    }
+    // Releasing one makes room for exactly one more.
+    client.send(&raw::pubrel(1));
+    let pubcomp = client.expect(7);
+    assert_eq!(raw::packet_id(&pubcomp), 1);
+    let next = receive_maximum + 1;
+    client.send(&raw::publish_v5("quota/q2", 2, next, &[], b"fits"));
+    let pubrec = client.expect(5);
+    assert_eq!((raw::packet_id(&pubrec), raw::ack_reason(&pubrec)), (next, 0), "{pubrec:02x?}");
+    // One over: DISCONNECT with reason 0x93, then the connection closes.
+    client.send(&raw::publish_v5("quota/q2", 2, next + 1, &[], b"one too many"));
+    let disconnect = client.expect(14);
+    assert_eq!(disconnect.body.first(), Some(&0x93), "{disconnect:02x?}");
+    assert!(client.packet().is_none(), "closed after the DISCONNECT");
+}
+
+/// An empty client id cannot name a session that outlives the connection: MQTT 3.1.1 refuses
+/// it with CONNACK 0x02 (identifier rejected), MQTT 5 with CONNACK 0x85 (client identifier
+/// not valid). Either way the first packet the client gets is a CONNACK, not a DISCONNECT or
+/// a closed socket.
+#[test]
+fn an_empty_client_id_with_a_persistent_session_is_refused_by_connack() {
+    let (server, _dir) = server();
+    let v311 = raw_exchange(server.mqtt_address, &raw::connect(false, "", false));
+    assert_eq!(v311, [0x20, 0x02, 0x00, 0x02], "3.1.1: identifier rejected");
+    let v5 = raw_exchange(server.mqtt_address, &raw::connect(true, "", false));
+    assert_eq!(v5.first(), Some(&0x20), "5.0: a CONNACK first: {v5:02x?}");
+    assert_eq!(v5.get(3), Some(&0x85), "5.0: client identifier not valid: {v5:02x?}");
+    assert_eq!(v5.len(), 2 + usize::from(v5[1]), "5.0: the CONNACK and nothing after it: {v5:02x?}");
+    // With a clean session an empty id is still welcome (and gets an id of its own).
+    let v311 = raw_exchange(server.mqtt_address, &raw::connect(false, "", true));
+    assert_eq!(v311, [0x20, 0x02, 0x00, 0x00]);
+    // Any other CONNECT the codec refuses gets a 5.0 CONNACK naming why: here the reserved
+    // connect flag is set, a protocol error (0x82).
+    let mut reserved_flag = raw::connect(true, "flagged", true);
+    reserved_flag[9] |= 0x01;
+    let v5 = raw_exchange(server.mqtt_address, &reserved_flag);
+    assert_eq!((v5.first(), v5.get(3)), (Some(&0x20), Some(&0x82)), "{v5:02x?}");
+    assert_eq!(v5.len(), 2 + usize::from(v5[1]), "the CONNACK and nothing after it: {v5:02x?}");
+}
+
+/// A topic alias of 0 is not a malformed packet but an invalid topic alias: DISCONNECT 0x94.
+#[test]
+fn topic_alias_zero_is_refused_as_an_invalid_topic_alias() {
+    let (server, _dir) = server();
+    let mut client = raw::RawClient::connect(server.mqtt_address, &raw::connect(true, "aliaser", true));
+    assert_eq!(client.expect(2).body[1], 0);
+    // Property 0x23 (topic alias) with the value 0.
+    client.send(&raw::publish_v5("alias/zero", 1, 1, &[0x23, 0x00, 0x00], b"m"));
+    let disconnect = client.expect(14);
+    assert_eq!(disconnect.body.first(), Some(&0x94), "{disconnect:02x?}");
+    assert!(client.packet().is_none(), "closed after the DISCONNECT");
+}
+
+/// Payload format, content type, response topic and correlation data reach MQTT 5
+/// subscribers as published — live, as a retained message, and to a persistent session that
+/// was away — and show as record headers over HTTP; an HTTP publish can set them too.
+#[test]
+fn request_response_properties_travel_with_the_message() {
+    let (server, _dir) = server();
+    let checks = paho_checks_with(server.mqtt_address, &["properties", &port(server.address)]);
+    let expected = json!({
+        "format": 1,
+        "content_type": "application/json",
+        "response_topic": "rpc/replies/caller-7",
+        "correlation_hex": "0072657134322dff",
+        "user_properties": [["trace", "t-1"]],
+    });
+    for via in ["live", "retained", "session"] {
+        let got = check(&checks, "properties").into_iter().find(|check| check["via"] == via);
+        let got = got.unwrap_or_else(|| panic!("no message {via}: {checks:?}"));
+        for (name, value) in expected.as_object().unwrap() {
+            assert_eq!(&got[name], value, "{via}: {name} in {got}");
+        }
+    }
+    let from_http = check(&checks, "properties").into_iter().find(|check| check["via"] == "http").unwrap();
+    assert_eq!(from_http["response_topic"], "rpc/replies/http", "{from_http}");
+    assert_eq!(from_http["correlation_hex"], hex(b"from-http"), "{from_http}");
+    assert_eq!(from_http["content_type"], "text/plain", "{from_http}");
+
+    // Over HTTP: headers, the binary correlation data in base64.
+    let (status, body) = get(server.address, "/streams/rpc?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    let record = &body["records"][0];
+    assert_eq!(record["headers"]["onehop-mqtt-payload-format"], "1", "{record}");
+    assert_eq!(record["headers"]["onehop-mqtt-content-type"], "application/json", "{record}");
+    assert_eq!(record["headers"]["onehop-mqtt-response-topic"], "rpc/replies/caller-7", "{record}");
+    assert_eq!(record["headers_base64"]["onehop-mqtt-correlation-data"], "AHJlcTQyLf8=", "{record}");
+    assert!(record["headers"].get("onehop-mqtt-correlation-data").is_none(), "not twice: {record}");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// `/devices/1` (an empty first level, common on devices) goes to the stream set by
+/// `mqtt_empty_first_level_stream` (`root` unless set), and subscriptions find it there; `$`
+/// topics stay reserved for the server: publishing to one is refused, subscribing is allowed
+/// (and brings nothing yet).
+#[test]
+fn an_empty_first_level_goes_to_its_own_stream_and_dollar_topics_stay_reserved() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    let devices = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "/devices/+", "-F", "MSG %t %p"], 1);
+    let everything = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "#", "-F", "MSG %t %p"], 2);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "/devices/1", "-m", "on"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "devices/2", "-m", "not under /devices"]);
+    assert_eq!(sub_output(devices), ["/devices/1 on"]);
+    let mut got = sub_output(everything);
+    got.sort();
+    assert_eq!(got, ["/devices/1 on", "devices/2 not under /devices"]);
+    let (status, body) = get(server.address, "/streams/root?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["records"][0]["subject"], "/devices/1", "{body}");
+
+    // $ topics: a publish is refused, with the reason; a subscription is granted.
+    let output = tool("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-t", "$SYS/broker/x", "-m", "m"])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("Topic Name invalid") && said.contains("reserved"), "{said}");
+    let mut client = raw::RawClient::connect(mqtt, &raw::connect(true, "sys-watcher", true));
+    assert_eq!(client.expect(2).body[1], 0);
+    client.send(&raw::subscribe_v5(1, "$SYS/#", 1));
+    let suback = client.expect(9);
+    // Packet id, no properties, then the granted QoS.
+    assert_eq!(suback.body, [0x00, 0x01, 0x00, 0x01], "granted QoS 1: {suback:02x?}");
+
+    // The stream is a setting.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let server = start(dir.path(), &args, &[("ONEHOP_MQTT_EMPTY_FIRST_LEVEL_STREAM", "leading-slash")]);
+    mosquitto_pub(server.mqtt_address, &["-q", "1", "-t", "/x", "-m", "m"]);
+    let (status, body) = get(server.address, "/streams/leading-slash?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"subject\":\"/x\""), "{body}");
+    // A name no stream can have is refused at start, naming the setting.
+    let output = common::onehop()
+        .args(["serve", "--data-dir", data.to_str().unwrap(), "--mqtt-empty-first-level-stream", "no spaces"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && said.contains("mqtt_empty_first_level_stream"), "{said}");
+}
+
+/// `mqtt_subscriptions` counts the subscriptions of connected clients: it goes back down
+/// when a client leaves without unsubscribing, whether it says DISCONNECT or just vanishes.
+#[test]
+fn the_subscriptions_gauge_follows_clients_that_leave() {
+    let (server, _dir) = server();
+    let mqtt = server.mqtt_address;
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "gauge/a", "-t", "gauge/b", "-F", "MSG %t %p"], 1);
+    let mut vanishing = raw::RawClient::connect(mqtt, &raw::connect(true, "vanishing", true));
+    vanishing.expect(2);
+    vanishing.send(&raw::subscribe_v5(1, "gauge/#", 1));
+    vanishing.expect(9);
+    assert_eq!(metric(server.address, "mqtt_subscriptions"), Some(3.0));
+    mosquitto_pub(mqtt, &["-q", "1", "-t", "gauge/a", "-m", "bye"]);
+    assert_eq!(sub_output(sub), ["gauge/a bye"], "it got its message and disconnected");
+    drop(vanishing);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(server.address, "mqtt_connections") != Some(0.0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(metric(server.address, "mqtt_connections"), Some(0.0));
+    assert_eq!(metric(server.address, "mqtt_subscriptions"), Some(0.0), "no client, no subscription");
+}
+
+/// The value of the unlabelled series `name` in `/metrics`.
+fn metric(address: SocketAddr, name: &str) -> Option<f64> {
+    let (_, metrics) = get(address, "/metrics");
+    metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }

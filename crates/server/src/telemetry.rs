@@ -25,12 +25,29 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
         .map_err(|error| format!("cannot install the metrics recorder: {error}"))?;
     log_metrics::describe();
     describe();
+    crate::mqtt::telemetry::describe();
     Ok(handle)
 }
 
-/// Describes the server's and the hub's metrics.
+/// Describes counter `name` and registers it, so it is exported (at 0) before its first event:
+/// a series that appears only with its first increment hides that increment from `rate()` and
+/// `increase()`, and a dashboard cannot tell "none yet" from "not exported".
+pub(crate) fn counter(name: &'static str, description: &'static str) {
+    metrics::describe_counter!(name, description);
+    let _ = metrics::counter!(name);
+}
+
+/// Describes gauge `name` and registers it at 0 (see [`counter`]).
+pub(crate) fn gauge(name: &'static str, description: &'static str) {
+    metrics::describe_gauge!(name, description);
+    let _ = metrics::gauge!(name);
+}
+
+/// Describes the server's and the hub's metrics, registering those without labels. A labelled
+/// family gets its series with its label values: a route's with its first request, an error
+/// code's with its first refusal.
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    use metrics::{Unit, describe_counter, describe_histogram};
     describe_counter!("http_requests_total", "HTTP requests answered, by route template, method and status.");
     describe_histogram!(
         "http_request_duration_seconds",
@@ -38,13 +55,15 @@ fn describe() {
         "Time to answer an HTTP request (to the start of the stream for subscriptions)."
     );
     describe_counter!("http_errors_total", "Refused or failed HTTP requests, by error code.");
-    describe_gauge!("hub_subscriptions", "Live subscriptions registered with the hub (SSE and WebSocket).");
-    describe_counter!(
+    gauge("http_connections", "Open HTTP connections, subscriptions included.");
+    counter("http_connections_refused_total", "HTTP connections refused (503) because connections_max were open.");
+    gauge("hub_subscriptions", "Live subscriptions registered with the hub (SSE and WebSocket).");
+    counter(
         "hub_subscribers_overflowed_total",
-        "Subscribers whose queue was full; each reads on from the log (or resumes, if told to)."
+        "Subscribers whose queue was full; each reads on from the log (or resumes, if told to).",
     );
-    describe_counter!(
+    counter(
         "hub_subscribers_carried_on_from_log_total",
-        "Times an HTTP subscriber fell behind the live feed and read on from the log."
+        "Times an HTTP subscriber fell behind the live feed and read on from the log.",
     );
 }

@@ -190,6 +190,7 @@ impl View {
 
     /// Starts the view's task from `positions` (inside the tokio runtime).
     pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<Partition>, positions: Vec<u64>) {
+        register_metrics(&self.def.name);
         let view = self.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = view.run(hub, checkpoints, positions).await {
@@ -643,6 +644,20 @@ fn as_new(record: &Record) -> NewRecord {
 
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+/// Registers the view's counters, so each of its series is exported (at 0) from its start: one
+/// that appears only with its first increment hides that increment from `rate()`.
+fn register_metrics(view: &str) {
+    for name in [
+        "view_late_events_total",
+        "view_invalid_events_total",
+        "view_changes_total",
+        "view_checkpoints_total",
+        "view_checkpoint_failures_total",
+    ] {
+        let _ = metrics::counter!(name, "view" => view.to_string());
+    }
 }
 
 #[cfg(test)]

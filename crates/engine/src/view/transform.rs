@@ -238,6 +238,10 @@ impl Transform {
 
     /// Starts the task from `checkpoint` (inside the tokio runtime).
     pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<Partition>, checkpoint: TransformCheckpoint) {
+        // Registered, so each of the transform's series is exported (at 0) from its start.
+        for name in ["transform_invalid_subjects_total", "transform_rejected_records_total"] {
+            let _ = metrics::counter!(name, "transform" => self.def.name.clone());
+        }
         let transform = self.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = transform.run(hub, checkpoints, checkpoint).await {

@@ -507,6 +507,75 @@ def routes_follow_the_catalog(port, http_port):
     c.disconnect()
 
 
+def message_properties(port, http_port):
+    """Payload format, content type, response topic and correlation data as subscribers get
+    them: live, retained, to a persistent session that was away, and from an HTTP publish that
+    set them as record headers."""
+    import urllib.request
+
+    def facts(via, message):
+        props = message.properties
+        correlation = getattr(props, "CorrelationData", None)
+        print(json.dumps({
+            "check": "properties",
+            "via": via,
+            "topic": message.topic,
+            "format": getattr(props, "PayloadFormatIndicator", None),
+            "content_type": getattr(props, "ContentType", None),
+            "response_topic": getattr(props, "ResponseTopic", None),
+            "correlation_hex": correlation.hex() if correlation is not None else None,
+            "user_properties": sorted(getattr(props, "UserProperty", [])),
+        }))
+
+    keeper, _ = persistent(port, "rpc-keeper", "v5")
+    subscribed(keeper, "rpc/#", 1)
+    keeper.disconnect()
+    keeper.loop_stop()
+
+    live = Inbox()
+    listener = client("rpc-live", mqtt.MQTTv5)
+    listener.on_message = live.on_message
+    connected(listener, port)
+    subscribed(listener, "rpc/requests/#", 1)
+
+    caller = client("rpc-caller", mqtt.MQTTv5)
+    connected(caller, port)
+    props = Properties(PacketTypes.PUBLISH)
+    props.PayloadFormatIndicator = 1
+    props.ContentType = "application/json"
+    props.ResponseTopic = "rpc/replies/caller-7"
+    props.CorrelationData = b"\x00req42-\xff"
+    props.UserProperty = [("trace", "t-1")]
+    caller.publish("rpc/requests/add", '{"a":1}', qos=1, retain=True, properties=props).wait_for_publish(10)
+    facts("live", live.wait(1)[0])
+
+    late = Inbox()
+    newcomer = client("rpc-late", mqtt.MQTTv5)
+    newcomer.on_message = late.on_message
+    connected(newcomer, port)
+    subscribed(newcomer, "rpc/requests/#", 1)
+    facts("retained", late.wait(1)[0])
+
+    away = Inbox()
+    keeper, result = persistent(port, "rpc-keeper", "v5", away)
+    if not result["flags"].session_present:
+        fail("the session was not kept")
+    facts("session", away.wait(1)[0])
+
+    envelope = {"subject": "rpc/requests/http", "value": {"b": 2}, "headers": {
+        "onehop-mqtt-response-topic": "rpc/replies/http",
+        "onehop-mqtt-correlation-data": "from-http",
+        "onehop-mqtt-content-type": "text/plain",
+    }}
+    request = urllib.request.Request(f"http://{HOST}:{http_port}/streams/rpc", method="POST",
+                                     data=(json.dumps(envelope) + "\n").encode(),
+                                     headers={"content-type": "application/x-ndjson"})
+    urllib.request.urlopen(request, timeout=10).close()
+    facts("http", live.wait(2)[1])
+    for c in (keeper, newcomer, caller, listener):
+        c.disconnect()
+
+
 def publisher(port, topic, count):
     """QoS 1 publishes one after another; prints each payload once PUBACKed."""
     c = client("kill-publisher")
@@ -554,6 +623,8 @@ if __name__ == "__main__":
         publisher(port, sys.argv[3], int(sys.argv[4]))
     elif scenario == "routes":
         routes_follow_the_catalog(port, int(sys.argv[3]))
+    elif scenario == "properties":
+        message_properties(port, int(sys.argv[3]))
     elif scenario == "exactly_once_crash":
         exactly_once_crash(port, int(sys.argv[3]))
     else:

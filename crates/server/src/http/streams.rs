@@ -270,13 +270,12 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
     if let Some(subject) = &record.subject {
         object.insert("subject".into(), json!(subject.as_str()));
     }
-    if !record.headers.is_empty() {
-        let headers: serde_json::Map<String, Value> = record
-            .headers
-            .iter()
-            .map(|(name, value)| (name.to_string(), json!(String::from_utf8_lossy(value))))
-            .collect();
+    let (headers, headers_base64) = headers_json(record);
+    if !headers.is_empty() {
         object.insert("headers".into(), Value::Object(headers));
+    }
+    if !headers_base64.is_empty() {
+        object.insert("headers_base64".into(), Value::Object(headers_base64));
     }
     match &record.value {
         None => {
@@ -293,6 +292,19 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
         }
     }
     Value::Object(object)
+}
+
+/// A record's headers as JSON objects: those whose value is UTF-8 text, and the others with
+/// their value in base64 (an MQTT 5 correlation data is binary), as keys and values are.
+fn headers_json(record: &Record) -> (serde_json::Map<String, Value>, serde_json::Map<String, Value>) {
+    let (mut text, mut binary) = (serde_json::Map::new(), serde_json::Map::new());
+    for (name, value) in record.headers.iter() {
+        match std::str::from_utf8(value) {
+            Ok(value) => text.insert(name.to_string(), json!(value)),
+            Err(_) => binary.insert(name.to_string(), json!(base64::engine::general_purpose::STANDARD.encode(value))),
+        };
+    }
+    (text, binary)
 }
 
 /// [`record_json`] written out as bytes, copying a JSON value as it is stored instead of
@@ -328,14 +340,12 @@ pub fn record_json_bytes(partition: u32, record: &Record) -> Vec<u8> {
         out.extend_from_slice(b",\"subject\":");
         serde_json::to_writer(&mut out, subject.as_str()).expect("a string serializes");
     }
-    if !record.headers.is_empty() {
-        let headers: serde_json::Map<String, Value> = record
-            .headers
-            .iter()
-            .map(|(name, value)| (name.to_string(), json!(String::from_utf8_lossy(value))))
-            .collect();
-        out.extend_from_slice(b",\"headers\":");
-        serde_json::to_writer(&mut out, &headers).expect("headers serialize");
+    let (headers, headers_base64) = headers_json(record);
+    for (field, headers) in [(&b",\"headers\":"[..], headers), (b",\"headers_base64\":", headers_base64)] {
+        if !headers.is_empty() {
+            out.extend_from_slice(field);
+            serde_json::to_writer(&mut out, &headers).expect("headers serialize");
+        }
     }
     out.extend_from_slice(b",\"value\":");
     out.extend_from_slice(value);
@@ -519,16 +529,13 @@ fn read_partitions(
 mod tests {
     use super::*;
 
-    fn record(key: Option<&[u8]>, subject: Option<&str>, headers: &[(&str, &str)], value: Option<&[u8]>) -> Record {
+    fn record(key: Option<&[u8]>, subject: Option<&str>, headers: &[(&str, &[u8])], value: Option<&[u8]>) -> Record {
         Record {
             offset: 41,
             timestamp_ms: 1_700_000_000_123,
             key: key.map(Bytes::copy_from_slice),
             subject: subject.map(Text::from),
-            headers: headers
-                .iter()
-                .map(|(name, value)| (Text::from(*name), Bytes::copy_from_slice(value.as_bytes())))
-                .collect(),
+            headers: headers.iter().map(|(name, value)| (Text::from(*name), Bytes::copy_from_slice(value))).collect(),
             value: value.map(Bytes::copy_from_slice),
         }
     }
@@ -549,7 +556,8 @@ mod tests {
         for value in values {
             for (key, subject, headers) in [
                 (None, None, &[][..]),
-                (Some(&b"k\"1"[..]), Some("a/b"), &[("trace", "t1"), ("b", "\u{e9}")][..]),
+                (Some(&b"k\"1"[..]), Some("a/b"), &[("trace", &b"t1"[..]), ("b", "\u{e9}".as_bytes())][..]),
+                (None, None, &[("binary", &[0xff, 0x00][..]), ("text", b"t")][..]),
                 (Some(&[0xfe, 0x01][..]), None, &[][..]),
             ] {
                 let record = record(key, subject, headers, value);
@@ -559,5 +567,13 @@ mod tests {
                 assert_eq!(parsed, record_json(3, &record), "{}", String::from_utf8_lossy(&bytes));
             }
         }
+    }
+
+    #[test]
+    fn a_header_that_is_not_text_is_given_in_base64() {
+        let record = record(None, None, &[("binary", &[0xff, 0x00][..]), ("text", b"t")], Some(b"1"));
+        let json = record_json(0, &record);
+        assert_eq!(json["headers"], json!({"text": "t"}), "{json}");
+        assert_eq!(json["headers_base64"], json!({"binary": "/wA="}), "{json}");
     }
 }

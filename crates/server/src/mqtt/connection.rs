@@ -16,32 +16,28 @@ use onehop_engine::subject::{SubjectFilter, validate_subject};
 use onehop_engine::{EngineError, Filter, Precondition, Stream, Table, Write};
 use onehop_log::{Durability, Headers, NewRecord, Text};
 use rmqtt_codec::types::{Publish, QoS};
-use rmqtt_codec::v5::PublishProperties;
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 
 use super::Broker;
+use super::headers::{EXPIRES_HEADER, MessageProperties, QOS_HEADER, RETAIN_HEADER, message_headers};
 use super::proto::{
-    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for,
+    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will,
+    connect_refusal_for, goodbye_for,
 };
+use super::quota::InboundQuota;
 use super::sessions::{StoredRelease, StoredSession, StoredSubscription};
 
-/// The record header holding the QoS a message was published with.
-const QOS_HEADER: &str = "onehop-mqtt-qos";
-/// The record header holding when a message expires (ms since the epoch), from v5 message expiry.
-const EXPIRES_HEADER: &str = "onehop-mqtt-expires";
 /// The record header naming the MQTT 5 client that published a message (for no local).
 const CLIENT_HEADER: &str = "onehop-mqtt-client";
 /// On a QoS 2 message of a persistent session: its packet id, to recognise a resend after a
 /// crash (with the client header).
 const PACKET_HEADER: &str = "onehop-mqtt-packet";
-/// The record header marking a message published with the retain flag.
-const RETAIN_HEADER: &str = "onehop-mqtt-retain";
 /// How long writing to a client may take before it is given up on.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -63,15 +59,6 @@ fn qos_rank(qos: QoS) -> u8 {
         QoS::AtLeastOnce => 1,
         QoS::ExactlyOnce => 2,
     }
-}
-
-/// The value of a message's QoS header.
-fn qos_header_value(qos: QoS) -> Bytes {
-    Bytes::from_static(match qos {
-        QoS::AtMostOnce => b"0",
-        QoS::AtLeastOnce => b"1",
-        QoS::ExactlyOnce => b"2",
-    })
 }
 
 /// Acknowledgements ready to send (in order), from the task that waited for their records.
@@ -185,7 +172,7 @@ async fn handshake<S: AsyncRead + AsyncWrite>(
             Err(error) => {
                 tracing::debug!(%error, "MQTT CONNECT refused");
                 let mut out = BytesMut::new();
-                if codec.disconnect(goodbye_for(&error), &error.to_string(), &mut out).is_ok() {
+                if codec.connack(Err(connect_refusal_for(&error)), &mut out).is_ok() {
                     let _ = writer.write_all(&out).await;
                 }
                 return None;
@@ -213,14 +200,20 @@ fn generated_client_id(connection: u64) -> String {
     format!("onehop-{connection:x}-{:x}", now_ms())
 }
 
+/// The name of the stream a topic's first level names: the level itself, or for an empty one
+/// (`/devices/1`, common on devices) the stream set for those (`empty_first_level_stream`).
+fn named_stream<'a>(broker: &'a Broker, first: &'a str) -> &'a str {
+    if first.is_empty() { &broker.config.empty_first_level_stream } else { first }
+}
+
 /// The stream a published topic goes to: the one whose declared `mqtt_topic` matches it, else
 /// the one its first level names (created on first use when allowed).
 async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusal, String)> {
     if let Some(stream) = broker.engine.stream_for_mqtt_topic(topic) {
         return Ok(stream);
     }
-    let first = topic.split('/').next().unwrap_or_default();
-    if first.is_empty() || first.starts_with('$') || first == "+" || first == "#" {
+    let first = named_stream(broker, topic.split('/').next().unwrap_or_default());
+    if first.starts_with('$') || first == "+" || first == "#" {
         return Err((
             Refusal::TopicInvalid,
             format!("{topic:?}: the first level names a stream, so it must be a name, not {first:?}"),
@@ -244,26 +237,31 @@ fn view_of(broker: &Broker, topic: &str) -> Option<Arc<onehop_engine::view::View
 type Starts = Vec<(Arc<Stream>, Vec<u64>)>;
 
 /// The streams a subscription's topic filter can find messages in: every stream for a
-/// wildcard first level; else the stream the first level names and each stream whose declared
-/// `mqtt_topic` overlaps the filter — now or when such a stream is created later.
+/// wildcard first level; none for a `$` topic (those are the server's, and no stream holds
+/// them); else the stream the first level names and each stream whose declared `mqtt_topic`
+/// overlaps the filter — now or when such a stream is created later.
 #[derive(Clone)]
 enum Streams {
     Every,
-    Some { first: String, filter: SubjectFilter },
+    Reserved,
+    Some { named: String, filter: SubjectFilter },
 }
 
 impl Streams {
     /// The streams of `filter`, or why a subscription to it can never get a message.
     fn of(broker: &Broker, filter: &SubjectFilter) -> Result<Streams, (Refusal, String)> {
         let Some(first) = filter.first_level() else { return Ok(Streams::Every) };
-        let streams = Streams::Some { first: first.to_string(), filter: filter.clone() };
+        if first.starts_with('$') {
+            // Granted, as other brokers do, so a client that watches `$SYS/#` works; nothing
+            // is published there yet.
+            return Ok(Streams::Reserved);
+        }
+        let first = named_stream(broker, first);
+        let streams = Streams::Some { named: first.to_string(), filter: filter.clone() };
         let routed =
             broker.engine.streams().iter().any(|stream| stream.mqtt_route().is_some() && streams.wants(stream));
         if routed || broker.engine.stream(first).is_ok() {
             return Ok(streams);
-        }
-        if first.starts_with('$') {
-            return Err((Refusal::TopicInvalid, format!("{filter}: topics starting with $ are reserved")));
         }
         onehop_engine::validate_name(first).map_err(|error| (Refusal::TopicInvalid, error.to_string()))?;
         if !broker.engine.options().auto_create {
@@ -278,31 +276,12 @@ impl Streams {
     fn wants(&self, stream: &Stream) -> bool {
         match self {
             Streams::Every => true,
-            Streams::Some { first, filter } => {
-                stream.name() == first || stream.mqtt_route().is_some_and(|route| route.overlaps(filter))
+            Streams::Reserved => false,
+            Streams::Some { named, filter } => {
+                stream.name() == named || stream.mqtt_route().is_some_and(|route| route.overlaps(filter))
             }
         }
     }
-}
-
-/// The record headers of a message: its user properties, QoS, expiry and retain flag.
-fn message_headers(
-    qos: QoS,
-    user_properties: Vec<(String, String)>,
-    expiry_secs: Option<u32>,
-    retain: bool,
-) -> Vec<(Text, Bytes)> {
-    let mut headers: Vec<(Text, Bytes)> = Vec::with_capacity(user_properties.len() + 4);
-    headers.extend(user_properties.into_iter().map(|(name, value)| (Text::from(name), Bytes::from(value))));
-    headers.push((Text::from_static(QOS_HEADER), qos_header_value(qos)));
-    if let Some(secs) = expiry_secs {
-        let expires = (now_ms() + i64::from(secs) * 1000).to_string();
-        headers.push((Text::from_static(EXPIRES_HEADER), Bytes::from(expires)));
-    }
-    if retain {
-        headers.push((Text::from_static(RETAIN_HEADER), Bytes::from_static(b"1")));
-    }
-    headers
 }
 
 /// Where a session's last publish went: its topic, the stream and partition it resolved to,
@@ -412,7 +391,7 @@ fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Durat
                 return;
             }
         }
-        let headers = message_headers(will.qos, will.user_properties, will.message_expiry_secs, will.retain);
+        let headers = message_headers(will.qos, will.properties, will.retain, now_ms());
         let queued = append(&broker, &Text::from(&will.topic), will.payload.clone(), will.qos, headers.clone()).await;
         match queued {
             Ok(queued) => {
@@ -523,7 +502,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         subscriptions: HashMap::new(),
         acks_tx,
         deliveries_tx,
-        inbound_permits: Arc::new(Semaphore::new(usize::from(broker.config.receive_max))),
+        quota: InboundQuota::new(broker.config.receive_max),
         persistent: connect.session_expiry_secs > 0,
         session_expiry_secs: connect.session_expiry_secs,
         session_written: Instant::now(),
@@ -649,8 +628,8 @@ struct Session {
     subscriptions: HashMap<String, SubscriptionHandle>,
     acks_tx: mpsc::Sender<Ack>,
     deliveries_tx: mpsc::Sender<Outbound>,
-    /// Inbound QoS 1/2 publishes not yet acknowledged, at most our receive maximum.
-    inbound_permits: Arc<Semaphore>,
+    /// Inbound QoS 1/2 publishes not yet done with, at most our receive maximum.
+    quota: InboundQuota,
     /// Whether this connection's session outlives it (clean_session = 0, or a v5 expiry).
     persistent: bool,
     /// The session's expiry, stored with it.
@@ -725,9 +704,7 @@ impl Drop for Counters {
 impl Session {
     /// Keeps a subscription's handle under its filter (dropping one it replaces).
     fn keep_subscription(&mut self, filter: String, handle: SubscriptionHandle) {
-        if self.subscriptions.insert(filter, handle).is_none() {
-            metrics::gauge!("mqtt_subscriptions").increment(1.0);
-        }
+        self.subscriptions.insert(filter, handle);
     }
 
     /// The table a `{table}/{id}` topic names, if its first level is a table.
@@ -798,7 +775,7 @@ impl Session {
             }
         });
         let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
         self.keep_subscription(filter, handle);
         Ok(qos)
     }
@@ -860,7 +837,7 @@ impl Session {
             }
         });
         let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
         self.keep_subscription(filter, handle);
         Ok(qos)
     }
@@ -1050,6 +1027,7 @@ impl Session {
             }
             Inbound::PubRel(packet_id) => {
                 self.awaiting_release.remove(&packet_id);
+                self.quota.release(packet_id);
                 self.in_doubt.remove(&packet_id);
                 self.encoded(|codec, out| codec.publish_ack2(false, packet_id, out))
             }
@@ -1064,16 +1042,8 @@ impl Session {
                 self.encoded(|codec, out| codec.suback(packet_id, &granted, out))
             }
             Inbound::Unsubscribe { packet_id, filters } => {
-                let existed: Vec<bool> = filters
-                    .iter()
-                    .map(|filter| match self.subscriptions.remove(filter) {
-                        Some(_) => {
-                            metrics::gauge!("mqtt_subscriptions").decrement(1.0);
-                            true
-                        }
-                        None => false,
-                    })
-                    .collect();
+                let existed: Vec<bool> =
+                    filters.iter().map(|filter| self.subscriptions.remove(filter).is_some()).collect();
                 if self.persistent {
                     self.persist(false).await;
                 }
@@ -1093,6 +1063,10 @@ impl Session {
             }
             Inbound::Unexpected(name) => {
                 Some(Close::abnormal(Goodbye::ProtocolError, format!("{name} is not a packet a client sends")))
+            }
+            Inbound::Invalid { goodbye, reason } => {
+                metrics::counter!("mqtt_protocol_errors_total").increment(1);
+                Some(Close::abnormal(goodbye, reason))
             }
         }
     }
@@ -1116,7 +1090,7 @@ impl Session {
         let Ok(mut topic) = Text::from_utf8(topic.into_bytes()) else {
             return Some(Close::abnormal(Goodbye::ProtocolError, "the topic is not valid UTF-8"));
         };
-        let (mut user_properties, mut expiry) = (Vec::new(), None);
+        let mut message_properties = MessageProperties::default();
         if let Some(properties) = properties {
             if let Some(alias) = properties.topic_alias {
                 if alias.get() > self.broker.config.topic_alias_max {
@@ -1141,8 +1115,10 @@ impl Session {
                     self.aliases.insert(alias.get(), Text::from(topic.as_str()));
                 }
             }
-            user_properties = properties.user_properties.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-            expiry = properties.message_expiry_interval.map(NonZeroU32::get);
+            message_properties = MessageProperties::of_publish(&properties);
+            if let Some(fault) = message_properties.fault() {
+                return Some(Close::abnormal(Goodbye::ProtocolError, fault));
+            }
         }
         let refuse = |this: &mut Self, refusal: Refusal, reason: String| -> Option<Close> {
             match (qos, packet_id, this.codec.version()) {
@@ -1180,19 +1156,19 @@ impl Session {
         }
         let permit: Option<OwnedSemaphorePermit> = match (qos, self.codec.version()) {
             (QoS::AtMostOnce, _) => None,
-            (_, Version::V5) => match self.inbound_permits.clone().try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
+            (_, Version::V5) => match self.quota.try_take() {
+                Some(permit) => Some(permit),
+                None => {
                     return Some(Close::abnormal(
                         Goodbye::ReceiveMaximumExceeded,
-                        "more unacknowledged QoS 1/2 publishes than the receive maximum",
+                        "more QoS 1/2 publishes outstanding than the receive maximum (QoS 2 until PUBCOMP)",
                     ));
                 }
             },
-            // v3 has no receive maximum: a client that outruns the disk waits here.
-            (_, Version::V3) => self.inbound_permits.clone().acquire_owned().await.ok(),
+            (_, Version::V3) => self.quota.take().await,
         };
-        let mut headers = message_headers(qos, user_properties, expiry, retain);
+        let permit = self.hold_until_release(qos, packet_id, permit);
+        let mut headers = message_headers(qos, message_properties, retain, now_ms());
         let exactly_once = qos == QoS::ExactlyOnce && self.persistent;
         if self.codec.version() == Version::V5 || exactly_once {
             // A 5.0 subscription can ask not to get its own client's messages back.
@@ -1303,6 +1279,26 @@ impl Session {
         None
     }
 
+    /// A v5 QoS 2 publish counts against the receive maximum until its PUBCOMP: its permit is
+    /// kept until the PUBREL (or its refusal, in [`Self::send_ack`]) instead of going with
+    /// its PUBREC. Other permits are returned as they are. Not in 3.1.1, which has no receive
+    /// maximum: a publish waits for a permit there, and one held for a PUBREL that is queued
+    /// behind it would never come.
+    fn hold_until_release(
+        &mut self,
+        qos: QoS,
+        packet_id: Option<NonZeroU16>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Option<OwnedSemaphorePermit> {
+        match (qos, packet_id, permit, self.codec.version()) {
+            (QoS::ExactlyOnce, Some(packet_id), Some(permit), Version::V5) => {
+                self.quota.hold_until_release(packet_id, permit);
+                None
+            }
+            (_, _, permit, _) => permit,
+        }
+    }
+
     /// Notes an incoming QoS 2 message as stored until its PUBREL; a persistent session notes
     /// where, and writes it down before the message is queued.
     fn await_release(&mut self, packet_id: NonZeroU16, stream: &Stream, partition: u32) {
@@ -1407,8 +1403,12 @@ impl Session {
 
     fn send_ack(&mut self, ack: Ack) -> Option<Close> {
         if let Err((_, reason)) = &ack.outcome {
-            for (_, packet_id) in &ack.packets {
+            for (qos, packet_id) in &ack.packets {
                 self.awaiting_release.remove(packet_id);
+                if *qos == QoS::ExactlyOnce {
+                    // A refused QoS 2 publish is done with at its PUBREC.
+                    self.quota.release(*packet_id);
+                }
             }
             if self.codec.version() == Version::V3 {
                 return Some(Close::abnormal(Goodbye::Unavailable, reason.clone()));
@@ -1489,7 +1489,7 @@ impl Session {
             }
         });
         let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
-        let handle = SubscriptionHandle { task: Some(task), membership: None, spec, progress };
+        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
         self.keep_subscription(filter, handle);
         Ok(qos)
     }
@@ -1561,12 +1561,8 @@ impl Session {
         }
         drop(groups);
         let spec = stored_subscription(&full, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle {
-            task: None,
-            membership: Some((self.broker.clone(), full.clone(), member_id)),
-            spec,
-            progress: None,
-        };
+        let membership = Some((self.broker.clone(), full.clone(), member_id));
+        let handle = SubscriptionHandle::new(None, membership, spec, None);
         self.keep_subscription(full, handle);
         Ok(qos)
     }
@@ -1621,23 +1617,8 @@ impl Session {
         }
         let topic = message_topic(&event);
         let packet_id = (qos != QoS::AtMostOnce).then(|| self.allocate_packet_id());
-        let properties = (self.codec.version() == Version::V5).then(|| PublishProperties {
-            topic_alias: None,
-            correlation_data: None,
-            message_expiry_interval: expiry,
-            content_type: None,
-            user_properties: record
-                .headers
-                .iter()
-                .filter(|(name, _)| !name.starts_with("onehop-"))
-                .map(|(name, value)| {
-                    (ByteString::from(name), ByteString::from(String::from_utf8_lossy(value).into_owned()))
-                })
-                .collect(),
-            is_utf8_payload: false,
-            response_topic: None,
-            subscription_ids: subscription_id.into_iter().collect(),
-        });
+        let properties = (self.codec.version() == Version::V5)
+            .then(|| super::headers::publish_properties(&record.headers, expiry, subscription_id));
         let retain = retain || (retain_as_published && header(RETAIN_HEADER).is_some());
         let publish = Publish {
             // DUP only means something for QoS 1 and 2 (and must be 0 at QoS 0).
@@ -1909,7 +1890,8 @@ impl Follower {
 }
 
 /// A subscription of a connection: its follower task, or its place in a shared group. Dropping
-/// it (unsubscribe, resubscribe, disconnect) stops the one and leaves the other.
+/// it (unsubscribe, resubscribe, disconnect) stops the one and leaves the other. The
+/// `mqtt_subscriptions` gauge counts the handles alive, so it follows every way one ends.
 struct SubscriptionHandle {
     task: Option<JoinHandle<()>>,
     membership: Option<(Arc<Broker>, String, u64)>,
@@ -1950,8 +1932,21 @@ fn resume_positions(stream: &Stream, stored: Option<&Vec<u64>>) -> Vec<u64> {
         .collect()
 }
 
+impl SubscriptionHandle {
+    fn new(
+        task: Option<JoinHandle<()>>,
+        membership: Option<(Arc<Broker>, String, u64)>,
+        spec: StoredSubscription,
+        progress: Option<SharedProgress>,
+    ) -> SubscriptionHandle {
+        metrics::gauge!("mqtt_subscriptions").increment(1.0);
+        SubscriptionHandle { task, membership, spec, progress }
+    }
+}
+
 impl Drop for SubscriptionHandle {
     fn drop(&mut self) {
+        metrics::gauge!("mqtt_subscriptions").decrement(1.0);
         if let Some(task) = &self.task {
             task.abort();
         }

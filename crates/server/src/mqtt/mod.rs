@@ -4,7 +4,7 @@
 //!
 //! A PUBLISH to `sensors/room-1/temp` appends a record to the stream named by the topic's first
 //! level (`sensors`, created on first use when `auto_create` is on) with the topic as its
-//! subject, the payload as its value and v5 user properties as headers. Records of one topic
+//! subject, the payload as its value and v5 properties as headers ([`headers`]). Records of one topic
 //! stay in one partition (chosen by the topic's hash), so they keep their order. A QoS 1 or 2
 //! publish is acknowledged only once its record is durable at the stream's durability; QoS 0
 //! is written `async`.
@@ -30,9 +30,13 @@
 //! there, so the log is the queue of what came while the client was away.
 
 mod connection;
+mod frame;
+pub mod headers;
 pub mod proto;
+mod quota;
 pub mod retained;
 pub mod sessions;
+pub mod telemetry;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -76,6 +80,9 @@ pub struct MqttConfig {
     pub connect_timeout: Duration,
     /// Most MQTT connections at once.
     pub connections_max: usize,
+    /// The stream of topics whose first level is empty (`/devices/1`): a first level names a
+    /// stream, and an empty name cannot.
+    pub empty_first_level_stream: String,
     pub auth: Arc<dyn Authenticate>,
 }
 
@@ -88,6 +95,7 @@ impl Default for MqttConfig {
             outbound_queue: 1024,
             connect_timeout: Duration::from_secs(10),
             connections_max: 20_000,
+            empty_first_level_stream: "root".to_string(),
             auth: Arc::new(AllowAll),
         }
     }

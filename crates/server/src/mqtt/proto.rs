@@ -4,12 +4,15 @@
 
 use std::num::{NonZeroU16, NonZeroU32};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use bytestring::ByteString;
 use rmqtt_codec::error::{DecodeError, EncodeError};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::{v3, v5};
 use tokio_util::codec::{Decoder, Encoder};
+
+use super::frame;
+use super::headers::MessageProperties;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
@@ -24,8 +27,7 @@ pub struct Will {
     pub payload: Bytes,
     pub qos: QoS,
     pub retain: bool,
-    pub user_properties: Vec<(String, String)>,
-    pub message_expiry_secs: Option<u32>,
+    pub properties: MessageProperties,
     /// v5: seconds to wait before sending the will (it is not sent if the client is back).
     pub delay_secs: u32,
 }
@@ -86,6 +88,12 @@ pub enum Inbound {
     },
     /// A packet only a server sends, or v5 AUTH (enhanced authentication is not offered).
     Unexpected(&'static str),
+    /// A packet refused before decoding, for a fault the codec would not name (it has been
+    /// taken out of the buffer).
+    Invalid {
+        goodbye: Goodbye,
+        reason: &'static str,
+    },
 }
 
 /// Why a publish or subscription was refused (v5 reason codes; v3 has no negative acks, so a
@@ -169,8 +177,7 @@ impl Codec {
                             payload: will.message.clone(),
                             qos: will.qos,
                             retain: will.retain,
-                            user_properties: Vec::new(),
-                            message_expiry_secs: None,
+                            properties: MessageProperties::default(),
                             delay_secs: 0,
                         }),
                         receive_max: u16::MAX,
@@ -207,6 +214,9 @@ impl Codec {
                 }
             }
             Codec::V5(codec) => {
+                if let Some(refused) = refuse_before_decoding(buf, codec.max_inbound_size()) {
+                    return Ok(refused);
+                }
                 let Some((packet, _)) = codec.decode(buf)? else { return Ok(None) };
                 match packet {
                     v5::Packet::Connect(connect) => Inbound::Connect(Box::new(Connect {
@@ -221,8 +231,7 @@ impl Codec {
                             payload: will.message.clone(),
                             qos: will.qos,
                             retain: will.retain,
-                            user_properties: will.user_properties.iter().map(|(k, v)| (text(k), text(v))).collect(),
-                            message_expiry_secs: will.message_expiry_interval.map(NonZeroU32::get),
+                            properties: will_properties(will),
                             delay_secs: will.will_delay_interval_sec.unwrap_or(0),
                         }),
                         receive_max: connect.receive_max.map_or(u16::MAX, NonZeroU16::get),
@@ -289,6 +298,8 @@ impl Codec {
                     Err(ConnectRefusal::BadClientId) => v3::ConnectAckReason::IdentifierRejected,
                     Err(ConnectRefusal::NotAuthorized) => v3::ConnectAckReason::BadUserNameOrPassword,
                     Err(ConnectRefusal::Unavailable) => v3::ConnectAckReason::ServiceUnavailable,
+                    // 3.1.1 has no return code for a CONNECT it cannot read: it just closes.
+                    Err(ConnectRefusal::Unreadable(_)) => return Ok(()),
                 };
                 let ack = v3::ConnectAck { return_code, session_present };
                 Self::put3(codec, v3::Packet::ConnectAck(ack), out)
@@ -314,6 +325,11 @@ impl Codec {
                             ConnectRefusal::BadClientId => v5::ConnectAckReason::ClientIdentifierNotValid,
                             ConnectRefusal::NotAuthorized => v5::ConnectAckReason::NotAuthorized,
                             ConnectRefusal::Unavailable => v5::ConnectAckReason::ServerUnavailable,
+                            ConnectRefusal::Unreadable(Goodbye::PacketTooLarge) => v5::ConnectAckReason::PacketTooLarge,
+                            ConnectRefusal::Unreadable(Goodbye::MalformedPacket) => {
+                                v5::ConnectAckReason::MalformedPacket
+                            }
+                            ConnectRefusal::Unreadable(_) => v5::ConnectAckReason::ProtocolError,
                         };
                     }
                 }
@@ -500,6 +516,18 @@ impl Codec {
     }
 }
 
+/// The message properties of a v5 will, copied out of the CONNECT's read buffer.
+fn will_properties(will: &v5::LastWill) -> MessageProperties {
+    MessageProperties {
+        user_properties: will.user_properties.iter().map(|(k, v)| (text(k), text(v))).collect(),
+        expiry_secs: will.message_expiry_interval.map(NonZeroU32::get),
+        payload_utf8: will.is_utf8_payload.unwrap_or(false),
+        content_type: will.content_type.as_ref().map(text),
+        response_topic: will.response_topic.as_ref().map(text),
+        correlation_data: will.correlation_data.as_deref().map(Bytes::copy_from_slice),
+    }
+}
+
 /// What a CONNACK grants.
 pub struct ConnackInfo {
     pub assigned_client_id: Option<String>,
@@ -515,6 +543,37 @@ pub enum ConnectRefusal {
     BadClientId,
     NotAuthorized,
     Unavailable,
+    /// The CONNECT could not be decoded, for the reason a DISCONNECT would give later on.
+    Unreadable(Goodbye),
+}
+
+/// The CONNACK refusal a CONNECT that did not decode deserves: the server may send no
+/// DISCONNECT before it has accepted the connection (MQTT 5, 3.14.0-1). An empty client id
+/// with a session that outlives the connection is one the codecs refuse to decode.
+pub fn connect_refusal_for(error: &DecodeError) -> ConnectRefusal {
+    match error {
+        DecodeError::InvalidClientId => ConnectRefusal::BadClientId,
+        other => ConnectRefusal::Unreadable(goodbye_for(other)),
+    }
+}
+
+/// For a 5.0 connection, before the codec decodes what `buf` holds: `Some(None)` while the
+/// packet at its start has not all arrived (the codec is given whole packets only, see
+/// [`frame`]), `Some(Some(Invalid))` for a whole packet refused for what the codec would call
+/// malformed, `None` to go on decoding.
+fn refuse_before_decoding(buf: &mut BytesMut, remaining_max: u32) -> Option<Option<Inbound>> {
+    match frame::arrived(buf, remaining_max) {
+        frame::Arrived::Part(length) => {
+            buf.reserve(length - buf.len());
+            Some(None)
+        }
+        frame::Arrived::Whole(length) if frame::publish_topic_alias(&buf[..length]) == Some(0) => {
+            buf.advance(length);
+            let reason = "topic alias 0 is not a topic alias: they start at 1";
+            Some(Some(Inbound::Invalid { goodbye: Goodbye::TopicAliasInvalid, reason }))
+        }
+        frame::Arrived::Whole(_) | frame::Arrived::Unknown => None,
+    }
 }
 
 /// The goodbye a decode error deserves.

@@ -1,6 +1,6 @@
 //! Retained messages: the last retained message of each topic, kept in the compacted system
-//! topic `__mqtt_retained` (key = topic, value = payload, headers = QoS, user properties,
-//! expiry; a tombstone when an empty retained message clears the topic) and in memory,
+//! topic `__mqtt_retained` (key = topic, value = payload, headers = QoS and the message's
+//! properties, [`super::headers`]; a tombstone when an empty retained message clears the topic) and in memory,
 //! replayed from that topic at start. So retained messages survive restarts.
 //!
 //! The memory map keeps, per topic, the log offset of the message it holds: a message replaces
@@ -21,7 +21,7 @@ pub const RETAINED_TOPIC: &str = "__mqtt_retained";
 pub struct Retained {
     pub topic: String,
     pub payload: Bytes,
-    /// The record headers it was published with (QoS, user properties, expiry).
+    /// The record headers it was published with (QoS and properties, [`super::headers`]).
     pub headers: Headers,
 }
 

@@ -115,6 +115,7 @@ impl SessionStore {
             }
         }
         tracing::info!(sessions = sessions.len(), "MQTT sessions replayed");
+        metrics::gauge!("mqtt_sessions_stored").set(sessions.len() as f64);
         Ok(SessionStore { log: partition, sessions: Mutex::new(sessions), owners: Mutex::new(HashMap::new()) })
     }
 

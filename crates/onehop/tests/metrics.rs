@@ -1,0 +1,115 @@
+//! Every metric the docs name is in `/metrics` from the start, at 0: a series that appears only
+//! with its first event hides that event from `rate()` and `increase()`, and a dashboard cannot
+//! tell "none yet" from "not exported".
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{get, post, start};
+
+/// Names in the docs that look like metrics and are not: settings, a fuzz target, a stream
+/// option and an error code.
+const NOT_METRICS: [&str; 6] =
+    ["http_addr", "mqtt_addr", "mqtt_empty_first_level_stream", "mqtt_decode", "mqtt_topic", "view_exists"];
+
+/// Metrics the start itself moves: the server's first writes to its system topics are synced,
+/// and the scrape's own connection is an open one.
+const MOVED_BY_START_UP: [&str; 2] = ["log_fsync_duration_seconds", "http_connections"];
+
+/// Families with a label whose values come with use: a series per route, method and status
+/// from a route's first request; per error code from its first refusal.
+const LABELLED_BY_USE: [&str; 3] = ["http_requests_total", "http_request_duration_seconds", "http_errors_total"];
+
+/// Families labelled per view or transform: each one's series are there, at 0, from its start.
+const LABELLED_PER_VIEW: [&str; 5] = [
+    "view_late_events_total",
+    "view_checkpoints_total",
+    "view_checkpoint_failures_total",
+    "transform_invalid_subjects_total",
+    "transform_rejected_records_total",
+];
+
+/// The metric names written in backticks in docs/*.md.
+fn documented() -> BTreeSet<String> {
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs");
+    let mut names = BTreeSet::new();
+    for entry in std::fs::read_dir(docs).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|extension| extension != "md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for quoted in text.split('`').skip(1).step_by(2) {
+            let subsystem = quoted.split('_').next().unwrap_or_default();
+            let shaped = quoted.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if shaped
+                && quoted.contains('_')
+                && ["log", "http", "hub", "mqtt", "view", "transform"].contains(&subsystem)
+            {
+                names.insert(quoted.to_string());
+            }
+        }
+    }
+    names.retain(|name| !NOT_METRICS.contains(&name.as_str()));
+    names
+}
+
+/// The value of series `series` (a name, or a name with labels) in a scrape, if present.
+fn value(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn every_documented_metric_is_exported_at_zero_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()], &[]);
+    let (status, scrape) = get(server.address, "/metrics");
+    assert_eq!(status, 200);
+
+    let names = documented();
+    assert!(names.len() > 20, "the docs' metrics were found: {names:?}");
+    let mut wrong = Vec::new();
+    for name in &names {
+        if LABELLED_BY_USE.contains(&name.as_str()) || LABELLED_PER_VIEW.contains(&name.as_str()) {
+            continue;
+        }
+        // A histogram shows as its count.
+        let found = value(&scrape, name).or_else(|| value(&scrape, &format!("{name}_count")));
+        let moved = MOVED_BY_START_UP.contains(&name.as_str());
+        if found.is_none() || (!moved && found != Some(0.0)) {
+            wrong.push((name, found));
+        }
+    }
+    assert!(wrong.is_empty(), "missing, or not at 0: {wrong:?} in\n{scrape}");
+    for name in LABELLED_BY_USE.iter().chain(&LABELLED_PER_VIEW) {
+        assert!(names.contains(*name), "{name} is no longer documented: update this test");
+    }
+
+    // A view's and a transform's counters are there from their start.
+    let sql = "CREATE STREAM readings; \
+               CREATE VIEW counts AS SELECT COUNT(*) AS n FROM readings GROUP BY sensor; \
+               CREATE STREAM hot AS SELECT * FROM readings WHERE celsius >= 30";
+    let (status, body) = post(server.address, "/sql", sql).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (_, scrape) = get(server.address, "/metrics");
+    for name in LABELLED_PER_VIEW {
+        let series = match name.split('_').next() {
+            Some("view") => format!("{name}{{view=\"counts\"}}"),
+            _ => format!("{name}{{transform=\"hot\"}}"),
+        };
+        assert_eq!(value(&scrape, &series), Some(0.0), "{series} in\n{scrape}");
+    }
+    // The HTTP families have a series once a route was asked for (the first scrape, here).
+    let (_, unknown) = get(server.address, "/streams/nothing-here");
+    assert!(unknown.contains("error"), "{unknown}");
+    let (_, scrape) = get(server.address, "/metrics");
+    for name in LABELLED_BY_USE {
+        // A histogram's series are its buckets, sum and count.
+        let labelled = |line: &str| {
+            line.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with("_count{"))
+        };
+        assert!(scrape.lines().any(labelled), "{name} in\n{scrape}");
+    }
+}
