@@ -11,6 +11,7 @@
 pub mod error;
 pub mod limit;
 pub mod mqtt_ws;
+pub mod origin;
 pub mod sql;
 pub mod sse;
 pub mod streams;
