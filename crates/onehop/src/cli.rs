@@ -139,6 +139,14 @@ pub struct ServeArgs {
     /// start after reading why it stopped; not a config-file key.
     #[arg(long, env = "ONEHOP_RECOVER_CATALOG")]
     pub recover_catalog: bool,
+
+    /// Origins whose web pages may use the server through a visitor's browser (CORS, and the
+    /// Origin of WebSocket upgrades), comma-separated, each scheme://host[:port] as the browser
+    /// shows it, e.g. https://app.example.com; `*` alone allows every origin. Requests without
+    /// an Origin (curl, native clients) and the server's own pages are not affected
+    /// [default: none].
+    #[arg(long, env = "ONEHOP_ALLOWED_ORIGINS", value_name = "ORIGIN,…", value_delimiter = ',')]
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -9,6 +9,7 @@ use onehop_log::{Durability, PartitionConfig};
 use serde::Deserialize;
 
 use onehop_engine::units::parse_bytes;
+use onehop_server::http::origin::AllowedOrigins;
 
 use crate::cli::ServeArgs;
 
@@ -59,6 +60,7 @@ struct FileSettings {
     subscriber_queue: Option<usize>,
     schema: Option<PathBuf>,
     log: Option<String>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -87,6 +89,8 @@ pub struct Settings {
     pub discard_damaged: bool,
     /// Open a damaged catalog by setting its damage aside (flag or environment only).
     pub recover_catalog: bool,
+    /// Origins whose pages may use the server from a browser, besides its own.
+    pub allowed_origins: AllowedOrigins,
 }
 
 impl Settings {
@@ -159,6 +163,7 @@ impl Settings {
             }
             Ok(value)
         };
+        let allowed_origins = allowed_origins(args, &file)?;
         Ok(Settings {
             connections_max: count(
                 args.connections_max,
@@ -195,7 +200,17 @@ impl Settings {
             config_file,
             discard_damaged: args.discard_damaged,
             recover_catalog: args.recover_catalog,
+            allowed_origins,
         })
+    }
+}
+
+/// The allow-list from the flag or environment, else the file; none when neither sets it.
+fn allowed_origins(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<AllowedOrigins> {
+    match args.allowed_origins.as_ref().or(file.allowed_origins.as_ref()) {
+        Some(entries) => AllowedOrigins::parse(entries.iter().map(String::as_str))
+            .map_err(|error| anyhow::anyhow!("allowed_origins: {error}")),
+        None => Ok(AllowedOrigins::default()),
     }
 }
 
@@ -251,5 +266,22 @@ mod tests {
         let args = ServeArgs { record_bytes_max: Some(64 << 20), ..ServeArgs::default() };
         let error = Settings::merge(&args, FileSettings::default(), None).unwrap_err();
         assert!(error.to_string().contains("record_bytes_max"), "{error}");
+    }
+
+    #[test]
+    fn allowed_origins_come_from_the_flag_or_the_file_and_are_checked() {
+        let none = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
+        assert!(none.allowed_origins.is_none());
+        let from_file = file("allowed_origins = [\"https://App.Example.com:443\", \"http://127.0.0.1:5173\"]");
+        let settings = Settings::merge(&ServeArgs::default(), from_file, None).unwrap();
+        assert_eq!(settings.allowed_origins.to_string(), "https://app.example.com,http://127.0.0.1:5173");
+        // The flag wins, even when it empties the list.
+        let args = ServeArgs { allowed_origins: Some(vec![String::new()]), ..ServeArgs::default() };
+        let settings = Settings::merge(&args, file("allowed_origins = [\"*\"]"), None).unwrap();
+        assert!(settings.allowed_origins.is_none());
+        let error = Settings::merge(&ServeArgs::default(), file("allowed_origins = [\"https://a.example/\"]"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("allowed_origins: ") && error.contains("write https://a.example"), "{error}");
     }
 }
