@@ -144,6 +144,14 @@ pub struct ServeArgs {
     /// first level names a stream and an empty one cannot [default: root].
     #[arg(long, env = "ONEHOP_MQTT_EMPTY_FIRST_LEVEL_STREAM", value_name = "NAME")]
     pub mqtt_empty_first_level_stream: Option<String>,
+
+    /// Origins whose web pages may use the server through a visitor's browser (CORS, and the
+    /// Origin of WebSocket upgrades), comma-separated, each scheme://host[:port] as the browser
+    /// shows it, e.g. https://app.example.com; `*` alone allows every origin. Requests without
+    /// an Origin (curl, native clients) and the server's own pages are not affected
+    /// [default: none].
+    #[arg(long, env = "ONEHOP_ALLOWED_ORIGINS", value_name = "ORIGIN,…", value_delimiter = ',')]
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
+use onehop_server::http::origin::AllowedOrigins;
 use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
 use onehop_server::{AppState, install_metrics, serve_http};
 use tokio::signal::unix::{SignalKind, signal};
@@ -116,6 +117,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
     state.mqtt = Some(broker);
+    state.allowed_origins = Arc::new(allowed_origins(&settings));
     serve_http(listener, state, settings.connections_max, until_stopped(stopped)).await.context("HTTP server")?;
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
     // No new requests now; close the log: queued appends are written and synced and each
@@ -145,6 +147,21 @@ fn log_options(settings: &Settings) -> LogOptions {
     };
     set_system_recovery(&mut options, settings.recover_catalog);
     options
+}
+
+/// The allow-list of other origins, said at start; allowing every origin is worth a warning.
+fn allowed_origins(settings: &Settings) -> AllowedOrigins {
+    let allowed = settings.allowed_origins.clone();
+    match &allowed {
+        AllowedOrigins::Any => tracing::warn!(
+            "allowed_origins is \"*\": any web page a user opens can read and write here through the user's browser"
+        ),
+        _ if allowed.is_none() => {
+            tracing::info!("browser pages from other origins are refused; allowed_origins lists those to let in")
+        }
+        _ => tracing::info!(allowed_origins = %allowed, "browser pages from these origins may use the server"),
+    }
+    allowed
 }
 
 /// Applies the statements of `path` before the server listens; any failure stops the start.

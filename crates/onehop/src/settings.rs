@@ -9,6 +9,7 @@ use onehop_log::{Durability, PartitionConfig};
 use serde::Deserialize;
 
 use onehop_engine::units::parse_bytes;
+use onehop_server::http::origin::AllowedOrigins;
 
 use crate::cli::ServeArgs;
 
@@ -61,6 +62,7 @@ struct FileSettings {
     schema: Option<PathBuf>,
     log: Option<String>,
     mqtt_empty_first_level_stream: Option<String>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -91,6 +93,8 @@ pub struct Settings {
     pub recover_catalog: bool,
     /// The stream of MQTT topics whose first level is empty.
     pub mqtt_empty_first_level_stream: String,
+    /// Origins whose pages may use the server from a browser, besides its own.
+    pub allowed_origins: AllowedOrigins,
 }
 
 impl Settings {
@@ -163,6 +167,7 @@ impl Settings {
             }
             Ok(value)
         };
+        let allowed_origins = allowed_origins(args, &file)?;
         let mqtt_empty_first_level_stream = args
             .mqtt_empty_first_level_stream
             .clone()
@@ -208,7 +213,17 @@ impl Settings {
             discard_damaged: args.discard_damaged,
             recover_catalog: args.recover_catalog,
             mqtt_empty_first_level_stream,
+            allowed_origins,
         })
+    }
+}
+
+/// The allow-list from the flag or environment, else the file; none when neither sets it.
+fn allowed_origins(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<AllowedOrigins> {
+    match args.allowed_origins.as_ref().or(file.allowed_origins.as_ref()) {
+        Some(entries) => AllowedOrigins::parse(entries.iter().map(String::as_str))
+            .map_err(|error| anyhow::anyhow!("allowed_origins: {error}")),
+        None => Ok(AllowedOrigins::default()),
     }
 }
 
@@ -278,5 +293,22 @@ mod tests {
             let error = Settings::merge(&args, FileSettings::default(), None).unwrap_err();
             assert!(error.to_string().contains("mqtt_empty_first_level_stream"), "{bad:?}: {error}");
         }
+    }
+
+    #[test]
+    fn allowed_origins_come_from_the_flag_or_the_file_and_are_checked() {
+        let none = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
+        assert!(none.allowed_origins.is_none());
+        let from_file = file("allowed_origins = [\"https://App.Example.com:443\", \"http://127.0.0.1:5173\"]");
+        let settings = Settings::merge(&ServeArgs::default(), from_file, None).unwrap();
+        assert_eq!(settings.allowed_origins.to_string(), "https://app.example.com,http://127.0.0.1:5173");
+        // The flag wins, even when it empties the list.
+        let args = ServeArgs { allowed_origins: Some(vec![String::new()]), ..ServeArgs::default() };
+        let settings = Settings::merge(&args, file("allowed_origins = [\"*\"]"), None).unwrap();
+        assert!(settings.allowed_origins.is_none());
+        let error = Settings::merge(&ServeArgs::default(), file("allowed_origins = [\"https://a.example/\"]"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("allowed_origins: ") && error.contains("write https://a.example"), "{error}");
     }
 }

@@ -167,6 +167,7 @@ fn help_documents_every_serve_flag() {
         "--log",
         "--discard-damaged",
         "--recover-catalog",
+        "--allowed-origins",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
     }
@@ -487,4 +488,23 @@ fn connection_and_subscription_limits_are_settings_and_refusals_say_so() {
         assert_eq!(answer["code"], "too_many_subscriptions", "{answer}");
         assert!(answer["message"].as_str().unwrap().contains("subscriptions_per_socket_max"));
     });
+}
+
+#[test]
+fn an_allowed_origin_no_browser_sends_stops_the_start_and_star_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = onehop()
+        .args(["serve", "--allowed-origins", "https://app.example.com/"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("allowed_origins") && stderr.contains("write https://app.example.com"), "{stderr}");
+    std::fs::write(dir.path().join("onehop.toml"), "allowed_origins = [\"*\"]\n").unwrap();
+    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0"], &[]);
+    let warning = "any web page a user opens can read and write here";
+    if !server.seen.iter().any(|line| line.contains(warning)) {
+        server.wait_for_line(warning);
+    }
 }

@@ -5,13 +5,16 @@
 //! - `ws`: subscriptions over WebSocket, several per socket, on the same URLs.
 //! - `views`: `GET /views/{v}/{key}` point reads and `GET /views/{v}` listings of views.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
+//! - `cors`, `origin`: which other origins' pages may use the server (CORS, WebSocket `Origin`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `query`: query strings decoded strictly (whole escapes, UTF-8; `+` literal in `subject`).
 //! - `time`: RFC 3339 times in query strings.
 
+pub mod cors;
 pub mod error;
 pub mod limit;
 pub mod mqtt_ws;
+pub mod origin;
 pub mod query;
 pub mod sql;
 pub mod sse;
@@ -49,6 +52,8 @@ pub struct AppState {
     pub mqtt: Option<Arc<crate::mqtt::Broker>>,
     /// Every request's count and time, by route template, method and status.
     pub request_metrics: Arc<RequestMetrics>,
+    /// Origins whose pages may use the server besides its own (CORS and WebSocket `Origin`).
+    pub allowed_origins: Arc<origin::AllowedOrigins>,
 }
 
 impl AppState {
@@ -63,6 +68,7 @@ impl AppState {
             subscriptions_per_socket_max: ws::SUBSCRIPTIONS_PER_SOCKET_DEFAULT,
             mqtt: None,
             request_metrics: Arc::default(),
+            allowed_origins: Arc::default(),
         }
     }
 }
@@ -168,6 +174,8 @@ pub fn app(state: AppState) -> Router {
         .route("/mqtt", get(mqtt_ws::upgrade))
         .route_layer(axum::middleware::from_fn_with_state(state.request_metrics.clone(), record_request))
         .layer(body_limit)
+        // Outermost: a preflight or another origin's request is answered before any route.
+        .layer(axum::middleware::from_fn_with_state(state.allowed_origins.clone(), cors::enforce))
         .with_state(state)
 }
 
