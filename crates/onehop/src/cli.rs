@@ -125,6 +125,17 @@ pub struct ServeArgs {
     /// Log filter, e.g. `info` or `onehop_log=debug,info` [default: info].
     #[arg(long, env = "ONEHOP_LOG", value_name = "FILTER")]
     pub log: Option<String>,
+
+    /// Seconds an HTTP client has to send a request's head, from opening the connection (or
+    /// from the head's first byte, after a first request); then the connection is closed
+    /// [default: 10].
+    #[arg(long, env = "ONEHOP_HTTP_HEADER_READ_TIMEOUT_S", value_name = "SECONDS")]
+    pub http_header_read_timeout_s: Option<u64>,
+
+    /// Seconds an HTTP connection may wait for its next request after a response; then it is
+    /// closed [default: 60].
+    #[arg(long, env = "ONEHOP_HTTP_IDLE_TIMEOUT_S", value_name = "SECONDS")]
+    pub http_idle_timeout_s: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

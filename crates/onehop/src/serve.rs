@@ -6,7 +6,7 @@ use anyhow::Context;
 use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{DirLock, Log, LogOptions};
 use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
-use onehop_server::{AppState, install_metrics, serve_http};
+use onehop_server::{AppState, HttpConfig, install_metrics, serve_http};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -101,7 +101,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
     state.mqtt = Some(broker);
-    serve_http(listener, state, settings.connections_max, until_stopped(stopped)).await.context("HTTP server")?;
+    let http = HttpConfig {
+        connections_max: settings.connections_max,
+        header_read_timeout: settings.http_header_read_timeout,
+        idle_timeout: settings.http_idle_timeout,
+    };
+    serve_http(listener, state, http, until_stopped(stopped)).await.context("HTTP server")?;
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.

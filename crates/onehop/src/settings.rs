@@ -9,6 +9,7 @@ use onehop_log::{Durability, PartitionConfig};
 use serde::Deserialize;
 
 use onehop_engine::units::parse_bytes;
+use onehop_server::HttpConfig;
 
 use crate::cli::ServeArgs;
 
@@ -59,6 +60,8 @@ struct FileSettings {
     subscriber_queue: Option<usize>,
     schema: Option<PathBuf>,
     log: Option<String>,
+    http_header_read_timeout_s: Option<u64>,
+    http_idle_timeout_s: Option<u64>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -83,6 +86,10 @@ pub struct Settings {
     pub log_filter: String,
     /// The config file that was read, if any.
     pub config_file: Option<PathBuf>,
+    /// Time an HTTP request head may take to arrive.
+    pub http_header_read_timeout: Duration,
+    /// Time an HTTP connection may wait for its next request.
+    pub http_idle_timeout: Duration,
 }
 
 impl Settings {
@@ -155,6 +162,25 @@ impl Settings {
             }
             Ok(value)
         };
+        let seconds = |flag: Option<u64>, from_file: Option<u64>, key: &str, default: Duration| match flag.or(from_file)
+        {
+            Some(0) => bail!("{key} must be at least 1"),
+            Some(seconds) => Ok(Duration::from_secs(seconds)),
+            None => Ok(default),
+        };
+        let http_defaults = HttpConfig::default();
+        let http_header_read_timeout = seconds(
+            args.http_header_read_timeout_s,
+            file.http_header_read_timeout_s,
+            "http_header_read_timeout_s",
+            http_defaults.header_read_timeout,
+        )?;
+        let http_idle_timeout = seconds(
+            args.http_idle_timeout_s,
+            file.http_idle_timeout_s,
+            "http_idle_timeout_s",
+            http_defaults.idle_timeout,
+        )?;
         Ok(Settings {
             connections_max: count(
                 args.connections_max,
@@ -189,6 +215,8 @@ impl Settings {
             schema: args.schema.clone().or(file.schema),
             log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             config_file,
+            http_header_read_timeout,
+            http_idle_timeout,
         })
     }
 }
@@ -245,5 +273,19 @@ mod tests {
         let args = ServeArgs { record_bytes_max: Some(64 << 20), ..ServeArgs::default() };
         let error = Settings::merge(&args, FileSettings::default(), None).unwrap_err();
         assert!(error.to_string().contains("record_bytes_max"), "{error}");
+    }
+
+    #[test]
+    fn http_timeouts_are_settings_with_checked_values() {
+        let settings = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
+        assert_eq!(settings.http_header_read_timeout, Duration::from_secs(10));
+        assert_eq!(settings.http_idle_timeout, Duration::from_secs(60));
+        let from_file = file("http_idle_timeout_s = 5\nhttp_header_read_timeout_s = 3\n");
+        let args = ServeArgs { http_idle_timeout_s: Some(7), ..ServeArgs::default() };
+        let settings = Settings::merge(&args, from_file, None).unwrap();
+        assert_eq!(settings.http_idle_timeout, Duration::from_secs(7));
+        assert_eq!(settings.http_header_read_timeout, Duration::from_secs(3));
+        let error = Settings::merge(&ServeArgs::default(), file("http_header_read_timeout_s = 0"), None).unwrap_err();
+        assert!(error.to_string().contains("http_header_read_timeout_s"), "{error}");
     }
 }

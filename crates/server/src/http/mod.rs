@@ -6,8 +6,10 @@
 //! - `views`: `GET /views/{v}/{key}` point reads and `GET /views/{v}` listings of views.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
-//! - `time`: RFC 3339 times in query strings.
+//! - `connection`: the listener's connections and their timeouts.
+//! - `limit`: the connection limit.
 
+pub mod connection;
 pub mod error;
 pub mod limit;
 pub mod mqtt_ws;
@@ -32,6 +34,8 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use onehop_engine::Engine;
 use tokio::net::TcpListener;
+
+pub use connection::HttpConfig;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -190,16 +194,15 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Serves `app` on `listener`, at most `connections_max` connections at a time, until
-/// `shutdown` resolves, then stops accepting and lets in-flight requests finish.
+/// Serves `app` on `listener` within `config`'s limits until `shutdown` resolves; then stops
+/// accepting and lets requests in progress finish (see `connection::serve`).
 pub async fn serve_http(
     listener: TcpListener,
     state: AppState,
-    connections_max: usize,
+    config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = limit::LimitedListener::new(listener, connections_max);
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await
+    connection::serve(listener, state, config, shutdown).await
 }
 
 #[cfg(test)]
