@@ -136,6 +136,16 @@ pub struct ServeArgs {
     /// closed [default: 60].
     #[arg(long, env = "ONEHOP_HTTP_IDLE_TIMEOUT_S", value_name = "SECONDS")]
     pub http_idle_timeout_s: Option<u64>,
+
+    /// Seconds a request body may send nothing, or wait for room in memory, before it is
+    /// refused (408 body_timeout, 503 server_busy) [default: 30].
+    #[arg(long, env = "ONEHOP_HTTP_BODY_READ_TIMEOUT_S", value_name = "SECONDS")]
+    pub http_body_read_timeout_s: Option<u64>,
+
+    /// Bytes of HTTP request bodies held in memory at once, all requests together; more wait
+    /// for room. At least the largest body (twice --batch-bytes-max) [default: 128MiB].
+    #[arg(long, env = "ONEHOP_HTTP_BODY_BYTES_IN_FLIGHT_MAX", value_name = "BYTES", value_parser = parse_bytes)]
+    pub http_body_bytes_in_flight_max: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

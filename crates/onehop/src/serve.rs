@@ -101,6 +101,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
     state.mqtt = Some(broker);
+    let bodies = onehop_server::http::body::BodyBudget::new(settings.http_body_bytes_in_flight_max);
+    state.bodies = Arc::new(bodies.releasing_with(crate::release_free_memory));
+    state.body_read_timeout = settings.http_body_read_timeout;
     let http = HttpConfig {
         connections_max: settings.connections_max,
         header_read_timeout: settings.http_header_read_timeout,

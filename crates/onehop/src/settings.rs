@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use onehop_engine::units::parse_bytes;
 use onehop_server::HttpConfig;
+use onehop_server::http::{BODY_BYTES_IN_FLIGHT_DEFAULT, BODY_READ_TIMEOUT_DEFAULT};
 
 use crate::cli::ServeArgs;
 
@@ -62,6 +63,8 @@ struct FileSettings {
     log: Option<String>,
     http_header_read_timeout_s: Option<u64>,
     http_idle_timeout_s: Option<u64>,
+    http_body_read_timeout_s: Option<u64>,
+    http_body_bytes_in_flight_max: Option<Size>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -90,6 +93,10 @@ pub struct Settings {
     pub http_header_read_timeout: Duration,
     /// Time an HTTP connection may wait for its next request.
     pub http_idle_timeout: Duration,
+    /// Longest wait for the next piece of an HTTP request body, or for room to read it.
+    pub http_body_read_timeout: Duration,
+    /// Bytes of HTTP request bodies in memory at once.
+    pub http_body_bytes_in_flight_max: u64,
 }
 
 impl Settings {
@@ -181,6 +188,26 @@ impl Settings {
             "http_idle_timeout_s",
             http_defaults.idle_timeout,
         )?;
+        let http_body_read_timeout = seconds(
+            args.http_body_read_timeout_s,
+            file.http_body_read_timeout_s,
+            "http_body_read_timeout_s",
+            BODY_READ_TIMEOUT_DEFAULT,
+        )?;
+        // The largest body HTTP takes: one append's worth, with room for its JSON escaping.
+        let body_bytes_max = 2 * batch_bytes_max as u64;
+        let http_body_bytes_in_flight_max = size(
+            args.http_body_bytes_in_flight_max,
+            &file.http_body_bytes_in_flight_max,
+            "http_body_bytes_in_flight_max",
+            BODY_BYTES_IN_FLIGHT_DEFAULT.max(body_bytes_max),
+        )?;
+        if http_body_bytes_in_flight_max < body_bytes_max {
+            bail!(
+                "http_body_bytes_in_flight_max ({http_body_bytes_in_flight_max} bytes) is below the largest request \
+                 body ({body_bytes_max} bytes, twice batch_bytes_max), which could then never be read"
+            );
+        }
         Ok(Settings {
             connections_max: count(
                 args.connections_max,
@@ -217,6 +244,8 @@ impl Settings {
             config_file,
             http_header_read_timeout,
             http_idle_timeout,
+            http_body_read_timeout,
+            http_body_bytes_in_flight_max,
         })
     }
 }
@@ -276,16 +305,28 @@ mod tests {
     }
 
     #[test]
-    fn http_timeouts_are_settings_with_checked_values() {
+    fn http_timeouts_and_body_memory_are_settings_with_checked_values() {
         let settings = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
         assert_eq!(settings.http_header_read_timeout, Duration::from_secs(10));
         assert_eq!(settings.http_idle_timeout, Duration::from_secs(60));
-        let from_file = file("http_idle_timeout_s = 5\nhttp_header_read_timeout_s = 3\n");
+        assert_eq!(settings.http_body_read_timeout, Duration::from_secs(30));
+        assert_eq!(settings.http_body_bytes_in_flight_max, 128 << 20);
+        let from_file = file("http_idle_timeout_s = 5\nhttp_body_bytes_in_flight_max = \"64MiB\"\n");
         let args = ServeArgs { http_idle_timeout_s: Some(7), ..ServeArgs::default() };
         let settings = Settings::merge(&args, from_file, None).unwrap();
         assert_eq!(settings.http_idle_timeout, Duration::from_secs(7));
-        assert_eq!(settings.http_header_read_timeout, Duration::from_secs(3));
+        assert_eq!(settings.http_body_bytes_in_flight_max, 64 << 20);
+        // A larger batch limit raises the default, so that its bodies can still be read.
+        let args =
+            ServeArgs { segment_bytes_max: Some(512 << 20), batch_bytes_max: Some(128 << 20), ..ServeArgs::default() };
+        assert_eq!(
+            Settings::merge(&args, FileSettings::default(), None).unwrap().http_body_bytes_in_flight_max,
+            256 << 20
+        );
         let error = Settings::merge(&ServeArgs::default(), file("http_header_read_timeout_s = 0"), None).unwrap_err();
         assert!(error.to_string().contains("http_header_read_timeout_s"), "{error}");
+        let error =
+            Settings::merge(&ServeArgs::default(), file("http_body_bytes_in_flight_max = \"8MiB\""), None).unwrap_err();
+        assert!(error.to_string().contains("http_body_bytes_in_flight_max"), "{error}");
     }
 }

@@ -11,8 +11,9 @@
 //! A client that had begun a head is answered `408 header_timeout` first; one that had sent
 //! nothing is not (browsers open spare connections they may never use).
 //!
-//! While a request is in progress, the connection is not idle: a response still streaming (an
-//! SSE subscription sending keep-alives) is the connection at work. An upgraded connection (WebSocket) leaves hyper and this watch.
+//! While a request is in progress, the connection is not idle: its body has its own timeout
+//! (`super::body`), and a response still streaming (an SSE subscription sending keep-alives) is
+//! the connection at work. An upgraded connection (WebSocket) leaves hyper and this watch.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -6,9 +6,11 @@
 //! - `views`: `GET /views/{v}/{key}` point reads and `GET /views/{v}` listings of views.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
+//! - `body`: request bodies read whole, within a size, a memory budget and a read timeout.
 //! - `connection`: the listener's connections and their timeouts.
 //! - `limit`: the connection limit.
 
+pub mod body;
 pub mod connection;
 pub mod error;
 pub mod limit;
@@ -24,6 +26,7 @@ pub mod ws;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -51,7 +54,18 @@ pub struct AppState {
     pub mqtt: Option<Arc<crate::mqtt::Broker>>,
     /// Every request's count and time, by route template, method and status.
     pub request_metrics: Arc<RequestMetrics>,
+    /// The bytes of request bodies in memory at once (`body`).
+    pub bodies: Arc<body::BodyBudget>,
+    /// Longest wait for the next piece of a request body, or for room to read it.
+    pub body_read_timeout: Duration,
 }
+
+/// Request bodies in memory at once unless configured otherwise: four of the largest a default
+/// server takes (twice a 16 MiB batch), or thousands of ordinary ones.
+pub const BODY_BYTES_IN_FLIGHT_DEFAULT: u64 = 128 << 20;
+/// How long a request body may send nothing unless configured otherwise: a pause that long is
+/// a client gone, not a slow network.
+pub const BODY_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 impl AppState {
     /// The state for `engine`, with a body limit that fits its largest batch: twice
@@ -65,6 +79,8 @@ impl AppState {
             subscriptions_per_socket_max: ws::SUBSCRIPTIONS_PER_SOCKET_DEFAULT,
             mqtt: None,
             request_metrics: Arc::default(),
+            bodies: Arc::new(body::BodyBudget::new(BODY_BYTES_IN_FLIGHT_DEFAULT)),
+            body_read_timeout: BODY_READ_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -155,6 +171,11 @@ fn method_label(method: &Method) -> &'static str {
 
 pub fn app(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.body_bytes_max);
+    let body_limits = Arc::new(body::Limits {
+        bytes_max: state.body_bytes_max,
+        budget: state.bodies.clone(),
+        read_timeout: state.body_read_timeout,
+    });
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -168,6 +189,7 @@ pub fn app(state: AppState) -> Router {
         .route("/views/{view}/{key}", get(views::get_key))
         .route("/sql", axum::routing::post(sql::run))
         .route("/mqtt", get(mqtt_ws::upgrade))
+        .route_layer(axum::middleware::from_fn_with_state(body_limits, body::read_body))
         .route_layer(axum::middleware::from_fn_with_state(state.request_metrics.clone(), record_request))
         .layer(body_limit)
         .with_state(state)
