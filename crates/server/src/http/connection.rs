@@ -14,6 +14,11 @@
 //! While a request is in progress, the connection is not idle: its body has its own timeout
 //! (`super::body`), and a response still streaming (an SSE subscription sending keep-alives) is
 //! the connection at work. An upgraded connection (WebSocket) leaves hyper and this watch.
+//!
+//! hyper answers a head it cannot parse itself, with an empty body (`400`, `414` URI too long,
+//! `431` head too large). Every refusal of ours has a JSON body, so an empty-bodied answer of
+//! those statuses written between requests can only be hyper's: the socket swaps it for the
+//! same status with `{"error":{"code","message"}}` as it is written.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -119,7 +124,7 @@ impl Timeout {
 /// Serves one connection until it ends, times out, or is closed at shutdown.
 async fn serve_connection(io: Admitted, router: Router, config: HttpConfig, mut closing: watch::Receiver<bool>) {
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(Watched { io, activity: activity.clone() });
+    let io = TokioIo::new(Watched { io, activity: activity.clone(), replacement: None });
     let service = {
         let activity = activity.clone();
         hyper::service::service_fn(move |request: Request<Incoming>| {
@@ -313,10 +318,50 @@ impl http_body::Body for Tracked {
     }
 }
 
-/// The socket as hyper sees it: reads are noted in the connection's activity.
+/// The socket as hyper sees it: reads are noted in the connection's activity, and hyper's own
+/// empty-bodied refusals are rewritten with a JSON body.
 struct Watched {
     io: Admitted,
     activity: Arc<Activity>,
+    /// An answer written in place of hyper's, and how much of it is out.
+    replacement: Option<(Vec<u8>, usize)>,
+}
+
+impl Watched {
+    /// Writes out what is left of a replacement answer.
+    fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((answer, written)) = &mut self.replacement {
+            if *written == answer.len() {
+                self.replacement = None;
+                break;
+            }
+            let wrote = ready!(Pin::new(&mut self.io).poll_write(cx, &answer[*written..]))?;
+            if wrote == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *written += wrote;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Whether `bytes`, about to be written, is hyper's answer to a head it refused; if so, the
+    /// JSON answer goes out instead.
+    fn replaced(&mut self, bytes: &[u8]) -> bool {
+        let between_requests = self.activity.requests_open.load(Ordering::Acquire) == 0;
+        if !between_requests
+            || self.activity.http2.load(Ordering::Acquire)
+            || self.activity.handed_over.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        match parser_refusal(bytes) {
+            Some(answer) => {
+                self.replacement = Some((answer, 0));
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl Drop for Watched {
@@ -347,6 +392,12 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        ready!(self.poll_replacement(cx))?;
+        if self.replaced(buf) {
+            // hyper's bytes count as written; what goes out is the replacement.
+            let _ = self.poll_replacement(cx)?;
+            return Poll::Ready(Ok(buf.len()));
+        }
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
@@ -355,6 +406,13 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        ready!(self.poll_replacement(cx))?;
+        if let Some(first) = bufs.iter().find(|buf| !buf.is_empty())
+            && self.replaced(first)
+        {
+            let _ = self.poll_replacement(cx)?;
+            return Poll::Ready(Ok(first.len()));
+        }
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
@@ -363,12 +421,49 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_replacement(cx))?;
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_replacement(cx))?;
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
+}
+
+/// Most header fields hyper parses in a head (its default: setting it moves the parse from
+/// the stack to the heap).
+const HEADER_FIELDS_MAX: usize = 100;
+/// Longest request target hyper takes.
+const TARGET_BYTES_MAX: usize = 65_534;
+/// Largest head hyper buffers (its default read buffer limit).
+const HEAD_BYTES_MAX: usize = 8192 + 4096 * 100;
+
+/// The JSON answer for hyper's own refusal in `bytes`, if that is what they are: a head of
+/// status 400, 414 or 431 with an empty body.
+fn parser_refusal(bytes: &[u8]) -> Option<Vec<u8>> {
+    let status = bytes.strip_prefix(b"HTTP/1.1 ")?.get(..4)?;
+    let (status_line, code, message) = match status {
+        b"400 " => ("400 Bad Request", "bad_request", "the request's head is not valid HTTP/1.1".to_string()),
+        b"414 " => {
+            ("414 URI Too Long", "uri_too_long", format!("the request target is longer than {TARGET_BYTES_MAX} bytes"))
+        }
+        b"431 " => (
+            "431 Request Header Fields Too Large",
+            "headers_too_large",
+            format!("the request's head has more than {HEADER_FIELDS_MAX} header fields or {HEAD_BYTES_MAX} bytes"),
+        ),
+        _ => return None,
+    };
+    let head_end = bytes.windows(4).position(|window| window == b"\r\n\r\n")?;
+    let head = &bytes[..head_end + 2];
+    let empty = head.windows(19).any(|line| line.eq_ignore_ascii_case(b"\r\ncontent-length: 0"));
+    if !empty {
+        return None;
+    }
+    tracing::debug!(code, message, "request refused by the HTTP parser");
+    metrics::counter!("http_errors_total", "code" => code).increment(1);
+    Some(json_answer(status_line, code, &message))
 }
 
 /// A whole HTTP/1.1 answer with a JSON error body, closing the connection.
@@ -384,6 +479,22 @@ fn json_answer(status_line: &str, code: &str, message: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_hyper_s_empty_refusals_are_replaced() {
+        let answer =
+            parser_refusal(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n")
+                .expect("replaced");
+        let answer = String::from_utf8(answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+        let body: serde_json::Value = serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap();
+        assert_eq!(body["error"]["code"], "headers_too_large");
+        // Our own refusals have bodies; other statuses and body bytes are left alone.
+        assert!(parser_refusal(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 52\r\n\r\n{}").is_none());
+        assert!(parser_refusal(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_none());
+        assert!(parser_refusal(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0").is_none());
+        assert!(parser_refusal(b"{\"HTTP/1.1 400 \r\ncontent-length: 0\r\n\r\n\"}").is_none());
+    }
 
     /// The deadline follows the connection: header time for a first or unfinished head, idle
     /// time between requests, none while a request is in progress.

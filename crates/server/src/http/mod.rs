@@ -7,7 +7,7 @@
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `body`: request bodies read whole, within a size, a memory budget and a read timeout.
-//! - `connection`: the listener's connections and their timeouts.
+//! - `connection`: the listener's connections: timeouts, hyper's own refusals.
 //! - `limit`: the connection limit.
 
 pub mod body;
@@ -176,7 +176,7 @@ pub fn app(state: AppState) -> Router {
         budget: state.bodies.clone(),
         read_timeout: state.body_read_timeout,
     });
-    Router::new()
+    let routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
@@ -191,8 +191,24 @@ pub fn app(state: AppState) -> Router {
         .route("/mqtt", get(mqtt_ws::upgrade))
         .route_layer(axum::middleware::from_fn_with_state(body_limits, body::read_body))
         .route_layer(axum::middleware::from_fn_with_state(state.request_metrics.clone(), record_request))
+        .fallback(unknown_route)
         .layer(body_limit)
-        .with_state(state)
+        .with_state(state);
+    // Refusals get their JSON form around the routes, not among them: axum adds a 405's
+    // `Allow` header as a request leaves the routes, and the message names those methods.
+    Router::new().fallback_service(routes).layer(axum::middleware::from_fn(error::json_refusals))
+}
+
+async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError {
+    error::ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "unknown_route",
+        message: format!(
+            "no route for {method} {}: the server serves /streams/{{s}}, /tables/{{t}}, /views/{{v}}, /sql, /mqtt, \
+             /healthz and /metrics",
+            uri.path()
+        ),
+    }
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
@@ -212,7 +228,12 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         Some(handle) => {
             (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
         }
-        None => (StatusCode::NOT_FOUND, "metrics are not enabled in this process\n").into_response(),
+        None => error::ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "metrics_disabled",
+            message: "metrics are not enabled in this process".into(),
+        }
+        .into_response(),
     }
 }
 
