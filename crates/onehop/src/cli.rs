@@ -146,6 +146,11 @@ pub struct ServeArgs {
     /// for room. At least the largest body (twice --batch-bytes-max) [default: 128MiB].
     #[arg(long, env = "ONEHOP_HTTP_BODY_BYTES_IN_FLIGHT_MAX", value_name = "BYTES", value_parser = parse_bytes)]
     pub http_body_bytes_in_flight_max: Option<u64>,
+
+    /// Seconds connections have to finish after SIGTERM or SIGINT before they are closed and
+    /// the server stops; a second signal exits at once [default: 5].
+    #[arg(long, env = "ONEHOP_SHUTDOWN_TIMEOUT_S", value_name = "SECONDS")]
+    pub shutdown_timeout_s: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -7,7 +7,7 @@ use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{DirLock, Log, LogOptions};
 use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
 use onehop_server::{AppState, HttpConfig, install_metrics, serve_http};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::ServeArgs;
@@ -108,6 +108,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         connections_max: settings.connections_max,
         header_read_timeout: settings.http_header_read_timeout,
         idle_timeout: settings.http_idle_timeout,
+        shutdown_timeout: settings.shutdown_timeout,
     };
     serve_http(listener, state, http, until_stopped(stopped)).await.context("HTTP server")?;
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
@@ -136,14 +137,33 @@ async fn apply_schema(engine: &Engine, path: &std::path::Path) -> anyhow::Result
 }
 
 /// A future that resolves on the first SIGINT or SIGTERM; the handlers are installed at once.
+///
+/// After it, a second signal exits the process at once, without the orderly stop. Nothing
+/// acknowledged is lost by that: an `fsync` write is acknowledged after its fdatasync, an
+/// `async` one once written to the page cache, which outlives the process; what the orderly
+/// stop adds (segment indexes, view checkpoints) the next start rebuilds from the log.
 fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     Ok(async move {
-        let name = tokio::select! {
-            _ = interrupt.recv() => "SIGINT",
-            _ = terminate.recv() => "SIGTERM",
-        };
+        let (name, _) = next_signal(&mut interrupt, &mut terminate).await;
         tracing::info!(signal = name, "shutdown requested");
+        tokio::spawn(async move {
+            let (name, number) = next_signal(&mut interrupt, &mut terminate).await;
+            tracing::warn!(
+                signal = name,
+                "second signal: exiting at once, without the orderly stop; acknowledged writes are already durable"
+            );
+            // The status a shell reports for a process the signal ended.
+            std::process::exit(128 + number);
+        });
     })
+}
+
+/// The next SIGINT or SIGTERM: its name and number.
+async fn next_signal(interrupt: &mut Signal, terminate: &mut Signal) -> (&'static str, i32) {
+    tokio::select! {
+        _ = interrupt.recv() => ("SIGINT", 2),
+        _ = terminate.recv() => ("SIGTERM", 15),
+    }
 }

@@ -65,6 +65,7 @@ struct FileSettings {
     http_idle_timeout_s: Option<u64>,
     http_body_read_timeout_s: Option<u64>,
     http_body_bytes_in_flight_max: Option<Size>,
+    shutdown_timeout_s: Option<u64>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -97,6 +98,8 @@ pub struct Settings {
     pub http_body_read_timeout: Duration,
     /// Bytes of HTTP request bodies in memory at once.
     pub http_body_bytes_in_flight_max: u64,
+    /// Time connections have to finish after the first SIGTERM or SIGINT.
+    pub shutdown_timeout: Duration,
 }
 
 impl Settings {
@@ -188,6 +191,12 @@ impl Settings {
             "http_idle_timeout_s",
             http_defaults.idle_timeout,
         )?;
+        let shutdown_timeout = seconds(
+            args.shutdown_timeout_s,
+            file.shutdown_timeout_s,
+            "shutdown_timeout_s",
+            http_defaults.shutdown_timeout,
+        )?;
         let http_body_read_timeout = seconds(
             args.http_body_read_timeout_s,
             file.http_body_read_timeout_s,
@@ -246,6 +255,7 @@ impl Settings {
             http_idle_timeout,
             http_body_read_timeout,
             http_body_bytes_in_flight_max,
+            shutdown_timeout,
         })
     }
 }
@@ -309,13 +319,16 @@ mod tests {
         let settings = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
         assert_eq!(settings.http_header_read_timeout, Duration::from_secs(10));
         assert_eq!(settings.http_idle_timeout, Duration::from_secs(60));
+        assert_eq!(settings.shutdown_timeout, Duration::from_secs(5));
         assert_eq!(settings.http_body_read_timeout, Duration::from_secs(30));
         assert_eq!(settings.http_body_bytes_in_flight_max, 128 << 20);
-        let from_file = file("http_idle_timeout_s = 5\nhttp_body_bytes_in_flight_max = \"64MiB\"\n");
+        let from_file =
+            file("http_idle_timeout_s = 5\nhttp_body_bytes_in_flight_max = \"64MiB\"\nshutdown_timeout_s = 2\n");
         let args = ServeArgs { http_idle_timeout_s: Some(7), ..ServeArgs::default() };
         let settings = Settings::merge(&args, from_file, None).unwrap();
         assert_eq!(settings.http_idle_timeout, Duration::from_secs(7));
         assert_eq!(settings.http_body_bytes_in_flight_max, 64 << 20);
+        assert_eq!(settings.shutdown_timeout, Duration::from_secs(2));
         // A larger batch limit raises the default, so that its bodies can still be read.
         let args =
             ServeArgs { segment_bytes_max: Some(512 << 20), batch_bytes_max: Some(128 << 20), ..ServeArgs::default() };

@@ -292,6 +292,7 @@ fn the_settings_are_flags_with_help_and_impossible_values_stop_the_start() {
         ("--http-idle-timeout-s", "ONEHOP_HTTP_IDLE_TIMEOUT_S"),
         ("--http-body-read-timeout-s", "ONEHOP_HTTP_BODY_READ_TIMEOUT_S"),
         ("--http-body-bytes-in-flight-max", "ONEHOP_HTTP_BODY_BYTES_IN_FLIGHT_MAX"),
+        ("--shutdown-timeout-s", "ONEHOP_SHUTDOWN_TIMEOUT_S"),
     ] {
         assert!(help.contains(flag) && help.contains(variable), "{flag} or {variable} missing from serve --help");
     }

@@ -1,5 +1,5 @@
 //! The HTTP listener's connections: each served by hyper (HTTP/1.1, or HTTP/2 with prior
-//! knowledge), and watched for a client that holds it without using it.
+//! knowledge), watched for a client that holds it without using it, and ended at shutdown.
 //!
 //! A connection with no request in progress waits for the next one, within a timeout:
 //!
@@ -56,6 +56,8 @@ pub struct HttpConfig {
     pub header_read_timeout: Duration,
     /// Time a connection may wait for its next request after a response.
     pub idle_timeout: Duration,
+    /// Time connections have to finish once shutdown begins; then they are closed.
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -67,12 +69,15 @@ impl Default for HttpConfig {
             header_read_timeout: Duration::from_secs(10),
             // Long enough that a client polling every half minute keeps its connection.
             idle_timeout: Duration::from_secs(60),
+            // Below what process managers wait before SIGKILL (Kubernetes 30 s, systemd 90 s).
+            shutdown_timeout: Duration::from_secs(5),
         }
     }
 }
 
 /// Serves `state`'s router on `listener` until `shutdown` resolves. Then it stops accepting,
-/// lets requests in progress end, and waits for every connection to close.
+/// tells every subscription to finish (`AppState::shutdown`), lets requests in progress end,
+/// and waits up to `shutdown_timeout` for every connection to close before closing the rest.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -95,11 +100,22 @@ pub async fn serve(
             () = &mut shutdown => break,
         }
     }
+    state.shutdown.begin();
+    if let Some(broker) = &state.mqtt {
+        // MQTT over WebSocket connections are the broker's to end.
+        broker.shut_down();
+    }
     let _ = close.send(true);
     // No new connections from here: the listening socket closes.
     let all_closed = listener.all_closed();
     drop(listener);
-    all_closed.await;
+    if tokio::time::timeout(config.shutdown_timeout, all_closed).await.is_err() {
+        tracing::warn!(
+            timeout_s = config.shutdown_timeout.as_secs(),
+            "HTTP connections still open at the end of the shutdown timeout; closing them"
+        );
+        connections.abort_all();
+    }
     Ok(())
 }
 

@@ -7,7 +7,7 @@
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `body`: request bodies read whole, within a size, a memory budget and a read timeout.
-//! - `connection`: the listener's connections: timeouts, hyper's own refusals.
+//! - `connection`: the listener's connections: timeouts, hyper's own refusals, shutdown.
 //! - `limit`: the connection limit.
 
 pub mod body;
@@ -37,6 +37,7 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use onehop_engine::Engine;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 pub use connection::HttpConfig;
 
@@ -58,6 +59,8 @@ pub struct AppState {
     pub bodies: Arc<body::BodyBudget>,
     /// Longest wait for the next piece of a request body, or for room to read it.
     pub body_read_timeout: Duration,
+    /// Tells subscriptions the server is stopping.
+    pub shutdown: Shutdown,
 }
 
 /// Request bodies in memory at once unless configured otherwise: four of the largest a default
@@ -66,6 +69,39 @@ pub const BODY_BYTES_IN_FLIGHT_DEFAULT: u64 = 128 << 20;
 /// How long a request body may send nothing unless configured otherwise: a pause that long is
 /// a client gone, not a slow network.
 pub const BODY_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// The server's stop, as long-lived responses see it: once begun, each subscription sends its
+/// last event (with the id to resume from) and ends.
+#[derive(Clone)]
+pub struct Shutdown {
+    stopping: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown { stopping: Arc::new(watch::Sender::new(false)) }
+    }
+}
+
+impl Shutdown {
+    /// Tells every subscription to finish.
+    pub fn begin(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// A receiver that turns `true` when the stop begins.
+    pub fn receiver(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+}
+
+/// Resolves once `shutdown` (a [`Shutdown::receiver`]) has turned true. Cancel-safe.
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // Err only once the sender is gone, which `AppState` holds: then nothing will stop.
+    if shutdown.wait_for(|stopping| *stopping).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
 
 impl AppState {
     /// The state for `engine`, with a body limit that fits its largest batch: twice
@@ -81,6 +117,7 @@ impl AppState {
             request_metrics: Arc::default(),
             bodies: Arc::new(body::BodyBudget::new(BODY_BYTES_IN_FLIGHT_DEFAULT)),
             body_read_timeout: BODY_READ_TIMEOUT_DEFAULT,
+            shutdown: Shutdown::default(),
         }
     }
 }
@@ -237,8 +274,9 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Serves `app` on `listener` within `config`'s limits until `shutdown` resolves; then stops
-/// accepting and lets requests in progress finish (see `connection::serve`).
+/// Serves `app` on `listener` within `config`'s limits until `shutdown` resolves; then ends
+/// subscriptions, lets requests in progress finish, and closes what is left after
+/// `config.shutdown_timeout` (see `connection::serve`).
 pub async fn serve_http(
     listener: TcpListener,
     state: AppState,
