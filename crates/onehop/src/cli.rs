@@ -152,6 +152,32 @@ pub struct ServeArgs {
     /// [default: none].
     #[arg(long, env = "ONEHOP_ALLOWED_ORIGINS", value_name = "ORIGIN,…", value_delimiter = ',')]
     pub allowed_origins: Option<Vec<String>>,
+
+    /// Seconds an HTTP client has to send a request's head, from opening the connection (or
+    /// from the head's first byte, after a first request); then the connection is closed
+    /// [default: 10].
+    #[arg(long, env = "ONEHOP_HTTP_HEADER_READ_TIMEOUT_S", value_name = "SECONDS")]
+    pub http_header_read_timeout_s: Option<u64>,
+
+    /// Seconds an HTTP connection may wait for its next request after a response; then it is
+    /// closed [default: 60].
+    #[arg(long, env = "ONEHOP_HTTP_IDLE_TIMEOUT_S", value_name = "SECONDS")]
+    pub http_idle_timeout_s: Option<u64>,
+
+    /// Seconds a request body may send nothing, or wait for room in memory, before it is
+    /// refused (408 body_timeout, 503 server_busy) [default: 30].
+    #[arg(long, env = "ONEHOP_HTTP_BODY_READ_TIMEOUT_S", value_name = "SECONDS")]
+    pub http_body_read_timeout_s: Option<u64>,
+
+    /// Bytes of HTTP request bodies held in memory at once, all requests together; more wait
+    /// for room. At least the largest body (twice --batch-bytes-max) [default: 128MiB].
+    #[arg(long, env = "ONEHOP_HTTP_BODY_BYTES_IN_FLIGHT_MAX", value_name = "BYTES", value_parser = parse_bytes)]
+    pub http_body_bytes_in_flight_max: Option<u64>,
+
+    /// Seconds connections have to finish after SIGTERM or SIGINT before they are closed and
+    /// the server stops; a second signal exits at once [default: 5].
+    #[arg(long, env = "ONEHOP_SHUTDOWN_TIMEOUT_S", value_name = "SECONDS")]
+    pub shutdown_timeout_s: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -25,6 +25,21 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+unsafe extern "C" {
+    /// mimalloc's own: frees what it holds unused, and with `force` returns it to the OS now
+    /// rather than when it next allocates.
+    fn mi_collect(force: bool);
+}
+
+/// Returns the memory the allocator holds free to the OS. mimalloc does so on its own only as
+/// it allocates, so a server that falls idle after a burst of large uploads would keep their
+/// memory; HTTP calls this once such a burst is over.
+pub(crate) fn release_free_memory() {
+    // SAFETY: mi_collect is mimalloc's public API, callable from any thread at any time; it
+    // frees only memory no allocation holds.
+    unsafe { mi_collect(true) }
+}
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {

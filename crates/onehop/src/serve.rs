@@ -7,8 +7,8 @@ use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::http::origin::AllowedOrigins;
 use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
-use onehop_server::{AppState, install_metrics, serve_http};
-use tokio::signal::unix::{SignalKind, signal};
+use onehop_server::{AppState, HttpConfig, install_metrics, serve_http};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::ServeArgs;
@@ -118,7 +118,16 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
     state.mqtt = Some(broker);
     state.allowed_origins = Arc::new(allowed_origins(&settings));
-    serve_http(listener, state, settings.connections_max, until_stopped(stopped)).await.context("HTTP server")?;
+    let bodies = onehop_server::http::body::BodyBudget::new(settings.http_body_bytes_in_flight_max);
+    state.bodies = Arc::new(bodies.releasing_with(crate::release_free_memory));
+    state.body_read_timeout = settings.http_body_read_timeout;
+    let http = HttpConfig {
+        connections_max: settings.connections_max,
+        header_read_timeout: settings.http_header_read_timeout,
+        idle_timeout: settings.http_idle_timeout,
+        shutdown_timeout: settings.shutdown_timeout,
+    };
+    serve_http(listener, state, http, until_stopped(stopped)).await.context("HTTP server")?;
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
@@ -178,14 +187,33 @@ async fn apply_schema(engine: &Engine, path: &std::path::Path) -> anyhow::Result
 }
 
 /// A future that resolves on the first SIGINT or SIGTERM; the handlers are installed at once.
+///
+/// After it, a second signal exits the process at once, without the orderly stop. Nothing
+/// acknowledged is lost by that: an `fsync` write is acknowledged after its fdatasync, an
+/// `async` one once written to the page cache, which outlives the process; what the orderly
+/// stop adds (segment indexes, view checkpoints) the next start rebuilds from the log.
 fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     Ok(async move {
-        let name = tokio::select! {
-            _ = interrupt.recv() => "SIGINT",
-            _ = terminate.recv() => "SIGTERM",
-        };
+        let (name, _) = next_signal(&mut interrupt, &mut terminate).await;
         tracing::info!(signal = name, "shutdown requested");
+        tokio::spawn(async move {
+            let (name, number) = next_signal(&mut interrupt, &mut terminate).await;
+            tracing::warn!(
+                signal = name,
+                "second signal: exiting at once, without the orderly stop; acknowledged writes are already durable"
+            );
+            // The status a shell reports for a process the signal ended.
+            std::process::exit(128 + number);
+        });
     })
+}
+
+/// The next SIGINT or SIGTERM: its name and number.
+async fn next_signal(interrupt: &mut Signal, terminate: &mut Signal) -> (&'static str, i32) {
+    tokio::select! {
+        _ = interrupt.recv() => ("SIGINT", 2),
+        _ = terminate.recv() => ("SIGTERM", 15),
+    }
 }

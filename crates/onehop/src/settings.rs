@@ -9,7 +9,9 @@ use onehop_log::{Durability, PartitionConfig};
 use serde::Deserialize;
 
 use onehop_engine::units::parse_bytes;
+use onehop_server::HttpConfig;
 use onehop_server::http::origin::AllowedOrigins;
+use onehop_server::http::{BODY_BYTES_IN_FLIGHT_DEFAULT, BODY_READ_TIMEOUT_DEFAULT};
 
 use crate::cli::ServeArgs;
 
@@ -63,6 +65,11 @@ struct FileSettings {
     log: Option<String>,
     mqtt_empty_first_level_stream: Option<String>,
     allowed_origins: Option<Vec<String>>,
+    http_header_read_timeout_s: Option<u64>,
+    http_idle_timeout_s: Option<u64>,
+    http_body_read_timeout_s: Option<u64>,
+    http_body_bytes_in_flight_max: Option<Size>,
+    shutdown_timeout_s: Option<u64>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -95,6 +102,16 @@ pub struct Settings {
     pub mqtt_empty_first_level_stream: String,
     /// Origins whose pages may use the server from a browser, besides its own.
     pub allowed_origins: AllowedOrigins,
+    /// Time an HTTP request head may take to arrive.
+    pub http_header_read_timeout: Duration,
+    /// Time an HTTP connection may wait for its next request.
+    pub http_idle_timeout: Duration,
+    /// Longest wait for the next piece of an HTTP request body, or for room to read it.
+    pub http_body_read_timeout: Duration,
+    /// Bytes of HTTP request bodies in memory at once.
+    pub http_body_bytes_in_flight_max: u64,
+    /// Time connections have to finish after the first SIGTERM or SIGINT.
+    pub shutdown_timeout: Duration,
 }
 
 impl Settings {
@@ -176,6 +193,51 @@ impl Settings {
         if let Err(error) = onehop_engine::validate_name(&mqtt_empty_first_level_stream) {
             bail!("mqtt_empty_first_level_stream: {error}");
         }
+        let seconds = |flag: Option<u64>, from_file: Option<u64>, key: &str, default: Duration| match flag.or(from_file)
+        {
+            Some(0) => bail!("{key} must be at least 1"),
+            Some(seconds) => Ok(Duration::from_secs(seconds)),
+            None => Ok(default),
+        };
+        let http_defaults = HttpConfig::default();
+        let http_header_read_timeout = seconds(
+            args.http_header_read_timeout_s,
+            file.http_header_read_timeout_s,
+            "http_header_read_timeout_s",
+            http_defaults.header_read_timeout,
+        )?;
+        let http_idle_timeout = seconds(
+            args.http_idle_timeout_s,
+            file.http_idle_timeout_s,
+            "http_idle_timeout_s",
+            http_defaults.idle_timeout,
+        )?;
+        let shutdown_timeout = seconds(
+            args.shutdown_timeout_s,
+            file.shutdown_timeout_s,
+            "shutdown_timeout_s",
+            http_defaults.shutdown_timeout,
+        )?;
+        let http_body_read_timeout = seconds(
+            args.http_body_read_timeout_s,
+            file.http_body_read_timeout_s,
+            "http_body_read_timeout_s",
+            BODY_READ_TIMEOUT_DEFAULT,
+        )?;
+        // The largest body HTTP takes: one append's worth, with room for its JSON escaping.
+        let body_bytes_max = 2 * batch_bytes_max as u64;
+        let http_body_bytes_in_flight_max = size(
+            args.http_body_bytes_in_flight_max,
+            &file.http_body_bytes_in_flight_max,
+            "http_body_bytes_in_flight_max",
+            BODY_BYTES_IN_FLIGHT_DEFAULT.max(body_bytes_max),
+        )?;
+        if http_body_bytes_in_flight_max < body_bytes_max {
+            bail!(
+                "http_body_bytes_in_flight_max ({http_body_bytes_in_flight_max} bytes) is below the largest request \
+                 body ({body_bytes_max} bytes, twice batch_bytes_max), which could then never be read"
+            );
+        }
         Ok(Settings {
             connections_max: count(
                 args.connections_max,
@@ -214,6 +276,11 @@ impl Settings {
             recover_catalog: args.recover_catalog,
             mqtt_empty_first_level_stream,
             allowed_origins,
+            http_header_read_timeout,
+            http_idle_timeout,
+            http_body_read_timeout,
+            http_body_bytes_in_flight_max,
+            shutdown_timeout,
         })
     }
 }
@@ -310,5 +377,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.starts_with("allowed_origins: ") && error.contains("write https://a.example"), "{error}");
+    }
+
+    #[test]
+    fn http_timeouts_and_body_memory_are_settings_with_checked_values() {
+        let settings = Settings::merge(&ServeArgs::default(), FileSettings::default(), None).unwrap();
+        assert_eq!(settings.http_header_read_timeout, Duration::from_secs(10));
+        assert_eq!(settings.http_idle_timeout, Duration::from_secs(60));
+        assert_eq!(settings.shutdown_timeout, Duration::from_secs(5));
+        assert_eq!(settings.http_body_read_timeout, Duration::from_secs(30));
+        assert_eq!(settings.http_body_bytes_in_flight_max, 128 << 20);
+        let from_file =
+            file("http_idle_timeout_s = 5\nhttp_body_bytes_in_flight_max = \"64MiB\"\nshutdown_timeout_s = 2\n");
+        let args = ServeArgs { http_idle_timeout_s: Some(7), ..ServeArgs::default() };
+        let settings = Settings::merge(&args, from_file, None).unwrap();
+        assert_eq!(settings.http_idle_timeout, Duration::from_secs(7));
+        assert_eq!(settings.http_body_bytes_in_flight_max, 64 << 20);
+        assert_eq!(settings.shutdown_timeout, Duration::from_secs(2));
+        // A larger batch limit raises the default, so that its bodies can still be read.
+        let args =
+            ServeArgs { segment_bytes_max: Some(512 << 20), batch_bytes_max: Some(128 << 20), ..ServeArgs::default() };
+        assert_eq!(
+            Settings::merge(&args, FileSettings::default(), None).unwrap().http_body_bytes_in_flight_max,
+            256 << 20
+        );
+        let error = Settings::merge(&ServeArgs::default(), file("http_header_read_timeout_s = 0"), None).unwrap_err();
+        assert!(error.to_string().contains("http_header_read_timeout_s"), "{error}");
+        let error =
+            Settings::merge(&ServeArgs::default(), file("http_body_bytes_in_flight_max = \"8MiB\""), None).unwrap_err();
+        assert!(error.to_string().contains("http_body_bytes_in_flight_max"), "{error}");
     }
 }

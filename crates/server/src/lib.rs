@@ -17,5 +17,5 @@ mod linger;
 pub mod mqtt;
 pub mod telemetry;
 
-pub use http::{AppState, app, serve_http};
+pub use http::{AppState, HttpConfig, app, serve_http};
 pub use telemetry::install_metrics;

@@ -59,6 +59,14 @@ impl<H: Send + Unpin + 'static> Lingering<H> {
         Lingering { stream: Some(stream), hold: Some(hold) }
     }
 
+    /// Writes what the socket takes of `bytes` now, without waiting: last words before a close.
+    pub(crate) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        match &self.stream {
+            Some(stream) => stream.try_write(bytes),
+            None => Ok(0),
+        }
+    }
+
     fn stream(&mut self) -> &mut TcpStream {
         self.stream.as_mut().expect("a connection has its stream until dropped")
     }

@@ -57,6 +57,22 @@ fn describe() {
     describe_counter!("http_errors_total", "Refused or failed HTTP requests, by error code.");
     gauge("http_connections", "Open HTTP connections, subscriptions included.");
     counter("http_connections_refused_total", "HTTP connections refused (503) because connections_max were open.");
+    describe_counter!(
+        "http_connections_timed_out_total",
+        "HTTP connections closed for waiting too long, by timeout: header, idle or body."
+    );
+    // The timeouts are a closed set: each series exists from the start.
+    for timeout in ["header", "idle", "body"] {
+        let _ = metrics::counter!("http_connections_timed_out_total", "timeout" => timeout);
+    }
+    gauge(
+        "http_body_in_flight_bytes",
+        "Bytes of HTTP request bodies held in memory now (http_body_bytes_in_flight_max).",
+    );
+    gauge(
+        "engine_orphaned_topics",
+        "Topics with data on disk that the catalog neither defines nor dropped (kept, not served).",
+    );
     gauge("hub_subscriptions", "Live subscriptions registered with the hub (SSE and WebSocket).");
     counter(
         "hub_subscribers_overflowed_total",

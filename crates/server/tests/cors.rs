@@ -11,7 +11,7 @@ use std::sync::Arc;
 use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{Log, LogOptions};
 use onehop_server::http::origin::AllowedOrigins;
-use onehop_server::{AppState, serve_http};
+use onehop_server::{AppState, HttpConfig, serve_http};
 use reqwest::{Method, Response};
 use serde_json::Value;
 use tokio_tungstenite::tungstenite;
@@ -29,7 +29,8 @@ async fn start(origins: &[&str]) -> (SocketAddr, tempfile::TempDir) {
     let address = listener.local_addr().unwrap();
     let mut state = AppState::new(engine, None);
     state.allowed_origins = Arc::new(AllowedOrigins::parse(origins.iter().copied()).unwrap());
-    tokio::spawn(async move { serve_http(listener, state, 1024, std::future::pending()).await.unwrap() });
+    let config = HttpConfig { connections_max: 1024, ..HttpConfig::default() };
+    tokio::spawn(async move { serve_http(listener, state, config, std::future::pending()).await.unwrap() });
     common::publish(address, "/streams/s", r#"{"n":0}"#).await;
     (address, dir)
 }

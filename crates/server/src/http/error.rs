@@ -1,8 +1,14 @@
 //! Errors as HTTP answers: a status and `{"error":{"code":…,"message":…}}`. Client mistakes
 //! are 4xx and logged at debug level; server failures are 5xx and logged as errors.
+//!
+//! Refusals axum makes itself (a method a route does not take, a path segment that does not
+//! decode) come as plain text or empty; `json_refusals` gives them the same form. hyper's own
+//! (a head it cannot parse) are rewritten on the socket (`super::connection`).
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use onehop_engine::EngineError;
 
@@ -46,5 +52,59 @@ impl IntoResponse for ApiError {
         metrics::counter!("http_errors_total", "code" => self.code).increment(1);
         let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
         (self.status, Json(body)).into_response()
+    }
+}
+
+/// The most of a plain-text refusal kept as its message.
+const REFUSAL_TEXT_BYTES_MAX: usize = 4096;
+
+/// Gives a refusal that is not JSON the JSON form, keeping its status and headers (`Allow`,
+/// `Retry-After`) and its text as the message.
+pub async fn json_refusals(request: Request, next: Next) -> Response {
+    let (method, uri) = (request.method().clone(), request.uri().clone());
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, REFUSAL_TEXT_BYTES_MAX)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_string())
+        .unwrap_or_default();
+    let error = if status == StatusCode::METHOD_NOT_ALLOWED {
+        let allowed = parts.headers.get(header::ALLOW).and_then(|value| value.to_str().ok()).unwrap_or("nothing");
+        ApiError {
+            status,
+            code: "method_not_allowed",
+            message: format!("{} does not take {method}; it takes {allowed}", uri.path()),
+        }
+    } else {
+        let message = if text.is_empty() { status.canonical_reason().unwrap_or("refused").to_string() } else { text };
+        ApiError { status, code: code_of(status), message }
+    };
+    parts.headers.remove(header::CONTENT_TYPE);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let mut answer = error.into_response();
+    answer.headers_mut().extend(parts.headers);
+    answer
+}
+
+/// The code of a refusal known only by its status.
+fn code_of(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::REQUEST_TIMEOUT => "request_timeout",
+        StatusCode::LENGTH_REQUIRED => "length_required",
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UPGRADE_REQUIRED => "upgrade_required",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        status if status.is_server_error() => "internal",
+        _ => "bad_request",
     }
 }

@@ -31,11 +31,27 @@ impl LimitedListener {
     pub fn new(inner: TcpListener, max: usize) -> Self {
         LimitedListener { inner, permits: Arc::new(Semaphore::new(max)), max }
     }
+
+    /// Resolves once every admitted connection has closed and lingered. Taking every permit
+    /// also admits no one meanwhile.
+    pub fn all_closed(&self) -> impl Future<Output = ()> + Send + 'static {
+        let (permits, max) = (self.permits.clone(), u32::try_from(self.max).unwrap_or(u32::MAX));
+        async move {
+            let _ = permits.acquire_many_owned(max).await;
+        }
+    }
 }
 
 /// An admitted connection; its permit returns when it has closed and lingered.
 pub struct Admitted {
     connection: Lingering<OwnedSemaphorePermit>,
+}
+
+impl Admitted {
+    /// Writes what the socket takes of `bytes` now, without waiting.
+    pub(crate) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        self.connection.try_write(bytes)
+    }
 }
 
 impl Drop for Admitted {

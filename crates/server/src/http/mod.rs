@@ -8,8 +8,12 @@
 //! - `cors`, `origin`: which other origins' pages may use the server (CORS, WebSocket `Origin`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `query`: query strings decoded strictly (whole escapes, UTF-8; `+` literal in `subject`).
-//! - `time`: RFC 3339 times in query strings.
+//! - `body`: request bodies read whole, within a size, a memory budget and a read timeout.
+//! - `connection`: the listener's connections: timeouts, hyper's own refusals, shutdown.
+//! - `limit`: the connection limit.
 
+pub mod body;
+pub mod connection;
 pub mod cors;
 pub mod error;
 pub mod limit;
@@ -27,6 +31,7 @@ pub mod ws;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -37,6 +42,9 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use onehop_engine::Engine;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use connection::HttpConfig;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -54,6 +62,52 @@ pub struct AppState {
     pub request_metrics: Arc<RequestMetrics>,
     /// Origins whose pages may use the server besides its own (CORS and WebSocket `Origin`).
     pub allowed_origins: Arc<origin::AllowedOrigins>,
+    /// The bytes of request bodies in memory at once (`body`).
+    pub bodies: Arc<body::BodyBudget>,
+    /// Longest wait for the next piece of a request body, or for room to read it.
+    pub body_read_timeout: Duration,
+    /// Tells subscriptions the server is stopping.
+    pub shutdown: Shutdown,
+}
+
+/// Request bodies in memory at once unless configured otherwise: four of the largest a default
+/// server takes (twice a 16 MiB batch), or thousands of ordinary ones.
+pub const BODY_BYTES_IN_FLIGHT_DEFAULT: u64 = 128 << 20;
+/// How long a request body may send nothing unless configured otherwise: a pause that long is
+/// a client gone, not a slow network.
+pub const BODY_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// The server's stop, as long-lived responses see it: once begun, each subscription sends its
+/// last event (with the id to resume from) and ends.
+#[derive(Clone)]
+pub struct Shutdown {
+    stopping: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown { stopping: Arc::new(watch::Sender::new(false)) }
+    }
+}
+
+impl Shutdown {
+    /// Tells every subscription to finish.
+    pub fn begin(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// A receiver that turns `true` when the stop begins.
+    pub fn receiver(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+}
+
+/// Resolves once `shutdown` (a [`Shutdown::receiver`]) has turned true. Cancel-safe.
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // Err only once the sender is gone, which `AppState` holds: then nothing will stop.
+    if shutdown.wait_for(|stopping| *stopping).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 impl AppState {
@@ -69,6 +123,9 @@ impl AppState {
             mqtt: None,
             request_metrics: Arc::default(),
             allowed_origins: Arc::default(),
+            bodies: Arc::new(body::BodyBudget::new(BODY_BYTES_IN_FLIGHT_DEFAULT)),
+            body_read_timeout: BODY_READ_TIMEOUT_DEFAULT,
+            shutdown: Shutdown::default(),
         }
     }
 }
@@ -159,7 +216,13 @@ fn method_label(method: &Method) -> &'static str {
 
 pub fn app(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.body_bytes_max);
-    Router::new()
+    let allowed_origins = state.allowed_origins.clone();
+    let body_limits = Arc::new(body::Limits {
+        bytes_max: state.body_bytes_max,
+        budget: state.bodies.clone(),
+        read_timeout: state.body_read_timeout,
+    });
+    let routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
@@ -172,11 +235,32 @@ pub fn app(state: AppState) -> Router {
         .route("/views/{view}/{key}", get(views::get_key))
         .route("/sql", axum::routing::post(sql::run))
         .route("/mqtt", get(mqtt_ws::upgrade))
+        .route_layer(axum::middleware::from_fn_with_state(body_limits, body::read_body))
         .route_layer(axum::middleware::from_fn_with_state(state.request_metrics.clone(), record_request))
+        .fallback(unknown_route)
         .layer(body_limit)
-        // Outermost: a preflight or another origin's request is answered before any route.
-        .layer(axum::middleware::from_fn_with_state(state.allowed_origins.clone(), cors::enforce))
-        .with_state(state)
+        .with_state(state);
+    // Refusals get their JSON form around the routes, not among them: axum adds a 405's
+    // `Allow` header as a request leaves the routes, and the message names those methods.
+    // Outermost, CORS: a preflight or another origin's request is answered before any route,
+    // and every answer to an allowed origin, refusals in their JSON form included, carries its
+    // CORS headers.
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn(error::json_refusals))
+        .layer(axum::middleware::from_fn_with_state(allowed_origins, cors::enforce))
+}
+
+async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError {
+    error::ApiError {
+        status: StatusCode::NOT_FOUND,
+        code: "unknown_route",
+        message: format!(
+            "no route for {method} {}: the server serves /streams/{{s}}, /tables/{{t}}, /views/{{v}}, /sql, /mqtt, \
+             /healthz and /metrics",
+            uri.path()
+        ),
+    }
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
@@ -200,20 +284,25 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         Some(handle) => {
             (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
         }
-        None => (StatusCode::NOT_FOUND, "metrics are not enabled in this process\n").into_response(),
+        None => error::ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "metrics_disabled",
+            message: "metrics are not enabled in this process".into(),
+        }
+        .into_response(),
     }
 }
 
-/// Serves `app` on `listener`, at most `connections_max` connections at a time, until
-/// `shutdown` resolves, then stops accepting and lets in-flight requests finish.
+/// Serves `app` on `listener` within `config`'s limits until `shutdown` resolves; then ends
+/// subscriptions, lets requests in progress finish, and closes what is left after
+/// `config.shutdown_timeout` (see `connection::serve`).
 pub async fn serve_http(
     listener: TcpListener,
     state: AppState,
-    connections_max: usize,
+    config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = limit::LimitedListener::new(listener, connections_max);
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await
+    connection::serve(listener, state, config, shutdown).await
 }
 
 #[cfg(test)]

@@ -1,11 +1,14 @@
 //! MQTT over WebSocket: `GET /mqtt` with an upgrade (subprotocol `mqtt`), as browsers and
 //! MQTT.js connect. Each binary WebSocket message carries MQTT bytes; the connection is then
 //! served by the same broker code as TCP, through an in-memory byte pipe.
+//!
+//! When the server stops, the broker ends the connection (a 5.0 client gets DISCONNECT 0x8B,
+//! "server shutting down") and the socket closes with code 1001 (going away).
 
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -50,6 +53,7 @@ pub async fn upgrade(
 /// Pipes the WebSocket's binary messages to the broker and the broker's bytes back.
 async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
     let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
+    let stopping = broker.clone();
     let (mut from_broker, mut to_broker) = tokio::io::split(theirs);
     let (mut sink, mut messages) = socket.split();
     let inbound = async move {
@@ -79,7 +83,14 @@ async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
                 }
             }
         }
-        let _ = sink.close().await;
+        // The broker has ended the connection: because the server stops, or for a reason it
+        // has told the client in MQTT.
+        if stopping.is_shutting_down() {
+            let close = CloseFrame { code: close_code::AWAY, reason: "the server is shutting down".into() };
+            let _ = sink.send(Message::Close(Some(close))).await;
+        } else {
+            let _ = sink.close().await;
+        }
     };
     let pumps = async move {
         tokio::select! {

@@ -15,6 +15,10 @@
 //! The server never waits for a subscriber: one that falls behind the live feed (its hub queue
 //! full) reads on from the log where it left off, so it gets every event, later, on the same
 //! response. A comment line after every 15 s without an event keeps idle connections open.
+//!
+//! When the server stops, the response ends with an event `shutdown` whose `id` (and
+//! `resume_id`) is the position to resume from, as after any event; during a snapshot it has
+//! none, since the snapshot must start over.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -26,6 +30,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use onehop_engine::hub::{Change, Cursor, Delivery};
 use onehop_engine::{Position, Stream};
+use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
 use super::AppState;
@@ -115,6 +120,26 @@ struct Feed {
     snapshot: std::vec::IntoIter<Bytes>,
     snapshot_end: bool,
     keep_alive: KeepAlive,
+    /// Turns true when the server stops.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Feed {
+    /// The last event, sent when the server stops: where to resume, unless the snapshot is not
+    /// all sent (then the subscriber starts over).
+    fn last_event(&self) -> Bytes {
+        if self.snapshot.len() > 0 || self.snapshot_end {
+            return Bytes::from_static(
+                b"event: shutdown\ndata: {\"resume_id\":null,\"message\":\"the server is shutting down before the \
+                  snapshot was complete; subscribe again\"}\n\n",
+            );
+        }
+        let id = position_id(&self.opened.cursor);
+        Bytes::from(format!(
+            "id: {id}\nevent: shutdown\ndata: {{\"resume_id\":\"{id}\",\"message\":\"the server is shutting down; \
+             resume from {id}\"}}\n\n"
+        ))
+    }
 }
 
 /// When an idle subscription is due a keep-alive comment: `KEEP_ALIVE` after it last sent
@@ -173,6 +198,7 @@ pub async fn subscribe(
         snapshot: snapshot.unwrap_or_default().into_iter(),
         opened,
         keep_alive: KeepAlive::new(),
+        shutdown: state.shutdown.receiver(),
     };
     let events = futures_util::stream::unfold(Some(feed), next_chunk);
     let mut response = Body::from_stream(events).into_response();
@@ -186,6 +212,9 @@ pub async fn subscribe(
 /// The next piece of the response: a snapshot row, an event or a keep-alive.
 async fn next_chunk(feed: Option<Feed>) -> Option<(Result<Bytes, Infallible>, Option<Feed>)> {
     let mut feed = feed?;
+    if *feed.shutdown.borrow() {
+        return Some((Ok(feed.last_event()), None));
+    }
     if let Some(data) = feed.snapshot.next() {
         let mut chunk = Vec::with_capacity(data.len() + 32);
         chunk.extend_from_slice(b"event: snapshot\ndata: ");
@@ -207,6 +236,7 @@ async fn next_chunk(feed: Option<Feed>) -> Option<(Result<Bytes, Infallible>, Op
         biased;
         delivery = cursor.next() => delivery,
         () = feed.keep_alive.due() => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(feed))),
+        () = super::stopped(&mut feed.shutdown) => return Some((Ok(feed.last_event()), None)),
     };
     let delivery = match delivery {
         Err(error) => {

@@ -15,21 +15,26 @@
 //! → {"op":"unsubscribe","subscription":"s1"}
 //! ← {"type":"unsubscribed","subscription":"s1"}
 //! ← {"type":"error","subscription":"s1","code":"…","message":"…"}
+//! ← {"type":"shutdown","subscription":"s2","id":"0:5"}        (the server is stopping)
 //! ```
 //!
 //! `id` is the subscription's position after the event (as SSE ids); `from` accepts it to
 //! resume. The record bytes are the ones SSE sends, encoded once per event. Each subscription is
 //! a task feeding one bounded outbox per socket: a socket that does not drain stops its tasks,
 //! their hub queues fill, and each reads on from the log once the socket drains again.
+//!
+//! When the server stops, each subscription sends a last `shutdown` message with the id to
+//! resume from (`null` during a snapshot: it starts over), and the socket closes with code
+//! 1001 (going away).
 
 use std::collections::HashMap;
 
-use axum::extract::ws::{Message, Utf8Bytes, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, close_code};
 use futures_util::{SinkExt, StreamExt};
 use onehop_engine::hub::{Change, Delivery};
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::AppState;
@@ -140,12 +145,26 @@ fn error_message(subscription: Option<&str>, error: &ApiError) -> Message {
     Message::Text(body.to_string().into())
 }
 
+/// A subscription's last message when the server stops: where to resume, if anywhere.
+fn last_message(name: &str, resume_id: Option<String>) -> Message {
+    Message::Text(json!({ "type": "shutdown", "subscription": name, "id": resume_id }).to_string().into())
+}
+
 /// Feeds one subscription's snapshot and events into the socket's outbox until the socket goes
-/// away or the subscriber is cut off.
-async fn run_subscription(mut opened: Opened, name: String, outbox: mpsc::Sender<Message>) {
+/// away, the subscriber is cut off or the server stops.
+async fn run_subscription(
+    mut opened: Opened,
+    name: String,
+    outbox: mpsc::Sender<Message>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let subscription = json!(name).to_string();
     if let Some(rows) = opened.snapshot.take() {
         for change in rows {
+            if *shutdown.borrow() {
+                let _ = outbox.send(last_message(&name, None)).await;
+                return;
+            }
             let text = format!(
                 "{{\"type\":\"snapshot\",\"subscription\":{subscription},\"change\":{}}}",
                 std::str::from_utf8(&change).expect("JSON is UTF-8")
@@ -161,7 +180,14 @@ async fn run_subscription(mut opened: Opened, name: String, outbox: mpsc::Sender
     }
     let cursor = &mut opened.cursor;
     loop {
-        let message = match cursor.next().await {
+        let delivery = tokio::select! {
+            delivery = cursor.next() => delivery,
+            () = super::stopped(&mut shutdown) => {
+                let _ = outbox.send(last_message(&name, Some(position_id(cursor)))).await;
+                return;
+            }
+        };
+        let message = match delivery {
             Ok(Delivery::Event(event, change)) => {
                 let shared = event.encoded(change, encode);
                 let kind = if change == Change::Record { "record" } else { "change" };
@@ -195,98 +221,145 @@ async fn run_subscription(mut opened: Opened, name: String, outbox: mpsc::Sender
     }
 }
 
-/// Serves one socket until the client closes it.
-pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>, subscriptions_max: usize) {
-    let (mut sink, mut incoming) = socket.split();
-    let (outbox, mut outgoing) = mpsc::channel::<Message>(OUTBOX_MESSAGES);
-    let mut subscriptions: HashMap<String, JoinHandle<()>> = HashMap::new();
-    let subscribe = |request: Request, subscriptions: &mut HashMap<String, JoinHandle<()>>| -> Message {
-        if subscriptions.get(&request.subscription).is_some_and(|task| !task.is_finished()) {
+/// One socket's subscriptions: each a task writing into the socket's outbox.
+struct Subscriptions {
+    state: AppState,
+    outbox: mpsc::Sender<Message>,
+    tasks: HashMap<String, JoinHandle<()>>,
+    max: usize,
+}
+
+impl Subscriptions {
+    /// Starts `request`'s subscription; the answer to send is `subscribed` or an error.
+    fn subscribe(&mut self, request: Request) -> Message {
+        if self.tasks.get(&request.subscription).is_some_and(|task| !task.is_finished()) {
             let error = ApiError::bad_request(
                 "subscription_exists",
                 format!("{:?} is already subscribed", request.subscription),
             );
             return error_message(Some(&request.subscription), &error);
         }
-        subscriptions.retain(|_, task| !task.is_finished());
-        if subscriptions.len() >= subscriptions_max {
+        self.tasks.retain(|_, task| !task.is_finished());
+        if self.tasks.len() >= self.max {
             let error = ApiError::bad_request(
                 "too_many_subscriptions",
-                format!(
-                    "a socket holds at most {subscriptions_max} subscriptions (setting subscriptions_per_socket_max)"
-                ),
+                format!("a socket holds at most {} subscriptions (setting subscriptions_per_socket_max)", self.max),
             );
             return error_message(Some(&request.subscription), &error);
         }
-        match open(&state, &request.target, request.params, None) {
+        match open(&self.state, &request.target, request.params, None) {
             Ok(opened) => {
-                let task = tokio::spawn(run_subscription(opened, request.subscription.clone(), outbox.clone()));
-                subscriptions.insert(request.subscription.clone(), task);
+                let task = tokio::spawn(run_subscription(
+                    opened,
+                    request.subscription.clone(),
+                    self.outbox.clone(),
+                    self.state.shutdown.receiver(),
+                ));
+                self.tasks.insert(request.subscription.clone(), task);
                 Message::Text(json!({ "type": "subscribed", "subscription": request.subscription }).to_string().into())
             }
             Err(error) => error_message(Some(&request.subscription), &error),
         }
-    };
+    }
+
+    /// The answer to one client message, or `None` for one that needs none.
+    async fn command(&mut self, message: Message) -> Option<Message> {
+        Some(match message {
+            Message::Text(text) if text.len() <= COMMAND_BYTES_MAX => match serde_json::from_str::<Command>(&text) {
+                Ok(Command::Subscribe { subscription, url, stream, subject, from }) => {
+                    let ready = match Request::from_command(subscription.clone(), url, stream, subject, from) {
+                        Ok(request) => {
+                            super::subscribe::ensure_exists(&self.state, &request.target).await.map(|()| request)
+                        }
+                        Err(error) => Err(error),
+                    };
+                    match ready {
+                        Ok(request) => self.subscribe(request),
+                        Err(error) => error_message(Some(&subscription), &error),
+                    }
+                }
+                Ok(Command::Unsubscribe { subscription }) => match self.tasks.remove(&subscription) {
+                    Some(task) => {
+                        task.abort();
+                        Message::Text(
+                            json!({ "type": "unsubscribed", "subscription": subscription }).to_string().into(),
+                        )
+                    }
+                    None => error_message(
+                        Some(&subscription),
+                        &ApiError::bad_request(
+                            "unknown_subscription",
+                            format!("no subscription {subscription:?} on this socket"),
+                        ),
+                    ),
+                },
+                Err(error) => error_message(None, &ApiError::bad_request("bad_json", error.to_string())),
+            },
+            Message::Text(_) => error_message(
+                None,
+                &ApiError::bad_request("message_too_large", format!("commands are at most {COMMAND_BYTES_MAX} bytes")),
+            ),
+            Message::Binary(_) => {
+                error_message(None, &ApiError::bad_request("bad_json", "commands are JSON text messages"))
+            }
+            // Pings are answered by the WebSocket layer; pongs need nothing.
+            Message::Ping(_) | Message::Pong(_) | Message::Close(_) => return None,
+        })
+    }
+}
+
+/// Serves one socket until the client closes it or the server stops.
+pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>, subscriptions_max: usize) {
+    let (mut sink, mut incoming) = socket.split();
+    let (outbox, mut outgoing) = mpsc::channel::<Message>(OUTBOX_MESSAGES);
+    let mut shutdown = state.shutdown.receiver();
+    let mut subscriptions = Subscriptions { state, outbox, tasks: HashMap::new(), max: subscriptions_max };
     if let Some(request) = initial {
-        let answer = subscribe(request, &mut subscriptions);
+        let answer = subscriptions.subscribe(request);
         if sink.send(answer).await.is_err() {
             return;
         }
     }
-    loop {
+    let stopping = loop {
         tokio::select! {
             message = outgoing.recv() => {
-                let Some(message) = message else { break };
+                let Some(message) = message else { break false };
                 if sink.send(message).await.is_err() {
-                    break;
+                    break false;
                 }
             }
             incoming = incoming.next() => {
-                let answer = match incoming {
-                    Some(Ok(Message::Text(text))) if text.len() <= COMMAND_BYTES_MAX => {
-                        match serde_json::from_str::<Command>(&text) {
-                            Ok(Command::Subscribe { subscription, url, stream, subject, from }) => {
-                                let request = Request::from_command(subscription.clone(), url, stream, subject, from);
-                                let ready = match request {
-                                    Ok(request) => super::subscribe::ensure_exists(&state, &request.target).await.map(|()| request),
-                                    Err(error) => Err(error),
-                                };
-                                match ready {
-                                    Ok(request) => subscribe(request, &mut subscriptions),
-                                    Err(error) => error_message(Some(&subscription), &error),
-                                }
-                            }
-                            Ok(Command::Unsubscribe { subscription }) => match subscriptions.remove(&subscription) {
-                                Some(task) => {
-                                    task.abort();
-                                    Message::Text(json!({ "type": "unsubscribed", "subscription": subscription }).to_string().into())
-                                }
-                                None => error_message(
-                                    Some(&subscription),
-                                    &ApiError::bad_request("unknown_subscription", format!("no subscription {subscription:?} on this socket")),
-                                ),
-                            },
-                            Err(error) => error_message(None, &ApiError::bad_request("bad_json", error.to_string())),
-                        }
-                    }
-                    Some(Ok(Message::Text(_))) => error_message(
-                        None,
-                        &ApiError::bad_request("message_too_large", format!("commands are at most {COMMAND_BYTES_MAX} bytes")),
-                    ),
-                    Some(Ok(Message::Binary(_))) => {
-                        error_message(None, &ApiError::bad_request("bad_json", "commands are JSON text messages"))
-                    }
-                    // Pings are answered by the WebSocket layer; pongs need nothing.
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                let message = match incoming {
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break false,
+                    Some(Ok(message)) => message,
                 };
-                if sink.send(answer).await.is_err() {
-                    break;
+                if let Some(answer) = subscriptions.command(message).await
+                    && sink.send(answer).await.is_err()
+                {
+                    break false;
                 }
             }
+            () = super::stopped(&mut shutdown) => break true,
+        }
+    };
+    let Subscriptions { outbox, tasks, .. } = subscriptions;
+    if stopping {
+        // Every subscription sends its last message and ends, dropping its sender: the outbox
+        // closes once all have.
+        drop(outbox);
+        let mut sent = true;
+        while let Some(message) = outgoing.recv().await {
+            if sink.send(message).await.is_err() {
+                sent = false;
+                break;
+            }
+        }
+        if sent {
+            let close = CloseFrame { code: close_code::AWAY, reason: "the server is shutting down".into() };
+            let _ = sink.send(Message::Close(Some(close))).await;
         }
     }
-    for (_, task) in subscriptions {
+    for (_, task) in tasks {
         task.abort();
     }
 }

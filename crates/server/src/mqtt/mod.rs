@@ -211,6 +211,11 @@ impl Broker {
     pub fn shut_down(&self) {
         let _ = self.stop.send(true);
     }
+
+    /// Whether the server is shutting down (`shut_down` was called).
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
 }
 
 /// Serves MQTT on `listener` until `shutdown` resolves; then every connection is told the

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use onehop_engine::{Engine, EngineOptions};
 use onehop_log::{Log, LogOptions};
-use onehop_server::{AppState, serve_http};
+use onehop_server::{AppState, HttpConfig, serve_http};
 use serde_json::Value;
 
 pub async fn start(options: EngineOptions) -> (SocketAddr, tempfile::TempDir) {
@@ -19,7 +19,8 @@ pub async fn start(options: EngineOptions) -> (SocketAddr, tempfile::TempDir) {
     let address = listener.local_addr().unwrap();
     // The server's own listener (connection limit, lingering close), as `onehop serve` runs it.
     let state = AppState::new(engine, None);
-    tokio::spawn(async move { serve_http(listener, state, 1024, std::future::pending()).await.unwrap() });
+    let config = HttpConfig { connections_max: 1024, ..HttpConfig::default() };
+    tokio::spawn(async move { serve_http(listener, state, config, std::future::pending()).await.unwrap() });
     (address, dir)
 }
 
