@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use onehop_log::{Durability, NewRecord, Partition, Record};
+use onehop_log::{Durability, NewRecord, Record};
+
+use crate::system::SystemTopic;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
@@ -316,85 +318,80 @@ impl Definitions {
 }
 
 /// Every definition in the catalog, newest record per key winning.
-pub(crate) fn replay(catalog: &Partition) -> Result<Definitions, EngineError> {
-    /// Catalog records are small; this bounds one read's memory.
-    const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+pub(crate) fn replay(catalog: &SystemTopic) -> Result<Definitions, EngineError> {
     let mut defs = Definitions::default();
-    let end = catalog.end_offset();
-    let mut next = catalog.start_offset();
-    while next < end {
-        let records = catalog.read(next, 1024, READ_BYTES_MAX)?;
-        let Some(last) = records.last() else { break };
-        next = last.offset + 1;
-        for record in &records {
-            let key = record.key.as_deref().unwrap_or_default();
-            let key = std::str::from_utf8(key).unwrap_or_default();
-            if let Some(name) = key.strip_prefix(TABLE_KEY_PREFIX) {
-                defs.note(name, record.value.is_some(), false);
-                match &record.value {
-                    None => {
-                        defs.tables.remove(name);
-                    }
-                    Some(value) => {
-                        let def = parse_table(record, value)?;
-                        if def.name != name {
-                            return Err(EngineError::Catalog {
-                                offset: record.offset,
-                                reason: format!("key names {name:?} but the definition names {:?}", def.name),
-                            });
-                        }
-                        defs.tables.insert(def.name.clone(), def);
-                    }
-                }
-                continue;
+    catalog.replay(|record| apply(&mut defs, &record))?;
+    Ok(defs)
+}
+
+/// Applies one catalog record to the definitions replayed so far.
+fn apply(defs: &mut Definitions, record: &Record) -> Result<(), EngineError> {
+    let key = record.key.as_deref().unwrap_or_default();
+    let key = std::str::from_utf8(key).unwrap_or_default();
+    if let Some(name) = key.strip_prefix(TABLE_KEY_PREFIX) {
+        defs.note(name, record.value.is_some(), false);
+        match &record.value {
+            None => {
+                defs.tables.remove(name);
             }
-            if let Some(name) = key.strip_prefix(VIEW_KEY_PREFIX) {
-                defs.note(name, record.value.is_some(), true);
-                match &record.value {
-                    None => {
-                        defs.views.remove(name);
-                    }
-                    Some(value) => {
-                        let def = parse_view(record, value)?;
-                        defs.views.insert(name.to_string(), def);
-                    }
+            Some(value) => {
+                let def = parse_table(record, value)?;
+                if def.name != name {
+                    return Err(EngineError::Catalog {
+                        offset: record.offset,
+                        reason: format!("key names {name:?} but the definition names {:?}", def.name),
+                    });
                 }
-                continue;
-            }
-            if let Some(name) = key.strip_prefix(TRANSFORM_KEY_PREFIX) {
-                match &record.value {
-                    None => {
-                        defs.transforms.remove(name);
-                    }
-                    Some(value) => {
-                        let def = parse_transform(record, value)?;
-                        defs.transforms.insert(name.to_string(), def);
-                    }
-                }
-                continue;
-            }
-            let Some(name) = key.strip_prefix(STREAM_KEY_PREFIX) else {
-                // A kind this version does not know (written by a newer one): keep going, say so.
-                tracing::warn!(offset = record.offset, key, "skipping a catalog record of an unknown kind");
-                continue;
-            };
-            defs.note(name, record.value.is_some(), false);
-            match &record.value {
-                None => {
-                    defs.streams.remove(name);
-                }
-                Some(value) => {
-                    let def = parse_stream(record, value)?;
-                    if def.name != name {
-                        return Err(EngineError::Catalog {
-                            offset: record.offset,
-                            reason: format!("key names {name:?} but the definition names {:?}", def.name),
-                        });
-                    }
-                    defs.streams.insert(def.name.clone(), def);
-                }
+                defs.tables.insert(def.name.clone(), def);
             }
         }
+        return Ok(());
     }
-    Ok(defs)
+    if let Some(name) = key.strip_prefix(VIEW_KEY_PREFIX) {
+        defs.note(name, record.value.is_some(), true);
+        match &record.value {
+            None => {
+                defs.views.remove(name);
+            }
+            Some(value) => {
+                let def = parse_view(record, value)?;
+                defs.views.insert(name.to_string(), def);
+            }
+        }
+        return Ok(());
+    }
+    if let Some(name) = key.strip_prefix(TRANSFORM_KEY_PREFIX) {
+        match &record.value {
+            None => {
+                defs.transforms.remove(name);
+            }
+            Some(value) => {
+                let def = parse_transform(record, value)?;
+                defs.transforms.insert(name.to_string(), def);
+            }
+        }
+        return Ok(());
+    }
+    let Some(name) = key.strip_prefix(STREAM_KEY_PREFIX) else {
+        // A kind this version does not know (written by a newer one): keep going, say so.
+        tracing::warn!(offset = record.offset, key, "skipping a catalog record of an unknown kind");
+        return Ok(());
+    };
+    defs.note(name, record.value.is_some(), false);
+    match &record.value {
+        None => {
+            defs.streams.remove(name);
+        }
+        Some(value) => {
+            let def = parse_stream(record, value)?;
+            if def.name != name {
+                return Err(EngineError::Catalog {
+                    offset: record.offset,
+                    reason: format!("key names {name:?} but the definition names {:?}", def.name),
+                });
+            }
+            defs.streams.insert(def.name.clone(), def);
+        }
+    }
+    Ok(())
 }

@@ -13,6 +13,7 @@ use crate::error::EngineError;
 use crate::filter::Filter;
 use crate::hub::{Cursor, Hub};
 use crate::stream::Stream;
+use crate::system::{SystemTopic, SystemTopicConfig};
 use crate::table::Table;
 use crate::tabledef::{IndexDef, TableDef, validate_field_name};
 use crate::view::checkpoint::{self, CHECKPOINT_TOPIC, Restored};
@@ -47,7 +48,7 @@ impl Default for EngineOptions {
 pub struct Engine {
     log: Arc<Log>,
     options: EngineOptions,
-    catalog: Arc<Partition>,
+    catalog: Arc<SystemTopic>,
     /// Read on every publish, written on every definition change.
     streams: RwLock<BTreeMap<String, Arc<Stream>>>,
     tables: RwLock<BTreeMap<String, Arc<Table>>>,
@@ -65,7 +66,7 @@ pub struct Engine {
     /// Transforms by name (the name of the stream each writes).
     transforms: RwLock<BTreeMap<String, Arc<Transform>>>,
     /// Where views and transforms checkpoint.
-    checkpoints: Arc<Partition>,
+    checkpoints: Arc<SystemTopic>,
     /// Topics with data on disk that the catalog neither defines nor says were dropped (a
     /// catalog recovered by cutting, or one lost): kept, never deleted, and taken back by
     /// defining them again. A name leaves the set when it is defined.
@@ -96,16 +97,9 @@ pub fn set_system_recovery(options: &mut LogOptions, recover_catalog: bool) {
     options.topic_recovery.insert(CATALOG_TOPIC.to_string(), catalog_recovery(recover_catalog));
 }
 
-/// The catalog's own log settings: compacted (newest definition per name), always fsync.
-fn catalog_config() -> PartitionConfig {
-    PartitionConfig {
-        compacted: true,
-        durability: Durability::Fsync,
-        segment_bytes_max: 8 * 1024 * 1024,
-        batch_bytes_max: 1024 * 1024,
-        record_bytes_max: 1024 * 1024,
-        ..PartitionConfig::default()
-    }
+/// The catalog's own log settings: a system topic (compacted, always fsync) of small records.
+fn catalog_config() -> SystemTopicConfig {
+    SystemTopicConfig { segment_bytes_max: 8 * 1024 * 1024, record_bytes_max: 1024 * 1024 }
 }
 
 /// Tombstones appended at once when a view's checkpoint records are deleted.
@@ -119,9 +113,9 @@ impl Engine {
         if options.subscriber_queue_capacity == 0 {
             return Err(EngineError::InvalidDefinition("subscriber_queue_capacity must be at least 1".into()));
         }
-        let catalog = log.open_partition(CATALOG_TOPIC, 0, catalog_config())?;
+        let catalog = SystemTopic::open(&log, CATALOG_TOPIC, &catalog_config())?;
         let defs = catalog::replay(&catalog)?;
-        let checkpoints = log.open_partition(CHECKPOINT_TOPIC, 0, checkpoint::checkpoint_config())?;
+        let checkpoints = SystemTopic::open(&log, CHECKPOINT_TOPIC, &checkpoint::checkpoint_config())?;
         let hub = Arc::new(Hub::new(options.subscriber_queue_capacity));
         let engine = Engine {
             log,
@@ -277,6 +271,28 @@ impl Engine {
             metrics::gauge!("engine_orphaned_topics").set(orphans.len() as f64);
             tracing::warn!(topic, "an orphaned topic was defined again: its data is taken back");
         }
+    }
+
+    /// Opens the log in `dir` (created when missing; onehop's own topics recovering by their
+    /// own policies, [`set_system_recovery`]) and the engine on it: what a program or a test
+    /// that has no log of its own calls.
+    pub fn open_in(dir: impl AsRef<std::path::Path>, options: EngineOptions) -> Result<Engine, EngineError> {
+        let mut log_options = LogOptions::default();
+        set_system_recovery(&mut log_options, false);
+        let (log, _) = Log::open(dir.as_ref(), log_options)?;
+        Engine::open(Arc::new(log), options)
+    }
+
+    /// The system topic `name` (see [`SystemTopic`]), opened (and created the first time) with
+    /// `config`; a name opened before is returned as it is. For state a front end keeps in the
+    /// log (MQTT retained messages and sessions); its name starts with `__`.
+    pub fn system_topic(&self, name: &str, config: &SystemTopicConfig) -> Result<Arc<SystemTopic>, EngineError> {
+        SystemTopic::open(&self.log, name, config)
+    }
+
+    /// Partitions open in the log, every stream's, table's and system topic's.
+    pub fn partitions_open(&self) -> usize {
+        self.log.partitions().len()
     }
 
     /// Opens a defined view and starts it from its checkpoint (or, with none, from where its

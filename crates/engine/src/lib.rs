@@ -27,6 +27,7 @@ pub mod filter;
 pub mod hub;
 mod stream;
 pub mod subject;
+pub mod system;
 pub mod table;
 mod tabledef;
 pub mod units;
@@ -40,3 +41,15 @@ pub use stream::{Position, Published, Stream};
 pub use subject::SubjectFilter;
 pub use table::{Page, Precondition, Row, Table, Write, Written};
 pub use tabledef::{Column, ColumnType, IndexDef, TableDef};
+
+// The log's record vocabulary, as the engine's API speaks it: protocol front ends build and read
+// records through the engine and never depend on the log crate itself.
+pub use onehop_log::{Durability, Headers, NewRecord, PartitionConfig, QueuedAppend, Record, Text};
+
+/// Metrics of the layers below the protocols (the log's), for a recorder to describe and
+/// export; see [`onehop_log::metrics`].
+pub mod telemetry {
+    pub use onehop_log::metrics::{
+        BATCH_RECORDS, BATCH_RECORDS_BUCKETS, FSYNC_SECONDS, FSYNC_SECONDS_BUCKETS, describe,
+    };
+}

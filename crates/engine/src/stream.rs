@@ -79,12 +79,51 @@ impl Stream {
         self.def.partitions
     }
 
-    pub fn partition(&self, index: u32) -> Result<&Arc<Partition>, EngineError> {
+    /// The log partition `index`. Inside the engine only: front ends go through the stream's
+    /// own calls (offsets, reads, publishes), so every protocol meets the same rules.
+    pub(crate) fn partition(&self, index: u32) -> Result<&Arc<Partition>, EngineError> {
         self.partitions.get(index as usize).ok_or_else(|| EngineError::UnknownPartition {
             stream: self.def.name.clone(),
             partition: index,
             count: self.def.partitions,
         })
+    }
+
+    /// Refuses a partition the stream does not have.
+    pub fn check_partition(&self, index: u32) -> Result<(), EngineError> {
+        self.partition(index).map(drop)
+    }
+
+    /// The offset the next record of `partition` gets: every offset before it is readable.
+    pub fn end_offset(&self, partition: u32) -> Result<u64, EngineError> {
+        Ok(self.partition(partition)?.end_offset())
+    }
+
+    /// The first offset of `partition` still stored (earlier ones went to retention).
+    pub fn start_offset(&self, partition: u32) -> Result<u64, EngineError> {
+        Ok(self.partition(partition)?.start_offset())
+    }
+
+    /// Every partition's end offset, in partition order.
+    pub fn end_offsets(&self) -> Vec<u64> {
+        self.partitions.iter().map(|partition| partition.end_offset()).collect()
+    }
+
+    /// Every partition's start offset, in partition order.
+    pub fn start_offsets(&self) -> Vec<u64> {
+        self.partitions.iter().map(|partition| partition.start_offset()).collect()
+    }
+
+    /// The log settings `partition` was opened with.
+    pub fn partition_config(&self, partition: u32) -> Result<onehop_log::PartitionConfig, EngineError> {
+        Ok(self.partition(partition)?.config().clone())
+    }
+
+    /// Checks `records` against the limits of `partition` without writing anything: what a
+    /// publish there would refuse, this refuses with the same error.
+    pub fn check(&self, partition: u32, records: &[NewRecord]) -> Result<(), EngineError> {
+        self.partition(partition)?.check(records)?;
+        Ok(())
     }
 
     /// The partition every record with `key` goes to.

@@ -48,7 +48,7 @@ async fn definitions_and_records_survive_a_restart() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].value.as_deref(), Some(&b"first"[..]));
     // The stream's partitions carry its settings.
-    assert_eq!(orders.partition(0).unwrap().config().retention_ms, Some(86_400_000));
+    assert_eq!(orders.partition_config(0).unwrap().retention_ms, Some(86_400_000));
 }
 
 #[tokio::test]
@@ -160,7 +160,7 @@ async fn a_refused_batch_writes_nothing_in_any_partition() {
     let error = stream.publish(&records, None).await.unwrap_err();
     assert_eq!(error.code(), "record_too_large");
     for partition in 0..4 {
-        assert_eq!(stream.partition(partition).unwrap().end_offset(), 0, "partition {partition} was written");
+        assert_eq!(stream.end_offset(partition).unwrap(), 0, "partition {partition} was written");
     }
 }
 

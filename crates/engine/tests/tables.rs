@@ -72,7 +72,7 @@ async fn rows_are_written_read_patched_and_deleted() {
     assert!(error.to_string().contains(&format!("version is {}", patched.offset)), "{error}");
     let error = orders.write("o1", Write::Put(object(json!({}))), Precondition::Missing, None).await.unwrap_err();
     assert_eq!(error.code(), "precondition_failed");
-    assert_eq!(orders.storage().partition(0).unwrap().end_offset(), 2, "refused writes append nothing");
+    assert_eq!(orders.storage().end_offset(0).unwrap(), 2, "refused writes append nothing");
 
     // Type checks, key checks, unknown rows.
     let bad = orders.write("o2", Write::Put(object(json!({"customer": "42"}))), Precondition::None, None).await;
@@ -301,7 +301,7 @@ async fn names_are_shared_and_drops_remove_data() {
     assert!(!dir.path().join("events").exists());
     // Created again, they start empty.
     let events = engine.create_stream(stream_def).await.unwrap();
-    assert_eq!(events.partition(0).unwrap().end_offset(), 0);
+    assert_eq!(events.end_offset(0).unwrap(), 0);
     let orders = engine.create_table(orders_def()).await.unwrap();
     assert_eq!(orders.row_count(), 0);
     assert_eq!(orders.get("o1").map(|row| row.id), None);

@@ -5,7 +5,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// Installs the Prometheus recorder with explicit histogram buckets (the exporter's default is
 /// a summary, which cannot be aggregated across scrapes) and describes every metric.
 pub fn install_metrics() -> Result<PrometheusHandle, String> {
-    use onehop_log::metrics as log_metrics;
+    use onehop_engine::telemetry as log_metrics;
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(log_metrics::FSYNC_SECONDS.into()), log_metrics::FSYNC_SECONDS_BUCKETS)
         .and_then(|builder| {

@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use onehop_engine::{Engine, EngineOptions};
-use onehop_log::{Log, LogOptions};
 use onehop_server::http::origin::AllowedOrigins;
 use onehop_server::{AppState, HttpConfig, serve_http};
 use reqwest::{Method, Response};
@@ -23,8 +22,7 @@ const OTHER: &str = "https://elsewhere.example.com";
 /// A server allowing `origins`, with the stream `s` holding one record.
 async fn start(origins: &[&str]) -> (SocketAddr, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = Log::open(dir.path(), LogOptions::default()).unwrap();
-    let engine = Arc::new(Engine::open(Arc::new(log), EngineOptions::default()).unwrap());
+    let engine = Arc::new(Engine::open_in(dir.path(), EngineOptions::default()).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let mut state = AppState::new(engine, None);

@@ -6,8 +6,7 @@ use std::sync::Arc;
 mod common;
 
 use common::Events;
-use onehop_engine::{Engine, EngineOptions};
-use onehop_log::{Log, LogOptions, PartitionConfig};
+use onehop_engine::{Engine, EngineOptions, PartitionConfig};
 use onehop_server::{AppState, app};
 use serde_json::{Value, json};
 
@@ -19,8 +18,7 @@ struct Server {
 
 async fn start(options: EngineOptions) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = Log::open(dir.path(), LogOptions::default()).unwrap();
-    let engine = Arc::new(Engine::open(Arc::new(log), options).unwrap());
+    let engine = Arc::new(Engine::open_in(dir.path(), options).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let router = app(AppState::new(engine.clone(), None));
@@ -67,7 +65,7 @@ impl Server {
 
     fn end_offset(&self, stream: &str) -> u64 {
         match self.engine.stream(stream) {
-            Ok(stream) => (0..stream.partition_count()).map(|p| stream.partition(p).unwrap().end_offset()).sum(),
+            Ok(stream) => stream.end_offsets().iter().sum(),
             Err(_) => 0,
         }
     }
@@ -222,7 +220,7 @@ async fn reads_from_offsets_times_and_partitions() {
         partitions: 3,
         retention_ms: None,
         retention_bytes: None,
-        durability: onehop_log::Durability::Fsync,
+        durability: onehop_engine::Durability::Fsync,
         mqtt_topic: None,
     };
     server.engine.create_stream(def).await.unwrap();
@@ -315,7 +313,7 @@ async fn reads_filter_by_subject_and_next_from_continues_them_across_partitions(
         partitions: 3,
         retention_ms: None,
         retention_bytes: None,
-        durability: onehop_log::Durability::Fsync,
+        durability: onehop_engine::Durability::Fsync,
         mqtt_topic: None,
     };
     server.engine.create_stream(def).await.unwrap();

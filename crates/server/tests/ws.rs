@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use onehop_engine::{Engine, EngineOptions};
-use onehop_log::{Log, LogOptions};
 use onehop_server::{AppState, app};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
@@ -15,8 +14,7 @@ type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStre
 
 async fn start() -> (SocketAddr, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = Log::open(dir.path(), LogOptions::default()).unwrap();
-    let engine = Arc::new(Engine::open(Arc::new(log), EngineOptions::default()).unwrap());
+    let engine = Arc::new(Engine::open_in(dir.path(), EngineOptions::default()).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let router = app(AppState::new(engine, None));

@@ -81,8 +81,7 @@ const STREAM_COLUMNS: [&str; 8] =
 
 fn stream_row(engine: &Engine, stream: &onehop_engine::Stream) -> Vec<Value> {
     let def = stream.def();
-    let end_offsets: Vec<u64> =
-        (0..def.partitions).map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset())).collect();
+    let end_offsets = stream.end_offsets();
     vec![
         json!(def.name),
         json!(def.partitions),

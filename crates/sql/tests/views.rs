@@ -49,7 +49,7 @@ async fn settle(
 
 /// The checkpoint topic's newest record per key.
 fn stored_checkpoints(engine: &Engine) -> std::collections::HashMap<String, bytes::Bytes> {
-    checkpoint::read_all(&engine.log().partition(checkpoint::CHECKPOINT_TOPIC, 0).unwrap()).unwrap()
+    checkpoint::read_all(&engine.system_topic(checkpoint::CHECKPOINT_TOPIC, &Default::default()).unwrap()).unwrap()
 }
 
 const VIEW: &str = "CREATE STREAM clicks; \
@@ -96,7 +96,7 @@ async fn a_view_aggregates_serves_keys_pushes_changes_and_survives_a_restart() {
     let output = view.output().clone();
     // Written without waiting for the disk: give the writer a moment.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while output.partition(0).unwrap().end_offset() < 39 && Instant::now() < deadline {
+    while output.end_offset(0).unwrap() < 39 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let offset = output.resolve(0, Position::Earliest).unwrap();

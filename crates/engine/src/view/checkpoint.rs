@@ -18,7 +18,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
 use bytes::Bytes;
-use onehop_log::{Durability, NewRecord, Partition, PartitionConfig};
+use onehop_log::NewRecord;
+
+use crate::system::{SystemTopic, SystemTopicConfig};
 use serde::{Deserialize, Serialize};
 
 use super::ViewDef;
@@ -34,16 +36,9 @@ const VERSION: u32 = 2;
 /// Separates the parts of a key or closed-window record's key (never in a view name).
 const SEPARATOR: char = '\u{1}';
 
-pub(crate) fn checkpoint_config() -> PartitionConfig {
-    PartitionConfig {
-        compacted: true,
-        durability: Durability::Fsync,
-        segment_bytes_max: 256 * 1024 * 1024,
-        record_bytes_max: 128 * 1024 * 1024,
-        batch_bytes_max: 128 * 1024 * 1024,
-        queue_bytes_max: 256 * 1024 * 1024,
-        ..PartitionConfig::default()
-    }
+pub(crate) fn checkpoint_config() -> SystemTopicConfig {
+    // A whole-state checkpoint of a large view is one record.
+    SystemTopicConfig { segment_bytes_max: 256 * 1024 * 1024, record_bytes_max: 128 * 1024 * 1024 }
 }
 
 /// A view's header: where the state stands in the source, and its counters.
@@ -167,23 +162,8 @@ pub fn tombstones(view: &str, incarnation: u64, whole: &Delta) -> Vec<NewRecord>
 }
 
 /// The newest record of every key in the topic (key → value; a deleted one is absent).
-pub fn read_all(partition: &Partition) -> Result<HashMap<String, Bytes>, EngineError> {
-    let mut checkpoints = HashMap::new();
-    let end = partition.end_offset();
-    let mut next = partition.start_offset();
-    while next < end {
-        let records = partition.read(next, 4096, 64 * 1024 * 1024)?;
-        let Some(last) = records.last() else { break };
-        next = last.offset + 1;
-        for record in records {
-            let Some(key) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { continue };
-            match record.value {
-                None => checkpoints.remove(key),
-                Some(value) => checkpoints.insert(key.to_string(), value),
-            };
-        }
-    }
-    Ok(checkpoints)
+pub fn read_all(checkpoints: &SystemTopic) -> Result<HashMap<String, Bytes>, EngineError> {
+    checkpoints.newest()
 }
 
 /// View `def`'s checkpoint in `stored` (its header is taken out): `None` (and a warning) when

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 // Not `timeout(ZERO, …)`: a zero timer still waits for the timer wheel's next tick (1 ms).
 use futures_util::FutureExt;
-use onehop_log::{Durability, NewRecord, Partition, PartitionConfig, Record};
+use onehop_log::{Durability, NewRecord, PartitionConfig, Record};
+
+use crate::system::SystemTopic;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -59,7 +61,7 @@ pub(crate) fn output_config(defaults: &PartitionConfig) -> PartitionConfig {
 }
 
 /// A checkpoint task's answer: how long it took, or why it failed and the changes it held.
-type Written = Result<Duration, (onehop_log::AppendError, Delta)>;
+type Written = Result<Duration, (EngineError, Delta)>;
 
 /// What a view reports about itself.
 #[derive(Clone, Debug, Serialize)]
@@ -189,7 +191,7 @@ impl View {
     }
 
     /// Starts the view's task from `positions` (inside the tokio runtime).
-    pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<Partition>, positions: Vec<u64>) {
+    pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<SystemTopic>, positions: Vec<u64>) {
         register_metrics(&self.def.name);
         let view = self.clone();
         let task = tokio::spawn(async move {
@@ -209,7 +211,7 @@ impl View {
         }
     }
 
-    async fn run(&self, hub: Arc<Hub>, checkpoints: Arc<Partition>, positions: Vec<u64>) -> Result<(), EngineError> {
+    async fn run(&self, hub: Arc<Hub>, checkpoints: Arc<SystemTopic>, positions: Vec<u64>) -> Result<(), EngineError> {
         if let Some(table) = &self.table {
             return self.run_over_table(hub, table).await;
         }
@@ -518,7 +520,7 @@ impl View {
     /// `positions` the state now stands for, in the background: the view reads on meanwhile.
     /// Taking the changes copies one pointer per changed key; serializing them runs off the
     /// runtime's threads.
-    fn checkpoint(&self, checkpoints: &Arc<Partition>, positions: Vec<u64>) -> tokio::task::JoinHandle<Written> {
+    fn checkpoint(&self, checkpoints: &Arc<SystemTopic>, positions: Vec<u64>) -> tokio::task::JoinHandle<Written> {
         let delta = self.state.write().expect("view state lock").take_unsaved();
         let (name, incarnation) = (self.def.name.clone(), self.incarnation());
         let checkpoints = checkpoints.clone();

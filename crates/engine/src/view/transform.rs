@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 // Not `timeout(ZERO, …)`: a zero timer still waits for the timer wheel's next tick (1 ms).
 use futures_util::FutureExt;
-use onehop_log::{NewRecord, Partition, Record, Text};
+use onehop_log::{NewRecord, Record, Text};
+
+use crate::system::SystemTopic;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -237,7 +239,12 @@ impl Transform {
     }
 
     /// Starts the task from `checkpoint` (inside the tokio runtime).
-    pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<Partition>, checkpoint: TransformCheckpoint) {
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        hub: Arc<Hub>,
+        checkpoints: Arc<SystemTopic>,
+        checkpoint: TransformCheckpoint,
+    ) {
         // Registered, so each of the transform's series is exported (at 0) from its start.
         for name in ["transform_invalid_subjects_total", "transform_rejected_records_total"] {
             let _ = metrics::counter!(name, "transform" => self.def.name.clone());
@@ -263,7 +270,7 @@ impl Transform {
     async fn run(
         &self,
         hub: Arc<Hub>,
-        checkpoints: Arc<Partition>,
+        checkpoints: Arc<SystemTopic>,
         checkpoint: TransformCheckpoint,
     ) -> Result<(), EngineError> {
         let mut stop = self.stop.subscribe();
@@ -445,7 +452,7 @@ impl Transform {
         }
     }
 
-    async fn checkpoint(&self, checkpoints: &Partition, positions: Vec<u64>) {
+    async fn checkpoint(&self, checkpoints: &SystemTopic, positions: Vec<u64>) {
         let ends = (0..self.output.partition_count())
             .map(|partition| self.output.partition(partition).map_or(0, |log| log.end_offset()))
             .collect();

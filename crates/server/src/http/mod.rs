@@ -266,7 +266,7 @@ async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     let streams = state.engine.streams().len();
     let tables = state.engine.tables().len();
-    let partitions = state.engine.log().partitions().len();
+    let partitions = state.engine.partitions_open();
     // Data the catalog lost track of is kept, not served: the operator must see it.
     let orphaned = state.engine.orphans();
     (

@@ -17,8 +17,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use base64::Engine as _;
 use onehop_engine::subject::{SubjectFilter, validate_subject};
+use onehop_engine::{Durability, NewRecord, Record, Text};
 use onehop_engine::{Position, Published, Stream};
-use onehop_log::{Durability, NewRecord, Record, Text};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -423,7 +423,7 @@ fn read_starts(
     only: Option<u32>,
 ) -> Result<Vec<(u32, u64)>, ApiError> {
     if let Some(only) = only {
-        stream.partition(only)?;
+        stream.check_partition(only)?;
     }
     if let Some(id) = from.filter(|from| from.contains(':') && !from.contains('T')) {
         let listed = parse_read_id(id, stream.partition_count())

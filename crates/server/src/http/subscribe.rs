@@ -210,7 +210,7 @@ fn start(state: &AppState, target: &Target, params: Params, resume: Option<&str>
                         // Rows first, then the end: a change written in between comes twice,
                         // never not at all.
                         let rows = handle.rows(key);
-                        let next = output.partition(0).map_or(0, |log| log.end_offset());
+                        let next = output.end_offset(0).unwrap_or(0);
                         (vec![(key.clone(), rows)], next)
                     }
                     None => handle.snapshot(),
@@ -362,7 +362,7 @@ mod tests {
         for (is_final, removed) in [(false, false), (true, false), (false, true)] {
             for row in [row.clone(), json!({})] {
                 let change = ViewChange { key: "k/é".into(), row: std::sync::Arc::new(row), is_final, removed };
-                let record = onehop_log::Record {
+                let record = onehop_engine::Record {
                     offset: 7,
                     timestamp_ms: 1_700_000_000_000,
                     key: Some(Bytes::from(change.key.clone())),

@@ -13,8 +13,8 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use onehop_engine::hub::{Delivery, Event};
 use onehop_engine::subject::{SubjectFilter, validate_subject};
-use onehop_engine::{EngineError, Filter, Precondition, Stream, Table, Write};
-use onehop_log::{Durability, Headers, NewRecord, Text};
+use onehop_engine::{Durability, Headers, NewRecord, Text};
+use onehop_engine::{EngineError, Filter, Position, Precondition, Stream, Table, Write};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
@@ -355,12 +355,8 @@ async fn prepare(
     let (stream, partition) = route(broker, topic, last).await?;
     let record =
         NewRecord { timestamp_ms: None, key: None, subject: Some(topic.clone()), headers, value: Some(payload) };
-    if let Err(error) = stream
-        .partition(partition)
-        .map_err(|error| error.to_string())
-        .and_then(|log| log.check(std::slice::from_ref(&record)).map(|_| ()).map_err(|error| error.to_string()))
-    {
-        return Err((Refusal::QuotaExceeded, error));
+    if let Err(error) = stream.check(partition, std::slice::from_ref(&record)) {
+        return Err((Refusal::QuotaExceeded, error.to_string()));
     }
     let durability = if qos == QoS::AtMostOnce { Some(Durability::Async) } else { None };
     Ok((stream, partition, record, durability))
@@ -373,7 +369,7 @@ async fn append(
     payload: Bytes,
     qos: QoS,
     headers: Vec<(Text, Bytes)>,
-) -> Result<onehop_log::QueuedAppend, (Refusal, String)> {
+) -> Result<onehop_engine::QueuedAppend, (Refusal, String)> {
     let (stream, partition, record, durability) = prepare(broker, topic, payload, qos, headers, None).await?;
     stream
         .enqueue_to(partition, std::slice::from_ref(&record), durability)
@@ -1306,7 +1302,7 @@ impl Session {
             packet_id: packet_id.get(),
             stream: stream.name().to_string(),
             partition,
-            from: stream.partition(partition).map_or(0, |log| log.end_offset()),
+            from: stream.end_offset(partition).unwrap_or(0),
         });
         self.awaiting_persist |= release.is_some();
         self.awaiting_release.insert(packet_id, release);
@@ -1317,11 +1313,16 @@ impl Session {
     /// a resend after a reconnect).
     fn stored_before(&self, release: &StoredRelease, packet_id: NonZeroU16, topic: &str, payload: &[u8]) -> bool {
         let Ok(stream) = self.broker.engine.stream(&release.stream) else { return false };
-        let Ok(log) = stream.partition(release.partition) else { return false };
+        let (Ok(start), Ok(end)) = (stream.start_offset(release.partition), stream.end_offset(release.partition))
+        else {
+            return false;
+        };
         let packet = packet_id.get().to_string();
-        let mut next = release.from.max(log.start_offset());
-        while next < log.end_offset() {
-            let Ok(records) = log.read(next, 1024, 4 * 1024 * 1024) else { return false };
+        let mut next = release.from.max(start);
+        while next < end {
+            let Ok(records) = stream.read(release.partition, Position::Offset(next), 1024, 4 * 1024 * 1024) else {
+                return false;
+            };
             let Some(last) = records.last() else { return false };
             next = last.offset + 1;
             let found = records.iter().any(|record| {
@@ -1680,9 +1681,7 @@ fn byte_string(text: &Text) -> ByteString {
 
 /// The next offset of every partition of `stream`: where a subscription from now starts.
 fn end_offsets(stream: &Stream) -> Vec<u64> {
-    (0..stream.partition_count())
-        .map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset()))
-        .collect()
+    stream.end_offsets()
 }
 
 /// What a resumed subscription had sent before, from its stored session.
@@ -1743,7 +1742,7 @@ impl Follower {
     async fn send_retained(&self, retained: Vec<super::retained::Retained>) -> bool {
         for message in retained {
             let stream: Arc<str> = Arc::from(message.topic.split('/').next().unwrap_or_default());
-            let record = onehop_log::Record {
+            let record = onehop_engine::Record {
                 offset: 0,
                 timestamp_ms: 0,
                 key: None,
@@ -1878,9 +1877,7 @@ impl Follower {
                     continue;
                 }
                 // Created after the subscription: everything in it is new.
-                let positions = (0..stream.partition_count())
-                    .map(|partition| stream.partition(partition).map_or(0, |log| log.start_offset()))
-                    .collect();
+                let positions = stream.start_offsets();
                 if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
                     followed.insert(stream.name().to_string(), (stream, handle));
                 }
@@ -1925,9 +1922,9 @@ fn stored_subscription(
 fn resume_positions(stream: &Stream, stored: Option<&Vec<u64>>) -> Vec<u64> {
     (0..stream.partition_count())
         .map(|partition| {
-            let Ok(log) = stream.partition(partition) else { return 0 };
+            let (Ok(start), Ok(end)) = (stream.start_offset(partition), stream.end_offset(partition)) else { return 0 };
             let stored = stored.and_then(|positions| positions.get(partition as usize)).copied();
-            stored.unwrap_or(0).clamp(log.start_offset(), log.end_offset())
+            stored.unwrap_or(0).clamp(start, end)
         })
         .collect()
 }

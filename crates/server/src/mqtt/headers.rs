@@ -13,7 +13,7 @@ use std::num::NonZeroU32;
 use bytes::Bytes;
 use bytestring::ByteString;
 use onehop_engine::subject::validate_subject;
-use onehop_log::{Headers, Text};
+use onehop_engine::{Headers, Text};
 use rmqtt_codec::types::QoS;
 use rmqtt_codec::v5::PublishProperties;
 

@@ -145,15 +145,15 @@ impl Broker {
     /// The broker for `engine`: opens (and replays) the retained messages.
     pub async fn open(engine: Arc<Engine>, config: MqttConfig) -> std::io::Result<Arc<Broker>> {
         let retained = {
-            let (log, record_bytes_max) = (engine.log().clone(), engine.options().stream_defaults.record_bytes_max);
-            tokio::task::spawn_blocking(move || retained::RetainedStore::open(&log, record_bytes_max))
+            let engine = engine.clone();
+            tokio::task::spawn_blocking(move || retained::RetainedStore::open(&engine))
                 .await
                 .map_err(std::io::Error::other)?
                 .map_err(std::io::Error::other)?
         };
         let sessions = {
-            let log = engine.log().clone();
-            tokio::task::spawn_blocking(move || sessions::SessionStore::open(&log))
+            let engine = engine.clone();
+            tokio::task::spawn_blocking(move || sessions::SessionStore::open(&engine))
                 .await
                 .map_err(std::io::Error::other)?
                 .map_err(std::io::Error::other)?

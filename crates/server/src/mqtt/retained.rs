@@ -12,7 +12,8 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use onehop_engine::subject::SubjectFilter;
-use onehop_log::{Durability, Headers, Log, NewRecord, Partition, PartitionConfig, Text};
+use onehop_engine::system::{SystemTopic, SystemTopicConfig};
+use onehop_engine::{Engine, EngineError, Headers, NewRecord, Text};
 
 pub const RETAINED_TOPIC: &str = "__mqtt_retained";
 
@@ -41,36 +42,26 @@ impl Retained {
 }
 
 pub struct RetainedStore {
-    log: Arc<Partition>,
+    log: Arc<SystemTopic>,
     /// Topic → (offset, message).
     messages: RwLock<BTreeMap<String, (u64, Retained)>>,
 }
 
 impl RetainedStore {
-    /// Opens (creating it the first time) and replays the retained topic.
-    pub fn open(log: &Log, record_bytes_max: usize) -> Result<RetainedStore, String> {
-        let config = PartitionConfig {
-            compacted: true,
-            durability: Durability::Fsync,
-            record_bytes_max,
-            batch_bytes_max: record_bytes_max.max(1024 * 1024),
-            ..PartitionConfig::default()
+    /// Opens (creating it the first time) and replays the retained topic. A retained message
+    /// is as large as a record of its stream may be.
+    pub fn open(engine: &Engine) -> Result<RetainedStore, EngineError> {
+        let config = SystemTopicConfig {
+            record_bytes_max: engine.options().stream_defaults.record_bytes_max,
+            ..SystemTopicConfig::default()
         };
-        let partition = log.open_partition(RETAINED_TOPIC, 0, config).map_err(|error| error.to_string())?;
-        let store = RetainedStore { log: partition, messages: RwLock::new(BTreeMap::new()) };
-        let mut next = store.log.start_offset();
-        let end = store.log.end_offset();
-        while next < end {
-            let records = store.log.read(next, 1024, 8 * 1024 * 1024).map_err(|error| error.to_string())?;
-            let Some(last) = records.last() else { break };
-            next = last.offset + 1;
-            for record in records {
-                let Some(topic) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { continue };
-                let topic = topic.to_string();
-                let offset = record.offset;
-                store.apply(offset, topic, record.value, &record.headers.to_vec());
+        let store = RetainedStore { log: engine.system_topic(RETAINED_TOPIC, &config)?, messages: RwLock::default() };
+        store.log.replay(|record| {
+            if let Some(topic) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) {
+                store.apply(record.offset, topic.to_string(), record.value, &record.headers.to_vec());
             }
-        }
+            Ok::<(), EngineError>(())
+        })?;
         tracing::info!(retained = store.len(), "retained MQTT messages replayed");
         Ok(store)
     }
@@ -110,8 +101,8 @@ impl RetainedStore {
             headers: if payload.is_empty() { Vec::new() } else { headers.clone() },
             value: (!payload.is_empty()).then(|| payload.clone()),
         };
-        let ack = self.log.append(std::slice::from_ref(&record)).await.map_err(|error| error.to_string())?;
-        self.apply(ack.base_offset, topic.to_string(), Some(payload), &headers);
+        let offset = self.log.append(std::slice::from_ref(&record)).await.map_err(|error| error.to_string())?;
+        self.apply(offset, topic.to_string(), Some(payload), &headers);
         Ok(())
     }
 
@@ -149,8 +140,8 @@ mod tests {
     #[test]
     fn a_retained_message_holds_only_its_own_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let (log, _) = Log::open(dir.path(), onehop_log::LogOptions::default()).unwrap();
-        let store = RetainedStore::open(&log, 1024 * 1024).unwrap();
+        let engine = Engine::open_in(dir.path(), onehop_engine::EngineOptions::default()).unwrap();
+        let store = RetainedStore::open(&engine).unwrap();
         // A packet as the codec leaves it: topic, header value and payload slices of one buffer.
         let buffer = Bytes::from(vec![b'x'; 64 * 1024]);
         let name = Text::from_utf8(buffer.slice(0..4)).unwrap();

@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use onehop_log::{Durability, Log, NewRecord, Partition, PartitionConfig};
+use onehop_engine::system::{SystemTopic, SystemTopicConfig};
+use onehop_engine::{Engine, EngineError, NewRecord};
 use serde::{Deserialize, Serialize};
 
 pub const SESSIONS_TOPIC: &str = "__mqtt_sessions";
@@ -81,7 +82,7 @@ impl StoredSession {
 }
 
 pub struct SessionStore {
-    log: Arc<Partition>,
+    log: Arc<SystemTopic>,
     sessions: Mutex<HashMap<String, StoredSession>>,
     /// Held by the connection that owns a client id's session, so a reconnecting client finds
     /// the session its previous connection wrote last.
@@ -89,31 +90,25 @@ pub struct SessionStore {
 }
 
 impl SessionStore {
-    pub fn open(log: &Log) -> Result<SessionStore, String> {
-        let config = PartitionConfig { compacted: true, durability: Durability::Fsync, ..PartitionConfig::default() };
-        let partition = log.open_partition(SESSIONS_TOPIC, 0, config).map_err(|error| error.to_string())?;
+    pub fn open(engine: &Engine) -> Result<SessionStore, EngineError> {
+        let partition = engine.system_topic(SESSIONS_TOPIC, &SystemTopicConfig::default())?;
         let mut sessions = HashMap::new();
-        let mut next = partition.start_offset();
-        let end = partition.end_offset();
-        while next < end {
-            let records = partition.read(next, 1024, 8 * 1024 * 1024).map_err(|error| error.to_string())?;
-            let Some(last) = records.last() else { break };
-            next = last.offset + 1;
-            for record in records {
-                let Some(client) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else {
-                    continue;
-                };
-                match record.value.as_deref().map(serde_json::from_slice::<StoredSession>) {
-                    Some(Ok(session)) => {
-                        sessions.insert(client.to_string(), session);
-                    }
-                    Some(Err(error)) => tracing::warn!(client, %error, "skipping an unreadable MQTT session"),
-                    None => {
-                        sessions.remove(client);
-                    }
+        partition.replay(|record| {
+            let Some(client) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else {
+                return Ok::<(), EngineError>(());
+            };
+            match record.value.as_deref().map(serde_json::from_slice::<StoredSession>) {
+                Some(Ok(session)) => {
+                    sessions.insert(client.to_string(), session);
+                }
+                // A record this version cannot read (a newer one's) leaves the session it had.
+                Some(Err(error)) => tracing::warn!(client, %error, "skipping an unreadable MQTT session"),
+                None => {
+                    sessions.remove(client);
                 }
             }
-        }
+            Ok(())
+        })?;
         tracing::info!(sessions = sessions.len(), "MQTT sessions replayed");
         metrics::gauge!("mqtt_sessions_stored").set(sessions.len() as f64);
         Ok(SessionStore { log: partition, sessions: Mutex::new(sessions), owners: Mutex::new(HashMap::new()) })

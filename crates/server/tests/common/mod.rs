@@ -7,14 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onehop_engine::{Engine, EngineOptions};
-use onehop_log::{Log, LogOptions};
 use onehop_server::{AppState, HttpConfig, serve_http};
 use serde_json::Value;
 
 pub async fn start(options: EngineOptions) -> (SocketAddr, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = Log::open(dir.path(), LogOptions::default()).unwrap();
-    let engine = Arc::new(Engine::open(Arc::new(log), options).unwrap());
+    let engine = Arc::new(Engine::open_in(dir.path(), options).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     // The server's own listener (connection limit, lingering close), as `onehop serve` runs it.
