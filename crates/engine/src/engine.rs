@@ -32,6 +32,9 @@ pub struct EngineOptions {
     pub auto_create: bool,
     /// Events a subscriber may have waiting before it is cut off (it can resume).
     pub subscriber_queue_capacity: usize,
+    /// The stream of subjects whose first level is empty (`/devices/1`, common on devices):
+    /// a subject's first level names its stream, and an empty name cannot ([`crate::route`]).
+    pub empty_first_level_stream: String,
 }
 
 impl Default for EngineOptions {
@@ -41,6 +44,7 @@ impl Default for EngineOptions {
             default_partitions: 1,
             auto_create: true,
             subscriber_queue_capacity: 1024,
+            empty_first_level_stream: "root".to_string(),
         }
     }
 }
@@ -113,6 +117,7 @@ impl Engine {
         if options.subscriber_queue_capacity == 0 {
             return Err(EngineError::InvalidDefinition("subscriber_queue_capacity must be at least 1".into()));
         }
+        catalog::validate_name(&options.empty_first_level_stream)?;
         let catalog = SystemTopic::open(&log, CATALOG_TOPIC, &catalog_config())?;
         let defs = catalog::replay(&catalog)?;
         let checkpoints = SystemTopic::open(&log, CHECKPOINT_TOPIC, &checkpoint::checkpoint_config())?;

@@ -74,7 +74,70 @@ fn unknown_stream_hint(name: &str, auto_create: bool) -> String {
     }
 }
 
+/// What kind of refusal or failure an error is, whatever protocol reports it. Each front end
+/// maps every kind to its own answer (an HTTP status, an MQTT reason code, a Kafka error code)
+/// with an exhaustive match, and [`EngineError::kind`] is exhaustive over the errors: a new
+/// error does not compile until it has a kind, nor a new kind until every protocol answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed, or asks for something that cannot be.
+    Invalid,
+    /// What it names does not exist.
+    NotFound,
+    /// It clashes with what exists (a name taken, a source still read).
+    Conflict,
+    /// A condition the client set (a version) did not hold; nothing was written.
+    PreconditionFailed,
+    /// Over a size limit.
+    TooLarge,
+    /// A position outside what is stored.
+    OutOfRange,
+    /// The server is stopping.
+    ShuttingDown,
+    /// Storage failed; the server refuses writes until restarted.
+    StorageFailed,
+    /// A broken invariant: a bug.
+    Internal,
+}
+
 impl EngineError {
+    /// The kind of this error (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind as Kind;
+        match self {
+            EngineError::InvalidName { .. }
+            | EngineError::InvalidDefinition(_)
+            | EngineError::InvalidRow(_)
+            | EngineError::Unindexed { .. }
+            | EngineError::InvalidFilter(_) => Kind::Invalid,
+            EngineError::Append(append) => match append {
+                AppendError::RecordTooLarge { .. } | AppendError::BatchTooLarge { .. } => Kind::TooLarge,
+                AppendError::SubjectTooLong(_) | AppendError::TooManyHeaders | AppendError::EmptyBatch => Kind::Invalid,
+                AppendError::Closed => Kind::ShuttingDown,
+                AppendError::Poisoned(_) => Kind::StorageFailed,
+            },
+            EngineError::Read(read) => match read {
+                ReadError::BeforeStart { .. } | ReadError::PastEnd { .. } => Kind::OutOfRange,
+                ReadError::Closed => Kind::ShuttingDown,
+                ReadError::Io(_) | ReadError::Corrupt { .. } => Kind::StorageFailed,
+            },
+            EngineError::Open(_) | EngineError::Catalog { .. } => Kind::StorageFailed,
+            EngineError::UnknownStream { .. }
+            | EngineError::UnknownPartition { .. }
+            | EngineError::UnknownTable(_)
+            | EngineError::UnknownIndex(_)
+            | EngineError::UnknownView(_)
+            | EngineError::RowNotFound { .. } => Kind::NotFound,
+            EngineError::StreamExists { .. }
+            | EngineError::TableExists { .. }
+            | EngineError::NameTaken { .. }
+            | EngineError::ViewExists { .. }
+            | EngineError::InUse { .. } => Kind::Conflict,
+            EngineError::PreconditionFailed { .. } => Kind::PreconditionFailed,
+            EngineError::Internal(_) => Kind::Internal,
+        }
+    }
+
     /// A stable, machine-readable code for clients.
     pub fn code(&self) -> &'static str {
         match self {
@@ -112,6 +175,6 @@ impl EngineError {
 
     /// Whether the client asked for something wrong (as opposed to the server failing).
     pub fn is_client_error(&self) -> bool {
-        !matches!(self.code(), "storage_failed" | "shutting_down" | "internal")
+        !matches!(self.kind(), ErrorKind::ShuttingDown | ErrorKind::StorageFailed | ErrorKind::Internal)
     }
 }

@@ -25,6 +25,7 @@ mod engine;
 mod error;
 pub mod filter;
 pub mod hub;
+pub mod route;
 mod stream;
 pub mod subject;
 pub mod system;
@@ -35,7 +36,7 @@ pub mod view;
 
 pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};
 pub use engine::{Engine, EngineOptions, catalog_recovery, set_system_recovery};
-pub use error::EngineError;
+pub use error::{EngineError, ErrorKind};
 pub use filter::Filter;
 pub use stream::{Position, Published, Stream};
 pub use subject::SubjectFilter;

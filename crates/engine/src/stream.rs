@@ -1,6 +1,10 @@
-//! A stream: N partitions of the log under one name. A record with a key always goes to the
-//! partition its key hashes to (CRC32C of the key, modulo the partition count), so one key's
-//! records stay in order; records without a key are spread round-robin, one partition per
+//! A stream: N partitions of the log under one name.
+//!
+//! The partitioning rule, one for every protocol ([`Stream::partition_of`]): a record with a
+//! key goes to the partition its key hashes to (CRC32C of the key, modulo the partition
+//! count), so one key's records stay in order. A record without a key goes, when its writer
+//! keeps its subjects in order (an MQTT topic's messages), to the partition its subject hashes
+//! to the same way; otherwise records without a key are spread round-robin, one partition per
 //! publish call.
 
 use std::collections::BTreeMap;
@@ -131,6 +135,23 @@ impl Stream {
         crc32c::crc32c(key) % self.def.partitions
     }
 
+    /// The partition every keyless record of `subject` goes to, when its writer keeps one
+    /// subject's records in order.
+    pub fn partition_for_subject(&self, subject: &str) -> u32 {
+        crc32c::crc32c(subject.as_bytes()) % self.def.partitions
+    }
+
+    /// The partitioning rule (see the module's documentation): `key`'s partition; else, with
+    /// `ordered_subject`, that subject's; else `round_robin`, the partition of this publish's
+    /// keyless records.
+    pub fn partition_of(&self, key: Option<&[u8]>, ordered_subject: Option<&str>, round_robin: u32) -> u32 {
+        match (key, ordered_subject) {
+            (Some(key), _) => self.partition_for_key(key),
+            (None, Some(subject)) => self.partition_for_subject(subject),
+            (None, None) => round_robin,
+        }
+    }
+
     /// Publishes `records` and returns where each went, in order, once all are durable at
     /// `durability` (the stream's default when `None`). Every record is checked against the
     /// limits before anything is written, so a refused publish writes nothing. Records for
@@ -150,10 +171,8 @@ impl Stream {
         } else {
             0
         };
-        let targets: Vec<u32> = records
-            .iter()
-            .map(|record| record.key.as_deref().map_or(keyless, |key| self.partition_for_key(key)))
-            .collect();
+        let targets: Vec<u32> =
+            records.iter().map(|record| self.partition_of(record.key.as_deref(), None, keyless)).collect();
         let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (index, &partition) in targets.iter().enumerate() {
             groups.entry(partition).or_default().push(index);

@@ -60,6 +60,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         default_partitions: 1,
         auto_create: settings.auto_create,
         subscriber_queue_capacity: settings.subscriber_queue,
+        empty_first_level_stream: settings.mqtt_empty_first_level_stream.clone(),
     };
     let engine = {
         let log = log.clone();
@@ -109,7 +110,6 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         connections_max: settings.connections_max,
         // A message is one record: the packet may add its topic and properties.
         max_packet_bytes: u32::try_from(settings.stream_defaults.record_bytes_max + 64 * 1024).unwrap_or(u32::MAX),
-        empty_first_level_stream: settings.mqtt_empty_first_level_stream.clone(),
         ..MqttConfig::default()
     };
     let broker = Broker::open(engine.clone(), mqtt_config).await.context("opening the MQTT broker")?;

@@ -10,7 +10,7 @@ use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use onehop_engine::EngineError;
+use onehop_engine::{EngineError, ErrorKind};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -25,20 +25,24 @@ impl ApiError {
     }
 }
 
+/// The HTTP status of each kind of engine error. Exhaustive: a new kind does not compile until
+/// it has a status.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::OutOfRange => StatusCode::RANGE_NOT_SATISFIABLE,
+        ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::StorageFailed | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
-        let status = match error.code() {
-            "unknown_stream" | "unknown_partition" | "unknown_table" | "unknown_index" | "unknown_view"
-            | "not_found" => StatusCode::NOT_FOUND,
-            "stream_exists" | "table_exists" | "view_exists" | "name_taken" | "in_use" => StatusCode::CONFLICT,
-            "precondition_failed" => StatusCode::PRECONDITION_FAILED,
-            "record_too_large" | "batch_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
-            "offset_before_start" | "offset_past_end" => StatusCode::RANGE_NOT_SATISFIABLE,
-            "shutting_down" => StatusCode::SERVICE_UNAVAILABLE,
-            "storage_failed" | "internal" => StatusCode::INTERNAL_SERVER_ERROR,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        ApiError { status, code: error.code(), message: error.to_string() }
+        ApiError { status: status_of(error.kind()), code: error.code(), message: error.to_string() }
     }
 }
 

@@ -12,9 +12,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use onehop_engine::hub::{Delivery, Event};
-use onehop_engine::subject::{SubjectFilter, validate_subject};
+use onehop_engine::route::RouteError;
+use onehop_engine::subject::SubjectFilter;
 use onehop_engine::{Durability, Headers, NewRecord, Text};
-use onehop_engine::{EngineError, Filter, Position, Precondition, Stream, Table, Write};
+use onehop_engine::{EngineError, ErrorKind, Filter, Position, Precondition, Stream, Table, Write};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
@@ -200,32 +201,6 @@ fn generated_client_id(connection: u64) -> String {
     format!("onehop-{connection:x}-{:x}", now_ms())
 }
 
-/// The name of the stream a topic's first level names: the level itself, or for an empty one
-/// (`/devices/1`, common on devices) the stream set for those (`empty_first_level_stream`).
-fn named_stream<'a>(broker: &'a Broker, first: &'a str) -> &'a str {
-    if first.is_empty() { &broker.config.empty_first_level_stream } else { first }
-}
-
-/// The stream a published topic goes to: the one whose declared `mqtt_topic` matches it, else
-/// the one its first level names (created on first use when allowed).
-async fn stream_for(broker: &Broker, topic: &str) -> Result<Arc<Stream>, (Refusal, String)> {
-    if let Some(stream) = broker.engine.stream_for_mqtt_topic(topic) {
-        return Ok(stream);
-    }
-    let first = named_stream(broker, topic.split('/').next().unwrap_or_default());
-    if first.starts_with('$') || first == "+" || first == "#" {
-        return Err((
-            Refusal::TopicInvalid,
-            format!("{topic:?}: the first level names a stream, so it must be a name, not {first:?}"),
-        ));
-    }
-    broker.engine.stream_or_create(first).await.map_err(|error| match error {
-        EngineError::UnknownStream { .. } => (Refusal::NotAuthorized, error.to_string()),
-        EngineError::InvalidName { .. } => (Refusal::TopicInvalid, error.to_string()),
-        other => (Refusal::Unavailable, other.to_string()),
-    })
-}
-
 /// The view a `views/{v}/…` topic or filter names, if `v` is a view.
 fn view_of(broker: &Broker, topic: &str) -> Option<Arc<onehop_engine::view::View>> {
     let rest = topic.strip_prefix("views/")?;
@@ -256,7 +231,7 @@ impl Streams {
             // is published there yet.
             return Ok(Streams::Reserved);
         }
-        let first = named_stream(broker, first);
+        let first = broker.engine.stream_named_by(first);
         let streams = Streams::Some { named: first.to_string(), filter: filter.clone() };
         let routed =
             broker.engine.streams().iter().any(|stream| stream.mqtt_route().is_some() && streams.wants(stream));
@@ -320,26 +295,40 @@ async fn route(
     Ok((stream, partition))
 }
 
+/// The engine's route for `topic` (see [`onehop_engine::route`]), or the refusal that says why
+/// it takes no message, as MQTT says it.
 async fn resolve(broker: &Broker, topic: &Text) -> Result<(Arc<Stream>, u32), (Refusal, String)> {
-    if let Err(error) = validate_subject(topic) {
-        return Err((Refusal::TopicInvalid, format!("topic {topic:?}: {error}")));
+    match broker.engine.route(topic).await {
+        Ok(route) => Ok((route.stream, route.partition)),
+        Err(error) => Err((route_refusal(&error), error.to_string())),
     }
-    if topic.starts_with('$') {
-        return Err((Refusal::TopicInvalid, format!("topic {topic:?}: topics starting with $ are reserved")));
+}
+
+/// What a refused route is in MQTT's reason codes. Exhaustive: a new way to refuse a route does
+/// not compile until it is given one.
+fn route_refusal(error: &RouteError) -> Refusal {
+    match error {
+        RouteError::InvalidSubject { .. } | RouteError::Reserved(_) | RouteError::Table { .. } => Refusal::TopicInvalid,
+        RouteError::ReadOnlyView(_) => Refusal::NotAuthorized,
+        RouteError::Stream(error) => engine_refusal(error),
     }
-    if view_of(broker, topic).is_some() {
-        return Err((Refusal::NotAuthorized, format!("{topic:?} is a view's topic: views are read-only")));
+}
+
+/// What an engine error is in MQTT's reason codes, by its kind. Exhaustive: a new kind does not
+/// compile until it is given one.
+fn engine_refusal(error: &EngineError) -> Refusal {
+    match error.kind() {
+        ErrorKind::Invalid => Refusal::TopicInvalid,
+        // A stream that does not exist and may not be created: the client may not use it.
+        ErrorKind::NotFound => Refusal::NotAuthorized,
+        ErrorKind::TooLarge => Refusal::QuotaExceeded,
+        ErrorKind::Conflict
+        | ErrorKind::PreconditionFailed
+        | ErrorKind::OutOfRange
+        | ErrorKind::ShuttingDown
+        | ErrorKind::StorageFailed
+        | ErrorKind::Internal => Refusal::Unavailable,
     }
-    let first = topic.split('/').next().unwrap_or_default();
-    if broker.engine.has_table(first) {
-        return Err((
-            Refusal::TopicInvalid,
-            format!("{first:?} is a table: write a row with a retained message to {first}/{{id}}"),
-        ));
-    }
-    let stream = stream_for(broker, topic).await?;
-    let partition = crc32c::crc32c(topic.as_bytes()) % stream.partition_count();
-    Ok((stream, partition))
 }
 
 /// Where a message goes and as what: its stream and partition (see [`route`]), the record,

@@ -80,9 +80,6 @@ pub struct MqttConfig {
     pub connect_timeout: Duration,
     /// Most MQTT connections at once.
     pub connections_max: usize,
-    /// The stream of topics whose first level is empty (`/devices/1`): a first level names a
-    /// stream, and an empty name cannot.
-    pub empty_first_level_stream: String,
     pub auth: Arc<dyn Authenticate>,
 }
 
@@ -95,7 +92,6 @@ impl Default for MqttConfig {
             outbound_queue: 1024,
             connect_timeout: Duration::from_secs(10),
             connections_max: 20_000,
-            empty_first_level_stream: "root".to_string(),
             auth: Arc::new(AllowAll),
         }
     }
