@@ -295,6 +295,10 @@ impl Engine {
         SystemTopic::open(&self.log, name, config)
     }
 
+    pub(crate) fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
     /// Partitions open in the log, every stream's, table's and system topic's.
     pub fn partitions_open(&self) -> usize {
         self.log.partitions().len()

@@ -28,6 +28,7 @@ pub mod hub;
 pub mod route;
 mod stream;
 pub mod subject;
+pub mod subscription;
 pub mod system;
 pub mod table;
 mod tabledef;

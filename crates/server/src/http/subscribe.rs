@@ -18,7 +18,9 @@ use std::io::Write as _;
 use axum::body::Bytes;
 use onehop_engine::hub::{Change, Cursor, Event};
 use onehop_engine::subject::SubjectFilter;
-use onehop_engine::{Filter, Row, Stream};
+pub use onehop_engine::subscription::Target;
+use onehop_engine::subscription::{Snapshot, Start};
+use onehop_engine::{Filter, Row};
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -26,42 +28,25 @@ use super::error::ApiError;
 use super::sse::start_positions;
 use super::streams::record_json_bytes;
 
-/// What a subscription follows.
-#[derive(Clone, Debug)]
-pub enum Target {
-    Stream(String),
-    Table(String),
-    Row {
-        table: String,
-        id: String,
-    },
-    /// `/views/{v}` (every key) or `/views/{v}/{key}`.
-    View {
-        view: String,
-        key: Option<String>,
-    },
-}
-
-impl Target {
-    /// The target a URL path names: `/streams/{s}`, `/tables/{t}` or `/tables/{t}/{id}`.
-    pub fn from_path(path: &str) -> Result<Target, ApiError> {
-        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        let decode = |part: &str| {
-            percent_decode(part).ok_or_else(|| ApiError::bad_request("bad_url", format!("{part:?} is not valid UTF-8")))
-        };
-        match parts.as_slice() {
-            ["streams", name] => Ok(Target::Stream(decode(name)?)),
-            ["tables", name] => Ok(Target::Table(decode(name)?)),
-            ["tables", name, id] => Ok(Target::Row { table: decode(name)?, id: decode(id)? }),
-            ["views", name] => Ok(Target::View { view: decode(name)?, key: None }),
-            ["views", name, key] => Ok(Target::View { view: decode(name)?, key: Some(decode(key)?) }),
-            _ => Err(ApiError::bad_request(
-                "bad_url",
-                format!(
-                    "{path:?} names nothing to subscribe to: use /streams/{{s}}, /tables/{{t}}, /tables/{{t}}/{{id}}, /views/{{v}} or /views/{{v}}/{{key}}"
-                ),
-            )),
-        }
+/// The target a URL path names: `/streams/{s}`, `/tables/{t}`, `/tables/{t}/{id}`,
+/// `/views/{v}` or `/views/{v}/{key}`.
+pub fn target_of_path(path: &str) -> Result<Target, ApiError> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let decode = |part: &str| {
+        percent_decode(part).ok_or_else(|| ApiError::bad_request("bad_url", format!("{part:?} is not valid UTF-8")))
+    };
+    match parts.as_slice() {
+        ["streams", name] => Ok(Target::Stream(decode(name)?)),
+        ["tables", name] => Ok(Target::Table(decode(name)?)),
+        ["tables", name, id] => Ok(Target::Row { table: decode(name)?, id: decode(id)? }),
+        ["views", name] => Ok(Target::View { view: decode(name)?, key: None }),
+        ["views", name, key] => Ok(Target::View { view: decode(name)?, key: Some(decode(key)?) }),
+        _ => Err(ApiError::bad_request(
+            "bad_url",
+            format!(
+                "{path:?} names nothing to subscribe to: use /streams/{{s}}, /tables/{{t}}, /tables/{{t}}/{{id}}, /views/{{v}} or /views/{{v}}/{{key}}"
+            ),
+        )),
     }
 }
 
@@ -170,11 +155,7 @@ impl Params {
 /// start before publishers, as NATS, MQTT and Kafka clients may. Tables and views are never
 /// created this way: they need a definition.
 pub async fn ensure_exists(state: &AppState, target: &Target) -> Result<(), ApiError> {
-    match target {
-        Target::Stream(name) => drop(state.engine.stream_or_create(name).await?),
-        Target::Table(name) | Target::Row { table: name, .. } => drop(state.engine.table(name)?),
-        Target::View { view, .. } => drop(state.engine.view(view)?),
-    }
+    state.engine.followed_stream(target).await?;
     Ok(())
 }
 
@@ -185,64 +166,31 @@ pub struct Opened {
     pub snapshot: Option<Vec<Bytes>>,
 }
 
-/// Starts a subscription. `resume` is a `Last-Event-ID`. A subscriber that falls behind the
-/// live feed reads on from the log (see [`Cursor::carry_on`]): it gets every event, later, and
-/// keeps its connection.
-pub fn open(state: &AppState, target: &Target, params: Params, resume: Option<&str>) -> Result<Opened, ApiError> {
-    let opened = start(state, target, params, resume)?;
-    Ok(Opened { cursor: opened.cursor.carry_on(), snapshot: opened.snapshot })
-}
-
-fn start(state: &AppState, target: &Target, params: Params, resume: Option<&str>) -> Result<Opened, ApiError> {
-    match target {
-        Target::Stream(name) => {
-            let stream = state.engine.stream(name)?;
-            let positions = start_positions(&stream, params.from.as_deref(), resume)?;
-            let cursor = state.engine.subscribe(&stream, params.filter, positions)?;
-            Ok(Opened { cursor, snapshot: None })
+/// Starts a subscription through the engine's one way to open them
+/// ([`onehop_engine::Engine::open_subscription`]). `resume` is a `Last-Event-ID`. A subscriber
+/// that falls behind the live feed reads on from the log: it gets every event, later, and keeps
+/// its connection.
+pub async fn open(state: &AppState, target: &Target, params: Params, resume: Option<&str>) -> Result<Opened, ApiError> {
+    let start = if params.snapshot && resume.is_none() {
+        Start::Snapshot
+    } else {
+        let stream = state.engine.followed_stream(target).await?;
+        Start::Positions(start_positions(&stream, params.from.as_deref(), resume)?)
+    };
+    let opened = state.engine.open_subscription(target, params.filter, start).await?;
+    let snapshot = opened.snapshot.map(|snapshot| match (snapshot, target) {
+        (Snapshot::Rows(rows), Target::Table(table) | Target::Row { table, .. }) => {
+            rows.iter().map(|row| encode_snapshot_row(table, row)).collect()
         }
-        Target::View { view, key } => {
-            let handle = state.engine.view(view)?;
-            let output = handle.output();
-            if params.snapshot && resume.is_none() {
-                let (keys, next) = match key {
-                    Some(key) => {
-                        // Rows first, then the end: a change written in between comes twice,
-                        // never not at all.
-                        let rows = handle.rows(key);
-                        let next = output.end_offset(0).unwrap_or(0);
-                        (vec![(key.clone(), rows)], next)
-                    }
-                    None => handle.snapshot(),
-                };
-                let wants_final = params.filter.conditions.iter().any(|condition| condition.path == "final");
-                let snapshot = keys
-                    .into_iter()
-                    .flat_map(|(key, rows)| rows.into_iter().map(move |row| (key.clone(), row)))
-                    .filter(|(_, row)| !wants_final || row.get("final") == Some(&Value::Bool(true)))
-                    .map(|(key, row)| encode_view_snapshot_row(view, &key, &row))
-                    .collect();
-                let cursor = state.engine.subscribe(output, params.filter, vec![next])?;
-                return Ok(Opened { cursor, snapshot: Some(snapshot) });
-            }
-            let positions = start_positions(output, params.from.as_deref(), resume)?;
-            let cursor = state.engine.subscribe(output, params.filter, positions)?;
-            Ok(Opened { cursor, snapshot: None })
-        }
-        Target::Table(name) | Target::Row { table: name, .. } => {
-            let table = state.engine.table(name)?;
-            if params.snapshot && resume.is_none() {
-                let (rows, next) = table.snapshot(&params.filter);
-                let rows = rows.iter().map(|row| encode_snapshot_row(name, row)).collect();
-                let cursor = state.engine.subscribe(table.storage(), params.filter, vec![next])?;
-                return Ok(Opened { cursor, snapshot: Some(rows) });
-            }
-            let storage: &std::sync::Arc<Stream> = table.storage();
-            let positions = start_positions(storage, params.from.as_deref(), resume)?;
-            let cursor = state.engine.subscribe(storage, params.filter, positions)?;
-            Ok(Opened { cursor, snapshot: None })
-        }
-    }
+        (Snapshot::ViewRows(keys), Target::View { view, .. }) => keys
+            .into_iter()
+            .flat_map(|(key, rows)| rows.into_iter().map(move |row| (key.clone(), row)))
+            .map(|(key, row)| encode_view_snapshot_row(view, &key, &row))
+            .collect(),
+        // The engine answers a table's rows for a table and a view's for a view.
+        (snapshot, target) => unreachable!("a {snapshot:?} for {target:?}"),
+    });
+    Ok(Opened { cursor: opened.cursor, snapshot })
 }
 
 /// A table change as JSON: `{"id","table","op","key","offset","timestamp","row"}`; `row` is the
@@ -382,10 +330,10 @@ mod tests {
 
     #[test]
     fn targets_and_params_parse() {
-        assert!(matches!(Target::from_path("/tables/orders/o%201"), Ok(Target::Row { id, .. }) if id == "o 1"));
-        assert!(matches!(Target::from_path("/streams/s"), Ok(Target::Stream(name)) if name == "s"));
-        assert!(matches!(Target::from_path("/views/v/k%201"), Ok(Target::View { key: Some(key), .. }) if key == "k 1"));
-        assert!(Target::from_path("/things/v").is_err());
+        assert!(matches!(target_of_path("/tables/orders/o%201"), Ok(Target::Row { id, .. }) if id == "o 1"));
+        assert!(matches!(target_of_path("/streams/s"), Ok(Target::Stream(name)) if name == "s"));
+        assert!(matches!(target_of_path("/views/v/k%201"), Ok(Target::View { key: Some(key), .. }) if key == "k 1"));
+        assert!(target_of_path("/things/v").is_err());
         let view = Target::View { view: "v".into(), key: Some("k".into()) };
         let params = Params::parse("final=true&snapshot=true", &view).unwrap();
         assert_eq!(params.filter.key.as_deref(), Some(&b"k"[..]));

@@ -40,7 +40,7 @@ use tokio::task::JoinHandle;
 use super::AppState;
 use super::error::ApiError;
 use super::sse::{position_id, write_resume_id};
-use super::subscribe::{Opened, Params, Target, encode, open};
+use super::subscribe::{Opened, Params, Target, encode, open, target_of_path};
 
 /// Subscriptions one socket may hold unless configured otherwise.
 pub const SUBSCRIPTIONS_PER_SOCKET_DEFAULT: usize = 100;
@@ -98,7 +98,7 @@ impl Request {
         match (url, stream) {
             (Some(url), None) if subject.is_none() && from.is_none() => {
                 let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-                let target = Target::from_path(path)?;
+                let target = target_of_path(path)?;
                 let params = Params::parse(query, &target)?;
                 Ok(Request { subscription, target, params })
             }
@@ -231,7 +231,7 @@ struct Subscriptions {
 
 impl Subscriptions {
     /// Starts `request`'s subscription; the answer to send is `subscribed` or an error.
-    fn subscribe(&mut self, request: Request) -> Message {
+    async fn subscribe(&mut self, request: Request) -> Message {
         if self.tasks.get(&request.subscription).is_some_and(|task| !task.is_finished()) {
             let error = ApiError::bad_request(
                 "subscription_exists",
@@ -247,7 +247,7 @@ impl Subscriptions {
             );
             return error_message(Some(&request.subscription), &error);
         }
-        match open(&self.state, &request.target, request.params, None) {
+        match open(&self.state, &request.target, request.params, None).await {
             Ok(opened) => {
                 let task = tokio::spawn(run_subscription(
                     opened,
@@ -274,7 +274,7 @@ impl Subscriptions {
                         Err(error) => Err(error),
                     };
                     match ready {
-                        Ok(request) => self.subscribe(request),
+                        Ok(request) => self.subscribe(request).await,
                         Err(error) => error_message(Some(&subscription), &error),
                     }
                 }
@@ -315,7 +315,7 @@ pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>,
     let mut shutdown = state.shutdown.receiver();
     let mut subscriptions = Subscriptions { state, outbox, tasks: HashMap::new(), max: subscriptions_max };
     if let Some(request) = initial {
-        let answer = subscriptions.subscribe(request);
+        let answer = subscriptions.subscribe(request).await;
         if sink.send(answer).await.is_err() {
             return;
         }
