@@ -49,6 +49,14 @@ impl Default for EngineOptions {
     }
 }
 
+/// The engine: the catalog, every open stream, table, view and transform, and the hub.
+///
+/// Lock order: `ddl` first. It is a tokio mutex held across the awaits of one definition
+/// change (append to the catalog, open partitions, update the maps), so two changes never
+/// interleave. The `RwLock`s (`streams`, `tables`, `routed`, `views`, `transforms`,
+/// `orphans`) are leaves: each is held only for a lookup or an update of its own map, never
+/// across an await and never while another of them is taken, so they cannot deadlock with
+/// each other or with `ddl`. Publishing and subscribing take only read locks, one at a time.
 pub struct Engine {
     log: Arc<Log>,
     options: EngineOptions,
@@ -497,10 +505,7 @@ impl Engine {
                     transform = def.name,
                     "no checkpoint: the transform starts over, skipping what it wrote"
                 );
-                let output_starts = (0..output.partition_count())
-                    .map(|partition| output.partition(partition).map_or(0, |log| log.start_offset()))
-                    .collect();
-                TransformCheckpoint::new(start_positions(&source, def.start), output_starts)
+                TransformCheckpoint::new(start_positions(&source, def.start), output.start_offsets())
             }
         };
         let checkpoint = TransformCheckpoint::new(still_stored(&source, checkpoint.positions), checkpoint.output_ends);
@@ -925,21 +930,13 @@ fn check_over_table(def: &ViewDef) -> Result<(), EngineError> {
 /// `positions` in `source`, past what retention removed since they were taken (a view or
 /// transform carries on from what is left).
 fn still_stored(source: &Stream, positions: Vec<u64>) -> Vec<u64> {
-    positions
-        .iter()
-        .enumerate()
-        .map(|(partition, &at)| at.max(source.partition(partition as u32).map_or(0, |log| log.start_offset())))
-        .collect()
+    positions.iter().zip(source.start_offsets()).map(|(&at, start)| at.max(start)).collect()
 }
 
 /// Where a view or transform with no checkpoint starts in `source`.
 fn start_positions(source: &Stream, start: Start) -> Vec<u64> {
-    (0..source.partition_count())
-        .map(|partition| {
-            source.partition(partition).map_or(0, |log| match start {
-                Start::Earliest => log.start_offset(),
-                Start::Latest => log.end_offset(),
-            })
-        })
-        .collect()
+    match start {
+        Start::Earliest => source.start_offsets(),
+        Start::Latest => source.end_offsets(),
+    }
 }

@@ -3,63 +3,176 @@
 
 use onehop_log::{AppendError, OpenError, ReadError};
 
-#[derive(Debug, thiserror::Error)]
+/// An engine error. `Display` writes its message and, after it, its hint (what to do about
+/// it); a front end that has a place for each (HTTP's `message` and `hint`) takes them apart
+/// with [`EngineError::message`] and [`EngineError::hint`].
+#[derive(Debug)]
 pub enum EngineError {
-    #[error("invalid name {name:?}: {reason}")]
-    InvalidName { name: String, reason: String },
+    InvalidName {
+        name: String,
+        reason: String,
+    },
     /// No stream of that name. `auto_create` is whether this server creates streams on their
     /// first publish or subscription, so the message says what would create it here, and never
     /// suggests a setting already in force.
-    #[error("unknown stream {name:?}: {}", unknown_stream_hint(name, *auto_create))]
-    UnknownStream { name: String, auto_create: bool },
-    #[error(
-        "stream {name:?} already exists with a different definition ({existing}); drop it first or use \
-         the existing definition"
-    )]
-    StreamExists { name: String, existing: String },
-    #[error("stream {stream:?} has {count} partitions; partition {partition} does not exist")]
-    UnknownPartition { stream: String, partition: u32, count: u32 },
-    #[error("invalid definition: {0}")]
+    UnknownStream {
+        name: String,
+        auto_create: bool,
+    },
+    StreamExists {
+        name: String,
+        existing: String,
+    },
+    UnknownPartition {
+        stream: String,
+        partition: u32,
+        count: u32,
+    },
     InvalidDefinition(String),
-    #[error(transparent)]
-    Append(#[from] AppendError),
-    #[error(transparent)]
-    Read(#[from] ReadError),
-    #[error("storage: {0}")]
-    Open(#[from] OpenError),
-    #[error("the catalog holds a record it cannot read at offset {offset}: {reason}")]
-    Catalog { offset: u64, reason: String },
-    #[error("unknown table {0:?}: create it first (CREATE TABLE {0} (id TEXT PRIMARY KEY, …))")]
+    Append(AppendError),
+    Read(ReadError),
+    Open(OpenError),
+    Catalog {
+        offset: u64,
+        reason: String,
+    },
     UnknownTable(String),
-    #[error(
-        "table {name:?} already exists with a different definition ({existing}); drop it first or use the existing definition"
-    )]
-    TableExists { name: String, existing: String },
-    #[error("{name:?} is already the name of a {kind}; streams, tables and views share one namespace")]
-    NameTaken { name: String, kind: &'static str },
-    #[error("unknown index {0:?}")]
+    TableExists {
+        name: String,
+        existing: String,
+    },
+    NameTaken {
+        name: String,
+        kind: &'static str,
+    },
     UnknownIndex(String),
-    #[error("unknown view {0:?}: create it first (CREATE VIEW {0} AS SELECT …)")]
     UnknownView(String),
-    #[error("view {name:?} already exists with a different definition; drop it first (DROP VIEW {name})")]
-    ViewExists { name: String },
-    #[error("{name:?} is read by {reader}: drop that first ({drop})")]
-    InUse { name: String, reader: String, drop: String },
-    #[error("invalid row: {0}")]
+    ViewExists {
+        name: String,
+    },
+    InUse {
+        name: String,
+        reader: String,
+        drop: String,
+    },
     InvalidRow(String),
-    #[error("table {table:?} has no row {id:?}")]
-    RowNotFound { table: String, id: String },
-    #[error("precondition failed for row {id:?} of table {table:?}: {reason}")]
-    PreconditionFailed { table: String, id: String, reason: String, current: Option<u64> },
-    #[error(
-        "no index on {fields:?} in table {table:?}: create one (CREATE INDEX ON {table} ({first})), or add \
-         scan=true to read every row", first = fields.first().map(String::as_str).unwrap_or("field")
-    )]
-    Unindexed { table: String, fields: Vec<String> },
-    #[error("invalid filter: {0}")]
+    RowNotFound {
+        table: String,
+        id: String,
+    },
+    PreconditionFailed {
+        table: String,
+        id: String,
+        reason: String,
+        current: Option<u64>,
+    },
+    Unindexed {
+        table: String,
+        fields: Vec<String>,
+    },
     InvalidFilter(String),
-    #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<AppendError> for EngineError {
+    fn from(error: AppendError) -> Self {
+        EngineError::Append(error)
+    }
+}
+
+impl From<ReadError> for EngineError {
+    fn from(error: ReadError) -> Self {
+        EngineError::Read(error)
+    }
+}
+
+impl From<OpenError> for EngineError {
+    fn from(error: OpenError) -> Self {
+        EngineError::Open(error)
+    }
+}
+
+impl std::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            EngineError::Append(error) => Some(error),
+            EngineError::Read(error) => Some(error),
+            EngineError::Open(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.hint() {
+            Some(hint) => write!(f, "{}: {hint}", self.message()),
+            None => f.write_str(&self.message()),
+        }
+    }
+}
+
+impl EngineError {
+    /// What went wrong, in one sentence, without what to do about it.
+    pub fn message(&self) -> String {
+        match self {
+            EngineError::InvalidName { name, reason } => format!("invalid name {name:?}: {reason}"),
+            EngineError::UnknownStream { name, .. } => format!("unknown stream {name:?}"),
+            EngineError::StreamExists { name, existing } => {
+                format!("stream {name:?} already exists with a different definition ({existing})")
+            }
+            EngineError::UnknownPartition { stream, partition, count } => {
+                format!("stream {stream:?} has {count} partitions; partition {partition} does not exist")
+            }
+            EngineError::InvalidDefinition(reason) => format!("invalid definition: {reason}"),
+            EngineError::Append(error) => error.to_string(),
+            EngineError::Read(error) => error.to_string(),
+            EngineError::Open(error) => format!("storage: {error}"),
+            EngineError::Catalog { offset, reason } => {
+                format!("the catalog holds a record it cannot read at offset {offset}: {reason}")
+            }
+            EngineError::UnknownTable(name) => format!("unknown table {name:?}"),
+            EngineError::TableExists { name, existing } => {
+                format!("table {name:?} already exists with a different definition ({existing})")
+            }
+            EngineError::NameTaken { name, kind } => format!("{name:?} is already the name of a {kind}"),
+            EngineError::UnknownIndex(name) => format!("unknown index {name:?}"),
+            EngineError::UnknownView(name) => format!("unknown view {name:?}"),
+            EngineError::ViewExists { name } => format!("view {name:?} already exists with a different definition"),
+            EngineError::InUse { name, reader, .. } => format!("{name:?} is read by {reader}"),
+            EngineError::InvalidRow(reason) => format!("invalid row: {reason}"),
+            EngineError::RowNotFound { table, id } => format!("table {table:?} has no row {id:?}"),
+            EngineError::PreconditionFailed { table, id, reason, .. } => {
+                format!("precondition failed for row {id:?} of table {table:?}: {reason}")
+            }
+            EngineError::Unindexed { table, fields } => format!("no index on {fields:?} in table {table:?}"),
+            EngineError::InvalidFilter(reason) => format!("invalid filter: {reason}"),
+            EngineError::Internal(reason) => format!("internal error: {reason}"),
+        }
+    }
+
+    /// What to do about it, when something can be done: the statement that creates what is
+    /// missing, the way around a clash.
+    pub fn hint(&self) -> Option<String> {
+        Some(match self {
+            EngineError::UnknownStream { name, auto_create } => unknown_stream_hint(name, *auto_create),
+            EngineError::StreamExists { .. } | EngineError::TableExists { .. } => {
+                "drop it first or use the existing definition".to_string()
+            }
+            EngineError::UnknownTable(name) => {
+                format!("create it first (CREATE TABLE {name} (id TEXT PRIMARY KEY, …))")
+            }
+            EngineError::NameTaken { .. } => "streams, tables and views share one namespace".to_string(),
+            EngineError::UnknownView(name) => format!("create it first (CREATE VIEW {name} AS SELECT …)"),
+            EngineError::ViewExists { name } => format!("drop it first (DROP VIEW {name})"),
+            EngineError::InUse { drop, .. } => format!("drop that first ({drop})"),
+            EngineError::Unindexed { table, fields } => {
+                let first = fields.first().map(String::as_str).unwrap_or("field");
+                format!("create one (CREATE INDEX ON {table} ({first})), or add scan=true to read every row")
+            }
+            _ => return None,
+        })
+    }
 }
 
 /// What creates the stream `name` on this server.

@@ -500,7 +500,7 @@ impl Cursor {
                 return Err(onehop_log::ReadError::PastEnd { offset: position, end: log.end_offset() }.into());
             }
         }
-        let targets = end_offsets(&stream);
+        let targets = stream.end_offsets();
         let ahead = positions.iter().map(|_| ReadAhead::default()).collect();
         Ok(Cursor {
             hub,
@@ -604,7 +604,7 @@ impl Cursor {
                     let targets = targets.clone();
                     if self.read_log(&targets)? {
                         self.live = Some(self.hub.subscribe(&self.stream, self.filter.clone()));
-                        self.phase = Phase::Gap { thresholds: end_offsets(&self.stream) };
+                        self.phase = Phase::Gap { thresholds: self.stream.end_offsets() };
                     }
                 }
                 Phase::Gap { thresholds } => {
@@ -628,7 +628,7 @@ impl Cursor {
                         self.carried_on += 1;
                         self.live = None;
                         self.covered.clone_from(&self.positions);
-                        self.phase = Phase::CatchUp { targets: end_offsets(&self.stream) };
+                        self.phase = Phase::CatchUp { targets: self.stream.end_offsets() };
                         continue;
                     }
                     let Some((event, change)) = live.receiver.recv().await else {
@@ -646,10 +646,4 @@ impl Cursor {
             }
         }
     }
-}
-
-fn end_offsets(stream: &Stream) -> Vec<u64> {
-    (0..stream.partition_count())
-        .map(|partition| stream.partition(partition).map_or(0, |log| log.end_offset()))
-        .collect()
 }

@@ -38,6 +38,10 @@ use crate::filter::{self, Condition, Filter, for_each_key};
 use crate::stream::Stream;
 use crate::tabledef::{IndexDef, TableDef};
 
+/// Bytes of rows one catch-up step reads at most, under the state's write lock: enough for
+/// thousands of rows, short enough that readers of the table wait little.
+const CATCH_UP_READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 pub const OP_HEADER: &str = "onehop-op";
 pub const PREV_HEADER: &str = "onehop-prev";
 /// Rows a query answers at most, whatever `limit` asks.
@@ -245,7 +249,7 @@ impl Table {
         if state.next >= end {
             return Ok(true);
         }
-        let records = self.log.read(state.next, max_records, 4 * 1024 * 1024)?;
+        let records = self.log.read(state.next, max_records, CATCH_UP_READ_BYTES_MAX)?;
         if records.is_empty() {
             // Compaction removed what was left below the end.
             state.next = end;

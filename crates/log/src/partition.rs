@@ -95,6 +95,15 @@ pub(crate) struct Queue {
     pub(crate) poisoned: Option<String>,
 }
 
+/// What a partition's handle, its write thread and its sync thread share.
+///
+/// Lock order: `commit` → `queue` → `tail`, and `commit` → `segments`; `maintenance` →
+/// `segments`. The write thread looks at the queue while holding `commit` (is anything behind
+/// the batch it may sync inline?) and publishes under `commit` (adding a rolled segment to
+/// `segments`); it clears the tail cache under `queue` when it idles; readers take `tail` or
+/// `segments` alone, and `segments` is a leaf held only to clone or swap `Arc`s. Nothing takes
+/// `commit` while holding `queue` or `tail`. No lock is held across an fdatasync but
+/// `maintenance` (retention and compaction, which sync what they rewrite).
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
     /// Opens the segment files the writer creates on a roll and compaction rewrites.
@@ -491,6 +500,25 @@ impl Partition {
     }
 
     fn read_records(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+        ahead: Option<&mut ReadAhead>,
+    ) -> Result<Vec<Record>, ReadError> {
+        let records = self.read_records_unchecked(from, max_records, max_bytes, ahead)?;
+        // Paired with the writer's checks where offsets are assigned: a read answers records
+        // from where it was asked, below the published end, in strictly increasing offsets.
+        if let (Some(first), Some(last)) = (records.first(), records.last()) {
+            assert!(first.offset >= from, "a read from {from} answered offset {}", first.offset);
+            assert!(last.offset < self.end_offset(), "a read answered offset {} past the end", last.offset);
+            assert!(records.len() <= max_records, "a read answered more records than asked for");
+            debug_assert!(records.windows(2).all(|pair| pair[0].offset < pair[1].offset), "offsets increase");
+        }
+        Ok(records)
+    }
+
+    fn read_records_unchecked(
         &self,
         from: u64,
         max_records: usize,

@@ -241,6 +241,12 @@ impl Writer {
             needs_fsync |= pending.durability == Durability::Fsync;
         }
         let header = builder.finish();
+        // Offsets are assigned here and nowhere else: dense, from where the last batch ended,
+        // one per record of every append taken. (Paired with the checks where they are read
+        // back: `publish` below, and every read in `partition.rs`.)
+        assert_eq!(header.base_offset, base_offset, "a batch starts at the writer's next offset");
+        assert_eq!(header.next_offset(), offset, "a batch's offsets are dense");
+        assert_eq!(header.record_count as u64, offset - base_offset, "a batch holds every record of its appends");
         let written = self.active.written_bytes();
         if written > 0
             && written + header.batch_len as u64 > self.shared.config.segment_bytes_max
@@ -272,6 +278,7 @@ impl Writer {
             acks.push((pending.ack, AppendAck { base_offset: offset, record_count: pending.count }, pending.credit));
             offset += pending.count as u64;
         }
+        assert_eq!(offset, self.next_offset, "the acknowledgements cover the batch exactly");
         if taken.capacity() > self.spare.capacity() {
             self.spare = taken;
         }
@@ -408,6 +415,10 @@ fn publish(shared: &Shared, entries: Vec<Entry>) {
                 continue;
             }
         };
+        // Batches become readable in offset order, each right after the one before: the end
+        // readers see only grows, and never skips an offset a batch did not take.
+        let published_end = next_offset.unwrap_or_else(|| shared.next_offset.load(Ordering::Acquire));
+        assert_eq!(batch.header.base_offset, published_end, "batches are published in offset order, none skipped");
         batch.segment.publish(batch.position, &batch.header);
         next_offset = Some(batch.header.next_offset());
         appends += batch.acks.len() as u64;

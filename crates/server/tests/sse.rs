@@ -121,8 +121,9 @@ async fn a_subscription_to_a_stream_not_yet_created_creates_it_when_auto_create_
     assert_eq!(response.status().as_u16(), 404);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unknown_stream");
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("CREATE STREAM nothing") && message.contains("auto_create off"), "{message}");
+    assert_eq!(body["error"]["message"], "unknown stream \"nothing\"");
+    let hint = body["error"]["hint"].as_str().unwrap();
+    assert!(hint.contains("CREATE STREAM nothing") && hint.contains("auto_create off"), "{hint}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

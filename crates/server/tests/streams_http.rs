@@ -243,7 +243,7 @@ async fn publishing_to_an_unknown_stream_without_auto_create_is_refused() {
     let server = start(EngineOptions { auto_create: false, ..EngineOptions::default() }).await;
     let (status, body) = server.post("/streams/orders", "v").await;
     assert_eq!((status, error_code(&body)), (404, "unknown_stream"));
-    assert!(body["error"]["message"].as_str().unwrap().contains("CREATE STREAM orders"), "{body}");
+    assert!(body["error"]["hint"].as_str().unwrap().contains("CREATE STREAM orders"), "{body}");
 }
 
 #[tokio::test]

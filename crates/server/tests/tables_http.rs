@@ -110,7 +110,7 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
         assert!(body["error"]["message"].as_str().is_some_and(|message| !message.is_empty()));
     }
     let (_, _, body) = send(client().get(format!("{base}/orders?note=x"))).await;
-    assert!(body["error"]["message"].as_str().unwrap().contains("CREATE INDEX ON orders (note)"), "{body}");
+    assert!(body["error"]["hint"].as_str().unwrap().contains("CREATE INDEX ON orders (note)"), "{body}");
     let (status, _, body) = send(client().get(format!("{base}/orders?limit=10"))).await;
     assert_eq!((status, body["rows"].as_array().map(Vec::len)), (200, Some(0)), "nothing was written: {body}");
 }

@@ -39,9 +39,7 @@ pub(crate) struct Catchup {
 impl Catchup {
     /// Starts counting from `positions` in `source`; logs the backlog when there is one.
     pub fn new(kind: &'static str, name: &str, source: &Stream, positions: &[u64]) -> Catchup {
-        let targets: Vec<u64> = (0..source.partition_count())
-            .map(|partition| source.partition(partition).map_or(0, |log| log.end_offset()))
-            .collect();
+        let targets = source.end_offsets();
         let backlog = targets.iter().zip(positions).map(|(end, at)| end.saturating_sub(*at)).sum();
         let mut catchup = Catchup {
             kind,

@@ -48,14 +48,21 @@ const CHANGE_BATCHES_QUEUED: usize = 64;
 /// Windows closed at a time when many are due at once (see `run`).
 const CLOSE_CHUNK: usize = 512;
 
+/// How long a view's change stream keeps its changes: subscribers resume within it.
+const OUTPUT_RETENTION_MS: u64 = 3_600_000;
+/// How much of its changes a view's change stream keeps at most.
+const OUTPUT_RETENTION_BYTES: u64 = 256 * 1024 * 1024;
+/// Segments of a view's change stream: small, so retention frees space in small steps.
+const OUTPUT_SEGMENT_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
 /// A view's change stream: appended without fsync (it is derived, and rebuilt by replay),
 /// kept an hour or 256 MiB.
 pub(crate) fn output_config(defaults: &PartitionConfig) -> PartitionConfig {
     PartitionConfig {
         durability: Durability::Async,
-        retention_ms: Some(3_600_000),
-        retention_bytes: Some(256 * 1024 * 1024),
-        segment_bytes_max: 16 * 1024 * 1024,
+        retention_ms: Some(OUTPUT_RETENTION_MS),
+        retention_bytes: Some(OUTPUT_RETENTION_BYTES),
+        segment_bytes_max: OUTPUT_SEGMENT_BYTES_MAX,
         ..defaults.clone()
     }
 }
@@ -165,7 +172,7 @@ impl View {
     /// Every key's rows and the change stream's end: changes from there on come after them.
     pub fn snapshot(&self) -> (Vec<(String, Vec<Value>)>, u64) {
         let state = self.state.read().expect("view state lock");
-        let end = self.output.partition(0).map_or(0, |log| log.end_offset());
+        let end = self.output.end_offset(0).unwrap_or(0);
         (state.keys_page(&self.def, None, usize::MAX), end)
     }
 

@@ -35,6 +35,11 @@ use crate::error::EngineError;
 use crate::hub::{Cursor, Delivery, Hub};
 use crate::stream::Stream;
 
+/// Records one step of the scan for output written after the last checkpoint reads at most.
+const WRITTEN_SCAN_READ_RECORDS_MAX: usize = 1024;
+/// Bytes of keys and values that step reads at most: the scan's memory, whatever the backlog.
+const WRITTEN_SCAN_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
+
 /// The header naming the source record of a transform's output record.
 pub const SOURCE_HEADER: &str = "onehop-source";
 /// A transform's checkpoint key in the checkpoint topic.
@@ -49,6 +54,7 @@ const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// A stateless transform, as `CREATE STREAM name AS SELECT … FROM source [WHERE …]` defines it:
 /// every record of `source` that passes `filter` becomes one record of the stream `name`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+
 pub struct TransformDef {
     pub name: String,
     pub source: String,
@@ -320,7 +326,8 @@ impl Transform {
     }
 
     /// The source positions named by output records written after `ends` (by a run that
-    /// crashed before its next checkpoint).
+    /// crashed before its next checkpoint), read a step of at most `WRITTEN_SCAN_READ_*` at a
+    /// time.
     fn written_since(&self, ends: &[u64]) -> Result<HashSet<(u32, u64)>, EngineError> {
         let mut written = HashSet::new();
         for partition in 0..self.output.partition_count() {
@@ -328,7 +335,7 @@ impl Transform {
             let end = log.end_offset();
             let mut next = ends.get(partition as usize).copied().unwrap_or(0).max(log.start_offset());
             while next < end {
-                let records = log.read(next, 1024, 16 * 1024 * 1024)?;
+                let records = log.read(next, WRITTEN_SCAN_READ_RECORDS_MAX, WRITTEN_SCAN_READ_BYTES_MAX)?;
                 let Some(last) = records.last() else { break };
                 next = last.offset + 1;
                 written.extend(records.iter().filter_map(source_position));
@@ -453,9 +460,7 @@ impl Transform {
     }
 
     async fn checkpoint(&self, checkpoints: &SystemTopic, positions: Vec<u64>) {
-        let ends = (0..self.output.partition_count())
-            .map(|partition| self.output.partition(partition).map_or(0, |log| log.end_offset()))
-            .collect();
+        let ends = self.output.end_offsets();
         let record = TransformCheckpoint::new(positions, ends).record(self.name());
         if let Err(error) = checkpoints.append(std::slice::from_ref(&record)).await {
             tracing::warn!(transform = self.name(), %error, "the transform could not be checkpointed");

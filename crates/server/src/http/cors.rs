@@ -149,6 +149,7 @@ fn method_list() -> String {
 
 fn refuse_origin(origin: &str) -> Response {
     ApiError {
+        hint: None,
         status: StatusCode::FORBIDDEN,
         code: "origin_not_allowed",
         message: format!(
@@ -160,7 +161,7 @@ fn refuse_origin(origin: &str) -> Response {
 }
 
 fn refuse_preflight(message: String) -> Response {
-    ApiError { status: StatusCode::FORBIDDEN, code: "preflight_refused", message }.into_response()
+    ApiError { hint: None, status: StatusCode::FORBIDDEN, code: "preflight_refused", message }.into_response()
 }
 
 /// `Vary: Origin` on every answer while other origins are allowed: the same URL is answered

@@ -17,11 +17,13 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// What the client can do about it, when there is something: sent as `hint`.
+    pub hint: Option<String>,
 }
 
 impl ApiError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, code, message: message.into() }
+        ApiError { hint: None, status: StatusCode::BAD_REQUEST, code, message: message.into() }
     }
 }
 
@@ -42,7 +44,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
 
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
-        ApiError { status: status_of(error.kind()), code: error.code(), message: error.to_string() }
+        ApiError { hint: error.hint(), status: status_of(error.kind()), code: error.code(), message: error.message() }
     }
 }
 
@@ -54,7 +56,10 @@ impl IntoResponse for ApiError {
             tracing::debug!(code = self.code, message = %self.message, "request refused");
         }
         metrics::counter!("http_errors_total", "code" => self.code).increment(1);
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let body = match &self.hint {
+            Some(hint) => serde_json::json!({ "error": { "code": self.code, "message": self.message, "hint": hint } }),
+            None => serde_json::json!({ "error": { "code": self.code, "message": self.message } }),
+        };
         (self.status, Json(body)).into_response()
     }
 }
@@ -83,13 +88,14 @@ pub async fn json_refusals(request: Request, next: Next) -> Response {
     let error = if status == StatusCode::METHOD_NOT_ALLOWED {
         let allowed = parts.headers.get(header::ALLOW).and_then(|value| value.to_str().ok()).unwrap_or("nothing");
         ApiError {
+            hint: None,
             status,
             code: "method_not_allowed",
             message: format!("{} does not take {method}; it takes {allowed}", uri.path()),
         }
     } else {
         let message = if text.is_empty() { status.canonical_reason().unwrap_or("refused").to_string() } else { text };
-        ApiError { status, code: code_of(status), message }
+        ApiError { hint: None, status, code: code_of(status), message }
     };
     parts.headers.remove(header::CONTENT_TYPE);
     parts.headers.remove(header::CONTENT_LENGTH);

@@ -253,6 +253,7 @@ pub fn app(state: AppState) -> Router {
 
 async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError {
     error::ApiError {
+        hint: None,
         status: StatusCode::NOT_FOUND,
         code: "unknown_route",
         message: format!(
@@ -285,6 +286,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
         }
         None => error::ApiError {
+            hint: None,
             status: StatusCode::NOT_FOUND,
             code: "metrics_disabled",
             message: "metrics are not enabled in this process".into(),

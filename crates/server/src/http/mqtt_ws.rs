@@ -19,6 +19,12 @@ use super::AppState;
 use super::error::ApiError;
 use crate::mqtt::Broker;
 
+/// The WebSocket's read buffer: MQTT packets from clients are small; a large one is read in
+/// several steps.
+const WEBSOCKET_READ_BUFFER_BYTES: usize = 4 * 1024;
+/// What the bridge reads from the broker's side per step and sends as one binary message.
+const BROKER_READ_CHUNK_BYTES: usize = 16 * 1024;
+
 /// Bytes buffered between the WebSocket and the broker, each way.
 const PIPE_BYTES: usize = 64 * 1024;
 
@@ -34,6 +40,7 @@ pub async fn upgrade(
     })?;
     let Some(broker) = state.mqtt.clone() else {
         return Err(ApiError {
+            hint: None,
             status: StatusCode::NOT_FOUND,
             code: "mqtt_disabled",
             message: "this server runs no MQTT broker".into(),
@@ -42,7 +49,7 @@ pub async fn upgrade(
     let max_message = usize::try_from(broker.max_packet_bytes()).unwrap_or(usize::MAX);
     Ok(upgrade
         .protocols(["mqtt"])
-        .read_buffer_size(4 * 1024)
+        .read_buffer_size(WEBSOCKET_READ_BUFFER_BYTES)
         .write_buffer_size(0)
         .max_message_size(max_message)
         .max_frame_size(max_message)
@@ -72,7 +79,7 @@ async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
         let _ = to_broker.shutdown().await;
     };
     let outbound = async move {
-        let mut chunk = vec![0u8; 16 * 1024];
+        let mut chunk = vec![0u8; BROKER_READ_CHUNK_BYTES];
         loop {
             match from_broker.read(&mut chunk).await {
                 Ok(0) | Err(_) => break,

@@ -23,6 +23,7 @@ pub async fn run(
     body: Result<String, StringRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body.map_err(|rejection| ApiError {
+        hint: None,
         status: rejection.status(),
         code: "bad_body",
         message: format!("the body must be SQL text in UTF-8: {}", rejection.body_text()),

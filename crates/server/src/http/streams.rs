@@ -148,6 +148,7 @@ pub async fn publish(
     let query = PublishQuery::parse(raw.as_deref().unwrap_or_default())?;
     let durability = durability(&headers)?;
     let body = body.map_err(|rejection| ApiError {
+        hint: None,
         status: rejection.status(),
         code: if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_body" },
         message: format!("{} (the limit is {} bytes)", rejection.body_text(), state.body_bytes_max),

@@ -45,6 +45,7 @@ pub async fn get_key(
     let rows = handle.rows(&key);
     if rows.is_empty() {
         return Err(ApiError {
+            hint: None,
             status: StatusCode::NOT_FOUND,
             code: "not_found",
             message: format!("view {view:?} has no rows for key {key:?}"),
