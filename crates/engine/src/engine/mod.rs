@@ -1,0 +1,250 @@
+//! The engine: opens the catalog, replays it, opens every defined stream and table, and serves
+//! definitions and data to the front ends. Streams and tables share one namespace (a name is
+//! one log topic).
+//!
+//! - `mod.rs`: the options, the engine itself and its lock order, opening it.
+//! - `orphans`: topics the catalog does not define: drops finished, orphans kept and adopted.
+//! - `streams`: stream definitions, their partitions, subscribing to them.
+//! - `tables`: table definitions and indexes.
+//! - `views`: views and transforms, their checkpoints and sources.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use onehop_log::{Durability, Log, LogOptions, Partition, PartitionConfig, RecoveryPolicy};
+
+use crate::catalog::{self, CATALOG_TOPIC, StreamDef};
+use crate::error::EngineError;
+use crate::filter::Filter;
+use crate::hub::{Cursor, Hub};
+use crate::stream::Stream;
+use crate::system::{SystemTopic, SystemTopicConfig};
+use crate::table::Table;
+use crate::tabledef::{IndexDef, TableDef, validate_field_name};
+use crate::view::checkpoint::{self, CHECKPOINT_TOPIC, Restored};
+use crate::view::runtime::{self, OUTPUT_PREFIX};
+use crate::view::transform::{self, TransformCheckpoint};
+use crate::view::{Start, Transform, TransformDef, View, ViewDef};
+
+mod orphans;
+mod streams;
+mod tables;
+mod views;
+
+/// How the engine creates what it creates.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Log settings of new streams (durability, sizes); a definition's own settings win.
+    pub stream_defaults: PartitionConfig,
+    /// Partitions of a stream created without saying how many.
+    pub default_partitions: u32,
+    /// Create a stream on its first publish instead of refusing the publish.
+    pub auto_create: bool,
+    /// Events a subscriber may have waiting before it is cut off (it can resume).
+    pub subscriber_queue_capacity: usize,
+    /// The stream of subjects whose first level is empty (`/devices/1`, common on devices):
+    /// a subject's first level names its stream, and an empty name cannot ([`crate::route`]).
+    pub empty_first_level_stream: String,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            stream_defaults: PartitionConfig::default(),
+            default_partitions: 1,
+            auto_create: true,
+            subscriber_queue_capacity: 1024,
+            empty_first_level_stream: "root".to_string(),
+        }
+    }
+}
+
+/// The engine: the catalog, every open stream, table, view and transform, and the hub.
+///
+/// Lock order: `ddl` first. It is a tokio mutex held across the awaits of one definition
+/// change (append to the catalog, open partitions, update the maps), so two changes never
+/// interleave. The `RwLock`s (`streams`, `tables`, `routed`, `views`, `transforms`,
+/// `orphans`) are leaves: each is held only for a lookup or an update of its own map, never
+/// across an await and never while another of them is taken, so they cannot deadlock with
+/// each other or with `ddl`. Publishing and subscribing take only read locks, one at a time.
+pub struct Engine {
+    log: Arc<Log>,
+    options: EngineOptions,
+    catalog: Arc<SystemTopic>,
+    /// Read on every publish, written on every definition change.
+    streams: RwLock<BTreeMap<String, Arc<Stream>>>,
+    tables: RwLock<BTreeMap<String, Arc<Table>>>,
+    /// Definition changes one at a time, so two creates of one name cannot both append.
+    ddl: tokio::sync::Mutex<()>,
+    hub: Arc<Hub>,
+    /// Bumped whenever a stream is created or dropped, for followers of every stream.
+    streams_changed: tokio::sync::watch::Sender<u64>,
+    /// Bumped after every change to which streams, tables and views exist (see
+    /// [`Engine::catalog_generation`]).
+    catalog_generation: AtomicU64,
+    /// The streams that declare an `mqtt_topic`, looked through on every MQTT publish.
+    routed: RwLock<Vec<Arc<Stream>>>,
+    views: RwLock<BTreeMap<String, Arc<View>>>,
+    /// Transforms by name (the name of the stream each writes).
+    transforms: RwLock<BTreeMap<String, Arc<Transform>>>,
+    /// Where views and transforms checkpoint.
+    checkpoints: Arc<SystemTopic>,
+    /// Topics with data on disk that the catalog neither defines nor says were dropped (a
+    /// catalog recovered by cutting, or one lost): kept, never deleted, and taken back by
+    /// defining them again. A name leaves the set when it is defined.
+    orphans: RwLock<BTreeSet<String>>,
+}
+
+/// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
+/// cut on the guess that it is a torn write, since a definition cut away would make its stream
+/// look dropped. With `recover` (the operator's `--recover-catalog`), damaged catalog bytes are
+/// set aside (a copy of the file is kept), the definitions before them stand, and every topic
+/// they no longer define is kept as an orphan.
+pub fn catalog_recovery(recover: bool) -> RecoveryPolicy {
+    RecoveryPolicy {
+        cut_torn_tail: false,
+        discard_damaged: recover,
+        remedy: "this is onehop's catalog, the definitions of every stream, table and view; onehop does not \
+                 start on a catalog it cannot read whole, since it could not tell which streams exist. The data of \
+                 the streams is untouched. Start once with --recover-catalog to set the damaged bytes aside (a copy \
+                 of the file is kept beside it) and keep the definitions before them; each stream or table they \
+                 no longer define stays on disk, listed as orphaned, until it is defined again (CREATE STREAM, \
+                 CREATE TABLE or your schema file), which takes its data back"
+            .into(),
+    }
+}
+
+/// Puts the policies of onehop's own topics into `options` (see [`catalog_recovery`]).
+pub fn set_system_recovery(options: &mut LogOptions, recover_catalog: bool) {
+    options.topic_recovery.insert(CATALOG_TOPIC.to_string(), catalog_recovery(recover_catalog));
+}
+
+/// The catalog's own log settings: a system topic (compacted, always fsync) of small records.
+fn catalog_config() -> SystemTopicConfig {
+    SystemTopicConfig { segment_bytes_max: 8 * 1024 * 1024, record_bytes_max: 1024 * 1024 }
+}
+
+impl Engine {
+    /// Opens the catalog in `log` (creating it the first time), replays it and opens every
+    /// stream it defines.
+    pub fn open(log: Arc<Log>, options: EngineOptions) -> Result<Engine, EngineError> {
+        options.stream_defaults.validate().map_err(EngineError::InvalidDefinition)?;
+        if options.subscriber_queue_capacity == 0 {
+            return Err(EngineError::InvalidDefinition("subscriber_queue_capacity must be at least 1".into()));
+        }
+        catalog::validate_name(&options.empty_first_level_stream)?;
+        let catalog = SystemTopic::open(&log, CATALOG_TOPIC, &catalog_config())?;
+        let defs = catalog::replay(&catalog)?;
+        let checkpoints = SystemTopic::open(&log, CHECKPOINT_TOPIC, &checkpoint::checkpoint_config())?;
+        let hub = Arc::new(Hub::new(options.subscriber_queue_capacity));
+        let engine = Engine {
+            log,
+            options,
+            catalog,
+            streams: RwLock::new(BTreeMap::new()),
+            tables: RwLock::new(BTreeMap::new()),
+            ddl: tokio::sync::Mutex::new(()),
+            hub,
+            streams_changed: tokio::sync::watch::channel(0).0,
+            catalog_generation: AtomicU64::new(0),
+            routed: RwLock::new(Vec::new()),
+            views: RwLock::new(BTreeMap::new()),
+            transforms: RwLock::new(BTreeMap::new()),
+            checkpoints,
+            orphans: RwLock::new(BTreeSet::new()),
+        };
+        engine.finish_drops_and_keep_orphans(&defs)?;
+        let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();
+        for def in defs.streams.into_values() {
+            let stream = engine.open_stream(def)?;
+            engine.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
+        }
+        engine.update_routes();
+        for def in defs.tables.into_values() {
+            let table = engine.open_table(def)?;
+            engine.tables.write().expect("tables lock").insert(table.name(), table);
+        }
+        let mut checkpoints = checkpoint::read_all(&engine.checkpoints)?;
+        let mut live = Vec::new();
+        for def in defs.views.into_values() {
+            let name = def.name.clone();
+            let checkpoint = checkpoint::restore(&def, &mut checkpoints);
+            if let Some(checkpoint) = &checkpoint {
+                live.push((name.clone(), checkpoint.incarnation));
+            }
+            match engine.open_view(def, checkpoint) {
+                Ok(view) => {
+                    engine.views.write().expect("views lock").insert(name, view);
+                }
+                Err(error) => tracing::error!(view = name, %error, "a view could not be opened"),
+            }
+        }
+        for def in defs.transforms.into_values() {
+            let name = def.name.clone();
+            let checkpoint = checkpoints
+                .remove(&transform::checkpoint_key(&name))
+                .and_then(|value| TransformCheckpoint::parse(&name, &value));
+            match engine.open_transform(def, checkpoint) {
+                Ok(transform) => {
+                    engine.transforms.write().expect("transforms lock").insert(name, transform);
+                }
+                Err(error) => tracing::error!(transform = name, %error, "a transform could not be opened"),
+            }
+        }
+        live.extend(engine.views().iter().map(|view| (view.name().to_string(), view.incarnation())));
+        // Only the records of views that are defined (an older incarnation) or were dropped:
+        // a view the catalog does not mention may be one a damaged catalog lost, and its state
+        // is kept for when it is defined again.
+        let strays = checkpoint::strays(&checkpoints, &live)
+            .into_iter()
+            .filter(|key| {
+                let view = checkpoint::view_of_key(key);
+                defined_views.contains(view) || defs.dropped_views.contains(view)
+            })
+            .collect();
+        engine.delete_stray_checkpoints(strays);
+        tracing::info!(
+            streams = engine.streams.read().expect("streams lock").len(),
+            tables = engine.tables.read().expect("tables lock").len(),
+            views = engine.views.read().expect("views lock").len(),
+            transforms = engine.transforms.read().expect("transforms lock").len(),
+            "catalog replayed"
+        );
+        Ok(engine)
+    }
+
+    /// Opens the log in `dir` (created when missing; onehop's own topics recovering by their
+    /// own policies, [`set_system_recovery`]) and the engine on it: what a program or a test
+    /// that has no log of its own calls.
+    pub fn open_in(dir: impl AsRef<std::path::Path>, options: EngineOptions) -> Result<Engine, EngineError> {
+        let mut log_options = LogOptions::default();
+        set_system_recovery(&mut log_options, false);
+        let (log, _) = Log::open(dir.as_ref(), log_options)?;
+        Engine::open(Arc::new(log), options)
+    }
+
+    /// The system topic `name` (see [`SystemTopic`]), opened (and created the first time) with
+    /// `config`; a name opened before is returned as it is. For state a front end keeps in the
+    /// log (MQTT retained messages and sessions); its name starts with `__`.
+    pub fn system_topic(&self, name: &str, config: &SystemTopicConfig) -> Result<Arc<SystemTopic>, EngineError> {
+        SystemTopic::open(&self.log, name, config)
+    }
+
+    pub(crate) fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// Partitions open in the log, every stream's, table's and system topic's.
+    pub fn partitions_open(&self) -> usize {
+        self.log.partitions().len()
+    }
+
+    pub fn log(&self) -> &Arc<Log> {
+        &self.log
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+}

@@ -1,0 +1,187 @@
+//! Streams: their definitions (create, drop, the MQTT topics they declare), opening their
+//! partitions, and subscribing to them.
+
+use super::*;
+
+impl Engine {
+    /// The log settings of `def`'s partitions.
+    pub(super) fn partition_config(&self, def: &StreamDef) -> PartitionConfig {
+        PartitionConfig {
+            durability: def.durability,
+            retention_ms: def.retention_ms,
+            retention_bytes: def.retention_bytes,
+            ..self.options.stream_defaults.clone()
+        }
+    }
+
+    pub(super) fn open_stream(&self, def: StreamDef) -> Result<Arc<Stream>, EngineError> {
+        let config = self.partition_config(&def);
+        let partitions = (0..def.partitions)
+            .map(|index| self.log.open_partition(&def.name, index, config.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(Stream::new(def, partitions)))
+    }
+
+    /// Subscribes to `stream` (or a table's storage) from `positions` (the next offset per
+    /// partition), delivering the records `filter` matches. Must be called inside the tokio
+    /// runtime: the hub's tailers are tasks.
+    pub fn subscribe(&self, stream: &Arc<Stream>, filter: Filter, positions: Vec<u64>) -> Result<Cursor, EngineError> {
+        Cursor::new(self.hub.clone(), stream.clone(), Arc::new(filter), positions)
+    }
+
+    /// A definition of `name` with every setting at its default.
+    pub fn default_stream_def(&self, name: &str) -> StreamDef {
+        StreamDef {
+            name: name.to_string(),
+            partitions: self.options.default_partitions,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: self.options.stream_defaults.durability,
+            mqtt_topic: None,
+        }
+    }
+
+    pub fn stream(&self, name: &str) -> Result<Arc<Stream>, EngineError> {
+        self.streams
+            .read()
+            .expect("streams lock")
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownStream { name: name.into(), auto_create: self.options.auto_create })
+    }
+
+    /// Every stream, by name.
+    pub fn streams(&self) -> Vec<Arc<Stream>> {
+        self.streams.read().expect("streams lock").values().cloned().collect()
+    }
+
+    /// Changes whenever a stream is created or dropped: what a subscription to every stream
+    /// (an MQTT `#`) watches to follow new ones.
+    pub fn watch_streams(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.streams_changed.subscribe()
+    }
+
+    pub(super) fn streams_changed(&self) {
+        self.update_routes();
+        self.streams_changed.send_modify(|generation| *generation += 1);
+        self.catalog_changed();
+    }
+
+    /// A number that changes after every stream, table or view is created or dropped. What
+    /// was decided from the catalog while it read `g` (an MQTT topic's stream, say) still
+    /// holds while it reads `g`: a change makes its maps visible first, then bumps it.
+    pub fn catalog_generation(&self) -> u64 {
+        self.catalog_generation.load(Ordering::Acquire)
+    }
+
+    pub(super) fn catalog_changed(&self) {
+        self.catalog_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(super) fn update_routes(&self) {
+        let routed = self.streams().into_iter().filter(|stream| stream.mqtt_route().is_some()).collect();
+        *self.routed.write().expect("routes lock") = routed;
+    }
+
+    /// The stream whose declared `mqtt_topic` matches `topic` (declared filters never overlap,
+    /// so there is at most one).
+    pub fn stream_for_mqtt_topic(&self, topic: &str) -> Option<Arc<Stream>> {
+        let routed = self.routed.read().expect("routes lock");
+        routed.iter().find(|stream| stream.mqtt_route().is_some_and(|route| route.matches(topic))).cloned()
+    }
+
+    /// Creates the stream `def` describes, durably (the definition is in the catalog before
+    /// this returns). Creating a stream that exists with the same definition returns it; with a
+    /// different definition is an error.
+    pub async fn create_stream(&self, def: StreamDef) -> Result<Arc<Stream>, EngineError> {
+        def.validate()?;
+        let _ddl = self.ddl.lock().await;
+        if let Ok(existing) = self.stream(&def.name) {
+            if existing.def() == &def {
+                return Ok(existing);
+            }
+            return Err(EngineError::StreamExists { name: def.name.clone(), existing: existing.def().describe() });
+        }
+        self.check_new_stream(&def)?;
+        self.catalog.append(&[catalog::stream_record(&def)]).await?;
+        let stream = self.open_stream(def)?;
+        self.adopted(stream.name());
+        self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream.clone());
+        self.streams_changed();
+        tracing::info!(stream = stream.name(), definition = %stream.def().describe(), "stream created");
+        Ok(stream)
+    }
+
+    /// Refuses a new stream whose name is taken, whose `mqtt_topic` overlaps another's, or that
+    /// does not fit the orphaned data of its name.
+    pub(super) fn check_new_stream(&self, def: &StreamDef) -> Result<(), EngineError> {
+        self.check_adoption(&def.name, def.partitions, false, "stream")?;
+        if let Ok(existing) = self.stream(&def.name) {
+            return Err(EngineError::StreamExists { name: def.name.clone(), existing: existing.def().describe() });
+        }
+        if self.table(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
+        }
+        if self.view(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "view" });
+        }
+        if let Some(topic) = &def.mqtt_topic {
+            let route = catalog::mqtt_route(topic)?;
+            for other in self.routed.read().expect("routes lock").iter() {
+                if other.mqtt_route().is_some_and(|theirs| theirs.overlaps(&route)) {
+                    return Err(EngineError::InvalidDefinition(format!(
+                        "mqtt_topic '{topic}' overlaps stream {}'s mqtt_topic '{}': each MQTT topic must belong to one stream",
+                        other.name(),
+                        other.def().mqtt_topic.as_deref().unwrap_or_default()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The stream `name`, created with the default definition when it does not exist and
+    /// `auto_create` is on.
+    pub async fn stream_or_create(&self, name: &str) -> Result<Arc<Stream>, EngineError> {
+        match self.stream(name) {
+            Ok(stream) => Ok(stream),
+            Err(EngineError::UnknownStream { .. }) if self.options.auto_create => {
+                catalog::validate_name(name)?;
+                let def = self.default_stream_def(name);
+                match self.create_stream(def).await {
+                    // Someone created it meanwhile with another definition: theirs stands.
+                    Err(EngineError::StreamExists { .. }) => self.stream(name),
+                    other => other,
+                }
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Drops the stream `name` and deletes its records. Its subscriptions end.
+    pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
+        let _ddl = self.ddl.lock().await;
+        self.stream(name)?;
+        self.check_unread(name)?;
+        let transform = self.transform(name);
+        let mut records = vec![catalog::drop_record(name, false)];
+        if transform.is_some() {
+            records.push(catalog::drop_transform_record(name));
+        }
+        self.catalog.append(&records).await?;
+        if let Some(transform) = transform {
+            self.transforms.write().expect("transforms lock").remove(name);
+            transform.stop().await;
+            let tombstone = onehop_log::NewRecord {
+                key: Some(bytes::Bytes::from(transform::checkpoint_key(name))),
+                ..Default::default()
+            };
+            self.checkpoints.append(&[tombstone]).await?;
+        }
+        self.streams.write().expect("streams lock").remove(name);
+        self.streams_changed();
+        self.log.remove_topic(name)?;
+        tracing::info!(stream = name, "stream dropped");
+        Ok(())
+    }
+}

@@ -1,0 +1,314 @@
+//! Views and transforms: opening them from the catalog and their checkpoints, creating and
+//! dropping them, and what they need of their sources.
+
+use super::*;
+
+/// Tombstones appended at once when a view's checkpoint records are deleted.
+const TOMBSTONES_PER_APPEND: usize = 65_536;
+
+impl Engine {
+    /// Opens a defined view and starts it from its checkpoint (or, with none, from where its
+    /// definition says).
+    pub(super) fn open_view(&self, def: ViewDef, checkpoint: Option<Restored>) -> Result<Arc<View>, EngineError> {
+        let table = self.table(&def.source).ok();
+        let source = match &table {
+            Some(table) => table.storage().clone(),
+            None => self.stream(&def.source)?,
+        };
+        let output_def = StreamDef {
+            name: format!("{OUTPUT_PREFIX}{}", def.name),
+            partitions: 1,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: Durability::Async,
+            mqtt_topic: None,
+        };
+        let output_partition =
+            self.log.open_partition(&output_def.name, 0, runtime::output_config(&self.options.stream_defaults))?;
+        let output = Arc::new(Stream::new(output_def, vec![output_partition]));
+        let late = def.late_stream.as_deref().and_then(|name| self.stream(name).ok());
+        let restored = match checkpoint {
+            // A view over a table starts from the table's rows.
+            _ if table.is_some() => Restored::empty(vec![0]),
+            Some(checkpoint) if checkpoint.positions.len() == source.partition_count() as usize => checkpoint,
+            _ => {
+                tracing::warn!(view = def.name, "no checkpoint: the view starts over from its source");
+                Restored::empty(start_positions(&source, def.start))
+            }
+        };
+        let positions = still_stored(&source, restored.positions.clone());
+        let view = Arc::new(View::new(def, source, table, output, late, restored));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            view.start(self.hub.clone(), self.checkpoints.clone(), positions);
+        } else {
+            tracing::error!(view = view.name(), "views run inside the tokio runtime: this one is not started");
+        }
+        Ok(view)
+    }
+
+    pub fn view(&self, name: &str) -> Result<Arc<View>, EngineError> {
+        self.views.read().expect("views lock").get(name).cloned().ok_or_else(|| EngineError::UnknownView(name.into()))
+    }
+
+    /// Every view, by name.
+    pub fn views(&self) -> Vec<Arc<View>> {
+        self.views.read().expect("views lock").values().cloned().collect()
+    }
+
+    /// Creates the view `def` describes and starts it: its definition and a first checkpoint
+    /// (where it starts in its source) are durable before this returns. Creating a view that
+    /// exists with the same definition returns it.
+    pub async fn create_view(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
+        catalog::validate_name(&def.name)?;
+        if self.table(&def.source).is_ok() {
+            check_over_table(&def)?;
+        }
+        if let Some(late) = &def.late_stream {
+            if late == &def.source {
+                return Err(EngineError::InvalidDefinition("late_stream cannot be the view's own source".into()));
+            }
+            // Created first (it takes the definition lock itself); harmless if the view is not.
+            self.stream_or_create(late).await?;
+        }
+        let _ddl = self.ddl.lock().await;
+        if let Ok(existing) = self.view(&def.name) {
+            if existing.def() == &def {
+                return Ok(existing);
+            }
+            return Err(EngineError::ViewExists { name: def.name.clone() });
+        }
+        if self.stream(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
+        }
+        if self.table(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
+        }
+        let checkpoint = if self.table(&def.source).is_ok() {
+            None
+        } else {
+            let source = self.stream(&def.source)?;
+            let checkpoint = Restored::empty(start_positions(&source, def.start));
+            self.checkpoints.append(&[checkpoint.header(&def.name)]).await?;
+            Some(checkpoint)
+        };
+        self.catalog.append(&[catalog::view_record(&def)]).await?;
+        let name = def.name.clone();
+        let view = self.open_view(def, checkpoint)?;
+        self.adopted(&format!("{OUTPUT_PREFIX}{name}"));
+        self.views.write().expect("views lock").insert(name.clone(), view.clone());
+        self.catalog_changed();
+        tracing::info!(view = name, source = view.def().source, "view created");
+        Ok(view)
+    }
+
+    /// Drops the view `name`: stops it and deletes its changes and checkpoint.
+    pub async fn drop_view(&self, name: &str) -> Result<(), EngineError> {
+        let _ddl = self.ddl.lock().await;
+        let view = self.view(name)?;
+        self.catalog.append(&[catalog::drop_view_record(name)]).await?;
+        self.views.write().expect("views lock").remove(name);
+        self.catalog_changed();
+        view.stop().await;
+        // The header first: a drop cut short leaves strays, deleted at the next start.
+        for tombstones in view.checkpoint_tombstones().chunks(TOMBSTONES_PER_APPEND) {
+            self.checkpoints.append(tombstones).await?;
+        }
+        self.log.remove_topic(&format!("{OUTPUT_PREFIX}{name}"))?;
+        tracing::info!(view = name, "view dropped");
+        Ok(())
+    }
+
+    /// Deletes checkpoint records no view owns (see `checkpoint::strays`), in the background.
+    pub(super) fn delete_stray_checkpoints(&self, strays: Vec<String>) {
+        if strays.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        tracing::info!(records = strays.len(), "deleting view checkpoint records no view owns");
+        let checkpoints = self.checkpoints.clone();
+        runtime.spawn(async move {
+            for chunk in strays.chunks(TOMBSTONES_PER_APPEND) {
+                let tombstones: Vec<onehop_log::NewRecord> =
+                    chunk.iter().map(|key| onehop_log::NewRecord::tombstone(key.clone())).collect();
+                if let Err(error) = checkpoints.append(&tombstones).await {
+                    tracing::warn!(%error, "stray view checkpoint records could not be deleted");
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Stops every view and transform, each writing a last checkpoint (before the log closes).
+    pub async fn stop_derived(&self) {
+        for view in self.views() {
+            view.stop().await;
+        }
+        for transform in self.transforms() {
+            transform.stop().await;
+        }
+    }
+
+    /// Refuses to drop `name` while a view or transform reads it.
+    pub(super) fn check_unread(&self, name: &str) -> Result<(), EngineError> {
+        let views = self.views.read().expect("views lock");
+        if let Some(view) = views.values().find(|view| view.def().source == name) {
+            return Err(EngineError::InUse {
+                name: name.to_string(),
+                reader: format!("view {:?}", view.name()),
+                drop: format!("DROP VIEW {}", view.name()),
+            });
+        }
+        drop(views);
+        let transforms = self.transforms.read().expect("transforms lock");
+        if let Some(transform) = transforms.values().find(|transform| transform.def().source == name) {
+            return Err(EngineError::InUse {
+                name: name.to_string(),
+                reader: format!("transform {:?}", transform.name()),
+                drop: format!("DROP STREAM {}", transform.name()),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn transform(&self, name: &str) -> Option<Arc<Transform>> {
+        self.transforms.read().expect("transforms lock").get(name).cloned()
+    }
+
+    /// Every transform, by name.
+    pub fn transforms(&self) -> Vec<Arc<Transform>> {
+        self.transforms.read().expect("transforms lock").values().cloned().collect()
+    }
+
+    /// Opens a defined transform and starts it from its checkpoint (or, with none, from where
+    /// its definition says, not writing again what its output already has from there).
+    pub(super) fn open_transform(
+        &self,
+        def: TransformDef,
+        checkpoint: Option<TransformCheckpoint>,
+    ) -> Result<Arc<Transform>, EngineError> {
+        let source = self.stream(&def.source)?;
+        let output = self.stream(&def.name)?;
+        let checkpoint = match checkpoint {
+            Some(checkpoint)
+                if checkpoint.positions.len() == source.partition_count() as usize
+                    && checkpoint.output_ends.len() == output.partition_count() as usize =>
+            {
+                checkpoint
+            }
+            _ => {
+                tracing::warn!(
+                    transform = def.name,
+                    "no checkpoint: the transform starts over, skipping what it wrote"
+                );
+                TransformCheckpoint::new(start_positions(&source, def.start), output.start_offsets())
+            }
+        };
+        let checkpoint = TransformCheckpoint::new(still_stored(&source, checkpoint.positions), checkpoint.output_ends);
+        let transform = Arc::new(Transform::new(def, source, output));
+        if tokio::runtime::Handle::try_current().is_ok() {
+            transform.start(self.hub.clone(), self.checkpoints.clone(), checkpoint);
+        } else {
+            tracing::error!(
+                transform = transform.name(),
+                "transforms run inside the tokio runtime: this one is not started"
+            );
+        }
+        Ok(transform)
+    }
+
+    /// Creates the stream `output` and the transform `def` that feeds it from its source, and
+    /// starts it. Both definitions and the transform's starting point are durable before this
+    /// returns. Creating one that exists with the same definitions returns it.
+    pub async fn create_transform(&self, def: TransformDef, output: StreamDef) -> Result<Arc<Transform>, EngineError> {
+        output.validate()?;
+        if output.name != def.name {
+            return Err(EngineError::InvalidDefinition(format!(
+                "the transform {:?} must write the stream of its name, not {:?}",
+                def.name, output.name
+            )));
+        }
+        let _ddl = self.ddl.lock().await;
+        if let Some(existing) = self.transform(&def.name) {
+            if existing.def() == &def && existing.output().def() == &output {
+                return Ok(existing);
+            }
+            return Err(EngineError::StreamExists {
+                name: def.name.clone(),
+                existing: format!("computed by {}", existing.def().sql),
+            });
+        }
+        self.check_new_stream(&output)?;
+        if self.table(&def.source).is_ok() {
+            return Err(EngineError::InvalidDefinition(format!(
+                "{:?} is a table: a transform reads a stream (aggregate a table with CREATE VIEW)",
+                def.source
+            )));
+        }
+        let source = self.stream(&def.source)?;
+        let positions = start_positions(&source, def.start);
+        let checkpoint = TransformCheckpoint::new(positions, vec![0; output.partitions as usize]);
+        self.checkpoints.append(&[checkpoint.record(&def.name)]).await?;
+        // One batch: the stream and the transform that writes it are defined together or not at all.
+        self.catalog.append(&[catalog::stream_record(&output), catalog::transform_record(&def)]).await?;
+        let stream = self.open_stream(output)?;
+        self.adopted(stream.name());
+        self.streams.write().expect("streams lock").insert(stream.name().to_string(), stream);
+        self.streams_changed();
+        let name = def.name.clone();
+        let transform = self.open_transform(def, Some(checkpoint))?;
+        self.transforms.write().expect("transforms lock").insert(name.clone(), transform.clone());
+        tracing::info!(transform = name, source = transform.def().source, "transform created");
+        Ok(transform)
+    }
+}
+
+/// Refuses what a view over a table cannot do: it aggregates the rows there are now, so time
+/// (windows, event times, lateness, finals) and order (FIRST, LAST) do not apply.
+fn check_over_table(def: &ViewDef) -> Result<(), EngineError> {
+    let refuse = |what: &str| {
+        Err(EngineError::InvalidDefinition(format!(
+            "{:?} is a table: a view over a table aggregates its current rows, so it takes no {what} \
+             (views over streams do)",
+            def.source
+        )))
+    };
+    if def.window != crate::view::Window::None {
+        return refuse("window");
+    }
+    if def.event_time.is_some() {
+        return refuse("event_time");
+    }
+    if def.late_stream.is_some() {
+        return refuse("late_stream");
+    }
+    if def.emit_final || !def.emit_changes {
+        return refuse("emit = 'final' (its rows change with every row change)");
+    }
+    let ordered = def.columns.iter().any(|column| {
+        matches!(
+            column,
+            crate::view::Column::Aggregate {
+                function: crate::view::AggregateKind::First | crate::view::AggregateKind::Last,
+                ..
+            }
+        )
+    });
+    if ordered {
+        return refuse("FIRST or LAST (rows have no order in time)");
+    }
+    Ok(())
+}
+
+/// `positions` in `source`, past what retention removed since they were taken (a view or
+/// transform carries on from what is left).
+fn still_stored(source: &Stream, positions: Vec<u64>) -> Vec<u64> {
+    positions.iter().zip(source.start_offsets()).map(|(&at, start)| at.max(start)).collect()
+}
+
+/// Where a view or transform with no checkpoint starts in `source`.
+fn start_positions(source: &Stream, start: Start) -> Vec<u64> {
+    match start {
+        Start::Earliest => source.start_offsets(),
+        Start::Latest => source.end_offsets(),
+    }
+}
