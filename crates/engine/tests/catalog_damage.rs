@@ -1,16 +1,18 @@
 //! A damaged or lost catalog never costs data: the engine refuses to start on a catalog it
 //! cannot read whole, and deletes a topic's files only when the catalog says it was dropped.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::{close, stream_def, table_def};
 use onehop_engine::{
-    CATALOG_TOPIC, Column, ColumnType, Engine, EngineOptions, Position, Precondition, StreamDef, TableDef, Write,
-    set_system_recovery,
+    CATALOG_TOPIC, ColumnType, Engine, EngineOptions, Position, Precondition, TableDef, Write, set_system_recovery,
 };
-use onehop_log::{BatchHeader, Durability, Log, LogOptions, NewRecord, OpenError};
+use onehop_log::{BatchHeader, Log, LogOptions, NewRecord, OpenError};
 
 fn log_options(recover_catalog: bool) -> LogOptions {
     let mut options = LogOptions::default();
@@ -23,35 +25,9 @@ fn open(dir: &Path, recover_catalog: bool) -> Result<Engine, String> {
     Engine::open(Arc::new(log), EngineOptions::default()).map_err(|error| error.to_string())
 }
 
-fn close(engine: Engine) {
-    let log = engine.log().clone();
-    drop(engine);
-    log.close();
-}
-
-fn stream_def(name: &str, partitions: u32) -> StreamDef {
-    StreamDef {
-        name: name.into(),
-        partitions,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: Durability::Fsync,
-        mqtt_topic: None,
-    }
-}
-
 /// A table with a text key and one integer column.
 fn users_def() -> TableDef {
-    TableDef {
-        name: "users".into(),
-        primary_key: "id".into(),
-        columns: vec![
-            Column { name: "id".into(), ty: ColumnType::Text, not_null: true },
-            Column { name: "score".into(), ty: ColumnType::Integer, not_null: false },
-        ],
-        indexes: Vec::new(),
-        durability: Durability::Fsync,
-    }
+    table_def("users", &[("score", ColumnType::Integer)])
 }
 
 /// Every segment under `dir` (except the catalog's) with a digest of its data.

@@ -1,32 +1,25 @@
 //! The hub and cursors: filtering, history then live with no gap and no duplicate, resume,
 //! cutting off a subscriber that falls behind, or carrying it on from the log.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::stream_def;
 use onehop_engine::filter::Condition;
 use onehop_engine::hub::{Cursor, Delivery, Event};
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::{Engine, EngineOptions, Filter, Stream, StreamDef};
-use onehop_log::{Durability, Log, LogOptions, NewRecord};
+use onehop_log::{Durability, NewRecord};
 
 fn open(dir: &std::path::Path, queue: usize) -> Arc<Engine> {
-    let (log, _) = Log::open(dir, LogOptions::default()).unwrap();
-    let options = EngineOptions { subscriber_queue_capacity: queue, ..EngineOptions::default() };
-    Arc::new(Engine::open(Arc::new(log), options).unwrap())
+    Arc::new(common::open(dir, EngineOptions { subscriber_queue_capacity: queue, ..EngineOptions::default() }))
 }
 
 async fn stream(engine: &Engine, name: &str, partitions: u32) -> Arc<Stream> {
-    let def = StreamDef {
-        name: name.into(),
-        partitions,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: Durability::Async,
-        mqtt_topic: None,
-    };
-    engine.create_stream(def).await.unwrap()
+    engine.create_stream(StreamDef { durability: Durability::Async, ..stream_def(name, partitions) }).await.unwrap()
 }
 
 fn subject_record(subject: &str, value: String) -> NewRecord {

@@ -1,41 +1,21 @@
 //! Streams through the engine: definitions in the catalog across restarts, partitioning,
 //! publishing, reading from every kind of position, and the errors a client can cause.
 
-use std::path::Path;
+mod common;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
-use onehop_engine::{Engine, EngineOptions, Position, StreamDef};
-use onehop_log::{Durability, Log, LogOptions, NewRecord};
-
-fn open(dir: &Path, options: EngineOptions) -> Engine {
-    let (log, _) = Log::open(dir, LogOptions::default()).unwrap();
-    Engine::open(Arc::new(log), options).unwrap()
-}
-
-fn def(name: &str, partitions: u32) -> StreamDef {
-    StreamDef {
-        name: name.into(),
-        partitions,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: Durability::Fsync,
-        mqtt_topic: None,
-    }
-}
-
-fn close(engine: Engine) {
-    let log = engine.log().clone();
-    drop(engine);
-    log.close();
-}
+use common::{close, fresh, open, stream_def};
+use onehop_engine::{EngineOptions, Position, StreamDef};
+use onehop_log::{Durability, NewRecord};
 
 #[tokio::test]
 async fn definitions_and_records_survive_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions::default());
-    let orders = engine.create_stream(StreamDef { retention_ms: Some(86_400_000), ..def("orders", 4) }).await.unwrap();
-    engine.create_stream(def("clicks", 1)).await.unwrap();
+    let (dir, engine) = fresh(EngineOptions::default());
+    let orders =
+        engine.create_stream(StreamDef { retention_ms: Some(86_400_000), ..stream_def("orders", 4) }).await.unwrap();
+    engine.create_stream(stream_def("clicks", 1)).await.unwrap();
     let published = orders.publish(&[NewRecord::keyed("customer-7", "first")], None).await.unwrap();
     close(engine);
 
@@ -43,7 +23,7 @@ async fn definitions_and_records_survive_a_restart() {
     let names: Vec<String> = engine.streams().iter().map(|stream| stream.name().to_string()).collect();
     assert_eq!(names, ["clicks", "orders"]);
     let orders = engine.stream("orders").unwrap();
-    assert_eq!(orders.def(), &StreamDef { retention_ms: Some(86_400_000), ..def("orders", 4) });
+    assert_eq!(orders.def(), &StreamDef { retention_ms: Some(86_400_000), ..stream_def("orders", 4) });
     let records = orders.read(published[0].partition, Position::Earliest, 10, 1 << 20).unwrap();
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].value.as_deref(), Some(&b"first"[..]));
@@ -53,12 +33,11 @@ async fn definitions_and_records_survive_a_restart() {
 
 #[tokio::test]
 async fn creating_again_is_idempotent_but_a_different_definition_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions::default());
-    let first = engine.create_stream(def("orders", 4)).await.unwrap();
-    let again = engine.create_stream(def("orders", 4)).await.unwrap();
+    let (_dir, engine) = fresh(EngineOptions::default());
+    let first = engine.create_stream(stream_def("orders", 4)).await.unwrap();
+    let again = engine.create_stream(stream_def("orders", 4)).await.unwrap();
     assert!(Arc::ptr_eq(&first, &again));
-    let error = match engine.create_stream(def("orders", 8)).await {
+    let error = match engine.create_stream(stream_def("orders", 8)).await {
         Err(error) => error,
         Ok(_) => panic!("a conflicting definition was accepted"),
     };
@@ -71,8 +50,7 @@ async fn creating_again_is_idempotent_but_a_different_definition_is_refused() {
 
 #[tokio::test]
 async fn auto_create_on_first_publish_and_refusal_when_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions { default_partitions: 2, ..EngineOptions::default() });
+    let (dir, engine) = fresh(EngineOptions { default_partitions: 2, ..EngineOptions::default() });
     let stream = engine.stream_or_create("telemetry").await.unwrap();
     assert_eq!(stream.partition_count(), 2);
     close(engine);
@@ -86,9 +64,8 @@ async fn auto_create_on_first_publish_and_refusal_when_off() {
 
 #[tokio::test]
 async fn a_key_always_lands_in_the_same_partition_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions::default());
-    let stream = engine.create_stream(def("orders", 8)).await.unwrap();
+    let (_dir, engine) = fresh(EngineOptions::default());
+    let stream = engine.create_stream(stream_def("orders", 8)).await.unwrap();
     let mut seen = std::collections::BTreeSet::new();
     for customer in 0..64 {
         let key = format!("customer-{customer}");
@@ -118,9 +95,8 @@ async fn a_key_always_lands_in_the_same_partition_in_order() {
 
 #[tokio::test]
 async fn a_mixed_batch_reports_where_each_record_went() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions::default());
-    let stream = engine.create_stream(def("mixed", 4)).await.unwrap();
+    let (_dir, engine) = fresh(EngineOptions::default());
+    let stream = engine.create_stream(stream_def("mixed", 4)).await.unwrap();
     let records: Vec<NewRecord> = (0..20)
         .map(|i| {
             if i % 3 == 0 {
@@ -148,13 +124,12 @@ async fn a_mixed_batch_reports_where_each_record_went() {
 
 #[tokio::test]
 async fn a_refused_batch_writes_nothing_in_any_partition() {
-    let dir = tempfile::tempdir().unwrap();
     let options = EngineOptions {
         stream_defaults: onehop_log::PartitionConfig { record_bytes_max: 1024, ..Default::default() },
         ..EngineOptions::default()
     };
-    let engine = open(dir.path(), options);
-    let stream = engine.create_stream(def("limited", 4)).await.unwrap();
+    let (_dir, engine) = fresh(options);
+    let stream = engine.create_stream(stream_def("limited", 4)).await.unwrap();
     let mut records: Vec<NewRecord> = (0..8).map(|i| NewRecord::keyed(format!("k{i}"), "small")).collect();
     records.push(NewRecord::keyed("big", vec![0u8; 4096]));
     let error = stream.publish(&records, None).await.unwrap_err();
@@ -166,9 +141,8 @@ async fn a_refused_batch_writes_nothing_in_any_partition() {
 
 #[tokio::test]
 async fn reads_start_at_earliest_latest_an_offset_or_a_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions::default());
-    let stream = engine.create_stream(def("ticks", 1)).await.unwrap();
+    let (_dir, engine) = fresh(EngineOptions::default());
+    let stream = engine.create_stream(stream_def("ticks", 1)).await.unwrap();
     let records: Vec<NewRecord> = (0..10)
         .map(|i| NewRecord { timestamp_ms: Some(1_000 + i * 100), ..NewRecord::value(format!("t{i}")) })
         .collect();
@@ -194,28 +168,28 @@ async fn reads_start_at_earliest_latest_an_offset_or_a_time() {
 
 #[tokio::test]
 async fn bad_names_and_definitions_are_refused_with_reasons() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions::default());
+    let (_dir, engine) = fresh(EngineOptions::default());
     for (name, reason) in
         [("", "1 to 200"), ("a/b", "'/'"), ("..", "\"..\""), ("__catalog", "reserved"), ("__mine", "reserved")]
     {
-        let error = engine.create_stream(def(name, 1)).await.err().unwrap_or_else(|| panic!("{name:?} accepted"));
+        let error =
+            engine.create_stream(stream_def(name, 1)).await.err().unwrap_or_else(|| panic!("{name:?} accepted"));
         assert_eq!(error.code(), "invalid_name", "{name:?}");
         assert!(error.to_string().contains(reason), "{name:?}: {error}");
         let error = engine.stream_or_create(name).await.err().unwrap();
         assert_eq!(error.code(), "invalid_name", "{name:?} via auto-create");
     }
-    let error = engine.create_stream(def("zero", 0)).await.err().unwrap();
+    let error = engine.create_stream(stream_def("zero", 0)).await.err().unwrap();
     assert_eq!(error.code(), "invalid_definition");
-    let error = engine.create_stream(def("huge", 65)).await.err().unwrap();
+    let error = engine.create_stream(stream_def("huge", 65)).await.err().unwrap();
     assert!(error.to_string().contains("between 1 and 64"), "{error}");
     assert!(engine.streams().is_empty());
 }
 
 #[tokio::test]
 async fn concurrent_auto_creates_of_one_name_make_one_definition() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = Arc::new(open(dir.path(), EngineOptions::default()));
+    let (_dir, engine) = fresh(EngineOptions::default());
+    let engine = Arc::new(engine);
     let tasks: Vec<_> = (0..16)
         .map(|_| {
             let engine = engine.clone();
@@ -231,11 +205,10 @@ async fn concurrent_auto_creates_of_one_name_make_one_definition() {
 
 #[tokio::test]
 async fn declared_mqtt_topics_route_publishes_and_never_overlap() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path(), EngineOptions::default());
+    let (dir, engine) = fresh(EngineOptions::default());
     let routed = |topic: &str| engine.stream_for_mqtt_topic(topic).map(|stream| stream.name().to_string());
     engine
-        .create_stream(StreamDef { mqtt_topic: Some("devices/+/telemetry".into()), ..def("telemetry", 1) })
+        .create_stream(StreamDef { mqtt_topic: Some("devices/+/telemetry".into()), ..stream_def("telemetry", 1) })
         .await
         .unwrap();
     assert_eq!(routed("devices/d1/telemetry").as_deref(), Some("telemetry"));
@@ -243,7 +216,7 @@ async fn declared_mqtt_topics_route_publishes_and_never_overlap() {
 
     // A second stream may not claim a topic the first already takes.
     let error = engine
-        .create_stream(StreamDef { mqtt_topic: Some("devices/#".into()), ..def("everything", 1) })
+        .create_stream(StreamDef { mqtt_topic: Some("devices/#".into()), ..stream_def("everything", 1) })
         .await
         .err()
         .expect("an overlapping mqtt_topic was accepted");
@@ -251,9 +224,13 @@ async fn declared_mqtt_topics_route_publishes_and_never_overlap() {
     assert!(error.to_string().contains("overlaps stream telemetry"), "{error}");
     assert!(engine.stream("everything").is_err(), "nothing was created");
     // Disjoint filters are fine; `$` topics and malformed filters are not.
-    engine.create_stream(StreamDef { mqtt_topic: Some("devices/+/status".into()), ..def("status", 1) }).await.unwrap();
+    engine
+        .create_stream(StreamDef { mqtt_topic: Some("devices/+/status".into()), ..stream_def("status", 1) })
+        .await
+        .unwrap();
     for bad in ["$SYS/#", "devices/#/x", "a+/b"] {
-        let error = engine.create_stream(StreamDef { mqtt_topic: Some(bad.into()), ..def("bad", 1) }).await.err();
+        let error =
+            engine.create_stream(StreamDef { mqtt_topic: Some(bad.into()), ..stream_def("bad", 1) }).await.err();
         assert!(error.is_some_and(|error| error.to_string().contains("mqtt_topic")), "{bad} was accepted");
     }
 

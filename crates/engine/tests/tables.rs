@@ -1,38 +1,36 @@
 //! Tables: writes, conditional writes, typed columns, indexed queries, replay after restart,
 //! and subscriptions that see rows enter, change in and leave their filter's set.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{stream_def, table_def};
 use onehop_engine::hub::{Change, Cursor, Delivery};
-use onehop_engine::{
-    Column, ColumnType, Engine, EngineOptions, Filter, Precondition, StreamDef, Table, TableDef, Write,
-};
-use onehop_log::{Durability, Log, LogOptions, NewRecord};
+use onehop_engine::{ColumnType, Engine, EngineOptions, Filter, Precondition, StreamDef, Table, TableDef, Write};
+use onehop_log::{Durability, NewRecord};
 use serde_json::{Map, Value, json};
 
 fn open(dir: &std::path::Path) -> Arc<Engine> {
-    let (log, _) = Log::open(dir, LogOptions::default()).unwrap();
-    Arc::new(Engine::open(Arc::new(log), EngineOptions::default()).unwrap())
+    Arc::new(common::open(dir, EngineOptions::default()))
 }
 
 fn orders_def() -> TableDef {
-    TableDef {
-        name: "orders".into(),
-        primary_key: "id".into(),
-        columns: vec![
-            Column { name: "id".into(), ty: ColumnType::Text, not_null: true },
-            Column { name: "customer".into(), ty: ColumnType::Integer, not_null: false },
-            Column { name: "tags".into(), ty: ColumnType::parse("text[]").unwrap(), not_null: false },
-        ],
-        indexes: vec![],
-        durability: Durability::Fsync,
-    }
+    table_def("orders", &[("customer", ColumnType::Integer), ("tags", ColumnType::parse("text[]").unwrap())])
 }
 
 fn object(value: Value) -> Map<String, Value> {
     let Value::Object(map) = value else { panic!("not an object: {value}") };
     map
+}
+
+/// An engine on a fresh directory, holding the table `orders_def()`.
+async fn orders_table() -> (tempfile::TempDir, Arc<Engine>, Arc<Table>) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    let table = engine.create_table(orders_def()).await.unwrap();
+    (dir, engine, table)
 }
 
 async fn put(table: &Arc<Table>, id: &str, row: Value) -> u64 {
@@ -49,9 +47,7 @@ fn ids(page: &onehop_engine::Page) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_are_written_read_patched_and_deleted() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
-    let orders = engine.create_table(orders_def()).await.unwrap();
+    let (_dir, _engine, orders) = orders_table().await;
 
     let written =
         orders.write("o1", Write::Put(object(json!({"customer": 42}))), Precondition::None, None).await.unwrap();
@@ -154,9 +150,7 @@ async fn indexed_queries_page_in_id_order_and_survive_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_patches_lose_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
-    let counters = engine.create_table(orders_def()).await.unwrap();
+    let (_dir, _engine, counters) = orders_table().await;
     put(&counters, "c", json!({})).await;
     let mut tasks = Vec::new();
     for writer in 0..16 {
@@ -187,9 +181,7 @@ async fn next(cursor: &mut Cursor) -> (Change, String, Option<Value>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_see_rows_enter_change_and_leave() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
-    let orders = engine.create_table(orders_def()).await.unwrap();
+    let (_dir, engine, orders) = orders_table().await;
     put(&orders, "before", json!({"customer": 42})).await;
     let start = orders.applied_offset();
     let filter = Filter::default().with_condition("customer", "42").unwrap();
@@ -232,9 +224,7 @@ async fn subscriptions_see_rows_enter_change_and_leave() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_then_changes_has_no_gap_and_no_duplicate() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
-    let counters = engine.create_table(orders_def()).await.unwrap();
+    let (_dir, engine, counters) = orders_table().await;
     for i in 0..50 {
         put(&counters, &format!("r{i:02}"), json!({"customer": 1, "n": 0})).await;
     }
@@ -274,22 +264,15 @@ async fn a_snapshot_then_changes_has_no_gap_and_no_duplicate() {
 async fn names_are_shared_and_drops_remove_data() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());
-    let stream_def = StreamDef {
-        name: "events".into(),
-        partitions: 1,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: Durability::Fsync,
-        mqtt_topic: None,
-    };
-    let events = engine.create_stream(stream_def.clone()).await.unwrap();
+    let events_def = stream_def("events", 1);
+    let events = engine.create_stream(events_def.clone()).await.unwrap();
     events.publish(&[NewRecord::value("old")], None).await.unwrap();
     let clash = TableDef { name: "events".into(), ..orders_def() };
     assert_eq!(engine.create_table(clash).await.err().unwrap().code(), "name_taken");
     let orders = engine.create_table(orders_def()).await.unwrap();
     put(&orders, "o1", json!({})).await;
     assert_eq!(
-        engine.create_stream(StreamDef { name: "orders".into(), ..stream_def.clone() }).await.err().unwrap().code(),
+        engine.create_stream(StreamDef { name: "orders".into(), ..events_def.clone() }).await.err().unwrap().code(),
         "name_taken"
     );
     let other = TableDef { columns: vec![orders_def().columns[0].clone()], ..orders_def() };
@@ -300,7 +283,7 @@ async fn names_are_shared_and_drops_remove_data() {
     assert_eq!(engine.drop_table("orders").await.unwrap_err().code(), "unknown_table");
     assert!(!dir.path().join("events").exists());
     // Created again, they start empty.
-    let events = engine.create_stream(stream_def).await.unwrap();
+    let events = engine.create_stream(events_def).await.unwrap();
     assert_eq!(events.end_offset(0).unwrap(), 0);
     let orders = engine.create_table(orders_def()).await.unwrap();
     assert_eq!(orders.row_count(), 0);
@@ -311,15 +294,8 @@ async fn names_are_shared_and_drops_remove_data() {
 async fn stream_subscriptions_filter_on_json_fields() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());
-    let def = StreamDef {
-        name: "scores".into(),
-        partitions: 2,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: Durability::Async,
-        mqtt_topic: None,
-    };
-    let scores = engine.create_stream(def).await.unwrap();
+    let scores =
+        engine.create_stream(StreamDef { durability: Durability::Async, ..stream_def("scores", 2) }).await.unwrap();
     let filter = Filter::default().with_condition("team", "red").unwrap().with_condition("points", "3").unwrap();
     let mut red_threes = engine.subscribe(&scores, filter, vec![0, 0]).unwrap();
     let values = [

@@ -7,7 +7,7 @@ mod common;
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::{
     batches_and_data_end, batches_in, copy_dir, filler, nonzero_end, read_all, remove_segment_index, segment_bases,
@@ -49,6 +49,28 @@ fn write_partition(dir: &Path, config: PartitionConfig, batches: usize) -> Vec<N
     records
 }
 
+/// A partition of `batches` batches written and closed in a directory of its own: the
+/// directory, the records as stored, and the partition's first segment.
+fn written(batches: usize) -> (tempfile::TempDir, Vec<Record>, PathBuf) {
+    let source = tempfile::tempdir().unwrap();
+    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), batches));
+    let segment = segment_path(source.path(), 0);
+    (source, records, segment)
+}
+
+/// A copy of the partition in `source`, made as `name` under `scratch`, for a test to damage.
+fn copied(source: &tempfile::TempDir, scratch: &tempfile::TempDir, name: &str) -> PathBuf {
+    let dir = scratch.path().join(name);
+    copy_dir(source.path(), &dir);
+    dir
+}
+
+/// Adds `bytes` at the end of the file at `path`.
+fn append_to(path: &Path, bytes: &[u8]) {
+    let mut file = OpenOptions::new().append(true).open(path).unwrap();
+    file.write_all(bytes).unwrap();
+}
+
 /// Opens a damaged copy and checks that recovery cut exactly `[cut_at, ..)` of the last
 /// segment, that everything before it reads back identical, and that the log goes on from there.
 ///
@@ -87,11 +109,9 @@ fn assert_cut_at(dir: &Path, segment: &Path, cut_at: u64, expected: &[Record], a
 
 #[test]
 fn torn_last_batch_is_cut_at_every_byte() {
-    let source = tempfile::tempdir().unwrap();
-    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 8));
+    let (source, records, segment) = written(8);
     let bases = segment_bases(source.path());
     assert_eq!(bases, vec![0]);
-    let segment = segment_path(source.path(), 0);
     let batches = batches_in(&segment);
     let (last_at, last) = *batches.last().unwrap();
     assert!(last.record_count > 1);
@@ -102,8 +122,7 @@ fn torn_last_batch_is_cut_at_every_byte() {
 
     let scratch = tempfile::tempdir().unwrap();
     for cut in last_at..file_bytes {
-        let dir = scratch.path().join(format!("cut-{cut}"));
-        copy_dir(source.path(), &dir);
+        let dir = copied(&source, &scratch, &format!("cut-{cut}"));
         let damaged = segment_path(&dir, 0);
         OpenOptions::new().write(true).open(&damaged).unwrap().set_len(cut).unwrap();
         // Checking that the log goes on after the cut costs fsyncs: do it for some cuts only.
@@ -122,9 +141,7 @@ fn torn_last_batch_is_cut_at_every_byte() {
 
 #[test]
 fn corrupt_last_batch_is_cut_whichever_byte_flips() {
-    let source = tempfile::tempdir().unwrap();
-    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 8));
-    let segment = segment_path(source.path(), 0);
+    let (source, records, segment) = written(8);
     let (last_at, last) = *batches_in(&segment).last().unwrap();
     let file_bytes = fs::metadata(&segment).unwrap().len();
     let kept = &records[..last.base_offset as usize];
@@ -132,8 +149,7 @@ fn corrupt_last_batch_is_cut_whichever_byte_flips() {
 
     let scratch = tempfile::tempdir().unwrap();
     for at in last_at..file_bytes {
-        let dir = scratch.path().join(format!("flip-{at}"));
-        copy_dir(source.path(), &dir);
+        let dir = copied(&source, &scratch, &format!("flip-{at}"));
         let mut bytes = original.clone();
         bytes[at as usize] ^= 0xFF;
         let damaged = segment_path(&dir, 0);
@@ -149,9 +165,7 @@ fn corrupt_last_batch_is_cut_whichever_byte_flips() {
 
 #[test]
 fn damage_inside_the_last_segment_that_valid_batches_follow_is_refused_not_cut() {
-    let source = tempfile::tempdir().unwrap();
-    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 12));
-    let segment = segment_path(source.path(), 0);
+    let (source, records, segment) = written(12);
     let batches = batches_in(&segment);
     let file_bytes = fs::metadata(&segment).unwrap().len();
     let (bad_at, bad) = batches[5];
@@ -161,8 +175,7 @@ fn damage_inside_the_last_segment_that_valid_batches_follow_is_refused_not_cut()
     // A flipped payload byte in the sixth of twelve batches, with no index (as after a crash):
     // the six batches after it are whole and checksummed, so this is damage, not a torn write.
     // Cutting there would lose them and hand their offsets out again: opening refuses.
-    let dir = scratch.path().join("middle");
-    copy_dir(source.path(), &dir);
+    let dir = copied(&source, &scratch, "middle");
     let mut bytes = fs::read(&segment).unwrap();
     bytes[bad_at as usize + 60] ^= 0x01;
     fs::write(segment_path(&dir, 0), &bytes).unwrap();
@@ -195,24 +208,17 @@ fn damage_inside_the_last_segment_that_valid_batches_follow_is_refused_not_cut()
 
     // Zeros after the last batch (space kept ahead of the data, or a file that grew but whose
     // data never reached the disk) are cut without counting as damage.
-    let dir = scratch.path().join("zeros");
-    copy_dir(source.path(), &dir);
-    let mut file = OpenOptions::new().append(true).open(segment_path(&dir, 0)).unwrap();
-    file.write_all(&[0; 4096]).unwrap();
-    drop(file);
+    let dir = copied(&source, &scratch, "zeros");
+    append_to(&segment_path(&dir, 0), &[0; 4096]);
     assert_cut_at(&dir, &segment_path(&dir, 0), file_bytes, &records, true);
 
     // A lone partial header.
-    let dir = scratch.path().join("partial-header");
-    copy_dir(source.path(), &dir);
-    let mut file = OpenOptions::new().append(true).open(segment_path(&dir, 0)).unwrap();
-    file.write_all(&bytes[..20]).unwrap();
-    drop(file);
+    let dir = copied(&source, &scratch, "partial-header");
+    append_to(&segment_path(&dir, 0), &bytes[..20]);
     assert_cut_at(&dir, &segment_path(&dir, 0), file_bytes, &records, false);
 
     // What a crash leaves in a segment with space kept ahead: a torn batch, then zeros.
-    let dir = scratch.path().join("torn-then-zeros");
-    copy_dir(source.path(), &dir);
+    let dir = copied(&source, &scratch, "torn-then-zeros");
     let (last_at, last) = *batches.last().unwrap();
     let mut torn = fs::read(&segment).unwrap();
     torn.truncate(last_at as usize + last.batch_len as usize / 2);
@@ -226,9 +232,7 @@ fn damage_inside_the_last_segment_that_valid_batches_follow_is_refused_not_cut()
 fn a_flipped_byte_under_a_current_index_is_never_served() {
     // After a clean close the last segment's index describes it exactly; bit rot under it is not
     // a crash, so recovery may trust the index. Whatever it does, it must not serve the bad batch.
-    let source = tempfile::tempdir().unwrap();
-    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 8));
-    let segment = segment_path(source.path(), 0);
+    let (source, records, segment) = written(8);
     let (last_at, last) = *batches_in(&segment).last().unwrap();
     let file_bytes = fs::metadata(&segment).unwrap().len();
     let mut bytes = fs::read(&segment).unwrap();
@@ -285,8 +289,7 @@ fn damage_in_a_closed_segment_is_reported_not_cut() {
     };
 
     // Without its index the segment is scanned at open: open fails and the file is untouched.
-    let dir = scratch.path().join("flip-no-index");
-    copy_dir(source.path(), &dir);
+    let dir = copied(&source, &scratch, "flip-no-index");
     let bytes = flipped(&dir);
     remove_segment_index(&dir, victim);
     let error = Partition::open_existing(&dir).err().expect("open must refuse a corrupt closed segment");
@@ -295,8 +298,7 @@ fn damage_in_a_closed_segment_is_reported_not_cut() {
     assert_eq!(fs::read(segment_path(&dir, victim)).unwrap(), bytes, "a closed segment is never cut");
 
     // With its index in place the damage may go unnoticed at open, but it is never served.
-    let dir = scratch.path().join("flip-with-index");
-    copy_dir(source.path(), &dir);
+    let dir = copied(&source, &scratch, "flip-with-index");
     let bytes = flipped(&dir);
     match Partition::open_existing(&dir) {
         Err(error) => assert_corrupt_at(error, &dir, bad_at),
@@ -320,8 +322,7 @@ fn damage_in_a_closed_segment_is_reported_not_cut() {
     assert_eq!(fs::read(segment_path(&dir, victim)).unwrap(), bytes, "a closed segment is never cut");
 
     // A closed segment that lost its tail no longer matches its index: open refuses it.
-    let dir = scratch.path().join("torn-closed");
-    copy_dir(source.path(), &dir);
+    let dir = copied(&source, &scratch, "torn-closed");
     let path = segment_path(&dir, victim);
     let length = fs::metadata(&path).unwrap().len();
     let (last_at, _) = *batches_in(&path).last().unwrap();
@@ -392,9 +393,7 @@ fn an_empty_last_segment_from_a_crash_during_a_roll_is_fine() {
 
 #[test]
 fn a_partition_that_never_cuts_its_tail_refuses_a_torn_one_but_not_its_runway() {
-    let source = tempfile::tempdir().unwrap();
-    let records = as_stored(&write_partition(source.path(), PartitionConfig::default(), 6));
-    let segment = segment_path(source.path(), 0);
+    let (source, records, segment) = written(6);
     let (last_at, last) = *batches_in(&segment).last().unwrap();
     let strict = |discard_damaged| PartitionOptions {
         recovery: RecoveryPolicy {
@@ -407,19 +406,15 @@ fn a_partition_that_never_cuts_its_tail_refuses_a_torn_one_but_not_its_runway() 
     let scratch = tempfile::tempdir().unwrap();
 
     // Zeros after the data are the runway, never damage: opened as usual.
-    let dir = scratch.path().join("runway");
-    copy_dir(source.path(), &dir);
-    let mut file = OpenOptions::new().append(true).open(segment_path(&dir, 0)).unwrap();
-    file.write_all(&[0; 4096]).unwrap();
-    drop(file);
+    let dir = copied(&source, &scratch, "runway");
+    append_to(&segment_path(&dir, 0), &[0; 4096]);
     remove_segment_index(&dir, 0);
     let (partition, report) = Partition::open_existing_with_options(&dir, &strict(false)).unwrap();
     assert_eq!((report.truncated_bytes, read_all(&partition)), (0, records.clone()));
     drop(partition);
 
     // A bad last batch: refused, naming the file, the byte, the offsets and the way out.
-    let dir = scratch.path().join("torn");
-    copy_dir(source.path(), &dir);
+    let dir = copied(&source, &scratch, "torn");
     let mut bytes = fs::read(&segment).unwrap();
     bytes[last_at as usize + 50] ^= 0x20;
     fs::write(segment_path(&dir, 0), &bytes).unwrap();

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use common::{
-    assert_exact, batches_and_data_end, batches_in, filler, read_all, remove_index_files, segment_bases, segment_path,
-    small_config, stored,
+    assert_exact, batches_and_data_end, batches_in, filler, joined, read_all, remove_index_files, segment_bases,
+    segment_path, small_config, spawn_tasks, stored,
 };
 use onehop_log::{
     AppendError, DirLock, Durability, LockError, Log, LogOptions, NewRecord, OpenError, Partition, PartitionConfig,
@@ -42,32 +42,25 @@ fn numbered(i: u64, value_len: usize) -> NewRecord {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_appenders_get_dense_offsets() {
-    const TASKS: usize = 64;
-    const APPENDS_PER_TASK: usize = 12;
+    const TASKS: u64 = 64;
+    const APPENDS_PER_TASK: u64 = 12;
     let dir = tempfile::tempdir().unwrap();
     let partition = Arc::new(open(dir.path(), PartitionConfig::default()));
-    let mut tasks = Vec::new();
-    for task in 0..TASKS {
-        let partition = partition.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut acked = Vec::new();
-            for append in 0..APPENDS_PER_TASK {
-                let records: Vec<NewRecord> = (0..1 + (task + append) % 3)
-                    .map(|i| NewRecord::keyed(format!("task-{task}"), format!("t{task}-a{append}-r{i}")))
-                    .collect();
-                let ack = partition.append(&records).await.expect("append");
-                assert_eq!(ack.record_count as usize, records.len());
-                acked.push((ack, records));
-            }
-            // One task's appends are sequential, so its offsets increase.
-            assert!(acked.windows(2).all(|pair| pair[0].0.last_offset() < pair[1].0.base_offset));
-            acked
-        }));
-    }
-    let mut acked = Vec::new();
-    for task in tasks {
-        acked.extend(task.await.unwrap());
-    }
+    let tasks = spawn_tasks(&partition, TASKS, |task, partition| async move {
+        let mut acked = Vec::new();
+        for append in 0..APPENDS_PER_TASK {
+            let records: Vec<NewRecord> = (0..1 + (task + append) % 3)
+                .map(|i| NewRecord::keyed(format!("task-{task}"), format!("t{task}-a{append}-r{i}")))
+                .collect();
+            let ack = partition.append(&records).await.expect("append");
+            assert_eq!(ack.record_count as usize, records.len());
+            acked.push((ack, records));
+        }
+        // One task's appends are sequential, so its offsets increase.
+        assert!(acked.windows(2).all(|pair| pair[0].0.last_offset() < pair[1].0.base_offset));
+        acked
+    });
+    let mut acked = joined(tasks).await;
     acked.sort_by_key(|(ack, _)| ack.base_offset);
     let mut next_offset = 0;
     for (ack, _) in &acked {
@@ -661,34 +654,24 @@ async fn async_appends_are_readable_at_once_and_survive_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let config = PartitionConfig { durability: Durability::Async, async_fsync_interval_ms: 20, ..small_config() };
     let partition = Arc::new(open(dir.path(), config));
-    let mut tasks = Vec::new();
-    for task in 0..4u64 {
-        let partition = partition.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut acked = Vec::new();
-            for i in 0..50u64 {
-                let record = numbered(task * 1_000 + i, 40);
-                // Mostly the partition's default (async), sometimes an explicit fsync.
-                let ack = if i % 10 == 9 {
-                    partition.append_with(std::slice::from_ref(&record), Durability::Fsync).await
-                } else {
-                    partition.append(std::slice::from_ref(&record)).await
-                }
-                .unwrap();
-                // Acknowledged means readable.
-                assert_eq!(
-                    partition.read(ack.base_offset, 1, usize::MAX).unwrap(),
-                    vec![stored(ack.base_offset, &record)]
-                );
-                acked.push((ack.base_offset, record));
+    let tasks = spawn_tasks(&partition, 4, |task, partition| async move {
+        let mut acked = Vec::new();
+        for i in 0..50u64 {
+            let record = numbered(task * 1_000 + i, 40);
+            // Mostly the partition's default (async), sometimes an explicit fsync.
+            let ack = if i % 10 == 9 {
+                partition.append_with(std::slice::from_ref(&record), Durability::Fsync).await
+            } else {
+                partition.append(std::slice::from_ref(&record)).await
             }
-            acked
-        }));
-    }
-    let mut acked = Vec::new();
-    for task in tasks {
-        acked.extend(task.await.unwrap());
-    }
+            .unwrap();
+            // Acknowledged means readable.
+            assert_eq!(partition.read(ack.base_offset, 1, usize::MAX).unwrap(), vec![stored(ack.base_offset, &record)]);
+            acked.push((ack.base_offset, record));
+        }
+        acked
+    });
+    let mut acked = joined(tasks).await;
     acked.sort_by_key(|(offset, _)| *offset);
     let want: Vec<Record> = acked.iter().map(|(offset, record)| stored(*offset, record)).collect();
     assert_eq!(read_all(&partition), want);
@@ -702,33 +685,27 @@ async fn appends_after_close_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let partition = Arc::new(open(dir.path(), PartitionConfig::default()));
     // Appenders racing with close: each append either lands (and stays) or is refused as Closed.
-    let mut tasks = Vec::new();
-    for task in 0..8u64 {
-        let partition = partition.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut results = Vec::new();
-            for i in 0..200u64 {
-                let record = numbered(task * 1_000 + i, 16);
-                let result = partition.append(std::slice::from_ref(&record)).await;
-                let refused = result.is_err();
-                results.push((result, record));
-                if refused {
-                    break;
-                }
+    let tasks = spawn_tasks(&partition, 8, |task, partition| async move {
+        let mut results = Vec::new();
+        for i in 0..200u64 {
+            let record = numbered(task * 1_000 + i, 16);
+            let result = partition.append(std::slice::from_ref(&record)).await;
+            let refused = result.is_err();
+            results.push((result, record));
+            if refused {
+                break;
             }
-            results
-        }));
-    }
+        }
+        results
+    });
     tokio::time::sleep(Duration::from_millis(20)).await;
     partition.close();
     let end = partition.end_offset();
     let mut landed = Vec::new();
-    for task in tasks {
-        for (result, record) in task.await.unwrap() {
-            match result {
-                Ok(ack) => landed.push(stored(ack.base_offset, &record)),
-                Err(error) => assert_eq!(error, AppendError::Closed),
-            }
+    for (result, record) in joined(tasks).await {
+        match result {
+            Ok(ack) => landed.push(stored(ack.base_offset, &record)),
+            Err(error) => assert_eq!(error, AppendError::Closed),
         }
     }
     landed.sort_by_key(|record| record.offset);
@@ -1089,27 +1066,20 @@ async fn maintenance_beside_appends_loses_nothing() {
             removed
         })
     };
-    let mut tasks = Vec::new();
-    for task in 0..4u64 {
-        let partition = partition.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut acked = Vec::new();
-            for i in 0..400u64 {
-                let mut record = numbered(task * 10_000 + i, 40 + (i as usize * 7) % 200);
-                if !i.is_multiple_of(3) {
-                    record.key = Some(Bytes::from(format!("key-{}", i % 5)));
-                }
-                let durability = if i.is_multiple_of(2) { Durability::Fsync } else { Durability::Async };
-                let ack = partition.append_with(std::slice::from_ref(&record), durability).await.unwrap();
-                acked.push(stored(ack.base_offset, &record));
+    let tasks = spawn_tasks(&partition, 4, |task, partition| async move {
+        let mut acked = Vec::new();
+        for i in 0..400u64 {
+            let mut record = numbered(task * 10_000 + i, 40 + (i as usize * 7) % 200);
+            if !i.is_multiple_of(3) {
+                record.key = Some(Bytes::from(format!("key-{}", i % 5)));
             }
-            acked
-        }));
-    }
-    let mut acked = Vec::new();
-    for task in tasks {
-        acked.extend(task.await.unwrap());
-    }
+            let durability = if i.is_multiple_of(2) { Durability::Fsync } else { Durability::Async };
+            let ack = partition.append_with(std::slice::from_ref(&record), durability).await.unwrap();
+            acked.push(stored(ack.base_offset, &record));
+        }
+        acked
+    });
+    let mut acked = joined(tasks).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let removed = maintenance.join().unwrap();
     assert!(removed > 0, "compaction never removed anything while the appends ran: the test tested nothing");

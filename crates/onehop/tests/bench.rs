@@ -13,17 +13,15 @@ use serde_json::Value;
 /// last and the directory.
 fn bench(args: &[&str]) -> (Vec<Value>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let output = common::onehop()
-        .arg("bench")
-        .args(args)
-        .args(["--json", "--no-progress", "--out"])
-        .arg(dir.path().join("results"))
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let (stdout, _) = common::run_expecting_success(
+        common::onehop()
+            .arg("bench")
+            .args(args)
+            .args(["--json", "--no-progress", "--out"])
+            .arg(dir.path().join("results"))
+            .arg("--dir")
+            .arg(dir.path()),
+    );
     let lines = stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap());
     (lines.collect(), dir)
 }
@@ -469,27 +467,14 @@ fn a_rate_the_target_cannot_sustain_is_reported_as_saturation() {
     // Durable MQTT ingestion takes about a core per 100 000 events/s here, with the harness on
     // the same cores: four times that cannot be kept up with on a CI machine; 2 000/s can.
     let dir = tempfile::tempdir().unwrap();
-    let output = common::onehop()
-        .args([
-            "bench",
-            "w4",
-            "--sweep",
-            "2000,400000",
-            "--duration",
-            "2",
-            "--warmup",
-            "0.5",
-            "--json",
-            "--no-progress",
-        ])
-        .arg("--out")
-        .arg(dir.path().join("results"))
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = common::run_expecting_success(
+        common::onehop()
+            .args(["bench", "w4", "--sweep", "2000,400000", "--duration", "2", "--warmup", "0.5", "--json"])
+            .args(["--no-progress", "--out"])
+            .arg(dir.path().join("results"))
+            .arg("--dir")
+            .arg(dir.path()),
+    );
     let lines: Vec<Value> =
         stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
     assert_eq!(lines.len(), 2, "{stdout}");
@@ -515,16 +500,8 @@ fn a_rate_the_target_cannot_sustain_is_reported_as_saturation() {
 
 #[test]
 fn bench_view_is_w3_with_its_own_flags_and_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let output = common::onehop()
-        .args(["bench", "view", "--rate", "200", "--keys", "20", "--duration", "3", "--warmup", "1"])
-        .args(["--json", "--no-progress", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let line: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (line, dir) =
+        common::bench_report(&["view", "--rate", "200", "--keys", "20", "--duration", "3", "--warmup", "1"]);
     assert_eq!(line["bench"], "view");
     assert_eq!(line["delivered_pct"], 100.0, "{line}");
     assert_eq!(line["errors"], 0, "{line}");
@@ -545,19 +522,15 @@ fn a_view_subscriber_that_falls_behind_reads_on_from_the_log_without_a_gap() {
     // A running server (--url) whose subscribers may fall only 8 events behind: the view's
     // batches of changes overflow the subscriber's live queue again and again, and every time
     // the server reads on from the log for it, on the same response. Nothing may be missed.
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--subscriber-queue", "8", "--data-dir", data.to_str().unwrap()];
-    let server = common::start(dir.path(), &args, &[]);
+    let dir = common::DataDir::new();
+    let server = dir.start(&["--subscriber-queue", "8"], &[]);
     let url = format!("http://{}", server.address);
-    let output = common::onehop()
-        .args(["bench", "view", "--url", &url, "--rate", "3000", "--keys", "300", "--duration", "1.5"])
-        .args(["--warmup", "0.5", "--json", "--no-progress"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let line: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (stdout, _) = common::run_expecting_success(
+        common::onehop()
+            .args(["bench", "view", "--url", &url, "--rate", "3000", "--keys", "300", "--duration", "1.5"])
+            .args(["--warmup", "0.5", "--json", "--no-progress"]),
+    );
+    let line = common::last_json_line(&stdout);
     assert_eq!(line["resumes"], 0, "the subscription was never ended: {line}");
     assert_eq!(line["delivered_pct"], 100.0, "{line}");
     assert_eq!(line["errors"], 0, "{line}");

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use common::{get, start};
+use common::{DataDir, get};
 
 const PAGE: &str = include_str!("browser/page.html");
 /// The page gives each of its ten steps 10 s; Chromium's own start takes a few more.
@@ -160,16 +160,6 @@ fn run_page(page_server: &PageServer, dir: &Path) -> Value {
     serde_json::from_str(&report).unwrap_or_else(|error| panic!("bad report {report:?}: {error}"))
 }
 
-/// A data directory and a schema with the stream and table the page uses.
-fn serve_args(dir: &Path) -> Vec<String> {
-    let schema = dir.join("schema.sql");
-    std::fs::write(&schema, "CREATE STREAM browser; CREATE TABLE notes (id TEXT PRIMARY KEY, text TEXT);").unwrap();
-    let data = dir.join("data");
-    ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap(), "--schema", schema.to_str().unwrap()]
-        .map(String::from)
-        .to_vec()
-}
-
 fn step<'a>(findings: &'a Value, name: &str) -> &'a Value {
     let step = &findings[name];
     assert!(step.is_object(), "no step {name:?} in {findings:#}");
@@ -190,29 +180,31 @@ enum Setting {
 
 /// Starts onehop listing `listed` as its allowed origins (a function of the page server's
 /// address), with one record in the stream `browser`, and runs the page against it.
-fn run(dir: &Path, setting: Setting, listed: impl Fn(SocketAddr) -> String) -> (common::Server, Value) {
+fn run(dir: &DataDir, setting: Setting, listed: impl Fn(SocketAddr) -> String) -> (common::Server, Value) {
     let page_listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let listed = listed(page_listener.local_addr().unwrap());
-    let mut args = serve_args(dir);
+    // The stream and the table the page uses.
+    let schema = dir.schema_file("CREATE STREAM browser; CREATE TABLE notes (id TEXT PRIMARY KEY, text TEXT);");
+    let mut args = vec!["--schema", schema.as_str()];
     let mut environment = Vec::new();
     match setting {
-        Setting::Flag => args.extend(["--allowed-origins".to_string(), listed]),
+        Setting::Flag => args.extend(["--allowed-origins", listed.as_str()]),
         Setting::Environment => environment.push(("ONEHOP_ALLOWED_ORIGINS", listed.as_str())),
     }
-    let server = start(dir, &args.iter().map(String::as_str).collect::<Vec<_>>(), &environment);
+    let server = dir.start(&args, &environment);
     // Written without an Origin, as any non-browser client: there is something to read.
     let (status, body) = common::post(server.address, "/streams/browser", r#"{"n":0}"#).unwrap();
     assert_eq!(status, 200, "{body}");
     let page = PAGE.replace("__ONEHOP__", &format!("http://{}", server.address));
     let page_server = PageServer::serve(page_listener, page);
-    let findings = run_page(&page_server, dir);
+    let findings = run_page(&page_server, dir.path());
     (server, findings)
 }
 
 #[test]
 fn a_page_from_an_allowed_origin_reads_writes_and_subscribes() {
-    let dir = tempfile::tempdir().unwrap();
-    let (server, findings) = run(dir.path(), Setting::Environment, |page| format!("http://{page}"));
+    let dir = DataDir::new();
+    let (server, findings) = run(&dir, Setting::Environment, |page| format!("http://{page}"));
 
     // Preflighted writes (Content-Type: application/json) and a read of what they wrote.
     let first = assert_ok(&findings, "publish_first");
@@ -260,9 +252,9 @@ fn a_page_from_an_allowed_origin_reads_writes_and_subscribes() {
 
 #[test]
 fn a_page_from_another_origin_gets_nothing_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = DataDir::new();
     // The same port under another name is another origin.
-    let (server, findings) = run(dir.path(), Setting::Flag, |page| format!("http://localhost:{}", page.port()));
+    let (server, findings) = run(&dir, Setting::Flag, |page| format!("http://localhost:{}", page.port()));
 
     for name in [
         "publish_first",

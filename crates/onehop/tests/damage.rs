@@ -10,26 +10,26 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{STARTUP_TIMEOUT, get, onehop, post, publish_batch, start};
+use common::{DataDir, STARTUP_TIMEOUT, get, onehop, post, publish_batch, sql};
 
-/// Starts the server in `dir` on `data`, publishes `count` records to `stream` one request at a
-/// time (one batch each), and kills it with SIGKILL: no clean close, so no segment index.
-fn publish_then_kill(dir: &Path, data: &str, stream: &str, count: usize) {
-    let mut server = start(dir, &["--http-addr", "127.0.0.1:0", "--data-dir", data], &[]);
+/// Starts the server on `dir`, publishes `count` records to `stream` one request at a time
+/// (one batch each), and kills it with SIGKILL: no clean close, so no segment index.
+fn publish_then_kill(dir: &DataDir, stream: &str, count: usize) {
+    let mut server = dir.start(&[], &[]);
     for i in 0..count {
         assert!(publish_batch(server.address, stream, &[serde_json::json!({ "n": i })]), "publish {i}");
     }
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.kill_9();
 }
 
 /// Runs `onehop serve` expecting it to refuse to start; returns what it printed. A server
 /// that starts instead is stopped (by its PID) and the test fails.
-fn refused_start(dir: &Path, data: &str, extra: &[&str]) -> String {
+fn refused_start(dir: &DataDir, extra: &[&str]) -> String {
     let mut child = onehop()
-        .args(["serve", "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--data-dir", data])
+        .arg("serve")
+        .args(dir.serve_args(&["--mqtt-addr", "127.0.0.1:0"]))
         .args(extra)
-        .current_dir(dir)
+        .current_dir(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -93,30 +93,28 @@ fn flip(path: &Path, range: std::ops::Range<usize>) {
 
 #[test]
 fn a_damaged_catalog_stops_the_start_and_costs_no_record() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let data_arg = data.to_str().unwrap();
-    publish_then_kill(dir.path(), data_arg, "orders", 120);
-    let catalog = segment(&data, "__catalog");
+    let dir = DataDir::new();
+    let data = &dir.data;
+    publish_then_kill(&dir, "orders", 120);
+    let catalog = segment(data, "__catalog");
     assert_eq!(batch_positions(&catalog), [0], "the auto-created stream is the catalog's only batch");
-    let orders = fs::read(segment(&data, "orders")).unwrap();
+    let orders = fs::read(segment(data, "orders")).unwrap();
     // Four bytes inside the catalog's only batch, as the outside test flipped them.
     flip(&catalog, 52..56);
 
-    let stderr = refused_start(dir.path(), data_arg, &[]);
+    let stderr = refused_start(&dir, &[]);
     for needed in [catalog.display().to_string(), "byte 0".to_string(), "--recover-catalog".to_string()] {
         assert!(stderr.contains(&needed), "the refusal names {needed:?}:\n{stderr}");
     }
     assert!(!stderr.contains("removing the data"), "{stderr}");
-    assert_eq!(fs::read(segment(&data, "orders")).unwrap(), orders, "the stream's data is untouched");
+    assert_eq!(fs::read(segment(data, "orders")).unwrap(), orders, "the stream's data is untouched");
 
     // With --recover-catalog the server starts, keeps the stream's data as an orphan, and a
     // definition takes it back whole.
-    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg, "--recover-catalog"], &[]);
+    let server = dir.start(&["--recover-catalog"], &[]);
     let (_, health) = get(server.address, "/healthz");
     assert!(health.contains(r#""orphaned":["orders"]"#), "{health}");
-    let (status, body) = post(server.address, "/sql", "CREATE STREAM orders").unwrap();
-    assert_eq!(status, 200, "{body}");
+    sql(server.address, "CREATE STREAM orders");
     let records = read_all(server.address, "orders");
     assert_eq!(records.len(), 120);
     for (i, (offset, value)) in records.iter().enumerate() {
@@ -128,11 +126,9 @@ fn a_damaged_catalog_stops_the_start_and_costs_no_record() {
 
 #[test]
 fn damage_inside_a_stream_that_valid_batches_follow_stops_the_start_until_set_aside() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let data_arg = data.to_str().unwrap();
-    publish_then_kill(dir.path(), data_arg, "events", 40);
-    let events = segment(&data, "events");
+    let dir = DataDir::new();
+    publish_then_kill(&dir, "events", 40);
+    let events = segment(&dir.data, "events");
     let positions = batch_positions(&events);
     assert_eq!(positions.len(), 40, "one batch per publish");
     // A flipped byte in the records of the eleventh batch (offset 10); 29 valid batches follow.
@@ -140,7 +136,7 @@ fn damage_inside_a_stream_that_valid_batches_follow_stops_the_start_until_set_as
     flip(&events, bad_at + 50..bad_at + 51);
     let damaged = fs::read(&events).unwrap();
 
-    let stderr = refused_start(dir.path(), data_arg, &[]);
+    let stderr = refused_start(&dir, &[]);
     for needed in
         [events.display().to_string(), format!("byte {bad_at}"), "offset 11".into(), "--discard-damaged".into()]
     {
@@ -148,7 +144,7 @@ fn damage_inside_a_stream_that_valid_batches_follow_stops_the_start_until_set_as
     }
     assert_eq!(fs::read(&events).unwrap(), damaged, "a refused start changes nothing");
 
-    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg, "--discard-damaged"], &[]);
+    let server = dir.start(&["--discard-damaged"], &[]);
     let records = read_all(server.address, "events");
     let offsets: Vec<u64> = records.iter().map(|(offset, _)| *offset).collect();
     let expected: Vec<u64> = (0..40).filter(|offset| *offset != 10).collect();

@@ -6,11 +6,11 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{get, post, start};
+use common::{DataDir, get, sql};
 
-/// Names in the docs that look like metrics and are not: settings, a fuzz target, a stream
-/// option and an error code.
-const NOT_METRICS: [&str; 10] = [
+/// Names in the docs that look like metrics and are not: settings, a fuzz target, a module, a
+/// stream option and an error code.
+const NOT_METRICS: [&str; 11] = [
     "http_addr",
     "mqtt_addr",
     "mqtt_empty_first_level_stream",
@@ -19,6 +19,7 @@ const NOT_METRICS: [&str; 10] = [
     "http_body_read_timeout_s",
     "http_body_bytes_in_flight_max",
     "mqtt_decode",
+    "mqtt_ws",
     "mqtt_topic",
     "view_exists",
 ];
@@ -72,9 +73,8 @@ fn value(scrape: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn every_documented_metric_is_exported_at_zero_from_the_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()], &[]);
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
     let (status, scrape) = get(server.address, "/metrics");
     assert_eq!(status, 200);
 
@@ -98,11 +98,10 @@ fn every_documented_metric_is_exported_at_zero_from_the_start() {
     }
 
     // A view's and a transform's counters are there from their start.
-    let sql = "CREATE STREAM readings; \
+    let statements = "CREATE STREAM readings; \
                CREATE VIEW counts AS SELECT COUNT(*) AS n FROM readings GROUP BY sensor; \
                CREATE STREAM hot AS SELECT * FROM readings WHERE celsius >= 30";
-    let (status, body) = post(server.address, "/sql", sql).unwrap();
-    assert_eq!(status, 200, "{body}");
+    sql(server.address, statements);
     let (_, scrape) = get(server.address, "/metrics");
     for name in LABELLED_PER_VIEW {
         let series = match name.split('_').next() {

@@ -9,10 +9,10 @@ mod raw;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
-use common::{RawSse, Server, get, post, start};
+use common::{DataDir, RawSse, Server, get, post, sql};
 use serde_json::{Value, json};
 
 fn tool(name: &str) -> Command {
@@ -21,10 +21,9 @@ fn tool(name: &str) -> Command {
     Command::new(name)
 }
 
-fn server() -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()], &[]);
+fn server() -> (Server, DataDir) {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
     (server, dir)
 }
 
@@ -33,8 +32,16 @@ fn port(address: SocketAddr) -> String {
 }
 
 fn mosquitto_pub(address: SocketAddr, args: &[&str]) {
+    let (status, said) = mosquitto_pub_unchecked(address, args);
+    assert!(status.success(), "mosquitto_pub {args:?}: {said}");
+}
+
+/// `mosquitto_pub` where a refusal is what the test expects: its exit status, and what it
+/// printed (stdout, then stderr).
+fn mosquitto_pub_unchecked(address: SocketAddr, args: &[&str]) -> (ExitStatus, String) {
     let output = tool("mosquitto_pub").args(["-h", "127.0.0.1", "-p", &port(address)]).args(args).output().unwrap();
-    assert!(output.status.success(), "mosquitto_pub {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status, said)
 }
 
 /// A running `mosquitto_sub`, subscribed (its SUBACK seen), and its output lines.
@@ -281,18 +288,11 @@ fn bad_input_closes_only_the_offending_connection() {
     mosquitto_pub(mqtt, &["-q", "1", "-t", "alive/check", "-m", "still serving"]);
     assert_eq!(sub_output(sub), ["still serving"]);
     // A topic whose first level cannot name a stream is refused (v5: with a reason), not stored.
-    let output = tool("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-t", "no spaces/x", "-m", "m"])
-        .output()
-        .unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let (_, said) = mosquitto_pub_unchecked(mqtt, &["-V", "mqttv5", "-q", "1", "-t", "no spaces/x", "-m", "m"]);
     assert!(said.contains("Topic Name invalid") && said.contains("not allowed in a name"), "{said}");
     // MQTT 3.1.1 has no negative PUBACK: the connection is closed instead.
-    let output = tool("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-q", "1", "-t", "no spaces/x", "-m", "m"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
+    let (status, _) = mosquitto_pub_unchecked(mqtt, &["-q", "1", "-t", "no spaces/x", "-m", "m"]);
+    assert!(!status.success());
     let (_, health) = get(server.address, "/healthz");
     assert!(health.contains("\"streams\":1"), "only the alive stream exists: {health}");
 }
@@ -359,9 +359,7 @@ fn a_wildcard_first_level_follows_every_stream_even_new_ones() {
 fn a_stream_declaring_an_mqtt_topic_takes_those_topics() {
     let (server, _dir) = server();
     let mqtt = server.mqtt_address;
-    let sql = "CREATE STREAM telemetry WITH (mqtt_topic = 'devices/+/telemetry')";
-    let (status, body) = post(server.address, "/sql", sql).unwrap();
-    assert_eq!(status, 200, "{body}");
+    sql(server.address, "CREATE STREAM telemetry WITH (mqtt_topic = 'devices/+/telemetry')");
     // Subscribed before any stream named `devices` exists: the declared stream is followed,
     // and so is `devices` once a publish outside the declared filter creates it.
     let devices = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "devices/#", "-F", "MSG %t %p"], 2);
@@ -392,10 +390,8 @@ fn a_stream_declaring_an_mqtt_topic_takes_those_topics() {
 
 #[test]
 fn acknowledged_qos1_publishes_survive_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
     let mut publisher = tool("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mqtt/paho_client.py"))
         .args([&port(server.mqtt_address), "publisher", "durable/acked", "1000000"])
@@ -408,8 +404,7 @@ fn acknowledged_qos1_publishes_survive_kill_9() {
     for _ in 0..300 {
         lines.next().expect("the publisher stopped early").unwrap();
     }
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.kill_9();
     let acked: Vec<String> = lines
         .map_while(Result::ok)
         .chain(std::iter::empty())
@@ -418,7 +413,7 @@ fn acknowledged_qos1_publishes_survive_kill_9() {
     let _ = publisher.wait();
     let acked_total = 300 + acked.len();
 
-    let server = start(dir.path(), &args, &[]);
+    let server = dir.start(&[], &[]);
     let (status, body) = get(server.address, "/streams/durable?from=earliest&limit=10000");
     assert_eq!(status, 200, "{body}");
     let body: Value = serde_json::from_str(&body).unwrap();
@@ -466,10 +461,8 @@ fn a_connection_publishing_on_follows_streams_tables_and_views_as_they_change() 
 
 #[test]
 fn retained_messages_are_sent_to_new_subscribers_and_survive_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
     let mqtt = server.mqtt_address;
     mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/kitchen/light", "-m", "on"]);
     mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/hall/light", "-m", "off"]);
@@ -485,7 +478,7 @@ fn retained_messages_are_sent_to_new_subscribers_and_survive_a_restart() {
     // A clean stop and a start: still there. An empty retained message clears a topic.
     server.signal("TERM");
     assert!(server.wait_exit().success());
-    let server = start(dir.path(), &args, &[]);
+    let server = dir.start(&[], &[]);
     let mqtt = server.mqtt_address;
     mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "home/kitchen/light", "-n"]);
     let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "home/#", "-F", "MSG %r %t %p"], 1);
@@ -498,16 +491,20 @@ fn retained_messages_are_sent_to_new_subscribers_and_survive_a_restart() {
 
 #[test]
 fn bench_mqtt_runs_end_to_end_and_a_sweep_reports_what_held() {
-    let dir = tempfile::tempdir().unwrap();
-    let output = common::onehop()
-        .args(["bench", "mqtt", "--duration", "0.5", "--warmup", "0.2", "--rate", "500", "--subscribers", "2"])
-        .args(["--sweep", "--idle-clients", "20", "--json", "--no-progress", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (report, dir) = common::bench_report(&[
+        "mqtt",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.2",
+        "--rate",
+        "500",
+        "--subscribers",
+        "2",
+        "--sweep",
+        "--idle-clients",
+        "20",
+    ]);
     assert_eq!(report["bench"], "mqtt");
     let sweep = report["sweep"].as_array().unwrap();
     assert!(!sweep.is_empty());
@@ -596,15 +593,12 @@ fn persistent_sessions_keep_subscriptions_and_messages_across_reconnects() {
 
 #[test]
 fn a_persistent_session_gets_every_acknowledged_message_after_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
     paho_checks_with(server.mqtt_address, &["session_subscribe", "survivor", "v311"]);
     paho_checks_with(server.mqtt_address, &["session_publish", "30"]);
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
-    let server = start(dir.path(), &args, &[]);
+    server.kill_9();
+    let server = dir.start(&[], &[]);
     let checks = paho_checks_with(server.mqtt_address, &["session_resume", "survivor", "v311", "30"]);
     let resumed = check(&checks, "session_resumed")[0];
     assert_eq!(resumed["present"], true, "the session survived: {resumed}");
@@ -613,10 +607,8 @@ fn a_persistent_session_gets_every_acknowledged_message_after_kill_9() {
 
 #[test]
 fn qos2_messages_are_stored_and_delivered_exactly_once_across_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
     let count = 400;
     let mut client = tool("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mqtt/paho_client.py"))
@@ -630,9 +622,8 @@ fn qos2_messages_are_stored_and_delivered_exactly_once_across_kill_9() {
     let line = lines.next().expect("the scenario ended early").unwrap();
     assert!(line.contains("kill_me"), "{line}");
     // Mid-stream: messages are being stored, acknowledged, delivered and released.
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
-    let server = start(dir.path(), &args, &[]);
+    server.kill_9();
+    let server = dir.start(&[], &[]);
     writeln!(client.stdin.as_mut().unwrap(), "{}", server.mqtt_address.port()).unwrap();
     let output = client.wait_with_output().unwrap();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -686,9 +677,7 @@ fn unacknowledged_messages_come_again_flagged_dup() {
 fn retained_messages_on_a_table_topic_write_rows_and_subscribers_get_rows() {
     let (server, _dir) = server();
     let mqtt = server.mqtt_address;
-    let (status, body) =
-        post(server.address, "/sql", "CREATE TABLE devices (id TEXT PRIMARY KEY, state TEXT)").unwrap();
-    assert_eq!(status, 200, "{body}");
+    sql(server.address, "CREATE TABLE devices (id TEXT PRIMARY KEY, state TEXT)");
     mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "devices/d1", "-m", r#"{"state":"on"}"#]);
     let (status, row) = get(server.address, "/tables/devices/d1");
     assert_eq!((status, row.as_str()), (200, r#"{"id":"d1","state":"on"}"#), "the retained message wrote the row");
@@ -711,17 +700,9 @@ fn retained_messages_on_a_table_topic_write_rows_and_subscribers_get_rows() {
     assert_eq!(get(server.address, "/tables/devices/d1").0, 404, "an empty retained message deleted the row");
 
     // Rows are JSON objects; and a table takes no plain (non-retained) messages.
-    let output = tool("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-r", "-t", "devices/d4", "-m", "on"])
-        .output()
-        .unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let (_, said) = mosquitto_pub_unchecked(mqtt, &["-V", "mqttv5", "-q", "1", "-r", "-t", "devices/d4", "-m", "on"]);
     assert!(said.contains("JSON object"), "{said}");
-    let output = tool("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-t", "devices/d4", "-m", "{}"])
-        .output()
-        .unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let (_, said) = mosquitto_pub_unchecked(mqtt, &["-V", "mqttv5", "-q", "1", "-t", "devices/d4", "-m", "{}"]);
     assert!(said.contains("is a table"), "{said}");
     assert_eq!(get(server.address, "/tables/devices/d4").0, 404);
 }
@@ -769,9 +750,7 @@ fn unreleased_qos2_publishes_count_against_the_receive_maximum_until_pubcomp() {
     assert_eq!((raw::packet_id(&pubrec), raw::ack_reason(&pubrec)), (next, 0), "{pubrec:02x?}");
     // One over: DISCONNECT with reason 0x93, then the connection closes.
     client.send(&raw::publish_v5("quota/q2", 2, next + 1, &[], b"one too many"));
-    let disconnect = client.expect(14);
-    assert_eq!(disconnect.body.first(), Some(&0x93), "{disconnect:02x?}");
-    assert!(client.packet().is_none(), "closed after the DISCONNECT");
+    client.expect_disconnect(0x93);
 }
 
 /// An empty client id cannot name a session that outlives the connection: MQTT 3.1.1 refuses
@@ -807,9 +786,7 @@ fn topic_alias_zero_is_refused_as_an_invalid_topic_alias() {
     assert_eq!(client.expect(2).body[1], 0);
     // Property 0x23 (topic alias) with the value 0.
     client.send(&raw::publish_v5("alias/zero", 1, 1, &[0x23, 0x00, 0x00], b"m"));
-    let disconnect = client.expect(14);
-    assert_eq!(disconnect.body.first(), Some(&0x94), "{disconnect:02x?}");
-    assert!(client.packet().is_none(), "closed after the DISCONNECT");
+    client.expect_disconnect(0x94);
 }
 
 /// Payload format, content type, response topic and correlation data reach MQTT 5
@@ -876,11 +853,7 @@ fn an_empty_first_level_goes_to_its_own_stream_and_dollar_topics_stay_reserved()
     assert_eq!(body["records"][0]["subject"], "/devices/1", "{body}");
 
     // $ topics: a publish is refused, with the reason; a subscription is granted.
-    let output = tool("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port(mqtt), "-V", "mqttv5", "-q", "1", "-t", "$SYS/broker/x", "-m", "m"])
-        .output()
-        .unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let (_, said) = mosquitto_pub_unchecked(mqtt, &["-V", "mqttv5", "-q", "1", "-t", "$SYS/broker/x", "-m", "m"]);
     assert!(said.contains("Topic Name invalid") && said.contains("reserved"), "{said}");
     let mut client = raw::RawClient::connect(mqtt, &raw::connect(true, "sys-watcher", true));
     assert_eq!(client.expect(2).body[1], 0);
@@ -890,17 +863,15 @@ fn an_empty_first_level_goes_to_its_own_stream_and_dollar_topics_stay_reserved()
     assert_eq!(suback.body, [0x00, 0x01, 0x00, 0x01], "granted QoS 1: {suback:02x?}");
 
     // The stream is a setting.
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let server = start(dir.path(), &args, &[("ONEHOP_MQTT_EMPTY_FIRST_LEVEL_STREAM", "leading-slash")]);
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[("ONEHOP_MQTT_EMPTY_FIRST_LEVEL_STREAM", "leading-slash")]);
     mosquitto_pub(server.mqtt_address, &["-q", "1", "-t", "/x", "-m", "m"]);
     let (status, body) = get(server.address, "/streams/leading-slash?from=earliest");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"subject\":\"/x\""), "{body}");
     // A name no stream can have is refused at start, naming the setting.
     let output = common::onehop()
-        .args(["serve", "--data-dir", data.to_str().unwrap(), "--mqtt-empty-first-level-stream", "no spaces"])
+        .args(["serve", "--data-dir", dir.data_arg(), "--mqtt-empty-first-level-stream", "no spaces"])
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&output.stderr);

@@ -2,12 +2,13 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{RawSse, get, onehop, post, request, start};
-
-use std::sync::Arc;
+use common::{DataDir, RawSse, Server, bench_report, get, onehop, post, request, start};
 
 use onehop_engine::{Engine, EngineOptions, Position, StreamDef};
 use onehop_log::{Durability, Log, LogOptions, NewRecord};
@@ -41,24 +42,17 @@ fn serves_health_and_metrics_then_stops_cleanly_on_sigterm() {
 
 #[test]
 fn sigint_also_stops_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()], &[]);
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
     server.signal("INT");
     assert!(server.wait_exit().success(), "{}", server.seen.join("\n"));
 }
 
 #[test]
 fn a_second_server_on_the_same_data_dir_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let data = data.to_str().unwrap();
-    let first = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data], &[]);
-    let output = onehop()
-        .args(["serve", "--http-addr", "127.0.0.1:0", "--data-dir", data])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let dir = DataDir::new();
+    let first = dir.start(&[], &[]);
+    let output = onehop().arg("serve").args(dir.serve_args(&[])).current_dir(dir.path()).output().unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("is in use by another onehop process"), "{stderr}");
@@ -104,15 +98,15 @@ fn a_bad_config_file_is_refused_with_its_name_and_key() {
 
 #[test]
 fn recovers_streams_after_kill_9_and_reports_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
+    let dir = DataDir::new();
+    let data = &dir.data;
     let open_engine = |data: &Path| {
         let (log, _) = Log::open(data.join("log"), LogOptions::default()).unwrap();
         Engine::open(Arc::new(log), EngineOptions::default()).unwrap()
     };
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     {
-        let engine = open_engine(&data);
+        let engine = open_engine(data);
         let def = StreamDef {
             name: "orders".into(),
             partitions: 2,
@@ -127,17 +121,15 @@ fn recovers_streams_after_kill_9_and_reports_them() {
         drop(engine);
         log.close();
     }
-    let data_arg = data.to_str().unwrap();
-    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
+    let mut server = dir.start(&[], &[]);
     let (_, body) = get(server.address, "/healthz");
     assert!(body.contains(r#""streams":1"#), "{body}");
-    server.child.kill().unwrap(); // SIGKILL: no clean shutdown, the lock dies with the process
-    server.child.wait().unwrap();
-    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
+    server.kill_9();
+    let server = dir.start(&[], &[]);
     let (_, body) = get(server.address, "/healthz");
     assert!(body.contains(r#""streams":1"#), "{body}");
     drop(server);
-    let engine = open_engine(&data);
+    let engine = open_engine(data);
     let stream = engine.stream("orders").unwrap();
     let total: usize =
         (0..2).map(|partition| stream.read(partition, Position::Earliest, 10, 1 << 20).unwrap().len()).sum();
@@ -174,45 +166,56 @@ fn help_documents_every_serve_flag() {
     assert!(help.contains("ONEHOP_DATA_DIR"));
 }
 
-#[test]
-fn acknowledged_http_publishes_survive_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let data_arg = data.to_str().unwrap();
-    let mut server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
+/// Runs four writers against `server`, each a thread calling `write(writer, address, stop)`,
+/// kills the server with SIGKILL after `writing`, tells the writers to stop, and returns what
+/// each one returned. A writer ends at the first request the dead server does not answer, or
+/// once `stop` is set.
+fn kill_9_while_writing<T: Send + 'static>(
+    server: &mut Server,
+    writing: Duration,
+    write: impl Fn(usize, SocketAddr, &AtomicBool) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let address = server.address;
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let publishers: Vec<_> = (0..4)
+    let stop = Arc::new(AtomicBool::new(false));
+    let write = Arc::new(write);
+    let writers: Vec<_> = (0..4)
         .map(|writer| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut acked = Vec::new();
-                for sequence in 0..100_000 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    let value = format!("{{\"writer\":{writer},\"sequence\":{sequence}}}");
-                    match post(address, "/streams/orders", &value) {
-                        Some((200, body)) => {
-                            let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
-                            acked.push((answer["offset"].as_u64().unwrap(), value));
-                        }
-                        Some((status, body)) => panic!("publish refused with {status}: {body}"),
-                        None => break, // killed mid-request: not acknowledged
-                    }
-                }
-                acked
-            })
+            let (stop, write) = (stop.clone(), write.clone());
+            std::thread::spawn(move || write(writer, address, &stop))
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(400));
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let acked: Vec<(u64, String)> = publishers.into_iter().flat_map(|publisher| publisher.join().unwrap()).collect();
+    std::thread::sleep(writing);
+    server.kill_9();
+    stop.store(true, Ordering::Relaxed);
+    writers.into_iter().map(|writer| writer.join().unwrap()).collect()
+}
+
+#[test]
+fn acknowledged_http_publishes_survive_kill_9() {
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    let publishers = kill_9_while_writing(&mut server, Duration::from_millis(400), |writer, address, stop| {
+        let mut acked = Vec::new();
+        for sequence in 0..100_000 {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let value = format!("{{\"writer\":{writer},\"sequence\":{sequence}}}");
+            match post(address, "/streams/orders", &value) {
+                Some((200, body)) => {
+                    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    acked.push((answer["offset"].as_u64().unwrap(), value));
+                }
+                Some((status, body)) => panic!("publish refused with {status}: {body}"),
+                None => break, // killed mid-request: not acknowledged
+            }
+        }
+        acked
+    });
+    let acked: Vec<(u64, String)> = publishers.into_iter().flatten().collect();
     assert!(acked.len() > 20, "only {} publishes were acknowledged before the kill", acked.len());
 
-    let server = start(dir.path(), &["--http-addr", "127.0.0.1:0", "--data-dir", data_arg], &[]);
+    let server = dir.start(&[], &[]);
     let mut stored = std::collections::HashMap::new();
     let mut from = 0;
     loop {
@@ -239,56 +242,39 @@ type RowState = Option<serde_json::Value>;
 
 #[test]
 fn acknowledged_table_writes_and_their_indexes_survive_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let schema = dir.path().join("schema.sql");
-    std::fs::write(&schema, "CREATE TABLE items (id TEXT PRIMARY KEY, grp BIGINT); CREATE INDEX ON items (grp);")
-        .unwrap();
-    let args =
-        ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap(), "--schema", schema.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
-    let address = server.address;
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir = DataDir::new();
+    let schema = dir.schema_file("CREATE TABLE items (id TEXT PRIMARY KEY, grp BIGINT); CREATE INDEX ON items (grp);");
+    let mut server = dir.start(&["--schema", &schema], &[]);
     // Each writer owns ten rows and writes them one request at a time, so per row it knows the
     // last acknowledged state and the one write that may have been in flight at the kill.
-    let writers: Vec<_> = (0..4)
-        .map(|writer| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut rows: std::collections::HashMap<String, (RowState, Option<RowState>)> =
-                    (0..10).map(|row| (format!("w{writer}-{row}"), (None, None))).collect();
-                for sequence in 0..100_000u64 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    let id = format!("w{writer}-{}", sequence % 10);
-                    let path = format!("/tables/items/{id}");
-                    let exists = rows[&id].0.is_some();
-                    let (method, body, after) = if exists && sequence % 7 == 0 {
-                        ("DELETE", String::new(), None)
-                    } else {
-                        let row = serde_json::json!({"id": id, "grp": sequence % 3, "seq": sequence});
-                        ("PUT", row.to_string(), Some(row))
-                    };
-                    rows.get_mut(&id).unwrap().1 = Some(after.clone());
-                    match request(address, method, &path, &body) {
-                        Some((200 | 201, _)) => *rows.get_mut(&id).unwrap() = (after, None),
-                        Some((status, body)) => panic!("{method} {path} refused with {status}: {body}"),
-                        None => break, // killed mid-request: not acknowledged, maybe applied
-                    }
-                }
-                rows
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(500));
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let rows: Vec<(String, (RowState, Option<RowState>))> =
-        writers.into_iter().flat_map(|writer| writer.join().unwrap()).collect();
+    let writers = kill_9_while_writing(&mut server, Duration::from_millis(500), |writer, address, stop| {
+        let mut rows: std::collections::HashMap<String, (RowState, Option<RowState>)> =
+            (0..10).map(|row| (format!("w{writer}-{row}"), (None, None))).collect();
+        for sequence in 0..100_000u64 {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let id = format!("w{writer}-{}", sequence % 10);
+            let path = format!("/tables/items/{id}");
+            let exists = rows[&id].0.is_some();
+            let (method, body, after) = if exists && sequence % 7 == 0 {
+                ("DELETE", String::new(), None)
+            } else {
+                let row = serde_json::json!({"id": id, "grp": sequence % 3, "seq": sequence});
+                ("PUT", row.to_string(), Some(row))
+            };
+            rows.get_mut(&id).unwrap().1 = Some(after.clone());
+            match request(address, method, &path, &body) {
+                Some((200 | 201, _)) => *rows.get_mut(&id).unwrap() = (after, None),
+                Some((status, body)) => panic!("{method} {path} refused with {status}: {body}"),
+                None => break, // killed mid-request: not acknowledged, maybe applied
+            }
+        }
+        rows
+    });
+    let rows: Vec<(String, (RowState, Option<RowState>))> = writers.into_iter().flatten().collect();
 
-    let server = start(dir.path(), &args, &[]);
+    let server = dir.start(&["--schema", &schema], &[]);
     let mut by_group: std::collections::BTreeMap<u64, std::collections::BTreeSet<String>> = Default::default();
     let mut acknowledged_rows = 0;
     for (id, (acked, in_flight)) in &rows {
@@ -321,13 +307,10 @@ fn acknowledged_table_writes_and_their_indexes_survive_kill_9() {
 
 #[test]
 fn sql_from_the_command_line_and_a_schema_applied_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let schema = dir.path().join("schema.sql");
-    std::fs::write(&schema, "CREATE STREAM orders WITH (partitions = 3, retention = '7d');\nCREATE STREAM clicks;\n")
-        .unwrap();
-    let data = dir.path().join("data");
-    let args =
-        ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap(), "--schema", schema.to_str().unwrap()];
+    let dir = DataDir::new();
+    let schema =
+        dir.schema_file("CREATE STREAM orders WITH (partitions = 3, retention = '7d');\nCREATE STREAM clicks;\n");
+    let args = dir.serve_args(&["--schema", &schema]);
     let mut server = start(dir.path(), &args, &[]);
     let url = format!("http://{}", server.address);
     let output = onehop().args(["sql", "--url", &url, "SHOW STREAMS"]).output().unwrap();
@@ -367,17 +350,21 @@ fn bench_notify_runs_end_to_end_and_delivers_everything() {
 }
 
 fn bench_notify_once(protocol: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let output = onehop()
-        .args(["bench", "notify", "--duration", "1", "--warmup", "0.5", "--subscribers", "10", "--subjects", "5"])
-        .args(["--rate", "200", "--json", "--no-progress", "--protocol", protocol, "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let last = stdout.lines().last().unwrap();
-    let report: serde_json::Value = serde_json::from_str(last).unwrap();
+    let (report, dir) = bench_report(&[
+        "notify",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.5",
+        "--subscribers",
+        "10",
+        "--subjects",
+        "5",
+        "--rate",
+        "200",
+        "--protocol",
+        protocol,
+    ]);
     assert_eq!(report["bench"], "notify");
     assert_eq!(report["protocol"], protocol);
     assert_eq!(report["delivered_pct"], 100.0, "{report}");
@@ -393,10 +380,8 @@ fn bench_notify_once(protocol: &str) {
 /// Reads SSE events from a raw socket: the response head, then `(id, data)` per record event.
 #[test]
 fn a_subscription_resumes_from_its_last_id_after_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
     for i in 0..10 {
         assert_eq!(post(server.address, "/streams/feed?subject=feed/a", &i.to_string()).unwrap().0, 200);
     }
@@ -409,11 +394,10 @@ fn a_subscription_resumes_from_its_last_id_after_kill_9() {
         last_id = id;
     }
     assert_eq!(last_id, "0:5");
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.kill_9();
     drop(events);
 
-    let server = start(dir.path(), &args, &[]);
+    let server = dir.start(&[], &[]);
     for i in 10..15 {
         assert_eq!(post(server.address, "/streams/feed?subject=feed/b", &i.to_string()).unwrap().0, 200);
     }

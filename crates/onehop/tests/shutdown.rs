@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{get, publish_batch, start};
+use common::{DataDir, get, publish_batch};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
@@ -123,10 +123,8 @@ fn is_shutting_down(bytes: &[u8]) -> bool {
 
 #[test]
 fn sigterm_ends_every_subscription_with_its_resume_id_and_exits() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[("ONEHOP_SHUTDOWN_TIMEOUT_S", "3")]);
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[("ONEHOP_SHUTDOWN_TIMEOUT_S", "3")]);
     let address = server.address;
     assert!(publish_batch(address, "s", &[json!(0), json!(1), json!(2)]));
 
@@ -215,7 +213,7 @@ fn sigterm_ends_every_subscription_with_its_resume_id_and_exits() {
     assert!(server.seen.iter().any(|line| line.contains("stopped cleanly")), "{}", server.seen.join("\n"));
 
     // Everything acknowledged is there after a restart.
-    let server = start(dir.path(), &args, &[]);
+    let server = dir.start(&[], &[]);
     let (status, body) = get(server.address, "/streams/s?from=earliest");
     assert_eq!(status, 200);
     let body: Value = serde_json::from_str(&body).unwrap();
@@ -225,12 +223,10 @@ fn sigterm_ends_every_subscription_with_its_resume_id_and_exits() {
 
 #[test]
 fn a_second_signal_exits_at_once_keeping_acknowledged_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let dir = DataDir::new();
     // Long enough that only the second signal can end the wait for the stalled upload below.
     let settings = [("ONEHOP_SHUTDOWN_TIMEOUT_S", "120"), ("ONEHOP_HTTP_BODY_READ_TIMEOUT_S", "120")];
-    let mut server = start(dir.path(), &args, &settings);
+    let mut server = dir.start(&[], &settings);
     let values: Vec<Value> = (0..20).map(|value| json!(value)).collect();
     assert!(publish_batch(server.address, "s", &values), "acknowledged");
     // A request in flight that will not finish: an upload that stalls.
@@ -251,7 +247,7 @@ fn a_second_signal_exits_at_once_keeping_acknowledged_writes() {
     assert!(server.seen.iter().any(|line| line.contains("second signal")), "{}", server.seen.join("\n"));
     drop(stalled);
 
-    let server = start(dir.path(), &args, &[]);
+    let server = dir.start(&[], &[]);
     let (status, body) = get(server.address, "/streams/s?from=earliest");
     assert_eq!(status, 200);
     let body: Value = serde_json::from_str(&body).unwrap();

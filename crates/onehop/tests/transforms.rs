@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{get, post, publish_batch, start};
+use common::{DataDir, get, publish_in_batches, sql};
 use serde_json::{Value, json};
 
 const SCHEMA: &str = "CREATE STREAM readings WITH (partitions = 2); \
@@ -73,30 +73,21 @@ fn settled(address: SocketAddr, count: usize) -> BTreeMap<u64, Value> {
 
 #[test]
 fn a_transform_after_kill_9_writes_every_record_exactly_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
-    let (status, body) = post(server.address, "/sql", SCHEMA).unwrap();
-    assert_eq!(status, 200, "{body}");
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    sql(server.address, SCHEMA);
     let readings: Vec<Value> = (0..6000).map(reading).collect();
     // Half, then kill -9 right after the last acknowledgement: the transform is still writing
     // and has not checkpointed its newest output.
-    for batch in readings[..3000].chunks(200) {
-        assert!(publish_batch(server.address, "readings", batch));
-    }
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    publish_in_batches(server.address, "readings", &readings[..3000], 200);
+    server.kill_9();
 
-    let server = start(dir.path(), &args, &[]);
-    for batch in readings[3000..].chunks(200) {
-        assert!(publish_batch(server.address, "readings", batch));
-    }
+    let server = dir.start(&[], &[]);
+    publish_in_batches(server.address, "readings", &readings[3000..], 200);
     let expected: BTreeMap<u64, Value> = (0..6000).filter_map(|seq| alert(seq).map(|value| (seq, value))).collect();
     assert_eq!(settled(server.address, expected.len()), expected);
 
     // SHOW TRANSFORMS reports it caught up.
-    let (status, body) = post(server.address, "/sql", "SHOW TRANSFORMS").unwrap();
-    assert_eq!(status, 200, "{body}");
+    let body = sql(server.address, "SHOW TRANSFORMS");
     assert!(body.contains("\"alerts\"") && body.contains("\"readings\""), "{body}");
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{RawSse, get, post, publish_batch, start};
+use common::{DataDir, RawSse, get, publish_batch, publish_in_batches, sql};
 use serde_json::{Value, json};
 
 /// The events of the test: who bought what, deterministic.
@@ -60,12 +60,9 @@ const SCHEMA: &str = "CREATE STREAM purchases; \
 
 #[test]
 fn a_view_after_kill_9_equals_the_view_without_the_crash() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let args = ["--http-addr", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let mut server = start(dir.path(), &args, &[]);
-    let (status, body) = post(server.address, "/sql", SCHEMA).unwrap();
-    assert_eq!(status, 200, "{body}");
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    sql(server.address, SCHEMA);
     let events: Vec<Value> = (0..3000).map(event).collect();
     // Half of it in batches, in three parts over more than two seconds (so checkpoints, each
     // writing what changed since the one before, are taken in between), then kill -9 right
@@ -75,9 +72,7 @@ fn a_view_after_kill_9_equals_the_view_without_the_crash() {
         if part > 0 {
             std::thread::sleep(Duration::from_millis(1200));
         }
-        for batch in events.chunks(100) {
-            assert!(publish_batch(server.address, "purchases", batch));
-        }
+        publish_in_batches(server.address, "purchases", events, 100);
     }
     let (_, metrics) = get(server.address, "/metrics");
     let checkpoints: u64 = metrics
@@ -86,13 +81,10 @@ fn a_view_after_kill_9_equals_the_view_without_the_crash() {
         .and_then(|count| count.trim().parse().ok())
         .unwrap_or(0);
     assert!(checkpoints >= 2, "checkpoints were taken before the crash: {checkpoints}");
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.kill_9();
 
-    let server = start(dir.path(), &args, &[]);
-    for batch in events[1500..].chunks(100) {
-        assert!(publish_batch(server.address, "purchases", batch));
-    }
+    let server = dir.start(&[], &[]);
+    publish_in_batches(server.address, "purchases", &events[1500..], 100);
     let after_crash = settled(server.address, 3000);
     assert_eq!(after_crash, expected(&events), "every event counted exactly once");
 
@@ -155,15 +147,7 @@ fn a_view_after_kill_9_equals_the_view_without_the_crash() {
 
 #[test]
 fn bench_restore_replays_every_record_into_each_view() {
-    let dir = tempfile::tempdir().unwrap();
-    let output = common::onehop()
-        .args(["bench", "restore", "--records", "20000", "--keys", "100", "--json", "--no-progress", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (report, dir) = common::bench_report(&["restore", "--records", "20000", "--keys", "100"]);
     assert_eq!(report["bench"], "restore");
     assert_eq!(report["records"], 20000);
     let views = report["views"].as_array().unwrap();

@@ -41,6 +41,14 @@ async fn send(address: SocketAddr, method: Method, path: &str, headers: &[(&str,
     request.send().await.unwrap()
 }
 
+/// A browser's preflight: `OPTIONS path` from `origin` asking to send `method`, with the other
+/// `access-control-request-*` headers in `asking`.
+async fn preflight(address: SocketAddr, path: &str, origin: &str, method: &str, asking: &[(&str, &str)]) -> Response {
+    let mut headers = vec![("origin", origin), ("access-control-request-method", method)];
+    headers.extend_from_slice(asking);
+    send(address, Method::OPTIONS, path, &headers).await
+}
+
 fn header<'a>(response: &'a Response, name: &str) -> Option<&'a str> {
     response.headers().get(name).map(|value| value.to_str().unwrap())
 }
@@ -68,17 +76,8 @@ async fn records(address: SocketAddr, stream: &str) -> usize {
 #[tokio::test]
 async fn a_preflight_from_an_allowed_origin_is_answered_with_what_it_may_send() {
     let (address, _dir) = start(&[PAGE]).await;
-    let response = send(
-        address,
-        Method::OPTIONS,
-        "/tables/orders/o1",
-        &[
-            ("origin", PAGE),
-            ("access-control-request-method", "PUT"),
-            ("access-control-request-headers", "content-type,if-match,onehop-durability,last-event-id"),
-        ],
-    )
-    .await;
+    let asking = [("access-control-request-headers", "content-type,if-match,onehop-durability,last-event-id")];
+    let response = preflight(address, "/tables/orders/o1", PAGE, "PUT", &asking).await;
     assert_eq!(response.status().as_u16(), 204);
     assert_eq!(header(&response, "access-control-allow-origin"), Some(PAGE));
     assert_eq!(header(&response, "access-control-allow-methods"), Some("GET, HEAD, POST, PUT, PATCH, DELETE"));
@@ -92,17 +91,8 @@ async fn a_preflight_from_an_allowed_origin_is_answered_with_what_it_may_send() 
     assert!(varies_by_origin(&response));
 
     // A page on a public address asking to reach this private one.
-    let response = send(
-        address,
-        Method::OPTIONS,
-        "/streams/s",
-        &[
-            ("origin", PAGE),
-            ("access-control-request-method", "GET"),
-            ("access-control-request-private-network", "true"),
-        ],
-    )
-    .await;
+    let asking = [("access-control-request-private-network", "true")];
+    let response = preflight(address, "/streams/s", PAGE, "GET", &asking).await;
     assert_eq!(response.status().as_u16(), 204);
     assert_eq!(header(&response, "access-control-allow-private-network"), Some("true"));
 }
@@ -110,33 +100,20 @@ async fn a_preflight_from_an_allowed_origin_is_answered_with_what_it_may_send() 
 #[tokio::test]
 async fn a_preflight_asking_for_more_is_refused_with_a_reason() {
     let (address, _dir) = start(&[PAGE]).await;
-    let response =
-        send(address, Method::OPTIONS, "/streams/s", &[("origin", PAGE), ("access-control-request-method", "TRACE")])
-            .await;
+    let response = preflight(address, "/streams/s", PAGE, "TRACE", &[]).await;
     assert_eq!(header(&response, "access-control-allow-origin"), None);
     let (status, code, message) = error_code(response).await;
     assert_eq!((status, code.as_str()), (403, "preflight_refused"));
     assert!(message.contains("method TRACE") && message.contains("GET, HEAD"), "{message}");
 
-    let response = send(
-        address,
-        Method::OPTIONS,
-        "/streams/s",
-        &[
-            ("origin", PAGE),
-            ("access-control-request-method", "POST"),
-            ("access-control-request-headers", "content-type, x-secret"),
-        ],
-    )
-    .await;
+    let asking = [("access-control-request-headers", "content-type, x-secret")];
+    let response = preflight(address, "/streams/s", PAGE, "POST", &asking).await;
     let (status, code, message) = error_code(response).await;
     assert_eq!((status, code.as_str()), (403, "preflight_refused"));
     assert!(message.contains("header x-secret"), "{message}");
 
     // From an origin not allowed, whatever it asks.
-    let response =
-        send(address, Method::OPTIONS, "/streams/s", &[("origin", OTHER), ("access-control-request-method", "GET")])
-            .await;
+    let response = preflight(address, "/streams/s", OTHER, "GET", &[]).await;
     assert_eq!(header(&response, "access-control-allow-origin"), None);
     let (status, code, message) = error_code(response).await;
     assert_eq!((status, code.as_str()), (403, "origin_not_allowed"));
@@ -226,9 +203,7 @@ async fn by_default_only_clients_without_an_origin_and_the_servers_own_pages_are
         assert_eq!(response.status().as_u16(), 200, "{origin}");
         assert_eq!(header(&response, "access-control-allow-origin"), None);
     }
-    let response =
-        send(address, Method::OPTIONS, "/streams/s", &[("origin", PAGE), ("access-control-request-method", "GET")])
-            .await;
+    let response = preflight(address, "/streams/s", PAGE, "GET", &[]).await;
     assert_eq!(error_code(response).await.1, "origin_not_allowed");
 }
 

@@ -38,6 +38,19 @@ fn small_limits() -> EngineOptions {
 }
 
 impl Server {
+    /// Creates the stream `name` of `partitions` partitions in the engine, synced on every write.
+    async fn create_stream(&self, name: &str, partitions: u32) {
+        let def = onehop_engine::StreamDef {
+            name: name.into(),
+            partitions,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: onehop_engine::Durability::Fsync,
+            mqtt_topic: None,
+        };
+        self.engine.create_stream(def).await.unwrap();
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.address)
     }
@@ -133,16 +146,17 @@ async fn bad_input_is_refused_with_a_code_and_nothing_is_written() {
         code: &'static str,
         says: &'static str,
     }
+    impl Refusal {
+        fn with_header(self, name: &'static str, value: &'static str) -> Refusal {
+            Refusal { header: Some((name, value)), ..self }
+        }
+    }
     let refusal = |path, body: String, status, code, says| Refusal { path, header: None, body, status, code, says };
     let cases = [
         refusal("/streams/s?subject=scores/%2B", "v".into(), 400, "bad_subject", "wildcards"),
         refusal("/streams/s?colour=red", "v".into(), 400, "bad_query", "colour"),
         refusal("/streams/bad%2Fname", "v".into(), 400, "invalid_name", "not allowed"),
         refusal("/streams/__system", "v".into(), 400, "invalid_name", "reserved"),
-        Refusal {
-            header: Some(("onehop-durability", "eventually")),
-            ..refusal("/streams/s", "v".into(), 400, "bad_durability", "eventually")
-        },
         refusal("/streams/s", "x".repeat(40 * 1024), 413, "record_too_large", "record_bytes_max"),
         refusal("/streams/s", "x".repeat(200 * 1024), 413, "body_too_large", "limit is 131072 bytes"),
         // A `+` typed as is in a subject is the wildcard, never a space: refused in a publish.
@@ -151,14 +165,12 @@ async fn bad_input_is_refused_with_a_code_and_nothing_is_written() {
         refusal("/streams/s?key=%FF", "v".into(), 400, "bad_query", "UTF-8"),
         refusal("/streams/s?key=a&subject=%C3", "v".into(), 400, "bad_query", "UTF-8"),
         refusal("/streams/s?key=%G1", "v".into(), 400, "bad_query", "percent escape"),
-        Refusal {
-            header: Some(("content-type", "application/json")),
-            ..refusal("/streams/s", "{\"score\": 1".into(), 400, "bad_json", "not valid JSON")
-        },
-        Refusal {
-            header: Some(("content-type", "application/merge-patch+json; charset=utf-8")),
-            ..refusal("/streams/s", "score=1".into(), 400, "bad_json", "not valid JSON")
-        },
+        refusal("/streams/s", "v".into(), 400, "bad_durability", "eventually")
+            .with_header("onehop-durability", "eventually"),
+        refusal("/streams/s", "{\"score\": 1".into(), 400, "bad_json", "not valid JSON")
+            .with_header("content-type", "application/json"),
+        refusal("/streams/s", "score=1".into(), 400, "bad_json", "not valid JSON")
+            .with_header("content-type", "application/merge-patch+json; charset=utf-8"),
     ];
     for case in cases {
         let mut request = reqwest::Client::new().post(server.url(case.path)).body(case.body);
@@ -215,15 +227,7 @@ async fn reads_from_offsets_times_and_partitions() {
         assert_eq!((got, error_code(&body)), (status, code), "{path}: {body}");
     }
 
-    let def = onehop_engine::StreamDef {
-        name: "wide".into(),
-        partitions: 3,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: onehop_engine::Durability::Fsync,
-        mqtt_topic: None,
-    };
-    server.engine.create_stream(def).await.unwrap();
+    server.create_stream("wide", 3).await;
     for key in ["a", "b", "c", "d", "e", "f"] {
         server.post(&format!("/streams/wide?key={key}"), key.to_string()).await;
     }
@@ -308,15 +312,7 @@ async fn a_body_that_is_not_json_is_stored_as_text_unless_it_says_it_is_json() {
 #[tokio::test]
 async fn reads_filter_by_subject_and_next_from_continues_them_across_partitions() {
     let server = start(EngineOptions::default()).await;
-    let def = onehop_engine::StreamDef {
-        name: "multi".into(),
-        partitions: 3,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: onehop_engine::Durability::Fsync,
-        mqtt_topic: None,
-    };
-    server.engine.create_stream(def).await.unwrap();
+    server.create_stream("multi", 3).await;
     for i in 0..30 {
         let subject = if i % 2 == 0 { "a/x" } else { "b/x" };
         let (status, _) = server.post(&format!("/streams/multi?key=k{i}&subject={subject}"), format!("{i}")).await;

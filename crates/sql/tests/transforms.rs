@@ -2,33 +2,15 @@
 //! then follows its source, computes values, keys and subjects, is listed and described, keeps
 //! its place across a restart, guards its source against a drop, and is dropped with its stream.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use onehop_engine::{Engine, EngineOptions, Position};
-use onehop_log::{Log, LogOptions, NewRecord, Record};
-use onehop_sql::{Output, SqlError, execute, parse};
+use common::{close, fresh, open, run};
+use onehop_engine::{Engine, Position};
+use onehop_log::{NewRecord, Record};
+use onehop_sql::Output;
 use serde_json::{Value, json};
-
-fn open(dir: &std::path::Path) -> Arc<Engine> {
-    let (log, _) = Log::open(dir, LogOptions::default()).unwrap();
-    Arc::new(Engine::open(Arc::new(log), EngineOptions::default()).unwrap())
-}
-
-async fn close(engine: Arc<Engine>) {
-    engine.stop_derived().await;
-    let log = engine.log().clone();
-    drop(engine);
-    log.close();
-}
-
-async fn run(engine: &Engine, sql: &str) -> Result<Vec<Output>, SqlError> {
-    let mut outputs = Vec::new();
-    for statement in parse(sql)? {
-        outputs.push(execute(engine, &statement).await?);
-    }
-    Ok(outputs)
-}
 
 async fn publish(engine: &Engine, stream: &str, values: &[Value]) {
     let records: Vec<NewRecord> =
@@ -103,8 +85,7 @@ fn expected(count: usize) -> std::collections::BTreeMap<String, (String, Value)>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transform_backfills_follows_restarts_and_drops() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
+    let (dir, engine) = fresh();
     run(&engine, "CREATE STREAM orders WITH (partitions = 2)").await.unwrap();
     let history: Vec<Value> = (0..300).map(order).collect();
     for chunk in history.chunks(50) {
@@ -179,8 +160,7 @@ async fn a_transform_backfills_follows_restarts_and_drops() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transform_starts_at_the_end_by_default_and_passes_what_is_not_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
+    let (_dir, engine) = fresh();
     run(&engine, "CREATE STREAM raw").await.unwrap();
     publish(&engine, "raw", &[json!({"n": 1})]).await;
     run(&engine, "CREATE STREAM copy AS SELECT *, n + 1 AS next, key AS key_seen FROM raw").await.unwrap();
@@ -201,8 +181,7 @@ async fn a_transform_starts_at_the_end_by_default_and_passes_what_is_not_json() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_transforms_are_refused_and_define_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
+    let (_dir, engine) = fresh();
     run(&engine, "CREATE STREAM s; CREATE TABLE t (id TEXT PRIMARY KEY)").await.unwrap();
     for (sql, code) in [
         ("CREATE STREAM out AS SELECT * FROM nowhere", "unknown_stream"),

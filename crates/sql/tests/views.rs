@@ -1,34 +1,16 @@
 //! Views end to end on a real engine: defined in SQL, fed by publishes, read by key, their
 //! changes in the change stream, listed and described, kept across a restart, and dropped.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{close, fresh, open, run};
 use onehop_engine::view::checkpoint;
-use onehop_engine::{Engine, EngineOptions, Position};
-use onehop_log::{Log, LogOptions, NewRecord};
-use onehop_sql::{Output, execute, parse};
+use onehop_engine::{Engine, Position};
+use onehop_log::NewRecord;
+use onehop_sql::Output;
 use serde_json::{Value, json};
-
-fn open(dir: &std::path::Path) -> Arc<Engine> {
-    let (log, _) = Log::open(dir, LogOptions::default()).unwrap();
-    Arc::new(Engine::open(Arc::new(log), EngineOptions::default()).unwrap())
-}
-
-async fn close(engine: Arc<Engine>) {
-    engine.stop_derived().await;
-    let log = engine.log().clone();
-    drop(engine);
-    log.close();
-}
-
-async fn run(engine: &Engine, sql: &str) -> Result<Vec<Output>, onehop_sql::SqlError> {
-    let mut outputs = Vec::new();
-    for statement in parse(sql)? {
-        outputs.push(execute(engine, &statement).await?);
-    }
-    Ok(outputs)
-}
 
 /// Waits until `done` holds for the view's rows of every key (10 s at most).
 async fn settle(
@@ -62,8 +44,7 @@ fn all_closed(page: &[(String, Vec<Value>)]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_aggregates_serves_keys_pushes_changes_and_survives_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
+    let (dir, engine) = fresh();
     run(&engine, VIEW).await.unwrap();
     // 30 clicks on three pages over three 10 s windows that ended a minute ago (within the
     // hour closed windows are kept): each closes as soon as the view has them all.
@@ -166,8 +147,7 @@ async fn a_view_aggregates_serves_keys_pushes_changes_and_survives_a_restart() {
 
 #[tokio::test]
 async fn bad_view_definitions_are_refused_with_what_is_supported() {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
+    let (_dir, engine) = fresh();
     run(&engine, "CREATE STREAM s; CREATE TABLE t (id TEXT PRIMARY KEY)").await.unwrap();
     let cases = [
         ("CREATE VIEW v AS SELECT k, COUNT(*) FROM nowhere GROUP BY k", "unknown_stream"),
@@ -195,8 +175,7 @@ fn object(value: Value) -> serde_json::Map<String, Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_over_a_table_aggregates_its_current_rows_and_is_rebuilt_at_start() {
     use onehop_engine::{Precondition, Write};
-    let dir = tempfile::tempdir().unwrap();
-    let engine = open(dir.path());
+    let (dir, engine) = fresh();
     run(&engine, "CREATE TABLE orders (id TEXT PRIMARY KEY, status TEXT, total FLOAT)").await.unwrap();
     let orders = engine.table("orders").unwrap();
     let put = |id: &'static str, status: &'static str, total: f64| {

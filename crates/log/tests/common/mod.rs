@@ -7,7 +7,9 @@
 pub mod disk;
 
 use std::fs;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use onehop_log::{BATCH_HEADER_BYTES, BatchHeader, Headers, NewRecord, Partition, PartitionConfig, Record};
@@ -35,6 +37,29 @@ pub fn stored(offset: u64, new: &NewRecord) -> Record {
         headers: Headers::from(&new.headers[..]),
         value: new.value.clone(),
     }
+}
+
+/// Starts `tasks` tokio tasks at once, task `n` running `task(n, partition)` with its own
+/// handle on `partition`; returns them in task order, to be awaited when the test chooses.
+pub fn spawn_tasks<T, Run>(
+    partition: &Arc<Partition>,
+    tasks: u64,
+    task: impl Fn(u64, Arc<Partition>) -> Run,
+) -> Vec<tokio::task::JoinHandle<T>>
+where
+    Run: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    (0..tasks).map(|n| tokio::spawn(task(n, partition.clone()))).collect()
+}
+
+/// What every task returned, task after task.
+pub async fn joined<T>(tasks: Vec<tokio::task::JoinHandle<Vec<T>>>) -> Vec<T> {
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all
 }
 
 /// Every record from the partition's start to its end, in one read.

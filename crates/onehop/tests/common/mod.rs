@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,51 @@ pub struct Server {
     pub seen: Vec<String>,
 }
 
+/// A test's own directory: servers run in it with their data in `data/` inside it, and it is
+/// removed when the test ends.
+pub struct DataDir {
+    pub dir: tempfile::TempDir,
+    pub data: PathBuf,
+}
+
+impl DataDir {
+    pub fn new() -> DataDir {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        DataDir { dir, data }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The data directory as `--data-dir` takes it.
+    pub fn data_arg(&self) -> &str {
+        self.data.to_str().unwrap()
+    }
+
+    /// Writes `statements` to `schema.sql` in this directory; returns its path as `--schema`
+    /// takes it.
+    pub fn schema_file(&self, statements: &str) -> String {
+        let path = self.path().join("schema.sql");
+        std::fs::write(&path, statements).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    /// The arguments of a server on this data and a free HTTP port, then `extra`.
+    pub fn serve_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["--http-addr", "127.0.0.1:0", "--data-dir", self.data_arg()];
+        args.extend_from_slice(extra);
+        args
+    }
+
+    /// Starts `onehop serve` with `serve_args(extra)` in this directory and waits until it is
+    /// listening; a second start after a stop or `kill_9` finds the same data.
+    pub fn start(&self, extra: &[&str], envs: &[(&str, &str)]) -> Server {
+        start(self.path(), &self.serve_args(extra), envs)
+    }
+}
+
 pub fn onehop() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_onehop"));
     // Keep the environment of whoever runs the tests out of the server's settings.
@@ -29,6 +74,31 @@ pub fn onehop() -> Command {
         }
     }
     command
+}
+
+/// Runs `command` to its end, failing the test unless it succeeds and prints UTF-8; returns
+/// its stdout and stderr.
+pub fn run_expecting_success(command: &mut Command) -> (String, String) {
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{}\n{stderr}", String::from_utf8_lossy(&output.stdout));
+    (String::from_utf8(output.stdout).unwrap(), stderr)
+}
+
+/// The JSON document on the last line of `stdout`, where `--json` puts a command's report.
+pub fn last_json_line(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+/// Runs `onehop bench {args} --json --no-progress --dir <a fresh directory>`, failing the test
+/// unless it succeeds; returns the report it printed last and the directory, in which a bench
+/// that started its own server must leave nothing behind.
+pub fn bench_report(args: &[&str]) -> (serde_json::Value, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, _) = run_expecting_success(
+        onehop().arg("bench").args(args).args(["--json", "--no-progress", "--dir"]).arg(dir.path()),
+    );
+    (last_json_line(&stdout), dir)
 }
 
 /// Starts `onehop serve` with `args` in `cwd` and waits until it is listening.
@@ -48,15 +118,7 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn onehop serve");
-    let stderr = child.stderr.take().unwrap();
-    let (sender, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = line_channel(child.stderr.take().unwrap());
     let mut server = Server {
         child,
         address: "127.0.0.1:1".parse().unwrap(),
@@ -73,6 +135,20 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
     let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
     server.address = address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}"));
     server
+}
+
+/// The lines `source` gives, read on a thread of their own as they come, until it ends or the
+/// receiver is dropped.
+pub fn line_channel(source: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (sender, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(source).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
 }
 
 impl Server {
@@ -95,6 +171,13 @@ impl Server {
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
         assert!(status.success());
+    }
+
+    /// SIGKILL: no clean shutdown, nothing flushed or closed, and the data directory's lock
+    /// dies with the process.
+    pub fn kill_9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
 
     pub fn wait_exit(&mut self) -> ExitStatus {
@@ -152,6 +235,21 @@ pub fn request(address: SocketAddr, method: &str, path: &str, body: &str) -> Opt
     let status = response.split_whitespace().nth(1)?.parse().ok()?;
     let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
     Some((status, body))
+}
+
+/// Runs `statements` over `POST /sql`, failing the test unless they succeed; returns the answer.
+pub fn sql(address: SocketAddr, statements: &str) -> String {
+    let (status, body) = post(address, "/sql", statements).unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Publishes `values` to `stream` in requests of `batch_len` values each, every request
+/// acknowledged (durable) before the next is sent.
+pub fn publish_in_batches(address: SocketAddr, stream: &str, values: &[serde_json::Value], batch_len: usize) {
+    for batch in values.chunks(batch_len) {
+        assert!(publish_batch(address, stream, batch));
+    }
 }
 
 /// Publishes NDJSON envelopes in one request; true once they are acknowledged (durable).

@@ -87,14 +87,20 @@ def subscribed(c, topic, qos=None, **kwargs):
     return granted["codes"]
 
 
+def listening(c, port, topic, qos=1, **kwargs):
+    """Connects `c` and subscribes it to `topic`, collecting what it receives; returns the Inbox
+    and the SUBACK's reason codes."""
+    inbox = Inbox()
+    c.on_message = inbox.on_message
+    connected(c, port)
+    return inbox, subscribed(c, topic, qos, **kwargs)
+
+
 def qos_round_trips(port):
     """QoS 0, 1 and 2 each way, v3.1.1 and v5, exactly-once for QoS 2."""
     for protocol, name in ((mqtt.MQTTv311, "v311"), (mqtt.MQTTv5, "v5")):
-        inbox = Inbox()
         sub = client(f"paho-sub-{name}", protocol)
-        sub.on_message = inbox.on_message
-        connected(sub, port)
-        codes = subscribed(sub, f"paho/{name}/#", 2)
+        inbox, codes = listening(sub, port, f"paho/{name}/#", 2)
         print(json.dumps({"check": "suback", "protocol": name, "granted": [c.value for c in codes]}))
         pub = client(f"paho-pub-{name}", protocol)
         connected(pub, port)
@@ -148,23 +154,24 @@ def v5_features(port):
     sub.disconnect()
 
 
+def with_will(client_id, topic, payload, port, **kwargs):
+    """A 3.1.1 client connected to `port` whose will is `payload` on `topic`, at QoS 1."""
+    c = client(client_id)
+    c.will_set(topic, payload, qos=1)
+    connected(c, port, **kwargs)
+    return c
+
+
 def will_and_takeover(port):
     """A will is sent when a client vanishes; a second connection with an id takes it over."""
-    inbox = Inbox()
     watcher = client("will-watcher")
-    watcher.on_message = inbox.on_message
-    connected(watcher, port)
-    subscribed(watcher, "status/+", 1)
-    doomed = client("doomed")
-    doomed.will_set("status/doomed", "gone", qos=1)
-    connected(doomed, port)
+    inbox, _ = listening(watcher, port, "status/+")
+    doomed = with_will("doomed", "status/doomed", "gone", port)
     doomed.loop_stop()
     doomed.socket().close()  # vanish without DISCONNECT
     messages = inbox.wait(1)
     print(json.dumps({"check": "will", "topic": messages[0].topic, "payload": messages[0].payload.decode()}))
-    polite = client("polite")
-    polite.will_set("status/polite", "should not appear", qos=1)
-    connected(polite, port)
+    polite = with_will("polite", "status/polite", "should not appear", port)
     polite.disconnect()
     polite.loop_stop()
     # Takeover: the first connection of "twin" is closed when the second arrives.
@@ -183,14 +190,9 @@ def will_and_takeover(port):
 
 def keep_alive(port):
     """A client that stops talking is dropped after 1.5 times its keep-alive, and its will is sent."""
-    inbox = Inbox()
     watcher = client("ka-watcher")
-    watcher.on_message = inbox.on_message
-    connected(watcher, port)
-    subscribed(watcher, "status/+", 1)
-    silent = client("silent")
-    silent.will_set("status/silent", "timed out", qos=1)
-    connected(silent, port, keepalive=1)
+    inbox, _ = listening(watcher, port, "status/+")
+    silent = with_will("silent", "status/silent", "timed out", port, keepalive=1)
     silent.loop_stop()  # no more PINGREQ
     started = time.time()
     messages = inbox.wait(1, timeout=10)
@@ -201,18 +203,12 @@ def keep_alive(port):
 
 def websocket(http_port, tcp_port):
     """MQTT over WebSocket (/mqtt on the HTTP port) and over TCP see each other's messages."""
-    inbox = Inbox()
     ws = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="ws-client", protocol=mqtt.MQTTv5,
                      transport="websockets")
     ws.ws_set_options(path="/mqtt")
-    ws.on_message = inbox.on_message
-    connected(ws, http_port)
-    subscribed(ws, "web/+", 1)
+    inbox, _ = listening(ws, http_port, "web/+")
     tcp = client("tcp-client")
-    tcp_inbox = Inbox()
-    tcp.on_message = tcp_inbox.on_message
-    connected(tcp, tcp_port)
-    subscribed(tcp, "web/#", 1)
+    tcp_inbox, _ = listening(tcp, tcp_port, "web/#")
     tcp.publish("web/from-tcp", "hello browser", qos=1).wait_for_publish(10)
     ws.publish("web/from-ws", "hello device", qos=1).wait_for_publish(10)
     got = sorted((m.topic, m.payload.decode()) for m in inbox.wait(2))
@@ -227,20 +223,14 @@ def shared(port):
     inboxes = []
     members = []
     for i, protocol in enumerate((mqtt.MQTTv311, mqtt.MQTTv5)):
-        inbox = Inbox()
         member = client(f"worker-{i}", protocol)
-        member.on_message = inbox.on_message
-        connected(member, port)
-        codes = subscribed(member, "$share/workers/jobs/#", 1)
+        inbox, codes = listening(member, port, "$share/workers/jobs/#")
         if codes[0].is_failure:
             fail(f"shared subscription refused: {codes}")
         inboxes.append(inbox)
         members.append(member)
-    watcher_inbox = Inbox()
     watcher = client("jobs-watcher")
-    watcher.on_message = watcher_inbox.on_message
-    connected(watcher, port)
-    subscribed(watcher, "jobs/#", 1)
+    watcher_inbox, _ = listening(watcher, port, "jobs/#")
     pub = client("jobs-publisher")
     connected(pub, port)
     for i in range(40):
@@ -365,11 +355,8 @@ def exactly_once_crash(port, count):
     """A persistent QoS 2 publisher and a persistent QoS 2 subscriber while the server is killed
     (the test does it on our "kill_me" line and answers with the new server's port): after both
     reconnect, every message has arrived exactly once."""
-    inbox = Inbox()
     sub = client("exact-sub", clean_session=False)
-    sub.on_message = inbox.on_message
-    connected(sub, port)
-    subscribed(sub, "exact/#", 2)
+    inbox, _ = listening(sub, port, "exact/#", 2)
     pub = client("exact-pub", clean_session=False)
     pub.max_inflight_messages_set(20)
     # paho resets its in-flight messages on every reconnect attempt, and a second reset turns a
@@ -402,11 +389,8 @@ def v5_more(port):
     """no local, will delay (not sent when the client is back in time), and a DISCONNECT that
     ends a persistent session."""
     from paho.mqtt.subscribeoptions import SubscribeOptions
-    inbox = Inbox()
     talker = client("talker", mqtt.MQTTv5)
-    talker.on_message = inbox.on_message
-    connected(talker, port)
-    subscribed(talker, "chat/#", options=SubscribeOptions(qos=1, noLocal=True))
+    inbox, _ = listening(talker, port, "chat/#", None, options=SubscribeOptions(qos=1, noLocal=True))
     talker.publish("chat/mine", "from me", qos=1).wait_for_publish(10)
     other = client("other", mqtt.MQTTv5)
     connected(other, port)
@@ -415,11 +399,8 @@ def v5_more(port):
     time.sleep(0.3)
     print(json.dumps({"check": "no_local", "topics": [m.topic for m in inbox.messages]}))
 
-    wills = Inbox()
     watcher = client("delay-watcher", mqtt.MQTTv5)
-    watcher.on_message = wills.on_message
-    connected(watcher, port)
-    subscribed(watcher, "gone/+", 1)
+    wills, _ = listening(watcher, port, "gone/+")
 
     def vanishing(client_id, delay):
         c = client(client_id, mqtt.MQTTv5)
@@ -532,11 +513,8 @@ def message_properties(port, http_port):
     keeper.disconnect()
     keeper.loop_stop()
 
-    live = Inbox()
     listener = client("rpc-live", mqtt.MQTTv5)
-    listener.on_message = live.on_message
-    connected(listener, port)
-    subscribed(listener, "rpc/requests/#", 1)
+    live, _ = listening(listener, port, "rpc/requests/#")
 
     caller = client("rpc-caller", mqtt.MQTTv5)
     connected(caller, port)
@@ -549,11 +527,8 @@ def message_properties(port, http_port):
     caller.publish("rpc/requests/add", '{"a":1}', qos=1, retain=True, properties=props).wait_for_publish(10)
     facts("live", live.wait(1)[0])
 
-    late = Inbox()
     newcomer = client("rpc-late", mqtt.MQTTv5)
-    newcomer.on_message = late.on_message
-    connected(newcomer, port)
-    subscribed(newcomer, "rpc/requests/#", 1)
+    late, _ = listening(newcomer, port, "rpc/requests/#")
     facts("retained", late.wait(1)[0])
 
     away = Inbox()

@@ -65,6 +65,13 @@ impl RawClient {
         assert_eq!(packet.kind(), kind, "{packet:02x?}");
         packet
     }
+
+    /// The next packet must be a DISCONNECT with `reason`, and the connection must close after it.
+    pub fn expect_disconnect(&mut self, reason: u8) {
+        let disconnect = self.expect(14);
+        assert_eq!(disconnect.body.first(), Some(&reason), "{disconnect:02x?}");
+        assert!(self.packet().is_none(), "closed after the DISCONNECT");
+    }
 }
 
 /// `first`, the remaining length as a variable byte integer, then `body`.
