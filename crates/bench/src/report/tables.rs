@@ -1,0 +1,252 @@
+//! The side-by-side tables of an invocation, per workload (printed, and the body of summary.md),
+//! and below each what its table hides: runs one by one, pauses made on purpose, W3's view
+//! figures, the harness's own time, the fan-out, fsyncs and the machine, the echo floor, how far a
+//! sweep went, the runs that did not keep up, subscriber resumes and the first problems seen.
+
+use std::fmt::Write as _;
+
+use super::run::{describe_pauses, latency_measures};
+use crate::histogram::{Percentiles, ms};
+use crate::workload::{Summary, Workload};
+
+/// The side-by-side tables, as Markdown (printed too: it reads as plain text).
+pub fn tables(summaries: &[Summary]) -> String {
+    let mut text = String::new();
+    let mut workloads: Vec<Workload> = summaries.iter().map(|summary| summary.workload).collect();
+    workloads.dedup();
+    for workload in workloads {
+        let rows: Vec<&Summary> = summaries.iter().filter(|summary| summary.workload == workload).collect();
+        let first = rows[0];
+        let _ = writeln!(text, "### {} — {}\n", workload.id(), workload.describe());
+        let _ = writeln!(
+            text,
+            "{} s measured after {} s warm-up, {} run(s) per rate, histograms merged across runs. \
+             Latency: {}.\n",
+            first.duration.as_secs_f64(),
+            first.warmup.as_secs_f64(),
+            first.runs,
+            latency_measures(workload)
+        );
+        let _ = writeln!(
+            text,
+            "| target | rate /s | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms | write ack p50 ms | send lag p50 / p99 ms | delivered | errors | durability |"
+        );
+        let _ = writeln!(text, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for summary in &rows {
+            let latency = Percentiles::of(&summary.figures.latency);
+            let ack = Percentiles::of(&summary.figures.ack);
+            let lag = Percentiles::of(&summary.figures.send_lag);
+            let _ = writeln!(
+                text,
+                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} / {} | {:.2} % ({} of {}) | {} | {} |",
+                summary.target,
+                summary.rate_hz,
+                ms(latency.p50_ns),
+                ms(latency.p95_ns),
+                ms(latency.p99_ns),
+                ms(latency.p999_ns),
+                ms(latency.max_ns),
+                ms(ack.p50_ns),
+                ms(lag.p50_ns),
+                ms(lag.p99_ns),
+                summary.figures.delivered_pct(),
+                summary.figures.observer_seen,
+                summary.figures.producer_emitted,
+                summary.figures.errors.total(),
+                summary.durability
+            );
+        }
+        for summary in &rows {
+            if let Some(pauses) = &summary.figures.pauses {
+                let _ = writeln!(
+                    text,
+                    "\n{} at {:.0}/s was {} (SIGSTOP, then SIGCONT), from one interval after the warm-up; the latencies include catching up.",
+                    summary.target,
+                    summary.rate_hz,
+                    describe_pauses(pauses)
+                );
+            }
+        }
+        // Run by run, where there were several: the merged figures above hide the spread.
+        for summary in rows.iter().filter(|summary| summary.per_run.len() > 1) {
+            let runs: Vec<String> =
+                summary.per_run.iter().map(|&(p50, p99)| format!("{} / {}", ms(p50), ms(p99))).collect();
+            let _ = writeln!(
+                text,
+                "\n{} at {:.0}/s, run by run (p50 / p99 ms): {}.",
+                summary.target,
+                summary.rate_hz,
+                runs.join(", ")
+            );
+        }
+        if workload == Workload::W3 {
+            let _ = writeln!(
+                text,
+                "\n| target | rate /s | freshness p50 ms | freshness p99 ms | close lag p50 ms | close lag p99 ms | windows | query p50 ms | query p99 ms | queries |"
+            );
+            let _ = writeln!(text, "|---|---|---|---|---|---|---|---|---|---|");
+            for summary in &rows {
+                let figures = &summary.figures;
+                let (fresh, close, query) = (
+                    Percentiles::of(&figures.latency),
+                    Percentiles::of(&figures.close_lag),
+                    Percentiles::of(&figures.query),
+                );
+                let _ = writeln!(
+                    text,
+                    "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    summary.target,
+                    summary.rate_hz,
+                    ms(fresh.p50_ns),
+                    ms(fresh.p99_ns),
+                    ms(close.p50_ns),
+                    ms(close.p99_ns),
+                    close.count,
+                    ms(query.p50_ns),
+                    ms(query.p99_ns),
+                    query.count
+                );
+            }
+        }
+        // The harness's own time, measured per sample from the kernel's arrival stamps.
+        for summary in rows.iter().filter(|summary| !summary.figures.harness.is_empty()) {
+            let (own, latency) = (Percentiles::of(&summary.figures.harness), Percentiles::of(&summary.figures.latency));
+            let _ = writeln!(
+                text,
+                "\nHarness's own time at {:.0}/s against {} (send lag + socket → recorded, per sample): p50 {:.0} µs, \
+                 p99 {:.0} µs; {:.1} % of the p50 latency.",
+                summary.rate_hz,
+                summary.target,
+                own.p50_ns as f64 / 1e3,
+                own.p99_ns as f64 / 1e3,
+                own.p50_ns as f64 * 100.0 / latency.p50_ns.max(1) as f64
+            );
+        }
+        // The fan-out: when an event's first and last deliveries reached their sockets.
+        for summary in rows.iter().filter(|summary| !summary.figures.first_arrival.is_empty()) {
+            let (first, last) =
+                (Percentiles::of(&summary.figures.first_arrival), Percentiles::of(&summary.figures.last_arrival));
+            let _ = writeln!(
+                text,
+                "\nFan-out at {:.0}/s against {}, per event ({} events): its first delivery reached a subscriber's \
+                 socket at p50 {} ms (p99 {} ms), its last at p50 {} ms (p99 {} ms).",
+                summary.rate_hz,
+                summary.target,
+                first.count,
+                ms(first.p50_ns),
+                ms(first.p99_ns),
+                ms(last.p50_ns),
+                ms(last.p99_ns)
+            );
+        }
+        // The target's own fdatasyncs, to read a long tail against the disk, and what else the
+        // machine did meanwhile.
+        for summary in rows.iter() {
+            if let Some(fsyncs) = &summary.figures.target_fsyncs {
+                let _ = writeln!(
+                    text,
+                    "\n{}'s own fdatasyncs at {:.0}/s over {} run(s), warm-up included: {}.",
+                    summary.target,
+                    summary.rate_hz,
+                    summary.runs,
+                    fsyncs.summary().describe()
+                );
+            }
+            if let Some(host) = &summary.figures.host {
+                let _ = writeln!(
+                    text,
+                    "\nThe machine at {:.0}/s against {} over {} run(s): {}.",
+                    summary.rate_hz,
+                    summary.target,
+                    summary.runs,
+                    host.summary().describe()
+                );
+            }
+        }
+        // The harness's floor beside what it measured, at each rate both ran.
+        for echo in rows.iter().filter(|summary| summary.target == "echo") {
+            for measured in rows.iter().filter(|summary| summary.target != "echo" && summary.rate_hz == echo.rate_hz) {
+                let (floor, figure) =
+                    (Percentiles::of(&echo.figures.latency), Percentiles::of(&measured.figures.latency));
+                if figure.p50_ns > 0 {
+                    let _ = writeln!(
+                        text,
+                        "\nEcho floor at {:.0}/s (echo ÷ {}): p50 {:.1} %, p99 {:.1} %. The echo is the harness \
+                         against a server that only answers and forwards: the floor of any client and server \
+                         pair on this machine, wake-ups included, not the harness's own time (above).",
+                        echo.rate_hz,
+                        measured.target,
+                        floor.p50_ns as f64 * 100.0 / figure.p50_ns as f64,
+                        floor.p99_ns as f64 * 100.0 / figure.p99_ns.max(1) as f64
+                    );
+                }
+            }
+        }
+        // A sweep's answer to "how far does it go": per target, the highest rate every run of
+        // which kept up and delivered everything without an error.
+        let several_rates = rows.iter().any(|summary| summary.rate_hz != rows[0].rate_hz);
+        let mut targets: Vec<&str> = rows.iter().map(|summary| summary.target.as_str()).collect();
+        targets.dedup();
+        for target in targets.into_iter().filter(|_| several_rates) {
+            let highest = rows
+                .iter()
+                .filter(|summary| summary.target == target && kept_up(summary))
+                .max_by(|a, b| a.rate_hz.total_cmp(&b.rate_hz));
+            let _ = match highest {
+                Some(summary) => writeln!(
+                    text,
+                    "\n{target} kept up with rates up to {:.0}/s in this sweep (p99 {} ms there, 100 % delivered, \
+                     no errors, no run saturated).",
+                    summary.rate_hz,
+                    ms(Percentiles::of(&summary.figures.latency).p99_ns)
+                ),
+                None => writeln!(text, "\n{target} kept up with none of the rates in this sweep."),
+            };
+        }
+        // Runs that could not keep up: their latency is the backlog's.
+        for summary in rows.iter().filter(|summary| summary.figures.saturated_runs() > 0) {
+            let figures = &summary.figures;
+            let worst = figures
+                .saturation
+                .iter()
+                .filter(|run| run.saturated)
+                .max_by_key(|run| run.last_quarter_p50_ns)
+                .expect("at least one saturated run");
+            let _ = writeln!(
+                text,
+                "\n**{} at {:.0}/s did not keep up** in {} of {} run(s); the worst: {}.",
+                summary.target,
+                summary.rate_hz,
+                figures.saturated_runs(),
+                figures.saturation.len(),
+                worst.describe()
+            );
+        }
+        for summary in rows.iter().filter(|summary| summary.figures.observer_resumes > 0) {
+            let _ = writeln!(
+                text,
+                "\n{} at {:.0}/s: subscribers were cut off for falling behind {} time(s) and resumed from \
+                 the id the server gave (nothing missed; the time it took is in the latency).",
+                summary.target, summary.rate_hz, summary.figures.observer_resumes
+            );
+        }
+        let problems: Vec<&String> = rows.iter().flat_map(|summary| summary.figures.problems.iter()).take(5).collect();
+        if !problems.is_empty() {
+            let _ = writeln!(text, "\nFirst problems seen:");
+            for problem in problems {
+                let _ = writeln!(text, "- {problem}");
+            }
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// Whether every run at this target and rate kept up: nothing saturated, lost or failed.
+fn kept_up(summary: &Summary) -> bool {
+    let figures = &summary.figures;
+    figures.saturated_runs() == 0
+        && figures.errors.total() == 0
+        && figures.producer_emitted > 0
+        && figures.observer_seen == figures.producer_emitted
+}

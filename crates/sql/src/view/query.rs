@@ -1,0 +1,111 @@
+//! The query of a view or a transform: one plain `SELECT … FROM source [WHERE …] [GROUP BY …]`.
+//! Everything else SELECT can say (joins, subqueries, ORDER BY, LIMIT, DISTINCT, HAVING, …) is
+//! refused here, with the shape of what is supported.
+
+use sqlparser::ast;
+
+use super::unsupported;
+use crate::SqlError;
+
+/// A query that is one plain `SELECT … FROM … [WHERE …] [GROUP BY …]`.
+pub(super) fn plain_select<'q>(query: &'q ast::Query, shape: &str) -> Result<&'q ast::Select, SqlError> {
+    let refuse = |what: &str| Err(unsupported(what, shape));
+    if query.with.is_some() {
+        return refuse("WITH (a common table expression)");
+    }
+    if query.order_by.is_some() {
+        return refuse("ORDER BY");
+    }
+    if query.limit_clause.is_some() || query.fetch.is_some() {
+        return refuse("LIMIT, OFFSET or FETCH");
+    }
+    if !query.locks.is_empty()
+        || query.for_clause.is_some()
+        || query.settings.is_some()
+        || query.format_clause.is_some()
+        || !query.pipe_operators.is_empty()
+    {
+        return refuse(&format!("{query}"));
+    }
+    let select = match query.body.as_ref() {
+        ast::SetExpr::Select(select) => select,
+        ast::SetExpr::SetOperation { op, .. } => return refuse(&op.to_string()),
+        ast::SetExpr::Query(_) => return refuse("a parenthesized query"),
+        ast::SetExpr::Values(_) => return refuse("VALUES"),
+        other => return refuse(&other.to_string()),
+    };
+    if select.distinct.is_some() {
+        return refuse("SELECT DISTINCT (COUNT(DISTINCT x) counts distinct values)");
+    }
+    if select.having.is_some() {
+        return refuse("HAVING");
+    }
+    if !select.named_window.is_empty() {
+        return refuse("a WINDOW clause");
+    }
+    if select.top.is_some()
+        || select.into.is_some()
+        || select.exclude.is_some()
+        || select.select_modifiers.is_some()
+        || !select.optimizer_hints.is_empty()
+        || !select.lateral_views.is_empty()
+        || select.prewhere.is_some()
+        || !select.connect_by.is_empty()
+        || !select.cluster_by.is_empty()
+        || !select.distribute_by.is_empty()
+        || !select.sort_by.is_empty()
+        || select.qualify.is_some()
+        || select.value_table_mode.is_some()
+    {
+        return refuse(&format!("{select}"));
+    }
+    Ok(select)
+}
+
+/// The one relation of FROM: its name and, for `TUMBLE(…)` and the like, the call's arguments.
+pub(super) fn source_relation<'q>(
+    from: &'q [ast::TableWithJoins],
+    shape: &str,
+) -> Result<(&'q ast::ObjectName, Option<&'q ast::TableFunctionArgs>), SqlError> {
+    let [table] = from else {
+        let what = if from.is_empty() { "a SELECT without FROM" } else { "several sources in FROM (a join)" };
+        return Err(unsupported(what, shape));
+    };
+    if !table.joins.is_empty() {
+        return Err(unsupported("JOIN", shape));
+    }
+    match &table.relation {
+        ast::TableFactor::Table {
+            name,
+            alias,
+            args,
+            with_hints,
+            version,
+            with_ordinality,
+            partitions,
+            json_path,
+            sample,
+            index_hints,
+        } => {
+            if let Some(alias) = alias {
+                return Err(unsupported(
+                    format!("the alias {alias} of the source"),
+                    "fields are named directly (amount, customer.city), not through the source",
+                ));
+            }
+            if !with_hints.is_empty()
+                || version.is_some()
+                || *with_ordinality
+                || !partitions.is_empty()
+                || json_path.is_some()
+                || sample.is_some()
+                || !index_hints.is_empty()
+            {
+                return Err(unsupported(&table.relation, shape));
+            }
+            Ok((name, args.as_ref()))
+        }
+        ast::TableFactor::Derived { .. } => Err(unsupported("a subquery in FROM", shape)),
+        other => Err(unsupported(other, shape)),
+    }
+}
