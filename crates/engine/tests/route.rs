@@ -1,18 +1,14 @@
 //! The engine's one routing rule for messages published by subject, and its one partitioning
 //! rule: what MQTT (and any protocol that publishes by subject) calls.
 
+mod common;
+
+use common::{stream_def, table_def};
 use onehop_engine::route::RouteError;
-use onehop_engine::{Column, ColumnType, Durability, Engine, EngineOptions, StreamDef, TableDef};
+use onehop_engine::{Engine, EngineOptions, StreamDef};
 
 fn def(name: &str, partitions: u32, mqtt_topic: Option<&str>) -> StreamDef {
-    StreamDef {
-        name: name.into(),
-        partitions,
-        retention_ms: None,
-        retention_bytes: None,
-        durability: Durability::Fsync,
-        mqtt_topic: mqtt_topic.map(str::to_string),
-    }
+    StreamDef { mqtt_topic: mqtt_topic.map(str::to_string), ..stream_def(name, partitions) }
 }
 
 #[tokio::test]
@@ -43,14 +39,7 @@ async fn a_subject_goes_to_its_declared_stream_else_the_one_its_first_level_name
 async fn subjects_that_take_no_message_say_why() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open_in(dir.path(), EngineOptions::default()).unwrap();
-    let users = TableDef {
-        name: "users".into(),
-        primary_key: "id".into(),
-        columns: vec![Column { name: "id".into(), ty: ColumnType::Text, not_null: true }],
-        indexes: Vec::new(),
-        durability: Durability::Fsync,
-    };
-    engine.create_table(users).await.unwrap();
+    engine.create_table(table_def("users", &[])).await.unwrap();
     let refused = |subject: &'static str| {
         let engine = &engine;
         async move { engine.route(subject).await.err().unwrap_or_else(|| panic!("{subject} was routed")) }

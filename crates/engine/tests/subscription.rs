@@ -2,11 +2,12 @@
 //! cursor that follows it, a stream created by its first subscriber, and a subscriber that
 //! falls behind reading on from the log instead of being cut off.
 
+mod common;
+
+use common::table_def;
 use onehop_engine::hub::{Change, Delivery};
 use onehop_engine::subscription::{Snapshot, Start, Target};
-use onehop_engine::{
-    Column, ColumnType, Durability, Engine, EngineOptions, Filter, NewRecord, Position, Precondition, TableDef, Write,
-};
+use onehop_engine::{ColumnType, Engine, EngineOptions, Filter, NewRecord, Position, Precondition, Write};
 use serde_json::{Value, json};
 
 fn object(value: Value) -> serde_json::Map<String, Value> {
@@ -26,17 +27,7 @@ async fn next(cursor: &mut onehop_engine::hub::Cursor) -> (Change, onehop_engine
 async fn a_table_snapshot_then_every_change_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open_in(dir.path(), EngineOptions::default()).unwrap();
-    let def = TableDef {
-        name: "orders".into(),
-        primary_key: "id".into(),
-        columns: vec![
-            Column { name: "id".into(), ty: ColumnType::Text, not_null: true },
-            Column { name: "customer".into(), ty: ColumnType::Integer, not_null: false },
-        ],
-        indexes: Vec::new(),
-        durability: Durability::Fsync,
-    };
-    let orders = engine.create_table(def).await.unwrap();
+    let orders = engine.create_table(table_def("orders", &[("customer", ColumnType::Integer)])).await.unwrap();
     for (id, customer) in [("o1", 42), ("o2", 7), ("o3", 42)] {
         orders.write(id, Write::Put(object(json!({ "customer": customer }))), Precondition::None, None).await.unwrap();
     }
