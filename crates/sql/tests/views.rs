@@ -256,3 +256,28 @@ async fn a_view_over_a_table_aggregates_its_current_rows_and_is_rebuilt_at_start
     run(&engine, "DROP VIEW by_status; DROP TABLE orders").await.unwrap();
     close(engine).await;
 }
+
+#[tokio::test]
+async fn a_record_published_after_create_view_returns_is_live_however_late_the_view_starts() {
+    // One runtime thread, kept busy while the records are published from another thread: the
+    // view's task cannot run before they are in the log. They came after CREATE VIEW returned,
+    // so they are live, and each has its change in the change stream (not replayed history).
+    let (_dir, engine) = fresh();
+    run(&engine, VIEW).await.unwrap();
+    let clicks = engine.stream("clicks").unwrap();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            for i in 0..5 {
+                let record = NewRecord::value(json!({ "page": "p0", "ms": i }).to_string());
+                runtime.block_on(clicks.publish(&[record], None)).unwrap();
+            }
+        });
+    });
+    let output = engine.view("per_page").unwrap().output().clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while output.end_offset(0).unwrap() < 5 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(output.end_offset(0).unwrap(), 5, "one change per click published after the view was created");
+}

@@ -198,11 +198,18 @@ impl View {
     }
 
     /// Starts the view's task from `positions` (inside the tokio runtime).
+    ///
+    /// What counts as history (replayed without its changes written again) is what the source
+    /// holds now, as this is called: a record published after `CREATE VIEW` returns, or after a
+    /// restart opened the view, is live however late the task gets to run, and its change is
+    /// written.
     pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<SystemTopic>, positions: Vec<u64>) {
         register_metrics(&self.def.name);
+        // A view over a table folds in the table's rows instead (`run_over_table`).
+        let catchup = self.table.is_none().then(|| Catchup::new("view", self.name(), &self.source, &positions));
         let view = self.clone();
         let task = tokio::spawn(async move {
-            if let Err(error) = view.run(hub, checkpoints, positions).await {
+            if let Err(error) = view.run(hub, checkpoints, positions, catchup).await {
                 tracing::error!(view = view.name(), %error, "the view stopped");
             }
         });
@@ -218,12 +225,18 @@ impl View {
         }
     }
 
-    async fn run(&self, hub: Arc<Hub>, checkpoints: Arc<SystemTopic>, positions: Vec<u64>) -> Result<(), EngineError> {
-        if let Some(table) = &self.table {
+    async fn run(
+        &self,
+        hub: Arc<Hub>,
+        checkpoints: Arc<SystemTopic>,
+        positions: Vec<u64>,
+        catchup: Option<Catchup>,
+    ) -> Result<(), EngineError> {
+        let (Some(mut catchup), None) = (catchup, &self.table) else {
+            let table = self.table.as_ref().expect("a view without a catch-up is over a table");
             return self.run_over_table(hub, table).await;
-        }
+        };
         let mut stop = self.stop.subscribe();
-        let mut catchup = Catchup::new("view", self.name(), &self.source, &positions);
         if catchup.done() {
             self.restoring.store(false, Ordering::Relaxed);
         }
