@@ -108,6 +108,22 @@ pub fn tables(summaries: &[Summary]) -> String {
                 );
             }
         }
+        // A peer's consumer that commits in batches: when each event's batch was committed.
+        for summary in rows.iter().filter(|summary| !summary.figures.commit.is_empty()) {
+            let commit = Percentiles::of(&summary.figures.commit);
+            let _ = writeln!(
+                text,
+                "\n{} at {:.0}/s, after its consumer committed the batch holding the event ({} events): p50 {} ms, \
+                 p95 {} ms, p99 {} ms, max {} ms. The table's latency is the consumer's receipt.",
+                summary.target,
+                summary.rate_hz,
+                commit.count,
+                ms(commit.p50_ns),
+                ms(commit.p95_ns),
+                ms(commit.p99_ns),
+                ms(commit.max_ns)
+            );
+        }
         // The harness's own time, measured per sample from the kernel's arrival stamps.
         for summary in rows.iter().filter(|summary| !summary.figures.harness.is_empty()) {
             let (own, latency) = (Percentiles::of(&summary.figures.harness), Percentiles::of(&summary.figures.latency));
