@@ -66,8 +66,9 @@ impl Workload {
                  window-close lag, point queries at 20/s over HTTP keep-alive"
             }
             Workload::W4 => {
-                "sustained ingestion over MQTT QoS 1, 256-byte payloads, publisher and consumer on \
-                 separate connections, confirmed writes (fsync)"
+                "sustained ingestion, 256-byte payloads, publisher and consumer on separate connections: \
+                 MQTT QoS 1 against onehop (fsync), mosquitto and NATS; a producer and a batching \
+                 consumer against Kafka (each target's durability in its row)"
             }
         }
     }
