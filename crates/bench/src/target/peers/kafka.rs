@@ -232,8 +232,8 @@ impl Target for KafkaTarget {
 
     fn durability(&self, _plan: &Plan) -> String {
         format!(
-            "acks=all: {} of {} replica(s) have it in memory (min ISR {}; no fsync per write)",
-            self.min_insync, self.replication, self.min_insync
+            "acks=all: every in-sync replica of {} has it in memory, at least {} (min ISR); no fsync per write",
+            self.replication, self.min_insync
         )
     }
 
