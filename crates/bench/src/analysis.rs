@@ -14,7 +14,8 @@ use crate::saturation::{Quarters, Saturation};
 /// One row of raw.csv.
 pub struct RawRow {
     /// `delivery` (an observer received an event), `fresh` (a view row first included the
-    /// event), `close` (a view window's closing row), `query` (a point query's answer).
+    /// event), `close` (a view window's closing row), `query` (a point query's answer),
+    /// `commit` (a peer's consumer committed the batch holding the event).
     pub kind: &'static str,
     /// The event's (or query's) sequence number; for `close`, the window's start (epoch ms).
     pub event_id: i64,
@@ -116,6 +117,9 @@ pub struct Figures {
     pub close_lag: Histogram<u64>,
     /// Views: intended send of a point query → its answer.
     pub query: Histogram<u64>,
+    /// A peer's batching consumer (W4 on Kafka): intended send → the batch holding the event
+    /// committed. Empty for targets whose observers have nothing to commit.
+    pub commit: Histogram<u64>,
     /// Events due in the measured window.
     pub producer_emitted: u64,
     pub producer_acked: u64,
@@ -156,6 +160,7 @@ impl Default for Figures {
             last_arrival: latency_histogram(),
             close_lag: latency_histogram(),
             query: latency_histogram(),
+            commit: latency_histogram(),
             producer_emitted: 0,
             producer_acked: 0,
             observer_seen: 0,
@@ -198,6 +203,7 @@ impl Figures {
         merge(&mut self.last_arrival, &other.last_arrival);
         merge(&mut self.close_lag, &other.close_lag);
         merge(&mut self.query, &other.query);
+        merge(&mut self.commit, &other.commit);
         self.producer_emitted += other.producer_emitted;
         self.producer_acked += other.producer_acked;
         self.observer_seen += other.observer_seen;
@@ -278,7 +284,16 @@ pub fn analyze(plan: &Plan, recorder: &Recorder, rows: &mut dyn FnMut(RawRow)) -
         Plan::Ingest(ingest) => {
             let all: Vec<u32> = (0..ingest.subscribers).collect();
             let observers_of = |_: u64| all.clone();
-            deliveries(recorder, measured, &observers_of, &|_| String::new(), &mut figures, &mut quarters, rows);
+            deliveries(
+                recorder,
+                measured.clone(),
+                &observers_of,
+                &|_| String::new(),
+                &mut figures,
+                &mut quarters,
+                rows,
+            );
+            commits(recorder, measured, &mut figures, rows);
         }
         Plan::View(view) => freshness(view, recorder, measured, &mut figures, &mut quarters, rows),
     }
@@ -368,6 +383,29 @@ fn deliveries(
         for observer in owed {
             rows(row(Some(observer), got.iter().find(|delivery| delivery.observer == observer)));
         }
+    }
+}
+
+/// A consumer's commits: one `commit` row and latency sample per measured event committed.
+fn commits(recorder: &Recorder, measured: std::ops::Range<u64>, figures: &mut Figures, rows: &mut dyn FnMut(RawRow)) {
+    let events = &recorder.events;
+    let mut committed = recorder.take_commits();
+    committed.sort_unstable_by_key(|commit| (commit.seq, commit.received_ns));
+    committed.dedup_by_key(|commit| commit.seq);
+    for commit in committed.iter().filter(|commit| measured.contains(&commit.seq)) {
+        let intended_ns = events.intended_ns(commit.seq);
+        record(&mut figures.commit, commit.received_ns.saturating_sub(intended_ns));
+        rows(RawRow {
+            kind: "commit",
+            event_id: commit.seq as i64,
+            observer_id: Some(commit.observer),
+            key: String::new(),
+            intended_ns,
+            sent_ns: events.sent_at(commit.seq),
+            ack_ns: events.answered_at(commit.seq),
+            received_ns: Some(commit.received_ns),
+            arrived_ns: Some(commit.arrived_ns).filter(|ns| *ns > 0),
+        });
     }
 }
 

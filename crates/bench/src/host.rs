@@ -89,13 +89,18 @@ fn own_cpu_ns() -> u64 {
 }
 
 impl HostUsage {
-    /// Reads the counters now; `wall_ns` on the run's clock, `target_pid` a server the harness
-    /// started.
-    pub fn take(wall_ns: u64, target_pid: Option<u32>) -> HostUsage {
+    /// Reads the counters now; `wall_ns` on the run's clock, `target_pids` the processes of a
+    /// target the harness started (a server, or a peer's brokers), their CPU summed.
+    pub fn take(wall_ns: u64, target_pids: &[u32]) -> HostUsage {
+        let target_cpu_ns = if target_pids.is_empty() {
+            None
+        } else {
+            target_pids.iter().map(|pid| process_cpu_ns(*pid)).sum::<Option<u64>>()
+        };
         HostUsage {
             wall_ns,
             harness_cpu_ns: own_cpu_ns(),
-            target_cpu_ns: target_pid.and_then(process_cpu_ns),
+            target_cpu_ns,
             cpu_some_us: psi("cpu", "some"),
             io_some_us: psi("io", "some"),
             io_full_us: psi("io", "full"),
@@ -238,14 +243,14 @@ mod tests {
 
     #[test]
     fn this_process_and_machine_can_be_read() {
-        let before = HostUsage::take(0, Some(std::process::id()));
+        let before = HostUsage::take(0, &[std::process::id()]);
         // Some CPU for the counters to see.
         let mut x = 0u64;
         for i in 0..20_000_000u64 {
             x = x.wrapping_add(i * i);
         }
         assert!(x > 0);
-        let after = HostUsage::take(1_000_000_000, Some(std::process::id()));
+        let after = HostUsage::take(1_000_000_000, &[std::process::id()]);
         let usage = after.since(&before).summary();
         assert!(usage.harness_cores > 0.0, "{usage:?}");
         assert!(usage.target_cores.is_some(), "{usage:?}");

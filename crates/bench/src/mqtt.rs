@@ -184,6 +184,8 @@ pub fn run(options: &MqttBenchOptions, runtime: &tokio::runtime::Handle) -> anyh
         mqtt_address: options.address.clone(),
         exe: options.exe.clone(),
         dir: options.dir.clone(),
+        kafka_brokers: 3,
+        logs: None,
     })?;
     // Idle clients: connected, then silent for the whole run.
     let mut idle = Vec::with_capacity(options.idle_clients);

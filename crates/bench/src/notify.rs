@@ -102,6 +102,8 @@ pub fn run(options: &NotifyOptions, runtime: &tokio::runtime::Handle) -> anyhow:
         mqtt_address: None,
         exe: options.exe.clone(),
         dir: options.dir.clone(),
+        kafka_brokers: 3,
+        logs: None,
     })?;
     let plan = Plan::Fanout(Fanout {
         routing: Routing::Subjects { subscribers: options.subscribers as u32, subjects: options.subjects as u32 },

@@ -242,6 +242,8 @@ pub struct Recorder {
     /// Point queries (W3), on their own schedule.
     pub queries: Option<Track>,
     deliveries: Mutex<Vec<Delivery>>,
+    /// When a consumer had committed each event (a peer's batching consumer, W4 on Kafka).
+    commits: Mutex<Vec<Delivery>>,
     observations: Mutex<Vec<Observation>>,
     /// Receipts so far (deliveries or view rows), for progress and the drain.
     delivered: AtomicU64,
@@ -260,6 +262,7 @@ impl Recorder {
             events: Track::new(clock, events),
             queries: queries.map(|schedule| Track::new(clock, schedule)),
             deliveries: Mutex::new(Vec::new()),
+            commits: Mutex::new(Vec::new()),
             observations: Mutex::new(Vec::new()),
             delivered: AtomicU64::new(0),
             finals: AtomicU64::new(0),
@@ -301,6 +304,13 @@ impl Recorder {
         all.extend(deliveries);
     }
 
+    /// A consumer's commits, handed over when it stops.
+    pub fn add_commits(&self, commits: Receipts<Delivery>) {
+        let mut all = self.commits.lock().expect("commits");
+        all.reserve(commits.len());
+        all.extend(commits);
+    }
+
     pub fn add_observations(&self, observations: Receipts<Observation>) {
         let mut all = self.observations.lock().expect("observations");
         all.reserve(observations.len());
@@ -335,6 +345,10 @@ impl Recorder {
 
     pub fn take_deliveries(&self) -> Vec<Delivery> {
         std::mem::take(&mut self.deliveries.lock().expect("deliveries"))
+    }
+
+    pub fn take_commits(&self) -> Vec<Delivery> {
+        std::mem::take(&mut self.commits.lock().expect("commits"))
     }
 
     pub fn take_observations(&self) -> Vec<Observation> {

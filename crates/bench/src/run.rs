@@ -39,7 +39,8 @@ pub struct RunData {
     pub recorder: Arc<Recorder>,
     pub started_at: SystemTime,
     pub ended_at: SystemTime,
-    /// Resident memory of the server at the end of the run, when the target started it.
+    /// Resident memory of the server at the end of the run, when the target started it (a peer's
+    /// processes summed).
     pub server_rss_mb: Option<f64>,
     /// The target's fdatasyncs from just before the schedule started to the end of the drain
     /// (warm-up included), when it exposes them.
@@ -73,10 +74,11 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let recorder = Arc::new(Recorder::new(clock, spec.schedule, queries));
     let Session { mut producer, querier, observers } = target.open(plan, &recorder, runtime)?;
     let fsyncs_before = target.fsyncs(runtime);
-    let host_before = crate::host::HostUsage::take(clock.now_ns(), target.server_pid());
+    let target_pids = target.process_ids();
+    let host_before = crate::host::HostUsage::take(clock.now_ns(), &target_pids);
     let start_ns = clock.now_ns() + START_LEAD.as_nanos() as u64;
     recorder.start_at(start_ns);
-    let sampler = crate::timeline::HostSampler::start(clock, start_ns, target.server_pid())?;
+    let sampler = crate::timeline::HostSampler::start(clock, start_ns, target_pids.clone())?;
     let progress = RunProgress::start(spec.progress, spec.label.clone(), recorder.clone());
     let pauser = match (spec.pauses, target.server_pid()) {
         (Some(pauses), Some(pid)) => {
@@ -132,9 +134,10 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         std::thread::sleep(Duration::from_millis(10));
     }
     wait_for_receipts(plan, &recorder);
-    let server_rss_mb = target.server_pid().and_then(rss_mb);
+    let server_rss_mb =
+        target_pids.iter().map(|pid| rss_mb(*pid)).sum::<Option<f64>>().filter(|_| !target_pids.is_empty());
     let target_fsyncs = fsyncs_before.and_then(|before| Some(target.fsyncs(runtime)?.since(&before)));
-    let host = crate::host::HostUsage::take(clock.now_ns(), target.server_pid()).since(&host_before);
+    let host = crate::host::HostUsage::take(clock.now_ns(), &target_pids).since(&host_before);
     let host_samples = sampler.finish();
     let ended_at = clock.system_time_at(clock.now_ns());
     observers.stop(runtime).context("stopping the observers")?;

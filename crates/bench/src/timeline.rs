@@ -32,7 +32,7 @@ pub struct HostSampler {
 
 impl HostSampler {
     /// Samples at `first_ns`, `first_ns` + one slice, … on `clock`.
-    pub fn start(clock: Clock, first_ns: u64, target_pid: Option<u32>) -> anyhow::Result<HostSampler> {
+    pub fn start(clock: Clock, first_ns: u64, target_pids: Vec<u32>) -> anyhow::Result<HostSampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let thread = std::thread::Builder::new().name("bench-host".into()).spawn(move || {
@@ -41,7 +41,7 @@ impl HostSampler {
             loop {
                 let now_ns = clock.now_ns();
                 if stopped.load(Ordering::Relaxed) {
-                    samples.push(HostUsage::take(now_ns, target_pid));
+                    samples.push(HostUsage::take(now_ns, &target_pids));
                     return samples;
                 }
                 if now_ns < due_ns {
@@ -49,7 +49,7 @@ impl HostSampler {
                     std::thread::park_timeout(Duration::from_nanos(due_ns - now_ns));
                     continue;
                 }
-                samples.push(HostUsage::take(now_ns, target_pid));
+                samples.push(HostUsage::take(now_ns, &target_pids));
                 due_ns += SLICE_NS;
             }
         })?;
@@ -314,7 +314,7 @@ mod tests {
     #[test]
     fn the_machine_is_sampled_once_per_slice_until_finished() {
         let clock = Clock::start();
-        let sampler = HostSampler::start(clock, clock.now_ns(), None).unwrap();
+        let sampler = HostSampler::start(clock, clock.now_ns(), Vec::new()).unwrap();
         std::thread::sleep(Duration::from_millis(350));
         let elapsed_ns = clock.now_ns();
         let samples = sampler.finish();

@@ -66,8 +66,9 @@ impl Workload {
                  window-close lag, point queries at 20/s over HTTP keep-alive"
             }
             Workload::W4 => {
-                "sustained ingestion over MQTT QoS 1, 256-byte payloads, publisher and consumer on \
-                 separate connections, confirmed writes (fsync)"
+                "sustained ingestion, 256-byte payloads, publisher and consumer on separate connections: \
+                 MQTT QoS 1 against onehop (fsync), mosquitto and NATS; a producer and a batching \
+                 consumer against Kafka (each target's durability in its row)"
             }
         }
     }
@@ -270,6 +271,22 @@ impl BenchOptions {
             if self.target_options.url.is_some() && self.targets.iter().any(|name| name == "onehop") {
                 bail!("--pause-ms stops the onehop server the harness starts: it cannot be used with --url");
             }
+            if let Some(peer) = self.targets.iter().find(|name| !["onehop", "echo"].contains(&name.as_str())) {
+                bail!("--pause-ms stops a onehop server; it does not apply to the peer {peer}");
+            }
+        }
+        if self.target_options.kafka_brokers != 1 && self.target_options.kafka_brokers != 3 {
+            bail!("--kafka-brokers must be 1 or 3 (replication 1, or the study's 3 with min ISR 2)");
+        }
+        let plans: Vec<Plan> = self.workloads.iter().map(|workload| workload.plan(self.seed, self.view_keys)).collect();
+        for name in &self.targets {
+            if !plans.iter().any(|plan| target::serves(name, plan)) {
+                let ids: Vec<&str> = self.workloads.iter().map(|workload| workload.id()).collect();
+                bail!(
+                    "target {name} runs none of {}: the brokers (kafka, mosquitto, nats, nats-sync) run W4",
+                    ids.join(", ")
+                );
+            }
         }
         Ok(())
     }
@@ -293,8 +310,18 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
         let warmup = options.warmup.unwrap_or(Duration::from_secs_f64(warmup_s));
         let plan = workload.plan(options.seed, options.view_keys);
         for name in &options.targets {
-            let target = target::start(name, &options.target_options, &plan)
+            if !target::serves(name, &plan) {
+                eprintln!("{}: {name} does not run this workload; skipped", workload.id());
+                continue;
+            }
+            // A peer's logs stay with the workload's runs.
+            let target_options = TargetOptions {
+                logs: options.out.as_ref().map(|out| out.join(workload.id()).join("peer-logs")),
+                ..options.target_options.clone()
+            };
+            let target = target::start(name, &target_options, &plan)
                 .with_context(|| format!("{}: starting target {name}", workload.id()))?;
+            let target_settings = target.settings();
             for rate_hz in options.rates(workload) {
                 let limits = limits_for(&plan, rate_hz);
                 let spec = RunSpec {
@@ -352,6 +379,7 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                             schedule: &spec.schedule,
                             durability: &summary.durability,
                             knobs: run_knobs(&plan, &limits, rate_hz),
+                            target_settings: &target_settings,
                             figures: &figures,
                             started_at: data.started_at,
                             ended_at: data.ended_at,

@@ -72,7 +72,14 @@ fn bench_workloads(workloads: Vec<Workload>, args: BenchWorkloadArgs) -> anyhow:
     let options = BenchOptions {
         workloads,
         targets: args.target,
-        target_options: TargetOptions { url: args.url, mqtt_address: args.mqtt_address, exe: exe()?, dir: args.dir },
+        target_options: TargetOptions {
+            url: args.url,
+            mqtt_address: args.mqtt_address,
+            exe: exe()?,
+            dir: args.dir,
+            kafka_brokers: args.kafka_brokers,
+            logs: None,
+        },
         rate_hz: args.rate,
         sweep: args.sweep,
         duration: args.duration.map(|value| seconds("--duration", value, false)).transpose()?,
@@ -112,7 +119,14 @@ fn bench_view(args: BenchViewArgs) -> anyhow::Result<()> {
     let options = BenchOptions {
         workloads: vec![Workload::W3],
         targets: vec!["onehop".into()],
-        target_options: TargetOptions { url: args.url, mqtt_address: None, exe: exe()?, dir: args.dir },
+        target_options: TargetOptions {
+            url: args.url,
+            mqtt_address: None,
+            exe: exe()?,
+            dir: args.dir,
+            kafka_brokers: 3,
+            logs: None,
+        },
         rate_hz: Some(args.rate),
         sweep: Vec::new(),
         duration: Some(seconds("--duration", args.duration, false)?),

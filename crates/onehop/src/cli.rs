@@ -213,8 +213,12 @@ pub enum BenchCommand {
 #[derive(Args, Debug)]
 pub struct BenchWorkloadArgs {
     /// Targets to run the workload against, one after another, reported side by side:
-    /// `onehop`, and `echo` (a loopback server in the harness that answers and delivers at once:
-    /// the harness's own latency floor).
+    /// `onehop`; `echo` (a loopback server in the harness that answers and delivers at once:
+    /// the harness's own latency floor); and the conventional stacks, installed by
+    /// `scripts/peers install`: `kafka` (W4: 3 KRaft brokers, RF 3, franz-go producer and
+    /// batching consumer), `mosquitto` (W4: QoS 1, no persistence), `nats` and `nats-sync` (W4:
+    /// JetStream file storage through its MQTT listener, fsync every 2 min or every write).
+    /// A target that does not run a workload is skipped for it.
     #[arg(long, value_delimiter = ',', default_value = "onehop", value_name = "TARGET,…")]
     pub target: Vec<String>,
 
@@ -259,6 +263,11 @@ pub struct BenchWorkloadArgs {
     /// Seed of every random choice (keys per event, tags per subscriber, view keys).
     #[arg(long, default_value_t = onehop_bench::workload::SEED_DEFAULT)]
     pub seed: u64,
+
+    /// Brokers of the `kafka` target: 3 (replication 3, min ISR 2, as the study) or 1
+    /// (replication 1: a quick check).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub kafka_brokers: u32,
 
     /// Stall the started onehop server on purpose: stop it (SIGSTOP) for this many
     /// milliseconds every --pause-every seconds of the measured window, to see it catch up.

@@ -550,7 +550,8 @@ fn bad_flags_are_refused_with_the_reason() {
         assert!(!output.status.success(), "{args:?} ran");
         String::from_utf8_lossy(&output.stderr).to_string()
     };
-    assert!(refusal(&["w1", "--target", "kafka"]).contains("unknown target \"kafka\""));
+    assert!(refusal(&["w1", "--target", "rabbitmq"]).contains("unknown target \"rabbitmq\""));
+    assert!(refusal(&["w1", "--target", "kafka"]).contains("kafka runs none of W1"));
     assert!(refusal(&["w1", "--runs", "0"]).contains("--runs must be at least 1"));
     assert!(refusal(&["w2", "--duration=-1"]).contains("--duration must be a positive number"));
     assert!(refusal(&["w2", "--rate", "0"]).contains("rates must be positive"));

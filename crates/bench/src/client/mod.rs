@@ -30,7 +30,7 @@ pub struct Endpoints {
 }
 
 /// A name no earlier run used, so runs against one server never see each other's data.
-fn unique_name(prefix: &str) -> String {
+pub fn unique_name(prefix: &str) -> String {
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_nanos());
     format!("{prefix}_{}_{nonce}", std::process::id())
 }

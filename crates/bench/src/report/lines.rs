@@ -43,6 +43,11 @@ pub struct JsonLine<'a> {
     pub query_p99_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub close_lag_p99_ns: Option<u64>,
+    /// A peer's batching consumer: intended send → the batch holding the event committed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit_p50_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit_p99_ns: Option<u64>,
 }
 
 pub fn json_line(summary: &Summary) -> String {
@@ -79,6 +84,8 @@ pub fn json_line(summary: &Summary) -> String {
         query_p50_ns: view.then_some(query.p50_ns),
         query_p99_ns: view.then_some(query.p99_ns),
         close_lag_p99_ns: view.then(|| Percentiles::of(&figures.close_lag).p99_ns),
+        commit_p50_ns: (!figures.commit.is_empty()).then(|| Percentiles::of(&figures.commit).p50_ns),
+        commit_p99_ns: (!figures.commit.is_empty()).then(|| Percentiles::of(&figures.commit).p99_ns),
     };
     serde_json::to_string(&line).expect("the line serializes")
 }

@@ -57,6 +57,8 @@ pub struct RunMeta<'a> {
     pub schedule: &'a Schedule,
     pub durability: &'a str,
     pub knobs: serde_json::Value,
+    /// Everything the target reports of its own setup (versions, durability, batching…).
+    pub target_settings: &'a serde_json::Value,
     pub figures: &'a Figures,
     pub started_at: SystemTime,
     pub ended_at: SystemTime,
@@ -117,6 +119,7 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         "started_at": rfc3339(meta.started_at),
         "ended_at": rfc3339(meta.ended_at),
     });
+    value["target_settings"] = meta.target_settings.clone();
     value["observer_resumes"] = figures.observer_resumes.into();
     value["saturation"] = json!(figures.saturation.first());
     value["saturation_measures"] = "whether the run kept up with its rate: saturated when the median latency of the \
@@ -158,6 +161,17 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         intended send → the first of them reaching its observer's socket, and → the last; null when no event \
         had several observers"
         .into();
+    if !figures.commit.is_empty() {
+        let commit = Percentiles::of(&figures.commit);
+        value["commit_p50_ns"] = commit.p50_ns.into();
+        value["commit_p95_ns"] = commit.p95_ns.into();
+        value["commit_p99_ns"] = commit.p99_ns.into();
+        value["commit_max_ns"] = commit.max_ns.into();
+        value["commit_count"] = commit.count.into();
+        value["commit_measures"] = "intended send of an event → the harness learns that the consumer committed the \
+            batch holding it (a peer's batching consumer)"
+            .into();
+    }
     if meta.workload == Workload::W3 {
         let close = Percentiles::of(&figures.close_lag);
         let query = Percentiles::of(&figures.query);

@@ -29,16 +29,16 @@ pub fn tables(summaries: &[Summary]) -> String {
         );
         let _ = writeln!(
             text,
-            "| target | rate /s | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms | write ack p50 ms | send lag p50 / p99 ms | delivered | errors | durability |"
+            "| target | rate /s | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms | p50 / p99 ÷ onehop's | write ack p50 ms | send lag p50 / p99 ms | delivered | errors | durability |"
         );
-        let _ = writeln!(text, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(text, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for summary in &rows {
             let latency = Percentiles::of(&summary.figures.latency);
             let ack = Percentiles::of(&summary.figures.ack);
             let lag = Percentiles::of(&summary.figures.send_lag);
             let _ = writeln!(
                 text,
-                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} / {} | {:.2} % ({} of {}) | {} | {} |",
+                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {:.2} % ({} of {}) | {} | {} |",
                 summary.target,
                 summary.rate_hz,
                 ms(latency.p50_ns),
@@ -46,6 +46,7 @@ pub fn tables(summaries: &[Summary]) -> String {
                 ms(latency.p99_ns),
                 ms(latency.p999_ns),
                 ms(latency.max_ns),
+                ratio_to_onehop(summary, &rows),
                 ms(ack.p50_ns),
                 ms(lag.p50_ns),
                 ms(lag.p99_ns),
@@ -107,6 +108,22 @@ pub fn tables(summaries: &[Summary]) -> String {
                     query.count
                 );
             }
+        }
+        // A peer's consumer that commits in batches: when each event's batch was committed.
+        for summary in rows.iter().filter(|summary| !summary.figures.commit.is_empty()) {
+            let commit = Percentiles::of(&summary.figures.commit);
+            let _ = writeln!(
+                text,
+                "\n{} at {:.0}/s, after its consumer committed the batch holding the event ({} events): p50 {} ms, \
+                 p95 {} ms, p99 {} ms, max {} ms. The table's latency is the consumer's receipt.",
+                summary.target,
+                summary.rate_hz,
+                commit.count,
+                ms(commit.p50_ns),
+                ms(commit.p95_ns),
+                ms(commit.p99_ns),
+                ms(commit.max_ns)
+            );
         }
         // The harness's own time, measured per sample from the kernel's arrival stamps.
         for summary in rows.iter().filter(|summary| !summary.figures.harness.is_empty()) {
@@ -240,6 +257,22 @@ pub fn tables(summaries: &[Summary]) -> String {
         text.push('\n');
     }
     text
+}
+
+/// A target's p50 and p99 over onehop's at the same rate, in this invocation (`–` for onehop
+/// itself, or without a onehop row to compare with): how many times slower the target is.
+fn ratio_to_onehop(summary: &Summary, rows: &[&Summary]) -> String {
+    let onehop = rows.iter().find(|row| row.target == "onehop" && row.rate_hz == summary.rate_hz);
+    let (Some(onehop), false) = (onehop, summary.target == "onehop") else { return "–".into() };
+    let (mine, theirs) = (Percentiles::of(&summary.figures.latency), Percentiles::of(&onehop.figures.latency));
+    if theirs.p50_ns == 0 || theirs.p99_ns == 0 || mine.count == 0 {
+        return "–".into();
+    }
+    let times = |a: u64, b: u64| {
+        let ratio = a as f64 / b as f64;
+        if ratio >= 10.0 { format!("{ratio:.0}×") } else { format!("{ratio:.2}×") }
+    };
+    format!("{} / {}", times(mine.p50_ns, theirs.p50_ns), times(mine.p99_ns, theirs.p99_ns))
 }
 
 /// Whether every run at this target and rate kept up: nothing saturated, lost or failed.

@@ -12,9 +12,12 @@
 //! - `echo`: a loopback server inside the harness that speaks the same protocols and answers and
 //!   delivers at once, with no disk and no real routing: driven by the same client code, it
 //!   measures the harness's own latency floor.
+//! - `peers`: the conventional stacks the studies measured (`kafka`, `mosquitto`, `nats`,
+//!   `nats-sync`), installed by `scripts/peers install` and started as processes of their own.
 
 pub mod echo;
 pub mod onehop;
+pub mod peers;
 
 use std::any::Any;
 use std::path::PathBuf;
@@ -39,9 +42,22 @@ pub trait Target {
     /// `recorder`. The schedule starts once this returns.
     fn open(&self, plan: &Plan, recorder: &Arc<Recorder>, runtime: &Handle) -> anyhow::Result<Session>;
 
-    /// The server process this target started, if any (its memory is reported).
+    /// The server process this target started, if any (its memory is reported, and
+    /// `--pause-ms` stops it).
     fn server_pid(&self) -> Option<u32> {
         None
+    }
+
+    /// Every process this target started and runs on (a peer's brokers): their CPU and memory
+    /// are reported as the target's.
+    fn process_ids(&self) -> Vec<u32> {
+        self.server_pid().into_iter().collect()
+    }
+
+    /// Every setting of the target that a reader needs to judge its figures (versions,
+    /// durability, batching, heap…), recorded in meta.json as `target_settings`.
+    fn settings(&self) -> serde_json::Value {
+        serde_json::Value::Null
     }
 
     /// The target's fdatasync histogram so far, if it exposes one: read before and after each
@@ -137,16 +153,36 @@ pub struct TargetOptions {
     pub exe: PathBuf,
     /// Where a started server keeps its data: the disk being measured.
     pub dir: PathBuf,
+    /// Brokers of the `kafka` target's cluster: 3 (replication 3, min ISR 2, as the study) or
+    /// 1 (replication 1: the CI smoke).
+    pub kafka_brokers: u32,
+    /// Where peers' processes write their logs, kept with the run; `None`: in their temporary
+    /// data directory.
+    pub logs: Option<PathBuf>,
 }
 
 /// The targets this harness knows, by name.
-pub const TARGET_NAMES: [&str; 2] = ["onehop", "echo"];
+pub const TARGET_NAMES: [&str; 6] = ["onehop", "echo", "kafka", "mosquitto", "nats", "nats-sync"];
+
+/// Whether target `name` runs the workload of `plan`: onehop and the echo run every workload;
+/// the brokers run W4 (ingestion) only.
+pub fn serves(name: &str, plan: &Plan) -> bool {
+    match name {
+        "onehop" | "echo" => true,
+        _ => matches!(plan, Plan::Ingest(_)),
+    }
+}
 
 /// Starts (or connects to) the target called `name`, for runs of `plan`.
 pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result<Box<dyn Target>> {
+    use peers::mqtt_broker::{Broker, BrokerTarget};
     match name {
         "onehop" => Ok(Box::new(onehop::OnehopTarget::start(options)?)),
         "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
+        "kafka" => Ok(Box::new(peers::kafka::KafkaTarget::start(options)?)),
+        "mosquitto" => Ok(Box::new(BrokerTarget::start(Broker::Mosquitto, options)?)),
+        "nats" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: false }, options)?)),
+        "nats-sync" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: true }, options)?)),
         other => bail!("unknown target {other:?}: the targets are {}", TARGET_NAMES.join(", ")),
     }
 }

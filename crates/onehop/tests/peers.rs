@@ -1,0 +1,195 @@
+//! The conventional stack in the harness, kept honest: a short W4 against one Kafka broker
+//! (replication 1) and against mosquitto, beside onehop, in one invocation. Every event must
+//! reach the consumer, the output must be well formed (raw.csv, meta.json with every peer
+//! setting, summary.md with the ratio to onehop, JSON lines naming their target), the peers'
+//! logs must be kept with the run, and no process the harness started may outlive it.
+//!
+//! The peers come from `scripts/peers install kafka mosquitto` (scripts/test runs it); without
+//! them this test fails and says so. No figure is checked against a threshold.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Where `scripts/peers` installed the peers (the harness looks in the same place).
+fn peers_dir() -> Option<std::ffi::OsString> {
+    std::env::var_os("ONEHOP_PEERS_DIR")
+}
+
+/// Processes whose command line mentions `needle` (a run's data directory): what the harness
+/// started there and failed to stop.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(needle) {
+            found.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+fn runs(results: &Path) -> Vec<PathBuf> {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(results.join("W4"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.join("meta.json").exists())
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// Checks one run's meta.json and raw.csv; returns the meta.
+fn check_run(run: &Path) -> Value {
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    let stack = meta["stack"].as_str().unwrap().to_string();
+    assert_eq!(meta["workload_id"], "W4");
+    assert_eq!(meta["errors"], 0, "{meta}");
+    assert!(meta["producer_emitted"].as_u64().unwrap() > 0, "{meta}");
+    assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
+    assert_eq!(meta["delivered_pct"], 100.0, "{meta}");
+    assert!(meta["durability"].as_str().is_some_and(|text| !text.is_empty()), "{meta}");
+    let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
+    let mut lines = raw.lines();
+    assert_eq!(lines.next(), Some("kind,event_id,observer_id,key,intended_ns,sent_ns,ack_ns,received_ns,arrived_ns"));
+    let rows: Vec<Vec<&str>> = lines.map(|line| line.split(',').collect()).collect();
+    let count = |kind: &str| rows.iter().filter(|row| row[0] == kind).count() as u64;
+    assert_eq!(count("delivery"), meta["producer_emitted"].as_u64().unwrap(), "{stack}");
+    for row in &rows {
+        assert_eq!(row.len(), 9, "{row:?}");
+        let (intended, sent, ack, received): (u64, u64, u64, u64) =
+            (row[4].parse().unwrap(), row[5].parse().unwrap(), row[6].parse().unwrap(), row[7].parse().unwrap());
+        assert!(intended <= sent && sent <= ack && intended <= received, "{stack}: {row:?}");
+        // Every receipt, the glue's reports included, carries the kernel's arrival stamp.
+        let arrived: u64 = row[8].parse().unwrap_or_else(|_| panic!("{stack}: no arrival stamp in {row:?}"));
+        assert!(0 < arrived && arrived <= received, "{stack}: {row:?}");
+    }
+    let settings = &meta["target_settings"];
+    match stack.as_str() {
+        "kafka" => {
+            // Receipt and commit, both: every event's batch was committed after it was received.
+            assert_eq!(count("commit"), count("delivery"), "{meta}");
+            assert!(meta["commit_p50_ns"].as_u64().unwrap() >= meta["latency_p50_ns"].as_u64().unwrap(), "{meta}");
+            assert_eq!(settings["brokers"], 1, "{settings}");
+            assert_eq!(settings["replication_factor"], 1, "{settings}");
+            assert_eq!(settings["partitions"], 12, "{settings}");
+            assert_eq!(settings["producer"]["acks"], "all", "{settings}");
+            assert_eq!(settings["producer"]["compression"], "lz4", "{settings}");
+            assert_eq!(settings["producer"]["linger_ms"], 5.0, "{settings}");
+            assert_eq!(settings["consumer"]["batch_records_max"], 256, "{settings}");
+            assert!(settings["version"].as_str().unwrap().starts_with("4."), "{settings}");
+            assert!(settings["producer"]["client"].as_str().unwrap().contains("franz-go"), "{settings}");
+            assert!(settings["server_properties_node_1"].as_str().unwrap().contains("process.roles=broker,controller"));
+            assert_eq!(meta["target_fsyncs"], Value::Null, "{meta}");
+            assert!(meta["host_usage"]["target_cores"].as_f64().unwrap() > 0.0, "{meta}");
+        }
+        "mosquitto" => {
+            assert_eq!(count("commit"), 0, "{meta}");
+            assert_eq!(settings["persistence"], false, "{settings}");
+            assert!(settings["version"].as_str().unwrap().contains("mosquitto"), "{settings}");
+            assert!(settings["config"].as_str().unwrap().contains("127.0.0.1"), "{settings}");
+        }
+        "onehop" => assert_eq!(settings, &Value::Null, "{meta}"),
+        other => panic!("unexpected target {other}"),
+    }
+    meta
+}
+
+#[test]
+fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let mut command = common::onehop();
+    command
+        .args(["bench", "w4", "--target", "onehop,kafka,mosquitto", "--kafka-brokers", "1"])
+        .args(["--duration", "3", "--warmup", "1", "--json", "--no-progress", "--out"])
+        .arg(&results)
+        .arg("--dir")
+        .arg(dir.path());
+    if let Some(peers) = peers_dir() {
+        command.env("ONEHOP_PEERS_DIR", peers);
+    }
+    let output = command.output().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned());
+    assert!(
+        output.status.success(),
+        "the smoke failed (are the peers installed? `scripts/peers install kafka mosquitto`)\n{stdout}\n{stderr}"
+    );
+
+    // One JSON line per target, each naming it: a script computes ratios from these.
+    let lines: Vec<Value> =
+        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
+    let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
+    assert_eq!(targets, ["onehop", "kafka", "mosquitto"], "{stdout}");
+    for line in &lines {
+        assert_eq!(line["workload"], "W4", "{line}");
+        assert_eq!(line["delivered_pct"], 100.0, "{line}");
+        assert_eq!(line["errors"], 0, "{line}");
+        assert!(line["p50_ns"].as_u64().unwrap() > 0 && line["p99_ns"].as_u64() >= line["p50_ns"].as_u64(), "{line}");
+    }
+    assert!(lines[1]["commit_p50_ns"].as_u64().is_some(), "{}", lines[1]);
+
+    let runs = runs(&results);
+    let stacks: Vec<String> = runs.iter().map(|run| check_run(run)["stack"].as_str().unwrap().to_string()).collect();
+    let mut sorted = stacks.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["kafka", "mosquitto", "onehop"], "{runs:?}");
+
+    // summary.md: the targets side by side with the ratio to onehop's p50 / p99.
+    let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+    assert!(summary.contains("p50 / p99 ÷ onehop's"), "{summary}");
+    for target in ["kafka", "mosquitto"] {
+        let row = summary.lines().find(|line| line.starts_with(&format!("| {target} |"))).unwrap();
+        let ratio = row.split('|').nth(8).unwrap().trim();
+        assert!(ratio.contains('×') && ratio.contains(" / "), "{row}");
+    }
+    assert!(summary.contains("after its consumer committed the batch"), "{summary}");
+    assert!(std::fs::read_to_string(results.join("W4-cdf.svg")).unwrap().contains("mosquitto"));
+
+    // The peers' logs are kept with the workload's runs.
+    let logs = results.join("W4").join("peer-logs");
+    let broker_log = std::fs::read_to_string(logs.join("kafka").join("broker-1.log")).unwrap();
+    assert!(broker_log.contains("Kafka Server started"), "{broker_log}");
+    assert!(
+        std::fs::read_dir(logs.join("kafka"))
+            .unwrap()
+            .flatten()
+            .any(|entry| { entry.file_name().to_string_lossy().starts_with("glue-") })
+    );
+    assert!(logs.join("mosquitto").join("mosquitto.log").exists());
+
+    // Nothing the harness started is still running, and its data directories are gone.
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+    let data_left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("onehop-peer-"))
+        .collect();
+    assert!(data_left.is_empty(), "{data_left:?}");
+}
+
+#[test]
+fn a_target_that_does_not_run_the_workload_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::onehop()
+        .args(["bench", "w1", "--target", "mosquitto", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("mosquitto runs none of W1"), "{stderr}");
+    let output = common::onehop()
+        .args(["bench", "w4", "--target", "kafka", "--kafka-brokers", "2", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--kafka-brokers must be 1 or 3"));
+}
