@@ -19,8 +19,13 @@ use super::AppState;
 use super::error::ApiError;
 use crate::mqtt::Broker;
 
-/// Bytes buffered between the WebSocket and the broker, each way.
+/// Bytes buffered between the WebSocket and the broker, each way: a few packets in flight
+/// without letting one connection buffer much.
 const PIPE_BYTES: usize = 64 * 1024;
+/// The WebSocket's read buffer: MQTT packets are mostly small.
+const READ_BUFFER_BYTES: usize = 4 * 1024;
+/// What one WebSocket message to the client carries at most of the broker's bytes.
+const MESSAGE_BYTES_MAX: usize = 16 * 1024;
 
 pub async fn upgrade(
     State(state): State<AppState>,
@@ -42,7 +47,7 @@ pub async fn upgrade(
     let max_message = usize::try_from(broker.max_packet_bytes()).unwrap_or(usize::MAX);
     Ok(upgrade
         .protocols(["mqtt"])
-        .read_buffer_size(4 * 1024)
+        .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(0)
         .max_message_size(max_message)
         .max_frame_size(max_message)
@@ -72,7 +77,7 @@ async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
         let _ = to_broker.shutdown().await;
     };
     let outbound = async move {
-        let mut chunk = vec![0u8; 16 * 1024];
+        let mut chunk = vec![0u8; MESSAGE_BYTES_MAX];
         loop {
             match from_broker.read(&mut chunk).await {
                 Ok(0) | Err(_) => break,

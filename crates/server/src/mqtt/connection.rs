@@ -39,8 +39,38 @@ const CLIENT_HEADER: &str = "onehop-mqtt-client";
 /// On a QoS 2 message of a persistent session: its packet id, to recognise a resend after a
 /// crash (with the client header).
 const PACKET_HEADER: &str = "onehop-mqtt-packet";
-/// How long writing to a client may take before it is given up on.
+/// How long writing to a client may take before it is given up on: a client that reads
+/// nothing for this long holds a connection and its queues for nothing.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a goodbye (a v5 DISCONNECT) may take to write: it is a courtesy, and the
+/// connection's end (its will, its session's release) waits for it.
+const GOODBYE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a connection waits for the one it takes over to write its session down: long
+/// enough for a session write under a slow disk, short enough that a stuck one is answered
+/// (CONNACK "server unavailable") rather than held.
+const SESSION_HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a persistent session's positions are written while acknowledgements move them:
+/// after a crash, at most this much is delivered again, for one small write a second.
+const SESSION_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+/// The keep-alive a client is held to, in thousandths of what it announced: MQTT gives it one
+/// and a half (3.1.2.10, 5.0 3.1.2.10).
+const KEEP_ALIVE_GRACE_PERMILLE: u64 = 1500;
+/// A read buffer's and the answer buffer's first size: a few small packets; each grows to
+/// what the connection sends.
+const BUFFER_BYTES_INITIAL: usize = 4096;
+/// Answers and messages gathered before they are written: one write for many small packets,
+/// and a bound on what one turn of the loop holds.
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
+/// Acknowledgement groups that may wait to be handed over beyond the receive maximum: refusals
+/// and resent QoS 2 publishes take no receive-maximum slot, and their tasks should not wait.
+const ACK_GROUPS_SPARE: usize = 16;
+/// A CONNACK "unacceptable protocol version" in the 3.1.1 form, which clients of every version
+/// read.
+const CONNACK_UNACCEPTABLE_VERSION: [u8; 4] = [0x20, 0x02, 0x00, 0x01];
+/// How much of the log one step of looking for a resent QoS 2 message reads: a bound on the
+/// memory of a look that runs only after a reconnect.
+const LOOKUP_RECORDS_PER_READ: usize = 1024;
+const LOOKUP_BYTES_PER_READ: usize = 4 * 1024 * 1024;
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
@@ -79,7 +109,9 @@ struct Batch {
     permits: Vec<OwnedSemaphorePermit>,
 }
 
-/// A batch is queued once it holds this many records or bytes.
+/// A batch is queued once it holds this many records or bytes: large enough that one append
+/// (and one fsync) carries a burst, small enough that the first acknowledgement is not held
+/// back for long.
 const BATCH_RECORDS_MAX: usize = 1024;
 const BATCH_BYTES_MAX: usize = 1024 * 1024;
 
@@ -147,12 +179,12 @@ async fn handshake<S: AsyncRead + AsyncWrite>(
             Ok(Some(ProtocolVersion::MQTT5)) => break Version::V5,
             Ok(None) => read_more(reader, buf).await?,
             Err(rmqtt_codec::error::DecodeError::UnsupportedProtocolLevel) => {
-                let _ = writer.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
+                let _ = writer.write_all(&CONNACK_UNACCEPTABLE_VERSION).await;
                 return None;
             }
             Err(rmqtt_codec::error::DecodeError::InvalidProtocol) if names_mqtt(buf) => {
                 // CONNACK "unacceptable protocol version", in the 3.1.1 form every client reads.
-                let _ = writer.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
+                let _ = writer.write_all(&CONNACK_UNACCEPTABLE_VERSION).await;
                 return None;
             }
             Err(error) => {
@@ -398,12 +430,12 @@ fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Durat
 /// goes away.
 pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<Broker>, stream: S, connection: u64) {
     let (mut reader, mut writer) = tokio::io::split(stream);
-    let mut buf = BytesMut::with_capacity(4096);
+    let mut buf = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
     let handshake =
         tokio::time::timeout(broker.config.connect_timeout, handshake(&broker, &mut reader, &mut writer, &mut buf))
             .await;
     let Ok(Some((mut codec, connect))) = handshake else { return };
-    let mut out = BytesMut::with_capacity(4096);
+    let mut out = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
 
     let mut assigned = None;
     let client_id = if connect.client_id.is_empty() {
@@ -430,7 +462,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     // connection has written its session, so this one finds it as it was left.
     let kicked = broker.register(&client_id, connection);
     let owner = broker.sessions.owner_lock(&client_id);
-    let Ok(owned) = tokio::time::timeout(Duration::from_secs(5), owner.clone().lock_owned()).await else {
+    let Ok(owned) = tokio::time::timeout(SESSION_HANDOVER_TIMEOUT, owner.clone().lock_owned()).await else {
         let _ = codec.connack(Err(ConnectRefusal::Unavailable), &mut out);
         let _ = writer.write_all(&out).await;
         broker.unregister(&client_id, connection);
@@ -462,7 +494,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     out.clear();
     tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
 
-    let (acks_tx, acks_rx) = mpsc::channel(usize::from(broker.config.receive_max) + 16);
+    let (acks_tx, acks_rx) = mpsc::channel(usize::from(broker.config.receive_max) + ACK_GROUPS_SPARE);
     let (deliveries_tx, deliveries_rx) = mpsc::channel(broker.config.outbound_queue);
     let mut session = Session {
         broker: broker.clone(),
@@ -538,8 +570,8 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     } else if stored.is_some() {
         let _ = broker.sessions.put(&client_id, None).await;
     }
-    let keep_alive =
-        (connect.keep_alive_secs > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * 1500));
+    let keep_alive = (connect.keep_alive_secs > 0)
+        .then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * KEEP_ALIVE_GRACE_PERMILLE));
     let mut acks_rx = acks_rx;
     let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, &mut acks_rx, deliveries_rx).await;
     if session.persistent {
@@ -567,7 +599,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     if let Some((goodbye, reason)) = &close.goodbye {
         session.out.clear();
         if session.codec.disconnect(*goodbye, reason, &mut session.out).is_ok() && !session.out.is_empty() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), writer.write_all(&session.out)).await;
+            let _ = tokio::time::timeout(GOODBYE_WRITE_TIMEOUT, writer.write_all(&session.out)).await;
         }
         tracing::debug!(client_id, ?goodbye, reason, "MQTT connection closed by the server");
     }
@@ -922,7 +954,7 @@ impl Session {
                 }
             }
             // Send what is ready at once: acks and messages that queued up meanwhile too.
-            while self.out.len() < 64 * 1024 {
+            while self.out.len() < WRITE_BATCH_BYTES {
                 if let Ok(ack) = acks.try_recv() {
                     if let Some(close) = self.send_ack(ack) {
                         return close;
@@ -946,7 +978,7 @@ impl Session {
             }
             // A persistent session's positions follow the acknowledgements, written about once
             // a second: after a crash, at most that much is delivered again.
-            if self.persistent && self.session_written.elapsed() >= Duration::from_secs(1) {
+            if self.persistent && self.session_written.elapsed() >= SESSION_WRITE_INTERVAL {
                 self.persist(false).await;
             }
         }
@@ -1309,7 +1341,9 @@ impl Session {
         let packet = packet_id.get().to_string();
         let mut next = release.from.max(start);
         while next < end {
-            let Ok(records) = stream.read(release.partition, Position::Offset(next), 1024, 4 * 1024 * 1024) else {
+            let Ok(records) =
+                stream.read(release.partition, Position::Offset(next), LOOKUP_RECORDS_PER_READ, LOOKUP_BYTES_PER_READ)
+            else {
                 return false;
             };
             let Some(last) = records.last() else { return false };

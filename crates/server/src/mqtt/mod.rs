@@ -65,6 +65,27 @@ impl Authenticate for AllowAll {
     }
 }
 
+/// Largest packet a client may send by default: a record of the default size and its topic.
+pub const MAX_PACKET_BYTES_DEFAULT: u32 = 1024 * 1024;
+/// QoS 1/2 publishes a client may have unacknowledged by default: enough to keep a fast
+/// publisher's pipeline full across an fsync, few enough to bound what one connection queues.
+pub const RECEIVE_MAX_DEFAULT: u16 = 1024;
+/// Topic aliases a v5 client may define by default: each holds a topic for the connection's life.
+pub const TOPIC_ALIAS_MAX_DEFAULT: u16 = 64;
+/// Messages queued for one client by default before its subscriptions wait on it.
+pub const OUTBOUND_QUEUE_DEFAULT: usize = 1024;
+/// Time a new connection has by default to send CONNECT: a socket that says nothing is let go.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// MQTT connections open at once by default.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 20_000;
+/// How long the listener waits after a failed accept (out of file descriptors, say) before it
+/// tries again, rather than spinning on the error.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// How long connections have to say goodbye when the server stops.
+const SHUTDOWN_GOODBYE_TIME: Duration = Duration::from_secs(2);
+/// How often the listener looks whether every connection has closed while the server stops.
+const SHUTDOWN_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
 /// The broker's limits.
 #[derive(Clone)]
 pub struct MqttConfig {
@@ -74,7 +95,8 @@ pub struct MqttConfig {
     pub receive_max: u16,
     /// Topic aliases a v5 client may define.
     pub topic_alias_max: u16,
-    /// Messages waiting to be written to one client before its subscriptions are cut off.
+    /// Messages waiting to be written to one client; when it is full, the client's
+    /// subscriptions wait, and those that fall behind the live feed read on from the log.
     pub outbound_queue: usize,
     /// Time a new connection has to send CONNECT.
     pub connect_timeout: Duration,
@@ -86,12 +108,12 @@ pub struct MqttConfig {
 impl Default for MqttConfig {
     fn default() -> Self {
         MqttConfig {
-            max_packet_bytes: 1024 * 1024,
-            receive_max: 1024,
-            topic_alias_max: 64,
-            outbound_queue: 1024,
-            connect_timeout: Duration::from_secs(10),
-            connections_max: 20_000,
+            max_packet_bytes: MAX_PACKET_BYTES_DEFAULT,
+            receive_max: RECEIVE_MAX_DEFAULT,
+            topic_alias_max: TOPIC_ALIAS_MAX_DEFAULT,
+            outbound_queue: OUTBOUND_QUEUE_DEFAULT,
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
             auth: Arc::new(AllowAll),
         }
     }
@@ -229,7 +251,7 @@ pub async fn serve_mqtt(
                 Ok(accepted) => accepted,
                 Err(error) => {
                     tracing::warn!(%error, "MQTT accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
                     continue;
                 }
             },
@@ -248,9 +270,9 @@ pub async fn serve_mqtt(
     }
     broker.shut_down();
     // Give connections a moment to say goodbye.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GOODBYE_TIME;
     while permits.available_permits() < broker.config.connections_max && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(SHUTDOWN_POLL_INTERVAL).await;
     }
     Ok(())
 }
