@@ -27,6 +27,7 @@ use tokio_util::codec::Decoder;
 
 use super::Broker;
 use super::headers::{EXPIRES_HEADER, MessageProperties, QOS_HEADER, RETAIN_HEADER, message_headers};
+use super::progress::{Acked, Resumed, SharedProgress};
 use super::proto::{
     Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will,
     connect_refusal_for, goodbye_for,
@@ -1707,39 +1708,6 @@ fn end_offsets(stream: &Stream) -> Vec<u64> {
     stream.end_offsets()
 }
 
-/// What a resumed subscription had sent before, from its stored session.
-struct Resumed {
-    /// Per stream partition, how far records had been handed over.
-    sent: std::collections::BTreeMap<String, Vec<u64>>,
-    /// Per stream partition, which of those had not been acknowledged (sorted); `None` for a
-    /// session stored before this was kept: then all of them count as unacknowledged.
-    unacked: Option<std::collections::BTreeMap<String, Vec<Vec<u64>>>>,
-}
-
-impl Resumed {
-    fn of(stored: &StoredSubscription) -> Arc<Resumed> {
-        Arc::new(Resumed { sent: stored.sent.clone(), unacked: stored.unacked.clone() })
-    }
-
-    /// Whether the record at `offset` was sent before (so it goes again flagged DUP), and
-    /// whether it was also acknowledged (so it does not go again at all).
-    fn sent_before(&self, stream: &str, partition: u32, offset: u64) -> (bool, bool) {
-        let sent = self
-            .sent
-            .get(stream)
-            .and_then(|positions| positions.get(partition as usize))
-            .is_some_and(|&sent| offset < sent);
-        let acknowledged = sent
-            && self.unacked.as_ref().is_some_and(|unacked| {
-                unacked
-                    .get(stream)
-                    .and_then(|partitions| partitions.get(partition as usize))
-                    .is_none_or(|offsets| offsets.binary_search(&offset).is_err())
-            });
-        (sent, acknowledged)
-    }
-}
-
 /// One subscription's feed into its connection's outbound queue.
 #[derive(Clone)]
 struct Follower {
@@ -2051,93 +2019,5 @@ impl Group {
                 return true;
             }
         }
-    }
-}
-
-/// What one subscription has delivered and which deliveries are still unacknowledged, per
-/// stream partition: a persistent session resumes from the first unacknowledged message, or
-/// past everything delivered when all is acknowledged.
-#[derive(Default)]
-pub(super) struct Progress {
-    streams: HashMap<String, StreamProgress>,
-}
-
-struct StreamProgress {
-    /// The cursor's position after the last record it handed over.
-    next: Vec<u64>,
-    unacked: Vec<std::collections::BTreeSet<u64>>,
-}
-
-pub(super) type SharedProgress = Arc<Mutex<Progress>>;
-
-impl Progress {
-    /// A stream followed from `positions`.
-    fn start(&mut self, stream: &str, positions: &[u64]) {
-        self.streams.insert(
-            stream.to_string(),
-            StreamProgress { next: positions.to_vec(), unacked: vec![Default::default(); positions.len()] },
-        );
-    }
-
-    /// A record handed over for delivery; `next` is the cursor's position after it.
-    fn delivered(&mut self, stream: &str, partition: u32, offset: u64, next: &[u64]) {
-        let Some(progress) = self.streams.get_mut(stream) else { return };
-        progress.next = next.to_vec();
-        if let Some(unacked) = progress.unacked.get_mut(partition as usize) {
-            unacked.insert(offset);
-        }
-    }
-
-    fn acked(&mut self, stream: &str, partition: u32, offset: u64) {
-        if let Some(unacked) =
-            self.streams.get_mut(stream).and_then(|progress| progress.unacked.get_mut(partition as usize))
-        {
-            unacked.remove(&offset);
-        }
-    }
-
-    /// Per stream and partition, the records handed over and not acknowledged, in order.
-    pub(super) fn unacked(&self) -> std::collections::BTreeMap<String, Vec<Vec<u64>>> {
-        self.streams
-            .iter()
-            .map(|(stream, progress)| {
-                (stream.clone(), progress.unacked.iter().map(|offsets| offsets.iter().copied().collect()).collect())
-            })
-            .collect()
-    }
-
-    /// Per stream, how far records were handed over for delivery.
-    pub(super) fn sent(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
-        self.streams.iter().map(|(stream, progress)| (stream.clone(), progress.next.clone())).collect()
-    }
-
-    /// Per stream, where a resumed subscription starts.
-    pub(super) fn committed(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
-        self.streams
-            .iter()
-            .map(|(stream, progress)| {
-                let positions = progress
-                    .next
-                    .iter()
-                    .zip(&progress.unacked)
-                    .map(|(&next, unacked)| unacked.first().map_or(next, |&first| first.min(next)))
-                    .collect();
-                (stream.clone(), positions)
-            })
-            .collect()
-    }
-}
-
-/// A delivered message to mark acknowledged in its subscription's progress.
-struct Acked {
-    progress: SharedProgress,
-    stream: Arc<str>,
-    partition: u32,
-    offset: u64,
-}
-
-impl Acked {
-    fn mark(self) {
-        self.progress.lock().expect("progress lock").acked(&self.stream, self.partition, self.offset);
     }
 }

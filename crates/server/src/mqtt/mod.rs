@@ -32,6 +32,7 @@
 mod connection;
 mod frame;
 pub mod headers;
+mod progress;
 pub mod proto;
 mod quota;
 pub mod retained;
