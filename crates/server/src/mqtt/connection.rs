@@ -5,41 +5,36 @@
 
 use std::collections::HashMap;
 use std::num::{NonZeroU16, NonZeroU32};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
-use onehop_engine::hub::{Delivery, Event};
+use onehop_engine::hub::Event;
 use onehop_engine::route::RouteError;
-use onehop_engine::subject::SubjectFilter;
-use onehop_engine::{Durability, Headers, NewRecord, Text};
-use onehop_engine::{EngineError, ErrorKind, Filter, Position, Precondition, Stream, Table, Write};
+use onehop_engine::{Durability, NewRecord, Text};
+use onehop_engine::{EngineError, ErrorKind, Position, Precondition, Stream, Table, Write};
 use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 
 use super::Broker;
-use super::headers::{EXPIRES_HEADER, MessageProperties, QOS_HEADER, RETAIN_HEADER, message_headers};
-use super::progress::{Acked, Resumed, SharedProgress};
+use super::headers::{
+    CLIENT_HEADER, EXPIRES_HEADER, MessageProperties, PACKET_HEADER, QOS_HEADER, RETAIN_HEADER, message_headers,
+};
+use super::progress::{Acked, SharedProgress};
 use super::proto::{
-    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will,
-    connect_refusal_for, goodbye_for,
+    Codec, ConnackInfo, ConnectRefusal, Goodbye, Inbound, Refusal, SubscribeFilter, Version, Will, connect_refusal_for,
+    goodbye_for, qos_of_rank, qos_rank,
 };
 use super::quota::InboundQuota;
-use super::sessions::{StoredRelease, StoredSession, StoredSubscription};
+use super::sessions::{StoredRelease, StoredSession};
+use super::subscriptions::Subscriptions;
 
-/// The record header naming the MQTT 5 client that published a message (for no local).
-const CLIENT_HEADER: &str = "onehop-mqtt-client";
-/// On a QoS 2 message of a persistent session: its packet id, to recognise a resend after a
-/// crash (with the client header).
-const PACKET_HEADER: &str = "onehop-mqtt-packet";
 /// How long writing to a client may take before it is given up on: a client that reads
 /// nothing for this long holds a connection and its queues for nothing.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -77,22 +72,6 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
 }
 
-fn qos_of(rank: u8) -> QoS {
-    match rank {
-        0 => QoS::AtMostOnce,
-        2 => QoS::ExactlyOnce,
-        _ => QoS::AtLeastOnce,
-    }
-}
-
-fn qos_rank(qos: QoS) -> u8 {
-    match qos {
-        QoS::AtMostOnce => 0,
-        QoS::AtLeastOnce => 1,
-        QoS::ExactlyOnce => 2,
-    }
-}
-
 /// Acknowledgements ready to send (in order), from the task that waited for their records.
 struct Ack {
     packets: Vec<(QoS, NonZeroU16)>,
@@ -117,7 +96,7 @@ const BATCH_RECORDS_MAX: usize = 1024;
 const BATCH_BYTES_MAX: usize = 1024 * 1024;
 
 /// What subscription tasks hand the connection.
-enum Outbound {
+pub(super) enum Outbound {
     Message {
         event: Arc<Event>,
         qos: QoS,
@@ -232,64 +211,6 @@ fn names_mqtt(buf: &[u8]) -> bool {
 
 fn generated_client_id(connection: u64) -> String {
     format!("onehop-{connection:x}-{:x}", now_ms())
-}
-
-/// The view a `views/{v}/…` topic or filter names, if `v` is a view.
-fn view_of(broker: &Broker, topic: &str) -> Option<Arc<onehop_engine::view::View>> {
-    let rest = topic.strip_prefix("views/")?;
-    let name = rest.split('/').next()?;
-    broker.engine.view(name).ok()
-}
-
-/// The streams a subscription follows from the start, each with its start positions.
-type Starts = Vec<(Arc<Stream>, Vec<u64>)>;
-
-/// The streams a subscription's topic filter can find messages in: every stream for a
-/// wildcard first level; none for a `$` topic (those are the server's, and no stream holds
-/// them); else the stream the first level names and each stream whose declared `mqtt_topic`
-/// overlaps the filter — now or when such a stream is created later.
-#[derive(Clone)]
-enum Streams {
-    Every,
-    Reserved,
-    Some { named: String, filter: SubjectFilter },
-}
-
-impl Streams {
-    /// The streams of `filter`, or why a subscription to it can never get a message.
-    fn of(broker: &Broker, filter: &SubjectFilter) -> Result<Streams, (Refusal, String)> {
-        let Some(first) = filter.first_level() else { return Ok(Streams::Every) };
-        if first.starts_with('$') {
-            // Granted, as other brokers do, so a client that watches `$SYS/#` works; nothing
-            // is published there yet.
-            return Ok(Streams::Reserved);
-        }
-        let first = broker.engine.stream_named_by(first);
-        let streams = Streams::Some { named: first.to_string(), filter: filter.clone() };
-        let routed =
-            broker.engine.streams().iter().any(|stream| stream.mqtt_route().is_some() && streams.wants(stream));
-        if routed || broker.engine.stream(first).is_ok() {
-            return Ok(streams);
-        }
-        onehop_engine::validate_name(first).map_err(|error| (Refusal::TopicInvalid, error.to_string()))?;
-        if !broker.engine.options().auto_create {
-            return Err((
-                Refusal::NotAuthorized,
-                format!("{filter}: no stream {first:?}, and streams are not created on use"),
-            ));
-        }
-        Ok(streams)
-    }
-
-    fn wants(&self, stream: &Stream) -> bool {
-        match self {
-            Streams::Every => true,
-            Streams::Reserved => false,
-            Streams::Some { named, filter } => {
-                stream.name() == named || stream.mqtt_route().is_some_and(|route| route.overlaps(filter))
-            }
-        }
-    }
 }
 
 /// Where a session's last publish went: its topic, the stream and partition it resolved to,
@@ -517,9 +438,8 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         inflight: HashMap::new(),
         next_packet_id: 1,
         client_receive_max: usize::from(connect.receive_max.max(1)),
-        subscriptions: HashMap::new(),
+        subscriptions: Subscriptions::new(broker.clone(), &client_id, deliveries_tx),
         acks_tx,
-        deliveries_tx,
         quota: InboundQuota::new(broker.config.receive_max),
         persistent: connect.session_expiry_secs > 0,
         session_expiry_secs: connect.session_expiry_secs,
@@ -535,13 +455,14 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         for subscription in &stored.subscriptions {
             let request = SubscribeFilter {
                 filter: subscription.filter.clone(),
-                qos: qos_of(subscription.qos),
+                qos: qos_of_rank(subscription.qos),
                 retain_handling: 2,
                 retain_as_published: subscription.retain_as_published,
                 no_local: subscription.no_local,
             };
             let id = subscription.subscription_id.and_then(NonZeroU32::new);
-            if let Err(refusal) = session.subscribe_from(request, id, Some(subscription)).await {
+            let persistent = session.persistent;
+            if let Err(refusal) = session.subscriptions.subscribe(request, id, persistent, Some(subscription)).await {
                 tracing::warn!(
                     client_id,
                     filter = subscription.filter,
@@ -643,9 +564,8 @@ struct Session {
     inflight: HashMap<NonZeroU16, (Inflight, Option<Acked>)>,
     next_packet_id: u16,
     client_receive_max: usize,
-    subscriptions: HashMap<String, SubscriptionHandle>,
+    subscriptions: Subscriptions,
     acks_tx: mpsc::Sender<Ack>,
-    deliveries_tx: mpsc::Sender<Outbound>,
     /// Inbound QoS 1/2 publishes not yet done with, at most our receive maximum.
     quota: InboundQuota,
     /// Whether this connection's session outlives it (clean_session = 0, or a v5 expiry).
@@ -720,11 +640,6 @@ impl Drop for Counters {
 }
 
 impl Session {
-    /// Keeps a subscription's handle under its filter (dropping one it replaces).
-    fn keep_subscription(&mut self, filter: String, handle: SubscriptionHandle) {
-        self.subscriptions.insert(filter, handle);
-    }
-
     /// The table a `{table}/{id}` topic names, if its first level is a table.
     fn table_of(&self, topic: &str) -> Option<Arc<Table>> {
         let (first, id) = topic.split_once('/')?;
@@ -734,148 +649,9 @@ impl Session {
         self.broker.engine.table(first).ok()
     }
 
-    /// A filter under a table (`orders/#`, `orders/o1`): its rows first, as retained messages,
-    /// then every change to a matching row (a deleted row comes as an empty message).
-    #[allow(clippy::too_many_arguments)]
-    fn subscribe_table(
-        &mut self,
-        filter: String,
-        parsed: SubjectFilter,
-        table: Arc<Table>,
-        qos: QoS,
-        subscription_id: Option<NonZeroU32>,
-        send_rows: bool,
-        resume: Option<&StoredSubscription>,
-    ) -> Granted {
-        let storage = table.storage().clone();
-        let name = storage.name().to_string();
-        let (rows, next) = match resume {
-            Some(resume) => (Vec::new(), resume_positions(&storage, resume.positions.get(&name))),
-            None => {
-                let (rows, next) = table.snapshot(&Filter::default());
-                let rows = if send_rows {
-                    rows.into_iter().filter(|row| parsed.matches(&format!("{name}/{}", row.id))).collect()
-                } else {
-                    Vec::new()
-                };
-                (rows, vec![next])
-            }
-        };
-        let progress = self.persistent.then(SharedProgress::default);
-        if let Some(progress) = &progress {
-            progress.lock().expect("progress lock").start(&name, &next);
-        }
-        let cursor =
-            self.broker.engine.subscribe(&storage, Filter::default(), next).map_err(|_| Refusal::Unavailable)?;
-        let follower = Follower {
-            broker: self.broker.clone(),
-            filter: Filter::default(),
-            sink: Sink::Connection(self.deliveries_tx.clone()),
-            qos,
-            subscription_id,
-            retain_as_published: false,
-            progress: progress.clone(),
-            resumed: resume.map(Resumed::of),
-            topic_filter: Some(parsed),
-            no_local_client: None,
-        };
-        let retained: Vec<super::retained::Retained> = rows
-            .into_iter()
-            .map(|row| super::retained::Retained {
-                topic: format!("{name}/{}", row.id),
-                payload: row.json.clone(),
-                headers: Headers::default(),
-            })
-            .collect();
-        let task = tokio::spawn(async move {
-            if follower.send_retained(retained).await {
-                follower.follow(storage, cursor).await;
-            }
-        });
-        let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
-        self.keep_subscription(filter, handle);
-        Ok(qos)
-    }
-
-    /// `views/{v}/{key}` (or `views/{v}/+`, `views/{v}/#`): the view's current rows first, as
-    /// retained messages, then each change (the row with `"final"`), topic `views/{v}/{key}`.
-    #[allow(clippy::too_many_arguments)]
-    fn subscribe_view(
-        &mut self,
-        filter: String,
-        parsed: SubjectFilter,
-        view: Arc<onehop_engine::view::View>,
-        qos: QoS,
-        subscription_id: Option<NonZeroU32>,
-        send_rows: bool,
-        resume: Option<&StoredSubscription>,
-    ) -> Granted {
-        let output = view.output().clone();
-        let (rows, next) = match resume {
-            Some(resume) => (Vec::new(), resume_positions(&output, resume.positions.get(output.name()))),
-            None if send_rows => {
-                let (keys, next) = view.snapshot();
-                let rows = keys
-                    .into_iter()
-                    .map(|(key, rows)| (format!("views/{}/{key}", view.name()), rows))
-                    .filter(|(topic, _)| parsed.matches(topic))
-                    .flat_map(|(topic, rows)| rows.into_iter().map(move |row| (topic.clone(), row)))
-                    .map(|(topic, row)| super::retained::Retained {
-                        topic,
-                        payload: Bytes::from(row.to_string()),
-                        headers: Headers::default(),
-                    })
-                    .collect();
-                (rows, vec![next])
-            }
-            None => (Vec::new(), end_offsets(&output)),
-        };
-        let progress = self.persistent.then(SharedProgress::default);
-        if let Some(progress) = &progress {
-            progress.lock().expect("progress lock").start(output.name(), &next);
-        }
-        let follower = Follower {
-            broker: self.broker.clone(),
-            filter: Filter::subject(parsed),
-            sink: Sink::Connection(self.deliveries_tx.clone()),
-            qos,
-            subscription_id,
-            retain_as_published: false,
-            progress: progress.clone(),
-            resumed: resume.map(Resumed::of),
-            topic_filter: None,
-            no_local_client: None,
-        };
-        let cursor =
-            self.broker.engine.subscribe(&output, follower.filter.clone(), next).map_err(|_| Refusal::Unavailable)?;
-        let task = tokio::spawn(async move {
-            if follower.send_retained(rows).await {
-                follower.follow(output, cursor).await;
-            }
-        });
-        let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
-        self.keep_subscription(filter, handle);
-        Ok(qos)
-    }
-
     /// Writes the session: its subscriptions and, for each, the positions acknowledged up to.
     async fn persist(&mut self, disconnected: bool) {
-        let subscriptions = self
-            .subscriptions
-            .values()
-            .map(|handle| {
-                let mut spec = handle.spec.clone();
-                if let Some(progress) = &handle.progress {
-                    let progress = progress.lock().expect("progress lock");
-                    spec.positions = progress.committed();
-                    spec.sent = progress.sent();
-                    spec.unacked = Some(progress.unacked());
-                }
-                spec
-            })
-            .collect();
+        let subscriptions = self.subscriptions.stored();
         let mut awaiting_release: Vec<StoredRelease> =
             self.awaiting_release.values().flatten().cloned().chain(self.in_doubt.values().cloned()).collect();
         awaiting_release.sort_by_key(|release| release.packet_id);
@@ -1052,7 +828,7 @@ impl Session {
             Inbound::Subscribe { packet_id, id, filters } => {
                 let mut granted = Vec::with_capacity(filters.len());
                 for filter in filters {
-                    granted.push(self.subscribe(filter, id).await);
+                    granted.push(self.subscriptions.subscribe(filter, id, self.persistent, None).await);
                 }
                 if self.persistent {
                     self.persist(false).await;
@@ -1060,8 +836,7 @@ impl Session {
                 self.encoded(|codec, out| codec.suback(packet_id, &granted, out))
             }
             Inbound::Unsubscribe { packet_id, filters } => {
-                let existed: Vec<bool> =
-                    filters.iter().map(|filter| self.subscriptions.remove(filter).is_some()).collect();
+                let existed: Vec<bool> = filters.iter().map(|filter| self.subscriptions.unsubscribe(filter)).collect();
                 if self.persistent {
                     self.persist(false).await;
                 }
@@ -1448,150 +1223,6 @@ impl Session {
         None
     }
 
-    async fn subscribe(&mut self, request: SubscribeFilter, subscription_id: Option<NonZeroU32>) -> Granted {
-        self.subscribe_from(request, subscription_id, None).await
-    }
-
-    /// Subscribes from now, or, restoring a persistent session, from `resume` (per stream, the
-    /// positions its previous connection had acknowledged up to).
-    async fn subscribe_from(
-        &mut self,
-        request: SubscribeFilter,
-        subscription_id: Option<NonZeroU32>,
-        resume: Option<&StoredSubscription>,
-    ) -> Granted {
-        let SubscribeFilter { filter, qos, retain_handling, retain_as_published, no_local } = request;
-        if let Some(shared) = filter.strip_prefix("$share/") {
-            return self.subscribe_shared(filter.clone(), shared, qos, subscription_id).await;
-        }
-        let parsed = SubjectFilter::parse(&filter).map_err(|_| Refusal::TopicInvalid)?;
-        if let Some(first) = parsed.first_level()
-            && let Ok(table) = self.broker.engine.table(first)
-        {
-            let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
-            return self.subscribe_table(filter, parsed, table, qos, subscription_id, send_rows, resume);
-        }
-        if let Some(view) = view_of(&self.broker, &filter) {
-            let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
-            return self.subscribe_view(filter, parsed, view, qos, subscription_id, send_rows, resume);
-        }
-        let streams = match Streams::of(&self.broker, &parsed) {
-            Ok(streams) => streams,
-            Err((refusal, reason)) => {
-                tracing::debug!(client_id = %self.client_id, filter, reason, "subscription refused");
-                return Err(refusal);
-            }
-        };
-        let is_new = !self.subscriptions.contains_key(&filter);
-        let retained = match retain_handling {
-            0 => self.broker.retained.matching(&parsed),
-            1 if is_new => self.broker.retained.matching(&parsed),
-            _ => Vec::new(),
-        };
-        let progress = self.persistent.then(SharedProgress::default);
-        let follower = Follower {
-            broker: self.broker.clone(),
-            filter: Filter::subject(parsed),
-            sink: Sink::Connection(self.deliveries_tx.clone()),
-            qos,
-            subscription_id,
-            retain_as_published,
-            progress: progress.clone(),
-            resumed: resume.map(Resumed::of),
-            topic_filter: None,
-            no_local_client: no_local.then(|| Arc::from(self.client_id.as_str())),
-        };
-        // From now on, or from where a persistent session left off (a stream it did not know
-        // yet was created since: everything in it is new).
-        let start_of = |stream: &Stream| match resume {
-            None => end_offsets(stream),
-            Some(resume) => resume_positions(stream, resume.positions.get(stream.name())),
-        };
-        let (changes, starts) = self.starts(&streams, start_of);
-        let task = tokio::spawn(async move {
-            if follower.send_retained(retained).await {
-                follower.follow_streams(streams, starts, changes).await;
-            }
-        });
-        let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
-        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
-        self.keep_subscription(filter, handle);
-        Ok(qos)
-    }
-
-    /// The streams a subscription follows now, each from `start_of` it, and the watch that
-    /// tells of streams created later (taken before listing, so none is missed in between).
-    fn starts(
-        &self,
-        streams: &Streams,
-        start_of: impl Fn(&Stream) -> Vec<u64>,
-    ) -> (tokio::sync::watch::Receiver<u64>, Starts) {
-        let changes = self.broker.engine.watch_streams();
-        let starts = self
-            .broker
-            .engine
-            .streams()
-            .into_iter()
-            .filter(|stream| streams.wants(stream))
-            .map(|stream| {
-                let positions = start_of(&stream);
-                (stream, positions)
-            })
-            .collect();
-        (changes, starts)
-    }
-
-    /// `$share/{group}/{filter}`: joins the group; each message matching the filter goes to
-    /// one member (round robin, skipping members whose queue is full).
-    async fn subscribe_shared(
-        &mut self,
-        full: String,
-        shared: &str,
-        qos: QoS,
-        subscription_id: Option<NonZeroU32>,
-    ) -> Granted {
-        let Some((group, filter)) = shared.split_once('/') else { return Err(Refusal::TopicInvalid) };
-        if group.is_empty() || group.contains(['+', '#']) {
-            return Err(Refusal::TopicInvalid);
-        }
-        let parsed = SubjectFilter::parse(filter).map_err(|_| Refusal::TopicInvalid)?;
-        let streams = Streams::of(&self.broker, &parsed).map_err(|(refusal, _)| refusal)?;
-        let member_id = self.broker.next_connection.fetch_add(1, Ordering::Relaxed);
-        let member = Member { id: member_id, deliveries: self.deliveries_tx.clone(), qos, subscription_id };
-        let mut groups = self.broker.groups.lock().expect("groups lock");
-        if let Some(existing) = groups.get(&full) {
-            existing.members.lock().expect("members lock").push(member);
-        } else {
-            let group = Arc::new(Group {
-                members: Mutex::new(vec![member]),
-                next: AtomicUsize::new(0),
-                task: Mutex::new(None),
-            });
-            let follower = Follower {
-                broker: self.broker.clone(),
-                filter: Filter::subject(parsed),
-                sink: Sink::Group(group.clone()),
-                qos: QoS::ExactlyOnce,
-                subscription_id: None,
-                retain_as_published: false,
-                progress: None,
-                resumed: None,
-                topic_filter: None,
-                no_local_client: None,
-            };
-            let (changes, starts) = self.starts(&streams, end_offsets);
-            let task = tokio::spawn(async move { follower.follow_streams(streams, starts, changes).await });
-            *group.task.lock().expect("group task lock") = Some(task);
-            groups.insert(full.clone(), group);
-        }
-        drop(groups);
-        let spec = stored_subscription(&full, qos, subscription_id, false, false);
-        let membership = Some((self.broker.clone(), full.clone(), member_id));
-        let handle = SubscriptionHandle::new(None, membership, spec, None);
-        self.keep_subscription(full, handle);
-        Ok(qos)
-    }
-
     fn allocate_packet_id(&mut self) -> NonZeroU16 {
         loop {
             let id = NonZeroU16::new(self.next_packet_id).unwrap_or(NonZeroU16::MIN);
@@ -1687,7 +1318,7 @@ impl Session {
 
 /// The MQTT topic of a record: its subject, or for a table change `{table}/{id}`, or else the
 /// stream's name.
-fn message_topic(event: &Event) -> Text {
+pub(super) fn message_topic(event: &Event) -> Text {
     if event.table {
         let id = event.record.key.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
         return Text::from(format!("{}/{id}", event.stream));
@@ -1701,323 +1332,4 @@ fn message_topic(event: &Event) -> Text {
 /// `text` for the codec, sharing its bytes.
 fn byte_string(text: &Text) -> ByteString {
     ByteString::try_from(text.clone().into_bytes()).expect("a Text holds UTF-8")
-}
-
-/// The next offset of every partition of `stream`: where a subscription from now starts.
-fn end_offsets(stream: &Stream) -> Vec<u64> {
-    stream.end_offsets()
-}
-
-/// One subscription's feed into its connection's outbound queue.
-#[derive(Clone)]
-struct Follower {
-    broker: Arc<Broker>,
-    filter: Filter,
-    sink: Sink,
-    qos: QoS,
-    subscription_id: Option<NonZeroU32>,
-    retain_as_published: bool,
-    /// Where a persistent session's positions come from.
-    progress: Option<SharedProgress>,
-    /// What a resumed session had sent and had acknowledged.
-    resumed: Option<Arc<Resumed>>,
-    /// For a table: which `{table}/{id}` topics the subscription wants (table changes carry
-    /// no subject, so the stream filter cannot say).
-    topic_filter: Option<SubjectFilter>,
-    /// v5 no local: the client id whose own messages are not sent back to it.
-    no_local_client: Option<Arc<str>>,
-}
-
-impl Follower {
-    /// Sends the retained messages, flagged as such; false when the connection is gone.
-    async fn send_retained(&self, retained: Vec<super::retained::Retained>) -> bool {
-        for message in retained {
-            let stream: Arc<str> = Arc::from(message.topic.split('/').next().unwrap_or_default());
-            let record = onehop_engine::Record {
-                offset: 0,
-                timestamp_ms: 0,
-                key: None,
-                subject: Some(message.topic.into()),
-                headers: message.headers,
-                value: Some(message.payload),
-            };
-            let event = Arc::new(Event::new(stream, 0, record, false));
-            let outbound = Outbound::Message {
-                event,
-                qos: self.qos,
-                subscription_id: self.subscription_id,
-                retain: true,
-                retain_as_published: true,
-                progress: None,
-                dup: false,
-            };
-            if !self.sink.send(outbound).await {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Feeds the records of `stream` that match until the connection or the stream goes away.
-    async fn follow(&self, stream: Arc<Stream>, mut cursor: onehop_engine::hub::Cursor) {
-        loop {
-            match cursor.next().await {
-                Ok(Delivery::Event(event, _)) => {
-                    if let Some(topic_filter) = &self.topic_filter
-                        && !topic_filter.matches(&message_topic(&event))
-                    {
-                        continue;
-                    }
-                    if let Some(own) = &self.no_local_client
-                        && event
-                            .record
-                            .headers
-                            .iter()
-                            .any(|(name, value)| name == CLIENT_HEADER && value == own.as_bytes())
-                    {
-                        continue;
-                    }
-                    if let Some(progress) = &self.progress {
-                        progress.lock().expect("progress lock").delivered(
-                            stream.name(),
-                            event.partition,
-                            event.record.offset,
-                            cursor.positions(),
-                        );
-                    }
-                    let (dup, acknowledged) = self.resumed.as_ref().map_or((false, false), |resumed| {
-                        resumed.sent_before(stream.name(), event.partition, event.record.offset)
-                    });
-                    if acknowledged {
-                        // Sent and acknowledged before the session's last connection ended.
-                        if let Some(progress) = &self.progress {
-                            progress.lock().expect("progress lock").acked(
-                                stream.name(),
-                                event.partition,
-                                event.record.offset,
-                            );
-                        }
-                        continue;
-                    }
-                    let outbound = Outbound::Message {
-                        event,
-                        qos: self.qos,
-                        subscription_id: self.subscription_id,
-                        retain: false,
-                        retain_as_published: self.retain_as_published,
-                        progress: self.progress.clone(),
-                        dup,
-                    };
-                    if !self.sink.send(outbound).await {
-                        return;
-                    }
-                }
-                Ok(Delivery::Overflow { positions }) => {
-                    // Behind the live feed: carry on from the log where this left off, so a
-                    // burst costs the client time, not messages, and the server no memory.
-                    metrics::counter!("mqtt_subscriptions_caught_up_from_log_total").increment(1);
-                    match self.broker.engine.subscribe(&stream, self.filter.clone(), positions) {
-                        Ok(resumed) => cursor = resumed,
-                        Err(_) => {
-                            self.sink.send(Outbound::CutOff).await;
-                            return;
-                        }
-                    }
-                }
-                // The stream was dropped, or the server is stopping.
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// Follows the streams of a subscription: from `starts` for those that exist now and from
-    /// the beginning for each one created later that `streams` wants.
-    async fn follow_streams(self, streams: Streams, starts: Starts, mut changes: tokio::sync::watch::Receiver<u64>) {
-        let mut followed: HashMap<String, (Arc<Stream>, tokio::task::AbortHandle)> = HashMap::new();
-        let mut tasks = tokio::task::JoinSet::new();
-        let start = |stream: Arc<Stream>, positions: Vec<u64>, tasks: &mut tokio::task::JoinSet<()>| {
-            if let Some(progress) = &self.progress {
-                progress.lock().expect("progress lock").start(stream.name(), &positions);
-            }
-            let Ok(cursor) = self.broker.engine.subscribe(&stream, self.filter.clone(), positions) else { return None };
-            let follower = self.clone();
-            let followed_stream = stream.clone();
-            Some(tasks.spawn(async move { follower.follow(followed_stream, cursor).await }))
-        };
-        for (stream, positions) in starts {
-            if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
-                followed.insert(stream.name().to_string(), (stream, handle));
-            }
-        }
-        loop {
-            tokio::select! {
-                changed = changes.changed() => if changed.is_err() { return },
-                // Reap finished followers (a dropped stream) so the set stays small.
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            }
-            let now = self.broker.engine.streams();
-            followed.retain(|name, (stream, handle)| {
-                let current = now.iter().any(|other| other.name() == name && Arc::ptr_eq(other, stream));
-                if !current {
-                    handle.abort();
-                }
-                current
-            });
-            for stream in now {
-                if followed.contains_key(stream.name()) || !streams.wants(&stream) {
-                    continue;
-                }
-                // Created after the subscription: everything in it is new.
-                let positions = stream.start_offsets();
-                if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
-                    followed.insert(stream.name().to_string(), (stream, handle));
-                }
-            }
-        }
-    }
-}
-
-/// A subscription of a connection: its follower task, or its place in a shared group. Dropping
-/// it (unsubscribe, resubscribe, disconnect) stops the one and leaves the other. The
-/// `mqtt_subscriptions` gauge counts the handles alive, so it follows every way one ends.
-struct SubscriptionHandle {
-    task: Option<JoinHandle<()>>,
-    membership: Option<(Arc<Broker>, String, u64)>,
-    /// What a persistent session stores of it.
-    spec: StoredSubscription,
-    progress: Option<SharedProgress>,
-}
-
-/// What a persistent session stores of a new subscription (positions come with its progress).
-fn stored_subscription(
-    filter: &str,
-    qos: QoS,
-    subscription_id: Option<NonZeroU32>,
-    retain_as_published: bool,
-    no_local: bool,
-) -> StoredSubscription {
-    StoredSubscription {
-        filter: filter.to_string(),
-        qos: qos_rank(qos),
-        subscription_id: subscription_id.map(NonZeroU32::get),
-        retain_as_published,
-        no_local,
-        positions: Default::default(),
-        sent: Default::default(),
-        unacked: None,
-    }
-}
-
-/// Where a resumed subscription starts in `stream`: the stored positions (kept within what the
-/// stream still holds), or its beginning when the session never saw it.
-fn resume_positions(stream: &Stream, stored: Option<&Vec<u64>>) -> Vec<u64> {
-    (0..stream.partition_count())
-        .map(|partition| {
-            let (Ok(start), Ok(end)) = (stream.start_offset(partition), stream.end_offset(partition)) else { return 0 };
-            let stored = stored.and_then(|positions| positions.get(partition as usize)).copied();
-            stored.unwrap_or(0).clamp(start, end)
-        })
-        .collect()
-}
-
-impl SubscriptionHandle {
-    fn new(
-        task: Option<JoinHandle<()>>,
-        membership: Option<(Arc<Broker>, String, u64)>,
-        spec: StoredSubscription,
-        progress: Option<SharedProgress>,
-    ) -> SubscriptionHandle {
-        metrics::gauge!("mqtt_subscriptions").increment(1.0);
-        SubscriptionHandle { task, membership, spec, progress }
-    }
-}
-
-impl Drop for SubscriptionHandle {
-    fn drop(&mut self) {
-        metrics::gauge!("mqtt_subscriptions").decrement(1.0);
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-        if let Some((broker, key, member)) = self.membership.take() {
-            broker.leave_group(&key, member);
-        }
-    }
-}
-
-/// Where a follower's messages go: one connection, or one member of a shared group.
-#[derive(Clone)]
-enum Sink {
-    Connection(mpsc::Sender<Outbound>),
-    Group(Arc<Group>),
-}
-
-impl Sink {
-    /// Hands `outbound` over; false when nobody is there any more.
-    async fn send(&self, outbound: Outbound) -> bool {
-        match self {
-            Sink::Connection(deliveries) => deliveries.send(outbound).await.is_ok(),
-            Sink::Group(group) => group.dispatch(outbound).await,
-        }
-    }
-}
-
-/// A member of a shared subscription group.
-pub(super) struct Member {
-    pub(super) id: u64,
-    deliveries: mpsc::Sender<Outbound>,
-    qos: QoS,
-    subscription_id: Option<NonZeroU32>,
-}
-
-/// A shared subscription (`$share/{group}/{filter}`): one follower, many members.
-pub(super) struct Group {
-    pub(super) members: Mutex<Vec<Member>>,
-    next: AtomicUsize,
-    pub(super) task: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Group {
-    /// Gives a message to one member, round robin, preferring one whose queue has room.
-    async fn dispatch(&self, outbound: Outbound) -> bool {
-        let Outbound::Message { event, retain, retain_as_published, progress, dup, .. } = outbound else {
-            // Cut off: every member is told.
-            let members: Vec<mpsc::Sender<Outbound>> =
-                self.members.lock().expect("members lock").iter().map(|member| member.deliveries.clone()).collect();
-            for deliveries in members {
-                let _ = deliveries.send(Outbound::CutOff).await;
-            }
-            return false;
-        };
-        let message = |qos: QoS, subscription_id: Option<NonZeroU32>| Outbound::Message {
-            event: event.clone(),
-            qos,
-            subscription_id,
-            retain,
-            retain_as_published,
-            progress: progress.clone(),
-            dup,
-        };
-        loop {
-            // try_send never waits, so the members are tried under the lock; only when every
-            // queue is full is the turn's member taken out to wait on.
-            let (deliveries, qos, subscription_id) = {
-                let members = self.members.lock().expect("members lock");
-                if members.is_empty() {
-                    return false;
-                }
-                let start = self.next.fetch_add(1, Ordering::Relaxed) % members.len();
-                for i in 0..members.len() {
-                    let member = &members[(start + i) % members.len()];
-                    if member.deliveries.try_send(message(member.qos, member.subscription_id)).is_ok() {
-                        return true;
-                    }
-                }
-                let member = &members[start];
-                (member.deliveries.clone(), member.qos, member.subscription_id)
-            };
-            if deliveries.send(message(qos, subscription_id)).await.is_ok() {
-                return true;
-            }
-        }
-    }
 }

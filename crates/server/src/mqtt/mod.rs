@@ -30,6 +30,7 @@
 //! there, so the log is the queue of what came while the client was away.
 
 mod connection;
+mod followers;
 mod frame;
 pub mod headers;
 mod progress;
@@ -37,6 +38,8 @@ pub mod proto;
 mod quota;
 pub mod retained;
 pub mod sessions;
+mod shared;
+mod subscriptions;
 pub mod telemetry;
 
 use std::collections::HashMap;
@@ -131,8 +134,8 @@ pub struct Broker {
     stop: watch::Sender<bool>,
     retained: retained::RetainedStore,
     sessions: sessions::SessionStore,
-    /// Shared subscription groups by their full filter (`$share/{group}/{filter}`).
-    groups: Mutex<HashMap<String, Arc<connection::Group>>>,
+    /// Shared subscription groups.
+    groups: shared::Groups,
 }
 
 impl Broker {
@@ -187,7 +190,7 @@ impl Broker {
             shutdown,
             stop,
             retained,
-            groups: Mutex::new(HashMap::new()),
+            groups: shared::Groups::default(),
         }))
     }
 
@@ -201,24 +204,6 @@ impl Broker {
         metrics::gauge!("mqtt_connections").increment(1.0);
         connection::run(self, stream, id).await;
         metrics::gauge!("mqtt_connections").decrement(1.0);
-    }
-
-    /// Removes member `member` from the shared group `key`; the last one out stops the
-    /// group's follower.
-    fn leave_group(&self, key: &str, member: u64) {
-        let mut groups = self.groups.lock().expect("groups lock");
-        let Some(group) = groups.get(key) else { return };
-        let empty = {
-            let mut members = group.members.lock().expect("members lock");
-            members.retain(|other| other.id != member);
-            members.is_empty()
-        };
-        if empty {
-            if let Some(task) = group.task.lock().expect("group task lock").take() {
-                task.abort();
-            }
-            groups.remove(key);
-        }
     }
 
     /// The largest packet a client may send.

@@ -19,8 +19,4 @@ pub fn describe() {
     counter("mqtt_protocol_errors_total", "MQTT connections closed for a malformed or forbidden packet.");
     gauge("mqtt_retained_messages", "Topics holding a retained message.");
     gauge("mqtt_sessions_stored", "Persistent MQTT sessions stored, connected or not.");
-    counter(
-        "mqtt_subscriptions_caught_up_from_log_total",
-        "Times an MQTT subscription fell behind the live feed and read on from the log.",
-    );
 }
