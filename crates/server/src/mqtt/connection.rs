@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::num::{NonZeroU16, NonZeroU32};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
@@ -15,21 +15,19 @@ use onehop_engine::route::RouteError;
 use onehop_engine::{Durability, NewRecord, Text};
 use onehop_engine::{EngineError, ErrorKind, Position, Precondition, Stream, Table, Write};
 use rmqtt_codec::types::{Publish, QoS};
-use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::codec::Decoder;
 
 use super::Broker;
+use super::handshake::{self, Accepted};
 use super::headers::{
     CLIENT_HEADER, EXPIRES_HEADER, MessageProperties, PACKET_HEADER, QOS_HEADER, RETAIN_HEADER, message_headers,
 };
 use super::progress::{Acked, SharedProgress};
 use super::proto::{
-    Codec, ConnackInfo, ConnectRefusal, Goodbye, Inbound, Refusal, SubscribeFilter, Version, Will, connect_refusal_for,
-    goodbye_for, qos_of_rank, qos_rank,
+    Codec, Goodbye, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for, qos_of_rank, qos_rank,
 };
 use super::quota::InboundQuota;
 use super::sessions::{StoredRelease, StoredSession};
@@ -41,10 +39,6 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a goodbye (a v5 DISCONNECT) may take to write: it is a courtesy, and the
 /// connection's end (its will, its session's release) waits for it.
 const GOODBYE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long a connection waits for the one it takes over to write its session down: long
-/// enough for a session write under a slow disk, short enough that a stuck one is answered
-/// (CONNACK "server unavailable") rather than held.
-const SESSION_HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a persistent session's positions are written while acknowledgements move them:
 /// after a crash, at most this much is delivered again, for one small write a second.
 const SESSION_WRITE_INTERVAL: Duration = Duration::from_secs(1);
@@ -60,17 +54,12 @@ const WRITE_BATCH_BYTES: usize = 64 * 1024;
 /// Acknowledgement groups that may wait to be handed over beyond the receive maximum: refusals
 /// and resent QoS 2 publishes take no receive-maximum slot, and their tasks should not wait.
 const ACK_GROUPS_SPARE: usize = 16;
-/// A CONNACK "unacceptable protocol version" in the 3.1.1 form, which clients of every version
-/// read.
-const CONNACK_UNACCEPTABLE_VERSION: [u8; 4] = [0x20, 0x02, 0x00, 0x01];
 /// How much of the log one step of looking for a resent QoS 2 message reads: a bound on the
 /// memory of a look that runs only after a reconnect.
 const LOOKUP_RECORDS_PER_READ: usize = 1024;
 const LOOKUP_BYTES_PER_READ: usize = 4 * 1024 * 1024;
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
-}
+use super::now_ms;
 
 /// Acknowledgements ready to send (in order), from the task that waited for their records.
 struct Ack {
@@ -136,81 +125,6 @@ impl Close {
     fn abnormal(goodbye: Goodbye, reason: impl Into<String>) -> Close {
         Close { will: true, goodbye: Some((goodbye, reason.into())) }
     }
-}
-
-/// Reads until `buf` holds a whole packet of the handshake, or the client goes away.
-async fn read_more<S: AsyncRead>(reader: &mut ReadHalf<S>, buf: &mut BytesMut) -> Option<()> {
-    match reader.read_buf(buf).await {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(()),
-    }
-}
-
-/// Reads the protocol version and the CONNECT.
-async fn handshake<S: AsyncRead + AsyncWrite>(
-    broker: &Broker,
-    reader: &mut ReadHalf<S>,
-    writer: &mut WriteHalf<S>,
-    buf: &mut BytesMut,
-) -> Option<(Codec, super::proto::Connect)> {
-    let version = loop {
-        match VersionCodec.decode(buf) {
-            Ok(Some(ProtocolVersion::MQTT3)) => break Version::V3,
-            Ok(Some(ProtocolVersion::MQTT5)) => break Version::V5,
-            Ok(None) => read_more(reader, buf).await?,
-            Err(rmqtt_codec::error::DecodeError::UnsupportedProtocolLevel) => {
-                let _ = writer.write_all(&CONNACK_UNACCEPTABLE_VERSION).await;
-                return None;
-            }
-            Err(rmqtt_codec::error::DecodeError::InvalidProtocol) if names_mqtt(buf) => {
-                // CONNACK "unacceptable protocol version", in the 3.1.1 form every client reads.
-                let _ = writer.write_all(&CONNACK_UNACCEPTABLE_VERSION).await;
-                return None;
-            }
-            Err(error) => {
-                tracing::debug!(%error, "MQTT handshake refused");
-                return None;
-            }
-        }
-    };
-    let mut codec = Codec::new(version, broker.config.max_packet_bytes);
-    loop {
-        match codec.decode(buf) {
-            Ok(Some(Inbound::Connect(connect))) => return Some((codec, *connect)),
-            Ok(Some(other)) => {
-                tracing::debug!(packet = ?other, "MQTT: the first packet must be CONNECT");
-                return None;
-            }
-            Ok(None) => read_more(reader, buf).await?,
-            Err(error) => {
-                tracing::debug!(%error, "MQTT CONNECT refused");
-                let mut out = BytesMut::new();
-                if codec.connack(Err(connect_refusal_for(&error)), &mut out).is_ok() {
-                    let _ = writer.write_all(&out).await;
-                }
-                return None;
-            }
-        }
-    }
-}
-
-/// Whether `buf` starts with a CONNECT naming the MQTT protocol (so a refusal is about its
-/// level, which deserves a CONNACK saying so, not a silent close).
-fn names_mqtt(buf: &[u8]) -> bool {
-    if buf.first() != Some(&0x10) {
-        return false;
-    }
-    // Skip the remaining length (1 to 4 bytes).
-    let Some(length_bytes) = buf[1..].iter().take(4).position(|byte| byte & 0x80 == 0).map(|i| i + 1) else {
-        return false;
-    };
-    let rest = &buf[1 + length_bytes..];
-    rest.starts_with(&[0x00, 0x04, b'M', b'Q', b'T', b'T'])
-        || rest.starts_with(&[0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p'])
-}
-
-fn generated_client_id(connection: u64) -> String {
-    format!("onehop-{connection:x}-{:x}", now_ms())
 }
 
 /// Where a session's last publish went: its topic, the stream and partition it resolved to,
@@ -326,7 +240,7 @@ fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Durat
     tokio::spawn(async move {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
-            if broker.is_connected(&client_id) {
+            if broker.clients.is_connected(&client_id) {
                 return;
             }
         }
@@ -353,69 +267,11 @@ fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Durat
 pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<Broker>, stream: S, connection: u64) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
-    let handshake =
-        tokio::time::timeout(broker.config.connect_timeout, handshake(&broker, &mut reader, &mut writer, &mut buf))
-            .await;
-    let Ok(Some((mut codec, connect))) = handshake else { return };
-    let mut out = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
-
-    let mut assigned = None;
-    let client_id = if connect.client_id.is_empty() {
-        if codec.version() == Version::V3 && !connect.clean_start {
-            let _ = codec.connack(Err(ConnectRefusal::BadClientId), &mut out);
-            let _ = writer.write_all(&out).await;
-            return;
-        }
-        let id = generated_client_id(connection);
-        assigned = Some(id.clone());
-        id
-    } else {
-        connect.client_id.clone()
-    };
-    if !broker.config.auth.allow(&client_id, connect.username.as_deref(), connect.password.as_deref()) {
-        let _ = codec.connack(Err(ConnectRefusal::NotAuthorized), &mut out);
-        let _ = writer.write_all(&out).await;
-        return;
-    }
-    if let Some(max) = connect.max_packet_size {
-        codec.set_max_outbound(max);
-    }
-    // Take the client id over (an earlier connection with it is closed), then wait until that
-    // connection has written its session, so this one finds it as it was left.
-    let kicked = broker.register(&client_id, connection);
-    let owner = broker.sessions.owner_lock(&client_id);
-    let Ok(owned) = tokio::time::timeout(SESSION_HANDOVER_TIMEOUT, owner.clone().lock_owned()).await else {
-        let _ = codec.connack(Err(ConnectRefusal::Unavailable), &mut out);
-        let _ = writer.write_all(&out).await;
-        broker.unregister(&client_id, connection);
+    let Some(accepted) = handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection).await else {
         return;
     };
-    let stored = if connect.clean_start {
-        if broker.sessions.get(&client_id).is_some()
-            && let Err(error) = broker.sessions.put(&client_id, None).await
-        {
-            tracing::warn!(client_id, %error, "an MQTT session could not be ended");
-        }
-        None
-    } else {
-        broker.sessions.get(&client_id).filter(|session| !session.expired(now_ms()))
-    };
-    let info = ConnackInfo {
-        assigned_client_id: assigned,
-        receive_max: broker.config.receive_max,
-        max_packet_size: broker.config.max_packet_bytes,
-        topic_alias_max: broker.config.topic_alias_max,
-        session_present: stored.is_some(),
-    };
-    if codec.connack(Ok(info), &mut out).is_err() || writer.write_all(&out).await.is_err() {
-        broker.unregister(&client_id, connection);
-        drop(owned);
-        broker.sessions.release_owner(&client_id, owner);
-        return;
-    }
-    out.clear();
-    tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
-
+    let Accepted { codec, connect, client_id, stored, kicked, owner } = accepted;
+    let out = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
     let (acks_tx, acks_rx) = mpsc::channel(usize::from(broker.config.receive_max) + ACK_GROUPS_SPARE);
     let (deliveries_tx, deliveries_rx) = mpsc::channel(broker.config.outbound_queue);
     let mut session = Session {
@@ -513,8 +369,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
     } else if session.end_session {
         let _ = broker.sessions.put(&client_id, None).await;
     }
-    drop(owned);
-    broker.sessions.release_owner(&client_id, owner);
+    owner.release(&broker, &client_id);
 
     // Dropping the handles stops the followers and leaves shared groups.
     session.subscriptions.clear();
@@ -526,7 +381,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         tracing::debug!(client_id, ?goodbye, reason, "MQTT connection closed by the server");
     }
     let _ = writer.shutdown().await;
-    broker.unregister(&client_id, connection);
+    broker.clients.unregister(&client_id, connection);
     if close.will
         && let Some(will) = session.will.take()
     {

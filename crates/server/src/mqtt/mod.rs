@@ -32,6 +32,7 @@
 mod connection;
 mod followers;
 mod frame;
+mod handshake;
 pub mod headers;
 mod progress;
 pub mod proto;
@@ -42,31 +43,22 @@ mod shared;
 mod subscriptions;
 pub mod telemetry;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use onehop_engine::Engine;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{Semaphore, watch};
 
 use crate::linger::Lingering;
 
-/// Decides whether a client may connect. The default allows everyone.
-pub trait Authenticate: Send + Sync {
-    fn allow(&self, client_id: &str, username: Option<&str>, password: Option<&[u8]>) -> bool;
-}
+pub use handshake::{AllowAll, Authenticate};
 
-/// Lets every client in.
-pub struct AllowAll;
-
-impl Authenticate for AllowAll {
-    fn allow(&self, _client_id: &str, _username: Option<&str>, _password: Option<&[u8]>) -> bool {
-        true
-    }
+/// The time now, in ms since the Unix epoch: what message expiry and session expiry count in.
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
 }
 
 /// Largest packet a client may send by default: a record of the default size and its topic.
@@ -128,7 +120,7 @@ pub struct Broker {
     engine: Arc<Engine>,
     config: MqttConfig,
     /// Connected clients by id, with the signal that takes their session over.
-    clients: Mutex<HashMap<String, (u64, oneshot::Sender<()>)>>,
+    clients: handshake::Clients,
     next_connection: AtomicU64,
     shutdown: watch::Receiver<bool>,
     stop: watch::Sender<bool>,
@@ -136,31 +128,6 @@ pub struct Broker {
     sessions: sessions::SessionStore,
     /// Shared subscription groups.
     groups: shared::Groups,
-}
-
-impl Broker {
-    /// Registers `client_id` for connection `connection`, taking over (disconnecting) an
-    /// earlier connection with the same id. Returns the signal of this one's takeover.
-    fn register(&self, client_id: &str, connection: u64) -> oneshot::Receiver<()> {
-        let (kick, kicked) = oneshot::channel();
-        let previous = self.clients.lock().expect("clients lock").insert(client_id.to_string(), (connection, kick));
-        if let Some((_, kick)) = previous {
-            let _ = kick.send(());
-        }
-        kicked
-    }
-
-    /// Whether a connection with `client_id` is open.
-    fn is_connected(&self, client_id: &str) -> bool {
-        self.clients.lock().expect("clients lock").contains_key(client_id)
-    }
-
-    fn unregister(&self, client_id: &str, connection: u64) {
-        let mut clients = self.clients.lock().expect("clients lock");
-        if clients.get(client_id).is_some_and(|(id, _)| *id == connection) {
-            clients.remove(client_id);
-        }
-    }
 }
 
 impl Broker {
@@ -185,7 +152,7 @@ impl Broker {
             sessions,
             engine,
             config,
-            clients: Mutex::new(HashMap::new()),
+            clients: handshake::Clients::default(),
             next_connection: AtomicU64::new(1),
             shutdown,
             stop,
