@@ -11,9 +11,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use onehop_engine::hub::Event;
-use onehop_engine::route::RouteError;
 use onehop_engine::{Durability, NewRecord, Text};
-use onehop_engine::{EngineError, ErrorKind, Position, Precondition, Stream, Table, Write};
+use onehop_engine::{EngineError, Position, Precondition, Table, Write};
 use rmqtt_codec::types::{Publish, QoS};
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,8 +29,10 @@ use super::proto::{
     Codec, Goodbye, Inbound, Refusal, SubscribeFilter, Version, Will, goodbye_for, qos_of_rank, qos_rank,
 };
 use super::quota::InboundQuota;
+use super::routing::{self, RouteCache};
 use super::sessions::{StoredRelease, StoredSession};
 use super::subscriptions::Subscriptions;
+use onehop_engine::route::Route;
 
 /// How long writing to a client may take before it is given up on: a client that reads
 /// nothing for this long holds a connection and its queues for nothing.
@@ -69,8 +70,7 @@ struct Ack {
 
 /// Publishes decoded from one read, for one partition, queued to the log as one append.
 struct Batch {
-    stream: Arc<Stream>,
-    partition: u32,
+    route: Route,
     durability: Option<Durability>,
     records: Vec<NewRecord>,
     bytes: usize,
@@ -127,113 +127,6 @@ impl Close {
     }
 }
 
-/// Where a session's last publish went: its topic, the stream and partition it resolved to,
-/// and the catalog generation that held while it did. A publisher mostly repeats one topic,
-/// and resolving it (checking it, looking for a view, a table and a routed stream, hashing
-/// it) was ~3 % of the server's CPU at 100 000 messages a second.
-struct LastRoute {
-    topic: Text,
-    generation: u64,
-    stream: Arc<Stream>,
-    partition: u32,
-}
-
-/// The stream and partition of `topic` (the partition its topic hashes to: one topic stays in
-/// order), or why it takes no message. With `last`, the last route is used when it is for the
-/// same topic and no stream, table or view was created or dropped since, and kept otherwise.
-async fn route(
-    broker: &Broker,
-    topic: &Text,
-    last: Option<&mut Option<LastRoute>>,
-) -> Result<(Arc<Stream>, u32), (Refusal, String)> {
-    // Read before resolving: a change during it makes the route stale at once.
-    let generation = broker.engine.catalog_generation();
-    if let Some(Some(route)) = last.as_deref()
-        && route.generation == generation
-        && route.topic == *topic
-    {
-        return Ok((route.stream.clone(), route.partition));
-    }
-    let (stream, partition) = resolve(broker, topic).await?;
-    if let Some(last) = last {
-        // A copy: the topic shares the packet's read buffer.
-        let topic = Text::from(topic.as_str());
-        *last = Some(LastRoute { topic, generation, stream: stream.clone(), partition });
-    }
-    Ok((stream, partition))
-}
-
-/// The engine's route for `topic` (see [`onehop_engine::route`]), or the refusal that says why
-/// it takes no message, as MQTT says it.
-async fn resolve(broker: &Broker, topic: &Text) -> Result<(Arc<Stream>, u32), (Refusal, String)> {
-    match broker.engine.route(topic).await {
-        Ok(route) => Ok((route.stream, route.partition)),
-        Err(error) => Err((route_refusal(&error), error.to_string())),
-    }
-}
-
-/// What a refused route is in MQTT's reason codes. Exhaustive: a new way to refuse a route does
-/// not compile until it is given one.
-fn route_refusal(error: &RouteError) -> Refusal {
-    match error {
-        RouteError::InvalidSubject { .. } | RouteError::Reserved(_) | RouteError::Table { .. } => Refusal::TopicInvalid,
-        RouteError::ReadOnlyView(_) => Refusal::NotAuthorized,
-        RouteError::Stream(error) => engine_refusal(error),
-    }
-}
-
-/// What an engine error is in MQTT's reason codes, by its kind. Exhaustive: a new kind does not
-/// compile until it is given one.
-fn engine_refusal(error: &EngineError) -> Refusal {
-    match error.kind() {
-        ErrorKind::Invalid => Refusal::TopicInvalid,
-        // A stream that does not exist and may not be created: the client may not use it.
-        ErrorKind::NotFound => Refusal::NotAuthorized,
-        ErrorKind::TooLarge => Refusal::QuotaExceeded,
-        ErrorKind::Conflict
-        | ErrorKind::PreconditionFailed
-        | ErrorKind::OutOfRange
-        | ErrorKind::ShuttingDown
-        | ErrorKind::StorageFailed
-        | ErrorKind::Internal => Refusal::Unavailable,
-    }
-}
-
-/// Where a message goes and as what: its stream and partition (see [`route`]), the record,
-/// and its durability.
-async fn prepare(
-    broker: &Broker,
-    topic: &Text,
-    payload: Bytes,
-    qos: QoS,
-    headers: Vec<(Text, Bytes)>,
-    last: Option<&mut Option<LastRoute>>,
-) -> Result<(Arc<Stream>, u32, NewRecord, Option<Durability>), (Refusal, String)> {
-    let (stream, partition) = route(broker, topic, last).await?;
-    let record =
-        NewRecord { timestamp_ms: None, key: None, subject: Some(topic.clone()), headers, value: Some(payload) };
-    if let Err(error) = stream.check(partition, std::slice::from_ref(&record)) {
-        return Err((Refusal::QuotaExceeded, error.to_string()));
-    }
-    let durability = if qos == QoS::AtMostOnce { Some(Durability::Async) } else { None };
-    Ok((stream, partition, record, durability))
-}
-
-/// Queues one message for the log.
-async fn append(
-    broker: &Broker,
-    topic: &Text,
-    payload: Bytes,
-    qos: QoS,
-    headers: Vec<(Text, Bytes)>,
-) -> Result<onehop_engine::QueuedAppend, (Refusal, String)> {
-    let (stream, partition, record, durability) = prepare(broker, topic, payload, qos, headers, None).await?;
-    stream
-        .enqueue_to(partition, std::slice::from_ref(&record), durability)
-        .await
-        .map_err(|error| (Refusal::Unavailable, error.to_string()))
-}
-
 /// Publishes a will message (after the connection ended abnormally), after `delay` unless the
 /// client is back by then.
 fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Duration) {
@@ -244,20 +137,33 @@ fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Durat
                 return;
             }
         }
+        let topic = Text::from(will.topic.as_str());
         let headers = message_headers(will.qos, will.properties, will.retain, now_ms());
-        let queued = append(&broker, &Text::from(&will.topic), will.payload.clone(), will.qos, headers.clone()).await;
-        match queued {
-            Ok(queued) => {
-                if let Err(error) = queued.await {
-                    tracing::warn!(topic = %will.topic, %error, "the will message could not be stored");
-                }
-                if will.retain
-                    && let Err(error) = broker.retained.set(&will.topic, will.payload, headers).await
-                {
-                    tracing::warn!(topic = %will.topic, %error, "the retained will could not be stored");
-                }
+        let record = match routing::route(&broker.engine, &topic).await {
+            Ok(route) => routing::record(&route, &topic, will.payload, headers).map(|record| (route, record)),
+            Err(refused) => Err(refused),
+        };
+        let (route, record) = match record {
+            Ok(routed) => routed,
+            Err((_, reason)) => {
+                tracing::debug!(%topic, reason, "will message dropped");
+                return;
             }
-            Err((_, reason)) => tracing::debug!(topic = %will.topic, reason, "will message dropped"),
+        };
+        let durability = routing::durability(will.qos);
+        let stored = if will.retain {
+            match broker.retained.publish(&route, record, durability).await {
+                Ok(stored) => stored.await,
+                Err(error) => Err(error.to_string()),
+            }
+        } else {
+            match route.enqueue(std::slice::from_ref(&record), durability).await {
+                Ok(queued) => queued.await.map(|_| ()).map_err(|error| error.to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        };
+        if let Err(error) = stored {
+            tracing::warn!(%topic, error, "the will message could not be stored");
         }
     });
 }
@@ -282,7 +188,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         client_id_bytes: Bytes::from(client_id.clone()),
         will: connect.will.clone(),
         aliases: HashMap::new(),
-        last_route: None,
+        routes: RouteCache::default(),
         awaiting_release: HashMap::new(),
         in_doubt: stored
             .iter()
@@ -403,7 +309,7 @@ struct Session {
     /// v5 topic aliases the client defined.
     aliases: HashMap<u16, Text>,
     /// Where the last publish went, for the next one to the same topic.
-    last_route: Option<LastRoute>,
+    routes: RouteCache,
     /// QoS 2 publishes stored (or being stored), waiting for PUBREL: a resend is not stored
     /// again. A persistent session keeps where each went.
     awaiting_release: HashMap<NonZeroU16, Option<StoredRelease>>,
@@ -839,7 +745,7 @@ impl Session {
                     _ => Err((Refusal::PayloadInvalid, format!("a row of table {:?} is a JSON object", table.name()))),
                 }
             };
-            let durability = (qos == QoS::AtMostOnce).then_some(Durability::Async);
+            let durability = routing::durability(qos);
             let outcome = match write {
                 Ok(write) => match table.write(&id, write, Precondition::None, durability).await {
                     Ok(_) | Err(EngineError::RowNotFound { .. }) => Ok(()),
@@ -858,23 +764,24 @@ impl Session {
             // Stored in its stream and as its topic's retained message, both durable before
             // the acknowledgement: on its own, after what is gathered so far.
             self.flush().await;
-            let (stream, partition, record, durability) =
-                match prepare(&self.broker, &topic, payload.clone(), qos, headers.clone(), Some(&mut self.last_route))
-                    .await
-                {
-                    Ok(prepared) => prepared,
-                    Err((refusal, reason)) => return refuse(self, refusal, reason),
-                };
+            let routed = match self.routes.route(&self.broker.engine, &topic).await {
+                Ok(route) => routing::record(&route, &topic, payload, headers).map(|record| (route, record)),
+                Err(refused) => Err(refused),
+            };
+            let (route, record) = match routed {
+                Ok(routed) => routed,
+                Err((refusal, reason)) => return refuse(self, refusal, reason),
+            };
             if let Some((_, packet_id)) = packet
                 && qos == QoS::ExactlyOnce
             {
-                self.await_release(packet_id, &stream, partition);
+                self.await_release(packet_id, &route);
                 if self.awaiting_persist {
                     self.persist(false).await;
                 }
             }
-            let queued = match stream.enqueue_to(partition, std::slice::from_ref(&record), durability).await {
-                Ok(queued) => queued,
+            let stored = match self.broker.retained.publish(&route, record, routing::durability(qos)).await {
+                Ok(stored) => stored,
                 Err(error) => {
                     if let Some((_, packet_id)) = packet {
                         self.awaiting_release.remove(&packet_id);
@@ -882,28 +789,28 @@ impl Session {
                     return refuse(self, Refusal::Unavailable, error.to_string());
                 }
             };
-            let broker = self.broker.clone();
-            let stored = async move {
-                queued.await.map_err(|error| (Refusal::Unavailable, error.to_string()))?;
-                broker.retained.set(&topic, payload, headers).await.map_err(|error| (Refusal::Unavailable, error))
-            };
+            let stored = async move { stored.await.map_err(|error| (Refusal::Unavailable, error)) };
             self.chain(packet.into_iter().collect(), permit.into_iter().collect(), stored);
             return None;
         }
-        let prepared = prepare(&self.broker, &topic, payload, qos, headers, Some(&mut self.last_route)).await;
-        let (stream, partition, record, durability) = match prepared {
-            Ok(prepared) => prepared,
+        let routed = match self.routes.route(&self.broker.engine, &topic).await {
+            Ok(route) => routing::record(&route, &topic, payload, headers).map(|record| (route, record)),
+            Err(refused) => Err(refused),
+        };
+        let (route, record) = match routed {
+            Ok(routed) => routed,
             Err((refusal, reason)) => {
                 self.flush().await;
                 return refuse(self, refusal, reason);
             }
         };
         if let Some((QoS::ExactlyOnce, packet_id)) = packet {
-            self.await_release(packet_id, &stream, partition);
+            self.await_release(packet_id, &route);
         }
+        let durability = routing::durability(qos);
         let fits = self.batch.as_ref().is_some_and(|batch| {
-            Arc::ptr_eq(&batch.stream, &stream)
-                && batch.partition == partition
+            Arc::ptr_eq(&batch.route.stream, &route.stream)
+                && batch.route.partition == route.partition
                 && batch.durability == durability
                 && batch.records.len() < BATCH_RECORDS_MAX
                 && batch.bytes < BATCH_BYTES_MAX
@@ -912,8 +819,7 @@ impl Session {
             self.flush().await;
         }
         let batch = self.batch.get_or_insert_with(|| Batch {
-            stream,
-            partition,
+            route,
             durability,
             records: Vec::new(),
             bytes: 0,
@@ -949,12 +855,12 @@ impl Session {
 
     /// Notes an incoming QoS 2 message as stored until its PUBREL; a persistent session notes
     /// where, and writes it down before the message is queued.
-    fn await_release(&mut self, packet_id: NonZeroU16, stream: &Stream, partition: u32) {
+    fn await_release(&mut self, packet_id: NonZeroU16, route: &Route) {
         let release = self.persistent.then(|| StoredRelease {
             packet_id: packet_id.get(),
-            stream: stream.name().to_string(),
-            partition,
-            from: stream.end_offset(partition).unwrap_or(0),
+            stream: route.stream.name().to_string(),
+            partition: route.partition,
+            from: route.stream.end_offset(route.partition).unwrap_or(0),
         });
         self.awaiting_persist |= release.is_some();
         self.awaiting_release.insert(packet_id, release);
@@ -1017,7 +923,7 @@ impl Session {
         if self.awaiting_persist {
             self.persist(false).await;
         }
-        let queued = batch.stream.enqueue_to(batch.partition, &batch.records, batch.durability).await;
+        let queued = batch.route.enqueue(&batch.records, batch.durability).await;
         let stored = async move {
             match queued {
                 Ok(queued) => queued.await.map(|_| ()).map_err(|error| (Refusal::Unavailable, error.to_string())),

@@ -38,6 +38,7 @@ mod progress;
 pub mod proto;
 mod quota;
 pub mod retained;
+mod routing;
 pub mod sessions;
 mod shared;
 mod subscriptions;
@@ -124,7 +125,7 @@ pub struct Broker {
     next_connection: AtomicU64,
     shutdown: watch::Receiver<bool>,
     stop: watch::Sender<bool>,
-    retained: retained::RetainedStore,
+    retained: Arc<retained::RetainedStore>,
     sessions: sessions::SessionStore,
     /// Shared subscription groups.
     groups: shared::Groups,
@@ -156,7 +157,7 @@ impl Broker {
             next_connection: AtomicU64::new(1),
             shutdown,
             stop,
-            retained,
+            retained: Arc::new(retained),
             groups: shared::Groups::default(),
         }))
     }
