@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 
 use super::Broker;
-use super::connection::{Outbound, message_topic};
 use super::headers::CLIENT_HEADER;
+use super::machine::{Outbound, message_topic};
 use super::progress::{Resumed, SharedProgress};
 use super::proto::Refusal;
 use super::retained::Retained;

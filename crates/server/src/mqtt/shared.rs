@@ -14,7 +14,7 @@ use rmqtt_codec::types::QoS;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::connection::Outbound;
+use super::machine::Outbound;
 
 /// A member of a shared subscription group.
 pub(super) struct Member {

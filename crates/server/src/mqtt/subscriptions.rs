@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::Broker;
-use super::connection::Outbound;
 use super::followers::{Follower, Sink, Streams};
+use super::machine::Outbound;
 use super::progress::{Resumed, SharedProgress};
 use super::proto::{Granted, Refusal, SubscribeFilter, qos_rank};
 use super::retained::Retained;
