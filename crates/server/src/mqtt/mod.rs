@@ -28,6 +28,29 @@
 //! A persistent session ([`sessions`]) keeps its subscriptions and, for each, the log positions
 //! up to which the client acknowledged everything; on reconnect the subscriptions resume from
 //! there, so the log is the queue of what came while the client was away.
+//!
+//! # Layout
+//!
+//! - `handshake`: CONNECT to CONNACK: the client id, the authentication hook
+//!   ([`Authenticate`]), taking a client id over, the session found.
+//! - `connection`: one connection's loop, the I/O around `machine`: reads and decodes, carries
+//!   out the machine's actions, writes its answers, keep-alive, the end of a connection.
+//! - `machine`: the protocol state machine, with no I/O: inbound QoS flows and the receive
+//!   maximum (`machine/inbound.rs`), outbound delivery and the in-flight window
+//!   (`machine/outbound.rs`), its unit tests (`machine/tests.rs`).
+//! - `publish`: storing what clients publish: batches per partition, acknowledgements in
+//!   order once durable, table rows, the in-doubt lookup of a resent QoS 2 message, wills.
+//! - `routing`: a topic's route in the engine, as MQTT's reason codes when refused, and the
+//!   per-connection route cache.
+//! - `subscriptions`: SUBSCRIBE and UNSUBSCRIBE, each opened through
+//!   `Engine::open_subscription`; `followers`: the tasks that feed a subscription's messages
+//!   to its connection; `shared`: shared groups.
+//! - `sessions`: the persistent session store; `progress`: what a session's subscriptions
+//!   delivered and had acknowledged (resume positions, DUP).
+//! - `retained`: the retained-message store, and the one way a retained message is published.
+//! - `proto`: the packets, over rmqtt-codec's 3.1.1 and 5.0 codecs; `frame`: what the codec is
+//!   given; `headers`: a message's MQTT metadata as record headers.
+//! - `telemetry`: the broker's metrics.
 
 mod connection;
 mod followers;

@@ -3,7 +3,7 @@
 //! properties, [`super::headers`]; a tombstone when an empty retained message clears the topic) and in memory,
 //! replayed from that topic at start. So retained messages survive restarts.
 //!
-//! A retained PUBLISH is published through [`RetainedStore::publish`] alone: its record in its
+//! A retained PUBLISH is published through `RetainedStore::publish` alone: its record in its
 //! stream, then the retained message, both durable before it is acknowledged.
 //!
 //! The memory map keeps, per topic, the log offset of the message it holds: a message replaces
