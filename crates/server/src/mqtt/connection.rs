@@ -49,16 +49,20 @@ const ACK_GROUPS_SPARE: usize = 16;
 
 /// Serves one client over `stream` (a TCP connection, or a WebSocket's byte stream) until it
 /// goes away.
-pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<Broker>, stream: S, connection: u64) {
+pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
+    broker: Arc<Broker>,
+    stream: S,
+    connection_id: u64,
+) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
-    let Some(accepted) = handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection).await else {
+    let Some(accepted) = handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection_id).await else {
         return;
     };
     let Accepted { codec, connect, client_id, stored, kicked, owner } = accepted;
     let (acks_sender, acks) = mpsc::channel(usize::from(broker.config.receive_max) + ACK_GROUPS_SPARE);
     let (deliveries_sender, deliveries) = mpsc::channel(broker.config.outbound_queue);
-    let mut session = Connection {
+    let mut connection = Connection {
         machine: Machine::new(codec, &connect, &client_id, &broker.config),
         publisher: Publisher::new(broker.clone(), acks_sender),
         subscriptions: Subscriptions::new(broker.clone(), &client_id, deliveries_sender),
@@ -67,42 +71,21 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<
         broker: broker.clone(),
         client_id,
     };
-    session.restore(stored.as_ref(), &mut writer).await;
+    connection.restore(stored.as_ref(), &mut writer).await;
     let keep_alive = (connect.keep_alive_secs > 0)
         .then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * KEEP_ALIVE_GRACE_PERMILLE));
     let mut inputs = Inputs { buf, kicked, acks, deliveries, keep_alive };
-    let close = session.serve(&mut reader, &mut writer, &mut inputs).await;
-    let ending = session.machine.end(&close);
-    match ending.session {
-        SessionEnd::Keep => {
-            // What the session keeps of incoming QoS 2 messages must be what was stored: wait
-            // for the writes still under way, and forget the ones that failed.
-            session.publisher.settled().await;
-            while let Ok(ack) = inputs.acks.try_recv() {
-                session.machine.settle(&ack);
-            }
-            session.persist(true).await;
-        }
-        SessionEnd::Delete => {
-            let _ = broker.sessions.put(&session.client_id, None).await;
-        }
-        SessionEnd::Forget => {}
-    }
-    owner.release(&broker, &session.client_id);
+    let close = connection.serve(&mut reader, &mut writer, &mut inputs).await;
+    let ending = connection.machine.end(&close);
+    connection.leave_session(ending.session, &mut inputs.acks).await;
+    owner.release(&broker, &connection.client_id);
     // Dropping the handles stops the followers and leaves shared groups.
-    session.subscriptions.clear();
-    session.counters.add(session.machine.take_counts());
-    let goodbye = session.machine.output();
-    if !goodbye.is_empty() {
-        let _ = tokio::time::timeout(GOODBYE_WRITE_TIMEOUT, writer.write_all(goodbye)).await;
-    }
-    if let Some((goodbye, reason)) = &close.goodbye {
-        tracing::debug!(client_id = session.client_id, ?goodbye, reason, "MQTT connection closed by the server");
-    }
-    let _ = writer.shutdown().await;
-    broker.clients.unregister(&session.client_id, connection);
+    connection.subscriptions.clear();
+    connection.counters.add(connection.machine.take_counts());
+    connection.say_goodbye(&close, &mut writer).await;
+    broker.clients.unregister(&connection.client_id, connection_id);
     if let Some((will, delay)) = ending.will {
-        publish::publish_will(broker, will, session.client_id, delay);
+        publish::publish_will(broker, will, connection.client_id, delay);
     }
 }
 
@@ -169,6 +152,39 @@ impl Connection {
         } else if stored.is_some() {
             let _ = self.broker.sessions.put(&self.client_id, None).await;
         }
+    }
+
+    /// Leaves the session as the connection's end says: stored for the client's next
+    /// connection (once what is being stored has settled), ended, or neither.
+    async fn leave_session(&mut self, end: SessionEnd, acks: &mut mpsc::Receiver<Ack>) {
+        match end {
+            SessionEnd::Keep => {
+                // What the session keeps of incoming QoS 2 messages must be what was stored:
+                // wait for the writes still under way, and forget the ones that failed.
+                self.publisher.settled().await;
+                while let Ok(ack) = acks.try_recv() {
+                    self.machine.settle(&ack);
+                }
+                self.persist(true).await;
+            }
+            SessionEnd::Delete => {
+                let _ = self.broker.sessions.put(&self.client_id, None).await;
+            }
+            SessionEnd::Forget => {}
+        }
+    }
+
+    /// Writes the goodbye the machine has for the client (a v5 DISCONNECT), if any, within its
+    /// time, and closes the write side.
+    async fn say_goodbye<S: AsyncWrite>(&mut self, close: &Close, writer: &mut WriteHalf<S>) {
+        let goodbye = self.machine.output();
+        if !goodbye.is_empty() {
+            let _ = tokio::time::timeout(GOODBYE_WRITE_TIMEOUT, writer.write_all(goodbye)).await;
+        }
+        if let Some((goodbye, reason)) = &close.goodbye {
+            tracing::debug!(client_id = self.client_id, ?goodbye, reason, "MQTT connection closed by the server");
+        }
+        let _ = writer.shutdown().await;
     }
 
     /// The loop: until the connection ends, and why.
