@@ -127,6 +127,7 @@ pub(super) struct Ending {
     pub(super) will: Option<(Will, Duration)>,
 }
 
+/// What becomes of the stored session when its connection ends.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum SessionEnd {
     /// Stored, for the client's next connection.
@@ -166,6 +167,8 @@ pub(super) struct Machine {
     inbound: inbound::Received,
     outbound: outbound::InFlight,
     session: Session,
+    /// What the connection is to do next. Bounded by what one event asks (a few actions at
+    /// most): the connection carries them all out after every event it hands over.
     actions: VecDeque<Action>,
     counts: Counts,
     /// The time now, in ms since the Unix epoch (a fixed clock in tests).
