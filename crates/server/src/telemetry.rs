@@ -73,13 +73,13 @@ fn describe() {
         "engine_orphaned_topics",
         "Topics with data on disk that the catalog neither defines nor dropped (kept, not served).",
     );
-    gauge("hub_subscriptions", "Live subscriptions registered with the hub (SSE and WebSocket).");
+    gauge("hub_subscriptions", "Live subscriptions registered with the hub (SSE, WebSocket and MQTT).");
     counter(
         "hub_subscribers_overflowed_total",
         "Subscribers whose queue was full; each reads on from the log (or resumes, if told to).",
     );
     counter(
         "hub_subscribers_carried_on_from_log_total",
-        "Times an HTTP subscriber fell behind the live feed and read on from the log.",
+        "Times a subscriber (SSE, WebSocket or MQTT) fell behind the live feed and read on from the log.",
     );
 }

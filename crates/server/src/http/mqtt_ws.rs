@@ -19,14 +19,13 @@ use super::AppState;
 use super::error::ApiError;
 use crate::mqtt::Broker;
 
-/// The WebSocket's read buffer: MQTT packets from clients are small; a large one is read in
-/// several steps.
-const WEBSOCKET_READ_BUFFER_BYTES: usize = 4 * 1024;
-/// What the bridge reads from the broker's side per step and sends as one binary message.
-const BROKER_READ_CHUNK_BYTES: usize = 16 * 1024;
-
-/// Bytes buffered between the WebSocket and the broker, each way.
+/// Bytes buffered between the WebSocket and the broker, each way: a few packets in flight
+/// without letting one connection buffer much.
 const PIPE_BYTES: usize = 64 * 1024;
+/// The WebSocket's read buffer: MQTT packets are mostly small.
+const READ_BUFFER_BYTES: usize = 4 * 1024;
+/// What one WebSocket message to the client carries at most of the broker's bytes.
+const MESSAGE_BYTES_MAX: usize = 16 * 1024;
 
 pub async fn upgrade(
     State(state): State<AppState>,
@@ -49,7 +48,7 @@ pub async fn upgrade(
     let max_message = usize::try_from(broker.max_packet_bytes()).unwrap_or(usize::MAX);
     Ok(upgrade
         .protocols(["mqtt"])
-        .read_buffer_size(WEBSOCKET_READ_BUFFER_BYTES)
+        .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(0)
         .max_message_size(max_message)
         .max_frame_size(max_message)
@@ -79,7 +78,7 @@ async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
         let _ = to_broker.shutdown().await;
     };
     let outbound = async move {
-        let mut chunk = vec![0u8; BROKER_READ_CHUNK_BYTES];
+        let mut chunk = vec![0u8; MESSAGE_BYTES_MAX];
         loop {
             match from_broker.read(&mut chunk).await {
                 Ok(0) | Err(_) => break,

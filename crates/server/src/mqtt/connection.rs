@@ -1,2109 +1,418 @@
-//! One MQTT connection: the handshake, then one task that reads packets, writes answers and
-//! messages, and enforces keep-alive. Publishes are queued to the log in the order they arrive
-//! (so one topic's messages keep their order) and acknowledged from small tasks once durable;
-//! each subscription is a task that follows the hub and feeds the connection's outbound queue.
+//! One MQTT connection's loop: the I/O around the protocol state machine ([`super::machine`]).
+//! After the handshake ([`super::handshake`]), one task reads packets, hands them to the
+//! machine, carries out what it asks (storing messages through [`Publisher`], opening
+//! subscriptions, writing the session down), hands it the acknowledgements and the messages
+//! its subscriptions deliver, writes what it answers, and enforces keep-alive. When the
+//! connection ends, the session is written, the goodbye said, and the will published.
 
-use std::collections::HashMap;
-use std::num::{NonZeroU16, NonZeroU32};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use bytestring::ByteString;
-use onehop_engine::hub::{Delivery, Event};
-use onehop_engine::route::RouteError;
-use onehop_engine::subject::SubjectFilter;
-use onehop_engine::{Durability, Headers, NewRecord, Text};
-use onehop_engine::{EngineError, ErrorKind, Filter, Position, Precondition, Stream, Table, Write};
-use rmqtt_codec::types::{Publish, QoS};
-use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
-use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
-use tokio::task::JoinHandle;
+use bytes::BytesMut;
+use rmqtt_codec::types::QoS;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::codec::Decoder;
 
-use super::Broker;
-use super::headers::{EXPIRES_HEADER, MessageProperties, QOS_HEADER, RETAIN_HEADER, message_headers};
-use super::proto::{
-    Codec, ConnackInfo, ConnectRefusal, Goodbye, Granted, Inbound, Refusal, SubscribeFilter, Version, Will,
-    connect_refusal_for, goodbye_for,
-};
-use super::quota::InboundQuota;
-use super::sessions::{StoredRelease, StoredSession, StoredSubscription};
+use super::handshake::{self, Accepted};
+use super::machine::{self, Ack, Action, Close, Event, Interruption, Machine, Message, Outbound, SessionEnd};
+use super::proto::{Inbound, Refusal, SubscribeFilter, qos_of_rank};
+use super::publish::{self, Publisher};
+use super::routing;
+use super::sessions::StoredSession;
+use super::subscriptions::Subscriptions;
+use super::telemetry::Counters;
+use super::{Broker, now_ms};
 
-/// The record header naming the MQTT 5 client that published a message (for no local).
-const CLIENT_HEADER: &str = "onehop-mqtt-client";
-/// On a QoS 2 message of a persistent session: its packet id, to recognise a resend after a
-/// crash (with the client header).
-const PACKET_HEADER: &str = "onehop-mqtt-packet";
-/// How long writing to a client may take before it is given up on.
+/// How long writing to a client may take before it is given up on: a client that reads
+/// nothing for this long holds a connection and its queues for nothing.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
-}
-
-fn qos_of(rank: u8) -> QoS {
-    match rank {
-        0 => QoS::AtMostOnce,
-        2 => QoS::ExactlyOnce,
-        _ => QoS::AtLeastOnce,
-    }
-}
-
-fn qos_rank(qos: QoS) -> u8 {
-    match qos {
-        QoS::AtMostOnce => 0,
-        QoS::AtLeastOnce => 1,
-        QoS::ExactlyOnce => 2,
-    }
-}
-
-/// Acknowledgements ready to send (in order), from the task that waited for their records.
-struct Ack {
-    packets: Vec<(QoS, NonZeroU16)>,
-    outcome: Result<(), (Refusal, String)>,
-}
-
-/// Publishes decoded from one read, for one partition, queued to the log as one append.
-struct Batch {
-    stream: Arc<Stream>,
-    partition: u32,
-    durability: Option<Durability>,
-    records: Vec<NewRecord>,
-    bytes: usize,
-    acks: Vec<(QoS, NonZeroU16)>,
-    permits: Vec<OwnedSemaphorePermit>,
-}
-
-/// A batch is queued once it holds this many records or bytes.
-const BATCH_RECORDS_MAX: usize = 1024;
-const BATCH_BYTES_MAX: usize = 1024 * 1024;
-
-/// What subscription tasks hand the connection.
-enum Outbound {
-    Message {
-        event: Arc<Event>,
-        qos: QoS,
-        subscription_id: Option<NonZeroU32>,
-        /// Sent with the retain flag: a retained message at subscribe time.
-        retain: bool,
-        /// v5: a live message keeps the retain flag it was published with.
-        retain_as_published: bool,
-        /// The subscription's progress, to mark this message acknowledged (live messages of a
-        /// connection's own subscriptions; not retained ones, not shared groups').
-        progress: Option<SharedProgress>,
-        /// Sent before, to a previous connection of this session.
-        dup: bool,
-    },
-    /// A subscription could not carry on (its stream's history is gone past where it was).
-    CutOff,
-}
-
-/// Where an outgoing QoS 1/2 message stands.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[allow(clippy::enum_variant_names)]
-enum Inflight {
-    AwaitingAck,
-    AwaitingRec,
-    AwaitingComp,
-}
-
-/// Why the connection ends.
-struct Close {
-    /// Publish the will (the connection ended other than by a normal DISCONNECT).
-    will: bool,
-    /// What a v5 client is told, if anything.
-    goodbye: Option<(Goodbye, String)>,
-}
-
-impl Close {
-    fn abnormal(goodbye: Goodbye, reason: impl Into<String>) -> Close {
-        Close { will: true, goodbye: Some((goodbye, reason.into())) }
-    }
-}
-
-/// Reads until `buf` holds a whole packet of the handshake, or the client goes away.
-async fn read_more<S: AsyncRead>(reader: &mut ReadHalf<S>, buf: &mut BytesMut) -> Option<()> {
-    match reader.read_buf(buf).await {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(()),
-    }
-}
-
-/// Reads the protocol version and the CONNECT.
-async fn handshake<S: AsyncRead + AsyncWrite>(
-    broker: &Broker,
-    reader: &mut ReadHalf<S>,
-    writer: &mut WriteHalf<S>,
-    buf: &mut BytesMut,
-) -> Option<(Codec, super::proto::Connect)> {
-    let version = loop {
-        match VersionCodec.decode(buf) {
-            Ok(Some(ProtocolVersion::MQTT3)) => break Version::V3,
-            Ok(Some(ProtocolVersion::MQTT5)) => break Version::V5,
-            Ok(None) => read_more(reader, buf).await?,
-            Err(rmqtt_codec::error::DecodeError::UnsupportedProtocolLevel) => {
-                let _ = writer.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
-                return None;
-            }
-            Err(rmqtt_codec::error::DecodeError::InvalidProtocol) if names_mqtt(buf) => {
-                // CONNACK "unacceptable protocol version", in the 3.1.1 form every client reads.
-                let _ = writer.write_all(&[0x20, 0x02, 0x00, 0x01]).await;
-                return None;
-            }
-            Err(error) => {
-                tracing::debug!(%error, "MQTT handshake refused");
-                return None;
-            }
-        }
-    };
-    let mut codec = Codec::new(version, broker.config.max_packet_bytes);
-    loop {
-        match codec.decode(buf) {
-            Ok(Some(Inbound::Connect(connect))) => return Some((codec, *connect)),
-            Ok(Some(other)) => {
-                tracing::debug!(packet = ?other, "MQTT: the first packet must be CONNECT");
-                return None;
-            }
-            Ok(None) => read_more(reader, buf).await?,
-            Err(error) => {
-                tracing::debug!(%error, "MQTT CONNECT refused");
-                let mut out = BytesMut::new();
-                if codec.connack(Err(connect_refusal_for(&error)), &mut out).is_ok() {
-                    let _ = writer.write_all(&out).await;
-                }
-                return None;
-            }
-        }
-    }
-}
-
-/// Whether `buf` starts with a CONNECT naming the MQTT protocol (so a refusal is about its
-/// level, which deserves a CONNACK saying so, not a silent close).
-fn names_mqtt(buf: &[u8]) -> bool {
-    if buf.first() != Some(&0x10) {
-        return false;
-    }
-    // Skip the remaining length (1 to 4 bytes).
-    let Some(length_bytes) = buf[1..].iter().take(4).position(|byte| byte & 0x80 == 0).map(|i| i + 1) else {
-        return false;
-    };
-    let rest = &buf[1 + length_bytes..];
-    rest.starts_with(&[0x00, 0x04, b'M', b'Q', b'T', b'T'])
-        || rest.starts_with(&[0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p'])
-}
-
-fn generated_client_id(connection: u64) -> String {
-    format!("onehop-{connection:x}-{:x}", now_ms())
-}
-
-/// The view a `views/{v}/…` topic or filter names, if `v` is a view.
-fn view_of(broker: &Broker, topic: &str) -> Option<Arc<onehop_engine::view::View>> {
-    let rest = topic.strip_prefix("views/")?;
-    let name = rest.split('/').next()?;
-    broker.engine.view(name).ok()
-}
-
-/// The streams a subscription follows from the start, each with its start positions.
-type Starts = Vec<(Arc<Stream>, Vec<u64>)>;
-
-/// The streams a subscription's topic filter can find messages in: every stream for a
-/// wildcard first level; none for a `$` topic (those are the server's, and no stream holds
-/// them); else the stream the first level names and each stream whose declared `mqtt_topic`
-/// overlaps the filter — now or when such a stream is created later.
-#[derive(Clone)]
-enum Streams {
-    Every,
-    Reserved,
-    Some { named: String, filter: SubjectFilter },
-}
-
-impl Streams {
-    /// The streams of `filter`, or why a subscription to it can never get a message.
-    fn of(broker: &Broker, filter: &SubjectFilter) -> Result<Streams, (Refusal, String)> {
-        let Some(first) = filter.first_level() else { return Ok(Streams::Every) };
-        if first.starts_with('$') {
-            // Granted, as other brokers do, so a client that watches `$SYS/#` works; nothing
-            // is published there yet.
-            return Ok(Streams::Reserved);
-        }
-        let first = broker.engine.stream_named_by(first);
-        let streams = Streams::Some { named: first.to_string(), filter: filter.clone() };
-        let routed =
-            broker.engine.streams().iter().any(|stream| stream.mqtt_route().is_some() && streams.wants(stream));
-        if routed || broker.engine.stream(first).is_ok() {
-            return Ok(streams);
-        }
-        onehop_engine::validate_name(first).map_err(|error| (Refusal::TopicInvalid, error.to_string()))?;
-        if !broker.engine.options().auto_create {
-            return Err((
-                Refusal::NotAuthorized,
-                format!("{filter}: no stream {first:?}, and streams are not created on use"),
-            ));
-        }
-        Ok(streams)
-    }
-
-    fn wants(&self, stream: &Stream) -> bool {
-        match self {
-            Streams::Every => true,
-            Streams::Reserved => false,
-            Streams::Some { named, filter } => {
-                stream.name() == named || stream.mqtt_route().is_some_and(|route| route.overlaps(filter))
-            }
-        }
-    }
-}
-
-/// Where a session's last publish went: its topic, the stream and partition it resolved to,
-/// and the catalog generation that held while it did. A publisher mostly repeats one topic,
-/// and resolving it (checking it, looking for a view, a table and a routed stream, hashing
-/// it) was ~3 % of the server's CPU at 100 000 messages a second.
-struct LastRoute {
-    topic: Text,
-    generation: u64,
-    stream: Arc<Stream>,
-    partition: u32,
-}
-
-/// The stream and partition of `topic` (the partition its topic hashes to: one topic stays in
-/// order), or why it takes no message. With `last`, the last route is used when it is for the
-/// same topic and no stream, table or view was created or dropped since, and kept otherwise.
-async fn route(
-    broker: &Broker,
-    topic: &Text,
-    last: Option<&mut Option<LastRoute>>,
-) -> Result<(Arc<Stream>, u32), (Refusal, String)> {
-    // Read before resolving: a change during it makes the route stale at once.
-    let generation = broker.engine.catalog_generation();
-    if let Some(Some(route)) = last.as_deref()
-        && route.generation == generation
-        && route.topic == *topic
-    {
-        return Ok((route.stream.clone(), route.partition));
-    }
-    let (stream, partition) = resolve(broker, topic).await?;
-    if let Some(last) = last {
-        // A copy: the topic shares the packet's read buffer.
-        let topic = Text::from(topic.as_str());
-        *last = Some(LastRoute { topic, generation, stream: stream.clone(), partition });
-    }
-    Ok((stream, partition))
-}
-
-/// The engine's route for `topic` (see [`onehop_engine::route`]), or the refusal that says why
-/// it takes no message, as MQTT says it.
-async fn resolve(broker: &Broker, topic: &Text) -> Result<(Arc<Stream>, u32), (Refusal, String)> {
-    match broker.engine.route(topic).await {
-        Ok(route) => Ok((route.stream, route.partition)),
-        Err(error) => Err((route_refusal(&error), error.to_string())),
-    }
-}
-
-/// What a refused route is in MQTT's reason codes. Exhaustive: a new way to refuse a route does
-/// not compile until it is given one.
-fn route_refusal(error: &RouteError) -> Refusal {
-    match error {
-        RouteError::InvalidSubject { .. } | RouteError::Reserved(_) | RouteError::Table { .. } => Refusal::TopicInvalid,
-        RouteError::ReadOnlyView(_) => Refusal::NotAuthorized,
-        RouteError::Stream(error) => engine_refusal(error),
-    }
-}
-
-/// What an engine error is in MQTT's reason codes, by its kind. Exhaustive: a new kind does not
-/// compile until it is given one.
-fn engine_refusal(error: &EngineError) -> Refusal {
-    match error.kind() {
-        ErrorKind::Invalid => Refusal::TopicInvalid,
-        // A stream that does not exist and may not be created: the client may not use it.
-        ErrorKind::NotFound => Refusal::NotAuthorized,
-        ErrorKind::TooLarge => Refusal::QuotaExceeded,
-        ErrorKind::Conflict
-        | ErrorKind::PreconditionFailed
-        | ErrorKind::OutOfRange
-        | ErrorKind::ShuttingDown
-        | ErrorKind::StorageFailed
-        | ErrorKind::Internal => Refusal::Unavailable,
-    }
-}
-
-/// Where a message goes and as what: its stream and partition (see [`route`]), the record,
-/// and its durability.
-async fn prepare(
-    broker: &Broker,
-    topic: &Text,
-    payload: Bytes,
-    qos: QoS,
-    headers: Vec<(Text, Bytes)>,
-    last: Option<&mut Option<LastRoute>>,
-) -> Result<(Arc<Stream>, u32, NewRecord, Option<Durability>), (Refusal, String)> {
-    let (stream, partition) = route(broker, topic, last).await?;
-    let record =
-        NewRecord { timestamp_ms: None, key: None, subject: Some(topic.clone()), headers, value: Some(payload) };
-    if let Err(error) = stream.check(partition, std::slice::from_ref(&record)) {
-        return Err((Refusal::QuotaExceeded, error.to_string()));
-    }
-    let durability = if qos == QoS::AtMostOnce { Some(Durability::Async) } else { None };
-    Ok((stream, partition, record, durability))
-}
-
-/// Queues one message for the log.
-async fn append(
-    broker: &Broker,
-    topic: &Text,
-    payload: Bytes,
-    qos: QoS,
-    headers: Vec<(Text, Bytes)>,
-) -> Result<onehop_engine::QueuedAppend, (Refusal, String)> {
-    let (stream, partition, record, durability) = prepare(broker, topic, payload, qos, headers, None).await?;
-    stream
-        .enqueue_to(partition, std::slice::from_ref(&record), durability)
-        .await
-        .map_err(|error| (Refusal::Unavailable, error.to_string()))
-}
-
-/// Publishes a will message (after the connection ended abnormally), after `delay` unless the
-/// client is back by then.
-fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Duration) {
-    tokio::spawn(async move {
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-            if broker.is_connected(&client_id) {
-                return;
-            }
-        }
-        let headers = message_headers(will.qos, will.properties, will.retain, now_ms());
-        let queued = append(&broker, &Text::from(&will.topic), will.payload.clone(), will.qos, headers.clone()).await;
-        match queued {
-            Ok(queued) => {
-                if let Err(error) = queued.await {
-                    tracing::warn!(topic = %will.topic, %error, "the will message could not be stored");
-                }
-                if will.retain
-                    && let Err(error) = broker.retained.set(&will.topic, will.payload, headers).await
-                {
-                    tracing::warn!(topic = %will.topic, %error, "the retained will could not be stored");
-                }
-            }
-            Err((_, reason)) => tracing::debug!(topic = %will.topic, reason, "will message dropped"),
-        }
-    });
-}
+/// How long a goodbye (a v5 DISCONNECT) may take to write: it is a courtesy, and the
+/// connection's end (its will, its session's release) waits for it.
+const GOODBYE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a persistent session's positions are written while acknowledgements move them:
+/// after a crash, at most this much is delivered again, for one small write a second.
+const SESSION_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+/// The keep-alive a client is held to, in thousandths of what it announced: MQTT gives it one
+/// and a half (3.1.2.10, 5.0 3.1.2.10).
+const KEEP_ALIVE_GRACE_PERMILLE: u64 = 1500;
+/// A read buffer's and the answer buffer's first size: a few small packets; each grows to
+/// what the connection sends.
+pub(super) const BUFFER_BYTES_INITIAL: usize = 4096;
+/// Answers and messages gathered before they are written: one write for many small packets,
+/// and a bound on what one turn of the loop holds.
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
+/// Acknowledgement groups that may wait to be handed back beyond the receive maximum: refusals
+/// and resent QoS 2 publishes take no receive-maximum slot, and their tasks should not wait.
+const ACK_GROUPS_SPARE: usize = 16;
 
 /// Serves one client over `stream` (a TCP connection, or a WebSocket's byte stream) until it
 /// goes away.
-pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(broker: Arc<Broker>, stream: S, connection: u64) {
+pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
+    broker: Arc<Broker>,
+    stream: S,
+    connection_id: u64,
+) {
     let (mut reader, mut writer) = tokio::io::split(stream);
-    let mut buf = BytesMut::with_capacity(4096);
-    let handshake =
-        tokio::time::timeout(broker.config.connect_timeout, handshake(&broker, &mut reader, &mut writer, &mut buf))
-            .await;
-    let Ok(Some((mut codec, connect))) = handshake else { return };
-    let mut out = BytesMut::with_capacity(4096);
-
-    let mut assigned = None;
-    let client_id = if connect.client_id.is_empty() {
-        if codec.version() == Version::V3 && !connect.clean_start {
-            let _ = codec.connack(Err(ConnectRefusal::BadClientId), &mut out);
-            let _ = writer.write_all(&out).await;
-            return;
-        }
-        let id = generated_client_id(connection);
-        assigned = Some(id.clone());
-        id
-    } else {
-        connect.client_id.clone()
-    };
-    if !broker.config.auth.allow(&client_id, connect.username.as_deref(), connect.password.as_deref()) {
-        let _ = codec.connack(Err(ConnectRefusal::NotAuthorized), &mut out);
-        let _ = writer.write_all(&out).await;
-        return;
-    }
-    if let Some(max) = connect.max_packet_size {
-        codec.set_max_outbound(max);
-    }
-    // Take the client id over (an earlier connection with it is closed), then wait until that
-    // connection has written its session, so this one finds it as it was left.
-    let kicked = broker.register(&client_id, connection);
-    let owner = broker.sessions.owner_lock(&client_id);
-    let Ok(owned) = tokio::time::timeout(Duration::from_secs(5), owner.clone().lock_owned()).await else {
-        let _ = codec.connack(Err(ConnectRefusal::Unavailable), &mut out);
-        let _ = writer.write_all(&out).await;
-        broker.unregister(&client_id, connection);
+    let mut buf = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
+    let Some(accepted) = handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection_id).await else {
         return;
     };
-    let stored = if connect.clean_start {
-        if broker.sessions.get(&client_id).is_some()
-            && let Err(error) = broker.sessions.put(&client_id, None).await
-        {
-            tracing::warn!(client_id, %error, "an MQTT session could not be ended");
-        }
-        None
-    } else {
-        broker.sessions.get(&client_id).filter(|session| !session.expired(now_ms()))
-    };
-    let info = ConnackInfo {
-        assigned_client_id: assigned,
-        receive_max: broker.config.receive_max,
-        max_packet_size: broker.config.max_packet_bytes,
-        topic_alias_max: broker.config.topic_alias_max,
-        session_present: stored.is_some(),
-    };
-    if codec.connack(Ok(info), &mut out).is_err() || writer.write_all(&out).await.is_err() {
-        broker.unregister(&client_id, connection);
-        drop(owned);
-        broker.sessions.release_owner(&client_id, owner);
-        return;
-    }
-    out.clear();
-    tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
-
-    let (acks_tx, acks_rx) = mpsc::channel(usize::from(broker.config.receive_max) + 16);
-    let (deliveries_tx, deliveries_rx) = mpsc::channel(broker.config.outbound_queue);
-    let mut session = Session {
-        broker: broker.clone(),
-        codec,
-        out,
-        client_id: client_id.clone(),
-        client_id_bytes: Bytes::from(client_id.clone()),
-        will: connect.will.clone(),
-        aliases: HashMap::new(),
-        last_route: None,
-        awaiting_release: HashMap::new(),
-        in_doubt: stored
-            .iter()
-            .flat_map(|stored| &stored.awaiting_release)
-            .filter_map(|release| Some((NonZeroU16::new(release.packet_id)?, release.clone())))
-            .collect(),
-        awaiting_persist: false,
-        pubrel_due: Vec::new(),
-        inflight: HashMap::new(),
-        next_packet_id: 1,
-        client_receive_max: usize::from(connect.receive_max.max(1)),
-        subscriptions: HashMap::new(),
-        acks_tx,
-        deliveries_tx,
-        quota: InboundQuota::new(broker.config.receive_max),
-        persistent: connect.session_expiry_secs > 0,
-        session_expiry_secs: connect.session_expiry_secs,
-        session_written: Instant::now(),
-        end_session: false,
-        batch: None,
-        acks_done: None,
+    let Accepted { codec, connect, client_id, stored, kicked, owner } = accepted;
+    let (acks_sender, acks) = mpsc::channel(usize::from(broker.config.receive_max) + ACK_GROUPS_SPARE);
+    let (deliveries_sender, deliveries) = mpsc::channel(broker.config.outbound_queue);
+    let mut connection = Connection {
+        machine: Machine::new(codec, &connect, &client_id, &broker.config),
+        publisher: Publisher::new(broker.clone(), acks_sender),
+        subscriptions: Subscriptions::new(broker.clone(), &client_id, deliveries_sender),
         counters: Counters::new(),
+        session_written: Instant::now(),
+        broker: broker.clone(),
+        client_id,
     };
-    if let Some(stored) = &stored {
-        // The subscriptions of the session, each from where it was acknowledged up to; the
-        // messages published meanwhile are in the log and come now.
-        for subscription in &stored.subscriptions {
-            let request = SubscribeFilter {
-                filter: subscription.filter.clone(),
-                qos: qos_of(subscription.qos),
-                retain_handling: 2,
-                retain_as_published: subscription.retain_as_published,
-                no_local: subscription.no_local,
-            };
-            let id = subscription.subscription_id.and_then(NonZeroU32::new);
-            if let Err(refusal) = session.subscribe_from(request, id, Some(subscription)).await {
-                tracing::warn!(
-                    client_id,
-                    filter = subscription.filter,
-                    ?refusal,
-                    "a stored subscription could not resume"
-                );
-            }
-        }
-    }
-    if let Some(stored) = &stored {
-        // QoS 2 messages the client had PUBREC'd: their PUBRELs come again.
-        for packet_id in stored.releasing.iter().filter_map(|&id| NonZeroU16::new(id)) {
-            session.inflight.insert(packet_id, (Inflight::AwaitingComp, None));
-            if session.encoded(|codec, out| codec.publish_ack2(true, packet_id, out)).is_some() {
-                break;
-            }
-        }
-        if !session.out.is_empty() {
-            if writer.write_all(&session.out).await.is_err() {
-                tracing::debug!(client_id, "the connection ended while its session was restored");
-            }
-            session.out.clear();
-        }
-    }
-    if session.persistent {
-        session.persist(false).await;
-    } else if stored.is_some() {
-        let _ = broker.sessions.put(&client_id, None).await;
-    }
-    let keep_alive =
-        (connect.keep_alive_secs > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * 1500));
-    let mut acks_rx = acks_rx;
-    let close = session.serve(&mut reader, &mut writer, buf, keep_alive, kicked, &mut acks_rx, deliveries_rx).await;
-    if session.persistent {
-        // What the session keeps of incoming QoS 2 messages must be what was stored: wait for
-        // the writes still under way, and forget the ones that failed.
-        if let Some(done) = session.acks_done.take() {
-            let _ = done.await;
-        }
-        while let Ok(ack) = acks_rx.try_recv() {
-            if ack.outcome.is_err() {
-                for (_, packet_id) in &ack.packets {
-                    session.awaiting_release.remove(packet_id);
-                }
-            }
-        }
-        session.persist(true).await;
-    } else if session.end_session {
-        let _ = broker.sessions.put(&client_id, None).await;
-    }
-    drop(owned);
-    broker.sessions.release_owner(&client_id, owner);
-
+    connection.restore(stored.as_ref(), &mut writer).await;
+    let keep_alive = (connect.keep_alive_secs > 0)
+        .then(|| Duration::from_millis(u64::from(connect.keep_alive_secs) * KEEP_ALIVE_GRACE_PERMILLE));
+    let mut inputs = Inputs { buf, kicked, acks, deliveries, keep_alive };
+    let close = connection.serve(&mut reader, &mut writer, &mut inputs).await;
+    let ending = connection.machine.end(&close);
+    connection.leave_session(ending.session, &mut inputs.acks).await;
+    owner.release(&broker, &connection.client_id);
     // Dropping the handles stops the followers and leaves shared groups.
-    session.subscriptions.clear();
-    if let Some((goodbye, reason)) = &close.goodbye {
-        session.out.clear();
-        if session.codec.disconnect(*goodbye, reason, &mut session.out).is_ok() && !session.out.is_empty() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), writer.write_all(&session.out)).await;
-        }
-        tracing::debug!(client_id, ?goodbye, reason, "MQTT connection closed by the server");
-    }
-    let _ = writer.shutdown().await;
-    broker.unregister(&client_id, connection);
-    if close.will
-        && let Some(will) = session.will.take()
-    {
-        // Sent when the will delay is over or the session ends, whichever comes first.
-        let session_left = if session.persistent { session.session_expiry_secs } else { 0 };
-        let delay = Duration::from_secs(u64::from(will.delay_secs.min(session_left)));
-        publish_will(broker, will, client_id, delay);
+    connection.subscriptions.clear();
+    connection.counters.add(connection.machine.take_counts());
+    connection.say_goodbye(&close, &mut writer).await;
+    broker.clients.unregister(&connection.client_id, connection_id);
+    if let Some((will, delay)) = ending.will {
+        publish::publish_will(broker, will, connection.client_id, delay);
     }
 }
 
-struct Session {
+/// What the loop waits on besides its own socket.
+struct Inputs {
+    /// Bytes read and not yet decoded (after CONNECT, what came with it).
+    buf: BytesMut,
+    /// Resolves when another connection takes the client id over.
+    kicked: oneshot::Receiver<()>,
+    /// Acknowledgements whose messages are stored, in the order of their publishes.
+    acks: mpsc::Receiver<Ack>,
+    /// Messages from the connection's subscriptions (bounded: `outbound_queue`).
+    deliveries: mpsc::Receiver<Outbound>,
+    /// How long the client may send nothing (1.5 times its keep-alive), if it has one.
+    keep_alive: Option<Duration>,
+}
+
+/// One connection, accepted.
+struct Connection {
     broker: Arc<Broker>,
-    codec: Codec,
-    out: BytesMut,
     client_id: String,
-    /// The client id as shared bytes, for the header of every 5.0 publish.
-    client_id_bytes: Bytes,
-    will: Option<Will>,
-    /// v5 topic aliases the client defined.
-    aliases: HashMap<u16, Text>,
-    /// Where the last publish went, for the next one to the same topic.
-    last_route: Option<LastRoute>,
-    /// QoS 2 publishes stored (or being stored), waiting for PUBREL: a resend is not stored
-    /// again. A persistent session keeps where each went.
-    awaiting_release: HashMap<NonZeroU16, Option<StoredRelease>>,
-    /// From the session a reconnect found: QoS 2 publishes that were awaiting PUBREL, which
-    /// may or may not have been stored before a crash. A resend looks for them in the log.
-    in_doubt: HashMap<NonZeroU16, StoredRelease>,
-    /// A QoS 2 publish was taken that the stored session does not list yet: the session is
-    /// written before the message is queued.
-    awaiting_persist: bool,
-    /// PUBRECs received in this read: their PUBRELs go out once the session says so.
-    pubrel_due: Vec<NonZeroU16>,
-    /// Outgoing QoS 1/2 messages not yet acknowledged.
-    inflight: HashMap<NonZeroU16, (Inflight, Option<Acked>)>,
-    next_packet_id: u16,
-    client_receive_max: usize,
-    subscriptions: HashMap<String, SubscriptionHandle>,
-    acks_tx: mpsc::Sender<Ack>,
-    deliveries_tx: mpsc::Sender<Outbound>,
-    /// Inbound QoS 1/2 publishes not yet done with, at most our receive maximum.
-    quota: InboundQuota,
-    /// Whether this connection's session outlives it (clean_session = 0, or a v5 expiry).
-    persistent: bool,
-    /// The session's expiry, stored with it.
-    session_expiry_secs: u32,
+    machine: Machine,
+    publisher: Publisher,
+    subscriptions: Subscriptions,
+    counters: Counters,
     /// When the session was last written, to write it again about once a second.
     session_written: Instant,
-    /// The client asked (v5 DISCONNECT) for its stored session to end.
-    end_session: bool,
-    /// Publishes gathered from the current read, not yet queued.
-    batch: Option<Batch>,
-    /// Resolves when the acknowledgements of everything queued so far have been handed over:
-    /// each group waits for the one before, so PUBACKs go out in the order of the PUBLISHes.
-    acks_done: Option<oneshot::Receiver<()>>,
-    counters: Counters,
 }
 
-/// The per-packet counters, looked up in the metrics registry once per connection instead of
-/// on every packet (a lookup hashes the name and takes a lock: at 100 000 messages a second,
-/// three per message showed in profiles). Counts gather here and reach the shared counters
-/// once per turn of the connection's loop, before its socket write, and when it ends: a
-/// shared counter's add is atomic, and several a message, from every connection at once,
-/// showed too.
-struct Counters {
-    packets_received: metrics::Counter,
-    publishes_received: metrics::Counter,
-    messages_sent: metrics::Counter,
-    /// Not yet added: packets received, publishes received, messages sent.
-    pending: [u64; 3],
-}
-
-impl Counters {
-    fn new() -> Self {
-        Counters {
-            packets_received: metrics::counter!("mqtt_packets_received_total"),
-            publishes_received: metrics::counter!("mqtt_publishes_received_total"),
-            messages_sent: metrics::counter!("mqtt_messages_sent_total"),
-            pending: [0; 3],
-        }
-    }
-
-    fn packet_received(&mut self) {
-        self.pending[0] += 1;
-    }
-
-    fn publish_received(&mut self) {
-        self.pending[1] += 1;
-    }
-
-    fn message_sent(&mut self) {
-        self.pending[2] += 1;
-    }
-
-    /// Adds what gathered to the shared counters.
-    fn add(&mut self) {
-        let [packets, publishes, sent] = std::mem::take(&mut self.pending);
-        for (counter, count) in
-            [(&self.packets_received, packets), (&self.publishes_received, publishes), (&self.messages_sent, sent)]
-        {
-            if count > 0 {
-                counter.increment(count);
-            }
-        }
-    }
-}
-
-impl Drop for Counters {
-    fn drop(&mut self) {
-        self.add();
-    }
-}
-
-impl Session {
-    /// Keeps a subscription's handle under its filter (dropping one it replaces).
-    fn keep_subscription(&mut self, filter: String, handle: SubscriptionHandle) {
-        self.subscriptions.insert(filter, handle);
-    }
-
-    /// The table a `{table}/{id}` topic names, if its first level is a table.
-    fn table_of(&self, topic: &str) -> Option<Arc<Table>> {
-        let (first, id) = topic.split_once('/')?;
-        if id.is_empty() || id.contains('/') {
-            return None;
-        }
-        self.broker.engine.table(first).ok()
-    }
-
-    /// A filter under a table (`orders/#`, `orders/o1`): its rows first, as retained messages,
-    /// then every change to a matching row (a deleted row comes as an empty message).
-    #[allow(clippy::too_many_arguments)]
-    fn subscribe_table(
-        &mut self,
-        filter: String,
-        parsed: SubjectFilter,
-        table: Arc<Table>,
-        qos: QoS,
-        subscription_id: Option<NonZeroU32>,
-        send_rows: bool,
-        resume: Option<&StoredSubscription>,
-    ) -> Granted {
-        let storage = table.storage().clone();
-        let name = storage.name().to_string();
-        let (rows, next) = match resume {
-            Some(resume) => (Vec::new(), resume_positions(&storage, resume.positions.get(&name))),
-            None => {
-                let (rows, next) = table.snapshot(&Filter::default());
-                let rows = if send_rows {
-                    rows.into_iter().filter(|row| parsed.matches(&format!("{name}/{}", row.id))).collect()
-                } else {
-                    Vec::new()
+impl Connection {
+    /// Takes up the session a previous connection left: its subscriptions, each from where it
+    /// was acknowledged up to (the messages published meanwhile are in the log and come now),
+    /// and its QoS 2 state. Then the session is written as this connection holds it (or, for a
+    /// connection whose session ends with it, ended).
+    async fn restore<S: AsyncWrite>(&mut self, stored: Option<&StoredSession>, writer: &mut WriteHalf<S>) {
+        if let Some(stored) = stored {
+            for subscription in &stored.subscriptions {
+                let request = SubscribeFilter {
+                    filter: subscription.filter.clone(),
+                    qos: qos_of_rank(subscription.qos),
+                    retain_handling: 2,
+                    retain_as_published: subscription.retain_as_published,
+                    no_local: subscription.no_local,
                 };
-                (rows, vec![next])
-            }
-        };
-        let progress = self.persistent.then(SharedProgress::default);
-        if let Some(progress) = &progress {
-            progress.lock().expect("progress lock").start(&name, &next);
-        }
-        let cursor =
-            self.broker.engine.subscribe(&storage, Filter::default(), next).map_err(|_| Refusal::Unavailable)?;
-        let follower = Follower {
-            broker: self.broker.clone(),
-            filter: Filter::default(),
-            sink: Sink::Connection(self.deliveries_tx.clone()),
-            qos,
-            subscription_id,
-            retain_as_published: false,
-            progress: progress.clone(),
-            resumed: resume.map(Resumed::of),
-            topic_filter: Some(parsed),
-            no_local_client: None,
-        };
-        let retained: Vec<super::retained::Retained> = rows
-            .into_iter()
-            .map(|row| super::retained::Retained {
-                topic: format!("{name}/{}", row.id),
-                payload: row.json.clone(),
-                headers: Headers::default(),
-            })
-            .collect();
-        let task = tokio::spawn(async move {
-            if follower.send_retained(retained).await {
-                follower.follow(storage, cursor).await;
-            }
-        });
-        let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
-        self.keep_subscription(filter, handle);
-        Ok(qos)
-    }
-
-    /// `views/{v}/{key}` (or `views/{v}/+`, `views/{v}/#`): the view's current rows first, as
-    /// retained messages, then each change (the row with `"final"`), topic `views/{v}/{key}`.
-    #[allow(clippy::too_many_arguments)]
-    fn subscribe_view(
-        &mut self,
-        filter: String,
-        parsed: SubjectFilter,
-        view: Arc<onehop_engine::view::View>,
-        qos: QoS,
-        subscription_id: Option<NonZeroU32>,
-        send_rows: bool,
-        resume: Option<&StoredSubscription>,
-    ) -> Granted {
-        let output = view.output().clone();
-        let (rows, next) = match resume {
-            Some(resume) => (Vec::new(), resume_positions(&output, resume.positions.get(output.name()))),
-            None if send_rows => {
-                let (keys, next) = view.snapshot();
-                let rows = keys
-                    .into_iter()
-                    .map(|(key, rows)| (format!("views/{}/{key}", view.name()), rows))
-                    .filter(|(topic, _)| parsed.matches(topic))
-                    .flat_map(|(topic, rows)| rows.into_iter().map(move |row| (topic.clone(), row)))
-                    .map(|(topic, row)| super::retained::Retained {
-                        topic,
-                        payload: Bytes::from(row.to_string()),
-                        headers: Headers::default(),
-                    })
-                    .collect();
-                (rows, vec![next])
-            }
-            None => (Vec::new(), end_offsets(&output)),
-        };
-        let progress = self.persistent.then(SharedProgress::default);
-        if let Some(progress) = &progress {
-            progress.lock().expect("progress lock").start(output.name(), &next);
-        }
-        let follower = Follower {
-            broker: self.broker.clone(),
-            filter: Filter::subject(parsed),
-            sink: Sink::Connection(self.deliveries_tx.clone()),
-            qos,
-            subscription_id,
-            retain_as_published: false,
-            progress: progress.clone(),
-            resumed: resume.map(Resumed::of),
-            topic_filter: None,
-            no_local_client: None,
-        };
-        let cursor =
-            self.broker.engine.subscribe(&output, follower.filter.clone(), next).map_err(|_| Refusal::Unavailable)?;
-        let task = tokio::spawn(async move {
-            if follower.send_retained(rows).await {
-                follower.follow(output, cursor).await;
-            }
-        });
-        let spec = stored_subscription(&filter, qos, subscription_id, false, false);
-        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
-        self.keep_subscription(filter, handle);
-        Ok(qos)
-    }
-
-    /// Writes the session: its subscriptions and, for each, the positions acknowledged up to.
-    async fn persist(&mut self, disconnected: bool) {
-        let subscriptions = self
-            .subscriptions
-            .values()
-            .map(|handle| {
-                let mut spec = handle.spec.clone();
-                if let Some(progress) = &handle.progress {
-                    let progress = progress.lock().expect("progress lock");
-                    spec.positions = progress.committed();
-                    spec.sent = progress.sent();
-                    spec.unacked = Some(progress.unacked());
+                let id = subscription.subscription_id.and_then(NonZeroU32::new);
+                let persistent = self.machine.persistent();
+                if let Err(refusal) = self.subscriptions.subscribe(request, id, persistent, Some(subscription)).await {
+                    let (client_id, filter) = (&self.client_id, &subscription.filter);
+                    tracing::warn!(client_id, filter, ?refusal, "a stored subscription could not resume");
                 }
-                spec
-            })
-            .collect();
-        let mut awaiting_release: Vec<StoredRelease> =
-            self.awaiting_release.values().flatten().cloned().chain(self.in_doubt.values().cloned()).collect();
-        awaiting_release.sort_by_key(|release| release.packet_id);
-        let mut releasing: Vec<u16> = self
-            .inflight
-            .iter()
-            .filter(|(_, (state, _))| *state == Inflight::AwaitingComp)
-            .map(|(packet_id, _)| packet_id.get())
-            .collect();
-        releasing.sort_unstable();
-        let session = StoredSession {
-            expiry_secs: self.session_expiry_secs,
-            disconnected_ms: disconnected.then(now_ms),
-            subscriptions,
-            awaiting_release,
-            releasing,
-        };
-        self.awaiting_persist = false;
-        if let Err(error) = self.broker.sessions.put(&self.client_id, Some(session)).await {
-            tracing::warn!(client_id = %self.client_id, %error, "the MQTT session could not be stored");
+            }
+            // QoS 2 messages the client had PUBREC'd: their PUBRELs come again.
+            self.machine.restore(stored);
+            let out = self.machine.output();
+            if !out.is_empty() {
+                if writer.write_all(out).await.is_err() {
+                    tracing::debug!(client_id = self.client_id, "the connection ended while its session was restored");
+                }
+                out.clear();
+            }
         }
-        self.session_written = Instant::now();
+        if self.machine.persistent() {
+            self.persist(false).await;
+        } else if stored.is_some() {
+            let _ = self.broker.sessions.put(&self.client_id, None).await;
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Leaves the session as the connection's end says: stored for the client's next
+    /// connection (once what is being stored has settled), ended, or neither.
+    async fn leave_session(&mut self, end: SessionEnd, acks: &mut mpsc::Receiver<Ack>) {
+        match end {
+            SessionEnd::Keep => {
+                // What the session keeps of incoming QoS 2 messages must be what was stored:
+                // wait for the writes still under way, and forget the ones that failed.
+                self.publisher.settled().await;
+                while let Ok(ack) = acks.try_recv() {
+                    self.machine.settle(&ack);
+                }
+                self.persist(true).await;
+            }
+            SessionEnd::Delete => {
+                let _ = self.broker.sessions.put(&self.client_id, None).await;
+            }
+            SessionEnd::Forget => {}
+        }
+    }
+
+    /// Writes the goodbye the machine has for the client (a v5 DISCONNECT), if any, within its
+    /// time, and closes the write side.
+    async fn say_goodbye<S: AsyncWrite>(&mut self, close: &Close, writer: &mut WriteHalf<S>) {
+        let goodbye = self.machine.output();
+        if !goodbye.is_empty() {
+            let _ = tokio::time::timeout(GOODBYE_WRITE_TIMEOUT, writer.write_all(goodbye)).await;
+        }
+        if let Some((goodbye, reason)) = &close.goodbye {
+            tracing::debug!(client_id = self.client_id, ?goodbye, reason, "MQTT connection closed by the server");
+        }
+        let _ = writer.shutdown().await;
+    }
+
+    /// The loop: until the connection ends, and why.
     async fn serve<S: AsyncRead + AsyncWrite>(
         &mut self,
         reader: &mut ReadHalf<S>,
         writer: &mut WriteHalf<S>,
-        mut buf: BytesMut,
-        keep_alive: Option<Duration>,
-        mut kicked: tokio::sync::oneshot::Receiver<()>,
-        acks: &mut mpsc::Receiver<Ack>,
-        mut deliveries: mpsc::Receiver<Outbound>,
+        inputs: &mut Inputs,
     ) -> Close {
         let mut shutdown = self.broker.shutdown.clone();
         let mut last_seen = Instant::now();
         // Packets already buffered after CONNECT are handled first.
-        let mut pending_input = !buf.is_empty();
+        let mut input_pending = !inputs.buf.is_empty();
         loop {
-            if pending_input {
-                pending_input = false;
-                if let Some(close) = self.handle_input(&mut buf).await {
-                    return close;
-                }
+            let turn = if input_pending && !self.machine.is_waiting() {
+                // Bytes read before a 3.1.1 publish waited for a slot (or after CONNECT): the
+                // client sent them, so it was seen.
+                last_seen = Instant::now();
+                self.handle_input(&mut inputs.buf, &mut input_pending).await
             } else {
-                let deadline = keep_alive.map(|keep_alive| last_seen + keep_alive);
+                // A publish waiting for a slot waits on the disk, not on the client.
+                let deadline = inputs.keep_alive.filter(|_| !self.machine.is_waiting()).map(|limit| last_seen + limit);
                 tokio::select! {
-                    _ = &mut kicked => {
-                        return Close::abnormal(Goodbye::SessionTakenOver, "another connection took this client id over");
-                    }
-                    _ = shutdown.changed() => {
-                        return Close { will: false, goodbye: Some((Goodbye::ShuttingDown, "the server is shutting down".into())) };
-                    }
-                    read = reader.read_buf(&mut buf) => match read {
-                        Ok(0) | Err(_) => return Close { will: true, goodbye: None },
+                    _ = &mut inputs.kicked => Some(machine::interrupted(Interruption::TakenOver)),
+                    _ = shutdown.changed() => Some(machine::interrupted(Interruption::ShuttingDown)),
+                    read = reader.read_buf(&mut inputs.buf), if !input_pending => match read {
+                        Ok(0) | Err(_) => Some(machine::interrupted(Interruption::ConnectionLost)),
                         Ok(_) => {
                             last_seen = Instant::now();
-                            if let Some(close) = self.handle_input(&mut buf).await {
-                                return close;
-                            }
+                            self.handle_input(&mut inputs.buf, &mut input_pending).await
                         }
                     },
-                    Some(ack) = acks.recv() => {
-                        if let Some(close) = self.send_ack(ack) {
-                            return close;
-                        }
-                    }
-                    Some(outbound) = deliveries.recv(), if self.inflight.len() < self.client_receive_max => {
-                        if let Some(close) = self.deliver(outbound) {
-                            return close;
-                        }
+                    Some(ack) = inputs.acks.recv() => self.take(Event::Stored(ack)).await,
+                    Some(outbound) = inputs.deliveries.recv(), if self.machine.window_open() => {
+                        self.take(Event::Deliver(outbound)).await
                     }
                     () = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => {
-                        return Close::abnormal(Goodbye::KeepAliveTimeout, "no packet within 1.5 times the keep-alive");
+                        Some(machine::interrupted(Interruption::KeepAliveExpired))
                     }
                 }
+            };
+            if let Some(close) = turn {
+                return close;
             }
-            // Send what is ready at once: acks and messages that queued up meanwhile too.
-            while self.out.len() < 64 * 1024 {
-                if let Ok(ack) = acks.try_recv() {
-                    if let Some(close) = self.send_ack(ack) {
-                        return close;
-                    }
-                } else if self.inflight.len() < self.client_receive_max
-                    && let Ok(outbound) = deliveries.try_recv()
-                {
-                    if let Some(close) = self.deliver(outbound) {
-                        return close;
-                    }
-                } else {
-                    break;
-                }
+            if let Some(close) = self.take_ready(inputs).await {
+                return close;
             }
-            self.counters.add();
-            if !self.out.is_empty() {
-                match tokio::time::timeout(WRITE_TIMEOUT, writer.write_all(&self.out)).await {
-                    Ok(Ok(())) => self.out.clear(),
-                    _ => return Close { will: true, goodbye: None },
+            self.counters.add(self.machine.take_counts());
+            let out = self.machine.output();
+            if !out.is_empty() {
+                match tokio::time::timeout(WRITE_TIMEOUT, writer.write_all(out)).await {
+                    Ok(Ok(())) => out.clear(),
+                    _ => return machine::interrupted(Interruption::ConnectionLost),
                 }
             }
             // A persistent session's positions follow the acknowledgements, written about once
             // a second: after a crash, at most that much is delivered again.
-            if self.persistent && self.session_written.elapsed() >= Duration::from_secs(1) {
+            if self.machine.persistent() && self.session_written.elapsed() >= SESSION_WRITE_INTERVAL {
                 self.persist(false).await;
             }
         }
     }
 
-    /// Handles every whole packet in `buf`.
-    async fn handle_input(&mut self, buf: &mut BytesMut) -> Option<Close> {
+    /// Takes the acknowledgements and messages that queued up meanwhile, up to a write's worth,
+    /// so they go out with this turn's write.
+    async fn take_ready(&mut self, inputs: &mut Inputs) -> Option<Close> {
+        while self.machine.output().len() < WRITE_BATCH_BYTES {
+            let event = if let Ok(ack) = inputs.acks.try_recv() {
+                Event::Stored(ack)
+            } else if self.machine.window_open()
+                && let Ok(outbound) = inputs.deliveries.try_recv()
+            {
+                Event::Deliver(outbound)
+            } else {
+                break;
+            };
+            if let Some(close) = self.take(event).await {
+                return Some(close);
+            }
+        }
+        None
+    }
+
+    /// Hands `event` to the machine and carries out what follows.
+    async fn take(&mut self, event: Event) -> Option<Close> {
+        self.machine.handle(event);
+        self.execute().await
+    }
+
+    /// Hands every whole packet in `buf` to the machine, until the buffer holds no more (then
+    /// `input_pending` is false) or a publish waits for a receive-maximum slot.
+    async fn handle_input(&mut self, buf: &mut BytesMut, input_pending: &mut bool) -> Option<Close> {
         loop {
-            match self.codec.decode(buf) {
+            if self.machine.is_waiting() {
+                // What is gathered goes now: its acknowledgements free the slot it waits for.
+                *input_pending = true;
+                self.flush().await;
+                return None;
+            }
+            match self.machine.decode(buf) {
                 Ok(Some(packet)) => {
-                    self.counters.packet_received();
                     if !matches!(packet, Inbound::Publish(_)) {
+                        // Publishes gathered before it are queued first, in order.
                         self.flush().await;
                     }
-                    if let Some(close) = self.handle(packet).await {
+                    if let Some(close) = self.take(Event::Packet(packet)).await {
                         self.flush().await;
                         return Some(close);
                     }
                 }
                 Ok(None) => {
+                    *input_pending = false;
                     self.flush().await;
-                    return self.release_due().await;
+                    return self.take(Event::ReadDone).await;
                 }
-                Err(error) => {
+                Err(close) => {
                     self.flush().await;
-                    metrics::counter!("mqtt_protocol_errors_total").increment(1);
-                    return Some(Close::abnormal(goodbye_for(&error), error.to_string()));
+                    return Some(close);
                 }
             }
         }
     }
 
-    async fn handle(&mut self, packet: Inbound) -> Option<Close> {
-        match packet {
-            Inbound::Connect(_) => Some(Close::abnormal(Goodbye::ProtocolError, "a second CONNECT")),
-            Inbound::Publish(publish) => self.publish(*publish).await,
-            Inbound::PubAck(packet_id) => {
-                if self.inflight.get(&packet_id).is_some_and(|(state, _)| *state == Inflight::AwaitingAck)
-                    && let Some((_, Some(acked))) = self.inflight.remove(&packet_id)
-                {
-                    acked.mark();
+    /// Carries out what the machine asks, in order; the close it asks for, if it does.
+    async fn execute(&mut self) -> Option<Close> {
+        while let Some(action) = self.machine.next_action() {
+            match action {
+                Action::Store(message) => self.store(message).await,
+                Action::AckInTurn(ack) => {
+                    // In its turn: after the acknowledgements of what is gathered so far.
+                    self.flush().await;
+                    self.publisher.ack_in_turn(ack);
                 }
-                None
-            }
-            Inbound::PubRec(packet_id) => {
-                if let Some((state, acked)) = self.inflight.get_mut(&packet_id)
-                    && *state == Inflight::AwaitingRec
-                {
-                    // The client has it: a redelivery would be a duplicate.
-                    *state = Inflight::AwaitingComp;
-                    if let Some(acked) = acked.take() {
-                        acked.mark();
+                Action::LookUp { incoming, release } => {
+                    let found = publish::found_in_log(&self.broker.engine, &self.client_id, &release, &incoming);
+                    self.machine.handle(Event::LookedUp { incoming, release, found });
+                }
+                Action::PersistSession => self.persist(false).await,
+                Action::Subscribe { packet_id, subscription_id, filters } => {
+                    let mut granted = Vec::with_capacity(filters.len());
+                    for filter in filters {
+                        let persistent = self.machine.persistent();
+                        granted.push(self.subscriptions.subscribe(filter, subscription_id, persistent, None).await);
                     }
+                    self.machine.handle(Event::Subscribed { packet_id, granted });
                 }
-                self.pubrel_due.push(packet_id);
-                None
-            }
-            Inbound::PubComp(packet_id) => {
-                if self.inflight.get(&packet_id).is_some_and(|(state, _)| *state == Inflight::AwaitingComp) {
-                    self.inflight.remove(&packet_id);
+                Action::Unsubscribe { packet_id, filters } => {
+                    let existed = filters.iter().map(|filter| self.subscriptions.unsubscribe(filter)).collect();
+                    self.machine.handle(Event::Unsubscribed { packet_id, existed });
                 }
-                None
-            }
-            Inbound::PubRel(packet_id) => {
-                self.awaiting_release.remove(&packet_id);
-                self.quota.release(packet_id);
-                self.in_doubt.remove(&packet_id);
-                self.encoded(|codec, out| codec.publish_ack2(false, packet_id, out))
-            }
-            Inbound::Subscribe { packet_id, id, filters } => {
-                let mut granted = Vec::with_capacity(filters.len());
-                for filter in filters {
-                    granted.push(self.subscribe(filter, id).await);
-                }
-                if self.persistent {
-                    self.persist(false).await;
-                }
-                self.encoded(|codec, out| codec.suback(packet_id, &granted, out))
-            }
-            Inbound::Unsubscribe { packet_id, filters } => {
-                let existed: Vec<bool> =
-                    filters.iter().map(|filter| self.subscriptions.remove(filter).is_some()).collect();
-                if self.persistent {
-                    self.persist(false).await;
-                }
-                self.encoded(|codec, out| codec.unsuback(packet_id, &existed, out))
-            }
-            Inbound::PingReq => self.encoded(|codec, out| codec.pingresp(out)),
-            Inbound::Disconnect { with_will, session_expiry_secs } => {
-                if let Some(expiry) = session_expiry_secs {
-                    self.session_expiry_secs = expiry;
-                    if expiry == 0 && self.persistent {
-                        // The session ends with this connection after all.
-                        self.persistent = false;
-                        self.end_session = true;
-                    }
-                }
-                Some(Close { will: with_will, goodbye: None })
-            }
-            Inbound::Unexpected(name) => {
-                Some(Close::abnormal(Goodbye::ProtocolError, format!("{name} is not a packet a client sends")))
-            }
-            Inbound::Invalid { goodbye, reason } => {
-                metrics::counter!("mqtt_protocol_errors_total").increment(1);
-                Some(Close::abnormal(goodbye, reason))
+                Action::Close(close) => return Some(close),
             }
         }
-    }
-
-    /// Encodes an answer; an encoding failure ends the connection.
-    fn encoded(
-        &mut self,
-        encode: impl FnOnce(&mut Codec, &mut BytesMut) -> Result<(), rmqtt_codec::error::EncodeError>,
-    ) -> Option<Close> {
-        match encode(&mut self.codec, &mut self.out) {
-            Ok(()) => None,
-            Err(error) => Some(Close::abnormal(Goodbye::Unavailable, format!("encoding an answer failed: {error}"))),
-        }
-    }
-
-    async fn publish(&mut self, publish: Publish) -> Option<Close> {
-        self.counters.publish_received();
-        let Publish { qos, topic, packet_id, payload, properties, retain, .. } = publish;
-        // The topic as the packet holds it, shared rather than copied (the codec checked its
-        // UTF-8; this check cannot fail, but costs little next to a copy).
-        let Ok(mut topic) = Text::from_utf8(topic.into_bytes()) else {
-            return Some(Close::abnormal(Goodbye::ProtocolError, "the topic is not valid UTF-8"));
-        };
-        let mut message_properties = MessageProperties::default();
-        if let Some(properties) = properties {
-            if let Some(alias) = properties.topic_alias {
-                if alias.get() > self.broker.config.topic_alias_max {
-                    return Some(Close::abnormal(
-                        Goodbye::TopicAliasInvalid,
-                        format!("topic alias {alias} is above the maximum"),
-                    ));
-                }
-                if topic.is_empty() {
-                    match self.aliases.get(&alias.get()) {
-                        Some(known) => topic = known.clone(),
-                        None => {
-                            return Some(Close::abnormal(
-                                Goodbye::TopicAliasInvalid,
-                                format!("topic alias {alias} was never set"),
-                            ));
-                        }
-                    }
-                } else {
-                    // A copy: the topic shares the packet's read buffer, which an alias kept
-                    // for the connection's life would otherwise hold on to.
-                    self.aliases.insert(alias.get(), Text::from(topic.as_str()));
-                }
-            }
-            message_properties = MessageProperties::of_publish(&properties);
-            if let Some(fault) = message_properties.fault() {
-                return Some(Close::abnormal(Goodbye::ProtocolError, fault));
-            }
-        }
-        let refuse = |this: &mut Self, refusal: Refusal, reason: String| -> Option<Close> {
-            match (qos, packet_id, this.codec.version()) {
-                (QoS::AtMostOnce, _, _) | (_, None, _) => {
-                    tracing::debug!(reason, "QoS 0 message dropped");
-                    None
-                }
-                (_, Some(_), Version::V3) => Some(Close::abnormal(Goodbye::TopicNameInvalid, reason)),
-                (_, Some(packet_id), Version::V5) => {
-                    // In its turn, after the acknowledgements of earlier publishes.
-                    this.chain(vec![(qos, packet_id)], Vec::new(), async move { Err((refusal, reason)) });
-                    None
-                }
-            }
-        };
-        if qos == QoS::ExactlyOnce
-            && let Some(packet_id) = packet_id
-        {
-            // A message already stored (or, after a crash, found in the log where the session
-            // said it would go) is acknowledged again, in its turn, and not stored again.
-            // Clients do not all set DUP on a resend, so the log decides: the same packet id,
-            // topic and payload from this client where the session said it would go.
-            let stored = match self.in_doubt.remove(&packet_id) {
-                Some(release) if self.stored_before(&release, packet_id, &topic, &payload) => {
-                    self.awaiting_release.insert(packet_id, Some(release));
-                    true
-                }
-                _ => self.awaiting_release.contains_key(&packet_id),
-            };
-            if stored {
-                self.flush().await;
-                self.chain(vec![(qos, packet_id)], Vec::new(), async { Ok(()) });
-                return None;
-            }
-        }
-        let permit: Option<OwnedSemaphorePermit> = match (qos, self.codec.version()) {
-            (QoS::AtMostOnce, _) => None,
-            (_, Version::V5) => match self.quota.try_take() {
-                Some(permit) => Some(permit),
-                None => {
-                    return Some(Close::abnormal(
-                        Goodbye::ReceiveMaximumExceeded,
-                        "more QoS 1/2 publishes outstanding than the receive maximum (QoS 2 until PUBCOMP)",
-                    ));
-                }
-            },
-            (_, Version::V3) => self.quota.take().await,
-        };
-        let permit = self.hold_until_release(qos, packet_id, permit);
-        let mut headers = message_headers(qos, message_properties, retain, now_ms());
-        let exactly_once = qos == QoS::ExactlyOnce && self.persistent;
-        if self.codec.version() == Version::V5 || exactly_once {
-            // A 5.0 subscription can ask not to get its own client's messages back.
-            headers.push((Text::from_static(CLIENT_HEADER), self.client_id_bytes.clone()));
-        }
-        if exactly_once && let Some(packet_id) = packet_id {
-            headers.push((Text::from_static(PACKET_HEADER), Bytes::from(packet_id.get().to_string())));
-        }
-        let packet = packet_id.filter(|_| qos != QoS::AtMostOnce).map(|packet_id| (qos, packet_id));
-        if retain && let Some(table) = self.table_of(&topic) {
-            // A retained message to {table}/{id} writes the row (an empty one deletes it),
-            // durably and in order, before the acknowledgement.
-            self.flush().await;
-            let id = topic.split_once('/').map(|(_, id)| id.to_string()).unwrap_or_default();
-            let write = if payload.is_empty() {
-                Ok(Write::Delete)
-            } else {
-                match serde_json::from_slice::<serde_json::Value>(&payload) {
-                    Ok(serde_json::Value::Object(row)) => Ok(Write::Put(row)),
-                    _ => Err((Refusal::PayloadInvalid, format!("a row of table {:?} is a JSON object", table.name()))),
-                }
-            };
-            let durability = (qos == QoS::AtMostOnce).then_some(Durability::Async);
-            let outcome = match write {
-                Ok(write) => match table.write(&id, write, Precondition::None, durability).await {
-                    Ok(_) | Err(EngineError::RowNotFound { .. }) => Ok(()),
-                    Err(error @ EngineError::InvalidRow(_)) => Err((Refusal::PayloadInvalid, error.to_string())),
-                    Err(error) => Err((Refusal::Unavailable, error.to_string())),
-                },
-                Err(refusal) => Err(refusal),
-            };
-            if let Err((refusal, reason)) = outcome {
-                return refuse(self, refusal, reason);
-            }
-            self.chain(packet.into_iter().collect(), permit.into_iter().collect(), async { Ok(()) });
-            return None;
-        }
-        if retain {
-            // Stored in its stream and as its topic's retained message, both durable before
-            // the acknowledgement: on its own, after what is gathered so far.
-            self.flush().await;
-            let (stream, partition, record, durability) =
-                match prepare(&self.broker, &topic, payload.clone(), qos, headers.clone(), Some(&mut self.last_route))
-                    .await
-                {
-                    Ok(prepared) => prepared,
-                    Err((refusal, reason)) => return refuse(self, refusal, reason),
-                };
-            if let Some((_, packet_id)) = packet
-                && qos == QoS::ExactlyOnce
-            {
-                self.await_release(packet_id, &stream, partition);
-                if self.awaiting_persist {
-                    self.persist(false).await;
-                }
-            }
-            let queued = match stream.enqueue_to(partition, std::slice::from_ref(&record), durability).await {
-                Ok(queued) => queued,
-                Err(error) => {
-                    if let Some((_, packet_id)) = packet {
-                        self.awaiting_release.remove(&packet_id);
-                    }
-                    return refuse(self, Refusal::Unavailable, error.to_string());
-                }
-            };
-            let broker = self.broker.clone();
-            let stored = async move {
-                queued.await.map_err(|error| (Refusal::Unavailable, error.to_string()))?;
-                broker.retained.set(&topic, payload, headers).await.map_err(|error| (Refusal::Unavailable, error))
-            };
-            self.chain(packet.into_iter().collect(), permit.into_iter().collect(), stored);
-            return None;
-        }
-        let prepared = prepare(&self.broker, &topic, payload, qos, headers, Some(&mut self.last_route)).await;
-        let (stream, partition, record, durability) = match prepared {
-            Ok(prepared) => prepared,
-            Err((refusal, reason)) => {
-                self.flush().await;
-                return refuse(self, refusal, reason);
-            }
-        };
-        if let Some((QoS::ExactlyOnce, packet_id)) = packet {
-            self.await_release(packet_id, &stream, partition);
-        }
-        let fits = self.batch.as_ref().is_some_and(|batch| {
-            Arc::ptr_eq(&batch.stream, &stream)
-                && batch.partition == partition
-                && batch.durability == durability
-                && batch.records.len() < BATCH_RECORDS_MAX
-                && batch.bytes < BATCH_BYTES_MAX
-        });
-        if !fits {
-            self.flush().await;
-        }
-        let batch = self.batch.get_or_insert_with(|| Batch {
-            stream,
-            partition,
-            durability,
-            records: Vec::new(),
-            bytes: 0,
-            acks: Vec::new(),
-            permits: Vec::new(),
-        });
-        batch.bytes += record.encoded_len();
-        batch.records.push(record);
-        batch.permits.extend(permit);
-        batch.acks.extend(packet);
         None
     }
 
-    /// A v5 QoS 2 publish counts against the receive maximum until its PUBCOMP: its permit is
-    /// kept until the PUBREL (or its refusal, in [`Self::send_ack`]) instead of going with
-    /// its PUBREC. Other permits are returned as they are. Not in 3.1.1, which has no receive
-    /// maximum: a publish waits for a permit there, and one held for a PUBREL that is queued
-    /// behind it would never come.
-    fn hold_until_release(
-        &mut self,
-        qos: QoS,
-        packet_id: Option<NonZeroU16>,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> Option<OwnedSemaphorePermit> {
-        match (qos, packet_id, permit, self.codec.version()) {
-            (QoS::ExactlyOnce, Some(packet_id), Some(permit), Version::V5) => {
-                self.quota.hold_until_release(packet_id, permit);
-                None
-            }
-            (_, _, permit, _) => permit,
-        }
-    }
-
-    /// Notes an incoming QoS 2 message as stored until its PUBREL; a persistent session notes
-    /// where, and writes it down before the message is queued.
-    fn await_release(&mut self, packet_id: NonZeroU16, stream: &Stream, partition: u32) {
-        let release = self.persistent.then(|| StoredRelease {
-            packet_id: packet_id.get(),
-            stream: stream.name().to_string(),
-            partition,
-            from: stream.end_offset(partition).unwrap_or(0),
-        });
-        self.awaiting_persist |= release.is_some();
-        self.awaiting_release.insert(packet_id, release);
-    }
-
-    /// Whether this client's QoS 2 message `packet_id` (with this topic and payload) is in the
-    /// log where `release` says it would have gone (read in bounded chunks: this only runs for
-    /// a resend after a reconnect).
-    fn stored_before(&self, release: &StoredRelease, packet_id: NonZeroU16, topic: &str, payload: &[u8]) -> bool {
-        let Ok(stream) = self.broker.engine.stream(&release.stream) else { return false };
-        let (Ok(start), Ok(end)) = (stream.start_offset(release.partition), stream.end_offset(release.partition))
-        else {
-            return false;
+    /// Stores a message from the client: gathered for the next append; a retained one on its
+    /// own, after what is gathered so far (as its topic's retained message too, or as a row of
+    /// the table its topic names). One that cannot be stored is refused.
+    async fn store(&mut self, message: Message) {
+        let receipt = message.receipt;
+        let stored = if !message.retain {
+            self.gather(message).await
+        } else if let Some(table) = self.publisher.table_of(&message.topic) {
+            self.flush().await;
+            self.publisher.write_row(&table, message).await
+        } else {
+            self.flush().await;
+            self.store_retained(message).await
         };
-        let packet = packet_id.get().to_string();
-        let mut next = release.from.max(start);
-        while next < end {
-            let Ok(records) = stream.read(release.partition, Position::Offset(next), 1024, 4 * 1024 * 1024) else {
-                return false;
-            };
-            let Some(last) = records.last() else { return false };
-            next = last.offset + 1;
-            let found = records.iter().any(|record| {
-                let header = |name: &str| record.headers.get(name);
-                header(CLIENT_HEADER).is_some_and(|client| client == self.client_id.as_bytes())
-                    && header(PACKET_HEADER).is_some_and(|id| id == packet.as_bytes())
-                    && record.subject.as_deref() == Some(topic)
-                    && record.value.as_deref() == Some(payload)
-            });
-            if found {
-                return true;
-            }
+        if let Err((refusal, reason)) = stored {
+            self.flush().await;
+            self.machine.handle(Event::Refused { receipt, refusal, reason });
         }
-        false
     }
 
-    /// Sends the PUBRELs of the PUBRECs just received — a persistent session first records
-    /// that those messages are acknowledged, so none of them is ever sent again.
-    async fn release_due(&mut self) -> Option<Close> {
-        if self.pubrel_due.is_empty() {
-            return None;
+    /// Routes a message and gathers it into the batch for its partition (queuing the batch
+    /// gathered so far first if it is for another).
+    async fn gather(&mut self, message: Message) -> Result<(), (Refusal, String)> {
+        let Message { topic, payload, qos, headers, receipt, .. } = message;
+        let (route, record) = self.publisher.route(&topic, payload, headers).await?;
+        if let Some((QoS::ExactlyOnce, packet_id)) = receipt.ack {
+            self.machine.note_stored(packet_id, || publish::stored_release(packet_id, &route));
         }
-        if self.persistent {
+        let durability = routing::durability(qos);
+        if !self.publisher.fits(&route, durability) {
+            self.flush().await;
+        }
+        self.publisher.gather(route, record, durability, receipt);
+        Ok(())
+    }
+
+    /// Routes a retained message and publishes it, both durable before its acknowledgement (a
+    /// persistent session first notes where a QoS 2 one goes).
+    async fn store_retained(&mut self, message: Message) -> Result<(), (Refusal, String)> {
+        let Message { topic, payload, qos, headers, receipt, .. } = message;
+        let (route, record) = self.publisher.route(&topic, payload, headers).await?;
+        if let Some((QoS::ExactlyOnce, packet_id)) = receipt.ack {
+            self.machine.note_stored(packet_id, || publish::stored_release(packet_id, &route));
+        }
+        if self.machine.take_persist_due() {
             self.persist(false).await;
         }
-        for packet_id in std::mem::take(&mut self.pubrel_due) {
-            if let Some(close) = self.encoded(|codec, out| codec.publish_ack2(true, packet_id, out)) {
-                return Some(close);
-            }
-        }
-        None
+        self.publisher.publish_retained(&route, record, routing::durability(qos), receipt).await
     }
 
     /// Queues the gathered publishes as one append (a persistent session first writes down
     /// where its QoS 2 messages go).
     async fn flush(&mut self) {
-        let Some(batch) = self.batch.take() else { return };
-        if self.awaiting_persist {
+        if !self.publisher.has_batch() {
+            return;
+        }
+        if self.machine.take_persist_due() {
             self.persist(false).await;
         }
-        let queued = batch.stream.enqueue_to(batch.partition, &batch.records, batch.durability).await;
-        let stored = async move {
-            match queued {
-                Ok(queued) => queued.await.map(|_| ()).map_err(|error| (Refusal::Unavailable, error.to_string())),
-                Err(error) => Err((Refusal::Unavailable, error.to_string())),
-            }
-        };
-        self.chain(batch.acks, batch.permits, stored);
+        self.publisher.flush().await;
     }
 
-    /// Hands `packets`' acknowledgements over once `stored` is done and every earlier group's
-    /// have been; the receive-maximum permits are released with them.
-    fn chain(
-        &mut self,
-        packets: Vec<(QoS, NonZeroU16)>,
-        permits: Vec<OwnedSemaphorePermit>,
-        stored: impl std::future::Future<Output = Result<(), (Refusal, String)>> + Send + 'static,
-    ) {
-        let previous = self.acks_done.take();
-        let (done, done_receiver) = oneshot::channel();
-        self.acks_done = Some(done_receiver);
-        let acks = self.acks_tx.clone();
-        tokio::spawn(async move {
-            let outcome = stored.await;
-            if let Some(previous) = previous {
-                let _ = previous.await;
-            }
-            if packets.is_empty() {
-                if let Err((_, error)) = outcome {
-                    tracing::warn!(%error, "QoS 0 messages could not be stored");
-                }
-            } else {
-                let _ = acks.send(Ack { packets, outcome }).await;
-            }
-            drop(permits);
-            let _ = done.send(());
-        });
-    }
-
-    fn send_ack(&mut self, ack: Ack) -> Option<Close> {
-        if let Err((_, reason)) = &ack.outcome {
-            for (qos, packet_id) in &ack.packets {
-                self.awaiting_release.remove(packet_id);
-                if *qos == QoS::ExactlyOnce {
-                    // A refused QoS 2 publish is done with at its PUBREC.
-                    self.quota.release(*packet_id);
-                }
-            }
-            if self.codec.version() == Version::V3 {
-                return Some(Close::abnormal(Goodbye::Unavailable, reason.clone()));
-            }
+    /// Writes the session: its subscriptions and, for each, the positions acknowledged up to,
+    /// and its QoS 2 state.
+    async fn persist(&mut self, disconnected: bool) {
+        // Whatever was due is in this write.
+        self.machine.take_persist_due();
+        let mut session = self.machine.stored_session(disconnected.then(now_ms));
+        session.subscriptions = self.subscriptions.stored();
+        if let Err(error) = self.broker.sessions.put(&self.client_id, Some(session)).await {
+            tracing::warn!(client_id = %self.client_id, %error, "the MQTT session could not be stored");
         }
-        for (qos, packet_id) in ack.packets {
-            let outcome = ack.outcome.clone();
-            if let Some(close) = self.encoded(|codec, out| codec.publish_ack(qos, packet_id, outcome, out)) {
-                return Some(close);
-            }
-        }
-        None
-    }
-
-    async fn subscribe(&mut self, request: SubscribeFilter, subscription_id: Option<NonZeroU32>) -> Granted {
-        self.subscribe_from(request, subscription_id, None).await
-    }
-
-    /// Subscribes from now, or, restoring a persistent session, from `resume` (per stream, the
-    /// positions its previous connection had acknowledged up to).
-    async fn subscribe_from(
-        &mut self,
-        request: SubscribeFilter,
-        subscription_id: Option<NonZeroU32>,
-        resume: Option<&StoredSubscription>,
-    ) -> Granted {
-        let SubscribeFilter { filter, qos, retain_handling, retain_as_published, no_local } = request;
-        if let Some(shared) = filter.strip_prefix("$share/") {
-            return self.subscribe_shared(filter.clone(), shared, qos, subscription_id).await;
-        }
-        let parsed = SubjectFilter::parse(&filter).map_err(|_| Refusal::TopicInvalid)?;
-        if let Some(first) = parsed.first_level()
-            && let Ok(table) = self.broker.engine.table(first)
-        {
-            let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
-            return self.subscribe_table(filter, parsed, table, qos, subscription_id, send_rows, resume);
-        }
-        if let Some(view) = view_of(&self.broker, &filter) {
-            let send_rows = retain_handling == 0 || (retain_handling == 1 && !self.subscriptions.contains_key(&filter));
-            return self.subscribe_view(filter, parsed, view, qos, subscription_id, send_rows, resume);
-        }
-        let streams = match Streams::of(&self.broker, &parsed) {
-            Ok(streams) => streams,
-            Err((refusal, reason)) => {
-                tracing::debug!(client_id = %self.client_id, filter, reason, "subscription refused");
-                return Err(refusal);
-            }
-        };
-        let is_new = !self.subscriptions.contains_key(&filter);
-        let retained = match retain_handling {
-            0 => self.broker.retained.matching(&parsed),
-            1 if is_new => self.broker.retained.matching(&parsed),
-            _ => Vec::new(),
-        };
-        let progress = self.persistent.then(SharedProgress::default);
-        let follower = Follower {
-            broker: self.broker.clone(),
-            filter: Filter::subject(parsed),
-            sink: Sink::Connection(self.deliveries_tx.clone()),
-            qos,
-            subscription_id,
-            retain_as_published,
-            progress: progress.clone(),
-            resumed: resume.map(Resumed::of),
-            topic_filter: None,
-            no_local_client: no_local.then(|| Arc::from(self.client_id.as_str())),
-        };
-        // From now on, or from where a persistent session left off (a stream it did not know
-        // yet was created since: everything in it is new).
-        let start_of = |stream: &Stream| match resume {
-            None => end_offsets(stream),
-            Some(resume) => resume_positions(stream, resume.positions.get(stream.name())),
-        };
-        let (changes, starts) = self.starts(&streams, start_of);
-        let task = tokio::spawn(async move {
-            if follower.send_retained(retained).await {
-                follower.follow_streams(streams, starts, changes).await;
-            }
-        });
-        let spec = stored_subscription(&filter, qos, subscription_id, retain_as_published, no_local);
-        let handle = SubscriptionHandle::new(Some(task), None, spec, progress);
-        self.keep_subscription(filter, handle);
-        Ok(qos)
-    }
-
-    /// The streams a subscription follows now, each from `start_of` it, and the watch that
-    /// tells of streams created later (taken before listing, so none is missed in between).
-    fn starts(
-        &self,
-        streams: &Streams,
-        start_of: impl Fn(&Stream) -> Vec<u64>,
-    ) -> (tokio::sync::watch::Receiver<u64>, Starts) {
-        let changes = self.broker.engine.watch_streams();
-        let starts = self
-            .broker
-            .engine
-            .streams()
-            .into_iter()
-            .filter(|stream| streams.wants(stream))
-            .map(|stream| {
-                let positions = start_of(&stream);
-                (stream, positions)
-            })
-            .collect();
-        (changes, starts)
-    }
-
-    /// `$share/{group}/{filter}`: joins the group; each message matching the filter goes to
-    /// one member (round robin, skipping members whose queue is full).
-    async fn subscribe_shared(
-        &mut self,
-        full: String,
-        shared: &str,
-        qos: QoS,
-        subscription_id: Option<NonZeroU32>,
-    ) -> Granted {
-        let Some((group, filter)) = shared.split_once('/') else { return Err(Refusal::TopicInvalid) };
-        if group.is_empty() || group.contains(['+', '#']) {
-            return Err(Refusal::TopicInvalid);
-        }
-        let parsed = SubjectFilter::parse(filter).map_err(|_| Refusal::TopicInvalid)?;
-        let streams = Streams::of(&self.broker, &parsed).map_err(|(refusal, _)| refusal)?;
-        let member_id = self.broker.next_connection.fetch_add(1, Ordering::Relaxed);
-        let member = Member { id: member_id, deliveries: self.deliveries_tx.clone(), qos, subscription_id };
-        let mut groups = self.broker.groups.lock().expect("groups lock");
-        if let Some(existing) = groups.get(&full) {
-            existing.members.lock().expect("members lock").push(member);
-        } else {
-            let group = Arc::new(Group {
-                members: Mutex::new(vec![member]),
-                next: AtomicUsize::new(0),
-                task: Mutex::new(None),
-            });
-            let follower = Follower {
-                broker: self.broker.clone(),
-                filter: Filter::subject(parsed),
-                sink: Sink::Group(group.clone()),
-                qos: QoS::ExactlyOnce,
-                subscription_id: None,
-                retain_as_published: false,
-                progress: None,
-                resumed: None,
-                topic_filter: None,
-                no_local_client: None,
-            };
-            let (changes, starts) = self.starts(&streams, end_offsets);
-            let task = tokio::spawn(async move { follower.follow_streams(streams, starts, changes).await });
-            *group.task.lock().expect("group task lock") = Some(task);
-            groups.insert(full.clone(), group);
-        }
-        drop(groups);
-        let spec = stored_subscription(&full, qos, subscription_id, false, false);
-        let membership = Some((self.broker.clone(), full.clone(), member_id));
-        let handle = SubscriptionHandle::new(None, membership, spec, None);
-        self.keep_subscription(full, handle);
-        Ok(qos)
-    }
-
-    fn allocate_packet_id(&mut self) -> NonZeroU16 {
-        loop {
-            let id = NonZeroU16::new(self.next_packet_id).unwrap_or(NonZeroU16::MIN);
-            self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
-            if !self.inflight.contains_key(&id) {
-                return id;
-            }
-        }
-    }
-
-    fn deliver(&mut self, outbound: Outbound) -> Option<Close> {
-        let (event, granted, subscription_id, retain, retain_as_published, acked, dup) = match outbound {
-            Outbound::Message { event, qos, subscription_id, retain, retain_as_published, progress, dup } => {
-                let acked = progress.map(|progress| Acked {
-                    progress,
-                    stream: event.stream.clone(),
-                    partition: event.partition,
-                    offset: event.record.offset,
-                });
-                (event, qos, subscription_id, retain, retain_as_published, acked, dup)
-            }
-            Outbound::CutOff => {
-                return Some(Close::abnormal(
-                    Goodbye::QuotaExceeded,
-                    "this client fell behind its subscriptions past what the log still holds",
-                ));
-            }
-        };
-        let record = &event.record;
-        let header = |name: &str| record.headers.get(name).and_then(|value| std::str::from_utf8(value).ok());
-        let published_qos = match header(QOS_HEADER) {
-            Some("0") => QoS::AtMostOnce,
-            Some("2") => QoS::ExactlyOnce,
-            _ => QoS::AtLeastOnce,
-        };
-        let qos = if qos_rank(published_qos) < qos_rank(granted) { published_qos } else { granted };
-        let mut expiry = None;
-        if let Some(expires) = header(EXPIRES_HEADER).and_then(|text| text.parse::<i64>().ok()) {
-            let left_ms = expires - now_ms();
-            if left_ms <= 0 {
-                metrics::counter!("mqtt_messages_expired_total").increment(1);
-                if let Some(acked) = acked {
-                    acked.mark();
-                }
-                return None;
-            }
-            expiry = NonZeroU32::new(((left_ms + 999) / 1000).min(i64::from(u32::MAX)) as u32);
-        }
-        let topic = message_topic(&event);
-        let packet_id = (qos != QoS::AtMostOnce).then(|| self.allocate_packet_id());
-        let properties = (self.codec.version() == Version::V5)
-            .then(|| super::headers::publish_properties(&record.headers, expiry, subscription_id));
-        let retain = retain || (retain_as_published && header(RETAIN_HEADER).is_some());
-        let publish = Publish {
-            // DUP only means something for QoS 1 and 2 (and must be 0 at QoS 0).
-            dup: dup && qos != QoS::AtMostOnce,
-            retain,
-            qos,
-            topic: byte_string(&topic),
-            packet_id,
-            payload: record.value.clone().unwrap_or_default(),
-            properties,
-        };
-        match self.codec.publish(publish, &mut self.out) {
-            Ok(()) => {
-                self.counters.message_sent();
-                match packet_id {
-                    Some(packet_id) => {
-                        let state = if qos == QoS::ExactlyOnce { Inflight::AwaitingRec } else { Inflight::AwaitingAck };
-                        self.inflight.insert(packet_id, (state, acked));
-                    }
-                    // QoS 0: done once sent.
-                    None => {
-                        if let Some(acked) = acked {
-                            acked.mark();
-                        }
-                    }
-                }
-                None
-            }
-            Err(rmqtt_codec::error::EncodeError::OverMaxPacketSize { .. }) => {
-                // MQTT 5: a message larger than the client accepts is discarded for that client.
-                metrics::counter!("mqtt_messages_too_large_total").increment(1);
-                if let Some(acked) = acked {
-                    acked.mark();
-                }
-                None
-            }
-            Err(error) => Some(Close::abnormal(Goodbye::Unavailable, format!("encoding a message failed: {error}"))),
-        }
-    }
-}
-
-/// The MQTT topic of a record: its subject, or for a table change `{table}/{id}`, or else the
-/// stream's name.
-fn message_topic(event: &Event) -> Text {
-    if event.table {
-        let id = event.record.key.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-        return Text::from(format!("{}/{id}", event.stream));
-    }
-    match &event.record.subject {
-        Some(subject) => subject.clone(),
-        None => Text::from(&*event.stream),
-    }
-}
-
-/// `text` for the codec, sharing its bytes.
-fn byte_string(text: &Text) -> ByteString {
-    ByteString::try_from(text.clone().into_bytes()).expect("a Text holds UTF-8")
-}
-
-/// The next offset of every partition of `stream`: where a subscription from now starts.
-fn end_offsets(stream: &Stream) -> Vec<u64> {
-    stream.end_offsets()
-}
-
-/// What a resumed subscription had sent before, from its stored session.
-struct Resumed {
-    /// Per stream partition, how far records had been handed over.
-    sent: std::collections::BTreeMap<String, Vec<u64>>,
-    /// Per stream partition, which of those had not been acknowledged (sorted); `None` for a
-    /// session stored before this was kept: then all of them count as unacknowledged.
-    unacked: Option<std::collections::BTreeMap<String, Vec<Vec<u64>>>>,
-}
-
-impl Resumed {
-    fn of(stored: &StoredSubscription) -> Arc<Resumed> {
-        Arc::new(Resumed { sent: stored.sent.clone(), unacked: stored.unacked.clone() })
-    }
-
-    /// Whether the record at `offset` was sent before (so it goes again flagged DUP), and
-    /// whether it was also acknowledged (so it does not go again at all).
-    fn sent_before(&self, stream: &str, partition: u32, offset: u64) -> (bool, bool) {
-        let sent = self
-            .sent
-            .get(stream)
-            .and_then(|positions| positions.get(partition as usize))
-            .is_some_and(|&sent| offset < sent);
-        let acknowledged = sent
-            && self.unacked.as_ref().is_some_and(|unacked| {
-                unacked
-                    .get(stream)
-                    .and_then(|partitions| partitions.get(partition as usize))
-                    .is_none_or(|offsets| offsets.binary_search(&offset).is_err())
-            });
-        (sent, acknowledged)
-    }
-}
-
-/// One subscription's feed into its connection's outbound queue.
-#[derive(Clone)]
-struct Follower {
-    broker: Arc<Broker>,
-    filter: Filter,
-    sink: Sink,
-    qos: QoS,
-    subscription_id: Option<NonZeroU32>,
-    retain_as_published: bool,
-    /// Where a persistent session's positions come from.
-    progress: Option<SharedProgress>,
-    /// What a resumed session had sent and had acknowledged.
-    resumed: Option<Arc<Resumed>>,
-    /// For a table: which `{table}/{id}` topics the subscription wants (table changes carry
-    /// no subject, so the stream filter cannot say).
-    topic_filter: Option<SubjectFilter>,
-    /// v5 no local: the client id whose own messages are not sent back to it.
-    no_local_client: Option<Arc<str>>,
-}
-
-impl Follower {
-    /// Sends the retained messages, flagged as such; false when the connection is gone.
-    async fn send_retained(&self, retained: Vec<super::retained::Retained>) -> bool {
-        for message in retained {
-            let stream: Arc<str> = Arc::from(message.topic.split('/').next().unwrap_or_default());
-            let record = onehop_engine::Record {
-                offset: 0,
-                timestamp_ms: 0,
-                key: None,
-                subject: Some(message.topic.into()),
-                headers: message.headers,
-                value: Some(message.payload),
-            };
-            let event = Arc::new(Event::new(stream, 0, record, false));
-            let outbound = Outbound::Message {
-                event,
-                qos: self.qos,
-                subscription_id: self.subscription_id,
-                retain: true,
-                retain_as_published: true,
-                progress: None,
-                dup: false,
-            };
-            if !self.sink.send(outbound).await {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Feeds the records of `stream` that match until the connection or the stream goes away.
-    async fn follow(&self, stream: Arc<Stream>, mut cursor: onehop_engine::hub::Cursor) {
-        loop {
-            match cursor.next().await {
-                Ok(Delivery::Event(event, _)) => {
-                    if let Some(topic_filter) = &self.topic_filter
-                        && !topic_filter.matches(&message_topic(&event))
-                    {
-                        continue;
-                    }
-                    if let Some(own) = &self.no_local_client
-                        && event
-                            .record
-                            .headers
-                            .iter()
-                            .any(|(name, value)| name == CLIENT_HEADER && value == own.as_bytes())
-                    {
-                        continue;
-                    }
-                    if let Some(progress) = &self.progress {
-                        progress.lock().expect("progress lock").delivered(
-                            stream.name(),
-                            event.partition,
-                            event.record.offset,
-                            cursor.positions(),
-                        );
-                    }
-                    let (dup, acknowledged) = self.resumed.as_ref().map_or((false, false), |resumed| {
-                        resumed.sent_before(stream.name(), event.partition, event.record.offset)
-                    });
-                    if acknowledged {
-                        // Sent and acknowledged before the session's last connection ended.
-                        if let Some(progress) = &self.progress {
-                            progress.lock().expect("progress lock").acked(
-                                stream.name(),
-                                event.partition,
-                                event.record.offset,
-                            );
-                        }
-                        continue;
-                    }
-                    let outbound = Outbound::Message {
-                        event,
-                        qos: self.qos,
-                        subscription_id: self.subscription_id,
-                        retain: false,
-                        retain_as_published: self.retain_as_published,
-                        progress: self.progress.clone(),
-                        dup,
-                    };
-                    if !self.sink.send(outbound).await {
-                        return;
-                    }
-                }
-                Ok(Delivery::Overflow { positions }) => {
-                    // Behind the live feed: carry on from the log where this left off, so a
-                    // burst costs the client time, not messages, and the server no memory.
-                    metrics::counter!("mqtt_subscriptions_caught_up_from_log_total").increment(1);
-                    match self.broker.engine.subscribe(&stream, self.filter.clone(), positions) {
-                        Ok(resumed) => cursor = resumed,
-                        Err(_) => {
-                            self.sink.send(Outbound::CutOff).await;
-                            return;
-                        }
-                    }
-                }
-                // The stream was dropped, or the server is stopping.
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// Follows the streams of a subscription: from `starts` for those that exist now and from
-    /// the beginning for each one created later that `streams` wants.
-    async fn follow_streams(self, streams: Streams, starts: Starts, mut changes: tokio::sync::watch::Receiver<u64>) {
-        let mut followed: HashMap<String, (Arc<Stream>, tokio::task::AbortHandle)> = HashMap::new();
-        let mut tasks = tokio::task::JoinSet::new();
-        let start = |stream: Arc<Stream>, positions: Vec<u64>, tasks: &mut tokio::task::JoinSet<()>| {
-            if let Some(progress) = &self.progress {
-                progress.lock().expect("progress lock").start(stream.name(), &positions);
-            }
-            let Ok(cursor) = self.broker.engine.subscribe(&stream, self.filter.clone(), positions) else { return None };
-            let follower = self.clone();
-            let followed_stream = stream.clone();
-            Some(tasks.spawn(async move { follower.follow(followed_stream, cursor).await }))
-        };
-        for (stream, positions) in starts {
-            if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
-                followed.insert(stream.name().to_string(), (stream, handle));
-            }
-        }
-        loop {
-            tokio::select! {
-                changed = changes.changed() => if changed.is_err() { return },
-                // Reap finished followers (a dropped stream) so the set stays small.
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            }
-            let now = self.broker.engine.streams();
-            followed.retain(|name, (stream, handle)| {
-                let current = now.iter().any(|other| other.name() == name && Arc::ptr_eq(other, stream));
-                if !current {
-                    handle.abort();
-                }
-                current
-            });
-            for stream in now {
-                if followed.contains_key(stream.name()) || !streams.wants(&stream) {
-                    continue;
-                }
-                // Created after the subscription: everything in it is new.
-                let positions = stream.start_offsets();
-                if let Some(handle) = start(stream.clone(), positions, &mut tasks) {
-                    followed.insert(stream.name().to_string(), (stream, handle));
-                }
-            }
-        }
-    }
-}
-
-/// A subscription of a connection: its follower task, or its place in a shared group. Dropping
-/// it (unsubscribe, resubscribe, disconnect) stops the one and leaves the other. The
-/// `mqtt_subscriptions` gauge counts the handles alive, so it follows every way one ends.
-struct SubscriptionHandle {
-    task: Option<JoinHandle<()>>,
-    membership: Option<(Arc<Broker>, String, u64)>,
-    /// What a persistent session stores of it.
-    spec: StoredSubscription,
-    progress: Option<SharedProgress>,
-}
-
-/// What a persistent session stores of a new subscription (positions come with its progress).
-fn stored_subscription(
-    filter: &str,
-    qos: QoS,
-    subscription_id: Option<NonZeroU32>,
-    retain_as_published: bool,
-    no_local: bool,
-) -> StoredSubscription {
-    StoredSubscription {
-        filter: filter.to_string(),
-        qos: qos_rank(qos),
-        subscription_id: subscription_id.map(NonZeroU32::get),
-        retain_as_published,
-        no_local,
-        positions: Default::default(),
-        sent: Default::default(),
-        unacked: None,
-    }
-}
-
-/// Where a resumed subscription starts in `stream`: the stored positions (kept within what the
-/// stream still holds), or its beginning when the session never saw it.
-fn resume_positions(stream: &Stream, stored: Option<&Vec<u64>>) -> Vec<u64> {
-    (0..stream.partition_count())
-        .map(|partition| {
-            let (Ok(start), Ok(end)) = (stream.start_offset(partition), stream.end_offset(partition)) else { return 0 };
-            let stored = stored.and_then(|positions| positions.get(partition as usize)).copied();
-            stored.unwrap_or(0).clamp(start, end)
-        })
-        .collect()
-}
-
-impl SubscriptionHandle {
-    fn new(
-        task: Option<JoinHandle<()>>,
-        membership: Option<(Arc<Broker>, String, u64)>,
-        spec: StoredSubscription,
-        progress: Option<SharedProgress>,
-    ) -> SubscriptionHandle {
-        metrics::gauge!("mqtt_subscriptions").increment(1.0);
-        SubscriptionHandle { task, membership, spec, progress }
-    }
-}
-
-impl Drop for SubscriptionHandle {
-    fn drop(&mut self) {
-        metrics::gauge!("mqtt_subscriptions").decrement(1.0);
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-        if let Some((broker, key, member)) = self.membership.take() {
-            broker.leave_group(&key, member);
-        }
-    }
-}
-
-/// Where a follower's messages go: one connection, or one member of a shared group.
-#[derive(Clone)]
-enum Sink {
-    Connection(mpsc::Sender<Outbound>),
-    Group(Arc<Group>),
-}
-
-impl Sink {
-    /// Hands `outbound` over; false when nobody is there any more.
-    async fn send(&self, outbound: Outbound) -> bool {
-        match self {
-            Sink::Connection(deliveries) => deliveries.send(outbound).await.is_ok(),
-            Sink::Group(group) => group.dispatch(outbound).await,
-        }
-    }
-}
-
-/// A member of a shared subscription group.
-pub(super) struct Member {
-    pub(super) id: u64,
-    deliveries: mpsc::Sender<Outbound>,
-    qos: QoS,
-    subscription_id: Option<NonZeroU32>,
-}
-
-/// A shared subscription (`$share/{group}/{filter}`): one follower, many members.
-pub(super) struct Group {
-    pub(super) members: Mutex<Vec<Member>>,
-    next: AtomicUsize,
-    pub(super) task: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Group {
-    /// Gives a message to one member, round robin, preferring one whose queue has room.
-    async fn dispatch(&self, outbound: Outbound) -> bool {
-        let Outbound::Message { event, retain, retain_as_published, progress, dup, .. } = outbound else {
-            // Cut off: every member is told.
-            let members: Vec<mpsc::Sender<Outbound>> =
-                self.members.lock().expect("members lock").iter().map(|member| member.deliveries.clone()).collect();
-            for deliveries in members {
-                let _ = deliveries.send(Outbound::CutOff).await;
-            }
-            return false;
-        };
-        let message = |qos: QoS, subscription_id: Option<NonZeroU32>| Outbound::Message {
-            event: event.clone(),
-            qos,
-            subscription_id,
-            retain,
-            retain_as_published,
-            progress: progress.clone(),
-            dup,
-        };
-        loop {
-            // try_send never waits, so the members are tried under the lock; only when every
-            // queue is full is the turn's member taken out to wait on.
-            let (deliveries, qos, subscription_id) = {
-                let members = self.members.lock().expect("members lock");
-                if members.is_empty() {
-                    return false;
-                }
-                let start = self.next.fetch_add(1, Ordering::Relaxed) % members.len();
-                for i in 0..members.len() {
-                    let member = &members[(start + i) % members.len()];
-                    if member.deliveries.try_send(message(member.qos, member.subscription_id)).is_ok() {
-                        return true;
-                    }
-                }
-                let member = &members[start];
-                (member.deliveries.clone(), member.qos, member.subscription_id)
-            };
-            if deliveries.send(message(qos, subscription_id)).await.is_ok() {
-                return true;
-            }
-        }
-    }
-}
-
-/// What one subscription has delivered and which deliveries are still unacknowledged, per
-/// stream partition: a persistent session resumes from the first unacknowledged message, or
-/// past everything delivered when all is acknowledged.
-#[derive(Default)]
-pub(super) struct Progress {
-    streams: HashMap<String, StreamProgress>,
-}
-
-struct StreamProgress {
-    /// The cursor's position after the last record it handed over.
-    next: Vec<u64>,
-    unacked: Vec<std::collections::BTreeSet<u64>>,
-}
-
-pub(super) type SharedProgress = Arc<Mutex<Progress>>;
-
-impl Progress {
-    /// A stream followed from `positions`.
-    fn start(&mut self, stream: &str, positions: &[u64]) {
-        self.streams.insert(
-            stream.to_string(),
-            StreamProgress { next: positions.to_vec(), unacked: vec![Default::default(); positions.len()] },
-        );
-    }
-
-    /// A record handed over for delivery; `next` is the cursor's position after it.
-    fn delivered(&mut self, stream: &str, partition: u32, offset: u64, next: &[u64]) {
-        let Some(progress) = self.streams.get_mut(stream) else { return };
-        progress.next = next.to_vec();
-        if let Some(unacked) = progress.unacked.get_mut(partition as usize) {
-            unacked.insert(offset);
-        }
-    }
-
-    fn acked(&mut self, stream: &str, partition: u32, offset: u64) {
-        if let Some(unacked) =
-            self.streams.get_mut(stream).and_then(|progress| progress.unacked.get_mut(partition as usize))
-        {
-            unacked.remove(&offset);
-        }
-    }
-
-    /// Per stream and partition, the records handed over and not acknowledged, in order.
-    pub(super) fn unacked(&self) -> std::collections::BTreeMap<String, Vec<Vec<u64>>> {
-        self.streams
-            .iter()
-            .map(|(stream, progress)| {
-                (stream.clone(), progress.unacked.iter().map(|offsets| offsets.iter().copied().collect()).collect())
-            })
-            .collect()
-    }
-
-    /// Per stream, how far records were handed over for delivery.
-    pub(super) fn sent(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
-        self.streams.iter().map(|(stream, progress)| (stream.clone(), progress.next.clone())).collect()
-    }
-
-    /// Per stream, where a resumed subscription starts.
-    pub(super) fn committed(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
-        self.streams
-            .iter()
-            .map(|(stream, progress)| {
-                let positions = progress
-                    .next
-                    .iter()
-                    .zip(&progress.unacked)
-                    .map(|(&next, unacked)| unacked.first().map_or(next, |&first| first.min(next)))
-                    .collect();
-                (stream.clone(), positions)
-            })
-            .collect()
-    }
-}
-
-/// A delivered message to mark acknowledged in its subscription's progress.
-struct Acked {
-    progress: SharedProgress,
-    stream: Arc<str>,
-    partition: u32,
-    offset: u64,
-}
-
-impl Acked {
-    fn mark(self) {
-        self.progress.lock().expect("progress lock").acked(&self.stream, self.partition, self.offset);
+        self.session_written = Instant::now();
     }
 }

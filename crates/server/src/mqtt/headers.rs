@@ -28,6 +28,12 @@ pub(super) const PAYLOAD_FORMAT_HEADER: &str = "onehop-mqtt-payload-format";
 pub(super) const CONTENT_TYPE_HEADER: &str = "onehop-mqtt-content-type";
 pub(super) const RESPONSE_TOPIC_HEADER: &str = "onehop-mqtt-response-topic";
 pub(super) const CORRELATION_DATA_HEADER: &str = "onehop-mqtt-correlation-data";
+/// The record header naming the client that published a message: for v5 no local, and for a
+/// persistent session's QoS 2 message, to recognise a resend after a crash.
+pub(super) const CLIENT_HEADER: &str = "onehop-mqtt-client";
+/// On a QoS 2 message of a persistent session: its packet id, to recognise a resend after a
+/// crash (with the client header).
+pub(super) const PACKET_HEADER: &str = "onehop-mqtt-packet";
 
 /// What a message carries besides its topic, payload, QoS and retain flag (MQTT 5; a 3.1.1
 /// message has none of it).

@@ -28,42 +28,84 @@
 //! A persistent session ([`sessions`]) keeps its subscriptions and, for each, the log positions
 //! up to which the client acknowledged everything; on reconnect the subscriptions resume from
 //! there, so the log is the queue of what came while the client was away.
+//!
+//! # Layout
+//!
+//! - `handshake`: CONNECT to CONNACK: the client id, the authentication hook
+//!   ([`Authenticate`]), taking a client id over, the session found.
+//! - `connection`: one connection's loop, the I/O around `machine`: reads and decodes, carries
+//!   out the machine's actions, writes its answers, keep-alive, the end of a connection.
+//! - `machine`: the protocol state machine, with no I/O: inbound QoS flows and the receive
+//!   maximum (`machine/inbound.rs`), outbound delivery and the in-flight window
+//!   (`machine/outbound.rs`), its unit tests (`machine/tests.rs`).
+//! - `publish`: storing what clients publish: batches per partition, acknowledgements in
+//!   order once durable, table rows, the in-doubt lookup of a resent QoS 2 message, wills.
+//! - `routing`: a topic's route in the engine, as MQTT's reason codes when refused, and the
+//!   per-connection route cache.
+//! - `subscriptions`: SUBSCRIBE and UNSUBSCRIBE, each opened through
+//!   `Engine::open_subscription`; `followers`: the tasks that feed a subscription's messages
+//!   to its connection; `shared`: shared groups.
+//! - `sessions`: the persistent session store; `progress`: what a session's subscriptions
+//!   delivered and had acknowledged (resume positions, DUP).
+//! - `retained`: the retained-message store, and the one way a retained message is published.
+//! - `proto`: the packets, over rmqtt-codec's 3.1.1 and 5.0 codecs; `frame`: what the codec is
+//!   given; `headers`: a message's MQTT metadata as record headers.
+//! - `telemetry`: the broker's metrics.
 
 mod connection;
+mod followers;
 mod frame;
+mod handshake;
 pub mod headers;
+mod machine;
+mod progress;
 pub mod proto;
-mod quota;
+mod publish;
 pub mod retained;
+mod routing;
 pub mod sessions;
+mod shared;
+mod subscriptions;
 pub mod telemetry;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use onehop_engine::Engine;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{Semaphore, watch};
 
 use crate::linger::Lingering;
 
-/// Decides whether a client may connect. The default allows everyone.
-pub trait Authenticate: Send + Sync {
-    fn allow(&self, client_id: &str, username: Option<&str>, password: Option<&[u8]>) -> bool;
+pub use handshake::{AllowAll, Authenticate};
+
+/// The time now, in ms since the Unix epoch: what message expiry and session expiry count in.
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as i64)
 }
 
-/// Lets every client in.
-pub struct AllowAll;
-
-impl Authenticate for AllowAll {
-    fn allow(&self, _client_id: &str, _username: Option<&str>, _password: Option<&[u8]>) -> bool {
-        true
-    }
-}
+/// Largest packet a client may send by default: a record of the default size and its topic.
+pub const MAX_PACKET_BYTES_DEFAULT: u32 = 1024 * 1024;
+/// QoS 1/2 publishes a client may have unacknowledged by default: enough to keep a fast
+/// publisher's pipeline full across an fsync, few enough to bound what one connection queues.
+pub const RECEIVE_MAX_DEFAULT: u16 = 1024;
+/// Topic aliases a v5 client may define by default: each holds a topic for the connection's life.
+pub const TOPIC_ALIAS_MAX_DEFAULT: u16 = 64;
+/// Messages queued for one client by default before its subscriptions wait on it.
+pub const OUTBOUND_QUEUE_DEFAULT: usize = 1024;
+/// Time a new connection has by default to send CONNECT: a socket that says nothing is let go.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// MQTT connections open at once by default.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 20_000;
+/// How long the listener waits after a failed accept (out of file descriptors, say) before it
+/// tries again, rather than spinning on the error.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// How long connections have to say goodbye when the server stops.
+const SHUTDOWN_GOODBYE_TIME: Duration = Duration::from_secs(2);
+/// How often the listener looks whether every connection has closed while the server stops.
+const SHUTDOWN_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// The broker's limits.
 #[derive(Clone)]
@@ -74,7 +116,8 @@ pub struct MqttConfig {
     pub receive_max: u16,
     /// Topic aliases a v5 client may define.
     pub topic_alias_max: u16,
-    /// Messages waiting to be written to one client before its subscriptions are cut off.
+    /// Messages waiting to be written to one client; when it is full, the client's
+    /// subscriptions wait, and those that fall behind the live feed read on from the log.
     pub outbound_queue: usize,
     /// Time a new connection has to send CONNECT.
     pub connect_timeout: Duration,
@@ -86,12 +129,12 @@ pub struct MqttConfig {
 impl Default for MqttConfig {
     fn default() -> Self {
         MqttConfig {
-            max_packet_bytes: 1024 * 1024,
-            receive_max: 1024,
-            topic_alias_max: 64,
-            outbound_queue: 1024,
-            connect_timeout: Duration::from_secs(10),
-            connections_max: 20_000,
+            max_packet_bytes: MAX_PACKET_BYTES_DEFAULT,
+            receive_max: RECEIVE_MAX_DEFAULT,
+            topic_alias_max: TOPIC_ALIAS_MAX_DEFAULT,
+            outbound_queue: OUTBOUND_QUEUE_DEFAULT,
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
             auth: Arc::new(AllowAll),
         }
     }
@@ -102,39 +145,14 @@ pub struct Broker {
     engine: Arc<Engine>,
     config: MqttConfig,
     /// Connected clients by id, with the signal that takes their session over.
-    clients: Mutex<HashMap<String, (u64, oneshot::Sender<()>)>>,
+    clients: handshake::Clients,
     next_connection: AtomicU64,
     shutdown: watch::Receiver<bool>,
     stop: watch::Sender<bool>,
-    retained: retained::RetainedStore,
+    retained: Arc<retained::RetainedStore>,
     sessions: sessions::SessionStore,
-    /// Shared subscription groups by their full filter (`$share/{group}/{filter}`).
-    groups: Mutex<HashMap<String, Arc<connection::Group>>>,
-}
-
-impl Broker {
-    /// Registers `client_id` for connection `connection`, taking over (disconnecting) an
-    /// earlier connection with the same id. Returns the signal of this one's takeover.
-    fn register(&self, client_id: &str, connection: u64) -> oneshot::Receiver<()> {
-        let (kick, kicked) = oneshot::channel();
-        let previous = self.clients.lock().expect("clients lock").insert(client_id.to_string(), (connection, kick));
-        if let Some((_, kick)) = previous {
-            let _ = kick.send(());
-        }
-        kicked
-    }
-
-    /// Whether a connection with `client_id` is open.
-    fn is_connected(&self, client_id: &str) -> bool {
-        self.clients.lock().expect("clients lock").contains_key(client_id)
-    }
-
-    fn unregister(&self, client_id: &str, connection: u64) {
-        let mut clients = self.clients.lock().expect("clients lock");
-        if clients.get(client_id).is_some_and(|(id, _)| *id == connection) {
-            clients.remove(client_id);
-        }
-    }
+    /// Shared subscription groups.
+    groups: shared::Groups,
 }
 
 impl Broker {
@@ -159,12 +177,12 @@ impl Broker {
             sessions,
             engine,
             config,
-            clients: Mutex::new(HashMap::new()),
+            clients: handshake::Clients::default(),
             next_connection: AtomicU64::new(1),
             shutdown,
             stop,
-            retained,
-            groups: Mutex::new(HashMap::new()),
+            retained: Arc::new(retained),
+            groups: shared::Groups::default(),
         }))
     }
 
@@ -178,24 +196,6 @@ impl Broker {
         metrics::gauge!("mqtt_connections").increment(1.0);
         connection::run(self, stream, id).await;
         metrics::gauge!("mqtt_connections").decrement(1.0);
-    }
-
-    /// Removes member `member` from the shared group `key`; the last one out stops the
-    /// group's follower.
-    fn leave_group(&self, key: &str, member: u64) {
-        let mut groups = self.groups.lock().expect("groups lock");
-        let Some(group) = groups.get(key) else { return };
-        let empty = {
-            let mut members = group.members.lock().expect("members lock");
-            members.retain(|other| other.id != member);
-            members.is_empty()
-        };
-        if empty {
-            if let Some(task) = group.task.lock().expect("group task lock").take() {
-                task.abort();
-            }
-            groups.remove(key);
-        }
     }
 
     /// The largest packet a client may send.
@@ -229,7 +229,7 @@ pub async fn serve_mqtt(
                 Ok(accepted) => accepted,
                 Err(error) => {
                     tracing::warn!(%error, "MQTT accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
                     continue;
                 }
             },
@@ -248,9 +248,9 @@ pub async fn serve_mqtt(
     }
     broker.shut_down();
     // Give connections a moment to say goodbye.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GOODBYE_TIME;
     while permits.available_permits() < broker.config.connections_max && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(SHUTDOWN_POLL_INTERVAL).await;
     }
     Ok(())
 }

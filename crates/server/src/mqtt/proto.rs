@@ -108,6 +108,24 @@ pub enum Refusal {
     Unavailable,
 }
 
+/// A QoS as a number (0, 1, 2), as sessions store it.
+pub fn qos_rank(qos: QoS) -> u8 {
+    match qos {
+        QoS::AtMostOnce => 0,
+        QoS::AtLeastOnce => 1,
+        QoS::ExactlyOnce => 2,
+    }
+}
+
+/// The QoS a stored number stands for (one that is none of them: 1).
+pub fn qos_of_rank(rank: u8) -> QoS {
+    match rank {
+        0 => QoS::AtMostOnce,
+        2 => QoS::ExactlyOnce,
+        _ => QoS::AtLeastOnce,
+    }
+}
+
 /// The outcome of one topic filter of a SUBSCRIBE.
 pub type Granted = Result<QoS, Refusal>;
 

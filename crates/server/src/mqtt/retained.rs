@@ -3,6 +3,9 @@
 //! properties, [`super::headers`]; a tombstone when an empty retained message clears the topic) and in memory,
 //! replayed from that topic at start. So retained messages survive restarts.
 //!
+//! A retained PUBLISH is published through `RetainedStore::publish` alone: its record in its
+//! stream, then the retained message, both durable before it is acknowledged.
+//!
 //! The memory map keeps, per topic, the log offset of the message it holds: a message replaces
 //! another only if it is later in the log, so concurrent retained publishes to one topic end
 //! as the log orders them, whatever order their acknowledgements arrive in.
@@ -11,9 +14,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
+use onehop_engine::route::Route;
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::system::{SystemTopic, SystemTopicConfig};
-use onehop_engine::{Engine, EngineError, Headers, NewRecord, Text};
+use onehop_engine::{Durability, Engine, EngineError, Headers, NewRecord, Text};
 
 pub const RETAINED_TOPIC: &str = "__mqtt_retained";
 
@@ -91,9 +95,29 @@ impl RetainedStore {
         metrics::gauge!("mqtt_retained_messages").set(messages.len() as f64);
     }
 
+    /// Publishes a retained message on `route`: `record` (the topic its subject, the payload
+    /// its value) is queued to its stream at once, behind what was queued there before, and
+    /// once it is durable, stored as its topic's retained message (an empty payload clears
+    /// it). The future resolves once both are durable. The one way a retained message is
+    /// published, so that the two writes can become one.
+    pub(super) async fn publish(
+        self: &Arc<Self>,
+        route: &Route,
+        record: NewRecord,
+        durability: Option<Durability>,
+    ) -> Result<impl Future<Output = Result<(), String>> + Send + 'static, EngineError> {
+        let queued = route.enqueue(std::slice::from_ref(&record), durability).await?;
+        let store = self.clone();
+        Ok(async move {
+            queued.await.map_err(|error| error.to_string())?;
+            let topic = record.subject.as_deref().unwrap_or_default();
+            store.set(topic, record.value.unwrap_or_default(), record.headers).await
+        })
+    }
+
     /// Stores `payload` as the retained message of `topic` (an empty payload clears it),
     /// durably; returns once it is.
-    pub async fn set(&self, topic: &str, payload: Bytes, headers: Vec<(Text, Bytes)>) -> Result<(), String> {
+    async fn set(&self, topic: &str, payload: Bytes, headers: Vec<(Text, Bytes)>) -> Result<(), String> {
         let record = NewRecord {
             timestamp_ms: None,
             key: Some(Bytes::from(topic.to_string())),

@@ -1,0 +1,292 @@
+//! The handshake: the protocol version, the CONNECT, the client id (assigned when empty),
+//! authentication, taking the client id over from an earlier connection, the session the
+//! client finds again, and the CONNACK. A CONNECT that cannot be read, or a client that may not
+//! connect, gets a CONNACK saying why (never a DISCONNECT first: MQTT 5, 3.14.0-1), or for an
+//! unreadable 3.1.1 one a plain close.
+//!
+//! A client id is held by one connection at a time: a new connection with it takes it over,
+//! and the earlier one ends ("session taken over"). The new one waits until the earlier one
+//! has written its session down, so it finds the session as it was left.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rmqtt_codec::error::DecodeError;
+use rmqtt_codec::version::{ProtocolVersion, VersionCodec};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{OwnedMutexGuard, oneshot};
+use tokio_util::codec::Decoder;
+
+use super::Broker;
+use super::proto::{Codec, ConnackInfo, Connect, ConnectRefusal, Inbound, Version, connect_refusal_for};
+use super::sessions::StoredSession;
+
+/// How long a connection waits for the one it takes over to write its session down: long
+/// enough for a session write under a slow disk, short enough that a stuck one is answered
+/// (CONNACK "server unavailable") rather than held.
+const SESSION_HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A CONNACK "unacceptable protocol version" in the 3.1.1 form, which clients of every version
+/// read.
+const CONNACK_UNACCEPTABLE_VERSION: [u8; 4] = [0x20, 0x02, 0x00, 0x01];
+
+/// Decides whether a client may connect. The default allows everyone.
+pub trait Authenticate: Send + Sync {
+    fn allow(&self, client_id: &str, username: Option<&str>, password: Option<&[u8]>) -> bool;
+}
+
+/// Lets every client in.
+pub struct AllowAll;
+
+impl Authenticate for AllowAll {
+    fn allow(&self, _client_id: &str, _username: Option<&str>, _password: Option<&[u8]>) -> bool {
+        true
+    }
+}
+
+/// The connected clients by id, each with the signal that takes its client id over.
+#[derive(Default)]
+pub(super) struct Clients {
+    clients: Mutex<HashMap<String, (u64, oneshot::Sender<()>)>>,
+}
+
+impl Clients {
+    /// Registers `client_id` for connection `connection`, taking over (disconnecting) an
+    /// earlier connection with the same id. Returns the signal of this one's takeover.
+    fn register(&self, client_id: &str, connection: u64) -> oneshot::Receiver<()> {
+        let (kick, kicked) = oneshot::channel();
+        let previous = self.clients.lock().expect("clients lock").insert(client_id.to_string(), (connection, kick));
+        if let Some((_, kick)) = previous {
+            let _ = kick.send(());
+        }
+        kicked
+    }
+
+    /// Whether a connection with `client_id` is open.
+    pub(super) fn is_connected(&self, client_id: &str) -> bool {
+        self.clients.lock().expect("clients lock").contains_key(client_id)
+    }
+
+    /// Forgets connection `connection` of `client_id`, unless another has taken it over since.
+    pub(super) fn unregister(&self, client_id: &str, connection: u64) {
+        let mut clients = self.clients.lock().expect("clients lock");
+        if clients.get(client_id).is_some_and(|(id, _)| *id == connection) {
+            clients.remove(client_id);
+        }
+    }
+}
+
+/// A connection's hold on its client id's session: a connection taking the client id over
+/// waits until it is released.
+pub(super) struct SessionOwner {
+    guard: OwnedMutexGuard<()>,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl SessionOwner {
+    /// Lets the session go (after its last write), to a connection waiting for it.
+    pub(super) fn release(self, broker: &Broker, client_id: &str) {
+        drop(self.guard);
+        broker.sessions.release_owner(client_id, self.lock);
+    }
+}
+
+/// A client let in, its CONNACK sent.
+pub(super) struct Accepted {
+    pub(super) codec: Codec,
+    pub(super) connect: Connect,
+    pub(super) client_id: String,
+    /// Its session as its last connection left it: none for a clean start, a first visit or
+    /// an expired session.
+    pub(super) stored: Option<StoredSession>,
+    /// Resolves when a later connection takes the client id over.
+    pub(super) kicked: oneshot::Receiver<()>,
+    pub(super) owner: SessionOwner,
+}
+
+/// Reads the CONNECT (within the connect timeout) and answers it: the client accepted, or
+/// refused with the CONNACK that says why. What arrived after the CONNECT stays in `buf`.
+pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
+    broker: &Broker,
+    reader: &mut ReadHalf<S>,
+    writer: &mut WriteHalf<S>,
+    buf: &mut BytesMut,
+    connection: u64,
+) -> Option<Accepted> {
+    let read = tokio::time::timeout(broker.config.connect_timeout, read_connect(broker, reader, writer, buf)).await;
+    let Ok(Some((mut codec, connect))) = read else { return None };
+    let mut assigned = None;
+    let client_id = if connect.client_id.is_empty() {
+        if codec.version() == Version::V3 && !connect.clean_start {
+            return refuse(&mut codec, ConnectRefusal::BadClientId, writer).await;
+        }
+        let id = generated_client_id(connection);
+        assigned = Some(id.clone());
+        id
+    } else {
+        connect.client_id.clone()
+    };
+    if !broker.config.auth.allow(&client_id, connect.username.as_deref(), connect.password.as_deref()) {
+        return refuse(&mut codec, ConnectRefusal::NotAuthorized, writer).await;
+    }
+    if let Some(max) = connect.max_packet_size {
+        codec.set_max_outbound(max);
+    }
+    // Take the client id over (an earlier connection with it is closed), then wait until that
+    // connection has written its session, so this one finds it as it was left.
+    let kicked = broker.clients.register(&client_id, connection);
+    let lock = broker.sessions.owner_lock(&client_id);
+    let Ok(guard) = tokio::time::timeout(SESSION_HANDOVER_TIMEOUT, lock.clone().lock_owned()).await else {
+        broker.clients.unregister(&client_id, connection);
+        return refuse(&mut codec, ConnectRefusal::Unavailable, writer).await;
+    };
+    let owner = SessionOwner { guard, lock };
+    let stored = session_found(broker, &client_id, connect.clean_start).await;
+    let info = ConnackInfo {
+        assigned_client_id: assigned,
+        receive_max: broker.config.receive_max,
+        max_packet_size: broker.config.max_packet_bytes,
+        topic_alias_max: broker.config.topic_alias_max,
+        session_present: stored.is_some(),
+    };
+    let mut out = BytesMut::new();
+    if codec.connack(Ok(info), &mut out).is_err() || writer.write_all(&out).await.is_err() {
+        broker.clients.unregister(&client_id, connection);
+        owner.release(broker, &client_id);
+        return None;
+    }
+    tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
+    Some(Accepted { codec, connect, client_id, stored, kicked, owner })
+}
+
+/// The session `client_id` finds: none on a clean start (which ends a stored one), else the
+/// stored one unless it expired.
+async fn session_found(broker: &Broker, client_id: &str, clean_start: bool) -> Option<StoredSession> {
+    if !clean_start {
+        return broker.sessions.get(client_id).filter(|session| !session.expired(super::now_ms()));
+    }
+    if broker.sessions.get(client_id).is_some()
+        && let Err(error) = broker.sessions.put(client_id, None).await
+    {
+        tracing::warn!(client_id, %error, "an MQTT session could not be ended");
+    }
+    None
+}
+
+/// Answers a CONNECT with a refusal; there is no connection to go on with.
+async fn refuse<S: AsyncWrite, T>(codec: &mut Codec, refusal: ConnectRefusal, writer: &mut WriteHalf<S>) -> Option<T> {
+    let mut out = BytesMut::new();
+    let _ = codec.connack(Err(refusal), &mut out);
+    let _ = writer.write_all(&out).await;
+    None
+}
+
+/// Reads until `buf` holds a whole packet of the handshake, or the client goes away.
+async fn read_more<S: AsyncRead>(reader: &mut ReadHalf<S>, buf: &mut BytesMut) -> Option<()> {
+    match reader.read_buf(buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(()),
+    }
+}
+
+/// Reads the protocol version and the CONNECT.
+async fn read_connect<S: AsyncRead + AsyncWrite>(
+    broker: &Broker,
+    reader: &mut ReadHalf<S>,
+    writer: &mut WriteHalf<S>,
+    buf: &mut BytesMut,
+) -> Option<(Codec, Connect)> {
+    let version = loop {
+        match VersionCodec.decode(buf) {
+            Ok(Some(ProtocolVersion::MQTT3)) => break Version::V3,
+            Ok(Some(ProtocolVersion::MQTT5)) => break Version::V5,
+            Ok(None) => read_more(reader, buf).await?,
+            Err(DecodeError::UnsupportedProtocolLevel) => {
+                let _ = writer.write_all(&CONNACK_UNACCEPTABLE_VERSION).await;
+                return None;
+            }
+            Err(DecodeError::InvalidProtocol) if names_mqtt(buf) => {
+                // CONNACK "unacceptable protocol version", in the 3.1.1 form every client reads.
+                let _ = writer.write_all(&CONNACK_UNACCEPTABLE_VERSION).await;
+                return None;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "MQTT handshake refused");
+                return None;
+            }
+        }
+    };
+    let mut codec = Codec::new(version, broker.config.max_packet_bytes);
+    loop {
+        match codec.decode(buf) {
+            Ok(Some(Inbound::Connect(connect))) => return Some((codec, *connect)),
+            Ok(Some(other)) => {
+                tracing::debug!(packet = ?other, "MQTT: the first packet must be CONNECT");
+                return None;
+            }
+            Ok(None) => read_more(reader, buf).await?,
+            Err(error) => {
+                tracing::debug!(%error, "MQTT CONNECT refused");
+                let mut out = BytesMut::new();
+                if codec.connack(Err(connect_refusal_for(&error)), &mut out).is_ok() {
+                    let _ = writer.write_all(&out).await;
+                }
+                return None;
+            }
+        }
+    }
+}
+
+/// Whether `buf` starts with a CONNECT naming the MQTT protocol (so a refusal is about its
+/// level, which deserves a CONNACK saying so, not a silent close).
+fn names_mqtt(buf: &[u8]) -> bool {
+    if buf.first() != Some(&0x10) {
+        return false;
+    }
+    // Skip the remaining length (1 to 4 bytes).
+    let Some(length_bytes) = buf[1..].iter().take(4).position(|byte| byte & 0x80 == 0).map(|i| i + 1) else {
+        return false;
+    };
+    let rest = &buf[1 + length_bytes..];
+    rest.starts_with(&[0x00, 0x04, b'M', b'Q', b'T', b'T'])
+        || rest.starts_with(&[0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p'])
+}
+
+/// A client id for a client that sent none: unique per connection and start.
+fn generated_client_id(connection: u64) -> String {
+    format!("onehop-{connection:x}-{:x}", super::now_ms())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_of_the_protocol_level_is_for_connects_that_name_mqtt() {
+        let connect = |name: &[u8]| {
+            let mut packet = vec![0x10, 0x10, 0x00, name.len() as u8];
+            packet.extend_from_slice(name);
+            packet
+        };
+        assert!(names_mqtt(&connect(b"MQTT")));
+        assert!(names_mqtt(&connect(b"MQIsdp")));
+        assert!(!names_mqtt(&connect(b"HTTP")));
+        assert!(!names_mqtt(b"GET / HTTP/1.1\r\n"));
+        assert!(!names_mqtt(&[0x10, 0x80, 0x80, 0x80, 0x80]), "a length that never ends");
+    }
+
+    #[test]
+    fn a_client_id_is_the_connection_s_until_another_takes_it_over() {
+        let clients = Clients::default();
+        let mut first = clients.register("c", 1);
+        assert!(clients.is_connected("c"));
+        let mut second = clients.register("c", 2);
+        assert_eq!(first.try_recv(), Ok(()), "the first connection is told");
+        clients.unregister("c", 1);
+        assert!(clients.is_connected("c"), "the first one leaving does not unregister the second");
+        assert!(second.try_recv().is_err(), "nobody took the second over");
+        clients.unregister("c", 2);
+        assert!(!clients.is_connected("c"));
+    }
+}
