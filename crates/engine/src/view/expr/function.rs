@@ -242,8 +242,10 @@ fn round(value: Num, digits: i64) -> Option<Value> {
     match value {
         Num::Int(int) if digits >= 0 => Some(Value::from(int)),
         Num::Int(int) => {
-            // 10^19 overflows i64: every i64 rounds to 0 at that scale.
-            let Some(scale) = u32::try_from(-digits).ok().and_then(|exponent| 10i64.checked_pow(exponent)) else {
+            // 10^19 overflows i64: every i64 rounds to 0 at that scale (and so at -i64::MIN
+            // digits, which has no negation).
+            let exponent = digits.checked_neg().and_then(|exponent| u32::try_from(exponent).ok());
+            let Some(scale) = exponent.and_then(|exponent| 10i64.checked_pow(exponent)) else {
                 return Some(Value::from(0));
             };
             let half = scale / 2;
@@ -332,6 +334,8 @@ mod tests {
         assert_eq!(function(Round, vec![json!(1249), json!(-2)]), json!(1200));
         assert_eq!(function(Round, vec![json!(i64::MAX), json!(-1)]), Value::Null, "overflow");
         assert_eq!(function(Round, vec![json!(i64::MAX), json!(-30)]), json!(0));
+        // The digits' negation overflows: as far left as can be, every integer rounds to 0.
+        assert_eq!(function(Round, vec![json!(1_700_000_000_000i64), json!(i64::MIN)]), json!(0));
         assert_eq!(function(Round, vec![json!(1.5), json!("x")]), Value::Null);
         assert_eq!(function(Greatest, vec![json!(1), json!(null), json!(3.5), json!(2)]), json!(3.5));
         assert_eq!(function(Least, vec![json!("b"), json!("a"), json!(null)]), json!("a"));
