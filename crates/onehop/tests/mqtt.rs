@@ -489,6 +489,32 @@ fn retained_messages_are_sent_to_new_subscribers_and_survive_a_restart() {
     assert_eq!(sub_output(sub), ["0 home/garage/light on"]);
 }
 
+/// A retained message is one record in its stream; the retained messages are derived from
+/// those records and checkpointed about once a second. Messages acknowledged just before a
+/// `kill -9`, after the last checkpoint, are found by reading the streams on from it.
+#[test]
+fn retained_messages_acknowledged_just_before_kill_9_are_still_retained() {
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    let mqtt = server.mqtt_address;
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "site/a/state", "-m", "a1"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "site/b/state", "-m", "b1"]);
+    // Long enough for a checkpoint to hold these.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "site/a/state", "-m", "a2"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "site/b/state", "-n"]);
+    mosquitto_pub(mqtt, &["-q", "1", "-r", "-t", "other/c/state", "-m", "c1"]);
+    // Acknowledged (mosquitto_pub waits for the PUBACK), and at once:
+    server.kill_9();
+
+    let server = dir.start(&[], &[]);
+    let mqtt = server.mqtt_address;
+    let sub = mosquitto_sub(mqtt, &["-d", "-q", "1", "-t", "#", "-F", "MSG %r %t %p"], 2);
+    let mut got = sub_output(sub);
+    got.sort();
+    assert_eq!(got, ["1 other/c/state c1", "1 site/a/state a2"], "the newest per topic, b cleared");
+}
+
 #[test]
 fn bench_mqtt_runs_end_to_end_and_a_sweep_reports_what_held() {
     let (report, dir) = common::bench_report(&[

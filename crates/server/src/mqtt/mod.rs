@@ -16,8 +16,9 @@
 //! as QoS 1). A filter whose first level is a wildcard (`#`, `+/temp`) follows every stream,
 //! including those created after it subscribed.
 //!
-//! A retained PUBLISH is stored both in its stream and as its topic's retained message
-//! ([`retained`]); a new subscription first gets the retained messages its filter matches.
+//! A retained PUBLISH is one record in its stream, flagged retained; the retained messages are
+//! derived from those records and checkpointed ([`retained`]). A new subscription first gets
+//! the retained messages its filter matches.
 //!
 //! Shared subscriptions (`$share/{group}/{filter}`) are one follower per group handing each
 //! message to one member, round robin (a consumer group).
@@ -173,6 +174,8 @@ impl Broker {
                 .map_err(std::io::Error::other)?
         };
         let (stop, shutdown) = watch::channel(false);
+        let retained = Arc::new(retained);
+        tokio::spawn(retained.clone().keep_checkpointed(shutdown.clone()));
         Ok(Arc::new(Broker {
             sessions,
             engine,
@@ -181,7 +184,7 @@ impl Broker {
             next_connection: AtomicU64::new(1),
             shutdown,
             stop,
-            retained: Arc::new(retained),
+            retained,
             groups: shared::Groups::default(),
         }))
     }

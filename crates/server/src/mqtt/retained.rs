@@ -1,25 +1,50 @@
-//! Retained messages: the last retained message of each topic, kept in the compacted system
-//! topic `__mqtt_retained` (key = topic, value = payload, headers = QoS and the message's
-//! properties, [`super::headers`]; a tombstone when an empty retained message clears the topic) and in memory,
-//! replayed from that topic at start. So retained messages survive restarts.
+//! Retained messages: the last retained message of each topic.
 //!
-//! A retained PUBLISH is published through `RetainedStore::publish` alone: its record in its
-//! stream, then the retained message, both durable before it is acknowledged.
+//! **The stream record is the only write.** A retained PUBLISH is one record in its stream,
+//! flagged with the `onehop-mqtt-retain` header ([`super::headers`]), appended once: it is
+//! retained exactly when it is stored, with no second write to get out of step after a crash.
+//! The store in memory (topic → message, and the stream position it came from) is derived from
+//! those records, as the engine derives table state and view state from the log.
 //!
-//! The memory map keeps, per topic, the log offset of the message it holds: a message replaces
-//! another only if it is later in the log, so concurrent retained publishes to one topic end
-//! as the log orders them, whatever order their acknowledgements arrive in.
+//! **The checkpoint.** About once a second the messages that changed are written to the
+//! compacted system topic `__mqtt_retained` (key = topic, value = payload, headers = the
+//! message's, plus where it came from; a tombstone once a topic is cleared), in one batch with
+//! the positions they cover: per stream partition, the offset below which every retained record
+//! is in the checkpoint. A position never passes a retained publish still on its way to the
+//! log. At start the checkpoint is read back, then each stream is read on from its positions
+//! (a stream the positions do not know, from its start), folding in what the last second before
+//! a stop or crash retained; then a new checkpoint is written.
+//!
+//! A message replaces another only if it is later in the log (for one topic, in one stream
+//! partition: one topic's messages keep one partition), so concurrent retained publishes to one
+//! topic end as the log orders them, whatever order their acknowledgements arrive in.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use onehop_engine::route::Route;
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::system::{SystemTopic, SystemTopicConfig};
-use onehop_engine::{Durability, Engine, EngineError, Headers, NewRecord, Text};
+use onehop_engine::{Durability, Engine, EngineError, Headers, NewRecord, Position, Record, Text};
+use serde::{Deserialize, Serialize};
+
+use super::headers::RETAIN_HEADER;
 
 pub const RETAINED_TOPIC: &str = "__mqtt_retained";
+
+/// How often the messages that changed are checkpointed: what a start reads of the streams
+/// beyond the checkpoint, at most, is what was published in about this long.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// The checkpoint's record of the positions it covers; no topic starts with a NUL.
+const POSITIONS_KEY: &str = "\u{0}positions";
+/// The header of a checkpointed message naming where it came from: `{stream}:{partition}:{offset}`.
+const SOURCE_HEADER: &str = "onehop-retained-from";
+/// Records one step of the start's read of a stream reads at most.
+const CATCH_UP_READ_RECORDS_MAX: usize = 4096;
+/// Bytes that step reads at most: the memory the start holds for it, whatever the backlog.
+const CATCH_UP_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 /// A retained message.
 #[derive(Clone, Debug)]
@@ -45,110 +70,342 @@ impl Retained {
     }
 }
 
+/// Where a retained message came from: its record's stream, partition and offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Source {
+    stream: String,
+    partition: u32,
+    offset: u64,
+}
+
+impl Source {
+    /// Whether a message from `self` replaces one from `held`: later in the same partition,
+    /// or from another partition (the topic's stream changed, so the newer route wins).
+    fn replaces(&self, held: &Source) -> bool {
+        self.stream != held.stream || self.partition != held.partition || self.offset > held.offset
+    }
+
+    fn header(&self) -> Bytes {
+        Bytes::from(format!("{}:{}:{}", self.stream, self.partition, self.offset))
+    }
+
+    fn parse(text: &[u8]) -> Option<Source> {
+        let text = std::str::from_utf8(text).ok()?;
+        let mut parts = text.rsplitn(3, ':');
+        let offset = parts.next()?.parse().ok()?;
+        let partition = parts.next()?.parse().ok()?;
+        let stream = parts.next()?.to_string();
+        Some(Source { stream, partition, offset })
+    }
+}
+
+/// What the memory holds of a topic: its message (`None` once cleared, until the clearing is
+/// checkpointed) and where it came from.
+struct Held {
+    source: Source,
+    message: Option<Retained>,
+    /// Changed since the last checkpoint.
+    dirty: bool,
+}
+
+/// Per stream, the next offset of each partition below which every retained record is in the
+/// checkpoint.
+type Positions = BTreeMap<String, Vec<u64>>;
+
+#[derive(Serialize, Deserialize)]
+struct StoredPositions {
+    positions: Positions,
+}
+
 pub struct RetainedStore {
     log: Arc<SystemTopic>,
-    /// Topic → (offset, message).
-    messages: RwLock<BTreeMap<String, (u64, Retained)>>,
+    engine: Arc<Engine>,
+    /// Topic → what is held of it. Published messages are applied once durable.
+    messages: RwLock<BTreeMap<String, Held>>,
+    /// Retained publishes on their way to the log, per stream partition: the lowest offset each
+    /// could get (the partition's end when it was queued). A checkpoint's position never
+    /// passes one of them.
+    in_flight: Mutex<HashMap<(String, u32), Vec<u64>>>,
 }
 
 impl RetainedStore {
-    /// Opens (creating it the first time) and replays the retained topic. A retained message
-    /// is as large as a record of its stream may be.
-    pub fn open(engine: &Engine) -> Result<RetainedStore, EngineError> {
+    /// Opens (creating it the first time) the retained checkpoint, reads it back and reads on
+    /// the streams from where it ends. A retained message is as large as a record of its stream
+    /// may be.
+    pub fn open(engine: &Arc<Engine>) -> Result<RetainedStore, EngineError> {
         let config = SystemTopicConfig {
             record_bytes_max: engine.options().stream_defaults.record_bytes_max,
             ..SystemTopicConfig::default()
         };
-        let store = RetainedStore { log: engine.system_topic(RETAINED_TOPIC, &config)?, messages: RwLock::default() };
+        let store = RetainedStore {
+            log: engine.system_topic(RETAINED_TOPIC, &config)?,
+            engine: engine.clone(),
+            messages: RwLock::default(),
+            in_flight: Mutex::default(),
+        };
+        let mut positions: Option<Positions> = None;
         store.log.replay(|record| {
-            if let Some(topic) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) {
-                store.apply(record.offset, topic.to_string(), record.value, &record.headers.to_vec());
-            }
+            store.restore(record, &mut positions);
             Ok::<(), EngineError>(())
         })?;
-        tracing::info!(retained = store.len(), "retained MQTT messages replayed");
+        // A checkpoint without positions was written by a version that stored each retained
+        // message itself after its stream record: it holds everything, so nothing is read on.
+        let positions = positions.unwrap_or_else(|| store.end_positions());
+        let caught_up = store.catch_up(&positions)?;
+        for held in store.messages.write().expect("retained lock").values_mut() {
+            held.dirty = true;
+        }
+        tracing::info!(retained = store.len(), read_on = caught_up, "retained MQTT messages restored");
+        store.gauge();
         Ok(store)
     }
 
+    /// Folds one record of the checkpoint topic in.
+    fn restore(&self, record: Record, positions: &mut Option<Positions>) {
+        let Some(topic) = record.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()) else { return };
+        if topic == POSITIONS_KEY {
+            match record.value.as_deref().map(serde_json::from_slice::<StoredPositions>) {
+                Some(Ok(stored)) => *positions = Some(stored.positions),
+                Some(Err(error)) => tracing::warn!(%error, "skipping unreadable retained positions"),
+                None => {}
+            }
+            return;
+        }
+        let mut messages = self.messages.write().expect("retained lock");
+        let Some(value) = record.value.filter(|value| !value.is_empty()) else {
+            messages.remove(topic);
+            return;
+        };
+        let mut headers = record.headers.to_vec();
+        let source = headers
+            .iter()
+            .position(|(name, _)| name.as_str() == SOURCE_HEADER)
+            .and_then(|at| Source::parse(&headers.remove(at).1));
+        // A message of the earlier layout names no source: it stands until a newer one comes.
+        let source = source.unwrap_or(Source { stream: String::new(), partition: 0, offset: 0 });
+        let message = Retained::owned(topic.to_string(), &value, &headers);
+        messages.insert(topic.to_string(), Held { source, message: Some(message), dirty: false });
+    }
+
+    /// Reads every stream on from `positions` (a stream they do not name, from its start),
+    /// folding in the retained records; returns how many there were.
+    fn catch_up(&self, positions: &Positions) -> Result<u64, EngineError> {
+        let mut found = 0;
+        for stream in self.engine.streams() {
+            let starts = positions.get(stream.name()).cloned().unwrap_or_else(|| stream.start_offsets());
+            for partition in 0..stream.partition_count() {
+                let end = stream.end_offset(partition)?;
+                let mut next =
+                    starts.get(partition as usize).copied().unwrap_or(0).max(stream.start_offset(partition)?);
+                while next < end {
+                    let records = stream.read(
+                        partition,
+                        Position::Offset(next),
+                        CATCH_UP_READ_RECORDS_MAX,
+                        CATCH_UP_READ_BYTES_MAX,
+                    )?;
+                    let Some(last) = records.last() else { break };
+                    next = last.offset + 1;
+                    for record in records {
+                        if retained_record(&record) {
+                            found += 1;
+                            let source = Source { stream: stream.name().to_string(), partition, offset: record.offset };
+                            self.apply(source, &record);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Every stream's end offsets: positions that cover everything in the log now.
+    fn end_positions(&self) -> Positions {
+        self.engine.streams().iter().map(|stream| (stream.name().to_string(), stream.end_offsets())).collect()
+    }
+
     pub fn len(&self) -> usize {
-        self.messages.read().expect("retained lock").len()
+        self.messages.read().expect("retained lock").values().filter(|held| held.message.is_some()).count()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn apply(&self, offset: u64, topic: String, payload: Option<Bytes>, headers: &[(Text, Bytes)]) {
+    fn gauge(&self) {
+        metrics::gauge!("mqtt_retained_messages").set(self.len() as f64);
+    }
+
+    /// Takes the retained record `record` (from `source`) into memory, unless a later one of
+    /// its topic is held; an empty payload clears the topic.
+    fn apply(&self, source: Source, record: &Record) {
+        let Some(topic) = record.subject.as_deref() else { return };
         let mut messages = self.messages.write().expect("retained lock");
-        if messages.get(&topic).is_some_and(|(held, _)| *held > offset) {
+        if messages.get(topic).is_some_and(|held| !source.replaces(&held.source)) {
             return;
         }
-        match payload.filter(|payload| !payload.is_empty()) {
-            Some(payload) => {
-                let message = Retained::owned(topic.clone(), &payload, headers);
-                messages.insert(topic, (offset, message));
-            }
-            None => {
-                messages.remove(&topic);
-            }
-        }
-        metrics::gauge!("mqtt_retained_messages").set(messages.len() as f64);
+        let message = record.value.as_deref().filter(|payload| !payload.is_empty()).map(|payload| {
+            let headers: Vec<(Text, Bytes)> = record.headers.to_vec();
+            Retained::owned(topic.to_string(), payload, &headers)
+        });
+        messages.insert(topic.to_string(), Held { source, message, dirty: true });
     }
 
     /// Publishes a retained message on `route`: `record` (the topic its subject, the payload
-    /// its value) is queued to its stream at once, behind what was queued there before, and
-    /// once it is durable, stored as its topic's retained message (an empty payload clears
-    /// it). The future resolves once both are durable. The one way a retained message is
-    /// published, so that the two writes can become one.
+    /// its value, flagged retained by its headers) is queued to its stream at once, behind what
+    /// was queued there before; that one append is the message, stored and retained at once.
+    /// The future resolves once it is durable, with the message then held in memory. The one
+    /// way a retained message is published.
     pub(super) async fn publish(
         self: &Arc<Self>,
         route: &Route,
         record: NewRecord,
         durability: Option<Durability>,
     ) -> Result<impl Future<Output = Result<(), String>> + Send + 'static, EngineError> {
-        let queued = route.enqueue(std::slice::from_ref(&record), durability).await?;
+        debug_assert!(
+            record.headers.iter().any(|(name, _)| name.as_str() == RETAIN_HEADER),
+            "a retained message carries the retain flag"
+        );
+        let key = (route.stream.name().to_string(), route.partition);
+        let lowest = route.stream.end_offset(route.partition)?;
+        self.in_flight.lock().expect("in-flight lock").entry(key.clone()).or_default().push(lowest);
+        let queued = route.enqueue(std::slice::from_ref(&record), durability).await;
         let store = self.clone();
+        let done = move |store: &RetainedStore| {
+            let mut in_flight = store.in_flight.lock().expect("in-flight lock");
+            if let Some(lows) = in_flight.get_mut(&key) {
+                if let Some(at) = lows.iter().position(|low| *low == lowest) {
+                    lows.swap_remove(at);
+                }
+                if lows.is_empty() {
+                    in_flight.remove(&key);
+                }
+            }
+        };
+        let queued = match queued {
+            Ok(queued) => queued,
+            Err(error) => {
+                done(&store);
+                return Err(error);
+            }
+        };
+        let (stream, partition) = (route.stream.name().to_string(), route.partition);
         Ok(async move {
-            queued.await.map_err(|error| error.to_string())?;
-            let topic = record.subject.as_deref().unwrap_or_default();
-            store.set(topic, record.value.unwrap_or_default(), record.headers).await
+            let acked = queued.await;
+            if let Ok(ack) = &acked {
+                let stored = Record {
+                    offset: ack.base_offset,
+                    timestamp_ms: record.timestamp_ms.unwrap_or_default(),
+                    key: record.key.clone(),
+                    subject: record.subject.clone(),
+                    headers: Headers::from(&record.headers[..]),
+                    value: record.value.clone(),
+                };
+                store.apply(Source { stream, partition, offset: ack.base_offset }, &stored);
+                store.gauge();
+            }
+            done(&store);
+            acked.map(drop).map_err(|error| error.to_string())
         })
     }
 
-    /// Stores `payload` as the retained message of `topic` (an empty payload clears it),
-    /// durably; returns once it is.
-    async fn set(&self, topic: &str, payload: Bytes, headers: Vec<(Text, Bytes)>) -> Result<(), String> {
-        let record = NewRecord {
-            timestamp_ms: None,
-            key: Some(Bytes::from(topic.to_string())),
-            subject: None,
-            headers: if payload.is_empty() { Vec::new() } else { headers.clone() },
-            value: (!payload.is_empty()).then(|| payload.clone()),
-        };
-        let offset = self.log.append(std::slice::from_ref(&record)).await.map_err(|error| error.to_string())?;
-        self.apply(offset, topic.to_string(), Some(payload), &headers);
-        Ok(())
+    /// Writes the messages that changed since the last checkpoint, with the positions they
+    /// cover, as one batch; returns how many messages it wrote.
+    pub async fn checkpoint(&self) -> Result<usize, EngineError> {
+        // Positions first: a retained publish queued after this reads an end at or past them,
+        // and one queued before and still on its way holds them back.
+        let mut positions = self.end_positions();
+        {
+            let in_flight = self.in_flight.lock().expect("in-flight lock");
+            for ((stream, partition), lows) in in_flight.iter() {
+                if let (Some(ends), Some(low)) = (positions.get_mut(stream), lows.iter().min())
+                    && let Some(end) = ends.get_mut(*partition as usize)
+                {
+                    *end = (*end).min(*low);
+                }
+            }
+        }
+        let mut records = Vec::new();
+        let mut written = Vec::new();
+        {
+            let messages = self.messages.read().expect("retained lock");
+            for (topic, held) in messages.iter().filter(|(_, held)| held.dirty) {
+                let key = Some(Bytes::from(topic.clone()));
+                let record = match &held.message {
+                    Some(message) => {
+                        let mut headers: Vec<(Text, Bytes)> = message
+                            .headers
+                            .iter()
+                            .map(|(name, value)| (Text::from(name), Bytes::copy_from_slice(value)))
+                            .collect();
+                        headers.push((Text::from_static(SOURCE_HEADER), held.source.header()));
+                        NewRecord { key, headers, value: Some(message.payload.clone()), ..NewRecord::default() }
+                    }
+                    None => NewRecord { key, ..NewRecord::default() },
+                };
+                records.push(record);
+                written.push((topic.clone(), held.source.clone()));
+            }
+        }
+        let positions = serde_json::to_vec(&StoredPositions { positions }).expect("positions serialize");
+        records.push(NewRecord::keyed(Bytes::from_static(POSITIONS_KEY.as_bytes()), positions));
+        self.log.append(&records).await?;
+        // What is checkpointed is clean, unless it changed meanwhile; a cleared topic is gone.
+        let mut messages = self.messages.write().expect("retained lock");
+        for (topic, source) in &written {
+            if let Some(held) = messages.get_mut(topic)
+                && held.source == *source
+            {
+                held.dirty = false;
+                if held.message.is_none() {
+                    messages.remove(topic);
+                }
+            }
+        }
+        Ok(written.len())
+    }
+
+    /// Checkpoints every [`CHECKPOINT_INTERVAL`] while something changed, until `stop`
+    /// turns true; then once more.
+    pub async fn keep_checkpointed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        // The positions at start (and what the start read on) go down at once.
+        let mut changed = true;
+        loop {
+            if changed && let Err(error) = self.checkpoint().await {
+                tracing::warn!(%error, "the retained messages could not be checkpointed; the next start reads on further");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(CHECKPOINT_INTERVAL) => {}
+                () = async { drop(stop.wait_for(|stop| *stop).await) } => {
+                    let _ = self.checkpoint().await;
+                    return;
+                }
+            }
+            changed = self.messages.read().expect("retained lock").values().any(|held| held.dirty);
+        }
     }
 
     /// The retained messages whose topic matches `filter`.
     pub fn matching(&self, filter: &SubjectFilter) -> Vec<Retained> {
         let messages = self.messages.read().expect("retained lock");
+        let held = |(_, held): (&String, &Held)| held.message.clone();
         let first = filter.as_str().split('/').next().unwrap_or_default();
         if first == "+" || first == "#" {
-            return messages
-                .values()
-                .filter(|(_, message)| filter.matches(&message.topic))
-                .map(|(_, message)| message.clone())
-                .collect();
+            return messages.iter().filter(|(topic, _)| filter.matches(topic)).filter_map(held).collect();
         }
         // Only topics under the filter's stream can match.
         messages
             .range(first.to_string()..)
             .take_while(|(topic, _)| topic.starts_with(first))
             .filter(|(topic, _)| topic.split('/').next() == Some(first) && filter.matches(topic))
-            .map(|(_, (_, message))| message.clone())
+            .filter_map(held)
             .collect()
     }
+}
+
+/// Whether a stream record is a retained message (its PUBLISH had the retain flag).
+fn retained_record(record: &Record) -> bool {
+    record.subject.is_some() && record.headers.get(RETAIN_HEADER).is_some()
 }
 
 #[cfg(test)]
@@ -164,18 +421,37 @@ mod tests {
     #[test]
     fn a_retained_message_holds_only_its_own_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = Engine::open_in(dir.path(), onehop_engine::EngineOptions::default()).unwrap();
+        let engine = Arc::new(Engine::open_in(dir.path(), onehop_engine::EngineOptions::default()).unwrap());
         let store = RetainedStore::open(&engine).unwrap();
-        // A packet as the codec leaves it: topic, header value and payload slices of one buffer.
+        // A record as a read leaves it: subject, header and payload slices of one batch buffer.
         let buffer = Bytes::from(vec![b'x'; 64 * 1024]);
         let name = Text::from_utf8(buffer.slice(0..4)).unwrap();
-        store.apply(7, "home/hall".into(), Some(buffer.slice(100..110)), &[(name, buffer.slice(4..5))]);
-        let message = store.messages.read().unwrap().get("home/hall").unwrap().1.clone();
+        let record = Record {
+            offset: 7,
+            timestamp_ms: 0,
+            key: None,
+            subject: Some(Text::from_utf8(buffer.slice(200..209)).unwrap()),
+            headers: Headers::from(&[(name, buffer.slice(4..5))][..]),
+            value: Some(buffer.slice(100..110)),
+        };
+        store.apply(Source { stream: "home".into(), partition: 0, offset: 7 }, &record);
+        let topic = "x".repeat(9);
+        let message = store.messages.read().unwrap().get(&topic).unwrap().message.clone().unwrap();
         assert_eq!(&message.payload[..], &[b'x'; 10]);
         let headers: Vec<(&str, &[u8])> = message.headers.iter().collect();
         assert_eq!(headers, [("xxxx", &b"x"[..])]);
         assert!(!within(&message.payload, &buffer), "the payload is a copy");
         assert!(!within(headers[0].0.as_bytes(), &buffer), "the header name is a copy");
         assert!(!within(headers[0].1, &buffer), "the header value is a copy");
+    }
+
+    #[test]
+    fn a_source_names_its_stream_partition_and_offset_and_only_a_later_one_replaces_it() {
+        let held = Source { stream: "a.b-c".into(), partition: 3, offset: 41 };
+        assert_eq!(Source::parse(&held.header()), Some(held.clone()));
+        assert!(Source { offset: 42, ..held.clone() }.replaces(&held));
+        assert!(!Source { offset: 40, ..held.clone() }.replaces(&held));
+        assert!(Source { partition: 1, offset: 0, ..held.clone() }.replaces(&held), "the topic moved");
+        assert_eq!(Source::parse(b"no-colons"), None);
     }
 }
