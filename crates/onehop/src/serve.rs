@@ -6,7 +6,7 @@ use anyhow::Context;
 use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::http::origin::AllowedOrigins;
-use onehop_server::mqtt::{Broker, MqttConfig, serve_mqtt};
+use onehop_server::mqtt::{Broker, MqttConfig, max_packet_bytes_for, serve_mqtt};
 use onehop_server::{AppState, HttpConfig, install_metrics, serve_http};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -109,7 +109,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let mqtt_config = MqttConfig {
         connections_max: settings.connections_max,
         // A message is one record: the packet may add its topic and properties.
-        max_packet_bytes: u32::try_from(settings.stream_defaults.record_bytes_max + 64 * 1024).unwrap_or(u32::MAX),
+        max_packet_bytes: max_packet_bytes_for(settings.stream_defaults.record_bytes_max),
         ..MqttConfig::default()
     };
     let broker = Broker::open(engine.clone(), mqtt_config).await.context("opening the MQTT broker")?;

@@ -89,6 +89,15 @@ fn now_ms() -> i64 {
 
 /// Largest packet a client may send by default: a record of the default size and its topic.
 pub const MAX_PACKET_BYTES_DEFAULT: u32 = 1024 * 1024;
+/// Room a PUBLISH packet is given beyond its payload: fixed header, topic name (at most
+/// 65 535 bytes by the protocol) and properties.
+pub const PACKET_ENVELOPE_BYTES: usize = 64 * 1024;
+
+/// The largest packet to accept when records may be `record_bytes_max` long: one record's
+/// payload and the envelope around it, capped at what MQTT can advertise.
+pub fn max_packet_bytes_for(record_bytes_max: usize) -> u32 {
+    u32::try_from(record_bytes_max.saturating_add(PACKET_ENVELOPE_BYTES)).unwrap_or(u32::MAX)
+}
 /// QoS 1/2 publishes a client may have unacknowledged by default: enough to keep a fast
 /// publisher's pipeline full across an fsync, few enough to bound what one connection queues.
 pub const RECEIVE_MAX_DEFAULT: u16 = 1024;

@@ -129,8 +129,8 @@ impl Publisher {
         self.chain(batch.acks, batch.slots, stored);
     }
 
-    /// Publishes a retained message (its record on `route`, then the topic's retained
-    /// message), acknowledged in its turn once both are durable.
+    /// Publishes a retained message: one record on `route`, flagged retained, which is both
+    /// the message and the topic's retained message; acknowledged in its turn once durable.
     pub(super) async fn publish_retained(
         &mut self,
         route: &Route,
@@ -144,7 +144,7 @@ impl Publisher {
             .publish(route, record, durability)
             .await
             .map_err(|error| (Refusal::Unavailable, error.to_string()))?;
-        let stored = async move { stored.await.map_err(|error| (Refusal::Unavailable, error)) };
+        let stored = async move { stored.await.map_err(|error| (Refusal::Unavailable, error.to_string())) };
         self.chain(receipt.ack.into_iter().collect(), usize::from(receipt.slot), stored);
         Ok(())
     }
@@ -280,7 +280,7 @@ pub(super) fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, d
         let durability = routing::durability(will.qos);
         let stored = if will.retain {
             match broker.retained.publish(&route, record, durability).await {
-                Ok(stored) => stored.await,
+                Ok(stored) => stored.await.map_err(|error| error.to_string()),
                 Err(error) => Err(error.to_string()),
             }
         } else {

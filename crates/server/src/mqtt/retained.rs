@@ -6,14 +6,16 @@
 //! The store in memory (topic → message, and the stream position it came from) is derived from
 //! those records, as the engine derives table state and view state from the log.
 //!
-//! **The checkpoint.** About once a second the messages that changed are written to the
+//! **The checkpoint.** About once a second, when messages changed or the streams grew, they are
+//! written to the
 //! compacted system topic `__mqtt_retained` (key = topic, value = payload, headers = the
 //! message's, plus where it came from; a tombstone once a topic is cleared), in one batch with
 //! the positions they cover: per stream partition, the offset below which every retained record
 //! is in the checkpoint. A position never passes a retained publish still on its way to the
 //! log. At start the checkpoint is read back, then each stream is read on from its positions
 //! (a stream the positions do not know, from its start), folding in what the last second before
-//! a stop or crash retained; then a new checkpoint is written.
+//! a stop or crash retained; then a new checkpoint is written if the read found the log had
+//! grown (an idle server writes nothing).
 //!
 //! A message replaces another only if it is later in the log (for one topic, in one stream
 //! partition: one topic's messages keep one partition), so concurrent retained publishes to one
@@ -126,6 +128,9 @@ pub struct RetainedStore {
     /// could get (the partition's end when it was queued). A checkpoint's position never
     /// passes one of them.
     in_flight: Mutex<HashMap<(String, u32), Vec<u64>>>,
+    /// The positions the last checkpoint wrote (at start, those read back): one is written
+    /// when the log's ends have moved past them, so that a start reads on little.
+    checkpointed: Mutex<Positions>,
 }
 
 impl RetainedStore {
@@ -142,6 +147,7 @@ impl RetainedStore {
             engine: engine.clone(),
             messages: RwLock::default(),
             in_flight: Mutex::default(),
+            checkpointed: Mutex::default(),
         };
         let mut positions: Option<Positions> = None;
         store.log.replay(|record| {
@@ -150,11 +156,8 @@ impl RetainedStore {
         })?;
         // A checkpoint without positions was written by a version that stored each retained
         // message itself after its stream record: it holds everything, so nothing is read on.
-        let positions = positions.unwrap_or_else(|| store.end_positions());
-        let caught_up = store.catch_up(&positions)?;
-        for held in store.messages.write().expect("retained lock").values_mut() {
-            held.dirty = true;
-        }
+        let caught_up = store.catch_up(positions.as_ref().unwrap_or(&store.end_positions()))?;
+        *store.checkpointed.lock().expect("checkpointed lock") = positions.unwrap_or_default();
         tracing::info!(retained = store.len(), read_on = caught_up, "retained MQTT messages restored");
         store.gauge();
         Ok(store)
@@ -261,7 +264,7 @@ impl RetainedStore {
         route: &Route,
         record: NewRecord,
         durability: Option<Durability>,
-    ) -> Result<impl Future<Output = Result<(), String>> + Send + 'static, EngineError> {
+    ) -> Result<impl Future<Output = Result<(), EngineError>> + Send + 'static, EngineError> {
         debug_assert!(
             record.headers.iter().any(|(name, _)| name.as_str() == RETAIN_HEADER),
             "a retained message carries the retain flag"
@@ -305,7 +308,7 @@ impl RetainedStore {
                 store.gauge();
             }
             done(&store);
-            acked.map(drop).map_err(|error| error.to_string())
+            acked.map(drop).map_err(EngineError::from)
         })
     }
 
@@ -347,9 +350,11 @@ impl RetainedStore {
                 written.push((topic.clone(), held.source.clone()));
             }
         }
-        let positions = serde_json::to_vec(&StoredPositions { positions }).expect("positions serialize");
-        records.push(NewRecord::keyed(Bytes::from_static(POSITIONS_KEY.as_bytes()), positions));
+        let stored =
+            serde_json::to_vec(&StoredPositions { positions: positions.clone() }).expect("positions serialize");
+        records.push(NewRecord::keyed(Bytes::from_static(POSITIONS_KEY.as_bytes()), stored));
         self.log.append(&records).await?;
+        *self.checkpointed.lock().expect("checkpointed lock") = positions;
         // What is checkpointed is clean, unless it changed meanwhile; a cleared topic is gone.
         let mut messages = self.messages.write().expect("retained lock");
         for (topic, source) in &written {
@@ -368,10 +373,11 @@ impl RetainedStore {
     /// Checkpoints every [`CHECKPOINT_INTERVAL`] while something changed, until `stop`
     /// turns true; then once more.
     pub async fn keep_checkpointed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        // The positions at start (and what the start read on) go down at once.
-        let mut changed = true;
+        // What the start read on goes down at once; an idle server writes nothing.
         loop {
-            if changed && let Err(error) = self.checkpoint().await {
+            if self.changed()
+                && let Err(error) = self.checkpoint().await
+            {
                 tracing::warn!(%error, "the retained messages could not be checkpointed; the next start reads on further");
             }
             tokio::select! {
@@ -381,8 +387,23 @@ impl RetainedStore {
                     return;
                 }
             }
-            changed = self.messages.read().expect("retained lock").values().any(|held| held.dirty);
         }
+    }
+
+    /// Whether a message changed or a stream grew past the last checkpoint's positions (a
+    /// stream they do not name, past its start: a start would read it from there).
+    fn changed(&self) -> bool {
+        if self.messages.read().expect("retained lock").values().any(|held| held.dirty) {
+            return true;
+        }
+        let checkpointed = self.checkpointed.lock().expect("checkpointed lock");
+        self.engine.streams().iter().any(|stream| {
+            let ends = stream.end_offsets();
+            match checkpointed.get(stream.name()) {
+                Some(positions) => *positions != ends,
+                None => stream.start_offsets() != ends,
+            }
+        })
     }
 
     /// The retained messages whose topic matches `filter`.
@@ -443,6 +464,51 @@ mod tests {
         assert!(!within(&message.payload, &buffer), "the payload is a copy");
         assert!(!within(headers[0].0.as_bytes(), &buffer), "the header name is a copy");
         assert!(!within(headers[0].1, &buffer), "the header value is a copy");
+    }
+
+    #[tokio::test]
+    async fn an_idle_server_writes_nothing_and_the_positions_follow_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || Arc::new(Engine::open_in(dir.path(), onehop_engine::EngineOptions::default()).unwrap());
+        let engine = open();
+        let store = RetainedStore::open(&engine).unwrap();
+        assert!(!store.changed(), "a fresh start has nothing to checkpoint");
+        let def = onehop_engine::StreamDef {
+            name: "home".into(),
+            partitions: 2,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: Durability::Fsync,
+            mqtt_topic: None,
+        };
+        let stream = engine.create_stream(def).await.unwrap();
+        assert!(!store.changed(), "an empty stream moves no position");
+        // Plain records, none retained: the positions still move, so a start reads on little.
+        let plain =
+            NewRecord { subject: Some(Text::from("home/a")), value: Some(Bytes::from("1")), ..NewRecord::default() };
+        stream.publish(&[plain.clone(), plain.clone(), plain], None).await.unwrap();
+        assert!(store.changed(), "the log grew past the checkpoint's positions");
+        assert_eq!(store.checkpoint().await.unwrap(), 0, "no message changed");
+        assert!(!store.changed());
+        // A retained record appended behind the store's back (as a crash before the checkpoint
+        // leaves it) is read on at the next start, and only it.
+        let retained = NewRecord {
+            subject: Some(Text::from("home/b")),
+            headers: vec![(Text::from_static(RETAIN_HEADER), Bytes::from_static(b"1"))],
+            value: Some(Bytes::from("on")),
+            ..NewRecord::default()
+        };
+        stream.publish(&[retained], None).await.unwrap();
+        drop((store, stream));
+        drop(engine);
+        let engine = open();
+        let store = RetainedStore::open(&engine).unwrap();
+        let found = store.matching(&SubjectFilter::parse("home/#").unwrap());
+        assert_eq!(found.len(), 1);
+        assert_eq!(&found[0].payload[..], b"on");
+        assert!(store.changed(), "the start read on, so its positions go down");
+        store.checkpoint().await.unwrap();
+        assert_eq!(*store.checkpointed.lock().unwrap(), store.end_positions());
     }
 
     #[test]

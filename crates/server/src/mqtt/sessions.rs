@@ -134,7 +134,7 @@ impl SessionStore {
     }
 
     /// Stores `session` for `client` durably (`None` ends it).
-    pub async fn put(&self, client: &str, session: Option<StoredSession>) -> Result<(), String> {
+    pub async fn put(&self, client: &str, session: Option<StoredSession>) -> Result<(), EngineError> {
         {
             let mut sessions = self.sessions.lock().expect("sessions lock");
             if sessions.get(client) == session.as_ref() {
@@ -147,7 +147,7 @@ impl SessionStore {
         }
         let value = session.map(|session| Bytes::from(serde_json::to_vec(&session).expect("a session serializes")));
         let record = NewRecord { key: Some(Bytes::from(client.to_string())), value, ..NewRecord::default() };
-        self.log.append(std::slice::from_ref(&record)).await.map_err(|error| error.to_string())?;
+        self.log.append(std::slice::from_ref(&record)).await?;
         metrics::gauge!("mqtt_sessions_stored").set(self.sessions.lock().expect("sessions lock").len() as f64);
         Ok(())
     }
