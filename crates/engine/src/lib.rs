@@ -36,7 +36,7 @@ pub mod units;
 pub mod view;
 
 pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};
-pub use engine::{Engine, EngineOptions, catalog_recovery, set_system_recovery};
+pub use engine::{Engine, EngineOptions, Positions, catalog_recovery, set_system_recovery};
 pub use error::{EngineError, ErrorKind};
 pub use filter::Filter;
 pub use stream::{Position, Published, Stream};

@@ -103,6 +103,13 @@ impl Stream {
         Ok(self.partition(partition)?.end_offset())
     }
 
+    /// Waits until `partition` holds a record at or after `offset` (its end offset passes
+    /// it), without polling: the log wakes the waiter when a batch becomes readable. Returns
+    /// the new end offset. A long-poll read (Kafka's Fetch) waits here, under a timeout.
+    pub async fn wait_for(&self, partition: u32, offset: u64) -> Result<u64, EngineError> {
+        Ok(self.partition(partition)?.wait_for(offset).await?)
+    }
+
     /// The first offset of `partition` still stored (earlier ones went to retention).
     pub fn start_offset(&self, partition: u32) -> Result<u64, EngineError> {
         Ok(self.partition(partition)?.start_offset())

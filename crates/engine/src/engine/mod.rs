@@ -12,13 +12,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use onehop_log::{Durability, Log, LogOptions, Partition, PartitionConfig, RecoveryPolicy};
+use onehop_log::{Durability, Log, LogOptions, Partition, PartitionConfig, Record, RecoveryPolicy};
 
 use crate::catalog::{self, CATALOG_TOPIC, StreamDef};
 use crate::error::EngineError;
 use crate::filter::Filter;
 use crate::hub::{Cursor, Hub};
-use crate::stream::Stream;
+use crate::stream::{Position, Stream};
 use crate::system::{SystemTopic, SystemTopicConfig};
 use crate::table::Table;
 use crate::tabledef::{IndexDef, TableDef, validate_field_name};
@@ -29,6 +29,7 @@ use crate::view::{Start, Transform, TransformDef, View, ViewDef};
 
 mod orphans;
 mod streams;
+pub use streams::Positions;
 mod tables;
 mod views;
 

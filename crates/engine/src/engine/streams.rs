@@ -185,3 +185,63 @@ impl Engine {
         Ok(())
     }
 }
+
+/// Per stream, the next offset of each of its partitions: where a reader of every stream
+/// stands (a state derived from the streams, checkpointed with the positions it covers).
+pub type Positions = std::collections::BTreeMap<String, Vec<u64>>;
+
+/// Records one step of [`Engine::read_on`] reads at most.
+const READ_ON_RECORDS_MAX: usize = 4096;
+/// Bytes that step reads at most: the memory a start holds for it, whatever the backlog.
+const READ_ON_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+impl Engine {
+    /// Every stream's end offsets: positions that cover everything in the log now.
+    pub fn end_positions(&self) -> Positions {
+        self.streams().iter().map(|stream| (stream.name().to_string(), stream.end_offsets())).collect()
+    }
+
+    /// Whether some stream has records past `positions` (a stream they do not name, past its
+    /// start): what a state checkpointed at `positions` has not seen.
+    pub fn grown_past(&self, positions: &Positions) -> bool {
+        self.streams().iter().any(|stream| {
+            let ends = stream.end_offsets();
+            match positions.get(stream.name()) {
+                Some(positions) => *positions != ends,
+                None => stream.start_offsets() != ends,
+            }
+        })
+    }
+
+    /// Reads every stream on from `positions` (a stream they do not name, from its start) to
+    /// its end now, handing each record to `visit` with its stream and partition, a bounded
+    /// step at a time; returns how many records were read. How a state derived from the
+    /// streams (retained MQTT messages, Kafka producer sequences) catches up at start from its
+    /// last checkpoint.
+    pub fn read_on(
+        &self,
+        positions: &Positions,
+        mut visit: impl FnMut(&Stream, u32, &Record),
+    ) -> Result<u64, EngineError> {
+        let mut read = 0;
+        for stream in self.streams() {
+            let starts = positions.get(stream.name()).cloned().unwrap_or_else(|| stream.start_offsets());
+            for partition in 0..stream.partition_count() {
+                let end = stream.end_offset(partition)?;
+                let mut next =
+                    starts.get(partition as usize).copied().unwrap_or(0).max(stream.start_offset(partition)?);
+                while next < end {
+                    let records =
+                        stream.read(partition, Position::Offset(next), READ_ON_RECORDS_MAX, READ_ON_BYTES_MAX)?;
+                    let Some(last) = records.last() else { break };
+                    next = last.offset + 1;
+                    read += records.len() as u64;
+                    for record in &records {
+                        visit(&stream, partition, record);
+                    }
+                }
+            }
+        }
+        Ok(read)
+    }
+}

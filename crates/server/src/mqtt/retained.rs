@@ -29,7 +29,7 @@ use bytes::Bytes;
 use onehop_engine::route::Route;
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::system::{SystemTopic, SystemTopicConfig};
-use onehop_engine::{Durability, Engine, EngineError, Headers, NewRecord, Position, Record, Text};
+use onehop_engine::{Durability, Engine, EngineError, Headers, NewRecord, Positions, Record, Text};
 use serde::{Deserialize, Serialize};
 
 use super::headers::RETAIN_HEADER;
@@ -43,10 +43,6 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 const POSITIONS_KEY: &str = "\u{0}positions";
 /// The header of a checkpointed message naming where it came from: `{stream}:{partition}:{offset}`.
 const SOURCE_HEADER: &str = "onehop-retained-from";
-/// Records one step of the start's read of a stream reads at most.
-const CATCH_UP_READ_RECORDS_MAX: usize = 4096;
-/// Bytes that step reads at most: the memory the start holds for it, whatever the backlog.
-const CATCH_UP_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 /// A retained message.
 #[derive(Clone, Debug)]
@@ -109,10 +105,6 @@ struct Held {
     /// Changed since the last checkpoint.
     dirty: bool,
 }
-
-/// Per stream, the next offset of each partition below which every retained record is in the
-/// checkpoint.
-type Positions = BTreeMap<String, Vec<u64>>;
 
 #[derive(Serialize, Deserialize)]
 struct StoredPositions {
@@ -190,41 +182,22 @@ impl RetainedStore {
         messages.insert(topic.to_string(), Held { source, message: Some(message), dirty: false });
     }
 
-    /// Reads every stream on from `positions` (a stream they do not name, from its start),
-    /// folding in the retained records; returns how many there were.
+    /// Reads every stream on from `positions`, folding in the retained records; returns how
+    /// many there were.
     fn catch_up(&self, positions: &Positions) -> Result<u64, EngineError> {
         let mut found = 0;
-        for stream in self.engine.streams() {
-            let starts = positions.get(stream.name()).cloned().unwrap_or_else(|| stream.start_offsets());
-            for partition in 0..stream.partition_count() {
-                let end = stream.end_offset(partition)?;
-                let mut next =
-                    starts.get(partition as usize).copied().unwrap_or(0).max(stream.start_offset(partition)?);
-                while next < end {
-                    let records = stream.read(
-                        partition,
-                        Position::Offset(next),
-                        CATCH_UP_READ_RECORDS_MAX,
-                        CATCH_UP_READ_BYTES_MAX,
-                    )?;
-                    let Some(last) = records.last() else { break };
-                    next = last.offset + 1;
-                    for record in records {
-                        if retained_record(&record) {
-                            found += 1;
-                            let source = Source { stream: stream.name().to_string(), partition, offset: record.offset };
-                            self.apply(source, &record);
-                        }
-                    }
-                }
+        self.engine.read_on(positions, |stream, partition, record| {
+            if retained_record(record) {
+                found += 1;
+                self.apply(Source { stream: stream.name().to_string(), partition, offset: record.offset }, record);
             }
-        }
+        })?;
         Ok(found)
     }
 
     /// Every stream's end offsets: positions that cover everything in the log now.
     fn end_positions(&self) -> Positions {
-        self.engine.streams().iter().map(|stream| (stream.name().to_string(), stream.end_offsets())).collect()
+        self.engine.end_positions()
     }
 
     pub fn len(&self) -> usize {
@@ -390,20 +363,10 @@ impl RetainedStore {
         }
     }
 
-    /// Whether a message changed or a stream grew past the last checkpoint's positions (a
-    /// stream they do not name, past its start: a start would read it from there).
+    /// Whether a message changed or a stream grew past the last checkpoint's positions.
     fn changed(&self) -> bool {
-        if self.messages.read().expect("retained lock").values().any(|held| held.dirty) {
-            return true;
-        }
-        let checkpointed = self.checkpointed.lock().expect("checkpointed lock");
-        self.engine.streams().iter().any(|stream| {
-            let ends = stream.end_offsets();
-            match checkpointed.get(stream.name()) {
-                Some(positions) => *positions != ends,
-                None => stream.start_offsets() != ends,
-            }
-        })
+        self.messages.read().expect("retained lock").values().any(|held| held.dirty)
+            || self.engine.grown_past(&self.checkpointed.lock().expect("checkpointed lock"))
     }
 
     /// The retained messages whose topic matches `filter`.
