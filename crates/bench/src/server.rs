@@ -26,7 +26,8 @@ impl ServerProcess {
         let mut command = Command::new(exe);
         command
             .arg("serve")
-            .args(["--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log", "warn,onehop=info"])
+            .args(["--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--kafka-addr", "127.0.0.1:0"])
+            .args(["--log", "warn,onehop=info"])
             .arg("--data-dir")
             .arg(data.path())
             .args(extra_args)

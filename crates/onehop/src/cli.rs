@@ -72,6 +72,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_MQTT_ADDR", value_name = "ADDR")]
     pub mqtt_addr: Option<SocketAddr>,
 
+    /// Address of the Kafka listener (the Kafka wire protocol: Kafka clients produce to and
+    /// fetch from streams), or `off`. Use port 0 for any free port [default: 127.0.0.1:9092].
+    #[arg(long, env = "ONEHOP_KAFKA_ADDR", value_name = "ADDR|off")]
+    pub kafka_addr: Option<String>,
+
     /// Default durability of new streams and tables: `fsync` acknowledges after fdatasync of
     /// the batch holding the write; `async` after write(2), with a background fsync
     /// [default: fsync].

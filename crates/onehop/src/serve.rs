@@ -6,6 +6,7 @@ use anyhow::Context;
 use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::http::origin::AllowedOrigins;
+use onehop_server::kafka::{KAFKA_REQUEST_ENVELOPE_BYTES, KafkaConfig, KafkaServer};
 use onehop_server::mqtt::{Broker, MqttConfig, max_packet_bytes_for, serve_mqtt};
 use onehop_server::{AppState, HttpConfig, install_metrics, serve_http};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -96,6 +97,23 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::warn!(address = %mqtt_address, "MQTT is listening on a non-loopback address: reachable from other machines");
     }
     tracing::info!(address = %mqtt_address, "listening on mqtt://{mqtt_address}");
+    let kafka_listener = match settings.kafka_addr {
+        None => {
+            tracing::info!("the Kafka listener is off (kafka_addr = \"off\")");
+            None
+        }
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen for Kafka on {address} (kafka_addr \"off\" turns it off)"))?;
+            let address = listener.local_addr()?;
+            if !address.ip().is_loopback() {
+                tracing::warn!(%address, "Kafka is listening on a non-loopback address: reachable from other machines");
+            }
+            tracing::info!(%address, "listening on kafka://{address}");
+            Some(listener)
+        }
+    };
     tracing::info!(%address, "listening on http://{address}");
     // One signal stops both listeners.
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -114,6 +132,17 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let broker = Broker::open(engine.clone(), mqtt_config).await.context("opening the MQTT broker")?;
     let mqtt = tokio::spawn(serve_mqtt(mqtt_listener, broker.clone(), until_stopped(stopped.clone())));
+    let kafka = match kafka_listener {
+        None => None,
+        Some(listener) => {
+            let mut config = KafkaConfig::new(listener.local_addr()?);
+            config.connections_max = settings.connections_max;
+            // A produce request carries a batch of records: room for the largest and its framing.
+            config.request_bytes_max = settings.stream_defaults.batch_bytes_max + KAFKA_REQUEST_ENVELOPE_BYTES;
+            let server = KafkaServer::open(engine.clone(), config).context("opening the Kafka front end")?;
+            Some(tokio::spawn(server.serve(listener, until_stopped(stopped.clone()))))
+        }
+    };
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
     state.mqtt = Some(broker);
@@ -129,6 +158,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     serve_http(listener, state, http, until_stopped(stopped)).await.context("HTTP server")?;
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
+    if let Some(kafka) = kafka {
+        kafka.await.context("Kafka listener task")?.context("Kafka server")?;
+    }
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
     tracing::info!("shutting down: checkpointing views, flushing the log");

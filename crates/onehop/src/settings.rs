@@ -18,6 +18,7 @@ use crate::cli::ServeArgs;
 pub const DEFAULT_DATA_DIR: &str = "./onehop-data";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_MQTT_ADDR: &str = "127.0.0.1:1883";
+pub const DEFAULT_KAFKA_ADDR: &str = "127.0.0.1:9092";
 pub const DEFAULT_CONFIG_FILE: &str = "onehop.toml";
 const DEFAULT_MAINTENANCE_INTERVAL_S: u64 = 30;
 const DEFAULT_LOG_FILTER: &str = "info";
@@ -51,6 +52,7 @@ struct FileSettings {
     data_dir: Option<PathBuf>,
     http_addr: Option<SocketAddr>,
     mqtt_addr: Option<SocketAddr>,
+    kafka_addr: Option<String>,
     durability: Option<String>,
     async_fsync_interval_ms: Option<u64>,
     segment_bytes_max: Option<Size>,
@@ -78,6 +80,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     pub http_addr: SocketAddr,
     pub mqtt_addr: SocketAddr,
+    /// Address of the Kafka listener; `None` when it is off.
+    pub kafka_addr: Option<SocketAddr>,
     /// Settings given to new streams and tables unless they declare their own.
     pub stream_defaults: PartitionConfig,
     pub maintenance_interval: Duration,
@@ -185,6 +189,15 @@ impl Settings {
             Ok(value)
         };
         let allowed_origins = allowed_origins(args, &file)?;
+        let kafka_addr = match args.kafka_addr.clone().or(file.kafka_addr.clone()).as_deref() {
+            Some("off") => None,
+            Some(address) => Some(
+                address
+                    .parse()
+                    .with_context(|| format!("kafka_addr {address:?}: an address such as 127.0.0.1:9092, or off"))?,
+            ),
+            None => Some(DEFAULT_KAFKA_ADDR.parse().expect("valid default address")),
+        };
         let mqtt_empty_first_level_stream = args
             .mqtt_empty_first_level_stream
             .clone()
@@ -266,6 +279,7 @@ impl Settings {
                 .mqtt_addr
                 .or(file.mqtt_addr)
                 .unwrap_or_else(|| DEFAULT_MQTT_ADDR.parse().expect("valid default address")),
+            kafka_addr,
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
             auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),

@@ -5,12 +5,14 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
 
 use common::{DataDir, get, sql};
 
 /// Names in the docs that look like metrics and are not: settings, a fuzz target, a module, a
 /// stream option and an error code.
-const NOT_METRICS: [&str; 11] = [
+const NOT_METRICS: [&str; 12] = [
+    "kafka_addr",
     "http_addr",
     "mqtt_addr",
     "mqtt_empty_first_level_stream",
@@ -30,7 +32,8 @@ const MOVED_BY_START_UP: [&str; 2] = ["log_fsync_duration_seconds", "http_connec
 
 /// Families with a label whose values come with use: a series per route, method and status
 /// from a route's first request; per error code from its first refusal.
-const LABELLED_BY_USE: [&str; 3] = ["http_requests_total", "http_request_duration_seconds", "http_errors_total"];
+const LABELLED_BY_USE: [&str; 4] =
+    ["http_requests_total", "http_request_duration_seconds", "http_errors_total", "kafka_requests_total"];
 
 /// Families labelled per view or transform: each one's series are there, at 0, from its start.
 const LABELLED_PER_VIEW: [&str; 5] = [
@@ -56,7 +59,7 @@ fn documented() -> BTreeSet<String> {
             let shaped = quoted.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
             if shaped
                 && quoted.contains('_')
-                && ["log", "http", "hub", "mqtt", "view", "transform", "engine"].contains(&subsystem)
+                && ["log", "http", "hub", "mqtt", "kafka", "view", "transform", "engine"].contains(&subsystem)
             {
                 names.insert(quoted.to_string());
             }
@@ -113,6 +116,11 @@ fn every_documented_metric_is_exported_at_zero_from_the_start() {
     // The HTTP families have a series once a route was asked for (the first scrape, here).
     let (_, unknown) = get(server.address, "/streams/nothing-here");
     assert!(unknown.contains("error"), "{unknown}");
+    // Kafka's, once an API was asked for: an ApiVersions request (v0, client id "t").
+    let mut kafka = std::net::TcpStream::connect(server.kafka_address.unwrap()).unwrap();
+    kafka.write_all(&[0, 0, 0, 11, 0, 18, 0, 0, 0, 0, 0, 1, 0, 1, b't']).unwrap();
+    let mut size = [0u8; 4];
+    kafka.read_exact(&mut size).unwrap();
     let (_, scrape) = get(server.address, "/metrics");
     for name in LABELLED_BY_USE {
         // A histogram's series are its buckets, sum and count.

@@ -8,11 +8,13 @@
 //!   WebSocket, and MQTT over WebSocket on `/mqtt`.
 //! - `mqtt`: the MQTT 3.1.1/5.0 broker (`serve_mqtt` over TCP, `Broker::serve_stream` for any
 //!   byte stream), with retained messages and persistent sessions in system topics.
+//! - `kafka`: the Kafka wire protocol, broker side (`serve_kafka`): topics are streams.
 //! - `linger`: how both listeners close a TCP connection (write side first, then reading what
 //!   the client still sends), so a refusal reaches a client that is still sending.
 //! - `telemetry`: the Prometheus recorder behind `/metrics`.
 
 pub mod http;
+pub mod kafka;
 mod linger;
 pub mod mqtt;
 pub mod telemetry;

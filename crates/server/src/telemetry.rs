@@ -26,6 +26,7 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
     log_metrics::describe();
     describe();
     crate::mqtt::telemetry::describe();
+    crate::kafka::describe_metrics();
     Ok(handle)
 }
 

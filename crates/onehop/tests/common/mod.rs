@@ -15,6 +15,8 @@ pub struct Server {
     pub address: SocketAddr,
     /// The MQTT listener's address (logged before the HTTP one, which means ready).
     pub mqtt_address: SocketAddr,
+    /// The Kafka listener's address, unless it is off.
+    pub kafka_address: Option<SocketAddr>,
     /// Every stderr line the server printed so far, collected by a reader thread.
     lines: mpsc::Receiver<String>,
     pub seen: Vec<String>,
@@ -54,6 +56,9 @@ impl DataDir {
     /// The arguments of a server on this data and a free HTTP port, then `extra`.
     pub fn serve_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
         let mut args = vec!["--http-addr", "127.0.0.1:0", "--data-dir", self.data_arg()];
+        if !extra.contains(&"--kafka-addr") {
+            args.extend(["--kafka-addr", "127.0.0.1:0"]);
+        }
         args.extend_from_slice(extra);
         args
     }
@@ -110,6 +115,12 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
     if !mqtt_chosen {
         command.args(["--mqtt-addr", "127.0.0.1:0"]);
     }
+    let kafka_chosen = args.contains(&"--kafka-addr") || envs.iter().any(|(key, _)| *key == "ONEHOP_KAFKA_ADDR");
+    if !kafka_chosen {
+        command.args(["--kafka-addr", "127.0.0.1:0"]);
+    }
+    let kafka_off = args.windows(2).any(|pair| pair == ["--kafka-addr", "off"])
+        || envs.iter().any(|(key, value)| *key == "ONEHOP_KAFKA_ADDR" && *value == "off");
     let mut child = command
         .envs(envs.iter().copied())
         .current_dir(cwd)
@@ -123,6 +134,7 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
         child,
         address: "127.0.0.1:1".parse().unwrap(),
         mqtt_address: "127.0.0.1:1".parse().unwrap(),
+        kafka_address: None,
         lines,
         seen: Vec::new(),
     };
@@ -130,6 +142,12 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
     let address = line.split("listening on mqtt://").nth(1).unwrap();
     let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
     server.mqtt_address = address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}"));
+    if !kafka_off {
+        let line = server.wait_for_line("listening on kafka://");
+        let address = line.split("listening on kafka://").nth(1).unwrap();
+        let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
+        server.kafka_address = Some(address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}")));
+    }
     let line = server.wait_for_line("listening on http://");
     let address = line.split("listening on http://").nth(1).unwrap();
     let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();

@@ -1,0 +1,89 @@
+use std::collections::BTreeSet;
+
+use crate::common::{DataDir, RawSse, get};
+use crate::{console_consume, console_produce, create_topic, kafka_tool, succeed};
+
+/// Every compression the Java producer offers, each through the idempotent console producer,
+/// read back per partition with the console consumer and over HTTP: the same keys and values,
+/// each once.
+#[test]
+fn java_clients_produce_with_every_compression_and_read_back_over_kafka_and_http() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    create_topic(kafka, "orders", 3);
+    let listed =
+        succeed(kafka_tool("org.apache.kafka.tools.TopicCommand", kafka).args(["--describe", "--topic", "orders"]));
+    assert!(listed.contains("PartitionCount: 3"), "{listed}");
+
+    let mut sent = BTreeSet::new();
+    for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
+        let lines: Vec<String> = (0..20).map(|i| format!("{codec}-{i}\tvalue {codec} {i}")).collect();
+        console_produce(
+            kafka,
+            "orders",
+            &lines,
+            &["--property", "key.separator=\t", "--compression-codec", codec, "--producer-property", "linger.ms=20"],
+        );
+        sent.extend((0..20).map(|i| (format!("{codec}-{i}"), format!("value {codec} {i}"))));
+    }
+
+    // Over Kafka: each partition from its start, every record once.
+    let (_, body) = get(server.address, "/streams/orders?from=earliest&limit=1000");
+    let http: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let next = &http["next"];
+    let mut read = BTreeSet::new();
+    for partition in 0..3u32 {
+        let count = next[partition.to_string()].as_u64().unwrap() as usize;
+        if count == 0 {
+            continue;
+        }
+        for line in console_consume(kafka, "orders", partition, count) {
+            let fields: Vec<&str> = line.split('\t').collect();
+            assert_eq!(fields.len(), 4, "{line}");
+            assert_eq!(fields[1], "NO_HEADERS", "the server's own producer header is not sent: {line}");
+            assert!(read.insert((fields[2].to_string(), fields[3].to_string())), "read twice: {line}");
+        }
+    }
+    assert_eq!(read, sent);
+
+    // Over HTTP: the same records, nothing stored twice.
+    let records = http["records"].as_array().unwrap();
+    assert_eq!(records.len(), sent.len(), "{body}");
+    let over_http: BTreeSet<(String, String)> = records
+        .iter()
+        .map(|record| (record["key"].as_str().unwrap().to_string(), record["value_text"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(over_http, sent);
+}
+
+/// A subject crosses protocols: an MQTT publish reaches a Kafka consumer with its topic in the
+/// `onehop-subject` header, and a Kafka record with that header reaches an SSE subscriber
+/// filtered by subject (and the topic, created by the producer's Metadata request, is a stream).
+#[test]
+fn subjects_cross_from_mqtt_to_kafka_and_from_kafka_to_sse() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    let mqtt = server.mqtt_address;
+    let status = std::process::Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &mqtt.port().to_string(), "-q", "1", "-t", "home/hall", "-m", "lights on"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let lines = console_consume(kafka, "home", 0, 1);
+    assert_eq!(lines, ["Offset:0\tonehop-subject:home/hall,onehop-mqtt-qos:1\tnull\tlights on"]);
+
+    let mut sse = RawSse::open(server.address, "/streams/home?subject=home/kitchen", None);
+    let lines = [
+        "onehop-subject:home/garage\tk1\t{\"celsius\":9}".to_string(),
+        "onehop-subject:home/kitchen,trace:abc\tk2\t{\"celsius\":21}".to_string(),
+    ];
+    console_produce(kafka, "home", &lines, &["--property", "parse.headers=true"]);
+    let (id, event) = sse.next();
+    assert_eq!(id, "0:2", "{event}");
+    assert_eq!(event["subject"], "home/kitchen");
+    assert_eq!(event["key"], "k2");
+    assert_eq!(event["value"]["celsius"], 21);
+    assert_eq!(event["headers"]["trace"], "abc");
+}

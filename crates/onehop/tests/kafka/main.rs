@@ -1,0 +1,113 @@
+//! The Kafka listener, tested with Kafka's own Java clients and tools (the `kafka-clients` and
+//! `kafka-tools` jars of Kafka 4.1, which `scripts/peers install kafka` fetches from Maven
+//! Central; scripts/test runs it) and with raw frames for what no client sends.
+//!
+//! - `clients`: producing with every compression (the Java producer is idempotent by default),
+//!   consuming by partition, topics created and listed by the admin tool, records crossing from
+//!   MQTT to Kafka and from Kafka to SSE.
+//! - `durability`: kill -9 under an `acks=all` producer loses no acknowledged record.
+//! - `protocol`: malformed, oversized and unknown requests close only their own connection.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod clients;
+mod durability;
+mod protocol;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The directory of Kafka's jars, as `scripts/peers install kafka` leaves it.
+fn kafka_jars() -> PathBuf {
+    let peers = std::env::var_os("ONEHOP_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/onehop-peers"));
+    let jars = peers.join("kafka/lib");
+    assert!(
+        jars.join("kafka-tools-4.1.2.jar").exists(),
+        "Kafka's tools are not in {}: run `scripts/peers install kafka` (scripts/test does)",
+        jars.display()
+    );
+    jars
+}
+
+/// A Kafka tool (a class of the Kafka jars) run by `java`, talking to `kafka`.
+fn kafka_tool(class: &str, kafka: SocketAddr) -> Command {
+    let mut command = Command::new("java");
+    command
+        .arg("-cp")
+        .arg(format!("{}/*", kafka_jars().display()))
+        .arg(class)
+        .args(["--bootstrap-server", &kafka.to_string()]);
+    command
+}
+
+/// Runs `command`, expecting it to succeed; returns its stdout.
+fn succeed(command: &mut Command) -> String {
+    let output: Output = command.output().expect("java runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{command:?} failed: {stdout}\n{stderr}");
+    stdout
+}
+
+/// Creates `topic` with `partitions` through Kafka's admin tool.
+fn create_topic(kafka: SocketAddr, topic: &str, partitions: u32) {
+    let said = succeed(kafka_tool("org.apache.kafka.tools.TopicCommand", kafka).args([
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        &partitions.to_string(),
+    ]));
+    assert!(said.contains(&format!("Created topic {topic}")), "{said}");
+}
+
+/// Produces `lines` (each `key<TAB>value`, or with `headers` first when `parse_headers`) with
+/// the console producer and its defaults (idempotent, acks=all) plus `extra` settings.
+fn console_produce(kafka: SocketAddr, topic: &str, lines: &[String], extra: &[&str]) {
+    use std::io::Write;
+    let mut child = kafka_tool("org.apache.kafka.tools.ConsoleProducer", kafka)
+        .args(["--topic", topic, "--property", "parse.key=true"])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("java runs");
+    let mut stdin = child.stdin.take().unwrap();
+    for line in lines {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "console producer: {stderr}");
+    assert!(!stderr.contains("ERROR"), "console producer reported an error: {stderr}");
+}
+
+/// Reads `count` records of one partition from its start with the console consumer; each line
+/// `Offset:N<TAB>headers<TAB>key<TAB>value`.
+fn console_consume(kafka: SocketAddr, topic: &str, partition: u32, count: usize) -> Vec<String> {
+    let said = succeed(kafka_tool("org.apache.kafka.tools.consumer.ConsoleConsumer", kafka).args([
+        "--topic",
+        topic,
+        "--partition",
+        &partition.to_string(),
+        "--offset",
+        "earliest",
+        "--max-messages",
+        &count.to_string(),
+        "--timeout-ms",
+        "20000",
+        "--property",
+        "print.key=true",
+        "--property",
+        "print.headers=true",
+        "--property",
+        "print.offset=true",
+    ]));
+    said.lines().filter(|line| line.starts_with("Offset:")).map(str::to_string).collect()
+}

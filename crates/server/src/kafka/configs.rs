@@ -1,0 +1,94 @@
+//! DescribeConfigs: a topic's settings under Kafka's names. `retention.ms`,
+//! `retention.bytes` and `cleanup.policy` are the stream's own; the rest say how every stream
+//! behaves here (read-only).
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResponse, DescribeConfigsResult,
+};
+use kafka_protocol::protocol::StrBytes;
+use onehop_engine::Stream;
+
+use super::{Shared, errors};
+
+/// Kafka's resource types.
+const TOPIC: i8 = 2;
+const BROKER: i8 = 4;
+/// Where a value comes from (Kafka's ConfigSource).
+const FROM_TOPIC: i8 = 1;
+const FROM_BROKER: i8 = 4;
+const FROM_DEFAULT: i8 = 5;
+/// Kafka's ConfigType.
+const STRING: i8 = 2;
+const INT: i8 = 3;
+const LONG: i8 = 5;
+const LIST: i8 = 7;
+
+/// One setting: name, value, source, read-only, type.
+type Setting = (&'static str, String, i8, bool, i8);
+
+pub(super) fn describe_configs(shared: &Shared, request: DescribeConfigsRequest) -> DescribeConfigsResponse {
+    let mut response = DescribeConfigsResponse::default();
+    for resource in request.resources {
+        let mut result = DescribeConfigsResult::default();
+        result.resource_type = resource.resource_type;
+        result.resource_name = resource.resource_name.clone();
+        let settings = match resource.resource_type {
+            TOPIC => match shared.engine.stream(resource.resource_name.as_str()) {
+                Ok(stream) => Ok(topic_settings(&stream)),
+                Err(error) => Err((errors::code(&error), error.to_string())),
+            },
+            // The broker's settings are onehop's own (docs/getting-started.md); none under
+            // Kafka's names.
+            BROKER => Ok(Vec::new()),
+            other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not served"))),
+        };
+        match settings {
+            Ok(settings) => {
+                let wanted = resource.configuration_keys.as_ref();
+                result.configs = settings
+                    .into_iter()
+                    .filter(|(name, ..)| wanted.is_none_or(|keys| keys.iter().any(|key| key.as_str() == *name)))
+                    .map(|(name, value, source, read_only, kind)| {
+                        let mut config = DescribeConfigsResourceResult::default();
+                        config.name = StrBytes::from_static_str(name);
+                        config.value = Some(StrBytes::from_string(value));
+                        config.config_source = source;
+                        config.read_only = read_only;
+                        config.config_type = kind;
+                        config
+                    })
+                    .collect();
+            }
+            Err((code, message)) => {
+                result.error_code = code;
+                result.error_message = Some(StrBytes::from_string(message));
+            }
+        }
+        response.results.push(result);
+    }
+    response
+}
+
+fn topic_settings(stream: &Stream) -> Vec<Setting> {
+    let def = stream.def();
+    let limit = |value: Option<u64>| match value {
+        Some(value) => (value.to_string(), FROM_TOPIC),
+        None => ("-1".to_string(), FROM_DEFAULT),
+    };
+    let (retention_ms, retention_ms_source) = limit(def.retention_ms);
+    let (retention_bytes, retention_bytes_source) = limit(def.retention_bytes);
+    let config = stream.partition_config(0).ok();
+    let record_bytes_max = config.as_ref().map_or(0, |config| config.record_bytes_max);
+    let segment_bytes_max = config.as_ref().map_or(0, |config| config.segment_bytes_max);
+    vec![
+        ("cleanup.policy", "delete".into(), FROM_DEFAULT, false, LIST),
+        ("retention.ms", retention_ms, retention_ms_source, false, LONG),
+        ("retention.bytes", retention_bytes, retention_bytes_source, false, LONG),
+        ("max.message.bytes", record_bytes_max.to_string(), FROM_BROKER, true, INT),
+        ("segment.bytes", segment_bytes_max.to_string(), FROM_BROKER, true, INT),
+        ("min.insync.replicas", "1".into(), FROM_DEFAULT, true, INT),
+        ("message.timestamp.type", "CreateTime".into(), FROM_DEFAULT, true, STRING),
+    ]
+}

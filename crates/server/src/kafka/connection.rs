@@ -1,0 +1,172 @@
+//! One Kafka connection: a size-prefixed frame, its request header, the request, its answer,
+//! in order, one request at a time.
+
+use std::net::SocketAddr;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{PROTOCOL_ERRORS, REQUESTS, Shared, configs, fetch, offsets, produce, topics, versions};
+
+/// Why a connection ends.
+enum End {
+    /// The client closed it, or went idle past the timeout.
+    Closed,
+    /// The client broke the protocol; said in the log, counted, and the connection closed.
+    Protocol(String),
+}
+
+/// Serves one connection until it closes, breaks the protocol or the server stops.
+pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
+    let mut stop = shared.stop.clone();
+    let end = loop {
+        let frame = tokio::select! {
+            frame = read_frame(&mut stream, shared) => frame,
+            _ = stop.wait_for(|stop| *stop) => break End::Closed,
+        };
+        let frame = match frame {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break End::Closed,
+            Err(end) => break end,
+        };
+        let answer = match handle(frame, shared).await {
+            Ok(answer) => answer,
+            Err(reason) => break End::Protocol(reason),
+        };
+        if let Some(answer) = answer
+            && stream.write_all(&answer).await.is_err()
+        {
+            break End::Closed;
+        }
+    };
+    if let End::Protocol(reason) = end {
+        metrics::counter!(PROTOCOL_ERRORS).increment(1);
+        tracing::info!(%peer, %reason, "Kafka connection closed: protocol error");
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// Reads the next request frame: `Ok(None)` when the client closed the connection or stayed
+/// idle past the timeout between requests.
+async fn read_frame(stream: &mut TcpStream, shared: &Shared) -> Result<Option<Bytes>, End> {
+    let mut size = [0u8; 4];
+    match tokio::time::timeout(shared.config.idle_timeout, stream.read_exact(&mut size)).await {
+        Err(_) | Ok(Err(_)) => return Ok(None),
+        Ok(Ok(_)) => {}
+    }
+    let size = i32::from_be_bytes(size);
+    if size < 0 || size as usize > shared.config.request_bytes_max {
+        return Err(End::Protocol(format!(
+            "a request frame of {size} bytes (request_bytes_max is {})",
+            shared.config.request_bytes_max
+        )));
+    }
+    let mut body = vec![0u8; size as usize];
+    // A frame that has begun must arrive within the idle timeout too.
+    match tokio::time::timeout(shared.config.idle_timeout, stream.read_exact(&mut body)).await {
+        Ok(Ok(_)) => Ok(Some(Bytes::from(body))),
+        Ok(Err(_)) => Ok(None),
+        Err(_) => Err(End::Protocol("a request frame stalled before its end".into())),
+    }
+}
+
+/// Answers one request frame: the framed response, `None` when none is due (a Produce with
+/// `acks = 0`), or why the connection must close.
+async fn handle(mut frame: Bytes, shared: &Shared) -> Result<Option<Bytes>, String> {
+    if frame.len() < 8 {
+        return Err(format!("a request frame of {} bytes, shorter than any request header", frame.len()));
+    }
+    let key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let api = ApiKey::try_from(key).map_err(|_| format!("unknown API key {key}"))?;
+    let Some(served) = versions::served(api) else {
+        return Err(format!("{api:?} is not served"));
+    };
+    if !served.contains(&version) {
+        if api == ApiKey::ApiVersions {
+            // A client newer than this server: the answer, in version 0, lists what is served.
+            let answer = versions::unsupported();
+            return Ok(Some(frame_response(correlation_id, 0, &answer, 0)?));
+        }
+        return Err(format!("{api:?} version {version} is not served (versions {served:?})"));
+    }
+    let header_version = api.request_header_version(version);
+    let header =
+        RequestHeader::decode(&mut frame, header_version).map_err(|error| format!("request header: {error}"))?;
+    let request =
+        RequestKind::decode(api, &mut frame, version).map_err(|error| format!("{api:?} v{version}: {error}"))?;
+    if frame.has_remaining() {
+        return Err(format!("{api:?} v{version}: {} bytes after the request", frame.remaining()));
+    }
+    metrics::counter!(REQUESTS, "api" => api_name(api)).increment(1);
+    let response_header = api.response_header_version(version);
+    let id = header.correlation_id;
+    let framed = match request {
+        RequestKind::ApiVersions(_) => frame_response(id, response_header, &versions::answer(), version)?,
+        RequestKind::Metadata(request) => {
+            frame_response(id, response_header, &topics::metadata(shared, request, version).await, version)?
+        }
+        RequestKind::CreateTopics(request) => {
+            frame_response(id, response_header, &topics::create(shared, request).await, version)?
+        }
+        RequestKind::DeleteTopics(request) => {
+            frame_response(id, response_header, &topics::delete(shared, request).await, version)?
+        }
+        RequestKind::Produce(request) => match produce::produce(shared, request).await {
+            Some(answer) => frame_response(id, response_header, &answer, version)?,
+            None => return Ok(None),
+        },
+        RequestKind::Fetch(request) => {
+            frame_response(id, response_header, &fetch::fetch(shared, request).await, version)?
+        }
+        RequestKind::InitProducerId(request) => {
+            frame_response(id, response_header, &produce::init_producer_id(shared, request).await, version)?
+        }
+        RequestKind::DescribeConfigs(request) => {
+            frame_response(id, response_header, &configs::describe_configs(shared, request), version)?
+        }
+        RequestKind::ListOffsets(request) => {
+            frame_response(id, response_header, &offsets::list_offsets(shared, request), version)?
+        }
+        _ => return Err(format!("{api:?} is not served")),
+    };
+    Ok(Some(framed))
+}
+
+/// A response's frame: its size, the response header, the body.
+fn frame_response(
+    correlation_id: i32,
+    header_version: i16,
+    body: &impl Encodable,
+    version: i16,
+) -> Result<Bytes, String> {
+    let mut buffer = BytesMut::with_capacity(64);
+    buffer.put_i32(0);
+    let mut header = ResponseHeader::default();
+    header.correlation_id = correlation_id;
+    header.encode(&mut buffer, header_version).map_err(|error| format!("encoding a response header: {error}"))?;
+    body.encode(&mut buffer, version).map_err(|error| format!("encoding a response: {error}"))?;
+    let size = (buffer.len() - 4) as i32;
+    buffer[..4].copy_from_slice(&size.to_be_bytes());
+    Ok(buffer.freeze())
+}
+
+/// The API's name, as a metric label.
+fn api_name(api: ApiKey) -> &'static str {
+    match api {
+        ApiKey::ApiVersions => "ApiVersions",
+        ApiKey::Metadata => "Metadata",
+        ApiKey::CreateTopics => "CreateTopics",
+        ApiKey::DeleteTopics => "DeleteTopics",
+        ApiKey::Produce => "Produce",
+        ApiKey::Fetch => "Fetch",
+        ApiKey::ListOffsets => "ListOffsets",
+        ApiKey::InitProducerId => "InitProducerId",
+        ApiKey::DescribeConfigs => "DescribeConfigs",
+        _ => "other",
+    }
+}

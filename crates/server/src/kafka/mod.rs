@@ -1,0 +1,195 @@
+//! The Kafka wire protocol (the broker side), on the same engine as HTTP and MQTT.
+//!
+//! # Mapping
+//!
+//! A Kafka topic is a onehop stream of the same name with the same partitions; a topic a
+//! Kafka client creates (CreateTopics, or a Metadata request that may create) is a stream. A
+//! record keeps its key, value, headers and timestamp, and its offset is the stream's offset:
+//! what Kafka clients produce, HTTP, SSE, WebSocket and MQTT read, and the other way round.
+//! A record's subject (an MQTT topic, an HTTP subject) travels as the header
+//! [`SUBJECT_HEADER`]; a produced record carrying that header gets it as its subject, so SSE
+//! and MQTT subscribers filter it like any other. The partition is the one the client chose
+//! (Kafka's clients hash keys with murmur2; onehop's HTTP publishes with crc32c).
+//!
+//! `acks` maps to durability: `all` (-1) waits for the fdatasync of the batch holding the
+//! write, `1` for the stream's own durability (fsync unless it was declared `async`), and `0`
+//! is written `async` and answered with nothing, as Kafka does.
+//!
+//! Every request is answered in order; a connection handles one request at a time, as a Kafka
+//! broker does. A frame larger than [`KafkaConfig::request_bytes_max`], an unknown API, an
+//! unsupported version of anything but ApiVersions, or a body that does not decode closes that
+//! connection and nothing else.
+//!
+//! # Layout
+//!
+//! - `connection`: one connection's loop: frames, request headers, answers in order.
+//! - `versions`: the APIs and versions served, and ApiVersions.
+//! - `topics`: Metadata, CreateTopics, DeleteTopics; `configs`: DescribeConfigs.
+//! - `produce`, `fetch`, `offsets` (ListOffsets): the data path.
+//! - `records`: Kafka record batches to and from the engine's records.
+//! - `errors`: engine errors as Kafka's error codes.
+
+mod configs;
+mod connection;
+mod errors;
+mod fetch;
+mod offsets;
+mod produce;
+pub mod producers;
+pub mod records;
+mod topics;
+mod versions;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use onehop_engine::Engine;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+pub use records::SUBJECT_HEADER;
+
+/// The Kafka listener's settings.
+#[derive(Clone, Debug)]
+pub struct KafkaConfig {
+    /// The node id this server answers as (in Metadata, as every partition's leader).
+    pub node_id: i32,
+    /// The host and port clients are told to connect to (Metadata's broker list).
+    pub advertised: SocketAddr,
+    /// Most open Kafka connections; more are closed at once.
+    pub connections_max: usize,
+    /// Largest request frame accepted; a larger one closes its connection.
+    pub request_bytes_max: usize,
+    /// A connection with no request for this long is closed (Kafka's
+    /// `connections.max.idle.ms`, 10 minutes there).
+    pub idle_timeout: Duration,
+    /// Longest a Fetch waits for data, whatever `max_wait_ms` it asks.
+    pub fetch_wait_max: Duration,
+}
+
+impl KafkaConfig {
+    /// The defaults, answering as node 0 at `advertised`.
+    pub fn new(advertised: SocketAddr) -> KafkaConfig {
+        KafkaConfig {
+            node_id: 0,
+            advertised,
+            connections_max: 1024,
+            request_bytes_max: 100 << 20,
+            idle_timeout: Duration::from_secs(600),
+            fetch_wait_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Room in a request frame around its record batches: request and topic headers, names.
+pub const KAFKA_REQUEST_ENVELOPE_BYTES: usize = 1 << 20;
+
+/// What every connection shares.
+pub(super) struct Shared {
+    pub engine: Arc<Engine>,
+    pub config: KafkaConfig,
+    pub producers: Arc<producers::Producers>,
+    pub stop: watch::Receiver<bool>,
+}
+
+/// How long a failed accept waits before the next (out of file descriptors, say).
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// The Kafka front end, opened (its producer states restored) and ready to serve.
+pub struct KafkaServer {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+}
+
+impl KafkaServer {
+    /// Restores the idempotent producers' states; a failure stops the start.
+    pub fn open(engine: Arc<Engine>, config: KafkaConfig) -> Result<KafkaServer, onehop_engine::EngineError> {
+        let producers = Arc::new(producers::Producers::open(&engine)?);
+        let (stop, stopped) = watch::channel(false);
+        Ok(KafkaServer { shared: Arc::new(Shared { engine, config, producers, stop: stopped }), stop })
+    }
+
+    /// Serves the Kafka protocol on `listener` until `shutdown` resolves; then open
+    /// connections are told to finish (a Fetch waiting for data answers at once) and closed,
+    /// and the producer states are checkpointed once more.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let shared = self.shared;
+        let checkpoints = tokio::spawn(shared.producers.clone().keep_checkpointed(shared.stop.clone()));
+        let permits = Arc::new(Semaphore::new(shared.config.connections_max));
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "Kafka accept failed");
+                        tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                metrics::counter!(CONNECTIONS_REFUSED).increment(1);
+                tracing::warn!(%peer, "Kafka connection refused: connections_max reached");
+                drop(stream);
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                metrics::gauge!(CONNECTIONS).increment(1.0);
+                connection::serve(stream, peer, &shared).await;
+                metrics::gauge!(CONNECTIONS).decrement(1.0);
+                drop(permit);
+            });
+        }
+        let _ = self.stop.send(true);
+        let _ = checkpoints.await;
+        Ok(())
+    }
+}
+
+/// Open Kafka connections.
+pub const CONNECTIONS: &str = "kafka_connections";
+/// Connections closed at once because `connections_max` were open.
+pub const CONNECTIONS_REFUSED: &str = "kafka_connections_refused_total";
+/// Connections closed for a frame over the limit, an unknown API or version, or a body that
+/// does not decode.
+pub const PROTOCOL_ERRORS: &str = "kafka_protocol_errors_total";
+/// Requests answered, labelled by API name.
+pub const REQUESTS: &str = "kafka_requests_total";
+/// Records appended by Produce requests.
+pub const RECORDS_PRODUCED: &str = "kafka_records_produced_total";
+/// Records sent in Fetch responses.
+pub const RECORDS_FETCHED: &str = "kafka_records_fetched_total";
+
+/// Describes the Kafka listener's metrics and exports the unlabelled ones at 0.
+pub fn describe_metrics() {
+    metrics::describe_gauge!(CONNECTIONS, "Open Kafka connections.");
+    metrics::describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Kafka connections closed at once because kafka connections_max were open."
+    );
+    metrics::describe_counter!(
+        PROTOCOL_ERRORS,
+        "Kafka connections closed for an oversized frame, an unknown API or version, or a body that does not decode."
+    );
+    metrics::describe_counter!(REQUESTS, "Kafka requests answered, by API.");
+    metrics::describe_counter!(RECORDS_PRODUCED, "Records appended by Kafka Produce requests.");
+    metrics::describe_counter!(RECORDS_FETCHED, "Records sent in Kafka Fetch responses.");
+    metrics::describe_counter!(
+        producers::DUPLICATES,
+        "Batches an idempotent Kafka producer sent again, answered with their first offsets and not stored twice."
+    );
+    metrics::gauge!(CONNECTIONS).set(0.0);
+    for counter in [CONNECTIONS_REFUSED, PROTOCOL_ERRORS, RECORDS_PRODUCED, RECORDS_FETCHED, producers::DUPLICATES] {
+        metrics::counter!(counter).absolute(0);
+    }
+}

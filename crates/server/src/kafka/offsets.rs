@@ -1,0 +1,67 @@
+//! ListOffsets: a partition's earliest (-2) and latest (-1) offsets, or the first offset whose
+//! record is at or after a timestamp (the log's time index).
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
+};
+use onehop_engine::{Position, Stream};
+
+use super::{Shared, errors};
+
+/// The timestamps that name a position rather than a time.
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+
+pub(super) fn list_offsets(shared: &Shared, request: ListOffsetsRequest) -> ListOffsetsResponse {
+    let mut response = ListOffsetsResponse::default();
+    for topic in request.topics {
+        let stream = shared.engine.stream(topic.name.0.as_str());
+        let mut answer = ListOffsetsTopicResponse::default();
+        answer.name = topic.name;
+        for asked in topic.partitions {
+            let mut partition = ListOffsetsPartitionResponse::default();
+            partition.partition_index = asked.partition_index;
+            partition.timestamp = -1;
+            partition.offset = -1;
+            let found = match &stream {
+                Err(error) => Err(errors::code(error)),
+                Ok(stream) => lookup(stream, asked.partition_index, asked.timestamp),
+            };
+            match found {
+                Ok((offset, timestamp)) => {
+                    partition.offset = offset;
+                    partition.timestamp = timestamp;
+                    partition.leader_epoch = 0;
+                }
+                Err(code) => partition.error_code = code,
+            }
+            answer.partitions.push(partition);
+        }
+        response.topics.push(answer);
+    }
+    response
+}
+
+/// The offset and timestamp ListOffsets answers for `timestamp` in `partition`: (-1, -1) when
+/// no record is that recent.
+fn lookup(stream: &Stream, partition: i32, timestamp: i64) -> Result<(i64, i64), i16> {
+    let partition = u32::try_from(partition).map_err(|_| ResponseError::UnknownTopicOrPartition.code())?;
+    let code = |error: onehop_engine::EngineError| errors::code(&error);
+    match timestamp {
+        LATEST => Ok((stream.end_offset(partition).map_err(code)? as i64, -1)),
+        EARLIEST => Ok((stream.start_offset(partition).map_err(code)? as i64, -1)),
+        time if time >= 0 => {
+            let offset = stream.resolve(partition, Position::Time(time)).map_err(code)?;
+            // The time index answers the end when no record is that recent.
+            let records = stream.read(partition, Position::Offset(offset), 1, 1).map_err(code)?;
+            Ok(records.first().map_or((-1, -1), |record| (record.offset as i64, record.timestamp_ms)))
+        }
+        other => Err(if other < EARLIEST {
+            ResponseError::UnsupportedVersion.code()
+        } else {
+            ResponseError::InvalidRequest.code()
+        }),
+    }
+}

@@ -1,0 +1,255 @@
+//! Kafka record batches to and from the engine's records, through kafka-protocol's codec.
+//!
+//! A produced batch (any of the four compressions) becomes records with the same key, value,
+//! timestamp and headers; the header [`SUBJECT_HEADER`] becomes the record's subject. A
+//! fetched run of records becomes one uncompressed batch (magic 2) with the records' own
+//! offsets, the subject back as that header first.
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{
+    Compression, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record as KafkaRecord, RecordBatchDecoder, RecordBatchEncoder,
+    RecordEncodeOptions, TimestampType,
+};
+use onehop_engine::{NewRecord, Record, Text};
+
+/// The header a record's subject travels in over Kafka.
+pub const SUBJECT_HEADER: &str = "onehop-subject";
+
+/// The header on the last record of an idempotent producer's batch: `{producer id}:{epoch}:
+/// {first sequence}:{last sequence}`, from which a start rebuilds what it needs to recognise a
+/// retried batch ([`super::producers`]). Not sent to Kafka consumers.
+pub const PRODUCER_HEADER: &str = "onehop-kafka-producer";
+
+/// Why a produced batch was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The bytes are not a record batch (or its checksum or compression is wrong).
+    Corrupt(String),
+    /// A record the server does not take (a control record, a subject that is not UTF-8).
+    Invalid(String),
+}
+
+/// An idempotent producer's batch: who wrote it and the sequence numbers it covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sequenced {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub first_sequence: i32,
+    pub last_sequence: i32,
+}
+
+/// A produced batch, as the engine writes it.
+#[derive(Debug)]
+pub struct Produced {
+    pub records: Vec<NewRecord>,
+    /// Set when the batch came from an idempotent producer.
+    pub sequenced: Option<Sequenced>,
+}
+
+/// The one record batch of a partition's produce data (Kafka allows exactly one since
+/// Produce version 3), as the engine writes it.
+pub fn decode(mut batches: Bytes) -> Result<Produced, Refused> {
+    let mut sets = RecordBatchDecoder::decode_all(&mut batches).map_err(|error| Refused::Corrupt(error.to_string()))?;
+    if sets.len() != 1 {
+        return Err(Refused::Invalid(format!(
+            "{} record batches: a partition's produce data holds exactly one",
+            sets.len()
+        )));
+    }
+    let set = sets.pop().expect("one set");
+    let Some(first) = set.records.first() else {
+        return Err(Refused::Corrupt("a record batch with no records".into()));
+    };
+    if first.control {
+        return Err(Refused::Invalid("control records (transactions) are not served yet".into()));
+    }
+    if first.transactional {
+        return Err(Refused::Invalid("transactional batches are not served yet".into()));
+    }
+    let sequenced = (first.producer_id >= 0).then(|| Sequenced {
+        producer_id: first.producer_id,
+        epoch: first.producer_epoch,
+        first_sequence: first.sequence,
+        last_sequence: first.sequence.wrapping_add(set.records.len() as i32 - 1),
+    });
+    let mut records = Vec::with_capacity(set.records.len());
+    for record in set.records {
+        let mut subject = None;
+        let mut headers = Vec::with_capacity(record.headers.len());
+        for (name, value) in record.headers {
+            let value = value.unwrap_or_default();
+            if name.as_str() == SUBJECT_HEADER {
+                let text = Text::from_utf8(value)
+                    .map_err(|_| Refused::Invalid(format!("the {SUBJECT_HEADER} header is not UTF-8")))?;
+                subject = Some(text);
+            } else if name.as_str() == PRODUCER_HEADER {
+                return Err(Refused::Invalid(format!("the {PRODUCER_HEADER} header is the server's own")));
+            } else {
+                headers.push((Text::from(name.as_str()), value));
+            }
+        }
+        records.push(NewRecord {
+            timestamp_ms: (record.timestamp >= 0).then_some(record.timestamp),
+            key: record.key,
+            subject,
+            headers,
+            value: record.value,
+        });
+    }
+    Ok(Produced { records, sequenced })
+}
+
+/// `records` (consecutive reads of one partition) as one record batch.
+pub fn encode(records: &[Record]) -> Bytes {
+    let Some(first) = records.first() else { return Bytes::new() };
+    let kafka: Vec<KafkaRecord> = records
+        .iter()
+        .map(|record| {
+            let mut headers = IndexMap::with_capacity(record.headers.len() + 1);
+            if let Some(subject) = &record.subject {
+                headers.insert(StrBytes::from_static_str(SUBJECT_HEADER), Some(subject.clone().into_bytes()));
+            }
+            for (name, value) in record.headers.to_vec() {
+                if name == PRODUCER_HEADER {
+                    continue;
+                }
+                let name = StrBytes::from_utf8(name.into_bytes()).expect("a header name is UTF-8");
+                headers.insert(name, Some(value));
+            }
+            KafkaRecord {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: NO_PRODUCER_ID,
+                producer_epoch: NO_PRODUCER_EPOCH,
+                timestamp_type: TimestampType::Creation,
+                offset: record.offset as i64,
+                // The codec keeps records in one batch while offset minus sequence stays the
+                // same; this keeps it so and makes the batch's base sequence -1 (none).
+                sequence: (record.offset - first.offset) as i32 - 1,
+                timestamp: record.timestamp_ms,
+                key: record.key.clone(),
+                value: record.value.clone(),
+                headers,
+            }
+        })
+        .collect();
+    let mut buffer = BytesMut::new();
+    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+    RecordBatchEncoder::encode(&mut buffer, &kafka, &options).expect("an uncompressed batch always encodes");
+    buffer.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn produced(records: &[KafkaRecord], compression: Compression) -> Bytes {
+        let mut buffer = BytesMut::new();
+        RecordBatchEncoder::encode(&mut buffer, records, &RecordEncodeOptions { version: 2, compression }).unwrap();
+        buffer.freeze()
+    }
+
+    fn kafka_record(offset: i64, key: &str, value: &str, headers: &[(&str, &str)]) -> KafkaRecord {
+        KafkaRecord {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: NO_PRODUCER_ID,
+            producer_epoch: NO_PRODUCER_EPOCH,
+            timestamp_type: TimestampType::Creation,
+            offset,
+            // Offset minus sequence the same for every record: the codec keeps them in one batch.
+            sequence: offset as i32 - 1,
+            timestamp: 1_700_000_000_000 + offset,
+            key: Some(Bytes::from(key.to_string())),
+            value: Some(Bytes::from(value.to_string())),
+            headers: headers
+                .iter()
+                .map(|(name, value)| (StrBytes::from_string(name.to_string()), Some(Bytes::from(value.to_string()))))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn every_compression_decodes_to_the_same_records_and_the_subject_header_is_the_subject() {
+        let batch = [
+            kafka_record(0, "k0", "v0", &[("trace", "t0"), (SUBJECT_HEADER, "home/kitchen")]),
+            kafka_record(1, "k1", "v1", &[]),
+        ];
+        for compression in
+            [Compression::None, Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd]
+        {
+            let records = decode(produced(&batch, compression)).unwrap().records;
+            assert_eq!(records.len(), 2, "{compression:?}");
+            assert_eq!(records[0].key.as_deref(), Some(&b"k0"[..]));
+            assert_eq!(records[0].value.as_deref(), Some(&b"v0"[..]));
+            assert_eq!(records[0].timestamp_ms, Some(1_700_000_000_000));
+            assert_eq!(records[0].subject.as_deref(), Some("home/kitchen"));
+            assert_eq!(records[0].headers, vec![(Text::from("trace"), Bytes::from("t0"))]);
+            assert_eq!(records[1].subject, None);
+        }
+    }
+
+    #[test]
+    fn damaged_or_control_batches_are_refused() {
+        let mut bytes = BytesMut::from(&produced(&[kafka_record(0, "k", "v", &[])], Compression::None)[..]);
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        assert!(matches!(decode(bytes.clone().freeze()), Err(Refused::Corrupt(_))));
+        assert!(matches!(decode(Bytes::from_static(b"\x00\x01")), Err(Refused::Corrupt(_))));
+        let one = produced(&[kafka_record(0, "k", "v", &[])], Compression::None);
+        let two = Bytes::from([one.clone(), one].concat());
+        assert!(matches!(decode(two), Err(Refused::Invalid(_))), "one batch per partition");
+        let mut control = kafka_record(0, "k", "v", &[]);
+        control.control = true;
+        assert!(matches!(decode(produced(&[control], Compression::None)), Err(Refused::Invalid(_))));
+    }
+
+    #[test]
+    fn an_idempotent_batch_names_its_producer_and_sequences() {
+        let batch: Vec<KafkaRecord> = (0..3)
+            .map(|i| KafkaRecord {
+                producer_id: 7,
+                producer_epoch: 1,
+                sequence: 10 + i as i32,
+                ..kafka_record(i, "k", "v", &[])
+            })
+            .collect();
+        let produced = decode(produced(&batch, Compression::Lz4)).unwrap();
+        let expected = Sequenced { producer_id: 7, epoch: 1, first_sequence: 10, last_sequence: 12 };
+        assert_eq!(produced.sequenced, Some(expected));
+        assert_eq!(produced.records.len(), 3);
+        let plain = decode(super::tests::produced(&[kafka_record(0, "k", "v", &[])], Compression::None)).unwrap();
+        assert_eq!(plain.sequenced, None);
+    }
+
+    #[test]
+    fn a_fetched_run_is_one_batch_with_the_records_own_offsets() {
+        let stored: Vec<Record> = (0..3)
+            .map(|i| Record {
+                offset: 40 + i * 2,
+                timestamp_ms: 1_700_000_000_000 + i as i64,
+                key: Some(Bytes::from(format!("k{i}"))),
+                subject: (i == 1).then(|| Text::from("a/b")),
+                headers: onehop_engine::Headers::from(&[(Text::from("h"), Bytes::from("x"))][..]),
+                value: if i == 2 { None } else { Some(Bytes::from(format!("v{i}"))) },
+            })
+            .collect();
+        let mut encoded = encode(&stored);
+        let info = RecordBatchDecoder::decode_batch_info(&mut encoded.clone()).unwrap();
+        assert_eq!(info.len(), 1, "one batch");
+        assert_eq!((info[0].min_offset, info[0].record_count, info[0].base_sequence), (40, 3, -1));
+        let set = RecordBatchDecoder::decode(&mut encoded).unwrap();
+        let offsets: Vec<i64> = set.records.iter().map(|record| record.offset).collect();
+        assert_eq!(offsets, [40, 42, 44]);
+        assert_eq!(set.records[1].headers.get(SUBJECT_HEADER.as_bytes()), Some(&Some(Bytes::from("a/b"))));
+        assert_eq!(set.records[0].headers.get(&b"h"[..]), Some(&Some(Bytes::from("x"))));
+        assert_eq!(set.records[2].value, None, "a tombstone stays one");
+        assert_eq!(set.records[2].timestamp, 1_700_000_000_002);
+    }
+}

@@ -1,0 +1,200 @@
+//! Metadata, CreateTopics and DeleteTopics: topics are streams.
+
+use std::sync::Arc;
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreateTopicsRequest};
+use kafka_protocol::messages::create_topics_response::{CreatableTopicResult, CreateTopicsResponse};
+use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
+use kafka_protocol::messages::delete_topics_response::{DeletableTopicResult, DeleteTopicsResponse};
+use kafka_protocol::messages::metadata_request::MetadataRequest;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{BrokerId, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use onehop_engine::{EngineError, Stream, StreamDef};
+
+use super::{Shared, errors};
+
+/// The cluster id every answer names: one server is one cluster.
+const CLUSTER_ID: &str = "onehop";
+
+/// Metadata: this server as the one broker, and the topics asked for (every stream when none
+/// are named). An unknown topic is created when the request allows it and `auto_create` is on.
+pub(super) async fn metadata(shared: &Shared, request: MetadataRequest, version: i16) -> MetadataResponse {
+    let engine = &shared.engine;
+    let mut response = MetadataResponse::default();
+    let node = BrokerId(shared.config.node_id);
+    let mut broker = MetadataResponseBroker::default();
+    broker.node_id = node;
+    broker.host = StrBytes::from_string(shared.config.advertised.ip().to_string());
+    broker.port = i32::from(shared.config.advertised.port());
+    response.brokers = vec![broker];
+    response.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
+    response.controller_id = node;
+    // Before version 4 a request could not say; it was always allowed.
+    let may_create = version < 4 || request.allow_auto_topic_creation;
+    let topics = match request.topics {
+        // Version 0 asked for every topic with an empty list; later versions with none.
+        Some(topics) if !(version == 0 && topics.is_empty()) => {
+            let mut answered = Vec::with_capacity(topics.len());
+            for topic in topics {
+                let Some(name) = topic.name else {
+                    answered.push(topic_error(String::new(), ResponseError::UnknownTopicId.code()));
+                    continue;
+                };
+                let name = name.0.as_str().to_string();
+                let found = if may_create { engine.stream_or_create(&name).await } else { engine.stream(&name) };
+                answered.push(match found {
+                    Ok(stream) => describe(&stream, node),
+                    Err(error) => topic_error(name, errors::code(&error)),
+                });
+            }
+            answered
+        }
+        _ => {
+            let mut streams = engine.streams();
+            streams.sort_by(|a, b| a.name().cmp(b.name()));
+            streams.iter().map(|stream| describe(stream, node)).collect()
+        }
+    };
+    response.topics = topics;
+    response
+}
+
+/// A topic's metadata: its partitions, each led by this server, the one replica.
+fn describe(stream: &Arc<Stream>, node: BrokerId) -> MetadataResponseTopic {
+    let mut topic = MetadataResponseTopic::default();
+    topic.name = Some(TopicName(StrBytes::from_string(stream.name().to_string())));
+    topic.partitions = (0..stream.partition_count())
+        .map(|index| {
+            let mut partition = MetadataResponsePartition::default();
+            partition.partition_index = index as i32;
+            partition.leader_id = node;
+            partition.leader_epoch = 0;
+            partition.replica_nodes = vec![node];
+            partition.isr_nodes = vec![node];
+            partition
+        })
+        .collect();
+    topic
+}
+
+fn topic_error(name: String, code: i16) -> MetadataResponseTopic {
+    let mut topic = MetadataResponseTopic::default();
+    topic.name = Some(TopicName(StrBytes::from_string(name)));
+    topic.error_code = code;
+    topic
+}
+
+/// CreateTopics: each topic a stream, with `num_partitions`, `retention.ms` and
+/// `retention.bytes` as its settings.
+pub(super) async fn create(shared: &Shared, request: CreateTopicsRequest) -> CreateTopicsResponse {
+    let mut response = CreateTopicsResponse::default();
+    for topic in request.topics {
+        let mut result = CreatableTopicResult::default();
+        result.name = topic.name.clone();
+        match definition(shared, &topic) {
+            Err((code, message)) => {
+                result.error_code = code;
+                result.error_message = Some(StrBytes::from_string(message));
+            }
+            Ok(def) => {
+                result.num_partitions = def.partitions as i32;
+                result.replication_factor = 1;
+                let outcome = if shared.engine.stream(&def.name).is_ok() {
+                    Err((ResponseError::TopicAlreadyExists.code(), format!("topic {:?} already exists", def.name)))
+                } else if request.validate_only {
+                    Ok(())
+                } else {
+                    shared.engine.create_stream(def).await.map(drop).map_err(|error| refusal(&error))
+                };
+                if let Err((code, message)) = outcome {
+                    result.error_code = code;
+                    result.error_message = Some(StrBytes::from_string(message));
+                }
+            }
+        }
+        response.topics.push(result);
+    }
+    response
+}
+
+/// The stream a CreateTopics entry asks for, or its refusal (code and message).
+fn definition(shared: &Shared, topic: &CreatableTopic) -> Result<StreamDef, (i16, String)> {
+    let name = topic.name.0.as_str();
+    onehop_engine::validate_name(name).map_err(|error| refusal(&error))?;
+    let mut def = shared.engine.default_stream_def(name);
+    match topic.num_partitions {
+        -1 => {}
+        count if count >= 1 => def.partitions = count as u32,
+        count => return Err((ResponseError::InvalidPartitions.code(), format!("{count} partitions"))),
+    }
+    if !topic.assignments.is_empty() {
+        return Err((
+            ResponseError::InvalidReplicaAssignment.code(),
+            "replica assignments: this server is the only replica".into(),
+        ));
+    }
+    if !matches!(topic.replication_factor, -1 | 1) {
+        return Err((
+            ResponseError::InvalidReplicationFactor.code(),
+            format!(
+                "replication factor {}: this server is one node, so 1 (or -1) is the only one",
+                topic.replication_factor
+            ),
+        ));
+    }
+    for config in &topic.configs {
+        let value = config.value.as_ref().map(|value| value.as_str()).unwrap_or_default();
+        let invalid =
+            |why: &str| (ResponseError::InvalidConfig.code(), format!("{}={value}: {why}", config.name.as_str()));
+        match config.name.as_str() {
+            "retention.ms" => {
+                def.retention_ms = match value.parse::<i64>() {
+                    Ok(-1) => None,
+                    Ok(ms) if ms > 0 => Some(ms as u64),
+                    _ => return Err(invalid("a number of milliseconds, or -1 for no limit")),
+                }
+            }
+            "retention.bytes" => {
+                def.retention_bytes = match value.parse::<i64>() {
+                    Ok(-1) => None,
+                    Ok(bytes) if bytes > 0 => Some(bytes as u64),
+                    _ => return Err(invalid("a number of bytes, or -1 for no limit")),
+                }
+            }
+            "cleanup.policy" if value == "delete" => {}
+            "cleanup.policy" => {
+                return Err(invalid("only delete is served yet (compacted topics are tables' storage)"));
+            }
+            _ => return Err(invalid("not a setting onehop maps (retention.ms, retention.bytes, cleanup.policy)")),
+        }
+    }
+    Ok(def)
+}
+
+/// DeleteTopics: drops each stream (and its records).
+pub(super) async fn delete(shared: &Shared, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    let mut response = DeleteTopicsResponse::default();
+    for name in request.topic_names {
+        let mut result = DeletableTopicResult::default();
+        if let Err(error) = shared.engine.drop_stream(name.0.as_str()).await {
+            let (mut code, message) = refusal(&error);
+            // A stream a view or transform still reads stays; the message names which.
+            if error.kind() == onehop_engine::ErrorKind::Conflict {
+                code = ResponseError::PolicyViolation.code();
+            }
+            result.error_code = code;
+            result.error_message = Some(StrBytes::from_string(message));
+        }
+        result.name = Some(name);
+        response.responses.push(result);
+    }
+    response
+}
+
+fn refusal(error: &EngineError) -> (i16, String) {
+    (errors::code(error), error.to_string())
+}

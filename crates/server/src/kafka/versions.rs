@@ -1,0 +1,73 @@
+//! The APIs served and their versions, and ApiVersions, which tells a client so.
+//!
+//! The ranges start where Kafka 4 starts (it dropped the older versions, KIP-896) or lower where
+//! popular clients still send older ones, and stop before versions whose meaning is not
+//! served yet: Fetch 13 and later name topics by id, ListOffsets 7 and later ask for the
+//! record with the highest timestamp, Produce 12 and later add partitions to transactions
+//! implicitly, InitProducerId 6 keeps prepared transactions.
+
+use std::ops::RangeInclusive;
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
+
+/// The APIs served, with their versions.
+const SERVED: [(ApiKey, RangeInclusive<i16>); 9] = [
+    (ApiKey::Produce, 3..=11),
+    (ApiKey::Fetch, 4..=12),
+    (ApiKey::ListOffsets, 1..=6),
+    (ApiKey::Metadata, 0..=12),
+    (ApiKey::ApiVersions, 0..=3),
+    (ApiKey::CreateTopics, 2..=7),
+    (ApiKey::DeleteTopics, 1..=5),
+    (ApiKey::InitProducerId, 0..=5),
+    (ApiKey::DescribeConfigs, 1..=4),
+];
+
+/// The versions of `api` served, if it is.
+pub(super) fn served(api: ApiKey) -> Option<RangeInclusive<i16>> {
+    SERVED.iter().find(|(key, _)| *key == api).map(|(_, versions)| versions.clone())
+}
+
+/// ApiVersions' answer: every API served, with its versions.
+pub(super) fn answer() -> ApiVersionsResponse {
+    let mut response = ApiVersionsResponse::default();
+    response.api_keys = SERVED
+        .iter()
+        .map(|(key, versions)| {
+            let mut version = ApiVersion::default();
+            version.api_key = *key as i16;
+            version.min_version = *versions.start();
+            version.max_version = *versions.end();
+            version
+        })
+        .collect();
+    response
+}
+
+/// The answer to an ApiVersions request of a version not served: the error, and the list, so
+/// the client retries with a version it finds there.
+pub(super) fn unsupported() -> ApiVersionsResponse {
+    let mut response = answer();
+    response.error_code = ResponseError::UnsupportedVersion.code();
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_version_served_is_one_the_codec_knows() {
+        for (key, versions) in SERVED {
+            let known = key.valid_versions();
+            assert!(
+                known.min <= *versions.start() && *versions.end() <= known.max,
+                "{key:?} {versions:?} outside {}..={}",
+                known.min,
+                known.max
+            );
+        }
+    }
+}
