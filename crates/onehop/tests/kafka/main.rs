@@ -6,6 +6,8 @@
 //!   consuming by partition, topics created and listed by the admin tool, records crossing from
 //!   MQTT to Kafka and from Kafka to SSE.
 //! - `durability`: kill -9 under an `acks=all` producer loses no acknowledged record.
+//! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
+//!   committed offsets after a kill -9 of the server.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
 
 #[path = "../common/mod.rs"]
@@ -13,6 +15,7 @@ mod common;
 
 mod clients;
 mod durability;
+mod groups;
 mod protocol;
 
 use std::net::SocketAddr;

@@ -68,12 +68,16 @@ fn api_versions_answer_and_bad_frames_close_only_their_connection() {
     assert_eq!(id, 8);
     assert_eq!(i16::from_be_bytes(body[..2].try_into().unwrap()), 35, "UNSUPPORTED_VERSION");
 
-    let bad: [(&str, Vec<u8>); 5] = [
+    let bad: [(&str, Vec<u8>); 7] = [
         ("an unknown API", frame(4242, 0, 1, &[])),
         ("an unserved version", frame(0, 2, 1, &[])),
         ("a body that does not decode", frame(3, 1, 1, &[0, 0, 0, 5])),
         ("a frame too short for a header", vec![0, 0, 0, 2, 0, 18]),
         ("a frame over the request limit", (64i32 << 20).to_be_bytes().to_vec()),
+        // Tiny requests declaring arrays of 2^31 groups and 2^29 topics: the codec reserves
+        // for the count before reading an element, and the server must stay up.
+        ("an array of 2^31 elements", frame(15, 0, 1, &[0x7f, 0xff, 0xff, 0xff])),
+        ("an array of 2^29 elements", frame(3, 0, 1, &[0x20, 0, 0, 0])),
     ];
     for (what, bytes) in &bad {
         let mut stream = connect(kafka);
@@ -83,5 +87,5 @@ fn api_versions_answer_and_bad_frames_close_only_their_connection() {
         assert_eq!(response(&mut good).0, 9, "{what}: the other connection is still answered");
     }
     let (_, metrics) = get(server.address, "/metrics");
-    assert!(metrics.contains("kafka_protocol_errors_total 5"), "{metrics}");
+    assert!(metrics.contains("kafka_protocol_errors_total 7"), "{metrics}");
 }

@@ -9,6 +9,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::groups::api as groups;
 use super::{PROTOCOL_ERRORS, REQUESTS, Shared, configs, fetch, offsets, produce, topics, versions};
 
 /// Why a connection ends.
@@ -32,7 +33,7 @@ pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shar
             Ok(None) => break End::Closed,
             Err(end) => break end,
         };
-        let answer = match handle(frame, shared).await {
+        let answer = match handle(frame, shared, peer).await {
             Ok(answer) => answer,
             Err(reason) => break End::Protocol(reason),
         };
@@ -73,9 +74,22 @@ async fn read_frame(stream: &mut TcpStream, shared: &Shared) -> Result<Option<By
     }
 }
 
-/// Answers one request frame: the framed response, `None` when none is due (a Produce with
-/// `acks = 0`), or why the connection must close.
-async fn handle(mut frame: Bytes, shared: &Shared) -> Result<Option<Bytes>, String> {
+/// A request frame, decoded.
+pub enum Decoded {
+    Request {
+        api: ApiKey,
+        version: i16,
+        header: RequestHeader,
+        request: Box<RequestKind>,
+    },
+    /// An ApiVersions request of a version not served: answered in version 0 with the list.
+    ApiVersionsTooNew {
+        correlation_id: i32,
+    },
+}
+
+/// Decodes one request frame (without its size): the request, or why the connection must close.
+pub fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
     if frame.len() < 8 {
         return Err(format!("a request frame of {} bytes, shorter than any request header", frame.len()));
     }
@@ -88,9 +102,7 @@ async fn handle(mut frame: Bytes, shared: &Shared) -> Result<Option<Bytes>, Stri
     };
     if !served.contains(&version) {
         if api == ApiKey::ApiVersions {
-            // A client newer than this server: the answer, in version 0, lists what is served.
-            let answer = versions::unsupported();
-            return Ok(Some(frame_response(correlation_id, 0, &answer, 0)?));
+            return Ok(Decoded::ApiVersionsTooNew { correlation_id });
         }
         return Err(format!("{api:?} version {version} is not served (versions {served:?})"));
     }
@@ -102,6 +114,19 @@ async fn handle(mut frame: Bytes, shared: &Shared) -> Result<Option<Bytes>, Stri
     if frame.has_remaining() {
         return Err(format!("{api:?} v{version}: {} bytes after the request", frame.remaining()));
     }
+    Ok(Decoded::Request { api, version, header, request: Box::new(request) })
+}
+
+/// Answers one request frame: the framed response, `None` when none is due (a Produce with
+/// `acks = 0`), or why the connection must close.
+async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Option<Bytes>, String> {
+    let (api, version, header, request) = match decode_request(frame)? {
+        // A client newer than this server: the answer, in version 0, lists what is served.
+        Decoded::ApiVersionsTooNew { correlation_id } => {
+            return Ok(Some(frame_response(correlation_id, 0, &versions::unsupported(), 0)?));
+        }
+        Decoded::Request { api, version, header, request } => (api, version, header, *request),
+    };
     metrics::counter!(REQUESTS, "api" => api_name(api)).increment(1);
     let response_header = api.response_header_version(version);
     let id = header.correlation_id;
@@ -109,6 +134,9 @@ async fn handle(mut frame: Bytes, shared: &Shared) -> Result<Option<Bytes>, Stri
         RequestKind::ApiVersions(_) => frame_response(id, response_header, &versions::answer(), version)?,
         RequestKind::Metadata(request) => {
             frame_response(id, response_header, &topics::metadata(shared, request, version).await, version)?
+        }
+        RequestKind::DescribeCluster(request) => {
+            frame_response(id, response_header, &topics::describe_cluster(shared, request), version)?
         }
         RequestKind::CreateTopics(request) => {
             frame_response(id, response_header, &topics::create(shared, request).await, version)?
@@ -130,7 +158,39 @@ async fn handle(mut frame: Bytes, shared: &Shared) -> Result<Option<Bytes>, Stri
             frame_response(id, response_header, &configs::describe_configs(shared, request), version)?
         }
         RequestKind::ListOffsets(request) => {
-            frame_response(id, response_header, &offsets::list_offsets(shared, request), version)?
+            frame_response(id, response_header, &offsets::list_offsets(shared, request, version), version)?
+        }
+        RequestKind::FindCoordinator(request) => {
+            frame_response(id, response_header, &groups::find_coordinator(shared, request, version), version)?
+        }
+        RequestKind::JoinGroup(request) => {
+            let client = header.client_id.as_ref().map_or("", |client| client.as_str());
+            let host = format!("/{}", peer.ip());
+            frame_response(id, response_header, &groups::join_group(shared, request, client, &host).await, version)?
+        }
+        RequestKind::SyncGroup(request) => {
+            frame_response(id, response_header, &groups::sync_group(shared, request).await, version)?
+        }
+        RequestKind::Heartbeat(request) => {
+            frame_response(id, response_header, &groups::heartbeat(shared, request), version)?
+        }
+        RequestKind::LeaveGroup(request) => {
+            frame_response(id, response_header, &groups::leave_group(shared, request), version)?
+        }
+        RequestKind::OffsetCommit(request) => {
+            frame_response(id, response_header, &groups::offset_commit(shared, request).await, version)?
+        }
+        RequestKind::OffsetFetch(request) => {
+            frame_response(id, response_header, &groups::offset_fetch(shared, request), version)?
+        }
+        RequestKind::ListGroups(request) => {
+            frame_response(id, response_header, &groups::list_groups(shared, request), version)?
+        }
+        RequestKind::DescribeGroups(request) => {
+            frame_response(id, response_header, &groups::describe_groups(shared, request), version)?
+        }
+        RequestKind::DeleteGroups(request) => {
+            frame_response(id, response_header, &groups::delete_groups(shared, request).await, version)?
         }
         _ => return Err(format!("{api:?} is not served")),
     };
@@ -167,6 +227,17 @@ fn api_name(api: ApiKey) -> &'static str {
         ApiKey::ListOffsets => "ListOffsets",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::FindCoordinator => "FindCoordinator",
+        ApiKey::JoinGroup => "JoinGroup",
+        ApiKey::SyncGroup => "SyncGroup",
+        ApiKey::Heartbeat => "Heartbeat",
+        ApiKey::LeaveGroup => "LeaveGroup",
+        ApiKey::OffsetCommit => "OffsetCommit",
+        ApiKey::OffsetFetch => "OffsetFetch",
+        ApiKey::ListGroups => "ListGroups",
+        ApiKey::DescribeGroups => "DescribeGroups",
+        ApiKey::DeleteGroups => "DeleteGroups",
+        ApiKey::DescribeCluster => "DescribeCluster",
         _ => "other",
     }
 }

@@ -25,7 +25,9 @@
 //! - `connection`: one connection's loop: frames, request headers, answers in order.
 //! - `versions`: the APIs and versions served, and ApiVersions.
 //! - `topics`: Metadata, CreateTopics, DeleteTopics; `configs`: DescribeConfigs.
-//! - `produce`, `fetch`, `offsets` (ListOffsets): the data path.
+//! - `produce`, `fetch`, `offsets` (ListOffsets): the data path; `producers`: idempotent
+//!   producers' ids and sequences.
+//! - `groups`: consumer groups (the classic protocol) and their committed offsets.
 //! - `records`: Kafka record batches to and from the engine's records.
 //! - `errors`: engine errors as Kafka's error codes.
 
@@ -33,6 +35,7 @@ mod configs;
 mod connection;
 mod errors;
 mod fetch;
+pub mod groups;
 mod offsets;
 mod produce;
 pub mod producers;
@@ -49,6 +52,7 @@ use onehop_engine::Engine;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
+pub use connection::{Decoded, decode_request};
 pub use records::SUBJECT_HEADER;
 
 /// The Kafka listener's settings.
@@ -91,6 +95,7 @@ pub(super) struct Shared {
     pub engine: Arc<Engine>,
     pub config: KafkaConfig,
     pub producers: Arc<producers::Producers>,
+    pub groups: Arc<groups::Coordinator>,
     pub stop: watch::Receiver<bool>,
 }
 
@@ -107,8 +112,9 @@ impl KafkaServer {
     /// Restores the idempotent producers' states; a failure stops the start.
     pub fn open(engine: Arc<Engine>, config: KafkaConfig) -> Result<KafkaServer, onehop_engine::EngineError> {
         let producers = Arc::new(producers::Producers::open(&engine)?);
+        let groups = Arc::new(groups::Coordinator::new(groups::committed::CommittedOffsets::open(&engine)?));
         let (stop, stopped) = watch::channel(false);
-        Ok(KafkaServer { shared: Arc::new(Shared { engine, config, producers, stop: stopped }), stop })
+        Ok(KafkaServer { shared: Arc::new(Shared { engine, config, producers, groups, stop: stopped }), stop })
     }
 
     /// Serves the Kafka protocol on `listener` until `shutdown` resolves; then open
@@ -121,6 +127,23 @@ impl KafkaServer {
     ) -> std::io::Result<()> {
         let shared = self.shared;
         let checkpoints = tokio::spawn(shared.producers.clone().keep_checkpointed(shared.stop.clone()));
+        let groups = shared.groups.clone();
+        let mut stopped = shared.stop.clone();
+        let timeouts = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(groups::TICK);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        for (group, stored) in groups.tick() {
+                            if let Err(error) = groups.offsets.store_group(&group, stored.as_ref()).await {
+                                tracing::warn!(%group, %error, "a Kafka group's membership could not be stored");
+                            }
+                        }
+                    }
+                    _ = stopped.changed() => return,
+                }
+            }
+        });
         let permits = Arc::new(Semaphore::new(shared.config.connections_max));
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -152,6 +175,7 @@ impl KafkaServer {
         }
         let _ = self.stop.send(true);
         let _ = checkpoints.await;
+        let _ = timeouts.await;
         Ok(())
     }
 }

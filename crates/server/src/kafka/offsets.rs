@@ -14,7 +14,7 @@ use super::{Shared, errors};
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 
-pub(super) fn list_offsets(shared: &Shared, request: ListOffsetsRequest) -> ListOffsetsResponse {
+pub(super) fn list_offsets(shared: &Shared, request: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
     let mut response = ListOffsetsResponse::default();
     for topic in request.topics {
         let stream = shared.engine.stream(topic.name.0.as_str());
@@ -33,7 +33,10 @@ pub(super) fn list_offsets(shared: &Shared, request: ListOffsetsRequest) -> List
                 Ok((offset, timestamp)) => {
                     partition.offset = offset;
                     partition.timestamp = timestamp;
-                    partition.leader_epoch = 0;
+                    // Leader epochs exist from version 4 on.
+                    if version >= 4 {
+                        partition.leader_epoch = 0;
+                    }
                 }
                 Err(code) => partition.error_code = code,
             }

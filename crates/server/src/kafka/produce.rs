@@ -42,7 +42,7 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
             message: format!("partition {index}"),
         };
     };
-    let produced = match records::decode(batch) {
+    let produced = match records::decode(batch, shared.config.request_bytes_max) {
         Ok(produced) => produced,
         Err(Refused::Corrupt(why)) => {
             return Pending::Refused { code: ResponseError::CorruptMessage.code(), message: why };

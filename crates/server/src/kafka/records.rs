@@ -49,16 +49,17 @@ pub struct Produced {
 }
 
 /// The one record batch of a partition's produce data (Kafka allows exactly one since
-/// Produce version 3), as the engine writes it.
-pub fn decode(mut batches: Bytes) -> Result<Produced, Refused> {
-    let mut sets = RecordBatchDecoder::decode_all(&mut batches).map_err(|error| Refused::Corrupt(error.to_string()))?;
-    if sets.len() != 1 {
-        return Err(Refused::Invalid(format!(
-            "{} record batches: a partition's produce data holds exactly one",
-            sets.len()
-        )));
+/// Produce version 3), as the engine writes it. A compressed batch may decompress to at most
+/// `limit` bytes: a small batch of zeros must not become gigabytes in memory.
+pub fn decode(mut batch: Bytes, limit: usize) -> Result<Produced, Refused> {
+    let decompress = |compressed: &mut Bytes, compression: Compression| decompress(compressed, compression, limit);
+    let set = RecordBatchDecoder::decode_with_custom_compression(&mut batch, Some(decompress))
+        .map_err(|error| Refused::Corrupt(format!("{error:#}")))?;
+    if !batch.is_empty() {
+        return Err(Refused::Invalid(
+            "more than one record batch: a partition's produce data holds exactly one".into(),
+        ));
     }
-    let set = sets.pop().expect("one set");
     let Some(first) = set.records.first() else {
         return Err(Refused::Corrupt("a record batch with no records".into()));
     };
@@ -99,6 +100,69 @@ pub fn decode(mut batches: Bytes) -> Result<Produced, Refused> {
         });
     }
     Ok(Produced { records, sequenced })
+}
+
+/// Decompresses a batch's records into at most `limit` bytes, with the codecs Kafka's clients
+/// use: gzip, snappy (the xerial framing Kafka's Java client writes, or raw), the LZ4 frame
+/// format, zstd.
+fn decompress(compressed: &mut Bytes, compression: Compression, limit: usize) -> anyhow::Result<Bytes> {
+    let input = std::mem::take(compressed);
+    let out = match compression {
+        Compression::None => return Ok(input),
+        Compression::Gzip => read_bounded(flate2::read::MultiGzDecoder::new(&input[..]), limit)?,
+        Compression::Lz4 => read_bounded(lz4::Decoder::new(&input[..])?, limit)?,
+        Compression::Zstd => read_bounded(zstd::stream::read::Decoder::new(&input[..])?, limit)?,
+        Compression::Snappy => snappy(&input, limit)?,
+    };
+    Ok(Bytes::from(out))
+}
+
+/// Reads `reader` to its end, refusing output past `limit` bytes.
+fn read_bounded(reader: impl std::io::Read, limit: usize) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    reader.take(limit as u64 + 1).read_to_end(&mut out)?;
+    if out.len() > limit {
+        anyhow::bail!("the batch decompresses to more than {limit} bytes");
+    }
+    Ok(out)
+}
+
+/// The start of snappy's xerial framing (then a version and a compatible version).
+const XERIAL_MAGIC: &[u8] = b"\x82SNAPPY\x00";
+const XERIAL_HEADER_BYTES: usize = 16;
+
+/// Snappy as Kafka's clients write it: xerial framing (blocks, each a big-endian length and a
+/// raw snappy block) or, without its magic, one raw block. Each block's declared length is
+/// checked against what is left of `limit` before anything is allocated for it.
+fn snappy(input: &[u8], limit: usize) -> anyhow::Result<Vec<u8>> {
+    let mut decoder = snap::raw::Decoder::new();
+    let mut out = Vec::new();
+    let mut block = |compressed: &[u8], out: &mut Vec<u8>| -> anyhow::Result<()> {
+        let length = snap::raw::decompress_len(compressed)?;
+        if out.len() + length > limit {
+            anyhow::bail!("the batch decompresses to more than {limit} bytes");
+        }
+        let start = out.len();
+        out.resize(start + length, 0);
+        decoder.decompress(compressed, &mut out[start..])?;
+        Ok(())
+    };
+    if !input.starts_with(XERIAL_MAGIC) {
+        block(input, &mut out)?;
+        return Ok(out);
+    }
+    let mut rest = input.get(XERIAL_HEADER_BYTES..).ok_or_else(|| anyhow::anyhow!("a truncated snappy header"))?;
+    while !rest.is_empty() {
+        let (length, after) =
+            rest.split_at_checked(4).ok_or_else(|| anyhow::anyhow!("a truncated snappy block length"))?;
+        let length = u32::from_be_bytes(length.try_into().expect("four bytes")) as usize;
+        let (compressed, after) =
+            after.split_at_checked(length).ok_or_else(|| anyhow::anyhow!("a truncated snappy block"))?;
+        block(compressed, &mut out)?;
+        rest = after;
+    }
+    Ok(out)
 }
 
 /// `records` (consecutive reads of one partition) as one record batch.
@@ -147,6 +211,26 @@ pub fn encode(records: &[Record]) -> Bytes {
 mod tests {
     use super::*;
 
+    const LIMIT: usize = 1 << 20;
+
+    #[test]
+    fn a_batch_that_decompresses_past_the_limit_is_refused_in_every_compression() {
+        // A megabyte of zeros in one record: a few kilobytes compressed.
+        let zeros = String::from_utf8(vec![b'0'; 1 << 20]).unwrap();
+        let big = [kafka_record(0, "k", &zeros, &[])];
+        for compression in [Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd] {
+            let batch = produced(&big, compression);
+            assert!(batch.len() < 64 * 1024, "{compression:?}: {} bytes", batch.len());
+            match decode(batch.clone(), 512 * 1024) {
+                Err(Refused::Corrupt(why)) => {
+                    assert!(why.contains("decompresses to more than"), "{compression:?}: {why}")
+                }
+                other => panic!("{compression:?}: {other:?}"),
+            }
+            assert_eq!(decode(batch, 2 << 20).unwrap().records[0].value.as_ref().unwrap().len(), 1 << 20);
+        }
+    }
+
     fn produced(records: &[KafkaRecord], compression: Compression) -> Bytes {
         let mut buffer = BytesMut::new();
         RecordBatchEncoder::encode(&mut buffer, records, &RecordEncodeOptions { version: 2, compression }).unwrap();
@@ -184,7 +268,7 @@ mod tests {
         for compression in
             [Compression::None, Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd]
         {
-            let records = decode(produced(&batch, compression)).unwrap().records;
+            let records = decode(produced(&batch, compression), LIMIT).unwrap().records;
             assert_eq!(records.len(), 2, "{compression:?}");
             assert_eq!(records[0].key.as_deref(), Some(&b"k0"[..]));
             assert_eq!(records[0].value.as_deref(), Some(&b"v0"[..]));
@@ -200,14 +284,14 @@ mod tests {
         let mut bytes = BytesMut::from(&produced(&[kafka_record(0, "k", "v", &[])], Compression::None)[..]);
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
-        assert!(matches!(decode(bytes.clone().freeze()), Err(Refused::Corrupt(_))));
-        assert!(matches!(decode(Bytes::from_static(b"\x00\x01")), Err(Refused::Corrupt(_))));
+        assert!(matches!(decode(bytes.clone().freeze(), LIMIT), Err(Refused::Corrupt(_))));
+        assert!(matches!(decode(Bytes::from_static(b"\x00\x01"), LIMIT), Err(Refused::Corrupt(_))));
         let one = produced(&[kafka_record(0, "k", "v", &[])], Compression::None);
         let two = Bytes::from([one.clone(), one].concat());
-        assert!(matches!(decode(two), Err(Refused::Invalid(_))), "one batch per partition");
+        assert!(matches!(decode(two, LIMIT), Err(Refused::Invalid(_))), "one batch per partition");
         let mut control = kafka_record(0, "k", "v", &[]);
         control.control = true;
-        assert!(matches!(decode(produced(&[control], Compression::None)), Err(Refused::Invalid(_))));
+        assert!(matches!(decode(produced(&[control], Compression::None), LIMIT), Err(Refused::Invalid(_))));
     }
 
     #[test]
@@ -220,11 +304,12 @@ mod tests {
                 ..kafka_record(i, "k", "v", &[])
             })
             .collect();
-        let produced = decode(produced(&batch, Compression::Lz4)).unwrap();
+        let produced = decode(produced(&batch, Compression::Lz4), LIMIT).unwrap();
         let expected = Sequenced { producer_id: 7, epoch: 1, first_sequence: 10, last_sequence: 12 };
         assert_eq!(produced.sequenced, Some(expected));
         assert_eq!(produced.records.len(), 3);
-        let plain = decode(super::tests::produced(&[kafka_record(0, "k", "v", &[])], Compression::None)).unwrap();
+        let plain =
+            decode(super::tests::produced(&[kafka_record(0, "k", "v", &[])], Compression::None), LIMIT).unwrap();
         assert_eq!(plain.sequenced, None);
     }
 

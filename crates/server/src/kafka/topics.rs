@@ -1,4 +1,4 @@
-//! Metadata, CreateTopics and DeleteTopics: topics are streams.
+//! Metadata, DescribeCluster, CreateTopics and DeleteTopics: topics are streams.
 
 use std::sync::Arc;
 
@@ -7,6 +7,8 @@ use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreateTopi
 use kafka_protocol::messages::create_topics_response::{CreatableTopicResult, CreateTopicsResponse};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
 use kafka_protocol::messages::delete_topics_response::{DeletableTopicResult, DeleteTopicsResponse};
+use kafka_protocol::messages::describe_cluster_request::DescribeClusterRequest;
+use kafka_protocol::messages::describe_cluster_response::{DescribeClusterBroker, DescribeClusterResponse};
 use kafka_protocol::messages::metadata_request::MetadataRequest;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -197,4 +199,25 @@ pub(super) async fn delete(shared: &Shared, request: DeleteTopicsRequest) -> Del
 
 fn refusal(error: &EngineError) -> (i16, String) {
     (errors::code(error), error.to_string())
+}
+
+/// DescribeCluster: this server as the one broker and the controller.
+pub(super) fn describe_cluster(shared: &Shared, request: DescribeClusterRequest) -> DescribeClusterResponse {
+    let mut response = DescribeClusterResponse::default();
+    let node = BrokerId(shared.config.node_id);
+    response.cluster_id = StrBytes::from_static_str(CLUSTER_ID);
+    response.controller_id = node;
+    response.endpoint_type = request.endpoint_type;
+    // Endpoint type 2 asks for the controllers' listeners, which a single server does not have apart.
+    if request.endpoint_type != 1 {
+        response.error_code = ResponseError::UnsupportedEndpointType.code();
+        response.error_message = Some(StrBytes::from_static_str("only the brokers' endpoints (type 1) are served"));
+        return response;
+    }
+    let mut broker = DescribeClusterBroker::default();
+    broker.broker_id = node;
+    broker.host = StrBytes::from_string(shared.config.advertised.ip().to_string());
+    broker.port = i32::from(shared.config.advertised.port());
+    response.brokers = vec![broker];
+    response
 }

@@ -4,7 +4,10 @@
 //! popular clients still send older ones, and stop before versions whose meaning is not
 //! served yet: Fetch 13 and later name topics by id, ListOffsets 7 and later ask for the
 //! record with the highest timestamp, Produce 12 and later add partitions to transactions
-//! implicitly, InitProducerId 6 keeps prepared transactions.
+//! implicitly, InitProducerId 6 keeps prepared transactions, OffsetCommit 9 and OffsetFetch 8
+//! and later belong to KIP-848's consumer protocol or batch several groups, ListGroups 5
+//! filters by group type, DescribeGroups 6 refuses unknown groups, FindCoordinator 5 and later
+//! serve share groups.
 
 use std::ops::RangeInclusive;
 
@@ -13,7 +16,7 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// The APIs served, with their versions.
-const SERVED: [(ApiKey, RangeInclusive<i16>); 9] = [
+const SERVED: [(ApiKey, RangeInclusive<i16>); 20] = [
     (ApiKey::Produce, 3..=11),
     (ApiKey::Fetch, 4..=12),
     (ApiKey::ListOffsets, 1..=6),
@@ -23,6 +26,17 @@ const SERVED: [(ApiKey, RangeInclusive<i16>); 9] = [
     (ApiKey::DeleteTopics, 1..=5),
     (ApiKey::InitProducerId, 0..=5),
     (ApiKey::DescribeConfigs, 1..=4),
+    (ApiKey::FindCoordinator, 0..=4),
+    (ApiKey::JoinGroup, 0..=9),
+    (ApiKey::SyncGroup, 0..=5),
+    (ApiKey::Heartbeat, 0..=4),
+    (ApiKey::LeaveGroup, 0..=5),
+    (ApiKey::OffsetCommit, 2..=8),
+    (ApiKey::OffsetFetch, 1..=7),
+    (ApiKey::ListGroups, 0..=4),
+    (ApiKey::DescribeGroups, 0..=5),
+    (ApiKey::DeleteGroups, 0..=2),
+    (ApiKey::DescribeCluster, 0..=1),
 ];
 
 /// The versions of `api` served, if it is.

@@ -1,0 +1,172 @@
+use std::collections::BTreeMap;
+use std::process::{Child, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use crate::common::{DataDir, line_channel};
+use crate::{console_produce, create_topic, kafka_tool, succeed};
+
+/// A console consumer in group `group`, printing each record's value, and its lines.
+struct Consumer {
+    child: Child,
+    lines: Receiver<String>,
+    values: Vec<String>,
+}
+
+impl Consumer {
+    fn start(kafka: std::net::SocketAddr, group: &str) -> Consumer {
+        let mut child = kafka_tool("org.apache.kafka.tools.consumer.ConsoleConsumer", kafka)
+            .args(["--topic", "jobs", "--group", group, "--from-beginning"])
+            .args(["--consumer-property", "session.timeout.ms=6000"])
+            .args(["--consumer-property", "heartbeat.interval.ms=500"])
+            .args(["--consumer-property", "auto.commit.interval.ms=200"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("java runs");
+        let lines = line_channel(child.stdout.take().unwrap());
+        Consumer { child, lines, values: Vec::new() }
+    }
+
+    /// Takes in the values it printed so far (not its other lines, such as its closing count).
+    fn drain(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            if line.strip_prefix('v').is_some_and(|number| number.parse::<u32>().is_ok()) {
+                self.values.push(line);
+            }
+        }
+    }
+
+    /// Stops it with SIGTERM: the consumer closes and leaves its group.
+    fn leave(mut self) -> Vec<String> {
+        let status = std::process::Command::new("kill").arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+        let _ = self.child.wait();
+        std::thread::sleep(Duration::from_millis(200));
+        self.drain();
+        std::mem::take(&mut self.values)
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The group's members and the partitions each has, by the consumer groups tool.
+fn members(kafka: std::net::SocketAddr, group: &str) -> Vec<usize> {
+    let said = succeed(kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", kafka).args([
+        "--describe",
+        "--members",
+        "--group",
+        group,
+    ]));
+    said.lines()
+        .filter(|line| line.starts_with(group))
+        .filter_map(|line| line.split_whitespace().last()?.parse().ok())
+        .collect()
+}
+
+/// The group's committed offset and log end per partition, by the consumer groups tool.
+fn lag(kafka: std::net::SocketAddr, group: &str) -> Vec<(i64, i64)> {
+    let said = succeed(kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", kafka).args([
+        "--describe",
+        "--offsets",
+        "--group",
+        group,
+    ]));
+    said.lines()
+        .filter(|line| line.starts_with(group))
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields[3].parse().unwrap_or(-1), fields[4].parse().unwrap_or(-1))
+        })
+        .collect()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn produce(kafka: std::net::SocketAddr, from: usize, count: usize) {
+    let lines: Vec<String> = (from..from + count).map(|n| format!("key-{n}\tv{n}")).collect();
+    console_produce(kafka, "jobs", &lines, &[]);
+}
+
+/// Three console consumers in one group share a topic's three partitions; when one leaves
+/// (SIGTERM: it sends LeaveGroup) the other two take its partition over; the server is killed
+/// with kill -9 and restarted on the same port once everything is committed, and the group
+/// resumes from its committed offsets: every record is consumed exactly once across all of it.
+#[test]
+fn a_group_of_three_rebalances_when_one_leaves_and_resumes_from_committed_offsets_after_kill_9() {
+    let dir = DataDir::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let address = format!("127.0.0.1:{port}");
+    let mut server = dir.start(&["--kafka-addr", &address], &[]);
+    let kafka = server.kafka_address.unwrap();
+    create_topic(kafka, "jobs", 3);
+    produce(kafka, 0, 300);
+
+    let mut consumers: Vec<Consumer> = (0..3).map(|_| Consumer::start(kafka, "workers")).collect();
+    wait_until("three members have a partition each", || {
+        let mut shares = members(kafka, "workers");
+        shares.sort();
+        shares == [1, 1, 1]
+    });
+    wait_until("the first 300 are consumed and committed", || {
+        let lag = lag(kafka, "workers");
+        lag.len() == 3 && lag.iter().map(|(committed, _)| committed).sum::<i64>() == 300
+    });
+
+    let left = consumers.pop().unwrap().leave();
+    wait_until("two members have the three partitions", || {
+        let mut shares = members(kafka, "workers");
+        shares.sort();
+        shares == [1, 2]
+    });
+    produce(kafka, 300, 300);
+    wait_until("600 are committed", || {
+        lag(kafka, "workers").iter().map(|(committed, _)| committed).sum::<i64>() == 600
+    });
+
+    server.kill_9();
+    server = dir.start(&["--kafka-addr", &address], &[]);
+    let resumed = lag(kafka, "workers");
+    assert_eq!(
+        resumed.iter().map(|(committed, _)| committed).sum::<i64>(),
+        600,
+        "committed offsets survived: {resumed:?}"
+    );
+    produce(kafka, 600, 300);
+    wait_until("900 are committed", || {
+        lag(kafka, "workers").iter().map(|(committed, _)| committed).sum::<i64>() == 900
+    });
+
+    let mut consumed: BTreeMap<String, usize> = BTreeMap::new();
+    for value in left {
+        *consumed.entry(value).or_default() += 1;
+    }
+    for mut consumer in consumers {
+        std::thread::sleep(Duration::from_millis(300));
+        consumer.drain();
+        for value in std::mem::take(&mut consumer.values) {
+            *consumed.entry(value).or_default() += 1;
+        }
+    }
+    let twice: Vec<&String> = consumed.iter().filter(|(_, count)| **count > 1).map(|(value, _)| value).collect();
+    assert!(twice.is_empty(), "consumed more than once: {twice:?}");
+    let expected: BTreeMap<String, usize> = (0..900).map(|n| (format!("v{n}"), 1)).collect();
+    assert_eq!(
+        consumed.len(),
+        900,
+        "missing: {:?}",
+        expected.keys().filter(|value| !consumed.contains_key(*value)).collect::<Vec<_>>()
+    );
+    drop(server);
+}

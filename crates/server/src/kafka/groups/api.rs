@@ -1,0 +1,393 @@
+//! The group APIs: requests to the coordinator, its answers to responses.
+
+use std::time::Duration;
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::delete_groups_request::DeleteGroupsRequest;
+use kafka_protocol::messages::delete_groups_response::{DeletableGroupResult, DeleteGroupsResponse};
+use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
+use kafka_protocol::messages::describe_groups_response::{
+    DescribeGroupsResponse, DescribedGroup, DescribedGroupMember,
+};
+use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
+use kafka_protocol::messages::find_coordinator_response::{Coordinator as Found, FindCoordinatorResponse};
+use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
+use kafka_protocol::messages::heartbeat_response::HeartbeatResponse;
+use kafka_protocol::messages::join_group_request::JoinGroupRequest;
+use kafka_protocol::messages::join_group_response::{JoinGroupResponse, JoinGroupResponseMember};
+use kafka_protocol::messages::leave_group_request::LeaveGroupRequest;
+use kafka_protocol::messages::leave_group_response::{LeaveGroupResponse, MemberResponse};
+use kafka_protocol::messages::list_groups_request::ListGroupsRequest;
+use kafka_protocol::messages::list_groups_response::{ListGroupsResponse, ListedGroup};
+use kafka_protocol::messages::offset_commit_request::OffsetCommitRequest;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponse, OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequest;
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponse, OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+};
+use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
+use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
+use kafka_protocol::messages::{BrokerId, GroupId, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use super::committed::Committed;
+use super::{GroupState, JoinRequest};
+use crate::kafka::{Shared, errors};
+
+/// Largest metadata string a commit may carry (Kafka's offset.metadata.max.bytes).
+const COMMIT_METADATA_BYTES_MAX: usize = 4096;
+
+fn text(value: &str) -> StrBytes {
+    StrBytes::from_string(value.to_string())
+}
+
+/// FindCoordinator: this server, for every group (and transactional id).
+pub(in crate::kafka) fn find_coordinator(
+    shared: &Shared,
+    request: FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    let mut response = FindCoordinatorResponse::default();
+    let node = BrokerId(shared.config.node_id);
+    let host = text(&shared.config.advertised.ip().to_string());
+    let port = i32::from(shared.config.advertised.port());
+    let refusal = (!matches!(request.key_type, 0 | 1)).then_some(ResponseError::InvalidRequest.code());
+    if version < 4 {
+        // One key, answered in the top-level fields (version 4 answers a list instead).
+        response.node_id = node;
+        response.host = host;
+        response.port = port;
+        response.error_code = refusal.unwrap_or(0);
+        return response;
+    }
+    response.coordinators = request
+        .coordinator_keys
+        .into_iter()
+        .map(|key| {
+            let mut found = Found::default();
+            found.key = key;
+            found.node_id = node;
+            found.host = host.clone();
+            found.port = port;
+            found.error_code = refusal.unwrap_or(0);
+            found
+        })
+        .collect();
+    response
+}
+
+pub(in crate::kafka) async fn join_group(
+    shared: &Shared,
+    request: JoinGroupRequest,
+    client_id: &str,
+    host: &str,
+) -> JoinGroupResponse {
+    let mut response = JoinGroupResponse::default();
+    response.generation_id = -1;
+    let session_timeout = Duration::from_millis(request.session_timeout_ms.max(0) as u64);
+    // Before version 1 the rebalance timeout was the session timeout.
+    let rebalance_timeout = match request.rebalance_timeout_ms {
+        ms if ms > 0 => Duration::from_millis(ms as u64),
+        _ => session_timeout,
+    };
+    let joining = shared.groups.join(JoinRequest {
+        group: request.group_id.0.as_str().to_string(),
+        member_id: request.member_id.as_str().to_string(),
+        instance_id: request.group_instance_id.map(|id| id.as_str().to_string()),
+        client_id: client_id.to_string(),
+        host: host.to_string(),
+        session_timeout,
+        rebalance_timeout,
+        protocol_type: request.protocol_type.as_str().to_string(),
+        protocols: request
+            .protocols
+            .into_iter()
+            .map(|protocol| (protocol.name.as_str().to_string(), protocol.metadata))
+            .collect(),
+    });
+    let joined = match joining {
+        Err(code) => {
+            response.error_code = code;
+            response.member_id = request.member_id;
+            return response;
+        }
+        Ok(receiver) => {
+            let mut stop = shared.stop.clone();
+            tokio::select! {
+                joined = receiver => joined.unwrap_or_default(),
+                _ = stop.wait_for(|stop| *stop) => super::Joined { error: ResponseError::CoordinatorNotAvailable.code(), ..Default::default() },
+            }
+        }
+    };
+    response.error_code = joined.error;
+    response.generation_id = if joined.error == 0 { joined.generation } else { -1 };
+    response.protocol_type = Some(text(&joined.protocol_type));
+    response.protocol_name = Some(text(&joined.protocol));
+    response.leader = text(&joined.leader);
+    response.member_id = text(&joined.member_id);
+    response.members = joined
+        .members
+        .into_iter()
+        .map(|(member_id, instance_id, metadata)| {
+            let mut member = JoinGroupResponseMember::default();
+            member.member_id = text(&member_id);
+            member.group_instance_id = instance_id.map(|id| text(&id));
+            member.metadata = metadata;
+            member
+        })
+        .collect();
+    response
+}
+
+pub(in crate::kafka) async fn sync_group(shared: &Shared, request: SyncGroupRequest) -> SyncGroupResponse {
+    let mut response = SyncGroupResponse::default();
+    let assignments = request
+        .assignments
+        .into_iter()
+        .map(|assigned| (assigned.member_id.as_str().to_string(), assigned.assignment))
+        .collect();
+    let syncing =
+        shared.groups.sync(request.group_id.0.as_str(), request.member_id.as_str(), request.generation_id, assignments);
+    let synced = match syncing {
+        Err(code) => super::Synced { error: code, ..Default::default() },
+        Ok(receiver) => {
+            let mut stop = shared.stop.clone();
+            tokio::select! {
+                synced = receiver => synced.unwrap_or_default(),
+                _ = stop.wait_for(|stop| *stop) => super::Synced { error: ResponseError::CoordinatorNotAvailable.code(), ..Default::default() },
+            }
+        }
+    };
+    response.error_code = synced.error;
+    response.protocol_type = Some(text(&synced.protocol_type));
+    response.protocol_name = Some(text(&synced.protocol));
+    response.assignment = synced.assignment;
+    response
+}
+
+pub(in crate::kafka) fn heartbeat(shared: &Shared, request: HeartbeatRequest) -> HeartbeatResponse {
+    let mut response = HeartbeatResponse::default();
+    response.error_code =
+        shared.groups.heartbeat(request.group_id.0.as_str(), request.member_id.as_str(), request.generation_id);
+    response
+}
+
+pub(in crate::kafka) fn leave_group(shared: &Shared, request: LeaveGroupRequest) -> LeaveGroupResponse {
+    let mut response = LeaveGroupResponse::default();
+    let group = request.group_id.0.as_str();
+    if request.members.is_empty() {
+        // Versions 0 to 2: one member.
+        response.error_code = shared.groups.leave(group, request.member_id.as_str());
+    } else {
+        response.members = request
+            .members
+            .into_iter()
+            .map(|identity| {
+                let mut left = MemberResponse::default();
+                left.error_code = shared.groups.leave(group, identity.member_id.as_str());
+                left.member_id = identity.member_id;
+                left.group_instance_id = identity.group_instance_id;
+                left
+            })
+            .collect();
+    }
+    response
+}
+
+pub(in crate::kafka) async fn offset_commit(shared: &Shared, request: OffsetCommitRequest) -> OffsetCommitResponse {
+    let group = request.group_id.0.as_str().to_string();
+    let allowed = shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id_or_member_epoch);
+    let mut answers: Vec<(TopicName, Vec<(i32, i16)>)> = Vec::new();
+    let mut commits = Vec::new();
+    for topic in request.topics {
+        let name = topic.name.0.as_str().to_string();
+        let stream = shared.engine.stream(&name);
+        let mut partitions = Vec::new();
+        for partition in topic.partitions {
+            let metadata =
+                partition.committed_metadata.as_ref().map(|text| text.as_str().to_string()).unwrap_or_default();
+            let code = if allowed != 0 {
+                allowed
+            } else if let Err(error) = &stream {
+                errors::code(error)
+            } else if stream
+                .as_ref()
+                .is_ok_and(|stream| stream.check_partition(partition.partition_index.max(0) as u32).is_err())
+                || partition.partition_index < 0
+            {
+                ResponseError::UnknownTopicOrPartition.code()
+            } else if metadata.len() > COMMIT_METADATA_BYTES_MAX {
+                ResponseError::OffsetMetadataTooLarge.code()
+            } else {
+                let committed = Committed {
+                    offset: partition.committed_offset,
+                    leader_epoch: partition.committed_leader_epoch,
+                    metadata,
+                };
+                commits.push(((group.clone(), name.clone(), partition.partition_index), committed));
+                0
+            };
+            partitions.push((partition.partition_index, code));
+        }
+        answers.push((topic.name, partitions));
+    }
+    let stored = shared.groups.offsets.commit(commits).await.err().map(|error| errors::code(&error));
+    let mut response = OffsetCommitResponse::default();
+    response.topics = answers
+        .into_iter()
+        .map(|(name, partitions)| {
+            let mut topic = OffsetCommitResponseTopic::default();
+            topic.name = name;
+            topic.partitions = partitions
+                .into_iter()
+                .map(|(index, code)| {
+                    let mut partition = OffsetCommitResponsePartition::default();
+                    partition.partition_index = index;
+                    partition.error_code = if code == 0 { stored.unwrap_or(0) } else { code };
+                    partition
+                })
+                .collect();
+            topic
+        })
+        .collect();
+    response
+}
+
+pub(in crate::kafka) fn offset_fetch(shared: &Shared, request: OffsetFetchRequest) -> OffsetFetchResponse {
+    let group = request.group_id.0.as_str();
+    let offsets = &shared.groups.offsets;
+    let answer = |index: i32, committed: Option<Committed>| {
+        let mut partition = OffsetFetchResponsePartition::default();
+        partition.partition_index = index;
+        match committed {
+            Some(committed) => {
+                partition.committed_offset = committed.offset;
+                partition.committed_leader_epoch = committed.leader_epoch;
+                partition.metadata = Some(text(&committed.metadata));
+            }
+            None => {
+                partition.committed_offset = -1;
+                partition.committed_leader_epoch = -1;
+                partition.metadata = Some(StrBytes::new());
+            }
+        }
+        partition
+    };
+    let mut response = OffsetFetchResponse::default();
+    response.topics = match request.topics {
+        Some(topics) => topics
+            .into_iter()
+            .map(|asked| {
+                let mut topic = OffsetFetchResponseTopic::default();
+                topic.partitions = asked
+                    .partition_indexes
+                    .iter()
+                    .map(|index| answer(*index, offsets.get(group, asked.name.0.as_str(), *index)))
+                    .collect();
+                topic.name = asked.name;
+                topic
+            })
+            .collect(),
+        None => {
+            let mut topics: Vec<OffsetFetchResponseTopic> = Vec::new();
+            for (name, index, committed) in offsets.of_group(group) {
+                if topics.last().is_none_or(|topic| topic.name.0.as_str() != name) {
+                    let mut topic = OffsetFetchResponseTopic::default();
+                    topic.name = TopicName(text(&name));
+                    topics.push(topic);
+                }
+                topics.last_mut().expect("a topic").partitions.push(answer(index, Some(committed)));
+            }
+            topics
+        }
+    };
+    response
+}
+
+pub(in crate::kafka) fn list_groups(shared: &Shared, request: ListGroupsRequest) -> ListGroupsResponse {
+    let mut response = ListGroupsResponse::default();
+    response.groups = shared
+        .groups
+        .list()
+        .into_iter()
+        .filter(|(_, state, _)| {
+            request.states_filter.is_empty()
+                || request.states_filter.iter().any(|wanted| wanted.as_str() == state.name())
+        })
+        .map(|(id, state, protocol_type)| {
+            let mut group = ListedGroup::default();
+            group.group_id = GroupId(text(&id));
+            group.protocol_type = text(&protocol_type);
+            group.group_state = text(state.name());
+            group.group_type = StrBytes::from_static_str("classic");
+            group
+        })
+        .collect();
+    response
+}
+
+pub(in crate::kafka) fn describe_groups(shared: &Shared, request: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let mut response = DescribeGroupsResponse::default();
+    response.groups = request
+        .groups
+        .into_iter()
+        .map(|id| {
+            let mut described = DescribedGroup::default();
+            match shared.groups.describe(id.0.as_str()) {
+                // Kafka describes a group it does not know as Dead, without an error.
+                None => described.group_state = StrBytes::from_static_str("Dead"),
+                Some(group) => {
+                    described.group_state = text(group.state.name());
+                    described.protocol_type = text(&group.protocol_type);
+                    described.protocol_data = text(&group.protocol);
+                    described.members = group
+                        .members
+                        .into_iter()
+                        .map(|member| {
+                            let mut out = DescribedGroupMember::default();
+                            out.member_id = text(&member.member_id);
+                            out.group_instance_id = member.instance_id.map(|id| text(&id));
+                            out.client_id = text(&member.client_id);
+                            out.client_host = text(&member.host);
+                            out.member_metadata = member.metadata;
+                            out.member_assignment = member.assignment;
+                            out
+                        })
+                        .collect();
+                }
+            }
+            described.group_id = id;
+            described
+        })
+        .collect();
+    response
+}
+
+pub(in crate::kafka) async fn delete_groups(shared: &Shared, request: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let mut response = DeleteGroupsResponse::default();
+    for id in request.groups_names {
+        let mut result = DeletableGroupResult::default();
+        let name = id.0.as_str().to_string();
+        result.error_code = if shared.groups.has_members(&name) {
+            ResponseError::NonEmptyGroup.code()
+        } else {
+            match shared.groups.offsets.delete_group(&name).await {
+                Ok(true) => {
+                    shared.groups.forget(&name);
+                    0
+                }
+                Ok(false) if shared.groups.describe(&name).is_some_and(|group| group.state == GroupState::Empty) => {
+                    shared.groups.forget(&name);
+                    0
+                }
+                Ok(false) => ResponseError::GroupIdNotFound.code(),
+                Err(error) => errors::code(&error),
+            }
+        };
+        result.group_id = id;
+        response.results.push(result);
+    }
+    response
+}

@@ -1,0 +1,183 @@
+//! Committed offsets: per group, topic and partition, in memory and in the compacted system
+//! topic `__consumer_offsets` (one record per partition committed, the newest wins; a deleted
+//! group's are tombstones). A commit is answered once its records are durable, so a committed
+//! offset survives kill -9.
+//!
+//! The same topic keeps each group's membership as of its last completed rebalance
+//! ([`StoredGroup`], key `[group]`), as Kafka does: after a restart the members are still
+//! known, so they go on heartbeating and committing instead of all rejoining at once (which
+//! would hand partitions over before the old owners could commit).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use onehop_engine::system::{SystemTopic, SystemTopicConfig};
+use onehop_engine::{Engine, EngineError, NewRecord};
+use serde::{Deserialize, Serialize};
+
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+/// A group's committed position in one partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Committed {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: String,
+}
+
+/// `(group, topic, partition)`.
+pub type Key = (String, String, i32);
+
+/// A member of a stored group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredMember {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub host: String,
+    pub session_timeout_ms: u64,
+    pub rebalance_timeout_ms: u64,
+    pub protocol_type: String,
+    /// Its protocols' names and metadata (base64).
+    pub protocols: Vec<(String, String)>,
+    /// Its assignment (base64).
+    pub assignment: String,
+}
+
+/// A group as its last rebalance left it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredGroup {
+    pub generation: i32,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub leader: Option<String>,
+    pub members: Vec<StoredMember>,
+}
+
+pub struct CommittedOffsets {
+    topic: Arc<SystemTopic>,
+    offsets: RwLock<BTreeMap<Key, Committed>>,
+    /// The groups' stored memberships, as read at start (the coordinator takes them).
+    restored: std::sync::Mutex<BTreeMap<String, StoredGroup>>,
+}
+
+impl CommittedOffsets {
+    /// Opens the store and reads every committed offset back.
+    pub fn open(engine: &Engine) -> Result<CommittedOffsets, EngineError> {
+        let topic = engine.system_topic(OFFSETS_TOPIC, &SystemTopicConfig::default())?;
+        let mut offsets = BTreeMap::new();
+        let mut groups = BTreeMap::new();
+        topic.replay(|record| {
+            if let Some((group,)) = record.key.as_deref().and_then(|key| serde_json::from_slice::<(String,)>(key).ok())
+            {
+                match record.value.as_deref().map(serde_json::from_slice::<StoredGroup>) {
+                    Some(Ok(stored)) => {
+                        groups.insert(group, stored);
+                    }
+                    Some(Err(error)) => tracing::warn!(%error, "skipping an unreadable stored group"),
+                    None => {
+                        groups.remove(&group);
+                    }
+                }
+                return Ok::<(), EngineError>(());
+            }
+            let key = record.key.as_deref().and_then(|key| serde_json::from_slice::<Key>(key).ok());
+            let Some(key) = key else {
+                tracing::warn!(offset = record.offset, "skipping a committed offset with an unreadable key");
+                return Ok::<(), EngineError>(());
+            };
+            match record.value.as_deref().map(serde_json::from_slice::<Committed>) {
+                Some(Ok(committed)) => {
+                    offsets.insert(key, committed);
+                }
+                Some(Err(error)) => tracing::warn!(%error, "skipping an unreadable committed offset"),
+                None => {
+                    offsets.remove(&key);
+                }
+            }
+            Ok(())
+        })?;
+        tracing::info!(offsets = offsets.len(), groups = groups.len(), "Kafka committed offsets and groups restored");
+        Ok(CommittedOffsets { topic, offsets: RwLock::new(offsets), restored: std::sync::Mutex::new(groups) })
+    }
+
+    /// The groups' memberships read at start (once; the coordinator keeps them from then on).
+    pub fn take_restored(&self) -> BTreeMap<String, StoredGroup> {
+        std::mem::take(&mut self.restored.lock().expect("restored lock"))
+    }
+
+    /// Stores `group`'s membership (`None`: it has no members), durably.
+    pub async fn store_group(&self, group: &str, stored: Option<&StoredGroup>) -> Result<(), EngineError> {
+        let key = Bytes::from(serde_json::to_vec(&(group,)).expect("a key serializes"));
+        let record = match stored {
+            Some(stored) => NewRecord::keyed(key, serde_json::to_vec(stored).expect("a group serializes")),
+            None => NewRecord::tombstone(key),
+        };
+        self.topic.append(&[record]).await.map(drop)
+    }
+
+    fn encode_key(key: &Key) -> Bytes {
+        Bytes::from(serde_json::to_vec(key).expect("a key serializes"))
+    }
+
+    /// Commits `offsets` durably, as one write; then they are what reads see.
+    pub async fn commit(&self, offsets: Vec<(Key, Committed)>) -> Result<(), EngineError> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let records: Vec<NewRecord> = offsets
+            .iter()
+            .map(|(key, committed)| {
+                NewRecord::keyed(Self::encode_key(key), serde_json::to_vec(committed).expect("an offset serializes"))
+            })
+            .collect();
+        self.topic.append(&records).await?;
+        let mut stored = self.offsets.write().expect("offsets lock");
+        stored.extend(offsets);
+        Ok(())
+    }
+
+    /// The offset `group` committed in `topic`'s `partition`.
+    pub fn get(&self, group: &str, topic: &str, partition: i32) -> Option<Committed> {
+        self.offsets.read().expect("offsets lock").get(&(group.to_string(), topic.to_string(), partition)).cloned()
+    }
+
+    /// Every offset `group` committed, by topic and partition.
+    pub fn of_group(&self, group: &str) -> Vec<(String, i32, Committed)> {
+        let offsets = self.offsets.read().expect("offsets lock");
+        offsets
+            .range((group.to_string(), String::new(), i32::MIN)..)
+            .take_while(|((name, ..), _)| name == group)
+            .map(|((_, topic, partition), committed)| (topic.clone(), *partition, committed.clone()))
+            .collect()
+    }
+
+    /// The groups with committed offsets.
+    pub fn groups(&self) -> Vec<String> {
+        let offsets = self.offsets.read().expect("offsets lock");
+        let mut groups: Vec<String> = offsets.keys().map(|(group, ..)| group.clone()).collect();
+        groups.dedup();
+        groups
+    }
+
+    /// Deletes every offset of `group`, durably; false when it had none.
+    pub async fn delete_group(&self, group: &str) -> Result<bool, EngineError> {
+        let keys: Vec<Key> = self
+            .of_group(group)
+            .into_iter()
+            .map(|(topic, partition, _)| (group.to_string(), topic, partition))
+            .collect();
+        if keys.is_empty() {
+            return Ok(false);
+        }
+        let mut records: Vec<NewRecord> = keys.iter().map(|key| NewRecord::tombstone(Self::encode_key(key))).collect();
+        records.push(NewRecord::tombstone(Bytes::from(serde_json::to_vec(&(group,)).expect("a key serializes"))));
+        self.topic.append(&records).await?;
+        let mut stored = self.offsets.write().expect("offsets lock");
+        for key in &keys {
+            stored.remove(key);
+        }
+        Ok(true)
+    }
+}
