@@ -1,6 +1,7 @@
 //! The Kafka listener, tested with Kafka's own Java clients and tools (the `kafka-clients` and
 //! `kafka-tools` jars of Kafka 4.1, which `scripts/peers install kafka` fetches from Maven
-//! Central; scripts/test runs it) and with raw frames for what no client sends.
+//! Central; scripts/test runs it), with librdkafka (kcat), and with raw frames for what no
+//! client sends.
 //!
 //! - `clients`: producing with every compression (the Java producer is idempotent by default),
 //!   consuming by partition, topics created and listed by the admin tool, records crossing from
@@ -8,6 +9,8 @@
 //! - `durability`: kill -9 under an `acks=all` producer loses no acknowledged record.
 //! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
+//! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
+//!   consuming whole and in a group.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
 
 #[path = "../common/mod.rs"]
@@ -16,6 +19,7 @@ mod common;
 mod clients;
 mod durability;
 mod groups;
+mod librdkafka;
 mod protocol;
 
 use std::net::SocketAddr;
