@@ -1,6 +1,6 @@
 use std::collections::BTreeSet;
 
-use crate::common::{DataDir, RawSse, get};
+use crate::common::{DataDir, RawSse, get, sql};
 use crate::{console_consume, console_produce, create_topic, kafka_tool, succeed};
 
 /// Every compression the Java producer offers, each through the idempotent console producer,
@@ -59,7 +59,8 @@ fn java_clients_produce_with_every_compression_and_read_back_over_kafka_and_http
 
 /// A subject crosses protocols: an MQTT publish reaches a Kafka consumer with its topic in the
 /// `onehop-subject` header, and a Kafka record with that header reaches an SSE subscriber
-/// filtered by subject (and the topic, created by the producer's Metadata request, is a stream).
+/// filtered by subject and updates a live view (the topic, created by the MQTT publish, is a
+/// stream like any other).
 #[test]
 fn subjects_cross_from_mqtt_to_kafka_and_from_kafka_to_sse() {
     let dir = DataDir::new();
@@ -74,10 +75,11 @@ fn subjects_cross_from_mqtt_to_kafka_and_from_kafka_to_sse() {
     let lines = console_consume(kafka, "home", 0, 1);
     assert_eq!(lines, ["Offset:0\tonehop-subject:home/hall,onehop-mqtt-qos:1\tnull\tlights on"]);
 
+    sql(server.address, "CREATE VIEW rooms AS SELECT room, COUNT(*) AS n, MAX(celsius) AS top FROM home GROUP BY room");
     let mut sse = RawSse::open(server.address, "/streams/home?subject=home/kitchen", None);
     let lines = [
-        "onehop-subject:home/garage\tk1\t{\"celsius\":9}".to_string(),
-        "onehop-subject:home/kitchen,trace:abc\tk2\t{\"celsius\":21}".to_string(),
+        "onehop-subject:home/garage\tk1\t{\"room\":\"garage\",\"celsius\":9}".to_string(),
+        "onehop-subject:home/kitchen,trace:abc\tk2\t{\"room\":\"kitchen\",\"celsius\":21}".to_string(),
     ];
     console_produce(kafka, "home", &lines, &["--property", "parse.headers=true"]);
     let (id, event) = sse.next();
@@ -86,4 +88,17 @@ fn subjects_cross_from_mqtt_to_kafka_and_from_kafka_to_sse() {
     assert_eq!(event["key"], "k2");
     assert_eq!(event["value"]["celsius"], 21);
     assert_eq!(event["headers"]["trace"], "abc");
+    // The view applies the record on its own task: give it a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (view, body) = loop {
+        let (status, body) = get(server.address, "/views/rooms/kitchen");
+        assert_eq!(status, 200, "{body}");
+        let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if view["rows"][0]["n"] == 1 || std::time::Instant::now() > deadline {
+            break (view, body);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(view["rows"][0]["n"], 1, "{body}");
+    assert_eq!(view["rows"][0]["top"], 21, "{body}");
 }
