@@ -15,6 +15,8 @@ pub struct ServerProcess {
     pub url: String,
     /// The MQTT listener, `host:port`.
     pub mqtt: String,
+    /// The Kafka listener, `host:port`.
+    pub kafka: String,
     _data: tempfile::TempDir,
 }
 
@@ -55,10 +57,14 @@ impl ServerProcess {
             }
         });
         let mut mqtt = String::new();
+        let mut kafka = String::new();
         let url = loop {
             let line = lines.recv_timeout(Duration::from_secs(30)).context("the server did not start within 30 s")?;
             if let Some(rest) = line.split("listening on mqtt://").nth(1) {
                 mqtt = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default().to_string();
+            }
+            if let Some(rest) = line.split("listening on kafka://").nth(1) {
+                kafka = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default().to_string();
             }
             if let Some(rest) = line.split("listening on http://").nth(1) {
                 let address = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default();
@@ -71,7 +77,7 @@ impl ServerProcess {
         };
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || while lines.recv().is_ok() {});
-        Ok(ServerProcess { child, url, mqtt, _data: data })
+        Ok(ServerProcess { child, url, mqtt, kafka, _data: data })
     }
 
     pub fn pid(&self) -> u32 {

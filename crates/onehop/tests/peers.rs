@@ -1,5 +1,7 @@
 //! The conventional stack in the harness, kept honest: a short W4 against one Kafka broker
-//! (replication 1) and against mosquitto, beside onehop, in one invocation. Every event must
+//! (replication 1) and against mosquitto, beside onehop and beside onehop's own Kafka listener
+//! driven by the same franz-go glue as Kafka (so franz-go's idempotent producer, consumer group
+//! and commits run against onehop in every CI run), in one invocation. Every event must
 //! reach the consumer, the output must be well formed (raw.csv, meta.json with every peer
 //! setting, summary.md with the ratio to onehop, JSON lines naming their target), the peers'
 //! logs must be kept with the run, and no process the harness started may outlive it.
@@ -92,6 +94,15 @@ fn check_run(run: &Path) -> Value {
             assert!(settings["version"].as_str().unwrap().contains("mosquitto"), "{settings}");
             assert!(settings["config"].as_str().unwrap().contains("127.0.0.1"), "{settings}");
         }
+        "onehop-kafka" => {
+            // The same client as the kafka target's, against onehop: receipt and commit.
+            assert_eq!(count("commit"), count("delivery"), "{meta}");
+            assert_eq!(settings["replication_factor"], 1, "{settings}");
+            assert_eq!(settings["partitions"], 12, "{settings}");
+            assert_eq!(settings["producer"]["acks"], "all", "{settings}");
+            assert!(settings["producer"]["client"].as_str().unwrap().contains("franz-go"), "{settings}");
+            assert!(meta["target_fsyncs"].is_object(), "onehop's fsyncs are read from its metrics: {meta}");
+        }
         "onehop" => assert_eq!(settings, &Value::Null, "{meta}"),
         other => panic!("unexpected target {other}"),
     }
@@ -99,12 +110,12 @@ fn check_run(run: &Path) -> Value {
 }
 
 #[test]
-fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop() {
+fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_listener() {
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results");
     let mut command = common::onehop();
     command
-        .args(["bench", "w4", "--target", "onehop,kafka,mosquitto", "--kafka-brokers", "1"])
+        .args(["bench", "w4", "--target", "onehop,onehop-kafka,kafka,mosquitto", "--kafka-brokers", "1"])
         .args(["--duration", "3", "--warmup", "1", "--json", "--no-progress", "--out"])
         .arg(&results)
         .arg("--dir")
@@ -124,7 +135,7 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop() {
     let lines: Vec<Value> =
         stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
     let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
-    assert_eq!(targets, ["onehop", "kafka", "mosquitto"], "{stdout}");
+    assert_eq!(targets, ["onehop", "onehop-kafka", "kafka", "mosquitto"], "{stdout}");
     for line in &lines {
         assert_eq!(line["workload"], "W4", "{line}");
         assert_eq!(line["delivered_pct"], 100.0, "{line}");
@@ -132,17 +143,18 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop() {
         assert!(line["p50_ns"].as_u64().unwrap() > 0 && line["p99_ns"].as_u64() >= line["p50_ns"].as_u64(), "{line}");
     }
     assert!(lines[1]["commit_p50_ns"].as_u64().is_some(), "{}", lines[1]);
+    assert!(lines[2]["commit_p50_ns"].as_u64().is_some(), "{}", lines[2]);
 
     let runs = runs(&results);
     let stacks: Vec<String> = runs.iter().map(|run| check_run(run)["stack"].as_str().unwrap().to_string()).collect();
     let mut sorted = stacks.clone();
     sorted.sort();
-    assert_eq!(sorted, ["kafka", "mosquitto", "onehop"], "{runs:?}");
+    assert_eq!(sorted, ["kafka", "mosquitto", "onehop", "onehop-kafka"], "{runs:?}");
 
     // summary.md: the targets side by side with the ratio to onehop's p50 / p99.
     let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
     assert!(summary.contains("p50 / p99 ÷ onehop's"), "{summary}");
-    for target in ["kafka", "mosquitto"] {
+    for target in ["onehop-kafka", "kafka", "mosquitto"] {
         let row = summary.lines().find(|line| line.starts_with(&format!("| {target} |"))).unwrap();
         let ratio = row.split('|').nth(8).unwrap().trim();
         assert!(ratio.contains('×') && ratio.contains(" / "), "{row}");
@@ -161,6 +173,12 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop() {
             .any(|entry| { entry.file_name().to_string_lossy().starts_with("glue-") })
     );
     assert!(logs.join("mosquitto").join("mosquitto.log").exists());
+    assert!(
+        std::fs::read_dir(logs.join("onehop-kafka"))
+            .unwrap()
+            .flatten()
+            .any(|entry| entry.file_name().to_string_lossy().starts_with("glue-"))
+    );
 
     // Nothing the harness started is still running, and its data directories are gone.
     let leftovers = processes_mentioning(&dir.path().to_string_lossy());
@@ -169,7 +187,9 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop() {
         .unwrap()
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("onehop-peer-"))
+        .filter(|name| {
+            ["onehop-peer-", "onehop-kafka-glue-", "onehop-bench-data-"].iter().any(|prefix| name.starts_with(prefix))
+        })
         .collect();
     assert!(data_left.is_empty(), "{data_left:?}");
 }

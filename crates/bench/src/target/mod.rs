@@ -162,7 +162,7 @@ pub struct TargetOptions {
 }
 
 /// The targets this harness knows, by name.
-pub const TARGET_NAMES: [&str; 6] = ["onehop", "echo", "kafka", "mosquitto", "nats", "nats-sync"];
+pub const TARGET_NAMES: [&str; 7] = ["onehop", "echo", "kafka", "onehop-kafka", "mosquitto", "nats", "nats-sync"];
 
 /// Whether target `name` runs the workload of `plan`: onehop and the echo run every workload;
 /// the brokers run W4 (ingestion) only.
@@ -180,6 +180,7 @@ pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result
         "onehop" => Ok(Box::new(onehop::OnehopTarget::start(options)?)),
         "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
         "kafka" => Ok(Box::new(peers::kafka::KafkaTarget::start(options)?)),
+        "onehop-kafka" => Ok(Box::new(peers::onehop_kafka::OnehopKafkaTarget::start(options)?)),
         "mosquitto" => Ok(Box::new(BrokerTarget::start(Broker::Mosquitto, options)?)),
         "nats" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: false }, options)?)),
         "nats-sync" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: true }, options)?)),

@@ -167,11 +167,18 @@ fn definition(shared: &Shared, topic: &CreatableTopic) -> Result<StreamDef, (i16
                     _ => return Err(invalid("a number of bytes, or -1 for no limit")),
                 }
             }
+            // Every acknowledged write is on this server's disk: one in-sync replica, always.
+            "min.insync.replicas" if value == "1" => {}
+            "min.insync.replicas" => return Err(invalid("this server is one node, so 1 is the only value")),
             "cleanup.policy" if value == "delete" => {}
             "cleanup.policy" => {
                 return Err(invalid("only delete is served yet (compacted topics are tables' storage)"));
             }
-            _ => return Err(invalid("not a setting onehop maps (retention.ms, retention.bytes, cleanup.policy)")),
+            _ => {
+                return Err(invalid(
+                    "not a setting onehop maps (retention.ms, retention.bytes, cleanup.policy, min.insync.replicas)",
+                ));
+            }
         }
     }
     Ok(def)

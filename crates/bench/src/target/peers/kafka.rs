@@ -203,26 +203,74 @@ impl KafkaTarget {
             "jvm_options": JVM_OPTIONS,
             "java": super::version_of(&java, &["-version"]),
             "server_properties_node_1": std::fs::read_to_string(&configs[0])?,
-            "producer": {
-                "client": super::version_of(&glue, &["version"]),
-                "acks": "all",
-                "idempotent": true,
-                "compression": COMPRESSION,
-                "linger_ms": LINGER_MS,
-                "batch_records_max": BATCH_RECORDS_MAX,
-                "partitioner": "franz-go default (sticky for records without a key)",
-            },
-            "consumer": {
-                "group": "one per run",
-                "batch_records_max": CONSUME_RECORDS_MAX,
-                "batch_wait_ms": CONSUME_WAIT_MS,
-                "commit": "synchronous, once per batch (auto-commit off)",
-                "receipt": "reported when a poll returns the record",
-            },
+            "producer": producer_settings(&glue),
+            "consumer": consumer_settings(),
             "glue": "bench/baselines/glue (Go): one process per run, reporting to the harness over loopback TCP",
         });
         Ok(KafkaTarget { brokers: processes, bootstrap, replication, min_insync, glue, logs, settings, _data: data })
     }
+}
+
+/// The glue's arguments for one W4 run against `bootstrap`: the study's producer and consumer
+/// settings, a topic and a group named after `name`.
+pub fn ingest_args(
+    bootstrap: &str,
+    name: &str,
+    replication: u32,
+    min_insync: u32,
+    payload_bytes: usize,
+) -> Vec<String> {
+    vec![
+        "kafka-ingest".into(),
+        "--brokers".into(),
+        bootstrap.to_string(),
+        "--topic".into(),
+        name.to_string(),
+        "--group".into(),
+        format!("{name}_consumer"),
+        "--partitions".into(),
+        PARTITIONS.to_string(),
+        "--replication".into(),
+        replication.to_string(),
+        "--min-insync".into(),
+        min_insync.to_string(),
+        "--linger-ms".into(),
+        LINGER_MS.to_string(),
+        "--batch-records-max".into(),
+        BATCH_RECORDS_MAX.to_string(),
+        "--payload-bytes".into(),
+        payload_bytes.to_string(),
+        "--compression".into(),
+        COMPRESSION.into(),
+        "--consume-records-max".into(),
+        CONSUME_RECORDS_MAX.to_string(),
+        "--consume-wait-ms".into(),
+        CONSUME_WAIT_MS.to_string(),
+    ]
+}
+
+/// The glue's producer, as meta.json records it.
+pub fn producer_settings(glue: &Path) -> serde_json::Value {
+    json!({
+        "client": super::version_of(glue, &["version"]),
+        "acks": "all",
+        "idempotent": true,
+        "compression": COMPRESSION,
+        "linger_ms": LINGER_MS,
+        "batch_records_max": BATCH_RECORDS_MAX,
+        "partitioner": "franz-go default (sticky for records without a key)",
+    })
+}
+
+/// The glue's consumer, as meta.json records it.
+pub fn consumer_settings() -> serde_json::Value {
+    json!({
+        "group": "one per run",
+        "batch_records_max": CONSUME_RECORDS_MAX,
+        "batch_wait_ms": CONSUME_WAIT_MS,
+        "commit": "synchronous, once per batch (auto-commit off)",
+        "receipt": "reported when a poll returns the record",
+    })
 }
 
 impl Target for KafkaTarget {
@@ -242,33 +290,7 @@ impl Target for KafkaTarget {
             bail!("kafka runs W4 only (kafka-stack and kafka-streams run W1–W3)")
         };
         let name = crate::client::unique_name("bench_ingest");
-        let args: Vec<String> = vec![
-            "kafka-ingest".into(),
-            "--brokers".into(),
-            self.bootstrap.clone(),
-            "--topic".into(),
-            name.clone(),
-            "--group".into(),
-            format!("{name}_consumer"),
-            "--partitions".into(),
-            PARTITIONS.to_string(),
-            "--replication".into(),
-            self.replication.to_string(),
-            "--min-insync".into(),
-            self.min_insync.to_string(),
-            "--linger-ms".into(),
-            LINGER_MS.to_string(),
-            "--batch-records-max".into(),
-            BATCH_RECORDS_MAX.to_string(),
-            "--payload-bytes".into(),
-            ingest.payload_bytes.to_string(),
-            "--compression".into(),
-            COMPRESSION.into(),
-            "--consume-records-max".into(),
-            CONSUME_RECORDS_MAX.to_string(),
-            "--consume-wait-ms".into(),
-            CONSUME_WAIT_MS.to_string(),
-        ];
+        let args = ingest_args(&self.bootstrap, &name, self.replication, self.min_insync, ingest.payload_bytes);
         let glue = Glue::start(&self.glue, &args, self.logs.join(format!("glue-{name}.log")))
             .context("starting the Kafka glue (producer and consumer)")?;
         glue.session(recorder)

@@ -14,6 +14,7 @@
 pub mod glue;
 pub mod kafka;
 pub mod mqtt_broker;
+pub mod onehop_kafka;
 
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
