@@ -1,7 +1,7 @@
 //! The Kafka listener, tested with Kafka's own Java clients and tools (the `kafka-clients` and
 //! `kafka-tools` jars of Kafka 4.1, which `scripts/peers install kafka` fetches from Maven
-//! Central; scripts/test runs it), with librdkafka (kcat), and with raw frames for what no
-//! client sends.
+//! Central; scripts/test runs it), with librdkafka (kcat), kafkajs (npm) and, through the
+//! peers' smoke (tests/peers.rs), franz-go; and with raw frames for what no client sends.
 //!
 //! - `clients`: producing with every compression (the Java producer is idempotent by default),
 //!   consuming by partition, topics created and listed by the admin tool, records crossing from
@@ -9,6 +9,7 @@
 //! - `durability`: kill -9 under an `acks=all` producer loses no acknowledged record.
 //! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
+//! - `kafkajs`: Node.js's kafkajs (admin, idempotent producer, consumer group, commits).
 //! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
 //!   consuming whole and in a group.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
@@ -19,6 +20,7 @@ mod common;
 mod clients;
 mod durability;
 mod groups;
+mod kafkajs;
 mod librdkafka;
 mod protocol;
 

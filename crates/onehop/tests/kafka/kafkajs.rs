@@ -1,0 +1,38 @@
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::common::DataDir;
+
+/// kafkajs (Node.js, `tests/kafka/kafkajs/client.js`): the admin client creates a topic, an
+/// idempotent producer writes with acks=all, uncompressed and gzip, a consumer group reads
+/// everything from the beginning with its headers, and the admin client reads back offsets
+/// committed for every record. kafkajs comes from the npm registry (scripts/test installs it).
+#[test]
+fn kafkajs_creates_produces_consumes_in_a_group_and_commits() {
+    let script_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/kafkajs");
+    assert!(
+        script_dir.join("node_modules/kafkajs").exists(),
+        "kafkajs is not installed: run `npm ci` in {} (scripts/test does)",
+        script_dir.display()
+    );
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    let output = Command::new("node")
+        .arg(script_dir.join("client.js"))
+        .args([&kafka.to_string(), "payments", "ledger", "200"])
+        .current_dir(&script_dir)
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "kafkajs failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let read: Vec<&str> = report["read"].as_array().unwrap().iter().map(|value| value.as_str().unwrap()).collect();
+    let distinct: BTreeSet<&str> = read.iter().copied().collect();
+    let expected: BTreeSet<String> = (0..200).map(|i| format!("key-{i}=value-{i}")).collect();
+    assert_eq!(read.len(), 200, "each record once: {report}");
+    assert_eq!(distinct, expected.iter().map(String::as_str).collect());
+    assert_eq!(report["headersSeen"], 200, "{report}");
+    assert_eq!(report["committedTotal"], 200, "the group committed every record: {report}");
+}
