@@ -8,11 +8,13 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeade
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::groups::api as groups;
 use super::{PROTOCOL_ERRORS, REQUESTS, Shared, configs, fetch, offsets, produce, topics, versions};
 
 /// Why a connection ends.
+#[derive(Debug)]
 enum End {
     /// The client closed it, or went idle past the timeout.
     Closed,
@@ -24,11 +26,14 @@ enum End {
 pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     let mut stop = shared.stop.clone();
     let end = loop {
+        // Reading a frame is not cancel-safe (a size read and then dropped would misalign the
+        // stream); it is cancelled only here, when the server stops and the connection ends.
         let frame = tokio::select! {
             frame = read_frame(&mut stream, shared) => frame,
             _ = stop.wait_for(|stop| *stop) => break End::Closed,
         };
-        let frame = match frame {
+        // The permit holds the frame's bytes against the listener's budget until it is answered.
+        let (frame, _permit) = match frame {
             Ok(Some(frame)) => frame,
             Ok(None) => break End::Closed,
             Err(end) => break end,
@@ -37,10 +42,13 @@ pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shar
             Ok(answer) => answer,
             Err(reason) => break End::Protocol(reason),
         };
-        if let Some(answer) = answer
-            && stream.write_all(&answer).await.is_err()
-        {
-            break End::Closed;
+        if let Some(answer) = answer {
+            // A client that stops reading its answers is let go, not waited for forever.
+            match tokio::time::timeout(shared.config.idle_timeout, stream.write_all(&answer)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break End::Closed,
+                Err(_) => break End::Protocol("the client did not read its answer within the idle timeout".into()),
+            }
         }
     };
     if let End::Protocol(reason) = end {
@@ -50,9 +58,12 @@ pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shar
     let _ = stream.shutdown().await;
 }
 
-/// Reads the next request frame: `Ok(None)` when the client closed the connection or stayed
-/// idle past the timeout between requests.
-async fn read_frame(stream: &mut TcpStream, shared: &Shared) -> Result<Option<Bytes>, End> {
+/// Reads the next request frame, with a permit for its bytes from the listener's memory budget
+/// (a frame waits for room while other requests hold it): `Ok(None)` when the client closed
+/// the connection or stayed idle past the timeout between requests. A frame that has begun
+/// must keep arriving: a read that brings nothing for `frame_read_timeout` closes the
+/// connection.
+async fn read_frame(stream: &mut TcpStream, shared: &Shared) -> Result<Option<(Bytes, OwnedSemaphorePermit)>, End> {
     let mut size = [0u8; 4];
     match tokio::time::timeout(shared.config.idle_timeout, stream.read_exact(&mut size)).await {
         Err(_) | Ok(Err(_)) => return Ok(None),
@@ -65,13 +76,21 @@ async fn read_frame(stream: &mut TcpStream, shared: &Shared) -> Result<Option<By
             shared.config.request_bytes_max
         )));
     }
-    let mut body = vec![0u8; size as usize];
-    // A frame that has begun must arrive within the idle timeout too.
-    match tokio::time::timeout(shared.config.idle_timeout, stream.read_exact(&mut body)).await {
-        Ok(Ok(_)) => Ok(Some(Bytes::from(body))),
-        Ok(Err(_)) => Ok(None),
-        Err(_) => Err(End::Protocol("a request frame stalled before its end".into())),
+    let size = size as usize;
+    let permits = size.min(shared.config.request_bytes_in_flight_max).max(1) as u32;
+    let Ok(permit) = shared.request_bytes.clone().acquire_many_owned(permits).await else {
+        return Ok(None);
+    };
+    let mut body = vec![0u8; size];
+    let mut filled = 0;
+    while filled < size {
+        match tokio::time::timeout(shared.config.frame_read_timeout, stream.read(&mut body[filled..])).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+            Ok(Ok(read)) => filled += read,
+            Err(_) => return Err(End::Protocol("a request frame stopped arriving before its end".into())),
+        }
     }
+    Ok(Some((Bytes::from(body), permit)))
 }
 
 /// A request frame, decoded.
@@ -239,5 +258,72 @@ fn api_name(api: ApiKey) -> &'static str {
         ApiKey::DeleteGroups => "DeleteGroups",
         ApiKey::DescribeCluster => "DescribeCluster",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::{Semaphore, watch};
+
+    use super::*;
+    use crate::kafka::{KafkaConfig, groups, producers};
+
+    async fn shared(dir: &std::path::Path, budget: usize) -> Shared {
+        let engine = Arc::new(onehop_engine::Engine::open_in(dir, onehop_engine::EngineOptions::default()).unwrap());
+        let mut config = KafkaConfig::new("127.0.0.1:9092".parse().unwrap());
+        config.request_bytes_in_flight_max = budget;
+        config.frame_read_timeout = Duration::from_millis(200);
+        let producers = Arc::new(producers::Producers::open(&engine).unwrap());
+        let groups = Arc::new(groups::Coordinator::new(groups::committed::CommittedOffsets::open(&engine).unwrap()));
+        let (_stop, stop) = watch::channel(false);
+        let request_bytes = Arc::new(Semaphore::new(budget));
+        Shared { engine, config, producers, groups, request_bytes, stop }
+    }
+
+    /// A connected pair: the client's end and the server's.
+    async fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn a_stalled_frame_closes_and_frames_wait_for_room_in_the_memory_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(dir.path(), 1000).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+
+        // A frame that stops arriving: closed once a read brings nothing for the timeout.
+        let (mut client, mut server) = pair(&listener).await;
+        client.write_all(&500i32.to_be_bytes()).await.unwrap();
+        client.write_all(&[0u8; 10]).await.unwrap();
+        let stalled = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut server, &shared)).await.unwrap();
+        assert!(matches!(stalled, Err(End::Protocol(_))));
+
+        // Two frames of 800 bytes against a budget of 1 000: the second waits for the first.
+        let (mut first_client, mut first_server) = pair(&listener).await;
+        let (mut second_client, mut second_server) = pair(&listener).await;
+        for client in [&mut first_client, &mut second_client] {
+            client.write_all(&800i32.to_be_bytes()).await.unwrap();
+            client.write_all(&[7u8; 800]).await.unwrap();
+        }
+        let (first, permit) = read_frame(&mut first_server, &shared).await.unwrap().unwrap();
+        assert_eq!(first.len(), 800);
+        let shared = Arc::new(shared);
+        let reader = shared.clone();
+        let mut second = tokio::spawn(async move {
+            let (frame, _permit) = read_frame(&mut second_server, &reader).await.unwrap().unwrap();
+            frame
+        });
+        let waiting = tokio::time::timeout(Duration::from_millis(300), &mut second).await;
+        assert!(waiting.is_err(), "the second frame waits while the first holds the budget");
+        drop(permit);
+        let second = tokio::time::timeout(Duration::from_secs(5), second).await.unwrap().unwrap();
+        assert_eq!(&second[..], &[7u8; 800][..]);
     }
 }

@@ -21,6 +21,9 @@ use super::{RECORDS_FETCHED, Shared, errors, records};
 
 /// Records one partition's read returns at most (its byte bound usually ends it first).
 const PARTITION_RECORDS_MAX: usize = 10_000;
+/// Largest answer, whatever the request's `max_bytes` (Kafka's broker setting
+/// `fetch.max.bytes` has this default, 55 MiB).
+const FETCH_BYTES_MAX: usize = 55 << 20;
 
 /// The partitions asked for, by topic.
 type Asked = Vec<(kafka_protocol::messages::TopicName, Vec<Wanted>)>;
@@ -55,7 +58,8 @@ pub(super) async fn fetch(shared: &Shared, request: FetchRequest) -> FetchRespon
     let wait = Duration::from_millis(request.max_wait_ms.max(0) as u64).min(shared.config.fetch_wait_max);
     let deadline = tokio::time::Instant::now() + wait;
     let min_bytes = request.min_bytes.max(0) as usize;
-    let max_bytes = if request.max_bytes > 0 { request.max_bytes as usize } else { usize::MAX };
+    let max_bytes = if request.max_bytes > 0 { request.max_bytes as usize } else { FETCH_BYTES_MAX };
+    let max_bytes = max_bytes.min(FETCH_BYTES_MAX);
     let mut stop = shared.stop.clone();
     loop {
         let (response, bytes, ends) = read(&wanted, max_bytes);

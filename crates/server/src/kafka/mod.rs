@@ -66,6 +66,12 @@ pub struct KafkaConfig {
     pub connections_max: usize,
     /// Largest request frame accepted; a larger one closes its connection.
     pub request_bytes_max: usize,
+    /// Bytes of request frames all connections may hold at once (read and not yet answered);
+    /// a frame waits for room, so many large or slow requests cannot exhaust memory.
+    pub request_bytes_in_flight_max: usize,
+    /// A request frame that has begun must keep arriving: a read that brings nothing for this
+    /// long closes the connection.
+    pub frame_read_timeout: Duration,
     /// A connection with no request for this long is closed (Kafka's
     /// `connections.max.idle.ms`, 10 minutes there).
     pub idle_timeout: Duration,
@@ -81,6 +87,8 @@ impl KafkaConfig {
             advertised,
             connections_max: 1024,
             request_bytes_max: 100 << 20,
+            request_bytes_in_flight_max: 256 << 20,
+            frame_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(600),
             fetch_wait_max: Duration::from_secs(30),
         }
@@ -96,6 +104,8 @@ pub(super) struct Shared {
     pub config: KafkaConfig,
     pub producers: Arc<producers::Producers>,
     pub groups: Arc<groups::Coordinator>,
+    /// The request bytes in flight, as permits of `request_bytes_in_flight_max`.
+    pub request_bytes: Arc<Semaphore>,
     pub stop: watch::Receiver<bool>,
 }
 
@@ -114,7 +124,9 @@ impl KafkaServer {
         let producers = Arc::new(producers::Producers::open(&engine)?);
         let groups = Arc::new(groups::Coordinator::new(groups::committed::CommittedOffsets::open(&engine)?));
         let (stop, stopped) = watch::channel(false);
-        Ok(KafkaServer { shared: Arc::new(Shared { engine, config, producers, groups, stop: stopped }), stop })
+        let request_bytes = Arc::new(Semaphore::new(config.request_bytes_in_flight_max));
+        let shared = Shared { engine, config, producers, groups, request_bytes, stop: stopped };
+        Ok(KafkaServer { shared: Arc::new(shared), stop })
     }
 
     /// Serves the Kafka protocol on `listener` until `shutdown` resolves; then open
