@@ -109,9 +109,6 @@ pub(super) struct Shared {
     pub stop: watch::Receiver<bool>,
 }
 
-/// How long a failed accept waits before the next (out of file descriptors, say).
-const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
-
 /// The Kafka front end, opened (its producer states restored) and ready to serve.
 pub struct KafkaServer {
     shared: Arc<Shared>,
@@ -156,35 +153,24 @@ impl KafkaServer {
                 }
             }
         });
-        let permits = Arc::new(Semaphore::new(shared.config.connections_max));
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        tracing::warn!(%error, "Kafka accept failed");
-                        tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                metrics::counter!(CONNECTIONS_REFUSED).increment(1);
-                tracing::warn!(%peer, "Kafka connection refused: connections_max reached");
-                drop(stream);
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                metrics::gauge!(CONNECTIONS).increment(1.0);
-                connection::serve(stream, peer, &shared).await;
-                metrics::gauge!(CONNECTIONS).decrement(1.0);
-                drop(permit);
-            });
-        }
+        let serving = shared.clone();
+        crate::accept::accept_connections(
+            listener,
+            shared.config.connections_max,
+            "Kafka",
+            CONNECTIONS_REFUSED,
+            shutdown,
+            |stream, peer, permit| {
+                let shared = serving.clone();
+                tokio::spawn(async move {
+                    metrics::gauge!(CONNECTIONS).increment(1.0);
+                    connection::serve(stream, peer, &shared).await;
+                    metrics::gauge!(CONNECTIONS).decrement(1.0);
+                    drop(permit);
+                });
+            },
+        )
+        .await;
         let _ = self.stop.send(true);
         let _ = checkpoints.await;
         let _ = timeouts.await;

@@ -76,7 +76,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use onehop_engine::Engine;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use crate::linger::Lingering;
 
@@ -111,7 +111,6 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 pub const CONNECTIONS_MAX_DEFAULT: usize = 20_000;
 /// How long the listener waits after a failed accept (out of file descriptors, say) before it
 /// tries again, rather than spinning on the error.
-const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// How long connections have to say goodbye when the server stops.
 const SHUTDOWN_GOODBYE_TIME: Duration = Duration::from_secs(2);
 /// How often the listener looks whether every connection has closed while the server stops.
@@ -233,31 +232,17 @@ pub async fn serve_mqtt(
     broker: Arc<Broker>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let permits = Arc::new(Semaphore::new(broker.config.connections_max));
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "MQTT accept failed");
-                    tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            metrics::counter!("mqtt_connections_refused_total").increment(1);
-            tracing::warn!(%peer, "MQTT connection refused: connections_max reached");
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let broker = broker.clone();
+    let serving = broker.clone();
+    let permits = crate::accept::accept_connections(
+        listener,
+        broker.config.connections_max,
+        "MQTT",
+        "mqtt_connections_refused_total",
+        shutdown,
         // The permit returns once the connection has closed and lingered (`crate::linger`).
-        tokio::spawn(broker.serve_stream(Lingering::new(stream, permit)));
-    }
+        |stream, _peer, permit| drop(tokio::spawn(serving.clone().serve_stream(Lingering::new(stream, permit)))),
+    )
+    .await;
     broker.shut_down();
     // Give connections a moment to say goodbye.
     let deadline = tokio::time::Instant::now() + SHUTDOWN_GOODBYE_TIME;
