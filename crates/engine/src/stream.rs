@@ -127,7 +127,21 @@ impl Stream {
 
     /// The log settings `partition` was opened with.
     pub fn partition_config(&self, partition: u32) -> Result<onehop_log::PartitionConfig, EngineError> {
-        Ok(self.partition(partition)?.config().clone())
+        let log = self.partition(partition)?;
+        let mut config = log.config().clone();
+        (config.retention_ms, config.retention_bytes) = log.retention();
+        Ok(config)
+    }
+
+    /// This stream with `def` (its retention changed): the same partitions, their retention
+    /// set to the new limits.
+    pub(crate) fn redefined(&self, def: StreamDef) -> Stream {
+        for partition in &self.partitions {
+            partition.set_retention(def.retention_ms, def.retention_bytes);
+        }
+        let mut stream = Stream::new(def, self.partitions.clone());
+        stream.table = self.table;
+        stream
     }
 
     /// Checks `records` against the limits of `partition` without writing anything: what a

@@ -11,6 +11,31 @@ use onehop_engine::{EngineOptions, Position, StreamDef};
 use onehop_log::{Durability, NewRecord};
 
 #[tokio::test]
+async fn a_streams_retention_changes_durably_and_keeps_its_records() {
+    let (dir, engine) = fresh(EngineOptions::default());
+    let orders = engine.create_stream(stream_def("orders", 2)).await.unwrap();
+    let published = orders.publish(&[NewRecord::keyed("k", "kept")], None).await.unwrap();
+    let altered = engine.alter_stream_retention("orders", Some(3_600_000), Some(1 << 30)).await.unwrap();
+    let expected =
+        StreamDef { retention_ms: Some(3_600_000), retention_bytes: Some(1 << 30), ..stream_def("orders", 2) };
+    assert_eq!(altered.def(), &expected);
+    assert_eq!(engine.stream("orders").unwrap().def(), &expected);
+    let config = altered.partition_config(1).unwrap();
+    assert_eq!((config.retention_ms, config.retention_bytes), (Some(3_600_000), Some(1 << 30)));
+    assert!(engine.alter_stream_retention("nothing", None, None).await.is_err());
+    close(engine);
+
+    let engine = open(dir.path(), EngineOptions::default());
+    let orders = engine.stream("orders").unwrap();
+    assert_eq!(orders.def(), &expected, "the change is in the catalog");
+    let records = orders.read(published[0].partition, Position::Earliest, 10, 1 << 20).unwrap();
+    assert_eq!(records[0].value.as_deref(), Some(&b"kept"[..]));
+    engine.alter_stream_retention("orders", None, None).await.unwrap();
+    assert_eq!(engine.stream("orders").unwrap().partition_config(0).unwrap().retention_ms, None);
+    close(engine);
+}
+
+#[tokio::test]
 async fn definitions_and_records_survive_a_restart() {
     let (dir, engine) = fresh(EngineOptions::default());
     let orders =

@@ -43,8 +43,8 @@ impl Partition {
     /// then the oldest ones while the partition is larger than `retention_bytes`. Only a prefix
     /// of the log is ever removed, so the remaining offsets stay contiguous.
     pub fn enforce_retention(&self, now_ms: i64) -> Result<RetentionReport, MaintenanceError> {
-        let config = self.config().clone();
-        if config.retention_ms.is_none() && config.retention_bytes.is_none() {
+        let (retention_ms, retention_bytes) = self.retention();
+        if retention_ms.is_none() && retention_bytes.is_none() {
             return Ok(RetentionReport::default());
         }
         let _guard = self.maintenance_lock();
@@ -54,8 +54,8 @@ impl Partition {
         let mut doomed: Vec<Arc<Segment>> = Vec::new();
         for segment in closed {
             let too_old =
-                config.retention_ms.is_some_and(|age| segment.max_timestamp_ms() < now_ms.saturating_sub(age as i64));
-            let too_big = config.retention_bytes.is_some_and(|cap| total_bytes > cap);
+                retention_ms.is_some_and(|age| segment.max_timestamp_ms() < now_ms.saturating_sub(age as i64));
+            let too_big = retention_bytes.is_some_and(|cap| total_bytes > cap);
             if !(too_old || too_big) {
                 break;
             }

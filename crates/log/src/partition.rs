@@ -111,6 +111,9 @@ pub(crate) struct Shared {
     /// Names the partition in logs (its directory).
     pub(crate) label: String,
     pub(crate) config: PartitionConfig,
+    /// The retention limits in force, `(retention_ms, retention_bytes)`: the config's at open,
+    /// changed by [`Partition::set_retention`] while the partition is open.
+    pub(crate) retention: RwLock<(Option<u64>, Option<u64>)>,
     /// Segments by base offset. The writer inserts on roll; retention and compaction remove or
     /// replace closed segments; readers clone `Arc`s out and read without the lock.
     pub(crate) segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
@@ -319,6 +322,7 @@ impl Partition {
             storage: options.storage.clone(),
             label,
             queue_credit: Arc::new(Semaphore::new(config.queue_bytes_max)),
+            retention: RwLock::new((config.retention_ms, config.retention_bytes)),
             config,
             segments: RwLock::new(segments),
             next_offset: AtomicU64::new(next_offset),
@@ -340,8 +344,22 @@ impl Partition {
         Ok((Partition { shared, writer: Mutex::new(Some(writer)) }, report))
     }
 
+    /// The settings the partition was opened with; the retention limits in force are
+    /// [`retention`](Self::retention)'s.
     pub fn config(&self) -> &PartitionConfig {
         &self.shared.config
+    }
+
+    /// The retention limits in force: `(retention_ms, retention_bytes)`.
+    pub fn retention(&self) -> (Option<u64>, Option<u64>) {
+        *self.shared.retention.read().expect("retention lock")
+    }
+
+    /// Changes the retention limits while the partition is open; the next maintenance pass
+    /// applies them. The caller stores the change (the next open is given the new settings,
+    /// and stores them in `partition.conf`).
+    pub fn set_retention(&self, retention_ms: Option<u64>, retention_bytes: Option<u64>) {
+        *self.shared.retention.write().expect("retention lock") = (retention_ms, retention_bytes);
     }
 
     pub fn dir(&self) -> &Path {

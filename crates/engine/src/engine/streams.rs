@@ -158,6 +158,30 @@ impl Engine {
         }
     }
 
+    /// Changes the retention limits of the stream `name`, durably (the definition is in the
+    /// catalog before this returns); the next maintenance pass applies them. Returns the stream
+    /// as now defined.
+    pub async fn alter_stream_retention(
+        &self,
+        name: &str,
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    ) -> Result<Arc<Stream>, EngineError> {
+        let _ddl = self.ddl.lock().await;
+        let existing = self.stream(name)?;
+        let def = StreamDef { retention_ms, retention_bytes, ..existing.def().clone() };
+        def.validate()?;
+        if &def == existing.def() {
+            return Ok(existing);
+        }
+        self.catalog.append(&[catalog::stream_record(&def)]).await?;
+        let stream = Arc::new(existing.redefined(def));
+        self.streams.write().expect("streams lock").insert(name.to_string(), stream.clone());
+        self.streams_changed();
+        tracing::info!(stream = name, definition = %stream.def().describe(), "stream retention changed");
+        Ok(stream)
+    }
+
     /// Drops the stream `name` and deletes its records. Its subscriptions end.
     pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;

@@ -71,6 +71,23 @@ async fn retention_by_bytes_deletes_a_prefix_of_closed_segments() {
 }
 
 #[tokio::test]
+async fn retention_changed_while_open_applies_at_the_next_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let partition = open(dir.path(), small_config());
+    fill_segments(&partition, 6, 1_000).await;
+    assert_eq!(partition.enforce_retention(now_ms()).unwrap().segments_deleted, 0, "no limits yet");
+    assert_eq!(partition.retention(), (None, None));
+    partition.set_retention(None, Some(1));
+    assert_eq!(partition.retention(), (None, Some(1)));
+    assert_eq!(partition.enforce_retention(now_ms()).unwrap().segments_deleted, 5, "every closed segment");
+    assert_eq!(partition.segment_count(), 1);
+    partition.set_retention(None, None);
+    fill_segments(&partition, 3, 1_000).await;
+    assert_eq!(partition.enforce_retention(now_ms()).unwrap().segments_deleted, 0, "limits lifted");
+    partition.close();
+}
+
+#[tokio::test]
 async fn retention_by_age_stops_at_the_first_young_segment() {
     let dir = tempfile::tempdir().unwrap();
     let now = now_ms();

@@ -1,16 +1,22 @@
-//! DescribeConfigs: a topic's settings under Kafka's names. `retention.ms`,
-//! `retention.bytes` and `cleanup.policy` are the stream's own; the rest say how every stream
-//! behaves here (read-only).
+//! DescribeConfigs, AlterConfigs and IncrementalAlterConfigs: a topic's settings under Kafka's
+//! names. `retention.ms` and `retention.bytes` are the stream's own and can be changed; the
+//! rest say how every stream behaves here (read-only).
 
 use kafka_protocol::ResponseError;
+use kafka_protocol::messages::alter_configs_request::AlterConfigsRequest;
+use kafka_protocol::messages::alter_configs_response::{AlterConfigsResourceResponse, AlterConfigsResponse};
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResponse, DescribeConfigsResult,
 };
+use kafka_protocol::messages::incremental_alter_configs_request::IncrementalAlterConfigsRequest;
+use kafka_protocol::messages::incremental_alter_configs_response::{
+    AlterConfigsResourceResponse as IncrementalAlterConfigsResourceResponse, IncrementalAlterConfigsResponse,
+};
 use kafka_protocol::protocol::StrBytes;
 use onehop_engine::Stream;
 
-use super::{Shared, errors};
+use super::{Shared, errors, topics};
 
 /// Kafka's resource types.
 const TOPIC: i8 = 2;
@@ -91,4 +97,130 @@ fn topic_settings(stream: &Stream) -> Vec<Setting> {
         ("min.insync.replicas", "1".into(), FROM_DEFAULT, true, INT),
         ("message.timestamp.type", "CreateTime".into(), FROM_DEFAULT, true, STRING),
     ]
+}
+
+/// One resource's settings to change: `(name, value)`, a `None` value back to its default.
+type Changes = Vec<(String, Option<String>)>;
+
+/// Applies `changes` to topic `name` (all or none), unless `validate_only`: `Ok` or the refusal.
+/// `replace` (AlterConfigs) puts every setting not named back to its default first.
+async fn alter_topic(
+    shared: &Shared,
+    name: &str,
+    changes: Changes,
+    replace: bool,
+    validate_only: bool,
+) -> Result<(), (i16, String)> {
+    let stream = shared.engine.stream(name).map_err(|error| (errors::code(&error), error.to_string()))?;
+    let mut def = stream.def().clone();
+    if replace {
+        (def.retention_ms, def.retention_bytes) = (None, None);
+    }
+    for (setting, value) in &changes {
+        topics::set_config(&mut def, setting, value.as_deref())?;
+    }
+    if validate_only {
+        return Ok(());
+    }
+    shared
+        .engine
+        .alter_stream_retention(name, def.retention_ms, def.retention_bytes)
+        .await
+        .map(drop)
+        .map_err(|error| (errors::code(&error), error.to_string()))
+}
+
+/// The answer for one resource of an alter request.
+async fn alter_resource(
+    shared: &Shared,
+    resource_type: i8,
+    name: &str,
+    changes: Result<Changes, (i16, String)>,
+    replace: bool,
+    validate_only: bool,
+) -> Result<(), (i16, String)> {
+    match resource_type {
+        TOPIC => alter_topic(shared, name, changes?, replace, validate_only).await,
+        BROKER => Err((
+            ResponseError::InvalidRequest.code(),
+            "the broker's settings are onehop's own (its flags and onehop.toml), not Kafka's".into(),
+        )),
+        other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not served"))),
+    }
+}
+
+/// AlterConfigs: a topic's whole set of mapped settings.
+pub(super) async fn alter_configs(shared: &Shared, request: AlterConfigsRequest) -> AlterConfigsResponse {
+    let mut response = AlterConfigsResponse::default();
+    for resource in request.resources {
+        let changes = resource
+            .configs
+            .iter()
+            .map(|config| {
+                (config.name.as_str().to_string(), config.value.as_ref().map(|value| value.as_str().to_string()))
+            })
+            .collect();
+        let outcome = alter_resource(
+            shared,
+            resource.resource_type,
+            resource.resource_name.as_str(),
+            Ok(changes),
+            true,
+            request.validate_only,
+        )
+        .await;
+        let mut answer = AlterConfigsResourceResponse::default();
+        answer.resource_type = resource.resource_type;
+        answer.resource_name = resource.resource_name;
+        if let Err((code, message)) = outcome {
+            answer.error_code = code;
+            answer.error_message = Some(StrBytes::from_string(message));
+        }
+        response.responses.push(answer);
+    }
+    response
+}
+
+/// IncrementalAlterConfigs: SET (0) and DELETE (1) of single settings; APPEND and SUBTRACT
+/// are for list settings, which none of the mapped ones is.
+pub(super) async fn incremental_alter_configs(
+    shared: &Shared,
+    request: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let mut response = IncrementalAlterConfigsResponse::default();
+    for resource in request.resources {
+        let changes: Result<Changes, (i16, String)> = resource
+            .configs
+            .iter()
+            .map(|config| {
+                let name = config.name.as_str().to_string();
+                match config.config_operation {
+                    0 => Ok((name, config.value.as_ref().map(|value| value.as_str().to_string()))),
+                    1 => Ok((name, None)),
+                    operation => Err((
+                        ResponseError::InvalidConfig.code(),
+                        format!("{name}: operation {operation} (APPEND or SUBTRACT) is for list settings"),
+                    )),
+                }
+            })
+            .collect();
+        let outcome = alter_resource(
+            shared,
+            resource.resource_type,
+            resource.resource_name.as_str(),
+            changes,
+            false,
+            request.validate_only,
+        )
+        .await;
+        let mut answer = IncrementalAlterConfigsResourceResponse::default();
+        answer.resource_type = resource.resource_type;
+        answer.resource_name = resource.resource_name;
+        if let Err((code, message)) = outcome {
+            answer.error_code = code;
+            answer.error_message = Some(StrBytes::from_string(message));
+        }
+        response.responses.push(answer);
+    }
+    response
 }

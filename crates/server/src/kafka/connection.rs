@@ -173,6 +173,12 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
         RequestKind::InitProducerId(request) => {
             frame_response(id, response_header, &produce::init_producer_id(shared, request).await, version)?
         }
+        RequestKind::AlterConfigs(request) => {
+            frame_response(id, response_header, &configs::alter_configs(shared, request).await, version)?
+        }
+        RequestKind::IncrementalAlterConfigs(request) => {
+            frame_response(id, response_header, &configs::incremental_alter_configs(shared, request).await, version)?
+        }
         RequestKind::DescribeConfigs(request) => {
             frame_response(id, response_header, &configs::describe_configs(shared, request), version)?
         }
@@ -246,6 +252,8 @@ fn api_name(api: ApiKey) -> &'static str {
         ApiKey::ListOffsets => "ListOffsets",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
         ApiKey::FindCoordinator => "FindCoordinator",
         ApiKey::JoinGroup => "JoinGroup",
         ApiKey::SyncGroup => "SyncGroup",

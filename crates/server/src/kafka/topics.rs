@@ -149,39 +149,37 @@ fn definition(shared: &Shared, topic: &CreatableTopic) -> Result<StreamDef, (i16
         ));
     }
     for config in &topic.configs {
-        let value = config.value.as_ref().map(|value| value.as_str()).unwrap_or_default();
-        let invalid =
-            |why: &str| (ResponseError::InvalidConfig.code(), format!("{}={value}: {why}", config.name.as_str()));
-        match config.name.as_str() {
-            "retention.ms" => {
-                def.retention_ms = match value.parse::<i64>() {
-                    Ok(-1) => None,
-                    Ok(ms) if ms > 0 => Some(ms as u64),
-                    _ => return Err(invalid("a number of milliseconds, or -1 for no limit")),
-                }
-            }
-            "retention.bytes" => {
-                def.retention_bytes = match value.parse::<i64>() {
-                    Ok(-1) => None,
-                    Ok(bytes) if bytes > 0 => Some(bytes as u64),
-                    _ => return Err(invalid("a number of bytes, or -1 for no limit")),
-                }
-            }
-            // Every acknowledged write is on this server's disk: one in-sync replica, always.
-            "min.insync.replicas" if value == "1" => {}
-            "min.insync.replicas" => return Err(invalid("this server is one node, so 1 is the only value")),
-            "cleanup.policy" if value == "delete" => {}
-            "cleanup.policy" => {
-                return Err(invalid("only delete is served yet (compacted topics are tables' storage)"));
-            }
-            _ => {
-                return Err(invalid(
-                    "not a setting onehop maps (retention.ms, retention.bytes, cleanup.policy, min.insync.replicas)",
-                ));
-            }
-        }
+        set_config(&mut def, config.name.as_str(), config.value.as_ref().map(|value| value.as_str()))?;
     }
     Ok(def)
+}
+
+/// Applies one Kafka topic setting to `def`: `value` `None` puts it back to its default. The
+/// mapped settings are `retention.ms` and `retention.bytes`; `cleanup.policy=delete` and
+/// `min.insync.replicas=1` are what every stream here is, and accepted as such.
+pub(super) fn set_config(def: &mut StreamDef, name: &str, value: Option<&str>) -> Result<(), (i16, String)> {
+    let text = value.unwrap_or_default();
+    let invalid = |why: &str| (ResponseError::InvalidConfig.code(), format!("{name}={text}: {why}"));
+    let limit = |what: &str| match value.map(str::parse::<i64>) {
+        None | Some(Ok(-1)) => Ok(None),
+        Some(Ok(number)) if number > 0 => Ok(Some(number as u64)),
+        _ => Err(invalid(&format!("a number of {what}, or -1 for no limit"))),
+    };
+    match name {
+        "retention.ms" => def.retention_ms = limit("milliseconds")?,
+        "retention.bytes" => def.retention_bytes = limit("bytes")?,
+        // Every acknowledged write is on this server's disk: one in-sync replica, always.
+        "min.insync.replicas" if matches!(value, None | Some("1")) => {}
+        "min.insync.replicas" => return Err(invalid("this server is one node, so 1 is the only value")),
+        "cleanup.policy" if matches!(value, None | Some("delete")) => {}
+        "cleanup.policy" => return Err(invalid("only delete is served yet (compacted topics are tables' storage)")),
+        _ => {
+            return Err(invalid(
+                "not a setting onehop maps (retention.ms, retention.bytes, cleanup.policy, min.insync.replicas)",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// DeleteTopics: drops each stream (and its records).

@@ -16,7 +16,7 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// The APIs served, with their versions.
-const SERVED: [(ApiKey, RangeInclusive<i16>); 20] = [
+const SERVED: [(ApiKey, RangeInclusive<i16>); 22] = [
     (ApiKey::Produce, 3..=11),
     (ApiKey::Fetch, 4..=12),
     (ApiKey::ListOffsets, 1..=6),
@@ -26,6 +26,8 @@ const SERVED: [(ApiKey, RangeInclusive<i16>); 20] = [
     (ApiKey::DeleteTopics, 1..=5),
     (ApiKey::InitProducerId, 0..=5),
     (ApiKey::DescribeConfigs, 1..=4),
+    (ApiKey::AlterConfigs, 0..=2),
+    (ApiKey::IncrementalAlterConfigs, 0..=1),
     (ApiKey::FindCoordinator, 0..=4),
     (ApiKey::JoinGroup, 0..=9),
     (ApiKey::SyncGroup, 0..=5),
