@@ -41,6 +41,7 @@ fn render(result: &Value) -> String {
     match result["result"].as_str() {
         Some("created") => format!("{statement}: created ({})\n", result["definition"].as_str().unwrap_or_default()),
         Some("unchanged") => format!("{statement}: unchanged; {}\n", result["note"].as_str().unwrap_or_default()),
+        Some("altered") => format!("{statement}: altered ({})\n", result["definition"].as_str().unwrap_or_default()),
         Some("dropped") => format!("{statement}: dropped\n"),
         Some("rows") => {
             let columns: Vec<String> = result["columns"]
@@ -108,5 +109,7 @@ mod tests {
         );
         let created = json!({ "result": "created", "statement": "CREATE STREAM s", "definition": "partitions = 1" });
         assert_eq!(render(&created), "CREATE STREAM s: created (partitions = 1)\n");
+        let altered = json!({ "result": "altered", "statement": "ALTER STREAM s", "definition": "retention_ms = 1" });
+        assert_eq!(render(&altered), "ALTER STREAM s: altered (retention_ms = 1)\n");
     }
 }

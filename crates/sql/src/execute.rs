@@ -15,6 +15,8 @@ pub enum Output {
     Created { statement: String, definition: String },
     /// It existed already; nothing changed. `note` says why that is fine.
     Unchanged { statement: String, definition: String, note: String },
+    /// A definition was changed (durably, in the catalog).
+    Altered { statement: String, definition: String },
     /// A definition was dropped (durably) and its data deleted.
     Dropped { statement: String },
     /// A result set.
@@ -213,6 +215,13 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
                 let note = "an index on this field exists already".to_string();
                 Ok(Output::Unchanged { statement: label, definition, note })
             }
+        }
+        Statement::AlterStream { name, retention_ms, retention_bytes } => {
+            let current = engine.stream(name)?.def().clone();
+            let retention_ms = retention_ms.unwrap_or(current.retention_ms);
+            let retention_bytes = retention_bytes.unwrap_or(current.retention_bytes);
+            let stream = engine.alter_stream_retention(name, retention_ms, retention_bytes).await?;
+            Ok(Output::Altered { statement: label, definition: stream.def().describe() })
         }
         Statement::DropStream { name, if_exists } => {
             dropped(label, engine.drop_stream(name).await, *if_exists, "stream")

@@ -58,6 +58,13 @@ pub enum Statement {
         table: String,
         field: String,
     },
+    /// `ALTER STREAM name SET (retention = …, retention_bytes = …)`: each named limit changes
+    /// (`Some(None)`: none), the others stay.
+    AlterStream {
+        name: String,
+        retention_ms: Option<Option<u64>>,
+        retention_bytes: Option<Option<u64>>,
+    },
     DropStream {
         name: String,
         if_exists: bool,
@@ -92,6 +99,7 @@ impl Statement {
             Statement::CreateTransform { def, .. } => format!("CREATE STREAM {} AS SELECT", def.name),
             Statement::CreateTable { name, .. } => format!("CREATE TABLE {name}"),
             Statement::CreateIndex { table, field, .. } => format!("CREATE INDEX ON {table} ({field})"),
+            Statement::AlterStream { name, .. } => format!("ALTER STREAM {name}"),
             Statement::DropStream { name, .. } => format!("DROP STREAM {name}"),
             Statement::DropTable { name, .. } => format!("DROP TABLE {name}"),
             Statement::DropIndex { name, .. } => format!("DROP INDEX {name}"),
@@ -121,6 +129,8 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>, SqlError> {
             parse_create_stream(&mut parser, sql, start)?
         } else if parser.parse_keywords(&[Keyword::CREATE, Keyword::VIEW]) {
             view::parse_create_view(&mut parser, sql, start)?
+        } else if parser.parse_keywords(&[Keyword::ALTER, Keyword::STREAM]) {
+            parse_alter_stream(&mut parser)?
         } else if parser.parse_keywords(&[Keyword::DROP, Keyword::STREAM]) {
             let if_exists = parser.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
             let name = simple_name(&parser.parse_object_name(false).map_err(syntax)?)?;
@@ -181,6 +191,34 @@ fn parse_create_stream(parser: &mut Parser, sql: &str, start: Location) -> Resul
         ));
     }
     Ok(Statement::CreateStream { name, if_not_exists, options })
+}
+
+/// `ALTER STREAM` (already read) `name SET (retention = …, retention_bytes = …)`.
+fn parse_alter_stream(parser: &mut Parser) -> Result<Statement, SqlError> {
+    let name = simple_name(&parser.parse_object_name(false).map_err(syntax)?)?;
+    let (mut retention_ms, mut retention_bytes) = (None, None);
+    let settings = parser.parse_options(Keyword::SET).map_err(syntax)?;
+    if settings.is_empty() {
+        return Err(SqlError::InvalidOption("ALTER STREAM … SET (…) names at least one setting".into()));
+    }
+    for option in settings {
+        let SqlOption::KeyValue { key, value } = option else {
+            return Err(SqlError::InvalidOption(format!("{option}: expected key = value")));
+        };
+        let key = key.value.to_ascii_lowercase();
+        let mut options = StreamOptions::default();
+        apply_option(&mut options, &key, &value)?;
+        match key.as_str() {
+            "retention" => retention_ms = Some(options.retention_ms),
+            "retention_bytes" => retention_bytes = Some(options.retention_bytes),
+            other => {
+                return Err(SqlError::InvalidOption(format!(
+                    "{other}: ALTER STREAM changes retention and retention_bytes; the rest of a stream is fixed at CREATE"
+                )));
+            }
+        }
+    }
+    Ok(Statement::AlterStream { name, retention_ms, retention_bytes })
 }
 
 /// The text of a literal option value: a number or a quoted string.
