@@ -40,6 +40,7 @@ pub mod client;
 pub mod fsyncs;
 pub mod histogram;
 pub mod host;
+pub mod kafka_perf;
 pub mod log;
 pub mod mqtt;
 pub mod notify;

@@ -31,6 +31,15 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             bench_workloads(Workload::ALL.to_vec(), args)
         }
         BenchCommand::View(args) => bench_view(args),
+        BenchCommand::Kafka(args) => onehop_bench::kafka_perf::run(&onehop_bench::kafka_perf::KafkaPerfOptions {
+            exe: std::env::current_exe()?,
+            dir: args.dir,
+            kafka_brokers: args.kafka_brokers,
+            records: args.records,
+            sizes: args.sizes,
+            out: args.out,
+            json: args.json,
+        }),
     }
 }
 

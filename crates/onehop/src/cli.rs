@@ -211,6 +211,32 @@ pub enum BenchCommand {
     All(BenchWorkloadArgs),
     /// A live view: freshness, window-close lag and point-query latency (W3 with its own flags).
     View(BenchViewArgs),
+    /// Kafka's ProducerPerformance against onehop's Kafka listener and against a real Kafka,
+    /// in one invocation (needs `scripts/peers install kafka`).
+    Kafka(BenchKafkaArgs),
+}
+
+/// Flags of `onehop bench kafka`.
+#[derive(Args, Debug)]
+pub struct BenchKafkaArgs {
+    /// Brokers of the Kafka side: 1, or 3 (replication 3, min ISR 2, as study 1).
+    #[arg(long, default_value_t = 1)]
+    pub kafka_brokers: u32,
+    /// Records per run.
+    #[arg(long, default_value_t = 500_000)]
+    pub records: u64,
+    /// Record sizes, in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    pub sizes: Vec<usize>,
+    /// Where the servers keep their data: put it on the disk to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Where summary.md, kafka-throughput.svg and the peers' logs go.
+    #[arg(long, default_value = "results/kafka")]
+    pub out: std::path::PathBuf,
+    /// End the output with one JSON line per target and record size.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Flags of `onehop bench w1|w2|w3|w4|all`. Left out, rate, duration and warm-up are the

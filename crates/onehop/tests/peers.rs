@@ -194,6 +194,39 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_l
     assert!(data_left.is_empty(), "{data_left:?}");
 }
 
+/// `onehop bench kafka`: Kafka's ProducerPerformance against onehop and against one Kafka
+/// broker in one invocation: a figure per side, the table with the ratio, the chart, the
+/// peers' logs, and nothing left running.
+#[test]
+fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut command = common::onehop();
+    command.args(["bench", "kafka", "--records", "20000", "--sizes", "100", "--json", "--dir"]).arg(dir.path());
+    command.arg("--out").arg(&out);
+    if let Some(peers) = peers_dir() {
+        command.env("ONEHOP_PEERS_DIR", peers);
+    }
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<Value> =
+        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
+    let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
+    assert_eq!(targets, ["onehop", "kafka"], "{stdout}");
+    for line in &lines {
+        assert_eq!(line["record_bytes"], 100, "{line}");
+        assert!(line["records_per_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["p99_ms"].as_f64() >= line["p50_ms"].as_f64(), "{line}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| 100 B | onehop |") && summary.contains("×"), "{summary}");
+    assert!(std::fs::read_to_string(out.join("kafka-throughput.svg")).unwrap().contains("onehop"));
+    assert!(out.join("peer-logs").join("kafka").join("broker-1.log").exists());
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+}
+
 #[test]
 fn a_target_that_does_not_run_the_workload_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();

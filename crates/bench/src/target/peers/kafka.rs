@@ -211,6 +211,18 @@ impl KafkaTarget {
     }
 }
 
+impl KafkaTarget {
+    /// The brokers' addresses, comma-separated, as clients are given them.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// The replication factor of this cluster's topics.
+    pub fn replication(&self) -> u32 {
+        self.replication
+    }
+}
+
 /// The glue's arguments for one W4 run against `bootstrap`: the study's producer and consumer
 /// settings, a topic and a group named after `name`.
 pub fn ingest_args(

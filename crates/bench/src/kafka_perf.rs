@@ -1,0 +1,196 @@
+//! `onehop bench kafka`: Kafka's own producer benchmark (`ProducerPerformance`, from the
+//! `kafka-tools` jar) against onehop's Kafka listener and against a real Kafka, in one
+//! invocation: the same tool, the same settings (acks=all, linger 5 ms, a topic of 12
+//! partitions created for each run), records of each size, and the ratio. Kafka runs as the
+//! harness's `kafka` target starts it (`--kafka-brokers 1|3`); it does not fsync per write,
+//! onehop fdatasyncs every batch before answering it: both are said beside the figures.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use serde_json::json;
+
+use crate::plot::{Chart, Series};
+use crate::server::ServerProcess;
+use crate::target::TargetOptions;
+use crate::target::peers::kafka::{KafkaTarget, PARTITIONS};
+use crate::target::peers::{installed, system_program};
+
+pub struct KafkaPerfOptions {
+    pub exe: PathBuf,
+    pub dir: PathBuf,
+    /// Brokers of the Kafka side: 1, or 3 (replication 3, min ISR 2).
+    pub kafka_brokers: u32,
+    /// Records per run.
+    pub records: u64,
+    /// Record sizes, in bytes.
+    pub sizes: Vec<usize>,
+    /// Where summary.md, the chart and results.json go.
+    pub out: PathBuf,
+    pub json: bool,
+}
+
+/// One run's figures, as ProducerPerformance prints them in its last line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Throughput {
+    pub records_per_s: f64,
+    pub mb_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Parses ProducerPerformance's summary line: `N records sent, R records/sec (M MB/sec), A ms
+/// avg latency, X ms max latency, P ms 50th, Q ms 95th, S ms 99th, T ms 99.9th.`
+pub fn parse_summary(line: &str) -> Option<Throughput> {
+    let fields: Vec<&str> = line.trim().trim_end_matches('.').split(", ").collect();
+    let number = |field: &str| field.split_whitespace().next()?.parse::<f64>().ok();
+    let field = |suffix: &str| fields.iter().find(|field| field.ends_with(suffix)).copied();
+    let rate = fields.get(1)?;
+    let records_per_s = number(rate)?;
+    let mb_per_s = rate.split('(').nth(1)?.split_whitespace().next()?.parse().ok()?;
+    Some(Throughput { records_per_s, mb_per_s, p50_ms: number(field("50th")?)?, p99_ms: number(field(" 99th")?)? })
+}
+
+/// Runs the tool against `bootstrap` on a new topic; its summary.
+fn producer_performance(
+    java: &Path,
+    classpath: &str,
+    bootstrap: &str,
+    replication: u32,
+    size: usize,
+    records: u64,
+) -> anyhow::Result<Throughput> {
+    let topic = crate::client::unique_name("perf");
+    let created = Command::new(java)
+        .args(["-cp", classpath, "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap])
+        .args(["--create", "--topic", &topic, "--partitions", &PARTITIONS.to_string()])
+        .args(["--replication-factor", &replication.to_string()])
+        .output()
+        .context("running TopicCommand")?;
+    if !created.status.success() {
+        bail!("creating {topic}: {}", String::from_utf8_lossy(&created.stderr));
+    }
+    let output = Command::new(java)
+        .args(["-cp", classpath, "org.apache.kafka.tools.ProducerPerformance", "--topic", &topic])
+        .args(["--num-records", &records.to_string(), "--record-size", &size.to_string(), "--throughput", "-1"])
+        .args(["--producer-props", &format!("bootstrap.servers={bootstrap}"), "acks=all", "linger.ms=5"])
+        .output()
+        .context("running ProducerPerformance")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!("ProducerPerformance failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    }
+    stdout
+        .lines()
+        .rev()
+        .find_map(parse_summary)
+        .with_context(|| format!("no summary line in ProducerPerformance's output: {stdout}"))
+}
+
+pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
+    let lib = installed("kafka/lib", "kafka")?;
+    let java = system_program("java", "kafka")?;
+    let classpath = format!("{}/*", lib.display());
+    std::fs::create_dir_all(&options.out)?;
+    eprintln!("bench kafka: starting onehop and Kafka ({} broker(s))", options.kafka_brokers);
+    let server = ServerProcess::start(&options.exe, &options.dir, &[])?;
+    let target_options = TargetOptions {
+        url: None,
+        mqtt_address: None,
+        exe: options.exe.clone(),
+        dir: options.dir.clone(),
+        kafka_brokers: options.kafka_brokers,
+        logs: Some(options.out.join("peer-logs")),
+    };
+    let kafka = KafkaTarget::start(&target_options)?;
+    let sides = [("onehop", server.kafka.clone(), 1), ("kafka", kafka.bootstrap().to_string(), kafka.replication())];
+    let mut results = Vec::new();
+    for &size in &options.sizes {
+        for (name, bootstrap, replication) in &sides {
+            eprintln!("bench kafka: ProducerPerformance, {} records of {size} B, against {name}", options.records);
+            let figures = producer_performance(&java, &classpath, bootstrap, *replication, size, options.records)?;
+            eprintln!(
+                "bench kafka: {name} {size} B: {:.0} records/s ({:.1} MB/s), p50 {} ms, p99 {} ms",
+                figures.records_per_s, figures.mb_per_s, figures.p50_ms, figures.p99_ms
+            );
+            results.push((size, *name, figures));
+        }
+    }
+    let mut summary = format!(
+        "# bench kafka\n\nProducerPerformance (kafka-tools, acks=all, linger.ms=5, {PARTITIONS} partitions, {} records per run). \
+         onehop: one node, every batch fdatasynced before its answer. Kafka: {} broker(s), replication {}, no fsync per write.\n\n\
+         | record size | target | records/s | MB/s | p50 ms | p99 ms | onehop ÷ Kafka (records/s) |\n|---|---|---|---|---|---|---|\n",
+        options.records,
+        options.kafka_brokers,
+        kafka.replication()
+    );
+    let mut lines = Vec::new();
+    for &size in &options.sizes {
+        let of = |target: &str| results.iter().find(|(s, name, _)| *s == size && *name == target).map(|(_, _, f)| f);
+        let (Some(onehop), Some(peer)) = (of("onehop"), of("kafka")) else { continue };
+        for (name, figures) in [("onehop", onehop), ("kafka", peer)] {
+            let ratio = if name == "onehop" {
+                format!("{:.2}×", onehop.records_per_s / peer.records_per_s)
+            } else {
+                "–".into()
+            };
+            summary.push_str(&format!(
+                "| {size} B | {name} | {:.0} | {:.1} | {} | {} | {ratio} |\n",
+                figures.records_per_s, figures.mb_per_s, figures.p50_ms, figures.p99_ms
+            ));
+            lines.push(json!({
+                "bench": "kafka", "target": name, "record_bytes": size, "records": options.records,
+                "records_per_s": figures.records_per_s, "mb_per_s": figures.mb_per_s,
+                "p50_ms": figures.p50_ms, "p99_ms": figures.p99_ms,
+                "kafka_brokers": options.kafka_brokers,
+            }));
+        }
+    }
+    let chart = Chart {
+        title: "ProducerPerformance, acks=all: records/s by record size".into(),
+        x_label: "record size (bytes)".into(),
+        y_label: "records/s".into(),
+        x_log: true,
+        x_range: None,
+        y_log: false,
+        series: ["onehop", "kafka"]
+            .iter()
+            .map(|target| Series {
+                name: (*target).into(),
+                points: results
+                    .iter()
+                    .filter(|(_, name, _)| name == target)
+                    .map(|(size, _, figures)| (*size as f64, figures.records_per_s))
+                    .collect(),
+            })
+            .collect(),
+        x_tick_labels: Vec::new(),
+    };
+    std::fs::write(options.out.join("kafka-throughput.svg"), chart.to_svg())?;
+    std::fs::write(options.out.join("summary.md"), &summary)?;
+    print!("{summary}");
+    println!("\nresults: {} (summary.md, kafka-throughput.svg, peer-logs/)", options.out.display());
+    if options.json {
+        for line in lines {
+            println!("{line}");
+        }
+    }
+    drop(kafka);
+    drop(server);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_tools_summary_line() {
+        let line = "500000 records sent, 325732.9 records/sec (31.06 MB/sec), 34.70 ms avg latency, 292.00 ms max \
+                    latency, 33 ms 50th, 69 ms 95th, 78 ms 99th, 87 ms 99.9th.";
+        let expected = Throughput { records_per_s: 325732.9, mb_per_s: 31.06, p50_ms: 33.0, p99_ms: 78.0 };
+        assert_eq!(parse_summary(line), Some(expected));
+        assert_eq!(parse_summary("12 records sent, 2.4 records/sec (0.00 MB/sec), 1.0 ms avg latency"), None);
+    }
+}
