@@ -28,7 +28,7 @@ use onehop_engine::system::{SystemTopic, SystemTopicConfig};
 use onehop_engine::{Engine, EngineError, NewRecord, Positions, Record, Stream, Text};
 use serde::{Deserialize, Serialize};
 
-use super::records::{PRODUCER_HEADER, Sequenced};
+use super::records::{PRODUCER_HEADER, Sequenced, add_sequence};
 
 pub const PRODUCERS_TOPIC: &str = "__kafka_producers";
 
@@ -207,8 +207,8 @@ impl Producers {
                     ResponseError::OutOfOrderSequenceNumber,
                     format!("a new epoch begins at sequence 0, not {first}"),
                 ))
-            } else if sequenced.epoch == entry.epoch && first != newest.last.wrapping_add(1) {
-                let expected = newest.last.wrapping_add(1);
+            } else if sequenced.epoch == entry.epoch && first != add_sequence(newest.last, 1) {
+                let expected = add_sequence(newest.last, 1);
                 Some((
                     ResponseError::OutOfOrderSequenceNumber,
                     format!("sequence {first} where {expected} was expected"),
@@ -377,7 +377,9 @@ fn sequenced_record(record: &Record) -> Option<(Sequenced, u64)> {
         first_sequence: parts.next()?.parse().ok()?,
         last_sequence: parts.next()?.parse().ok()?,
     };
-    let count = sequenced.last_sequence.wrapping_sub(sequenced.first_sequence) as u32 as u64;
+    // Records in the batch less one, across a wrap of the sequence past i32::MAX to 0.
+    let (first, last) = (i64::from(sequenced.first_sequence), i64::from(sequenced.last_sequence));
+    let count = if last >= first { last - first } else { last + i64::from(i32::MAX) + 1 - first } as u64;
     Some((sequenced, record.offset.checked_sub(count)?))
 }
 

@@ -40,6 +40,11 @@ pub struct Sequenced {
     pub last_sequence: i32,
 }
 
+/// `sequence` plus `increment`, wrapping to 0 past `i32::MAX` as Kafka's sequence numbers do.
+pub fn add_sequence(sequence: i32, increment: i32) -> i32 {
+    if sequence > i32::MAX - increment { increment - (i32::MAX - sequence) - 1 } else { sequence + increment }
+}
+
 /// A produced batch, as the engine writes it.
 #[derive(Debug)]
 pub struct Produced {
@@ -73,7 +78,7 @@ pub fn decode(mut batch: Bytes, limit: usize) -> Result<Produced, Refused> {
         producer_id: first.producer_id,
         epoch: first.producer_epoch,
         first_sequence: first.sequence,
-        last_sequence: first.sequence.wrapping_add(set.records.len() as i32 - 1),
+        last_sequence: add_sequence(first.sequence, set.records.len() as i32 - 1),
     });
     let mut records = Vec::with_capacity(set.records.len());
     for record in set.records {
@@ -292,6 +297,14 @@ mod tests {
         let mut control = kafka_record(0, "k", "v", &[]);
         control.control = true;
         assert!(matches!(decode(produced(&[control], Compression::None), LIMIT), Err(Refused::Invalid(_))));
+    }
+
+    #[test]
+    fn sequences_wrap_to_zero_as_kafkas_do() {
+        assert_eq!(add_sequence(5, 3), 8);
+        assert_eq!(add_sequence(i32::MAX, 1), 0);
+        assert_eq!(add_sequence(i32::MAX - 1, 3), 1);
+        assert_eq!(add_sequence(i32::MAX, 0), i32::MAX);
     }
 
     #[test]
