@@ -504,6 +504,9 @@ impl Coordinator {
     /// A commit with no generation (-1) is a standalone consumer's, allowed while the group
     /// has no members.
     pub fn may_commit(&self, group_id: &str, member_id: &str, generation: i32) -> i16 {
+        if group_id.is_empty() {
+            return ResponseError::InvalidGroupId.code();
+        }
         let mut groups = self.groups.lock().expect("groups lock");
         let Some(group) = groups.get_mut(group_id) else {
             return if generation < 0 { 0 } else { ResponseError::IllegalGeneration.code() };
@@ -709,5 +712,6 @@ mod tests {
         let unsaved = coordinator.tick();
         assert_eq!(unsaved, vec![("g".to_string(), None)]);
         assert_eq!(coordinator.may_commit("g", "", -1), 0, "a standalone commit once it is empty");
+        assert_eq!(coordinator.may_commit("", "", -1), ResponseError::InvalidGroupId.code(), "a group has a name");
     }
 }
