@@ -149,6 +149,14 @@ async fn alter_resource(
     }
 }
 
+/// An alter outcome as a response's error code and message.
+fn error_fields(outcome: Result<(), (i16, String)>) -> (i16, Option<StrBytes>) {
+    match outcome {
+        Ok(()) => (0, None),
+        Err((code, message)) => (code, Some(StrBytes::from_string(message))),
+    }
+}
+
 /// AlterConfigs: a topic's whole set of mapped settings.
 pub(super) async fn alter_configs(shared: &Shared, request: AlterConfigsRequest) -> AlterConfigsResponse {
     let mut response = AlterConfigsResponse::default();
@@ -172,10 +180,7 @@ pub(super) async fn alter_configs(shared: &Shared, request: AlterConfigsRequest)
         let mut answer = AlterConfigsResourceResponse::default();
         answer.resource_type = resource.resource_type;
         answer.resource_name = resource.resource_name;
-        if let Err((code, message)) = outcome {
-            answer.error_code = code;
-            answer.error_message = Some(StrBytes::from_string(message));
-        }
+        (answer.error_code, answer.error_message) = error_fields(outcome);
         response.responses.push(answer);
     }
     response
@@ -216,10 +221,7 @@ pub(super) async fn incremental_alter_configs(
         let mut answer = IncrementalAlterConfigsResourceResponse::default();
         answer.resource_type = resource.resource_type;
         answer.resource_name = resource.resource_name;
-        if let Err((code, message)) = outcome {
-            answer.error_code = code;
-            answer.error_message = Some(StrBytes::from_string(message));
-        }
+        (answer.error_code, answer.error_message) = error_fields(outcome);
         response.responses.push(answer);
     }
     response
