@@ -127,6 +127,16 @@ impl SystemTopic {
         Ok(newest)
     }
 
+    /// The record at `offset`, if it is still there (compaction removes records whose key was
+    /// written again or deleted).
+    pub fn read_at(&self, offset: u64) -> Result<Option<Record>, EngineError> {
+        if offset < self.partition.start_offset() || offset >= self.partition.end_offset() {
+            return Ok(None);
+        }
+        let records = self.partition.read(offset, 1, 1).map_err(EngineError::from)?;
+        Ok(records.into_iter().find(|record| record.offset == offset))
+    }
+
     /// Appends `records` (all at once: one batch) and returns once they are durable; the
     /// answer is the offset of the first.
     pub async fn append(&self, records: &[NewRecord]) -> Result<u64, EngineError> {

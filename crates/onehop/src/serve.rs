@@ -139,7 +139,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             config.connections_max = settings.connections_max;
             // A produce request carries a batch of records: room for the largest and its framing.
             config.request_bytes_max = settings.stream_defaults.batch_bytes_max + KAFKA_REQUEST_ENVELOPE_BYTES;
-            let server = KafkaServer::open(engine.clone(), config).context("opening the Kafka front end")?;
+            let server = KafkaServer::open(engine.clone(), config).await.context("opening the Kafka front end")?;
             Some(tokio::spawn(server.serve(listener, until_stopped(stopped.clone()))))
         }
     };

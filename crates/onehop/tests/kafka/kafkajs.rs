@@ -36,3 +36,38 @@ fn kafkajs_creates_produces_consumes_in_a_group_and_commits() {
     assert_eq!(report["headersSeen"], 200, "{report}");
     assert_eq!(report["committedTotal"], 200, "the group committed every record: {report}");
 }
+
+/// kafkajs's transactional producer (`tests/kafka/kafkajs/transaction.js`): a transaction's
+/// records are invisible over HTTP while it is open and all there once it commits, with the
+/// offsets it committed for a group; an aborted transaction's records never appear, over HTTP
+/// or to a `read_committed` consumer.
+#[test]
+fn kafkajs_transactions_show_their_records_on_commit_and_never_on_abort() {
+    let script_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/kafkajs");
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    let output = Command::new("node")
+        .arg(script_dir.join("transaction.js"))
+        .args([&kafka.to_string(), &server.address.to_string(), "transfers", "settlement"])
+        .current_dir(&script_dir)
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "kafkajs failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["whileOpen"], 0, "an open transaction's records are not readable: {report}");
+    assert_eq!(report["afterCommit"], 5, "{report}");
+    let committed: BTreeSet<String> = (0..5).map(|i| format!("committed-{i}")).collect();
+    let over_http: BTreeSet<String> =
+        report["afterAbort"].as_array().unwrap().iter().map(|value| value.as_str().unwrap().to_string()).collect();
+    assert_eq!(over_http, committed, "the aborted records never appear: {report}");
+    let read: Vec<String> =
+        report["read"].as_array().unwrap().iter().map(|value| value.as_str().unwrap().to_string()).collect();
+    assert_eq!(read.len(), 5, "{report}");
+    assert_eq!(read.into_iter().collect::<BTreeSet<_>>(), committed);
+    assert!(
+        report["offsets"].as_array().unwrap().iter().any(|pair| pair[0] == 0 && pair[1] == 42),
+        "the transaction committed the group's offset: {report}"
+    );
+}

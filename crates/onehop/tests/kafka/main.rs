@@ -13,6 +13,9 @@
 //! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
 //!   consuming whole and in a group.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
+//! - `transactions`: Kafka's transactional copier (the Java client's transactions, aborting at
+//!   random) copies exactly once across a kill -9 of the server; kafkajs's transactions are
+//!   invisible over HTTP until they commit, and never seen once aborted.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -23,6 +26,7 @@ mod groups;
 mod kafkajs;
 mod librdkafka;
 mod protocol;
+mod transactions;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

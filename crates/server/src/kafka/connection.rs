@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::groups::api as groups;
+use super::transactions::api as txns;
 use super::{PROTOCOL_ERRORS, REQUESTS, Shared, configs, fetch, offsets, produce, topics, versions};
 
 /// Why a connection ends.
@@ -171,7 +172,7 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
             frame_response(id, response_header, &fetch::fetch(shared, request).await, version)?
         }
         RequestKind::InitProducerId(request) => {
-            frame_response(id, response_header, &produce::init_producer_id(shared, request).await, version)?
+            frame_response(id, response_header, &produce::init_producer_id(shared, request, version).await, version)?
         }
         RequestKind::AlterConfigs(request) => {
             frame_response(id, response_header, &configs::alter_configs(shared, request).await, version)?
@@ -216,6 +217,25 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
         }
         RequestKind::DeleteGroups(request) => {
             frame_response(id, response_header, &groups::delete_groups(shared, request).await, version)?
+        }
+        RequestKind::AddPartitionsToTxn(request) => {
+            let answer = txns::add_partitions_to_txn(shared, request, version).await;
+            frame_response(id, response_header, &answer, version)?
+        }
+        RequestKind::AddOffsetsToTxn(request) => {
+            frame_response(id, response_header, &txns::add_offsets_to_txn(shared, request, version).await, version)?
+        }
+        RequestKind::TxnOffsetCommit(request) => {
+            frame_response(id, response_header, &txns::txn_offset_commit(shared, request, version).await, version)?
+        }
+        RequestKind::EndTxn(request) => {
+            frame_response(id, response_header, &txns::end_txn(shared, request, version).await, version)?
+        }
+        RequestKind::DescribeTransactions(request) => {
+            frame_response(id, response_header, &txns::describe_transactions(shared, request), version)?
+        }
+        RequestKind::ListTransactions(request) => {
+            frame_response(id, response_header, &txns::list_transactions(shared, request), version)?
         }
         _ => return Err(format!("{api:?} is not served")),
     };
@@ -265,6 +285,12 @@ fn api_name(api: ApiKey) -> &'static str {
         ApiKey::DescribeGroups => "DescribeGroups",
         ApiKey::DeleteGroups => "DeleteGroups",
         ApiKey::DescribeCluster => "DescribeCluster",
+        ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
+        ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
+        ApiKey::TxnOffsetCommit => "TxnOffsetCommit",
+        ApiKey::EndTxn => "EndTxn",
+        ApiKey::DescribeTransactions => "DescribeTransactions",
+        ApiKey::ListTransactions => "ListTransactions",
         _ => "other",
     }
 }
@@ -279,7 +305,7 @@ mod tests {
     use tokio::sync::{Semaphore, watch};
 
     use super::*;
-    use crate::kafka::{KafkaConfig, groups, producers};
+    use crate::kafka::{KafkaConfig, groups, producers, transactions};
 
     async fn shared(dir: &std::path::Path, budget: usize) -> Shared {
         let engine = Arc::new(onehop_engine::Engine::open_in(dir, onehop_engine::EngineOptions::default()).unwrap());
@@ -288,9 +314,11 @@ mod tests {
         config.frame_read_timeout = Duration::from_millis(200);
         let producers = Arc::new(producers::Producers::open(&engine).unwrap());
         let groups = Arc::new(groups::Coordinator::new(groups::committed::CommittedOffsets::open(&engine).unwrap()));
+        let transactions =
+            Arc::new(transactions::Transactions::open(&engine, producers.clone(), groups.clone()).unwrap());
         let (_stop, stop) = watch::channel(false);
         let request_bytes = Arc::new(Semaphore::new(budget));
-        Shared { engine, config, producers, groups, request_bytes, stop }
+        Shared { engine, config, producers, groups, transactions, request_bytes, stop }
     }
 
     /// A connected pair: the client's end and the server's.

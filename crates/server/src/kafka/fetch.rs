@@ -3,8 +3,10 @@
 //! `min_bytes` are there or `max_wait_ms` has passed.
 //!
 //! There are no fetch sessions (KIP-227): every answer is a full one with session id 0, which
-//! clients take as "sessionless" and go on sending full requests. With no transactions yet,
-//! `read_committed` and `read_uncommitted` read the same, and the last stable offset is the end.
+//! clients take as "sessionless" and go on sending full requests. A transaction's records reach
+//! a stream only when it commits ([`super::transactions`]): `read_committed` and
+//! `read_uncommitted` read the same, the last stable offset is the end, and no aborted
+//! transaction is ever listed.
 
 use std::sync::Arc;
 use std::time::Duration;

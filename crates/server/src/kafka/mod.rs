@@ -28,6 +28,8 @@
 //! - `produce`, `fetch`, `offsets` (ListOffsets): the data path; `producers`: idempotent
 //!   producers' ids and sequences.
 //! - `groups`: consumer groups (the classic protocol) and their committed offsets.
+//! - `transactions`: transactional producers: a transaction's batches wait in a journal and
+//!   reach their streams when it commits.
 //! - `records`: Kafka record batches to and from the engine's records.
 //! - `errors`: engine errors as Kafka's error codes.
 
@@ -41,6 +43,7 @@ mod produce;
 pub mod producers;
 pub mod records;
 mod topics;
+pub mod transactions;
 mod versions;
 
 use std::future::Future;
@@ -104,6 +107,7 @@ pub(super) struct Shared {
     pub config: KafkaConfig,
     pub producers: Arc<producers::Producers>,
     pub groups: Arc<groups::Coordinator>,
+    pub transactions: Arc<transactions::Transactions>,
     /// The request bytes in flight, as permits of `request_bytes_in_flight_max`.
     pub request_bytes: Arc<Semaphore>,
     pub stop: watch::Receiver<bool>,
@@ -116,13 +120,16 @@ pub struct KafkaServer {
 }
 
 impl KafkaServer {
-    /// Restores the idempotent producers' states; a failure stops the start.
-    pub fn open(engine: Arc<Engine>, config: KafkaConfig) -> Result<KafkaServer, onehop_engine::EngineError> {
+    /// Restores the idempotent producers' states and the transactions, finishing the commits
+    /// a stop interrupted; a failure stops the start.
+    pub async fn open(engine: Arc<Engine>, config: KafkaConfig) -> Result<KafkaServer, onehop_engine::EngineError> {
         let producers = Arc::new(producers::Producers::open(&engine)?);
         let groups = Arc::new(groups::Coordinator::new(groups::committed::CommittedOffsets::open(&engine)?));
+        let transactions = Arc::new(transactions::Transactions::open(&engine, producers.clone(), groups.clone())?);
+        transactions.recover().await?;
         let (stop, stopped) = watch::channel(false);
         let request_bytes = Arc::new(Semaphore::new(config.request_bytes_in_flight_max));
-        let shared = Shared { engine, config, producers, groups, request_bytes, stop: stopped };
+        let shared = Shared { engine, config, producers, groups, transactions, request_bytes, stop: stopped };
         Ok(KafkaServer { shared: Arc::new(shared), stop })
     }
 
@@ -137,6 +144,7 @@ impl KafkaServer {
         let shared = self.shared;
         let checkpoints = tokio::spawn(shared.producers.clone().keep_checkpointed(shared.stop.clone()));
         let groups = shared.groups.clone();
+        let transactions = shared.transactions.clone();
         let mut stopped = shared.stop.clone();
         let timeouts = tokio::spawn(async move {
             let mut tick = tokio::time::interval(groups::TICK);
@@ -148,6 +156,7 @@ impl KafkaServer {
                                 tracing::warn!(%group, %error, "a Kafka group's membership could not be stored");
                             }
                         }
+                        transactions.expire().await;
                     }
                     _ = stopped.changed() => return,
                 }
@@ -210,8 +219,21 @@ pub fn describe_metrics() {
         producers::DUPLICATES,
         "Batches an idempotent Kafka producer sent again, answered with their first offsets and not stored twice."
     );
+    metrics::describe_counter!(transactions::COMMITTED, "Kafka transactions committed.");
+    metrics::describe_counter!(
+        transactions::ABORTED,
+        "Kafka transactions aborted, by their producer, by a new producer with the same transactional id, or by their timeout."
+    );
     metrics::gauge!(CONNECTIONS).set(0.0);
-    for counter in [CONNECTIONS_REFUSED, PROTOCOL_ERRORS, RECORDS_PRODUCED, RECORDS_FETCHED, producers::DUPLICATES] {
+    for counter in [
+        CONNECTIONS_REFUSED,
+        PROTOCOL_ERRORS,
+        RECORDS_PRODUCED,
+        RECORDS_FETCHED,
+        producers::DUPLICATES,
+        transactions::COMMITTED,
+        transactions::ABORTED,
+    ] {
         metrics::counter!(counter).absolute(0);
     }
 }

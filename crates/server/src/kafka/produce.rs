@@ -1,5 +1,6 @@
 //! Produce: each partition's batches appended to its stream partition, acknowledged at the
-//! durability `acks` asks for.
+//! durability `acks` asks for; a transactional batch goes to its transaction instead
+//! ([`super::transactions`]).
 
 use bytes::Bytes;
 use kafka_protocol::ResponseError;
@@ -13,6 +14,7 @@ use onehop_engine::{Durability, EngineError, QueuedAppend, Stream};
 
 use super::producers::{Producers, Ticket, Verdict};
 use super::records::{self, Refused};
+use super::transactions::api as txns;
 use super::{RECORDS_PRODUCED, Shared, errors};
 
 /// What one partition of the request came to before its append is durable.
@@ -26,6 +28,11 @@ enum Pending {
     /// An idempotent producer's retry of a batch stored before.
     Duplicate {
         base_offset: u64,
+        start_offset: i64,
+    },
+    /// A transactional batch, taken into its transaction: it has no offset until that
+    /// commits (answered with -1, as acks=0 answers are).
+    InTransaction {
         start_offset: i64,
     },
     Refused {
@@ -42,6 +49,7 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
             message: format!("partition {index}"),
         };
     };
+    let raw = batch.clone();
     let produced = match records::decode(batch, shared.config.request_bytes_max) {
         Ok(produced) => produced,
         Err(Refused::Corrupt(why)) => {
@@ -55,6 +63,12 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
         Ok(offset) => offset as i64,
         Err(error) => return refused(&error),
     };
+    if produced.transactional {
+        return match shared.transactions.produce(stream, partition, &raw, &produced).await {
+            Ok(_) => Pending::InTransaction { start_offset },
+            Err((code, message)) => Pending::Refused { code, message },
+        };
+    }
     let mut records = produced.records;
     let ticket = match produced.sequenced {
         None => None,
@@ -80,15 +94,26 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
     }
 }
 
-/// InitProducerId: an id for an idempotent producer. Transactional producers are refused
-/// until transactions are served.
-pub(super) async fn init_producer_id(shared: &Shared, request: InitProducerIdRequest) -> InitProducerIdResponse {
+/// InitProducerId: an id for an idempotent producer, or a transactional id's producer id at
+/// its next epoch.
+pub(super) async fn init_producer_id(
+    shared: &Shared,
+    request: InitProducerIdRequest,
+    version: i16,
+) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();
     response.producer_id = ProducerId(-1);
     response.producer_epoch = -1;
-    if request.transactional_id.is_some() {
-        response.error_code = ResponseError::TransactionalIdAuthorizationFailed.code();
-        tracing::info!("a transactional producer was refused: transactions are not served yet");
+    if let Some(id) = &request.transactional_id {
+        let current = (request.producer_id.0, request.producer_epoch);
+        let timeout = request.transaction_timeout_ms;
+        match txns::init_producer(shared, id.0.as_str(), timeout, current, version).await {
+            Ok((id, epoch)) => {
+                response.producer_id = ProducerId(id);
+                response.producer_epoch = epoch;
+            }
+            Err(code) => response.error_code = code,
+        }
         return response;
     }
     match shared.producers.init(request.producer_id.0, request.producer_epoch).await {
@@ -158,6 +183,10 @@ pub(super) async fn produce(shared: &Shared, request: ProduceRequest) -> Option<
                 }
                 Pending::Duplicate { base_offset, start_offset } => {
                     answer.base_offset = base_offset as i64;
+                    answer.log_start_offset = start_offset;
+                    None
+                }
+                Pending::InTransaction { start_offset } => {
                     answer.log_start_offset = start_offset;
                     None
                 }

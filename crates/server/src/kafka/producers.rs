@@ -225,6 +225,28 @@ impl Producers {
         Verdict::Fresh(Ticket { key, sequenced, low })
     }
 
+    /// Takes a batch of a committed transaction on its way to the log, unchecked: its
+    /// sequence was checked when the transaction took it. Then [`Producers::stored`].
+    pub(super) fn admit(&self, stream: &Stream, partition: u32, sequenced: Sequenced) -> Ticket {
+        let key = (sequenced.producer_id, stream.name().to_string(), partition);
+        let mut state = self.state.lock().expect("producers lock");
+        let low = stream.end_offset(partition).unwrap_or(0);
+        state.entries.entry(key.clone()).or_default();
+        state.in_flight.entry((key.1.clone(), partition)).or_default().push(low);
+        Ticket { key, sequenced, low }
+    }
+
+    /// Whether `stream`'s `partition` holds the batch `sequenced` already: its producer's newest
+    /// batch there, in the same epoch, ends at or past the batch's last sequence.
+    pub(super) fn covers(&self, stream: &str, partition: u32, sequenced: &Sequenced) -> bool {
+        let state = self.state.lock().expect("producers lock");
+        let key = (sequenced.producer_id, stream.to_string(), partition);
+        state.entries.get(&key).is_some_and(|entry| {
+            entry.epoch == sequenced.epoch
+                && entry.batches.back().is_some_and(|newest| at_or_after(newest.last, sequenced.last_sequence))
+        })
+    }
+
     /// The header a checked batch's last record carries.
     pub(super) fn header(sequenced: &Sequenced) -> (Text, Bytes) {
         let value = format!(
@@ -399,6 +421,12 @@ fn apply(state: &mut State, key: Key, sequenced: &Sequenced, base_offset: u64, a
     }
     entry.last_ms = entry.last_ms.max(at_ms);
     state.dirty.insert(key);
+}
+
+/// Whether sequence `a` is `b` or comes after it, across the wrap past `i32::MAX` to 0 (a
+/// producer has far fewer than 2^30 records in flight).
+fn at_or_after(a: i32, b: i32) -> bool {
+    (i64::from(a) - i64::from(b)).rem_euclid(1 << 31) < 1 << 30
 }
 
 fn now_ms() -> i64 {

@@ -51,6 +51,8 @@ pub struct Produced {
     pub records: Vec<NewRecord>,
     /// Set when the batch came from an idempotent producer.
     pub sequenced: Option<Sequenced>,
+    /// A transactional producer's batch: it waits in its transaction until that commits.
+    pub transactional: bool,
 }
 
 /// The one record batch of a partition's produce data (Kafka allows exactly one since
@@ -69,10 +71,11 @@ pub fn decode(mut batch: Bytes, limit: usize) -> Result<Produced, Refused> {
         return Err(Refused::Corrupt("a record batch with no records".into()));
     };
     if first.control {
-        return Err(Refused::Invalid("control records (transactions) are not served yet".into()));
+        return Err(Refused::Invalid("control records are written by the server, not produced".into()));
     }
-    if first.transactional {
-        return Err(Refused::Invalid("transactional batches are not served yet".into()));
+    let transactional = first.transactional;
+    if transactional && first.producer_id < 0 {
+        return Err(Refused::Invalid("a transactional batch without a producer id".into()));
     }
     let sequenced = (first.producer_id >= 0).then(|| Sequenced {
         producer_id: first.producer_id,
@@ -104,7 +107,7 @@ pub fn decode(mut batch: Bytes, limit: usize) -> Result<Produced, Refused> {
             value: record.value,
         });
     }
-    Ok(Produced { records, sequenced })
+    Ok(Produced { records, sequenced, transactional })
 }
 
 /// Decompresses a batch's records into at most `limit` bytes, with the codecs Kafka's clients

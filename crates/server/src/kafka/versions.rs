@@ -7,7 +7,9 @@
 //! implicitly, InitProducerId 6 keeps prepared transactions, OffsetCommit 9 and OffsetFetch 8
 //! and later belong to KIP-848's consumer protocol or batch several groups, ListGroups 5
 //! filters by group type, DescribeGroups 6 refuses unknown groups, FindCoordinator 5 and later
-//! serve share groups.
+//! serve share groups, AddPartitionsToTxn 4 and later are sent by brokers, EndTxn 5 and
+//! TxnOffsetCommit 5 belong to the second transaction protocol (KIP-890, an epoch per
+//! transaction), ListTransactions 2 filters by a pattern.
 
 use std::ops::RangeInclusive;
 
@@ -16,7 +18,7 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// The APIs served, with their versions.
-const SERVED: [(ApiKey, RangeInclusive<i16>); 22] = [
+const SERVED: [(ApiKey, RangeInclusive<i16>); 28] = [
     (ApiKey::Produce, 3..=11),
     (ApiKey::Fetch, 4..=12),
     (ApiKey::ListOffsets, 1..=6),
@@ -39,6 +41,12 @@ const SERVED: [(ApiKey, RangeInclusive<i16>); 22] = [
     (ApiKey::DescribeGroups, 0..=5),
     (ApiKey::DeleteGroups, 0..=2),
     (ApiKey::DescribeCluster, 0..=1),
+    (ApiKey::AddPartitionsToTxn, 0..=3),
+    (ApiKey::AddOffsetsToTxn, 0..=4),
+    (ApiKey::TxnOffsetCommit, 0..=4),
+    (ApiKey::EndTxn, 0..=4),
+    (ApiKey::DescribeTransactions, 0..=0),
+    (ApiKey::ListTransactions, 0..=1),
 ];
 
 /// The versions of `api` served, if it is.

@@ -258,9 +258,19 @@ pub(in crate::kafka) async fn offset_commit(shared: &Shared, request: OffsetComm
 pub(in crate::kafka) fn offset_fetch(shared: &Shared, request: OffsetFetchRequest) -> OffsetFetchResponse {
     let group = request.group_id.0.as_str();
     let offsets = &shared.groups.offsets;
-    let answer = |index: i32, committed: Option<Committed>| {
+    let require_stable = request.require_stable;
+    let answer = |topic: &str, index: i32, committed: Option<Committed>| {
         let mut partition = OffsetFetchResponsePartition::default();
         partition.partition_index = index;
+        // An open transaction will commit this offset: a consumer that asks for stable offsets
+        // (a read_committed consumer of an exactly-once app) waits and asks again (KIP-447).
+        if require_stable && shared.transactions.unstable(group, topic, index) {
+            partition.error_code = ResponseError::UnstableOffsetCommit.code();
+            partition.committed_offset = -1;
+            partition.committed_leader_epoch = -1;
+            partition.metadata = Some(StrBytes::new());
+            return partition;
+        }
         match committed {
             Some(committed) => {
                 partition.committed_offset = committed.offset;
@@ -284,7 +294,9 @@ pub(in crate::kafka) fn offset_fetch(shared: &Shared, request: OffsetFetchReques
                 topic.partitions = asked
                     .partition_indexes
                     .iter()
-                    .map(|index| answer(*index, offsets.get(group, asked.name.0.as_str(), *index)))
+                    .map(|index| {
+                        answer(asked.name.0.as_str(), *index, offsets.get(group, asked.name.0.as_str(), *index))
+                    })
                     .collect();
                 topic.name = asked.name;
                 topic
@@ -298,7 +310,7 @@ pub(in crate::kafka) fn offset_fetch(shared: &Shared, request: OffsetFetchReques
                     topic.name = TopicName(text(&name));
                     topics.push(topic);
                 }
-                topics.last_mut().expect("a topic").partitions.push(answer(index, Some(committed)));
+                topics.last_mut().expect("a topic").partitions.push(answer(&name, index, Some(committed)));
             }
             topics
         }
