@@ -42,6 +42,9 @@ pub struct StreamDef {
     /// MQTT topics this stream takes (a topic filter such as `devices/+/telemetry`): a publish
     /// to a matching topic lands here whatever its first level says.
     pub mqtt_topic: Option<String>,
+    /// Closed segments keep only the newest record per key (Kafka's `cleanup.policy=compact`);
+    /// records without a key are all kept. Set at creation, never changed.
+    pub compacted: bool,
 }
 
 impl StreamDef {
@@ -73,6 +76,9 @@ impl StreamDef {
         }
         if let Some(topic) = &self.mqtt_topic {
             text.push_str(&format!(", mqtt_topic = '{topic}'"));
+        }
+        if self.compacted {
+            text.push_str(", cleanup = 'compact'");
         }
         text
     }
@@ -114,6 +120,8 @@ struct StreamRecord {
     durability: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mqtt_topic: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    compacted: bool,
 }
 
 /// The catalog record that stores `def`.
@@ -126,6 +134,7 @@ pub(crate) fn stream_record(def: &StreamDef) -> NewRecord {
         retention_bytes: def.retention_bytes,
         durability: def.durability.to_string(),
         mqtt_topic: def.mqtt_topic.clone(),
+        compacted: def.compacted,
     };
     let value = serde_json::to_vec(&value).expect("a definition serializes");
     NewRecord::keyed(Bytes::from(format!("{STREAM_KEY_PREFIX}{}", def.name)), value)
@@ -144,6 +153,7 @@ fn parse_stream(record: &Record, value: &[u8]) -> Result<StreamDef, EngineError>
         retention_bytes: parsed.retention_bytes,
         durability: parsed.durability.parse().map_err(bad)?,
         mqtt_topic: parsed.mqtt_topic,
+        compacted: parsed.compacted,
     };
     def.validate().map_err(|error| bad(error.to_string()))?;
     Ok(def)

@@ -271,3 +271,41 @@ async fn declared_mqtt_topics_route_publishes_and_never_overlap() {
     engine.drop_stream("status").await.unwrap();
     assert!(engine.stream_for_mqtt_topic("devices/d2/status").is_none());
 }
+
+/// A compacted stream (Kafka's `cleanup.policy=compact`): the definition keeps it across a
+/// restart, its partitions are compacted, and a compaction pass leaves the newest record per key
+/// in its closed segments (records without a key all stay).
+#[tokio::test]
+async fn a_compacted_stream_keeps_the_newest_record_per_key() {
+    let mut options = EngineOptions::default();
+    options.stream_defaults.segment_bytes_max = 4096;
+    options.stream_defaults.batch_bytes_max = 4096;
+    options.stream_defaults.record_bytes_max = 1024;
+    let (dir, engine) = fresh(options.clone());
+    let def = StreamDef { compacted: true, ..stream_def("accounts", 1) };
+    let accounts = engine.create_stream(def.clone()).await.unwrap();
+    for round in 0..100 {
+        let records = [
+            NewRecord::keyed("alice", format!("balance {round}")),
+            NewRecord::keyed("bob", format!("balance {round}")),
+            NewRecord::value(format!("keyless {round}")),
+        ];
+        accounts.publish(&records[..], None).await.unwrap();
+    }
+    close(engine);
+
+    let engine = open(dir.path(), options);
+    let accounts = engine.stream("accounts").unwrap();
+    assert_eq!(accounts.def(), &def, "the catalog keeps it compacted");
+    assert!(accounts.partition_config(0).unwrap().compacted);
+    let partition = engine.log().partitions().into_iter().find(|(name, ..)| name == "accounts").unwrap().2;
+    partition.maintain().unwrap();
+    let records = accounts.read(0, Position::Earliest, 1000, 1 << 20).unwrap();
+    let value = |record: &onehop_log::Record| String::from_utf8(record.value.clone().unwrap().to_vec()).unwrap();
+    let keyed: Vec<String> = records.iter().filter(|record| record.key.is_some()).map(value).collect();
+    let keyless = records.iter().filter(|record| record.key.is_none()).count();
+    assert_eq!(keyless, 100, "records without a key are kept");
+    assert!(keyed.len() < 100, "older values were compacted away: {keyed:?}");
+    assert_eq!(keyed.iter().filter(|value| *value == "balance 99").count(), 2, "the newest per key stays");
+    close(engine);
+}

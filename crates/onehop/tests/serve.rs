@@ -114,6 +114,7 @@ fn recovers_streams_after_kill_9_and_reports_them() {
             retention_bytes: None,
             durability: Durability::Fsync,
             mqtt_topic: None,
+            compacted: false,
         };
         let stream = runtime.block_on(engine.create_stream(def)).unwrap();
         runtime.block_on(stream.publish(&[NewRecord::keyed("a", "1"), NewRecord::keyed("b", "2")], None)).unwrap();

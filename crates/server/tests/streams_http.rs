@@ -47,6 +47,7 @@ impl Server {
             retention_bytes: None,
             durability: onehop_engine::Durability::Fsync,
             mqtt_topic: None,
+            compacted: false,
         };
         self.engine.create_stream(def).await.unwrap();
     }

@@ -75,11 +75,21 @@ pub(crate) fn stream_def(engine: &Engine, name: &str, options: &StreamOptions) -
         retention_bytes: options.retention_bytes,
         durability: options.durability.unwrap_or(defaults.durability),
         mqtt_topic: options.mqtt_topic.clone(),
+        compacted: options.compacted,
     }
 }
 
-const STREAM_COLUMNS: [&str; 8] =
-    ["name", "partitions", "durability", "retention_ms", "retention_bytes", "end_offsets", "mqtt_topic", "computed_by"];
+const STREAM_COLUMNS: [&str; 9] = [
+    "name",
+    "partitions",
+    "durability",
+    "retention_ms",
+    "retention_bytes",
+    "end_offsets",
+    "mqtt_topic",
+    "computed_by",
+    "cleanup",
+];
 
 fn stream_row(engine: &Engine, stream: &onehop_engine::Stream) -> Vec<Value> {
     let def = stream.def();
@@ -93,6 +103,7 @@ fn stream_row(engine: &Engine, stream: &onehop_engine::Stream) -> Vec<Value> {
         json!(end_offsets),
         json!(def.mqtt_topic),
         json!(engine.transform(&def.name).map(|transform| transform.def().sql.clone())),
+        json!(if def.compacted { "compact" } else { "delete" }),
     ]
 }
 

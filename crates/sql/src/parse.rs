@@ -22,6 +22,8 @@ pub struct StreamOptions {
     pub retention_bytes: Option<u64>,
     pub durability: Option<Durability>,
     pub mqtt_topic: Option<String>,
+    /// `cleanup = 'compact'`: closed segments keep the newest record per key.
+    pub compacted: bool,
     /// `start`: where a transform starts in its source (only with `AS SELECT`).
     pub start: Option<Start>,
 }
@@ -261,6 +263,17 @@ fn apply_option(options: &mut StreamOptions, key: &str, value: &Expr) -> Result<
             onehop_engine::SubjectFilter::parse(&text).map_err(|error| invalid(error.to_string()))?;
             options.mqtt_topic = Some(text);
         }
+        "cleanup" => {
+            options.compacted = match text.as_str() {
+                "delete" => false,
+                "compact" => true,
+                _ => {
+                    return Err(invalid(
+                        "expected 'delete' (retention only) or 'compact' (the newest record per key)".into(),
+                    ));
+                }
+            };
+        }
         "start" => {
             options.start = Some(match text.as_str() {
                 "earliest" => Start::Earliest,
@@ -270,7 +283,7 @@ fn apply_option(options: &mut StreamOptions, key: &str, value: &Expr) -> Result<
         }
         other => {
             return Err(SqlError::InvalidOption(format!(
-                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes, durability and mqtt_topic (and start, with AS SELECT)"
+                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes, durability, mqtt_topic and cleanup (and start, with AS SELECT)"
             )));
         }
     }
@@ -439,7 +452,7 @@ mod tests {
     #[test]
     fn create_stream_with_every_option() {
         let statements = parse(
-            "CREATE STREAM orders WITH (partitions = 4, retention = '7d', retention_bytes = '1GiB', durability = 'async', mqtt_topic = 'shop/+/orders');\n\
+            "CREATE STREAM orders WITH (partitions = 4, retention = '7d', retention_bytes = '1GiB', durability = 'async', mqtt_topic = 'shop/+/orders', cleanup = 'compact');\n\
              create stream if not exists clicks; SHOW STREAMS; DESCRIBE orders",
         )
         .unwrap();
@@ -455,6 +468,7 @@ mod tests {
                         retention_bytes: Some(1 << 30),
                         durability: Some(Durability::Async),
                         mqtt_topic: Some("shop/+/orders".into()),
+                        compacted: true,
                         start: None,
                     },
                 },

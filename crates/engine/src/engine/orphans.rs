@@ -70,7 +70,7 @@ impl Engine {
             .collect();
         let on_disk_compacted = found.first().is_some_and(|partition| partition.config().compacted);
         if found.len() as u32 != partitions || on_disk_compacted != compacted {
-            let shape = if on_disk_compacted { "a table's (compacted) data" } else { "a stream's data" };
+            let shape = if on_disk_compacted { "compacted data (a table's)" } else { "a stream's data" };
             return Err(EngineError::InvalidDefinition(format!(
                 "{topic:?} has data on disk that the catalog lost (an orphan): {shape} in {} partition(s), which \
                  a {kind} with {partitions} partition(s) cannot take back. Define it to fit that data, or move \

@@ -10,6 +10,7 @@ impl Engine {
             durability: def.durability,
             retention_ms: def.retention_ms,
             retention_bytes: def.retention_bytes,
+            compacted: def.compacted,
             ..self.options.stream_defaults.clone()
         }
     }
@@ -38,6 +39,7 @@ impl Engine {
             retention_bytes: None,
             durability: self.options.stream_defaults.durability,
             mqtt_topic: None,
+            compacted: false,
         }
     }
 
@@ -115,7 +117,7 @@ impl Engine {
     /// Refuses a new stream whose name is taken, whose `mqtt_topic` overlaps another's, or that
     /// does not fit the orphaned data of its name.
     pub(super) fn check_new_stream(&self, def: &StreamDef) -> Result<(), EngineError> {
-        self.check_adoption(&def.name, def.partitions, false, "stream")?;
+        self.check_adoption(&def.name, def.partitions, def.compacted, "stream")?;
         if let Ok(existing) = self.stream(&def.name) {
             return Err(EngineError::StreamExists { name: def.name.clone(), existing: existing.def().describe() });
         }

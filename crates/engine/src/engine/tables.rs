@@ -17,6 +17,7 @@ impl Engine {
             retention_bytes: None,
             durability: def.durability,
             mqtt_topic: None,
+            compacted: true,
         };
         Table::open(def, Arc::new(Stream::table_storage(storage_def, partition)))
     }

@@ -22,6 +22,7 @@ impl Engine {
             retention_bytes: None,
             durability: Durability::Async,
             mqtt_topic: None,
+            compacted: false,
         };
         let output_partition =
             self.log.open_partition(&output_def.name, 0, runtime::output_config(&self.options.stream_defaults))?;

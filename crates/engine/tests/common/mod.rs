@@ -38,6 +38,7 @@ pub fn stream_def(name: &str, partitions: u32) -> StreamDef {
         retention_bytes: None,
         durability: Durability::Fsync,
         mqtt_topic: None,
+        compacted: false,
     }
 }
 

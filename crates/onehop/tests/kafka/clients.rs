@@ -102,3 +102,52 @@ fn subjects_cross_from_mqtt_to_kafka_and_from_kafka_to_sse() {
     assert_eq!(view["rows"][0]["n"], 1, "{body}");
     assert_eq!(view["rows"][0]["top"], 21, "{body}");
 }
+
+/// Kafka's topic and config tools: a topic created with `cleanup.policy=compact` is a compacted
+/// stream; ConfigCommand describes it, sets its retention (then `compact,delete`), and is
+/// refused a change of policy; a policy that does not exist is refused at creation.
+#[test]
+fn topic_settings_are_created_described_and_altered_with_kafkas_tools() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    let created = succeed(kafka_tool("org.apache.kafka.tools.TopicCommand", kafka).args([
+        "--create",
+        "--topic",
+        "accounts",
+        "--partitions",
+        "2",
+        "--config",
+        "cleanup.policy=compact",
+    ]));
+    assert!(created.contains("Created topic accounts"), "{created}");
+    let configs = |extra: &[&str]| {
+        let mut command = kafka_tool("kafka.admin.ConfigCommand", kafka);
+        command.args(["--entity-type", "topics", "--entity-name", "accounts"]).args(extra);
+        command.output().expect("java runs")
+    };
+    let described = String::from_utf8_lossy(&configs(&["--describe"]).stdout).into_owned();
+    assert!(described.contains("cleanup.policy=compact "), "{described}");
+    assert!(configs(&["--alter", "--add-config", "retention.ms=3600000"]).status.success());
+    let described = String::from_utf8_lossy(&configs(&["--describe"]).stdout).into_owned();
+    assert!(described.contains("cleanup.policy=compact,delete "), "{described}");
+    assert!(described.contains("retention.ms=3600000 "), "{described}");
+    let refused = configs(&["--alter", "--add-config", "cleanup.policy=delete"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("does not change"));
+
+    let shown: serde_json::Value = serde_json::from_str(&sql(server.address, "SHOW STREAMS")).unwrap();
+    let row = shown["results"][0]["rows"].as_array().unwrap().iter().find(|row| row[0] == "accounts").unwrap().clone();
+    let columns = shown["results"][0]["columns"].clone();
+    let at = |name: &str| columns.as_array().unwrap().iter().position(|column| column == name).unwrap();
+    assert_eq!(row[at("cleanup")], "compact");
+    assert_eq!(row[at("retention_ms")], 3_600_000);
+
+    let bogus = kafka_tool("org.apache.kafka.tools.TopicCommand", kafka)
+        .args(["--create", "--topic", "bogus", "--config", "cleanup.policy=bogus"])
+        .output()
+        .unwrap();
+    assert!(!bogus.status.success());
+    let said = format!("{}{}", String::from_utf8_lossy(&bogus.stdout), String::from_utf8_lossy(&bogus.stderr));
+    assert!(said.contains("cleanup.policy"), "{said}");
+}

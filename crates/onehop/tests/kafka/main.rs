@@ -13,6 +13,8 @@
 //! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
 //!   consuming whole and in a group.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
+//! - `streams`: a Kafka Streams app with exactly_once_v2 (a windowed count, compiled by the
+//!   test) counts exactly once across a kill -9 of the app.
 //! - `transactions`: Kafka's transactional copier (the Java client's transactions, aborting at
 //!   random) copies exactly once across a kill -9 of the server; kafkajs's transactions are
 //!   invisible over HTTP until they commit, and never seen once aborted.
@@ -26,6 +28,7 @@ mod groups;
 mod kafkajs;
 mod librdkafka;
 mod protocol;
+mod streams;
 mod transactions;
 
 use std::net::SocketAddr;

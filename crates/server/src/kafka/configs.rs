@@ -89,7 +89,13 @@ fn topic_settings(stream: &Stream) -> Vec<Setting> {
     let record_bytes_max = config.as_ref().map_or(0, |config| config.record_bytes_max);
     let segment_bytes_max = config.as_ref().map_or(0, |config| config.segment_bytes_max);
     vec![
-        ("cleanup.policy", "delete".into(), FROM_DEFAULT, false, LIST),
+        (
+            "cleanup.policy",
+            cleanup_policy(def).into(),
+            if def.compacted { FROM_TOPIC } else { FROM_DEFAULT },
+            false,
+            LIST,
+        ),
         ("retention.ms", retention_ms, retention_ms_source, false, LONG),
         ("retention.bytes", retention_bytes, retention_bytes_source, false, LONG),
         ("max.message.bytes", record_bytes_max.to_string(), FROM_BROKER, true, INT),
@@ -97,6 +103,15 @@ fn topic_settings(stream: &Stream) -> Vec<Setting> {
         ("min.insync.replicas", "1".into(), FROM_DEFAULT, true, INT),
         ("message.timestamp.type", "CreateTime".into(), FROM_DEFAULT, true, STRING),
     ]
+}
+
+/// A stream's `cleanup.policy`, as Kafka names it.
+fn cleanup_policy(def: &onehop_engine::StreamDef) -> &'static str {
+    match (def.compacted, def.retention_ms.is_some() || def.retention_bytes.is_some()) {
+        (false, _) => "delete",
+        (true, false) => "compact",
+        (true, true) => "compact,delete",
+    }
 }
 
 /// One resource's settings to change: `(name, value)`, a `None` value back to its default.
@@ -114,10 +129,19 @@ async fn alter_topic(
     let stream = shared.engine.stream(name).map_err(|error| (errors::code(&error), error.to_string()))?;
     let mut def = stream.def().clone();
     if replace {
-        (def.retention_ms, def.retention_bytes) = (None, None);
+        (def.retention_ms, def.retention_bytes, def.compacted) = (None, None, false);
     }
     for (setting, value) in &changes {
         topics::set_config(&mut def, setting, value.as_deref())?;
+    }
+    if def.compacted != stream.def().compacted {
+        return Err((
+            ResponseError::InvalidConfig.code(),
+            format!(
+                "cleanup.policy of {name:?} is {}: it is chosen when a topic is created and does not change",
+                cleanup_policy(stream.def())
+            ),
+        ));
     }
     if validate_only {
         return Ok(());

@@ -224,7 +224,12 @@ pub fn describe_metrics() {
         transactions::ABORTED,
         "Kafka transactions aborted, by their producer, by a new producer with the same transactional id, or by their timeout."
     );
+    metrics::describe_gauge!(
+        transactions::WAITING,
+        "Batches of open Kafka transactions, waiting in the journal for their transaction to end."
+    );
     metrics::gauge!(CONNECTIONS).set(0.0);
+    metrics::gauge!(transactions::WAITING).set(0.0);
     for counter in [
         CONNECTIONS_REFUSED,
         PROTOCOL_ERRORS,

@@ -487,6 +487,7 @@ mod tests {
             retention_bytes: None,
             durability: Durability::Fsync,
             mqtt_topic: None,
+            compacted: false,
         };
         let stream = engine.create_stream(def).await.unwrap();
         let producers = Producers::open(&engine).unwrap();

@@ -155,8 +155,12 @@ fn definition(shared: &Shared, topic: &CreatableTopic) -> Result<StreamDef, (i16
 }
 
 /// Applies one Kafka topic setting to `def`: `value` `None` puts it back to its default. The
-/// mapped settings are `retention.ms` and `retention.bytes`; `cleanup.policy=delete` and
-/// `min.insync.replicas=1` are what every stream here is, and accepted as such.
+/// mapped settings are `retention.ms`, `retention.bytes` and `cleanup.policy` (`compact` makes
+/// a compacted stream; with `delete` too, retention applies as well). `min.insync.replicas=1`
+/// and `message.timestamp.type=CreateTime` are what every stream here is, and accepted as such;
+/// `segment.bytes` is accepted and the server's segment size applies (Kafka Streams sets it on
+/// the topics it creates; a segment's size changes when compaction and retention act, not what
+/// a reader sees).
 pub(super) fn set_config(def: &mut StreamDef, name: &str, value: Option<&str>) -> Result<(), (i16, String)> {
     let text = value.unwrap_or_default();
     let invalid = |why: &str| (ResponseError::InvalidConfig.code(), format!("{name}={text}: {why}"));
@@ -171,11 +175,28 @@ pub(super) fn set_config(def: &mut StreamDef, name: &str, value: Option<&str>) -
         // Every acknowledged write is on this server's disk: one in-sync replica, always.
         "min.insync.replicas" if matches!(value, None | Some("1")) => {}
         "min.insync.replicas" => return Err(invalid("this server is one node, so 1 is the only value")),
-        "cleanup.policy" if matches!(value, None | Some("delete")) => {}
-        "cleanup.policy" => return Err(invalid("only delete is served yet (compacted topics are tables' storage)")),
+        "cleanup.policy" => {
+            let mut policies: Vec<&str> = text.split(',').map(str::trim).filter(|part| !part.is_empty()).collect();
+            policies.sort_unstable();
+            def.compacted = match policies.as_slice() {
+                [] | ["delete"] => false,
+                ["compact"] | ["compact", "delete"] => true,
+                _ => return Err(invalid("expected delete, compact, or compact,delete")),
+            };
+        }
+        "message.timestamp.type" if matches!(value, None | Some("CreateTime")) => {}
+        "message.timestamp.type" => {
+            return Err(invalid("records keep the timestamp their producer gave (CreateTime), the only type served"));
+        }
+        "segment.bytes" => match value.map(str::parse::<i64>) {
+            None => {}
+            Some(Ok(bytes)) if bytes >= 14 => {}
+            _ => return Err(invalid("a number of bytes")),
+        },
         _ => {
             return Err(invalid(
-                "not a setting onehop maps (retention.ms, retention.bytes, cleanup.policy, min.insync.replicas)",
+                "not a setting onehop maps (retention.ms, retention.bytes, cleanup.policy, min.insync.replicas, \
+                 message.timestamp.type, segment.bytes)",
             ));
         }
     }

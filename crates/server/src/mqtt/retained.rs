@@ -443,6 +443,7 @@ mod tests {
             retention_bytes: None,
             durability: Durability::Fsync,
             mqtt_topic: None,
+            compacted: false,
         };
         let stream = engine.create_stream(def).await.unwrap();
         assert!(!store.changed(), "an empty stream moves no position");

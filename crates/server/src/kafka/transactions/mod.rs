@@ -62,6 +62,8 @@ const CHUNK_ENVELOPE_BYTES: usize = 64 << 10;
 /// Transactions committed, and aborted (by their producer or by their timeout).
 pub const COMMITTED: &str = "kafka_transactions_committed_total";
 pub const ABORTED: &str = "kafka_transactions_aborted_total";
+/// Batches of open transactions, waiting in the journal for their transaction to end.
+pub const WAITING: &str = "kafka_transaction_batches_waiting";
 
 const STREAM_HEADER: &str = "stream";
 const PARTITION_HEADER: &str = "partition";
@@ -209,6 +211,7 @@ impl Transactions {
             let mut chunks = open.remove(&id).unwrap_or_default();
             chunks.sort_by_key(|chunk| chunk.offset);
             by_producer.insert(stored.producer_id, id.clone());
+            metrics::gauge!(WAITING).increment(chunks.len() as f64);
             let entry = Entry { acting: tokio::sync::Mutex::new(()), txn: Mutex::new(Txn { stored, chunks }) };
             entries.insert(id, Arc::new(entry));
         }
@@ -545,6 +548,7 @@ impl Transactions {
         let mut txn = entry.txn.lock().expect("txn lock");
         Txn::set_next_sequence(&mut txn.stored, &target, add_sequence(sequenced.last_sequence, 1));
         txn.chunks.push(Chunk { offset, key, partition: target, sequenced });
+        metrics::gauge!(WAITING).increment(1.0);
         Ok(true)
     }
 
@@ -598,7 +602,7 @@ impl Transactions {
         done.offsets.clear();
         let tombstones = chunks.iter().map(|chunk| NewRecord::tombstone(chunk.key.clone())).collect();
         self.write(id, entry, done, tombstones).await?;
-        entry.txn.lock().expect("txn lock").chunks.clear();
+        Self::clear_chunks(entry);
         metrics::counter!(COMMITTED).increment(1);
         Ok(())
     }
@@ -618,9 +622,16 @@ impl Transactions {
         }
         let tombstones = chunks.iter().map(|chunk| NewRecord::tombstone(chunk.key.clone())).collect();
         self.write(id, entry, done, tombstones).await?;
-        entry.txn.lock().expect("txn lock").chunks.clear();
+        Self::clear_chunks(entry);
         metrics::counter!(ABORTED).increment(1);
         Ok(())
+    }
+
+    /// The transaction's batches have left the journal.
+    fn clear_chunks(entry: &Entry) {
+        let mut txn = entry.txn.lock().expect("txn lock");
+        metrics::gauge!(WAITING).decrement(txn.chunks.len() as f64);
+        txn.chunks.clear();
     }
 
     /// Appends the batches of a committed transaction to their streams, each as its producer
@@ -846,6 +857,7 @@ mod tests {
                 retention_bytes: None,
                 durability: Durability::Fsync,
                 mqtt_topic: None,
+                compacted: false,
             };
             engine.create_stream(def).await.unwrap();
         }
