@@ -11,7 +11,8 @@
 //!   committed offsets after a kill -9 of the server.
 //! - `kafkajs`: Node.js's kafkajs (admin, idempotent producer, consumer group, commits).
 //! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
-//!   consuming whole and in a group.
+//!   consuming whole and in a group; confluent-kafka for Python (PyPI, a current librdkafka)
+//!   with every codec, a committed and an aborted transaction, and a read_committed group.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
 //! - `streams`: a Kafka Streams app with exactly_once_v2 (a windowed count, compiled by the
 //!   test) counts exactly once across a kill -9 of the app.
