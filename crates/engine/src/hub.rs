@@ -581,9 +581,27 @@ impl Cursor {
         Ok(done)
     }
 
+    /// Moves on to the stream's successor (it gained partitions): the new partitions are read
+    /// from their start, the others from what was delivered, as after falling behind.
+    fn follow_successor(&mut self) {
+        while let Some(next) = self.stream.successor().cloned() {
+            let count = next.partition_count() as usize;
+            self.positions.resize(count, 0);
+            self.covered.clone_from(&self.positions);
+            self.ahead.resize_with(count, ReadAhead::default);
+            self.buffer.clear();
+            self.live = None;
+            self.phase = Phase::CatchUp { targets: next.end_offsets() };
+            self.stream = next;
+        }
+    }
+
     /// The next matching record, waiting for one to be committed if need be.
     pub async fn next(&mut self) -> Result<Delivery, EngineError> {
         loop {
+            if self.stream.successor().is_some() {
+                self.follow_successor();
+            }
             if !self.buffer.is_empty() {
                 // Records read from the log are ready at once and cost the scheduler nothing:
                 // without this, a reader working through a backlog (a burst of window finals,
@@ -631,7 +649,16 @@ impl Cursor {
                         self.phase = Phase::CatchUp { targets: self.stream.end_offsets() };
                         continue;
                     }
-                    let Some((event, change)) = live.receiver.recv().await else {
+                    let stream = self.stream.clone();
+                    let superseded = stream.superseded();
+                    if stream.successor().is_some() {
+                        continue;
+                    }
+                    let received = tokio::select! {
+                        received = live.receiver.recv() => received,
+                        () = superseded => continue,
+                    };
+                    let Some((event, change)) = received else {
                         return Err(EngineError::Read(onehop_log::ReadError::Closed));
                     };
                     let partition = event.partition as usize;

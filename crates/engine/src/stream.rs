@@ -46,19 +46,34 @@ pub struct Stream {
     table: bool,
     /// The MQTT topics routed here (`mqtt_topic`), parsed.
     mqtt_route: Option<SubjectFilter>,
+    /// Set once this stream gains partitions: the stream as now defined. Subscriptions
+    /// ([`crate::Cursor`]) move on to it and read the new partitions too.
+    successor: std::sync::OnceLock<Arc<Stream>>,
+    /// Woken when `successor` is set.
+    superseded: tokio::sync::Notify,
 }
 
 impl Stream {
     pub(crate) fn new(def: StreamDef, partitions: Vec<Arc<Partition>>) -> Self {
         assert_eq!(partitions.len(), def.partitions as usize, "one log partition per stream partition");
         let mqtt_route = def.mqtt_topic.as_deref().and_then(|topic| crate::catalog::mqtt_route(topic).ok());
-        Stream { def, partitions, next_keyless: AtomicU32::new(0), table: false, mqtt_route }
+        Stream {
+            def,
+            partitions,
+            next_keyless: AtomicU32::new(0),
+            table: false,
+            mqtt_route,
+            successor: std::sync::OnceLock::new(),
+            superseded: tokio::sync::Notify::new(),
+        }
     }
 
     /// The storage of a table: one compacted partition of row changes.
     pub(crate) fn table_storage(def: StreamDef, partition: Arc<Partition>) -> Self {
         assert_eq!(def.partitions, 1, "a table is stored in one partition");
-        Stream { def, partitions: vec![partition], next_keyless: AtomicU32::new(0), table: true, mqtt_route: None }
+        let mut stream = Stream::new(def, vec![partition]);
+        stream.table = true;
+        stream
     }
 
     /// Whether this stream is a table's storage: its records are row changes.
@@ -142,6 +157,30 @@ impl Stream {
         let mut stream = Stream::new(def, self.partitions.clone());
         stream.table = self.table;
         stream
+    }
+
+    /// This stream with `def` (more partitions): its partitions, then `added`.
+    pub(crate) fn grown(&self, def: StreamDef, added: Vec<Arc<Partition>>) -> Stream {
+        let partitions = self.partitions.iter().cloned().chain(added).collect();
+        Stream::new(def, partitions)
+    }
+
+    /// Hands this stream's subscriptions over to `next`, which has more partitions.
+    pub(crate) fn supersede(&self, next: Arc<Stream>) {
+        if self.successor.set(next).is_ok() {
+            self.superseded.notify_waiters();
+        }
+    }
+
+    /// The stream as redefined with more partitions, once it has been.
+    pub fn successor(&self) -> Option<&Arc<Stream>> {
+        self.successor.get()
+    }
+
+    /// Resolves once this stream has a successor (create it, then check
+    /// [`Stream::successor`], so a handover in between is not missed).
+    pub(crate) fn superseded(&self) -> tokio::sync::futures::Notified<'_> {
+        self.superseded.notified()
     }
 
     /// Checks `records` against the limits of `partition` without writing anything: what a

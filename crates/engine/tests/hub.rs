@@ -213,3 +213,46 @@ async fn positions_are_checked() {
     assert!(engine.subscribe(&two, Filter::default(), vec![0]).is_err(), "one position per partition");
     assert_eq!(engine.subscribe(&two, Filter::default(), vec![0, 5]).err().unwrap().code(), "offset_past_end");
 }
+
+/// A stream gains partitions (Kafka's CreatePartitions) while subscribers wait live and while
+/// one is catching up: each moves on to the new partitions by itself, missing nothing and
+/// repeating nothing; the count survives a restart; fewer partitions are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_follow_a_stream_that_gains_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path(), 1024);
+    let orders = stream(&engine, "orders", 2).await;
+    orders.enqueue_to(0, &[NewRecord::value("before")], None).await.unwrap().await.unwrap();
+    let mut live = engine.subscribe(&orders, Filter::default(), orders.end_offsets()).unwrap();
+    let mut catching_up = engine.subscribe(&orders, Filter::default(), vec![0, 0]).unwrap();
+    // The live one waits in the hub before the stream grows.
+    let waiting = tokio::spawn(async move {
+        let event = next_event(&mut live).await;
+        (event, live)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let grown = engine.add_stream_partitions("orders", 4).await.unwrap();
+    assert_eq!(grown.partition_count(), 4);
+    grown.enqueue_to(3, &[NewRecord::value("in a new partition")], None).await.unwrap().await.unwrap();
+    let (event, mut live) = waiting.await.unwrap();
+    assert_eq!(event, (3, 0, "in a new partition".to_string()));
+    assert_eq!(next_event(&mut catching_up).await, (0, 0, "before".to_string()));
+    assert_eq!(next_event(&mut catching_up).await, (3, 0, "in a new partition".to_string()));
+    grown.enqueue_to(1, &[NewRecord::value("old partition")], None).await.unwrap().await.unwrap();
+    assert_eq!(next_event(&mut live).await, (1, 0, "old partition".to_string()));
+    assert_eq!(next_event(&mut catching_up).await, (1, 0, "old partition".to_string()));
+    assert_eq!(live.positions(), &[1, 1, 0, 1]);
+
+    let fewer = engine.add_stream_partitions("orders", 3).await.err().unwrap();
+    assert!(fewer.to_string().contains("not taken away"), "{fewer}");
+    drop((live, catching_up, orders, grown));
+    let log = engine.log().clone();
+    drop(engine);
+    log.close();
+    let engine = open(dir.path(), 1024);
+    let orders = engine.stream("orders").unwrap();
+    assert_eq!(orders.partition_count(), 4, "the catalog keeps the new count");
+    let records = orders.read(3, onehop_engine::Position::Earliest, 10, 1 << 20).unwrap();
+    assert_eq!(records.len(), 1);
+}

@@ -227,8 +227,11 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
                 Ok(Output::Unchanged { statement: label, definition, note })
             }
         }
-        Statement::AlterStream { name, retention_ms, retention_bytes } => {
+        Statement::AlterStream { name, retention_ms, retention_bytes, partitions } => {
             let current = engine.stream(name)?.def().clone();
+            if let Some(partitions) = partitions {
+                engine.add_stream_partitions(name, *partitions).await?;
+            }
             let retention_ms = retention_ms.unwrap_or(current.retention_ms);
             let retention_bytes = retention_bytes.unwrap_or(current.retention_bytes);
             let stream = engine.alter_stream_retention(name, retention_ms, retention_bytes).await?;

@@ -38,7 +38,7 @@ pub enum SqlError {
 
 /// What `SqlError::Unsupported` lists.
 pub const SUPPORTED: &str = "CREATE STREAM [IF NOT EXISTS] name [WITH (partitions = N, retention = '7d', retention_bytes = '1GiB', \
-     durability = 'fsync'|'async', cleanup = 'delete'|'compact')]; ALTER STREAM name SET (retention = '30d', retention_bytes = 'none'); CREATE TABLE [IF NOT EXISTS] name (id TEXT PRIMARY KEY, col TYPE [NOT NULL], …) \
+     durability = 'fsync'|'async', cleanup = 'delete'|'compact')]; ALTER STREAM name SET (retention = '30d', retention_bytes = 'none', partitions = 8); CREATE TABLE [IF NOT EXISTS] name (id TEXT PRIMARY KEY, col TYPE [NOT NULL], …) \
      [WITH (durability = …)]; CREATE INDEX [name] ON table (field); DROP STREAM|TABLE|INDEX|VIEW [IF EXISTS] name; \
      SHOW STREAMS; SHOW TABLES; SHOW VIEWS; DESCRIBE name; \
      CREATE VIEW [IF NOT EXISTS] name [WITH (grace = '1s', emit = 'changes', …)] AS SELECT key, COUNT(*), SUM(x), … \

@@ -60,12 +60,13 @@ pub enum Statement {
         table: String,
         field: String,
     },
-    /// `ALTER STREAM name SET (retention = …, retention_bytes = …)`: each named limit changes
-    /// (`Some(None)`: none), the others stay.
+    /// `ALTER STREAM name SET (retention = …, retention_bytes = …, partitions = N)`: each named
+    /// limit changes (`Some(None)`: none), the others stay; `partitions` grows the stream.
     AlterStream {
         name: String,
         retention_ms: Option<Option<u64>>,
         retention_bytes: Option<Option<u64>>,
+        partitions: Option<u32>,
     },
     DropStream {
         name: String,
@@ -198,7 +199,7 @@ fn parse_create_stream(parser: &mut Parser, sql: &str, start: Location) -> Resul
 /// `ALTER STREAM` (already read) `name SET (retention = …, retention_bytes = …)`.
 fn parse_alter_stream(parser: &mut Parser) -> Result<Statement, SqlError> {
     let name = simple_name(&parser.parse_object_name(false).map_err(syntax)?)?;
-    let (mut retention_ms, mut retention_bytes) = (None, None);
+    let (mut retention_ms, mut retention_bytes, mut partitions) = (None, None, None);
     let settings = parser.parse_options(Keyword::SET).map_err(syntax)?;
     if settings.is_empty() {
         return Err(SqlError::InvalidOption("ALTER STREAM … SET (…) names at least one setting".into()));
@@ -213,14 +214,15 @@ fn parse_alter_stream(parser: &mut Parser) -> Result<Statement, SqlError> {
         match key.as_str() {
             "retention" => retention_ms = Some(options.retention_ms),
             "retention_bytes" => retention_bytes = Some(options.retention_bytes),
+            "partitions" => partitions = options.partitions,
             other => {
                 return Err(SqlError::InvalidOption(format!(
-                    "{other}: ALTER STREAM changes retention and retention_bytes; the rest of a stream is fixed at CREATE"
+                    "{other}: ALTER STREAM changes retention, retention_bytes and partitions (to more); the rest of a stream is fixed at CREATE"
                 )));
             }
         }
     }
-    Ok(Statement::AlterStream { name, retention_ms, retention_bytes })
+    Ok(Statement::AlterStream { name, retention_ms, retention_bytes, partitions })
 }
 
 /// The text of a literal option value: a number or a quoted string.

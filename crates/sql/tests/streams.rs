@@ -1,4 +1,5 @@
-//! Streams in SQL: ALTER STREAM changes a stream's retention, durably, and nothing else.
+//! Streams in SQL: ALTER STREAM changes a stream's retention and grows its partitions,
+//! durably, and nothing else.
 
 mod common;
 
@@ -25,11 +26,20 @@ async fn alter_stream_changes_only_the_retention_it_names_and_it_survives_a_rest
     let def = engine.stream("orders").unwrap().def().clone();
     assert_eq!((def.retention_ms, def.retention_bytes, def.partitions), (Some(30 * 86_400_000), None, 2));
 
-    // What ALTER cannot change, an unknown stream, and an empty SET are refused, changing nothing.
-    let refused = run(&engine, "ALTER STREAM orders SET (partitions = 4)").await.unwrap_err();
+    // What ALTER cannot change, fewer partitions, an unknown stream, and an empty SET are
+    // refused, changing nothing.
+    let refused = run(&engine, "ALTER STREAM orders SET (durability = 'async')").await.unwrap_err();
     assert!(matches!(&refused, SqlError::InvalidOption(why) if why.contains("fixed at CREATE")), "{refused:?}");
+    assert!(run(&engine, "ALTER STREAM orders SET (partitions = 1)").await.is_err());
     assert!(run(&engine, "ALTER STREAM nothing SET (retention = '1d')").await.is_err());
     assert!(run(&engine, "ALTER STREAM orders SET ()").await.is_err());
     assert_eq!(engine.stream("orders").unwrap().def(), &def);
+
+    // Partitions grow, durably.
+    run(&engine, "ALTER STREAM orders SET (partitions = 6)").await.unwrap();
+    assert_eq!(engine.stream("orders").unwrap().partition_count(), 6);
+    close(engine).await;
+    let engine = open(dir.path());
+    assert_eq!(engine.stream("orders").unwrap().def().partitions, 6);
     close(engine).await;
 }

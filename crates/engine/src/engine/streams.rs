@@ -184,6 +184,41 @@ impl Engine {
         Ok(stream)
     }
 
+    /// Grows the stream `name` to `partitions` partitions, durably (the definition is in the
+    /// catalog before this returns), as Kafka's CreatePartitions does: records already stored
+    /// stay where they are, and keys hash over the new count from now on. Subscriptions move on
+    /// to the new partitions by themselves. A stream a view or transform reads keeps its
+    /// partitions (they read a fixed set), and partitions are never taken away.
+    pub async fn add_stream_partitions(&self, name: &str, partitions: u32) -> Result<Arc<Stream>, EngineError> {
+        let _ddl = self.ddl.lock().await;
+        let existing = self.stream(name)?;
+        let current = existing.partition_count();
+        if partitions <= current {
+            return Err(EngineError::InvalidDefinition(format!(
+                "{name:?} has {current} partition(s): partitions can be added, not taken away, so ask for more than {current}"
+            )));
+        }
+        if existing.is_table() || self.transform(name).is_some() {
+            return Err(EngineError::InvalidDefinition(format!(
+                "{name:?} is a table's storage or a transform's output: its partitions are set by its definition"
+            )));
+        }
+        self.check_unread(name)?;
+        let def = StreamDef { partitions, ..existing.def().clone() };
+        def.validate()?;
+        self.catalog.append(&[catalog::stream_record(&def)]).await?;
+        let config = self.partition_config(&def);
+        let added = (current..partitions)
+            .map(|index| self.log.open_partition(name, index, config.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stream = Arc::new(existing.grown(def, added));
+        self.streams.write().expect("streams lock").insert(name.to_string(), stream.clone());
+        existing.supersede(stream.clone());
+        self.streams_changed();
+        tracing::info!(stream = name, from = current, to = partitions, "stream partitions added");
+        Ok(stream)
+    }
+
     /// Drops the stream `name` and deletes its records. Its subscriptions end.
     pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;

@@ -95,3 +95,30 @@ fn confluent_kafka_produces_with_every_codec_in_transactions_and_consumes_in_a_g
     assert_eq!(report["headers"], 200, "{report}");
     assert_eq!(report["committed"], 205, "the group committed every record: {report}");
 }
+
+/// Kafka's topic tool adds partitions (CreatePartitions) to a topic an SSE subscriber is
+/// following: the tool describes the new count, kcat writes to a new partition, and the
+/// subscriber, opened before, receives it without reconnecting. Taking partitions away is
+/// refused with Kafka's INVALID_PARTITIONS.
+#[test]
+fn partitions_added_with_kafkas_tool_reach_a_subscriber_already_following() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    crate::create_topic(kafka, "sensors", 2);
+    let mut sse = crate::common::RawSse::open(server.address, "/streams/sensors", None);
+    let topics = |args: &[&str]| {
+        crate::kafka_tool("org.apache.kafka.tools.TopicCommand", kafka).args(args).output().expect("java runs")
+    };
+    assert!(topics(&["--alter", "--topic", "sensors", "--partitions", "5"]).status.success());
+    let described = String::from_utf8_lossy(&topics(&["--describe", "--topic", "sensors"]).stdout).into_owned();
+    assert!(described.contains("PartitionCount: 5"), "{described}");
+    kcat(kafka, &["-P", "-t", "sensors", "-p", "4", "-K", ":"], "probe:in partition 4\n");
+    let (id, event) = sse.next();
+    assert_eq!(event["partition"], 4, "{event}");
+    assert_eq!(event["value_text"], "in partition 4", "{event}");
+    assert_eq!(id, "0:-1,1:-1,2:-1,3:-1,4:0", "the resume id covers the new partitions");
+    let fewer = topics(&["--alter", "--topic", "sensors", "--partitions", "3"]);
+    let said = format!("{}{}", String::from_utf8_lossy(&fewer.stdout), String::from_utf8_lossy(&fewer.stderr));
+    assert!(said.contains("InvalidPartitionsException"), "{said}");
+}

@@ -164,6 +164,9 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
         RequestKind::DeleteTopics(request) => {
             frame_response(id, response_header, &topics::delete(shared, request).await, version)?
         }
+        RequestKind::CreatePartitions(request) => {
+            frame_response(id, response_header, &topics::create_partitions(shared, request).await, version)?
+        }
         RequestKind::Produce(request) => match produce::produce(shared, request).await {
             Some(answer) => frame_response(id, response_header, &answer, version)?,
             None => return Ok(None),
@@ -267,6 +270,7 @@ fn api_name(api: ApiKey) -> &'static str {
         ApiKey::Metadata => "Metadata",
         ApiKey::CreateTopics => "CreateTopics",
         ApiKey::DeleteTopics => "DeleteTopics",
+        ApiKey::CreatePartitions => "CreatePartitions",
         ApiKey::Produce => "Produce",
         ApiKey::Fetch => "Fetch",
         ApiKey::ListOffsets => "ListOffsets",

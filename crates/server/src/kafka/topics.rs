@@ -3,6 +3,8 @@
 use std::sync::Arc;
 
 use kafka_protocol::ResponseError;
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsRequest;
+use kafka_protocol::messages::create_partitions_response::{CreatePartitionsResponse, CreatePartitionsTopicResult};
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreateTopicsRequest};
 use kafka_protocol::messages::create_topics_response::{CreatableTopicResult, CreateTopicsResponse};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
@@ -201,6 +203,55 @@ pub(super) fn set_config(def: &mut StreamDef, name: &str, value: Option<&str>) -
         }
     }
     Ok(())
+}
+
+/// CreatePartitions: grows each stream to the count asked for. Replica assignments, when
+/// given, may name this server only.
+pub(super) async fn create_partitions(shared: &Shared, request: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    let mut response = CreatePartitionsResponse::default();
+    for topic in request.topics {
+        let mut result = CreatePartitionsTopicResult::default();
+        let name = topic.name.0.as_str();
+        let node = BrokerId(shared.config.node_id);
+        let refusal = match shared.engine.stream(name) {
+            Err(error) => Some(refusal(&error)),
+            Ok(stream) if topic.count <= stream.partition_count() as i32 => Some((
+                ResponseError::InvalidPartitions.code(),
+                format!(
+                    "topic {name:?} has {} partitions; partitions can be added, not taken away",
+                    stream.partition_count()
+                ),
+            )),
+            Ok(_)
+                if topic.assignments.as_ref().is_some_and(|assignments| {
+                    assignments.iter().any(|assignment| assignment.broker_ids.iter().any(|id| *id != node))
+                }) =>
+            {
+                Some((
+                    ResponseError::InvalidReplicaAssignment.code(),
+                    format!("this server (node {}) is the only broker", node.0),
+                ))
+            }
+            Ok(_) if request.validate_only => None,
+            Ok(_) => match shared.engine.add_stream_partitions(name, topic.count as u32).await {
+                Ok(_) => None,
+                Err(error) => {
+                    let (mut code, message) = refusal(&error);
+                    if matches!(error.kind(), onehop_engine::ErrorKind::Conflict | onehop_engine::ErrorKind::Invalid) {
+                        code = ResponseError::InvalidPartitions.code();
+                    }
+                    Some((code, message))
+                }
+            },
+        };
+        if let Some((code, message)) = refusal {
+            result.error_code = code;
+            result.error_message = Some(StrBytes::from_string(message));
+        }
+        result.name = topic.name;
+        response.results.push(result);
+    }
+    response
 }
 
 /// DeleteTopics: drops each stream (and its records).

@@ -18,7 +18,7 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// The APIs served, with their versions.
-const SERVED: [(ApiKey, RangeInclusive<i16>); 28] = [
+const SERVED: [(ApiKey, RangeInclusive<i16>); 29] = [
     (ApiKey::Produce, 3..=11),
     (ApiKey::Fetch, 4..=12),
     (ApiKey::ListOffsets, 1..=6),
@@ -26,6 +26,7 @@ const SERVED: [(ApiKey, RangeInclusive<i16>); 28] = [
     (ApiKey::ApiVersions, 0..=3),
     (ApiKey::CreateTopics, 2..=7),
     (ApiKey::DeleteTopics, 1..=5),
+    (ApiKey::CreatePartitions, 0..=3),
     (ApiKey::InitProducerId, 0..=5),
     (ApiKey::DescribeConfigs, 1..=4),
     (ApiKey::AlterConfigs, 0..=2),
