@@ -29,12 +29,14 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest [flags]")
+		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest|queue [flags]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
 	case "kafka-ingest":
 		kafkaIngest(os.Args[2:])
+	case "queue":
+		queueStudy(os.Args[2:])
 	case "version":
 		printVersion()
 	default:
@@ -53,7 +55,7 @@ func printVersion() {
 	}
 	parts := []string{info.GoVersion}
 	for _, module := range info.Deps {
-		if strings.HasPrefix(module.Path, "github.com/twmb/franz-go") {
+		if strings.HasPrefix(module.Path, "github.com/twmb/franz-go") || strings.HasPrefix(module.Path, "github.com/redis/go-redis") {
 			parts = append(parts, module.Path+" "+module.Version)
 		}
 	}

@@ -49,6 +49,7 @@ pub mod plan;
 pub mod plot;
 pub mod priority;
 pub mod progress;
+pub mod queue;
 pub mod recorder;
 pub mod report;
 pub mod restore;

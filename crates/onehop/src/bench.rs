@@ -40,6 +40,18 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             out: args.out,
             json: args.json,
         }),
+        BenchCommand::Queue(args) => onehop_bench::queue::run(&onehop_bench::queue::QueueOptions {
+            exe: std::env::current_exe()?,
+            dir: args.dir,
+            kafka_brokers: args.kafka_brokers,
+            messages: args.messages,
+            bytes: args.bytes,
+            producers: args.producers,
+            consumers: args.consumers,
+            targets: args.target,
+            out: args.out,
+            json: args.json,
+        }),
     }
 }
 

@@ -214,6 +214,9 @@ pub enum BenchCommand {
     /// Kafka's ProducerPerformance against onehop's Kafka listener and against a real Kafka,
     /// in one invocation (needs `scripts/peers install kafka`).
     Kafka(BenchKafkaArgs),
+    /// Study 4, the queue: Kafka clients against onehop and against Kafka, and Redis Streams
+    /// consumer groups, in one invocation (needs `scripts/peers install kafka redis`).
+    Queue(BenchQueueArgs),
 }
 
 /// Flags of `onehop bench kafka`.
@@ -235,6 +238,38 @@ pub struct BenchKafkaArgs {
     #[arg(long, default_value = "results/kafka")]
     pub out: std::path::PathBuf,
     /// End the output with one JSON line per target and record size.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `onehop bench queue`.
+#[derive(Args, Debug)]
+pub struct BenchQueueArgs {
+    /// Sides to run, one after another: onehop, kafka, redis-always, redis-everysec.
+    #[arg(long, value_delimiter = ',', default_value = "onehop,kafka,redis-always,redis-everysec")]
+    pub target: Vec<String>,
+    /// Messages in all.
+    #[arg(long, default_value_t = 100_000)]
+    pub messages: u64,
+    /// Message size, in bytes.
+    #[arg(long, default_value_t = 1024)]
+    pub bytes: usize,
+    /// Producers, each in a closed loop.
+    #[arg(long, default_value_t = 10)]
+    pub producers: u32,
+    /// Consumers in one group (and partitions of the Kafka topic).
+    #[arg(long, default_value_t = 10)]
+    pub consumers: u32,
+    /// Brokers of the Kafka side: 1, or 3 (replication 3, min ISR 2).
+    #[arg(long, default_value_t = 1)]
+    pub kafka_brokers: u32,
+    /// Where the servers keep their data: put it on the disk to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Where summary.md, queue-latency.svg and the peers' logs go.
+    #[arg(long, default_value = "results/queue")]
+    pub out: std::path::PathBuf,
+    /// End the output with one JSON line per target.
     #[arg(long)]
     pub json: bool,
 }

@@ -227,6 +227,44 @@ fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
     assert!(leftovers.is_empty(), "still running: {leftovers:?}");
 }
 
+/// `onehop bench queue`, small: the queue study's closed-loop producers and acknowledging
+/// consumer group through Kafka's protocol against onehop and one Kafka broker, and through
+/// Redis Streams against redis-server (AOF fsynced per write); every message received once.
+#[test]
+fn bench_queue_runs_kafka_clients_and_redis_streams_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut command = common::onehop();
+    command
+        .args(["bench", "queue", "--messages", "600", "--producers", "3", "--consumers", "2"])
+        .args(["--target", "onehop,kafka,redis-always", "--json", "--dir"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out);
+    if let Some(peers) = peers_dir() {
+        command.env("ONEHOP_PEERS_DIR", peers);
+    }
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<Value> =
+        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
+    let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
+    assert_eq!(targets, ["onehop", "kafka", "redis-always"], "{stdout}");
+    for line in &lines {
+        assert_eq!(line["received"], 600, "{line}");
+        assert_eq!(line["duplicates"], 0, "{line}");
+        assert!(line["msg_per_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["p99_ms"].as_f64() >= line["p50_ms"].as_f64(), "{line}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| redis-always |") && summary.contains("×"), "{summary}");
+    assert!(std::fs::read_to_string(out.join("queue-latency.svg")).unwrap().contains("redis-always"));
+    assert!(out.join("peer-logs").join("redis-always.log").exists());
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+}
+
 #[test]
 fn a_target_that_does_not_run_the_workload_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
