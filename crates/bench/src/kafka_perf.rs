@@ -26,6 +26,8 @@ pub struct KafkaPerfOptions {
     pub records: u64,
     /// Record sizes, in bytes.
     pub sizes: Vec<usize>,
+    /// Records EndToEndLatency sends, one at a time (0: not run).
+    pub latency_records: u64,
     /// Where summary.md, the chart and results.json go.
     pub out: PathBuf,
     pub json: bool,
@@ -88,6 +90,63 @@ fn producer_performance(
         .with_context(|| format!("no summary line in ProducerPerformance's output: {stdout}"))
 }
 
+/// EndToEndLatency's figures: its average, and its percentiles (whole milliseconds, as the
+/// tool prints them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndToEnd {
+    pub avg_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+}
+
+/// Parses EndToEndLatency's last lines: `Avg latency: 1.2300 ms` and `Percentiles: 50th = 0,
+/// 99th = 5, 99.9th = 22`.
+pub fn parse_end_to_end(output: &str) -> Option<EndToEnd> {
+    let avg_ms = output.lines().find_map(|line| line.strip_prefix("Avg latency: "))?.split_whitespace().next()?;
+    let percentiles = output.lines().find_map(|line| line.strip_prefix("Percentiles: "))?;
+    let value = |name: &str| -> Option<f64> {
+        percentiles.split(", ").find_map(|part| part.strip_prefix(name)?.strip_prefix(" = ")?.trim().parse().ok())
+    };
+    Some(EndToEnd {
+        avg_ms: avg_ms.parse().ok()?,
+        p50_ms: value("50th")?,
+        p99_ms: value("99th")?,
+        p999_ms: value("99.9th")?,
+    })
+}
+
+/// Kafka's EndToEndLatency against `bootstrap`: one 100-byte record at a time, acks=all, each
+/// consumed before the next is sent, on a new topic of one partition.
+fn end_to_end(
+    java: &Path,
+    classpath: &str,
+    bootstrap: &str,
+    replication: u32,
+    records: u64,
+) -> anyhow::Result<EndToEnd> {
+    let topic = crate::client::unique_name("e2e");
+    let created = Command::new(java)
+        .args(["-cp", classpath, "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap])
+        .args(["--create", "--topic", &topic, "--partitions", "1"])
+        .args(["--replication-factor", &replication.to_string()])
+        .output()
+        .context("running TopicCommand")?;
+    if !created.status.success() {
+        bail!("creating {topic}: {}", String::from_utf8_lossy(&created.stderr));
+    }
+    let output = Command::new(java)
+        .args(["-cp", classpath, "org.apache.kafka.tools.EndToEndLatency", bootstrap, &topic])
+        .args([&records.to_string(), "all", "100"])
+        .output()
+        .context("running EndToEndLatency")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!("EndToEndLatency failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    }
+    parse_end_to_end(&stdout).with_context(|| format!("no figures in EndToEndLatency's output: {stdout}"))
+}
+
 pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
     let lib = installed("kafka/lib", "kafka")?;
     let java = system_program("java", "kafka")?;
@@ -117,6 +176,18 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
             results.push((size, *name, figures));
         }
     }
+    let mut latencies = Vec::new();
+    if options.latency_records > 0 {
+        for (name, bootstrap, replication) in &sides {
+            eprintln!("bench kafka: EndToEndLatency, {} records of 100 B, against {name}", options.latency_records);
+            let figures = end_to_end(&java, &classpath, bootstrap, *replication, options.latency_records)?;
+            eprintln!(
+                "bench kafka: {name} end to end: avg {} ms, p50 {} ms, p99 {} ms, p99.9 {} ms",
+                figures.avg_ms, figures.p50_ms, figures.p99_ms, figures.p999_ms
+            );
+            latencies.push((*name, figures));
+        }
+    }
     let mut summary = format!(
         "# bench kafka\n\nProducerPerformance (kafka-tools, acks=all, linger.ms=5, {PARTITIONS} partitions, {} records per run). \
          onehop: one node, every batch fdatasynced before its answer. Kafka: {} broker(s), replication {}, no fsync per write.\n\n\
@@ -144,6 +215,30 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
                 "records_per_s": figures.records_per_s, "mb_per_s": figures.mb_per_s,
                 "p50_ms": figures.p50_ms, "p99_ms": figures.p99_ms,
                 "kafka_brokers": options.kafka_brokers,
+            }));
+        }
+    }
+    if !latencies.is_empty() {
+        summary.push_str(&format!(
+            "\nEndToEndLatency (kafka-tools: one 100 B record at a time, acks=all, consumed before the next is sent, \
+             {} records; its percentiles are whole milliseconds):\n\n\
+             | target | avg ms | p50 ms | p99 ms | p99.9 ms | onehop ÷ Kafka (avg) |\n|---|---|---|---|---|---|\n",
+            options.latency_records
+        ));
+        let kafka_avg = latencies.iter().find(|(name, _)| *name == "kafka").map(|(_, figures)| figures.avg_ms);
+        for (name, figures) in &latencies {
+            let ratio = match kafka_avg {
+                Some(kafka) if *name == "onehop" && kafka > 0.0 => format!("{:.2}×", figures.avg_ms / kafka),
+                _ => "–".into(),
+            };
+            summary.push_str(&format!(
+                "| {name} | {} | {} | {} | {} | {ratio} |\n",
+                figures.avg_ms, figures.p50_ms, figures.p99_ms, figures.p999_ms
+            ));
+            lines.push(json!({
+                "bench": "kafka-end-to-end", "target": name, "records": options.latency_records,
+                "avg_ms": figures.avg_ms, "p50_ms": figures.p50_ms, "p99_ms": figures.p99_ms,
+                "p999_ms": figures.p999_ms, "kafka_brokers": options.kafka_brokers,
             }));
         }
     }
@@ -192,5 +287,13 @@ mod tests {
         let expected = Throughput { records_per_s: 325732.9, mb_per_s: 31.06, p50_ms: 33.0, p99_ms: 78.0 };
         assert_eq!(parse_summary(line), Some(expected));
         assert_eq!(parse_summary("12 records sent, 2.4 records/sec (0.00 MB/sec), 1.0 ms avg latency"), None);
+    }
+
+    #[test]
+    fn reads_end_to_end_latencys_figures() {
+        let output = "0\t31.2\n1000\t1.02298\nAvg latency: 1.2300 ms\nPercentiles: 50th = 0, 99th = 5, 99.9th = 22\n";
+        let expected = EndToEnd { avg_ms: 1.23, p50_ms: 0.0, p99_ms: 5.0, p999_ms: 22.0 };
+        assert_eq!(parse_end_to_end(output), Some(expected));
+        assert_eq!(parse_end_to_end("Avg latency: 1.2 ms\n"), None);
     }
 }

@@ -37,6 +37,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             kafka_brokers: args.kafka_brokers,
             records: args.records,
             sizes: args.sizes,
+            latency_records: args.latency_records,
             out: args.out,
             json: args.json,
         }),

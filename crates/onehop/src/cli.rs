@@ -231,6 +231,9 @@ pub struct BenchKafkaArgs {
     /// Record sizes, in bytes.
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     pub sizes: Vec<usize>,
+    /// Records Kafka's EndToEndLatency sends one at a time against each side (0: skip it).
+    #[arg(long, default_value_t = 5000)]
+    pub latency_records: u64,
     /// Where the servers keep their data: put it on the disk to measure.
     #[arg(long, default_value = ".")]
     pub dir: std::path::PathBuf,

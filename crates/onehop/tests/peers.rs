@@ -202,7 +202,9 @@ fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let mut command = common::onehop();
-    command.args(["bench", "kafka", "--records", "20000", "--sizes", "100", "--json", "--dir"]).arg(dir.path());
+    command
+        .args(["bench", "kafka", "--records", "20000", "--sizes", "100", "--latency-records", "300", "--json", "--dir"])
+        .arg(dir.path());
     command.arg("--out").arg(&out);
     if let Some(peers) = peers_dir() {
         command.env("ONEHOP_PEERS_DIR", peers);
@@ -212,9 +214,18 @@ fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let lines: Vec<Value> =
         stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
-    let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
-    assert_eq!(targets, ["onehop", "kafka"], "{stdout}");
-    for line in &lines {
+    let (throughput, end_to_end): (Vec<&Value>, Vec<&Value>) = lines.iter().partition(|line| line["bench"] == "kafka");
+    let targets = |lines: &[&Value]| -> Vec<String> {
+        lines.iter().map(|line| line["target"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(targets(&throughput), ["onehop", "kafka"], "{stdout}");
+    assert_eq!(targets(&end_to_end), ["onehop", "kafka"], "{stdout}");
+    for line in &end_to_end {
+        assert_eq!(line["bench"], "kafka-end-to-end", "{line}");
+        assert!(line["avg_ms"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["p99_ms"].as_f64() >= line["p50_ms"].as_f64(), "{line}");
+    }
+    for line in &throughput {
         assert_eq!(line["record_bytes"], 100, "{line}");
         assert!(line["records_per_s"].as_f64().unwrap() > 0.0, "{line}");
         assert!(line["p99_ms"].as_f64() >= line["p50_ms"].as_f64(), "{line}");
