@@ -29,7 +29,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest|queue [flags]")
+		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest|queue|rebalance [flags]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -37,6 +37,8 @@ func main() {
 		kafkaIngest(os.Args[2:])
 	case "queue":
 		queueStudy(os.Args[2:])
+	case "rebalance":
+		rebalanceStudy(os.Args[2:])
 	case "version":
 		printVersion()
 	default:

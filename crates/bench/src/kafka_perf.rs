@@ -28,6 +28,8 @@ pub struct KafkaPerfOptions {
     pub sizes: Vec<usize>,
     /// Records EndToEndLatency sends, one at a time (0: not run).
     pub latency_records: u64,
+    /// Rounds of a consumer group's rebalance (a member joins, then leaves; 0: not run).
+    pub rebalance_rounds: u32,
     /// Where summary.md, the chart and results.json go.
     pub out: PathBuf,
     pub json: bool,
@@ -147,6 +149,47 @@ fn end_to_end(
     parse_end_to_end(&stdout).with_context(|| format!("no figures in EndToEndLatency's output: {stdout}"))
 }
 
+/// The rebalance study's figures (the glue's `rebalance` command): each round's join and leave,
+/// in milliseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rebalances {
+    pub join_ms: Vec<f64>,
+    pub leave_ms: Vec<f64>,
+}
+
+/// The median and the largest of `values`.
+fn median_and_max(values: &[f64]) -> (f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    (median, sorted.last().copied().unwrap_or(0.0))
+}
+
+/// A consumer group's rebalances against `bootstrap`, with franz-go's defaults (cooperative-
+/// sticky assignor, 3 s heartbeats): a second member joining a first one that holds 12
+/// partitions, then leaving, `rounds` times.
+fn rebalances(glue: &Path, bootstrap: &str, rounds: u32, log: &Path) -> anyhow::Result<Rebalances> {
+    let name = crate::client::unique_name("rebalance");
+    let output = Command::new(glue)
+        .args(["rebalance", "--address", bootstrap, "--name", &name, "--rounds", &rounds.to_string()])
+        .stderr(std::fs::File::create(log)?)
+        .output()
+        .context("running the glue")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let parsed: Option<serde_json::Value> =
+        stdout.lines().rev().find(|line| line.starts_with('{')).and_then(|line| serde_json::from_str(line).ok());
+    let Some(parsed) = parsed.filter(|_| output.status.success()) else {
+        bail!("the rebalance run against {bootstrap} failed ({}); its log: {}", output.status, log.display());
+    };
+    let list = |field: &str| -> Vec<f64> {
+        parsed[field]
+            .as_array()
+            .map(|values| values.iter().filter_map(serde_json::Value::as_f64).collect())
+            .unwrap_or_default()
+    };
+    Ok(Rebalances { join_ms: list("join_ms"), leave_ms: list("leave_ms") })
+}
+
 pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
     let lib = installed("kafka/lib", "kafka")?;
     let java = system_program("java", "kafka")?;
@@ -186,6 +229,21 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
                 figures.avg_ms, figures.p50_ms, figures.p99_ms, figures.p999_ms
             );
             latencies.push((*name, figures));
+        }
+    }
+    let mut rebalanced = Vec::new();
+    if options.rebalance_rounds > 0 {
+        let glue = installed("bin/onehop-peer-glue", "kafka")?;
+        for (name, bootstrap, _) in &sides {
+            eprintln!(
+                "bench kafka: a consumer group's rebalances, {} rounds, against {name}",
+                options.rebalance_rounds
+            );
+            let log = options.out.join("peer-logs").join(format!("glue-rebalance-{name}.log"));
+            std::fs::create_dir_all(options.out.join("peer-logs"))?;
+            let figures = rebalances(&glue, bootstrap, options.rebalance_rounds, &log)?;
+            eprintln!("bench kafka: {name} rebalances: join {:?} ms, leave {:?} ms", figures.join_ms, figures.leave_ms);
+            rebalanced.push((*name, figures));
         }
     }
     let mut summary = format!(
@@ -239,6 +297,25 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
                 "bench": "kafka-end-to-end", "target": name, "records": options.latency_records,
                 "avg_ms": figures.avg_ms, "p50_ms": figures.p50_ms, "p99_ms": figures.p99_ms,
                 "p999_ms": figures.p999_ms, "kafka_brokers": options.kafka_brokers,
+            }));
+        }
+    }
+    if !rebalanced.is_empty() {
+        summary.push_str(&format!(
+            "\nConsumer-group rebalance (franz-go defaults: cooperative-sticky assignor, 3 s heartbeats; a second member \
+             joins a first holding {PARTITIONS} partitions, then leaves; {} rounds). A member learns of a rebalance at \
+             its next heartbeat, so both sides are bounded by the heartbeat interval:\n\n\
+             | target | join p50 / max ms | leave p50 / max ms |\n|---|---|---|\n",
+            options.rebalance_rounds
+        ));
+        for (name, figures) in &rebalanced {
+            let (join, join_max) = median_and_max(&figures.join_ms);
+            let (leave, leave_max) = median_and_max(&figures.leave_ms);
+            summary.push_str(&format!("| {name} | {join:.0} / {join_max:.0} | {leave:.0} / {leave_max:.0} |\n"));
+            lines.push(json!({
+                "bench": "kafka-rebalance", "target": name, "rounds": options.rebalance_rounds,
+                "join_ms": figures.join_ms, "leave_ms": figures.leave_ms,
+                "join_p50_ms": join, "leave_p50_ms": leave, "kafka_brokers": options.kafka_brokers,
             }));
         }
     }

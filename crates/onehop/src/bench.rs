@@ -38,6 +38,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             records: args.records,
             sizes: args.sizes,
             latency_records: args.latency_records,
+            rebalance_rounds: args.rebalance_rounds,
             out: args.out,
             json: args.json,
         }),

@@ -234,6 +234,10 @@ pub struct BenchKafkaArgs {
     /// Records Kafka's EndToEndLatency sends one at a time against each side (0: skip it).
     #[arg(long, default_value_t = 5000)]
     pub latency_records: u64,
+    /// Rounds of a consumer group's rebalance (a member joins, then leaves) against each side
+    /// (0: skip it).
+    #[arg(long, default_value_t = 5)]
+    pub rebalance_rounds: u32,
     /// Where the servers keep their data: put it on the disk to measure.
     #[arg(long, default_value = ".")]
     pub dir: std::path::PathBuf,

@@ -203,7 +203,8 @@ fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
     let out = dir.path().join("out");
     let mut command = common::onehop();
     command
-        .args(["bench", "kafka", "--records", "20000", "--sizes", "100", "--latency-records", "300", "--json", "--dir"])
+        .args(["bench", "kafka", "--records", "20000", "--sizes", "100", "--latency-records", "300"])
+        .args(["--rebalance-rounds", "1", "--json", "--dir"])
         .arg(dir.path());
     command.arg("--out").arg(&out);
     if let Some(peers) = peers_dir() {
@@ -214,12 +215,18 @@ fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let lines: Vec<Value> =
         stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
-    let (throughput, end_to_end): (Vec<&Value>, Vec<&Value>) = lines.iter().partition(|line| line["bench"] == "kafka");
+    let of = |bench: &str| -> Vec<&Value> { lines.iter().filter(|line| line["bench"] == bench).collect() };
+    let (throughput, end_to_end, rebalance) = (of("kafka"), of("kafka-end-to-end"), of("kafka-rebalance"));
     let targets = |lines: &[&Value]| -> Vec<String> {
         lines.iter().map(|line| line["target"].as_str().unwrap().to_string()).collect()
     };
     assert_eq!(targets(&throughput), ["onehop", "kafka"], "{stdout}");
     assert_eq!(targets(&end_to_end), ["onehop", "kafka"], "{stdout}");
+    assert_eq!(targets(&rebalance), ["onehop", "kafka"], "{stdout}");
+    for line in &rebalance {
+        assert_eq!(line["join_ms"].as_array().unwrap().len(), 1, "{line}");
+        assert!(line["leave_p50_ms"].as_f64().unwrap() > 0.0, "{line}");
+    }
     for line in &end_to_end {
         assert_eq!(line["bench"], "kafka-end-to-end", "{line}");
         assert!(line["avg_ms"].as_f64().unwrap() > 0.0, "{line}");
