@@ -151,3 +151,36 @@ fn topic_settings_are_created_described_and_altered_with_kafkas_tools() {
     let said = format!("{}{}", String::from_utf8_lossy(&bogus.stdout), String::from_utf8_lossy(&bogus.stderr));
     assert!(said.contains("cleanup.policy"), "{said}");
 }
+
+/// A Java consumer resuming a group from a committed offset checks it against the leader's
+/// epoch first (OffsetForLeaderEpoch, KIP-320), then reads on from exactly there.
+#[test]
+fn a_consumer_resuming_from_a_commit_validates_it_by_leader_epoch() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    create_topic(kafka, "audit", 1);
+    let lines = |range: std::ops::Range<u32>| -> Vec<String> { range.map(|i| format!("k{i}\tv{i}")).collect() };
+    let read_in_group = || -> Vec<String> {
+        let said = succeed(kafka_tool("org.apache.kafka.tools.consumer.ConsoleConsumer", kafka).args([
+            "--topic",
+            "audit",
+            "--group",
+            "auditors",
+            "--from-beginning",
+            "--timeout-ms",
+            "6000",
+        ]));
+        said.lines().filter(|line| line.starts_with('v')).map(str::to_string).collect()
+    };
+    console_produce(kafka, "audit", &lines(0..20), &[]);
+    assert_eq!(read_in_group().len(), 20);
+    console_produce(kafka, "audit", &lines(20..25), &[]);
+    assert_eq!(read_in_group(), ["v20", "v21", "v22", "v23", "v24"], "on from the commit, nothing again");
+    let (_, metrics) = get(server.address, "/metrics");
+    let validations = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("kafka_requests_total{api=\"OffsetForLeaderEpoch\"} "))
+        .map_or(0, |count| count.trim().parse::<u64>().unwrap());
+    assert!(validations >= 1, "the resumed position was validated: {validations}");
+}

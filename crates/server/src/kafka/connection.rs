@@ -186,6 +186,9 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
         RequestKind::DescribeConfigs(request) => {
             frame_response(id, response_header, &configs::describe_configs(shared, request), version)?
         }
+        RequestKind::OffsetForLeaderEpoch(request) => {
+            frame_response(id, response_header, &offsets::offset_for_leader_epoch(shared, request), version)?
+        }
         RequestKind::ListOffsets(request) => {
             frame_response(id, response_header, &offsets::list_offsets(shared, request, version), version)?
         }
@@ -274,6 +277,7 @@ fn api_name(api: ApiKey) -> &'static str {
         ApiKey::Produce => "Produce",
         ApiKey::Fetch => "Fetch",
         ApiKey::ListOffsets => "ListOffsets",
+        ApiKey::OffsetForLeaderEpoch => "OffsetForLeaderEpoch",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
         ApiKey::AlterConfigs => "AlterConfigs",

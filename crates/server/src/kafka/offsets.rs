@@ -1,10 +1,14 @@
 //! ListOffsets: a partition's earliest (-2) and latest (-1) offsets, or the first offset whose
-//! record is at or after a timestamp (the log's time index).
+//! record is at or after a timestamp (the log's time index); OffsetForLeaderEpoch.
 
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::offset_for_leader_epoch_request::OffsetForLeaderEpochRequest;
+use kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderEpochResponse, OffsetForLeaderTopicResult,
 };
 use onehop_engine::{Position, Stream};
 
@@ -67,4 +71,49 @@ fn lookup(stream: &Stream, partition: i32, timestamp: i64) -> Result<(i64, i64),
             ResponseError::InvalidRequest.code()
         }),
     }
+}
+
+/// OffsetForLeaderEpoch: where each leader epoch ends. This server is every partition's only
+/// leader, at epoch 0 from the partition's creation on (Metadata says so), so epoch 0 ends at
+/// the log's end; a later epoch is one it has not reached (UNKNOWN_LEADER_EPOCH), and a
+/// `current_leader_epoch` other than 0 or -1 (not given) is refused as Kafka's leader refuses
+/// a stale or future one.
+pub(super) fn offset_for_leader_epoch(
+    shared: &Shared,
+    request: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let mut response = OffsetForLeaderEpochResponse::default();
+    for topic in request.topics {
+        let stream = shared.engine.stream(topic.topic.0.as_str());
+        let mut answer = OffsetForLeaderTopicResult::default();
+        answer.topic = topic.topic;
+        for asked in topic.partitions {
+            let mut partition = EpochEndOffset::default();
+            partition.partition = asked.partition;
+            partition.leader_epoch = -1;
+            partition.end_offset = -1;
+            let end = match &stream {
+                Err(error) => Err(errors::code(error)),
+                Ok(stream) => u32::try_from(asked.partition)
+                    .map_err(|_| ResponseError::UnknownTopicOrPartition.code())
+                    .and_then(|index| stream.end_offset(index).map_err(|error| errors::code(&error))),
+            };
+            match end {
+                Err(code) => partition.error_code = code,
+                Ok(_) if asked.current_leader_epoch > 0 => {
+                    partition.error_code = ResponseError::UnknownLeaderEpoch.code();
+                }
+                Ok(_) if asked.leader_epoch > 0 => partition.error_code = ResponseError::UnknownLeaderEpoch.code(),
+                // Before the first epoch: Kafka's undefined epoch and offset, no error.
+                Ok(_) if asked.leader_epoch < 0 => {}
+                Ok(end) => {
+                    partition.leader_epoch = 0;
+                    partition.end_offset = end as i64;
+                }
+            }
+            answer.partitions.push(partition);
+        }
+        response.topics.push(answer);
+    }
+    response
 }

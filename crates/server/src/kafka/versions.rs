@@ -18,10 +18,11 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// The APIs served, with their versions.
-const SERVED: [(ApiKey, RangeInclusive<i16>); 29] = [
+const SERVED: [(ApiKey, RangeInclusive<i16>); 30] = [
     (ApiKey::Produce, 3..=11),
     (ApiKey::Fetch, 4..=12),
     (ApiKey::ListOffsets, 1..=6),
+    (ApiKey::OffsetForLeaderEpoch, 2..=4),
     (ApiKey::Metadata, 0..=12),
     (ApiKey::ApiVersions, 0..=3),
     (ApiKey::CreateTopics, 2..=7),
