@@ -30,9 +30,32 @@ pub struct KafkaPerfOptions {
     pub latency_records: u64,
     /// Rounds of a consumer group's rebalance (a member joins, then leaves; 0: not run).
     pub rebalance_rounds: u32,
+    /// Kafka as it runs by default (no fsync per write), with every write fsynced, or both.
+    pub kafka_fsync: KafkaFsync,
     /// Where summary.md, the chart and results.json go.
     pub out: PathBuf,
     pub json: bool,
+}
+
+/// Which Kafka runs: as configured by default (the page cache holds an acknowledged write),
+/// fsyncing every write (`log.flush.interval.messages=1`, onehop's durability), or both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KafkaFsync {
+    Off,
+    On,
+    Both,
+}
+
+impl std::str::FromStr for KafkaFsync {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "off" => Ok(KafkaFsync::Off),
+            "on" => Ok(KafkaFsync::On),
+            "both" => Ok(KafkaFsync::Both),
+            _ => Err(format!("--kafka-fsync is off, on or both, not {text:?}")),
+        }
+    }
 }
 
 /// One run's figures, as ProducerPerformance prints them in its last line.
@@ -197,16 +220,28 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
     std::fs::create_dir_all(&options.out)?;
     eprintln!("bench kafka: starting onehop and Kafka ({} broker(s))", options.kafka_brokers);
     let server = ServerProcess::start(&options.exe, &options.dir, &[])?;
-    let target_options = TargetOptions {
-        url: None,
-        mqtt_address: None,
-        exe: options.exe.clone(),
-        dir: options.dir.clone(),
-        kafka_brokers: options.kafka_brokers,
-        logs: Some(options.out.join("peer-logs")),
+    let start_kafka = |fsync: bool| {
+        KafkaTarget::start(&TargetOptions {
+            url: None,
+            mqtt_address: None,
+            exe: options.exe.clone(),
+            dir: options.dir.clone(),
+            kafka_brokers: options.kafka_brokers,
+            kafka_fsync: fsync,
+            logs: Some(options.out.join("peer-logs").join(if fsync { "kafka-fsync" } else { "kafka-default" })),
+        })
     };
-    let kafka = KafkaTarget::start(&target_options)?;
-    let sides = [("onehop", server.kafka.clone(), 1), ("kafka", kafka.bootstrap().to_string(), kafka.replication())];
+    let plain =
+        matches!(options.kafka_fsync, KafkaFsync::Off | KafkaFsync::Both).then(|| start_kafka(false)).transpose()?;
+    let synced =
+        matches!(options.kafka_fsync, KafkaFsync::On | KafkaFsync::Both).then(|| start_kafka(true)).transpose()?;
+    let mut sides: Vec<(&str, String, u32)> = vec![("onehop", server.kafka.clone(), 1)];
+    for (name, kafka) in [("kafka", &plain), ("kafka-fsync", &synced)] {
+        if let Some(kafka) = kafka {
+            sides.push((name, kafka.bootstrap().to_string(), kafka.replication()));
+        }
+    }
+    let replication = sides.last().map_or(1, |side| side.2);
     let mut results = Vec::new();
     for &size in &options.sizes {
         for (name, bootstrap, replication) in &sides {
@@ -248,21 +283,22 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
     }
     let mut summary = format!(
         "# bench kafka\n\nProducerPerformance (kafka-tools, acks=all, linger.ms=5, {PARTITIONS} partitions, {} records per run). \
-         onehop: one node, every batch fdatasynced before its answer. Kafka: {} broker(s), replication {}, no fsync per write.\n\n\
-         | record size | target | records/s | MB/s | p50 ms | p99 ms | onehop ÷ Kafka (records/s) |\n|---|---|---|---|---|---|---|\n",
-        options.records,
-        options.kafka_brokers,
-        kafka.replication()
+         onehop: one node, every batch fdatasynced before its answer. Kafka: {} broker(s), replication {}; `kafka` as \
+         configured by default (no fsync per write: an acknowledged write may be in the page cache only), `kafka-fsync` \
+         with every write fsynced (log.flush.interval.messages=1).\n\n\
+         | record size | target | records/s | MB/s | p50 ms | p99 ms | onehop ÷ target (records/s) |\n|---|---|---|---|---|---|---|\n",
+        options.records, options.kafka_brokers, replication
     );
     let mut lines = Vec::new();
     for &size in &options.sizes {
         let of = |target: &str| results.iter().find(|(s, name, _)| *s == size && *name == target).map(|(_, _, f)| f);
-        let (Some(onehop), Some(peer)) = (of("onehop"), of("kafka")) else { continue };
-        for (name, figures) in [("onehop", onehop), ("kafka", peer)] {
-            let ratio = if name == "onehop" {
-                format!("{:.2}×", onehop.records_per_s / peer.records_per_s)
-            } else {
+        let Some(onehop) = of("onehop") else { continue };
+        for (name, _, _) in &sides {
+            let Some(figures) = of(name) else { continue };
+            let ratio = if *name == "onehop" {
                 "–".into()
+            } else {
+                format!("{:.2}×", onehop.records_per_s / figures.records_per_s)
             };
             summary.push_str(&format!(
                 "| {size} B | {name} | {:.0} | {:.1} | {} | {} | {ratio} |\n",
@@ -280,13 +316,13 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
         summary.push_str(&format!(
             "\nEndToEndLatency (kafka-tools: one 100 B record at a time, acks=all, consumed before the next is sent, \
              {} records; its percentiles are whole milliseconds):\n\n\
-             | target | avg ms | p50 ms | p99 ms | p99.9 ms | onehop ÷ Kafka (avg) |\n|---|---|---|---|---|---|\n",
+             | target | avg ms | p50 ms | p99 ms | p99.9 ms | onehop ÷ target (avg) |\n|---|---|---|---|---|---|\n",
             options.latency_records
         ));
-        let kafka_avg = latencies.iter().find(|(name, _)| *name == "kafka").map(|(_, figures)| figures.avg_ms);
+        let onehop_avg = latencies.iter().find(|(name, _)| *name == "onehop").map(|(_, figures)| figures.avg_ms);
         for (name, figures) in &latencies {
-            let ratio = match kafka_avg {
-                Some(kafka) if *name == "onehop" && kafka > 0.0 => format!("{:.2}×", figures.avg_ms / kafka),
+            let ratio = match onehop_avg {
+                Some(onehop) if *name != "onehop" && figures.avg_ms > 0.0 => format!("{:.2}×", onehop / figures.avg_ms),
                 _ => "–".into(),
             };
             summary.push_str(&format!(
@@ -326,8 +362,9 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
         x_log: true,
         x_range: None,
         y_log: false,
-        series: ["onehop", "kafka"]
+        series: sides
             .iter()
+            .map(|(name, _, _)| name)
             .map(|target| Series {
                 name: (*target).into(),
                 points: results
@@ -348,7 +385,7 @@ pub fn run(options: &KafkaPerfOptions) -> anyhow::Result<()> {
             println!("{line}");
         }
     }
-    drop(kafka);
+    drop((plain, synced));
     drop(server);
     Ok(())
 }

@@ -185,6 +185,7 @@ pub fn run(options: &MqttBenchOptions, runtime: &tokio::runtime::Handle) -> anyh
         exe: options.exe.clone(),
         dir: options.dir.clone(),
         kafka_brokers: 3,
+        kafka_fsync: false,
         logs: None,
     })?;
     // Idle clients: connected, then silent for the whole run.

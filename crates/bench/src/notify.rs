@@ -103,6 +103,7 @@ pub fn run(options: &NotifyOptions, runtime: &tokio::runtime::Handle) -> anyhow:
         exe: options.exe.clone(),
         dir: options.dir.clone(),
         kafka_brokers: 3,
+        kafka_fsync: false,
         logs: None,
     })?;
     let plan = Plan::Fanout(Fanout {

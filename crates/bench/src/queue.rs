@@ -150,6 +150,7 @@ pub fn run(options: &QueueOptions) -> anyhow::Result<()> {
                     exe: options.exe.clone(),
                     dir: options.dir.clone(),
                     kafka_brokers: options.kafka_brokers,
+                    kafka_fsync: false,
                     logs: Some(logs.clone()),
                 };
                 let kafka = KafkaTarget::start(&target_options)?;

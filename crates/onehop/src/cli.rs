@@ -238,6 +238,10 @@ pub struct BenchKafkaArgs {
     /// (0: skip it).
     #[arg(long, default_value_t = 5)]
     pub rebalance_rounds: u32,
+    /// Kafka as configured by default (`off`: no fsync per write), fsyncing every write
+    /// (`on`: log.flush.interval.messages=1, onehop's durability), or `both`, side by side.
+    #[arg(long, default_value = "off")]
+    pub kafka_fsync: onehop_bench::kafka_perf::KafkaFsync,
     /// Where the servers keep their data: put it on the disk to measure.
     #[arg(long, default_value = ".")]
     pub dir: std::path::PathBuf,

@@ -240,7 +240,7 @@ fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("| 100 B | onehop |") && summary.contains("×"), "{summary}");
     assert!(std::fs::read_to_string(out.join("kafka-throughput.svg")).unwrap().contains("onehop"));
-    assert!(out.join("peer-logs").join("kafka").join("broker-1.log").exists());
+    assert!(out.join("peer-logs").join("kafka-default").join("kafka").join("broker-1.log").exists());
     let leftovers = processes_mentioning(&dir.path().to_string_lossy());
     assert!(leftovers.is_empty(), "still running: {leftovers:?}");
 }

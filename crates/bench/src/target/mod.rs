@@ -156,6 +156,9 @@ pub struct TargetOptions {
     /// Brokers of the `kafka` target's cluster: 3 (replication 3, min ISR 2, as the study) or
     /// 1 (replication 1: the CI smoke).
     pub kafka_brokers: u32,
+    /// Kafka fsyncs every write (`log.flush.interval.messages=1`) instead of leaving it to the
+    /// page cache, its default: the same durability as onehop's acknowledgement.
+    pub kafka_fsync: bool,
     /// Where peers' processes write their logs, kept with the run; `None`: in their temporary
     /// data directory.
     pub logs: Option<PathBuf>,

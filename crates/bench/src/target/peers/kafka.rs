@@ -78,7 +78,7 @@ fn kafka_version(lib: &Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn server_properties(node: u32, brokers: u32, ports: &[(u16, u16)], log_dirs: &Path) -> String {
+fn server_properties(node: u32, brokers: u32, ports: &[(u16, u16)], log_dirs: &Path, fsync: bool) -> String {
     let (replication, min_insync) = replication_of(brokers);
     let voters: Vec<String> = ports
         .iter()
@@ -106,9 +106,14 @@ fn server_properties(node: u32, brokers: u32, ports: &[(u16, u16)], log_dirs: &P
          share.coordinator.state.topic.replication.factor={replication}\n\
          share.coordinator.state.topic.min.isr={min_insync}\n\
          # A new consumer group starts at once: each run has its own group and waits for it.\n\
-         group.initial.rebalance.delay.ms=0\n",
+         group.initial.rebalance.delay.ms=0\n{}",
         voters.join(","),
-        log_dirs.display()
+        log_dirs.display(),
+        if fsync {
+            "# Every write fsynced before it is acknowledged, as onehop does.\nlog.flush.interval.messages=1\n"
+        } else {
+            ""
+        }
     )
 }
 
@@ -159,7 +164,8 @@ impl KafkaTarget {
             let node_dir = data.path().join(format!("node-{node}"));
             std::fs::create_dir_all(&node_dir)?;
             let config = node_dir.join("server.properties");
-            std::fs::write(&config, server_properties(node, brokers, &ports, &node_dir.join("data")))?;
+            let properties = server_properties(node, brokers, &ports, &node_dir.join("data"), options.kafka_fsync);
+            std::fs::write(&config, properties)?;
             let mut command = java_command("kafka.tools.StorageTool");
             command.args(["format", "-t", CLUSTER_ID, "-c"]).arg(&config);
             formats.push(PeerProcess::start(
@@ -198,7 +204,11 @@ impl KafkaTarget {
             "partitions": PARTITIONS,
             "replication_factor": replication,
             "min_insync_replicas": min_insync,
-            "flush": "Kafka's defaults: no fsync per write (log.flush.interval.messages unset); a write is durable by replication to the in-sync replicas' page cache",
+            "flush": if options.kafka_fsync {
+                "every write fsynced (log.flush.interval.messages=1)"
+            } else {
+                "Kafka's defaults: no fsync per write (log.flush.interval.messages unset); a write is durable by replication to the in-sync replicas' page cache"
+            },
             "heap": HEAP,
             "jvm_options": JVM_OPTIONS,
             "java": super::version_of(&java, &["-version"]),
