@@ -5,12 +5,6 @@ use std::time::{Duration, Instant};
 use crate::common::{DataDir, get, line_channel};
 use crate::{create_topic, kafka_tool};
 
-/// A port free now, for a server that must come back on the same one (the producer keeps
-/// its bootstrap address across the restart).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Kafka's VerifiableProducer (idempotent, acks=all) writes while the server is killed with
 /// kill -9 and started again on the same port. Every record it was told is acknowledged is in
 /// the stream at the partition and offset it was told, and no value is stored twice: the
@@ -18,9 +12,9 @@ fn free_port() -> u16 {
 #[test]
 fn acknowledged_records_survive_kill_9_and_retries_are_not_stored_twice() {
     let dir = DataDir::new();
-    let port = free_port().to_string();
+    let port = crate::free_port().to_string();
     let address = format!("127.0.0.1:{port}");
-    let mut server = dir.start(&["--kafka-addr", &address], &[]);
+    let mut server = crate::start_with_kafka_on(&dir, &address);
     let kafka = server.kafka_address.unwrap();
     create_topic(kafka, "ledger", 3);
     let total = 6000;
@@ -47,7 +41,7 @@ fn acknowledged_records_survive_kill_9_and_retries_are_not_stored_twice() {
             server.kill_9();
             killed = true;
             std::thread::sleep(Duration::from_millis(300));
-            server = dir.start(&["--kafka-addr", &address], &[]);
+            server = crate::start_with_kafka_on(&dir, &address);
         }
     }
     assert!(killed, "the server was killed mid-run");

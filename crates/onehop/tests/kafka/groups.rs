@@ -106,9 +106,8 @@ fn produce(kafka: std::net::SocketAddr, from: usize, count: usize) {
 #[test]
 fn a_group_of_three_rebalances_when_one_leaves_and_resumes_from_committed_offsets_after_kill_9() {
     let dir = DataDir::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let address = format!("127.0.0.1:{port}");
-    let mut server = dir.start(&["--kafka-addr", &address], &[]);
+    let address = format!("127.0.0.1:{}", crate::free_port());
+    let mut server = crate::start_with_kafka_on(&dir, &address);
     let kafka = server.kafka_address.unwrap();
     create_topic(kafka, "jobs", 3);
     produce(kafka, 0, 300);
@@ -136,7 +135,7 @@ fn a_group_of_three_rebalances_when_one_leaves_and_resumes_from_committed_offset
     });
 
     server.kill_9();
-    server = dir.start(&["--kafka-addr", &address], &[]);
+    server = crate::start_with_kafka_on(&dir, &address);
     let resumed = lag(kafka, "workers");
     assert_eq!(
         resumed.iter().map(|(committed, _)| committed).sum::<i64>(),

@@ -50,6 +50,34 @@ fn kafka_jars() -> PathBuf {
     jars
 }
 
+/// A port free now, for a server whose Kafka listener must come back on the same one after a
+/// kill -9 (its clients keep their bootstrap address across the restart).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts the server with its Kafka listener on `address`, a port chosen before and kept across
+/// restarts. Its other listeners take any free port, and the system may hand one of them the
+/// very port `address` names while nothing holds it: that start fails with "Address already in
+/// use" and is tried again (its other listeners then get other ports).
+fn start_with_kafka_on(dir: &common::DataDir, address: &str) -> common::Server {
+    for attempt in 1.. {
+        let started =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dir.start(&["--kafka-addr", address], &[])));
+        match started {
+            Ok(server) => return server,
+            Err(panic) => {
+                let said = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+                if attempt >= 5 || !said.contains("Address already in use") {
+                    std::panic::resume_unwind(panic);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+    unreachable!("the loop returns or panics")
+}
+
 /// A Kafka tool (a class of the Kafka jars) run by `java`, talking to `kafka`.
 fn kafka_tool(class: &str, kafka: SocketAddr) -> Command {
     let mut command = Command::new("java");

@@ -5,10 +5,6 @@ use std::time::{Duration, Instant};
 use crate::common::{DataDir, get, line_channel, publish_in_batches};
 use crate::{create_topic, kafka_tool, succeed};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Kafka's TransactionalMessageCopier for one input partition: consumes it, produces each
 /// record to `output` in transactions of 50 that also commit the consumed offsets (with the
 /// consumer's group metadata, KIP-447), and aborts about a third of them at random.
@@ -60,8 +56,8 @@ fn aborted_so_far(address: std::net::SocketAddr) -> u64 {
 #[test]
 fn a_transactional_copy_is_exactly_once_across_aborts_and_a_kill_9() {
     let dir = DataDir::new();
-    let address = format!("127.0.0.1:{}", free_port());
-    let mut server = dir.start(&["--kafka-addr", &address], &[]);
+    let address = format!("127.0.0.1:{}", crate::free_port());
+    let mut server = crate::start_with_kafka_on(&dir, &address);
     let kafka = server.kafka_address.unwrap();
     create_topic(kafka, "input", 3);
     create_topic(kafka, "output", 3);
@@ -90,7 +86,7 @@ fn a_transactional_copy_is_exactly_once_across_aborts_and_a_kill_9() {
     let mut aborted = aborted_so_far(server.address);
     server.kill_9();
     std::thread::sleep(Duration::from_millis(300));
-    server = dir.start(&["--kafka-addr", &address], &[]);
+    server = crate::start_with_kafka_on(&dir, &address);
 
     // A copier that gives up on an error is started again: it goes on from its committed offsets.
     let deadline = Instant::now() + Duration::from_secs(240);
