@@ -6,6 +6,8 @@
 //! - `clients`: producing with every compression (the Java producer is idempotent by default),
 //!   consuming by partition, topics created and listed by the admin tool, records crossing from
 //!   MQTT to Kafka and from Kafka to SSE.
+//! - `franz_go`: franz-go (the harness's Go client) producing with every codec, a group
+//!   reading every record back and committing.
 //! - `durability`: kill -9 under an `acks=all` producer loses no acknowledged record.
 //! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
@@ -25,6 +27,7 @@ mod common;
 
 mod clients;
 mod durability;
+mod franz_go;
 mod groups;
 mod kafkajs;
 mod librdkafka;
