@@ -5,9 +5,10 @@ use std::process::Command;
 use crate::common::DataDir;
 
 /// kafkajs (Node.js, `tests/kafka/kafkajs/client.js`): the admin client creates a topic, an
-/// idempotent producer writes with acks=all, uncompressed and gzip, a consumer group reads
-/// everything from the beginning with its headers, and the admin client reads back offsets
-/// committed for every record. kafkajs comes from the npm registry (scripts/test installs it).
+/// idempotent producer writes with acks=all under every codec (none, gzip, snappy, lz4, zstd;
+/// the last three registered as kafkajs's docs show), a consumer group reads everything from
+/// the beginning with its headers, and the admin client reads back offsets committed for every
+/// record. kafkajs comes from the npm registry (scripts/test installs it).
 #[test]
 fn kafkajs_creates_produces_consumes_in_a_group_and_commits() {
     let script_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/kafkajs");

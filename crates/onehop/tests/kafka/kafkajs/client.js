@@ -3,15 +3,47 @@
 // usage: node client.js BROKER TOPIC GROUP COUNT
 //
 // Creates TOPIC (3 partitions) with the admin client, produces COUNT keyed records with an
-// idempotent producer (acks=all), half uncompressed and half gzip (kafkajs's built-in codecs;
-// lz4, snappy and zstd need plugins), each with a header; then a consumer in GROUP reads from
+// idempotent producer (acks=all), in batches of 10 taking turns over none, gzip (built in),
+// snappy (kafkajs-snappy), lz4 and zstd (codecs registered here on lz4js and zstd-wasm, as
+// kafkajs's docs show for any codec), each with a header; then a consumer in GROUP reads from
 // the beginning until it has COUNT records and commits. Prints one JSON line: what was sent,
 // what was read, and the committed offsets the admin client fetches afterwards.
 'use strict';
 
-const { Kafka, CompressionTypes, logLevel } = require('kafkajs');
+const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require('kafkajs');
+const SnappyCodec = require('kafkajs-snappy');
+const lz4 = require('lz4js');
+const zstd = require('@bokuweb/zstd-wasm');
+
+CompressionCodecs[CompressionTypes.Snappy] = SnappyCodec;
+CompressionCodecs[CompressionTypes.LZ4] = () => ({
+  async compress(encoder) {
+    return Buffer.from(lz4.compress(encoder.buffer));
+  },
+  async decompress(buffer) {
+    return Buffer.from(lz4.decompress(buffer));
+  },
+});
+// zstd-wasm is initialised once, in main: initialising it again while kafkajs compresses a
+// request's partitions side by side corrupts what it returns.
+CompressionCodecs[CompressionTypes.ZSTD] = () => ({
+  async compress(encoder) {
+    return Buffer.from(zstd.compress(encoder.buffer, 3));
+  },
+  async decompress(buffer) {
+    return Buffer.from(zstd.decompress(buffer));
+  },
+});
+const CODECS = [
+  CompressionTypes.None,
+  CompressionTypes.GZIP,
+  CompressionTypes.Snappy,
+  CompressionTypes.LZ4,
+  CompressionTypes.ZSTD,
+];
 
 async function main() {
+  await zstd.init();
   const [broker, topic, group, countText] = process.argv.slice(2);
   const count = Number(countText);
   const kafka = new Kafka({ clientId: 'onehop-kafkajs-test', brokers: [broker], logLevel: logLevel.WARN });
@@ -29,7 +61,7 @@ async function main() {
       messages.push({ key: `key-${j}`, value: `value-${j}`, headers: { origin: 'kafkajs' } });
       sent.push(`key-${j}=value-${j}`);
     }
-    const compression = (i / 10) % 2 === 0 ? CompressionTypes.None : CompressionTypes.GZIP;
+    const compression = CODECS[(i / 10) % CODECS.length];
     await producer.send({ topic, acks: -1, compression, messages });
   }
   await producer.disconnect();
