@@ -124,19 +124,20 @@ fn partitions_added_with_kafkas_tool_reach_a_subscriber_already_following() {
 }
 
 /// confluent-kafka's roles (`tests/kafka/confluent/group.py`), started as processes.
-fn confluent(args: &[&str]) -> std::process::Child {
+fn confluent(args: &[&str]) -> crate::Spawned {
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
-    Command::new("python3")
+    let child = Command::new("python3")
         .arg(script)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("python3 runs")
+        .expect("python3 runs");
+    crate::Spawned(child)
 }
 
 /// Waits for `child` to end with success, collecting its lines.
-fn collect(mut child: std::process::Child) -> Vec<String> {
+fn collect(mut child: crate::Spawned) -> Vec<String> {
     let lines: Vec<String> =
         std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap())).map_while(Result::ok).collect();
     assert!(child.wait().unwrap().success(), "{lines:?}");
@@ -158,7 +159,7 @@ fn confluent_kafka_group_of_three_and_idempotent_producer_across_kill_9() {
     let address = format!("127.0.0.1:{}", crate::free_port());
     let mut server = crate::start_with_kafka_on(&dir, &address);
     crate::create_topic(server.kafka_address.unwrap(), "jobs", 3);
-    let mut members: Vec<(std::process::Child, std::sync::mpsc::Receiver<String>)> = (0..3)
+    let mut members: Vec<(crate::Spawned, std::sync::mpsc::Receiver<String>)> = (0..3)
         .map(|_| {
             let mut child = confluent(&["consume", &address, "jobs", "workers"]);
             let lines = crate::common::line_channel(child.stdout.take().unwrap());
@@ -166,7 +167,7 @@ fn confluent_kafka_group_of_three_and_idempotent_producer_across_kill_9() {
         })
         .collect();
     let mut consumed: BTreeMap<String, usize> = BTreeMap::new();
-    let drain = |members: &[(std::process::Child, std::sync::mpsc::Receiver<String>)],
+    let drain = |members: &[(crate::Spawned, std::sync::mpsc::Receiver<String>)],
                  consumed: &mut BTreeMap<String, usize>| {
         for (_, lines) in members {
             while let Ok(line) = lines.try_recv() {
@@ -176,7 +177,7 @@ fn confluent_kafka_group_of_three_and_idempotent_producer_across_kill_9() {
             }
         }
     };
-    let wait_for = |members: &[(std::process::Child, std::sync::mpsc::Receiver<String>)],
+    let wait_for = |members: &[(crate::Spawned, std::sync::mpsc::Receiver<String>)],
                     consumed: &mut BTreeMap<String, usize>,
                     total: usize| {
         let deadline = Instant::now() + Duration::from_secs(90);

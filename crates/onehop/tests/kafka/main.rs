@@ -53,6 +53,30 @@ fn kafka_jars() -> PathBuf {
     jars
 }
 
+/// A client process a test started: killed (SIGKILL, by its PID) and reaped when dropped, so a
+/// test that fails midway leaves nothing running.
+struct Spawned(std::process::Child);
+
+impl std::ops::Deref for Spawned {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Spawned {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A port free now, for a server whose Kafka listener must come back on the same one after a
 /// kill -9 (its clients keep their bootstrap address across the restart).
 fn free_port() -> u16 {

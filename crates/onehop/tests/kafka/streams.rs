@@ -1,10 +1,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::{DataDir, get, sql};
-use crate::{console_produce, create_topic, kafka_jars, kafka_tool, succeed};
+use crate::{Spawned, console_produce, create_topic, kafka_jars, kafka_tool, succeed};
 
 /// Compiles `tests/kafka/streams/WindowedCount.java` against Kafka's jars into `classes`.
 fn compile(classes: &Path) {
@@ -20,8 +20,8 @@ fn compile(classes: &Path) {
     assert!(output.status.success(), "javac: {}", String::from_utf8_lossy(&output.stderr));
 }
 
-fn start_app(kafka: &str, classes: &Path, state: &Path, base_ms: u64) -> Child {
-    Command::new("java")
+fn start_app(kafka: &str, classes: &Path, state: &Path, base_ms: u64) -> Spawned {
+    let child = Command::new("java")
         .arg("-cp")
         .arg(format!("{}/*:{}", kafka_jars().display(), classes.display()))
         .arg("WindowedCount")
@@ -29,7 +29,8 @@ fn start_app(kafka: &str, classes: &Path, state: &Path, base_ms: u64) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("java runs")
+        .expect("java runs");
+    Spawned(child)
 }
 
 /// Every record of `stream` over HTTP, as (key, value).

@@ -1,14 +1,14 @@
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::{DataDir, get, line_channel, publish_in_batches};
-use crate::{create_topic, kafka_tool, succeed};
+use crate::{Spawned, create_topic, kafka_tool, succeed};
 
 /// Kafka's TransactionalMessageCopier for one input partition: consumes it, produces each
 /// record to `output` in transactions of 50 that also commit the consumed offsets (with the
 /// consumer's group metadata, KIP-447), and aborts about a third of them at random.
-fn copier(kafka: &str, partition: u32) -> Child {
+fn copier(kafka: &str, partition: u32) -> Spawned {
     let mut command = std::process::Command::new("java");
     command
         .arg("-cp")
@@ -20,7 +20,7 @@ fn copier(kafka: &str, partition: u32) -> Child {
         .arg("--use-group-metadata")
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    command.spawn().expect("java runs")
+    Spawned(command.spawn().expect("java runs"))
 }
 
 /// Every value of `stream`, read over HTTP.
@@ -65,7 +65,7 @@ fn a_transactional_copy_is_exactly_once_across_aborts_and_a_kill_9() {
     let values: Vec<serde_json::Value> = (0..total).map(|i| serde_json::json!(i)).collect();
     publish_in_batches(server.address, "input", &values, 500);
 
-    let mut copiers: Vec<(u32, Child, u32)> =
+    let mut copiers: Vec<(u32, Spawned, u32)> =
         (0..3).map(|partition| (partition, copier(&address, partition), 0)).collect();
     // The kill comes once the copiers are under way, and before they are done.
     let progress: Vec<_> = copiers.iter_mut().map(|(_, child, _)| line_channel(child.stdout.take().unwrap())).collect();
