@@ -51,6 +51,10 @@ use super::records::{self, Produced, Sequenced, add_sequence};
 
 pub const TRANSACTIONS_TOPIC: &str = "__kafka_transactions";
 
+/// A transactional id with no open transaction and no request for this long is forgotten
+/// (Kafka's `transactional.id.expiration.ms`, 7 days): its producer starts afresh with a new
+/// producer id.
+pub const ID_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Longest transaction timeout a producer may ask for (Kafka's `transaction.max.timeout.ms`).
 pub const TIMEOUT_MAX: Duration = Duration::from_secs(15 * 60);
 /// Largest batch a transaction takes (as sent, compressed); the streams' batches are bounded
@@ -113,6 +117,10 @@ pub struct Stored {
     pub offsets: Vec<(OffsetKey, Committed)>,
     /// The sequence number the next batch to each partition must begin with, in this epoch.
     pub sequences: Vec<(Partition, i32)>,
+    /// When this state was last written, in milliseconds since the epoch: an idle id expires
+    /// [`ID_EXPIRY`] after it.
+    #[serde(default)]
+    pub touched_ms: i64,
 }
 
 /// A batch of the open transaction, in the journal.
@@ -127,6 +135,8 @@ struct Chunk {
 struct Txn {
     stored: Stored,
     chunks: Vec<Chunk>,
+    /// Expired and forgotten: a request that found it just before waits for a new one.
+    gone: bool,
 }
 
 impl Txn {
@@ -167,6 +177,8 @@ pub(crate) struct Transactions {
     stale: Mutex<Vec<Bytes>>,
     /// One new transactional id at a time.
     creating: tokio::sync::Mutex<()>,
+    /// How long an idle transactional id is kept ([`ID_EXPIRY`]).
+    id_expiry: Duration,
 }
 
 /// A snapshot of one transactional id, for DescribeTransactions and ListTransactions.
@@ -212,7 +224,12 @@ impl Transactions {
             chunks.sort_by_key(|chunk| chunk.offset);
             by_producer.insert(stored.producer_id, id.clone());
             metrics::gauge!(WAITING).increment(chunks.len() as f64);
-            let entry = Entry { acting: tokio::sync::Mutex::new(()), txn: Mutex::new(Txn { stored, chunks }) };
+            let mut stored = stored;
+            if stored.touched_ms == 0 {
+                stored.touched_ms = now_ms();
+            }
+            let txn = Txn { stored, chunks, gone: false };
+            let entry = Entry { acting: tokio::sync::Mutex::new(()), txn: Mutex::new(txn) };
             entries.insert(id, Arc::new(entry));
         }
         tracing::info!(transactional_ids = entries.len(), "Kafka transactions restored");
@@ -225,6 +242,7 @@ impl Transactions {
             by_producer: Mutex::new(by_producer),
             stale: Mutex::new(stale),
             creating: tokio::sync::Mutex::new(()),
+            id_expiry: ID_EXPIRY,
         })
     }
 
@@ -275,7 +293,19 @@ impl Transactions {
     }
 
     /// Writes `stored` (with `more`, first) durably, then makes it the state.
-    async fn write(&self, id: &str, entry: &Entry, stored: Stored, more: Vec<NewRecord>) -> Result<(), EngineError> {
+    async fn write(
+        &self,
+        id: &str,
+        entry: &Entry,
+        mut stored: Stored,
+        more: Vec<NewRecord>,
+    ) -> Result<(), EngineError> {
+        if entry.txn.lock().expect("txn lock").gone {
+            return Err(EngineError::InvalidDefinition(format!(
+                "transactional id {id:?} expired: initialise its producer again"
+            )));
+        }
+        stored.touched_ms = now_ms();
         let mut records = more;
         records.push(Self::state_record(id, &stored));
         self.journal.append(&records).await?;
@@ -324,11 +354,12 @@ impl Transactions {
                             groups: Vec::new(),
                             offsets: Vec::new(),
                             sequences: Vec::new(),
+                            touched_ms: now_ms(),
                         };
                         self.journal.append(&[Self::state_record(id, &stored)]).await.map_err(engine_refusal)?;
                         let entry = Arc::new(Entry {
                             acting: tokio::sync::Mutex::new(()),
-                            txn: Mutex::new(Txn { stored, chunks: Vec::new() }),
+                            txn: Mutex::new(Txn { stored, chunks: Vec::new(), gone: false }),
                         });
                         self.entries.lock().expect("entries lock").insert(id.to_string(), entry);
                         self.by_producer.lock().expect("by_producer lock").insert(producer_id, id.to_string());
@@ -338,6 +369,11 @@ impl Transactions {
             }
         };
         let _acting = entry.acting.lock().await;
+        if entry.txn.lock().expect("txn lock").gone {
+            // Expired while this request waited: the id starts afresh.
+            drop(_acting);
+            return Box::pin(self.init_producer(id, timeout_ms, current)).await;
+        }
         let stored = entry.txn.lock().expect("txn lock").stored.clone();
         if current.0 >= 0 && (current.0 != stored.producer_id || current.1 != stored.epoch) {
             return Err(refusal(
@@ -714,6 +750,40 @@ impl Transactions {
                 tracing::warn!(transactional_id = %id, %error, "an expired Kafka transaction could not be aborted");
             }
         }
+        self.forget_idle(now, self.id_expiry).await;
+    }
+
+    /// Forgets the transactional ids with no open transaction that were not written to for
+    /// `expiry` (a tombstone in the journal, then out of memory).
+    async fn forget_idle(&self, now: i64, expiry: Duration) {
+        let entries: Vec<(String, Arc<Entry>)> =
+            self.entries.lock().expect("entries lock").iter().map(|(id, entry)| (id.clone(), entry.clone())).collect();
+        for (id, entry) in entries {
+            let idle = {
+                let txn = entry.txn.lock().expect("txn lock");
+                matches!(txn.stored.phase, Phase::Empty | Phase::CompleteCommit | Phase::CompleteAbort)
+                    && now - txn.stored.touched_ms > expiry.as_millis() as i64
+            };
+            if !idle {
+                continue;
+            }
+            let Ok(_acting) = entry.acting.try_lock() else { continue };
+            if let Err(error) = self.journal.append(&[NewRecord::tombstone(Bytes::from(format!("t/{id}")))]).await {
+                tracing::warn!(transactional_id = %id, %error, "an idle transactional id could not be forgotten");
+                continue;
+            }
+            let producer_id = {
+                let mut txn = entry.txn.lock().expect("txn lock");
+                txn.gone = true;
+                txn.stored.producer_id
+            };
+            self.entries.lock().expect("entries lock").remove(&id);
+            let mut by_producer = self.by_producer.lock().expect("by_producer lock");
+            if by_producer.get(&producer_id) == Some(&id) {
+                by_producer.remove(&producer_id);
+            }
+            tracing::info!(transactional_id = %id, "an idle transactional id expired");
+        }
     }
 
     /// Whether an open transaction will commit an offset of `group` in `topic`'s `partition`
@@ -1005,6 +1075,27 @@ mod tests {
         let opened = open(dir.path()).await;
         let entry = opened.transactions.entry("t").unwrap();
         assert!(entry.txn.lock().unwrap().chunks.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_idle_transactional_id_is_forgotten_and_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let opened = open(dir.path()).await;
+        let txns = &opened.transactions;
+        let producer = txns.init_producer("idle", 60_000, (-1, -1)).await.unwrap();
+        let busy = txns.init_producer("busy", 60_000, (-1, -1)).await.unwrap();
+        txns.add_partitions("busy", busy, &both(), FENCED).await.unwrap();
+        // Much later: the idle id goes, the one with an open transaction stays.
+        txns.forget_idle(now_ms() + 10_000, Duration::from_secs(1)).await;
+        assert!(txns.describe("idle").is_none());
+        assert_eq!(txns.describe("busy").unwrap().phase, Phase::Ongoing);
+        let refused = txns.add_partitions("idle", producer, &both(), FENCED).await.unwrap_err();
+        assert_eq!(refused.0, ResponseError::InvalidProducerIdMapping.code());
+        drop(opened);
+        let opened = open(dir.path()).await;
+        assert!(opened.transactions.describe("idle").is_none(), "forgotten across a restart too");
+        let fresh = opened.transactions.init_producer("idle", 60_000, (-1, -1)).await.unwrap();
+        assert_ne!(fresh.0, producer.0, "a new producer id");
     }
 
     #[tokio::test]
