@@ -79,6 +79,28 @@ pub fn parse_summary(line: &str) -> Option<Throughput> {
     Some(Throughput { records_per_s, mb_per_s, p50_ms: number(field("50th")?)?, p99_ms: number(field(" 99th")?)? })
 }
 
+/// Creates a topic of a unique name starting with `prefix` with Kafka's TopicCommand; its name.
+fn new_topic(
+    java: &Path,
+    classpath: &str,
+    bootstrap: &str,
+    prefix: &str,
+    partitions: u32,
+    replication: u32,
+) -> anyhow::Result<String> {
+    let topic = crate::client::unique_name(prefix);
+    let created = Command::new(java)
+        .args(["-cp", classpath, "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap])
+        .args(["--create", "--topic", &topic, "--partitions", &partitions.to_string()])
+        .args(["--replication-factor", &replication.to_string()])
+        .output()
+        .context("running TopicCommand")?;
+    if !created.status.success() {
+        bail!("creating {topic}: {}", String::from_utf8_lossy(&created.stderr));
+    }
+    Ok(topic)
+}
+
 /// Runs the tool against `bootstrap` on a new topic; its summary.
 fn producer_performance(
     java: &Path,
@@ -88,16 +110,7 @@ fn producer_performance(
     size: usize,
     records: u64,
 ) -> anyhow::Result<Throughput> {
-    let topic = crate::client::unique_name("perf");
-    let created = Command::new(java)
-        .args(["-cp", classpath, "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap])
-        .args(["--create", "--topic", &topic, "--partitions", &PARTITIONS.to_string()])
-        .args(["--replication-factor", &replication.to_string()])
-        .output()
-        .context("running TopicCommand")?;
-    if !created.status.success() {
-        bail!("creating {topic}: {}", String::from_utf8_lossy(&created.stderr));
-    }
+    let topic = new_topic(java, classpath, bootstrap, "perf", PARTITIONS, replication)?;
     let output = Command::new(java)
         .args(["-cp", classpath, "org.apache.kafka.tools.ProducerPerformance", "--topic", &topic])
         .args(["--num-records", &records.to_string(), "--record-size", &size.to_string(), "--throughput", "-1"])
@@ -150,16 +163,7 @@ fn end_to_end(
     replication: u32,
     records: u64,
 ) -> anyhow::Result<EndToEnd> {
-    let topic = crate::client::unique_name("e2e");
-    let created = Command::new(java)
-        .args(["-cp", classpath, "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap])
-        .args(["--create", "--topic", &topic, "--partitions", "1"])
-        .args(["--replication-factor", &replication.to_string()])
-        .output()
-        .context("running TopicCommand")?;
-    if !created.status.success() {
-        bail!("creating {topic}: {}", String::from_utf8_lossy(&created.stderr));
-    }
+    let topic = new_topic(java, classpath, bootstrap, "e2e", 1, replication)?;
     let output = Command::new(java)
         .args(["-cp", classpath, "org.apache.kafka.tools.EndToEndLatency", bootstrap, &topic])
         .args([&records.to_string(), "all", "100"])

@@ -649,14 +649,25 @@ impl Cursor {
                         self.phase = Phase::CatchUp { targets: self.stream.end_offsets() };
                         continue;
                     }
-                    let stream = self.stream.clone();
-                    let superseded = stream.superseded();
-                    if stream.successor().is_some() {
-                        continue;
-                    }
-                    let received = tokio::select! {
-                        received = live.receiver.recv() => received,
-                        () = superseded => continue,
+                    // An event queued already is taken at once; only a wait also watches for
+                    // the stream gaining partitions (its handover wakes the wait). The budget
+                    // is taken before the event, never between taking it and returning it: a
+                    // caller that drops this future (a `select!`) must not lose one.
+                    tokio::task::consume_budget().await;
+                    let received = match live.receiver.try_recv() {
+                        Ok(received) => Some(received),
+                        Err(mpsc::error::TryRecvError::Disconnected) => None,
+                        Err(mpsc::error::TryRecvError::Empty) => {
+                            let stream = self.stream.clone();
+                            let superseded = stream.superseded();
+                            if stream.successor().is_some() {
+                                continue;
+                            }
+                            tokio::select! {
+                                received = live.receiver.recv() => received,
+                                () = superseded => continue,
+                            }
+                        }
                     };
                     let Some((event, change)) = received else {
                         return Err(EngineError::Read(onehop_log::ReadError::Closed));

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::common::{DataDir, get, line_channel};
+use crate::common::{DataDir, line_channel};
 use crate::{create_topic, kafka_tool};
 
 /// Kafka's VerifiableProducer (idempotent, acks=all) writes while the server is killed with
@@ -50,24 +50,9 @@ fn acknowledged_records_survive_kill_9_and_retries_are_not_stored_twice() {
 
     // Every acknowledged record is where the producer was told, each value stored once, and
     // each partition's values in the order they were sent.
-    let mut stored: BTreeMap<(u64, u64), String> = BTreeMap::new();
-    let mut from = "earliest".to_string();
-    loop {
-        let (status, body) = get(server.address, &format!("/streams/ledger?from={from}&limit=5000"));
-        assert_eq!(status, 200, "{body}");
-        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let records = page["records"].as_array().unwrap();
-        if records.is_empty() {
-            break;
-        }
-        for record in records {
-            let at = (record["partition"].as_u64().unwrap(), record["offset"].as_u64().unwrap());
-            // The producer's values are numbers, which read back as JSON values.
-            let value = record["value_text"].as_str().map_or_else(|| record["value"].to_string(), str::to_string);
-            stored.insert(at, value);
-        }
-        from = page["next_from"].as_str().unwrap().to_string();
-    }
+    // The producer's values are numbers, which read back as JSON values.
+    let stored: BTreeMap<(u64, u64), String> =
+        crate::records_over_http(server.address, "ledger").iter().map(crate::placed_value).collect();
     for event in &acked {
         let at = (event["partition"].as_u64().unwrap(), event["offset"].as_u64().unwrap());
         assert_eq!(stored.get(&at).map(String::as_str), event["value"].as_str(), "acknowledged {event} lost or moved");

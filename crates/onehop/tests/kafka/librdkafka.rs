@@ -245,23 +245,8 @@ fn confluent_kafka_group_of_three_and_idempotent_producer_across_kill_9() {
     assert!(producer.wait().unwrap().success());
     assert!(killed);
     assert_eq!(acked.len(), 4000, "every record acknowledged");
-    let mut stored: BTreeMap<(u64, u64), String> = BTreeMap::new();
-    let mut from = "earliest".to_string();
-    loop {
-        let (status, body) = get(server.address, &format!("/streams/ledger?from={from}&limit=5000"));
-        assert_eq!(status, 200, "{body}");
-        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let records = page["records"].as_array().unwrap();
-        if records.is_empty() {
-            break;
-        }
-        for record in records {
-            let at = (record["partition"].as_u64().unwrap(), record["offset"].as_u64().unwrap());
-            let value = record["value_text"].as_str().map_or_else(|| record["value"].to_string(), str::to_string);
-            stored.insert(at, value);
-        }
-        from = page["next_from"].as_str().unwrap().to_string();
-    }
+    let stored: BTreeMap<(u64, u64), String> =
+        crate::records_over_http(server.address, "ledger").iter().map(crate::placed_value).collect();
     for (partition, offset, value) in &acked {
         assert_eq!(stored.get(&(*partition, *offset)), Some(value), "acknowledged {value} at {partition}:{offset}");
     }

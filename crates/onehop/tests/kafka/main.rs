@@ -77,6 +77,31 @@ impl Drop for Spawned {
     }
 }
 
+/// Every record of `stream`, read over HTTP from the earliest on, as the JSON HTTP gives.
+fn records_over_http(address: SocketAddr, stream: &str) -> Vec<serde_json::Value> {
+    let mut all = Vec::new();
+    let mut from = "earliest".to_string();
+    loop {
+        let (status, body) = common::get(address, &format!("/streams/{stream}?from={from}&limit=5000"));
+        assert_eq!(status, 200, "{body}");
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let records = page["records"].as_array().unwrap();
+        if records.is_empty() {
+            return all;
+        }
+        all.extend(records.iter().cloned());
+        from = page["next_from"].as_str().unwrap().to_string();
+    }
+}
+
+/// A record's `(partition, offset)` and its value as text: a value that is not JSON reads back
+/// as `value_text`, a JSON one as its JSON text.
+fn placed_value(record: &serde_json::Value) -> ((u64, u64), String) {
+    let at = (record["partition"].as_u64().unwrap(), record["offset"].as_u64().unwrap());
+    let value = record["value_text"].as_str().map_or_else(|| record["value"].to_string(), str::to_string);
+    (at, value)
+}
+
 /// A port free now, for a server whose Kafka listener must come back on the same one after a
 /// kill -9 (its clients keep their bootstrap address across the restart).
 fn free_port() -> u16 {

@@ -33,26 +33,6 @@ fn start_app(kafka: &str, classes: &Path, state: &Path, base_ms: u64) -> Spawned
     Spawned(child)
 }
 
-/// Every record of `stream` over HTTP, as (key, value).
-fn records_over_http(address: std::net::SocketAddr, stream: &str) -> Vec<(String, u64)> {
-    let mut records = Vec::new();
-    let mut from = "earliest".to_string();
-    loop {
-        let (status, body) = get(address, &format!("/streams/{stream}?from={from}&limit=5000"));
-        assert_eq!(status, 200, "{body}");
-        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let batch = page["records"].as_array().unwrap();
-        if batch.is_empty() {
-            return records;
-        }
-        for record in batch {
-            let key = record["key"].as_str().unwrap().to_string();
-            records.push((key, record["value"].as_u64().unwrap()));
-        }
-        from = page["next_from"].as_str().unwrap().to_string();
-    }
-}
-
 /// The records `stream` holds (the sum of its end offsets, from `SHOW STREAMS`).
 fn stored(address: std::net::SocketAddr, stream: &str) -> u64 {
     let shown: serde_json::Value = serde_json::from_str(&sql(address, "SHOW STREAMS")).unwrap();
@@ -146,8 +126,9 @@ fn a_kafka_streams_app_counts_exactly_once_across_a_kill_9() {
         *expected.entry(format!("user-{}@{window}", i % users)).or_default() += 1;
     }
     let mut seen: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (key, count) in records_over_http(server.address, "counts") {
-        seen.entry(key).or_default().push(count);
+    for record in crate::records_over_http(server.address, "counts") {
+        let key = record["key"].as_str().unwrap().to_string();
+        seen.entry(key).or_default().push(record["value"].as_u64().unwrap());
     }
     assert_eq!(seen.len(), expected.len(), "one count per user and window");
     for (key, n) in &expected {

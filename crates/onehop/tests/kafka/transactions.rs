@@ -23,23 +23,6 @@ fn copier(kafka: &str, partition: u32) -> Spawned {
     Spawned(command.spawn().expect("java runs"))
 }
 
-/// Every value of `stream`, read over HTTP.
-fn values_over_http(address: std::net::SocketAddr, stream: &str) -> Vec<String> {
-    let mut values = Vec::new();
-    let mut from = "earliest".to_string();
-    loop {
-        let (status, body) = get(address, &format!("/streams/{stream}?from={from}&limit=5000"));
-        assert_eq!(status, 200, "{body}");
-        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let records = page["records"].as_array().unwrap();
-        if records.is_empty() {
-            return values;
-        }
-        values.extend(records.iter().map(|record| record["value"].to_string()));
-        from = page["next_from"].as_str().unwrap().to_string();
-    }
-}
-
 fn aborted_so_far(address: std::net::SocketAddr) -> u64 {
     let (_, metrics) = get(address, "/metrics");
     metrics
@@ -112,7 +95,8 @@ fn a_transactional_copy_is_exactly_once_across_aborts_and_a_kill_9() {
     aborted += aborted_so_far(server.address);
     assert!(aborted > 0, "some transactions were aborted");
 
-    let copied = values_over_http(server.address, "output");
+    let copied: Vec<String> =
+        crate::records_over_http(server.address, "output").iter().map(|record| record["value"].to_string()).collect();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for value in &copied {
         *counts.entry(value.clone()).or_default() += 1;

@@ -196,6 +196,26 @@ pub(in crate::kafka) fn leave_group(shared: &Shared, request: LeaveGroupRequest)
     response
 }
 
+/// One partition of a commit (OffsetCommit, TxnOffsetCommit), checked: the offset to store, or
+/// the partition's error code.
+pub(in crate::kafka) fn checked_commit(
+    stream: &Result<std::sync::Arc<onehop_engine::Stream>, onehop_engine::EngineError>,
+    index: i32,
+    offset: i64,
+    leader_epoch: i32,
+    metadata: Option<&StrBytes>,
+) -> Result<Committed, i16> {
+    let stream = stream.as_ref().map_err(errors::code)?;
+    if index < 0 || stream.check_partition(index as u32).is_err() {
+        return Err(ResponseError::UnknownTopicOrPartition.code());
+    }
+    let metadata = metadata.map(|text| text.as_str().to_string()).unwrap_or_default();
+    if metadata.len() > COMMIT_METADATA_BYTES_MAX {
+        return Err(ResponseError::OffsetMetadataTooLarge.code());
+    }
+    Ok(Committed { offset, leader_epoch, metadata })
+}
+
 pub(in crate::kafka) async fn offset_commit(shared: &Shared, request: OffsetCommitRequest) -> OffsetCommitResponse {
     let group = request.group_id.0.as_str().to_string();
     let allowed = shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id_or_member_epoch);
@@ -206,30 +226,23 @@ pub(in crate::kafka) async fn offset_commit(shared: &Shared, request: OffsetComm
         let stream = shared.engine.stream(&name);
         let mut partitions = Vec::new();
         for partition in topic.partitions {
-            let metadata =
-                partition.committed_metadata.as_ref().map(|text| text.as_str().to_string()).unwrap_or_default();
-            let code = if allowed != 0 {
-                allowed
-            } else if let Err(error) = &stream {
-                errors::code(error)
-            } else if stream
-                .as_ref()
-                .is_ok_and(|stream| stream.check_partition(partition.partition_index.max(0) as u32).is_err())
-                || partition.partition_index < 0
-            {
-                ResponseError::UnknownTopicOrPartition.code()
-            } else if metadata.len() > COMMIT_METADATA_BYTES_MAX {
-                ResponseError::OffsetMetadataTooLarge.code()
-            } else {
-                let committed = Committed {
-                    offset: partition.committed_offset,
-                    leader_epoch: partition.committed_leader_epoch,
-                    metadata,
-                };
-                commits.push(((group.clone(), name.clone(), partition.partition_index), committed));
-                0
+            let index = partition.partition_index;
+            let checked = checked_commit(
+                &stream,
+                index,
+                partition.committed_offset,
+                partition.committed_leader_epoch,
+                partition.committed_metadata.as_ref(),
+            );
+            let code = match checked {
+                _ if allowed != 0 => allowed,
+                Err(code) => code,
+                Ok(committed) => {
+                    commits.push(((group.clone(), name.clone(), index), committed));
+                    0
+                }
             };
-            partitions.push((partition.partition_index, code));
+            partitions.push((index, code));
         }
         answers.push((topic.name, partitions));
     }

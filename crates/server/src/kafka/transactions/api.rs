@@ -27,10 +27,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::{Partition, Phase, Stored};
 use crate::kafka::Shared;
-use crate::kafka::groups::committed::Committed;
-
-/// Largest metadata string a commit may carry (Kafka's offset.metadata.max.bytes).
-const COMMIT_METADATA_BYTES_MAX: usize = 4096;
+use crate::kafka::groups::api::checked_commit;
 
 /// The error that tells a producer it was fenced: PRODUCER_FENCED from `since` on, and
 /// INVALID_PRODUCER_EPOCH in older versions, which clients from before it know.
@@ -161,27 +158,24 @@ pub(in crate::kafka) async fn txn_offset_commit(
     let mut offsets = Vec::new();
     for topic in request.topics {
         let name = topic.name.0.as_str().to_string();
-        let stream = shared.engine.stream(&name).ok();
+        let stream = shared.engine.stream(&name);
         let mut partitions = Vec::new();
         for partition in topic.partitions {
             let index = partition.partition_index;
-            let metadata =
-                partition.committed_metadata.as_ref().map(|text| text.as_str().to_string()).unwrap_or_default();
-            let code = if allowed != 0 {
-                allowed
-            } else if !stream.as_ref().is_some_and(|stream| index >= 0 && stream.check_partition(index as u32).is_ok())
-            {
-                ResponseError::UnknownTopicOrPartition.code()
-            } else if metadata.len() > COMMIT_METADATA_BYTES_MAX {
-                ResponseError::OffsetMetadataTooLarge.code()
-            } else {
-                let committed = Committed {
-                    offset: partition.committed_offset,
-                    leader_epoch: partition.committed_leader_epoch,
-                    metadata,
-                };
-                offsets.push(((group.clone(), name.clone(), index), committed));
-                0
+            let checked = checked_commit(
+                &stream,
+                index,
+                partition.committed_offset,
+                partition.committed_leader_epoch,
+                partition.committed_metadata.as_ref(),
+            );
+            let code = match checked {
+                _ if allowed != 0 => allowed,
+                Err(code) => code,
+                Ok(committed) => {
+                    offsets.push(((group.clone(), name.clone(), index), committed));
+                    0
+                }
             };
             partitions.push((index, code));
         }

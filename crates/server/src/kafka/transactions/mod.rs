@@ -438,6 +438,26 @@ impl Transactions {
         }
     }
 
+    /// Changes `id`'s state for a request of `producer`, once that request is the only one
+    /// acting on it and its producer is checked: `change` edits a copy and says whether there
+    /// is anything to write; the copy is written durably, then becomes the state.
+    async fn change(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        fenced: ResponseError,
+        change: impl FnOnce(&mut Stored) -> Result<bool, Refusal>,
+    ) -> Result<(), Refusal> {
+        let entry = self.checked(id, producer, fenced)?;
+        let _acting = entry.acting.lock().await;
+        let mut next = entry.txn.lock().expect("txn lock").stored.clone();
+        check_producer(&next, id, producer, fenced)?;
+        if !change(&mut next)? {
+            return Ok(());
+        }
+        self.write(id, &entry, next, Vec::new()).await.map_err(engine_refusal)
+    }
+
     /// AddPartitionsToTxn: `partitions` join the transaction (beginning it). Every partition
     /// must exist; otherwise none is added.
     pub async fn add_partitions(
@@ -447,22 +467,20 @@ impl Transactions {
         partitions: &[Partition],
         fenced: ResponseError,
     ) -> Result<(), Refusal> {
-        let entry = self.checked(id, producer, fenced)?;
-        let _acting = entry.acting.lock().await;
-        let mut next = entry.txn.lock().expect("txn lock").stored.clone();
-        check_producer(&next, id, producer, fenced)?;
-        let fresh: Vec<&Partition> =
-            partitions.iter().filter(|partition| !next.partitions.contains(partition)).collect();
-        if fresh.is_empty() && next.phase == Phase::Ongoing {
-            return Ok(());
-        }
-        Self::begin(&mut next)?;
-        for partition in partitions {
-            if !next.partitions.contains(partition) {
-                next.partitions.push(partition.clone());
+        self.change(id, producer, fenced, |next| {
+            let fresh = partitions.iter().any(|partition| !next.partitions.contains(partition));
+            if !fresh && next.phase == Phase::Ongoing {
+                return Ok(false);
             }
-        }
-        self.write(id, &entry, next, Vec::new()).await.map_err(engine_refusal)
+            Self::begin(next)?;
+            for partition in partitions {
+                if !next.partitions.contains(partition) {
+                    next.partitions.push(partition.clone());
+                }
+            }
+            Ok(true)
+        })
+        .await
     }
 
     /// AddOffsetsToTxn: the transaction will commit offsets of `group`.
@@ -473,18 +491,18 @@ impl Transactions {
         group: &str,
         fenced: ResponseError,
     ) -> Result<(), Refusal> {
-        let entry = self.checked(id, producer, fenced)?;
-        let _acting = entry.acting.lock().await;
-        let mut next = entry.txn.lock().expect("txn lock").stored.clone();
-        check_producer(&next, id, producer, fenced)?;
-        if next.phase == Phase::Ongoing && next.groups.iter().any(|known| known == group) {
-            return Ok(());
-        }
-        Self::begin(&mut next)?;
-        if !next.groups.iter().any(|known| known == group) {
-            next.groups.push(group.to_string());
-        }
-        self.write(id, &entry, next, Vec::new()).await.map_err(engine_refusal)
+        self.change(id, producer, fenced, |next| {
+            let known = next.groups.iter().any(|known| known == group);
+            if known && next.phase == Phase::Ongoing {
+                return Ok(false);
+            }
+            Self::begin(next)?;
+            if !next.groups.iter().any(|known| known == group) {
+                next.groups.push(group.to_string());
+            }
+            Ok(true)
+        })
+        .await
     }
 
     /// TxnOffsetCommit: `offsets` of `group` are committed with the transaction.
@@ -496,23 +514,22 @@ impl Transactions {
         offsets: Vec<(OffsetKey, Committed)>,
         fenced: ResponseError,
     ) -> Result<(), Refusal> {
-        let entry = self.checked(id, producer, fenced)?;
-        let _acting = entry.acting.lock().await;
-        let mut next = entry.txn.lock().expect("txn lock").stored.clone();
-        check_producer(&next, id, producer, fenced)?;
-        if next.phase != Phase::Ongoing || !next.groups.iter().any(|known| known == group) {
-            return Err(refusal(
-                ResponseError::InvalidTxnState,
-                format!("group {group:?} was not added to the transaction (AddOffsetsToTxn)"),
-            ));
-        }
-        for (key, committed) in offsets {
-            match next.offsets.iter_mut().find(|(known, _)| *known == key) {
-                Some((_, at)) => *at = committed,
-                None => next.offsets.push((key, committed)),
+        self.change(id, producer, fenced, |next| {
+            if next.phase != Phase::Ongoing || !next.groups.iter().any(|known| known == group) {
+                return Err(refusal(
+                    ResponseError::InvalidTxnState,
+                    format!("group {group:?} was not added to the transaction (AddOffsetsToTxn)"),
+                ));
             }
-        }
-        self.write(id, &entry, next, Vec::new()).await.map_err(engine_refusal)
+            for (key, committed) in offsets {
+                match next.offsets.iter_mut().find(|(known, _)| *known == key) {
+                    Some((_, at)) => *at = committed,
+                    None => next.offsets.push((key, committed)),
+                }
+            }
+            Ok(true)
+        })
+        .await
     }
 
     /// A transactional batch for `partition` of `stream`, as sent (`raw`) and decoded: checked
