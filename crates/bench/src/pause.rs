@@ -207,7 +207,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(state(), 'T', "stopped during the pause");
         let (figures, stopped) = pauser.finish();
-        assert_eq!(state(), 'S', "running (asleep in sleep(1)) after it");
+        // Continued: asleep in sleep(1), or for a moment on a busy machine still running on its
+        // way back to sleep; anything but stopped.
+        assert!(matches!(state(), 'S' | 'R'), "continued after it, not stopped: {}", state());
         assert_eq!(figures.made, 1);
         assert!(figures.stopped_ms >= 300.0, "{figures:?}");
         assert_eq!(stopped.len(), 1);
