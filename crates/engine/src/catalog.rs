@@ -1,4 +1,4 @@
-//! The catalog: every definition is a record of the compacted `__catalog` topic (one partition,
+//! The catalog: every definition (and every user, role, grant and token: `access::records`) is a record of the compacted `__catalog` topic (one partition,
 //! `fsync`), keyed by `{kind}/{name}` with a JSON value; dropping a definition appends a
 //! tombstone. At start the engine replays the topic, newest record per key winning, so the
 //! definitions survive restarts exactly as acknowledged.
@@ -313,6 +313,8 @@ pub(crate) struct Definitions {
     pub dropped: BTreeSet<String>,
     /// Views whose newest record is a drop.
     pub dropped_views: BTreeSet<String>,
+    /// Users, roles, grants and tokens.
+    pub access: crate::access::model::AccessDefs,
 }
 
 impl Definitions {
@@ -381,6 +383,9 @@ fn apply(defs: &mut Definitions, record: &Record) -> Result<(), EngineError> {
             }
         }
         return Ok(());
+    }
+    if crate::access::records::is_access_key(key) {
+        return crate::access::records::apply(&mut defs.access, key, record);
     }
     let Some(name) = key.strip_prefix(STREAM_KEY_PREFIX) else {
         // A kind this version does not know (written by a newer one): keep going, say so.

@@ -71,6 +71,20 @@ pub enum EngineError {
         fields: Vec<String>,
     },
     InvalidFilter(String),
+    /// The client is not identified (no credentials where they are required, or wrong ones).
+    Unauthenticated(crate::access::LoginFailure),
+    /// The identified user may not do this: `object` is `stream orders`, `table carts`, or
+    /// `ALL (to …)` for what only a superuser does.
+    Forbidden {
+        user: Option<String>,
+        privilege: crate::access::model::Privilege,
+        object: String,
+    },
+    /// What only a superuser (`ADMIN ON ALL`) may do: `action` is `create users`, ….
+    NotSuperuser {
+        user: Option<String>,
+        action: String,
+    },
     Internal(String),
 }
 
@@ -147,6 +161,13 @@ impl EngineError {
             }
             EngineError::Unindexed { table, fields } => format!("no index on {fields:?} in table {table:?}"),
             EngineError::InvalidFilter(reason) => format!("invalid filter: {reason}"),
+            EngineError::Unauthenticated(failure) => failure.message().to_string(),
+            EngineError::Forbidden { user, privilege, object } => {
+                format!("user {:?} may not {privilege} {object}", user.as_deref().unwrap_or("(anonymous)"))
+            }
+            EngineError::NotSuperuser { user, action } => {
+                format!("user {:?} may not {action}", user.as_deref().unwrap_or("(anonymous)"))
+            }
             EngineError::Internal(reason) => format!("internal error: {reason}"),
         }
     }
@@ -166,6 +187,16 @@ impl EngineError {
             EngineError::UnknownView(name) => format!("create it first (CREATE VIEW {name} AS SELECT …)"),
             EngineError::ViewExists { name } => format!("drop it first (DROP VIEW {name})"),
             EngineError::InUse { drop, .. } => format!("drop that first ({drop})"),
+            EngineError::Forbidden { user: Some(user), privilege, object } => {
+                let object = object
+                    .split_once(' ')
+                    .map_or(object.clone(), |(kind, name)| format!("{} {name}", kind.to_ascii_uppercase()));
+                format!(
+                    "a superuser can grant it: GRANT {} ON {object} TO {user}",
+                    privilege.as_str().to_ascii_uppercase()
+                )
+            }
+            EngineError::NotSuperuser { .. } => "that takes a superuser (a user with ADMIN ON ALL)".to_string(),
             EngineError::Unindexed { table, fields } => {
                 let first = fields.first().map(String::as_str).unwrap_or("field");
                 format!("create one (CREATE INDEX ON {table} ({first})), or add scan=true to read every row")
@@ -209,6 +240,10 @@ pub enum ErrorKind {
     ShuttingDown,
     /// Storage failed; the server refuses writes until restarted.
     StorageFailed,
+    /// The client is not identified: it must present (other) credentials.
+    Unauthenticated,
+    /// The client is identified and may not do this.
+    Forbidden,
     /// A broken invariant: a bug.
     Internal,
 }
@@ -247,6 +282,8 @@ impl EngineError {
             | EngineError::ViewExists { .. }
             | EngineError::InUse { .. } => Kind::Conflict,
             EngineError::PreconditionFailed { .. } => Kind::PreconditionFailed,
+            EngineError::Unauthenticated(_) => Kind::Unauthenticated,
+            EngineError::Forbidden { .. } | EngineError::NotSuperuser { .. } => Kind::Forbidden,
             EngineError::Internal(_) => Kind::Internal,
         }
     }
@@ -282,6 +319,8 @@ impl EngineError {
             EngineError::PreconditionFailed { .. } => "precondition_failed",
             EngineError::Unindexed { .. } => "unindexed_field",
             EngineError::InvalidFilter(_) => "bad_filter",
+            EngineError::Unauthenticated(_) => "unauthenticated",
+            EngineError::Forbidden { .. } | EngineError::NotSuperuser { .. } => "forbidden",
             EngineError::Internal(_) => "internal",
         }
     }

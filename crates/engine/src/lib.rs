@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //!
+//! - `access`: users, roles, grants and tokens; logging in and the checks every protocol asks.
 //! - `catalog`: definitions (streams and tables; views and users as they land), kept as records
 //!   of the compacted `__catalog` topic, so they are durable and replayed at start.
 //! - `tabledef` / `table`: what a table is (columns, key, indexes) and the table itself: rows
@@ -20,6 +21,7 @@
 //! - `error`: `EngineError`, each variant with a stable code for clients.
 //! - `units`: byte sizes and durations as people write them (`64MiB`, `7d`).
 
+pub mod access;
 mod catalog;
 mod engine;
 mod error;
@@ -35,6 +37,8 @@ mod tabledef;
 pub mod units;
 pub mod view;
 
+pub use access::model::{ObjectKind, Privilege};
+pub use access::{Access, Principal};
 pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};
 pub use engine::{Engine, EngineOptions, Positions, catalog_recovery, set_system_recovery};
 pub use error::{EngineError, ErrorKind};

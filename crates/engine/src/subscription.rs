@@ -32,6 +32,17 @@ pub enum Target {
     View { view: String, key: Option<String> },
 }
 
+impl Target {
+    /// The object a subscription to this reads, as access names it.
+    pub fn object(&self) -> (crate::ObjectKind, &str) {
+        match self {
+            Target::Stream(name) => (crate::ObjectKind::Stream, name),
+            Target::Table(name) | Target::Row { table: name, .. } => (crate::ObjectKind::Table, name),
+            Target::View { view, .. } => (crate::ObjectKind::View, view),
+        }
+    }
+}
+
 /// Where a subscription starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Start {
@@ -75,14 +86,17 @@ impl Engine {
         })
     }
 
-    /// Opens a subscription to `target` (see the module's documentation). The filter's key is
-    /// set from a row or view key target.
+    /// Opens a subscription to `target` for `principal`, once it may read it (see the module's
+    /// documentation). The filter's key is set from a row or view key target.
     pub async fn open_subscription(
         &self,
+        principal: &crate::Principal,
         target: &Target,
         mut filter: Filter,
         start: Start,
     ) -> Result<Opened, EngineError> {
+        let (kind, name) = target.object();
+        self.access().authorize(principal, crate::Privilege::Read, kind, name)?;
         if let Target::Row { id: key, .. } | Target::View { key: Some(key), .. } = target {
             filter.key = Some(bytes::Bytes::from(key.clone()));
         }

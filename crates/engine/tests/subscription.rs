@@ -33,7 +33,8 @@ async fn a_table_snapshot_then_every_change_after_it() {
     }
     let filter = Filter::default().with_condition("customer", "42").unwrap();
     let target = Target::Table("orders".into());
-    let mut opened = engine.open_subscription(&target, filter, Start::Snapshot).await.unwrap();
+    let mut opened =
+        engine.open_subscription(&engine.access().anonymous(), &target, filter, Start::Snapshot).await.unwrap();
     let Some(Snapshot::Rows(rows)) = opened.snapshot.take() else { panic!("a table snapshot is rows") };
     let ids: Vec<&str> = rows.iter().map(|row| row.id.as_str()).collect();
     assert_eq!(ids, ["o1", "o3"], "the rows the filter selects");
@@ -43,14 +44,24 @@ async fn a_table_snapshot_then_every_change_after_it() {
 
     // One row: the target sets the filter's key.
     let target = Target::Row { table: "orders".into(), id: "o3".into() };
-    let mut one = engine.open_subscription(&target, Filter::default(), Start::At(Position::Latest)).await.unwrap();
+    let mut one = engine
+        .open_subscription(&engine.access().anonymous(), &target, Filter::default(), Start::At(Position::Latest))
+        .await
+        .unwrap();
     orders.write("o1", Write::Delete, Precondition::None, None).await.unwrap();
     orders.write("o3", Write::Delete, Precondition::None, None).await.unwrap();
     let (change, record) = next(&mut one.cursor).await;
     assert_eq!((change.as_str(), record.key.as_deref()), ("delete", Some(&b"o3"[..])), "only o3's changes");
 
     // A stream has no snapshot.
-    let refused = engine.open_subscription(&Target::Stream("s".into()), Filter::default(), Start::Snapshot).await;
+    let refused = engine
+        .open_subscription(
+            &engine.access().anonymous(),
+            &Target::Stream("s".into()),
+            Filter::default(),
+            Start::Snapshot,
+        )
+        .await;
     assert_eq!(refused.err().unwrap().code(), "bad_filter");
 }
 
@@ -61,7 +72,10 @@ async fn a_first_subscriber_creates_its_stream_and_a_slow_one_reads_on_from_the_
     let options = EngineOptions { subscriber_queue_capacity: 4, ..EngineOptions::default() };
     let engine = Engine::open_in(dir.path(), options).unwrap();
     let target = Target::Stream("later".into());
-    let mut opened = engine.open_subscription(&target, Filter::default(), Start::At(Position::Latest)).await.unwrap();
+    let mut opened = engine
+        .open_subscription(&engine.access().anonymous(), &target, Filter::default(), Start::At(Position::Latest))
+        .await
+        .unwrap();
     assert_eq!(opened.stream.name(), "later", "created by its subscriber");
     let stream = engine.stream("later").unwrap();
     // Live first: the first record comes through the hub.
@@ -82,7 +96,7 @@ async fn a_first_subscriber_creates_its_stream_and_a_slow_one_reads_on_from_the_
         EngineOptions { auto_create: false, ..EngineOptions::default() },
     )
     .unwrap()
-    .open_subscription(&target, Filter::default(), Start::At(Position::Latest))
+    .open_subscription(&engine.access().anonymous(), &target, Filter::default(), Start::At(Position::Latest))
     .await;
     assert_eq!(refused.err().unwrap().code(), "unknown_stream");
 }

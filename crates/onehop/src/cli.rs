@@ -26,7 +26,8 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the server (data in ./onehop-data, HTTP on 127.0.0.1:8080 by default).
-    Serve(ServeArgs),
+    // Boxed: its many settings would make every command as large.
+    Serve(Box<ServeArgs>),
     /// Run SQL definitions (CREATE STREAM, SHOW STREAMS, DESCRIBE) on a running server.
     Sql(SqlArgs),
     /// Run a benchmark and print its figures.
@@ -47,6 +48,15 @@ pub struct SqlArgs {
     /// The server to run them on.
     #[arg(long, env = "ONEHOP_URL", default_value = "http://127.0.0.1:8080", value_name = "URL")]
     pub url: String,
+
+    /// Log in as this user, with the password in ONEHOP_PASSWORD (HTTP Basic).
+    #[arg(long, env = "ONEHOP_USER", value_name = "NAME", conflicts_with = "token")]
+    pub user: Option<String>,
+
+    /// Log in with this token (from CREATE TOKEN; HTTP Bearer). Better given as ONEHOP_TOKEN,
+    /// which `ps` does not show.
+    #[arg(long, env = "ONEHOP_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// Settings of `onehop serve`. A flag left out falls back to its environment variable, then to
@@ -183,6 +193,22 @@ pub struct ServeArgs {
     /// the server stops; a second signal exits at once [default: 5].
     #[arg(long, env = "ONEHOP_SHUTDOWN_TIMEOUT_S", value_name = "SECONDS")]
     pub shutdown_timeout_s: Option<u64>,
+
+    /// The first superuser (ADMIN ON ALL), created at start when no user of this name exists;
+    /// its password comes from ONEHOP_ADMIN_PASSWORD or --admin-password-file, never a flag.
+    /// Once a user exists, every client must log in. A user that exists keeps its password.
+    #[arg(long, env = "ONEHOP_ADMIN_USER", value_name = "NAME")]
+    pub admin_user: Option<String>,
+
+    /// A file holding the first superuser's password (its first line) [default: the
+    /// ONEHOP_ADMIN_PASSWORD environment variable].
+    #[arg(long, env = "ONEHOP_ADMIN_PASSWORD_FILE", value_name = "FILE")]
+    pub admin_password_file: Option<PathBuf>,
+
+    /// Listen on addresses other than loopback while no user is defined, which lets anyone
+    /// who can reach them read and write everything. Without it such a start is refused.
+    #[arg(long, env = "ONEHOP_INSECURE_LISTEN")]
+    pub insecure_listen: bool,
 }
 
 #[derive(Subcommand, Debug)]

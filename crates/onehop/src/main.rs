@@ -43,7 +43,7 @@ pub(crate) fn release_free_memory() {
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
-        cli::Command::Serve(args) => serve::run(args),
+        cli::Command::Serve(args) => serve::run(*args),
         cli::Command::Sql(args) => sql::run(args),
         cli::Command::Bench(command) => bench::run(command),
     };

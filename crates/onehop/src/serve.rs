@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::http::origin::AllowedOrigins;
@@ -79,6 +79,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
              again (CREATE STREAM / CREATE TABLE, or the schema file) to take its data back"
         );
     }
+    if let Some((name, password)) = &settings.admin
+        && engine.bootstrap_superuser(name, password).await.context("creating the first superuser")?
+    {
+        tracing::info!(user = name, "first superuser created (ADMIN ON ALL): every client must now log in");
+    }
+    refuse_open_listeners(&engine, &settings)?;
     if let Some(schema) = &settings.schema {
         apply_schema(&engine, schema).await?;
     }
@@ -203,6 +209,39 @@ fn allowed_origins(settings: &Settings) -> AllowedOrigins {
         _ => tracing::info!(allowed_origins = %allowed, "browser pages from these origins may use the server"),
     }
     allowed
+}
+
+/// Refuses to listen beyond loopback while no user is defined (anyone reaching the port could
+/// read and write everything), unless the operator said `insecure_listen`.
+fn refuse_open_listeners(engine: &Engine, settings: &Settings) -> anyhow::Result<()> {
+    if engine.access().enabled() {
+        tracing::info!(users = engine.access().defs().users.len(), "access is on: clients log in");
+        return Ok(());
+    }
+    let open: Vec<String> = [Some(settings.http_addr), Some(settings.mqtt_addr), settings.kafka_addr]
+        .into_iter()
+        .flatten()
+        .filter(|address| !address.ip().is_loopback())
+        .map(|address| address.to_string())
+        .collect();
+    if open.is_empty() {
+        return Ok(());
+    }
+    if settings.insecure_listen {
+        tracing::warn!(
+            addresses = ?open,
+            "no user is defined and insecure_listen is on: anyone who can reach these addresses can read and write \
+             everything"
+        );
+        return Ok(());
+    }
+    bail!(
+        "refusing to listen on {} with no user defined: anyone who can reach it could read and write everything. \
+         Create the first user (--admin-user NAME with {} set), or listen on 127.0.0.1 only, or pass \
+         --insecure-listen to accept this",
+        open.join(", "),
+        crate::settings::ADMIN_PASSWORD_ENV
+    )
 }
 
 /// Applies the statements of `path` before the server listens; any failure stops the start.

@@ -72,6 +72,9 @@ struct FileSettings {
     http_body_read_timeout_s: Option<u64>,
     http_body_bytes_in_flight_max: Option<Size>,
     shutdown_timeout_s: Option<u64>,
+    admin_user: Option<String>,
+    admin_password_file: Option<PathBuf>,
+    insecure_listen: Option<bool>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -116,6 +119,38 @@ pub struct Settings {
     pub http_body_bytes_in_flight_max: u64,
     /// Time connections have to finish after the first SIGTERM or SIGINT.
     pub shutdown_timeout: Duration,
+    /// The first superuser: its name and password, created at start unless it exists.
+    pub admin: Option<(String, String)>,
+    /// Listen beyond loopback with no user defined.
+    pub insecure_listen: bool,
+}
+
+/// The environment variable holding the first superuser's password (a flag would show it in
+/// `ps`).
+pub const ADMIN_PASSWORD_ENV: &str = "ONEHOP_ADMIN_PASSWORD";
+
+/// The first superuser from the flags, the file and the environment: a name needs a password.
+fn admin(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<(String, String)>> {
+    let Some(name) = args.admin_user.clone().or(file.admin_user.clone()) else {
+        return Ok(None);
+    };
+    let password = match args.admin_password_file.as_ref().or(file.admin_password_file.as_ref()) {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading admin_password_file {}", path.display()))?
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+        None => std::env::var(ADMIN_PASSWORD_ENV).unwrap_or_default(),
+    };
+    if password.is_empty() {
+        bail!(
+            "admin_user {name:?} needs a password: set {ADMIN_PASSWORD_ENV}, or give --admin-password-file (its \
+             first line)"
+        );
+    }
+    onehop_engine::access::validate_grantee_name(&name).map_err(|error| anyhow::anyhow!("admin_user: {error}"))?;
+    Ok(Some((name, password)))
 }
 
 impl Settings {
@@ -189,6 +224,8 @@ impl Settings {
             Ok(value)
         };
         let allowed_origins = allowed_origins(args, &file)?;
+        let admin = admin(args, &file)?;
+        let insecure_listen = args.insecure_listen || file.insecure_listen.unwrap_or(false);
         let kafka_addr = match args.kafka_addr.clone().or(file.kafka_addr.clone()).as_deref() {
             Some("off") => None,
             Some(address) => Some(
@@ -295,6 +332,8 @@ impl Settings {
             http_body_read_timeout,
             http_body_bytes_in_flight_max,
             shutdown_timeout,
+            admin,
+            insecure_listen,
         })
     }
 }

@@ -14,12 +14,16 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
     let url = format!("{}/sql", args.url.trim_end_matches('/'));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (status, answer) = runtime.block_on(async {
-        let response = reqwest::Client::new()
-            .post(&url)
-            .body(sql)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {url}: is `onehop serve` running there?"))?;
+        let mut request = reqwest::Client::new().post(&url).body(sql);
+        if let Some(user) = &args.user {
+            let password = std::env::var("ONEHOP_PASSWORD")
+                .map_err(|_| anyhow::anyhow!("--user {user} needs its password in ONEHOP_PASSWORD"))?;
+            request = request.basic_auth(user, Some(password));
+        } else if let Some(token) = &args.token {
+            request = request.bearer_auth(token);
+        }
+        let response =
+            request.send().await.with_context(|| format!("cannot reach {url}: is `onehop serve` running there?"))?;
         let status = response.status();
         let answer: Value = response.json().await.with_context(|| format!("{url} did not answer with JSON"))?;
         anyhow::Ok((status, answer))

@@ -9,12 +9,15 @@
 //! - `mqtt`: the MQTT 3.1.1/5.0 broker (`serve_mqtt` over TCP, `Broker::serve_stream` for any
 //!   byte stream), with retained messages and persistent sessions in system topics.
 //! - `kafka`: the Kafka wire protocol, broker side (`serve_kafka`): topics are streams.
+//! - `access`: what every listener does about logins (failures counted and logged at a bounded
+//!   rate); the decisions are the engine's.
 //! - `accept`: the accept loop of the TCP listeners, with the connection limit.
 //! - `linger`: how both listeners close a TCP connection (write side first, then reading what
 //!   the client still sends), so a refusal reaches a client that is still sending.
 //! - `telemetry`: the Prometheus recorder behind `/metrics`.
 
 mod accept;
+pub mod access;
 pub mod http;
 pub mod kafka;
 mod linger;

@@ -27,6 +27,7 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
     describe();
     crate::mqtt::telemetry::describe();
     crate::kafka::describe_metrics();
+    crate::access::describe_metrics();
     Ok(handle)
 }
 

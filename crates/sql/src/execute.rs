@@ -1,6 +1,6 @@
 //! Running statements on the engine.
 
-use onehop_engine::{Engine, EngineError, StreamDef, Table, TableDef};
+use onehop_engine::{Engine, EngineError, ObjectKind, Principal, Privilege, StreamDef, Table, TableDef};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -161,10 +161,89 @@ fn dropped(label: String, result: Result<(), EngineError>, if_exists: bool, kind
     }
 }
 
-/// Runs one statement.
+/// Runs one statement with every right: for the server's own schema file and tools that run
+/// in its process, never for a client (see [`execute_as`]).
 pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, SqlError> {
+    run(engine, None, statement).await
+}
+
+/// Runs one statement for `principal`, if it may: definitions take `ADMIN` on what they
+/// define (and `READ` on a view's or transform's source), `SHOW` lists what it has grants on,
+/// and access statements are for superusers (see `access::execute`).
+pub async fn execute_as(engine: &Engine, principal: &Principal, statement: &Statement) -> Result<Output, SqlError> {
+    run(engine, Some(principal), statement).await
+}
+
+/// What a name is, for a check on it: streams, tables and views share one namespace.
+fn kind_of(engine: &Engine, name: &str) -> ObjectKind {
+    if engine.has_table(name) {
+        ObjectKind::Table
+    } else if engine.view(name).is_ok() {
+        ObjectKind::View
+    } else {
+        ObjectKind::Stream
+    }
+}
+
+/// Whether `principal` may run `statement` (nothing to check without one).
+fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Statement) -> Result<(), SqlError> {
+    let Some(principal) = principal else {
+        return Ok(());
+    };
+    let access = engine.access();
+    let admin = |kind, name: &str| access.authorize(principal, Privilege::Admin, kind, name);
+    let read = |name: &str| access.authorize(principal, Privilege::Read, kind_of(engine, name), name);
+    match statement {
+        Statement::CreateStream { name, .. }
+        | Statement::AlterStream { name, .. }
+        | Statement::DropStream { name, .. } => admin(ObjectKind::Stream, name)?,
+        Statement::CreateView { def, .. } => {
+            admin(ObjectKind::View, &def.name)?;
+            read(&def.source)?;
+        }
+        Statement::CreateTransform { def, .. } => {
+            admin(ObjectKind::Stream, &def.name)?;
+            read(&def.source)?;
+        }
+        Statement::CreateTable { name, .. } | Statement::DropTable { name, .. } => admin(ObjectKind::Table, name)?,
+        Statement::CreateIndex { table, .. } => admin(ObjectKind::Table, table)?,
+        Statement::DropIndex { name, .. } => {
+            let table =
+                engine.tables().into_iter().find(|table| table.def().indexes.iter().any(|index| &index.name == name));
+            match table {
+                Some(table) => admin(ObjectKind::Table, &table.name())?,
+                None => access.authorize_superuser(principal, "drop an index no table has")?,
+            }
+        }
+        Statement::DropView { name, .. } => admin(ObjectKind::View, name)?,
+        Statement::Describe { name } => {
+            let kind = kind_of(engine, name);
+            let visible = access.permissions(principal)?.is_none_or(|permissions| permissions.sees(kind, name));
+            if !visible {
+                read(name)?;
+            }
+        }
+        // Listings show what the principal has grants on; access statements check themselves.
+        Statement::ShowStreams
+        | Statement::ShowTables
+        | Statement::ShowViews
+        | Statement::ShowTransforms
+        | Statement::Access(_) => {}
+    }
+    Ok(())
+}
+
+async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Statement) -> Result<Output, SqlError> {
+    authorize(engine, principal, statement)?;
+    let permissions = match principal {
+        Some(principal) => engine.access().permissions(principal)?,
+        None => None,
+    };
+    let visible =
+        |kind: ObjectKind, name: &str| permissions.as_ref().is_none_or(|permissions| permissions.sees(kind, name));
     let label = statement.label();
     match statement {
+        Statement::Access(statement) => crate::access::execute(engine, principal, statement).await,
         Statement::CreateStream { name, if_not_exists, options } => {
             let def = stream_def(engine, name, options);
             if let Ok(existing) = engine.stream(name) {
@@ -192,7 +271,12 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
         Statement::ShowStreams => Ok(Output::Rows {
             statement: label,
             columns: STREAM_COLUMNS.iter().map(|column| column.to_string()).collect(),
-            rows: engine.streams().iter().map(|stream| stream_row(engine, stream)).collect(),
+            rows: engine
+                .streams()
+                .iter()
+                .filter(|stream| visible(ObjectKind::Stream, stream.name()))
+                .map(|stream| stream_row(engine, stream))
+                .collect(),
         }),
         Statement::CreateTable { name, if_not_exists, primary_key, columns, durability } => {
             let def = TableDef {
@@ -247,17 +331,32 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
         Statement::ShowTables => Ok(Output::Rows {
             statement: label,
             columns: TABLE_COLUMNS.iter().map(|column| column.to_string()).collect(),
-            rows: engine.tables().iter().map(|table| table_row(table)).collect(),
+            rows: engine
+                .tables()
+                .iter()
+                .filter(|table| visible(ObjectKind::Table, &table.name()))
+                .map(|table| table_row(table))
+                .collect(),
         }),
         Statement::ShowViews => Ok(Output::Rows {
             statement: label,
             columns: VIEW_COLUMNS.iter().map(|column| column.to_string()).collect(),
-            rows: engine.views().iter().map(|view| view_row(view)).collect(),
+            rows: engine
+                .views()
+                .iter()
+                .filter(|view| visible(ObjectKind::View, view.name()))
+                .map(|view| view_row(view))
+                .collect(),
         }),
         Statement::ShowTransforms => Ok(Output::Rows {
             statement: label,
             columns: TRANSFORM_COLUMNS.iter().map(|column| column.to_string()).collect(),
-            rows: engine.transforms().iter().map(|transform| transform_row(transform)).collect(),
+            rows: engine
+                .transforms()
+                .iter()
+                .filter(|transform| visible(ObjectKind::Stream, transform.name()))
+                .map(|transform| transform_row(transform))
+                .collect(),
         }),
         Statement::DropView { name, if_exists } => dropped(label, engine.drop_view(name).await, *if_exists, "view"),
         Statement::Describe { name } => {

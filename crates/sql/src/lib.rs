@@ -8,13 +8,17 @@
 //!   list of what is supported.
 //! - `view`: `CREATE VIEW … AS SELECT` and `CREATE STREAM … AS SELECT` (transforms), and SQL
 //!   expressions to the engine's expression language; refuses what views cannot run.
-//! - `execute`: a [`Statement`] run on the engine, to an [`Output`].
+//! - `access`: users, roles, grants and tokens (`CREATE USER`, `GRANT`, `CREATE TOKEN`, …).
+//! - `execute`: a [`Statement`] run on the engine, to an [`Output`], checked against what the
+//!   user running it may do.
 
+mod access;
 mod execute;
 mod parse;
 mod view;
 
-pub use execute::{Output, execute};
+pub use access::AccessStatement;
+pub use execute::{Output, execute, execute_as};
 pub use parse::{Statement, StreamOptions, parse};
 
 /// Why a statement could not be parsed or run.
@@ -41,6 +45,9 @@ pub const SUPPORTED: &str = "CREATE STREAM [IF NOT EXISTS] name [WITH (partition
      durability = 'fsync'|'async', cleanup = 'delete'|'compact')]; ALTER STREAM name SET (retention = '30d', retention_bytes = 'none', partitions = 8); CREATE TABLE [IF NOT EXISTS] name (id TEXT PRIMARY KEY, col TYPE [NOT NULL], …) \
      [WITH (durability = …)]; CREATE INDEX [name] ON table (field); DROP STREAM|TABLE|INDEX|VIEW [IF EXISTS] name; \
      SHOW STREAMS; SHOW TABLES; SHOW VIEWS; DESCRIBE name; \
+     CREATE USER name PASSWORD '…'; ALTER USER name PASSWORD '…'; DROP USER name; CREATE ROLE name; DROP ROLE name; \
+     GRANT READ|WRITE|ADMIN ON ALL | STREAM|TABLE|VIEW name_or_prefix* TO user|role|PUBLIC; GRANT role TO user; REVOKE …; \
+     CREATE TOKEN [FOR user] [VALID FOR '30d']; DROP TOKEN id; SHOW USERS|ROLES|GRANTS|TOKENS; \
      CREATE VIEW [IF NOT EXISTS] name [WITH (grace = '1s', emit = 'changes', …)] AS SELECT key, COUNT(*), SUM(x), … \
      FROM source | TUMBLE|HOP|SLIDING|SESSION(source, …) [WHERE condition] GROUP BY key";
 

@@ -12,6 +12,7 @@ use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Location, Token};
 
 use crate::SqlError;
+use crate::access::{self, AccessStatement};
 use crate::view;
 
 /// Options of `CREATE STREAM … WITH (…)`; what is left out takes the server's default.
@@ -91,6 +92,8 @@ pub enum Statement {
     Describe {
         name: String,
     },
+    /// Users, roles, grants and tokens.
+    Access(AccessStatement),
 }
 
 impl Statement {
@@ -112,6 +115,7 @@ impl Statement {
             Statement::ShowTransforms => "SHOW TRANSFORMS".into(),
             Statement::DropView { name, .. } => format!("DROP VIEW {name}"),
             Statement::Describe { name } => format!("DESCRIBE {name}"),
+            Statement::Access(statement) => statement.label(),
         }
     }
 }
@@ -142,6 +146,18 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>, SqlError> {
             Statement::ShowTables
         } else if parser.parse_keywords(&[Keyword::SHOW, Keyword::VIEWS]) {
             Statement::ShowViews
+        } else if parser.parse_keywords(&[Keyword::ALTER, Keyword::USER]) {
+            Statement::Access(access::parse_alter_user(&mut parser)?)
+        } else if parser.parse_keyword(Keyword::GRANT) {
+            Statement::Access(access::parse_grant(&mut parser, true)?)
+        } else if parser.parse_keyword(Keyword::REVOKE) {
+            Statement::Access(access::parse_grant(&mut parser, false)?)
+        } else if let Some(statement) = parse_access_after(&mut parser, Keyword::CREATE, access::parse_create)? {
+            Statement::Access(statement)
+        } else if let Some(statement) = parse_access_after(&mut parser, Keyword::DROP, access::parse_drop)? {
+            Statement::Access(statement)
+        } else if let Some(statement) = parse_access_after(&mut parser, Keyword::SHOW, access::parse_show)? {
+            Statement::Access(statement)
         } else {
             let statement = parser.parse_statement().map_err(|error| SqlError::Syntax(error.to_string()))?;
             convert(statement)?
@@ -156,6 +172,23 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>, SqlError> {
         return Err(SqlError::Syntax("no statement".into()));
     }
     Ok(statements)
+}
+
+/// An access statement that starts with `keyword` (`CREATE USER`, `DROP TOKEN`, `SHOW GRANTS`):
+/// `None`, with nothing taken, when what follows `keyword` is not one `rest` parses.
+fn parse_access_after(
+    parser: &mut Parser,
+    keyword: Keyword,
+    rest: fn(&mut Parser) -> Result<Option<AccessStatement>, SqlError>,
+) -> Result<Option<AccessStatement>, SqlError> {
+    if !parser.parse_keyword(keyword) {
+        return Ok(None);
+    }
+    let statement = rest(parser)?;
+    if statement.is_none() {
+        parser.prev_token();
+    }
+    Ok(statement)
 }
 
 pub(crate) fn syntax(error: sqlparser::parser::ParserError) -> SqlError {

@@ -3,6 +3,7 @@
 //! one log topic).
 //!
 //! - `mod.rs`: the options, the engine itself and its lock order, opening it.
+//! - `access`: users, roles, grants and tokens, defined through the catalog.
 //! - `orphans`: topics the catalog does not define: drops finished, orphans kept and adopted.
 //! - `streams`: stream definitions, their partitions, subscribing to them.
 //! - `tables`: table definitions and indexes.
@@ -27,6 +28,8 @@ use crate::view::runtime::{self, OUTPUT_PREFIX};
 use crate::view::transform::{self, TransformCheckpoint};
 use crate::view::{Start, Transform, TransformDef, View, ViewDef};
 
+mod access;
+pub use access::{PASSWORD_BYTES_MAX, validate_grantee_name};
 mod orphans;
 mod streams;
 pub use streams::Positions;
@@ -95,6 +98,8 @@ pub struct Engine {
     /// catalog recovered by cutting, or one lost): kept, never deleted, and taken back by
     /// defining them again. A name leaves the set when it is defined.
     orphans: RwLock<BTreeSet<String>>,
+    /// Users, roles, grants and tokens in force; changed under `ddl` like every definition.
+    access: crate::access::Access,
 }
 
 /// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
@@ -136,7 +141,7 @@ impl Engine {
         }
         catalog::validate_name(&options.empty_first_level_stream)?;
         let catalog = SystemTopic::open(&log, CATALOG_TOPIC, &catalog_config())?;
-        let defs = catalog::replay(&catalog)?;
+        let mut defs = catalog::replay(&catalog)?;
         let checkpoints = SystemTopic::open(&log, CHECKPOINT_TOPIC, &checkpoint::checkpoint_config())?;
         let hub = Arc::new(Hub::new(options.subscriber_queue_capacity));
         let engine = Engine {
@@ -154,6 +159,7 @@ impl Engine {
             transforms: RwLock::new(BTreeMap::new()),
             checkpoints,
             orphans: RwLock::new(BTreeSet::new()),
+            access: crate::access::Access::new(std::mem::take(&mut defs.access)),
         };
         engine.finish_drops_and_keep_orphans(&defs)?;
         let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();
@@ -210,6 +216,7 @@ impl Engine {
             tables = engine.tables.read().expect("tables lock").len(),
             views = engine.views.read().expect("views lock").len(),
             transforms = engine.transforms.read().expect("transforms lock").len(),
+            users = engine.access.defs().users.len(),
             "catalog replayed"
         );
         Ok(engine)

@@ -38,6 +38,8 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::OutOfRange => StatusCode::RANGE_NOT_SATISFIABLE,
         ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::StorageFailed | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -60,7 +62,14 @@ impl IntoResponse for ApiError {
             Some(hint) => serde_json::json!({ "error": { "code": self.code, "message": self.message, "hint": hint } }),
             None => serde_json::json!({ "error": { "code": self.code, "message": self.message } }),
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            // A 401 says how to authenticate (RFC 9110, 11.6.1).
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static(super::auth::CHALLENGE));
+        }
+        response
     }
 }
 

@@ -5,6 +5,7 @@
 //! - `ws`: subscriptions over WebSocket, several per socket, on the same URLs.
 //! - `views`: `GET /views/{v}/{key}` point reads and `GET /views/{v}` listings of views.
 //! - `sql`: `POST /sql` runs definitions (`CREATE STREAM`, `SHOW STREAMS`, `DESCRIBE`).
+//! - `auth`: who a request is (Basic, Bearer, `access_token`) and whether its route is theirs.
 //! - `cors`, `origin`: which other origins' pages may use the server (CORS, WebSocket `Origin`).
 //! - `error`: every refusal as `{"error":{"code":…,"message":…}}` with a fitting status.
 //! - `query`: query strings decoded strictly (whole escapes, UTF-8; `+` literal in `subject`).
@@ -12,6 +13,7 @@
 //! - `connection`: the listener's connections: timeouts, hyper's own refusals, shutdown.
 //! - `limit`: the connection limit.
 
+pub mod auth;
 pub mod body;
 pub mod connection;
 pub mod cors;
@@ -236,6 +238,8 @@ pub fn app(state: AppState) -> Router {
         .route("/sql", axum::routing::post(sql::run))
         .route("/mqtt", get(mqtt_ws::upgrade))
         .route_layer(axum::middleware::from_fn_with_state(body_limits, body::read_body))
+        // Before the body is read: a request that may not be made is refused unread.
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .route_layer(axum::middleware::from_fn_with_state(state.request_metrics.clone(), record_request))
         .fallback(unknown_route)
         .layer(body_limit)

@@ -18,6 +18,10 @@ pub fn pairs(raw: &str) -> Result<Vec<(String, String)>, ApiError> {
     for piece in raw.split('&').filter(|piece| !piece.is_empty()) {
         let (name, value) = piece.split_once('=').unwrap_or((piece, ""));
         let name = decode(name, true).map_err(|reason| bad(format!("a parameter name {name:?} {reason}")))?;
+        // A browser's credentials, taken by `auth`: never a filter or an option.
+        if name == super::auth::ACCESS_TOKEN_PARAMETER {
+            continue;
+        }
         let value = decode(value, name != LITERAL_PLUS).map_err(|reason| bad(format!("{name}={value} {reason}")))?;
         pairs.push((name, value));
     }

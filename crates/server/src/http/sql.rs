@@ -20,6 +20,7 @@ fn sql_error(error: onehop_sql::SqlError) -> ApiError {
 /// the ones before it have taken effect, and the error says so.
 pub async fn run(
     State(state): State<AppState>,
+    axum::Extension(principal): axum::Extension<onehop_engine::Principal>,
     body: Result<String, StringRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body.map_err(|rejection| ApiError {
@@ -31,7 +32,7 @@ pub async fn run(
     let statements = onehop_sql::parse(&body).map_err(sql_error)?;
     let mut results = Vec::with_capacity(statements.len());
     for (index, statement) in statements.iter().enumerate() {
-        match onehop_sql::execute(&state.engine, statement).await {
+        match onehop_sql::execute_as(&state.engine, &principal, statement).await {
             Ok(output) => results.push(output),
             Err(error) => {
                 let mut refusal = sql_error(error);

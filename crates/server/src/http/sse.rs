@@ -184,6 +184,7 @@ impl KeepAlive {
 /// `target` as an SSE response.
 pub async fn subscribe(
     state: AppState,
+    principal: onehop_engine::Principal,
     target: Target,
     raw_query: &str,
     headers: &HeaderMap,
@@ -191,7 +192,7 @@ pub async fn subscribe(
     let params = Params::parse(raw_query, &target)?;
     super::subscribe::ensure_exists(&state, &target).await?;
     let last_event_id = headers.get("last-event-id").and_then(|value| value.to_str().ok());
-    let mut opened = open(&state, &target, params, last_event_id).await?;
+    let mut opened = open(&state, &principal, &target, params, last_event_id).await?;
     let snapshot = opened.snapshot.take();
     let feed = Feed {
         snapshot_end: snapshot.is_some(),

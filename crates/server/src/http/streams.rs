@@ -13,7 +13,7 @@ use std::io::Write as _;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use base64::Engine as _;
 use onehop_engine::subject::{SubjectFilter, validate_subject};
@@ -364,6 +364,7 @@ fn is_one_line_json(value: &[u8]) -> bool {
 /// WebSocket upgrade, a socket whose first subscription is this URL's.
 pub async fn read_or_subscribe(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
@@ -380,11 +381,11 @@ pub async fn read_or_subscribe(
         let request = super::ws::Request { subscription: "url".into(), target, params };
         let max = state.subscriptions_per_socket_max;
         return Ok(super::ws::configure(upgrade)
-            .on_upgrade(move |socket| super::ws::serve(state, socket, Some(request), max))
+            .on_upgrade(move |socket| super::ws::serve(state, principal, socket, Some(request), max))
             .into_response());
     }
     if super::sse::wants_events(&headers) {
-        return super::sse::subscribe(state, super::subscribe::Target::Stream(name), &raw, &headers).await;
+        return super::sse::subscribe(state, principal, super::subscribe::Target::Stream(name), &raw, &headers).await;
     }
     let query = ReadQuery::parse(&raw)?;
     Ok(read(state, name, query).await?.into_response())

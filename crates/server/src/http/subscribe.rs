@@ -170,14 +170,20 @@ pub struct Opened {
 /// ([`onehop_engine::Engine::open_subscription`]). `resume` is a `Last-Event-ID`. A subscriber
 /// that falls behind the live feed reads on from the log: it gets every event, later, and keeps
 /// its connection.
-pub async fn open(state: &AppState, target: &Target, params: Params, resume: Option<&str>) -> Result<Opened, ApiError> {
+pub async fn open(
+    state: &AppState,
+    principal: &onehop_engine::Principal,
+    target: &Target,
+    params: Params,
+    resume: Option<&str>,
+) -> Result<Opened, ApiError> {
     let start = if params.snapshot && resume.is_none() {
         Start::Snapshot
     } else {
         let stream = state.engine.followed_stream(target).await?;
         Start::Positions(start_positions(&stream, params.from.as_deref(), resume)?)
     };
-    let opened = state.engine.open_subscription(target, params.filter, start).await?;
+    let opened = state.engine.open_subscription(principal, target, params.filter, start).await?;
     let snapshot = opened.snapshot.map(|snapshot| match (snapshot, target) {
         (Snapshot::Rows(rows), Target::Table(table) | Target::Row { table, .. }) => {
             rows.iter().map(|row| encode_snapshot_row(table, row)).collect()

@@ -14,7 +14,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use onehop_engine::filter::Condition;
@@ -159,6 +159,7 @@ pub async fn delete_row(
 /// A WebSocket or SSE subscription to `target` when the request asks for one.
 pub(super) async fn maybe_subscribe(
     state: &AppState,
+    principal: &onehop_engine::Principal,
     target: Target,
     raw: &str,
     headers: &HeaderMap,
@@ -169,16 +170,16 @@ pub(super) async fn maybe_subscribe(
         let params = Params::parse(raw, &target)?;
         super::subscribe::ensure_exists(state, &target).await?;
         let request = super::ws::Request { subscription: "url".into(), target, params };
-        let state = state.clone();
+        let (state, principal) = (state.clone(), principal.clone());
         let max = state.subscriptions_per_socket_max;
         return Ok(Some(
             super::ws::configure(upgrade)
-                .on_upgrade(move |socket| super::ws::serve(state, socket, Some(request), max))
+                .on_upgrade(move |socket| super::ws::serve(state, principal, socket, Some(request), max))
                 .into_response(),
         ));
     }
     if super::sse::wants_events(headers) {
-        return Ok(Some(super::sse::subscribe(state.clone(), target, raw, headers).await?));
+        return Ok(Some(super::sse::subscribe(state.clone(), principal.clone(), target, raw, headers).await?));
     }
     Ok(None)
 }
@@ -186,6 +187,7 @@ pub(super) async fn maybe_subscribe(
 /// `GET /tables/{t}/{id}`: the row (or a subscription to it).
 pub async fn get_row(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path((table, id)): Path<(String, String)>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
@@ -193,10 +195,10 @@ pub async fn get_row(
 ) -> Result<Response, ApiError> {
     let raw = raw.unwrap_or_default();
     let target = Target::Row { table: table.clone(), id: id.clone() };
-    if let Some(response) = maybe_subscribe(&state, target, &raw, &headers, upgrade).await? {
+    if let Some(response) = maybe_subscribe(&state, &principal, target, &raw, &headers, upgrade).await? {
         return Ok(response);
     }
-    if !raw.is_empty() {
+    if !super::query::pairs(&raw)?.is_empty() {
         return Err(ApiError::bad_request("bad_query", "reading one row takes no query parameters"));
     }
     let handle = state.engine.table(&table)?;
@@ -222,13 +224,16 @@ pub async fn get_row(
 /// `GET /tables/{t}?…`: matching rows (or a subscription to them).
 pub async fn query_rows(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path(table): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     upgrade: Upgrade,
 ) -> Result<Response, ApiError> {
     let raw = raw.unwrap_or_default();
-    if let Some(response) = maybe_subscribe(&state, Target::Table(table.clone()), &raw, &headers, upgrade).await? {
+    if let Some(response) =
+        maybe_subscribe(&state, &principal, Target::Table(table.clone()), &raw, &headers, upgrade).await?
+    {
         return Ok(response);
     }
     let pairs = super::query::pairs(&raw)?;

@@ -5,7 +5,7 @@
 //! the view's changes (`final=true`: only closed windows; `snapshot=true`: the current rows
 //! first).
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -28,6 +28,7 @@ fn json_response(body: serde_json::Value) -> Response {
 /// `GET /views/{v}/{key}`: the key's rows (or a subscription to them).
 pub async fn get_key(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path((view, key)): Path<(String, String)>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
@@ -35,10 +36,10 @@ pub async fn get_key(
 ) -> Result<Response, ApiError> {
     let raw = raw.unwrap_or_default();
     let target = Target::View { view: view.clone(), key: Some(key.clone()) };
-    if let Some(response) = maybe_subscribe(&state, target, &raw, &headers, upgrade).await? {
+    if let Some(response) = maybe_subscribe(&state, &principal, target, &raw, &headers, upgrade).await? {
         return Ok(response);
     }
-    if !raw.is_empty() {
+    if !super::query::pairs(&raw)?.is_empty() {
         return Err(ApiError::bad_request("bad_query", "reading one key takes no query parameters"));
     }
     let handle = state.engine.view(&view)?;
@@ -58,6 +59,7 @@ pub async fn get_key(
 /// to every key).
 pub async fn list_keys(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path(view): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
@@ -65,7 +67,7 @@ pub async fn list_keys(
 ) -> Result<Response, ApiError> {
     let raw = raw.unwrap_or_default();
     let target = Target::View { view: view.clone(), key: None };
-    if let Some(response) = maybe_subscribe(&state, target, &raw, &headers, upgrade).await? {
+    if let Some(response) = maybe_subscribe(&state, &principal, target, &raw, &headers, upgrade).await? {
         return Ok(response);
     }
     let handle = state.engine.view(&view)?;
@@ -76,6 +78,7 @@ pub async fn list_keys(
             .ok_or_else(|| ApiError::bad_request("bad_query", format!("{name}: not valid UTF-8")))?;
         match name {
             "after" => after = Some(value),
+            super::auth::ACCESS_TOKEN_PARAMETER => {}
             "limit" => {
                 limit = value.parse().ok().filter(|limit| (1..=LIST_LIMIT_MAX).contains(limit)).ok_or_else(|| {
                     ApiError::bad_request("bad_query", format!("limit must be 1 to {LIST_LIMIT_MAX}, not {value:?}"))

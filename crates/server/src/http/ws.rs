@@ -224,6 +224,8 @@ async fn run_subscription(
 /// One socket's subscriptions: each a task writing into the socket's outbox.
 struct Subscriptions {
     state: AppState,
+    /// Who opened the socket: every subscription on it opens as them.
+    principal: onehop_engine::Principal,
     outbox: mpsc::Sender<Message>,
     tasks: HashMap<String, JoinHandle<()>>,
     max: usize,
@@ -247,7 +249,7 @@ impl Subscriptions {
             );
             return error_message(Some(&request.subscription), &error);
         }
-        match open(&self.state, &request.target, request.params, None).await {
+        match open(&self.state, &self.principal, &request.target, request.params, None).await {
             Ok(opened) => {
                 let task = tokio::spawn(run_subscription(
                     opened,
@@ -309,11 +311,17 @@ impl Subscriptions {
 }
 
 /// Serves one socket until the client closes it or the server stops.
-pub async fn serve(state: AppState, socket: WebSocket, initial: Option<Request>, subscriptions_max: usize) {
+pub async fn serve(
+    state: AppState,
+    principal: onehop_engine::Principal,
+    socket: WebSocket,
+    initial: Option<Request>,
+    subscriptions_max: usize,
+) {
     let (mut sink, mut incoming) = socket.split();
     let (outbox, mut outgoing) = mpsc::channel::<Message>(OUTBOX_MESSAGES);
     let mut shutdown = state.shutdown.receiver();
-    let mut subscriptions = Subscriptions { state, outbox, tasks: HashMap::new(), max: subscriptions_max };
+    let mut subscriptions = Subscriptions { state, principal, outbox, tasks: HashMap::new(), max: subscriptions_max };
     if let Some(request) = initial {
         let answer = subscriptions.subscribe(request).await;
         if sink.send(answer).await.is_err() {

@@ -148,6 +148,16 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
         Decoded::Request { api, version, header, request } => (api, version, header, *request),
     };
     metrics::counter!(REQUESTS, "api" => api_name(api)).increment(1);
+    // With users defined, a client must say who it is, and Kafka clients say it with SASL,
+    // which this listener does not take yet: until it does, they are refused rather than let
+    // in as anyone (ApiVersions still answers, so a client can tell this server is there).
+    if api != ApiKey::ApiVersions && shared.engine.access().enabled() {
+        crate::access::login_failed("kafka", None, "the Kafka listener takes no SASL credentials yet");
+        return Err(format!(
+            "{} refused: this server has users, and its Kafka listener does not take SASL credentials yet",
+            api_name(api)
+        ));
+    }
     let response_header = api.response_header_version(version);
     let id = header.correlation_id;
     let framed = match request {

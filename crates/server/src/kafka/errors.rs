@@ -17,6 +17,8 @@ pub(super) fn code(error: &EngineError) -> i16 {
         (_, ErrorKind::ShuttingDown) => ResponseError::LeaderNotAvailable,
         (_, ErrorKind::StorageFailed) => ResponseError::KafkaStorageError,
         (_, ErrorKind::PreconditionFailed | ErrorKind::Internal) => ResponseError::UnknownServerError,
+        (_, ErrorKind::Unauthenticated) => ResponseError::SaslAuthenticationFailed,
+        (_, ErrorKind::Forbidden) => ResponseError::TopicAuthorizationFailed,
     };
     kafka.code()
 }

@@ -59,13 +59,13 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
     let Some(accepted) = handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection_id).await else {
         return;
     };
-    let Accepted { codec, connect, client_id, stored, kicked, owner } = accepted;
+    let Accepted { codec, connect, client_id, stored, kicked, owner, principal } = accepted;
     let (acks_sender, acks) = mpsc::channel(usize::from(broker.config.receive_max) + ACK_GROUPS_SPARE);
     let (deliveries_sender, deliveries) = mpsc::channel(broker.config.outbound_queue);
     let mut connection = Connection {
         machine: Machine::new(codec, &connect, &client_id, &broker.config),
-        publisher: Publisher::new(broker.clone(), acks_sender),
-        subscriptions: Subscriptions::new(broker.clone(), &client_id, deliveries_sender),
+        publisher: Publisher::new(broker.clone(), principal.clone(), acks_sender),
+        subscriptions: Subscriptions::new(broker.clone(), &client_id, principal.clone(), deliveries_sender),
         counters: Counters::new(),
         session_written: Instant::now(),
         broker: broker.clone(),
@@ -85,7 +85,7 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
     connection.say_goodbye(&close, &mut writer).await;
     broker.clients.unregister(&connection.client_id, connection_id);
     if let Some((will, delay)) = ending.will {
-        publish::publish_will(broker, will, connection.client_id, delay);
+        publish::publish_will(broker, principal, will, connection.client_id, delay);
     }
 }
 

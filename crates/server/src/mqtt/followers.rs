@@ -12,7 +12,7 @@ use std::sync::Arc;
 use onehop_engine::hub::{Cursor, Delivery, Event};
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::subscription::{Start, Target};
-use onehop_engine::{Filter, Record, Stream};
+use onehop_engine::{Filter, Principal, Record, Stream};
 use rmqtt_codec::types::QoS;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
@@ -118,6 +118,9 @@ impl Sink {
 #[derive(Clone)]
 pub(super) struct Follower {
     pub(super) broker: Arc<Broker>,
+    /// Who subscribed: a stream they may not read is not followed (a wildcard subscription
+    /// reaches only what they may read).
+    pub(super) principal: Principal,
     pub(super) filter: Filter,
     pub(super) sink: Sink,
     pub(super) qos: QoS,
@@ -231,7 +234,8 @@ impl Follower {
         }
         let target = Target::Stream(stream.name().to_string());
         let start = Start::Positions(positions);
-        let opened = self.broker.engine.open_subscription(&target, self.filter.clone(), start).await.ok()?;
+        let opened =
+            self.broker.engine.open_subscription(&self.principal, &target, self.filter.clone(), start).await.ok()?;
         let follower = self.clone();
         Some(tasks.spawn(async move { follower.follow(opened.stream, opened.cursor).await }))
     }

@@ -19,6 +19,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, Wr
 use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio_util::codec::Decoder;
 
+use onehop_engine::Principal;
+
 use super::Broker;
 use super::proto::{Codec, ConnackInfo, Connect, ConnectRefusal, Inbound, Version, connect_refusal_for};
 use super::sessions::StoredSession;
@@ -31,18 +33,40 @@ const SESSION_HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
 /// read.
 const CONNACK_UNACCEPTABLE_VERSION: [u8; 4] = [0x20, 0x02, 0x00, 0x01];
 
-/// Decides whether a client may connect. The default allows everyone.
-pub trait Authenticate: Send + Sync {
-    fn allow(&self, client_id: &str, username: Option<&str>, password: Option<&[u8]>) -> bool;
-}
-
-/// Lets every client in.
-pub struct AllowAll;
-
-impl Authenticate for AllowAll {
-    fn allow(&self, _client_id: &str, _username: Option<&str>, _password: Option<&[u8]>) -> bool {
-        true
+/// Who a CONNECT's credentials stand for. A password that is a token (`oht_…`, from
+/// `CREATE TOKEN`) logs in as the token's user (the user name, which MQTT 3.1.1 requires
+/// beside a password, must then be empty or that user); any other password is checked with
+/// the user name. No credentials: anonymous, let in only while access is off or `PUBLIC` is
+/// granted something.
+async fn login(broker: &Broker, connect: &Connect) -> Result<Principal, ConnectRefusal> {
+    let access = broker.engine.access();
+    let username = connect.username.as_deref();
+    let refused = |error: onehop_engine::EngineError| {
+        crate::access::login_failed("mqtt", username, &error.message());
+        ConnectRefusal::BadCredentials
+    };
+    let Some(password) = connect.password.as_deref() else {
+        if username.is_some() && access.enabled() {
+            crate::access::login_failed("mqtt", username, "a user name without a password");
+            return Err(ConnectRefusal::BadCredentials);
+        }
+        if !access.anonymous_welcome() {
+            crate::access::login_failed("mqtt", None, "no credentials");
+            return Err(ConnectRefusal::NotAuthorized);
+        }
+        return Ok(access.anonymous());
+    };
+    if let Ok(token) = std::str::from_utf8(password)
+        && token.starts_with(onehop_engine::access::TOKEN_PREFIX)
+    {
+        let principal = access.login_token(token, super::now_ms() as u64).map_err(refused)?;
+        if username.is_some_and(|name| !name.is_empty() && principal.user().is_some_and(|user| user != name)) {
+            crate::access::login_failed("mqtt", username, "a token of another user");
+            return Err(ConnectRefusal::BadCredentials);
+        }
+        return Ok(principal);
     }
+    access.login_password(username.unwrap_or_default(), password).await.map_err(refused)
 }
 
 /// The connected clients by id, each with the signal that takes its client id over.
@@ -103,6 +127,8 @@ pub(super) struct Accepted {
     /// Resolves when a later connection takes the client id over.
     pub(super) kicked: oneshot::Receiver<()>,
     pub(super) owner: SessionOwner,
+    /// Who the client logged in as.
+    pub(super) principal: Principal,
 }
 
 /// Reads the CONNECT (within the connect timeout) and answers it: the client accepted, or
@@ -127,9 +153,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
     } else {
         connect.client_id.clone()
     };
-    if !broker.config.auth.allow(&client_id, connect.username.as_deref(), connect.password.as_deref()) {
-        return refuse(&mut codec, ConnectRefusal::NotAuthorized, writer).await;
-    }
+    let principal = match login(broker, &connect).await {
+        Ok(principal) => principal,
+        Err(refusal) => return refuse(&mut codec, refusal, writer).await,
+    };
     if let Some(max) = connect.max_packet_size {
         codec.set_max_outbound(max);
     }
@@ -157,7 +184,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
         return None;
     }
     tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
-    Some(Accepted { codec, connect, client_id, stored, kicked, owner })
+    Some(Accepted { codec, connect, client_id, stored, kicked, owner, principal })
 }
 
 /// The session `client_id` finds: none on a clean start (which ends a stored one), else the

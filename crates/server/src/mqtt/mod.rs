@@ -32,8 +32,8 @@
 //!
 //! # Layout
 //!
-//! - `handshake`: CONNECT to CONNACK: the client id, the authentication hook
-//!   ([`Authenticate`]), taking a client id over, the session found.
+//! - `handshake`: CONNECT to CONNACK: the client id, the login (a password or a token,
+//!   checked by the engine's access), taking a client id over, the session found.
 //! - `connection`: one connection's loop, the I/O around `machine`: reads and decodes, carries
 //!   out the machine's actions, writes its answers, keep-alive, the end of a connection.
 //! - `machine`: the protocol state machine, with no I/O: inbound QoS flows and the receive
@@ -79,8 +79,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::linger::Lingering;
-
-pub use handshake::{AllowAll, Authenticate};
 
 /// The time now, in ms since the Unix epoch: what message expiry and session expiry count in.
 fn now_ms() -> i64 {
@@ -132,7 +130,6 @@ pub struct MqttConfig {
     pub connect_timeout: Duration,
     /// Most MQTT connections at once.
     pub connections_max: usize,
-    pub auth: Arc<dyn Authenticate>,
 }
 
 impl Default for MqttConfig {
@@ -144,7 +141,6 @@ impl Default for MqttConfig {
             outbound_queue: OUTBOUND_QUEUE_DEFAULT,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
-            auth: Arc::new(AllowAll),
         }
     }
 }

@@ -314,7 +314,8 @@ impl Codec {
                 let return_code = match accepted {
                     Ok(_) => v3::ConnectAckReason::ConnectionAccepted,
                     Err(ConnectRefusal::BadClientId) => v3::ConnectAckReason::IdentifierRejected,
-                    Err(ConnectRefusal::NotAuthorized) => v3::ConnectAckReason::BadUserNameOrPassword,
+                    Err(ConnectRefusal::BadCredentials) => v3::ConnectAckReason::BadUserNameOrPassword,
+                    Err(ConnectRefusal::NotAuthorized) => v3::ConnectAckReason::NotAuthorized,
                     Err(ConnectRefusal::Unavailable) => v3::ConnectAckReason::ServiceUnavailable,
                     // 3.1.1 has no return code for a CONNECT it cannot read: it just closes.
                     Err(ConnectRefusal::Unreadable(_)) => return Ok(()),
@@ -341,6 +342,7 @@ impl Codec {
                     Err(refusal) => {
                         ack.reason_code = match refusal {
                             ConnectRefusal::BadClientId => v5::ConnectAckReason::ClientIdentifierNotValid,
+                            ConnectRefusal::BadCredentials => v5::ConnectAckReason::BadUserNameOrPassword,
                             ConnectRefusal::NotAuthorized => v5::ConnectAckReason::NotAuthorized,
                             ConnectRefusal::Unavailable => v5::ConnectAckReason::ServerUnavailable,
                             ConnectRefusal::Unreadable(Goodbye::PacketTooLarge) => v5::ConnectAckReason::PacketTooLarge,
@@ -559,6 +561,9 @@ pub struct ConnackInfo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnectRefusal {
     BadClientId,
+    /// Credentials that do not check out (MQTT 5's 0x86, 3.1.1's return code 4).
+    BadCredentials,
+    /// No credentials where they are required (0x87, return code 5).
     NotAuthorized,
     Unavailable,
     /// The CONNECT could not be decoded, for the reason a DISCONNECT would give later on.

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use onehop_engine::route::Route;
-use onehop_engine::{Durability, Engine, EngineError, NewRecord, Position, Precondition, Table, Text, Write};
+use onehop_engine::{
+    Durability, Engine, EngineError, NewRecord, ObjectKind, Position, Precondition, Principal, Privilege, Table, Text,
+    Write,
+};
 use rmqtt_codec::types::QoS;
 use tokio::sync::{mpsc, oneshot};
 
@@ -48,6 +51,8 @@ struct Batch {
 /// A connection's way to the log.
 pub(super) struct Publisher {
     broker: Arc<Broker>,
+    /// Who the connection logged in as: every publish is checked against what they may write.
+    principal: Principal,
     /// Where the last publish went, for the next one to the same topic.
     routes: RouteCache,
     /// Publishes gathered from the current read, not yet queued.
@@ -60,8 +65,8 @@ pub(super) struct Publisher {
 }
 
 impl Publisher {
-    pub(super) fn new(broker: Arc<Broker>, acks: mpsc::Sender<Ack>) -> Publisher {
-        Publisher { broker, routes: RouteCache::default(), batch: None, acks, acks_done: None }
+    pub(super) fn new(broker: Arc<Broker>, principal: Principal, acks: mpsc::Sender<Ack>) -> Publisher {
+        Publisher { broker, principal, routes: RouteCache::default(), batch: None, acks, acks_done: None }
     }
 
     /// The table a `{table}/{id}` topic names, if its first level is a table.
@@ -80,7 +85,7 @@ impl Publisher {
         payload: Bytes,
         headers: Vec<(Text, Bytes)>,
     ) -> Result<(Route, NewRecord), Refused> {
-        let route = self.routes.route(&self.broker.engine, topic).await?;
+        let route = self.routes.route(&self.broker.engine, &self.principal, topic).await?;
         let record = routing::record(&route, topic, payload, headers)?;
         Ok((route, record))
     }
@@ -152,6 +157,11 @@ impl Publisher {
     /// A retained message to `{table}/{id}` writes the row (an empty one deletes it), durably
     /// and in order, before it is acknowledged in its turn.
     pub(super) async fn write_row(&mut self, table: &Arc<Table>, message: Message) -> Result<(), Refused> {
+        self.broker
+            .engine
+            .access()
+            .authorize(&self.principal, Privilege::Write, ObjectKind::Table, &table.name())
+            .map_err(|error| (routing::engine_refusal(&error), error.to_string()))?;
         let id = message.topic.split_once('/').map(|(_, id)| id.to_string()).unwrap_or_default();
         let write = if message.payload.is_empty() {
             Write::Delete
@@ -259,7 +269,7 @@ pub(super) fn found_in_log(engine: &Engine, client_id: &str, release: &StoredRel
 
 /// Publishes a will message (after the connection ended abnormally), after `delay` unless the
 /// client is back by then.
-pub(super) fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, delay: Duration) {
+pub(super) fn publish_will(broker: Arc<Broker>, principal: Principal, will: Will, client_id: String, delay: Duration) {
     tokio::spawn(async move {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
@@ -269,7 +279,7 @@ pub(super) fn publish_will(broker: Arc<Broker>, will: Will, client_id: String, d
         }
         let topic = Text::from(will.topic.as_str());
         let headers = message_headers(will.qos, will.properties, will.retain, super::now_ms());
-        let routed = match routing::route(&broker.engine, &topic).await {
+        let routed = match routing::route(&broker.engine, &principal, &topic).await {
             Ok(route) => routing::record(&route, &topic, will.payload, headers).map(|record| (route, record)),
             Err(refused) => Err(refused),
         };

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use onehop_engine::route::{Route, RouteError};
-use onehop_engine::{Durability, Engine, EngineError, ErrorKind, NewRecord, Text};
+use onehop_engine::{Durability, Engine, EngineError, ErrorKind, NewRecord, ObjectKind, Principal, Privilege, Text};
 use rmqtt_codec::types::QoS;
 
 use super::proto::Refusal;
@@ -17,6 +17,8 @@ use super::proto::Refusal;
 struct LastRoute {
     topic: Text,
     generation: u64,
+    /// The access generation its write was allowed at.
+    access_generation: u64,
     route: Route,
 }
 
@@ -28,28 +30,56 @@ pub(super) struct RouteCache {
 }
 
 impl RouteCache {
-    /// The route of `topic` (see [`route`]), from the cache when it holds it.
-    pub(super) async fn route(&mut self, engine: &Engine, topic: &Text) -> Result<Route, (Refusal, String)> {
+    /// The route of `topic` for `principal` (see [`route`]), from the cache when it holds it.
+    pub(super) async fn route(
+        &mut self,
+        engine: &Engine,
+        principal: &Principal,
+        topic: &Text,
+    ) -> Result<Route, (Refusal, String)> {
         // Read before resolving: a change during it makes the route stale at once.
         let generation = engine.catalog_generation();
+        let access_generation = engine.access().generation();
         if let Some(last) = &self.last
             && last.generation == generation
+            && last.access_generation == access_generation
             && last.topic == *topic
         {
             return Ok(last.route.clone());
         }
-        let route = route(engine, topic).await?;
+        let route = route(engine, principal, topic).await?;
         // A copy: the topic shares the packet's read buffer.
         let topic = Text::from(topic.as_str());
-        self.last = Some(LastRoute { topic, generation, route: route.clone() });
+        self.last = Some(LastRoute { topic, generation, access_generation, route: route.clone() });
         Ok(route)
     }
 }
 
-/// The engine's route for `topic`, or the refusal that says why it takes no message, as MQTT
-/// says it.
-pub(super) async fn route(engine: &Engine, topic: &str) -> Result<Route, (Refusal, String)> {
+/// The engine's route for `topic`, once `principal` may write its stream, or the refusal that
+/// says why it takes no message, as MQTT says it.
+pub(super) async fn route(engine: &Engine, principal: &Principal, topic: &str) -> Result<Route, (Refusal, String)> {
+    // Checked before routing: a first publish that may not be made creates no stream. The
+    // stream a topic lands in is the declared `mqtt_topic` one, else the one its first level
+    // names.
+    let stream = match engine.stream_for_mqtt_topic(topic) {
+        Some(stream) => stream.name().to_string(),
+        None => engine.stream_named_by(topic.split('/').next().unwrap_or_default()).to_string(),
+    };
+    engine
+        .access()
+        .authorize(principal, Privilege::Write, ObjectKind::Stream, &stream)
+        .map_err(|error| (engine_refusal(&error), error.to_string()))?;
     engine.route(topic).await.map_err(|error| (route_refusal(&error), error.to_string()))
+}
+
+/// Whether `principal` may read what is published to `topic` (a retained message's topic):
+/// the stream it is in, found as [`route`] finds it, without creating anything.
+pub(super) fn may_read_topic(engine: &Engine, principal: &Principal, topic: &str) -> bool {
+    let stream = match engine.stream_for_mqtt_topic(topic) {
+        Some(stream) => stream.name().to_string(),
+        None => engine.stream_named_by(topic.split('/').next().unwrap_or_default()).to_string(),
+    };
+    engine.access().authorize(principal, Privilege::Read, ObjectKind::Stream, &stream).is_ok()
 }
 
 /// The record of a message to `topic` on `route`, checked against the limits of the route's
@@ -86,12 +116,13 @@ fn route_refusal(error: &RouteError) -> Refusal {
 
 /// What an engine error is in MQTT's reason codes, by its kind. Exhaustive: a new kind does not
 /// compile until it is given one.
-fn engine_refusal(error: &EngineError) -> Refusal {
+pub(super) fn engine_refusal(error: &EngineError) -> Refusal {
     match error.kind() {
         ErrorKind::Invalid => Refusal::TopicInvalid,
         // A stream that does not exist and may not be created: the client may not use it.
         ErrorKind::NotFound => Refusal::NotAuthorized,
         ErrorKind::TooLarge => Refusal::QuotaExceeded,
+        ErrorKind::Unauthenticated | ErrorKind::Forbidden => Refusal::NotAuthorized,
         ErrorKind::Conflict
         | ErrorKind::PreconditionFailed
         | ErrorKind::OutOfRange

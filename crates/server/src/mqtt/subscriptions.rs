@@ -19,9 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
+use onehop_engine::access::model::ObjectPattern;
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::subscription::{Opened, Snapshot, Start, Target};
-use onehop_engine::{Filter, Headers, Position, Stream};
+use onehop_engine::{Filter, Headers, ObjectKind, Position, Principal, Privilege, Stream};
 use rmqtt_codec::types::QoS;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -39,6 +40,8 @@ use super::shared::Member;
 pub(super) struct Subscriptions {
     broker: Arc<Broker>,
     client_id: Arc<str>,
+    /// Who the connection logged in as: each subscription reads only what they may.
+    principal: Principal,
     /// The connection's outbound queue, which every follower of its own feeds.
     deliveries: mpsc::Sender<Outbound>,
     handles: HashMap<String, SubscriptionHandle>,
@@ -61,9 +64,10 @@ struct Opening<'a> {
 
 impl Opening<'_> {
     /// A follower of this subscription feeding `sink`, with `filter` on the stream.
-    fn follower(&self, broker: &Arc<Broker>, sink: Sink, filter: Filter) -> Follower {
+    fn follower(&self, broker: &Arc<Broker>, principal: &Principal, sink: Sink, filter: Filter) -> Follower {
         Follower {
             broker: broker.clone(),
+            principal: principal.clone(),
             filter,
             sink,
             qos: self.request.qos,
@@ -100,8 +104,13 @@ impl Opening<'_> {
 }
 
 impl Subscriptions {
-    pub(super) fn new(broker: Arc<Broker>, client_id: &str, deliveries: mpsc::Sender<Outbound>) -> Subscriptions {
-        Subscriptions { broker, client_id: Arc::from(client_id), deliveries, handles: HashMap::new() }
+    pub(super) fn new(
+        broker: Arc<Broker>,
+        client_id: &str,
+        principal: Principal,
+        deliveries: mpsc::Sender<Outbound>,
+    ) -> Subscriptions {
+        Subscriptions { broker, client_id: Arc::from(client_id), principal, deliveries, handles: HashMap::new() }
     }
 
     /// Subscribes from now, or, restoring a persistent session, from `resume` (per stream, the
@@ -157,6 +166,64 @@ impl Subscriptions {
         self.handles.values().map(SubscriptionHandle::stored).collect()
     }
 
+    /// Whether the connection may read `target` (a table or view a filter names).
+    fn may_read(&self, target: &Target) -> Result<(), Refusal> {
+        let (kind, name) = target.object();
+        self.broker.engine.access().authorize(&self.principal, Privilege::Read, kind, name).map_err(|error| {
+            tracing::debug!(client_id = %self.client_id, %error, "subscription refused");
+            super::routing::engine_refusal(&error)
+        })
+    }
+
+    /// Whether a subscription to `streams` could deliver anything the connection may read: a
+    /// filter under one stream needs that stream (or a declared `mqtt_topic` stream it
+    /// overlaps); a wildcard first level is granted, and follows only the streams it may read.
+    fn may_follow(&self, streams: &Streams, filter: &str) -> Result<(), Refusal> {
+        let Streams::Some { named, .. } = streams else { return Ok(()) };
+        let access = self.broker.engine.access();
+        let readable = |name: &str| access.authorize(&self.principal, Privilege::Read, ObjectKind::Stream, name);
+        let Err(error) = readable(named) else { return Ok(()) };
+        let routed = self
+            .broker
+            .engine
+            .streams()
+            .into_iter()
+            .any(|stream| streams.wants(&stream) && readable(stream.name()).is_ok());
+        if routed {
+            return Ok(());
+        }
+        tracing::debug!(client_id = %self.client_id, filter, %error, "subscription refused");
+        Err(super::routing::engine_refusal(&error))
+    }
+
+    /// For a shared subscription: whether the connection may read every stream `streams`
+    /// reaches now (all streams, for a wildcard first level).
+    fn may_follow_all(&self, streams: &Streams, filter: &str) -> Result<(), Refusal> {
+        let access = self.broker.engine.access();
+        let refused = |error: onehop_engine::EngineError| {
+            tracing::debug!(client_id = %self.client_id, filter, %error, "shared subscription refused");
+            super::routing::engine_refusal(&error)
+        };
+        if let Streams::Every = streams {
+            let all = ObjectPattern { kind: Some(ObjectKind::Stream), name: "*".into() };
+            let allowed = access
+                .permissions(&self.principal)
+                .map_err(refused)?
+                .is_none_or(|permissions| permissions.allows_all(Privilege::Read, &all));
+            if !allowed {
+                return Err(Refusal::NotAuthorized);
+            }
+            return Ok(());
+        }
+        if let Streams::Some { named, .. } = streams {
+            access.authorize(&self.principal, Privilege::Read, ObjectKind::Stream, named).map_err(refused)?;
+        }
+        for stream in self.broker.engine.streams().into_iter().filter(|stream| streams.wants(stream)) {
+            access.authorize(&self.principal, Privilege::Read, ObjectKind::Stream, stream.name()).map_err(refused)?;
+        }
+        Ok(())
+    }
+
     /// The view a `views/{v}/…` filter names, if `v` is a view.
     fn view_of(&self, filter: &str) -> Option<String> {
         let name = filter.strip_prefix("views/")?.split('/').next()?;
@@ -171,8 +238,12 @@ impl Subscriptions {
         filter: Filter,
         start: Start,
     ) -> Result<Opened, Refusal> {
-        let opened =
-            self.broker.engine.open_subscription(target, filter, start).await.map_err(|_| Refusal::Unavailable)?;
+        let opened = self
+            .broker
+            .engine
+            .open_subscription(&self.principal, target, filter, start)
+            .await
+            .map_err(|error| super::routing::engine_refusal(&error))?;
         if let Some(progress) = &opening.progress {
             progress.lock().expect("progress lock").start(opened.stream.name(), opened.cursor.positions());
         }
@@ -183,6 +254,7 @@ impl Subscriptions {
     /// then every change to a matching row (a deleted row comes as an empty message).
     async fn subscribe_table(&self, opening: &Opening<'_>, table: String) -> Result<SubscriptionHandle, Refusal> {
         let target = Target::Table(table);
+        self.may_read(&target)?;
         let storage = self.broker.engine.followed_stream(&target).await.map_err(|_| Refusal::Unavailable)?;
         // Rows as they are now even when none are sent: the changes follow from exactly there.
         let start = opening.start(&storage, Start::Snapshot);
@@ -198,7 +270,12 @@ impl Subscriptions {
             .filter(|(topic, _)| opening.parsed.matches(topic))
             .map(|(topic, payload)| Retained { topic, payload, headers: Headers::default() })
             .collect();
-        let mut follower = opening.follower(&self.broker, Sink::Connection(self.deliveries.clone()), Filter::default());
+        let mut follower = opening.follower(
+            &self.broker,
+            &self.principal,
+            Sink::Connection(self.deliveries.clone()),
+            Filter::default(),
+        );
         follower.topic_filter = Some(opening.parsed.clone());
         let task = tokio::spawn(async move {
             if follower.send_retained(retained).await {
@@ -212,6 +289,7 @@ impl Subscriptions {
     /// retained messages, then each change (the row with `"final"`), topic `views/{v}/{key}`.
     async fn subscribe_view(&self, opening: &Opening<'_>, view: String) -> Result<SubscriptionHandle, Refusal> {
         let target = Target::View { view: view.clone(), key: None };
+        self.may_read(&target)?;
         let output = self.broker.engine.followed_stream(&target).await.map_err(|_| Refusal::Unavailable)?;
         let fresh = if opening.send_retained { Start::Snapshot } else { Start::At(Position::Latest) };
         let start = opening.start(&output, fresh);
@@ -231,7 +309,8 @@ impl Subscriptions {
                 .collect(),
             _ => Vec::new(),
         };
-        let follower = opening.follower(&self.broker, Sink::Connection(self.deliveries.clone()), filter);
+        let follower =
+            opening.follower(&self.broker, &self.principal, Sink::Connection(self.deliveries.clone()), filter);
         let task = tokio::spawn(async move {
             if follower.send_retained(retained).await {
                 follower.follow(stream, cursor).await;
@@ -252,10 +331,14 @@ impl Subscriptions {
                 return Err(refusal);
             }
         };
+        self.may_follow(&streams, &opening.filter)?;
         let request = &opening.request;
-        let retained = if opening.send_retained { self.broker.retained.matching(&opening.parsed) } else { Vec::new() };
+        let mut retained =
+            if opening.send_retained { self.broker.retained.matching(&opening.parsed) } else { Vec::new() };
+        retained.retain(|message| super::routing::may_read_topic(&self.broker.engine, &self.principal, &message.topic));
         let sink = Sink::Connection(self.deliveries.clone());
-        let mut follower = opening.follower(&self.broker, sink, Filter::subject(opening.parsed.clone()));
+        let mut follower =
+            opening.follower(&self.broker, &self.principal, sink, Filter::subject(opening.parsed.clone()));
         follower.retain_as_published = request.retain_as_published;
         follower.no_local_client = request.no_local.then(|| self.client_id.clone());
         let start_of = |stream: &Stream| match opening.resume {
@@ -281,12 +364,17 @@ impl Subscriptions {
         }
         let parsed = SubjectFilter::parse(filter).map_err(|_| Refusal::TopicInvalid)?;
         let streams = Streams::of(&self.broker, &parsed).map_err(|(refusal, _)| refusal)?;
+        // A group's follower reads as the member that started it, for every member: each must
+        // be able to read everything the filter reaches.
+        self.may_follow_all(&streams, full)?;
         let member_id = self.broker.next_connection.fetch_add(1, Ordering::Relaxed);
         let member = Member { id: member_id, deliveries: self.deliveries.clone(), qos, subscription_id };
         let broker = self.broker.clone();
+        let principal = self.principal.clone();
         self.broker.groups.join(full, member, |group| {
             let follower = Follower {
                 broker: broker.clone(),
+                principal,
                 filter: Filter::subject(parsed),
                 sink: Sink::Group(group),
                 qos: QoS::ExactlyOnce,

@@ -1,0 +1,297 @@
+//! Users, grants and tokens with real clients: curl (Basic, Bearer, an SSE subscription with
+//! `access_token`), a WebSocket, mosquitto_pub and mosquitto_sub (3.1.1 and 5.0); every refusal
+//! in the client's own protocol, and nothing written by a refused client.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{DataDir, Server, line_channel};
+
+const ROOT: (&str, &str) = ("root", "root-pass");
+
+/// A client process, killed and reaped when the test ends, whether it passes or not.
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(dir: &DataDir) -> Server {
+    dir.start(&["--admin-user", ROOT.0], &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)])
+}
+
+/// Runs curl with `args` against `address`; returns the status and the body.
+fn curl(address: SocketAddr, path: &str, args: &[&str]) -> (u16, String) {
+    let output = Command::new("curl")
+        .args(["-s", "-S", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(format!("http://{address}{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), body.to_string())
+}
+
+fn as_user(user: (&str, &str)) -> String {
+    format!("{}:{}", user.0, user.1)
+}
+
+/// Runs SQL as `user` over curl, failing the test unless it succeeds.
+fn sql(address: SocketAddr, user: (&str, &str), statements: &str) -> serde_json::Value {
+    let (status, body) = curl(address, "/sql", &["-u", &as_user(user), "--data-binary", statements]);
+    assert_eq!(status, 200, "{statements}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn code(body: &str) -> String {
+    let value: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+    value["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+/// The values stored in `stream`, read as root.
+fn stored(address: SocketAddr, stream: &str) -> Vec<serde_json::Value> {
+    let (status, body) = curl(address, &format!("/streams/{stream}?from=earliest"), &["-u", &as_user(ROOT)]);
+    assert_eq!(status, 200, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // A value that is not JSON (an MQTT payload of plain text) comes as `value_text`.
+    let value = |record: &serde_json::Value| match &record["value"] {
+        serde_json::Value::Null => record["value_text"].clone(),
+        value => value.clone(),
+    };
+    body["records"].as_array().unwrap().iter().map(value).collect()
+}
+
+/// curl: a request without credentials or with a wrong password gets 401 with a challenge; a
+/// user reads and writes what it is granted and gets 403 for the rest, nothing written; a
+/// token works as a Bearer header and, for an SSE subscription, as `access_token`; a
+/// WebSocket opened with a token may not add a subscription to a stream it may not read; SQL
+/// lists only what a user has grants on and keeps user management to superusers; a user
+/// changes its own password; `/metrics` is a superuser's, `/healthz` anyone's; access, tokens
+/// included, survives a restart; a dropped user's token stops working.
+#[test]
+fn http_clients_log_in_and_reach_only_what_they_are_granted() {
+    let dir = DataDir::new();
+    let mut server = start(&dir);
+    let address = server.address;
+
+    let output = Command::new("curl")
+        .args(["-s", "-i", "-X", "POST", "--data-binary", "{\"n\":0}"])
+        .arg(format!("http://{address}/streams/orders"))
+        .output()
+        .unwrap();
+    let response = String::from_utf8_lossy(&output.stdout).to_lowercase();
+    assert!(response.starts_with("http/1.1 401"), "{response}");
+    assert!(response.contains("www-authenticate: basic realm=\"onehop\", bearer realm=\"onehop\""), "{response}");
+    let (status, body) = curl(address, "/streams/orders", &["-u", "root:wrong"]);
+    assert_eq!((status, code(&body)), (401, "unauthenticated".into()), "{body}");
+    assert_eq!(curl(address, "/healthz", &[]).0, 200);
+
+    let answer = sql(
+        address,
+        ROOT,
+        "CREATE USER alice PASSWORD 'alice-pass'; CREATE USER dev PASSWORD 'dev-pass'; \
+         CREATE STREAM orders; CREATE STREAM secrets; \
+         GRANT READ ON STREAM orders TO alice; GRANT WRITE ON STREAM orders TO dev; \
+         CREATE TOKEN FOR alice VALID FOR '1h'",
+    );
+    let token = answer["results"][6]["rows"][0][2].as_str().unwrap().to_string();
+    assert!(token.starts_with("oht_"), "{answer}");
+    let (alice, dev) = (("alice", "alice-pass"), ("dev", "dev-pass"));
+
+    // A subscription as alice, by token in the URL (as a browser's EventSource would).
+    let mut sse = Spawned(
+        Command::new("curl")
+            .args(["-s", "-N", "--max-time", "30", "-H", "Accept: text/event-stream"])
+            .arg(format!("http://{address}/streams/orders?access_token={token}"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let events = line_channel(sse.0.stdout.take().unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+
+    let (status, body) = curl(address, "/streams/orders", &["-u", &as_user(dev), "--data-binary", "{\"n\":1}"]);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = curl(address, "/streams/orders", &["-u", &as_user(dev)]);
+    assert_eq!((status, code(&body)), (403, "forbidden".into()), "dev may write orders, not read it: {body}");
+    let (status, body) = curl(address, "/streams/secrets", &["-u", &as_user(dev), "--data-binary", "{\"n\":2}"]);
+    assert_eq!((status, code(&body)), (403, "forbidden".into()), "{body}");
+    assert!(body.contains("GRANT WRITE ON STREAM secrets TO dev"), "the refusal says what would allow it: {body}");
+    let (status, body) = curl(address, "/streams/orders", &["-H", &format!("Authorization: Bearer {token}")]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"n\":1"), "{body}");
+    let (status, _) = curl(address, "/streams/orders", &["-u", &as_user(alice), "--data-binary", "{\"n\":3}"]);
+    assert_eq!(status, 403, "alice may read orders, not write it");
+    let (status, _) = curl(address, "/streams/secrets", &["-H", &format!("Authorization: Bearer {token}x")]);
+    assert_eq!(status, 401, "a forged token");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = events.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("an SSE event");
+        if line.starts_with("data:") {
+            assert!(line.contains("\"n\":1"), "{line}");
+            break;
+        }
+    }
+    drop(sse);
+    let (status, _) =
+        curl(address, &format!("/streams/secrets?access_token={token}"), &["-H", "Accept: text/event-stream"]);
+    assert_eq!(status, 403, "no subscription to what alice may not read");
+
+    // A WebSocket opened as alice may not add a subscription to a stream she may not read.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let url = format!("ws://{address}/streams/orders?access_token={token}");
+        let (mut socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let first = socket.next().await.unwrap().unwrap().into_text().unwrap();
+        assert!(first.contains("\"subscribed\""), "{first}");
+        let command = r#"{"op":"subscribe","subscription":"s","stream":"secrets"}"#;
+        socket.send(Message::Text(command.into())).await.unwrap();
+        let answer = socket.next().await.unwrap().unwrap().into_text().unwrap();
+        assert!(answer.contains("\"error\"") && answer.contains("forbidden"), "{answer}");
+        let refused = tokio_tungstenite::connect_async(format!("ws://{address}/streams/orders")).await;
+        assert!(refused.is_err(), "no WebSocket without credentials");
+    });
+
+    let answer = sql(address, alice, "SHOW STREAMS");
+    let listed: Vec<&str> =
+        answer["results"][0]["rows"].as_array().unwrap().iter().map(|row| row[0].as_str().unwrap()).collect();
+    assert_eq!(listed, ["orders"], "alice sees only what she has grants on");
+    let (status, body) =
+        curl(address, "/sql", &["-u", &as_user(alice), "--data-binary", "CREATE USER eve PASSWORD 'x'"]);
+    assert_eq!((status, code(&body)), (403, "forbidden".into()), "{body}");
+    let (status, _) = curl(address, "/sql", &["-u", &as_user(alice), "--data-binary", "DROP STREAM orders"]);
+    assert_eq!(status, 403);
+    sql(address, alice, "ALTER USER alice PASSWORD 'alice-new'");
+    assert_eq!(curl(address, "/streams/orders", &["-u", &as_user(alice)]).0, 401, "the old password");
+    let alice = ("alice", "alice-new");
+    assert_eq!(curl(address, "/streams/orders", &["-u", &as_user(alice)]).0, 200);
+    assert_eq!(curl(address, "/metrics", &["-u", &as_user(alice)]).0, 403);
+    let (status, metrics) = curl(address, "/metrics", &["-u", &as_user(ROOT)]);
+    assert_eq!(status, 200);
+    let failures = metrics.lines().find(|line| line.starts_with("auth_failures_total{protocol=\"http\"}")).unwrap();
+    assert!(!failures.ends_with(" 0"), "{failures}");
+
+    // Nothing a refused request carried was written.
+    assert_eq!(stored(address, "orders"), [serde_json::json!({"n": 1})]);
+    assert!(stored(address, "secrets").is_empty());
+
+    server.signal("TERM");
+    server.wait_exit();
+    server = dir.start(&[], &[]);
+    let address = server.address;
+    assert_eq!(curl(address, "/streams/orders", &["-u", &as_user(alice)]).0, 200, "users survive a restart");
+    assert_eq!(curl(address, "/streams/orders", &["-H", &format!("Authorization: Bearer {token}")]).0, 200);
+    assert_eq!(curl(address, "/streams/orders", &[]).0, 401, "access stays on");
+    sql(address, ROOT, "DROP USER alice");
+    assert_eq!(curl(address, "/streams/orders", &["-H", &format!("Authorization: Bearer {token}")]).0, 401);
+}
+
+/// mosquitto_pub and mosquitto_sub: without credentials or with a wrong password the CONNECT
+/// is refused with 3.1.1's return codes (5, 4) and 5.0's reason codes (0x87, 0x86); a device
+/// publishes where it may write, and a publish elsewhere is refused (a PUBACK 0x87 in 5.0, the
+/// connection closed in 3.1.1) with nothing stored; a `#` subscription receives only from
+/// streams its user may read; a subscription to a forbidden stream is denied in its SUBACK; a
+/// token works as the MQTT password.
+#[test]
+fn mqtt_clients_log_in_and_wildcards_reach_only_readable_streams() {
+    let dir = DataDir::new();
+    let server = start(&dir);
+    let (address, mqtt) = (server.address, server.mqtt_address);
+    let answer = sql(
+        address,
+        ROOT,
+        "CREATE USER device PASSWORD 'device-pass'; CREATE USER viewer PASSWORD 'viewer-pass'; \
+         CREATE STREAM telemetry; CREATE STREAM secrets; \
+         GRANT WRITE ON STREAM telemetry TO device; GRANT READ ON STREAM telemetry TO viewer; \
+         CREATE TOKEN FOR viewer",
+    );
+    let token = answer["results"][6]["rows"][0][2].as_str().unwrap().to_string();
+    let port = mqtt.port().to_string();
+    let mosquitto = |program: &str, args: &[&str]| {
+        let output = Command::new(program).args(["-h", "127.0.0.1", "-p", &port]).args(args).output().unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code().unwrap_or(-1), said)
+    };
+    let publish = ["-q", "1", "-t", "telemetry/d1", "-m", "x"];
+    let (status, said) = mosquitto("mosquitto_pub", &publish);
+    assert_eq!(status, 5, "3.1.1 not authorised: {said}");
+    let (status, said) = mosquitto("mosquitto_pub", &[&["-V", "mqttv5"][..], &publish].concat());
+    assert_eq!(status, 0x87, "5.0 not authorized: {said}");
+    let (status, said) = mosquitto("mosquitto_pub", &[&["-u", "device", "-P", "wrong"][..], &publish].concat());
+    assert_eq!(status, 4, "3.1.1 bad user name or password: {said}");
+    let (status, said) =
+        mosquitto("mosquitto_pub", &[&["-V", "mqttv5", "-u", "device", "-P", "wrong"][..], &publish].concat());
+    assert_eq!(status, 0x86, "5.0 bad user name or password: {said}");
+
+    // The viewer follows everything it can: `#`, with its token as the password.
+    let mut subscriber = Spawned(
+        Command::new("mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &port, "-V", "mqttv5", "-u", "viewer", "-P", &token, "-t", "#", "-v"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let received = line_channel(subscriber.0.stdout.take().unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+
+    let device = ["-V", "mqttv5", "-u", "device", "-P", "device-pass", "-q", "1"];
+    let (status, said) = mosquitto("mosquitto_pub", &[&device[..], &["-t", "secrets/d1", "-m", "stolen"]].concat());
+    assert!(said.contains("Not authorized"), "a PUBACK 0x87 ({status}): {said}");
+    let (status, said) = mosquitto(
+        "mosquitto_pub",
+        &["-u", "device", "-P", "device-pass", "-q", "1", "-t", "secrets/d1", "-m", "stolen-3"],
+    );
+    assert_ne!(status, 0, "3.1.1 has no refusal in PUBACK: the connection is closed: {said}");
+    // Published with a subject, as MQTT's `#` would match it if it were readable.
+    let (status, body) =
+        curl(address, "/streams/secrets?subject=secrets/x", &["-u", &as_user(ROOT), "--data-binary", "\"classified\""]);
+    assert_eq!(status, 200, "{body}");
+    let (status, said) = mosquitto("mosquitto_pub", &[&device[..], &["-t", "telemetry/d1", "-m", "reading"]].concat());
+    assert_eq!(status, 0, "{said}");
+
+    let line = received.recv_timeout(Duration::from_secs(10)).expect("the viewer receives telemetry");
+    assert_eq!(line, "telemetry/d1 reading");
+    assert!(received.recv_timeout(Duration::from_millis(700)).is_err(), "nothing from secrets reached the viewer");
+    drop(subscriber);
+
+    let (status, said) = mosquitto(
+        "mosquitto_sub",
+        &["-V", "mqttv5", "-u", "viewer", "-P", "viewer-pass", "-t", "secrets/#", "-W", "3"],
+    );
+    assert!(said.contains("All subscription requests were denied"), "SUBACK 0x87 ({status}): {said}");
+    assert_eq!(stored(address, "secrets"), [serde_json::json!("classified")], "no refused publish was stored");
+    assert_eq!(stored(address, "telemetry"), [serde_json::json!("reading")]);
+}
+
+/// A server with no user refuses to listen beyond loopback unless told `--insecure-listen`;
+/// the first superuser can come from a password file.
+#[test]
+fn listening_beyond_loopback_needs_a_user_or_insecure_listen() {
+    let dir = DataDir::new();
+    let mut command = common::onehop();
+    let output = command
+        .args(["serve", "--data-dir", dir.data_arg(), "--http-addr", "0.0.0.0:0", "--mqtt-addr", "127.0.0.1:0"])
+        .args(["--kafka-addr", "off"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("refusing to listen on 0.0.0.0:0 with no user defined"), "{stderr}");
+    assert!(stderr.contains("--insecure-listen"), "{stderr}");
+
+    let password_file = dir.path().join("admin-password");
+    std::fs::write(&password_file, "from-a-file\n").unwrap();
+    let server = dir.start(&["--admin-user", "ops", "--admin-password-file", password_file.to_str().unwrap()], &[]);
+    assert_eq!(curl(server.address, "/metrics", &["-u", "ops:from-a-file"]).0, 200);
+    assert_eq!(curl(server.address, "/metrics", &[]).0, 401);
+}

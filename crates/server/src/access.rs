@@ -1,0 +1,40 @@
+//! What every front end does about logins: count the failures and log them at a bounded rate.
+//! The decisions themselves are the engine's ([`onehop_engine::Access`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// At most one failed-login line per this many seconds, whatever the rate of failures: a
+/// password-guessing client must not flood the log (the counter still counts every one).
+const FAILURE_LOG_INTERVAL_SECONDS: u64 = 5;
+
+static LAST_LOGGED_SECOND: AtomicU64 = AtomicU64::new(0);
+static UNLOGGED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a failed login over `protocol` (`http`, `mqtt`, `kafka`) and logs it, or counts it
+/// into the next line when one was logged within the interval. `user` is what the client
+/// claimed, which may not exist.
+pub fn login_failed(protocol: &'static str, user: Option<&str>, reason: &str) {
+    metrics::counter!("auth_failures_total", "protocol" => protocol).increment(1);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    let last = LAST_LOGGED_SECOND.load(Ordering::Relaxed);
+    if now < last + FAILURE_LOG_INTERVAL_SECONDS
+        || LAST_LOGGED_SECOND.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+    {
+        UNLOGGED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let unlogged = UNLOGGED.swap(0, Ordering::Relaxed);
+    tracing::warn!(protocol, user = user.unwrap_or(""), reason, unlogged_since_last = unlogged, "login refused");
+}
+
+/// Registers the access metrics at 0 for every protocol.
+pub(crate) fn describe_metrics() {
+    metrics::describe_counter!(
+        "auth_failures_total",
+        "Logins refused (a wrong user name or password, an unknown, dropped or expired token), by protocol."
+    );
+    for protocol in ["http", "mqtt", "kafka"] {
+        let _ = metrics::counter!("auth_failures_total", "protocol" => protocol);
+    }
+}

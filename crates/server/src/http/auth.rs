@@ -1,0 +1,162 @@
+//! Who a request is, and whether the route it asks for is theirs to use.
+//!
+//! Credentials come in the `Authorization` header, `Basic` (user and password) or `Bearer` (a
+//! token from `CREATE TOKEN`), or, for a browser's `EventSource` and `WebSocket`, which cannot
+//! set headers, as an `access_token` query parameter. A request with none is anonymous: while
+//! no user is defined it may do everything, as before there were users; after, what `PUBLIC`
+//! is granted.
+//!
+//! Each route reads or writes one object its path names, so the check is made here, once, by
+//! route and method: `GET /streams/{s}` reads stream `s`, `POST` writes it, `PUT /tables/{t}/…`
+//! writes table `t`. `/sql` checks each statement; `/metrics` is for superusers; `/healthz`
+//! and `/mqtt` (whose CONNECT carries its own credentials) are open. Subscriptions opened over
+//! a WebSocket after the first are checked when they open (`Engine::open_subscription`).
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use onehop_engine::{EngineError, Principal, Privilege};
+
+use super::AppState;
+use super::error::ApiError;
+
+/// The query parameter a browser passes its token in; never taken for a filter.
+pub const ACCESS_TOKEN_PARAMETER: &str = "access_token";
+/// The `WWW-Authenticate` challenge of a 401: both schemes onehop takes.
+pub const CHALLENGE: &str = "Basic realm=\"onehop\", Bearer realm=\"onehop\"";
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
+}
+
+fn malformed(message: &str) -> ApiError {
+    ApiError {
+        hint: Some("send Authorization: Basic base64(user:password) or Authorization: Bearer <token>".into()),
+        status: StatusCode::UNAUTHORIZED,
+        code: "unauthenticated",
+        message: message.into(),
+    }
+}
+
+/// What a request presents, taken out of it before any wait (a request is not `Sync`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Credentials {
+    None,
+    Token(String),
+    Password { user: String, password: String },
+}
+
+/// The credentials an `Authorization` header's value holds: `Basic base64(user:password)`
+/// or `Bearer token` (schemes in any case, as RFC 9110 has them).
+pub fn parse_authorization(value: &[u8]) -> Result<Credentials, ApiError> {
+    let value = std::str::from_utf8(value).map_err(|_| malformed("the Authorization header is not text"))?;
+    let (scheme, credentials) = value.split_once(' ').unwrap_or((value, ""));
+    let credentials = credentials.trim();
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Ok(Credentials::Token(credentials.to_string()));
+    }
+    if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(credentials)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .ok_or_else(|| malformed("Basic credentials must be base64 of user:password in UTF-8"))?;
+        let (user, password) =
+            decoded.split_once(':').ok_or_else(|| malformed("Basic credentials must be user:password"))?;
+        return Ok(Credentials::Password { user: user.to_string(), password: password.to_string() });
+    }
+    let scheme: String = scheme.chars().take(32).collect();
+    Err(malformed(&format!("unknown Authorization scheme {scheme:?}")))
+}
+
+fn credentials_of(request: &Request) -> Result<Credentials, ApiError> {
+    if let Some(value) = request.headers().get(header::AUTHORIZATION) {
+        return parse_authorization(value.as_bytes());
+    }
+    let token = request.uri().query().and_then(|query| {
+        query.split('&').find_map(|pair| pair.strip_prefix(ACCESS_TOKEN_PARAMETER)?.strip_prefix('='))
+    });
+    // Tokens are letters, digits and `_`: nothing to percent-decode.
+    Ok(token.map_or(Credentials::None, |token| Credentials::Token(token.to_string())))
+}
+
+/// The principal `credentials` stand for, once checked.
+async fn principal_of(state: &AppState, credentials: Credentials) -> Result<Principal, ApiError> {
+    let access = state.engine.access();
+    let refused = |user: Option<&str>, error: EngineError| {
+        crate::access::login_failed("http", user, &error.message());
+        ApiError::from(error)
+    };
+    match credentials {
+        Credentials::None => Ok(access.anonymous()),
+        Credentials::Token(token) => access.login_token(&token, now_ms()).map_err(|error| refused(None, error)),
+        Credentials::Password { user, password } => {
+            access.login_password(&user, password.as_bytes()).await.map_err(|error| refused(Some(&user), error))
+        }
+    }
+}
+
+/// What a route reads or writes, from its template and the request's path and method.
+fn route_check(
+    state: &AppState,
+    principal: &Principal,
+    template: &str,
+    path: &str,
+    method: &Method,
+) -> Result<(), ApiError> {
+    let access = state.engine.access();
+    match template {
+        "/streams/{stream}" | "/tables/{table}" | "/tables/{table}/{id}" | "/views/{view}" | "/views/{view}/{key}" => {
+            let target = super::subscribe::target_of_path(path)?;
+            let (kind, name) = target.object();
+            let privilege =
+                if matches!(*method, Method::GET | Method::HEAD) { Privilege::Read } else { Privilege::Write };
+            access.authorize(principal, privilege, kind, name)?;
+        }
+        "/metrics" => access.authorize_superuser(principal, "read the metrics")?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The middleware: the request's principal is found, checked against its route, and left in
+/// its extensions for the handlers (`/sql` runs statements as it).
+pub async fn authorize(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let template = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
+    let (path, method) = (request.uri().path().to_string(), request.method().clone());
+    let credentials = credentials_of(&request);
+    let checked = async {
+        let principal = principal_of(&state, credentials?).await?;
+        if let Some(template) = &template {
+            route_check(&state, &principal, template, &path, &method)?;
+        }
+        Ok::<_, ApiError>(principal)
+    };
+    match checked.await {
+        Ok(principal) => {
+            request.extensions_mut().insert(principal);
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorization_headers_parse_or_are_refused_with_a_reason() {
+        assert_eq!(
+            parse_authorization(b"Basic YWxpY2U6czNjcjp0").unwrap(),
+            Credentials::Password { user: "alice".into(), password: "s3cr:t".into() }
+        );
+        assert_eq!(parse_authorization(b"bearer  oht_ab_cd ").unwrap(), Credentials::Token("oht_ab_cd".into()));
+        for bad in [&b"Basic !!"[..], b"Basic YWxpY2U=", b"Digest x", b"Basic \xff", b"", b"\xff\xfe"] {
+            let refused = parse_authorization(bad).unwrap_err();
+            assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{bad:?}");
+        }
+    }
+}
