@@ -15,8 +15,8 @@ use sha2::{Digest, Sha256, Sha512};
 use subtle::ConstantTimeEq;
 
 /// PBKDF2 iterations of a new credential: Postgres's and Kafka's default. Each check of a
-/// password sent in clear costs this many HMACs (about 2 ms here, in a release build), which is
-/// why a connection is checked once and HTTP keeps what it checked (see `Access`).
+/// password sent in clear costs twice this many SHA blocks (milliseconds of CPU), which is why
+/// a connection is checked once and HTTP keeps what it checked (see `Access`).
 pub const ITERATIONS_DEFAULT: u32 = 4096;
 /// Fewest iterations a stored credential may have: Kafka refuses fewer too.
 pub const ITERATIONS_MIN: u32 = 4096;

@@ -3,6 +3,7 @@
 //! - `credential`: passwords kept as SCRAM credentials.
 //! - `model`: users, roles, grants, tokens and the permissions they add up to.
 //! - `records`: their records in the catalog.
+//! - `scram`: the server side of a SCRAM exchange (Kafka's SASL SCRAM-SHA-256/512).
 //!
 //! A front end turns what a client presents (a password, a token, nothing) into a
 //! [`Principal`] once per connection or request ([`Access::login_password`],
@@ -13,6 +14,7 @@
 pub mod credential;
 pub mod model;
 pub(crate) mod records;
+pub mod scram;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -255,6 +255,25 @@ pub fn request(address: SocketAddr, method: &str, path: &str, body: &str) -> Opt
     Some((status, body))
 }
 
+/// Runs `statements` over `POST /sql` as `user` (HTTP Basic), failing the test unless they
+/// succeed; returns the answer.
+pub fn sql_as(address: SocketAddr, user: (&str, &str), statements: &str) -> String {
+    use base64::Engine as _;
+    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", user.0, user.1));
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!(
+        "POST /sql HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nAuthorization: Basic {credentials}\r\n\
+         Content-Length: {}\r\n\r\n{statements}",
+        statements.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{statements}: {response}");
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
 /// Runs `statements` over `POST /sql`, failing the test unless they succeed; returns the answer.
 pub fn sql(address: SocketAddr, statements: &str) -> String {
     let (status, body) = post(address, "/sql", statements).unwrap();

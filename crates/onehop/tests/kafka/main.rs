@@ -16,6 +16,8 @@
 //!   consuming whole and in a group; confluent-kafka for Python (PyPI, a current librdkafka)
 //!   with every codec, a committed and an aborted transaction, and a read_committed group.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
+//! - `sasl`: once users exist, kcat (PLAIN, SCRAM-SHA-256/512) and the Java client (SCRAM-SHA-512)
+//!   log in, and produce, fetch and list only what their grants allow.
 //! - `streams`: a Kafka Streams app with exactly_once_v2 (a windowed count, compiled by the
 //!   test) counts exactly once across a kill -9 of the app.
 //! - `transactions`: Kafka's transactional copier (the Java client's transactions, aborting at
@@ -32,6 +34,7 @@ mod groups;
 mod kafkajs;
 mod librdkafka;
 mod protocol;
+mod sasl;
 mod streams;
 mod transactions;
 

@@ -14,7 +14,7 @@ use kafka_protocol::messages::incremental_alter_configs_response::{
     AlterConfigsResourceResponse as IncrementalAlterConfigsResourceResponse, IncrementalAlterConfigsResponse,
 };
 use kafka_protocol::protocol::StrBytes;
-use onehop_engine::Stream;
+use onehop_engine::{Principal, Privilege, Stream};
 
 use super::{Shared, errors, topics};
 
@@ -34,13 +34,21 @@ const LIST: i8 = 7;
 /// One setting: name, value, source, read-only, type.
 type Setting = (&'static str, String, i8, bool, i8);
 
-pub(super) fn describe_configs(shared: &Shared, request: DescribeConfigsRequest) -> DescribeConfigsResponse {
+pub(super) fn describe_configs(
+    shared: &Shared,
+    who: &Principal,
+    request: DescribeConfigsRequest,
+) -> DescribeConfigsResponse {
     let mut response = DescribeConfigsResponse::default();
     for resource in request.resources {
         let mut result = DescribeConfigsResult::default();
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name.clone();
         let settings = match resource.resource_type {
+            TOPIC if !super::may_describe(shared, who, resource.resource_name.as_str()) => Err((
+                ResponseError::TopicAuthorizationFailed.code(),
+                format!("topic {:?} is not this user's to describe", resource.resource_name.as_str()),
+            )),
             TOPIC => match shared.engine.stream(resource.resource_name.as_str()) {
                 Ok(stream) => Ok(topic_settings(&stream)),
                 Err(error) => Err((errors::code(&error), error.to_string())),
@@ -121,12 +129,14 @@ type Changes = Vec<(String, Option<String>)>;
 /// `replace` (AlterConfigs) puts every setting not named back to its default first.
 async fn alter_topic(
     shared: &Shared,
+    who: &Principal,
     name: &str,
     changes: Changes,
     replace: bool,
     validate_only: bool,
 ) -> Result<(), (i16, String)> {
-    let stream = shared.engine.stream(name).map_err(|error| (errors::code(&error), error.to_string()))?;
+    let stream = super::stream_for(shared, who, Privilege::Admin, name)
+        .map_err(|error| (errors::code(&error), error.to_string()))?;
     let mut def = stream.def().clone();
     if replace {
         (def.retention_ms, def.retention_bytes, def.compacted) = (None, None, false);
@@ -157,6 +167,7 @@ async fn alter_topic(
 /// The answer for one resource of an alter request.
 async fn alter_resource(
     shared: &Shared,
+    who: &Principal,
     resource_type: i8,
     name: &str,
     changes: Result<Changes, (i16, String)>,
@@ -164,7 +175,7 @@ async fn alter_resource(
     validate_only: bool,
 ) -> Result<(), (i16, String)> {
     match resource_type {
-        TOPIC => alter_topic(shared, name, changes?, replace, validate_only).await,
+        TOPIC => alter_topic(shared, who, name, changes?, replace, validate_only).await,
         BROKER => Err((
             ResponseError::InvalidRequest.code(),
             "the broker's settings are onehop's own (its flags and onehop.toml), not Kafka's".into(),
@@ -182,7 +193,11 @@ fn error_fields(outcome: Result<(), (i16, String)>) -> (i16, Option<StrBytes>) {
 }
 
 /// AlterConfigs: a topic's whole set of mapped settings.
-pub(super) async fn alter_configs(shared: &Shared, request: AlterConfigsRequest) -> AlterConfigsResponse {
+pub(super) async fn alter_configs(
+    shared: &Shared,
+    who: &Principal,
+    request: AlterConfigsRequest,
+) -> AlterConfigsResponse {
     let mut response = AlterConfigsResponse::default();
     for resource in request.resources {
         let changes = resource
@@ -194,6 +209,7 @@ pub(super) async fn alter_configs(shared: &Shared, request: AlterConfigsRequest)
             .collect();
         let outcome = alter_resource(
             shared,
+            who,
             resource.resource_type,
             resource.resource_name.as_str(),
             Ok(changes),
@@ -214,6 +230,7 @@ pub(super) async fn alter_configs(shared: &Shared, request: AlterConfigsRequest)
 /// are for list settings, which none of the mapped ones is.
 pub(super) async fn incremental_alter_configs(
     shared: &Shared,
+    who: &Principal,
     request: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
     let mut response = IncrementalAlterConfigsResponse::default();
@@ -235,6 +252,7 @@ pub(super) async fn incremental_alter_configs(
             .collect();
         let outcome = alter_resource(
             shared,
+            who,
             resource.resource_type,
             resource.resource_name.as_str(),
             changes,

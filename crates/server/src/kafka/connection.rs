@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::groups::api as groups;
+use super::sasl::{self, Session};
 use super::transactions::api as txns;
 use super::{PROTOCOL_ERRORS, REQUESTS, Shared, configs, fetch, offsets, produce, topics, versions};
 
@@ -26,6 +27,7 @@ enum End {
 /// Serves one connection until it closes, breaks the protocol or the server stops.
 pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     let mut stop = shared.stop.clone();
+    let mut session = Session::new(&shared.engine);
     let end = loop {
         // Reading a frame is not cancel-safe (a size read and then dropped would misalign the
         // stream); it is cancelled only here, when the server stops and the connection ends.
@@ -39,7 +41,7 @@ pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shar
             Ok(None) => break End::Closed,
             Err(end) => break end,
         };
-        let answer = match handle(frame, shared, peer).await {
+        let answer = match handle(frame, shared, peer, &mut session).await {
             Ok(answer) => answer,
             Err(reason) => break End::Protocol(reason),
         };
@@ -50,6 +52,9 @@ pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shar
                 Ok(Err(_)) => break End::Closed,
                 Err(_) => break End::Protocol("the client did not read its answer within the idle timeout".into()),
             }
+        }
+        if let Some(reason) = session.close_after_answer.take() {
+            break End::Protocol(reason);
         }
     };
     if let End::Protocol(reason) = end {
@@ -139,7 +144,12 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
 
 /// Answers one request frame: the framed response, `None` when none is due (a Produce with
 /// `acks = 0`), or why the connection must close.
-async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Option<Bytes>, String> {
+async fn handle(
+    frame: Bytes,
+    shared: &Shared,
+    peer: SocketAddr,
+    session: &mut Session,
+) -> Result<Option<Bytes>, String> {
     let (api, version, header, request) = match decode_request(frame)? {
         // A client newer than this server: the answer, in version 0, lists what is served.
         Decoded::ApiVersionsTooNew { correlation_id } => {
@@ -148,59 +158,71 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
         Decoded::Request { api, version, header, request } => (api, version, header, *request),
     };
     metrics::counter!(REQUESTS, "api" => api_name(api)).increment(1);
-    // With users defined, a client must say who it is, and Kafka clients say it with SASL,
-    // which this listener does not take yet: until it does, they are refused rather than let
-    // in as anyone (ApiVersions still answers, so a client can tell this server is there).
-    if api != ApiKey::ApiVersions && shared.engine.access().enabled() {
-        crate::access::login_failed("kafka", None, "the Kafka listener takes no SASL credentials yet");
-        return Err(format!(
-            "{} refused: this server has users, and its Kafka listener does not take SASL credentials yet",
-            api_name(api)
-        ));
+    // Once users exist, a client says who it is with SASL before anything else, as on a
+    // Kafka listener with SASL: anything else first closes the connection.
+    let sasl = matches!(api, ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate);
+    if !sasl && !session.may_proceed(&shared.engine) {
+        crate::access::login_failed("kafka", None, "a request before SASL authentication");
+        return Err(format!("{} before SASL authentication, on a server that has users", api_name(api)));
     }
+    let who = &session.principal.clone();
     let response_header = api.response_header_version(version);
     let id = header.correlation_id;
     let framed = match request {
         RequestKind::ApiVersions(_) => frame_response(id, response_header, &versions::answer(), version)?,
+        RequestKind::SaslHandshake(request) => {
+            let mut answer = sasl::handshake(session, request);
+            if version == 0 {
+                answer.error_code = kafka_protocol::ResponseError::UnsupportedVersion.code();
+                session.close_after_answer = Some("SaslHandshake version 0 (unframed SASL) is not served".into());
+            }
+            frame_response(id, response_header, &answer, version)?
+        }
+        RequestKind::SaslAuthenticate(request) => {
+            frame_response(id, response_header, &sasl::authenticate(&shared.engine, session, request).await, version)?
+        }
         RequestKind::Metadata(request) => {
-            frame_response(id, response_header, &topics::metadata(shared, request, version).await, version)?
+            frame_response(id, response_header, &topics::metadata(shared, who, request, version).await, version)?
         }
         RequestKind::DescribeCluster(request) => {
             frame_response(id, response_header, &topics::describe_cluster(shared, request), version)?
         }
         RequestKind::CreateTopics(request) => {
-            frame_response(id, response_header, &topics::create(shared, request).await, version)?
+            frame_response(id, response_header, &topics::create(shared, who, request).await, version)?
         }
         RequestKind::DeleteTopics(request) => {
-            frame_response(id, response_header, &topics::delete(shared, request).await, version)?
+            frame_response(id, response_header, &topics::delete(shared, who, request).await, version)?
         }
         RequestKind::CreatePartitions(request) => {
-            frame_response(id, response_header, &topics::create_partitions(shared, request).await, version)?
+            frame_response(id, response_header, &topics::create_partitions(shared, who, request).await, version)?
         }
-        RequestKind::Produce(request) => match produce::produce(shared, request).await {
+        RequestKind::Produce(request) => match produce::produce(shared, who, request).await {
             Some(answer) => frame_response(id, response_header, &answer, version)?,
             None => return Ok(None),
         },
         RequestKind::Fetch(request) => {
-            frame_response(id, response_header, &fetch::fetch(shared, request).await, version)?
+            frame_response(id, response_header, &fetch::fetch(shared, who, request).await, version)?
         }
         RequestKind::InitProducerId(request) => {
             frame_response(id, response_header, &produce::init_producer_id(shared, request, version).await, version)?
         }
         RequestKind::AlterConfigs(request) => {
-            frame_response(id, response_header, &configs::alter_configs(shared, request).await, version)?
+            frame_response(id, response_header, &configs::alter_configs(shared, who, request).await, version)?
         }
-        RequestKind::IncrementalAlterConfigs(request) => {
-            frame_response(id, response_header, &configs::incremental_alter_configs(shared, request).await, version)?
-        }
+        RequestKind::IncrementalAlterConfigs(request) => frame_response(
+            id,
+            response_header,
+            &configs::incremental_alter_configs(shared, who, request).await,
+            version,
+        )?,
         RequestKind::DescribeConfigs(request) => {
-            frame_response(id, response_header, &configs::describe_configs(shared, request), version)?
+            frame_response(id, response_header, &configs::describe_configs(shared, who, request), version)?
         }
         RequestKind::OffsetForLeaderEpoch(request) => {
-            frame_response(id, response_header, &offsets::offset_for_leader_epoch(shared, request), version)?
+            frame_response(id, response_header, &offsets::offset_for_leader_epoch(shared, who, request), version)?
         }
         RequestKind::ListOffsets(request) => {
-            frame_response(id, response_header, &offsets::list_offsets(shared, request, version), version)?
+            frame_response(id, response_header, &offsets::list_offsets(shared, who, request, version), version)?
         }
         RequestKind::FindCoordinator(request) => {
             frame_response(id, response_header, &groups::find_coordinator(shared, request, version), version)?
@@ -220,10 +242,10 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
             frame_response(id, response_header, &groups::leave_group(shared, request), version)?
         }
         RequestKind::OffsetCommit(request) => {
-            frame_response(id, response_header, &groups::offset_commit(shared, request).await, version)?
+            frame_response(id, response_header, &groups::offset_commit(shared, who, request).await, version)?
         }
         RequestKind::OffsetFetch(request) => {
-            frame_response(id, response_header, &groups::offset_fetch(shared, request), version)?
+            frame_response(id, response_header, &groups::offset_fetch(shared, who, request), version)?
         }
         RequestKind::ListGroups(request) => {
             frame_response(id, response_header, &groups::list_groups(shared, request), version)?
@@ -232,17 +254,17 @@ async fn handle(frame: Bytes, shared: &Shared, peer: SocketAddr) -> Result<Optio
             frame_response(id, response_header, &groups::describe_groups(shared, request), version)?
         }
         RequestKind::DeleteGroups(request) => {
-            frame_response(id, response_header, &groups::delete_groups(shared, request).await, version)?
+            frame_response(id, response_header, &groups::delete_groups(shared, who, request).await, version)?
         }
         RequestKind::AddPartitionsToTxn(request) => {
-            let answer = txns::add_partitions_to_txn(shared, request, version).await;
+            let answer = txns::add_partitions_to_txn(shared, who, request, version).await;
             frame_response(id, response_header, &answer, version)?
         }
         RequestKind::AddOffsetsToTxn(request) => {
             frame_response(id, response_header, &txns::add_offsets_to_txn(shared, request, version).await, version)?
         }
         RequestKind::TxnOffsetCommit(request) => {
-            frame_response(id, response_header, &txns::txn_offset_commit(shared, request, version).await, version)?
+            frame_response(id, response_header, &txns::txn_offset_commit(shared, who, request, version).await, version)?
         }
         RequestKind::EndTxn(request) => {
             frame_response(id, response_header, &txns::end_txn(shared, request, version).await, version)?
@@ -309,6 +331,8 @@ fn api_name(api: ApiKey) -> &'static str {
         ApiKey::EndTxn => "EndTxn",
         ApiKey::DescribeTransactions => "DescribeTransactions",
         ApiKey::ListTransactions => "ListTransactions",
+        ApiKey::SaslHandshake => "SaslHandshake",
+        ApiKey::SaslAuthenticate => "SaslAuthenticate",
         _ => "other",
     }
 }

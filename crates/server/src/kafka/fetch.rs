@@ -17,7 +17,7 @@ use kafka_protocol::ResponseError;
 use kafka_protocol::messages::BrokerId;
 use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{FetchResponse, FetchableTopicResponse, PartitionData};
-use onehop_engine::{Position, Stream};
+use onehop_engine::{Position, Principal, Privilege, Stream};
 
 use super::{RECORDS_FETCHED, Shared, errors, records};
 
@@ -38,13 +38,15 @@ struct Wanted {
     partition: i32,
     offset: i64,
     max_bytes: usize,
-    stream: Option<Arc<Stream>>,
+    /// The stream, or the error code for the topic (unknown, or not the client's to read).
+    stream: Result<Arc<Stream>, i16>,
 }
 
-pub(super) async fn fetch(shared: &Shared, request: FetchRequest) -> FetchResponse {
+pub(super) async fn fetch(shared: &Shared, who: &Principal, request: FetchRequest) -> FetchResponse {
     let mut wanted: Asked = Vec::with_capacity(request.topics.len());
     for topic in request.topics {
-        let stream = shared.engine.stream(topic.topic.0.as_str()).ok();
+        let stream = super::stream_for(shared, who, Privilege::Read, topic.topic.0.as_str())
+            .map_err(|error| errors::code(&error));
         let partitions = topic
             .partitions
             .iter()
@@ -106,7 +108,7 @@ fn read(wanted: &Asked, max_bytes: usize) -> (FetchResponse, usize, Vec<ReadTo>)
                     data.log_start_offset = read.start as i64;
                     data.aborted_transactions = Some(Vec::new());
                     total += read.records.len();
-                    if let Some(stream) = &asked.stream {
+                    if let Ok(stream) = &asked.stream {
                         ends.push((stream.clone(), asked.partition as u32, read.end));
                     }
                     data.records = Some(read.records);
@@ -128,9 +130,7 @@ struct Read {
 /// Reads one partition: at most `budget` bytes, but at least one record when `first` (so a
 /// record larger than the limits still gets through, as Kafka does).
 fn read_partition(asked: &Wanted, budget: usize, first: bool) -> Result<Read, i16> {
-    let Some(stream) = &asked.stream else {
-        return Err(ResponseError::UnknownTopicOrPartition.code());
-    };
+    let stream = asked.stream.as_ref().map_err(|code| *code)?;
     let partition = u32::try_from(asked.partition).map_err(|_| ResponseError::UnknownTopicOrPartition.code())?;
     let start = stream.start_offset(partition).map_err(|error| errors::code(&error))?;
     let end = stream.end_offset(partition).map_err(|error| errors::code(&error))?;

@@ -42,6 +42,7 @@ mod offsets;
 mod produce;
 pub mod producers;
 pub mod records;
+mod sasl;
 mod topics;
 pub mod transactions;
 mod versions;
@@ -56,6 +57,29 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 pub use connection::{Decoded, decode_request};
+
+/// The stream topic `name` is, once `who` may `privilege` it. A refusal is
+/// TOPIC_AUTHORIZATION_FAILED whether the topic exists or not, so a client learns nothing of
+/// topics it may not use.
+pub(super) fn stream_for(
+    shared: &Shared,
+    who: &onehop_engine::Principal,
+    privilege: onehop_engine::Privilege,
+    name: &str,
+) -> Result<Arc<onehop_engine::Stream>, onehop_engine::EngineError> {
+    shared.engine.access().authorize(who, privilege, onehop_engine::ObjectKind::Stream, name)?;
+    shared.engine.stream(name)
+}
+
+/// Whether `who` has any grant on topic `name`: what Metadata lists and DescribeConfigs
+/// describes (Kafka's DESCRIBE).
+pub(super) fn may_describe(shared: &Shared, who: &onehop_engine::Principal, name: &str) -> bool {
+    match shared.engine.access().permissions(who) {
+        Ok(None) => true,
+        Ok(Some(permissions)) => permissions.sees(onehop_engine::ObjectKind::Stream, name),
+        Err(_) => false,
+    }
+}
 pub use records::SUBJECT_HEADER;
 
 /// The Kafka listener's settings.

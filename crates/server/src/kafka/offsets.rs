@@ -10,7 +10,7 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::OffsetForLeaderEp
 use kafka_protocol::messages::offset_for_leader_epoch_response::{
     EpochEndOffset, OffsetForLeaderEpochResponse, OffsetForLeaderTopicResult,
 };
-use onehop_engine::{Position, Stream};
+use onehop_engine::{Position, Principal, Privilege, Stream};
 
 use super::{Shared, errors};
 
@@ -18,10 +18,15 @@ use super::{Shared, errors};
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 
-pub(super) fn list_offsets(shared: &Shared, request: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+pub(super) fn list_offsets(
+    shared: &Shared,
+    who: &Principal,
+    request: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
     let mut response = ListOffsetsResponse::default();
     for topic in request.topics {
-        let stream = shared.engine.stream(topic.name.0.as_str());
+        let stream = super::stream_for(shared, who, Privilege::Read, topic.name.0.as_str());
         let mut answer = ListOffsetsTopicResponse::default();
         answer.name = topic.name;
         for asked in topic.partitions {
@@ -80,11 +85,12 @@ fn lookup(stream: &Stream, partition: i32, timestamp: i64) -> Result<(i64, i64),
 /// a stale or future one.
 pub(super) fn offset_for_leader_epoch(
     shared: &Shared,
+    who: &Principal,
     request: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
     let mut response = OffsetForLeaderEpochResponse::default();
     for topic in request.topics {
-        let stream = shared.engine.stream(topic.topic.0.as_str());
+        let stream = super::stream_for(shared, who, Privilege::Read, topic.topic.0.as_str());
         let mut answer = OffsetForLeaderTopicResult::default();
         answer.topic = topic.topic;
         for asked in topic.partitions {

@@ -10,7 +10,7 @@ use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
 use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, ProduceResponse, TopicProduceResponse};
 use kafka_protocol::protocol::StrBytes;
-use onehop_engine::{Durability, EngineError, QueuedAppend, Stream};
+use onehop_engine::{Durability, EngineError, Principal, Privilege, QueuedAppend, Stream};
 
 use super::producers::{Producers, Ticket, Verdict};
 use super::records::{self, Refused};
@@ -129,7 +129,7 @@ pub(super) async fn init_producer_id(
 /// Answers a Produce request, or `None` for `acks = 0` (a Kafka broker answers nothing then).
 /// Every partition is queued before any is awaited, so one request's partitions share their
 /// group commits.
-pub(super) async fn produce(shared: &Shared, request: ProduceRequest) -> Option<ProduceResponse> {
+pub(super) async fn produce(shared: &Shared, who: &Principal, request: ProduceRequest) -> Option<ProduceResponse> {
     let durability = match request.acks {
         -1 => Some(Some(Durability::Fsync)),
         1 => Some(None),
@@ -138,7 +138,7 @@ pub(super) async fn produce(shared: &Shared, request: ProduceRequest) -> Option<
     };
     let mut pending = Vec::with_capacity(request.topic_data.len());
     for topic in request.topic_data {
-        let stream = shared.engine.stream(topic.name.0.as_str());
+        let stream = super::stream_for(shared, who, Privilege::Write, topic.name.0.as_str());
         let mut partitions = Vec::with_capacity(topic.partition_data.len());
         for data in topic.partition_data {
             let outcome = match (&stream, durability) {

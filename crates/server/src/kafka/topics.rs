@@ -17,7 +17,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{BrokerId, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use onehop_engine::{EngineError, Stream, StreamDef};
+use onehop_engine::{EngineError, ObjectKind, Principal, Privilege, Stream, StreamDef};
 
 use super::{Shared, errors};
 
@@ -26,7 +26,12 @@ const CLUSTER_ID: &str = "onehop";
 
 /// Metadata: this server as the one broker, and the topics asked for (every stream when none
 /// are named). An unknown topic is created when the request allows it and `auto_create` is on.
-pub(super) async fn metadata(shared: &Shared, request: MetadataRequest, version: i16) -> MetadataResponse {
+pub(super) async fn metadata(
+    shared: &Shared,
+    who: &Principal,
+    request: MetadataRequest,
+    version: i16,
+) -> MetadataResponse {
     let engine = &shared.engine;
     let mut response = MetadataResponse::default();
     let node = BrokerId(shared.config.node_id);
@@ -49,7 +54,14 @@ pub(super) async fn metadata(shared: &Shared, request: MetadataRequest, version:
                     continue;
                 };
                 let name = name.0.as_str().to_string();
-                let found = if may_create { engine.stream_or_create(&name).await } else { engine.stream(&name) };
+                if !super::may_describe(shared, who, &name) {
+                    answered.push(topic_error(name, ResponseError::TopicAuthorizationFailed.code()));
+                    continue;
+                }
+                // Creating on first use takes what a first publish takes: WRITE.
+                let creates = may_create
+                    && shared.engine.access().authorize(who, Privilege::Write, ObjectKind::Stream, &name).is_ok();
+                let found = if creates { engine.stream_or_create(&name).await } else { engine.stream(&name) };
                 answered.push(match found {
                     Ok(stream) => describe(&stream, node),
                     Err(error) => topic_error(name, errors::code(&error)),
@@ -59,6 +71,7 @@ pub(super) async fn metadata(shared: &Shared, request: MetadataRequest, version:
         }
         _ => {
             let mut streams = engine.streams();
+            streams.retain(|stream| super::may_describe(shared, who, stream.name()));
             streams.sort_by(|a, b| a.name().cmp(b.name()));
             streams.iter().map(|stream| describe(stream, node)).collect()
         }
@@ -94,12 +107,14 @@ fn topic_error(name: String, code: i16) -> MetadataResponseTopic {
 
 /// CreateTopics: each topic a stream, with `num_partitions`, `retention.ms` and
 /// `retention.bytes` as its settings.
-pub(super) async fn create(shared: &Shared, request: CreateTopicsRequest) -> CreateTopicsResponse {
+pub(super) async fn create(shared: &Shared, who: &Principal, request: CreateTopicsRequest) -> CreateTopicsResponse {
     let mut response = CreateTopicsResponse::default();
     for topic in request.topics {
         let mut result = CreatableTopicResult::default();
         result.name = topic.name.clone();
-        match definition(shared, &topic) {
+        let allowed =
+            shared.engine.access().authorize(who, Privilege::Admin, ObjectKind::Stream, topic.name.0.as_str());
+        match allowed.map_err(|error| refusal(&error)).and_then(|()| definition(shared, &topic)) {
             Err((code, message)) => {
                 result.error_code = code;
                 result.error_message = Some(StrBytes::from_string(message));
@@ -207,13 +222,17 @@ pub(super) fn set_config(def: &mut StreamDef, name: &str, value: Option<&str>) -
 
 /// CreatePartitions: grows each stream to the count asked for. Replica assignments, when
 /// given, may name this server only.
-pub(super) async fn create_partitions(shared: &Shared, request: CreatePartitionsRequest) -> CreatePartitionsResponse {
+pub(super) async fn create_partitions(
+    shared: &Shared,
+    who: &Principal,
+    request: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
     let mut response = CreatePartitionsResponse::default();
     for topic in request.topics {
         let mut result = CreatePartitionsTopicResult::default();
         let name = topic.name.0.as_str();
         let node = BrokerId(shared.config.node_id);
-        let refusal = match shared.engine.stream(name) {
+        let refusal = match super::stream_for(shared, who, Privilege::Admin, name) {
             Err(error) => Some(refusal(&error)),
             Ok(stream) if topic.count <= stream.partition_count() as i32 => Some((
                 ResponseError::InvalidPartitions.code(),
@@ -255,11 +274,16 @@ pub(super) async fn create_partitions(shared: &Shared, request: CreatePartitions
 }
 
 /// DeleteTopics: drops each stream (and its records).
-pub(super) async fn delete(shared: &Shared, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
+pub(super) async fn delete(shared: &Shared, who: &Principal, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
     let mut response = DeleteTopicsResponse::default();
     for name in request.topic_names {
         let mut result = DeletableTopicResult::default();
-        if let Err(error) = shared.engine.drop_stream(name.0.as_str()).await {
+        let allowed = shared.engine.access().authorize(who, Privilege::Admin, ObjectKind::Stream, name.0.as_str());
+        let dropped = match allowed {
+            Ok(()) => shared.engine.drop_stream(name.0.as_str()).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = dropped {
             let (mut code, message) = refusal(&error);
             // A stream a view or transform still reads stays; the message names which.
             if error.kind() == onehop_engine::ErrorKind::Conflict {

@@ -18,7 +18,7 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// The APIs served, with their versions.
-const SERVED: [(ApiKey, RangeInclusive<i16>); 30] = [
+const SERVED: [(ApiKey, RangeInclusive<i16>); 32] = [
     (ApiKey::Produce, 3..=11),
     (ApiKey::Fetch, 4..=12),
     (ApiKey::ListOffsets, 1..=6),
@@ -49,6 +49,11 @@ const SERVED: [(ApiKey, RangeInclusive<i16>); 30] = [
     (ApiKey::EndTxn, 0..=4),
     (ApiKey::DescribeTransactions, 0..=0),
     (ApiKey::ListTransactions, 0..=1),
+    // Version 0 of the handshake is listed because librdkafka looks for it before it uses
+    // SASL at all; a client that then sends version 0 (whose messages follow unframed) is
+    // answered and closed: every client in use sends version 1 when the broker lists it.
+    (ApiKey::SaslHandshake, 0..=1),
+    (ApiKey::SaslAuthenticate, 0..=2),
 ];
 
 /// The versions of `api` served, if it is.

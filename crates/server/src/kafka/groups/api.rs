@@ -1,5 +1,6 @@
 //! The group APIs: requests to the coordinator, its answers to responses.
 
+use onehop_engine::{Principal, Privilege};
 use std::time::Duration;
 
 use kafka_protocol::ResponseError;
@@ -216,14 +217,18 @@ pub(in crate::kafka) fn checked_commit(
     Ok(Committed { offset, leader_epoch, metadata })
 }
 
-pub(in crate::kafka) async fn offset_commit(shared: &Shared, request: OffsetCommitRequest) -> OffsetCommitResponse {
+pub(in crate::kafka) async fn offset_commit(
+    shared: &Shared,
+    who: &Principal,
+    request: OffsetCommitRequest,
+) -> OffsetCommitResponse {
     let group = request.group_id.0.as_str().to_string();
     let allowed = shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id_or_member_epoch);
     let mut answers: Vec<(TopicName, Vec<(i32, i16)>)> = Vec::new();
     let mut commits = Vec::new();
     for topic in request.topics {
         let name = topic.name.0.as_str().to_string();
-        let stream = shared.engine.stream(&name);
+        let stream = crate::kafka::stream_for(shared, who, Privilege::Read, &name);
         let mut partitions = Vec::new();
         for partition in topic.partitions {
             let index = partition.partition_index;
@@ -268,13 +273,26 @@ pub(in crate::kafka) async fn offset_commit(shared: &Shared, request: OffsetComm
     response
 }
 
-pub(in crate::kafka) fn offset_fetch(shared: &Shared, request: OffsetFetchRequest) -> OffsetFetchResponse {
+pub(in crate::kafka) fn offset_fetch(
+    shared: &Shared,
+    who: &Principal,
+    request: OffsetFetchRequest,
+) -> OffsetFetchResponse {
     let group = request.group_id.0.as_str();
+    let readable = |topic: &str| {
+        shared.engine.access().authorize(who, Privilege::Read, onehop_engine::ObjectKind::Stream, topic).is_ok()
+    };
     let offsets = &shared.groups.offsets;
     let require_stable = request.require_stable;
     let answer = |topic: &str, index: i32, committed: Option<Committed>| {
         let mut partition = OffsetFetchResponsePartition::default();
         partition.partition_index = index;
+        if !readable(topic) {
+            partition.error_code = ResponseError::TopicAuthorizationFailed.code();
+            partition.committed_offset = -1;
+            partition.committed_leader_epoch = -1;
+            return partition;
+        }
         // An open transaction will commit this offset: a consumer that asks for stable offsets
         // (a read_committed consumer of an exactly-once app) waits and asks again (KIP-447).
         if require_stable && shared.transactions.unstable(group, topic, index) {
@@ -317,7 +335,7 @@ pub(in crate::kafka) fn offset_fetch(shared: &Shared, request: OffsetFetchReques
             .collect(),
         None => {
             let mut topics: Vec<OffsetFetchResponseTopic> = Vec::new();
-            for (name, index, committed) in offsets.of_group(group) {
+            for (name, index, committed) in offsets.of_group(group).into_iter().filter(|(name, ..)| readable(name)) {
                 if topics.last().is_none_or(|topic| topic.name.0.as_str() != name) {
                     let mut topic = OffsetFetchResponseTopic::default();
                     topic.name = TopicName(text(&name));
@@ -390,12 +408,21 @@ pub(in crate::kafka) fn describe_groups(shared: &Shared, request: DescribeGroups
     response
 }
 
-pub(in crate::kafka) async fn delete_groups(shared: &Shared, request: DeleteGroupsRequest) -> DeleteGroupsResponse {
+pub(in crate::kafka) async fn delete_groups(
+    shared: &Shared,
+    who: &Principal,
+    request: DeleteGroupsRequest,
+) -> DeleteGroupsResponse {
     let mut response = DeleteGroupsResponse::default();
+    // Groups have no grants of their own yet: deleting one (its committed offsets) is a
+    // superuser's.
+    let allowed = shared.engine.access().authorize_superuser(who, "delete consumer groups").is_ok();
     for id in request.groups_names {
         let mut result = DeletableGroupResult::default();
         let name = id.0.as_str().to_string();
-        result.error_code = if shared.groups.has_members(&name) {
+        result.error_code = if !allowed {
+            ResponseError::GroupAuthorizationFailed.code()
+        } else if shared.groups.has_members(&name) {
             ResponseError::NonEmptyGroup.code()
         } else {
             match shared.groups.offsets.delete_group(&name).await {

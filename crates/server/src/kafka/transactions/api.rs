@@ -24,6 +24,7 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 };
 use kafka_protocol::messages::{ProducerId, TopicName, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
+use onehop_engine::{Principal, Privilege};
 
 use super::{Partition, Phase, Stored};
 use crate::kafka::Shared;
@@ -56,6 +57,7 @@ pub(in crate::kafka) async fn init_producer(
 /// AddPartitionsToTxn, versions 0 to 3 (one transaction; later versions are sent by brokers).
 pub(in crate::kafka) async fn add_partitions_to_txn(
     shared: &Shared,
+    who: &Principal,
     request: AddPartitionsToTxnRequest,
     version: i16,
 ) -> AddPartitionsToTxnResponse {
@@ -65,7 +67,8 @@ pub(in crate::kafka) async fn add_partitions_to_txn(
     let mut unknown = Vec::new();
     let mut partitions: Vec<Partition> = Vec::new();
     for topic in &request.v3_and_below_topics {
-        let stream = shared.engine.stream(topic.name.0.as_str()).ok();
+        // A topic the client may not write is as good as unknown: its produce would be refused.
+        let stream = crate::kafka::stream_for(shared, who, Privilege::Write, topic.name.0.as_str()).ok();
         for &index in &topic.partitions {
             let exists =
                 stream.as_ref().is_some_and(|stream| index >= 0 && stream.check_partition(index as u32).is_ok());
@@ -141,6 +144,7 @@ pub(in crate::kafka) async fn add_offsets_to_txn(
 
 pub(in crate::kafka) async fn txn_offset_commit(
     shared: &Shared,
+    who: &Principal,
     request: TxnOffsetCommitRequest,
     version: i16,
 ) -> TxnOffsetCommitResponse {
@@ -158,7 +162,7 @@ pub(in crate::kafka) async fn txn_offset_commit(
     let mut offsets = Vec::new();
     for topic in request.topics {
         let name = topic.name.0.as_str().to_string();
-        let stream = shared.engine.stream(&name);
+        let stream = crate::kafka::stream_for(shared, who, Privilege::Read, &name);
         let mut partitions = Vec::new();
         for partition in topic.partitions {
             let index = partition.partition_index;
