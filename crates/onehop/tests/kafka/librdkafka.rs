@@ -136,121 +136,13 @@ fn confluent(args: &[&str]) -> crate::Spawned {
     crate::Spawned(child)
 }
 
-/// Waits for `child` to end with success, collecting its lines.
-fn collect(mut child: crate::Spawned) -> Vec<String> {
-    let lines: Vec<String> =
-        std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap())).map_while(Result::ok).collect();
-    assert!(child.wait().unwrap().success(), "{lines:?}");
-    lines
-}
-
-/// librdkafka (confluent-kafka) as the Java client is tested: three members of a group share
-/// three partitions; one leaves (SIGTERM: LeaveGroup) and the other two take its partition
-/// over; the server is killed with kill -9 once all is committed and started again, and the
-/// group resumes from its commits, every record consumed exactly once. Then an idempotent lz4
-/// producer writes while the server is killed mid-batch and restarted: every acknowledged
-/// record is at its acknowledged offset, and none is stored twice.
+/// librdkafka (confluent-kafka) as the Java client is tested (`group_of_three`): three members
+/// of a group share three partitions; one leaves (SIGTERM: LeaveGroup) and the other two take
+/// its partition over; the server is killed with kill -9 once all is committed and started
+/// again, and the group resumes from its commits, every record consumed exactly once. Then an
+/// idempotent lz4 producer writes while the server is killed mid-batch and restarted: every
+/// acknowledged record is at its acknowledged offset, and none is stored twice.
 #[test]
 fn confluent_kafka_group_of_three_and_idempotent_producer_across_kill_9() {
-    use std::collections::BTreeMap;
-    use std::time::{Duration, Instant};
-
-    let dir = DataDir::new();
-    let address = format!("127.0.0.1:{}", crate::free_port());
-    let mut server = crate::start_with_kafka_on(&dir, &address);
-    crate::create_topic(server.kafka_address.unwrap(), "jobs", 3);
-    let mut members: Vec<(crate::Spawned, std::sync::mpsc::Receiver<String>)> = (0..3)
-        .map(|_| {
-            let mut child = confluent(&["consume", &address, "jobs", "workers"]);
-            let lines = crate::common::line_channel(child.stdout.take().unwrap());
-            (child, lines)
-        })
-        .collect();
-    let mut consumed: BTreeMap<String, usize> = BTreeMap::new();
-    let drain = |members: &[(crate::Spawned, std::sync::mpsc::Receiver<String>)],
-                 consumed: &mut BTreeMap<String, usize>| {
-        for (_, lines) in members {
-            while let Ok(line) = lines.try_recv() {
-                if let Some(value) = line.strip_prefix("V ") {
-                    *consumed.entry(value.to_string()).or_default() += 1;
-                }
-            }
-        }
-    };
-    let wait_for = |members: &[(crate::Spawned, std::sync::mpsc::Receiver<String>)],
-                    consumed: &mut BTreeMap<String, usize>,
-                    total: usize| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while consumed.values().sum::<usize>() < total {
-            assert!(Instant::now() < deadline, "{} of {total} consumed", consumed.values().sum::<usize>());
-            drain(members, consumed);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    collect(confluent(&["produce", &address, "jobs", "0", "300"]));
-    wait_for(&members, &mut consumed, 300);
-
-    // One member leaves; the other two take its partition over.
-    let (mut leaving, leaving_lines) = members.pop().unwrap();
-    assert!(Command::new("kill").arg("-TERM").arg(leaving.id().to_string()).status().unwrap().success());
-    assert!(leaving.wait().unwrap().success());
-    while let Ok(line) = leaving_lines.try_recv() {
-        if let Some(value) = line.strip_prefix("V ") {
-            *consumed.entry(value.to_string()).or_default() += 1;
-        }
-    }
-    collect(confluent(&["produce", &address, "jobs", "300", "300"]));
-    wait_for(&members, &mut consumed, 600);
-
-    // All is committed (each member commits before taking more): kill -9, start again.
-    std::thread::sleep(Duration::from_millis(500));
-    server.kill_9();
-    server = crate::start_with_kafka_on(&dir, &address);
-    collect(confluent(&["produce", &address, "jobs", "600", "300"]));
-    wait_for(&members, &mut consumed, 900);
-    std::thread::sleep(Duration::from_millis(500));
-    drain(&members, &mut consumed);
-    for (mut member, _) in members {
-        let _ = Command::new("kill").arg("-TERM").arg(member.id().to_string()).status();
-        let _ = member.wait();
-    }
-    let twice: Vec<&String> = consumed.iter().filter(|(_, count)| **count > 1).map(|(value, _)| value).collect();
-    assert!(twice.is_empty(), "consumed more than once: {twice:?}");
-    assert_eq!(consumed.len(), 900, "every record consumed");
-
-    // An idempotent producer cut mid-batch by a kill -9.
-    let mut producer = confluent(&["produce", &address, "ledger", "0", "4000"]);
-    let acks = crate::common::line_channel(producer.stdout.take().unwrap());
-    let mut acked: Vec<(u64, u64, String)> = Vec::new();
-    let mut killed = false;
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        assert!(Instant::now() < deadline, "the producer did not finish: {} acknowledged", acked.len());
-        match acks.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => {
-                let fields: Vec<&str> = line.split(' ').collect();
-                assert_eq!(fields[0], "A", "a failed delivery: {line}");
-                acked.push((fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].to_string()));
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-        if !killed && acked.len() >= 1000 {
-            server.kill_9();
-            killed = true;
-            std::thread::sleep(Duration::from_millis(300));
-            server = crate::start_with_kafka_on(&dir, &address);
-        }
-    }
-    assert!(producer.wait().unwrap().success());
-    assert!(killed);
-    assert_eq!(acked.len(), 4000, "every record acknowledged");
-    let stored: BTreeMap<(u64, u64), String> =
-        crate::records_over_http(server.address, "ledger").iter().map(crate::placed_value).collect();
-    for (partition, offset, value) in &acked {
-        assert_eq!(stored.get(&(*partition, *offset)), Some(value), "acknowledged {value} at {partition}:{offset}");
-    }
-    let distinct: BTreeSet<&String> = stored.values().collect();
-    assert_eq!(distinct.len(), stored.len(), "a value stored twice");
-    assert_eq!(stored.len(), 4000);
+    crate::group_of_three::group_of_three_and_idempotent_producer_across_kill_9(confluent);
 }

@@ -9,6 +9,9 @@
 //! - `franz_go`: franz-go (the harness's Go client) producing with every codec, a group
 //!   reading every record back and committing.
 //! - `durability`: kill -9 under an `acks=all` producer loses no acknowledged record.
+//! - `group_of_three`: the test every client passes, written once: a group of three members
+//!   across a leave and a kill -9, each record consumed exactly once; an idempotent producer
+//!   across a kill -9, each acknowledged record where it was acknowledged and stored once.
 //! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
 //! - `kafkajs`: Node.js's kafkajs (admin, idempotent producer, consumer group, commits).
@@ -30,6 +33,7 @@ mod common;
 mod clients;
 mod durability;
 mod franz_go;
+mod group_of_three;
 mod groups;
 mod kafkajs;
 mod librdkafka;

@@ -1,0 +1,145 @@
+//! One test every Kafka client passes, written once: each client brings two roles, started as
+//! processes by the test's `spawn(args)`:
+//!
+//! - `consume BROKER TOPIC GROUP`: a member of GROUP printing `V <value>` per record, then
+//!   committing the offset after it synchronously (retrying while the server is away) before
+//!   taking the next; SIGTERM makes it leave the group (LeaveGroup) and end with status 0.
+//! - `produce BROKER TOPIC FIRST COUNT`: an idempotent producer (acks=all, lz4) writing keys
+//!   `kFIRST`… and values `vFIRST`…, printing `A <partition> <offset> <value>` per
+//!   acknowledgement and `F <error>` per failure, retrying across a server restart, ending with
+//!   status 0 once every record is acknowledged.
+//!
+//! librdkafka's roles are `confluent/group.py`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::Spawned;
+use crate::common::{DataDir, line_channel};
+
+/// How long the group may take to consume what was produced (rebalances included).
+const CONSUME_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the producer may take for its 4000 records, a kill -9 and restart included.
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A member of the group, and its lines.
+type Member = (Spawned, Receiver<String>);
+
+/// Waits for `child` to end with success, collecting its lines.
+fn collect(mut child: Spawned) -> Vec<String> {
+    let lines: Vec<String> =
+        std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap())).map_while(Result::ok).collect();
+    assert!(child.wait().unwrap().success(), "{lines:?}");
+    lines
+}
+
+/// Counts the values `lines` holds so far into `consumed`.
+fn drain(lines: &Receiver<String>, consumed: &mut BTreeMap<String, usize>) {
+    while let Ok(line) = lines.try_recv() {
+        if let Some(value) = line.strip_prefix("V ") {
+            *consumed.entry(value.to_string()).or_default() += 1;
+        }
+    }
+}
+
+/// Waits until `members` consumed `total` records in all.
+fn wait_for(members: &[Member], consumed: &mut BTreeMap<String, usize>, total: usize) {
+    let deadline = Instant::now() + CONSUME_TIMEOUT;
+    while consumed.values().sum::<usize>() < total {
+        assert!(Instant::now() < deadline, "{} of {total} consumed", consumed.values().sum::<usize>());
+        for (_, lines) in members {
+            drain(lines, consumed);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGTERM to `child` (by its PID), which leaves the group and ends.
+fn terminate(child: &Spawned) {
+    assert!(Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap().success());
+}
+
+/// Three members of a group share three partitions; one leaves (SIGTERM) and the other two take
+/// its partition over; the server is killed with kill -9 once all is committed and started
+/// again, and the group resumes from its commits: 900 records, each consumed exactly once.
+/// Then an idempotent producer writes 4000 records while the server is killed after 1000
+/// acknowledgements and restarted: every acknowledged record is at its acknowledged offset
+/// (read over HTTP), none is stored twice, all 4000 are stored.
+pub fn group_of_three_and_idempotent_producer_across_kill_9(spawn: impl Fn(&[&str]) -> Spawned) {
+    let dir = DataDir::new();
+    let address = format!("127.0.0.1:{}", crate::free_port());
+    let mut server = crate::start_with_kafka_on(&dir, &address);
+    crate::create_topic(server.kafka_address.unwrap(), "jobs", 3);
+    let mut members: Vec<Member> = (0..3)
+        .map(|_| {
+            let mut child = spawn(&["consume", &address, "jobs", "workers"]);
+            let lines = line_channel(child.stdout.take().unwrap());
+            (child, lines)
+        })
+        .collect();
+    let mut consumed: BTreeMap<String, usize> = BTreeMap::new();
+    collect(spawn(&["produce", &address, "jobs", "0", "300"]));
+    wait_for(&members, &mut consumed, 300);
+
+    // One member leaves; the other two take its partition over.
+    let (mut leaving, leaving_lines) = members.pop().unwrap();
+    terminate(&leaving);
+    assert!(leaving.wait().unwrap().success(), "the member that left ended with success");
+    drain(&leaving_lines, &mut consumed);
+    collect(spawn(&["produce", &address, "jobs", "300", "300"]));
+    wait_for(&members, &mut consumed, 600);
+
+    // All is committed (each member commits before taking more): kill -9, start again.
+    std::thread::sleep(Duration::from_millis(500));
+    server.kill_9();
+    server = crate::start_with_kafka_on(&dir, &address);
+    collect(spawn(&["produce", &address, "jobs", "600", "300"]));
+    wait_for(&members, &mut consumed, 900);
+    std::thread::sleep(Duration::from_millis(500));
+    for (mut member, lines) in members {
+        terminate(&member);
+        let _ = member.wait();
+        drain(&lines, &mut consumed);
+    }
+    let twice: Vec<&String> = consumed.iter().filter(|(_, count)| **count > 1).map(|(value, _)| value).collect();
+    assert!(twice.is_empty(), "consumed more than once: {twice:?}");
+    assert_eq!(consumed.len(), 900, "every record consumed");
+
+    // An idempotent producer cut mid-batch by a kill -9.
+    let mut producer = spawn(&["produce", &address, "ledger", "0", "4000"]);
+    let acks = line_channel(producer.stdout.take().unwrap());
+    let mut acked: Vec<(u64, u64, String)> = Vec::new();
+    let mut killed = false;
+    let deadline = Instant::now() + PRODUCE_TIMEOUT;
+    loop {
+        assert!(Instant::now() < deadline, "the producer did not finish: {} acknowledged", acked.len());
+        match acks.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => {
+                let fields: Vec<&str> = line.split(' ').collect();
+                assert_eq!(fields[0], "A", "a failed delivery: {line}");
+                acked.push((fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].to_string()));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if !killed && acked.len() >= 1000 {
+            server.kill_9();
+            killed = true;
+            std::thread::sleep(Duration::from_millis(300));
+            server = crate::start_with_kafka_on(&dir, &address);
+        }
+    }
+    assert!(producer.wait().unwrap().success());
+    assert!(killed);
+    assert_eq!(acked.len(), 4000, "every record acknowledged");
+    let stored: BTreeMap<(u64, u64), String> =
+        crate::records_over_http(server.address, "ledger").iter().map(crate::placed_value).collect();
+    for (partition, offset, value) in &acked {
+        assert_eq!(stored.get(&(*partition, *offset)), Some(value), "acknowledged {value} at {partition}:{offset}");
+    }
+    let distinct: BTreeSet<&String> = stored.values().collect();
+    assert_eq!(distinct.len(), stored.len(), "a value stored twice");
+    assert_eq!(stored.len(), 4000);
+}
