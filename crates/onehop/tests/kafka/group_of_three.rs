@@ -12,20 +12,52 @@
 //! librdkafka's roles are `confluent/group.py`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use crate::Spawned;
 use crate::common::{DataDir, line_channel};
+use crate::groups::{lag, members, wait_until};
 
-/// How long the group may take to consume what was produced (rebalances included).
+/// How long the group may take to consume what was produced (a rebalance included).
 const CONSUME_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the producer may take for its 4000 records, a kill -9 and restart included.
 const PRODUCE_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// A member of the group, and its lines.
-type Member = (Spawned, Receiver<String>);
+/// A member of the group: its process, its lines, and how many values it printed.
+struct Member {
+    child: Spawned,
+    lines: Receiver<String>,
+    printed: usize,
+}
+
+impl Member {
+    fn start(spawn: &impl Fn(&[&str]) -> Spawned, address: &str) -> Member {
+        let mut child = spawn(&["consume", address, "jobs", "workers"]);
+        let lines = line_channel(child.stdout.take().unwrap());
+        Member { child, lines, printed: 0 }
+    }
+
+    /// Counts the values it printed so far into `consumed`.
+    fn drain(&mut self, consumed: &mut BTreeMap<String, usize>) {
+        while let Ok(line) = self.lines.try_recv() {
+            if let Some(value) = line.strip_prefix("V ") {
+                *consumed.entry(value.to_string()).or_default() += 1;
+                self.printed += 1;
+            }
+        }
+    }
+
+    /// Sends it SIGTERM (by its PID): it leaves the group and ends; returns whether it ended
+    /// with success.
+    fn terminate(&mut self) -> bool {
+        let sent = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        assert!(sent.success());
+        self.child.wait().unwrap().success()
+    }
+}
 
 /// Waits for `child` to end with success, collecting its lines.
 fn collect(mut child: Spawned) -> Vec<String> {
@@ -35,79 +67,81 @@ fn collect(mut child: Spawned) -> Vec<String> {
     lines
 }
 
-/// Counts the values `lines` holds so far into `consumed`.
-fn drain(lines: &Receiver<String>, consumed: &mut BTreeMap<String, usize>) {
-    while let Ok(line) = lines.try_recv() {
-        if let Some(value) = line.strip_prefix("V ") {
-            *consumed.entry(value.to_string()).or_default() += 1;
-        }
-    }
-}
-
 /// Waits until `members` consumed `total` records in all.
-fn wait_for(members: &[Member], consumed: &mut BTreeMap<String, usize>, total: usize) {
+fn wait_for(members: &mut [Member], consumed: &mut BTreeMap<String, usize>, total: usize) {
     let deadline = Instant::now() + CONSUME_TIMEOUT;
     while consumed.values().sum::<usize>() < total {
         assert!(Instant::now() < deadline, "{} of {total} consumed", consumed.values().sum::<usize>());
-        for (_, lines) in members {
-            drain(lines, consumed);
+        for member in members.iter_mut() {
+            member.drain(consumed);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// Sends SIGTERM to `child` (by its PID), which leaves the group and ends.
-fn terminate(child: &Spawned) {
-    assert!(Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap().success());
+/// Waits until the group's members hold `shares` partitions (in any order), by Kafka's tool.
+fn wait_for_shares(kafka: SocketAddr, shares: &[usize]) {
+    wait_until(&format!("the members hold {shares:?} partitions"), || {
+        let mut held = members(kafka, "workers");
+        held.sort();
+        held == shares
+    });
 }
 
-/// Three members of a group share three partitions; one leaves (SIGTERM) and the other two take
-/// its partition over; the server is killed with kill -9 once all is committed and started
-/// again, and the group resumes from its commits: 900 records, each consumed exactly once.
-/// Then an idempotent producer writes 4000 records while the server is killed after 1000
-/// acknowledgements and restarted: every acknowledged record is at its acknowledged offset
-/// (read over HTTP), none is stored twice, all 4000 are stored.
+/// The offsets the group committed, summed over its partitions, by Kafka's tool.
+fn committed(kafka: SocketAddr) -> i64 {
+    lag(kafka, "workers").iter().map(|(committed, _)| committed).sum()
+}
+
+/// Three members of a group share three partitions, one each, and each consumes its share;
+/// one leaves (SIGTERM) and the other two take its partition over; the server is killed with
+/// kill -9 once all is committed and started again, and the group resumes from its commits:
+/// 900 records, each consumed exactly once, and all committed. Then an idempotent producer
+/// writes 4000 records while the server is killed after 1000 acknowledgements and restarted:
+/// every acknowledged record is at its acknowledged offset (read over HTTP), none is stored
+/// twice, all 4000 are stored.
 pub fn group_of_three_and_idempotent_producer_across_kill_9(spawn: impl Fn(&[&str]) -> Spawned) {
     let dir = DataDir::new();
     let address = format!("127.0.0.1:{}", crate::free_port());
     let mut server = crate::start_with_kafka_on(&dir, &address);
-    crate::create_topic(server.kafka_address.unwrap(), "jobs", 3);
-    let mut members: Vec<Member> = (0..3)
-        .map(|_| {
-            let mut child = spawn(&["consume", &address, "jobs", "workers"]);
-            let lines = line_channel(child.stdout.take().unwrap());
-            (child, lines)
-        })
-        .collect();
+    let kafka = server.kafka_address.unwrap();
+    crate::create_topic(kafka, "jobs", 3);
+    let mut members: Vec<Member> = (0..3).map(|_| Member::start(&spawn, &address)).collect();
+    wait_for_shares(kafka, &[1, 1, 1]);
     let mut consumed: BTreeMap<String, usize> = BTreeMap::new();
     collect(spawn(&["produce", &address, "jobs", "0", "300"]));
-    wait_for(&members, &mut consumed, 300);
+    wait_for(&mut members, &mut consumed, 300);
+    let printed: Vec<usize> = members.iter().map(|member| member.printed).collect();
+    assert!(printed.iter().all(|count| *count > 0), "each member consumed its partition: {printed:?}");
 
     // One member leaves; the other two take its partition over.
-    let (mut leaving, leaving_lines) = members.pop().unwrap();
-    terminate(&leaving);
-    assert!(leaving.wait().unwrap().success(), "the member that left ended with success");
-    drain(&leaving_lines, &mut consumed);
+    let mut leaving = members.pop().unwrap();
+    assert!(leaving.terminate(), "the member that left ended with success");
+    leaving.drain(&mut consumed);
+    wait_for_shares(kafka, &[1, 2]);
+    let before: Vec<usize> = members.iter().map(|member| member.printed).collect();
     collect(spawn(&["produce", &address, "jobs", "300", "300"]));
-    wait_for(&members, &mut consumed, 600);
+    wait_for(&mut members, &mut consumed, 600);
+    let printed: Vec<usize> = members.iter().zip(&before).map(|(member, before)| member.printed - before).collect();
+    assert!(printed.iter().all(|count| *count > 0), "each of the two consumed: {printed:?}");
 
-    // All is committed (each member commits before taking more): kill -9, start again.
-    std::thread::sleep(Duration::from_millis(500));
+    // Once all is committed (each member commits before taking more): kill -9, start again.
+    wait_until("600 are committed", || committed(kafka) == 600);
     server.kill_9();
     server = crate::start_with_kafka_on(&dir, &address);
+    assert_eq!(committed(kafka), 600, "the commits survived the kill -9");
     collect(spawn(&["produce", &address, "jobs", "600", "300"]));
-    wait_for(&members, &mut consumed, 900);
-    std::thread::sleep(Duration::from_millis(500));
-    for (mut member, lines) in members {
-        terminate(&member);
-        let _ = member.wait();
-        drain(&lines, &mut consumed);
+    wait_for(&mut members, &mut consumed, 900);
+    wait_until("900 are committed", || committed(kafka) == 900);
+    for mut member in members {
+        assert!(member.terminate(), "a member ended with success");
+        member.drain(&mut consumed);
     }
     let twice: Vec<&String> = consumed.iter().filter(|(_, count)| **count > 1).map(|(value, _)| value).collect();
     assert!(twice.is_empty(), "consumed more than once: {twice:?}");
     assert_eq!(consumed.len(), 900, "every record consumed");
 
-    // An idempotent producer cut mid-batch by a kill -9.
+    // An idempotent producer cut mid-run by a kill -9.
     let mut producer = spawn(&["produce", &address, "ledger", "0", "4000"]);
     let acks = line_channel(producer.stdout.take().unwrap());
     let mut acked: Vec<(u64, u64, String)> = Vec::new();

@@ -56,7 +56,7 @@ impl Drop for Consumer {
 }
 
 /// The group's members and the partitions each has, by the consumer groups tool.
-fn members(kafka: std::net::SocketAddr, group: &str) -> Vec<usize> {
+pub(crate) fn members(kafka: std::net::SocketAddr, group: &str) -> Vec<usize> {
     let said = succeed(kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", kafka).args([
         "--describe",
         "--members",
@@ -70,7 +70,7 @@ fn members(kafka: std::net::SocketAddr, group: &str) -> Vec<usize> {
 }
 
 /// The group's committed offset and log end per partition, by the consumer groups tool.
-fn lag(kafka: std::net::SocketAddr, group: &str) -> Vec<(i64, i64)> {
+pub(crate) fn lag(kafka: std::net::SocketAddr, group: &str) -> Vec<(i64, i64)> {
     let said = succeed(kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", kafka).args([
         "--describe",
         "--offsets",
@@ -86,7 +86,8 @@ fn lag(kafka: std::net::SocketAddr, group: &str) -> Vec<(i64, i64)> {
         .collect()
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+/// Waits until `done` says so, asking every 300 ms for at most a minute.
+pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");

@@ -137,11 +137,12 @@ fn confluent(args: &[&str]) -> crate::Spawned {
 }
 
 /// librdkafka (confluent-kafka) as the Java client is tested (`group_of_three`): three members
-/// of a group share three partitions; one leaves (SIGTERM: LeaveGroup) and the other two take
-/// its partition over; the server is killed with kill -9 once all is committed and started
-/// again, and the group resumes from its commits, every record consumed exactly once. Then an
-/// idempotent lz4 producer writes while the server is killed mid-batch and restarted: every
-/// acknowledged record is at its acknowledged offset, and none is stored twice.
+/// of a group hold a partition each and each consumes its share; one leaves (SIGTERM: close,
+/// LeaveGroup) and the other two take its partition over; the server is killed with kill -9
+/// once all is committed and started again, and the group resumes from its commits, every
+/// record consumed exactly once. Then an idempotent lz4 producer writes while the server is
+/// killed after 1000 acknowledgements and restarted: every acknowledged record is at its
+/// acknowledged offset, and none is stored twice.
 #[test]
 fn confluent_kafka_group_of_three_and_idempotent_producer_across_kill_9() {
     crate::group_of_three::group_of_three_and_idempotent_producer_across_kill_9(confluent);
