@@ -9,7 +9,7 @@
 //!   acknowledgement and `F <error>` per failure, retrying across a server restart, ending with
 //!   status 0 once every record is acknowledged.
 //!
-//! librdkafka's roles are `confluent/group.py`.
+//! librdkafka's roles are `confluent/group.py`, kafkajs's `kafkajs/group.js`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

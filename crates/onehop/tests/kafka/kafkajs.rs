@@ -1,8 +1,19 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use crate::common::DataDir;
+
+/// The directory of the kafkajs scripts, with kafkajs installed in it.
+fn script_dir() -> PathBuf {
+    let script_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/kafkajs");
+    assert!(
+        script_dir.join("node_modules/kafkajs").exists(),
+        "kafkajs is not installed: run `npm ci` in {} (scripts/test does)",
+        script_dir.display()
+    );
+    script_dir
+}
 
 /// kafkajs (Node.js, `tests/kafka/kafkajs/client.js`): the admin client creates a topic, an
 /// idempotent producer writes with acks=all under every codec (none, gzip, snappy, lz4, zstd;
@@ -11,12 +22,7 @@ use crate::common::DataDir;
 /// record. kafkajs comes from the npm registry (scripts/test installs it).
 #[test]
 fn kafkajs_creates_produces_consumes_in_a_group_and_commits() {
-    let script_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/kafkajs");
-    assert!(
-        script_dir.join("node_modules/kafkajs").exists(),
-        "kafkajs is not installed: run `npm ci` in {} (scripts/test does)",
-        script_dir.display()
-    );
+    let script_dir = script_dir();
     let dir = DataDir::new();
     let server = dir.start(&[], &[]);
     let kafka = server.kafka_address.unwrap();
@@ -44,7 +50,7 @@ fn kafkajs_creates_produces_consumes_in_a_group_and_commits() {
 /// or to a `read_committed` consumer.
 #[test]
 fn kafkajs_transactions_show_their_records_on_commit_and_never_on_abort() {
-    let script_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/kafkajs");
+    let script_dir = script_dir();
     let dir = DataDir::new();
     let server = dir.start(&[], &[]);
     let kafka = server.kafka_address.unwrap();
@@ -71,4 +77,31 @@ fn kafkajs_transactions_show_their_records_on_commit_and_never_on_abort() {
         report["offsets"].as_array().unwrap().iter().any(|pair| pair[0] == 0 && pair[1] == 42),
         "the transaction committed the group's offset: {report}"
     );
+}
+
+/// kafkajs's roles (`tests/kafka/kafkajs/group.js`), started as processes.
+fn kafkajs_group(args: &[&str]) -> crate::Spawned {
+    let script_dir = script_dir();
+    let child = Command::new("node")
+        .arg(script_dir.join("group.js"))
+        .args(args)
+        .current_dir(&script_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("node runs");
+    crate::Spawned(child)
+}
+
+/// kafkajs as the Java client and librdkafka are tested (`group_of_three`): three members of a
+/// group (eachMessage, each record committed with commitOffsets) hold a partition each and each
+/// consumes its share; one leaves (SIGTERM: disconnect, LeaveGroup) and the other two take its
+/// partition over; the server is killed with kill -9 once all is committed and started again,
+/// and the group resumes from its commits, every record consumed exactly once. Then an
+/// idempotent lz4 producer (sends of ten, one in flight, as kafkajs's idempotence requires)
+/// writes while the server is killed after 1000 acknowledgements and restarted: every
+/// acknowledged record is at its acknowledged offset, and none is stored twice.
+#[test]
+fn kafkajs_group_of_three_and_idempotent_producer_across_kill_9() {
+    crate::group_of_three::group_of_three_and_idempotent_producer_across_kill_9(kafkajs_group);
 }

@@ -14,7 +14,8 @@
 //!   across a kill -9, each acknowledged record where it was acknowledged and stored once.
 //! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
-//! - `kafkajs`: Node.js's kafkajs (admin, idempotent producer, consumer group, commits).
+//! - `kafkajs`: Node.js's kafkajs (admin, idempotent producer, consumer group, commits); its
+//!   group of three and idempotent producer.
 //! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
 //!   consuming whole and in a group; confluent-kafka for Python (PyPI, a current librdkafka)
 //!   with every codec, a committed and an aborted transaction, and a read_committed group.
