@@ -29,7 +29,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest|queue|rebalance|codecs [flags]")
+		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest|queue|rebalance|codecs|group [flags]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -41,6 +41,8 @@ func main() {
 		rebalanceStudy(os.Args[2:])
 	case "codecs":
 		codecsCheck(os.Args[2:])
+	case "group":
+		groupRoles(os.Args[2:])
 	case "version":
 		printVersion()
 	default:

@@ -9,7 +9,8 @@
 //!   acknowledgement and `F <error>` per failure, retrying across a server restart, ending with
 //!   status 0 once every record is acknowledged.
 //!
-//! librdkafka's roles are `confluent/group.py`, kafkajs's `kafkajs/group.js`.
+//! librdkafka's roles are `confluent/group.py`, kafkajs's `kafkajs/group.js`, franz-go's
+//! `onehop-peer-glue group` (bench/baselines/glue/group.go).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -1,13 +1,13 @@
 //! The Kafka listener, tested with Kafka's own Java clients and tools (the `kafka-clients` and
 //! `kafka-tools` jars of Kafka 4.1, which `scripts/peers install kafka` fetches from Maven
-//! Central; scripts/test runs it), with librdkafka (kcat), kafkajs (npm) and, through the
-//! peers' smoke (tests/peers.rs), franz-go; and with raw frames for what no client sends.
+//! Central; scripts/test runs it), with librdkafka (kcat and confluent-kafka), kafkajs (npm) and
+//! franz-go (the harness's glue); and with raw frames for what no client sends.
 //!
 //! - `clients`: producing with every compression (the Java producer is idempotent by default),
 //!   consuming by partition, topics created and listed by the admin tool, records crossing from
 //!   MQTT to Kafka and from Kafka to SSE.
 //! - `franz_go`: franz-go (the harness's Go client) producing with every codec, a group
-//!   reading every record back and committing.
+//!   reading every record back and committing; its group of three and idempotent producer.
 //! - `durability`: kill -9 under an `acks=all` producer loses no acknowledged record.
 //! - `group_of_three`: the test every client passes, written once: a group of three members
 //!   across a leave and a kill -9, each record consumed exactly once; an idempotent producer
@@ -18,7 +18,8 @@
 //!   group of three and idempotent producer.
 //! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
 //!   consuming whole and in a group; confluent-kafka for Python (PyPI, a current librdkafka)
-//!   with every codec, a committed and an aborted transaction, and a read_committed group.
+//!   with every codec, a committed and an aborted transaction, and a read_committed group; its
+//!   group of three and idempotent producer.
 //! - `protocol`: malformed, oversized and unknown requests close only their own connection.
 //! - `sasl`: once users exist, kcat (PLAIN, SCRAM-SHA-256/512) and the Java client (SCRAM-SHA-512)
 //!   log in, and produce, fetch and list only what their grants allow.
