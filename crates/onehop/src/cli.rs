@@ -87,6 +87,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_KAFKA_ADDR", value_name = "ADDR|off")]
     pub kafka_addr: Option<String>,
 
+    /// The host and port Kafka clients are told to connect to (Kafka's advertised.listeners),
+    /// when they reach the listener by another address: a DNS name, a container's published
+    /// port, a proxy [default: the Kafka listener's address].
+    #[arg(long, env = "ONEHOP_KAFKA_ADVERTISED_ADDR", value_name = "HOST:PORT")]
+    pub kafka_advertised_addr: Option<String>,
+
     /// Default durability of new streams and tables: `fsync` acknowledges after fdatasync of
     /// the batch holding the write; `async` after write(2), with a background fsync
     /// [default: fsync].

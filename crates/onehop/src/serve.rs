@@ -142,6 +142,10 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         None => None,
         Some(listener) => {
             let mut config = KafkaConfig::new(listener.local_addr()?);
+            if let Some((host, port)) = &settings.kafka_advertised_addr {
+                (config.advertised_host, config.advertised_port) = (host.clone(), *port);
+                tracing::info!(host, port, "Kafka clients are told to connect to {host}:{port}");
+            }
             config.connections_max = settings.connections_max;
             // A produce request carries a batch of records: room for the largest and its framing.
             config.request_bytes_max = settings.stream_defaults.batch_bytes_max + KAFKA_REQUEST_ENVELOPE_BYTES;

@@ -53,6 +53,7 @@ struct FileSettings {
     http_addr: Option<SocketAddr>,
     mqtt_addr: Option<SocketAddr>,
     kafka_addr: Option<String>,
+    kafka_advertised_addr: Option<String>,
     durability: Option<String>,
     async_fsync_interval_ms: Option<u64>,
     segment_bytes_max: Option<Size>,
@@ -85,6 +86,8 @@ pub struct Settings {
     pub mqtt_addr: SocketAddr,
     /// Address of the Kafka listener; `None` when it is off.
     pub kafka_addr: Option<SocketAddr>,
+    /// The host and port Kafka clients are told to connect to, when not the listener's.
+    pub kafka_advertised_addr: Option<(String, u16)>,
     /// Settings given to new streams and tables unless they declare their own.
     pub stream_defaults: PartitionConfig,
     pub maintenance_interval: Duration,
@@ -235,6 +238,12 @@ impl Settings {
             ),
             None => Some(DEFAULT_KAFKA_ADDR.parse().expect("valid default address")),
         };
+        let kafka_advertised_addr = args
+            .kafka_advertised_addr
+            .clone()
+            .or(file.kafka_advertised_addr.clone())
+            .map(|text| parse_host_port(&text).with_context(|| format!("kafka_advertised_addr {text:?}")))
+            .transpose()?;
         let mqtt_empty_first_level_stream = args
             .mqtt_empty_first_level_stream
             .clone()
@@ -317,6 +326,7 @@ impl Settings {
                 .or(file.mqtt_addr)
                 .unwrap_or_else(|| DEFAULT_MQTT_ADDR.parse().expect("valid default address")),
             kafka_addr,
+            kafka_advertised_addr,
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
             auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),
@@ -336,6 +346,20 @@ impl Settings {
             insecure_listen,
         })
     }
+}
+
+/// `HOST:PORT`, the host a name, an IPv4 address or a bracketed IPv6 one.
+fn parse_host_port(text: &str) -> anyhow::Result<(String, u16)> {
+    let (host, port) = text.rsplit_once(':').context("expected HOST:PORT, such as kafka.example.com:9092")?;
+    let port: u16 = port.parse().ok().filter(|port| *port > 0).context("the port must be a number from 1 to 65535")?;
+    let bare = host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')).unwrap_or(host);
+    let valid = !bare.is_empty()
+        && (bare.parse::<std::net::IpAddr>().is_ok()
+            || bare.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'));
+    if !valid {
+        bail!("{host:?} is not a host name or an address");
+    }
+    Ok((bare.to_string(), port))
 }
 
 /// The allow-list from the flag or environment, else the file; none when neither sets it.
@@ -358,6 +382,16 @@ mod tests {
 
     fn file(text: &str) -> FileSettings {
         toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn an_advertised_kafka_address_is_a_host_or_address_and_a_port() {
+        assert_eq!(parse_host_port("kafka.example.com:9092").unwrap(), ("kafka.example.com".into(), 9092));
+        assert_eq!(parse_host_port("10.0.0.5:19092").unwrap(), ("10.0.0.5".into(), 19092));
+        assert_eq!(parse_host_port("[::1]:9092").unwrap(), ("::1".into(), 9092));
+        for bad in ["kafka", "kafka:0", "kafka:x", ":9092", "a b:9092", "kafka:70000"] {
+            assert!(parse_host_port(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

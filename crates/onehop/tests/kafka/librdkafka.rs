@@ -124,7 +124,7 @@ fn partitions_added_with_kafkas_tool_reach_a_subscriber_already_following() {
 }
 
 /// confluent-kafka's roles (`tests/kafka/confluent/group.py`), started as processes.
-fn confluent(args: &[&str]) -> crate::Spawned {
+pub(crate) fn confluent(args: &[&str]) -> crate::Spawned {
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
     let child = Command::new("python3")
         .arg(script)

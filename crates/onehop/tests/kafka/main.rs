@@ -14,6 +14,8 @@
 //!   across a kill -9, each acknowledged record where it was acknowledged and stored once.
 //! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
+//! - `idempotence`: a proxy loses the answers to an idempotent producer's batches three times;
+//!   each retried batch is recognised and stored once.
 //! - `kafkajs`: Node.js's kafkajs (admin, idempotent producer, consumer group, commits); its
 //!   group of three and idempotent producer.
 //! - `librdkafka`: kcat (Debian's, librdkafka 2.0) producing with every compression and
@@ -37,6 +39,7 @@ mod durability;
 mod franz_go;
 mod group_of_three;
 mod groups;
+mod idempotence;
 mod kafkajs;
 mod librdkafka;
 mod protocol;

@@ -87,8 +87,11 @@ pub use records::SUBJECT_HEADER;
 pub struct KafkaConfig {
     /// The node id this server answers as (in Metadata, as every partition's leader).
     pub node_id: i32,
-    /// The host and port clients are told to connect to (Metadata's broker list).
-    pub advertised: SocketAddr,
+    /// The host (a name or an address) and port clients are told to connect to (Metadata's
+    /// broker list, FindCoordinator's answer): the listener's own address unless the
+    /// clients reach it another way (a proxy, a container's published port, a DNS name).
+    pub advertised_host: String,
+    pub advertised_port: u16,
     /// Most open Kafka connections; more are closed at once.
     pub connections_max: usize,
     /// Largest request frame accepted; a larger one closes its connection.
@@ -111,7 +114,8 @@ impl KafkaConfig {
     pub fn new(advertised: SocketAddr) -> KafkaConfig {
         KafkaConfig {
             node_id: 0,
-            advertised,
+            advertised_host: advertised.ip().to_string(),
+            advertised_port: advertised.port(),
             connections_max: 1024,
             request_bytes_max: 100 << 20,
             request_bytes_in_flight_max: 256 << 20,

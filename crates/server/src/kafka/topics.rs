@@ -37,8 +37,8 @@ pub(super) async fn metadata(
     let node = BrokerId(shared.config.node_id);
     let mut broker = MetadataResponseBroker::default();
     broker.node_id = node;
-    broker.host = StrBytes::from_string(shared.config.advertised.ip().to_string());
-    broker.port = i32::from(shared.config.advertised.port());
+    broker.host = StrBytes::from_string(shared.config.advertised_host.clone());
+    broker.port = i32::from(shared.config.advertised_port);
     response.brokers = vec![broker];
     response.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
     response.controller_id = node;
@@ -317,8 +317,8 @@ pub(super) fn describe_cluster(shared: &Shared, request: DescribeClusterRequest)
     }
     let mut broker = DescribeClusterBroker::default();
     broker.broker_id = node;
-    broker.host = StrBytes::from_string(shared.config.advertised.ip().to_string());
-    broker.port = i32::from(shared.config.advertised.port());
+    broker.host = StrBytes::from_string(shared.config.advertised_host.clone());
+    broker.port = i32::from(shared.config.advertised_port);
     response.brokers = vec![broker];
     response
 }

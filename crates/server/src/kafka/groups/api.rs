@@ -52,8 +52,8 @@ pub(in crate::kafka) fn find_coordinator(
 ) -> FindCoordinatorResponse {
     let mut response = FindCoordinatorResponse::default();
     let node = BrokerId(shared.config.node_id);
-    let host = text(&shared.config.advertised.ip().to_string());
-    let port = i32::from(shared.config.advertised.port());
+    let host = text(&shared.config.advertised_host);
+    let port = i32::from(shared.config.advertised_port);
     let refusal = (!matches!(request.key_type, 0 | 1)).then_some(ResponseError::InvalidRequest.code());
     if version < 4 {
         // One key, answered in the top-level fields (version 4 answers a list instead).
