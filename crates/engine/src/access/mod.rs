@@ -106,6 +106,10 @@ pub struct Access {
     /// A credential no password matches, checked when a user does not exist, so that a wrong
     /// name costs what a wrong password does and the time taken does not tell them apart.
     decoy: OnceLock<ScramCredential>,
+    /// The anonymous principal of the definitions in force, made once per change: every HTTP
+    /// request without credentials takes one, and on a server with no users that is every
+    /// request.
+    anonymous: RwLock<Principal>,
 }
 
 impl Default for Access {
@@ -118,12 +122,14 @@ impl Access {
     pub(crate) fn new(defs: AccessDefs) -> Access {
         let mut verified_key = [0u8; 32];
         rand::rng().fill_bytes(&mut verified_key);
+        let anonymous = Principal { user: None, permissions: Arc::new(defs.permissions(None)), generation: 1 };
         Access {
             defs: RwLock::new(Arc::new(defs)),
             generation: AtomicU64::new(1),
             verified: Mutex::new(HashMap::new()),
             verified_key,
             decoy: OnceLock::new(),
+            anonymous: RwLock::new(anonymous),
         }
     }
 
@@ -147,6 +153,9 @@ impl Access {
     pub(crate) fn replace(&self, defs: AccessDefs) {
         *self.defs.write().expect("access lock") = Arc::new(defs);
         self.generation.fetch_add(1, Ordering::AcqRel);
+        // Until this is done a caller may take the previous one, whose generation says it is
+        // stale: its checks recompute (see `permissions`).
+        *self.anonymous.write().expect("anonymous lock") = self.principal(None);
     }
 
     fn principal(&self, user: Option<&str>) -> Principal {
@@ -158,7 +167,7 @@ impl Access {
     /// A client that presented no credentials: it may do what `PUBLIC` is granted, or
     /// everything while access is off.
     pub fn anonymous(&self) -> Principal {
-        self.principal(None)
+        self.anonymous.read().expect("anonymous lock").clone()
     }
 
     /// Checks `password` for `user`. The PBKDF2 iterations run on a blocking thread, since

@@ -165,6 +165,11 @@ async fn handle(
         crate::access::login_failed("kafka", None, "a request before SASL authentication");
         return Err(format!("{} before SASL authentication, on a server that has users", api_name(api)));
     }
+    // Brought up to date once per change to access, so each check reads what the connection
+    // holds; a user dropped since it logged in is let go.
+    if let Err(error) = shared.engine.access().refresh(&mut session.principal) {
+        return Err(format!("{}: {}", api_name(api), error.message()));
+    }
     let who = &session.principal.clone();
     let response_header = api.response_header_version(version);
     let id = header.correlation_id;
