@@ -82,6 +82,19 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_MQTT_ADDR", value_name = "ADDR")]
     pub mqtt_addr: Option<SocketAddr>,
 
+    /// Address of the MQTT listener over TLS (8883 by convention), with --tls-cert and
+    /// --tls-key [default: off].
+    #[arg(long, env = "ONEHOP_MQTT_TLS_ADDR", value_name = "ADDR")]
+    pub mqtt_tls_addr: Option<SocketAddr>,
+
+    /// The TLS certificate chain (PEM, the server's certificate first), read again on SIGHUP.
+    #[arg(long, env = "ONEHOP_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The TLS certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1), read again on SIGHUP.
+    #[arg(long, env = "ONEHOP_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Address of the Kafka listener (the Kafka wire protocol: Kafka clients produce to and
     /// fetch from streams), or `off`. Use port 0 for any free port [default: 127.0.0.1:9092].
     #[arg(long, env = "ONEHOP_KAFKA_ADDR", value_name = "ADDR|off")]

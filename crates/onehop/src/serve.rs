@@ -7,7 +7,7 @@ use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::http::origin::AllowedOrigins;
 use onehop_server::kafka::{KAFKA_REQUEST_ENVELOPE_BYTES, KafkaConfig, KafkaServer};
-use onehop_server::mqtt::{Broker, MqttConfig, max_packet_bytes_for, serve_mqtt};
+use onehop_server::mqtt::{Broker, MqttConfig, max_packet_bytes_for, serve_mqtt, serve_mqtt_tls};
 use onehop_server::{AppState, HttpConfig, install_metrics, serve_http};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -120,6 +120,18 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             Some(listener)
         }
     };
+    let mqtt_tls = match (settings.mqtt_tls_addr, &settings.tls) {
+        (Some(tls_address), Some(files)) => {
+            let tls = onehop_server::tls::Tls::open(files.clone()).context("TLS")?;
+            let listener = tokio::net::TcpListener::bind(tls_address)
+                .await
+                .with_context(|| format!("cannot listen for MQTT over TLS on {tls_address}"))?;
+            let tls_address = listener.local_addr()?;
+            tracing::info!(address = %tls_address, cert = %files.cert.display(), "listening on mqtts://{tls_address}");
+            Some((listener, tls))
+        }
+        _ => None,
+    };
     tracing::info!(%address, "listening on http://{address}");
     // One signal stops both listeners.
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -138,6 +150,13 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let broker = Broker::open(engine.clone(), mqtt_config).await.context("opening the MQTT broker")?;
     let mqtt = tokio::spawn(serve_mqtt(mqtt_listener, broker.clone(), until_stopped(stopped.clone())));
+    let mqtt_tls = match mqtt_tls {
+        None => None,
+        Some((listener, tls)) => {
+            reload_tls_on_hangup(tls.clone())?;
+            Some(tokio::spawn(serve_mqtt_tls(listener, broker.clone(), tls, until_stopped(stopped.clone()))))
+        }
+    };
     let kafka = match kafka_listener {
         None => None,
         Some(listener) => {
@@ -168,6 +187,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     serve_http(listener, state, http, until_stopped(stopped)).await.context("HTTP server")?;
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
+    if let Some(mqtt_tls) = mqtt_tls {
+        mqtt_tls.await.context("MQTT over TLS listener task")?.context("MQTT over TLS server")?;
+    }
     if let Some(kafka) = kafka {
         kafka.await.context("Kafka listener task")?.context("Kafka server")?;
     }
@@ -215,6 +237,24 @@ fn allowed_origins(settings: &Settings) -> AllowedOrigins {
     allowed
 }
 
+/// Reads the TLS certificate and key again on every SIGHUP (a renewed certificate, say): new
+/// connections get the new one, open ones keep theirs. Files that cannot be used leave the
+/// one in force, and the log says why.
+fn reload_tls_on_hangup(tls: onehop_server::tls::Tls) -> anyhow::Result<()> {
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!(cert = %tls.files().cert.display(), "SIGHUP: TLS certificate read again"),
+                Err(error) => {
+                    tracing::error!(%error, "SIGHUP: the TLS certificate could not be read; the one in force stays")
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
 /// Refuses to listen beyond loopback while no user is defined (anyone reaching the port could
 /// read and write everything), unless the operator said `insecure_listen`.
 fn refuse_open_listeners(engine: &Engine, settings: &Settings) -> anyhow::Result<()> {
@@ -222,12 +262,13 @@ fn refuse_open_listeners(engine: &Engine, settings: &Settings) -> anyhow::Result
         tracing::info!(users = engine.access().defs().users.len(), "access is on: clients log in");
         return Ok(());
     }
-    let open: Vec<String> = [Some(settings.http_addr), Some(settings.mqtt_addr), settings.kafka_addr]
-        .into_iter()
-        .flatten()
-        .filter(|address| !address.ip().is_loopback())
-        .map(|address| address.to_string())
-        .collect();
+    let open: Vec<String> =
+        [Some(settings.http_addr), Some(settings.mqtt_addr), settings.kafka_addr, settings.mqtt_tls_addr]
+            .into_iter()
+            .flatten()
+            .filter(|address| !address.ip().is_loopback())
+            .map(|address| address.to_string())
+            .collect();
     if open.is_empty() {
         return Ok(());
     }

@@ -54,6 +54,9 @@ struct FileSettings {
     mqtt_addr: Option<SocketAddr>,
     kafka_addr: Option<String>,
     kafka_advertised_addr: Option<String>,
+    mqtt_tls_addr: Option<SocketAddr>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     durability: Option<String>,
     async_fsync_interval_ms: Option<u64>,
     segment_bytes_max: Option<Size>,
@@ -86,6 +89,10 @@ pub struct Settings {
     pub mqtt_addr: SocketAddr,
     /// Address of the Kafka listener; `None` when it is off.
     pub kafka_addr: Option<SocketAddr>,
+    /// The MQTT listener over TLS, when on.
+    pub mqtt_tls_addr: Option<SocketAddr>,
+    /// The certificate and key of the TLS listeners.
+    pub tls: Option<onehop_server::tls::TlsFiles>,
     /// The host and port Kafka clients are told to connect to, when not the listener's.
     pub kafka_advertised_addr: Option<(String, u16)>,
     /// Settings given to new streams and tables unless they declare their own.
@@ -244,6 +251,19 @@ impl Settings {
             .or(file.kafka_advertised_addr.clone())
             .map(|text| parse_host_port(&text).with_context(|| format!("kafka_advertised_addr {text:?}")))
             .transpose()?;
+        let mqtt_tls_addr = args.mqtt_tls_addr.or(file.mqtt_tls_addr);
+        let tls = match (args.tls_cert.clone().or(file.tls_cert.clone()), args.tls_key.clone().or(file.tls_key.clone()))
+        {
+            (Some(cert), Some(key)) => Some(onehop_server::tls::TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => bail!("tls_cert and tls_key go together: the certificate chain and its private key"),
+        };
+        if mqtt_tls_addr.is_some() && tls.is_none() {
+            bail!("mqtt_tls_addr needs tls_cert and tls_key");
+        }
+        if tls.is_some() && mqtt_tls_addr.is_none() {
+            bail!("tls_cert and tls_key are given but no TLS listener is: set mqtt_tls_addr (8883 by convention)");
+        }
         let mqtt_empty_first_level_stream = args
             .mqtt_empty_first_level_stream
             .clone()
@@ -327,6 +347,8 @@ impl Settings {
                 .unwrap_or_else(|| DEFAULT_MQTT_ADDR.parse().expect("valid default address")),
             kafka_addr,
             kafka_advertised_addr,
+            mqtt_tls_addr,
+            tls,
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
             auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),

@@ -37,4 +37,9 @@ pub(crate) fn describe_metrics() {
     for protocol in ["http", "mqtt", "kafka"] {
         let _ = metrics::counter!("auth_failures_total", "protocol" => protocol);
     }
+    metrics::describe_counter!(
+        "tls_handshake_failures_total",
+        "TLS handshakes that failed or timed out (a client that does not trust the certificate, or is not TLS), by protocol."
+    );
+    let _ = metrics::counter!("tls_handshake_failures_total", "protocol" => "mqtt");
 }

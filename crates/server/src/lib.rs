@@ -14,6 +14,7 @@
 //! - `accept`: the accept loop of the TCP listeners, with the connection limit.
 //! - `linger`: how both listeners close a TCP connection (write side first, then reading what
 //!   the client still sends), so a refusal reaches a client that is still sending.
+//! - `tls`: rustls for the listeners, the certificate read again on SIGHUP.
 //! - `telemetry`: the Prometheus recorder behind `/metrics`.
 
 mod accept;
@@ -23,6 +24,7 @@ pub mod kafka;
 mod linger;
 pub mod mqtt;
 pub mod telemetry;
+pub mod tls;
 
 pub use http::{AppState, HttpConfig, app, serve_http};
 pub use telemetry::install_metrics;

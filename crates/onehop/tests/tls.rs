@@ -1,0 +1,172 @@
+//! MQTT over TLS with mosquitto's clients, the certificates made by the test with openssl: a
+//! client that trusts the server's CA gets in, one that does not, or that speaks plain MQTT,
+//! does not; a new certificate read on SIGHUP serves new connections while a subscriber
+//! connected under the old one keeps receiving.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{DataDir, line_channel};
+
+/// A client process, killed and reaped when the test ends, whether it passes or not.
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let output = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl is installed");
+    assert!(output.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// A CA `ca{name}.pem` and a certificate for 127.0.0.1 it signed, `server{name}.pem` with its
+/// key `server{name}.key`: P-256, valid for a day, made for this test only.
+fn certificates(dir: &Path, name: &str) {
+    let (ca, ca_key) = (format!("ca{name}.pem"), format!("ca{name}.key"));
+    let (cert, key, request) = (format!("server{name}.pem"), format!("server{name}.key"), format!("server{name}.csr"));
+    let curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"][..],
+            &curve,
+            &["-keyout", &ca_key, "-out", &ca, "-days", "1", "-subj", &format!("/CN=onehop test CA {name}")],
+        ]
+        .concat(),
+    );
+    openssl(dir, &[&["req"][..], &curve, &["-keyout", &key, "-out", &request, "-subj", "/CN=127.0.0.1"]].concat());
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &request,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+        ],
+    );
+}
+
+#[test]
+fn mqtt_over_tls_takes_trusting_clients_and_a_new_certificate_on_sighup() {
+    let dir = DataDir::new();
+    let path = dir.path();
+    certificates(path, "A");
+    certificates(path, "B");
+    std::fs::copy(path.join("serverA.pem"), path.join("server.pem")).unwrap();
+    std::fs::copy(path.join("serverA.key"), path.join("server.key")).unwrap();
+    let (cert, key) = (path.join("server.pem"), path.join("server.key"));
+    let server = dir.start(
+        &["--mqtt-tls-addr", "127.0.0.1:0", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[],
+    );
+    let line = server.seen.iter().find(|line| line.contains("listening on mqtts://")).expect("the TLS listener's line");
+    let address = line.split("listening on mqtts://").nth(1).unwrap();
+    let port =
+        address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap().rsplit(':').next().unwrap().to_string();
+    let ca = |name: &str| path.join(format!("ca{name}.pem")).to_str().unwrap().to_string();
+    let publish = |cafile: Option<&str>, message: &str| {
+        let mut command = Command::new("mosquitto_pub");
+        command.args(["-h", "127.0.0.1", "-p", &port, "-q", "1", "-t", "tls/a", "-m", message]);
+        if let Some(cafile) = cafile {
+            command.args(["--cafile", cafile]);
+        }
+        let output = command.output().unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+
+    let mut subscriber = Spawned(
+        Command::new("mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &port, "--cafile", &ca("A"), "-t", "tls/#", "-v"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let received = line_channel(subscriber.0.stdout.take().unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+    let (ok, said) = publish(Some(&ca("A")), "one");
+    assert!(ok, "{said}");
+    assert_eq!(received.recv_timeout(Duration::from_secs(10)).unwrap(), "tls/a one");
+    let (ok, _) = publish(Some(&ca("B")), "never");
+    assert!(!ok, "a client that does not trust the certificate is not let in");
+    let (ok, _) = publish(None, "plain");
+    assert!(!ok, "plain MQTT on the TLS port is not let in");
+
+    // A new certificate, signed by another CA, read on SIGHUP.
+    std::fs::copy(path.join("serverB.pem"), &cert).unwrap();
+    std::fs::copy(path.join("serverB.key"), &key).unwrap();
+    server.signal("HUP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ok, said) = publish(Some(&ca("B")), "two");
+        if ok {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the new certificate was not taken: {said}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!publish(Some(&ca("A")), "stale").0, "new connections get the new certificate");
+    assert_eq!(
+        received.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "tls/a two",
+        "the subscriber connected under the old certificate keeps its connection"
+    );
+
+    // Files that cannot be used leave the certificate in force.
+    std::fs::write(&key, "not a key").unwrap();
+    server.signal("HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let (ok, said) = publish(Some(&ca("B")), "three");
+    assert!(ok, "{said}");
+    assert_eq!(received.recv_timeout(Duration::from_secs(10)).unwrap(), "tls/a three");
+    drop(subscriber);
+    let (_, metrics) = common::get(server.address, "/metrics");
+    let failures =
+        metrics.lines().find(|line| line.starts_with("tls_handshake_failures_total{protocol=\"mqtt\"}")).unwrap();
+    assert!(!failures.ends_with(" 0"), "{failures}");
+}
+
+/// Start-up refuses TLS settings that cannot work, naming the file.
+#[test]
+fn unusable_tls_settings_stop_the_start_with_the_reason() {
+    let dir = DataDir::new();
+    let path = dir.path();
+    certificates(path, "A");
+    let cert = path.join("serverA.pem");
+    let missing = path.join("missing.key");
+    let output = common::onehop()
+        .args(["serve", "--data-dir", dir.data_arg(), "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0"])
+        .args(["--kafka-addr", "off", "--mqtt-tls-addr", "127.0.0.1:0", "--tls-cert", cert.to_str().unwrap()])
+        .args(["--tls-key", missing.to_str().unwrap()])
+        .current_dir(path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("reading the private key") && stderr.contains("missing.key"), "{stderr}");
+    let output = common::onehop()
+        .args(["serve", "--data-dir", dir.data_arg(), "--mqtt-tls-addr", "127.0.0.1:0"])
+        .current_dir(path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("mqtt_tls_addr needs tls_cert and tls_key"), "{stderr}");
+}
