@@ -82,6 +82,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_MQTT_ADDR", value_name = "ADDR")]
     pub mqtt_addr: Option<SocketAddr>,
 
+    /// Address of an HTTPS listener (HTTP/1.1 and HTTP/2 by ALPN) beside the HTTP one, with
+    /// --tls-cert and --tls-key [default: off].
+    #[arg(long, env = "ONEHOP_HTTPS_ADDR", value_name = "ADDR")]
+    pub https_addr: Option<SocketAddr>,
+
     /// Address of the MQTT listener over TLS (8883 by convention), with --tls-cert and
     /// --tls-key [default: off].
     #[arg(long, env = "ONEHOP_MQTT_TLS_ADDR", value_name = "ADDR")]

@@ -120,14 +120,29 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             Some(listener)
         }
     };
-    let mqtt_tls = match (settings.mqtt_tls_addr, &settings.tls) {
-        (Some(tls_address), Some(files)) => {
-            let tls = onehop_server::tls::Tls::open(files.clone()).context("TLS")?;
+    let tls = match &settings.tls {
+        Some(files) => Some(onehop_server::tls::Tls::open(files.clone()).context("TLS")?),
+        None => None,
+    };
+    let https_listener = match (settings.https_addr, &tls) {
+        (Some(https_address), Some(tls)) => {
+            let listener = tokio::net::TcpListener::bind(https_address)
+                .await
+                .with_context(|| format!("cannot listen for HTTPS on {https_address}"))?;
+            let https_address = listener.local_addr()?;
+            tracing::info!(address = %https_address, cert = %tls.files().cert.display(), "listening on https://{https_address}");
+            Some((listener, tls.clone()))
+        }
+        _ => None,
+    };
+    let mqtt_tls = match (settings.mqtt_tls_addr, &tls) {
+        (Some(tls_address), Some(tls)) => {
+            let tls = tls.clone();
             let listener = tokio::net::TcpListener::bind(tls_address)
                 .await
                 .with_context(|| format!("cannot listen for MQTT over TLS on {tls_address}"))?;
             let tls_address = listener.local_addr()?;
-            tracing::info!(address = %tls_address, cert = %files.cert.display(), "listening on mqtts://{tls_address}");
+            tracing::info!(address = %tls_address, cert = %tls.files().cert.display(), "listening on mqtts://{tls_address}");
             Some((listener, tls))
         }
         _ => None,
@@ -150,13 +165,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let broker = Broker::open(engine.clone(), mqtt_config).await.context("opening the MQTT broker")?;
     let mqtt = tokio::spawn(serve_mqtt(mqtt_listener, broker.clone(), until_stopped(stopped.clone())));
-    let mqtt_tls = match mqtt_tls {
-        None => None,
-        Some((listener, tls)) => {
-            reload_tls_on_hangup(tls.clone())?;
-            Some(tokio::spawn(serve_mqtt_tls(listener, broker.clone(), tls, until_stopped(stopped.clone()))))
-        }
-    };
+    if let Some(tls) = &tls {
+        reload_tls_on_hangup(tls.clone())?;
+    }
+    let mqtt_tls = mqtt_tls.map(|(listener, tls)| {
+        tokio::spawn(serve_mqtt_tls(listener, broker.clone(), tls, until_stopped(stopped.clone())))
+    });
     let kafka = match kafka_listener {
         None => None,
         Some(listener) => {
@@ -184,8 +198,16 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         header_read_timeout: settings.http_header_read_timeout,
         idle_timeout: settings.http_idle_timeout,
         shutdown_timeout: settings.shutdown_timeout,
+        tls: None,
     };
+    let https = https_listener.map(|(listener, tls)| {
+        let https = HttpConfig { tls: Some(tls), ..http.clone() };
+        tokio::spawn(serve_http(listener, state.clone(), https, until_stopped(stopped.clone())))
+    });
     serve_http(listener, state, http, until_stopped(stopped)).await.context("HTTP server")?;
+    if let Some(https) = https {
+        https.await.context("HTTPS listener task")?.context("HTTPS server")?;
+    }
     mqtt.await.context("MQTT listener task")?.context("MQTT server")?;
     if let Some(mqtt_tls) = mqtt_tls {
         mqtt_tls.await.context("MQTT over TLS listener task")?.context("MQTT over TLS server")?;
@@ -262,13 +284,18 @@ fn refuse_open_listeners(engine: &Engine, settings: &Settings) -> anyhow::Result
         tracing::info!(users = engine.access().defs().users.len(), "access is on: clients log in");
         return Ok(());
     }
-    let open: Vec<String> =
-        [Some(settings.http_addr), Some(settings.mqtt_addr), settings.kafka_addr, settings.mqtt_tls_addr]
-            .into_iter()
-            .flatten()
-            .filter(|address| !address.ip().is_loopback())
-            .map(|address| address.to_string())
-            .collect();
+    let open: Vec<String> = [
+        Some(settings.http_addr),
+        Some(settings.mqtt_addr),
+        settings.kafka_addr,
+        settings.mqtt_tls_addr,
+        settings.https_addr,
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|address| !address.ip().is_loopback())
+    .map(|address| address.to_string())
+    .collect();
     if open.is_empty() {
         return Ok(());
     }

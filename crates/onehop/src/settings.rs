@@ -55,6 +55,7 @@ struct FileSettings {
     kafka_addr: Option<String>,
     kafka_advertised_addr: Option<String>,
     mqtt_tls_addr: Option<SocketAddr>,
+    https_addr: Option<SocketAddr>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     durability: Option<String>,
@@ -91,6 +92,8 @@ pub struct Settings {
     pub kafka_addr: Option<SocketAddr>,
     /// The MQTT listener over TLS, when on.
     pub mqtt_tls_addr: Option<SocketAddr>,
+    /// The HTTPS listener, when on.
+    pub https_addr: Option<SocketAddr>,
     /// The certificate and key of the TLS listeners.
     pub tls: Option<onehop_server::tls::TlsFiles>,
     /// The host and port Kafka clients are told to connect to, when not the listener's.
@@ -258,11 +261,15 @@ impl Settings {
             (None, None) => None,
             _ => bail!("tls_cert and tls_key go together: the certificate chain and its private key"),
         };
+        let https_addr = args.https_addr.or(file.https_addr);
         if mqtt_tls_addr.is_some() && tls.is_none() {
             bail!("mqtt_tls_addr needs tls_cert and tls_key");
         }
-        if tls.is_some() && mqtt_tls_addr.is_none() {
-            bail!("tls_cert and tls_key are given but no TLS listener is: set mqtt_tls_addr (8883 by convention)");
+        if https_addr.is_some() && tls.is_none() {
+            bail!("https_addr needs tls_cert and tls_key");
+        }
+        if tls.is_some() && mqtt_tls_addr.is_none() && https_addr.is_none() {
+            bail!("tls_cert and tls_key are given but no TLS listener is: set https_addr or mqtt_tls_addr");
         }
         let mqtt_empty_first_level_stream = args
             .mqtt_empty_first_level_stream
@@ -348,6 +355,7 @@ impl Settings {
             kafka_addr,
             kafka_advertised_addr,
             mqtt_tls_addr,
+            https_addr,
             tls,
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),

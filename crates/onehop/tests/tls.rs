@@ -170,3 +170,81 @@ fn unusable_tls_settings_stop_the_start_with_the_reason() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("mqtt_tls_addr needs tls_cert and tls_key"), "{stderr}");
 }
+
+/// HTTPS beside HTTP with curl: HTTP/1.1 and HTTP/2 (by ALPN) for a client that trusts the
+/// CA, an SSE subscription over TLS, an untrusting client and plain HTTP refused, and the
+/// certificate read again on SIGHUP for HTTPS as for MQTT.
+#[test]
+fn https_serves_http_1_and_2_and_takes_a_new_certificate_on_sighup() {
+    let dir = DataDir::new();
+    let path = dir.path();
+    certificates(path, "A");
+    certificates(path, "B");
+    std::fs::copy(path.join("serverA.pem"), path.join("server.pem")).unwrap();
+    std::fs::copy(path.join("serverA.key"), path.join("server.key")).unwrap();
+    let (cert, key) = (path.join("server.pem"), path.join("server.key"));
+    let server = dir.start(
+        &["--https-addr", "127.0.0.1:0", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[],
+    );
+    let line =
+        server.seen.iter().find(|line| line.contains("listening on https://")).expect("the HTTPS listener's line");
+    let address = line.split("listening on https://").nth(1).unwrap();
+    let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap().to_string();
+    let ca = |name: &str| path.join(format!("ca{name}.pem")).to_str().unwrap().to_string();
+    let curl = |args: &[&str], url: &str| {
+        let output = Command::new("curl")
+            .args(["-s", "--max-time", "10", "-w", "\n%{http_version} %{http_code}"])
+            .args(args)
+            .arg(url)
+            .output()
+            .unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let https = |path: &str| format!("https://{address}{path}");
+
+    let (status, said) =
+        curl(&["--cacert", &ca("A"), "--http1.1", "-X", "POST", "--data-binary", "{\"n\":1}"], &https("/streams/s"));
+    assert_eq!(status, Some(0), "{said}");
+    assert!(said.ends_with("1.1 200"), "{said}");
+    let (_, said) = curl(&["--cacert", &ca("A"), "--http2"], &https("/streams/s?from=earliest"));
+    assert!(said.contains("\"n\":1") && said.ends_with("2 200"), "HTTP/2 by ALPN: {said}");
+    let (status, _) = curl(&["--cacert", &ca("B")], &https("/healthz"));
+    assert_eq!(status, Some(60), "curl's 'peer certificate cannot be authenticated'");
+    let (status, _) = curl(&[], &format!("http://{address}/healthz"));
+    assert_ne!(status, Some(0), "plain HTTP on the HTTPS port is not served");
+
+    let mut sse = Spawned(
+        Command::new("curl")
+            .args(["-s", "-N", "--max-time", "20", "--cacert", &ca("A"), "-H", "Accept: text/event-stream"])
+            .arg(https("/streams/s?from=earliest"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let events = line_channel(sse.0.stdout.take().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let line =
+            events.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())).expect("an event");
+        if line.starts_with("data:") {
+            assert!(line.contains("\"n\":1"), "{line}");
+            break;
+        }
+    }
+    drop(sse);
+
+    std::fs::copy(path.join("serverB.pem"), &cert).unwrap();
+    std::fs::copy(path.join("serverB.key"), &key).unwrap();
+    server.signal("HUP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while curl(&["--cacert", &ca("B")], &https("/healthz")).0 != Some(0) {
+        assert!(std::time::Instant::now() < deadline, "the new certificate was not taken");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(curl(&["--cacert", &ca("A")], &https("/healthz")).0, Some(60));
+    let (_, metrics) = common::get(server.address, "/metrics");
+    let failures =
+        metrics.lines().find(|line| line.starts_with("tls_handshake_failures_total{protocol=\"http\"}")).unwrap();
+    assert!(!failures.ends_with(" 0"), "{failures}");
+}

@@ -41,5 +41,7 @@ pub(crate) fn describe_metrics() {
         "tls_handshake_failures_total",
         "TLS handshakes that failed or timed out (a client that does not trust the certificate, or is not TLS), by protocol."
     );
-    let _ = metrics::counter!("tls_handshake_failures_total", "protocol" => "mqtt");
+    for protocol in ["http", "mqtt"] {
+        let _ = metrics::counter!("tls_handshake_failures_total", "protocol" => protocol);
+    }
 }

@@ -72,6 +72,14 @@ pub struct Tls {
     files: TlsFiles,
     resolver: Arc<Resolver>,
     acceptor: tokio_rustls::TlsAcceptor,
+    /// The same certificate, offering HTTP/2 and HTTP/1.1 by ALPN.
+    http_acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("files", &self.files).finish_non_exhaustive()
+    }
 }
 
 impl Tls {
@@ -84,8 +92,11 @@ impl Tls {
             .map_err(|error| TlsError::Config(error.to_string()))?
             .with_no_client_auth()
             .with_cert_resolver(resolver.clone());
+        let mut http_config = config.clone();
+        http_config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        Ok(Tls { files, resolver, acceptor })
+        let http_acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(http_config));
+        Ok(Tls { files, resolver, acceptor, http_acceptor })
     }
 
     /// Reads the files again and puts the new certificate in force for new connections; on an
@@ -102,5 +113,10 @@ impl Tls {
 
     pub fn acceptor(&self) -> &tokio_rustls::TlsAcceptor {
         &self.acceptor
+    }
+
+    /// The acceptor for HTTPS: ALPN offers `h2` and `http/1.1`.
+    pub fn http_acceptor(&self) -> &tokio_rustls::TlsAcceptor {
+        &self.http_acceptor
     }
 }

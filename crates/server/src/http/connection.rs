@@ -58,6 +58,8 @@ pub struct HttpConfig {
     pub idle_timeout: Duration,
     /// Time connections have to finish once shutdown begins; then they are closed.
     pub shutdown_timeout: Duration,
+    /// Serve HTTPS: each connection's TLS handshake first, within `header_read_timeout`.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl Default for HttpConfig {
@@ -71,6 +73,7 @@ impl Default for HttpConfig {
             idle_timeout: Duration::from_secs(60),
             // Below what process managers wait before SIGKILL (Kubernetes 30 s, systemd 90 s).
             shutdown_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -92,8 +95,25 @@ pub async fn serve(
     let mut shutdown = pin!(shutdown);
     loop {
         tokio::select! {
-            (io, _) = listener.accept() => {
-                connections.spawn(serve_connection(io, router.clone(), config.clone(), closing.clone()));
+            (io, peer) = listener.accept() => {
+                let (router, config, closing) = (router.clone(), config.clone(), closing.clone());
+                match config.tls.clone() {
+                    None => connections.spawn(serve_connection(io, router, config, closing)),
+                    Some(tls) => connections.spawn(async move {
+                        let handshake = tls.http_acceptor().accept(io);
+                        match tokio::time::timeout(config.header_read_timeout, handshake).await {
+                            Ok(Ok(io)) => serve_connection(io, router, config, closing).await,
+                            Ok(Err(error)) => {
+                                metrics::counter!("tls_handshake_failures_total", "protocol" => "http").increment(1);
+                                tracing::debug!(%peer, %error, "HTTPS handshake failed");
+                            }
+                            Err(_) => {
+                                metrics::counter!("tls_handshake_failures_total", "protocol" => "http").increment(1);
+                                tracing::debug!(%peer, "HTTPS handshake timed out");
+                            }
+                        }
+                    }),
+                };
             }
             // Reaps finished connections, so the set holds only open ones.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -138,7 +158,7 @@ impl Timeout {
 }
 
 /// Serves one connection until it ends, times out, or is closed at shutdown.
-async fn serve_connection(io: Admitted, router: Router, config: HttpConfig, mut closing: watch::Receiver<bool>) {
+async fn serve_connection<S: Socket>(io: S, router: Router, config: HttpConfig, mut closing: watch::Receiver<bool>) {
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Watched { io, activity: activity.clone(), replacement: None });
     let service = {
@@ -334,16 +354,36 @@ impl http_body::Body for Tracked {
     }
 }
 
+/// A connection's byte stream as the HTTP server serves it: the socket, or TLS over it.
+trait Socket: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    /// Writes what the stream takes of `bytes` now, without waiting (the 408 farewell).
+    fn write_now(&self, bytes: &[u8]) -> io::Result<usize>;
+}
+
+impl Socket for Admitted {
+    fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
+        self.try_write(bytes)
+    }
+}
+
+impl Socket for tokio_rustls::server::TlsStream<Admitted> {
+    /// Under TLS the farewell would have to be encrypted and could not go out without waiting;
+    /// the connection just closes.
+    fn write_now(&self, _bytes: &[u8]) -> io::Result<usize> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+}
+
 /// The socket as hyper sees it: reads are noted in the connection's activity, and hyper's own
 /// empty-bodied refusals are rewritten with a JSON body.
-struct Watched {
-    io: Admitted,
+struct Watched<S: Socket> {
+    io: S,
     activity: Arc<Activity>,
     /// An answer written in place of hyper's, and how much of it is out.
     replacement: Option<(Vec<u8>, usize)>,
 }
 
-impl Watched {
+impl<S: Socket> Watched<S> {
     /// Writes out what is left of a replacement answer.
     fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while let Some((answer, written)) = &mut self.replacement {
@@ -380,12 +420,12 @@ impl Watched {
     }
 }
 
-impl Drop for Watched {
+impl<S: Socket> Drop for Watched<S> {
     fn drop(&mut self) {
         if self.activity.farewell.load(Ordering::Acquire) {
             // Best effort, without waiting: the socket's send buffer is empty at this point,
             // since the client never finished a request.
-            let _ = self.io.try_write(&json_answer(
+            let _ = self.io.write_now(&json_answer(
                 "408 Request Timeout",
                 "header_timeout",
                 "the request's head did not arrive in time (setting http_header_read_timeout_s)",
@@ -394,7 +434,7 @@ impl Drop for Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<S: Socket> AsyncRead for Watched<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.io).poll_read(cx, buf))?;
@@ -406,7 +446,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: Socket> AsyncWrite for Watched<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         ready!(self.poll_replacement(cx))?;
         if self.replaced(buf) {
