@@ -111,6 +111,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_KAFKA_ADVERTISED_ADDR", value_name = "HOST:PORT")]
     pub kafka_advertised_addr: Option<String>,
 
+    /// The Kafka listener speaks TLS (clients' `security.protocol` SSL, or SASL_SSL once users
+    /// exist), with --tls-cert and --tls-key.
+    #[arg(long, env = "ONEHOP_KAFKA_TLS")]
+    pub kafka_tls: bool,
+
     /// Default durability of new streams and tables: `fsync` acknowledges after fdatasync of
     /// the batch holding the write; `async` after write(2), with a background fsync
     /// [default: fsync].

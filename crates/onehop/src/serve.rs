@@ -175,6 +175,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         None => None,
         Some(listener) => {
             let mut config = KafkaConfig::new(listener.local_addr()?);
+            if settings.kafka_tls {
+                config.tls = tls.clone();
+            }
             if let Some((host, port)) = &settings.kafka_advertised_addr {
                 (config.advertised_host, config.advertised_port) = (host.clone(), *port);
                 tracing::info!(host, port, "Kafka clients are told to connect to {host}:{port}");

@@ -56,6 +56,7 @@ struct FileSettings {
     kafka_advertised_addr: Option<String>,
     mqtt_tls_addr: Option<SocketAddr>,
     https_addr: Option<SocketAddr>,
+    kafka_tls: Option<bool>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     durability: Option<String>,
@@ -94,6 +95,8 @@ pub struct Settings {
     pub mqtt_tls_addr: Option<SocketAddr>,
     /// The HTTPS listener, when on.
     pub https_addr: Option<SocketAddr>,
+    /// The Kafka listener speaks TLS.
+    pub kafka_tls: bool,
     /// The certificate and key of the TLS listeners.
     pub tls: Option<onehop_server::tls::TlsFiles>,
     /// The host and port Kafka clients are told to connect to, when not the listener's.
@@ -268,8 +271,15 @@ impl Settings {
         if https_addr.is_some() && tls.is_none() {
             bail!("https_addr needs tls_cert and tls_key");
         }
-        if tls.is_some() && mqtt_tls_addr.is_none() && https_addr.is_none() {
-            bail!("tls_cert and tls_key are given but no TLS listener is: set https_addr or mqtt_tls_addr");
+        let kafka_tls = args.kafka_tls || file.kafka_tls.unwrap_or(false);
+        if kafka_tls && tls.is_none() {
+            bail!("kafka_tls needs tls_cert and tls_key");
+        }
+        if kafka_tls && kafka_addr.is_none() {
+            bail!("kafka_tls is on but the Kafka listener is off (kafka_addr = \"off\")");
+        }
+        if tls.is_some() && mqtt_tls_addr.is_none() && https_addr.is_none() && !kafka_tls {
+            bail!("tls_cert and tls_key are given but no TLS listener is: set https_addr, mqtt_tls_addr or kafka_tls");
         }
         let mqtt_empty_first_level_stream = args
             .mqtt_empty_first_level_stream
@@ -356,6 +366,7 @@ impl Settings {
             kafka_advertised_addr,
             mqtt_tls_addr,
             https_addr,
+            kafka_tls,
             tls,
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),

@@ -248,3 +248,60 @@ fn https_serves_http_1_and_2_and_takes_a_new_certificate_on_sighup() {
         metrics.lines().find(|line| line.starts_with("tls_handshake_failures_total{protocol=\"http\"}")).unwrap();
     assert!(!failures.ends_with(" 0"), "{failures}");
 }
+
+/// Kafka over TLS with SASL (`SASL_SSL`) through kcat: a client trusting the CA logs in with
+/// SCRAM-SHA-256, produces and reads back; a client without TLS, or trusting another CA, gets
+/// nothing.
+#[test]
+fn kafka_over_tls_with_sasl_serves_trusting_clients_only() {
+    let dir = DataDir::new();
+    let path = dir.path();
+    certificates(path, "A");
+    certificates(path, "B");
+    let (cert, key) = (path.join("serverA.pem"), path.join("serverA.key"));
+    let server = dir.start(
+        &[
+            "--kafka-tls",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--admin-user",
+            "root",
+        ],
+        &[("ONEHOP_ADMIN_PASSWORD", "root-pass")],
+    );
+    let kafka = server.kafka_address.unwrap().to_string();
+    let kcat = |protocol: &str, ca: &str, args: &[&str], input: &str| {
+        let ca = path.join(format!("ca{ca}.pem"));
+        let mut child = Command::new("timeout")
+            .args(["20", "kcat", "-b", &kafka, "-X", &format!("security.protocol={protocol}")])
+            .args(["-X", &format!("ssl.ca.location={}", ca.display())])
+            .args(["-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        (
+            output.status.success() && !stderr.contains("ERROR"),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr,
+        )
+    };
+    let (ok, _, stderr) = kcat("SASL_SSL", "A", &["-P", "-t", "secure"], "over tls\n");
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = kcat("SASL_SSL", "A", &["-C", "-t", "secure", "-e", "-f", "%s\n"], "");
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.trim(), "over tls");
+    let (ok, _, _) = kcat("SASL_PLAINTEXT", "A", &["-P", "-t", "secure"], "in clear\n");
+    assert!(!ok, "a client without TLS gets nothing");
+    let (ok, _, _) = kcat("SASL_SSL", "B", &["-P", "-t", "secure"], "untrusting\n");
+    assert!(!ok, "a client that does not trust the certificate gets nothing");
+    let (ok, stdout, _) = kcat("SASL_SSL", "A", &["-C", "-t", "secure", "-e", "-f", "%s\n"], "");
+    assert!(ok && stdout.trim() == "over tls", "only the TLS client's record is stored: {stdout}");
+}

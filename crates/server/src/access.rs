@@ -41,7 +41,7 @@ pub(crate) fn describe_metrics() {
         "tls_handshake_failures_total",
         "TLS handshakes that failed or timed out (a client that does not trust the certificate, or is not TLS), by protocol."
     );
-    for protocol in ["http", "mqtt"] {
+    for protocol in ["http", "mqtt", "kafka"] {
         let _ = metrics::counter!("tls_handshake_failures_total", "protocol" => protocol);
     }
 }

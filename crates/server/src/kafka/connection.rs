@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::groups::api as groups;
@@ -25,7 +24,7 @@ enum End {
 }
 
 /// Serves one connection until it closes, breaks the protocol or the server stops.
-pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
+pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: &Shared) {
     let mut stop = shared.stop.clone();
     let mut session = Session::new(&shared.engine);
     let end = loop {
@@ -69,7 +68,10 @@ pub(super) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shar
 /// the connection or stayed idle past the timeout between requests. A frame that has begun
 /// must keep arriving: a read that brings nothing for `frame_read_timeout` closes the
 /// connection.
-async fn read_frame(stream: &mut TcpStream, shared: &Shared) -> Result<Option<(Bytes, OwnedSemaphorePermit)>, End> {
+async fn read_frame<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    shared: &Shared,
+) -> Result<Option<(Bytes, OwnedSemaphorePermit)>, End> {
     let mut size = [0u8; 4];
     match tokio::time::timeout(shared.config.idle_timeout, stream.read_exact(&mut size)).await {
         Err(_) | Ok(Err(_)) => return Ok(None),

@@ -107,6 +107,8 @@ pub struct KafkaConfig {
     pub idle_timeout: Duration,
     /// Longest a Fetch waits for data, whatever `max_wait_ms` it asks.
     pub fetch_wait_max: Duration,
+    /// Speak TLS (Kafka's `SSL`, and `SASL_SSL` with SASL): each connection's handshake first.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl KafkaConfig {
@@ -122,6 +124,7 @@ impl KafkaConfig {
             frame_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(600),
             fetch_wait_max: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -201,7 +204,25 @@ impl KafkaServer {
                 let shared = serving.clone();
                 tokio::spawn(async move {
                     metrics::gauge!(CONNECTIONS).increment(1.0);
-                    connection::serve(stream, peer, &shared).await;
+                    match shared.config.tls.clone() {
+                        None => connection::serve(stream, peer, &shared).await,
+                        Some(tls) => {
+                            let handshake = tls.acceptor().accept(stream);
+                            match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, handshake).await {
+                                Ok(Ok(stream)) => connection::serve(stream, peer, &shared).await,
+                                Ok(Err(error)) => {
+                                    metrics::counter!("tls_handshake_failures_total", "protocol" => "kafka")
+                                        .increment(1);
+                                    tracing::debug!(%peer, %error, "Kafka TLS handshake failed");
+                                }
+                                Err(_) => {
+                                    metrics::counter!("tls_handshake_failures_total", "protocol" => "kafka")
+                                        .increment(1);
+                                    tracing::debug!(%peer, "Kafka TLS handshake timed out");
+                                }
+                            }
+                        }
+                    }
                     metrics::gauge!(CONNECTIONS).decrement(1.0);
                     drop(permit);
                 });
