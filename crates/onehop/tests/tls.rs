@@ -65,23 +65,37 @@ fn certificates(dir: &Path, name: &str) {
     );
 }
 
+/// Makes CAs A and B with their certificates in `dir`, and starts a server with `listener_flag`
+/// on a free port and A's certificate in force as `server.pem` and `server.key`, which it
+/// returns to be replaced.
+fn start_with_tls(dir: &DataDir, listener_flag: &str) -> (common::Server, std::path::PathBuf, std::path::PathBuf) {
+    let path = dir.path();
+    certificates(path, "A");
+    certificates(path, "B");
+    let (cert, key) = (path.join("server.pem"), path.join("server.key"));
+    std::fs::copy(path.join("serverA.pem"), &cert).unwrap();
+    std::fs::copy(path.join("serverA.key"), &key).unwrap();
+    let server = dir.start(
+        &[listener_flag, "127.0.0.1:0", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[],
+    );
+    (server, cert, key)
+}
+
+/// The address the server logged for its `scheme` listener (`listening on mqtts://…`).
+fn logged_address(server: &common::Server, scheme: &str) -> String {
+    let needle = format!("listening on {scheme}://");
+    let line = server.seen.iter().find(|line| line.contains(&needle)).expect("the listener's line");
+    let address = line.split(&needle).nth(1).unwrap();
+    address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap().to_string()
+}
+
 #[test]
 fn mqtt_over_tls_takes_trusting_clients_and_a_new_certificate_on_sighup() {
     let dir = DataDir::new();
     let path = dir.path();
-    certificates(path, "A");
-    certificates(path, "B");
-    std::fs::copy(path.join("serverA.pem"), path.join("server.pem")).unwrap();
-    std::fs::copy(path.join("serverA.key"), path.join("server.key")).unwrap();
-    let (cert, key) = (path.join("server.pem"), path.join("server.key"));
-    let server = dir.start(
-        &["--mqtt-tls-addr", "127.0.0.1:0", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
-        &[],
-    );
-    let line = server.seen.iter().find(|line| line.contains("listening on mqtts://")).expect("the TLS listener's line");
-    let address = line.split("listening on mqtts://").nth(1).unwrap();
-    let port =
-        address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap().rsplit(':').next().unwrap().to_string();
+    let (server, cert, key) = start_with_tls(&dir, "--mqtt-tls-addr");
+    let port = logged_address(&server, "mqtts").rsplit(':').next().unwrap().to_string();
     let ca = |name: &str| path.join(format!("ca{name}.pem")).to_str().unwrap().to_string();
     let publish = |cafile: Option<&str>, message: &str| {
         let mut command = Command::new("mosquitto_pub");
@@ -178,19 +192,8 @@ fn unusable_tls_settings_stop_the_start_with_the_reason() {
 fn https_serves_http_1_and_2_and_takes_a_new_certificate_on_sighup() {
     let dir = DataDir::new();
     let path = dir.path();
-    certificates(path, "A");
-    certificates(path, "B");
-    std::fs::copy(path.join("serverA.pem"), path.join("server.pem")).unwrap();
-    std::fs::copy(path.join("serverA.key"), path.join("server.key")).unwrap();
-    let (cert, key) = (path.join("server.pem"), path.join("server.key"));
-    let server = dir.start(
-        &["--https-addr", "127.0.0.1:0", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
-        &[],
-    );
-    let line =
-        server.seen.iter().find(|line| line.contains("listening on https://")).expect("the HTTPS listener's line");
-    let address = line.split("listening on https://").nth(1).unwrap();
-    let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap().to_string();
+    let (server, cert, key) = start_with_tls(&dir, "--https-addr");
+    let address = logged_address(&server, "https");
     let ca = |name: &str| path.join(format!("ca{name}.pem")).to_str().unwrap().to_string();
     let curl = |args: &[&str], url: &str| {
         let output = Command::new("curl")

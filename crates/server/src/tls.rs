@@ -12,7 +12,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-/// How long a client has to finish the TLS handshake: as long as MQTT gives a CONNECT.
+/// How long a client has to finish the TLS handshake (MQTT and Kafka; HTTPS gives it the
+/// header read timeout): as long as MQTT gives a CONNECT.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the certificate chain and its private key are (PEM).
@@ -119,4 +120,24 @@ impl Tls {
     pub fn http_acceptor(&self) -> &tokio_rustls::TlsAcceptor {
         &self.http_acceptor
     }
+}
+
+/// The TLS handshake of one connection on `stream`, within `timeout`: the TLS stream, or `None`
+/// when it failed or took too long (counted in `tls_handshake_failures_total` for `protocol`;
+/// the connection then closes).
+pub async fn accept<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: S,
+    timeout: Duration,
+    protocol: &'static str,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<S>> {
+    let failure = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => return Some(stream),
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => "it timed out".to_string(),
+    };
+    metrics::counter!("tls_handshake_failures_total", "protocol" => protocol).increment(1);
+    tracing::debug!(%peer, protocol, failure, "TLS handshake failed");
+    None
 }

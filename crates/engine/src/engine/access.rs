@@ -32,6 +32,15 @@ pub fn validate_grantee_name(name: &str) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// The credentials of `password`, derived before any lock is taken and off the async threads
+/// (the iterations take milliseconds).
+async fn derive_credentials(password: &str) -> Result<Vec<crate::access::credential::ScramCredential>, EngineError> {
+    let password = password.as_bytes().to_vec();
+    tokio::task::spawn_blocking(move || access::credentials(&password))
+        .await
+        .map_err(|error| EngineError::Internal(format!("deriving credentials failed: {error}")))
+}
+
 fn validate_password(password: &str) -> Result<(), EngineError> {
     if password.is_empty() || password.len() > PASSWORD_BYTES_MAX {
         return Err(invalid(format!("a password must be 1 to {PASSWORD_BYTES_MAX} bytes long")));
@@ -79,11 +88,7 @@ impl Engine {
     ) -> Result<UserCreated, EngineError> {
         validate_grantee_name(name)?;
         validate_password(password)?;
-        // The iterations run before the lock, off the async threads.
-        let password_bytes = password.as_bytes().to_vec();
-        let credentials = tokio::task::spawn_blocking(move || access::credentials(&password_bytes))
-            .await
-            .map_err(|error| EngineError::Internal(format!("deriving credentials failed: {error}")))?;
+        let credentials = derive_credentials(password).await?;
         self.change_access(|defs| {
             if defs.users.contains_key(name) {
                 if if_not_exists {
@@ -117,10 +122,7 @@ impl Engine {
     /// new password.
     pub async fn alter_user_password(&self, name: &str, password: &str) -> Result<(), EngineError> {
         validate_password(password)?;
-        let password_bytes = password.as_bytes().to_vec();
-        let credentials = tokio::task::spawn_blocking(move || access::credentials(&password_bytes))
-            .await
-            .map_err(|error| EngineError::Internal(format!("deriving credentials failed: {error}")))?;
+        let credentials = derive_credentials(password).await?;
         self.change_access(|defs| {
             let user = defs.users.get_mut(name).ok_or_else(|| unknown("user", name))?;
             user.credentials = credentials;

@@ -1,5 +1,5 @@
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::common::DataDir;
 
@@ -37,14 +37,7 @@ fn franz_go_produces_with_every_codec_and_its_group_reads_and_commits_them() {
 /// franz-go's roles (`onehop-peer-glue group consume|produce`, bench/baselines/glue/group.go),
 /// started as processes.
 fn franz_go(args: &[&str]) -> crate::Spawned {
-    let child = Command::new(glue())
-        .arg("group")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the glue runs");
-    crate::Spawned(child)
+    crate::spawn_role(Command::new(glue()).arg("group").args(args))
 }
 
 /// franz-go as the Java client and librdkafka are tested (`group_of_three`): three members of a

@@ -145,8 +145,28 @@ pub fn group_of_three_and_idempotent_producer_across_kill_9(spawn: impl Fn(&[&st
     // An idempotent producer cut mid-run by a kill -9.
     let mut producer = spawn(&["produce", &address, "ledger", "0", "4000"]);
     let acks = line_channel(producer.stdout.take().unwrap());
-    let mut acked: Vec<(u64, u64, String)> = Vec::new();
     let mut killed = false;
+    let acked = collect_acknowledgements(&acks, |acknowledged| {
+        if !killed && acknowledged >= 1000 {
+            server.kill_9();
+            killed = true;
+            std::thread::sleep(Duration::from_millis(300));
+            server = crate::start_with_kafka_on(&dir, &address);
+        }
+    });
+    assert!(producer.wait().unwrap().success());
+    assert!(killed);
+    assert_stored_once_where_acknowledged(server.address, "ledger", &acked, 4000);
+}
+
+/// Reads a producer role's acknowledgements (`A <partition> <offset> <value>`, as every
+/// client's `produce` role prints them) until it ends, calling `after_each` with how many so
+/// far; a failed delivery (`F …`) fails the test.
+pub(crate) fn collect_acknowledgements(
+    acks: &Receiver<String>,
+    mut after_each: impl FnMut(usize),
+) -> Vec<(u64, u64, String)> {
+    let mut acked = Vec::new();
     let deadline = Instant::now() + PRODUCE_TIMEOUT;
     loop {
         assert!(Instant::now() < deadline, "the producer did not finish: {} acknowledged", acked.len());
@@ -157,24 +177,27 @@ pub fn group_of_three_and_idempotent_producer_across_kill_9(spawn: impl Fn(&[&st
                 acked.push((fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].to_string()));
             }
             Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => return acked,
         }
-        if !killed && acked.len() >= 1000 {
-            server.kill_9();
-            killed = true;
-            std::thread::sleep(Duration::from_millis(300));
-            server = crate::start_with_kafka_on(&dir, &address);
-        }
+        after_each(acked.len());
     }
-    assert!(producer.wait().unwrap().success());
-    assert!(killed);
-    assert_eq!(acked.len(), 4000, "every record acknowledged");
+}
+
+/// Every one of `total` records was acknowledged, each is in `stream` at the partition and
+/// offset it was acknowledged at, and no value is stored twice.
+pub(crate) fn assert_stored_once_where_acknowledged(
+    address: SocketAddr,
+    stream: &str,
+    acked: &[(u64, u64, String)],
+    total: usize,
+) {
+    assert_eq!(acked.len(), total, "every record acknowledged");
     let stored: BTreeMap<(u64, u64), String> =
-        crate::records_over_http(server.address, "ledger").iter().map(crate::placed_value).collect();
-    for (partition, offset, value) in &acked {
+        crate::records_over_http(address, stream).iter().map(crate::placed_value).collect();
+    for (partition, offset, value) in acked {
         assert_eq!(stored.get(&(*partition, *offset)), Some(value), "acknowledged {value} at {partition}:{offset}");
     }
     let distinct: BTreeSet<&String> = stored.values().collect();
     assert_eq!(distinct.len(), stored.len(), "a value stored twice");
-    assert_eq!(stored.len(), 4000);
+    assert_eq!(stored.len(), total);
 }

@@ -1,11 +1,10 @@
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use crate::common::{DataDir, get, line_channel};
+use crate::group_of_three::{assert_stored_once_where_acknowledged, collect_acknowledgements};
 
 /// A TCP proxy in front of `target` that, on demand, loses the server's answers: after
 /// [`CuttingProxy::cut`], each connection open at the time drops the next bytes the server
@@ -79,28 +78,15 @@ fn a_batch_retried_after_its_answer_was_lost_is_stored_once() {
     let server = dir.start(&["--kafka-addr", &kafka.to_string(), "--kafka-advertised-addr", &advertised], &[]);
     let mut producer = crate::librdkafka::confluent(&["produce", &advertised, "ledger", "0", "4000"]);
     let acks = line_channel(producer.stdout.take().unwrap());
-    let mut acked: Vec<(u64, u64, String)> = Vec::new();
     let mut cuts_at = vec![2500, 1500, 500];
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        assert!(Instant::now() < deadline, "the producer did not finish: {} acknowledged", acked.len());
-        match acks.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => {
-                let fields: Vec<&str> = line.split(' ').collect();
-                assert_eq!(fields[0], "A", "a failed delivery: {line}");
-                acked.push((fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].to_string()));
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-        if cuts_at.last().is_some_and(|at| acked.len() >= *at) {
+    let acked = collect_acknowledgements(&acks, |acknowledged| {
+        if cuts_at.last().is_some_and(|at| acknowledged >= *at) {
             cuts_at.pop();
             proxy.cut();
         }
-    }
+    });
     assert!(producer.wait().unwrap().success());
     assert!(cuts_at.is_empty());
-    assert_eq!(acked.len(), 4000, "every record acknowledged");
 
     let (_, metrics) = get(server.address, "/metrics");
     let duplicates = metrics
@@ -109,12 +95,5 @@ fn a_batch_retried_after_its_answer_was_lost_is_stored_once() {
         .map(|value| value.trim().parse::<f64>().unwrap())
         .unwrap();
     assert!(duplicates >= 1.0, "no retried batch reached the server: the cuts lost no answer");
-    let stored: BTreeMap<(u64, u64), String> =
-        crate::records_over_http(server.address, "ledger").iter().map(crate::placed_value).collect();
-    for (partition, offset, value) in &acked {
-        assert_eq!(stored.get(&(*partition, *offset)), Some(value), "acknowledged {value} at {partition}:{offset}");
-    }
-    let distinct: BTreeSet<&String> = stored.values().collect();
-    assert_eq!(distinct.len(), stored.len(), "a value stored twice ({duplicates} batches retried)");
-    assert_eq!(stored.len(), 4000);
+    assert_stored_once_where_acknowledged(server.address, "ledger", &acked, 4000);
 }

@@ -1,6 +1,6 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::common::DataDir;
 
@@ -82,15 +82,7 @@ fn kafkajs_transactions_show_their_records_on_commit_and_never_on_abort() {
 /// kafkajs's roles (`tests/kafka/kafkajs/group.js`), started as processes.
 fn kafkajs_group(args: &[&str]) -> crate::Spawned {
     let script_dir = script_dir();
-    let child = Command::new("node")
-        .arg(script_dir.join("group.js"))
-        .args(args)
-        .current_dir(&script_dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("node runs");
-    crate::Spawned(child)
+    crate::spawn_role(Command::new("node").arg(script_dir.join("group.js")).args(args).current_dir(&script_dir))
 }
 
 /// kafkajs as the Java client and librdkafka are tested (`group_of_three`): three members of a

@@ -6,9 +6,11 @@ use std::process::{Command, Stdio};
 use crate::common::{DataDir, get};
 
 /// Runs kcat against `kafka` with `args`, `input` on its stdin; returns its stdout lines.
-fn kcat(kafka: SocketAddr, args: &[&str], input: &str) -> Vec<String> {
-    let mut child = Command::new("kcat")
-        .args(["-b", &kafka.to_string()])
+/// Runs kcat against `kafka` with `args` and `input` on its stdin, for at most a minute;
+/// returns its output whatever its status.
+pub(crate) fn kcat_output(kafka: SocketAddr, args: &[&str], input: &str) -> std::process::Output {
+    let mut child = Command::new("timeout")
+        .args(["60", "kcat", "-b", &kafka.to_string()])
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -16,7 +18,12 @@ fn kcat(kafka: SocketAddr, args: &[&str], input: &str) -> Vec<String> {
         .spawn()
         .expect("kcat is installed (Debian's kcat; scripts/test installs it)");
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Runs kcat as [`kcat_output`] does, expecting it to succeed; returns its stdout's lines.
+fn kcat(kafka: SocketAddr, args: &[&str], input: &str) -> Vec<String> {
+    let output = kcat_output(kafka, args, input);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "kcat {args:?}: {stderr}");
     String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
@@ -126,14 +133,7 @@ fn partitions_added_with_kafkas_tool_reach_a_subscriber_already_following() {
 /// confluent-kafka's roles (`tests/kafka/confluent/group.py`), started as processes.
 pub(crate) fn confluent(args: &[&str]) -> crate::Spawned {
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3 runs");
-    crate::Spawned(child)
+    crate::spawn_role(Command::new("python3").arg(script).args(args))
 }
 
 /// librdkafka (confluent-kafka) as the Java client is tested (`group_of_three`): three members

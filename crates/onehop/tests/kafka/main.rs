@@ -69,6 +69,17 @@ fn kafka_jars() -> PathBuf {
 /// test that fails midway leaves nothing running.
 struct Spawned(std::process::Child);
 
+/// A client's role (`consume`, `produce`, …) started as a process: its lines on stdout, its
+/// own log dropped.
+fn spawn_role(command: &mut Command) -> Spawned {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{command:?} does not start: {error}"));
+    Spawned(child)
+}
+
 impl std::ops::Deref for Spawned {
     type Target = std::process::Child;
     fn deref(&self) -> &std::process::Child {

@@ -1,23 +1,8 @@
 use std::io::Write;
 use std::net::SocketAddr;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 
 use crate::common::DataDir;
-
-/// Runs kcat against `kafka` with `args`, `input` on its stdin; returns its output whatever
-/// its status (refusals are what some of these runs are for).
-fn kcat(kafka: SocketAddr, args: &[&str], input: &str) -> Output {
-    let mut child = Command::new("timeout")
-        .args(["30", "kcat", "-b", &kafka.to_string()])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kcat is installed (Debian's kcat; scripts/test installs it)");
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    child.wait_with_output().unwrap()
-}
 
 /// kcat's SASL settings for `mechanism` and a user.
 fn sasl<'a>(mechanism: &'a str, user: &'a str, password: &'a str) -> Vec<String> {
@@ -34,7 +19,7 @@ fn sasl<'a>(mechanism: &'a str, user: &'a str, password: &'a str) -> Vec<String>
 
 fn run(kafka: SocketAddr, settings: &[String], args: &[&str], input: &str) -> (bool, String, String) {
     let all: Vec<&str> = settings.iter().map(String::as_str).chain(args.iter().copied()).collect();
-    let output = kcat(kafka, &all, input);
+    let output = crate::librdkafka::kcat_output(kafka, &all, input);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     (output.status.success() && !stderr.contains("ERROR"), stdout, stderr)

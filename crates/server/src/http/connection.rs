@@ -100,17 +100,9 @@ pub async fn serve(
                 match config.tls.clone() {
                     None => connections.spawn(serve_connection(io, router, config, closing)),
                     Some(tls) => connections.spawn(async move {
-                        let handshake = tls.http_acceptor().accept(io);
-                        match tokio::time::timeout(config.header_read_timeout, handshake).await {
-                            Ok(Ok(io)) => serve_connection(io, router, config, closing).await,
-                            Ok(Err(error)) => {
-                                metrics::counter!("tls_handshake_failures_total", "protocol" => "http").increment(1);
-                                tracing::debug!(%peer, %error, "HTTPS handshake failed");
-                            }
-                            Err(_) => {
-                                metrics::counter!("tls_handshake_failures_total", "protocol" => "http").increment(1);
-                                tracing::debug!(%peer, "HTTPS handshake timed out");
-                            }
+                        let accepted = crate::tls::accept(tls.http_acceptor(), io, config.header_read_timeout, "http", peer);
+                        if let Some(io) = accepted.await {
+                            serve_connection(io, router, config, closing).await;
                         }
                     }),
                 };

@@ -207,19 +207,15 @@ impl KafkaServer {
                     match shared.config.tls.clone() {
                         None => connection::serve(stream, peer, &shared).await,
                         Some(tls) => {
-                            let handshake = tls.acceptor().accept(stream);
-                            match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, handshake).await {
-                                Ok(Ok(stream)) => connection::serve(stream, peer, &shared).await,
-                                Ok(Err(error)) => {
-                                    metrics::counter!("tls_handshake_failures_total", "protocol" => "kafka")
-                                        .increment(1);
-                                    tracing::debug!(%peer, %error, "Kafka TLS handshake failed");
-                                }
-                                Err(_) => {
-                                    metrics::counter!("tls_handshake_failures_total", "protocol" => "kafka")
-                                        .increment(1);
-                                    tracing::debug!(%peer, "Kafka TLS handshake timed out");
-                                }
+                            let accepted = crate::tls::accept(
+                                tls.acceptor(),
+                                stream,
+                                crate::tls::HANDSHAKE_TIMEOUT,
+                                "kafka",
+                                peer,
+                            );
+                            if let Some(stream) = accepted.await {
+                                connection::serve(stream, peer, &shared).await;
                             }
                         }
                     }

@@ -223,64 +223,55 @@ impl Broker {
 
 /// Serves MQTT on `listener` until `shutdown` resolves; then every connection is told the
 /// server is shutting down (v5) and closed.
-/// Serves MQTT over TLS (port 8883 by convention) on `listener` until `shutdown` resolves:
-/// each connection's handshake within [`crate::tls::HANDSHAKE_TIMEOUT`], then the same broker
-/// as plain MQTT. A failed handshake closes only its connection, counted in
-/// `tls_handshake_failures_total`.
+pub async fn serve_mqtt(
+    listener: TcpListener,
+    broker: Arc<Broker>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_listener(listener, broker, None, shutdown).await
+}
+
+/// Serves MQTT over TLS (port 8883 by convention) on `listener`, as [`serve_mqtt`] does: each
+/// connection's handshake first ([`crate::tls::accept`]), then the same broker.
 pub async fn serve_mqtt_tls(
     listener: TcpListener,
     broker: Arc<Broker>,
     tls: crate::tls::Tls,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let serving = broker.clone();
-    let permits = crate::accept::accept_connections(
-        listener,
-        broker.config.connections_max,
-        "MQTT over TLS",
-        "mqtt_connections_refused_total",
-        shutdown,
-        |stream, peer, permit| {
-            let (broker, acceptor) = (serving.clone(), tls.acceptor().clone());
-            drop(tokio::spawn(async move {
-                let handshake = acceptor.accept(Lingering::new(stream, permit));
-                match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, handshake).await {
-                    Ok(Ok(stream)) => broker.serve_stream(stream).await,
-                    Ok(Err(error)) => {
-                        metrics::counter!("tls_handshake_failures_total", "protocol" => "mqtt").increment(1);
-                        tracing::debug!(%peer, %error, "MQTT TLS handshake failed");
-                    }
-                    Err(_) => {
-                        metrics::counter!("tls_handshake_failures_total", "protocol" => "mqtt").increment(1);
-                        tracing::debug!(%peer, "MQTT TLS handshake timed out");
-                    }
-                }
-            }));
-        },
-    )
-    .await;
-    broker.shut_down();
-    let deadline = tokio::time::Instant::now() + SHUTDOWN_GOODBYE_TIME;
-    while permits.available_permits() < broker.config.connections_max && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(SHUTDOWN_POLL_INTERVAL).await;
-    }
-    Ok(())
+    serve_listener(listener, broker, Some(tls), shutdown).await
 }
 
-pub async fn serve_mqtt(
+async fn serve_listener(
     listener: TcpListener,
     broker: Arc<Broker>,
+    tls: Option<crate::tls::Tls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let serving = broker.clone();
     let permits = crate::accept::accept_connections(
         listener,
         broker.config.connections_max,
-        "MQTT",
+        if tls.is_some() { "MQTT over TLS" } else { "MQTT" },
         "mqtt_connections_refused_total",
         shutdown,
         // The permit returns once the connection has closed and lingered (`crate::linger`).
-        |stream, _peer, permit| drop(tokio::spawn(serving.clone().serve_stream(Lingering::new(stream, permit)))),
+        |stream, peer, permit| {
+            let (broker, tls) = (serving.clone(), tls.clone());
+            let stream = Lingering::new(stream, permit);
+            drop(tokio::spawn(async move {
+                match tls {
+                    None => broker.serve_stream(stream).await,
+                    Some(tls) => {
+                        let accepted =
+                            crate::tls::accept(tls.acceptor(), stream, crate::tls::HANDSHAKE_TIMEOUT, "mqtt", peer);
+                        if let Some(stream) = accepted.await {
+                            broker.serve_stream(stream).await;
+                        }
+                    }
+                }
+            }));
+        },
     )
     .await;
     broker.shut_down();
