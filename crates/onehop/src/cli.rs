@@ -238,6 +238,29 @@ pub struct ServeArgs {
     /// who can reach them read and write everything. Without it such a start is refused.
     #[arg(long, env = "ONEHOP_INSECURE_LISTEN")]
     pub insecure_listen: bool,
+
+    /// Keys that JWTs are checked against: a JWKS file (as identity providers publish it) or
+    /// PEM public keys; read again on SIGHUP. A verified JWT is accepted wherever a token is
+    /// (HTTP Bearer, MQTT password, Kafka SASL OAUTHBEARER and PLAIN) [default: JWTs refused].
+    #[arg(long, env = "ONEHOP_JWT_KEYS", value_name = "FILE")]
+    pub jwt_keys: Option<PathBuf>,
+
+    /// The issuer (`iss`) a JWT must name [default: any].
+    #[arg(long, env = "ONEHOP_JWT_ISSUER", value_name = "ISS", requires = "jwt_keys")]
+    pub jwt_issuer: Option<String>,
+
+    /// The audience a JWT's `aud` must name [default: none; a JWT with an `aud` is refused].
+    #[arg(long, env = "ONEHOP_JWT_AUDIENCE", value_name = "AUD", requires = "jwt_keys")]
+    pub jwt_audience: Option<String>,
+
+    /// The JWT claim that names the user [default: sub].
+    #[arg(long, env = "ONEHOP_JWT_USER_CLAIM", value_name = "CLAIM", requires = "jwt_keys")]
+    pub jwt_user_claim: Option<String>,
+
+    /// The JWT claim that lists onehop roles, as an array or a space-separated string
+    /// [default: roles].
+    #[arg(long, env = "ONEHOP_JWT_ROLES_CLAIM", value_name = "CLAIM", requires = "jwt_keys")]
+    pub jwt_roles_claim: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -88,6 +88,18 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     if let Some(schema) = &settings.schema {
         apply_schema(&engine, schema).await?;
     }
+    if let Some(jwt) = &settings.jwt {
+        if !engine.access().enabled() {
+            bail!(
+                "jwt_keys is set but no user is defined, so access is off and tokens would not be checked: create \
+                 the first user (--admin-user NAME with {} set), then the roles and grants the tokens name",
+                crate::settings::ADMIN_PASSWORD_ENV
+            );
+        }
+        let verifier = jwt.load()?;
+        tracing::info!(keys = verifier.key_count(), file = %jwt.keys.display(), "JWTs signed by these keys are accepted");
+        engine.access().set_jwt(Some(Arc::new(verifier)));
+    }
     let listener = tokio::net::TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("cannot listen on {}", settings.http_addr))?;
@@ -165,9 +177,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let broker = Broker::open(engine.clone(), mqtt_config).await.context("opening the MQTT broker")?;
     let mqtt = tokio::spawn(serve_mqtt(mqtt_listener, broker.clone(), until_stopped(stopped.clone())));
-    if let Some(tls) = &tls {
-        reload_tls_on_hangup(tls.clone())?;
-    }
+    reload_on_hangup(tls.clone(), settings.jwt.clone(), engine.clone())?;
     let mqtt_tls = mqtt_tls.map(|(listener, tls)| {
         tokio::spawn(serve_mqtt_tls(listener, broker.clone(), tls, until_stopped(stopped.clone())))
     });
@@ -262,17 +272,38 @@ fn allowed_origins(settings: &Settings) -> AllowedOrigins {
     allowed
 }
 
-/// Reads the TLS certificate and key again on every SIGHUP (a renewed certificate, say): new
-/// connections get the new one, open ones keep theirs. Files that cannot be used leave the
-/// one in force, and the log says why.
-fn reload_tls_on_hangup(tls: onehop_server::tls::Tls) -> anyhow::Result<()> {
+/// Reads the TLS certificate and key, and the JWT keys, again on every SIGHUP (a renewed
+/// certificate, rotated signing keys): new connections get the new certificate, open ones keep
+/// theirs; tokens are checked with the new keys from then on. Files that cannot be used leave
+/// the ones in force, and the log says why.
+fn reload_on_hangup(
+    tls: Option<onehop_server::tls::Tls>,
+    jwt: Option<crate::settings::JwtConfig>,
+    engine: Arc<Engine>,
+) -> anyhow::Result<()> {
+    if tls.is_none() && jwt.is_none() {
+        return Ok(());
+    }
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            match tls.reload() {
-                Ok(()) => tracing::info!(cert = %tls.files().cert.display(), "SIGHUP: TLS certificate read again"),
-                Err(error) => {
-                    tracing::error!(%error, "SIGHUP: the TLS certificate could not be read; the one in force stays")
+            if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!(cert = %tls.files().cert.display(), "SIGHUP: TLS certificate read again"),
+                    Err(error) => {
+                        tracing::error!(%error, "SIGHUP: the TLS certificate could not be read; the one in force stays")
+                    }
+                }
+            }
+            if let Some(jwt) = &jwt {
+                match jwt.load() {
+                    Ok(verifier) => {
+                        tracing::info!(keys = verifier.key_count(), file = %jwt.keys.display(), "SIGHUP: JWT keys read again");
+                        engine.access().set_jwt(Some(Arc::new(verifier)));
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "SIGHUP: the JWT keys could not be read; the ones in force stay")
+                    }
                 }
             }
         }

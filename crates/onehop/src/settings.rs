@@ -81,6 +81,11 @@ struct FileSettings {
     admin_user: Option<String>,
     admin_password_file: Option<PathBuf>,
     insecure_listen: Option<bool>,
+    jwt_keys: Option<PathBuf>,
+    jwt_issuer: Option<String>,
+    jwt_audience: Option<String>,
+    jwt_user_claim: Option<String>,
+    jwt_roles_claim: Option<String>,
 }
 
 /// Everything `serve` runs with, validated.
@@ -139,6 +144,46 @@ pub struct Settings {
     pub admin: Option<(String, String)>,
     /// Listen beyond loopback with no user defined.
     pub insecure_listen: bool,
+    /// The file of keys JWTs are checked against, and how their claims are read.
+    pub jwt: Option<JwtConfig>,
+}
+
+/// Where JWT keys come from and how tokens are read.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub keys: PathBuf,
+    pub settings: onehop_engine::access::jwt::JwtSettings,
+}
+
+impl JwtConfig {
+    /// Reads the key file: at start, and on SIGHUP.
+    pub fn load(&self) -> anyhow::Result<onehop_engine::access::jwt::JwtVerifier> {
+        let text =
+            std::fs::read_to_string(&self.keys).with_context(|| format!("reading jwt_keys {}", self.keys.display()))?;
+        onehop_engine::access::jwt::JwtVerifier::from_text(&text, self.settings.clone())
+            .map_err(|error| anyhow::anyhow!("jwt_keys {}: {error}", self.keys.display()))
+    }
+}
+
+fn jwt(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<JwtConfig>> {
+    let Some(keys) = args.jwt_keys.clone().or(file.jwt_keys.clone()) else {
+        let stray = [&file.jwt_issuer, &file.jwt_audience, &file.jwt_user_claim, &file.jwt_roles_claim];
+        if stray.iter().any(|setting| setting.is_some()) {
+            bail!("jwt_issuer, jwt_audience, jwt_user_claim and jwt_roles_claim need jwt_keys");
+        }
+        return Ok(None);
+    };
+    let defaults = onehop_engine::access::jwt::JwtSettings::default();
+    let settings = onehop_engine::access::jwt::JwtSettings {
+        issuer: args.jwt_issuer.clone().or(file.jwt_issuer.clone()),
+        audience: args.jwt_audience.clone().or(file.jwt_audience.clone()),
+        user_claim: args.jwt_user_claim.clone().or(file.jwt_user_claim.clone()).unwrap_or(defaults.user_claim),
+        roles_claim: args.jwt_roles_claim.clone().or(file.jwt_roles_claim.clone()).unwrap_or(defaults.roles_claim),
+    };
+    let config = JwtConfig { keys, settings };
+    // A file that cannot be used stops the start here, with why.
+    config.load()?;
+    Ok(Some(config))
 }
 
 /// The environment variable holding the first superuser's password (a flag would show it in
@@ -241,6 +286,7 @@ impl Settings {
         };
         let allowed_origins = allowed_origins(args, &file)?;
         let admin = admin(args, &file)?;
+        let jwt = jwt(args, &file)?;
         let insecure_listen = args.insecure_listen || file.insecure_listen.unwrap_or(false);
         let kafka_addr = match args.kafka_addr.clone().or(file.kafka_addr.clone()).as_deref() {
             Some("off") => None,
@@ -385,6 +431,7 @@ impl Settings {
             shutdown_timeout,
             admin,
             insecure_listen,
+            jwt,
         })
     }
 }

@@ -1,6 +1,8 @@
 //! Who may do what: users, roles, grants and tokens, checked here for every protocol.
 //!
 //! - `credential`: passwords kept as SCRAM credentials.
+//! - `der`: the little DER a public key file or a client certificate needs read.
+//! - `jwt`: JSON Web Tokens from an identity provider, checked against configured keys.
 //! - `model`: users, roles, grants, tokens and the permissions they add up to.
 //! - `records`: their records in the catalog.
 //! - `scram`: the server side of a SCRAM exchange (Kafka's SASL SCRAM-SHA-256/512).
@@ -12,6 +14,8 @@
 //! allowed, as before there were users; the first `CREATE USER` turns it on.
 
 pub mod credential;
+pub mod der;
+pub mod jwt;
 pub mod model;
 pub(crate) mod records;
 pub mod scram;
@@ -26,6 +30,7 @@ use subtle::ConstantTimeEq;
 
 use crate::error::EngineError;
 use credential::{ITERATIONS_DEFAULT, ScramCredential, ScramHash, hex};
+use jwt::JwtVerifier;
 use model::{AccessDefs, ObjectKind, Permissions, Privilege, TokenDef};
 
 /// Passwords checked recently, kept so that a client sending its password with every request
@@ -63,6 +68,10 @@ pub enum LoginFailure {
     BadToken,
     /// The user this connection logged in as was dropped since.
     UserDropped,
+    /// A JWT that does not verify or whose claims do not hold, and why.
+    BadJwt(&'static str),
+    /// The token this connection logged in with has expired since.
+    Expired,
 }
 
 impl LoginFailure {
@@ -72,6 +81,8 @@ impl LoginFailure {
             LoginFailure::WrongPassword => "wrong user name or password",
             LoginFailure::BadToken => "unknown, dropped or expired token",
             LoginFailure::UserDropped => "the user this connection logged in as no longer exists",
+            LoginFailure::BadJwt(reason) => reason,
+            LoginFailure::Expired => "the token this connection logged in with has expired: log in again",
         }
     }
 }
@@ -81,6 +92,10 @@ impl LoginFailure {
 #[derive(Clone, Debug)]
 pub struct Principal {
     user: Option<Arc<str>>,
+    /// The roles a JWT named: `Some` for an identity from a JWT, whose user need not exist.
+    jwt_roles: Option<Arc<[String]>>,
+    /// When the token it logged in with expires (ms since the Unix epoch).
+    expires_ms: Option<u64>,
     permissions: Arc<Permissions>,
     generation: u64,
 }
@@ -90,6 +105,16 @@ impl Principal {
     pub fn user(&self) -> Option<&str> {
         self.user.as_deref()
     }
+
+    /// When the token this principal logged in with stops being accepted, if it does.
+    pub fn expires_ms(&self) -> Option<u64> {
+        self.expires_ms
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
 }
 
 /// The users, roles, grants and tokens in force, and the checks made against them.
@@ -110,6 +135,8 @@ pub struct Access {
     /// request without credentials takes one, and on a server with no users that is every
     /// request.
     anonymous: RwLock<Principal>,
+    /// The keys and settings JWTs are checked with, when configured (`--jwt-keys`).
+    jwt: RwLock<Option<Arc<JwtVerifier>>>,
 }
 
 impl Default for Access {
@@ -122,7 +149,13 @@ impl Access {
     pub(crate) fn new(defs: AccessDefs) -> Access {
         let mut verified_key = [0u8; 32];
         rand::rng().fill_bytes(&mut verified_key);
-        let anonymous = Principal { user: None, permissions: Arc::new(defs.permissions(None)), generation: 1 };
+        let anonymous = Principal {
+            user: None,
+            jwt_roles: None,
+            expires_ms: None,
+            permissions: Arc::new(defs.permissions(None, &[])),
+            generation: 1,
+        };
         Access {
             defs: RwLock::new(Arc::new(defs)),
             generation: AtomicU64::new(1),
@@ -130,7 +163,24 @@ impl Access {
             verified_key,
             decoy: OnceLock::new(),
             anonymous: RwLock::new(anonymous),
+            jwt: RwLock::new(None),
         }
+    }
+
+    /// Puts `verifier` in force for JWTs from now on (at start, and when its file is read
+    /// again); `None` refuses every JWT.
+    pub fn set_jwt(&self, verifier: Option<Arc<JwtVerifier>>) {
+        *self.jwt.write().expect("jwt lock") = verifier;
+    }
+
+    fn jwt(&self) -> Option<Arc<JwtVerifier>> {
+        self.jwt.read().expect("jwt lock").clone()
+    }
+
+    /// Whether a password or bearer value is a token rather than a password: one of onehop's
+    /// (`oht_…`), or a JWT while JWT keys are configured.
+    pub fn is_token(&self, text: &str) -> bool {
+        text.starts_with(TOKEN_PREFIX) || (jwt::looks_like_jwt(text) && self.jwt().is_some())
     }
 
     /// Whether access is on: some user is defined.
@@ -160,8 +210,15 @@ impl Access {
 
     fn principal(&self, user: Option<&str>) -> Principal {
         let generation = self.generation.load(Ordering::Acquire);
-        let permissions = Arc::new(self.defs().permissions(user));
-        Principal { user: user.map(Arc::from), permissions, generation }
+        let permissions = Arc::new(self.defs().permissions(user, &[]));
+        Principal { user: user.map(Arc::from), jwt_roles: None, expires_ms: None, permissions, generation }
+    }
+
+    /// The principal of a verified JWT: its user (who need not exist) with the roles it names.
+    fn jwt_principal(&self, user: Arc<str>, roles: Arc<[String]>, expires_ms: Option<u64>) -> Principal {
+        let generation = self.generation.load(Ordering::Acquire);
+        let permissions = Arc::new(self.defs().permissions(Some(&user), &roles));
+        Principal { user: Some(user), jwt_roles: Some(roles), expires_ms, permissions, generation }
     }
 
     /// A client that presented no credentials: it may do what `PUBLIC` is granted, or
@@ -217,12 +274,21 @@ impl Access {
         hasher.finalize().into()
     }
 
-    /// Checks a token onehop issued (`oht_{id}_{secret}`) at `now_ms`.
+    /// Checks a token at `now_ms`: one onehop issued (`oht_{id}_{secret}`), or a JWT signed
+    /// by a configured key.
     pub fn login_token(&self, token: &str, now_ms: u64) -> Result<Principal, EngineError> {
         let bad = || EngineError::Unauthenticated(LoginFailure::BadToken);
         let defs = self.defs();
         if defs.users.is_empty() {
             return Ok(self.anonymous());
+        }
+        if !token.starts_with(TOKEN_PREFIX)
+            && let Some(verifier) = self.jwt()
+        {
+            let identity = verifier
+                .verify(token, now_ms)
+                .map_err(|reason| EngineError::Unauthenticated(LoginFailure::BadJwt(reason)))?;
+            return Ok(self.jwt_principal(Arc::from(identity.user), Arc::from(identity.roles), identity.expires_ms));
         }
         let (id, _) = token.strip_prefix(TOKEN_PREFIX).and_then(|rest| rest.split_once('_')).ok_or_else(bad)?;
         let def = defs.tokens.get(id).ok_or_else(bad)?;
@@ -233,7 +299,9 @@ impl Access {
         if def.expires_ms.is_some_and(|expires| now_ms >= expires) || !defs.users.contains_key(&def.user) {
             return Err(bad());
         }
-        Ok(self.principal(Some(&def.user)))
+        let mut principal = self.principal(Some(&def.user));
+        principal.expires_ms = def.expires_ms;
+        Ok(principal)
     }
 
     /// Brings `principal` up to date with the access in force, once per change: a connection
@@ -243,12 +311,18 @@ impl Access {
             return Ok(());
         }
         let user = principal.user.clone();
+        if let (Some(user), Some(roles)) = (&user, &principal.jwt_roles) {
+            *principal = self.jwt_principal(user.clone(), roles.clone(), principal.expires_ms);
+            return Ok(());
+        }
         if let Some(user) = &user
             && !self.defs().users.contains_key(&**user)
         {
             return Err(EngineError::Unauthenticated(LoginFailure::UserDropped));
         }
+        let expires_ms = principal.expires_ms;
         *principal = self.principal(user.as_deref());
+        principal.expires_ms = expires_ms;
         Ok(())
     }
 
@@ -309,6 +383,9 @@ impl Access {
         let Some(permissions) = self.permissions(principal).map_err(Some)? else {
             return Ok(());
         };
+        if principal.expires_ms.is_some_and(|expires| now_ms() >= expires) {
+            return Err(Some(EngineError::Unauthenticated(LoginFailure::Expired)));
+        }
         if allowed(&permissions) {
             return Ok(());
         }

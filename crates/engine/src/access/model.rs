@@ -191,9 +191,14 @@ pub struct AccessDefs {
 
 impl AccessDefs {
     /// What `user` (or a client without credentials, `None`) may do: its own grants, its
-    /// roles' and `PUBLIC`'s.
-    pub fn permissions(&self, user: Option<&str>) -> Permissions {
+    /// roles' and `PUBLIC`'s, and those of `extra_roles` (a JWT's) that are roles here.
+    pub fn permissions(&self, user: Option<&str>, extra_roles: &[String]) -> Permissions {
         let mut grantees: BTreeSet<&str> = BTreeSet::from([PUBLIC]);
+        for role in extra_roles {
+            if self.roles.contains(role) {
+                grantees.insert(role);
+            }
+        }
         if let Some(user) = user {
             grantees.insert(user);
             for (role, members) in &self.members {
@@ -218,7 +223,7 @@ impl AccessDefs {
 
     /// The users with `ADMIN ON ALL`, directly or through a role.
     pub fn superusers(&self) -> BTreeSet<String> {
-        self.users.keys().filter(|user| self.permissions(Some(user)).is_superuser()).cloned().collect()
+        self.users.keys().filter(|user| self.permissions(Some(user), &[]).is_superuser()).cloned().collect()
     }
 }
 
@@ -288,17 +293,21 @@ mod tests {
         defs.grants.insert(grant("readers", Privilege::Read, pattern(Some(ObjectKind::Stream), "orders")));
         defs.grants.insert(grant("bob", Privilege::Admin, ObjectPattern::everything()));
         defs.grants.insert(grant(PUBLIC, Privilege::Read, pattern(Some(ObjectKind::View), "scores")));
-        let alice = defs.permissions(Some("alice"));
+        let alice = defs.permissions(Some("alice"), &[]);
         assert!(alice.allows(Privilege::Read, ObjectKind::Stream, "orders"));
         assert!(!alice.allows(Privilege::Write, ObjectKind::Stream, "orders"));
         assert!(alice.allows(Privilege::Read, ObjectKind::View, "scores"));
         assert!(!alice.is_superuser());
-        let anonymous = defs.permissions(None);
+        let anonymous = defs.permissions(None, &[]);
         assert!(anonymous.allows(Privilege::Read, ObjectKind::View, "scores"));
         assert!(!anonymous.allows(Privilege::Read, ObjectKind::Stream, "orders"));
-        let bob = defs.permissions(Some("bob"));
+        let bob = defs.permissions(Some("bob"), &[]);
         assert!(bob.is_superuser() && bob.allows(Privilege::Write, ObjectKind::Table, "anything"));
         assert_eq!(defs.superusers(), BTreeSet::from(["bob".to_string()]));
         assert!(!Privilege::Write.covers(Privilege::Read));
+        // A JWT's roles count where they are roles here; others are ignored.
+        let token = defs.permissions(Some("carol"), &["readers".into(), "nonexistent".into()]);
+        assert!(token.allows(Privilege::Read, ObjectKind::Stream, "orders"));
+        assert!(!defs.permissions(Some("carol"), &[]).allows(Privilege::Read, ObjectKind::Stream, "orders"));
     }
 }

@@ -233,6 +233,24 @@ pub fn get(address: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// One HTTP/1.1 GET as `user` (HTTP Basic), failing the test unless it answers 200; returns
+/// the body.
+pub fn get_as(address: SocketAddr, path: &str, user: (&str, &str)) -> String {
+    use base64::Engine as _;
+    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", user.0, user.1));
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nAuthorization: Basic {credentials}\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "GET {path}: {response}");
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
 /// One HTTP/1.1 POST over a fresh connection; returns (status, body), or None when the
 /// connection failed (the server was killed mid-request).
 pub fn post(address: SocketAddr, path: &str, body: &str) -> Option<(u16, String)> {

@@ -101,3 +101,81 @@ fn kafka_clients_log_in_with_sasl_plain_and_scram_and_keep_to_their_grants() {
     let described: serde_json::Value = serde_json::from_str(&described).unwrap();
     assert_eq!(described["results"][0]["rows"][0][5], serde_json::json!([0]), "nothing was stored: {described}");
 }
+
+/// The HMAC secret of the test's JWT issuer, as hex: 32 bytes.
+const JWT_SECRET_HEX: &str = "6b61666b61206f617574686265617265722074657374207365637265742121aa";
+
+/// confluent-kafka logs in with SASL OAUTHBEARER, its token a JWT signed by Python's own HMAC
+/// (`tests/kafka/confluent/oauth.py`), and keeps producing past several token lifetimes: the
+/// server tells it how long each session lasts, it logs in again on the same connections
+/// (KIP-368), and every record is acknowledged and consumed back. A token signed with another
+/// secret gets an authentication error and stores nothing.
+#[test]
+fn kafka_clients_log_in_with_oauthbearer_jwts_and_again_before_they_expire() {
+    use base64::Engine as _;
+    let dir = DataDir::new();
+    let secret: Vec<u8> = (0..JWT_SECRET_HEX.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&JWT_SECRET_HEX[at..at + 2], 16).unwrap())
+        .collect();
+    let keys = dir.path().join("jwks.json");
+    let k = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret);
+    std::fs::write(&keys, format!(r#"{{"keys":[{{"kty":"oct","kid":"hmac1","alg":"HS256","k":"{k}"}}]}}"#)).unwrap();
+    let server = dir.start(
+        &["--admin-user", "root", "--jwt-keys", keys.to_str().unwrap()],
+        &[("ONEHOP_ADMIN_PASSWORD", "root-pass")],
+    );
+    let kafka = server.kafka_address.unwrap().to_string();
+    crate::common::sql_as(
+        server.address,
+        ("root", "root-pass"),
+        "CREATE STREAM readings; CREATE ROLE devices; GRANT READ, WRITE ON STREAM readings TO devices",
+    );
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/oauth.py");
+    let run = |extra: &[&str]| {
+        let output = std::process::Command::new("python3")
+            .arg(&script)
+            .args([kafka.as_str(), "readings", JWT_SECRET_HEX, "6", "14"])
+            .args(extra)
+            .output()
+            .expect("python3 runs");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "oauth.py: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_str::<serde_json::Value>(stdout.lines().last().unwrap_or_default())
+            .unwrap_or_else(|_| panic!("oauth.py printed {stdout:?}"))
+    };
+
+    let report = run(&[]);
+    assert_eq!(report["errors"], serde_json::json!([]), "tokens: {}", report["tokens"]);
+    let sent = report["sent"].as_u64().unwrap();
+    let acked = report["acked"].as_array().unwrap();
+    assert!(sent > 50, "sent {sent}");
+    assert_eq!(acked.len() as u64, sent, "every record acknowledged");
+    let mut consumed = report["consumed"].as_array().unwrap().clone();
+    let mut acked = acked.clone();
+    consumed.sort_by_key(|value| value.to_string());
+    acked.sort_by_key(|value| value.to_string());
+    assert_eq!(consumed, acked, "every acknowledged record consumed back");
+    assert!(
+        report["tokens"].as_u64().unwrap() >= 3,
+        "the client asked for new tokens as they aged: {}",
+        report["tokens"]
+    );
+    let metrics = crate::common::get_as(server.address, "/metrics", ("root", "root-pass"));
+    let reauthentications: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("kafka_reauthentications_total "))
+        .expect("the metric is exported")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(reauthentications >= 2.0, "connections logged in again before their tokens expired: {reauthentications}");
+
+    let report = run(&["forged"]);
+    assert_eq!(report["acked"], serde_json::json!([]), "{report}");
+    let errors = report["errors"].to_string();
+    assert!(errors.contains("SASL authentication error") && errors.contains("signature does not verify"), "{report}");
+    let described = crate::common::sql_as(server.address, ("root", "root-pass"), "DESCRIBE readings");
+    let described: serde_json::Value = serde_json::from_str(&described).unwrap();
+    assert_eq!(described["results"][0]["rows"][0][5], serde_json::json!([sent]), "nothing forged stored: {described}");
+}

@@ -167,6 +167,12 @@ async fn handle(
         crate::access::login_failed("kafka", None, "a request before SASL authentication");
         return Err(format!("{} before SASL authentication, on a server that has users", api_name(api)));
     }
+    if !sasl && session.expired() {
+        return Err(format!(
+            "{}: the token this connection logged in with has expired and the client did not log in again",
+            api_name(api)
+        ));
+    }
     // Brought up to date once per change to access, so each check reads what the connection
     // holds; a user dropped since it logged in is let go.
     if let Err(error) = shared.engine.access().refresh(&mut session.principal) {
@@ -186,7 +192,8 @@ async fn handle(
             frame_response(id, response_header, &answer, version)?
         }
         RequestKind::SaslAuthenticate(request) => {
-            frame_response(id, response_header, &sasl::authenticate(&shared.engine, session, request).await, version)?
+            let answer = sasl::authenticate(&shared.engine, session, request, version).await;
+            frame_response(id, response_header, &answer, version)?
         }
         RequestKind::Metadata(request) => {
             frame_response(id, response_header, &topics::metadata(shared, who, request, version).await, version)?

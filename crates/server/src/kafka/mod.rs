@@ -245,6 +245,8 @@ pub const REQUESTS: &str = "kafka_requests_total";
 pub const RECORDS_PRODUCED: &str = "kafka_records_produced_total";
 /// Records sent in Fetch responses.
 pub const RECORDS_FETCHED: &str = "kafka_records_fetched_total";
+/// Connections that logged in again before their token expired (KIP-368).
+pub const REAUTHENTICATIONS: &str = "kafka_reauthentications_total";
 
 /// Describes the Kafka listener's metrics and exports the unlabelled ones at 0.
 pub fn describe_metrics() {
@@ -260,6 +262,10 @@ pub fn describe_metrics() {
     metrics::describe_counter!(REQUESTS, "Kafka requests answered, by API.");
     metrics::describe_counter!(RECORDS_PRODUCED, "Records appended by Kafka Produce requests.");
     metrics::describe_counter!(RECORDS_FETCHED, "Records sent in Kafka Fetch responses.");
+    metrics::describe_counter!(
+        REAUTHENTICATIONS,
+        "Kafka connections that logged in again with SASL before their token expired (KIP-368)."
+    );
     metrics::describe_counter!(
         producers::DUPLICATES,
         "Batches an idempotent Kafka producer sent again, answered with their first offsets and not stored twice."
@@ -280,6 +286,7 @@ pub fn describe_metrics() {
         PROTOCOL_ERRORS,
         RECORDS_PRODUCED,
         RECORDS_FETCHED,
+        REAUTHENTICATIONS,
         producers::DUPLICATES,
         transactions::COMMITTED,
         transactions::ABORTED,

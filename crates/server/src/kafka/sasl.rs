@@ -4,6 +4,13 @@
 //! - `PLAIN`: one message, `[authzid] NUL user NUL password`, checked as a password is.
 //! - `SCRAM-SHA-256`, `SCRAM-SHA-512`: two round trips ([`ScramExchange`]); the password never
 //!   crosses the network, and the client checks the server holds the user's credential.
+//! - `OAUTHBEARER` (KIP-255, RFC 7628): one message carrying a bearer token, a JWT signed by a
+//!   configured key (or one of onehop's own tokens).
+//!
+//! A login with a token that expires tells the client how long its session lasts
+//! (`session_lifetime_ms`, KIP-368); the client logs in again on the same connection before
+//! then, with the same mechanism and as the same user. A request after the session has ended
+//! closes the connection, as Kafka's brokers do.
 //!
 //! A failed authentication is answered (SASL_AUTHENTICATION_FAILED, with why) and the
 //! connection closed, as Kafka's brokers do.
@@ -19,12 +26,23 @@ use onehop_engine::access::scram::ScramExchange;
 use onehop_engine::{Engine, EngineError, Principal};
 
 /// The mechanisms served, as SaslHandshake lists them.
-pub(super) const MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+pub(super) const MECHANISMS: [&str; 4] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mechanism {
     Plain,
     Scram(ScramHash),
+    OAuthBearer,
+}
+
+impl Mechanism {
+    fn name(self) -> &'static str {
+        match self {
+            Mechanism::Plain => "PLAIN",
+            Mechanism::Scram(hash) => hash.name(),
+            Mechanism::OAuthBearer => "OAUTHBEARER",
+        }
+    }
 }
 
 /// One connection's identity and where its SASL exchange is.
@@ -34,6 +52,8 @@ pub(super) struct Session {
     pub authenticated: bool,
     mechanism: Option<Mechanism>,
     scram: Option<ScramExchange>,
+    /// An authenticated connection is logging in again (KIP-368).
+    reauthenticating: bool,
     /// Set when the connection must close once its answer is written (a failed login).
     pub close_after_answer: Option<String>,
 }
@@ -45,6 +65,7 @@ impl Session {
             authenticated: false,
             mechanism: None,
             scram: None,
+            reauthenticating: false,
             close_after_answer: None,
         }
     }
@@ -53,6 +74,13 @@ impl Session {
     /// only after authentication.
     pub fn may_proceed(&self, engine: &Engine) -> bool {
         self.authenticated || !engine.access().enabled()
+    }
+
+    /// Whether the token this connection logged in with has expired and it did not log in
+    /// again in time.
+    pub fn expired(&self) -> bool {
+        self.authenticated
+            && self.principal.expires_ms().is_some_and(|expires| onehop_engine::access::now_ms() >= expires)
     }
 }
 
@@ -64,32 +92,36 @@ pub(super) fn handshake(session: &mut Session, request: SaslHandshakeRequest) ->
         "PLAIN" => Mechanism::Plain,
         "SCRAM-SHA-256" => Mechanism::Scram(ScramHash::Sha256),
         "SCRAM-SHA-512" => Mechanism::Scram(ScramHash::Sha512),
+        "OAUTHBEARER" => Mechanism::OAuthBearer,
         _ => {
             response.error_code = ResponseError::UnsupportedSaslMechanism.code();
             return response;
         }
     };
-    if session.authenticated || session.mechanism.is_some() {
+    // Mid-exchange, or a login again with another mechanism than the first (KIP-368 keeps it).
+    let mid_exchange = session.scram.is_some() || (session.mechanism.is_some() && !session.authenticated);
+    if mid_exchange || (session.authenticated && session.mechanism != Some(mechanism)) {
         response.error_code = ResponseError::IllegalSaslState.code();
         return response;
     }
+    session.reauthenticating = session.authenticated;
     session.mechanism = Some(mechanism);
     response
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
-}
+use onehop_engine::access::now_ms;
 
-/// SaslAuthenticate: one step of the mechanism the handshake chose.
+/// SaslAuthenticate (of `version`): one step of the mechanism the handshake chose.
 pub(super) async fn authenticate(
     engine: &Engine,
     session: &mut Session,
     request: SaslAuthenticateRequest,
+    version: i16,
 ) -> SaslAuthenticateResponse {
     let mut response = SaslAuthenticateResponse::default();
     let access = engine.access();
-    let step: Result<Option<(Principal, Vec<u8>)>, EngineError> = match (session.mechanism, session.authenticated) {
+    let out_of_turn = session.authenticated && !session.reauthenticating;
+    let step: Result<Option<(Principal, Vec<u8>)>, EngineError> = match (session.mechanism, out_of_turn) {
         (None, _) | (_, true) => {
             response.error_code = ResponseError::IllegalSaslState.code();
             response.error_message = Some(StrBytes::from_static_str("SaslHandshake must come first, once"));
@@ -98,6 +130,9 @@ pub(super) async fn authenticate(
         }
         (Some(Mechanism::Plain), false) => {
             plain(engine, &request.auth_bytes).await.map(|principal| Some((principal, Vec::new())))
+        }
+        (Some(Mechanism::OAuthBearer), false) => {
+            oauth_bearer(engine, &request.auth_bytes).map(|principal| Some((principal, Vec::new())))
         }
         (Some(Mechanism::Scram(hash)), false) => match session.scram.take() {
             None => ScramExchange::start(access, hash, &request.auth_bytes).map(|(exchange, server_first)| {
@@ -108,18 +143,34 @@ pub(super) async fn authenticate(
             Some(exchange) => exchange.finish(access, &request.auth_bytes).map(Some),
         },
     };
+    // Logging in again must not change who the connection is (KIP-368).
+    let step = match step {
+        Ok(Some((principal, _))) if session.reauthenticating && principal.user() != session.principal.user() => {
+            Err(EngineError::Unauthenticated(onehop_engine::access::LoginFailure::WrongPassword))
+        }
+        other => other,
+    };
     match step {
         Ok(None) => {}
         Ok(Some((principal, server_final))) => {
+            // The client logs in again before this much time has passed; clients of version 0
+            // cannot be told, and their connection closes at the token's expiry.
+            if version >= 1
+                && let Some(expires) = principal.expires_ms()
+            {
+                response.session_lifetime_ms = expires.saturating_sub(now_ms()).clamp(1, i64::MAX as u64) as i64;
+            }
+            if session.reauthenticating {
+                metrics::counter!(super::REAUTHENTICATIONS).increment(1);
+            }
             session.principal = principal;
             session.authenticated = true;
+            session.reauthenticating = false;
             response.auth_bytes = server_final.into();
         }
         Err(error) => {
-            let mechanism = match session.mechanism {
-                Some(Mechanism::Scram(hash)) => hash.name(),
-                _ => "PLAIN",
-            };
+            session.reauthenticating = false;
+            let mechanism = session.mechanism.map_or("PLAIN", Mechanism::name);
             crate::access::login_failed("kafka", None, &error.message());
             response.error_code = ResponseError::SaslAuthenticationFailed.code();
             response.error_message = Some(StrBytes::from_string(format!(
@@ -130,6 +181,35 @@ pub(super) async fn authenticate(
         }
     }
     response
+}
+
+/// OAUTHBEARER's one message (RFC 7628 §3.1): a GS2 header (`n,,` or `n,a=user,`), then
+/// `key=value` pairs each ended by 0x01, one of them `auth=Bearer <token>`, and a final 0x01.
+fn oauth_bearer(engine: &Engine, message: &[u8]) -> Result<Principal, EngineError> {
+    let refused =
+        |reason: &'static str| EngineError::Unauthenticated(onehop_engine::access::LoginFailure::BadJwt(reason));
+    let text = std::str::from_utf8(message).map_err(|_| refused("the OAUTHBEARER message is not UTF-8"))?;
+    let mut parts = text.split('\u{1}');
+    let header = parts.next().unwrap_or_default();
+    let authzid = match header.strip_prefix("n,").and_then(|rest| rest.strip_suffix(',')) {
+        Some("") => None,
+        Some(rest) => Some(rest.strip_prefix("a=").ok_or_else(|| refused("a malformed OAUTHBEARER GS2 header"))?),
+        None => return Err(refused("the OAUTHBEARER GS2 header must be n,, or n,a=user, (no channel binding)")),
+    };
+    let token = parts
+        .find_map(|pair| pair.strip_prefix("auth="))
+        .and_then(|auth| auth.strip_prefix("Bearer ").or_else(|| auth.strip_prefix("bearer ")))
+        .map(str::trim)
+        .ok_or_else(|| refused("the OAUTHBEARER message has no auth=Bearer <token>"))?;
+    let access = engine.access();
+    if !access.is_token(token) {
+        return Err(refused("the OAUTHBEARER token is neither a JWT this server has keys for nor a onehop token"));
+    }
+    let principal = access.login_token(token, now_ms())?;
+    if authzid.is_some_and(|authzid| principal.user().is_some_and(|user| user != authzid)) {
+        return Err(refused("the OAUTHBEARER authorization identity is not the token's user"));
+    }
+    Ok(principal)
 }
 
 /// PLAIN's one message: `[authzid] NUL user NUL password` (RFC 4616); an authorization
@@ -147,7 +227,7 @@ async fn plain(engine: &Engine, message: &[u8]) -> Result<Principal, EngineError
     let access = engine.access();
     // A token as the password logs in as its user, as over MQTT.
     if let Ok(token) = std::str::from_utf8(password)
-        && token.starts_with(onehop_engine::access::TOKEN_PREFIX)
+        && access.is_token(token)
     {
         let principal = access.login_token(token, now_ms())?;
         if principal.user().is_some_and(|owner| owner != user) && access.enabled() {

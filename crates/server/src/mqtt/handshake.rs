@@ -34,7 +34,7 @@ const SESSION_HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNACK_UNACCEPTABLE_VERSION: [u8; 4] = [0x20, 0x02, 0x00, 0x01];
 
 /// Who a CONNECT's credentials stand for. A password that is a token (`oht_…`, from
-/// `CREATE TOKEN`) logs in as the token's user (the user name, which MQTT 3.1.1 requires
+/// `CREATE TOKEN`, or a JWT where JWT keys are configured) logs in as the token's user (the user name, which MQTT 3.1.1 requires
 /// beside a password, must then be empty or that user); any other password is checked with
 /// the user name. No credentials: anonymous, let in only while access is off or `PUBLIC` is
 /// granted something.
@@ -57,7 +57,7 @@ async fn login(broker: &Broker, connect: &Connect) -> Result<Principal, ConnectR
         return Ok(access.anonymous());
     };
     if let Ok(token) = std::str::from_utf8(password)
-        && token.starts_with(onehop_engine::access::TOKEN_PREFIX)
+        && access.is_token(token)
     {
         let principal = access.login_token(token, super::now_ms() as u64).map_err(refused)?;
         if username.is_some_and(|name| !name.is_empty() && principal.user().is_some_and(|user| user != name)) {
