@@ -100,6 +100,17 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// CA certificates (PEM) that sign client certificates: TLS clients may present one, and
+    /// a verified one logs in as the user its subject's common name (CN) is. Read again on
+    /// SIGHUP [default: clients are not asked for a certificate].
+    #[arg(long, env = "ONEHOP_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// With --tls-client-ca: `optional` (a client without a certificate may log in otherwise)
+    /// or `required` (the handshake of a client without one fails) [default: optional].
+    #[arg(long, env = "ONEHOP_TLS_CLIENT_AUTH", value_name = "optional|required", requires = "tls_client_ca")]
+    pub tls_client_auth: Option<String>,
+
     /// Address of the Kafka listener (the Kafka wire protocol: Kafka clients produce to and
     /// fetch from streams), or `off`. Use port 0 for any free port [default: 127.0.0.1:9092].
     #[arg(long, env = "ONEHOP_KAFKA_ADDR", value_name = "ADDR|off")]

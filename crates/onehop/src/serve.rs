@@ -133,7 +133,17 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     };
     let tls = match &settings.tls {
-        Some(files) => Some(onehop_server::tls::Tls::open(files.clone()).context("TLS")?),
+        Some(files) => {
+            let tls = onehop_server::tls::Tls::open(files.clone()).context("TLS")?;
+            if let Some(client_ca) = &files.client_ca {
+                tracing::info!(
+                    client_ca = %client_ca.display(),
+                    required = files.client_cert_required,
+                    "TLS clients may log in with a certificate these CAs signed, as the user its common name is"
+                );
+            }
+            Some(tls)
+        }
         None => None,
     };
     let https_listener = match (settings.https_addr, &tls) {

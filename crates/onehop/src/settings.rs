@@ -59,6 +59,8 @@ struct FileSettings {
     kafka_tls: Option<bool>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
+    tls_client_auth: Option<String>,
     durability: Option<String>,
     async_fsync_interval_ms: Option<u64>,
     segment_bytes_max: Option<Size>,
@@ -306,10 +308,26 @@ impl Settings {
         let mqtt_tls_addr = args.mqtt_tls_addr.or(file.mqtt_tls_addr);
         let tls = match (args.tls_cert.clone().or(file.tls_cert.clone()), args.tls_key.clone().or(file.tls_key.clone()))
         {
-            (Some(cert), Some(key)) => Some(onehop_server::tls::TlsFiles { cert, key }),
+            (Some(cert), Some(key)) => Some(onehop_server::tls::TlsFiles {
+                cert,
+                key,
+                client_ca: args.tls_client_ca.clone().or(file.tls_client_ca.clone()),
+                client_cert_required: match args.tls_client_auth.as_deref().or(file.tls_client_auth.as_deref()) {
+                    None | Some("optional") => false,
+                    Some("required") => true,
+                    Some(other) => bail!("tls_client_auth {other:?}: optional or required"),
+                },
+            }),
             (None, None) => None,
             _ => bail!("tls_cert and tls_key go together: the certificate chain and its private key"),
         };
+        let client_ca_given = args.tls_client_ca.is_some() || file.tls_client_ca.is_some();
+        if tls.is_none() && client_ca_given {
+            bail!("tls_client_ca needs tls_cert and tls_key, and a TLS listener");
+        }
+        if file.tls_client_auth.is_some() && !client_ca_given {
+            bail!("tls_client_auth needs tls_client_ca: the CAs that sign client certificates");
+        }
         let https_addr = args.https_addr.or(file.https_addr);
         if mqtt_tls_addr.is_some() && tls.is_none() {
             bail!("mqtt_tls_addr needs tls_cert and tls_key");

@@ -308,3 +308,194 @@ fn kafka_over_tls_with_sasl_serves_trusting_clients_only() {
     let (ok, stdout, _) = kcat("SASL_SSL", "A", &["-C", "-t", "secure", "-e", "-f", "%s\n"], "");
     assert!(ok && stdout.trim() == "over tls", "only the TLS client's record is stored: {stdout}");
 }
+
+/// A client certificate for `common_name`, signed by the CA `ca{ca}.pem` (made by
+/// [`certificates`]): `client-{name}.pem` and its key `client-{name}.key`, for client
+/// authentication only.
+fn client_certificate(dir: &Path, ca: &str, common_name: &str, name: &str) {
+    let (cert, key, request) =
+        (format!("client-{name}.pem"), format!("client-{name}.key"), format!("client-{name}.csr"));
+    let curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    let subject = format!("/O=onehop tests/CN={common_name}");
+    openssl(dir, &[&["req"][..], &curve, &["-keyout", &key, "-out", &request, "-subj", &subject]].concat());
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n").unwrap();
+    let (ca_cert, ca_key) = (format!("ca{ca}.pem"), format!("ca{ca}.key"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &request,
+            "-CA",
+            &ca_cert,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "1",
+            "-extfile",
+            "client.ext",
+        ],
+    );
+}
+
+/// mTLS: with `--tls-client-ca`, a client certificate that CA signed logs in as the user its
+/// common name is, over HTTPS (curl), MQTT over TLS (mosquitto_pub) and Kafka over TLS (kcat,
+/// `SSL` without SASL), and reaches what that user is granted. A certificate whose name is no
+/// user, and one signed by another CA, get nothing; without a certificate a client logs in as
+/// before, until `--tls-client-auth required` makes the handshake itself refuse it.
+#[test]
+fn client_certificates_log_in_as_the_user_their_common_name_is() {
+    let dir = DataDir::new();
+    let path = dir.path();
+    certificates(path, "A");
+    certificates(path, "Clients");
+    certificates(path, "Rogue");
+    client_certificate(path, "Clients", "device1", "device1");
+    client_certificate(path, "Clients", "stranger", "stranger");
+    client_certificate(path, "Rogue", "device1", "rogue");
+    let (cert, key, client_ca) = (path.join("serverA.pem"), path.join("serverA.key"), path.join("caClients.pem"));
+    let start = |extra: &[&str]| {
+        let mut args = vec![
+            "--https-addr",
+            "127.0.0.1:0",
+            "--mqtt-tls-addr",
+            "127.0.0.1:0",
+            "--kafka-tls",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--tls-client-ca",
+            client_ca.to_str().unwrap(),
+            "--admin-user",
+            "root",
+        ];
+        args.extend_from_slice(extra);
+        dir.start(&args, &[("ONEHOP_ADMIN_PASSWORD", "root-pass")])
+    };
+    let server = start(&[]);
+    common::sql_as(
+        server.address,
+        ("root", "root-pass"),
+        "CREATE USER device1; CREATE STREAM telemetry; CREATE STREAM secrets; \
+         GRANT READ, WRITE ON STREAM telemetry TO device1",
+    );
+    let https = logged_address(&server, "https");
+    let mqtts = logged_address(&server, "mqtts");
+    let mqtts_port = mqtts.rsplit_once(':').unwrap().1.to_string();
+    let kafka = server.kafka_address.unwrap().to_string();
+    let ca = path.join("caA.pem");
+    let identity = |name: &str| {
+        (
+            path.join(format!("client-{name}.pem")).display().to_string(),
+            path.join(format!("client-{name}.key")).display().to_string(),
+        )
+    };
+    let curl = |client: Option<&str>, method: &str, url_path: &str, body: &str| {
+        let mut command = Command::new("curl");
+        command.args(["-s", "-S", "--max-time", "10", "-w", "\n%{http_code}", "--cacert", ca.to_str().unwrap()]);
+        if let Some(client) = client {
+            let (cert, key) = identity(client);
+            command.args(["--cert", &cert, "--key", &key]);
+        }
+        if method == "POST" {
+            command.args(["--data-binary", body]);
+        }
+        let output = command.arg(format!("https://{https}{url_path}")).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", "000"));
+        (status.to_string(), body.to_string())
+    };
+    let (status, body) = curl(Some("device1"), "POST", "/streams/telemetry", "\"by https\"");
+    assert_eq!(status, "200", "{body}");
+    let (status, body) = curl(Some("device1"), "POST", "/streams/secrets", "\"stolen\"");
+    assert_eq!(status, "403", "the certificate's user has no grant on secrets: {body}");
+    let (status, body) = curl(Some("stranger"), "POST", "/streams/telemetry", "\"stranger\"");
+    assert_eq!(status, "401", "{body}");
+    assert!(body.contains("common name (CN) is not a user"), "{body}");
+    let (status, _) = curl(Some("rogue"), "POST", "/streams/telemetry", "\"rogue\"");
+    assert_eq!(status, "000", "a certificate from another CA fails the handshake");
+    let (status, body) = curl(None, "POST", "/streams/telemetry", "\"anonymous\"");
+    assert_eq!(status, "401", "without a certificate, credentials are asked for as before: {body}");
+
+    let mosquitto_pub = |client: Option<&str>, credentials: &[&str], message: &str| {
+        let mut command = Command::new("mosquitto_pub");
+        command.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &mqtts_port,
+            "--cafile",
+            ca.to_str().unwrap(),
+            "-V",
+            "mqttv5",
+            "-q",
+            "1",
+        ]);
+        if let Some(client) = client {
+            let (cert, key) = identity(client);
+            command.args(["--cert", &cert, "--key", &key]);
+        }
+        let output = command.args(credentials).args(["-t", "telemetry/d1", "-m", message]).output().unwrap();
+        (output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    assert_eq!(mosquitto_pub(Some("device1"), &[], "by mqtt"), (0, String::new()));
+    assert_eq!(mosquitto_pub(Some("stranger"), &[], "stranger").0, 0x86, "bad user name or password");
+    assert_eq!(mosquitto_pub(Some("device1"), &["-u", "root"], "as root").0, 0x86, "a user name not the certificate's");
+    assert_ne!(mosquitto_pub(Some("rogue"), &[], "rogue").0, 0, "another CA's certificate");
+    assert_eq!(mosquitto_pub(None, &[], "anonymous").0, 0x87, "no certificate, no credentials: not authorized");
+    assert_eq!(mosquitto_pub(None, &["-u", "root", "-P", "root-pass"], "by password").0, 0, "a password still works");
+
+    let kcat = |client: &str, input: &str| {
+        let (cert, key) = identity(client);
+        let mut child = Command::new("timeout")
+            .args(["20", "kcat", "-b", &kafka, "-X", "security.protocol=SSL"])
+            .args(["-X", &format!("ssl.ca.location={}", ca.display())])
+            .args(["-X", &format!("ssl.certificate.location={cert}"), "-X", &format!("ssl.key.location={key}")])
+            .args(["-P", "-t", "telemetry"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        (output.status.success() && !stderr.contains("ERROR"), stderr)
+    };
+    let (ok, stderr) = kcat("device1", "by kafka\n");
+    assert!(ok, "{stderr}");
+    let (ok, _) = kcat("stranger", "stranger\n");
+    assert!(!ok, "a certificate naming no user does not log in");
+
+    let described = common::get_as(server.address, "/streams/telemetry?from=earliest", ("root", "root-pass"));
+    for value in ["by https", "by mqtt", "by kafka", "by password"] {
+        assert!(described.contains(value), "{value} is stored: {described}");
+    }
+    for value in ["stolen", "stranger", "rogue", "anonymous", "as root"] {
+        assert!(!described.contains(value), "{value} is not stored: {described}");
+    }
+    drop(server);
+
+    // Required: the handshake refuses a client without a certificate, whatever it sends after.
+    let server = start(&["--tls-client-auth", "required"]);
+    let mqtts = logged_address(&server, "mqtts");
+    let port = mqtts.rsplit_once(':').unwrap().1;
+    let without = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", port, "--cafile", ca.to_str().unwrap(), "-u", "root", "-P", "root-pass"])
+        .args(["-t", "telemetry/d1", "-m", "no certificate", "-q", "1"])
+        .output()
+        .unwrap();
+    assert!(!without.status.success(), "a client without a certificate is refused in the handshake");
+    let (cert, key) = identity("device1");
+    let with = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", port, "--cafile", ca.to_str().unwrap(), "--cert", &cert, "--key", &key])
+        .args(["-t", "telemetry/d1", "-m", "with certificate", "-q", "1"])
+        .output()
+        .unwrap();
+    assert!(with.status.success(), "{}", String::from_utf8_lossy(&with.stderr));
+}

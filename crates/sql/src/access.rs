@@ -31,7 +31,8 @@ use crate::parse::syntax;
 pub enum AccessStatement {
     CreateUser {
         name: String,
-        password: String,
+        /// `None`: the user logs in with a token or a client certificate only.
+        password: Option<String>,
         if_not_exists: bool,
     },
     AlterUser {
@@ -167,7 +168,14 @@ pub(crate) fn parse_create(parser: &mut Parser) -> Result<Option<AccessStatement
     if parser.parse_keyword(Keyword::USER) {
         let if_not_exists = parser.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
         let name = name(parser)?;
-        let password = password(parser)?;
+        // Without a password, the user logs in with a token or a client certificate only.
+        let password = if parser.peek_token().token == sqlparser::tokenizer::Token::EOF
+            || parser.peek_token().token == sqlparser::tokenizer::Token::SemiColon
+        {
+            None
+        } else {
+            Some(password(parser)?)
+        };
         return Ok(Some(AccessStatement::CreateUser { name, password, if_not_exists }));
     }
     if parser.parse_keyword(Keyword::ROLE) {
@@ -334,7 +342,7 @@ pub(crate) async fn execute(
     let output = match statement {
         AccessStatement::CreateUser { name, password, if_not_exists } => {
             superuser("create users")?;
-            match engine.create_user(name, password, *if_not_exists).await? {
+            match engine.create_user(name, password.as_deref(), *if_not_exists).await? {
                 onehop_engine::access::UserCreated::Created => {
                     Output::Created { statement: label, definition: format!("user {name}") }
                 }
@@ -545,7 +553,7 @@ mod tests {
     fn access_statements_parse() {
         assert_eq!(
             one("CREATE USER IF NOT EXISTS alice WITH PASSWORD 'it''s'"),
-            AccessStatement::CreateUser { name: "alice".into(), password: "it's".into(), if_not_exists: true }
+            AccessStatement::CreateUser { name: "alice".into(), password: Some("it's".into()), if_not_exists: true }
         );
         assert_eq!(
             one("alter user alice password 'x'"),
@@ -576,8 +584,12 @@ mod tests {
         assert_eq!(one("DROP TOKEN 'ab12'"), AccessStatement::DropToken { id: "ab12".into() });
         assert_eq!(one("SHOW GRANTS FOR public"), AccessStatement::ShowGrants { grantee: Some("public".into()) });
         assert_eq!(one("show tokens"), AccessStatement::ShowTokens);
+        assert_eq!(
+            one("CREATE USER device1"),
+            AccessStatement::CreateUser { name: "device1".into(), password: None, if_not_exists: false }
+        );
         for bad in [
-            "CREATE USER alice",
+            "CREATE USER alice 'x'",
             "GRANT FLY ON orders TO a",
             "GRANT READ ON STREAM 'a*b' TO x",
             "GRANT READ orders TO x",

@@ -72,6 +72,8 @@ pub enum LoginFailure {
     BadJwt(&'static str),
     /// The token this connection logged in with has expired since.
     Expired,
+    /// A client certificate that verified, whose common name is not a user.
+    UnknownCertificateUser,
 }
 
 impl LoginFailure {
@@ -83,6 +85,7 @@ impl LoginFailure {
             LoginFailure::UserDropped => "the user this connection logged in as no longer exists",
             LoginFailure::BadJwt(reason) => reason,
             LoginFailure::Expired => "the token this connection logged in with has expired: log in again",
+            LoginFailure::UnknownCertificateUser => "the client certificate's common name (CN) is not a user",
         }
     }
 }
@@ -302,6 +305,20 @@ impl Access {
         let mut principal = self.principal(Some(&def.user));
         principal.expires_ms = def.expires_ms;
         Ok(principal)
+    }
+
+    /// The user a verified client certificate names (its subject's common name): the TLS
+    /// handshake has checked the certificate against the configured CAs, so the name is all
+    /// that is left to check. The user must exist.
+    pub fn login_certificate(&self, common_name: &str) -> Result<Principal, EngineError> {
+        let defs = self.defs();
+        if defs.users.is_empty() {
+            return Ok(self.anonymous());
+        }
+        if !defs.users.contains_key(common_name) {
+            return Err(EngineError::Unauthenticated(LoginFailure::UnknownCertificateUser));
+        }
+        Ok(self.principal(Some(common_name)))
     }
 
     /// Brings `principal` up to date with the access in force, once per change: a connection

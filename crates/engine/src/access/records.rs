@@ -128,7 +128,8 @@ pub(crate) fn apply(defs: &mut AccessDefs, key: &str, record: &Record) -> Result
             Some(value) => {
                 let parsed: UserRecord = serde_json::from_slice(value).map_err(|error| bad(error.to_string()))?;
                 check_version(parsed.version)?;
-                if parsed.name != rest || parsed.credentials.is_empty() {
+                // No credentials: a user that logs in by token or client certificate only.
+                if parsed.name != rest {
                     return Err(bad("the name or the credentials do not fit the key".into()));
                 }
                 for credential in &parsed.credentials {
@@ -301,7 +302,7 @@ mod tests {
         let record = record(
             3,
             Some(Bytes::from("user/alice")),
-            Some(Bytes::from(r#"{"version":1,"name":"alice","credentials":[],"created_ms":0}"#)),
+            Some(Bytes::from(r#"{"version":1,"name":"bob","credentials":[],"created_ms":0}"#)),
         );
         let error = apply(&mut AccessDefs::default(), "user/alice", &record).unwrap_err();
         assert!(error.to_string().contains("offset 3"), "{error}");

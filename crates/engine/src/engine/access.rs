@@ -79,16 +79,22 @@ impl Engine {
         Ok(answer)
     }
 
-    /// Creates the user `name` with `password` (kept as SCRAM credentials).
+    /// Creates the user `name` with `password` (kept as SCRAM credentials), or without one: a
+    /// user that logs in only with a token or a client certificate.
     pub async fn create_user(
         &self,
         name: &str,
-        password: &str,
+        password: Option<&str>,
         if_not_exists: bool,
     ) -> Result<UserCreated, EngineError> {
         validate_grantee_name(name)?;
-        validate_password(password)?;
-        let credentials = derive_credentials(password).await?;
+        let credentials = match password {
+            Some(password) => {
+                validate_password(password)?;
+                derive_credentials(password).await?
+            }
+            None => Vec::new(),
+        };
         self.change_access(|defs| {
             if defs.users.contains_key(name) {
                 if if_not_exists {
@@ -98,6 +104,11 @@ impl Engine {
             }
             if defs.roles.contains(name) {
                 return Err(EngineError::NameTaken { name: name.to_string(), kind: "role" });
+            }
+            if defs.users.is_empty() && credentials.is_empty() {
+                return Err(EngineError::InvalidDefinition(format!(
+                    "the first user becomes the superuser and needs a password: CREATE USER {name} PASSWORD '…'"
+                )));
             }
             let user = UserDef { name: name.to_string(), credentials, created_ms: now_ms() };
             let mut records = vec![records::user_record(&user)];
@@ -273,7 +284,7 @@ impl Engine {
         if self.access.defs().users.contains_key(name) {
             return Ok(false);
         }
-        let created = self.create_user(name, password, true).await?;
+        let created = self.create_user(name, Some(password), true).await?;
         if created == UserCreated::Created {
             self.grant(Grant {
                 grantee: name.to_string(),
@@ -314,12 +325,14 @@ mod tests {
         {
             let engine = Engine::open_in(dir.path(), EngineOptions::default()).unwrap();
             assert!(!engine.access().enabled());
-            assert_eq!(engine.create_user("root", "first", false).await.unwrap(), UserCreated::CreatedSuperuser);
+            assert_eq!(engine.create_user("root", Some("first"), false).await.unwrap(), UserCreated::CreatedSuperuser);
             assert!(engine.access().enabled());
-            assert_eq!(engine.create_user("alice", "secret", false).await.unwrap(), UserCreated::Created);
-            assert_eq!(engine.create_user("alice", "other", true).await.unwrap(), UserCreated::Existed);
-            assert!(engine.create_user("alice", "other", false).await.is_err());
-            assert!(engine.create_user("public", "x", false).await.is_err());
+            assert_eq!(engine.create_user("alice", Some("secret"), false).await.unwrap(), UserCreated::Created);
+            assert_eq!(engine.create_user("alice", Some("other"), true).await.unwrap(), UserCreated::Existed);
+            assert!(engine.create_user("alice", Some("other"), false).await.is_err());
+            assert!(engine.create_user("public", Some("x"), false).await.is_err());
+            assert_eq!(engine.create_user("device", None, false).await.unwrap(), UserCreated::Created);
+            assert!(engine.access().login_password("device", b"").await.is_err(), "no password logs it in");
             engine.create_role("readers", false).await.unwrap();
             assert!(engine.set_role_member("readers", "alice", true).await.unwrap());
             let read_orders = Grant {

@@ -1,8 +1,10 @@
 //! Who a request is, and whether the route it asks for is theirs to use.
 //!
 //! Credentials come in the `Authorization` header, `Basic` (user and password) or `Bearer` (a
-//! token from `CREATE TOKEN`), or, for a browser's `EventSource` and `WebSocket`, which cannot
-//! set headers, as an `access_token` query parameter. A request with none is anonymous: while
+//! token from `CREATE TOKEN`, or a JWT), or, for a browser's `EventSource` and `WebSocket`,
+//! which cannot set headers, as an `access_token` query parameter. Over HTTPS with client CAs,
+//! a request without these logs in as the user its connection's verified client certificate
+//! names. A request with none is anonymous: while
 //! no user is defined it may do everything, as before there were users; after, what `PUBLIC`
 //! is granted.
 //!
@@ -45,7 +47,12 @@ fn malformed(message: &str) -> ApiError {
 pub enum Credentials {
     None,
     Token(String),
-    Password { user: String, password: String },
+    Password {
+        user: String,
+        password: String,
+    },
+    /// The common name of the connection's verified client certificate.
+    Certificate(String),
 }
 
 /// The credentials an `Authorization` header's value holds: `Basic base64(user:password)`
@@ -78,8 +85,14 @@ fn credentials_of(request: &Request) -> Result<Credentials, ApiError> {
     let token = request.uri().query().and_then(|query| {
         query.split('&').find_map(|pair| pair.strip_prefix(ACCESS_TOKEN_PARAMETER)?.strip_prefix('='))
     });
-    // Tokens are letters, digits and `_`: nothing to percent-decode.
-    Ok(token.map_or(Credentials::None, |token| Credentials::Token(token.to_string())))
+    // Tokens are letters, digits, `_` (and `-`, `.` in a JWT): nothing to percent-decode.
+    if let Some(token) = token {
+        return Ok(Credentials::Token(token.to_string()));
+    }
+    Ok(match request.extensions().get::<crate::tls::VerifiedClient>() {
+        Some(verified) => Credentials::Certificate(verified.0.to_string()),
+        None => Credentials::None,
+    })
 }
 
 /// The principal `credentials` stand for, once checked.
@@ -95,6 +108,7 @@ async fn principal_of(state: &AppState, credentials: Credentials) -> Result<Prin
         Credentials::Password { user, password } => {
             access.login_password(&user, password.as_bytes()).await.map_err(|error| refused(Some(&user), error))
         }
+        Credentials::Certificate(user) => access.login_certificate(&user).map_err(|error| refused(Some(&user), error)),
     }
 }
 

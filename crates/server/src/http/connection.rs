@@ -98,11 +98,11 @@ pub async fn serve(
             (io, peer) = listener.accept() => {
                 let (router, config, closing) = (router.clone(), config.clone(), closing.clone());
                 match config.tls.clone() {
-                    None => connections.spawn(serve_connection(io, router, config, closing)),
+                    None => connections.spawn(serve_connection(io, router, config, closing, None)),
                     Some(tls) => connections.spawn(async move {
                         let accepted = crate::tls::accept(tls.http_acceptor(), io, config.header_read_timeout, "http", peer);
-                        if let Some(io) = accepted.await {
-                            serve_connection(io, router, config, closing).await;
+                        if let Some((io, certificate_user)) = accepted.await {
+                            serve_connection(io, router, config, closing, certificate_user).await;
                         }
                     }),
                 };
@@ -150,14 +150,25 @@ impl Timeout {
 }
 
 /// Serves one connection until it ends, times out, or is closed at shutdown.
-async fn serve_connection<S: Socket>(io: S, router: Router, config: HttpConfig, mut closing: watch::Receiver<bool>) {
+/// `certificate_user`: the user the connection's verified client certificate names, left in
+/// each request's extensions for the access check.
+async fn serve_connection<S: Socket>(
+    io: S,
+    router: Router,
+    config: HttpConfig,
+    mut closing: watch::Receiver<bool>,
+    certificate_user: crate::tls::CertificateUser,
+) {
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Watched { io, activity: activity.clone(), replacement: None });
     let service = {
         let activity = activity.clone();
-        hyper::service::service_fn(move |request: Request<Incoming>| {
+        hyper::service::service_fn(move |mut request: Request<Incoming>| {
             let request_open = RequestOpen::start(activity.clone());
             let mut router = router.clone();
+            if let Some(user) = &certificate_user {
+                request.extensions_mut().insert(crate::tls::VerifiedClient(user.clone()));
+            }
             async move {
                 let response = router.call(request.map(Body::new)).await?;
                 Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _request_open: request_open })))

@@ -29,6 +29,7 @@ const MESSAGE_BYTES_MAX: usize = 16 * 1024;
 
 pub async fn upgrade(
     State(state): State<AppState>,
+    verified: Option<axum::Extension<crate::tls::VerifiedClient>>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(|rejection| {
@@ -52,12 +53,13 @@ pub async fn upgrade(
         .write_buffer_size(0)
         .max_message_size(max_message)
         .max_frame_size(max_message)
-        .on_upgrade(move |socket| bridge(broker, socket))
+        .on_upgrade(move |socket| bridge(broker, socket, verified.map(|verified| verified.0.0)))
         .into_response())
 }
 
 /// Pipes the WebSocket's binary messages to the broker and the broker's bytes back.
-async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
+/// `certificate_user`: the user the connection's verified client certificate names, if any.
+async fn bridge(broker: Arc<Broker>, socket: WebSocket, certificate_user: crate::tls::CertificateUser) {
     let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
     let stopping = broker.clone();
     let (mut from_broker, mut to_broker) = tokio::io::split(theirs);
@@ -104,5 +106,5 @@ async fn bridge(broker: Arc<Broker>, socket: WebSocket) {
             () = outbound => {}
         }
     };
-    tokio::join!(broker.serve_stream(ours), pumps);
+    tokio::join!(broker.serve_stream(ours, certificate_user), pumps);
 }

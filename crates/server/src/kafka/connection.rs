@@ -24,9 +24,19 @@ enum End {
 }
 
 /// Serves one connection until it closes, breaks the protocol or the server stops.
-pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: &Shared) {
+/// A verified client certificate (`certificate_user`) logs the connection in as its user, as
+/// Kafka's SSL listeners with client authentication do; SASL may still follow.
+pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: SocketAddr,
+    shared: &Shared,
+    certificate_user: crate::tls::CertificateUser,
+) {
     let mut stop = shared.stop.clone();
     let mut session = Session::new(&shared.engine);
+    if let Some(user) = certificate_user {
+        session.log_in_with_certificate(&shared.engine, &user);
+    }
     let end = loop {
         // Reading a frame is not cancel-safe (a size read and then dropped would misalign the
         // stream); it is cancelled only here, when the server stops and the connection ends.

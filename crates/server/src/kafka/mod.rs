@@ -205,7 +205,7 @@ impl KafkaServer {
                 tokio::spawn(async move {
                     metrics::gauge!(CONNECTIONS).increment(1.0);
                     match shared.config.tls.clone() {
-                        None => connection::serve(stream, peer, &shared).await,
+                        None => connection::serve(stream, peer, &shared, None).await,
                         Some(tls) => {
                             let accepted = crate::tls::accept(
                                 tls.acceptor(),
@@ -214,8 +214,8 @@ impl KafkaServer {
                                 "kafka",
                                 peer,
                             );
-                            if let Some(stream) = accepted.await {
-                                connection::serve(stream, peer, &shared).await;
+                            if let Some((stream, certificate_user)) = accepted.await {
+                                connection::serve(stream, peer, &shared, certificate_user).await;
                             }
                         }
                     }

@@ -54,6 +54,8 @@ pub(super) struct Session {
     scram: Option<ScramExchange>,
     /// An authenticated connection is logging in again (KIP-368).
     reauthenticating: bool,
+    /// Authenticated by its client certificate; a SASL login may replace it.
+    by_certificate: bool,
     /// Set when the connection must close once its answer is written (a failed login).
     pub close_after_answer: Option<String>,
 }
@@ -66,6 +68,7 @@ impl Session {
             mechanism: None,
             scram: None,
             reauthenticating: false,
+            by_certificate: false,
             close_after_answer: None,
         }
     }
@@ -74,6 +77,19 @@ impl Session {
     /// only after authentication.
     pub fn may_proceed(&self, engine: &Engine) -> bool {
         self.authenticated || !engine.access().enabled()
+    }
+
+    /// Logs the connection in as the user its verified client certificate names; a name that
+    /// is not a user leaves it as it was (SASL may follow), and is counted as a failed login.
+    pub fn log_in_with_certificate(&mut self, engine: &Engine, user: &str) {
+        match engine.access().login_certificate(user) {
+            Ok(principal) => {
+                self.principal = principal;
+                self.authenticated = engine.access().enabled();
+                self.by_certificate = self.authenticated;
+            }
+            Err(error) => crate::access::login_failed("kafka", Some(user), &error.message()),
+        }
     }
 
     /// Whether the token this connection logged in with has expired and it did not log in
@@ -100,11 +116,12 @@ pub(super) fn handshake(session: &mut Session, request: SaslHandshakeRequest) ->
     };
     // Mid-exchange, or a login again with another mechanism than the first (KIP-368 keeps it).
     let mid_exchange = session.scram.is_some() || (session.mechanism.is_some() && !session.authenticated);
-    if mid_exchange || (session.authenticated && session.mechanism != Some(mechanism)) {
+    let relogin = session.authenticated && !session.by_certificate;
+    if mid_exchange || (relogin && session.mechanism != Some(mechanism)) {
         response.error_code = ResponseError::IllegalSaslState.code();
         return response;
     }
-    session.reauthenticating = session.authenticated;
+    session.reauthenticating = relogin;
     session.mechanism = Some(mechanism);
     response
 }
@@ -120,7 +137,7 @@ pub(super) async fn authenticate(
 ) -> SaslAuthenticateResponse {
     let mut response = SaslAuthenticateResponse::default();
     let access = engine.access();
-    let out_of_turn = session.authenticated && !session.reauthenticating;
+    let out_of_turn = session.authenticated && !session.reauthenticating && !session.by_certificate;
     let step: Result<Option<(Principal, Vec<u8>)>, EngineError> = match (session.mechanism, out_of_turn) {
         (None, _) | (_, true) => {
             response.error_code = ResponseError::IllegalSaslState.code();
@@ -166,6 +183,7 @@ pub(super) async fn authenticate(
             session.principal = principal;
             session.authenticated = true;
             session.reauthenticating = false;
+            session.by_certificate = false;
             response.auth_bytes = server_final.into();
         }
         Err(error) => {

@@ -53,10 +53,13 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
     broker: Arc<Broker>,
     stream: S,
     connection_id: u64,
+    certificate_user: crate::tls::CertificateUser,
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
-    let Some(accepted) = handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection_id).await else {
+    let accepted =
+        handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection_id, certificate_user.as_deref());
+    let Some(accepted) = accepted.await else {
         return;
     };
     let Accepted { codec, connect, client_id, stored, kicked, owner, principal } = accepted;

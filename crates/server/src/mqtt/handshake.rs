@@ -36,15 +36,29 @@ const CONNACK_UNACCEPTABLE_VERSION: [u8; 4] = [0x20, 0x02, 0x00, 0x01];
 /// Who a CONNECT's credentials stand for. A password that is a token (`oht_…`, from
 /// `CREATE TOKEN`, or a JWT where JWT keys are configured) logs in as the token's user (the user name, which MQTT 3.1.1 requires
 /// beside a password, must then be empty or that user); any other password is checked with
-/// the user name. No credentials: anonymous, let in only while access is off or `PUBLIC` is
-/// granted something.
-async fn login(broker: &Broker, connect: &Connect) -> Result<Principal, ConnectRefusal> {
+/// the user name. Without a password, a verified client certificate logs in as the user its
+/// common name is (the user name, if given, must be that user). No credentials: anonymous,
+/// let in only while access is off or `PUBLIC` is granted something.
+async fn login(
+    broker: &Broker,
+    connect: &Connect,
+    certificate_user: Option<&str>,
+) -> Result<Principal, ConnectRefusal> {
     let access = broker.engine.access();
     let username = connect.username.as_deref();
     let refused = |error: onehop_engine::EngineError| {
         crate::access::login_failed("mqtt", username, &error.message());
         ConnectRefusal::BadCredentials
     };
+    if connect.password.is_none()
+        && let Some(certificate_user) = certificate_user
+    {
+        if username.is_some_and(|name| !name.is_empty() && name != certificate_user) {
+            crate::access::login_failed("mqtt", username, "a user name other than the client certificate's");
+            return Err(ConnectRefusal::BadCredentials);
+        }
+        return access.login_certificate(certificate_user).map_err(refused);
+    }
     let Some(password) = connect.password.as_deref() else {
         if username.is_some() && access.enabled() {
             crate::access::login_failed("mqtt", username, "a user name without a password");
@@ -139,6 +153,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
     writer: &mut WriteHalf<S>,
     buf: &mut BytesMut,
     connection: u64,
+    certificate_user: Option<&str>,
 ) -> Option<Accepted> {
     let read = tokio::time::timeout(broker.config.connect_timeout, read_connect(broker, reader, writer, buf)).await;
     let Ok(Some((mut codec, connect))) = read else { return None };
@@ -153,7 +168,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
     } else {
         connect.client_id.clone()
     };
-    let principal = match login(broker, &connect).await {
+    let principal = match login(broker, &connect, certificate_user).await {
         Ok(principal) => principal,
         Err(refusal) => return refuse(&mut codec, refusal, writer).await,
     };

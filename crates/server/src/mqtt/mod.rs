@@ -195,13 +195,16 @@ impl Broker {
 
     /// Serves one client over a byte stream that is not a TCP connection of ours (MQTT over
     /// WebSocket).
+    /// `certificate_user` is the user a verified client certificate names (TLS with client
+    /// CAs), taken for a CONNECT without a password.
     pub async fn serve_stream<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(
         self: Arc<Self>,
         stream: S,
+        certificate_user: crate::tls::CertificateUser,
     ) {
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
         metrics::gauge!("mqtt_connections").increment(1.0);
-        connection::run(self, stream, id).await;
+        connection::run(self, stream, id, certificate_user).await;
         metrics::gauge!("mqtt_connections").decrement(1.0);
     }
 
@@ -261,12 +264,12 @@ async fn serve_listener(
             let stream = Lingering::new(stream, permit);
             drop(tokio::spawn(async move {
                 match tls {
-                    None => broker.serve_stream(stream).await,
+                    None => broker.serve_stream(stream, None).await,
                     Some(tls) => {
                         let accepted =
                             crate::tls::accept(tls.acceptor(), stream, crate::tls::HANDSHAKE_TIMEOUT, "mqtt", peer);
-                        if let Some(stream) = accepted.await {
-                            broker.serve_stream(stream).await;
+                        if let Some((stream, certificate_user)) = accepted.await {
+                            broker.serve_stream(stream, certificate_user).await;
                         }
                     }
                 }
