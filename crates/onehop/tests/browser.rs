@@ -178,24 +178,54 @@ enum Setting {
     Environment,
 }
 
+/// The superuser of the runs with access on.
+const ROOT: (&str, &str) = ("root", "root-pass");
+
 /// Starts onehop listing `listed` as its allowed origins (a function of the page server's
-/// address), with one record in the stream `browser`, and runs the page against it.
-fn run(dir: &DataDir, setting: Setting, listed: impl Fn(SocketAddr) -> String) -> (common::Server, Value) {
+/// address), with one record in the stream `browser`, and runs the page against it. With
+/// `access`, the server has users, and the page holds a token of the user `web`, who may read
+/// and write `browser` and `notes` and nothing else.
+fn run(
+    dir: &DataDir,
+    setting: Setting,
+    listed: impl Fn(SocketAddr) -> String,
+    access: bool,
+) -> (common::Server, Value) {
     let page_listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let listed = listed(page_listener.local_addr().unwrap());
     // The stream and the table the page uses.
     let schema = dir.schema_file("CREATE STREAM browser; CREATE TABLE notes (id TEXT PRIMARY KEY, text TEXT);");
     let mut args = vec!["--schema", schema.as_str()];
     let mut environment = Vec::new();
+    if access {
+        args.extend(["--admin-user", ROOT.0]);
+        environment.push(("ONEHOP_ADMIN_PASSWORD", ROOT.1));
+    }
     match setting {
         Setting::Flag => args.extend(["--allowed-origins", listed.as_str()]),
         Setting::Environment => environment.push(("ONEHOP_ALLOWED_ORIGINS", listed.as_str())),
     }
     let server = dir.start(&args, &environment);
+    let token = if access {
+        let answer = common::sql_as(
+            server.address,
+            ROOT,
+            "CREATE USER web; CREATE STREAM secrets; GRANT READ, WRITE ON STREAM browser TO web; \
+             GRANT READ, WRITE ON TABLE notes TO web; CREATE TOKEN FOR web VALID FOR '10m'",
+        );
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        answer["results"][4]["rows"][0][2].as_str().unwrap().to_string()
+    } else {
+        String::new()
+    };
     // Written without an Origin, as any non-browser client: there is something to read.
-    let (status, body) = common::post(server.address, "/streams/browser", r#"{"n":0}"#).unwrap();
+    let (status, body) = if access {
+        common::post_as(server.address, "/streams/browser", r#"{"n":0}"#, ROOT)
+    } else {
+        common::post(server.address, "/streams/browser", r#"{"n":0}"#).unwrap()
+    };
     assert_eq!(status, 200, "{body}");
-    let page = PAGE.replace("__ONEHOP__", &format!("http://{}", server.address));
+    let page = PAGE.replace("__ONEHOP__", &format!("http://{}", server.address)).replace("__TOKEN__", &token);
     let page_server = PageServer::serve(page_listener, page);
     let findings = run_page(&page_server, dir.path());
     (server, findings)
@@ -204,35 +234,98 @@ fn run(dir: &DataDir, setting: Setting, listed: impl Fn(SocketAddr) -> String) -
 #[test]
 fn a_page_from_an_allowed_origin_reads_writes_and_subscribes() {
     let dir = DataDir::new();
-    let (server, findings) = run(&dir, Setting::Environment, |page| format!("http://{page}"));
+    let (server, findings) = run(&dir, Setting::Environment, |page| format!("http://{page}"), false);
+    assert_allowed_steps(&findings);
+    assert_ok(&findings, "simple_post");
+    let (status, body) = get(server.address, "/streams/simple?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["records"][0]["value_text"], "from the page", "{body}");
+}
 
+/// With users defined, a page from an allowed origin holding a token does all the same: a
+/// Bearer header on `fetch` (preflighted), `access_token` for EventSource and the WebSocket,
+/// the token as MQTT's password. Without the token it reads a 401, and a write its user may
+/// not make is a 403 it can read; the simple POST, which cannot carry the token, acts on
+/// nothing.
+#[test]
+fn a_page_with_a_token_reads_writes_and_subscribes_as_its_user() {
+    let dir = DataDir::new();
+    let (server, findings) = run(&dir, Setting::Flag, |page| format!("http://{page}"), true);
+    assert_allowed_steps(&findings);
+    let without = assert_ok(&findings, "without_token");
+    assert_eq!(
+        (without["status"].as_u64(), without["body"]["error"]["code"].as_str()),
+        (Some(401), Some("unauthenticated"))
+    );
+    let forbidden = assert_ok(&findings, "forbidden_write");
+    assert_eq!(
+        (forbidden["status"].as_u64(), forbidden["body"]["error"]["code"].as_str()),
+        (Some(403), Some("forbidden"))
+    );
+    assert_eq!(step(&findings, "simple_post")["type"], "opaque", "{findings:#}");
+    let root = |path: &str| common::get_as_status(server.address, path, ROOT);
+    assert_eq!(root("/streams/simple?from=earliest").0, 404, "the simple POST without a token was acted on");
+    let (status, body) = root("/streams/secrets?from=earliest");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["records"], serde_json::json!([]), "{body}");
+}
+
+/// With users defined, a page from an origin not allowed gets nothing even with a valid token,
+/// and nothing is written.
+#[test]
+fn a_page_from_another_origin_gets_nothing_even_with_a_token() {
+    let dir = DataDir::new();
+    let (server, findings) = run(&dir, Setting::Flag, |page| format!("http://localhost:{}", page.port()), true);
+    for name in [
+        "publish_first",
+        "get_records",
+        "event_source",
+        "resume",
+        "put_row",
+        "get_row",
+        "web_socket",
+        "mqtt",
+        "without_token",
+        "forbidden_write",
+    ] {
+        let step = step(&findings, name);
+        assert_eq!(step["ok"], false, "step {name:?} worked from an origin not allowed: {step:#}");
+    }
+    let (status, body) = common::get_as_status(server.address, "/streams/browser?from=earliest", ROOT);
+    let records = serde_json::from_str::<Value>(&body).unwrap()["records"].as_array().map(Vec::len);
+    assert_eq!((status, records), (200, Some(1)), "only the test's own record: {body}");
+    assert_eq!(common::get_as_status(server.address, "/tables/notes/n1", ROOT).0, 404);
+}
+
+/// What a page from an allowed origin finds, with or without access on.
+fn assert_allowed_steps(findings: &Value) {
     // Preflighted writes (Content-Type: application/json) and a read of what they wrote.
-    let first = assert_ok(&findings, "publish_first");
+    let first = assert_ok(findings, "publish_first");
     assert_eq!((first["status"].as_u64(), first["body"]["offset"].as_u64()), (Some(200), Some(1)), "{first:#}");
-    let second = assert_ok(&findings, "publish_second");
+    let second = assert_ok(findings, "publish_second");
     assert_eq!(second["body"]["offset"], 2, "{second:#}");
-    let records = assert_ok(&findings, "get_records");
+    let records = assert_ok(findings, "get_records");
     let values: Vec<&Value> =
         records["body"]["records"].as_array().unwrap().iter().map(|record| &record["value"]["n"]).collect();
     assert_eq!(values, [0, 1, 2], "{records:#}");
 
-    let event_source = assert_ok(&findings, "event_source");
+    let event_source = assert_ok(findings, "event_source");
     assert_eq!(event_source["id"], "0:0", "{event_source:#}");
     assert_eq!(event_source["record"]["value"]["n"], 0, "{event_source:#}");
     // Resumed right after 0:0: the first event is the page's first record.
-    let resume = assert_ok(&findings, "resume");
+    let resume = assert_ok(findings, "resume");
     let first_event = resume["first_event"].as_str().unwrap();
     assert!(first_event.contains("id: 0:1") && first_event.contains(r#""n":1"#), "{resume:#}");
 
     // The ETag is a header the page may read only when onehop exposes it.
-    let put = assert_ok(&findings, "put_row");
+    let put = assert_ok(findings, "put_row");
     assert_eq!(put["status"], 201, "{put:#}");
     let etag = put["etag"].as_str().unwrap_or_else(|| panic!("the page could not read the ETag: {put:#}"));
-    let row = assert_ok(&findings, "get_row");
+    let row = assert_ok(findings, "get_row");
     assert_eq!((row["status"].as_u64(), row["etag"].as_str()), (Some(200), Some(etag)), "{row:#}");
     assert_eq!(row["body"]["text"], "from the page", "{row:#}");
 
-    let socket = assert_ok(&findings, "web_socket");
+    let socket = assert_ok(findings, "web_socket");
     let kinds: Vec<(&str, &str)> = socket["messages"]
         .as_array()
         .unwrap()
@@ -241,20 +334,15 @@ fn a_page_from_an_allowed_origin_reads_writes_and_subscribes() {
         .collect();
     assert_eq!(kinds[..2], [("subscribed", "url"), ("record", "url")], "{socket:#}");
     assert_eq!(kinds.last(), Some(&("subscribed", "second")), "{socket:#}");
-    let mqtt = assert_ok(&findings, "mqtt");
+    let mqtt = assert_ok(findings, "mqtt");
     assert_eq!(mqtt["connack"], serde_json::json!([0x20, 2, 0, 0]), "{mqtt:#}");
-
-    assert_ok(&findings, "simple_post");
-    let (status, body) = get(server.address, "/streams/simple?from=earliest");
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["records"][0]["value_text"], "from the page", "{body}");
 }
 
 #[test]
 fn a_page_from_another_origin_gets_nothing_and_changes_nothing() {
     let dir = DataDir::new();
     // The same port under another name is another origin.
-    let (server, findings) = run(&dir, Setting::Flag, |page| format!("http://localhost:{}", page.port()));
+    let (server, findings) = run(&dir, Setting::Flag, |page| format!("http://localhost:{}", page.port()), false);
 
     for name in [
         "publish_first",

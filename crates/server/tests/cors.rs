@@ -83,7 +83,7 @@ async fn a_preflight_from_an_allowed_origin_is_answered_with_what_it_may_send() 
     assert_eq!(header(&response, "access-control-allow-methods"), Some("GET, HEAD, POST, PUT, PATCH, DELETE"));
     assert_eq!(
         header(&response, "access-control-allow-headers"),
-        Some("accept, content-type, if-match, if-none-match, last-event-id, onehop-durability")
+        Some("accept, authorization, content-type, if-match, if-none-match, last-event-id, onehop-durability")
     );
     assert_eq!(header(&response, "access-control-max-age"), Some("3600"));
     assert_eq!(header(&response, "access-control-allow-credentials"), None);

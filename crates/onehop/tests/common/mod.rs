@@ -233,22 +233,41 @@ pub fn get(address: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-/// One HTTP/1.1 GET as `user` (HTTP Basic), failing the test unless it answers 200; returns
-/// the body.
-pub fn get_as(address: SocketAddr, path: &str, user: (&str, &str)) -> String {
+/// One HTTP/1.1 request as `user` (HTTP Basic) over a fresh connection: (status, body).
+fn request_as(address: SocketAddr, method: &str, path: &str, body: &str, user: (&str, &str)) -> (u16, String) {
     use base64::Engine as _;
     let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", user.0, user.1));
     let mut stream = TcpStream::connect(address).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nAuthorization: Basic {credentials}\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nAuthorization: Basic {credentials}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "GET {path}: {response}");
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+/// One HTTP/1.1 GET as `user` (HTTP Basic): (status, body).
+pub fn get_as_status(address: SocketAddr, path: &str, user: (&str, &str)) -> (u16, String) {
+    request_as(address, "GET", path, "", user)
+}
+
+/// One HTTP/1.1 GET as `user` (HTTP Basic), failing the test unless it answers 200; returns
+/// the body.
+pub fn get_as(address: SocketAddr, path: &str, user: (&str, &str)) -> String {
+    let (status, body) = get_as_status(address, path, user);
+    assert_eq!(status, 200, "GET {path}: {body}");
+    body
+}
+
+/// One HTTP/1.1 POST of `body` as `user` (HTTP Basic): (status, body).
+pub fn post_as(address: SocketAddr, path: &str, body: &str, user: (&str, &str)) -> (u16, String) {
+    request_as(address, "POST", path, body, user)
 }
 
 /// One HTTP/1.1 POST over a fresh connection; returns (status, body), or None when the

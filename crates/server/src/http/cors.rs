@@ -35,8 +35,16 @@ const ALLOWED_METHODS: [Method; 6] =
 /// The request headers the API reads, lower case: the body's type, conditional writes, an SSE
 /// resume, the per-write durability. (`Accept` is listed for values a browser would otherwise
 /// ask about.)
-const ALLOWED_HEADERS: [&str; 6] =
-    ["accept", "content-type", "if-match", "if-none-match", "last-event-id", super::streams::DURABILITY_HEADER];
+const ALLOWED_HEADERS: [&str; 7] = [
+    "accept",
+    // A page sends its user's token as a Bearer header.
+    "authorization",
+    "content-type",
+    "if-match",
+    "if-none-match",
+    "last-event-id",
+    super::streams::DURABILITY_HEADER,
+];
 /// The response headers a page may read beyond the ones always readable: a row's version.
 const EXPOSED_HEADERS: &str = "etag";
 /// How long a browser may reuse a preflight's answer for one URL and method: an hour saves a
