@@ -85,6 +85,13 @@ pub enum EngineError {
         user: Option<String>,
         action: String,
     },
+    /// The user is at one of its limits (`ALTER USER … SET LIMITS`): `limit` names it
+    /// (`connections`, `subscriptions`, `publishes_per_second`, `publish_bytes_per_second`).
+    LimitExceeded {
+        user: String,
+        limit: &'static str,
+        value: u64,
+    },
     Internal(String),
 }
 
@@ -168,6 +175,10 @@ impl EngineError {
             EngineError::NotSuperuser { user, action } => {
                 format!("user {:?} may not {action}", user.as_deref().unwrap_or("(anonymous)"))
             }
+            EngineError::LimitExceeded { user, limit, value } => {
+                let rate = if limit.ends_with("per_second") { " (a second's worth at once)" } else { "" };
+                format!("user {user:?} is at its limit {limit} = {value}{rate}")
+            }
             EngineError::Internal(reason) => format!("internal error: {reason}"),
         }
     }
@@ -197,6 +208,12 @@ impl EngineError {
                 )
             }
             EngineError::NotSuperuser { .. } => "that takes a superuser (a user with ADMIN ON ALL)".to_string(),
+            EngineError::LimitExceeded { limit, .. } if limit.ends_with("per_second") => {
+                "try again in a second; a superuser can raise it (ALTER USER … SET LIMITS (…))".to_string()
+            }
+            EngineError::LimitExceeded { .. } => {
+                "close one first; a superuser can raise it (ALTER USER … SET LIMITS (…))".to_string()
+            }
             EngineError::Unindexed { table, fields } => {
                 let first = fields.first().map(String::as_str).unwrap_or("field");
                 format!("create one (CREATE INDEX ON {table} ({first})), or add scan=true to read every row")
@@ -244,6 +261,8 @@ pub enum ErrorKind {
     Unauthenticated,
     /// The client is identified and may not do this.
     Forbidden,
+    /// The client's user is at one of its limits: it may try again later.
+    LimitExceeded,
     /// A broken invariant: a bug.
     Internal,
 }
@@ -284,6 +303,7 @@ impl EngineError {
             EngineError::PreconditionFailed { .. } => Kind::PreconditionFailed,
             EngineError::Unauthenticated(_) => Kind::Unauthenticated,
             EngineError::Forbidden { .. } | EngineError::NotSuperuser { .. } => Kind::Forbidden,
+            EngineError::LimitExceeded { .. } => Kind::LimitExceeded,
             EngineError::Internal(_) => Kind::Internal,
         }
     }
@@ -321,6 +341,7 @@ impl EngineError {
             EngineError::InvalidFilter(_) => "bad_filter",
             EngineError::Unauthenticated(_) => "unauthenticated",
             EngineError::Forbidden { .. } | EngineError::NotSuperuser { .. } => "forbidden",
+            EngineError::LimitExceeded { .. } => "limit_exceeded",
             EngineError::Internal(_) => "internal",
         }
     }

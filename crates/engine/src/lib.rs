@@ -37,6 +37,7 @@ mod tabledef;
 pub mod units;
 pub mod view;
 
+pub use access::limits::{Held, Resource};
 pub use access::model::{ObjectKind, Privilege};
 pub use access::{Access, Principal};
 pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};

@@ -28,6 +28,16 @@ pub fn login_failed(protocol: &'static str, user: Option<&str>, reason: &str) {
     tracing::warn!(protocol, user = user.unwrap_or(""), reason, unlogged_since_last = unlogged, "login refused");
 }
 
+/// Counts a connection, subscription or publish refused because its user is at a limit.
+pub fn limit_refused(protocol: &'static str) {
+    metrics::counter!("limit_refusals_total", "protocol" => protocol).increment(1);
+}
+
+/// Counts a publish that had its connection wait for its user's publish rates.
+pub fn publish_throttled(protocol: &'static str) {
+    metrics::counter!("publishes_throttled_total", "protocol" => protocol).increment(1);
+}
+
 /// Registers the access metrics at 0 for every protocol.
 pub(crate) fn describe_metrics() {
     metrics::describe_counter!(
@@ -43,5 +53,17 @@ pub(crate) fn describe_metrics() {
     );
     for protocol in ["http", "mqtt", "kafka"] {
         let _ = metrics::counter!("tls_handshake_failures_total", "protocol" => protocol);
+    }
+    metrics::describe_counter!(
+        "limit_refusals_total",
+        "Connections, subscriptions and publishes refused because their user was at one of its limits, by protocol."
+    );
+    metrics::describe_counter!(
+        "publishes_throttled_total",
+        "Publishes that made their connection wait because their user was over its publish rates, by protocol."
+    );
+    for protocol in ["http", "mqtt", "kafka"] {
+        let _ = metrics::counter!("limit_refusals_total", "protocol" => protocol);
+        let _ = metrics::counter!("publishes_throttled_total", "protocol" => protocol);
     }
 }

@@ -3,7 +3,11 @@
 //!
 //! ```sql
 //! CREATE USER [IF NOT EXISTS] alice [WITH] PASSWORD 's3cret';
+//! CREATE USER device1;                  -- no password: token or client certificate only
 //! ALTER USER alice [WITH] PASSWORD 'n3w';
+//! ALTER USER alice SET LIMITS (connections = 10, subscriptions = 100,
+//!                              publishes_per_second = 500, publish_bytes_per_second = '1MiB');
+//! ALTER USER alice RESET LIMITS;
 //! DROP USER [IF EXISTS] alice;
 //! CREATE ROLE [IF NOT EXISTS] readers;   DROP ROLE [IF EXISTS] readers;
 //! GRANT READ, WRITE ON STREAM orders, TABLE carts, VIEW 'sensor_*' TO alice, readers;
@@ -14,7 +18,7 @@
 //! SHOW USERS; SHOW ROLES; SHOW GRANTS [FOR alice]; SHOW TOKENS;
 //! ```
 
-use onehop_engine::access::model::{Grant, ObjectPattern, PUBLIC};
+use onehop_engine::access::model::{Grant, ObjectPattern, PUBLIC, UserLimits};
 use onehop_engine::units::parse_duration;
 use onehop_engine::{Engine, ObjectKind, Principal, Privilege};
 use serde_json::{Value, json};
@@ -38,6 +42,11 @@ pub enum AccessStatement {
     AlterUser {
         name: String,
         password: String,
+    },
+    /// `SET LIMITS (…)` (the limits given, every other lifted) or `RESET LIMITS` (none).
+    AlterUserLimits {
+        name: String,
+        limits: UserLimits,
     },
     DropUser {
         name: String,
@@ -93,7 +102,9 @@ impl AccessStatement {
     pub fn label(&self) -> String {
         match self {
             AccessStatement::CreateUser { name, .. } => format!("CREATE USER {name}"),
-            AccessStatement::AlterUser { name, .. } => format!("ALTER USER {name}"),
+            AccessStatement::AlterUser { name, .. } | AccessStatement::AlterUserLimits { name, .. } => {
+                format!("ALTER USER {name}")
+            }
             AccessStatement::DropUser { name, .. } => format!("DROP USER {name}"),
             AccessStatement::CreateRole { name, .. } => format!("CREATE ROLE {name}"),
             AccessStatement::DropRole { name, .. } => format!("DROP ROLE {name}"),
@@ -198,10 +209,62 @@ pub(crate) fn parse_create(parser: &mut Parser) -> Result<Option<AccessStatement
     Ok(None)
 }
 
-/// `ALTER USER` (already read) `name [WITH] PASSWORD '…'`.
+/// `ALTER USER` (already read) `name [WITH] PASSWORD '…'`, `name SET LIMITS (…)` or
+/// `name RESET LIMITS`.
 pub(crate) fn parse_alter_user(parser: &mut Parser) -> Result<AccessStatement, SqlError> {
     let name = name(parser)?;
+    if parser.parse_keyword(Keyword::RESET) {
+        if !word(parser, "limits") {
+            return Err(SqlError::Syntax("expected RESET LIMITS".into()));
+        }
+        return Ok(AccessStatement::AlterUserLimits { name, limits: UserLimits::default() });
+    }
+    if parser.parse_keyword(Keyword::SET) {
+        if !word(parser, "limits") {
+            return Err(SqlError::Syntax("expected SET LIMITS (name = value, …)".into()));
+        }
+        return Ok(AccessStatement::AlterUserLimits { name, limits: limits(parser)? });
+    }
     Ok(AccessStatement::AlterUser { name, password: password(parser)? })
+}
+
+/// `(name = value, …)`: each of the four limits at most once; a count is a whole number, a
+/// byte rate a number or a quoted size (`'1MiB'`).
+fn limits(parser: &mut Parser) -> Result<UserLimits, SqlError> {
+    parser.expect_token(&Token::LParen).map_err(syntax)?;
+    let mut limits = UserLimits::default();
+    loop {
+        let key = name(parser)?.to_ascii_lowercase();
+        parser.expect_token(&Token::Eq).map_err(syntax)?;
+        let value = match parser.next_token().token {
+            Token::Number(text, _) | Token::SingleQuotedString(text) => text,
+            other => return Err(SqlError::Syntax(format!("expected a number for {key}, found {other}"))),
+        };
+        let invalid = |reason: String| SqlError::InvalidOption(format!("{key} = {value}: {reason}"));
+        let count = || value.parse::<u32>().map_err(|_| invalid("a whole number up to 4294967295".into()));
+        let slot_taken = match key.as_str() {
+            "connections" => limits.connections.replace(count()?).is_some(),
+            "subscriptions" => limits.subscriptions.replace(count()?).is_some(),
+            "publishes_per_second" => limits.publishes_per_second.replace(count()?).is_some(),
+            "publish_bytes_per_second" => limits
+                .publish_bytes_per_second
+                .replace(onehop_engine::units::parse_bytes(&value).map_err(invalid)?)
+                .is_some(),
+            _ => {
+                return Err(SqlError::InvalidOption(format!(
+                    "unknown limit {key}: connections, subscriptions, publishes_per_second or publish_bytes_per_second"
+                )));
+            }
+        };
+        if slot_taken {
+            return Err(SqlError::InvalidOption(format!("{key} is given twice")));
+        }
+        if !parser.consume_token(&Token::Comma) {
+            break;
+        }
+    }
+    parser.expect_token(&Token::RParen).map_err(syntax)?;
+    Ok(limits)
 }
 
 /// Parses what follows `DROP` when it is `USER`, `ROLE` or `TOKEN`; `None` otherwise.
@@ -367,6 +430,11 @@ pub(crate) async fn execute(
             engine.alter_user_password(name, password).await?;
             Output::Altered { statement: label, definition: format!("user {name}: new password") }
         }
+        AccessStatement::AlterUserLimits { name, limits } => {
+            superuser("change users' limits")?;
+            engine.alter_user_limits(name, *limits).await?;
+            Output::Altered { statement: label, definition: format!("user {name}: limits {limits}") }
+        }
         AccessStatement::DropUser { name, if_exists } => {
             superuser("drop users")?;
             if engine.drop_user(name, *if_exists).await? {
@@ -487,10 +555,17 @@ pub(crate) async fn execute(
                         .filter(|(_, members)| members.contains(&user.name))
                         .map(|(role, _)| role)
                         .collect();
-                    vec![json!(user.name), json!(superusers.contains(&user.name)), json!(roles), json!(user.created_ms)]
+                    vec![
+                        json!(user.name),
+                        json!(superusers.contains(&user.name)),
+                        json!(roles),
+                        json!(!user.credentials.is_empty()),
+                        json!(user.limits.to_string()),
+                        json!(user.created_ms),
+                    ]
                 })
                 .collect();
-            rows(label, &["name", "superuser", "roles", "created_ms"], list)
+            rows(label, &["name", "superuser", "roles", "password", "limits", "created_ms"], list)
         }
         AccessStatement::ShowRoles => {
             superuser("list roles")?;
@@ -584,6 +659,29 @@ mod tests {
         assert_eq!(one("DROP TOKEN 'ab12'"), AccessStatement::DropToken { id: "ab12".into() });
         assert_eq!(one("SHOW GRANTS FOR public"), AccessStatement::ShowGrants { grantee: Some("public".into()) });
         assert_eq!(one("show tokens"), AccessStatement::ShowTokens);
+        assert_eq!(
+            one("ALTER USER alice SET LIMITS (connections = 3, PUBLISH_BYTES_PER_SECOND = '1KiB')"),
+            AccessStatement::AlterUserLimits {
+                name: "alice".into(),
+                limits: UserLimits {
+                    connections: Some(3),
+                    publish_bytes_per_second: Some(1024),
+                    ..UserLimits::default()
+                }
+            }
+        );
+        assert_eq!(
+            one("alter user alice reset limits"),
+            AccessStatement::AlterUserLimits { name: "alice".into(), limits: UserLimits::default() }
+        );
+        for bad in [
+            "ALTER USER alice SET LIMITS (connections = -1)",
+            "ALTER USER alice SET LIMITS (connections = 1, connections = 2)",
+            "ALTER USER alice SET LIMITS (speed = 1)",
+            "ALTER USER alice SET LIMITS ()",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
         assert_eq!(
             one("CREATE USER device1"),
             AccessStatement::CreateUser { name: "device1".into(), password: None, if_not_exists: false }

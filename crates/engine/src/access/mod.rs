@@ -3,6 +3,7 @@
 //! - `credential`: passwords kept as SCRAM credentials.
 //! - `der`: the little DER a public key file or a client certificate needs read.
 //! - `jwt`: JSON Web Tokens from an identity provider, checked against configured keys.
+//! - `limits`: what each user holds and sends, against its limits.
 //! - `model`: users, roles, grants, tokens and the permissions they add up to.
 //! - `records`: their records in the catalog.
 //! - `scram`: the server side of a SCRAM exchange (Kafka's SASL SCRAM-SHA-256/512).
@@ -16,6 +17,7 @@
 pub mod credential;
 pub mod der;
 pub mod jwt;
+pub mod limits;
 pub mod model;
 pub(crate) mod records;
 pub mod scram;
@@ -31,6 +33,7 @@ use subtle::ConstantTimeEq;
 use crate::error::EngineError;
 use credential::{ITERATIONS_DEFAULT, ScramCredential, ScramHash, hex};
 use jwt::JwtVerifier;
+use limits::{Held, Limited, Resource, Usage};
 use model::{AccessDefs, ObjectKind, Permissions, Privilege, TokenDef};
 
 /// Passwords checked recently, kept so that a client sending its password with every request
@@ -101,6 +104,8 @@ pub struct Principal {
     expires_ms: Option<u64>,
     permissions: Arc<Permissions>,
     generation: u64,
+    /// The user's limits and usage, when it has limits.
+    limited: Option<Arc<Limited>>,
 }
 
 impl Principal {
@@ -112,6 +117,33 @@ impl Principal {
     /// When the token this principal logged in with stops being accepted, if it does.
     pub fn expires_ms(&self) -> Option<u64> {
         self.expires_ms
+    }
+
+    /// Counts a connection or subscription against the user's limit while the returned
+    /// [`Held`] lives, or refuses it at the limit (`None`: the user has no limits).
+    pub fn hold(&self, resource: Resource) -> Result<Option<Held>, EngineError> {
+        match &self.limited {
+            None => Ok(None),
+            Some(limited) => limited.hold(resource),
+        }
+    }
+
+    /// Takes a publish of `records` and `bytes` now, or refuses it (HTTP answers 429): the
+    /// user's publish rates have no room for it.
+    pub fn admit_publish(&self, records: u64, bytes: u64) -> Result<(), EngineError> {
+        match &self.limited {
+            Some(limited) if limited.limits_publishes() => limited.admit(records, bytes, std::time::Instant::now()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes a publish of `records` and `bytes` and says how long to wait before going on
+    /// (MQTT and Kafka slow the client down): zero within the user's rates.
+    pub fn throttle_publish(&self, records: u64, bytes: u64) -> std::time::Duration {
+        match &self.limited {
+            Some(limited) if limited.limits_publishes() => limited.throttle(records, bytes, std::time::Instant::now()),
+            _ => std::time::Duration::ZERO,
+        }
     }
 }
 
@@ -140,6 +172,9 @@ pub struct Access {
     anonymous: RwLock<Principal>,
     /// The keys and settings JWTs are checked with, when configured (`--jwt-keys`).
     jwt: RwLock<Option<Arc<JwtVerifier>>>,
+    /// What each user with limits holds and has sent, shared by all its connections. An entry
+    /// is made at a user's first login with limits and kept: at most one per user.
+    usages: Mutex<HashMap<String, Arc<Usage>>>,
 }
 
 impl Default for Access {
@@ -158,6 +193,7 @@ impl Access {
             expires_ms: None,
             permissions: Arc::new(defs.permissions(None, &[])),
             generation: 1,
+            limited: None,
         };
         Access {
             defs: RwLock::new(Arc::new(defs)),
@@ -167,6 +203,7 @@ impl Access {
             decoy: OnceLock::new(),
             anonymous: RwLock::new(anonymous),
             jwt: RwLock::new(None),
+            usages: Mutex::new(HashMap::new()),
         }
     }
 
@@ -213,15 +250,26 @@ impl Access {
 
     fn principal(&self, user: Option<&str>) -> Principal {
         let generation = self.generation.load(Ordering::Acquire);
-        let permissions = Arc::new(self.defs().permissions(user, &[]));
-        Principal { user: user.map(Arc::from), jwt_roles: None, expires_ms: None, permissions, generation }
+        let defs = self.defs();
+        let permissions = Arc::new(defs.permissions(user, &[]));
+        let limited = user.and_then(|user| self.limited(&defs, user));
+        Principal { user: user.map(Arc::from), jwt_roles: None, expires_ms: None, permissions, generation, limited }
     }
 
     /// The principal of a verified JWT: its user (who need not exist) with the roles it names.
     fn jwt_principal(&self, user: Arc<str>, roles: Arc<[String]>, expires_ms: Option<u64>) -> Principal {
         let generation = self.generation.load(Ordering::Acquire);
-        let permissions = Arc::new(self.defs().permissions(Some(&user), &roles));
-        Principal { user: Some(user), jwt_roles: Some(roles), expires_ms, permissions, generation }
+        let defs = self.defs();
+        let permissions = Arc::new(defs.permissions(Some(&user), &roles));
+        let limited = self.limited(&defs, &user);
+        Principal { user: Some(user), jwt_roles: Some(roles), expires_ms, permissions, generation, limited }
+    }
+
+    /// The limits and usage of `user`, if it is a user with limits.
+    fn limited(&self, defs: &AccessDefs, user: &str) -> Option<Arc<Limited>> {
+        let limits = defs.users.get(user).map(|def| def.limits).filter(|limits| !limits.is_none())?;
+        let usage = self.usages.lock().expect("usages lock").entry(user.to_string()).or_default().clone();
+        Some(Arc::new(Limited { user: Arc::from(user), limits, usage }))
     }
 
     /// A client that presented no credentials: it may do what `PUBLIC` is granted, or
@@ -450,7 +498,12 @@ mod tests {
         let mut defs = AccessDefs::default();
         defs.users.insert(
             "alice".into(),
-            UserDef { name: "alice".into(), credentials: credentials(b"secret"), created_ms: 0 },
+            UserDef {
+                name: "alice".into(),
+                credentials: credentials(b"secret"),
+                created_ms: 0,
+                limits: Default::default(),
+            },
         );
         defs.grants.insert(Grant {
             grantee: "alice".into(),
@@ -497,7 +550,10 @@ mod tests {
         let mut held = alice.clone();
         let mut defs = (*access.defs()).clone();
         defs.users.remove("alice");
-        defs.users.insert("bob".into(), UserDef { name: "bob".into(), credentials: credentials(b"x"), created_ms: 0 });
+        defs.users.insert(
+            "bob".into(),
+            UserDef { name: "bob".into(), credentials: credentials(b"x"), created_ms: 0, limits: Default::default() },
+        );
         access.replace(defs);
         assert!(matches!(access.refresh(&mut held), Err(EngineError::Unauthenticated(LoginFailure::UserDropped))));
         assert!(access.authorize(&alice, Privilege::Write, ObjectKind::Stream, "orders").is_err());

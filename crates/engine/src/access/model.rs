@@ -160,9 +160,51 @@ impl std::fmt::Display for Grant {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UserDef {
     pub name: String,
-    /// One per hash (SCRAM-SHA-256 first, SCRAM-SHA-512), all from the same password.
+    /// One per hash (SCRAM-SHA-256 first, SCRAM-SHA-512), all from the same password; none
+    /// for a user that logs in only by token or client certificate.
     pub credentials: Vec<ScramCredential>,
     pub created_ms: u64,
+    pub limits: UserLimits,
+}
+
+/// The most one user may hold and send, over every protocol and connection together; `None`:
+/// no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserLimits {
+    /// Connections open at once: MQTT and Kafka connections, SSE streams and WebSockets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u32>,
+    /// Subscriptions open at once: MQTT filters, SSE streams, WebSocket subscriptions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscriptions: Option<u32>,
+    /// Records published per second (HTTP, MQTT, Kafka), with one second's worth as a burst.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publishes_per_second: Option<u32>,
+    /// Bytes of record values published per second, with one second's worth as a burst.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_bytes_per_second: Option<u64>,
+}
+
+impl UserLimits {
+    pub fn is_none(&self) -> bool {
+        *self == UserLimits::default()
+    }
+}
+
+impl std::fmt::Display for UserLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = [
+            self.connections.map(|n| format!("connections = {n}")),
+            self.subscriptions.map(|n| format!("subscriptions = {n}")),
+            self.publishes_per_second.map(|n| format!("publishes_per_second = {n}")),
+            self.publish_bytes_per_second.map(|n| format!("publish_bytes_per_second = {n}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if parts.is_empty() { f.write_str("none") } else { f.write_str(&parts.join(", ")) }
+    }
 }
 
 /// A token: a secret standing for a user. Only the secret's SHA-256 is kept; the secret is
@@ -285,7 +327,10 @@ mod tests {
     fn permissions_join_own_role_and_public_grants() {
         let mut defs = AccessDefs::default();
         for user in ["alice", "bob"] {
-            defs.users.insert(user.into(), UserDef { name: user.into(), credentials: Vec::new(), created_ms: 0 });
+            defs.users.insert(
+                user.into(),
+                UserDef { name: user.into(), credentials: Vec::new(), created_ms: 0, limits: UserLimits::default() },
+            );
         }
         defs.roles.insert("readers".into());
         defs.members.entry("readers".into()).or_default().insert("alice".into());

@@ -3,7 +3,7 @@
 //!
 //! | key | value |
 //! |---|---|
-//! | `user/{name}` | `{version, name, credentials, created_ms}` |
+//! | `user/{name}` | `{version, name, credentials, created_ms, limits?}` |
 //! | `role/{name}` | `{version, name}` |
 //! | `member/{role}/{user}` | `{version}` |
 //! | `grant/{grantee}/{privilege}/{kind or any}/{pattern}` | `{version}` |
@@ -16,7 +16,7 @@ use onehop_log::{NewRecord, Record};
 use serde::{Deserialize, Serialize};
 
 use super::credential::{ScramCredential, hex, unhex};
-use super::model::{AccessDefs, Grant, ObjectKind, ObjectPattern, Privilege, TokenDef, UserDef};
+use super::model::{AccessDefs, Grant, ObjectKind, ObjectPattern, Privilege, TokenDef, UserDef, UserLimits};
 use crate::error::EngineError;
 
 const VERSION: u32 = 1;
@@ -29,6 +29,9 @@ struct UserRecord {
     name: String,
     credentials: Vec<ScramCredential>,
     created_ms: u64,
+    /// Absent in records written before limits existed, and for a user without any.
+    #[serde(default, skip_serializing_if = "UserLimits::is_none")]
+    limits: UserLimits,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -62,6 +65,7 @@ pub(crate) fn user_record(user: &UserDef) -> NewRecord {
         name: user.name.clone(),
         credentials: user.credentials.clone(),
         created_ms: user.created_ms,
+        limits: user.limits,
     };
     keyed(format!("user/{}", user.name), Some(serde_json::to_vec(&value).expect("a user serializes")))
 }
@@ -135,8 +139,12 @@ pub(crate) fn apply(defs: &mut AccessDefs, key: &str, record: &Record) -> Result
                 for credential in &parsed.credentials {
                     credential.validate().map_err(bad)?;
                 }
-                let user =
-                    UserDef { name: parsed.name, credentials: parsed.credentials, created_ms: parsed.created_ms };
+                let user = UserDef {
+                    name: parsed.name,
+                    credentials: parsed.credentials,
+                    created_ms: parsed.created_ms,
+                    limits: parsed.limits,
+                };
                 defs.users.insert(user.name.clone(), user);
             }
         },
@@ -259,6 +267,11 @@ mod tests {
             name: "alice".into(),
             credentials: vec![ScramCredential::new(ScramHash::Sha256, b"secret", ITERATIONS_MIN)],
             created_ms: 5,
+            limits: UserLimits {
+                connections: Some(3),
+                publish_bytes_per_second: Some(1 << 20),
+                ..UserLimits::default()
+            },
         };
         let grant = Grant {
             grantee: "readers".into(),

@@ -214,7 +214,10 @@ mod tests {
             .into_iter()
             .map(|hash| ScramCredential::new(hash, b"pencil", ITERATIONS_DEFAULT))
             .collect();
-        defs.users.insert("us,er".into(), UserDef { name: "us,er".into(), credentials, created_ms: 0 });
+        defs.users.insert(
+            "us,er".into(),
+            UserDef { name: "us,er".into(), credentials, created_ms: 0, limits: Default::default() },
+        );
         Access::new(defs)
     }
 

@@ -4,7 +4,7 @@
 use onehop_log::NewRecord;
 
 use super::Engine;
-use crate::access::model::{AccessDefs, Grant, ObjectPattern, PUBLIC, Privilege, TokenDef, UserDef};
+use crate::access::model::{AccessDefs, Grant, ObjectPattern, PUBLIC, Privilege, TokenDef, UserDef, UserLimits};
 use crate::access::{self, Access, UserCreated, records};
 use crate::error::EngineError;
 
@@ -110,7 +110,8 @@ impl Engine {
                     "the first user becomes the superuser and needs a password: CREATE USER {name} PASSWORD '…'"
                 )));
             }
-            let user = UserDef { name: name.to_string(), credentials, created_ms: now_ms() };
+            let user =
+                UserDef { name: name.to_string(), credentials, created_ms: now_ms(), limits: UserLimits::default() };
             let mut records = vec![records::user_record(&user)];
             let first = defs.users.is_empty();
             defs.users.insert(name.to_string(), user);
@@ -137,6 +138,22 @@ impl Engine {
         self.change_access(|defs| {
             let user = defs.users.get_mut(name).ok_or_else(|| unknown("user", name))?;
             user.credentials = credentials;
+            Ok((vec![records::user_record(user)], ()))
+        })
+        .await
+    }
+
+    /// Puts `limits` in force for the user `name` (all of them: a limit not given is lifted),
+    /// from its connections' next publish, subscription or connection on.
+    pub async fn alter_user_limits(&self, name: &str, limits: UserLimits) -> Result<(), EngineError> {
+        let zero = [limits.connections, limits.subscriptions, limits.publishes_per_second].contains(&Some(0))
+            || limits.publish_bytes_per_second == Some(0);
+        if zero {
+            return Err(invalid("a limit of 0 would refuse everything; leave the limit out to lift it".into()));
+        }
+        self.change_access(|defs| {
+            let user = defs.users.get_mut(name).ok_or_else(|| unknown("user", name))?;
+            user.limits = limits;
             Ok((vec![records::user_record(user)], ()))
         })
         .await

@@ -40,6 +40,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::StorageFailed | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -68,6 +69,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static(super::auth::CHALLENGE));
+        }
+        if self.code == "limit_exceeded" {
+            crate::access::limit_refused("http");
+            // A user's rates hold a second's worth: a second later a request that fits is let in.
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
         response
     }

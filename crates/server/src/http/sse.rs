@@ -122,6 +122,8 @@ struct Feed {
     keep_alive: KeepAlive,
     /// Turns true when the server stops.
     shutdown: watch::Receiver<bool>,
+    /// The event stream, counted as a connection of its user's while it lives.
+    _connection: Option<onehop_engine::Held>,
 }
 
 impl Feed {
@@ -192,6 +194,8 @@ pub async fn subscribe(
     let params = Params::parse(raw_query, &target)?;
     super::subscribe::ensure_exists(&state, &target).await?;
     let last_event_id = headers.get("last-event-id").and_then(|value| value.to_str().ok());
+    // An event stream is a connection of its user's, as an MQTT connection is.
+    let connection = principal.hold(onehop_engine::Resource::Connection)?;
     let mut opened = open(&state, &principal, &target, params, last_event_id).await?;
     let snapshot = opened.snapshot.take();
     let feed = Feed {
@@ -200,6 +204,7 @@ pub async fn subscribe(
         opened,
         keep_alive: KeepAlive::new(),
         shutdown: state.shutdown.receiver(),
+        _connection: connection,
     };
     let events = futures_util::stream::unfold(Some(feed), next_chunk);
     let mut response = Body::from_stream(events).into_response();

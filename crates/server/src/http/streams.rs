@@ -140,6 +140,7 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
 
 pub async fn publish(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
@@ -181,6 +182,9 @@ pub async fn publish(
         };
         (vec![record], false)
     };
+    // Within the user's publish rates, or a 429 with nothing written.
+    let bytes = records.iter().map(|record| record.value.as_ref().map_or(0, Bytes::len) as u64).sum();
+    principal.admit_publish(records.len() as u64, bytes)?;
     let stream = state.engine.stream_or_create(&name).await?;
     let published = stream.publish(&records, durability).await?;
     Ok(Json(if batch {
@@ -380,8 +384,9 @@ pub async fn read_or_subscribe(
         super::subscribe::ensure_exists(&state, &target).await?;
         let request = super::ws::Request { subscription: "url".into(), target, params };
         let max = state.subscriptions_per_socket_max;
+        let held = principal.hold(onehop_engine::Resource::Connection)?;
         return Ok(super::ws::configure(upgrade)
-            .on_upgrade(move |socket| super::ws::serve(state, principal, socket, Some(request), max))
+            .on_upgrade(move |socket| super::ws::serve(state, principal, socket, Some(request), max, held))
             .into_response());
     }
     if super::sse::wants_events(&headers) {

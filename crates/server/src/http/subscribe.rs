@@ -164,6 +164,8 @@ pub async fn ensure_exists(state: &AppState, target: &Target) -> Result<(), ApiE
 pub struct Opened {
     pub cursor: Cursor,
     pub snapshot: Option<Vec<Bytes>>,
+    /// The subscription, counted against its user's limit while it lives.
+    pub held: Option<onehop_engine::Held>,
 }
 
 /// Starts a subscription through the engine's one way to open them
@@ -183,6 +185,7 @@ pub async fn open(
         let stream = state.engine.followed_stream(target).await?;
         Start::Positions(start_positions(&stream, params.from.as_deref(), resume)?)
     };
+    let held = principal.hold(onehop_engine::Resource::Subscription)?;
     let opened = state.engine.open_subscription(principal, target, params.filter, start).await?;
     let snapshot = opened.snapshot.map(|snapshot| match (snapshot, target) {
         (Snapshot::Rows(rows), Target::Table(table) | Target::Row { table, .. }) => {
@@ -196,7 +199,7 @@ pub async fn open(
         // The engine answers a table's rows for a table and a view's for a view.
         (snapshot, target) => unreachable!("a {snapshot:?} for {target:?}"),
     });
-    Ok(Opened { cursor: opened.cursor, snapshot })
+    Ok(Opened { cursor: opened.cursor, snapshot, held })
 }
 
 /// A table change as JSON: `{"id","table","op","key","offset","timestamp","row"}`; `row` is the

@@ -114,15 +114,19 @@ fn written(table: &str, id: &str, written: Written) -> Response {
     response
 }
 
+/// A row write of `bytes` (the body), within its user's publish rates.
 async fn write(
     state: AppState,
+    principal: onehop_engine::Principal,
     table: String,
     id: String,
     headers: HeaderMap,
     write: Write,
+    bytes: u64,
 ) -> Result<Response, ApiError> {
     let precondition = precondition(&headers)?;
     let durability = durability(&headers)?;
+    principal.admit_publish(1, bytes)?;
     let handle = state.engine.table(&table)?;
     let done = handle.write(&id, write, precondition, durability).await?;
     Ok(written(&table, &id, done))
@@ -130,30 +134,35 @@ async fn write(
 
 pub async fn put_row(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path((table, id)): Path<(String, String)>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let row = json_object(&body_bytes(&state, body)?)?;
-    write(state, table, id, headers, Write::Put(row)).await
+    let body = body_bytes(&state, body)?;
+    let row = json_object(&body)?;
+    write(state, principal, table, id, headers, Write::Put(row), body.len() as u64).await
 }
 
 pub async fn patch_row(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path((table, id)): Path<(String, String)>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let patch = json_object(&body_bytes(&state, body)?)?;
-    write(state, table, id, headers, Write::Patch(patch)).await
+    let body = body_bytes(&state, body)?;
+    let patch = json_object(&body)?;
+    write(state, principal, table, id, headers, Write::Patch(patch), body.len() as u64).await
 }
 
 pub async fn delete_row(
     State(state): State<AppState>,
+    Extension(principal): Extension<onehop_engine::Principal>,
     Path((table, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    write(state, table, id, headers, Write::Delete).await
+    write(state, principal, table, id, headers, Write::Delete, 0).await
 }
 
 /// A WebSocket or SSE subscription to `target` when the request asks for one.
@@ -172,9 +181,10 @@ pub(super) async fn maybe_subscribe(
         let request = super::ws::Request { subscription: "url".into(), target, params };
         let (state, principal) = (state.clone(), principal.clone());
         let max = state.subscriptions_per_socket_max;
+        let held = principal.hold(onehop_engine::Resource::Connection)?;
         return Ok(Some(
             super::ws::configure(upgrade)
-                .on_upgrade(move |socket| super::ws::serve(state, principal, socket, Some(request), max))
+                .on_upgrade(move |socket| super::ws::serve(state, principal, socket, Some(request), max, held))
                 .into_response(),
         ));
     }

@@ -311,13 +311,16 @@ impl Subscriptions {
 }
 
 /// Serves one socket until the client closes it or the server stops.
+/// `connection` counts the socket against its user's limit until it closes.
 pub async fn serve(
     state: AppState,
     principal: onehop_engine::Principal,
     socket: WebSocket,
     initial: Option<Request>,
     subscriptions_max: usize,
+    connection: Option<onehop_engine::Held>,
 ) {
+    let _connection = connection;
     let (mut sink, mut incoming) = socket.split();
     let (outbox, mut outgoing) = mpsc::channel::<Message>(OUTBOX_MESSAGES);
     let mut shutdown = state.shutdown.receiver();

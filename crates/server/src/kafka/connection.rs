@@ -65,6 +65,12 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         if let Some(reason) = session.close_after_answer.take() {
             break End::Protocol(reason);
         }
+        // Over its user's publish rates: the answer said how long to wait (throttle_time_ms),
+        // and the connection reads nothing more until then, as Kafka mutes a throttled
+        // channel (KIP-219).
+        if let Some(wait) = session.muted_for.take() {
+            tokio::time::sleep(wait).await;
+        }
     };
     if let End::Protocol(reason) = end {
         metrics::counter!(PROTOCOL_ERRORS).increment(1);
@@ -220,10 +226,17 @@ async fn handle(
         RequestKind::CreatePartitions(request) => {
             frame_response(id, response_header, &topics::create_partitions(shared, who, request).await, version)?
         }
-        RequestKind::Produce(request) => match produce::produce(shared, who, request).await {
-            Some(answer) => frame_response(id, response_header, &answer, version)?,
-            None => return Ok(None),
-        },
+        RequestKind::Produce(request) => {
+            let (answer, wait) = produce::produce(shared, who, request).await;
+            if !wait.is_zero() {
+                crate::access::publish_throttled("kafka");
+                session.muted_for = Some(wait);
+            }
+            match answer {
+                Some(answer) => frame_response(id, response_header, &answer, version)?,
+                None => return Ok(None),
+            }
+        }
         RequestKind::Fetch(request) => {
             frame_response(id, response_header, &fetch::fetch(shared, who, request).await, version)?
         }

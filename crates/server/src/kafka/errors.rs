@@ -19,6 +19,7 @@ pub(super) fn code(error: &EngineError) -> i16 {
         (_, ErrorKind::PreconditionFailed | ErrorKind::Internal) => ResponseError::UnknownServerError,
         (_, ErrorKind::Unauthenticated) => ResponseError::SaslAuthenticationFailed,
         (_, ErrorKind::Forbidden) => ResponseError::TopicAuthorizationFailed,
+        (_, ErrorKind::LimitExceeded) => ResponseError::ThrottlingQuotaExceeded,
     };
     kafka.code()
 }

@@ -126,10 +126,16 @@ pub(super) async fn init_producer_id(
     response
 }
 
-/// Answers a Produce request, or `None` for `acks = 0` (a Kafka broker answers nothing then).
-/// Every partition is queued before any is awaited, so one request's partitions share their
-/// group commits.
-pub(super) async fn produce(shared: &Shared, who: &Principal, request: ProduceRequest) -> Option<ProduceResponse> {
+/// Answers a Produce request, or `None` for `acks = 0` (a Kafka broker answers nothing then),
+/// and how long the connection waits before its next request: over its user's publish rates,
+/// the time until it is back within them (also in the answer's `throttle_time_ms`). Every
+/// partition is queued before any is awaited, so one request's partitions share their group
+/// commits.
+pub(super) async fn produce(
+    shared: &Shared,
+    who: &Principal,
+    request: ProduceRequest,
+) -> (Option<ProduceResponse>, std::time::Duration) {
     let durability = match request.acks {
         -1 => Some(Some(Durability::Fsync)),
         1 => Some(None),
@@ -137,19 +143,21 @@ pub(super) async fn produce(shared: &Shared, who: &Principal, request: ProduceRe
         _ => None,
     };
     let mut pending = Vec::with_capacity(request.topic_data.len());
+    let mut produced_bytes = 0u64;
+    let mut produced_records = 0u64;
     for topic in request.topic_data {
         let stream = super::stream_for(shared, who, Privilege::Write, topic.name.0.as_str());
         let mut partitions = Vec::with_capacity(topic.partition_data.len());
         for data in topic.partition_data {
+            let records = data.records.unwrap_or_default();
+            produced_bytes += records.len() as u64;
             let outcome = match (&stream, durability) {
                 (_, None) => Pending::Refused {
                     code: ResponseError::InvalidRequiredAcks.code(),
                     message: format!("acks={}: only -1 (all), 0 and 1 are valid", request.acks),
                 },
                 (Err(error), _) => refused(error),
-                (Ok(stream), Some(durability)) => {
-                    queue(shared, stream, data.index, data.records.unwrap_or_default(), durability).await
-                }
+                (Ok(stream), Some(durability)) => queue(shared, stream, data.index, records, durability).await,
             };
             partitions.push((data.index, outcome));
         }
@@ -167,6 +175,7 @@ pub(super) async fn produce(shared: &Shared, who: &Principal, request: ProduceRe
             answer.log_start_offset = -1;
             let failed = match outcome {
                 Pending::Queued { append, records, start_offset, ticket } => {
+                    produced_records += records;
                     let acked = append.await;
                     if let Some(ticket) = ticket {
                         shared.producers.stored(ticket, acked.as_ref().ok().map(|ack| ack.base_offset));
@@ -200,7 +209,9 @@ pub(super) async fn produce(shared: &Shared, who: &Principal, request: ProduceRe
         }
         response.responses.push(topic);
     }
-    (request.acks != 0).then_some(response)
+    let wait = who.throttle_publish(produced_records, produced_bytes);
+    response.throttle_time_ms = wait.as_millis().min(i32::MAX as u128) as i32;
+    ((request.acks != 0).then_some(response), wait)
 }
 
 fn refused(error: &EngineError) -> Pending {

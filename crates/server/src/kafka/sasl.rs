@@ -56,6 +56,11 @@ pub(super) struct Session {
     reauthenticating: bool,
     /// Authenticated by its client certificate; a SASL login may replace it.
     by_certificate: bool,
+    /// The connection, counted against its user's limit once it has logged in.
+    held: Option<onehop_engine::Held>,
+    /// How long the connection reads nothing after its answer: its user is over its publish
+    /// rates.
+    pub muted_for: Option<std::time::Duration>,
     /// Set when the connection must close once its answer is written (a failed login).
     pub close_after_answer: Option<String>,
 }
@@ -69,6 +74,8 @@ impl Session {
             scram: None,
             reauthenticating: false,
             by_certificate: false,
+            held: None,
+            muted_for: None,
             close_after_answer: None,
         }
     }
@@ -82,12 +89,18 @@ impl Session {
     /// Logs the connection in as the user its verified client certificate names; a name that
     /// is not a user leaves it as it was (SASL may follow), and is counted as a failed login.
     pub fn log_in_with_certificate(&mut self, engine: &Engine, user: &str) {
-        match engine.access().login_certificate(user) {
-            Ok(principal) => {
+        let held = engine.access().login_certificate(user).and_then(|principal| {
+            let held = principal.hold(onehop_engine::Resource::Connection)?;
+            Ok((principal, held))
+        });
+        match held {
+            Ok((principal, held)) => {
                 self.principal = principal;
+                self.held = held;
                 self.authenticated = engine.access().enabled();
                 self.by_certificate = self.authenticated;
             }
+            Err(error) if error.code() == "limit_exceeded" => crate::access::limit_refused("kafka"),
             Err(error) => crate::access::login_failed("kafka", Some(user), &error.message()),
         }
     }
@@ -160,10 +173,23 @@ pub(super) async fn authenticate(
             Some(exchange) => exchange.finish(access, &request.auth_bytes).map(Some),
         },
     };
-    // Logging in again must not change who the connection is (KIP-368).
+    // Logging in again must not change who the connection is (KIP-368). A first login takes
+    // a place in the user's connection limit; at the limit it fails, and says why.
     let step = match step {
         Ok(Some((principal, _))) if session.reauthenticating && principal.user() != session.principal.user() => {
             Err(EngineError::Unauthenticated(onehop_engine::access::LoginFailure::WrongPassword))
+        }
+        Ok(Some((principal, server_final))) if !session.reauthenticating => {
+            match principal.hold(onehop_engine::Resource::Connection) {
+                Ok(held) => {
+                    session.held = held;
+                    Ok(Some((principal, server_final)))
+                }
+                Err(error) => {
+                    crate::access::limit_refused("kafka");
+                    Err(error)
+                }
+            }
         }
         other => other,
     };

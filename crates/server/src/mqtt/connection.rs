@@ -62,7 +62,8 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
     let Some(accepted) = accepted.await else {
         return;
     };
-    let Accepted { codec, connect, client_id, stored, kicked, owner, principal } = accepted;
+    // `_held` counts the connection against its user's limit until it ends.
+    let Accepted { codec, connect, client_id, stored, kicked, owner, principal, held: _held } = accepted;
     let (acks_sender, acks) = mpsc::channel(usize::from(broker.config.receive_max) + ACK_GROUPS_SPARE);
     let (deliveries_sender, deliveries) = mpsc::channel(broker.config.outbound_queue);
     let mut connection = Connection {
@@ -349,6 +350,14 @@ impl Connection {
     /// the table its topic names). One that cannot be stored is refused.
     async fn store(&mut self, message: Message) {
         let receipt = message.receipt;
+        // Over its user's publish rates, the connection waits (reading nothing more) until the
+        // user is back within them: the client is slowed down, nothing it sent is dropped.
+        let wait = self.publisher.principal().throttle_publish(1, message.payload.len() as u64);
+        if !wait.is_zero() {
+            self.flush().await;
+            crate::access::publish_throttled("mqtt");
+            tokio::time::sleep(wait).await;
+        }
         let stored = if !message.retain {
             self.gather(message).await
         } else if let Some(table) = self.publisher.table_of(&message.topic) {

@@ -143,6 +143,8 @@ pub(super) struct Accepted {
     pub(super) owner: SessionOwner,
     /// Who the client logged in as.
     pub(super) principal: Principal,
+    /// The connection, counted against its user's limit while it lives.
+    pub(super) held: Option<onehop_engine::Held>,
 }
 
 /// Reads the CONNECT (within the connect timeout) and answers it: the client accepted, or
@@ -172,6 +174,17 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
         Ok(principal) => principal,
         Err(refusal) => return refuse(&mut codec, refusal, writer).await,
     };
+    let held = match principal.hold(onehop_engine::Resource::Connection) {
+        Ok(held) => held,
+        // A client taking its own id over (a reconnect after its network dropped) is let in:
+        // the connection it replaces is about to close, and with it its place.
+        Err(_) if broker.clients.is_connected(&client_id) => None,
+        Err(error) => {
+            tracing::info!(client_id, %error, "MQTT CONNECT refused: the user is at its connection limit");
+            crate::access::limit_refused("mqtt");
+            return refuse(&mut codec, ConnectRefusal::QuotaExceeded, writer).await;
+        }
+    };
     if let Some(max) = connect.max_packet_size {
         codec.set_max_outbound(max);
     }
@@ -199,7 +212,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
         return None;
     }
     tracing::debug!(client_id, version = ?codec.version(), keep_alive = connect.keep_alive_secs, "MQTT client connected");
-    Some(Accepted { codec, connect, client_id, stored, kicked, owner, principal })
+    Some(Accepted { codec, connect, client_id, stored, kicked, owner, principal, held })
 }
 
 /// The session `client_id` finds: none on a clean start (which ends a stored one), else the

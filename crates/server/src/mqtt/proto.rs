@@ -316,7 +316,9 @@ impl Codec {
                     Err(ConnectRefusal::BadClientId) => v3::ConnectAckReason::IdentifierRejected,
                     Err(ConnectRefusal::BadCredentials) => v3::ConnectAckReason::BadUserNameOrPassword,
                     Err(ConnectRefusal::NotAuthorized) => v3::ConnectAckReason::NotAuthorized,
-                    Err(ConnectRefusal::Unavailable) => v3::ConnectAckReason::ServiceUnavailable,
+                    Err(ConnectRefusal::Unavailable | ConnectRefusal::QuotaExceeded) => {
+                        v3::ConnectAckReason::ServiceUnavailable
+                    }
                     // 3.1.1 has no return code for a CONNECT it cannot read: it just closes.
                     Err(ConnectRefusal::Unreadable(_)) => return Ok(()),
                 };
@@ -345,6 +347,7 @@ impl Codec {
                             ConnectRefusal::BadCredentials => v5::ConnectAckReason::BadUserNameOrPassword,
                             ConnectRefusal::NotAuthorized => v5::ConnectAckReason::NotAuthorized,
                             ConnectRefusal::Unavailable => v5::ConnectAckReason::ServerUnavailable,
+                            ConnectRefusal::QuotaExceeded => v5::ConnectAckReason::QuotaExceeded,
                             ConnectRefusal::Unreadable(Goodbye::PacketTooLarge) => v5::ConnectAckReason::PacketTooLarge,
                             ConnectRefusal::Unreadable(Goodbye::MalformedPacket) => {
                                 v5::ConnectAckReason::MalformedPacket
@@ -565,6 +568,9 @@ pub enum ConnectRefusal {
     BadCredentials,
     /// No credentials where they are required (0x87, return code 5).
     NotAuthorized,
+    /// The user is at its connection limit (0x97 quota exceeded; 3.1.1: return code 3,
+    /// server unavailable).
+    QuotaExceeded,
     Unavailable,
     /// The CONNECT could not be decoded, for the reason a DISCONNECT would give later on.
     Unreadable(Goodbye),

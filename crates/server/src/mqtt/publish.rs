@@ -65,6 +65,11 @@ pub(super) struct Publisher {
 }
 
 impl Publisher {
+    /// Who publishes: its publish rates slow the connection down.
+    pub(super) fn principal(&self) -> &Principal {
+        &self.principal
+    }
+
     pub(super) fn new(broker: Arc<Broker>, principal: Principal, acks: mpsc::Sender<Ack>) -> Publisher {
         Publisher { broker, principal, routes: RouteCache::default(), batch: None, acks, acks_done: None }
     }

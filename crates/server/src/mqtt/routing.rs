@@ -121,7 +121,7 @@ pub(super) fn engine_refusal(error: &EngineError) -> Refusal {
         ErrorKind::Invalid => Refusal::TopicInvalid,
         // A stream that does not exist and may not be created: the client may not use it.
         ErrorKind::NotFound => Refusal::NotAuthorized,
-        ErrorKind::TooLarge => Refusal::QuotaExceeded,
+        ErrorKind::TooLarge | ErrorKind::LimitExceeded => Refusal::QuotaExceeded,
         ErrorKind::Unauthenticated | ErrorKind::Forbidden => Refusal::NotAuthorized,
         ErrorKind::Conflict
         | ErrorKind::PreconditionFailed

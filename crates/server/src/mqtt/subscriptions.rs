@@ -45,6 +45,8 @@ pub(super) struct Subscriptions {
     /// The connection's outbound queue, which every follower of its own feeds.
     deliveries: mpsc::Sender<Outbound>,
     handles: HashMap<String, SubscriptionHandle>,
+    /// Each filter's place in its user's subscription limit, while subscribed.
+    held: HashMap<String, onehop_engine::Held>,
 }
 
 /// One filter being subscribed: what the client asked, and where a persistent session
@@ -110,13 +112,47 @@ impl Subscriptions {
         principal: Principal,
         deliveries: mpsc::Sender<Outbound>,
     ) -> Subscriptions {
-        Subscriptions { broker, client_id: Arc::from(client_id), principal, deliveries, handles: HashMap::new() }
+        Subscriptions {
+            broker,
+            client_id: Arc::from(client_id),
+            principal,
+            deliveries,
+            handles: HashMap::new(),
+            held: HashMap::new(),
+        }
     }
 
     /// Subscribes from now, or, restoring a persistent session, from `resume` (per stream, the
     /// positions its previous connection had acknowledged up to). A persistent session's
     /// subscription notes its progress.
     pub(super) async fn subscribe(
+        &mut self,
+        request: SubscribeFilter,
+        subscription_id: Option<NonZeroU32>,
+        persistent: bool,
+        resume: Option<&StoredSubscription>,
+    ) -> Granted {
+        let filter = request.filter.clone();
+        // A new filter takes a place in the user's subscription limit (SUBACK 0x97 at it); one
+        // subscribed again keeps its own.
+        let held = match self.handles.contains_key(&filter) {
+            true => None,
+            false => self.principal.hold(onehop_engine::Resource::Subscription).map_err(|error| {
+                tracing::debug!(client_id = %self.client_id, %error, "subscription refused");
+                crate::access::limit_refused("mqtt");
+                Refusal::QuotaExceeded
+            })?,
+        };
+        let granted = self.subscribe_filter(request, subscription_id, persistent, resume).await;
+        if granted.is_ok()
+            && let Some(held) = held
+        {
+            self.held.insert(filter, held);
+        }
+        granted
+    }
+
+    async fn subscribe_filter(
         &mut self,
         request: SubscribeFilter,
         subscription_id: Option<NonZeroU32>,
@@ -152,12 +188,14 @@ impl Subscriptions {
 
     /// Ends the subscription to `filter`; whether there was one.
     pub(super) fn unsubscribe(&mut self, filter: &str) -> bool {
+        self.held.remove(filter);
         self.handles.remove(filter).is_some()
     }
 
     /// Ends every subscription: their followers stop, and shared groups are left.
     pub(super) fn clear(&mut self) {
         self.handles.clear();
+        self.held.clear();
     }
 
     /// What a persistent session stores of its subscriptions: each with the positions it was
