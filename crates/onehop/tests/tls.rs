@@ -408,7 +408,7 @@ fn client_certificates_log_in_as_the_user_their_common_name_is() {
         let output = command.arg(format!("https://{https}{url_path}")).output().unwrap();
         let text = String::from_utf8_lossy(&output.stdout).into_owned();
         let (body, status) = text.rsplit_once('\n').unwrap_or(("", "000"));
-        (status.to_string(), body.to_string())
+        (status.to_string(), format!("{body}{}", String::from_utf8_lossy(&output.stderr)))
     };
     let (status, body) = curl(Some("device1"), "POST", "/streams/telemetry", "\"by https\"");
     assert_eq!(status, "200", "{body}");

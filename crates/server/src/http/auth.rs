@@ -135,6 +135,28 @@ fn route_check(
     Ok(())
 }
 
+/// The most of a refused request's body read before the refusal is sent.
+const REFUSED_BODY_BYTES_MAX: usize = 64 * 1024;
+/// How long a refused request's body may take to arrive before the refusal goes anyway.
+const REFUSED_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads (and drops) a refused request's body when it is small, before the refusal is sent.
+/// Over HTTP/2 a response sent while the client is still sending its body ends with a
+/// RST_STREAM(NO_ERROR) after it, as RFC 9113 §8.1 allows; some clients (curl 7.88, which
+/// Debian 12 ships) report that as a failed request instead of the 401 or 403. A small body
+/// read first needs no reset. A large or slow one is not waited for.
+async fn read_small_body(request: Request) {
+    let small = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|length| length.to_str().ok()?.parse::<usize>().ok())
+        .is_none_or(|length| length <= REFUSED_BODY_BYTES_MAX);
+    if small {
+        let body = axum::body::to_bytes(request.into_body(), REFUSED_BODY_BYTES_MAX);
+        let _ = tokio::time::timeout(REFUSED_BODY_WAIT, body).await;
+    }
+}
+
 /// The middleware: the request's principal is found, checked against its route, and left in
 /// its extensions for the handlers (`/sql` runs statements as it).
 pub async fn authorize(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
@@ -160,7 +182,10 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
             request.extensions_mut().insert(principal);
             next.run(request).await
         }
-        Err(error) => error.into_response(),
+        Err(error) => {
+            read_small_body(request).await;
+            error.into_response()
+        }
     }
 }
 
