@@ -6,6 +6,10 @@
 //! ([`Cursor::carry_on`]): a burst costs a slow subscriber time, not messages, and the server
 //! holds no more for it than its bounded queue; every protocol's subscriber behaves so, counted
 //! under one name (`hub_subscribers_carried_on_from_log_total`).
+//!
+//! A subscription opens once its principal may read what it follows: a grant on the object,
+//! or, for a stream, a topic grant covering the subscription's subject filter
+//! ([`crate::Access::authorize_subscription`]).
 
 use std::sync::Arc;
 
@@ -96,7 +100,8 @@ impl Engine {
         start: Start,
     ) -> Result<Opened, EngineError> {
         let (kind, name) = target.object();
-        self.access().authorize(principal, crate::Privilege::Read, kind, name)?;
+        let subject = filter.subject.as_ref().map(crate::subject::SubjectFilter::as_str);
+        self.access().authorize_subscription(principal, kind, name, subject)?;
         if let Target::Row { id: key, .. } | Target::View { key: Some(key), .. } = target {
             filter.key = Some(bytes::Bytes::from(key.clone()));
         }

@@ -441,3 +441,83 @@ fn mqtt_retained<'a>(topic: &'static str, port: &'a str) -> impl Fn(&str) -> boo
         output.status.success() && !String::from_utf8_lossy(&output.stderr).contains("Not authorized")
     }
 }
+
+/// Topic grants, finer than a stream: every user may publish under `devices/<its name>/` only
+/// (`%u`), and `ops` may read the `devices/+/status` topics only. mosquitto_pub and
+/// mosquitto_sub (5.0), and curl with `subject=`: a subscription inside the grant is granted and
+/// receives only those topics, one wider is denied; a publish outside the user's own topics is
+/// refused (PUBACK 0x87, HTTP 403) and never stored.
+#[test]
+fn topic_grants_reach_only_their_topics_over_mqtt_and_http() {
+    let dir = DataDir::new();
+    let server = start(&dir);
+    let (address, port) = (server.address, server.mqtt_address.port().to_string());
+    sql(
+        address,
+        ROOT,
+        "CREATE USER alice PASSWORD 'alice-pass'; CREATE USER bob PASSWORD 'bob-pass'; CREATE USER ops PASSWORD 'ops-pass'; \
+         CREATE STREAM devices; GRANT WRITE ON TOPIC 'devices/%u/#' TO PUBLIC; \
+         GRANT READ ON TOPIC 'devices/+/status' TO ops",
+    );
+    let mosquitto = |program: &str, user: &str, args: &[&str]| {
+        let output = Command::new(program)
+            .args(["-h", "127.0.0.1", "-p", &port, "-V", "mqttv5", "-u", user, "-P", &format!("{user}-pass")])
+            .args(args)
+            .output()
+            .unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code().unwrap_or(-1), said)
+    };
+    let mut subscriber = Spawned(
+        Command::new("mosquitto_sub")
+            .args(["-h", "127.0.0.1", "-p", &port, "-V", "mqttv5", "-u", "ops", "-P", "ops-pass"])
+            .args(["-t", "devices/+/status", "-v"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let received = line_channel(subscriber.0.stdout.take().unwrap());
+    let (_, said) = mosquitto("mosquitto_sub", "ops", &["-t", "devices/#", "-W", "2"]);
+    assert!(said.contains("All subscription requests were denied"), "a filter wider than the grant: {said}");
+    let (_, said) = mosquitto("mosquitto_sub", "ops", &["-t", "$share/g/devices/+/status", "-W", "1"]);
+    assert!(!said.contains("denied"), "a shared subscription inside the grant: {said}");
+    std::thread::sleep(Duration::from_millis(300));
+
+    let publish = |user: &str, topic: &str, message: &str| {
+        mosquitto("mosquitto_pub", user, &["-q", "1", "-t", topic, "-m", message])
+    };
+    assert_eq!(publish("alice", "devices/alice/status", "alice up").0, 0);
+    let (status, said) = publish("alice", "devices/bob/status", "spoofed");
+    assert!(said.contains("Not authorized"), "another user's topic: PUBACK 0x87 ({status}): {said}");
+    assert_eq!(publish("bob", "devices/bob/temp", "21").0, 0, "bob's own topic");
+    assert_eq!(publish("bob", "devices/bob/status", "bob up").0, 0);
+    assert_eq!(received.recv_timeout(Duration::from_secs(10)).unwrap(), "devices/alice/status alice up");
+    assert_eq!(received.recv_timeout(Duration::from_secs(10)).unwrap(), "devices/bob/status bob up");
+    assert!(received.recv_timeout(Duration::from_millis(500)).is_err(), "nothing outside the grant");
+    drop(subscriber);
+
+    // HTTP: the subject in the query stands in for the stream.
+    let ops = ("ops", "ops-pass");
+    let (status, body) =
+        curl(address, "/streams/devices?from=earliest&subject=devices/%2B/status", &["-u", &as_user(ops)]);
+    assert_eq!(status, 200, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let values: Vec<&str> =
+        body["records"].as_array().unwrap().iter().map(|record| record["value_text"].as_str().unwrap()).collect();
+    assert_eq!(values, ["alice up", "bob up"], "only the granted topics: {body}");
+    let (status, _) = curl(address, "/streams/devices?from=earliest", &["-u", &as_user(ops)]);
+    assert_eq!(status, 403, "the whole stream is not granted");
+    let (status, _) = curl(address, "/streams/devices?from=earliest&subject=devices/%23", &["-u", &as_user(ops)]);
+    assert_eq!(status, 403, "a filter wider than the grant");
+    let alice = ("alice", "alice-pass");
+    let write = |query: &str| {
+        curl(address, &format!("/streams/devices{query}"), &["-u", &as_user(alice), "--data-binary", "\"http\""]).0
+    };
+    assert_eq!(write("?subject=devices/alice/http"), 200);
+    assert_eq!(write("?subject=devices/bob/http"), 403);
+    assert_eq!(write(""), 403, "a record without a subject needs the stream");
+    let mut stored = stored(address, "devices");
+    stored.sort_by_key(|value| value.to_string());
+    let json = serde_json::json!(["alice up", "bob up", "http", 21]);
+    assert_eq!(stored, json.as_array().unwrap()[..], "nothing refused was stored; an MQTT payload `21` reads as JSON");
+}

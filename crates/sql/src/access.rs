@@ -14,6 +14,7 @@
 //! GRANT ADMIN ON ALL TO bob;             GRANT READ ON ALL VIEWS TO PUBLIC;
 //! GRANT readers TO alice;                REVOKE readers FROM alice;
 //! REVOKE WRITE ON STREAM orders FROM alice;
+//! GRANT WRITE ON TOPIC 'devices/%u/#' TO PUBLIC;   GRANT READ ON TOPIC 'devices/+/status' TO ops;
 //! CREATE TOKEN [FOR alice] [VALID FOR '30d'];   DROP TOKEN 'a1b2c3d4';
 //! SHOW USERS; SHOW ROLES; SHOW GRANTS [FOR alice]; SHOW TOKENS;
 //! ```
@@ -340,7 +341,8 @@ pub(crate) fn parse_grant(parser: &mut Parser, grant: bool) -> Result<AccessStat
     Ok(AccessStatement::Privileges { grant, privileges, objects, grantees: names(parser)? })
 }
 
-/// `ALL`, `ALL STREAMS|TABLES|VIEWS`, or `[STREAM|TABLE|VIEW] pattern`.
+/// `ALL`, `ALL STREAMS|TABLES|VIEWS`, `[STREAM|TABLE|VIEW] pattern`, or `TOPIC 'filter'` (an
+/// MQTT topic filter; `%u` stands for the user's name).
 fn object(parser: &mut Parser) -> Result<ObjectPattern, SqlError> {
     if parser.parse_keyword(Keyword::ALL) {
         let kind = [("streams", ObjectKind::Stream), ("tables", ObjectKind::Table), ("views", ObjectKind::View)]
@@ -354,6 +356,8 @@ fn object(parser: &mut Parser) -> Result<ObjectPattern, SqlError> {
         Some(ObjectKind::Table)
     } else if parser.parse_keyword(Keyword::VIEW) {
         Some(ObjectKind::View)
+    } else if word(parser, "topic") {
+        Some(ObjectKind::Topic)
     } else {
         None
     };
@@ -682,6 +686,11 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+        let topic = one("GRANT WRITE ON TOPIC 'devices/%u/#' TO PUBLIC");
+        let AccessStatement::Privileges { objects, .. } = &topic else { panic!("{topic:?}") };
+        assert_eq!(objects[0], ObjectPattern { kind: Some(ObjectKind::Topic), name: "devices/%u/#".into() });
+        assert_eq!(objects[0].to_string(), "TOPIC 'devices/%u/#'");
+        assert!(parse("GRANT READ ON TOPIC 'a/#/b' TO x").is_err(), "not a topic filter");
         assert_eq!(
             one("CREATE USER device1"),
             AccessStatement::CreateUser { name: "device1".into(), password: None, if_not_exists: false }

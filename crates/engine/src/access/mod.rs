@@ -409,6 +409,50 @@ impl Access {
         })
     }
 
+    /// Whether `principal` may do `privilege` on the record with subject `subject` (an MQTT
+    /// topic) in the stream `stream`: a grant on the stream, or a topic grant matching the
+    /// subject. The refusal is the stream's.
+    pub fn authorize_subject(
+        &self,
+        principal: &Principal,
+        privilege: Privilege,
+        stream: &str,
+        subject: &str,
+    ) -> Result<(), EngineError> {
+        let refused = match self.authorize(principal, privilege, ObjectKind::Stream, stream) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        match self.permissions(principal)? {
+            Some(permissions) if permissions.allows_topic(privilege, subject) => Ok(()),
+            _ => Err(refused),
+        }
+    }
+
+    /// Whether `principal` may read the object `kind` `name` through a subscription whose
+    /// subject filter is `filter`: a grant on the object, or, for a stream, a topic grant that
+    /// covers every subject the filter matches. The refusal is the object's.
+    pub fn authorize_subscription(
+        &self,
+        principal: &Principal,
+        kind: ObjectKind,
+        name: &str,
+        filter: Option<&str>,
+    ) -> Result<(), EngineError> {
+        let refused = match self.authorize(principal, Privilege::Read, kind, name) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        match (kind, filter, self.permissions(principal)?) {
+            (ObjectKind::Stream, Some(filter), Some(permissions))
+                if permissions.allows_topic_filter(Privilege::Read, filter) =>
+            {
+                Ok(())
+            }
+            _ => Err(refused),
+        }
+    }
+
     /// Whether a client without credentials may connect at all: access is off, or `PUBLIC` is
     /// granted something. An MQTT broker refuses the CONNECT of an anonymous client that could
     /// do nothing, rather than accepting it and refusing everything it then asks.

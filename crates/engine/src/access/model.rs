@@ -4,7 +4,9 @@
 //! - A **role** is a name grants are given to; a user who is a member has its grants. Roles do
 //!   not contain roles: one level keeps "who may do this" answerable at a glance.
 //! - A **grant** gives a privilege on the objects a pattern names to a user, a role or
-//!   `PUBLIC` (everyone, clients without credentials included).
+//!   `PUBLIC` (everyone, clients without credentials included). A grant on a **topic** filter
+//!   (`sensors/+/temp`, MQTT's syntax; `%u` stands for the user's name) reaches the records of
+//!   those subjects (MQTT topics) in whatever stream holds them: finer than a stream.
 //! - A **token** is a random secret standing for a user, for clients that cannot keep a
 //!   password (a browser's `EventSource`) or should not hold one; it may expire.
 
@@ -60,6 +62,8 @@ pub enum ObjectKind {
     Stream,
     Table,
     View,
+    /// Subjects (MQTT topics) matching a topic filter, in any stream.
+    Topic,
 }
 
 impl ObjectKind {
@@ -68,9 +72,13 @@ impl ObjectKind {
             ObjectKind::Stream => "stream",
             ObjectKind::Table => "table",
             ObjectKind::View => "view",
+            ObjectKind::Topic => "topic",
         }
     }
 }
+
+/// What `%u` in a topic grant stands for: the user's name.
+pub const TOPIC_USER: &str = "%u";
 
 impl std::fmt::Display for ObjectKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -100,6 +108,10 @@ impl ObjectPattern {
         if self.kind.is_some_and(|own| own != kind) {
             return false;
         }
+        // Topics are only ever reached by topic grants, matched as filters (`Permissions`).
+        if kind == ObjectKind::Topic || self.kind == Some(ObjectKind::Topic) {
+            return false;
+        }
         match self.name.strip_suffix('*') {
             Some(prefix) => name.starts_with(prefix),
             None => self.name == name,
@@ -111,6 +123,13 @@ impl ObjectPattern {
         if self.kind.is_some() && self.kind != other.kind {
             return false;
         }
+        if self.kind == Some(ObjectKind::Topic) {
+            return topic_filter_covers(&self.name, &other.name);
+        }
+        if other.kind == Some(ObjectKind::Topic) {
+            // A grant on every object of any kind covers topics too.
+            return self.is_everything();
+        }
         match (self.name.strip_suffix('*'), other.name.strip_suffix('*')) {
             (Some(prefix), _) => other.name.starts_with(prefix),
             (None, Some(_)) => false,
@@ -118,8 +137,18 @@ impl ObjectPattern {
         }
     }
 
-    /// Checks a pattern given in a statement: a valid name, or a valid name's start and `*`.
+    /// Checks a pattern given in a statement: a valid name, or a valid name's start and `*`;
+    /// for a topic, a valid MQTT topic filter (`%u` allowed as a whole level).
     pub fn validate(&self) -> Result<(), String> {
+        if self.kind == Some(ObjectKind::Topic) {
+            if self.name.split('/').any(|level| level.contains(TOPIC_USER) && level != TOPIC_USER) {
+                return Err(format!("{:?}: %u may only stand for a whole level", self.name));
+            }
+            let sample = self.name.replace(TOPIC_USER, "user");
+            return crate::subject::SubjectFilter::parse(&sample)
+                .map(|_| ())
+                .map_err(|error| format!("{:?}: not a topic filter: {error}", self.name));
+        }
         let name = self.name.strip_suffix('*').unwrap_or(&self.name);
         if name.is_empty() {
             return Ok(());
@@ -135,6 +164,7 @@ impl std::fmt::Display for ObjectPattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.kind, self.is_everything()) {
             (None, true) => f.write_str("ALL"),
+            (Some(ObjectKind::Topic), _) => write!(f, "TOPIC '{}'", self.name),
             (None, false) => write!(f, "{}", self.name),
             (Some(kind), _) => write!(f, "{} {}", kind.as_str().to_ascii_uppercase(), self.name),
         }
@@ -255,7 +285,21 @@ impl AccessDefs {
             .filter(|grant| grantees.contains(grant.grantee.as_str()))
             .map(|grant| (grant.privilege, grant.object.clone()))
             .collect();
-        Permissions { grants }
+        // Topic grants as filters, `%u` made the user's name (a grant naming `%u` reaches no
+        // client without credentials).
+        let topics = grants
+            .iter()
+            .filter(|(_, object)| object.kind == Some(ObjectKind::Topic))
+            .filter_map(|(privilege, object)| {
+                let text = match user {
+                    Some(user) => object.name.replace(TOPIC_USER, user),
+                    None if object.name.contains(TOPIC_USER) => return None,
+                    None => object.name.clone(),
+                };
+                crate::subject::SubjectFilter::parse(&text).ok().map(|filter| (*privilege, filter))
+            })
+            .collect();
+        Permissions { grants, topics }
     }
 
     /// Whether `name` is a user or a role (one namespace, as in Postgres).
@@ -273,6 +317,24 @@ impl AccessDefs {
 #[derive(Clone, Debug, Default)]
 pub struct Permissions {
     grants: Vec<(Privilege, ObjectPattern)>,
+    /// The topic grants among them, as filters for this identity.
+    topics: Vec<(Privilege, crate::subject::SubjectFilter)>,
+}
+
+/// Whether every topic `inner` matches is one `outer` matches (both MQTT topic filters).
+pub fn topic_filter_covers(outer: &str, inner: &str) -> bool {
+    let (mut outer_levels, mut inner_levels) = (outer.split('/'), inner.split('/'));
+    loop {
+        match (outer_levels.next(), inner_levels.next()) {
+            (Some("#"), _) => return true,
+            (None, None) => return true,
+            (Some(_), Some("#")) | (None, Some(_)) | (Some(_), None) => return false,
+            (Some("+"), Some(_)) => {}
+            (Some(_), Some("+")) => return false,
+            (Some(outer), Some(inner)) if outer == inner => {}
+            _ => return false,
+        }
+    }
 }
 
 impl Permissions {
@@ -294,6 +356,18 @@ impl Permissions {
     /// Whether any grant reaches `name` at all (what `SHOW STREAMS` lists).
     pub fn sees(&self, kind: ObjectKind, name: &str) -> bool {
         self.grants.iter().any(|(_, object)| object.matches(kind, name))
+    }
+
+    /// Whether a topic grant allows `wanted` on the subject `topic`.
+    pub fn allows_topic(&self, wanted: Privilege, topic: &str) -> bool {
+        self.topics.iter().any(|(privilege, filter)| privilege.covers(wanted) && filter.matches(topic))
+    }
+
+    /// Whether a topic grant allows `wanted` on every subject the filter `filter` matches.
+    pub fn allows_topic_filter(&self, wanted: Privilege, filter: &str) -> bool {
+        self.topics
+            .iter()
+            .any(|(privilege, grant)| privilege.covers(wanted) && topic_filter_covers(grant.as_str(), filter))
     }
 }
 
@@ -350,6 +424,35 @@ mod tests {
         assert!(bob.is_superuser() && bob.allows(Privilege::Write, ObjectKind::Table, "anything"));
         assert_eq!(defs.superusers(), BTreeSet::from(["bob".to_string()]));
         assert!(!Privilege::Write.covers(Privilege::Read));
+        // Topic grants: `%u` is the user; a filter covers the filters inside it.
+        let topic = |name: &str| pattern(Some(ObjectKind::Topic), name);
+        defs.grants.insert(grant(PUBLIC, Privilege::Write, topic("devices/%u/#")));
+        defs.grants.insert(grant("readers", Privilege::Read, topic("devices/+/status")));
+        let alice = defs.permissions(Some("alice"), &[]);
+        assert!(alice.allows_topic(Privilege::Write, "devices/alice/temp"));
+        assert!(!alice.allows_topic(Privilege::Write, "devices/bob/temp"));
+        assert!(!alice.allows_topic(Privilege::Read, "devices/alice/temp"), "WRITE does not read");
+        assert!(alice.allows_topic_filter(Privilege::Read, "devices/bob/status"));
+        assert!(alice.allows_topic_filter(Privilege::Read, "devices/+/status"));
+        assert!(!alice.allows_topic_filter(Privilege::Read, "devices/#"));
+        assert!(!defs.permissions(None, &[]).allows_topic(Privilege::Write, "devices/%u/x"), "no user, no %u");
+        assert!(!alice.allows(Privilege::Read, ObjectKind::Stream, "devices"), "a topic grant is not a stream grant");
+        for (outer, inner, covers) in [
+            ("a/#", "a", true),
+            ("a/#", "a/b/c", true),
+            ("a/+", "a/b", true),
+            ("a/+", "a/+", true),
+            ("a/+", "a/#", false),
+            ("a/b", "a/+", false),
+            ("a/+/c", "a/b/c/d", false),
+            ("#", "#", true),
+            ("a", "a/b", false),
+        ] {
+            assert_eq!(topic_filter_covers(outer, inner), covers, "{outer} covers {inner}");
+        }
+        assert!(topic("devices/%u/#").validate().is_ok());
+        assert!(topic("devices/x%u/#").validate().is_err());
+        assert!(topic("devices/#/x").validate().is_err());
         // A JWT's roles count where they are roles here; others are ignored.
         let token = defs.permissions(Some("carol"), &["readers".into(), "nonexistent".into()]);
         assert!(token.allows(Privilege::Read, ObjectKind::Stream, "orders"));

@@ -232,6 +232,7 @@ fn parse_grant_key(rest: &str) -> Option<Grant> {
         "stream" => Some(ObjectKind::Stream),
         "table" => Some(ObjectKind::Table),
         "view" => Some(ObjectKind::View),
+        "topic" => Some(ObjectKind::Topic),
         _ => return None,
     };
     let name = parts.next()?.to_string();

@@ -19,7 +19,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use onehop_engine::{EngineError, Principal, Privilege};
+use onehop_engine::{EngineError, ObjectKind, Principal, Privilege};
 
 use super::AppState;
 use super::error::ApiError;
@@ -112,22 +112,46 @@ async fn principal_of(state: &AppState, credentials: Credentials) -> Result<Prin
     }
 }
 
-/// What a route reads or writes, from its template and the request's path and method.
+/// The `subject` parameter of a query, decoded as the handlers decode it.
+fn subject_of(query: Option<&str>) -> Result<Option<String>, ApiError> {
+    let Some(query) = query else { return Ok(None) };
+    Ok(super::query::pairs(query)?.into_iter().find_map(|(name, value)| (name == "subject").then_some(value)))
+}
+
+/// What a route reads or writes, from its template and the request's path, method and query.
+/// On a stream, a topic grant stands in for a stream grant when the query names a subject it
+/// covers: a read or subscription whose subject filter it covers, a write of one subject it
+/// matches (the handlers then keep to that subject).
 fn route_check(
     state: &AppState,
     principal: &Principal,
     template: &str,
     path: &str,
     method: &Method,
+    query: Option<&str>,
 ) -> Result<(), ApiError> {
     let access = state.engine.access();
     match template {
         "/streams/{stream}" | "/tables/{table}" | "/tables/{table}/{id}" | "/views/{view}" | "/views/{view}/{key}" => {
             let target = super::subscribe::target_of_path(path)?;
             let (kind, name) = target.object();
-            let privilege =
-                if matches!(*method, Method::GET | Method::HEAD) { Privilege::Read } else { Privilege::Write };
-            access.authorize(principal, privilege, kind, name)?;
+            let reads = matches!(*method, Method::GET | Method::HEAD);
+            let privilege = if reads { Privilege::Read } else { Privilege::Write };
+            let refused = match access.authorize(principal, privilege, kind, name) {
+                Ok(()) => return Ok(()),
+                Err(refused) => refused,
+            };
+            let subject = match kind {
+                ObjectKind::Stream => subject_of(query)?,
+                _ => None,
+            };
+            let allowed = subject.is_some_and(|subject| match reads {
+                true => access.authorize_subscription(principal, kind, name, Some(&subject)).is_ok(),
+                false => access.authorize_subject(principal, privilege, name, &subject).is_ok(),
+            });
+            if !allowed {
+                return Err(refused.into());
+            }
         }
         "/metrics" => access.authorize_superuser(principal, "read the metrics")?,
         _ => {}
@@ -169,11 +193,12 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
     }
     let template = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
     let (path, method) = (request.uri().path().to_string(), request.method().clone());
+    let query = request.uri().query().map(str::to_string);
     let credentials = credentials_of(&request);
     let checked = async {
         let principal = principal_of(&state, credentials?).await?;
         if let Some(template) = &template {
-            route_check(&state, &principal, template, &path, &method)?;
+            route_check(&state, &principal, template, &path, &method, query.as_deref())?;
         }
         Ok::<_, ApiError>(principal)
     };

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use onehop_engine::route::{Route, RouteError};
-use onehop_engine::{Durability, Engine, EngineError, ErrorKind, NewRecord, ObjectKind, Principal, Privilege, Text};
+use onehop_engine::{Durability, Engine, EngineError, ErrorKind, NewRecord, Principal, Privilege, Text};
 use rmqtt_codec::types::QoS;
 
 use super::proto::Refusal;
@@ -67,7 +67,7 @@ pub(super) async fn route(engine: &Engine, principal: &Principal, topic: &str) -
     };
     engine
         .access()
-        .authorize(principal, Privilege::Write, ObjectKind::Stream, &stream)
+        .authorize_subject(principal, Privilege::Write, &stream, topic)
         .map_err(|error| (engine_refusal(&error), error.to_string()))?;
     engine.route(topic).await.map_err(|error| (route_refusal(&error), error.to_string()))
 }
@@ -79,7 +79,7 @@ pub(super) fn may_read_topic(engine: &Engine, principal: &Principal, topic: &str
         Some(stream) => stream.name().to_string(),
         None => engine.stream_named_by(topic.split('/').next().unwrap_or_default()).to_string(),
     };
-    engine.access().authorize(principal, Privilege::Read, ObjectKind::Stream, &stream).is_ok()
+    engine.access().authorize_subject(principal, Privilege::Read, &stream, topic).is_ok()
 }
 
 /// The record of a message to `topic` on `route`, checked against the limits of the route's

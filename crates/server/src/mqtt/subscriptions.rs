@@ -219,7 +219,9 @@ impl Subscriptions {
     fn may_follow(&self, streams: &Streams, filter: &str) -> Result<(), Refusal> {
         let Streams::Some { named, .. } = streams else { return Ok(()) };
         let access = self.broker.engine.access();
-        let readable = |name: &str| access.authorize(&self.principal, Privilege::Read, ObjectKind::Stream, name);
+        // A stream grant, or a topic grant covering the filter.
+        let readable =
+            |name: &str| access.authorize_subscription(&self.principal, ObjectKind::Stream, name, Some(filter));
         let Err(error) = readable(named) else { return Ok(()) };
         let routed = self
             .broker
@@ -253,11 +255,19 @@ impl Subscriptions {
             }
             return Ok(());
         }
+        // Each stream by a stream grant, or a topic grant covering the group's filter.
+        // `filter` is `$share/{group}/{topic filter}`.
+        let topic_filter = filter.splitn(3, '/').nth(2).unwrap_or_default();
+        let readable = |name: &str| {
+            access
+                .authorize_subscription(&self.principal, ObjectKind::Stream, name, Some(topic_filter))
+                .map_err(refused)
+        };
         if let Streams::Some { named, .. } = streams {
-            access.authorize(&self.principal, Privilege::Read, ObjectKind::Stream, named).map_err(refused)?;
+            readable(named)?;
         }
         for stream in self.broker.engine.streams().into_iter().filter(|stream| streams.wants(stream)) {
-            access.authorize(&self.principal, Privilege::Read, ObjectKind::Stream, stream.name()).map_err(refused)?;
+            readable(stream.name())?;
         }
         Ok(())
     }
