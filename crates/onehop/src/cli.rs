@@ -127,6 +127,17 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_KAFKA_TLS")]
     pub kafka_tls: bool,
 
+    /// Address of a second Kafka listener, over TLS, beside the plain one (as Kafka's
+    /// `listeners=SASL_PLAINTEXT://…,SASL_SSL://…`), with --tls-cert and --tls-key
+    /// [default: off].
+    #[arg(long, env = "ONEHOP_KAFKA_TLS_ADDR", value_name = "ADDR")]
+    pub kafka_tls_addr: Option<SocketAddr>,
+
+    /// The host and port clients of the Kafka TLS listener are told to connect to
+    /// [default: that listener's address].
+    #[arg(long, env = "ONEHOP_KAFKA_TLS_ADVERTISED_ADDR", value_name = "HOST:PORT", requires = "kafka_tls_addr")]
+    pub kafka_tls_advertised_addr: Option<String>,
+
     /// Default durability of new streams and tables: `fsync` acknowledges after fdatasync of
     /// the batch holding the write; `async` after write(2), with a background fsync
     /// [default: fsync].

@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use onehop_engine::{Engine, EngineOptions, set_system_recovery};
 use onehop_log::{DirLock, Log, LogOptions, RecoveryPolicy};
 use onehop_server::http::origin::AllowedOrigins;
-use onehop_server::kafka::{KAFKA_REQUEST_ENVELOPE_BYTES, KafkaConfig, KafkaServer};
+use onehop_server::kafka::{KAFKA_REQUEST_ENVELOPE_BYTES, KafkaConfig, KafkaListener, KafkaServer};
 use onehop_server::mqtt::{Broker, MqttConfig, max_packet_bytes_for, serve_mqtt, serve_mqtt_tls};
 use onehop_server::{AppState, HttpConfig, install_metrics, serve_http};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -194,19 +194,35 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let kafka = match kafka_listener {
         None => None,
         Some(listener) => {
-            let mut config = KafkaConfig::new(listener.local_addr()?);
+            let mut endpoint = KafkaListener::at(listener.local_addr()?);
             if settings.kafka_tls {
-                config.tls = tls.clone();
+                endpoint.tls = tls.clone();
             }
             if let Some((host, port)) = &settings.kafka_advertised_addr {
-                (config.advertised_host, config.advertised_port) = (host.clone(), *port);
+                (endpoint.advertised_host, endpoint.advertised_port) = (host.clone(), *port);
                 tracing::info!(host, port, "Kafka clients are told to connect to {host}:{port}");
             }
+            let mut listeners = vec![(listener, endpoint)];
+            if let (Some(address), Some(tls)) = (settings.kafka_tls_addr, &tls) {
+                let listener = tokio::net::TcpListener::bind(address)
+                    .await
+                    .with_context(|| format!("cannot listen for Kafka over TLS on {address}"))?;
+                let address = listener.local_addr()?;
+                tracing::info!(%address, cert = %tls.files().cert.display(), "listening on kafkas://{address}");
+                let mut endpoint = KafkaListener::at(address);
+                endpoint.tls = Some(tls.clone());
+                if let Some((host, port)) = &settings.kafka_tls_advertised_addr {
+                    (endpoint.advertised_host, endpoint.advertised_port) = (host.clone(), *port);
+                    tracing::info!(host, port, "Kafka clients over TLS are told to connect to {host}:{port}");
+                }
+                listeners.push((listener, endpoint));
+            }
+            let mut config = KafkaConfig::new();
             config.connections_max = settings.connections_max;
             // A produce request carries a batch of records: room for the largest and its framing.
             config.request_bytes_max = settings.stream_defaults.batch_bytes_max + KAFKA_REQUEST_ENVELOPE_BYTES;
             let server = KafkaServer::open(engine.clone(), config).await.context("opening the Kafka front end")?;
-            Some(tokio::spawn(server.serve(listener, until_stopped(stopped.clone()))))
+            Some(tokio::spawn(server.serve(listeners, until_stopped(stopped.clone()))))
         }
     };
     let mut state = AppState::new(engine.clone(), Some(metrics));
@@ -334,6 +350,7 @@ fn refuse_open_listeners(engine: &Engine, settings: &Settings) -> anyhow::Result
         settings.kafka_addr,
         settings.mqtt_tls_addr,
         settings.https_addr,
+        settings.kafka_tls_addr,
     ]
     .into_iter()
     .flatten()

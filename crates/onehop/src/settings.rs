@@ -57,6 +57,8 @@ struct FileSettings {
     mqtt_tls_addr: Option<SocketAddr>,
     https_addr: Option<SocketAddr>,
     kafka_tls: Option<bool>,
+    kafka_tls_addr: Option<SocketAddr>,
+    kafka_tls_advertised_addr: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
@@ -104,6 +106,9 @@ pub struct Settings {
     pub https_addr: Option<SocketAddr>,
     /// The Kafka listener speaks TLS.
     pub kafka_tls: bool,
+    /// A second Kafka listener, over TLS, and where its clients are told to connect.
+    pub kafka_tls_addr: Option<SocketAddr>,
+    pub kafka_tls_advertised_addr: Option<(String, u16)>,
     /// The certificate and key of the TLS listeners.
     pub tls: Option<onehop_server::tls::TlsFiles>,
     /// The host and port Kafka clients are told to connect to, when not the listener's.
@@ -342,8 +347,33 @@ impl Settings {
         if kafka_tls && kafka_addr.is_none() {
             bail!("kafka_tls is on but the Kafka listener is off (kafka_addr = \"off\")");
         }
-        if tls.is_some() && mqtt_tls_addr.is_none() && https_addr.is_none() && !kafka_tls {
-            bail!("tls_cert and tls_key are given but no TLS listener is: set https_addr, mqtt_tls_addr or kafka_tls");
+        let kafka_tls_addr = args.kafka_tls_addr.or(file.kafka_tls_addr);
+        if kafka_tls_addr.is_some() && tls.is_none() {
+            bail!("kafka_tls_addr needs tls_cert and tls_key");
+        }
+        if kafka_tls_addr.is_some() && kafka_addr.is_none() {
+            bail!("kafka_tls_addr adds a TLS listener beside the plain Kafka one, which is off (kafka_addr = \"off\")");
+        }
+        if kafka_tls_addr.is_some() && kafka_tls {
+            bail!(
+                "kafka_tls makes the one Kafka listener TLS; kafka_tls_addr adds a TLS listener beside the plain one: \
+                 give one of them"
+            );
+        }
+        let kafka_tls_advertised_addr = args
+            .kafka_tls_advertised_addr
+            .clone()
+            .or(file.kafka_tls_advertised_addr.clone())
+            .map(|text| parse_host_port(&text).with_context(|| format!("kafka_tls_advertised_addr {text:?}")))
+            .transpose()?;
+        if kafka_tls_advertised_addr.is_some() && kafka_tls_addr.is_none() {
+            bail!("kafka_tls_advertised_addr needs kafka_tls_addr");
+        }
+        if tls.is_some() && mqtt_tls_addr.is_none() && https_addr.is_none() && !kafka_tls && kafka_tls_addr.is_none() {
+            bail!(
+                "tls_cert and tls_key are given but no TLS listener is: set https_addr, mqtt_tls_addr, kafka_tls or \
+                 kafka_tls_addr"
+            );
         }
         let mqtt_empty_first_level_stream = args
             .mqtt_empty_first_level_stream
@@ -431,6 +461,8 @@ impl Settings {
             mqtt_tls_addr,
             https_addr,
             kafka_tls,
+            kafka_tls_addr,
+            kafka_tls_advertised_addr,
             tls,
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),

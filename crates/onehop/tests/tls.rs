@@ -499,3 +499,62 @@ fn client_certificates_log_in_as_the_user_their_common_name_is() {
         .unwrap();
     assert!(with.status.success(), "{}", String::from_utf8_lossy(&with.stderr));
 }
+
+/// Two Kafka listeners, as Kafka's `listeners=SASL_PLAINTEXT://…,SASL_SSL://…`: kcat over each
+/// is told the broker is at the address it came in by, a record produced over TLS is read over
+/// the plain one, and the TLS one refuses a client that does not speak TLS.
+#[test]
+fn kafka_serves_a_plain_and_a_tls_listener_side_by_side() {
+    let dir = DataDir::new();
+    let path = dir.path();
+    certificates(path, "A");
+    let (cert, key) = (path.join("serverA.pem"), path.join("serverA.key"));
+    let server = dir.start(
+        &[
+            "--kafka-tls-addr",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--admin-user",
+            "root",
+        ],
+        &[("ONEHOP_ADMIN_PASSWORD", "root-pass")],
+    );
+    let mut server = server;
+    let plain = server.kafka_address.unwrap().to_string();
+    let line = server.wait_for_line("listening on kafkas://");
+    let secure = line.split("listening on kafkas://").nth(1).unwrap();
+    let secure = secure.split(|c: char| c.is_whitespace() || c == '"').next().unwrap().to_string();
+    let ca = path.join("caA.pem");
+    let kcat = |address: &str, protocol: &str, args: &[&str], input: &str| {
+        let mut child = Command::new("timeout")
+            .args(["20", "kcat", "-b", address, "-X", &format!("security.protocol={protocol}")])
+            .args(["-X", &format!("ssl.ca.location={}", ca.display())])
+            .args(["-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let ok = output.status.success() && !stderr.contains("ERROR");
+        (ok, String::from_utf8_lossy(&output.stdout).into_owned(), stderr)
+    };
+    for (address, protocol) in [(&plain, "SASL_PLAINTEXT"), (&secure, "SASL_SSL")] {
+        let (ok, stdout, stderr) = kcat(address, protocol, &["-L"], "");
+        assert!(ok, "{protocol}: {stderr}");
+        assert!(stdout.contains(&format!("broker 0 at {address}")), "{protocol} is told its own listener: {stdout}");
+    }
+    let (ok, _, stderr) = kcat(&secure, "SASL_SSL", &["-P", "-t", "both"], "over tls\n");
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = kcat(&plain, "SASL_PLAINTEXT", &["-C", "-t", "both", "-e", "-f", "%s\n"], "");
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.trim(), "over tls", "one server behind both listeners");
+    let (ok, _, _) = kcat(&secure, "SASL_PLAINTEXT", &["-L", "-m", "5"], "");
+    assert!(!ok, "the TLS listener speaks only TLS");
+}

@@ -30,6 +30,7 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     peer: SocketAddr,
     shared: &Shared,
+    endpoint: std::sync::Arc<super::KafkaListener>,
     certificate_user: crate::tls::CertificateUser,
 ) {
     let mut stop = shared.stop.clone();
@@ -50,7 +51,7 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(None) => break End::Closed,
             Err(end) => break end,
         };
-        let answer = match handle(frame, shared, peer, &mut session).await {
+        let answer = match handle(frame, shared, &endpoint, peer, &mut session).await {
             Ok(answer) => answer,
             Err(reason) => break End::Protocol(reason),
         };
@@ -165,6 +166,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, String> {
 async fn handle(
     frame: Bytes,
     shared: &Shared,
+    endpoint: &super::KafkaListener,
     peer: SocketAddr,
     session: &mut Session,
 ) -> Result<Option<Bytes>, String> {
@@ -212,10 +214,11 @@ async fn handle(
             frame_response(id, response_header, &answer, version)?
         }
         RequestKind::Metadata(request) => {
-            frame_response(id, response_header, &topics::metadata(shared, who, request, version).await, version)?
+            let answer = topics::metadata(shared, endpoint, who, request, version).await;
+            frame_response(id, response_header, &answer, version)?
         }
         RequestKind::DescribeCluster(request) => {
-            frame_response(id, response_header, &topics::describe_cluster(shared, request), version)?
+            frame_response(id, response_header, &topics::describe_cluster(shared, endpoint, request), version)?
         }
         RequestKind::CreateTopics(request) => {
             frame_response(id, response_header, &topics::create(shared, who, request).await, version)?
@@ -262,7 +265,7 @@ async fn handle(
             frame_response(id, response_header, &offsets::list_offsets(shared, who, request, version), version)?
         }
         RequestKind::FindCoordinator(request) => {
-            frame_response(id, response_header, &groups::find_coordinator(shared, request, version), version)?
+            frame_response(id, response_header, &groups::find_coordinator(shared, endpoint, request, version), version)?
         }
         RequestKind::JoinGroup(request) => {
             let client = header.client_id.as_ref().map_or("", |client| client.as_str());
@@ -388,7 +391,7 @@ mod tests {
 
     async fn shared(dir: &std::path::Path, budget: usize) -> Shared {
         let engine = Arc::new(onehop_engine::Engine::open_in(dir, onehop_engine::EngineOptions::default()).unwrap());
-        let mut config = KafkaConfig::new("127.0.0.1:9092".parse().unwrap());
+        let mut config = KafkaConfig::new();
         config.request_bytes_in_flight_max = budget;
         config.frame_read_timeout = Duration::from_millis(200);
         let producers = Arc::new(producers::Producers::open(&engine).unwrap());

@@ -87,12 +87,7 @@ pub use records::SUBJECT_HEADER;
 pub struct KafkaConfig {
     /// The node id this server answers as (in Metadata, as every partition's leader).
     pub node_id: i32,
-    /// The host (a name or an address) and port clients are told to connect to (Metadata's
-    /// broker list, FindCoordinator's answer): the listener's own address unless the
-    /// clients reach it another way (a proxy, a container's published port, a DNS name).
-    pub advertised_host: String,
-    pub advertised_port: u16,
-    /// Most open Kafka connections; more are closed at once.
+    /// Most open Kafka connections per listener; more are closed at once.
     pub connections_max: usize,
     /// Largest request frame accepted; a larger one closes its connection.
     pub request_bytes_max: usize,
@@ -107,24 +102,51 @@ pub struct KafkaConfig {
     pub idle_timeout: Duration,
     /// Longest a Fetch waits for data, whatever `max_wait_ms` it asks.
     pub fetch_wait_max: Duration,
+}
+
+/// One address the Kafka protocol is served on, as an entry of Kafka's `listeners` with its
+/// `advertised.listeners` one: plain TCP or TLS, and where clients that reach it are told the
+/// broker is. Every listener serves the same server.
+#[derive(Clone, Debug)]
+pub struct KafkaListener {
+    /// The host (a name or an address) and port clients of this listener are told to connect
+    /// to (Metadata's broker list, FindCoordinator's answer): its own address unless they reach
+    /// it another way (a proxy, a container's published port, a DNS name).
+    pub advertised_host: String,
+    pub advertised_port: u16,
     /// Speak TLS (Kafka's `SSL`, and `SASL_SSL` with SASL): each connection's handshake first.
     pub tls: Option<crate::tls::Tls>,
 }
 
+impl KafkaListener {
+    /// A plain listener, advertised at its own address.
+    pub fn at(address: SocketAddr) -> KafkaListener {
+        KafkaListener { advertised_host: address.ip().to_string(), advertised_port: address.port(), tls: None }
+    }
+
+    /// The protocol name clients set for it without SASL (`PLAINTEXT` or `SSL`).
+    pub fn security_protocol(&self) -> &'static str {
+        if self.tls.is_some() { "SSL" } else { "PLAINTEXT" }
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig::new()
+    }
+}
+
 impl KafkaConfig {
-    /// The defaults, answering as node 0 at `advertised`.
-    pub fn new(advertised: SocketAddr) -> KafkaConfig {
+    /// The defaults, answering as node 0.
+    pub fn new() -> KafkaConfig {
         KafkaConfig {
             node_id: 0,
-            advertised_host: advertised.ip().to_string(),
-            advertised_port: advertised.port(),
             connections_max: 1024,
             request_bytes_max: 100 << 20,
             request_bytes_in_flight_max: 256 << 20,
             frame_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(600),
             fetch_wait_max: Duration::from_secs(30),
-            tls: None,
         }
     }
 }
@@ -164,12 +186,12 @@ impl KafkaServer {
         Ok(KafkaServer { shared: Arc::new(shared), stop })
     }
 
-    /// Serves the Kafka protocol on `listener` until `shutdown` resolves; then open
+    /// Serves the Kafka protocol on each of `listeners` until `shutdown` resolves; then open
     /// connections are told to finish (a Fetch waiting for data answers at once) and closed,
     /// and the producer states are checkpointed once more.
     pub async fn serve(
         self,
-        listener: TcpListener,
+        listeners: Vec<(TcpListener, KafkaListener)>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let shared = self.shared;
@@ -193,38 +215,56 @@ impl KafkaServer {
                 }
             }
         });
-        let serving = shared.clone();
-        crate::accept::accept_connections(
-            listener,
-            shared.config.connections_max,
-            "Kafka",
-            CONNECTIONS_REFUSED,
-            shutdown,
-            |stream, peer, permit| {
-                let shared = serving.clone();
-                tokio::spawn(async move {
-                    metrics::gauge!(CONNECTIONS).increment(1.0);
-                    match shared.config.tls.clone() {
-                        None => connection::serve(stream, peer, &shared, None).await,
-                        Some(tls) => {
-                            let accepted = crate::tls::accept(
-                                tls.acceptor(),
-                                stream,
-                                crate::tls::HANDSHAKE_TIMEOUT,
-                                "kafka",
-                                peer,
-                            );
-                            if let Some((stream, certificate_user)) = accepted.await {
-                                connection::serve(stream, peer, &shared, certificate_user).await;
+        // One signal ends every listener's accept loop.
+        let (ending, ended) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = ending.send(true);
+        });
+        let mut accepting = Vec::with_capacity(listeners.len());
+        for (listener, endpoint) in listeners {
+            let serving = shared.clone();
+            let endpoint = Arc::new(endpoint);
+            let mut ended = ended.clone();
+            let until_ended = async move {
+                let _ = ended.wait_for(|ended| *ended).await;
+            };
+            let label = if endpoint.tls.is_some() { "Kafka over TLS" } else { "Kafka" };
+            let connections_max = shared.config.connections_max;
+            accepting.push(tokio::spawn(crate::accept::accept_connections(
+                listener,
+                connections_max,
+                label,
+                CONNECTIONS_REFUSED,
+                until_ended,
+                move |stream, peer, permit| {
+                    let (shared, endpoint) = (serving.clone(), endpoint.clone());
+                    tokio::spawn(async move {
+                        metrics::gauge!(CONNECTIONS).increment(1.0);
+                        match endpoint.tls.clone() {
+                            None => connection::serve(stream, peer, &shared, endpoint, None).await,
+                            Some(tls) => {
+                                let accepted = crate::tls::accept(
+                                    tls.acceptor(),
+                                    stream,
+                                    crate::tls::HANDSHAKE_TIMEOUT,
+                                    "kafka",
+                                    peer,
+                                );
+                                if let Some((stream, certificate_user)) = accepted.await {
+                                    connection::serve(stream, peer, &shared, endpoint, certificate_user).await;
+                                }
                             }
                         }
-                    }
-                    metrics::gauge!(CONNECTIONS).decrement(1.0);
-                    drop(permit);
-                });
-            },
-        )
-        .await;
+                        metrics::gauge!(CONNECTIONS).decrement(1.0);
+                        drop(permit);
+                    });
+                },
+            )));
+        }
+        for accept in accepting {
+            let _ = accept.await;
+        }
         let _ = self.stop.send(true);
         let _ = checkpoints.await;
         let _ = timeouts.await;

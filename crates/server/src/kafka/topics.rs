@@ -28,6 +28,7 @@ const CLUSTER_ID: &str = "onehop";
 /// are named). An unknown topic is created when the request allows it and `auto_create` is on.
 pub(super) async fn metadata(
     shared: &Shared,
+    endpoint: &super::KafkaListener,
     who: &Principal,
     request: MetadataRequest,
     version: i16,
@@ -37,8 +38,8 @@ pub(super) async fn metadata(
     let node = BrokerId(shared.config.node_id);
     let mut broker = MetadataResponseBroker::default();
     broker.node_id = node;
-    broker.host = StrBytes::from_string(shared.config.advertised_host.clone());
-    broker.port = i32::from(shared.config.advertised_port);
+    broker.host = StrBytes::from_string(endpoint.advertised_host.clone());
+    broker.port = i32::from(endpoint.advertised_port);
     response.brokers = vec![broker];
     response.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
     response.controller_id = node;
@@ -303,7 +304,11 @@ fn refusal(error: &EngineError) -> (i16, String) {
 }
 
 /// DescribeCluster: this server as the one broker and the controller.
-pub(super) fn describe_cluster(shared: &Shared, request: DescribeClusterRequest) -> DescribeClusterResponse {
+pub(super) fn describe_cluster(
+    shared: &Shared,
+    endpoint: &super::KafkaListener,
+    request: DescribeClusterRequest,
+) -> DescribeClusterResponse {
     let mut response = DescribeClusterResponse::default();
     let node = BrokerId(shared.config.node_id);
     response.cluster_id = StrBytes::from_static_str(CLUSTER_ID);
@@ -317,8 +322,8 @@ pub(super) fn describe_cluster(shared: &Shared, request: DescribeClusterRequest)
     }
     let mut broker = DescribeClusterBroker::default();
     broker.broker_id = node;
-    broker.host = StrBytes::from_string(shared.config.advertised_host.clone());
-    broker.port = i32::from(shared.config.advertised_port);
+    broker.host = StrBytes::from_string(endpoint.advertised_host.clone());
+    broker.port = i32::from(endpoint.advertised_port);
     response.brokers = vec![broker];
     response
 }

@@ -47,13 +47,14 @@ fn text(value: &str) -> StrBytes {
 /// FindCoordinator: this server, for every group (and transactional id).
 pub(in crate::kafka) fn find_coordinator(
     shared: &Shared,
+    endpoint: &crate::kafka::KafkaListener,
     request: FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
     let mut response = FindCoordinatorResponse::default();
     let node = BrokerId(shared.config.node_id);
-    let host = text(&shared.config.advertised_host);
-    let port = i32::from(shared.config.advertised_port);
+    let host = text(&endpoint.advertised_host);
+    let port = i32::from(endpoint.advertised_port);
     let refusal = (!matches!(request.key_type, 0 | 1)).then_some(ResponseError::InvalidRequest.code());
     if version < 4 {
         // One key, answered in the top-level fields (version 4 answers a list instead).
