@@ -15,6 +15,7 @@
 //! GRANT readers TO alice;                REVOKE readers FROM alice;
 //! REVOKE WRITE ON STREAM orders FROM alice;
 //! GRANT WRITE ON TOPIC 'devices/%u/#' TO PUBLIC;   GRANT READ ON TOPIC 'devices/+/status' TO ops;
+//! GRANT READ ON GROUP 'billing-*' TO billing;      GRANT WRITE ON TRANSACTIONAL ID 'etl' TO etl;
 //! CREATE TOKEN [FOR alice] [VALID FOR '30d'];   DROP TOKEN 'a1b2c3d4';
 //! SHOW USERS; SHOW ROLES; SHOW GRANTS [FOR alice]; SHOW TOKENS;
 //! ```
@@ -358,6 +359,13 @@ fn object(parser: &mut Parser) -> Result<ObjectPattern, SqlError> {
         Some(ObjectKind::View)
     } else if word(parser, "topic") {
         Some(ObjectKind::Topic)
+    } else if word(parser, "group") {
+        Some(ObjectKind::Group)
+    } else if word(parser, "transactional") {
+        if !word(parser, "id") {
+            return Err(SqlError::Syntax("expected TRANSACTIONAL ID name".into()));
+        }
+        Some(ObjectKind::TransactionalId)
     } else {
         None
     };
@@ -691,6 +699,12 @@ mod tests {
         assert_eq!(objects[0], ObjectPattern { kind: Some(ObjectKind::Topic), name: "devices/%u/#".into() });
         assert_eq!(objects[0].to_string(), "TOPIC 'devices/%u/#'");
         assert!(parse("GRANT READ ON TOPIC 'a/#/b' TO x").is_err(), "not a topic filter");
+        let group = one("GRANT READ ON GROUP 'billing.v2-*' TO billing");
+        let AccessStatement::Privileges { objects, .. } = &group else { panic!("{group:?}") };
+        assert_eq!(objects[0].to_string(), "GROUP 'billing.v2-*'");
+        let id = one("GRANT WRITE ON TRANSACTIONAL ID etl TO etl");
+        let AccessStatement::Privileges { objects, .. } = &id else { panic!("{id:?}") };
+        assert_eq!(objects[0], ObjectPattern { kind: Some(ObjectKind::TransactionalId), name: "etl".into() });
         assert_eq!(
             one("CREATE USER device1"),
             AccessStatement::CreateUser { name: "device1".into(), password: None, if_not_exists: false }

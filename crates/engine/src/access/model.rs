@@ -64,6 +64,10 @@ pub enum ObjectKind {
     View,
     /// Subjects (MQTT topics) matching a topic filter, in any stream.
     Topic,
+    /// Kafka consumer groups (READ: be a member, commit and fetch offsets; ADMIN: delete).
+    Group,
+    /// Kafka transactional ids (WRITE: run transactions as that id).
+    TransactionalId,
 }
 
 impl ObjectKind {
@@ -73,7 +77,15 @@ impl ObjectKind {
             ObjectKind::Table => "table",
             ObjectKind::View => "view",
             ObjectKind::Topic => "topic",
+            ObjectKind::Group => "group",
+            ObjectKind::TransactionalId => "transactional_id",
         }
+    }
+
+    /// Whether objects of this kind are Kafka's own, named apart from streams, tables and
+    /// views: a grant naming no kind reaches them only if it is `ON ALL`.
+    pub fn is_kafka_only(self) -> bool {
+        matches!(self, ObjectKind::Group | ObjectKind::TransactionalId)
     }
 }
 
@@ -112,6 +124,10 @@ impl ObjectPattern {
         if kind == ObjectKind::Topic || self.kind == Some(ObjectKind::Topic) {
             return false;
         }
+        // Groups and transactional ids have names of their own: `ON orders` is not a group.
+        if kind.is_kafka_only() && self.kind.is_none() && !self.is_everything() {
+            return false;
+        }
         match self.name.strip_suffix('*') {
             Some(prefix) => name.starts_with(prefix),
             None => self.name == name,
@@ -126,8 +142,10 @@ impl ObjectPattern {
         if self.kind == Some(ObjectKind::Topic) {
             return topic_filter_covers(&self.name, &other.name);
         }
-        if other.kind == Some(ObjectKind::Topic) {
-            // A grant on every object of any kind covers topics too.
+        if other.kind == Some(ObjectKind::Topic)
+            || (self.kind.is_none() && other.kind.is_some_and(ObjectKind::is_kafka_only))
+        {
+            // A grant on every object of any kind covers topics, groups and ids too.
             return self.is_everything();
         }
         match (self.name.strip_suffix('*'), other.name.strip_suffix('*')) {
@@ -153,6 +171,16 @@ impl ObjectPattern {
         if name.is_empty() {
             return Ok(());
         }
+        if self.kind.is_some_and(ObjectKind::is_kafka_only) {
+            // Kafka's own rule for group and transactional ids: any characters, at most 249.
+            if name.contains('*') || name.len() > 249 || name.chars().any(char::is_control) {
+                return Err(format!(
+                    "{:?}: at most 249 characters, no control characters, '*' only at the end",
+                    self.name
+                ));
+            }
+            return Ok(());
+        }
         if name.contains('*') {
             return Err(format!("{:?}: '*' may only end a pattern", self.name));
         }
@@ -165,6 +193,8 @@ impl std::fmt::Display for ObjectPattern {
         match (self.kind, self.is_everything()) {
             (None, true) => f.write_str("ALL"),
             (Some(ObjectKind::Topic), _) => write!(f, "TOPIC '{}'", self.name),
+            (Some(ObjectKind::Group), _) => write!(f, "GROUP '{}'", self.name),
+            (Some(ObjectKind::TransactionalId), _) => write!(f, "TRANSACTIONAL ID '{}'", self.name),
             (None, false) => write!(f, "{}", self.name),
             (Some(kind), _) => write!(f, "{} {}", kind.as_str().to_ascii_uppercase(), self.name),
         }
@@ -450,6 +480,13 @@ mod tests {
         ] {
             assert_eq!(topic_filter_covers(outer, inner), covers, "{outer} covers {inner}");
         }
+        // Groups and transactional ids are reached by grants that name their kind, or ON ALL.
+        let orders_any = pattern(None, "orders");
+        assert!(!orders_any.matches(ObjectKind::Group, "orders"));
+        assert!(pattern(Some(ObjectKind::Group), "bill*").matches(ObjectKind::Group, "billing"));
+        assert!(ObjectPattern::everything().matches(ObjectKind::TransactionalId, "etl"));
+        assert!(ObjectPattern::everything().contains(&pattern(Some(ObjectKind::Group), "x")));
+        assert!(!orders_any.contains(&pattern(Some(ObjectKind::Group), "orders")), "granting on: not a group");
         assert!(topic("devices/%u/#").validate().is_ok());
         assert!(topic("devices/x%u/#").validate().is_err());
         assert!(topic("devices/#/x").validate().is_err());

@@ -233,6 +233,8 @@ fn parse_grant_key(rest: &str) -> Option<Grant> {
         "table" => Some(ObjectKind::Table),
         "view" => Some(ObjectKind::View),
         "topic" => Some(ObjectKind::Topic),
+        "group" => Some(ObjectKind::Group),
+        "transactional_id" => Some(ObjectKind::TransactionalId),
         _ => return None,
     };
     let name = parts.next()?.to_string();

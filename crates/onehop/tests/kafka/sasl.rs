@@ -39,7 +39,8 @@ fn kafka_clients_log_in_with_sasl_plain_and_scram_and_keep_to_their_grants() {
         server.address,
         ("root", "root-pass"),
         "CREATE USER dev PASSWORD 'dev-pass'; CREATE STREAM orders; CREATE STREAM secrets; CREATE STREAM hidden; \
-         GRANT READ, WRITE ON STREAM orders TO dev; GRANT READ ON STREAM secrets TO dev",
+         GRANT READ, WRITE ON STREAM orders TO dev; GRANT READ ON STREAM secrets TO dev; \
+         GRANT READ ON GROUP 'readers' TO dev",
     );
     assert!(answer.contains("created"), "{answer}");
 
@@ -100,6 +101,42 @@ fn kafka_clients_log_in_with_sasl_plain_and_scram_and_keep_to_their_grants() {
     let described = crate::common::sql_as(server.address, ("root", "root-pass"), "DESCRIBE secrets");
     let described: serde_json::Value = serde_json::from_str(&described).unwrap();
     assert_eq!(described["results"][0]["rows"][0][5], serde_json::json!([0]), "nothing was stored: {described}");
+
+    // Groups and transactional ids have grants of their own: dev may be a member of `readers`
+    // only, and run transactions as no id until it is granted one.
+    // kcat's balanced consumer keeps trying; the refusal is in what it prints meanwhile.
+    let output = std::process::Command::new("timeout")
+        .args(["8", "kcat", "-b", &kafka.to_string()])
+        .args(&dev)
+        .args(["-G", "others", "orders"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("Group authorization failed"), "a group without a grant: {stderr}");
+    let transactions = |id: &str| {
+        let script = r#"
+import sys
+from confluent_kafka import Producer
+kafka, id = sys.argv[1], sys.argv[2]
+producer = Producer({"bootstrap.servers": kafka, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
+                     "sasl.username": "dev", "sasl.password": "dev-pass", "transactional.id": id})
+try:
+    producer.init_transactions(15)
+    producer.begin_transaction()
+    producer.produce("orders", b"in a transaction")
+    producer.commit_transaction(15)
+    print("committed")
+except Exception as error:
+    print(error)
+"#;
+        let output =
+            std::process::Command::new("python3").args(["-c", script, &kafka.to_string(), id]).output().unwrap();
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    };
+    let refused = transactions("etl-1");
+    assert!(refused.contains("TRANSACTIONAL_ID_AUTHORIZATION_FAILED"), "{refused}");
+    crate::common::sql_as(server.address, ("root", "root-pass"), "GRANT WRITE ON TRANSACTIONAL ID 'etl-*' TO dev");
+    assert_eq!(transactions("etl-1").trim(), "committed");
 }
 
 /// The HMAC secret of the test's JWT issuer, as hex: 32 bytes.
@@ -129,7 +166,8 @@ fn kafka_clients_log_in_with_oauthbearer_jwts_and_again_before_they_expire() {
     crate::common::sql_as(
         server.address,
         ("root", "root-pass"),
-        "CREATE STREAM readings; CREATE ROLE devices; GRANT READ, WRITE ON STREAM readings TO devices",
+        "CREATE STREAM readings; CREATE ROLE devices; GRANT READ, WRITE ON STREAM readings TO devices; \
+         GRANT READ ON GROUP 'oauth-*' TO devices",
     );
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/oauth.py");
     let run = |extra: &[&str]| {

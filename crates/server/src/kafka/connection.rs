@@ -244,7 +244,8 @@ async fn handle(
             frame_response(id, response_header, &fetch::fetch(shared, who, request).await, version)?
         }
         RequestKind::InitProducerId(request) => {
-            frame_response(id, response_header, &produce::init_producer_id(shared, request, version).await, version)?
+            let answer = produce::init_producer_id(shared, who, request, version).await;
+            frame_response(id, response_header, &answer, version)?
         }
         RequestKind::AlterConfigs(request) => {
             frame_response(id, response_header, &configs::alter_configs(shared, who, request).await, version)?
@@ -270,16 +271,17 @@ async fn handle(
         RequestKind::JoinGroup(request) => {
             let client = header.client_id.as_ref().map_or("", |client| client.as_str());
             let host = format!("/{}", peer.ip());
-            frame_response(id, response_header, &groups::join_group(shared, request, client, &host).await, version)?
+            let answer = groups::join_group(shared, who, request, client, &host).await;
+            frame_response(id, response_header, &answer, version)?
         }
         RequestKind::SyncGroup(request) => {
-            frame_response(id, response_header, &groups::sync_group(shared, request).await, version)?
+            frame_response(id, response_header, &groups::sync_group(shared, who, request).await, version)?
         }
         RequestKind::Heartbeat(request) => {
-            frame_response(id, response_header, &groups::heartbeat(shared, request), version)?
+            frame_response(id, response_header, &groups::heartbeat(shared, who, request), version)?
         }
         RequestKind::LeaveGroup(request) => {
-            frame_response(id, response_header, &groups::leave_group(shared, request), version)?
+            frame_response(id, response_header, &groups::leave_group(shared, who, request), version)?
         }
         RequestKind::OffsetCommit(request) => {
             frame_response(id, response_header, &groups::offset_commit(shared, who, request).await, version)?
@@ -288,10 +290,10 @@ async fn handle(
             frame_response(id, response_header, &groups::offset_fetch(shared, who, request), version)?
         }
         RequestKind::ListGroups(request) => {
-            frame_response(id, response_header, &groups::list_groups(shared, request), version)?
+            frame_response(id, response_header, &groups::list_groups(shared, who, request), version)?
         }
         RequestKind::DescribeGroups(request) => {
-            frame_response(id, response_header, &groups::describe_groups(shared, request), version)?
+            frame_response(id, response_header, &groups::describe_groups(shared, who, request), version)?
         }
         RequestKind::DeleteGroups(request) => {
             frame_response(id, response_header, &groups::delete_groups(shared, who, request).await, version)?
@@ -301,13 +303,14 @@ async fn handle(
             frame_response(id, response_header, &answer, version)?
         }
         RequestKind::AddOffsetsToTxn(request) => {
-            frame_response(id, response_header, &txns::add_offsets_to_txn(shared, request, version).await, version)?
+            let answer = txns::add_offsets_to_txn(shared, who, request, version).await;
+            frame_response(id, response_header, &answer, version)?
         }
         RequestKind::TxnOffsetCommit(request) => {
             frame_response(id, response_header, &txns::txn_offset_commit(shared, who, request, version).await, version)?
         }
         RequestKind::EndTxn(request) => {
-            frame_response(id, response_header, &txns::end_txn(shared, request, version).await, version)?
+            frame_response(id, response_header, &txns::end_txn(shared, who, request, version).await, version)?
         }
         RequestKind::DescribeTransactions(request) => {
             frame_response(id, response_header, &txns::describe_transactions(shared, request), version)?

@@ -80,6 +80,27 @@ pub(super) fn may_describe(shared: &Shared, who: &onehop_engine::Principal, name
         Err(_) => false,
     }
 }
+/// The error refusing `who` `privilege` on the consumer group `group`, if it is refused
+/// (GROUP_AUTHORIZATION_FAILED, as Kafka's authorizer answers).
+pub(super) fn group_refused(
+    shared: &Shared,
+    who: &onehop_engine::Principal,
+    privilege: onehop_engine::Privilege,
+    group: &str,
+) -> Option<i16> {
+    let refused = shared.engine.access().authorize(who, privilege, onehop_engine::ObjectKind::Group, group).is_err();
+    refused.then(|| kafka_protocol::ResponseError::GroupAuthorizationFailed.code())
+}
+
+/// The error refusing `who` transactions as the transactional id `id`, if it is refused
+/// (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): they take `WRITE` on it.
+pub(super) fn transactional_id_refused(shared: &Shared, who: &onehop_engine::Principal, id: &str) -> Option<i16> {
+    let access = shared.engine.access();
+    let kind = onehop_engine::ObjectKind::TransactionalId;
+    let refused = access.authorize(who, onehop_engine::Privilege::Write, kind, id).is_err();
+    refused.then(|| kafka_protocol::ResponseError::TransactionalIdAuthorizationFailed.code())
+}
+
 pub use records::SUBJECT_HEADER;
 
 /// The Kafka listener's settings.

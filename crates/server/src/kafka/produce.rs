@@ -98,12 +98,19 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
 /// its next epoch.
 pub(super) async fn init_producer_id(
     shared: &Shared,
+    who: &Principal,
     request: InitProducerIdRequest,
     version: i16,
 ) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();
     response.producer_id = ProducerId(-1);
     response.producer_epoch = -1;
+    if let Some(id) = &request.transactional_id
+        && let Some(code) = super::transactional_id_refused(shared, who, id.0.as_str())
+    {
+        response.error_code = code;
+        return response;
+    }
     if let Some(id) = &request.transactional_id {
         let current = (request.producer_id.0, request.producer_epoch);
         let timeout = request.transaction_timeout_ms;

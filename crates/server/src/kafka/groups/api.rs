@@ -82,12 +82,18 @@ pub(in crate::kafka) fn find_coordinator(
 
 pub(in crate::kafka) async fn join_group(
     shared: &Shared,
+    who: &Principal,
     request: JoinGroupRequest,
     client_id: &str,
     host: &str,
 ) -> JoinGroupResponse {
     let mut response = JoinGroupResponse::default();
     response.generation_id = -1;
+    if let Some(code) = crate::kafka::group_refused(shared, who, Privilege::Read, request.group_id.0.as_str()) {
+        response.error_code = code;
+        response.member_id = request.member_id;
+        return response;
+    }
     let session_timeout = Duration::from_millis(request.session_timeout_ms.max(0) as u64);
     // Before version 1 the rebalance timeout was the session timeout.
     let rebalance_timeout = match request.rebalance_timeout_ms {
@@ -143,8 +149,16 @@ pub(in crate::kafka) async fn join_group(
     response
 }
 
-pub(in crate::kafka) async fn sync_group(shared: &Shared, request: SyncGroupRequest) -> SyncGroupResponse {
+pub(in crate::kafka) async fn sync_group(
+    shared: &Shared,
+    who: &Principal,
+    request: SyncGroupRequest,
+) -> SyncGroupResponse {
     let mut response = SyncGroupResponse::default();
+    if let Some(code) = crate::kafka::group_refused(shared, who, Privilege::Read, request.group_id.0.as_str()) {
+        response.error_code = code;
+        return response;
+    }
     let assignments = request
         .assignments
         .into_iter()
@@ -169,16 +183,26 @@ pub(in crate::kafka) async fn sync_group(shared: &Shared, request: SyncGroupRequ
     response
 }
 
-pub(in crate::kafka) fn heartbeat(shared: &Shared, request: HeartbeatRequest) -> HeartbeatResponse {
+pub(in crate::kafka) fn heartbeat(shared: &Shared, who: &Principal, request: HeartbeatRequest) -> HeartbeatResponse {
     let mut response = HeartbeatResponse::default();
-    response.error_code =
-        shared.groups.heartbeat(request.group_id.0.as_str(), request.member_id.as_str(), request.generation_id);
+    response.error_code = match crate::kafka::group_refused(shared, who, Privilege::Read, request.group_id.0.as_str()) {
+        Some(code) => code,
+        None => shared.groups.heartbeat(request.group_id.0.as_str(), request.member_id.as_str(), request.generation_id),
+    };
     response
 }
 
-pub(in crate::kafka) fn leave_group(shared: &Shared, request: LeaveGroupRequest) -> LeaveGroupResponse {
+pub(in crate::kafka) fn leave_group(
+    shared: &Shared,
+    who: &Principal,
+    request: LeaveGroupRequest,
+) -> LeaveGroupResponse {
     let mut response = LeaveGroupResponse::default();
     let group = request.group_id.0.as_str();
+    if let Some(code) = crate::kafka::group_refused(shared, who, Privilege::Read, group) {
+        response.error_code = code;
+        return response;
+    }
     if request.members.is_empty() {
         // Versions 0 to 2: one member.
         response.error_code = shared.groups.leave(group, request.member_id.as_str());
@@ -224,7 +248,10 @@ pub(in crate::kafka) async fn offset_commit(
     request: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
     let group = request.group_id.0.as_str().to_string();
-    let allowed = shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id_or_member_epoch);
+    let allowed = match crate::kafka::group_refused(shared, who, Privilege::Read, &group) {
+        Some(code) => code,
+        None => shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id_or_member_epoch),
+    };
     let mut answers: Vec<(TopicName, Vec<(i32, i16)>)> = Vec::new();
     let mut commits = Vec::new();
     for topic in request.topics {
@@ -318,6 +345,10 @@ pub(in crate::kafka) fn offset_fetch(
         partition
     };
     let mut response = OffsetFetchResponse::default();
+    if let Some(code) = crate::kafka::group_refused(shared, who, Privilege::Read, group) {
+        response.error_code = code;
+        return response;
+    }
     response.topics = match request.topics {
         Some(topics) => topics
             .into_iter()
@@ -350,12 +381,22 @@ pub(in crate::kafka) fn offset_fetch(
     response
 }
 
-pub(in crate::kafka) fn list_groups(shared: &Shared, request: ListGroupsRequest) -> ListGroupsResponse {
+/// ListGroups: the groups `who` has any grant on (Kafka lists those it may describe).
+pub(in crate::kafka) fn list_groups(
+    shared: &Shared,
+    who: &Principal,
+    request: ListGroupsRequest,
+) -> ListGroupsResponse {
     let mut response = ListGroupsResponse::default();
+    let permissions = shared.engine.access().permissions(who).ok().flatten();
+    let visible = |group: &str| {
+        permissions.as_ref().is_none_or(|permissions| permissions.sees(onehop_engine::ObjectKind::Group, group))
+    };
     response.groups = shared
         .groups
         .list()
         .into_iter()
+        .filter(|(id, ..)| visible(id))
         .filter(|(_, state, _)| {
             request.states_filter.is_empty()
                 || request.states_filter.iter().any(|wanted| wanted.as_str() == state.name())
@@ -372,13 +413,29 @@ pub(in crate::kafka) fn list_groups(shared: &Shared, request: ListGroupsRequest)
     response
 }
 
-pub(in crate::kafka) fn describe_groups(shared: &Shared, request: DescribeGroupsRequest) -> DescribeGroupsResponse {
+/// DescribeGroups: each group `who` has any grant on (Kafka's DESCRIBE).
+pub(in crate::kafka) fn describe_groups(
+    shared: &Shared,
+    who: &Principal,
+    request: DescribeGroupsRequest,
+) -> DescribeGroupsResponse {
     let mut response = DescribeGroupsResponse::default();
+    let permissions = shared.engine.access().permissions(who).ok();
+    let visible = |group: &str| match &permissions {
+        Some(None) => true,
+        Some(Some(permissions)) => permissions.sees(onehop_engine::ObjectKind::Group, group),
+        None => false,
+    };
     response.groups = request
         .groups
         .into_iter()
         .map(|id| {
             let mut described = DescribedGroup::default();
+            if !visible(id.0.as_str()) {
+                described.error_code = ResponseError::GroupAuthorizationFailed.code();
+                described.group_id = id;
+                return described;
+            }
             match shared.groups.describe(id.0.as_str()) {
                 // Kafka describes a group it does not know as Dead, without an error.
                 None => described.group_state = StrBytes::from_static_str("Dead"),
@@ -415,14 +472,12 @@ pub(in crate::kafka) async fn delete_groups(
     request: DeleteGroupsRequest,
 ) -> DeleteGroupsResponse {
     let mut response = DeleteGroupsResponse::default();
-    // Groups have no grants of their own yet: deleting one (its committed offsets) is a
-    // superuser's.
-    let allowed = shared.engine.access().authorize_superuser(who, "delete consumer groups").is_ok();
     for id in request.groups_names {
         let mut result = DeletableGroupResult::default();
         let name = id.0.as_str().to_string();
-        result.error_code = if !allowed {
-            ResponseError::GroupAuthorizationFailed.code()
+        // Deleting a group (its committed offsets) takes ADMIN on it.
+        result.error_code = if let Some(code) = crate::kafka::group_refused(shared, who, Privilege::Admin, &name) {
+            code
         } else if shared.groups.has_members(&name) {
             ResponseError::NonEmptyGroup.code()
         } else {

@@ -63,6 +63,7 @@ pub(in crate::kafka) async fn add_partitions_to_txn(
 ) -> AddPartitionsToTxnResponse {
     let id = request.v3_and_below_transactional_id.0.as_str().to_string();
     let producer = (request.v3_and_below_producer_id.0, request.v3_and_below_producer_epoch);
+    let id_refused = crate::kafka::transactional_id_refused(shared, who, &id);
     // Every partition must exist; the others are then not attempted.
     let mut unknown = Vec::new();
     let mut partitions: Vec<Partition> = Vec::new();
@@ -79,13 +80,15 @@ pub(in crate::kafka) async fn add_partitions_to_txn(
             }
         }
     }
-    let outcome = if unknown.is_empty() {
+    let outcome = if unknown.is_empty() && id_refused.is_none() {
         shared.transactions.add_partitions(&id, producer, &partitions, fenced(version, 2)).await.err()
     } else {
         None
     };
     let code_of = |topic: &str, index: i32| -> i16 {
-        if !unknown.is_empty() {
+        if let Some(code) = id_refused {
+            code
+        } else if !unknown.is_empty() {
             if unknown.iter().any(|(name, at)| name == topic && *at == index) {
                 ResponseError::UnknownTopicOrPartition.code()
             } else {
@@ -123,6 +126,7 @@ pub(in crate::kafka) async fn add_partitions_to_txn(
 
 pub(in crate::kafka) async fn add_offsets_to_txn(
     shared: &Shared,
+    who: &Principal,
     request: AddOffsetsToTxnRequest,
     version: i16,
 ) -> AddOffsetsToTxnResponse {
@@ -130,6 +134,12 @@ pub(in crate::kafka) async fn add_offsets_to_txn(
     let group = request.group_id.0.as_str();
     if group.is_empty() {
         response.error_code = ResponseError::InvalidGroupId.code();
+        return response;
+    }
+    let refused = crate::kafka::transactional_id_refused(shared, who, request.transactional_id.0.as_str())
+        .or_else(|| crate::kafka::group_refused(shared, who, Privilege::Read, group));
+    if let Some(code) = refused {
+        response.error_code = code;
         return response;
     }
     let producer = (request.producer_id.0, request.producer_epoch);
@@ -149,9 +159,13 @@ pub(in crate::kafka) async fn txn_offset_commit(
     version: i16,
 ) -> TxnOffsetCommitResponse {
     let group = request.group_id.0.as_str().to_string();
+    let refused = crate::kafka::transactional_id_refused(shared, who, request.transactional_id.0.as_str())
+        .or_else(|| crate::kafka::group_refused(shared, who, Privilege::Read, &group));
     // A consumer's generation is checked as an OffsetCommit's is (KIP-447); a commit without
     // one (generation -1) is taken as Kafka takes it.
-    let allowed = if request.generation_id >= 0 {
+    let allowed = if let Some(code) = refused {
+        code
+    } else if request.generation_id >= 0 {
         shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id)
     } else if group.is_empty() {
         ResponseError::InvalidGroupId.code()
@@ -216,12 +230,21 @@ pub(in crate::kafka) async fn txn_offset_commit(
     response
 }
 
-pub(in crate::kafka) async fn end_txn(shared: &Shared, request: EndTxnRequest, version: i16) -> EndTxnResponse {
+pub(in crate::kafka) async fn end_txn(
+    shared: &Shared,
+    who: &Principal,
+    request: EndTxnRequest,
+    version: i16,
+) -> EndTxnResponse {
     let mut response = EndTxnResponse::default();
     response.producer_id = ProducerId(-1);
     response.producer_epoch = -1;
     let producer = (request.producer_id.0, request.producer_epoch);
     let id = request.transactional_id.0.as_str();
+    if let Some(code) = crate::kafka::transactional_id_refused(shared, who, id) {
+        response.error_code = code;
+        return response;
+    }
     if let Err((code, why)) = shared.transactions.end(id, producer, request.committed, fenced(version, 2)).await {
         tracing::debug!(transactional_id = id, code, %why, "EndTxn refused");
         response.error_code = code;
