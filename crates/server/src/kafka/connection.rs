@@ -70,7 +70,10 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         // and the connection reads nothing more until then, as Kafka mutes a throttled
         // channel (KIP-219).
         if let Some(wait) = session.muted_for.take() {
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                _ = stop.wait_for(|stop| *stop) => break End::Closed,
+            }
         }
     };
     if let End::Protocol(reason) = end {

@@ -356,7 +356,12 @@ impl Connection {
         if !wait.is_zero() {
             self.flush().await;
             crate::access::publish_throttled("mqtt");
-            tokio::time::sleep(wait).await;
+            // A shutdown does not wait for the throttle.
+            let mut stopping = self.broker.stop.subscribe();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                _ = stopping.wait_for(|stopping| *stopping) => {}
+            }
         }
         let stored = if !message.retain {
             self.gather(message).await
