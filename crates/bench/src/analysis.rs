@@ -140,6 +140,9 @@ pub struct Figures {
     pub server_rss_mb: Option<f64>,
     /// The target's own fdatasyncs during the run(s), when it exposes them.
     pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
+    /// Failed logins and TLS handshakes the target counted during the run(s), when it counts
+    /// them: a client of the harness refused is a run that measured the wrong thing.
+    pub target_refusals: Option<u64>,
     /// CPU used and the machine's pressure during the run(s).
     pub host: Option<crate::host::HostUsage>,
     /// Stalls made on purpose during the run (`--pause-ms`), when asked for.
@@ -175,6 +178,7 @@ impl Default for Figures {
             sent_rate_hz: 0.0,
             server_rss_mb: None,
             target_fsyncs: None,
+            target_refusals: None,
             host: None,
             pauses: None,
             saturation: Vec::new(),
@@ -225,6 +229,10 @@ impl Figures {
             (mine @ None, Some(theirs)) => *mine = Some(theirs.clone()),
             _ => {}
         }
+        self.target_refusals = match (self.target_refusals, other.target_refusals) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
         match (&mut self.host, &other.host) {
             (Some(mine), Some(theirs)) => mine.merge(theirs),
             (mine @ None, Some(theirs)) => *mine = Some(*theirs),

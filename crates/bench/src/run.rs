@@ -45,6 +45,8 @@ pub struct RunData {
     /// The target's fdatasyncs from just before the schedule started to the end of the drain
     /// (warm-up included), when it exposes them.
     pub target_fsyncs: Option<crate::fsyncs::Fsyncs>,
+    /// Failed logins and TLS handshakes the target counted over the same span.
+    pub target_refusals: Option<u64>,
     /// CPU used by the harness and a started server, and the machine's pressure, over the
     /// same span.
     pub host: crate::host::HostUsage,
@@ -74,6 +76,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let recorder = Arc::new(Recorder::new(clock, spec.schedule, queries));
     let Session { mut producer, querier, observers } = target.open(plan, &recorder, runtime)?;
     let fsyncs_before = target.fsyncs(runtime);
+    let refusals_before = target.refusals(runtime);
     let target_pids = target.process_ids();
     let host_before = crate::host::HostUsage::take(clock.now_ns(), &target_pids);
     let start_ns = clock.now_ns() + START_LEAD.as_nanos() as u64;
@@ -137,6 +140,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
     let server_rss_mb =
         target_pids.iter().map(|pid| rss_mb(*pid)).sum::<Option<f64>>().filter(|_| !target_pids.is_empty());
     let target_fsyncs = fsyncs_before.and_then(|before| Some(target.fsyncs(runtime)?.since(&before)));
+    let target_refusals = refusals_before.and_then(|before| Some(target.refusals(runtime)?.saturating_sub(before)));
     let host = crate::host::HostUsage::take(clock.now_ns(), &target_pids).since(&host_before);
     let host_samples = sampler.finish();
     let ended_at = clock.system_time_at(clock.now_ns());
@@ -150,6 +154,7 @@ pub fn run_once(target: &dyn Target, plan: &Plan, spec: &RunSpec, runtime: &Hand
         ended_at,
         server_rss_mb,
         target_fsyncs,
+        target_refusals,
         host,
         host_samples,
         pauses,

@@ -17,6 +17,10 @@ pub struct ServerProcess {
     pub mqtt: String,
     /// The Kafka listener, `host:port`.
     pub kafka: String,
+    /// The HTTPS listener, `host:port`, when `--https-addr` was given.
+    pub https: Option<String>,
+    /// The MQTT over TLS listener, `host:port`, when `--mqtt-tls-addr` was given.
+    pub mqtts: Option<String>,
     _data: tempfile::TempDir,
 }
 
@@ -24,6 +28,17 @@ impl ServerProcess {
     /// Starts `exe serve` on a fresh data directory under `dir`, on a free loopback port, and
     /// waits until it listens.
     pub fn start(exe: &Path, dir: &Path, extra_args: &[&str]) -> anyhow::Result<ServerProcess> {
+        ServerProcess::start_with_env(exe, dir, extra_args, &[])
+    }
+
+    /// [`ServerProcess::start`], with `env` added to the server's environment (secrets that a
+    /// flag would show in `ps`).
+    pub fn start_with_env(
+        exe: &Path,
+        dir: &Path,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<ServerProcess> {
         let data = tempfile::Builder::new().prefix("onehop-bench-data-").tempdir_in(dir)?;
         let mut command = Command::new(exe);
         command
@@ -33,6 +48,7 @@ impl ServerProcess {
             .arg("--data-dir")
             .arg(data.path())
             .args(extra_args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -56,18 +72,28 @@ impl ServerProcess {
                 }
             }
         });
-        let mut mqtt = String::new();
-        let mut kafka = String::new();
+        let (mut mqtt, mut kafka, mut https, mut mqtts) = (String::new(), String::new(), None, None);
+        // The address a "listening on {scheme}://{address}" line names.
+        let listening = |line: &str, scheme: &str| {
+            let rest = line.split(&format!("listening on {scheme}://")).nth(1)?;
+            Some(rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default().to_string())
+        };
+        // The plain HTTP listener is announced last.
         let url = loop {
             let line = lines.recv_timeout(Duration::from_secs(30)).context("the server did not start within 30 s")?;
-            if let Some(rest) = line.split("listening on mqtt://").nth(1) {
-                mqtt = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default().to_string();
+            if let Some(address) = listening(&line, "mqtt") {
+                mqtt = address;
             }
-            if let Some(rest) = line.split("listening on kafka://").nth(1) {
-                kafka = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default().to_string();
+            if let Some(address) = listening(&line, "kafka") {
+                kafka = address;
             }
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let address = rest.split(|c: char| c.is_whitespace() || c == '"').next().unwrap_or_default();
+            if let Some(address) = listening(&line, "https") {
+                https = Some(address);
+            }
+            if let Some(address) = listening(&line, "mqtts") {
+                mqtts = Some(address);
+            }
+            if let Some(address) = listening(&line, "http") {
                 break format!("http://{address}");
             }
             if line.contains("error") {
@@ -77,7 +103,7 @@ impl ServerProcess {
         };
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || while lines.recv().is_ok() {});
-        Ok(ServerProcess { child, url, mqtt, kafka, _data: data })
+        Ok(ServerProcess { child, url, mqtt, kafka, https, mqtts, _data: data })
     }
 
     pub fn pid(&self) -> u32 {

@@ -271,9 +271,18 @@ impl BenchOptions {
             if self.target_options.url.is_some() && self.targets.iter().any(|name| name == "onehop") {
                 bail!("--pause-ms stops the onehop server the harness starts: it cannot be used with --url");
             }
-            if let Some(peer) = self.targets.iter().find(|name| !["onehop", "echo"].contains(&name.as_str())) {
+            let stoppable = |name: &str| name == "echo" || target::onehop::Protection::of_target(name).is_some();
+            if let Some(peer) = self.targets.iter().find(|name| !stoppable(name)) {
                 bail!("--pause-ms stops a onehop server; it does not apply to the peer {peer}");
             }
+        }
+        let guarded = |name: &&String| target::onehop::Protection::of_target(name).is_some_and(|p| p.access || p.tls);
+        if let Some(name) = self.targets.iter().find(guarded)
+            && (self.target_options.url.is_some() || self.target_options.mqtt_address.is_some())
+        {
+            bail!(
+                "{name} starts a server of its own, with its own users and certificate: it cannot be used with --url"
+            );
         }
         if self.target_options.kafka_brokers != 1 && self.target_options.kafka_brokers != 3 {
             bail!("--kafka-brokers must be 1 or 3 (replication 1, or the study's 3 with min ISR 2)");
@@ -368,6 +377,7 @@ pub fn run(options: &BenchOptions, runtime: &Handle) -> anyhow::Result<Vec<Summa
                     });
                     figures.server_rss_mb = data.server_rss_mb;
                     figures.target_fsyncs = data.target_fsyncs;
+                    figures.target_refusals = data.target_refusals;
                     figures.host = Some(data.host);
                     figures.pauses = data.pauses;
                     if let Some(raw) = raw {

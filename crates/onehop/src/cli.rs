@@ -390,8 +390,12 @@ pub struct BenchQueueArgs {
 #[derive(Args, Debug)]
 pub struct BenchWorkloadArgs {
     /// Targets to run the workload against, one after another, reported side by side:
-    /// `onehop`; `echo` (a loopback server in the harness that answers and delivers at once:
-    /// the harness's own latency floor); and the conventional stacks, installed by
+    /// `onehop`; `onehop-auth`, `onehop-tls` and `onehop-secure` (onehop started with access
+    /// on — every client logged in, a bearer token over HTTP, SSE and WebSocket, a user name and
+    /// password over MQTT — with TLS on its HTTPS and MQTT listeners, or with both; the
+    /// handshakes before the schedule; their ratio to `onehop` is their cost); `echo` (a
+    /// loopback server in the harness that answers and delivers at once: the harness's own
+    /// latency floor); and the conventional stacks, installed by
     /// `scripts/peers install`: `kafka` (W4: 3 KRaft brokers, RF 3, franz-go producer and
     /// batching consumer), `mosquitto` (W4: QoS 1, no persistence), `nats` and `nats-sync` (W4:
     /// JetStream file storage through its MQTT listener, fsync every 2 min or every write).

@@ -77,9 +77,10 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
     // The priority the harness's threads ran at is on record (raised, or the process's own).
     assert!(meta["knobs"]["harness_nice"].is_i64(), "{meta}");
     // The target's own fdatasyncs over the run: onehop's from its /metrics (every workload
-    // here writes at fsync), none for the echo.
+    // here writes at fsync, with access and TLS on or off), none for the echo.
+    let started = stack.starts_with("onehop");
     let fsyncs = &meta["target_fsyncs"];
-    if stack == "onehop" {
+    if started {
         let count = fsyncs["count"].as_u64().unwrap_or_else(|| panic!("no target_fsyncs in {meta}"));
         assert!(count > 0 && fsyncs["over_10ms"].as_u64().unwrap() <= count, "{meta}");
         let slowest = &fsyncs["slowest_at_most_s"];
@@ -91,7 +92,7 @@ fn check_run(run: &Path, workload: &str, stack: &str) -> (Value, Vec<Vec<String>
     // started it (as here), none for the echo; the pressure shares are percentages.
     let host = &meta["host_usage"];
     assert!(host["seconds"].as_f64().unwrap() > 0.0 && host["harness_cores"].as_f64().unwrap() > 0.0, "{meta}");
-    assert_eq!(host["target_cores"].is_f64(), stack == "onehop", "{meta}");
+    assert_eq!(host["target_cores"].is_f64(), started, "{meta}");
     for share in ["cpu_pressure_pct", "io_pressure_pct", "io_full_pct"] {
         assert!(host[share].is_null() || (0.0..=100.0).contains(&host[share].as_f64().unwrap()), "{meta}");
     }
@@ -559,4 +560,79 @@ fn bad_flags_are_refused_with_the_reason() {
     assert!(refusal(&["all", "--rate", "5"]).contains("each workload at its own rate"));
     assert!(refusal(&["view", "--keys", "0"]).contains("--keys must be positive"));
     assert!(refusal(&["w4", "--target", "onehop,onehop"]).contains("twice"));
+    assert!(
+        refusal(&["w1", "--target", "onehop-auth", "--url", "http://127.0.0.1:9"])
+            .contains("cannot be used with --url")
+    );
+}
+
+/// `onehop-secure`: onehop started with access and TLS on. Every client of the harness logs in
+/// as a user that is not a superuser (a bearer token over HTTP and SSE, a user name and password
+/// over MQTT) on the TLS listeners, and gets everything through; the server refused nobody,
+/// and would have refused a client that presented nothing.
+#[test]
+fn the_secure_target_logs_every_client_in_over_tls() {
+    for (workload, id) in [("w2", "W2"), ("w4", "W4")] {
+        let (lines, dir) = bench(&[workload, "--target", "onehop-secure", "--duration", "2", "--warmup", "0.5"]);
+        assert_eq!(lines.len(), 1);
+        check_line(&lines[0], id, "onehop-secure");
+        assert_eq!(lines[0]["target_refusals"], 0, "{}", lines[0]);
+        let runs = runs(&dir.path().join("results"), id);
+        let (meta, _) = check_run(&runs[0], id, "onehop-secure");
+        let settings = &meta["target_settings"];
+        assert_eq!((&settings["access"], &settings["tls"]), (&"on".into(), &"on".into()), "{settings}");
+        assert!(settings["credentials"].as_str().unwrap().contains("Authorization: Bearer"), "{settings}");
+        assert!(settings["user"].as_str().unwrap().contains("not a superuser"), "{settings}");
+        // Checked by the harness as it started the server: anonymous clients were refused.
+        assert_eq!(settings["anonymous_refused"]["http"], 401, "{settings}");
+        assert!(settings["tls_session"].as_str().unwrap().starts_with("TLSv1_"), "{settings}");
+        assert_eq!(meta["target_refusals"], 0, "no client was refused: {meta}");
+        // The certificate made for the invocation went with the server.
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(left, ["results"]);
+    }
+}
+
+/// WebSocket subscribers (`onehop bench notify --protocol ws`'s) log in and speak TLS the same
+/// way: driven as a library against `onehop-secure`, every record reaches every subscriber.
+#[test]
+fn websocket_subscribers_log_in_over_tls() {
+    use onehop_bench::plan::{Fanout, Plan, Protocol, Routing};
+    use onehop_bench::run::{RunSpec, run_once};
+    use onehop_bench::schedule::{DriveLimits, Schedule};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let options = onehop_bench::target::TargetOptions {
+        url: None,
+        mqtt_address: None,
+        exe: PathBuf::from(env!("CARGO_BIN_EXE_onehop")),
+        dir: dir.path().to_path_buf(),
+        kafka_brokers: 1,
+        kafka_fsync: false,
+        logs: None,
+    };
+    let plan = Plan::Fanout(Fanout {
+        routing: Routing::Subjects { subscribers: 4, subjects: 2 },
+        protocol: Protocol::Ws,
+        durability: "fsync".into(),
+    });
+    let target = onehop_bench::target::start("onehop-secure", &options, &plan).unwrap();
+    assert_eq!(target.settings()["access"], "on");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let spec = RunSpec {
+        schedule: Schedule { rate_hz: 50.0, warmup: Duration::from_millis(200), duration: Duration::from_secs(1) },
+        query_rate_hz: None,
+        limits: DriveLimits::default(),
+        label: "ws".into(),
+        progress: false,
+        pauses: None,
+    };
+    let data = run_once(target.as_ref(), &plan, &spec, runtime.handle()).unwrap();
+    assert_eq!(data.target_refusals, Some(0));
+    let figures = onehop_bench::analysis::analyze(&plan, &data.recorder, &mut |_| {});
+    assert_eq!(figures.errors.total(), 0, "{:?}", figures.problems);
+    assert_eq!(figures.producer_emitted, 50);
+    // Each event to the two subscribers of its subject.
+    assert_eq!((figures.deliveries_expected, figures.deliveries_seen), (100, 100), "{:?}", figures.problems);
 }

@@ -3,42 +3,53 @@
 //! The scheduler writes each request straight to an idle keep-alive connection (opening one
 //! more when all are busy, up to [`CONNECTIONS_MAX`], then pipelining on the least busy); a
 //! reader thread per connection parses the answers in order and records them. Nothing sits
-//! between the intended send time and the socket but the request's encoding.
+//! between the intended send time and the socket but the request's encoding (and, over TLS,
+//! its sealing into records).
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, bail};
 
+use super::Endpoints;
 use super::http1;
+use super::link::{Dial, LinkReader, LinkWriter};
 use crate::plan::{Plan, ViewPlan};
 use crate::recorder::{Recorder, Track};
 use crate::schedule::Producer;
 
 /// Keep-alive connections one writer opens at most; past it, requests are pipelined.
 const CONNECTIONS_MAX: usize = 64;
+/// Connections a writer opens before the schedule starts. A request sent while those are all
+/// busy opens one more, so its latency includes the connect and, over TLS, the handshake; at
+/// the workloads' published rates (answers in about a millisecond, 20–100 requests a second)
+/// these are never all busy at once.
+const CONNECTIONS_FIRST: usize = 4;
 
 /// A client for setup requests (definitions), which are not measured.
 pub fn client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder().pool_max_idle_per_host(8).tcp_nodelay(true).build()?)
 }
 
-/// Runs SQL definitions on the server.
-pub async fn sql(client: &reqwest::Client, url: &str, statements: &str) -> anyhow::Result<()> {
-    let response = client
-        .post(format!("{url}/sql"))
-        .body(statements.to_string())
-        .send()
-        .await
-        .with_context(|| format!("reaching the server at {url}"))?;
+/// Runs SQL definitions on the server, as `authorization` says (nobody, when `None`), and
+/// returns its answer.
+pub async fn sql(
+    client: &reqwest::Client,
+    url: &str,
+    authorization: Option<&str>,
+    statements: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let mut request = client.post(format!("{url}/sql")).body(statements.to_string());
+    if let Some(authorization) = authorization {
+        request = request.header("authorization", authorization);
+    }
+    let response = request.send().await.with_context(|| format!("reaching the server at {url}"))?;
     if !response.status().is_success() {
         bail!("{statements}: {}", response.text().await.unwrap_or_default());
     }
-    Ok(())
+    Ok(response.json().await.unwrap_or_default())
 }
 
 /// Which schedule a writer's requests belong to.
@@ -58,7 +69,7 @@ fn track(recorder: &Recorder, answers: Answers) -> &Track {
 /// One keep-alive connection: the socket the scheduler writes, and the requests awaiting
 /// their answers, in order, shared with its reader thread.
 struct Connection {
-    writer: TcpStream,
+    writer: LinkWriter,
     waiting: Arc<Mutex<Waiting>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
@@ -73,7 +84,7 @@ struct Waiting {
 type BuildRequest = Box<dyn FnMut(Range<u64>, &Track) -> Vec<u8> + Send>;
 
 pub struct HttpWriter {
-    address: String,
+    dial: Dial,
     connections: Vec<Connection>,
     recorder: Arc<Recorder>,
     answers: Answers,
@@ -92,14 +103,14 @@ pub fn address_of(url: &str) -> String {
 
 impl HttpWriter {
     fn new(
-        url: &str,
+        endpoints: &Endpoints,
         recorder: Arc<Recorder>,
         answers: Answers,
         build: BuildRequest,
         accept: fn(u16) -> bool,
     ) -> anyhow::Result<HttpWriter> {
         let mut writer = HttpWriter {
-            address: address_of(url),
+            dial: endpoints.http_dial(),
             connections: Vec::new(),
             recorder,
             answers,
@@ -108,16 +119,23 @@ impl HttpWriter {
             stopped: Arc::new(AtomicBool::new(false)),
             prepared: None,
         };
-        // One connection up front, so the first event does not pay for the connect.
-        writer.connect()?;
+        // Connections up front, so no event pays for a connect or a handshake.
+        for _ in 0..CONNECTIONS_FIRST {
+            writer.connect()?;
+        }
         Ok(writer)
     }
 
     /// Publishes events to `stream_path` (`/streams/{s}`): one request per event, or one
     /// NDJSON batch when several are due together (its answer, once they are durable,
     /// acknowledges them all).
-    pub fn events(url: &str, stream_path: String, plan: Arc<Plan>, recorder: Arc<Recorder>) -> anyhow::Result<Self> {
-        let host = address_of(url);
+    pub fn events(
+        endpoints: &Endpoints,
+        stream_path: String,
+        plan: Arc<Plan>,
+        recorder: Arc<Recorder>,
+    ) -> anyhow::Result<Self> {
+        let (host, authorization) = (endpoints.http_dial().address, endpoints.authorization());
         let build: BuildRequest = Box::new(move |seqs: Range<u64>, track: &Track| {
             if seqs.end - seqs.start == 1 {
                 let seq = seqs.start;
@@ -132,7 +150,7 @@ impl HttpWriter {
                     target.push_str(&format!("{separator}subject={}", http1::encode(&subject)));
                 }
                 let value = plan.value_json(seq, intended_ns, track.clock.epoch_ms_at(intended_ns));
-                return http1::request("POST", &host, &target, None, value.as_bytes());
+                return http1::request("POST", &host, &target, None, authorization.as_deref(), value.as_bytes());
             }
             let mut body = String::with_capacity((seqs.end - seqs.start) as usize * 96);
             for seq in seqs {
@@ -148,40 +166,47 @@ impl HttpWriter {
                 body.push_str(&plan.value_json(seq, intended_ns, track.clock.epoch_ms_at(intended_ns)));
                 body.push_str("}\n");
             }
-            http1::request("POST", &host, &stream_path, Some("application/x-ndjson"), body.as_bytes())
+            let ndjson = Some("application/x-ndjson");
+            http1::request("POST", &host, &stream_path, ndjson, authorization.as_deref(), body.as_bytes())
         });
-        HttpWriter::new(url, recorder, Answers::Events, build, |status| (200..300).contains(&status))
+        HttpWriter::new(endpoints, recorder, Answers::Events, build, |status| (200..300).contains(&status))
     }
 
     /// Reads a view's rows for one key (`GET {view_path}/{key}`) per scheduled query. A key
     /// with no rows yet is a valid answer (404 `not_found`), not an error.
-    pub fn queries(url: &str, view_path: String, view: ViewPlan, recorder: Arc<Recorder>) -> anyhow::Result<Self> {
-        let host = address_of(url);
+    pub fn queries(
+        endpoints: &Endpoints,
+        view_path: String,
+        view: ViewPlan,
+        recorder: Arc<Recorder>,
+    ) -> anyhow::Result<Self> {
+        let (host, authorization) = (endpoints.http_dial().address, endpoints.authorization());
         let build: BuildRequest = Box::new(move |seqs: Range<u64>, _: &Track| {
             let mut bytes = Vec::new();
             for seq in seqs {
                 let target = format!("{view_path}/k{}", view.query_key_of(seq));
-                bytes.extend_from_slice(&http1::request("GET", &host, &target, None, b""));
+                bytes.extend_from_slice(&http1::request("GET", &host, &target, None, authorization.as_deref(), b""));
             }
             bytes
         });
-        HttpWriter::new(url, recorder, Answers::Queries, build, |status| (200..300).contains(&status) || status == 404)
+        HttpWriter::new(endpoints, recorder, Answers::Queries, build, |status| {
+            (200..300).contains(&status) || status == 404
+        })
     }
 
     fn connect(&mut self) -> anyhow::Result<usize> {
-        let stream =
-            TcpStream::connect(&self.address).with_context(|| format!("connecting to HTTP at {}", self.address))?;
-        stream.set_nodelay(true)?;
+        let (writer, reader) =
+            self.dial.connect().with_context(|| format!("connecting to HTTP at {}", self.dial.address))?;
         let waiting = Arc::new(Mutex::new(Waiting { requests: VecDeque::new(), open: true }));
         let reader = {
-            let (stream, waiting, recorder) = (stream.try_clone()?, waiting.clone(), self.recorder.clone());
+            let (waiting, recorder) = (waiting.clone(), self.recorder.clone());
             let (answers, accept, stopped) = (self.answers, self.accept, self.stopped.clone());
             std::thread::Builder::new().name(format!("bench-http-{}", self.connections.len())).spawn(move || {
                 crate::priority::raise_this_thread();
-                read_answers(stream, waiting, recorder, answers, accept, stopped)
+                read_answers(reader, waiting, recorder, answers, accept, stopped)
             })?
         };
-        self.connections.push(Connection { writer: stream, waiting, reader: Some(reader) });
+        self.connections.push(Connection { writer, waiting, reader: Some(reader) });
         Ok(self.connections.len() - 1)
     }
 
@@ -231,7 +256,7 @@ impl Producer for HttpWriter {
             recorder.problem(why);
         };
         let Some(index) = self.choose() else {
-            fail(format!("no connection to {} could be opened", self.address));
+            fail(format!("no connection to {} could be opened", self.dial.address));
             return;
         };
         let connection = &mut self.connections[index];
@@ -255,7 +280,7 @@ impl Producer for HttpWriter {
         }
         if let Err(error) = connection.writer.write_all(&bytes) {
             // The reader sees the connection end and fails what is waiting on it.
-            let _ = connection.writer.shutdown(std::net::Shutdown::Both);
+            connection.writer.shutdown();
             self.recorder.problem(format!("writing a request: {error}"));
         }
     }
@@ -273,7 +298,7 @@ impl Drop for HttpWriter {
     fn drop(&mut self) {
         self.stopped.store(true, Ordering::Relaxed);
         for connection in &mut self.connections {
-            let _ = connection.writer.shutdown(std::net::Shutdown::Both);
+            connection.writer.shutdown();
             if let Some(reader) = connection.reader.take() {
                 let _ = reader.join();
             }
@@ -283,7 +308,7 @@ impl Drop for HttpWriter {
 
 /// Parses answers in order until the connection ends, then fails whatever still waits.
 fn read_answers(
-    mut stream: TcpStream,
+    mut stream: LinkReader,
     waiting: Arc<Mutex<Waiting>>,
     recorder: Arc<Recorder>,
     answers: Answers,
@@ -295,8 +320,8 @@ fn read_answers(
     let mut chunk = vec![0u8; 64 * 1024];
     let ended = 'read: loop {
         let read = match stream.read(&mut chunk) {
-            Ok(0) => break 'read "the server closed the connection".to_string(),
-            Ok(read) => read,
+            Ok((0, _)) => break 'read "the server closed the connection".to_string(),
+            Ok((read, _)) => read,
             Err(error) => break 'read format!("reading an answer: {error}"),
         };
         let now_ns = track.clock.now_ns();

@@ -6,11 +6,8 @@
 //! batches. Each payload starts with its intended send time and sequence number.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::num::NonZeroU16;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +19,8 @@ use rmqtt_codec::types::{Publish, QoS};
 use rmqtt_codec::v3;
 use tokio_util::codec::{Decoder, Encoder};
 
-use super::rxstamp;
+use super::link::{Dial, LinkReader, LinkWriter};
+use super::{Login, rxstamp};
 use crate::recorder::{Delivery, Receipts, Recorder};
 use crate::schedule::Producer;
 
@@ -41,20 +39,29 @@ pub fn qos_of(level: u8) -> QoS {
 
 /// A blocking MQTT 3.1.1 connection: CONNECT sent and CONNACK read.
 pub struct Connection {
-    pub stream: TcpStream,
+    writer: LinkWriter,
+    reader: LinkReader,
     codec: v3::Codec,
     buf: BytesMut,
 }
 
 impl Connection {
+    /// Connects over plain TCP, anonymously.
     pub fn open(address: &str, client_id: &str) -> anyhow::Result<Connection> {
-        let stream = TcpStream::connect(address).with_context(|| format!("connecting to MQTT at {address}"))?;
-        stream.set_nodelay(true)?;
-        let mut connection = Connection { stream, codec: v3::Codec::new(16 * 1024 * 1024), buf: BytesMut::new() };
+        Connection::open_with(&Dial::plain(address), client_id, None)
+    }
+
+    /// Connects as `dial` says (TLS included), logging in as `login` when given.
+    pub fn open_with(dial: &Dial, client_id: &str, login: Option<&Login>) -> anyhow::Result<Connection> {
+        let (writer, reader) = dial.connect().with_context(|| format!("connecting to MQTT at {}", dial.address))?;
+        let mut connection =
+            Connection { writer, reader, codec: v3::Codec::new(16 * 1024 * 1024), buf: BytesMut::new() };
         let connect = v3::Connect {
             clean_session: true,
             keep_alive: 300,
             client_id: ByteString::from(client_id.to_string()),
+            username: login.map(|login| ByteString::from(login.user.clone())),
+            password: login.map(|login| Bytes::from(login.password.clone())),
             ..v3::Connect::default()
         };
         connection.send(v3::Packet::Connect(Box::new(connect)))?;
@@ -86,7 +93,7 @@ impl Connection {
     fn send(&mut self, packet: v3::Packet) -> anyhow::Result<()> {
         let mut out = BytesMut::new();
         self.codec.encode(packet, &mut out)?;
-        self.stream.write_all(&out)?;
+        self.writer.write_all(&out)?;
         Ok(())
     }
 
@@ -97,7 +104,7 @@ impl Connection {
             if let Some((packet, _)) = self.codec.decode(&mut self.buf)? {
                 return Ok(packet);
             }
-            let read = self.stream.read(&mut chunk)?;
+            let (read, _) = self.reader.read(&mut chunk)?;
             if read == 0 {
                 bail!("the broker closed the connection");
             }
@@ -115,16 +122,11 @@ fn is_timeout(error: &std::io::Error) -> bool {
 pub fn subscriber(mut connection: Connection, observer: u32, recorder: Arc<Recorder>, stop: Arc<AtomicBool>) {
     let mut deliveries = Receipts::new();
     let mut chunk = vec![0u8; 256 * 1024];
-    let _ = connection.stream.set_read_timeout(Some(Duration::from_millis(100)));
-    let stamped = rxstamp::enable(connection.stream.as_raw_fd()).is_ok();
+    let _ = connection.reader.set_read_timeout(Some(Duration::from_millis(100)));
+    connection.reader.stamp_arrivals();
     let mut acks = BytesMut::new();
     while !stop.load(Ordering::Relaxed) {
-        let read = if stamped {
-            rxstamp::recv(connection.stream.as_raw_fd(), &mut chunk, false)
-        } else {
-            connection.stream.read(&mut chunk).map(|read| (read, None))
-        };
-        let (read, arrived) = match read {
+        let (read, arrived) = match connection.reader.read(&mut chunk) {
             Ok((0, _)) => {
                 recorder.observer_failed(format!("MQTT subscriber {observer}: the broker closed the connection"));
                 break;
@@ -152,7 +154,7 @@ pub fn subscriber(mut connection: Connection, observer: u32, recorder: Arc<Recor
         }
         recorder.count_received((deliveries.len() - before) as u64);
         if !acks.is_empty() {
-            if connection.stream.write_all(&acks).is_err() {
+            if connection.writer.write_all(&acks).is_err() {
                 break;
             }
             acks.clear();
@@ -163,7 +165,7 @@ pub fn subscriber(mut connection: Connection, observer: u32, recorder: Arc<Recor
 
 /// One publishing connection: its socket for writing, and the packet ids awaiting PUBACK.
 struct Publisher {
-    writer: TcpStream,
+    writer: LinkWriter,
     codec: v3::Codec,
     /// Packet id → sequence number, shared with the PUBACK reader.
     in_flight: Arc<Mutex<HashMap<u16, u64>>>,
@@ -192,10 +194,10 @@ impl MqttProducer {
     ) -> anyhow::Result<MqttProducer> {
         let mut publishers = Vec::new();
         for (index, connection) in connections.into_iter().enumerate() {
-            let writer = connection.stream.try_clone()?;
+            let writer = connection.writer;
             let in_flight: Arc<Mutex<HashMap<u16, u64>>> = Arc::new(Mutex::new(HashMap::new()));
             let reader = {
-                let (in_flight, recorder, stream) = (in_flight.clone(), recorder.clone(), connection.stream);
+                let (in_flight, recorder, stream) = (in_flight.clone(), recorder.clone(), connection.reader);
                 std::thread::Builder::new().name(format!("bench-puback-{index}")).spawn(move || {
                     crate::priority::raise_this_thread();
                     read_acks(stream, in_flight, recorder)
@@ -222,14 +224,14 @@ impl MqttProducer {
 }
 
 /// Takes PUBACKs (PUBRECs for QoS 2) until the socket closes, answering their events.
-fn read_acks(mut stream: TcpStream, in_flight: Arc<Mutex<HashMap<u16, u64>>>, recorder: Arc<Recorder>) {
+fn read_acks(mut stream: LinkReader, in_flight: Arc<Mutex<HashMap<u16, u64>>>, recorder: Arc<Recorder>) {
     let mut codec = v3::Codec::new(1024 * 1024);
     let mut buf = BytesMut::new();
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
         let read = match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(read) => read,
+            Ok((0, _)) | Err(_) => break,
+            Ok((read, _)) => read,
         };
         let now_ns = recorder.clock.now_ns();
         buf.extend_from_slice(&chunk[..read]);
@@ -321,7 +323,7 @@ impl Drop for MqttProducer {
     fn drop(&mut self) {
         for publisher in &mut self.publishers {
             // Closing the socket ends the PUBACK reader's read.
-            let _ = publisher.writer.shutdown(std::net::Shutdown::Both);
+            publisher.writer.shutdown();
             if let Some(reader) = publisher.reader.take() {
                 let _ = reader.join();
             }

@@ -1,16 +1,19 @@
 //! Subscriptions over Server-Sent Events, and the observers that read them.
 
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use rustls::ClientConnection;
 use serde::Deserialize;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use super::http1::{self, Chunked, Framing};
-use super::rxstamp;
+use super::http1::{self, Chunked, Framing, Head};
+use super::link::Dial;
+use super::{Endpoints, rxstamp, tls};
 use crate::plan::Filter;
 use crate::recorder::{Delivery, Observation, Receipts, Recorder};
 use crate::schedule::Clock;
@@ -19,6 +22,8 @@ use crate::schedule::Clock;
 /// task in between: one wake-up per arrival).
 pub struct Subscription {
     stream: TcpStream,
+    /// The TLS session over `stream`, when there is one: its records are opened as read.
+    session: Option<ClientConnection>,
     chunked: Option<Chunked>,
     /// Body bytes read with the head.
     early: Vec<u8>,
@@ -27,18 +32,25 @@ pub struct Subscription {
 /// What a subscription follows: the server, and the path and query without a start position.
 #[derive(Clone, Debug)]
 pub struct Source {
-    pub address: String,
+    pub dial: Dial,
+    /// The `Authorization` header's value, sent with every subscription.
+    pub authorization: Option<String>,
     pub target: String,
 }
 
 impl Source {
+    /// A subscription to `target` (a path and query) on the server at `endpoints`.
+    pub fn new(endpoints: &Endpoints, target: String) -> Source {
+        Source { dial: endpoints.http_dial(), authorization: endpoints.authorization(), target }
+    }
+
     /// A subscription to `path` with `filter`.
-    pub fn filtered(address: &str, path: &str, filter: &Filter) -> Source {
+    pub fn filtered(endpoints: &Endpoints, path: &str, filter: &Filter) -> Source {
         let (name, value) = match filter {
             Filter::Subject(subject) => ("subject", subject.as_str()),
             Filter::Field { field, value } => (*field, value.as_str()),
         };
-        Source { address: address.to_string(), target: format!("{path}?{name}={}", http1::encode(value)) }
+        Source::new(endpoints, format!("{path}?{name}={}", http1::encode(value)))
     }
 
     /// The target starting at `from` (`earliest`, or an event id to resume after).
@@ -50,21 +62,57 @@ impl Source {
     /// Subscribes from the start: the stream or view is new, so this is also everything
     /// written after the subscription exists.
     pub async fn subscribe(&self) -> anyhow::Result<Subscription> {
-        subscribe(&self.address, &self.from("earliest")).await
+        self.subscribe_from("earliest").await
+    }
+
+    /// Opens an SSE subscription starting at `from`.
+    pub async fn subscribe_from(&self, from: &str) -> anyhow::Result<Subscription> {
+        let (address, target) = (&self.dial.address, self.from(from));
+        let stream = TcpStream::connect(address).await.with_context(|| format!("connecting to {address}"))?;
+        stream.set_nodelay(true)?;
+        // Without arrival stamps the run still measures latency; only the harness's own time
+        // has fewer samples (meta.json's `harness_samples` says how many).
+        let _ = rxstamp::enable(stream.as_raw_fd());
+        let mut request = http1::request("GET", address, &target, None, self.authorization.as_deref(), b"");
+        request.truncate(request.len() - 2);
+        request.extend_from_slice(b"Accept: text/event-stream\r\n\r\n");
+        let (stream, session, head, mut early) = match &self.dial.tls {
+            None => {
+                let mut stream = stream;
+                let (head, early) = request_head(&mut stream, &request, &target).await?;
+                (stream, None, head, early)
+            }
+            Some(client) => {
+                let mut stream = client.connect(stream).await.context("the TLS handshake")?;
+                let (head, early) = request_head(&mut stream, &request, &target).await?;
+                // From here on the socket is read directly and its records opened as read.
+                let (stream, session) = stream.into_inner();
+                (stream, Some(session), head, early)
+            }
+        };
+        if head.status != 200 {
+            bail!("subscribing to {target}: {} {}", head.status, String::from_utf8_lossy(&early));
+        }
+        let mut session = session;
+        if let Some(session) = session.as_mut() {
+            // Opened bytes the TLS stream held beyond those it handed out.
+            let mut chunk = [0u8; 4096];
+            while let Ok(read @ 1..) = session.reader().read(&mut chunk) {
+                early.extend_from_slice(&chunk[..read]);
+            }
+        }
+        let chunked = (head.framing == Framing::Chunked).then(Chunked::default);
+        Ok(Subscription { stream, session, chunked, early })
     }
 }
 
-/// Opens an SSE subscription to `target` (path and query) on the server at `address`.
-pub async fn subscribe(address: &str, target: &str) -> anyhow::Result<Subscription> {
-    let mut stream = TcpStream::connect(address).await.with_context(|| format!("connecting to {address}"))?;
-    stream.set_nodelay(true)?;
-    // Without arrival stamps the run still measures latency; only the harness's own time has
-    // fewer samples (meta.json's `harness_samples` says how many).
-    let _ = rxstamp::enable(stream.as_raw_fd());
-    let mut request = http1::request("GET", address, target, None, b"");
-    request.truncate(request.len() - 2);
-    request.extend_from_slice(b"Accept: text/event-stream\r\n\r\n");
-    stream.write_all(&request).await?;
+/// Sends `request` and reads the response's head: the head, and the body bytes read with it.
+async fn request_head(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    request: &[u8],
+    target: &str,
+) -> anyhow::Result<(Head, Vec<u8>)> {
+    stream.write_all(request).await?;
     let mut bytes = Vec::new();
     let mut chunk = [0u8; 4096];
     let head = loop {
@@ -78,11 +126,7 @@ pub async fn subscribe(address: &str, target: &str) -> anyhow::Result<Subscripti
         }
     };
     let early = bytes.split_off(head.length);
-    if head.status != 200 {
-        bail!("subscribing to {target}: {} {}", head.status, String::from_utf8_lossy(&early));
-    }
-    let chunked = (head.framing == Framing::Chunked).then(Chunked::default);
-    Ok(Subscription { stream, chunked, early })
+    Ok((head, early))
 }
 
 /// Why a reader stopped.
@@ -120,6 +164,7 @@ async fn read_events(
     mut on_event: impl FnMut(&str, &str, u64, u64),
 ) -> Ended {
     let mut raw = std::mem::take(&mut subscription.early);
+    let mut session = subscription.session.take();
     let socket = match subscription.stream.into_std().and_then(|socket| {
         // SAFETY: the stream moves into the AsyncFd, which owns its descriptor for as long as
         // the registration lives and deregisters it before closing it.
@@ -146,7 +191,16 @@ async fn read_events(
                 },
                 _ = stop.changed() => return Ended::Stopped,
             };
-            raw.extend_from_slice(&chunk[..read]);
+            match session.as_mut() {
+                Some(session) => match tls::decrypt(session, &chunk[..read], &mut raw) {
+                    Ok(true) if raw.is_empty() => return Ended::Closed("the server closed the TLS session".into()),
+                    // Records not complete yet, or only the session's own messages.
+                    Ok(_) if raw.is_empty() => continue,
+                    Ok(_) => {}
+                    Err(error) => return Ended::Closed(format!("TLS: {error}")),
+                },
+                None => raw.extend_from_slice(&chunk[..read]),
+            }
         }
         let received_ns = clock.now_ns();
         let arrived_ns = rxstamp::arrival_on_clock(received_ns, arrived);
@@ -228,7 +282,7 @@ async fn follow(
         let why = match (ended, resume_id) {
             (_, Some(Ok(id))) => {
                 recorder.count_resume();
-                match subscribe(&source.address, &source.from(&id)).await {
+                match source.subscribe_from(&id).await {
                     Ok(resumed) => {
                         subscription = resumed;
                         continue;

@@ -48,6 +48,9 @@ pub struct JsonLine<'a> {
     pub commit_p50_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_p99_ns: Option<u64>,
+    /// Failed logins and TLS handshakes the target counted during the runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_refusals: Option<u64>,
 }
 
 pub fn json_line(summary: &Summary) -> String {
@@ -86,6 +89,7 @@ pub fn json_line(summary: &Summary) -> String {
         close_lag_p99_ns: view.then(|| Percentiles::of(&figures.close_lag).p99_ns),
         commit_p50_ns: (!figures.commit.is_empty()).then(|| Percentiles::of(&figures.commit).p50_ns),
         commit_p99_ns: (!figures.commit.is_empty()).then(|| Percentiles::of(&figures.commit).p99_ns),
+        target_refusals: figures.target_refusals,
     };
     serde_json::to_string(&line).expect("the line serializes")
 }

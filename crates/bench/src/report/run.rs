@@ -140,6 +140,11 @@ pub fn write_meta(directory: &Path, meta: &RunMeta, context: &Context) -> anyhow
         CPU or for I/O, or all did for I/O (Linux PSI; null where the kernel has none), and the CPU time the \
         hypervisor took from this machine's CPUs while they had work (steal, ms, summed over the CPUs)"
         .into();
+    value["target_refusals"] = json!(figures.target_refusals);
+    value["target_refusals_measures"] = "failed logins and failed TLS handshakes the target counted (its \
+        auth_failures_total and tls_handshake_failures_total, every protocol) from just before the schedule to the \
+        end of the drain: 0 when every client of the harness got in; null when the target counts none"
+        .into();
     value["target_fsyncs_measures"] = "the target's own fdatasyncs (from its /metrics) from just before the \
         schedule to the end of the drain, warm-up included; null when the target exposes none"
         .into();

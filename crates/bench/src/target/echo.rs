@@ -46,8 +46,7 @@ impl EchoTarget {
         };
         let http = TcpListener::bind("127.0.0.1:0").context("binding the echo's HTTP port")?;
         let mqtt = TcpListener::bind("127.0.0.1:0").context("binding the echo's MQTT port")?;
-        let endpoints =
-            Endpoints { http: format!("http://{}", http.local_addr()?), mqtt: mqtt.local_addr()?.to_string() };
+        let endpoints = Endpoints::plain(format!("http://{}", http.local_addr()?), mqtt.local_addr()?.to_string());
         let echo = Arc::new(Echo { window_ms, grace_ms, ..Echo::default() });
         {
             let echo = echo.clone();

@@ -8,7 +8,9 @@
 //! target acknowledged it, and when each observer received it, all on the run's clock.
 //!
 //! - `onehop`: a `onehop serve` started for the invocation (release build, temporary data
-//!   directory, separate process), or a running one (`--url`).
+//!   directory, separate process), or a running one (`--url`). `onehop-auth`, `onehop-tls` and
+//!   `onehop-secure` start it with access on (every client logged in as a user that is not a
+//!   superuser), TLS on (every client over TLS, handshakes before the schedule), or both.
 //! - `echo`: a loopback server inside the harness that speaks the same protocols and answers and
 //!   delivers at once, with no disk and no real routing: driven by the same client code, it
 //!   measures the harness's own latency floor.
@@ -63,6 +65,12 @@ pub trait Target {
     /// The target's fdatasync histogram so far, if it exposes one: read before and after each
     /// run, so a run's tail can be checked against the disk.
     fn fsyncs(&self, _runtime: &Handle) -> Option<crate::fsyncs::Fsyncs> {
+        None
+    }
+
+    /// Failed logins and TLS handshakes the target has counted so far, if it counts them: read
+    /// before and after each run, so a run whose clients were refused says so.
+    fn refusals(&self, _runtime: &Handle) -> Option<u64> {
         None
     }
 }
@@ -165,13 +173,24 @@ pub struct TargetOptions {
 }
 
 /// The targets this harness knows, by name.
-pub const TARGET_NAMES: [&str; 7] = ["onehop", "echo", "kafka", "onehop-kafka", "mosquitto", "nats", "nats-sync"];
+pub const TARGET_NAMES: [&str; 10] = [
+    "onehop",
+    "onehop-auth",
+    "onehop-tls",
+    "onehop-secure",
+    "echo",
+    "kafka",
+    "onehop-kafka",
+    "mosquitto",
+    "nats",
+    "nats-sync",
+];
 
-/// Whether target `name` runs the workload of `plan`: onehop and the echo run every workload;
-/// the brokers run W4 (ingestion) only.
+/// Whether target `name` runs the workload of `plan`: onehop (plain, with access, TLS or both)
+/// and the echo run every workload; the brokers run W4 (ingestion) only.
 pub fn serves(name: &str, plan: &Plan) -> bool {
     match name {
-        "onehop" | "echo" => true,
+        "onehop" | "onehop-auth" | "onehop-tls" | "onehop-secure" | "echo" => true,
         _ => matches!(plan, Plan::Ingest(_)),
     }
 }
@@ -180,7 +199,10 @@ pub fn serves(name: &str, plan: &Plan) -> bool {
 pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result<Box<dyn Target>> {
     use peers::mqtt_broker::{Broker, BrokerTarget};
     match name {
-        "onehop" => Ok(Box::new(onehop::OnehopTarget::start(options)?)),
+        "onehop" | "onehop-auth" | "onehop-tls" | "onehop-secure" => {
+            let protection = onehop::Protection::of_target(name).expect("a onehop target");
+            Ok(Box::new(onehop::OnehopTarget::start_protected(options, protection)?))
+        }
         "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
         "kafka" => Ok(Box::new(peers::kafka::KafkaTarget::start(options)?)),
         "onehop-kafka" => Ok(Box::new(peers::onehop_kafka::OnehopKafkaTarget::start(options)?)),

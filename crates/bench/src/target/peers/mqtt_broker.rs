@@ -74,7 +74,7 @@ impl BrokerTarget {
         wait_for_port(&mqtt, &mut process, START_TIMEOUT)?;
         // Listening is not serving: NATS takes its MQTT streams a moment after it binds.
         wait_for_mqtt(&mqtt, &mut process)?;
-        let endpoints = Endpoints { http: String::new(), mqtt };
+        let endpoints = Endpoints::plain(String::new(), mqtt);
         Ok(BrokerTarget { broker, endpoints, process, settings, _data: data })
     }
 }
