@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use super::run::{describe_pauses, latency_measures};
 use crate::histogram::{Percentiles, ms};
+use crate::target::onehop::Protection;
 use crate::workload::{Summary, Workload};
 
 /// The side-by-side tables, as Markdown (printed too: it reads as plain text).
@@ -55,6 +56,18 @@ pub fn tables(summaries: &[Summary]) -> String {
                 summary.figures.producer_emitted,
                 summary.figures.errors.total(),
                 summary.durability
+            );
+        }
+        if let Some(line) = protection_costs(&rows) {
+            let _ = writeln!(text, "\n{line}");
+        }
+        for summary in rows.iter().filter(|summary| summary.figures.target_refusals.is_some_and(|count| count > 0)) {
+            let _ = writeln!(
+                text,
+                "\n**{} at {:.0}/s refused {} login(s) or TLS handshake(s)**: some clients did not get in.",
+                summary.target,
+                summary.rate_hz,
+                summary.figures.target_refusals.unwrap_or_default()
             );
         }
         for summary in &rows {
@@ -273,6 +286,42 @@ fn ratio_to_onehop(summary: &Summary, rows: &[&Summary]) -> String {
         if ratio >= 10.0 { format!("{ratio:.0}×") } else { format!("{ratio:.2}×") }
     };
     format!("{} / {}", times(mine.p50_ns, theirs.p50_ns), times(mine.p99_ns, theirs.p99_ns))
+}
+
+/// What access and TLS cost, per rate where plain onehop ran beside `onehop-auth`,
+/// `onehop-tls` or `onehop-secure`: each one's p50 and p99 over onehop's, as a change in percent.
+fn protection_costs(rows: &[&Summary]) -> Option<String> {
+    let mut parts = Vec::new();
+    for onehop in rows.iter().filter(|row| row.target == "onehop") {
+        let plain = Percentiles::of(&onehop.figures.latency);
+        if plain.p50_ns == 0 || plain.p99_ns == 0 {
+            continue;
+        }
+        let change = |mine: u64, theirs: u64| format!("{:+.1} %", (mine as f64 / theirs as f64 - 1.0) * 100.0);
+        let costs: Vec<String> = rows
+            .iter()
+            .filter(|row| row.rate_hz == onehop.rate_hz && row.target != "onehop")
+            .filter(|row| Protection::of_target(&row.target).is_some())
+            .filter_map(|row| {
+                let latency = Percentiles::of(&row.figures.latency);
+                let (p50, p99) = (change(latency.p50_ns, plain.p50_ns), change(latency.p99_ns, plain.p99_ns));
+                (latency.count > 0).then(|| format!("{} {p50} ({p99})", row.target))
+            })
+            .collect();
+        if !costs.is_empty() {
+            parts.push(format!(
+                "at {:.0}/s against onehop's {} ms ({} ms): {}",
+                onehop.rate_hz,
+                ms(plain.p50_ns),
+                ms(plain.p99_ns),
+                costs.join(", ")
+            ));
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(format!("Access and TLS, p50 (p99) beside plain onehop in this invocation, {}.", parts.join("; ")))
 }
 
 /// Whether every run at this target and rate kept up: nothing saturated, lost or failed.
