@@ -8,35 +8,12 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{DataDir, Server, line_channel};
+use common::{DataDir, Server, Spawned, curl, line_channel};
 
 const ROOT: (&str, &str) = ("root", "root-pass");
 
-/// A client process, killed and reaped when the test ends, whether it passes or not.
-struct Spawned(std::process::Child);
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start(dir: &DataDir) -> Server {
     dir.start(&["--admin-user", ROOT.0], &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)])
-}
-
-/// Runs curl with `args` against `address`; returns the status and the body.
-fn curl(address: SocketAddr, path: &str, args: &[&str]) -> (u16, String) {
-    let output = Command::new("curl")
-        .args(["-s", "-S", "--max-time", "10", "-w", "\n%{http_code}"])
-        .args(args)
-        .arg(format!("http://{address}{path}"))
-        .output()
-        .expect("curl runs");
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (body, status) = text.rsplit_once('\n').unwrap();
-    (status.parse().unwrap(), body.to_string())
 }
 
 fn as_user(user: (&str, &str)) -> String {

@@ -15,7 +15,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::json;
 
-use common::DataDir;
+use common::{DataDir, curl};
 
 const ROOT: (&str, &str) = ("root", "root-pass");
 const ISSUER: &str = "https://id.onehop.test";
@@ -142,18 +142,6 @@ fn raw_ecdsa(der: &[u8]) -> Vec<u8> {
 /// Claims for `user` with `roles`, issued by [`ISSUER`], expiring in ten minutes.
 fn claims(user: &str, roles: &[&str]) -> serde_json::Value {
     json!({"sub": user, "roles": roles, "iss": ISSUER, "iat": now_s(), "exp": now_s() + 600})
-}
-
-fn curl(address: SocketAddr, path: &str, args: &[&str]) -> (u16, String) {
-    let output = Command::new("curl")
-        .args(["-s", "-S", "--max-time", "10", "-w", "\n%{http_code}"])
-        .args(args)
-        .arg(format!("http://{address}{path}"))
-        .output()
-        .expect("curl runs");
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (body, status) = text.rsplit_once('\n').unwrap();
-    (status.parse().unwrap(), body.to_string())
 }
 
 fn bearer(token: &str) -> String {

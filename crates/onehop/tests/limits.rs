@@ -12,31 +12,14 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{DataDir, line_channel};
+use common::{DataDir, Spawned, line_channel};
+
+/// curl as dev, with the response's head in what it prints (`-i`): the status and all that.
+fn curl(address: SocketAddr, path: &str, args: &[&str]) -> (u16, String) {
+    common::curl(address, path, &[&["-i", "-u", "dev:dev-pass"][..], args].concat())
+}
 
 const ROOT: (&str, &str) = ("root", "root-pass");
-
-/// A client process, killed and reaped when the test ends, whether it passes or not.
-struct Spawned(std::process::Child);
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn curl(address: SocketAddr, path: &str, args: &[&str]) -> (u16, String) {
-    let output = Command::new("curl")
-        .args(["-s", "-S", "--max-time", "10", "-i", "-u", "dev:dev-pass"])
-        .args(args)
-        .arg(format!("http://{address}{path}"))
-        .output()
-        .expect("curl runs");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let status = text.split_whitespace().nth(1).and_then(|status| status.parse().ok()).unwrap_or(0);
-    (status, text)
-}
 
 /// A paho client (v5) that connects as dev and subscribes to each filter in turn; prints the
 /// CONNACK's reason code and each SUBACK's, as JSON.

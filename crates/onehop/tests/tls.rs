@@ -9,17 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{DataDir, line_channel};
-
-/// A client process, killed and reaped when the test ends, whether it passes or not.
-struct Spawned(std::process::Child);
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{DataDir, Spawned, line_channel};
 
 fn openssl(dir: &Path, args: &[&str]) {
     let output = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl is installed");
@@ -63,6 +53,27 @@ fn certificates(dir: &Path, name: &str) {
             "san.ext",
         ],
     );
+}
+
+/// kcat against `address` with `security.protocol` `protocol`, trusting `ca`, logged in as root
+/// with SCRAM-SHA-256, `input` on its stdin: whether it succeeded (and printed no error), its
+/// stdout and its stderr.
+fn kcat_as_root(address: &str, protocol: &str, ca: &Path, args: &[&str], input: &str) -> (bool, String, String) {
+    let mut child = Command::new("timeout")
+        .args(["20", "kcat", "-b", address, "-X", &format!("security.protocol={protocol}")])
+        .args(["-X", &format!("ssl.ca.location={}", ca.display())])
+        .args(["-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let ok = output.status.success() && !stderr.contains("ERROR");
+    (ok, String::from_utf8_lossy(&output.stdout).into_owned(), stderr)
 }
 
 /// Makes CAs A and B with their certificates in `dir`, and starts a server with `listener_flag`
@@ -276,25 +287,7 @@ fn kafka_over_tls_with_sasl_serves_trusting_clients_only() {
     );
     let kafka = server.kafka_address.unwrap().to_string();
     let kcat = |protocol: &str, ca: &str, args: &[&str], input: &str| {
-        let ca = path.join(format!("ca{ca}.pem"));
-        let mut child = Command::new("timeout")
-            .args(["20", "kcat", "-b", &kafka, "-X", &format!("security.protocol={protocol}")])
-            .args(["-X", &format!("ssl.ca.location={}", ca.display())])
-            .args(["-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        (
-            output.status.success() && !stderr.contains("ERROR"),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr,
-        )
+        kcat_as_root(&kafka, protocol, &path.join(format!("ca{ca}.pem")), args, input)
     };
     let (ok, _, stderr) = kcat("SASL_SSL", "A", &["-P", "-t", "secure"], "over tls\n");
     assert!(ok, "{stderr}");
@@ -528,23 +521,8 @@ fn kafka_serves_a_plain_and_a_tls_listener_side_by_side() {
     let secure = line.split("listening on kafkas://").nth(1).unwrap();
     let secure = secure.split(|c: char| c.is_whitespace() || c == '"').next().unwrap().to_string();
     let ca = path.join("caA.pem");
-    let kcat = |address: &str, protocol: &str, args: &[&str], input: &str| {
-        let mut child = Command::new("timeout")
-            .args(["20", "kcat", "-b", address, "-X", &format!("security.protocol={protocol}")])
-            .args(["-X", &format!("ssl.ca.location={}", ca.display())])
-            .args(["-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        let ok = output.status.success() && !stderr.contains("ERROR");
-        (ok, String::from_utf8_lossy(&output.stdout).into_owned(), stderr)
-    };
+    let kcat =
+        |address: &str, protocol: &str, args: &[&str], input: &str| kcat_as_root(address, protocol, &ca, args, input);
     for (address, protocol) in [(&plain, "SASL_PLAINTEXT"), (&secure, "SASL_SSL")] {
         let (ok, stdout, stderr) = kcat(address, protocol, &["-L"], "");
         assert!(ok, "{protocol}: {stderr}");

@@ -10,6 +10,29 @@ use std::time::{Duration, Instant};
 
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// A client process, killed and reaped when the test ends, whether it passes or not.
+pub struct Spawned(pub Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs curl with `args` against `http://{address}{path}`: the status and the body.
+pub fn curl(address: SocketAddr, path: &str, args: &[&str]) -> (u16, String) {
+    let output = Command::new("curl")
+        .args(["-s", "-S", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(format!("http://{address}{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.parse().unwrap(), body.to_string())
+}
+
 pub struct Server {
     pub child: Child,
     pub address: SocketAddr,
