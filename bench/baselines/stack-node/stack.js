@@ -24,12 +24,26 @@ const net = require('net');
 const { Kafka, CompressionTypes, CompressionCodecs, logLevel } = require('kafkajs');
 const Redis = require('ioredis');
 const lz4 = require('lz4js');
+const xxh32 = require('lz4js/xxh32');
 
-// kafkajs ships no lz4 codec; its docs show registering one. lz4js is a pure-JS LZ4 (frame
-// format, as Kafka's lz4 compression type is).
+// kafkajs ships no lz4 codec; its docs show registering one. lz4js is a pure-JS LZ4 in the
+// frame format Kafka's lz4 compression type uses, but its frames do not set the descriptor's
+// block-independence flag, and Kafka's broker refuses such a frame ("Dependent block stream is
+// unsupported"). A frame of one block has nothing to depend on, so the glue sets the flag (and
+// the descriptor's checksum again) on frames of one block, and refuses anything larger.
+const LZ4_BLOCK_BYTES_MAX = 4 * 1024 * 1024; // lz4js's block size (4 MiB)
+const LZ4_FLAG_BLOCK_INDEPENDENT = 0x20;
+function compressLz4(buffer) {
+  if (buffer.length > LZ4_BLOCK_BYTES_MAX) throw new Error(`an lz4 batch of ${buffer.length} bytes spans blocks`);
+  const frame = Buffer.from(lz4.compress(buffer));
+  // Magic (4 bytes), FLG, BD, then HC: the second byte of xxh32 over FLG and BD.
+  frame[4] |= LZ4_FLAG_BLOCK_INDEPENDENT;
+  frame[6] = (xxh32.hash(0, frame, 4, 2) >> 8) & 0xff;
+  return frame;
+}
 CompressionCodecs[CompressionTypes.LZ4] = () => ({
   async compress(encoder) {
-    return Buffer.from(lz4.compress(encoder.buffer));
+    return compressLz4(encoder.buffer);
   },
   async decompress(buffer) {
     return Buffer.from(lz4.decompress(buffer));

@@ -6,8 +6,12 @@
 //! setting, summary.md with the ratio to onehop, JSON lines naming their target), the peers'
 //! logs must be kept with the run, and no process the harness started may outlive it.
 //!
-//! The peers come from `scripts/peers install kafka mosquitto` (scripts/test runs it); without
-//! them this test fails and says so. No figure is checked against a threshold.
+//! W2 runs against the kafka-stack (one broker, Redis and the study's Node.js glue) beside
+//! onehop, checked the same way.
+//!
+//! The peers come from `scripts/peers install kafka mosquitto redis kafka-stack` (scripts/test
+//! runs it); without them this test fails and says so. No figure is checked against a
+//! threshold.
 
 mod common;
 
@@ -195,6 +199,94 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_l
         })
         .collect();
     assert!(data_left.is_empty(), "{data_left:?}");
+}
+
+/// W2 on study 1's conventional stack, kept honest: one Kafka broker, Redis and the Node.js
+/// glue (kafkajs, ioredis) beside onehop, in one invocation. Every subscriber owed an event
+/// must be notified over HTTP exactly once, every receipt stamped by the kernel, and meta.json
+/// must record every peer setting.
+#[test]
+fn w2_smoke_against_the_kafka_stack_beside_onehop() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let mut command = common::onehop();
+    command
+        .args(["bench", "w2", "--target", "onehop,kafka-stack", "--kafka-brokers", "1"])
+        .args(["--duration", "3", "--warmup", "1", "--json", "--no-progress", "--out"])
+        .arg(&results)
+        .arg("--dir")
+        .arg(dir.path());
+    if let Some(peers) = peers_dir() {
+        command.env("ONEHOP_PEERS_DIR", peers);
+    }
+    let output = command.output().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned());
+    assert!(output.status.success(), "the smoke failed (`scripts/peers install kafka-stack`?)\n{stdout}\n{stderr}");
+    let lines: Vec<Value> =
+        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
+    let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
+    assert_eq!(targets, ["onehop", "kafka-stack"], "{stdout}");
+    for line in &lines {
+        assert_eq!(line["workload"], "W2", "{line}");
+        assert_eq!(line["delivered_pct"], 100.0, "{line}");
+        assert_eq!(line["errors"], 0, "{line}");
+        assert!(line["p50_ns"].as_u64().unwrap() > 0 && line["p99_ns"].as_u64() >= line["p50_ns"].as_u64(), "{line}");
+    }
+
+    let run = std::fs::read_dir(results.join("W2"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.join("meta.json").exists() && path.to_string_lossy().contains("kafka-stack"))
+        .expect("a kafka-stack run");
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["stack"], "kafka-stack");
+    assert_eq!(meta["errors"], 0, "{meta}");
+    assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
+    assert_eq!(meta["deliveries_seen"], meta["deliveries_expected"], "{meta}");
+    assert_eq!(meta["duplicates"], 0, "{meta}");
+    // Each event goes to the ~30 subscribers of its tag (100 × 3 of 10 tags).
+    let expected = meta["deliveries_expected"].as_u64().unwrap();
+    let emitted = meta["producer_emitted"].as_u64().unwrap();
+    assert!(emitted > 0 && expected > 10 * emitted, "{meta}");
+    let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = raw.lines().skip(1).map(|line| line.split(',').collect()).collect();
+    assert_eq!(rows.len() as u64, expected, "one row per (event, subscriber owed it)");
+    for row in &rows {
+        assert_eq!((row.len(), row[0]), (9, "delivery"), "{row:?}");
+        assert!(row[3].starts_with("tags/t"), "{row:?}");
+        let number = |index: usize| row[index].parse::<u64>().unwrap_or_else(|_| panic!("column {index}: {row:?}"));
+        let (intended, sent, ack, received, arrived) = (number(4), number(5), number(6), number(7), number(8));
+        // Received after Kafka acknowledged? Not necessarily (the consumer may see it first),
+        // but never before it was sent, and always stamped by the kernel first.
+        assert!(intended <= sent && sent <= ack && sent <= arrived && arrived <= received, "{row:?}");
+    }
+    let settings = &meta["target_settings"];
+    assert_eq!(settings["kafka"]["brokers"], 1, "{settings}");
+    assert!(settings["kafka"]["version"].as_str().unwrap().starts_with("4."), "{settings}");
+    assert_eq!(settings["topic"]["replication_factor"], 1, "{settings}");
+    assert_eq!(settings["producer"]["acks"], "all", "{settings}");
+    assert_eq!(settings["producer"]["compression"], "lz4", "{settings}");
+    assert_eq!(settings["producer"]["linger_ms"], 5.0, "{settings}");
+    let client = settings["producer"]["client"].as_str().unwrap();
+    assert!(client.starts_with("node v") && client.contains("kafkajs 2.") && client.contains("ioredis"), "{client}");
+    assert_eq!(settings["redis"]["persistence"]["appendonly"], "no", "{settings}");
+    assert!(settings["redis"]["version"].as_str().unwrap().contains("Redis server"), "{settings}");
+
+    let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+    let row = summary.lines().find(|line| line.starts_with("| kafka-stack |")).unwrap();
+    assert!(row.split('|').nth(8).unwrap().contains('×'), "{row}");
+    let logs = results.join("W2").join("peer-logs").join("kafka-stack");
+    assert!(std::fs::read_to_string(logs.join("kafka").join("broker-1.log")).unwrap().contains("Kafka Server started"));
+    assert!(std::fs::read_to_string(logs.join("redis.log")).unwrap().contains("Ready to accept connections"));
+    assert!(
+        std::fs::read_dir(&logs)
+            .unwrap()
+            .flatten()
+            .any(|entry| entry.file_name().to_string_lossy().starts_with("glue-"))
+    );
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
 }
 
 /// `onehop bench kafka`: Kafka's ProducerPerformance against onehop and against one Kafka

@@ -14,8 +14,9 @@
 //! - `echo`: a loopback server inside the harness that speaks the same protocols and answers and
 //!   delivers at once, with no disk and no real routing: driven by the same client code, it
 //!   measures the harness's own latency floor.
-//! - `peers`: the conventional stacks the studies measured (`kafka`, `mosquitto`, `nats`,
-//!   `nats-sync`), installed by `scripts/peers install` and started as processes of their own.
+//! - `peers`: the conventional stacks the studies measured (`kafka`, `kafka-stack`,
+//!   `mosquitto`, `nats`, `nats-sync`), installed by `scripts/peers install` and started as
+//!   processes of their own.
 
 pub mod echo;
 pub mod onehop;
@@ -173,13 +174,14 @@ pub struct TargetOptions {
 }
 
 /// The targets this harness knows, by name.
-pub const TARGET_NAMES: [&str; 10] = [
+pub const TARGET_NAMES: [&str; 11] = [
     "onehop",
     "onehop-auth",
     "onehop-tls",
     "onehop-secure",
     "echo",
     "kafka",
+    "kafka-stack",
     "onehop-kafka",
     "mosquitto",
     "nats",
@@ -187,10 +189,14 @@ pub const TARGET_NAMES: [&str; 10] = [
 ];
 
 /// Whether target `name` runs the workload of `plan`: onehop (plain, with access, TLS or both)
-/// and the echo run every workload; the brokers run W4 (ingestion) only.
+/// and the echo run every workload; `kafka-stack` runs W2 (tags); the brokers run W4
+/// (ingestion) only.
 pub fn serves(name: &str, plan: &Plan) -> bool {
     match name {
         "onehop" | "onehop-auth" | "onehop-tls" | "onehop-secure" | "echo" => true,
+        "kafka-stack" => {
+            matches!(plan, Plan::Fanout(fanout) if matches!(fanout.routing, crate::plan::Routing::Tags { .. }))
+        }
         _ => matches!(plan, Plan::Ingest(_)),
     }
 }
@@ -205,6 +211,7 @@ pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result
         }
         "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
         "kafka" => Ok(Box::new(peers::kafka::KafkaTarget::start(options)?)),
+        "kafka-stack" => Ok(Box::new(peers::kafka_stack::KafkaStackTarget::start(options)?)),
         "onehop-kafka" => Ok(Box::new(peers::onehop_kafka::OnehopKafkaTarget::start(options)?)),
         "mosquitto" => Ok(Box::new(BrokerTarget::start(Broker::Mosquitto, options)?)),
         "nats" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: false }, options)?)),

@@ -1,6 +1,8 @@
 //! The harness's side of a glue process (`bench/baselines/glue`): the producer and consumer an
 //! application around a broker would run, reporting to the harness over two loopback
-//! connections (the protocol is in the glue's `main.go`).
+//! connections (the protocol is in the glue's `main.go`). The W2 stack's Node.js glue
+//! (`bench/baselines/stack-node`) opens the producer's connection only, takes each event's
+//! subject on its line, and notifies its subscribers at the harness's HTTP endpoint instead.
 //!
 //! The harness keeps every clock: an event is sent when its line is written to the glue, it is
 //! acknowledged when the glue's answer reaches the harness, and it is received (or committed)
@@ -30,25 +32,42 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(150);
 /// A report line longer than this is a broken glue, not a record.
 const LINE_BYTES_MAX: usize = 4096;
 
-/// A glue process ready for a run: both its connections open.
+/// A glue process ready for a run: its connections open.
 pub struct Glue {
     process: PeerProcess,
     produce: TcpStream,
-    observe: TcpStream,
+    /// The consumer's reports; `None` for a glue whose consumer reports elsewhere (the W2
+    /// stack notifies the harness's HTTP endpoint).
+    observe: Option<TcpStream>,
+    /// What each event's line carries after its intended time (its subject), if anything.
+    subject_of: Option<SubjectOf>,
 }
+
+/// The subject of event `seq`, written on its line to the glue.
+pub type SubjectOf = Box<dyn Fn(u64) -> String + Send>;
 
 impl Glue {
     /// Starts the glue with `args` (and `--harness` pointing at a fresh loopback listener),
     /// and waits until it has connected back twice.
     pub fn start(program: &std::path::Path, args: &[String], log: std::path::PathBuf) -> anyhow::Result<Glue> {
+        Glue::start_command(std::process::Command::new(program), args, log, true)
+    }
+
+    /// Starts `command` with `args` (and `--harness`), and waits for its `produce` connection,
+    /// and its `observe` connection too when `observe`.
+    pub fn start_command(
+        mut command: std::process::Command,
+        args: &[String],
+        log: std::path::PathBuf,
+        observe: bool,
+    ) -> anyhow::Result<Glue> {
         let listener = TcpListener::bind("127.0.0.1:0").context("binding the glue's port")?;
         listener.set_nonblocking(true)?;
-        let mut command = std::process::Command::new(program);
         command.args(args).arg("--harness").arg(listener.local_addr()?.to_string());
         let mut process = PeerProcess::start("glue", command, log)?;
         let deadline = Instant::now() + CONNECT_TIMEOUT;
-        let (mut produce, mut observe) = (None, None);
-        while produce.is_none() || observe.is_none() {
+        let (mut produce, mut observer) = (None, None);
+        while produce.is_none() || (observe && observer.is_none()) {
             match listener.accept() {
                 Ok((stream, _)) => {
                     stream.set_nonblocking(false)?;
@@ -56,7 +75,7 @@ impl Glue {
                     let mut stream = stream;
                     match read_role(&mut stream)?.as_str() {
                         "produce" => produce = Some(stream),
-                        "observe" => observe = Some(stream),
+                        "observe" if observe => observer = Some(stream),
                         other => bail!("the glue named an unknown connection {other:?}"),
                     }
                 }
@@ -73,15 +92,25 @@ impl Glue {
                 Err(error) => return Err(error).context("accepting the glue's connection"),
             }
         }
-        Ok(Glue { process, produce: produce.expect("connected"), observe: observe.expect("connected") })
+        Ok(Glue { process, produce: produce.expect("connected"), observe: observer, subject_of: None })
+    }
+
+    /// Writes each event's subject on its line (`P <seq> <intended_ns> <subject>`).
+    pub fn with_subjects(self, subject_of: SubjectOf) -> Glue {
+        Glue { subject_of: Some(subject_of), ..self }
     }
 
     /// The run's session: events go to the glue's producer; its consumer's receipts and commits
     /// come back as observer 0's deliveries and commits.
     pub fn session(self, recorder: &Arc<Recorder>) -> anyhow::Result<Session> {
-        let Glue { process, produce, observe } = self;
-        let mut observers = Observers::default();
-        {
+        self.session_with(recorder, Observers::default())
+    }
+
+    /// The run's session, the glue's observers joining `observers` (ones the target started
+    /// itself, such as the notify endpoint).
+    pub fn session_with(self, recorder: &Arc<Recorder>, mut observers: Observers) -> anyhow::Result<Session> {
+        let Glue { process, produce, observe, subject_of } = self;
+        if let Some(observe) = observe {
             let (recorder, stop) = (recorder.clone(), observers.stop_flag());
             observers.add_thread(std::thread::Builder::new().name("bench-glue-observer".into()).spawn(move || {
                 crate::priority::raise_this_thread();
@@ -97,8 +126,13 @@ impl Glue {
         };
         // The glue process lives until the observers have stopped, then is stopped by PID.
         observers.keep(Box::new(process));
-        let producer =
-            GlueProducer { writer: produce, recorder: recorder.clone(), reader: Some(reader), out: Vec::new() };
+        let producer = GlueProducer {
+            writer: produce,
+            recorder: recorder.clone(),
+            reader: Some(reader),
+            subject_of,
+            out: Vec::new(),
+        };
         Ok(Session { producer: Box::new(producer), querier: None, observers })
     }
 }
@@ -224,6 +258,7 @@ struct GlueProducer {
     writer: TcpStream,
     recorder: Arc<Recorder>,
     reader: Option<std::thread::JoinHandle<()>>,
+    subject_of: Option<SubjectOf>,
     out: Vec<u8>,
 }
 
@@ -232,7 +267,10 @@ impl Producer for GlueProducer {
         let events = &self.recorder.events;
         self.out.clear();
         for seq in seqs.clone() {
-            let _ = writeln!(self.out, "P {seq} {}", events.intended_ns(seq));
+            let _ = match &self.subject_of {
+                Some(subject_of) => writeln!(self.out, "P {seq} {} {}", events.intended_ns(seq), subject_of(seq)),
+                None => writeln!(self.out, "P {seq} {}", events.intended_ns(seq)),
+            };
         }
         let sent_ns = events.clock.now_ns();
         for seq in seqs.clone() {

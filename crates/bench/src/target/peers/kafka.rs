@@ -231,6 +231,11 @@ impl KafkaTarget {
     pub fn replication(&self) -> u32 {
         self.replication
     }
+
+    /// The min ISR of this cluster's topics.
+    pub fn min_insync(&self) -> u32 {
+        self.min_insync
+    }
 }
 
 /// The glue's arguments for one W4 run against `bootstrap`: the study's producer and consumer

@@ -6,15 +6,21 @@
 //!   MQTT client drives, exactly as it drives onehop's.
 //! - `kafka`: `kafka` (W4): KRaft brokers, and per run a glue process (franz-go producer and
 //!   batching consumer, `bench/baselines/glue`) that reports to the harness (`glue`).
+//! - `kafka_stack`: `kafka-stack` (W2): those brokers, a Redis (`redis`) and per run the
+//!   study's Node.js application (`bench/baselines/stack-node`), which notifies each
+//!   subscriber over HTTP at the harness's endpoint (`http_observer`).
 //!
 //! Every process a peer starts writes its output to a log file kept with the run, runs at the
 //! process's own priority, and is stopped by its PID (SIGTERM, then SIGKILL): nothing is
 //! stopped by name.
 
 pub mod glue;
+pub mod http_observer;
 pub mod kafka;
+pub mod kafka_stack;
 pub mod mqtt_broker;
 pub mod onehop_kafka;
+pub mod redis;
 
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
