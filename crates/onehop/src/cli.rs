@@ -397,7 +397,9 @@ pub struct BenchWorkloadArgs {
     /// loopback server in the harness that answers and delivers at once: the harness's own
     /// latency floor); and the conventional stacks, installed by
     /// `scripts/peers install`: `kafka` (W4: 3 KRaft brokers, RF 3, franz-go producer and
-    /// batching consumer), `mosquitto` (W4: QoS 1, no persistence), `nats` and `nats-sync` (W4:
+    /// batching consumer), `kafka-stack` (W2: those brokers, acks=all, lz4, linger 5 ms → a
+    /// kafkajs consumer → Redis SMEMBERS per tag → an HTTP POST per subscriber, the study's
+    /// Node.js application), `mosquitto` (W4: QoS 1, no persistence), `nats` and `nats-sync` (W4:
     /// JetStream file storage through its MQTT listener, fsync every 2 min or every write).
     /// A target that does not run a workload is skipped for it.
     #[arg(long, value_delimiter = ',', default_value = "onehop", value_name = "TARGET,…")]
