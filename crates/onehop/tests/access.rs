@@ -34,15 +34,7 @@ fn code(body: &str) -> String {
 
 /// The values stored in `stream`, read as root.
 fn stored(address: SocketAddr, stream: &str) -> Vec<serde_json::Value> {
-    let (status, body) = curl(address, &format!("/streams/{stream}?from=earliest"), &["-u", &as_user(ROOT)]);
-    assert_eq!(status, 200, "{body}");
-    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-    // A value that is not JSON (an MQTT payload of plain text) comes as `value_text`.
-    let value = |record: &serde_json::Value| match &record["value"] {
-        serde_json::Value::Null => record["value_text"].clone(),
-        value => value.clone(),
-    };
-    body["records"].as_array().unwrap().iter().map(value).collect()
+    common::stored_as(address, stream, ROOT)
 }
 
 /// curl: a request without credentials or with a wrong password gets 401 with a challenge; a

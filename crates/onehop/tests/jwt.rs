@@ -155,15 +155,7 @@ fn publish(address: SocketAddr, stream: &str, token: &str, value: &str) -> (u16,
 
 /// The values stored in `stream`, read as root.
 fn stored(address: SocketAddr, stream: &str) -> Vec<serde_json::Value> {
-    let (status, body) =
-        curl(address, &format!("/streams/{stream}?from=earliest"), &["-u", &format!("{}:{}", ROOT.0, ROOT.1)]);
-    assert_eq!(status, 200, "{body}");
-    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let value = |record: &serde_json::Value| match &record["value"] {
-        serde_json::Value::Null => record["value_text"].clone(),
-        value => value.clone(),
-    };
-    body["records"].as_array().unwrap().iter().map(value).collect()
+    common::stored_as(address, stream, ROOT)
 }
 
 /// A paho client (v5) that connects with `user` and `password`, and publishes `payload` at

@@ -116,33 +116,37 @@ fn check_run(run: &Path) -> Value {
     meta
 }
 
-#[test]
-fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_listener() {
+/// Runs `onehop bench {workload}` against `targets` with one Kafka broker, 3 s measured after 1 s
+/// of warm-up, failing the test unless it succeeds (naming `peers`, what `scripts/peers
+/// install` needs); returns its directory (results in `results/`) and its JSON lines, one per
+/// target in order, each naming it: a script computes ratios from these.
+fn smoke(workload: &str, targets: &[&str], peers: &str) -> (tempfile::TempDir, Vec<Value>) {
     let dir = tempfile::tempdir().unwrap();
-    let results = dir.path().join("results");
     let mut command = common::onehop();
     command
-        .args(["bench", "w4", "--target", "onehop,onehop-kafka,kafka,mosquitto", "--kafka-brokers", "1"])
+        .args(["bench", workload, "--target", &targets.join(","), "--kafka-brokers", "1"])
         .args(["--duration", "3", "--warmup", "1", "--json", "--no-progress", "--out"])
-        .arg(&results)
+        .arg(dir.path().join("results"))
         .arg("--dir")
         .arg(dir.path());
-    if let Some(peers) = peers_dir() {
-        command.env("ONEHOP_PEERS_DIR", peers);
+    if let Some(peers_dir) = peers_dir() {
+        command.env("ONEHOP_PEERS_DIR", peers_dir);
     }
     let output = command.output().unwrap();
     let (stdout, stderr) =
         (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned());
-    assert!(
-        output.status.success(),
-        "the smoke failed (are the peers installed? `scripts/peers install kafka mosquitto`)\n{stdout}\n{stderr}"
-    );
-
-    // One JSON line per target, each naming it: a script computes ratios from these.
+    assert!(output.status.success(), "the smoke failed (`scripts/peers install {peers}`?)\n{stdout}\n{stderr}");
     let lines: Vec<Value> =
         stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
-    let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
-    assert_eq!(targets, ["onehop", "onehop-kafka", "kafka", "mosquitto"], "{stdout}");
+    let named: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
+    assert_eq!(named, targets, "{stdout}");
+    (dir, lines)
+}
+
+#[test]
+fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_listener() {
+    let (dir, lines) = smoke("w4", &["onehop", "onehop-kafka", "kafka", "mosquitto"], "kafka mosquitto");
+    let results = dir.path().join("results");
     for line in &lines {
         assert_eq!(line["workload"], "W4", "{line}");
         assert_eq!(line["delivered_pct"], 100.0, "{line}");
@@ -207,26 +211,8 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_l
 /// must record every peer setting.
 #[test]
 fn w2_smoke_against_the_kafka_stack_beside_onehop() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, lines) = smoke("w2", &["onehop", "kafka-stack"], "kafka-stack");
     let results = dir.path().join("results");
-    let mut command = common::onehop();
-    command
-        .args(["bench", "w2", "--target", "onehop,kafka-stack", "--kafka-brokers", "1"])
-        .args(["--duration", "3", "--warmup", "1", "--json", "--no-progress", "--out"])
-        .arg(&results)
-        .arg("--dir")
-        .arg(dir.path());
-    if let Some(peers) = peers_dir() {
-        command.env("ONEHOP_PEERS_DIR", peers);
-    }
-    let output = command.output().unwrap();
-    let (stdout, stderr) =
-        (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned());
-    assert!(output.status.success(), "the smoke failed (`scripts/peers install kafka-stack`?)\n{stdout}\n{stderr}");
-    let lines: Vec<Value> =
-        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
-    let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
-    assert_eq!(targets, ["onehop", "kafka-stack"], "{stdout}");
     for line in &lines {
         assert_eq!(line["workload"], "W2", "{line}");
         assert_eq!(line["delivered_pct"], 100.0, "{line}");

@@ -256,6 +256,20 @@ pub fn get(address: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// The values stored in `stream`, from the start, read as `user` with curl. A value that is not
+/// JSON (an MQTT payload of plain text) comes as its text.
+pub fn stored_as(address: SocketAddr, stream: &str, user: (&str, &str)) -> Vec<serde_json::Value> {
+    let credentials = format!("{}:{}", user.0, user.1);
+    let (status, body) = curl(address, &format!("/streams/{stream}?from=earliest"), &["-u", &credentials]);
+    assert_eq!(status, 200, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let value = |record: &serde_json::Value| match &record["value"] {
+        serde_json::Value::Null => record["value_text"].clone(),
+        value => value.clone(),
+    };
+    body["records"].as_array().unwrap().iter().map(value).collect()
+}
+
 /// One HTTP/1.1 request as `user` (HTTP Basic) over a fresh connection: (status, body).
 fn request_as(address: SocketAddr, method: &str, path: &str, body: &str, user: (&str, &str)) -> (u16, String) {
     use base64::Engine as _;
