@@ -334,22 +334,19 @@ impl Settings {
             bail!("tls_client_auth needs tls_client_ca: the CAs that sign client certificates");
         }
         let https_addr = args.https_addr.or(file.https_addr);
-        if mqtt_tls_addr.is_some() && tls.is_none() {
-            bail!("mqtt_tls_addr needs tls_cert and tls_key");
-        }
-        if https_addr.is_some() && tls.is_none() {
-            bail!("https_addr needs tls_cert and tls_key");
-        }
         let kafka_tls = args.kafka_tls || file.kafka_tls.unwrap_or(false);
-        if kafka_tls && tls.is_none() {
-            bail!("kafka_tls needs tls_cert and tls_key");
+        let kafka_tls_addr = args.kafka_tls_addr.or(file.kafka_tls_addr);
+        let tls_listeners = [
+            ("mqtt_tls_addr", mqtt_tls_addr.is_some()),
+            ("https_addr", https_addr.is_some()),
+            ("kafka_tls", kafka_tls),
+            ("kafka_tls_addr", kafka_tls_addr.is_some()),
+        ];
+        if let Some((key, _)) = tls_listeners.iter().find(|(_, on)| *on && tls.is_none()) {
+            bail!("{key} needs tls_cert and tls_key");
         }
         if kafka_tls && kafka_addr.is_none() {
             bail!("kafka_tls is on but the Kafka listener is off (kafka_addr = \"off\")");
-        }
-        let kafka_tls_addr = args.kafka_tls_addr.or(file.kafka_tls_addr);
-        if kafka_tls_addr.is_some() && tls.is_none() {
-            bail!("kafka_tls_addr needs tls_cert and tls_key");
         }
         if kafka_tls_addr.is_some() && kafka_addr.is_none() {
             bail!("kafka_tls_addr adds a TLS listener beside the plain Kafka one, which is off (kafka_addr = \"off\")");
@@ -369,7 +366,7 @@ impl Settings {
         if kafka_tls_advertised_addr.is_some() && kafka_tls_addr.is_none() {
             bail!("kafka_tls_advertised_addr needs kafka_tls_addr");
         }
-        if tls.is_some() && mqtt_tls_addr.is_none() && https_addr.is_none() && !kafka_tls && kafka_tls_addr.is_none() {
+        if tls.is_some() && !tls_listeners.iter().any(|(_, on)| *on) {
             bail!(
                 "tls_cert and tls_key are given but no TLS listener is: set https_addr, mqtt_tls_addr, kafka_tls or \
                  kafka_tls_addr"

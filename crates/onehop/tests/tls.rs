@@ -163,9 +163,14 @@ fn mqtt_over_tls_takes_trusting_clients_and_a_new_certificate_on_sighup() {
     assert!(ok, "{said}");
     assert_eq!(received.recv_timeout(Duration::from_secs(10)).unwrap(), "tls/a three");
     drop(subscriber);
+    assert_handshakes_failed(&server, "mqtt");
+}
+
+/// That the server counted failed TLS handshakes over `protocol`.
+fn assert_handshakes_failed(server: &common::Server, protocol: &str) {
     let (_, metrics) = common::get(server.address, "/metrics");
-    let failures =
-        metrics.lines().find(|line| line.starts_with("tls_handshake_failures_total{protocol=\"mqtt\"}")).unwrap();
+    let name = format!("tls_handshake_failures_total{{protocol=\"{protocol}\"}}");
+    let failures = metrics.lines().find(|line| line.starts_with(&name)).unwrap_or_else(|| panic!("no {name}"));
     assert!(!failures.ends_with(" 0"), "{failures}");
 }
 
@@ -257,10 +262,7 @@ fn https_serves_http_1_and_2_and_takes_a_new_certificate_on_sighup() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(curl(&["--cacert", &ca("A")], &https("/healthz")).0, Some(60));
-    let (_, metrics) = common::get(server.address, "/metrics");
-    let failures =
-        metrics.lines().find(|line| line.starts_with("tls_handshake_failures_total{protocol=\"http\"}")).unwrap();
-    assert!(!failures.ends_with(" 0"), "{failures}");
+    assert_handshakes_failed(&server, "http");
 }
 
 /// Kafka over TLS with SASL (`SASL_SSL`) through kcat: a client trusting the CA logs in with
