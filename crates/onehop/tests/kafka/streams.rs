@@ -21,7 +21,10 @@ fn compile(classes: &Path) {
 }
 
 fn start_app(kafka: &str, classes: &Path, state: &Path, base_ms: u64) -> Spawned {
+    // RocksDB unpacks its 14 MB native library into java.io.tmpdir and deletes it only on a
+    // clean exit; the test kills the app with kill -9, so it goes in the test's own directory.
     let child = Command::new("java")
+        .arg(format!("-Djava.io.tmpdir={}", classes.display()))
         .arg("-cp")
         .arg(format!("{}/*:{}", kafka_jars().display(), classes.display()))
         .arg("WindowedCount")
