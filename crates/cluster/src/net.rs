@@ -1,0 +1,336 @@
+//! The nodes' own protocol: Raft's RPCs and forwarded proposals over TCP.
+//!
+//! A frame is `[length u32 LE][request id u64 LE][postcard message]`; a reply carries its
+//! request's id, so one connection carries many forwarded proposals at once. Raft's RPCs to one
+//! peer go one at a time (openraft sends them so) on a connection of their own. A frame longer
+//! than [`FRAME_BYTES_MAX`] or a message that does not decode closes the connection.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use openraft::{BasicNode, Raft};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::{ProposeError, TypeConfig};
+
+/// The longest frame either side accepts.
+pub const FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// Requests one connection may have in progress at once; more wait to be read.
+const IN_FLIGHT_PER_CONNECTION: usize = 4096;
+
+/// What one node asks another.
+#[derive(Serialize, Deserialize)]
+pub enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<u64>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A command for the leader to propose (sent by a node that is not the leader).
+    Propose(Bytes),
+}
+
+/// The answer to a [`Request`].
+#[derive(Serialize, Deserialize)]
+pub enum Reply {
+    Append(Result<AppendEntriesResponse<u64>, RaftError<u64>>),
+    Vote(Result<VoteResponse<u64>, RaftError<u64>>),
+    Snapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
+    Propose(Result<Bytes, ProposeError>),
+}
+
+async fn write_frame(writer: &mut (impl AsyncWriteExt + Unpin), id: u64, payload: &[u8]) -> io::Result<()> {
+    writer.write_all(&(payload.len() as u32).to_le_bytes()).await?;
+    writer.write_all(&id.to_le_bytes()).await?;
+    writer.write_all(payload).await
+}
+
+async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<(u64, Vec<u8>)> {
+    let len = reader.read_u32_le().await? as usize;
+    if len > FRAME_BYTES_MAX {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a frame of {len} bytes")));
+    }
+    let id = reader.read_u64_le().await?;
+    let mut payload = vec![0; len];
+    reader.read_exact(&mut payload).await?;
+    Ok((id, payload))
+}
+
+fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    postcard::to_allocvec(message).expect("cluster messages always encode")
+}
+
+fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> io::Result<T> {
+    postcard::from_bytes(bytes).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+}
+
+/// Serves other nodes' requests on `listener` until the task is aborted; aborting it closes
+/// every connection it accepted too.
+pub async fn serve(listener: TcpListener, raft: Raft<TypeConfig>) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        // Forget the connections that ended.
+        while connections.try_join_next().is_some() {}
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "cluster listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let raft = raft.clone();
+        connections.spawn(async move {
+            if let Err(error) = serve_connection(stream, raft).await
+                && error.kind() != io::ErrorKind::UnexpectedEof
+            {
+                tracing::debug!(%peer, %error, "cluster connection closed");
+            }
+        });
+    }
+}
+
+async fn serve_connection(stream: TcpStream, raft: Raft<TypeConfig>) -> io::Result<()> {
+    let (reader, writer) = stream.into_split();
+    let mut reader = BufReader::new(reader);
+    let (replies, mut outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
+    let writing = tokio::spawn(async move {
+        let mut writer = BufWriter::new(writer);
+        while let Some((id, payload)) = outgoing.recv().await {
+            write_frame(&mut writer, id, &payload).await?;
+            // Write what is waiting together, then flush once.
+            while let Ok((id, payload)) = outgoing.try_recv() {
+                write_frame(&mut writer, id, &payload).await?;
+            }
+            writer.flush().await?;
+        }
+        io::Result::Ok(())
+    });
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONNECTION));
+    // Requests in progress end with their connection.
+    let mut requests = tokio::task::JoinSet::new();
+    let result = loop {
+        while requests.try_join_next().is_some() {}
+        let (id, payload) = match read_frame(&mut reader).await {
+            Ok(frame) => frame,
+            Err(error) => break Err(error),
+        };
+        let request: Request = match decode(&payload) {
+            Ok(request) => request,
+            Err(error) => break Err(error),
+        };
+        let permit = permits.clone().acquire_owned().await.expect("never closed");
+        let (raft, replies) = (raft.clone(), replies.clone());
+        requests.spawn(async move {
+            let reply = match request {
+                Request::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
+                Request::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
+                Request::Snapshot(rpc) => Reply::Snapshot(raft.install_snapshot(rpc).await),
+                Request::Propose(command) => Reply::Propose(crate::propose_here(&raft, command).await),
+            };
+            let _ = replies.send((id, encode(&reply))).await;
+            drop(permit);
+        });
+    };
+    // Answers still being worked out are written before the connection closes.
+    while requests.join_next().await.is_some() {}
+    drop(replies);
+    let _ = writing.await;
+    result
+}
+
+/// Makes a [`Peer`] per node openraft talks to.
+#[derive(Clone, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
+        Peer { target, address: node.addr.clone(), stream: None }
+    }
+}
+
+/// One node's connection to another, for Raft's RPCs.
+pub struct Peer {
+    target: u64,
+    address: String,
+    stream: Option<BufReader<TcpStream>>,
+}
+
+type RpcError<E = openraft::error::Infallible> = RPCError<u64, BasicNode, RaftError<u64, E>>;
+
+enum CallError {
+    Connect(io::Error),
+    Io(io::Error),
+}
+
+impl Peer {
+    async fn call(&mut self, request: &Request, ttl: Duration) -> Result<Reply, CallError> {
+        let result = tokio::time::timeout(ttl, async {
+            if self.stream.is_none() {
+                let stream = TcpStream::connect(&self.address).await.map_err(CallError::Connect)?;
+                let _ = stream.set_nodelay(true);
+                self.stream = Some(BufReader::new(stream));
+            }
+            let stream = self.stream.as_mut().expect("connected above");
+            write_frame(stream.get_mut(), 0, &encode(request)).await.map_err(CallError::Io)?;
+            let (_, payload) = read_frame(stream).await.map_err(CallError::Io)?;
+            decode::<Reply>(&payload).map_err(CallError::Io)
+        })
+        .await
+        .unwrap_or_else(|_| Err(CallError::Io(io::Error::new(io::ErrorKind::TimedOut, "no answer in time"))));
+        if result.is_err() {
+            self.stream = None;
+        }
+        result
+    }
+
+    fn failed<E: std::error::Error>(&self, error: CallError) -> RPCError<u64, BasicNode, E> {
+        match error {
+            CallError::Connect(error) => RPCError::Unreachable(Unreachable::new(&error)),
+            CallError::Io(error) => RPCError::Network(NetworkError::new(&error)),
+        }
+    }
+
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<u64, BasicNode, E> {
+        let error = io::Error::new(io::ErrorKind::InvalidData, "an answer to another request");
+        RPCError::Network(NetworkError::new(&error))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RpcError> {
+        match self.call(&Request::Append(rpc), option.hard_ttl()).await {
+            Ok(Reply::Append(Ok(response))) => Ok(response),
+            Ok(Reply::Append(Err(error))) => Err(RPCError::RemoteError(RemoteError::new(self.target, error))),
+            Ok(_) => Err(self.unexpected()),
+            Err(error) => Err(self.failed(error)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RpcError<InstallSnapshotError>> {
+        match self.call(&Request::Snapshot(rpc), option.hard_ttl()).await {
+            Ok(Reply::Snapshot(Ok(response))) => Ok(response),
+            Ok(Reply::Snapshot(Err(error))) => Err(RPCError::RemoteError(RemoteError::new(self.target, error))),
+            Ok(_) => Err(self.unexpected()),
+            Err(error) => Err(self.failed(error)),
+        }
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<u64>, option: RPCOption) -> Result<VoteResponse<u64>, RpcError> {
+        match self.call(&Request::Vote(rpc), option.hard_ttl()).await {
+            Ok(Reply::Vote(Ok(response))) => Ok(response),
+            Ok(Reply::Vote(Err(error))) => Err(RPCError::RemoteError(RemoteError::new(self.target, error))),
+            Ok(_) => Err(self.unexpected()),
+            Err(error) => Err(self.failed(error)),
+        }
+    }
+}
+
+type Waiting = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Result<Bytes, ProposeError>>>>>>;
+
+/// One multiplexed connection to a leader, for forwarded proposals.
+struct Forward {
+    requests: mpsc::Sender<(u64, Vec<u8>)>,
+    waiting: Waiting,
+}
+
+/// Sends proposals to the leader, many at once over one connection per leader.
+#[derive(Default)]
+pub struct Forwarder {
+    connections: tokio::sync::Mutex<HashMap<SocketAddr, Arc<Forward>>>,
+    next_id: AtomicU64,
+}
+
+impl Forwarder {
+    /// Forwards `command` to the node at `address` and waits for its answer. A connection that
+    /// breaks while the proposal is out leaves its outcome unknown: the leader may have
+    /// committed it.
+    pub async fn propose(&self, address: SocketAddr, command: Bytes) -> Result<Bytes, ProposeError> {
+        let forward = self.connection(address).await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (answer, answered) = oneshot::channel();
+        {
+            let mut waiting = forward.waiting.lock().expect("waiting lock");
+            let Some(waiting) = waiting.as_mut() else {
+                return Err(ProposeError::Unreachable(format!("{address}: connection closed")));
+            };
+            waiting.insert(id, answer);
+        }
+        if forward.requests.send((id, encode(&Request::Propose(command)))).await.is_err() {
+            forward.waiting.lock().expect("waiting lock").as_mut().map(|waiting| waiting.remove(&id));
+            return Err(ProposeError::Unreachable(format!("{address}: connection closed")));
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(ProposeError::Unknown(format!("{address}: the connection closed before the leader answered")))
+        })
+    }
+
+    async fn connection(&self, address: SocketAddr) -> Result<Arc<Forward>, ProposeError> {
+        let mut connections = self.connections.lock().await;
+        if let Some(forward) = connections.get(&address)
+            && forward.waiting.lock().expect("waiting lock").is_some()
+        {
+            return Ok(forward.clone());
+        }
+        let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(address))
+            .await
+            .map_err(|_| ProposeError::Unreachable(format!("{address}: connect timed out")))?
+            .map_err(|error| ProposeError::Unreachable(format!("{address}: {error}")))?;
+        let _ = stream.set_nodelay(true);
+        let (reader, writer) = stream.into_split();
+        let (requests, mut outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
+        let waiting: Waiting = Arc::new(Mutex::new(Some(HashMap::new())));
+        let forward = Arc::new(Forward { requests, waiting: waiting.clone() });
+        let closing = waiting.clone();
+        let writing = tokio::spawn(async move {
+            let mut writer = BufWriter::new(writer);
+            while let Some((id, payload)) = outgoing.recv().await {
+                write_frame(&mut writer, id, &payload).await?;
+                while let Ok((id, payload)) = outgoing.try_recv() {
+                    write_frame(&mut writer, id, &payload).await?;
+                }
+                writer.flush().await?;
+            }
+            io::Result::Ok(())
+        });
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(reader);
+            loop {
+                let Ok((id, payload)) = read_frame(&mut reader).await else { break };
+                let Ok(Reply::Propose(answer)) = decode::<Reply>(&payload) else { break };
+                let sender = waiting.lock().expect("waiting lock").as_mut().and_then(|waiting| waiting.remove(&id));
+                if let Some(sender) = sender {
+                    let _ = sender.send(answer);
+                }
+            }
+            writing.abort();
+            // Every proposal still out learns that its outcome is unknown (its sender drops).
+            closing.lock().expect("waiting lock").take();
+        });
+        connections.insert(address, forward.clone());
+        Ok(forward)
+    }
+}
