@@ -28,7 +28,7 @@ use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ChangeMembers, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub use machine::{Applier, Machine, Progress};
@@ -38,9 +38,32 @@ pub use raftlog::{LogStore, OpenLogError};
 openraft::declare_raft_types!(
     /// onehop's Raft types: commands and answers are bytes the applier understands.
     pub TypeConfig:
-        D = Bytes,
-        R = Bytes,
+        D = Command,
+        R = Answer,
 );
+
+/// A replicated command: what the applier prepared, and the term of the leader that prepared it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    pub term: u64,
+    pub body: Bytes,
+}
+
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "command of {} bytes prepared in term {}", self.body.len(), self.term)
+    }
+}
+
+/// What applying an entry gave.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    /// The applier's answer.
+    Applied(Bytes),
+    /// The entry was prepared in another term than the one that committed it, and every node
+    /// skipped it: nothing changed.
+    Stale,
+}
 
 /// Why a proposal has no answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -54,6 +77,9 @@ pub enum ProposeError {
     /// The leader could not be reached; nothing was written.
     #[error("the leader is unreachable: {0}")]
     Unreachable(String),
+    /// The leader that prepared it lost its term first; every node skipped it.
+    #[error("the leader changed before the command was committed; nothing was applied")]
+    Stale,
     /// The command may or may not have been committed: the answer was lost on the way.
     #[error("outcome unknown: {0}")]
     Unknown(String),
@@ -62,17 +88,36 @@ pub enum ProposeError {
     Stopped,
 }
 
-/// Proposes `command` on this node, which must be the leader.
-pub(crate) async fn propose_here(raft: &Raft<TypeConfig>, command: Bytes) -> Result<Bytes, ProposeError> {
-    match raft.client_write(command).await {
-        Ok(response) => Ok(response.data),
-        // openraft answers so before appending, or once the entry was cut from the log by a
-        // newer leader: either way it was never committed.
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-            Err(ProposeError::NotLeader { leader: forward.leader_id })
-        }
-        Err(RaftError::APIError(error)) => Err(ProposeError::Unknown(error.to_string())),
-        Err(RaftError::Fatal(_)) => Err(ProposeError::Stopped),
+impl ProposeError {
+    /// Whether nothing was applied, so submitting the request again is safe.
+    pub fn nothing_applied(&self) -> bool {
+        matches!(
+            self,
+            ProposeError::NotLeader { .. }
+                | ProposeError::NoLeader
+                | ProposeError::Unreachable(_)
+                | ProposeError::Stale
+        )
+    }
+}
+
+type Receiver = oneshot::Receiver<Result<Bytes, ProposeError>>;
+
+/// The answer to a submitted request, on its way.
+pub struct Pending {
+    answer: Receiver,
+}
+
+impl Pending {
+    fn answered(answer: Result<Bytes, ProposeError>) -> Pending {
+        let (sender, receiver) = oneshot::channel();
+        let _ = sender.send(answer);
+        Pending { answer: receiver }
+    }
+
+    /// The answer.
+    pub async fn answer(self) -> Result<Bytes, ProposeError> {
+        self.answer.await.unwrap_or_else(|_| Err(ProposeError::Unknown("the node stopped before answering".into())))
     }
 }
 
@@ -119,13 +164,119 @@ pub enum StartError {
     Raft(String),
 }
 
-/// One node of a cluster.
-pub struct Node<A: Applier> {
+/// What a node's tasks share.
+pub(crate) struct Inner<A: Applier> {
     id: u64,
     raft: Raft<TypeConfig>,
+    applier: Arc<A>,
     forwarder: net::Forwarder,
-    progress: Progress<A>,
+    /// Taken to prepare and queue a command, so commands enter the log in the order they were
+    /// prepared. Holds the term this node last began as leader.
+    sequencer: tokio::sync::Mutex<Option<u64>>,
     propose_timeout: Duration,
+}
+
+impl<A: Applier> Inner<A> {
+    /// Prepares `request` and queues its command, on this node as leader. Returns once it is
+    /// queued (behind every command prepared before it); the answer comes through the result.
+    pub(crate) async fn submit_here(&self, request: Bytes) -> Result<Receiver, ProposeError> {
+        let mut began = self.sequencer.lock().await;
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics.state != ServerState::Leader {
+            return Err(ProposeError::NotLeader { leader: metrics.current_leader });
+        }
+        let term = metrics.current_term;
+        if *began != Some(term) {
+            // Predictions of an earlier term are void; this term's start from the state every
+            // earlier entry left, so wait for this node to apply them all.
+            self.wait_applied_to_end(term).await?;
+            self.applier.begin_term();
+            *began = Some(term);
+        }
+        let body = match self.applier.prepare(request) {
+            Ok(body) => body,
+            Err(refusal) => return Ok(Pending::answered(Ok(refusal)).answer),
+        };
+        let written = self.raft.client_write_ff(Command { term, body }).await.map_err(|_| ProposeError::Stopped)?;
+        drop(began);
+        let (sender, receiver) = oneshot::channel();
+        tokio::spawn(async move {
+            let answer = match written.await {
+                Ok(Ok(response)) => match response.data {
+                    Answer::Applied(answer) => Ok(answer),
+                    Answer::Stale => Err(ProposeError::Stale),
+                },
+                // openraft answers so before appending, or once the entry was cut from the log
+                // by a newer leader: either way it was never committed.
+                Ok(Err(ClientWriteError::ForwardToLeader(forward))) => {
+                    Err(ProposeError::NotLeader { leader: forward.leader_id })
+                }
+                Ok(Err(error)) => Err(ProposeError::Unknown(error.to_string())),
+                Err(_) => Err(ProposeError::Unknown("the node stopped before the command was applied".into())),
+            };
+            let _ = sender.send(answer);
+        });
+        Ok(receiver)
+    }
+
+    async fn wait_applied_to_end(&self, term: u64) -> Result<(), ProposeError> {
+        let mut metrics = self.raft.metrics();
+        let deadline = Instant::now() + self.propose_timeout;
+        loop {
+            {
+                let now = metrics.borrow_and_update();
+                if now.state != ServerState::Leader || now.current_term != term {
+                    return Err(ProposeError::NotLeader { leader: now.current_leader });
+                }
+                let applied = now.last_applied.map(|id| id.index);
+                if applied >= now.last_log_index {
+                    return Ok(());
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, metrics.changed()).await.is_err() {
+                return Err(ProposeError::NoLeader);
+            }
+        }
+    }
+
+    /// The leader this node knows of, with its address.
+    fn leader(&self) -> Option<(u64, SocketAddr)> {
+        let metrics = self.raft.metrics();
+        let now = metrics.borrow();
+        let leader = now.current_leader?;
+        let address = now.membership_config.membership().get_node(&leader)?.addr.parse().ok()?;
+        Some((leader, address))
+    }
+
+    /// Submits `request` to the leader, wherever it is, retrying while nothing was written.
+    async fn submit(&self, request: Bytes, deadline: Instant) -> Result<Receiver, ProposeError> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let outcome = match self.leader() {
+                Some((leader, _)) if leader == self.id => self.submit_here(request.clone()).await,
+                Some((_, address)) => self.forwarder.send(address, request.clone()).await,
+                None => Err(ProposeError::NoLeader),
+            };
+            match outcome {
+                Err(error) if error.nothing_applied() => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(error);
+                    }
+                    metrics.borrow_and_update();
+                    let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), metrics.changed()).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
+/// One node of a cluster.
+pub struct Node<A: Applier> {
+    inner: Arc<Inner<A>>,
+    progress: Progress<A>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -135,7 +286,7 @@ impl<A: Applier> Node<A> {
     /// start of a cluster) or to be added by a running cluster's leader.
     pub async fn start(options: NodeOptions, applier: Arc<A>) -> Result<Node<A>, StartError> {
         let log = LogStore::open(options.dir.join("raft"))?;
-        let machine = Machine::open(&options.dir, applier).map_err(StartError::Machine)?;
+        let machine = Machine::open(&options.dir, applier.clone()).map_err(StartError::Machine)?;
         let progress = machine.progress();
         let config = Config {
             cluster_name: "onehop".into(),
@@ -155,20 +306,21 @@ impl<A: Applier> Node<A> {
         let raft = Raft::new(options.id, config, net::Network, log, machine)
             .await
             .map_err(|error| StartError::Raft(error.to_string()))?;
-        let serving = tokio::spawn(net::serve(listener, raft.clone()));
-        let persisting = progress.spawn(Duration::from_millis(500));
-        Ok(Node {
+        let inner = Arc::new(Inner {
             id: options.id,
             raft,
+            applier,
             forwarder: net::Forwarder::default(),
-            progress,
+            sequencer: tokio::sync::Mutex::new(None),
             propose_timeout: options.propose_timeout,
-            tasks: vec![serving, persisting],
-        })
+        });
+        let serving = tokio::spawn(net::serve(listener, inner.clone()));
+        let persisting = progress.spawn(Duration::from_millis(500));
+        Ok(Node { inner, progress, tasks: vec![serving, persisting] })
     }
 
     pub fn id(&self) -> u64 {
-        self.id
+        self.inner.id
     }
 
     /// Makes `members` (this node among them) a new cluster. Once any node of a cluster has
@@ -176,83 +328,78 @@ impl<A: Applier> Node<A> {
     pub async fn bootstrap(&self, members: &BTreeMap<u64, SocketAddr>) -> Result<(), String> {
         let nodes: BTreeMap<u64, BasicNode> =
             members.iter().map(|(id, address)| (*id, BasicNode::new(address.to_string()))).collect();
-        match self.raft.initialize(nodes).await {
+        match self.inner.raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
             Err(error) => Err(error.to_string()),
         }
     }
 
-    /// Commits `command` and returns the applier's answer from this node, once this node has
-    /// applied it. Forwarded to the leader when this node is not the leader; waits for an
-    /// election when there is no leader, up to the proposal timeout.
-    pub async fn propose(&self, command: Bytes) -> Result<Bytes, ProposeError> {
-        let deadline = Instant::now() + self.propose_timeout;
-        let mut metrics = self.raft.metrics();
-        loop {
-            let leader = {
-                let now = metrics.borrow_and_update();
-                now.current_leader.and_then(|leader| {
-                    let address = now.membership_config.membership().get_node(&leader)?.addr.parse().ok()?;
-                    Some((leader, address))
-                })
-            };
-            let outcome = match leader {
-                Some((leader, _)) if leader == self.id => propose_here(&self.raft, command.clone()).await,
-                Some((_, address)) => self.forwarded(address, command.clone()).await,
-                None => Err(ProposeError::NoLeader),
-            };
-            match outcome {
-                Err(ProposeError::NotLeader { .. } | ProposeError::NoLeader | ProposeError::Unreachable(_)) => {
-                    // Nothing was written: wait for news of a leader and try again.
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(outcome.unwrap_err());
+    /// Submits `request`: the leader (this node, or the one it is forwarded to) prepares it and
+    /// queues its command. Returns once it is queued, so requests one caller submits one after
+    /// another are committed in that order; the [`Pending`] resolves with the applier's answer
+    /// from the leader once the command is committed and applied there. While nothing was
+    /// written (no leader yet, a leader change) it is submitted again, up to the proposal
+    /// timeout.
+    pub async fn submit(&self, request: Bytes) -> Result<Pending, ProposeError> {
+        let deadline = Instant::now() + self.inner.propose_timeout;
+        let first = self.inner.submit(request.clone(), deadline).await?;
+        let (sender, answer) = oneshot::channel();
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let mut waiting = first;
+            let answer = loop {
+                let answer = waiting.await.unwrap_or_else(|_| Err(ProposeError::Unknown("no answer".into())));
+                match answer {
+                    // Skipped by every node, or never written: submitting again is safe.
+                    Err(error) if error.nothing_applied() && Instant::now() < deadline => {
+                        match inner.submit(request.clone(), deadline).await {
+                            Ok(next) => waiting = next,
+                            Err(error) => break Err(error),
+                        }
                     }
-                    let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), metrics.changed()).await;
+                    answer => break answer,
                 }
-                outcome => return outcome,
-            }
-        }
+            };
+            let _ = sender.send(answer);
+        });
+        Ok(Pending { answer })
     }
 
-    async fn forwarded(&self, leader: SocketAddr, command: Bytes) -> Result<Bytes, ProposeError> {
-        let answer = self.forwarder.propose(leader, command).await?;
-        Ok(answer)
+    /// Submits `request` and waits for its answer (see [`Node::submit`]).
+    pub async fn propose(&self, request: Bytes) -> Result<Bytes, ProposeError> {
+        self.submit(request).await?.answer().await
     }
 
     /// The leader this node knows of.
     pub fn leader(&self) -> Option<u64> {
-        self.raft.metrics().borrow().current_leader
+        self.inner.raft.metrics().borrow().current_leader
     }
 
     /// Whether this node is the leader.
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().state == ServerState::Leader
+        self.inner.raft.metrics().borrow().state == ServerState::Leader
     }
 
     /// Raft's view of this node: state, term, leader, log and applied indexes, membership.
     pub fn metrics(&self) -> watch::Receiver<RaftMetrics<u64, BasicNode>> {
-        self.raft.metrics()
+        self.inner.raft.metrics()
     }
 
     /// The voting members and their addresses.
     pub fn members(&self) -> BTreeMap<u64, String> {
-        let metrics = self.raft.metrics();
+        let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
-        membership.nodes().map(|(id, node)| (*id, node.addr.clone())).collect()
+        membership.voter_ids().filter_map(|id| Some((id, membership.get_node(&id)?.addr.clone()))).collect()
     }
 
     /// Adds the node `id` at `address`: it first copies the log as a learner, then becomes a
     /// voting member. Asked of the leader.
     pub async fn add_node(&self, id: u64, address: SocketAddr) -> Result<(), String> {
-        self.raft
-            .add_learner(id, BasicNode::new(address.to_string()), true)
-            .await
-            .map_err(|error| error.to_string())?;
-        self.raft
-            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+        let raft = &self.inner.raft;
+        raft.add_learner(id, BasicNode::new(address.to_string()), true).await.map_err(|error| error.to_string())?;
+        raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
             .await
             .map_err(|error| error.to_string())?;
         Ok(())
@@ -260,7 +407,8 @@ impl<A: Applier> Node<A> {
 
     /// Removes the node `id` from the voting members and from the cluster. Asked of the leader.
     pub async fn remove_node(&self, id: u64) -> Result<(), String> {
-        self.raft
+        self.inner
+            .raft
             .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
             .await
             .map_err(|error| error.to_string())?;
@@ -274,7 +422,7 @@ impl<A: Applier> Node<A> {
 
     /// Stops Raft, the listener and the progress task, and records how far this node applied.
     pub async fn shutdown(self) -> Result<(), String> {
-        let stopped = self.raft.shutdown().await.map_err(|error| error.to_string());
+        let stopped = self.inner.raft.shutdown().await.map_err(|error| error.to_string());
         for task in &self.tasks {
             task.abort();
         }

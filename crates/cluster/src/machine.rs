@@ -20,12 +20,21 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 
-use crate::TypeConfig;
+use crate::{Answer, TypeConfig};
 
 /// What a node's replicated state is. Commands come out of the Raft log in log order, on every
 /// node the same; an applier that is deterministic (the same answer and effects for the same
 /// commands in the same order) keeps every node identical.
 pub trait Applier: Send + Sync + 'static {
+    /// On the leader, in the order requests are submitted: turns a request into the command to
+    /// commit, or refuses it with an answer (nothing is written then). What the leader decides
+    /// here (offsets, timestamps) travels in the command, so every node applies the same.
+    fn prepare(&self, request: Bytes) -> Result<Bytes, Bytes>;
+
+    /// On a node that became leader, once every entry of earlier terms is applied here and
+    /// before its first [`Applier::prepare`]: whatever `prepare` predicted before is void.
+    fn begin_term(&self);
+
     /// Applies the committed command at log index `index`, returning the answer for whoever
     /// proposed it. A refusal that every node makes alike (bad input) belongs in the answer;
     /// `Err` is for this node's own failure (its disk), and stops the node.
@@ -158,7 +167,7 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
         Ok((applied.last, applied.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Bytes>, Error>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Answer>, Error>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -166,14 +175,17 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
         let mut answers = Vec::new();
         for entry in entries {
             let answer = match entry.payload {
-                EntryPayload::Blank => Bytes::new(),
+                EntryPayload::Blank => Answer::Applied(Bytes::new()),
+                // Prepared by the leader of another term than the one that appended it: what
+                // `prepare` predicted may be void (see `Node::submit`). Every node skips it alike.
+                EntryPayload::Normal(command) if command.term != entry.log_id.leader_id.term => Answer::Stale,
                 EntryPayload::Normal(command) => {
-                    self.applier.apply(entry.log_id.index, command).await.map_err(machine_error)?
+                    Answer::Applied(self.applier.apply(entry.log_id.index, command.body).await.map_err(machine_error)?)
                 }
                 EntryPayload::Membership(membership) => {
                     self.applied.lock().expect("applied lock").membership =
                         StoredMembership::new(Some(entry.log_id), membership);
-                    Bytes::new()
+                    Answer::Applied(Bytes::new())
                 }
             };
             self.applied.lock().expect("applied lock").last = Some(entry.log_id);

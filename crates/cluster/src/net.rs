@@ -13,19 +13,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
     VoteResponse,
 };
-use openraft::{BasicNode, Raft};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::{ProposeError, TypeConfig};
+use crate::{Applier, Inner, ProposeError, Receiver, TypeConfig};
 
 /// The longest frame either side accepts.
 pub const FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
@@ -35,11 +35,17 @@ const IN_FLIGHT_PER_CONNECTION: usize = 4096;
 /// What one node asks another.
 #[derive(Serialize, Deserialize)]
 pub enum Request {
+    Raft(RaftRequest),
+    /// A request for the leader to prepare and commit (sent by a node that is not the leader).
+    Propose(Bytes),
+}
+
+/// Raft's own RPCs.
+#[derive(Serialize, Deserialize)]
+pub enum RaftRequest {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<u64>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
-    /// A command for the leader to propose (sent by a node that is not the leader).
-    Propose(Bytes),
 }
 
 /// The answer to a [`Request`].
@@ -78,7 +84,7 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> io::Result<T> {
 
 /// Serves other nodes' requests on `listener` until the task is aborted; aborting it closes
 /// every connection it accepted too.
-pub async fn serve(listener: TcpListener, raft: Raft<TypeConfig>) {
+pub(crate) async fn serve<A: Applier>(listener: TcpListener, node: Arc<Inner<A>>) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         // Forget the connections that ended.
@@ -92,9 +98,9 @@ pub async fn serve(listener: TcpListener, raft: Raft<TypeConfig>) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let raft = raft.clone();
+        let node = node.clone();
         connections.spawn(async move {
-            if let Err(error) = serve_connection(stream, raft).await
+            if let Err(error) = serve_connection(stream, node).await
                 && error.kind() != io::ErrorKind::UnexpectedEof
             {
                 tracing::debug!(%peer, %error, "cluster connection closed");
@@ -103,7 +109,7 @@ pub async fn serve(listener: TcpListener, raft: Raft<TypeConfig>) {
     }
 }
 
-async fn serve_connection(stream: TcpStream, raft: Raft<TypeConfig>) -> io::Result<()> {
+async fn serve_connection<A: Applier>(stream: TcpStream, node: Arc<Inner<A>>) -> io::Result<()> {
     let (reader, writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
     let (replies, mut outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
@@ -133,17 +139,36 @@ async fn serve_connection(stream: TcpStream, raft: Raft<TypeConfig>) -> io::Resu
             Err(error) => break Err(error),
         };
         let permit = permits.clone().acquire_owned().await.expect("never closed");
-        let (raft, replies) = (raft.clone(), replies.clone());
-        requests.spawn(async move {
-            let reply = match request {
-                Request::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
-                Request::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
-                Request::Snapshot(rpc) => Reply::Snapshot(raft.install_snapshot(rpc).await),
-                Request::Propose(command) => Reply::Propose(crate::propose_here(&raft, command).await),
-            };
-            let _ = replies.send((id, encode(&reply))).await;
-            drop(permit);
-        });
+        let replies = replies.clone();
+        match request {
+            Request::Propose(request) => {
+                // Queued here, before the next request is read: what one node forwards is
+                // committed in the order it sent it.
+                let queued = node.submit_here(request).await;
+                requests.spawn(async move {
+                    let answer = match queued {
+                        Ok(receiver) => {
+                            receiver.await.unwrap_or_else(|_| Err(ProposeError::Unknown("the leader stopped".into())))
+                        }
+                        Err(error) => Err(error),
+                    };
+                    let _ = replies.send((id, encode(&Reply::Propose(answer)))).await;
+                    drop(permit);
+                });
+            }
+            Request::Raft(rpc) => {
+                let raft = node.raft.clone();
+                requests.spawn(async move {
+                    let reply = match rpc {
+                        RaftRequest::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
+                        RaftRequest::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
+                        RaftRequest::Snapshot(rpc) => Reply::Snapshot(raft.install_snapshot(rpc).await),
+                    };
+                    let _ = replies.send((id, encode(&reply))).await;
+                    drop(permit);
+                });
+            }
+        }
     };
     // Answers still being worked out are written before the connection closes.
     while requests.join_next().await.is_some() {}
@@ -218,7 +243,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcError> {
-        match self.call(&Request::Append(rpc), option.hard_ttl()).await {
+        match self.call(&Request::Raft(RaftRequest::Append(rpc)), option.hard_ttl()).await {
             Ok(Reply::Append(Ok(response))) => Ok(response),
             Ok(Reply::Append(Err(error))) => Err(RPCError::RemoteError(RemoteError::new(self.target, error))),
             Ok(_) => Err(self.unexpected()),
@@ -231,7 +256,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<u64>, RpcError<InstallSnapshotError>> {
-        match self.call(&Request::Snapshot(rpc), option.hard_ttl()).await {
+        match self.call(&Request::Raft(RaftRequest::Snapshot(rpc)), option.hard_ttl()).await {
             Ok(Reply::Snapshot(Ok(response))) => Ok(response),
             Ok(Reply::Snapshot(Err(error))) => Err(RPCError::RemoteError(RemoteError::new(self.target, error))),
             Ok(_) => Err(self.unexpected()),
@@ -240,7 +265,7 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 
     async fn vote(&mut self, rpc: VoteRequest<u64>, option: RPCOption) -> Result<VoteResponse<u64>, RpcError> {
-        match self.call(&Request::Vote(rpc), option.hard_ttl()).await {
+        match self.call(&Request::Raft(RaftRequest::Vote(rpc)), option.hard_ttl()).await {
             Ok(Reply::Vote(Ok(response))) => Ok(response),
             Ok(Reply::Vote(Err(error))) => Err(RPCError::RemoteError(RemoteError::new(self.target, error))),
             Ok(_) => Err(self.unexpected()),
@@ -265,10 +290,10 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// Forwards `command` to the node at `address` and waits for its answer. A connection that
-    /// breaks while the proposal is out leaves its outcome unknown: the leader may have
-    /// committed it.
-    pub async fn propose(&self, address: SocketAddr, command: Bytes) -> Result<Bytes, ProposeError> {
+    /// Forwards `request` to the leader at `address`; returns once it is on its way (behind
+    /// every request forwarded there before). A connection that breaks while the request is out
+    /// drops the answer's sender: the outcome is unknown, the leader may have committed it.
+    pub(crate) async fn send(&self, address: SocketAddr, request: Bytes) -> Result<Receiver, ProposeError> {
         let forward = self.connection(address).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
@@ -279,13 +304,11 @@ impl Forwarder {
             };
             waiting.insert(id, answer);
         }
-        if forward.requests.send((id, encode(&Request::Propose(command)))).await.is_err() {
+        if forward.requests.send((id, encode(&Request::Propose(request)))).await.is_err() {
             forward.waiting.lock().expect("waiting lock").as_mut().map(|waiting| waiting.remove(&id));
             return Err(ProposeError::Unreachable(format!("{address}: connection closed")));
         }
-        answered.await.unwrap_or_else(|_| {
-            Err(ProposeError::Unknown(format!("{address}: the connection closed before the leader answered")))
-        })
+        Ok(answered)
     }
 
     async fn connection(&self, address: SocketAddr) -> Result<Arc<Forward>, ProposeError> {

@@ -38,6 +38,12 @@ impl Recorder {
 }
 
 impl Applier for Recorder {
+    fn prepare(&self, request: Bytes) -> Result<Bytes, Bytes> {
+        if request.as_ref() == b"refuse" { Err(Bytes::from_static(b"refused")) } else { Ok(request) }
+    }
+
+    fn begin_term(&self) {}
+
     async fn apply(&self, index: u64, command: Bytes) -> Result<Bytes, String> {
         let mut inner = self.inner.lock().unwrap();
         if let Some(position) = inner.1.iter().position(|(applied, _)| *applied == index) {
@@ -208,6 +214,20 @@ async fn without_a_majority_nothing_commits_and_proposals_say_so() {
     );
     assert!(started.elapsed() >= Duration::from_secs(4), "gave up before its deadline");
     assert!(!members[2].recorder.commands().contains(&"alone".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_leader_refuses_is_answered_and_never_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = cluster(dir.path(), 3).await;
+    propose_many(&members, "a", 5).await;
+    for member in &members {
+        let answer = member.node().propose(Bytes::from_static(b"refuse")).await.unwrap();
+        assert_eq!(answer.as_ref(), b"refused");
+    }
+    propose_many(&members, "b", 5).await;
+    let all = settled(&members, 10).await;
+    assert!(all.iter().all(|commands| commands.len() == 10 && !commands.contains(&"refuse".to_string())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

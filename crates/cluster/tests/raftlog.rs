@@ -4,15 +4,15 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 
 use bytes::Bytes;
-use onehop_cluster::TypeConfig;
 use onehop_cluster::raftlog::{LogStore, OpenLogError, encode_frame};
+use onehop_cluster::{Command, TypeConfig};
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
 fn entry(term: u64, index: u64, text: &str) -> Entry<TypeConfig> {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
-        payload: EntryPayload::Normal(Bytes::from(text.to_string())),
+        payload: EntryPayload::Normal(Command { term, body: Bytes::from(text.to_string()) }),
     }
 }
 
@@ -20,7 +20,7 @@ fn texts(entries: &[Entry<TypeConfig>]) -> Vec<String> {
     entries
         .iter()
         .map(|entry| match &entry.payload {
-            EntryPayload::Normal(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+            EntryPayload::Normal(command) => String::from_utf8(command.body.to_vec()).unwrap(),
             _ => "-".into(),
         })
         .collect()

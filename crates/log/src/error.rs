@@ -111,6 +111,10 @@ pub enum AppendError {
          acknowledged record is guaranteed durable. Restart the server to recover from the log."
     )]
     Poisoned(String),
+    /// A replicated write the cluster did not confirm (no majority reachable, or its answer lost
+    /// on the way: then it may still have been committed).
+    #[error("the write was not confirmed by the cluster: {0}")]
+    Unconfirmed(String),
 }
 
 /// Why a read could not be served.

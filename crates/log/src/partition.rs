@@ -462,6 +462,17 @@ impl Partition {
         Ok(QueuedAppend { acked })
     }
 
+    /// Makes every append acknowledged so far durable, whatever durability it asked for: an
+    /// fdatasync of the segment being written (a segment was synced when it was closed).
+    /// Blocks on the disk: call it off the async workers.
+    pub fn sync(&self) -> std::io::Result<()> {
+        let active = self.shared.segments.read().expect("segments lock").values().next_back().cloned();
+        match active {
+            Some(segment) => segment.sync(),
+            None => Ok(()),
+        }
+    }
+
     /// The first offset still stored (earlier ones were removed by retention or compaction).
     pub fn start_offset(&self) -> u64 {
         let segments = self.shared.segments.read().expect("segments lock");
@@ -778,6 +789,15 @@ impl Partition {
 /// An append in the queue; resolves to its acknowledgement once its durability holds.
 pub struct QueuedAppend {
     acked: oneshot::Receiver<Result<AppendAck, AppendError>>,
+}
+
+impl QueuedAppend {
+    /// An append whose acknowledgement comes from elsewhere (a replicated write's answer),
+    /// for callers that wait on appends alike: what is sent resolves it.
+    pub fn channel() -> (oneshot::Sender<Result<AppendAck, AppendError>>, QueuedAppend) {
+        let (ack, acked) = oneshot::channel();
+        (ack, QueuedAppend { acked })
+    }
 }
 
 impl std::future::Future for QueuedAppend {
