@@ -240,6 +240,35 @@ impl<A: Applier> Inner<A> {
         }
     }
 
+    /// The answer `waiting` brings; or, should this node learn of a newer term first, that
+    /// the outcome is unknown: the leader it was submitted to may have appended it before it
+    /// lost its term (or be paused with it), and the client need not wait for that to resolve.
+    async fn answer_or_new_term(&self, waiting: &mut Receiver, term: u64) -> Result<Bytes, ProposeError> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if metrics.borrow_and_update().current_term != term {
+                // An answer that is already there still wins.
+                if let Ok(answer) = waiting.try_recv() {
+                    return answer;
+                }
+                return Err(ProposeError::Unknown(
+                    "the cluster elected a new leader while the write was out; it may or may not have been committed"
+                        .into(),
+                ));
+            }
+            tokio::select! {
+                answer = &mut *waiting => {
+                    return answer.unwrap_or_else(|_| Err(ProposeError::Unknown("the node stopped before answering".into())));
+                }
+                changed = metrics.changed() => {
+                    if changed.is_err() {
+                        return Err(ProposeError::Stopped);
+                    }
+                }
+            }
+        }
+    }
+
     /// The leader this node knows of, with its address.
     fn leader(&self) -> Option<(u64, SocketAddr)> {
         let metrics = self.raft.metrics();
@@ -250,9 +279,11 @@ impl<A: Applier> Inner<A> {
     }
 
     /// Submits `request` to the leader, wherever it is, retrying while nothing was written.
-    async fn submit(&self, request: Bytes, deadline: Instant) -> Result<Receiver, ProposeError> {
+    /// Returns where its answer comes, and the term this node knew when it submitted it.
+    async fn submit(&self, request: Bytes, deadline: Instant) -> Result<(Receiver, u64), ProposeError> {
         let mut metrics = self.raft.metrics();
         loop {
+            let term = metrics.borrow_and_update().current_term;
             let outcome = match self.leader() {
                 Some((leader, _)) if leader == self.id => self.submit_here(request.clone()).await,
                 Some((_, address)) => self.forwarder.send(address, request.clone()).await,
@@ -267,7 +298,7 @@ impl<A: Applier> Inner<A> {
                     metrics.borrow_and_update();
                     let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), metrics.changed()).await;
                 }
-                outcome => return outcome,
+                outcome => return outcome.map(|receiver| (receiver, term)),
             }
         }
     }
@@ -349,7 +380,7 @@ impl<A: Applier> Node<A> {
         tokio::spawn(async move {
             let mut waiting = first;
             let answer = loop {
-                let answer = waiting.await.unwrap_or_else(|_| Err(ProposeError::Unknown("no answer".into())));
+                let answer = inner.answer_or_new_term(&mut waiting.0, waiting.1).await;
                 match answer {
                     // Skipped by every node, or never written: submitting again is safe.
                     Err(error) if error.nothing_applied() && Instant::now() < deadline => {
@@ -421,7 +452,7 @@ impl<A: Applier> Node<A> {
     }
 
     /// Stops Raft, the listener and the progress task, and records how far this node applied.
-    pub async fn shutdown(self) -> Result<(), String> {
+    pub async fn shutdown(&self) -> Result<(), String> {
         let stopped = self.inner.raft.shutdown().await.map_err(|error| error.to_string());
         for task in &self.tasks {
             task.abort();

@@ -92,6 +92,9 @@ pub enum EngineError {
         limit: &'static str,
         value: u64,
     },
+    /// A change a cluster does not replicate yet (`what` names it): it would exist on one node
+    /// only.
+    NotReplicated(&'static str),
     Internal(String),
 }
 
@@ -179,6 +182,7 @@ impl EngineError {
                 let rate = if limit.ends_with("per_second") { " (a second's worth at once)" } else { "" };
                 format!("user {user:?} is at its limit {limit} = {value}{rate}")
             }
+            EngineError::NotReplicated(what) => format!("{what} is not replicated in a cluster yet"),
             EngineError::Internal(reason) => format!("internal error: {reason}"),
         }
     }
@@ -208,6 +212,14 @@ impl EngineError {
                 )
             }
             EngineError::NotSuperuser { .. } => "that takes a superuser (a user with ADMIN ON ALL)".to_string(),
+            EngineError::NotReplicated(_) => {
+                "a cluster serves streams; tables, views, transforms and users need a single node for now \
+                 (docs/cluster.md)"
+                    .to_string()
+            }
+            EngineError::Append(AppendError::Unconfirmed(_)) => {
+                "retry; with a key or an idempotent producer a retry cannot duplicate (docs/cluster.md)".to_string()
+            }
             EngineError::LimitExceeded { limit, .. } if limit.ends_with("per_second") => {
                 "try again in a second; a superuser can raise it (ALTER USER … SET LIMITS (…))".to_string()
             }
@@ -263,6 +275,9 @@ pub enum ErrorKind {
     Forbidden,
     /// The client's user is at one of its limits: it may try again later.
     LimitExceeded,
+    /// The cluster could not confirm a write (no majority reachable, or its answer lost): the
+    /// client may retry.
+    Unavailable,
     /// A broken invariant: a bug.
     Internal,
 }
@@ -276,12 +291,14 @@ impl EngineError {
             | EngineError::InvalidDefinition(_)
             | EngineError::InvalidRow(_)
             | EngineError::Unindexed { .. }
-            | EngineError::InvalidFilter(_) => Kind::Invalid,
+            | EngineError::InvalidFilter(_)
+            | EngineError::NotReplicated(_) => Kind::Invalid,
             EngineError::Append(append) => match append {
                 AppendError::RecordTooLarge { .. } | AppendError::BatchTooLarge { .. } => Kind::TooLarge,
                 AppendError::SubjectTooLong(_) | AppendError::TooManyHeaders | AppendError::EmptyBatch => Kind::Invalid,
                 AppendError::Closed => Kind::ShuttingDown,
                 AppendError::Poisoned(_) => Kind::StorageFailed,
+                AppendError::Unconfirmed(_) => Kind::Unavailable,
             },
             EngineError::Read(read) => match read {
                 ReadError::BeforeStart { .. } | ReadError::PastEnd { .. } => Kind::OutOfRange,
@@ -323,6 +340,8 @@ impl EngineError {
             EngineError::Append(AppendError::EmptyBatch) => "empty_batch",
             EngineError::Append(AppendError::Closed) | EngineError::Read(ReadError::Closed) => "shutting_down",
             EngineError::Append(AppendError::Poisoned(_)) => "storage_failed",
+            EngineError::Append(AppendError::Unconfirmed(_)) => "unconfirmed",
+            EngineError::NotReplicated(_) => "not_replicated",
             EngineError::Read(ReadError::BeforeStart { .. }) => "offset_before_start",
             EngineError::Read(ReadError::PastEnd { .. }) => "offset_past_end",
             EngineError::Read(ReadError::Io(_) | ReadError::Corrupt { .. }) => "storage_failed",
@@ -348,6 +367,9 @@ impl EngineError {
 
     /// Whether the client asked for something wrong (as opposed to the server failing).
     pub fn is_client_error(&self) -> bool {
-        !matches!(self.kind(), ErrorKind::ShuttingDown | ErrorKind::StorageFailed | ErrorKind::Internal)
+        !matches!(
+            self.kind(),
+            ErrorKind::ShuttingDown | ErrorKind::StorageFailed | ErrorKind::Internal | ErrorKind::Unavailable
+        )
     }
 }

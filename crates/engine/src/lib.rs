@@ -41,7 +41,7 @@ pub use access::limits::{Held, Resource};
 pub use access::model::{ObjectKind, Privilege};
 pub use access::{Access, Principal};
 pub use catalog::{CATALOG_TOPIC, StreamDef, validate_name};
-pub use engine::{Engine, EngineOptions, Positions, catalog_recovery, set_system_recovery};
+pub use engine::{Engine, EngineOptions, Positions, Replicator, Submitted, catalog_recovery, set_system_recovery};
 pub use error::{EngineError, ErrorKind};
 pub use filter::Filter;
 pub use stream::{Position, Published, Stream};

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use onehop_log::{Durability, NewRecord, Partition, Record};
 
 use crate::catalog::StreamDef;
+use crate::engine::replicated::{self, ReplicatorSlot};
 use crate::error::EngineError;
 use crate::subject::SubjectFilter;
 
@@ -51,10 +52,12 @@ pub struct Stream {
     successor: std::sync::OnceLock<Arc<Stream>>,
     /// Woken when `successor` is set.
     superseded: tokio::sync::Notify,
+    /// Set on a cluster node: writes go to the cluster, which appends them here once committed.
+    replicator: ReplicatorSlot,
 }
 
 impl Stream {
-    pub(crate) fn new(def: StreamDef, partitions: Vec<Arc<Partition>>) -> Self {
+    pub(crate) fn new(def: StreamDef, partitions: Vec<Arc<Partition>>, replicator: ReplicatorSlot) -> Self {
         assert_eq!(partitions.len(), def.partitions as usize, "one log partition per stream partition");
         let mqtt_route = def.mqtt_topic.as_deref().and_then(|topic| crate::catalog::mqtt_route(topic).ok());
         Stream {
@@ -65,13 +68,14 @@ impl Stream {
             mqtt_route,
             successor: std::sync::OnceLock::new(),
             superseded: tokio::sync::Notify::new(),
+            replicator,
         }
     }
 
     /// The storage of a table: one compacted partition of row changes.
     pub(crate) fn table_storage(def: StreamDef, partition: Arc<Partition>) -> Self {
         assert_eq!(def.partitions, 1, "a table is stored in one partition");
-        let mut stream = Stream::new(def, vec![partition]);
+        let mut stream = Stream::new(def, vec![partition], ReplicatorSlot::default());
         stream.table = true;
         stream
     }
@@ -154,7 +158,7 @@ impl Stream {
         for partition in &self.partitions {
             partition.set_retention(def.retention_ms, def.retention_bytes);
         }
-        let mut stream = Stream::new(def, self.partitions.clone());
+        let mut stream = Stream::new(def, self.partitions.clone(), self.replicator.clone());
         stream.table = self.table;
         stream
     }
@@ -162,7 +166,7 @@ impl Stream {
     /// This stream with `def` (more partitions): its partitions, then `added`.
     pub(crate) fn grown(&self, def: StreamDef, added: Vec<Arc<Partition>>) -> Stream {
         let partitions = self.partitions.iter().cloned().chain(added).collect();
-        Stream::new(def, partitions)
+        Stream::new(def, partitions, self.replicator.clone())
     }
 
     /// Hands this stream's subscriptions over to `next`, which has more partitions.
@@ -188,6 +192,16 @@ impl Stream {
     pub fn check(&self, partition: u32, records: &[NewRecord]) -> Result<(), EngineError> {
         self.partition(partition)?.check(records)?;
         Ok(())
+    }
+
+    /// The partition of the next publish's keyless records (round-robin over the partitions).
+    pub(crate) fn next_keyless_partition(&self) -> u32 {
+        self.next_keyless.fetch_add(1, Ordering::Relaxed) % self.def.partitions
+    }
+
+    /// Every partition, in order.
+    pub(crate) fn partitions(&self) -> &[Arc<Partition>] {
+        &self.partitions
     }
 
     /// The partition every record with `key` goes to.
@@ -226,11 +240,12 @@ impl Stream {
         if records.is_empty() {
             return Err(onehop_log::AppendError::EmptyBatch.into());
         }
-        let keyless = if records.iter().any(|record| record.key.is_none()) {
-            self.next_keyless.fetch_add(1, Ordering::Relaxed) % self.def.partitions
-        } else {
-            0
-        };
+        if let Some(replicator) = self.replicator.get() {
+            // The leader partitions and places them; every durability is the cluster's.
+            let request = replicated::publish_request(self.name(), None, records);
+            return replicated::published(replicated::submit_queued(replicator, request).await?.await);
+        }
+        let keyless = if records.iter().any(|record| record.key.is_none()) { self.next_keyless_partition() } else { 0 };
         let targets: Vec<u32> =
             records.iter().map(|record| self.partition_of(record.key.as_deref(), None, keyless)).collect();
         let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
@@ -275,6 +290,11 @@ impl Stream {
         durability: Option<Durability>,
     ) -> Result<onehop_log::QueuedAppend, EngineError> {
         let durability = durability.unwrap_or(self.def.durability);
+        if let Some(replicator) = self.replicator.get() {
+            self.partition(partition)?.check(records)?;
+            let request = replicated::publish_request(self.name(), Some(partition), records);
+            return Ok(replicated::queued_append(replicated::submit_queued(replicator, request).await?));
+        }
         Ok(self.partition(partition)?.enqueue_with(records, durability).await?)
     }
 

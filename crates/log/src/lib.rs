@@ -45,7 +45,9 @@ pub use file::{FileStorage, SegmentFile, Storage};
 pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, NewRecord, Record, decode_records};
 pub use headers::Headers;
 pub use maintenance::{CompactionReport, RetentionReport};
-pub use partition::{AppendAck, Partition, PartitionOptions, QueuedAppend, ReadAhead, RecoveryReport, Watermark};
+pub use partition::{
+    AppendAck, Partition, PartitionOptions, QueuedAppend, ReadAhead, RecoveryReport, Watermark, check_records, now_ms,
+};
 pub use recovery::{Discarded, RecoveryPolicy};
 pub use store::{DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, validate_topic_name};
 pub use text::Text;

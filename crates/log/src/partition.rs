@@ -203,7 +203,37 @@ pub struct Partition {
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
-pub(crate) fn now_ms() -> i64 {
+/// Checks `records` against the limits of a partition with `config`, as an append there would:
+/// what it refuses, an append refuses with the same error. Returns their encoded size.
+pub fn check_records(config: &PartitionConfig, records: &[NewRecord]) -> Result<usize, AppendError> {
+    if records.is_empty() {
+        return Err(AppendError::EmptyBatch);
+    }
+    let mut encoded_len = 0;
+    for record in records {
+        let len = record.encoded_len();
+        if len > config.record_bytes_max {
+            return Err(AppendError::RecordTooLarge { size: len, max: config.record_bytes_max });
+        }
+        if let Some(subject) = &record.subject
+            && subject.len() > SUBJECT_BYTES_MAX
+        {
+            return Err(AppendError::SubjectTooLong(subject.len()));
+        }
+        if record.headers.len() > HEADERS_MAX || record.headers.iter().any(|(name, _)| name.len() > u16::MAX as usize) {
+            return Err(AppendError::TooManyHeaders);
+        }
+        encoded_len += len;
+    }
+    if encoded_len > config.batch_bytes_max {
+        return Err(AppendError::BatchTooLarge { size: encoded_len, max: config.batch_bytes_max });
+    }
+    Ok(encoded_len)
+}
+
+/// Milliseconds since the Unix epoch by this machine's clock: the timestamp an append gives a
+/// record that has none.
+pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
@@ -374,32 +404,7 @@ impl Partition {
     /// Checks `records` against this partition's limits without appending anything: what
     /// `append` would refuse, this refuses with the same error. Returns their encoded size.
     pub fn check(&self, records: &[NewRecord]) -> Result<usize, AppendError> {
-        let config = &self.shared.config;
-        if records.is_empty() {
-            return Err(AppendError::EmptyBatch);
-        }
-        let mut encoded_len = 0;
-        for record in records {
-            let len = record.encoded_len();
-            if len > config.record_bytes_max {
-                return Err(AppendError::RecordTooLarge { size: len, max: config.record_bytes_max });
-            }
-            if let Some(subject) = &record.subject
-                && subject.len() > SUBJECT_BYTES_MAX
-            {
-                return Err(AppendError::SubjectTooLong(subject.len()));
-            }
-            if record.headers.len() > HEADERS_MAX
-                || record.headers.iter().any(|(name, _)| name.len() > u16::MAX as usize)
-            {
-                return Err(AppendError::TooManyHeaders);
-            }
-            encoded_len += len;
-        }
-        if encoded_len > config.batch_bytes_max {
-            return Err(AppendError::BatchTooLarge { size: encoded_len, max: config.batch_bytes_max });
-        }
-        Ok(encoded_len)
+        check_records(&self.shared.config, records)
     }
 
     /// Appends `records` and returns once `durability` holds for all of them. The records get

@@ -283,6 +283,21 @@ pub struct ServeArgs {
     /// [default: roles].
     #[arg(long, env = "ONEHOP_JWT_ROLES_CLAIM", value_name = "CLAIM", requires = "jwt_keys")]
     pub jwt_roles_claim: Option<String>,
+
+    /// This node's id in a cluster (a number, unique, never reused): with it, onehop runs as a
+    /// node of a replicated cluster (docs/cluster.md) [default: a single node].
+    #[arg(long, env = "ONEHOP_NODE_ID", value_name = "ID")]
+    pub node_id: Option<u64>,
+
+    /// The address this node's cluster listener binds, which the other nodes reach it at.
+    #[arg(long, env = "ONEHOP_CLUSTER_ADDR", value_name = "ADDR")]
+    pub cluster_addr: Option<SocketAddr>,
+
+    /// Every member of a new cluster, this node among them: `1=127.0.0.1:7001,2=…,3=…`. The
+    /// cluster is formed by the first start of its members; later starts, and a node started
+    /// without --peers (to be added with `onehop cluster add`), ignore it.
+    #[arg(long, env = "ONEHOP_PEERS", value_name = "ID=ADDR,…")]
+    pub peers: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

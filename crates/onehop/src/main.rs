@@ -11,6 +11,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod serve;
 mod settings;
 mod sql;

@@ -85,6 +85,10 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::info!(user = name, "first superuser created (ADMIN ON ALL): every client must now log in");
     }
     refuse_open_listeners(&engine, &settings)?;
+    let cluster = match &settings.cluster {
+        Some(cluster) => Some(crate::cluster::start(cluster, &settings.data_dir, &engine).await?),
+        None => None,
+    };
     if let Some(schema) = &settings.schema {
         apply_schema(&engine, schema).await?;
     }
@@ -228,6 +232,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
     state.mqtt = Some(broker);
+    state.cluster = cluster
+        .clone()
+        .map(|node| Arc::new(crate::cluster::Status(node)) as Arc<dyn onehop_server::http::ClusterStatus>);
     state.allowed_origins = Arc::new(allowed_origins(&settings));
     let bodies = onehop_server::http::body::BodyBudget::new(settings.http_body_bytes_in_flight_max);
     state.bodies = Arc::new(bodies.releasing_with(crate::release_free_memory));
@@ -257,6 +264,11 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
     tracing::info!("shutting down: checkpointing views, flushing the log");
+    if let Some(node) = cluster
+        && let Err(error) = node.shutdown().await
+    {
+        tracing::warn!(%error, "stopping the cluster node");
+    }
     engine.stop_derived().await;
     drop(engine);
     tokio::task::spawn_blocking(move || log.close()).await.context("closing the log")?;

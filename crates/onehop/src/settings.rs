@@ -90,6 +90,59 @@ struct FileSettings {
     jwt_audience: Option<String>,
     jwt_user_claim: Option<String>,
     jwt_roles_claim: Option<String>,
+    node_id: Option<u64>,
+    cluster_addr: Option<SocketAddr>,
+    peers: Option<String>,
+}
+
+/// A cluster node's settings.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    pub node_id: u64,
+    pub address: SocketAddr,
+    /// The members a new cluster is formed of (empty: join one that runs).
+    pub peers: std::collections::BTreeMap<u64, SocketAddr>,
+}
+
+/// `1=127.0.0.1:7001,2=127.0.0.1:7002`: the members of a new cluster.
+fn parse_peers(text: &str) -> anyhow::Result<std::collections::BTreeMap<u64, SocketAddr>> {
+    let mut peers = std::collections::BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+        let (id, address) = item.split_once('=').with_context(|| format!("{item:?}: expected ID=ADDR"))?;
+        let id: u64 = id.trim().parse().with_context(|| format!("{item:?}: the node id must be a number"))?;
+        let address: SocketAddr =
+            address.trim().parse().with_context(|| format!("{item:?}: the address must be IP:PORT"))?;
+        if peers.insert(id, address).is_some() {
+            bail!("node {id} is listed twice");
+        }
+    }
+    Ok(peers)
+}
+
+fn cluster(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<ClusterSettings>> {
+    let address = args.cluster_addr.or(file.cluster_addr);
+    let peers = args.peers.clone().or(file.peers.clone());
+    let Some(node_id) = args.node_id.or(file.node_id) else {
+        if address.is_some() || peers.is_some() {
+            bail!("cluster_addr and peers need node_id: this node's id in the cluster");
+        }
+        return Ok(None);
+    };
+    let address = address.context("node_id needs cluster_addr: the address the other nodes reach this one at")?;
+    let peers = match peers {
+        Some(text) => parse_peers(&text).context("peers")?,
+        None => Default::default(),
+    };
+    if !peers.is_empty() {
+        match peers.get(&node_id) {
+            None => bail!("peers must list this node ({node_id}) among the members"),
+            Some(listed) if *listed != address => {
+                bail!("peers gives node {node_id} the address {listed}, and cluster_addr says {address}")
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(Some(ClusterSettings { node_id, address, peers }))
 }
 
 /// Everything `serve` runs with, validated.
@@ -153,6 +206,8 @@ pub struct Settings {
     pub insecure_listen: bool,
     /// The file of keys JWTs are checked against, and how their claims are read.
     pub jwt: Option<JwtConfig>,
+    /// Set when this is a node of a cluster.
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// Where JWT keys come from and how tokens are read.
@@ -294,6 +349,7 @@ impl Settings {
         let allowed_origins = allowed_origins(args, &file)?;
         let admin = admin(args, &file)?;
         let jwt = jwt(args, &file)?;
+        let cluster = cluster(args, &file)?;
         let insecure_listen = args.insecure_listen || file.insecure_listen.unwrap_or(false);
         let kafka_addr = match args.kafka_addr.clone().or(file.kafka_addr.clone()).as_deref() {
             Some("off") => None,
@@ -479,6 +535,7 @@ impl Settings {
             admin,
             insecure_listen,
             jwt,
+            cluster,
         })
     }
 }

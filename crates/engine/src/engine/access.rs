@@ -61,6 +61,7 @@ impl Engine {
         &self,
         change: impl FnOnce(&mut AccessDefs) -> Result<(Vec<NewRecord>, T), EngineError>,
     ) -> Result<T, EngineError> {
+        self.local_only("a change to users, roles, grants or tokens")?;
         let _ddl = self.ddl.lock().await;
         let mut defs = (*self.access.defs()).clone();
         let had_superuser = !defs.superusers().is_empty();

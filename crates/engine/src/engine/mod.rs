@@ -31,6 +31,8 @@ use crate::view::{Start, Transform, TransformDef, View, ViewDef};
 mod access;
 pub use access::{PASSWORD_BYTES_MAX, validate_grantee_name};
 mod orphans;
+pub(crate) mod replicated;
+pub use replicated::{Replicator, Submitted};
 mod streams;
 pub use streams::Positions;
 mod tables;
@@ -100,6 +102,10 @@ pub struct Engine {
     orphans: RwLock<BTreeSet<String>>,
     /// Users, roles, grants and tokens in force; changed under `ddl` like every definition.
     access: crate::access::Access,
+    /// Set on a cluster node (see [`replicated`]); shared with every stream.
+    replicator: replicated::ReplicatorSlot,
+    /// Offsets the cluster's leader has handed out beyond what it applied.
+    predictions: std::sync::Mutex<replicated::Predictions>,
 }
 
 /// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
@@ -160,6 +166,8 @@ impl Engine {
             checkpoints,
             orphans: RwLock::new(BTreeSet::new()),
             access: crate::access::Access::new(std::mem::take(&mut defs.access)),
+            replicator: Default::default(),
+            predictions: Default::default(),
         };
         engine.finish_drops_and_keep_orphans(&defs)?;
         let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();

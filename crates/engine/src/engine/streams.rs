@@ -20,7 +20,7 @@ impl Engine {
         let partitions = (0..def.partitions)
             .map(|index| self.log.open_partition(&def.name, index, config.clone()))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Arc::new(Stream::new(def, partitions)))
+        Ok(Arc::new(Stream::new(def, partitions, self.replicator.clone())))
     }
 
     /// Subscribes to `stream` (or a table's storage) from `positions` (the next offset per
@@ -96,6 +96,15 @@ impl Engine {
     /// this returns). Creating a stream that exists with the same definition returns it; with a
     /// different definition is an error.
     pub async fn create_stream(&self, def: StreamDef) -> Result<Arc<Stream>, EngineError> {
+        if self.is_replicated() {
+            return self.create_stream_replicated(def).await;
+        }
+        self.create_stream_here(def).await
+    }
+
+    /// Creates the stream `def` on this node (what [`Engine::create_stream`] does on a single
+    /// node, and what every cluster node does when it applies a committed creation).
+    pub(super) async fn create_stream_here(&self, def: StreamDef) -> Result<Arc<Stream>, EngineError> {
         def.validate()?;
         let _ddl = self.ddl.lock().await;
         if let Ok(existing) = self.stream(&def.name) {
@@ -169,6 +178,7 @@ impl Engine {
         retention_ms: Option<u64>,
         retention_bytes: Option<u64>,
     ) -> Result<Arc<Stream>, EngineError> {
+        self.local_only("ALTER STREAM … SET retention")?;
         let _ddl = self.ddl.lock().await;
         let existing = self.stream(name)?;
         let def = StreamDef { retention_ms, retention_bytes, ..existing.def().clone() };
@@ -190,6 +200,7 @@ impl Engine {
     /// to the new partitions by themselves. A stream a view or transform reads keeps its
     /// partitions (they read a fixed set), and partitions are never taken away.
     pub async fn add_stream_partitions(&self, name: &str, partitions: u32) -> Result<Arc<Stream>, EngineError> {
+        self.local_only("adding partitions to a stream")?;
         let _ddl = self.ddl.lock().await;
         let existing = self.stream(name)?;
         let current = existing.partition_count();
@@ -221,6 +232,7 @@ impl Engine {
 
     /// Drops the stream `name` and deletes its records. Its subscriptions end.
     pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
+        self.local_only("DROP STREAM")?;
         let _ddl = self.ddl.lock().await;
         self.stream(name)?;
         self.check_unread(name)?;

@@ -50,6 +50,7 @@ impl Engine {
     /// is returned as it is (its indexes are managed by `create_index`); with other columns it
     /// is an error.
     pub async fn create_table(&self, def: TableDef) -> Result<Arc<Table>, EngineError> {
+        self.local_only("CREATE TABLE")?;
         def.validate()?;
         let _ddl = self.ddl.lock().await;
         if let Ok(existing) = self.table(&def.name) {
@@ -84,6 +85,7 @@ impl Engine {
         name: Option<&str>,
         field: &str,
     ) -> Result<(IndexDef, bool), EngineError> {
+        self.local_only("CREATE INDEX")?;
         validate_field_name(field)?;
         let _ddl = self.ddl.lock().await;
         let table = self.table(table)?;
@@ -112,6 +114,7 @@ impl Engine {
 
     /// Drops the index named `name`; returns the table it was on.
     pub async fn drop_index(&self, name: &str) -> Result<String, EngineError> {
+        self.local_only("DROP INDEX")?;
         let _ddl = self.ddl.lock().await;
         for table in self.tables() {
             let def = table.def();
@@ -127,6 +130,7 @@ impl Engine {
 
     /// Drops the table `name` and deletes its rows. Its subscriptions end.
     pub async fn drop_table(&self, name: &str) -> Result<(), EngineError> {
+        self.local_only("DROP TABLE")?;
         let _ddl = self.ddl.lock().await;
         self.table(name)?;
         self.check_unread(name)?;

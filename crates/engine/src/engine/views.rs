@@ -26,7 +26,7 @@ impl Engine {
         };
         let output_partition =
             self.log.open_partition(&output_def.name, 0, runtime::output_config(&self.options.stream_defaults))?;
-        let output = Arc::new(Stream::new(output_def, vec![output_partition]));
+        let output = Arc::new(Stream::new(output_def, vec![output_partition], Default::default()));
         let late = def.late_stream.as_deref().and_then(|name| self.stream(name).ok());
         let restored = match checkpoint {
             // A view over a table starts from the table's rows.
@@ -60,6 +60,7 @@ impl Engine {
     /// (where it starts in its source) are durable before this returns. Creating a view that
     /// exists with the same definition returns it.
     pub async fn create_view(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
+        self.local_only("CREATE VIEW")?;
         catalog::validate_name(&def.name)?;
         if self.table(&def.source).is_ok() {
             check_over_table(&def)?;
@@ -104,6 +105,7 @@ impl Engine {
 
     /// Drops the view `name`: stops it and deletes its changes and checkpoint.
     pub async fn drop_view(&self, name: &str) -> Result<(), EngineError> {
+        self.local_only("DROP VIEW")?;
         let _ddl = self.ddl.lock().await;
         let view = self.view(name)?;
         self.catalog.append(&[catalog::drop_view_record(name)]).await?;
@@ -221,6 +223,7 @@ impl Engine {
     /// starts it. Both definitions and the transform's starting point are durable before this
     /// returns. Creating one that exists with the same definitions returns it.
     pub async fn create_transform(&self, def: TransformDef, output: StreamDef) -> Result<Arc<Transform>, EngineError> {
+        self.local_only("CREATE TRANSFORM")?;
         output.validate()?;
         if output.name != def.name {
             return Err(EngineError::InvalidDefinition(format!(

@@ -209,6 +209,14 @@ impl Server {
         }
     }
 
+    /// Every line the server printed so far, including those no wait has looked at yet.
+    pub fn said(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
         assert!(status.success());

@@ -37,7 +37,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::PreconditionFailed => StatusCode::PRECONDITION_FAILED,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::OutOfRange => StatusCode::RANGE_NOT_SATISFIABLE,
-        ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::ShuttingDown | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,

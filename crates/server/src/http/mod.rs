@@ -70,6 +70,14 @@ pub struct AppState {
     pub body_read_timeout: Duration,
     /// Tells subscriptions the server is stopping.
     pub shutdown: Shutdown,
+    /// On a cluster node: its view of the cluster, served at `/cluster`.
+    pub cluster: Option<Arc<dyn ClusterStatus>>,
+}
+
+/// A cluster node's view of its cluster, for `GET /cluster`.
+pub trait ClusterStatus: Send + Sync {
+    /// This node's id, role, term, leader, members and log positions, as JSON.
+    fn status(&self) -> serde_json::Value;
 }
 
 /// Request bodies in memory at once unless configured otherwise: four of the largest a default
@@ -128,6 +136,7 @@ impl AppState {
             bodies: Arc::new(body::BodyBudget::new(BODY_BYTES_IN_FLIGHT_DEFAULT)),
             body_read_timeout: BODY_READ_TIMEOUT_DEFAULT,
             shutdown: Shutdown::default(),
+            cluster: None,
         }
     }
 }
@@ -227,6 +236,7 @@ pub fn app(state: AppState) -> Router {
     let routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/cluster", get(cluster))
         .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
         .route("/tables/{table}", get(tables::query_rows))
         .route(
@@ -262,7 +272,7 @@ async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError 
         code: "unknown_route",
         message: format!(
             "no route for {method} {}: the server serves /streams/{{s}}, /tables/{{t}}, /views/{{v}}, /sql, /mqtt, \
-             /healthz and /metrics",
+             /healthz, /metrics and /cluster",
             uri.path()
         ),
     }
@@ -282,6 +292,21 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
         })
         .to_string(),
     )
+}
+
+async fn cluster(State(state): State<AppState>) -> impl IntoResponse {
+    match &state.cluster {
+        Some(cluster) => {
+            (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], cluster.status().to_string()).into_response()
+        }
+        None => error::ApiError {
+            hint: Some("start it with --node-id, --cluster-addr and --peers (docs/cluster.md)".into()),
+            status: StatusCode::NOT_FOUND,
+            code: "not_a_cluster_node",
+            message: "this server runs as a single node".into(),
+        }
+        .into_response(),
+    }
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {

@@ -16,6 +16,8 @@ pub(super) fn code(error: &EngineError) -> i16 {
         // Retriable: the client tries again, and finds the server back or another one.
         (_, ErrorKind::ShuttingDown) => ResponseError::LeaderNotAvailable,
         (_, ErrorKind::StorageFailed) => ResponseError::KafkaStorageError,
+        // Retriable; like a timed-out produce, it may or may not have been written.
+        (_, ErrorKind::Unavailable) => ResponseError::RequestTimedOut,
         (_, ErrorKind::PreconditionFailed | ErrorKind::Internal) => ResponseError::UnknownServerError,
         (_, ErrorKind::Unauthenticated) => ResponseError::SaslAuthenticationFailed,
         (_, ErrorKind::Forbidden) => ResponseError::TopicAuthorizationFailed,

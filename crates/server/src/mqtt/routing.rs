@@ -127,6 +127,7 @@ pub(super) fn engine_refusal(error: &EngineError) -> Refusal {
         | ErrorKind::PreconditionFailed
         | ErrorKind::OutOfRange
         | ErrorKind::ShuttingDown
+        | ErrorKind::Unavailable
         | ErrorKind::StorageFailed
         | ErrorKind::Internal => Refusal::Unavailable,
     }

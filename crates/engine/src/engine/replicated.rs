@@ -1,0 +1,542 @@
+//! Replicated writes: the engine as the state machine of a cluster (docs/cluster.md).
+//!
+//! On a cluster node every stream write and stream creation is a request the cluster's leader
+//! prepares ([`Engine::prepare_replicated`]) into a command, commits to a majority of the
+//! nodes' Raft logs, and every node applies in log order ([`Engine::apply_replicated`]). The
+//! leader decides what must come out the same everywhere: the partition of each record, its
+//! timestamp, and the offsets it will take (predicted from its own applied state plus what it
+//! prepared since, valid within one leader term). So every node's partitions hold the same
+//! records at the same offsets, and a subscriber anywhere sees committed records only: a
+//! record reaches a node's partitions when that node applies a committed command.
+//!
+//! Applying is idempotent: an append whose offsets a partition already holds is skipped (after
+//! a restart, commands after the last recorded progress are applied again), and one that
+//! would leave a gap, or overlap what is there, stops the node rather than diverge.
+//!
+//! Tables, views, transforms, users and the other definitions are not replicated yet: a cluster
+//! refuses them with [`EngineError::NotReplicated`] rather than keep them on one node.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use onehop_log::{AppendError, NewRecord, QueuedAppend, Text, check_records, now_ms};
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::stream::Published;
+
+/// The answer to a submitted request, once committed and applied on the leader: its encoded
+/// outcome, or why the cluster could not confirm it.
+pub type Submitted = Pin<Box<dyn Future<Output = Result<Bytes, String>> + Send>>;
+
+/// Where a cluster node's engine sends its writes: the cluster (onehop's binary wires its
+/// Raft node here).
+pub trait Replicator: Send + Sync + 'static {
+    /// Submits `request`, returning once it is queued behind every request submitted before
+    /// it; the returned future resolves with the leader's answer.
+    fn submit(&self, request: Bytes) -> Pin<Box<dyn Future<Output = Result<Submitted, String>> + Send + '_>>;
+}
+
+/// The slot every stream shares with its engine: empty on a single node.
+pub(crate) type ReplicatorSlot = Arc<std::sync::OnceLock<Arc<dyn Replicator>>>;
+
+/// A record as it travels between nodes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct WireRecord {
+    timestamp_ms: Option<i64>,
+    key: Option<Bytes>,
+    subject: Option<String>,
+    headers: Vec<(String, Bytes)>,
+    value: Option<Bytes>,
+}
+
+impl From<&NewRecord> for WireRecord {
+    fn from(record: &NewRecord) -> Self {
+        WireRecord {
+            timestamp_ms: record.timestamp_ms,
+            key: record.key.clone(),
+            subject: record.subject.as_ref().map(|subject| subject.as_str().to_string()),
+            headers: record.headers.iter().map(|(name, value)| (name.as_str().to_string(), value.clone())).collect(),
+            value: record.value.clone(),
+        }
+    }
+}
+
+impl From<WireRecord> for NewRecord {
+    fn from(record: WireRecord) -> Self {
+        NewRecord {
+            timestamp_ms: record.timestamp_ms,
+            key: record.key,
+            subject: record.subject.map(Text::from),
+            headers: record.headers.into_iter().map(|(name, value)| (Text::from(name), value)).collect(),
+            value: record.value,
+        }
+    }
+}
+
+/// A stream definition as it travels between nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct WireStreamDef {
+    name: String,
+    partitions: u32,
+    retention_ms: Option<u64>,
+    retention_bytes: Option<u64>,
+    fsync: bool,
+    mqtt_topic: Option<String>,
+    compacted: bool,
+}
+
+impl From<&StreamDef> for WireStreamDef {
+    fn from(def: &StreamDef) -> Self {
+        WireStreamDef {
+            name: def.name.clone(),
+            partitions: def.partitions,
+            retention_ms: def.retention_ms,
+            retention_bytes: def.retention_bytes,
+            fsync: def.durability == Durability::Fsync,
+            mqtt_topic: def.mqtt_topic.clone(),
+            compacted: def.compacted,
+        }
+    }
+}
+
+impl From<WireStreamDef> for StreamDef {
+    fn from(def: WireStreamDef) -> Self {
+        StreamDef {
+            name: def.name,
+            partitions: def.partitions,
+            retention_ms: def.retention_ms,
+            retention_bytes: def.retention_bytes,
+            durability: if def.fsync { Durability::Fsync } else { Durability::Async },
+            mqtt_topic: def.mqtt_topic,
+            compacted: def.compacted,
+        }
+    }
+}
+
+/// What a node asks the leader for.
+#[derive(Serialize, Deserialize)]
+enum Request {
+    /// Records for `stream`, to `partition` or by the partitioning rule; the stream is created
+    /// with the default definition when missing and auto-create is on.
+    Publish {
+        stream: String,
+        partition: Option<u32>,
+        records: Vec<WireRecord>,
+    },
+    CreateStream(WireStreamDef),
+}
+
+/// Records for one partition, at the offsets the leader predicted.
+#[derive(Serialize, Deserialize)]
+struct Append {
+    partition: u32,
+    base_offset: u64,
+    records: Vec<WireRecord>,
+}
+
+/// What the leader commits.
+#[derive(Serialize, Deserialize)]
+enum Command {
+    Publish {
+        stream: String,
+        /// The stream did not exist when the leader prepared this: created first.
+        create: Option<WireStreamDef>,
+        appends: Vec<Append>,
+        /// For each record of the request, in order: its append and its place in it.
+        order: Vec<(u32, u32)>,
+    },
+    CreateStream(WireStreamDef),
+}
+
+/// A refusal as it travels back: the engine error the requester's node gives its client.
+#[derive(Serialize, Deserialize)]
+enum Refusal {
+    InvalidName { name: String, reason: String },
+    UnknownStream { name: String, auto_create: bool },
+    StreamExists { name: String, existing: String },
+    UnknownPartition { stream: String, partition: u32, count: u32 },
+    InvalidDefinition(String),
+    NameTaken { name: String, kind: String },
+    RecordTooLarge { size: usize, max: usize },
+    BatchTooLarge { size: usize, max: usize },
+    SubjectTooLong(usize),
+    TooManyHeaders,
+    EmptyBatch,
+    Other(String),
+}
+
+impl From<&EngineError> for Refusal {
+    fn from(error: &EngineError) -> Self {
+        match error {
+            EngineError::InvalidName { name, reason } => {
+                Refusal::InvalidName { name: name.clone(), reason: reason.clone() }
+            }
+            EngineError::UnknownStream { name, auto_create } => {
+                Refusal::UnknownStream { name: name.clone(), auto_create: *auto_create }
+            }
+            EngineError::StreamExists { name, existing } => {
+                Refusal::StreamExists { name: name.clone(), existing: existing.clone() }
+            }
+            EngineError::UnknownPartition { stream, partition, count } => {
+                Refusal::UnknownPartition { stream: stream.clone(), partition: *partition, count: *count }
+            }
+            EngineError::InvalidDefinition(reason) => Refusal::InvalidDefinition(reason.clone()),
+            EngineError::NameTaken { name, kind } => Refusal::NameTaken { name: name.clone(), kind: kind.to_string() },
+            EngineError::Append(AppendError::RecordTooLarge { size, max }) => {
+                Refusal::RecordTooLarge { size: *size, max: *max }
+            }
+            EngineError::Append(AppendError::BatchTooLarge { size, max }) => {
+                Refusal::BatchTooLarge { size: *size, max: *max }
+            }
+            EngineError::Append(AppendError::SubjectTooLong(len)) => Refusal::SubjectTooLong(*len),
+            EngineError::Append(AppendError::TooManyHeaders) => Refusal::TooManyHeaders,
+            EngineError::Append(AppendError::EmptyBatch) => Refusal::EmptyBatch,
+            other => Refusal::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<Refusal> for EngineError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::InvalidName { name, reason } => EngineError::InvalidName { name, reason },
+            Refusal::UnknownStream { name, auto_create } => EngineError::UnknownStream { name, auto_create },
+            Refusal::StreamExists { name, existing } => EngineError::StreamExists { name, existing },
+            Refusal::UnknownPartition { stream, partition, count } => {
+                EngineError::UnknownPartition { stream, partition, count }
+            }
+            Refusal::InvalidDefinition(reason) => EngineError::InvalidDefinition(reason),
+            Refusal::NameTaken { name, kind } => {
+                EngineError::NameTaken { name, kind: if kind == "table" { "table" } else { "view" } }
+            }
+            Refusal::RecordTooLarge { size, max } => AppendError::RecordTooLarge { size, max }.into(),
+            Refusal::BatchTooLarge { size, max } => AppendError::BatchTooLarge { size, max }.into(),
+            Refusal::SubjectTooLong(len) => AppendError::SubjectTooLong(len).into(),
+            Refusal::TooManyHeaders => AppendError::TooManyHeaders.into(),
+            Refusal::EmptyBatch => AppendError::EmptyBatch.into(),
+            Refusal::Other(reason) => EngineError::Internal(format!("the cluster's leader refused: {reason}")),
+        }
+    }
+}
+
+/// What applying a command gave.
+#[derive(Serialize, Deserialize)]
+enum Outcome {
+    Published(Vec<(u32, u64)>),
+    Created,
+    Refused(Refusal),
+}
+
+fn encode<T: Serialize>(value: &T) -> Bytes {
+    Bytes::from(postcard::to_allocvec(value).expect("replicated messages always encode"))
+}
+
+fn refused(error: &EngineError) -> Bytes {
+    encode(&Outcome::Refused(Refusal::from(error)))
+}
+
+/// Offsets the leader has handed out in this term, per stream partition, beyond what it applied.
+#[derive(Default)]
+pub(crate) struct Predictions {
+    next: HashMap<(String, u32), u64>,
+}
+
+impl Engine {
+    /// Makes this engine a cluster node's: from now on stream writes and creations go to
+    /// `replicator`. Refused when the catalog defines what a cluster does not replicate yet.
+    pub fn set_replicator(&self, replicator: Arc<dyn Replicator>) -> Result<(), EngineError> {
+        if let Some(table) = self.tables().first() {
+            return Err(EngineError::InvalidDefinition(format!(
+                "this data directory defines table {:?}: tables are not replicated in a cluster yet",
+                table.name()
+            )));
+        }
+        if let Some(view) = self.views().first() {
+            return Err(EngineError::InvalidDefinition(format!(
+                "this data directory defines view {:?}: views are not replicated in a cluster yet",
+                view.name()
+            )));
+        }
+        if let Some(transform) = self.transforms().first() {
+            return Err(EngineError::InvalidDefinition(format!(
+                "this data directory defines transform {:?}: transforms are not replicated in a cluster yet",
+                transform.name()
+            )));
+        }
+        self.replicator.set(replicator).map_err(|_| EngineError::Internal("the engine already has a replicator".into()))
+    }
+
+    /// Whether this engine is a cluster node's.
+    pub fn is_replicated(&self) -> bool {
+        self.replicator.get().is_some()
+    }
+
+    /// Refuses `what` on a cluster node, where it would exist on one node only.
+    pub(crate) fn local_only(&self, what: &'static str) -> Result<(), EngineError> {
+        if self.is_replicated() { Err(EngineError::NotReplicated(what)) } else { Ok(()) }
+    }
+
+    /// Creates the stream `def` through the cluster and waits until this node has it.
+    pub(crate) async fn create_stream_replicated(&self, def: StreamDef) -> Result<Arc<Stream>, EngineError> {
+        def.validate()?;
+        let name = def.name.clone();
+        let mut changed = self.watch_streams();
+        match submit(&self.replicator, encode(&Request::CreateStream(WireStreamDef::from(&def)))).await? {
+            Outcome::Refused(refusal) => return Err(refusal.into()),
+            Outcome::Created | Outcome::Published(_) => {}
+        }
+        // The leader applied it; this node applies it when the commit reaches it.
+        loop {
+            if let Ok(stream) = self.stream(&name) {
+                return Ok(stream);
+            }
+            if tokio::time::timeout(std::time::Duration::from_secs(10), changed.changed()).await.is_err() {
+                return Err(AppendError::Unconfirmed(format!(
+                    "stream {name:?} was created by the cluster but has not reached this node in 10 s"
+                ))
+                .into());
+            }
+        }
+    }
+
+    /// On the cluster's leader, in submission order: turns a request into the command every
+    /// node applies, or refuses it (`Err`: the encoded refusal; nothing is written).
+    pub fn prepare_replicated(&self, request: &[u8]) -> Result<Bytes, Bytes> {
+        let request: Request = postcard::from_bytes(request)
+            .map_err(|error| refused(&EngineError::Internal(format!("a request that does not decode: {error}"))))?;
+        match request {
+            Request::CreateStream(def) => {
+                let stream_def = StreamDef::from(def.clone());
+                stream_def.validate().map_err(|error| refused(&error))?;
+                match self.stream(&stream_def.name) {
+                    Ok(existing) if existing.def() == &stream_def => {}
+                    Ok(_) | Err(_) => self.check_new_stream(&stream_def).map_err(|error| refused(&error))?,
+                }
+                Ok(encode(&Command::CreateStream(def)))
+            }
+            Request::Publish { stream, partition, records } => self.prepare_publish(stream, partition, records),
+        }
+    }
+
+    fn prepare_publish(&self, name: String, partition: Option<u32>, records: Vec<WireRecord>) -> Result<Bytes, Bytes> {
+        let fail = |error: EngineError| refused(&error);
+        let existing = self.stream(&name).ok();
+        let (def, create) = match &existing {
+            Some(stream) => (stream.def().clone(), None),
+            None if self.options.auto_create => {
+                catalog::validate_name(&name).map_err(fail)?;
+                let def = self.default_stream_def(&name);
+                self.check_new_stream(&def).map_err(fail)?;
+                let wire = WireStreamDef::from(&def);
+                (def, Some(wire))
+            }
+            None => return Err(fail(EngineError::UnknownStream { name, auto_create: false })),
+        };
+        if records.is_empty() {
+            return Err(fail(AppendError::EmptyBatch.into()));
+        }
+        let now = now_ms();
+        let mut records: Vec<NewRecord> = records.into_iter().map(NewRecord::from).collect();
+        for record in &mut records {
+            record.timestamp_ms.get_or_insert(now);
+        }
+        // The partitioning rule, as a single node applies it (`Stream::publish`).
+        let targets: Vec<u32> = match partition {
+            Some(index) if index >= def.partitions => {
+                return Err(fail(EngineError::UnknownPartition {
+                    stream: name,
+                    partition: index,
+                    count: def.partitions,
+                }));
+            }
+            Some(index) => vec![index; records.len()],
+            None => {
+                let keyless = match (&existing, records.iter().any(|record| record.key.is_none())) {
+                    (Some(stream), true) => stream.next_keyless_partition(),
+                    _ => 0,
+                };
+                records
+                    .iter()
+                    .map(|record| match &record.key {
+                        Some(key) => crc32c::crc32c(key) % def.partitions,
+                        None => keyless,
+                    })
+                    .collect()
+            }
+        };
+        let mut groups: BTreeMap<u32, Vec<NewRecord>> = BTreeMap::new();
+        let mut order = Vec::with_capacity(records.len());
+        for (record, partition) in records.into_iter().zip(&targets) {
+            let group = groups.entry(*partition).or_default();
+            order.push((*partition, group.len() as u32));
+            group.push(record);
+        }
+        let config = self.partition_config(&def);
+        for group in groups.values() {
+            check_records(&config, group).map_err(|error| fail(error.into()))?;
+        }
+        let mut predictions = self.predictions.lock().expect("predictions lock");
+        let mut appends = Vec::with_capacity(groups.len());
+        let mut index_of = BTreeMap::new();
+        for (partition, group) in groups {
+            let next = predictions
+                .next
+                .entry((name.clone(), partition))
+                .or_insert_with(|| existing.as_ref().and_then(|stream| stream.end_offset(partition).ok()).unwrap_or(0));
+            let base_offset = *next;
+            *next += group.len() as u64;
+            index_of.insert(partition, appends.len() as u32);
+            appends.push(Append { partition, base_offset, records: group.iter().map(WireRecord::from).collect() });
+        }
+        let order = order.into_iter().map(|(partition, place)| (index_of[&partition], place)).collect();
+        Ok(encode(&Command::Publish { stream: name, create, appends, order }))
+    }
+
+    /// On a node that became the cluster's leader, once it applied every earlier command: the
+    /// offsets predicted in an earlier term are void.
+    pub fn begin_replicated_term(&self) {
+        self.predictions.lock().expect("predictions lock").next.clear();
+    }
+
+    /// Applies a committed command (every node, in log order). `Err` is this node's own failure
+    /// (storage, or a command that does not fit what it holds): the node must stop.
+    pub async fn apply_replicated(&self, command: &[u8]) -> Result<Bytes, String> {
+        let command: Command =
+            postcard::from_bytes(command).map_err(|error| format!("a command that does not decode: {error}"))?;
+        match command {
+            Command::CreateStream(def) => Ok(match self.create_stream_here(def.into()).await {
+                Ok(_) => encode(&Outcome::Created),
+                Err(error) if error.is_client_error() => refused(&error),
+                Err(error) => return Err(error.to_string()),
+            }),
+            Command::Publish { stream, create, appends, order } => {
+                if let Some(def) = create {
+                    match self.create_stream_here(def.into()).await {
+                        Ok(_) => {}
+                        // Every node refuses alike (it was created meanwhile with another
+                        // definition): nothing is appended.
+                        Err(error) if error.is_client_error() => return Ok(refused(&error)),
+                        Err(error) => return Err(error.to_string()),
+                    }
+                }
+                let target = self.stream(&stream).map_err(|error| format!("applying to stream {stream:?}: {error}"))?;
+                let partitions: Vec<u32> = appends.iter().map(|append| append.partition).collect();
+                let mut queued = Vec::with_capacity(appends.len());
+                for append in appends {
+                    let partition = target.partition(append.partition).map_err(|error| error.to_string())?;
+                    let count = append.records.len() as u64;
+                    let end = partition.end_offset();
+                    if append.base_offset + count <= end {
+                        // Applied before a restart: the partition has these offsets already.
+                        queued.push((append.base_offset, None));
+                        continue;
+                    }
+                    if append.base_offset != end {
+                        return Err(format!(
+                            "stream {stream:?} partition {} ends at offset {end}, and the committed command appends \
+                             at {}: this node's log does not fit the cluster's; stopping rather than diverge",
+                            append.partition, append.base_offset
+                        ));
+                    }
+                    let records: Vec<NewRecord> = append.records.into_iter().map(NewRecord::from).collect();
+                    // The Raft log holds the command durably on a majority; the partition is
+                    // synced with the state machine's progress (`sync_replicated`).
+                    let pending =
+                        partition.enqueue_with(&records, Durability::Async).await.map_err(|e| e.to_string())?;
+                    queued.push((append.base_offset, Some(pending)));
+                }
+                let mut bases = Vec::with_capacity(queued.len());
+                for (base_offset, pending) in queued {
+                    if let Some(pending) = pending {
+                        let ack = pending.await.map_err(|error| error.to_string())?;
+                        if ack.base_offset != base_offset {
+                            return Err(format!("appended at offset {} instead of {base_offset}", ack.base_offset));
+                        }
+                    }
+                    bases.push(base_offset);
+                }
+                let published = order
+                    .into_iter()
+                    .map(|(append, place)| (partitions[append as usize], bases[append as usize] + place as u64))
+                    .collect();
+                Ok(encode(&Outcome::Published(published)))
+            }
+        }
+    }
+
+    /// Makes every record applied so far durable: an fsync of each stream partition.
+    pub async fn sync_replicated(&self) -> Result<(), String> {
+        let partitions: Vec<Arc<onehop_log::Partition>> =
+            self.streams().iter().flat_map(|stream| stream.partitions().to_vec()).collect();
+        tokio::task::spawn_blocking(move || {
+            for partition in partitions {
+                partition.sync().map_err(|error| format!("{}: {error}", partition.dir().display()))?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|error| error.to_string())?
+    }
+}
+
+/// The request that publishes `records` to `stream`: to `partition`, or by the partitioning
+/// rule (which the leader applies).
+pub(crate) fn publish_request(stream: &str, partition: Option<u32>, records: &[NewRecord]) -> Bytes {
+    encode(&Request::Publish {
+        stream: stream.to_string(),
+        partition,
+        records: records.iter().map(WireRecord::from).collect(),
+    })
+}
+
+/// Submits `request` through `replicator`; returns once it is queued.
+pub(crate) async fn submit_queued(replicator: &Arc<dyn Replicator>, request: Bytes) -> Result<Submitted, EngineError> {
+    replicator.submit(request).await.map_err(|reason| AppendError::Unconfirmed(reason).into())
+}
+
+/// The outcome in a leader's answer.
+fn outcome(answer: Result<Bytes, String>) -> Result<Outcome, EngineError> {
+    let answer = answer.map_err(AppendError::Unconfirmed)?;
+    postcard::from_bytes(&answer)
+        .map_err(|error| EngineError::Internal(format!("an answer from the cluster that does not decode: {error}")))
+}
+
+/// Submits `request` and waits for the leader's outcome.
+async fn submit(slot: &ReplicatorSlot, request: Bytes) -> Result<Outcome, EngineError> {
+    let replicator = slot.get().ok_or_else(|| EngineError::Internal("not a cluster node".into()))?;
+    outcome(submit_queued(replicator, request).await?.await)
+}
+
+/// Where each record of a replicated publish went, from the leader's answer.
+pub(crate) fn published(answer: Result<Bytes, String>) -> Result<Vec<Published>, EngineError> {
+    match outcome(answer)? {
+        Outcome::Published(places) => {
+            Ok(places.into_iter().map(|(partition, offset)| Published { partition, offset }).collect())
+        }
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        Outcome::Created => Err(EngineError::Internal("the cluster answered a publish with a creation".into())),
+    }
+}
+
+/// A replicated publish to one partition as a queued append: resolves with its acknowledgement
+/// once the leader answers.
+pub(crate) fn queued_append(answer: Submitted) -> QueuedAppend {
+    let (sender, queued) = QueuedAppend::channel();
+    tokio::spawn(async move {
+        let acked = match published(answer.await) {
+            Ok(places) => match places.first() {
+                Some(first) => {
+                    Ok(onehop_log::AppendAck { base_offset: first.offset, record_count: places.len() as u32 })
+                }
+                None => Err(AppendError::EmptyBatch),
+            },
+            Err(EngineError::Append(error)) => Err(error),
+            Err(error) => Err(AppendError::Unconfirmed(error.to_string())),
+        };
+        let _ = sender.send(acked);
+    });
+    queued
+}

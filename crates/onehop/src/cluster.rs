@@ -1,0 +1,96 @@
+//! A cluster node: the engine as the Raft state machine, and the Raft node as the engine's
+//! replicator (docs/cluster.md).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use anyhow::Context;
+use bytes::Bytes;
+use onehop_cluster::{Applier, Node, NodeOptions};
+use onehop_engine::{Engine, Replicator, Submitted};
+
+use crate::settings::ClusterSettings;
+
+/// The engine, applying what the cluster commits.
+pub struct EngineApplier(Arc<Engine>);
+
+impl Applier for EngineApplier {
+    fn prepare(&self, request: Bytes) -> Result<Bytes, Bytes> {
+        self.0.prepare_replicated(&request)
+    }
+
+    fn begin_term(&self) {
+        self.0.begin_replicated_term();
+    }
+
+    async fn apply(&self, _index: u64, command: Bytes) -> Result<Bytes, String> {
+        let applied = self.0.apply_replicated(&command).await;
+        if let Err(error) = &applied {
+            tracing::error!(%error, "this node cannot apply a committed command and stops taking part");
+        }
+        applied
+    }
+
+    async fn sync(&self) -> Result<(), String> {
+        self.0.sync_replicated().await
+    }
+}
+
+/// The Raft node, taking the engine's writes.
+struct NodeReplicator(Arc<Node<EngineApplier>>);
+
+impl Replicator for NodeReplicator {
+    fn submit(&self, request: Bytes) -> Pin<Box<dyn Future<Output = Result<Submitted, String>> + Send + '_>> {
+        Box::pin(async move {
+            let pending = self.0.submit(request).await.map_err(|error| error.to_string())?;
+            let answer: Submitted = Box::pin(async move { pending.answer().await.map_err(|error| error.to_string()) });
+            Ok(answer)
+        })
+    }
+}
+
+/// The node's view of the cluster, for `GET /cluster`.
+pub struct Status(pub Arc<Node<EngineApplier>>);
+
+impl onehop_server::http::ClusterStatus for Status {
+    fn status(&self) -> serde_json::Value {
+        // A copy: holding the watch's read guard while `members` takes it again would wait
+        // behind Raft's next metrics update, which waits behind the first guard.
+        let metrics = self.0.metrics().borrow().clone();
+        serde_json::json!({
+            "node": metrics.id,
+            "state": format!("{:?}", metrics.state).to_lowercase(),
+            "term": metrics.current_term,
+            "leader": metrics.current_leader,
+            "members": self.0.members(),
+            "last_log_index": metrics.last_log_index,
+            "last_applied": metrics.last_applied.map(|id| id.index),
+        })
+    }
+}
+
+/// Starts this node of the cluster on `engine`, forms the cluster on the first start of its
+/// members, and sends the engine's writes to it from now on.
+pub async fn start(
+    settings: &ClusterSettings,
+    data_dir: &std::path::Path,
+    engine: &Arc<Engine>,
+) -> anyhow::Result<Arc<Node<EngineApplier>>> {
+    let options = NodeOptions::new(settings.node_id, data_dir.join("cluster"), settings.address);
+    let node = Node::start(options, Arc::new(EngineApplier(engine.clone())))
+        .await
+        .with_context(|| format!("starting cluster node {}", settings.node_id))?;
+    let node = Arc::new(node);
+    if !settings.peers.is_empty() {
+        node.bootstrap(&settings.peers).await.map_err(anyhow::Error::msg).context("forming the cluster")?;
+    }
+    engine.set_replicator(Arc::new(NodeReplicator(node.clone()))).context("this node's data directory")?;
+    tracing::info!(
+        node = settings.node_id,
+        address = %settings.address,
+        peers = ?settings.peers,
+        "cluster node started: stream writes are committed on a majority of the nodes"
+    );
+    Ok(node)
+}
