@@ -86,6 +86,18 @@ pub enum ProposeError {
     /// This node is stopping.
     #[error("the node is stopping")]
     Stopped,
+    /// The leader refused a membership change (the reason says why); nothing changed.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A change of a cluster's voting members.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MembershipChange {
+    /// Add the node `id`, reached at `address`: it copies the log as a learner, then votes.
+    Add { id: u64, address: String },
+    /// Remove the node `id` from the voting members.
+    Remove { id: u64 },
 }
 
 impl ProposeError {
@@ -240,13 +252,14 @@ impl<A: Applier> Inner<A> {
         }
     }
 
-    /// The answer `waiting` brings; or, should this node learn of a newer term first, that
-    /// the outcome is unknown: the leader it was submitted to may have appended it before it
-    /// lost its term (or be paused with it), and the client need not wait for that to resolve.
-    async fn answer_or_new_term(&self, waiting: &mut Receiver, term: u64) -> Result<Bytes, ProposeError> {
+    /// The answer `waiting` brings; or, should this node learn that another node than `leader`
+    /// (the one it was submitted to) now leads, that the outcome is unknown: that leader may
+    /// have appended it before it lost its term, or be paused with it, and the client need not
+    /// wait for that to resolve.
+    async fn answer_or_new_leader(&self, waiting: &mut Receiver, leader: u64) -> Result<Bytes, ProposeError> {
         let mut metrics = self.raft.metrics();
         loop {
-            if metrics.borrow_and_update().current_term != term {
+            if metrics.borrow_and_update().current_leader.is_some_and(|now| now != leader) {
                 // An answer that is already there still wins.
                 if let Ok(answer) = waiting.try_recv() {
                     return answer;
@@ -269,24 +282,65 @@ impl<A: Applier> Inner<A> {
         }
     }
 
+    /// Makes `change`, on this node as leader.
+    pub(crate) async fn change_membership_here(&self, change: MembershipChange) -> Result<(), ProposeError> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics.state != ServerState::Leader {
+            return Err(ProposeError::NotLeader { leader: metrics.current_leader });
+        }
+        let refused = |error: String| ProposeError::Refused(error);
+        match change {
+            MembershipChange::Add { id, address } => {
+                address
+                    .parse::<SocketAddr>()
+                    .map_err(|_| refused(format!("{address:?} is not an address (IP:PORT)")))?;
+                if metrics.membership_config.membership().voter_ids().any(|voter| voter == id) {
+                    return Err(refused(format!("node {id} is already a member")));
+                }
+                self.raft.add_learner(id, BasicNode::new(address), true).await.map_err(|e| refused(e.to_string()))?;
+                self.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+                    .await
+                    .map_err(|e| refused(e.to_string()))?;
+            }
+            MembershipChange::Remove { id } => {
+                let voters: BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
+                if !voters.contains(&id) {
+                    return Err(refused(format!("node {id} is not a member")));
+                }
+                if voters.len() == 1 {
+                    return Err(refused("the last member cannot be removed".into()));
+                }
+                self.raft
+                    .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                    .await
+                    .map_err(|e| refused(e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The leader this node knows of, with its address.
     fn leader(&self) -> Option<(u64, SocketAddr)> {
-        let metrics = self.raft.metrics();
-        let now = metrics.borrow();
+        Self::leader_in(&self.raft.metrics().borrow())
+    }
+
+    fn leader_in(now: &RaftMetrics<u64, BasicNode>) -> Option<(u64, SocketAddr)> {
         let leader = now.current_leader?;
         let address = now.membership_config.membership().get_node(&leader)?.addr.parse().ok()?;
         Some((leader, address))
     }
 
     /// Submits `request` to the leader, wherever it is, retrying while nothing was written.
-    /// Returns where its answer comes, and the term this node knew when it submitted it.
+    /// Returns where its answer comes, and the leader it was submitted to.
     async fn submit(&self, request: Bytes, deadline: Instant) -> Result<(Receiver, u64), ProposeError> {
         let mut metrics = self.raft.metrics();
         loop {
-            let term = metrics.borrow_and_update().current_term;
-            let outcome = match self.leader() {
+            let leader = Self::leader_in(&metrics.borrow_and_update());
+            let submitted_to = leader.map_or(0, |(id, _)| id);
+            let outcome = match leader {
                 Some((leader, _)) if leader == self.id => self.submit_here(request.clone()).await,
-                Some((_, address)) => self.forwarder.send(address, request.clone()).await,
+                Some((_, address)) => self.forwarder.send(address, net::Request::Propose(request.clone())).await,
                 None => Err(ProposeError::NoLeader),
             };
             match outcome {
@@ -298,7 +352,7 @@ impl<A: Applier> Inner<A> {
                     metrics.borrow_and_update();
                     let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), metrics.changed()).await;
                 }
-                outcome => return outcome.map(|receiver| (receiver, term)),
+                outcome => return outcome.map(|receiver| (receiver, submitted_to)),
             }
         }
     }
@@ -380,7 +434,7 @@ impl<A: Applier> Node<A> {
         tokio::spawn(async move {
             let mut waiting = first;
             let answer = loop {
-                let answer = inner.answer_or_new_term(&mut waiting.0, waiting.1).await;
+                let answer = inner.answer_or_new_leader(&mut waiting.0, waiting.1).await;
                 match answer {
                     // Skipped by every node, or never written: submitting again is safe.
                     Err(error) if error.nothing_applied() && Instant::now() < deadline => {
@@ -425,25 +479,43 @@ impl<A: Applier> Node<A> {
         membership.voter_ids().filter_map(|id| Some((id, membership.get_node(&id)?.addr.clone()))).collect()
     }
 
-    /// Adds the node `id` at `address`: it first copies the log as a learner, then becomes a
-    /// voting member. Asked of the leader.
-    pub async fn add_node(&self, id: u64, address: SocketAddr) -> Result<(), String> {
-        let raft = &self.inner.raft;
-        raft.add_learner(id, BasicNode::new(address.to_string()), true).await.map_err(|error| error.to_string())?;
-        raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
-            .await
-            .map_err(|error| error.to_string())?;
-        Ok(())
+    /// Makes `change` through the leader, wherever it is; returns once the new membership is
+    /// committed. Adding a node waits until it has copied the log.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<(), ProposeError> {
+        let deadline = Instant::now() + self.inner.propose_timeout;
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            metrics.borrow_and_update();
+            let outcome = match self.inner.leader() {
+                Some((leader, _)) if leader == self.inner.id => self.inner.change_membership_here(change.clone()).await,
+                Some((_, address)) => {
+                    match self.inner.forwarder.send(address, net::Request::Membership(change.clone())).await {
+                        Ok(answer) => answer
+                            .await
+                            .unwrap_or_else(|_| Err(ProposeError::Unknown("the leader did not answer".into())))
+                            .map(|_| ()),
+                        Err(error) => Err(error),
+                    }
+                }
+                None => Err(ProposeError::NoLeader),
+            };
+            match outcome {
+                Err(error) if error.nothing_applied() && Instant::now() < deadline => {
+                    let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
-    /// Removes the node `id` from the voting members and from the cluster. Asked of the leader.
-    pub async fn remove_node(&self, id: u64) -> Result<(), String> {
-        self.inner
-            .raft
-            .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
-            .await
-            .map_err(|error| error.to_string())?;
-        Ok(())
+    /// Adds the node `id` at `address` (see [`Node::change_membership`]).
+    pub async fn add_node(&self, id: u64, address: SocketAddr) -> Result<(), ProposeError> {
+        self.change_membership(MembershipChange::Add { id, address: address.to_string() }).await
+    }
+
+    /// Removes the node `id` from the voting members (see [`Node::change_membership`]).
+    pub async fn remove_node(&self, id: u64) -> Result<(), ProposeError> {
+        self.change_membership(MembershipChange::Remove { id }).await
     }
 
     /// The index of the last command this node applied.

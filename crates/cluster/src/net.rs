@@ -38,6 +38,8 @@ pub enum Request {
     Raft(RaftRequest),
     /// A request for the leader to prepare and commit (sent by a node that is not the leader).
     Propose(Bytes),
+    /// A change of the members, for the leader to make.
+    Membership(crate::MembershipChange),
 }
 
 /// Raft's own RPCs.
@@ -152,6 +154,14 @@ async fn serve_connection<A: Applier>(stream: TcpStream, node: Arc<Inner<A>>) ->
                         }
                         Err(error) => Err(error),
                     };
+                    let _ = replies.send((id, encode(&Reply::Propose(answer)))).await;
+                    drop(permit);
+                });
+            }
+            Request::Membership(change) => {
+                let node = node.clone();
+                requests.spawn(async move {
+                    let answer = node.change_membership_here(change).await.map(|()| Bytes::new());
                     let _ = replies.send((id, encode(&Reply::Propose(answer)))).await;
                     drop(permit);
                 });
@@ -293,7 +303,7 @@ impl Forwarder {
     /// Forwards `request` to the leader at `address`; returns once it is on its way (behind
     /// every request forwarded there before). A connection that breaks while the request is out
     /// drops the answer's sender: the outcome is unknown, the leader may have committed it.
-    pub(crate) async fn send(&self, address: SocketAddr, request: Bytes) -> Result<Receiver, ProposeError> {
+    pub(crate) async fn send(&self, address: SocketAddr, request: Request) -> Result<Receiver, ProposeError> {
         let forward = self.connection(address).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
@@ -304,7 +314,7 @@ impl Forwarder {
             };
             waiting.insert(id, answer);
         }
-        if forward.requests.send((id, encode(&Request::Propose(request)))).await.is_err() {
+        if forward.requests.send((id, encode(&request))).await.is_err() {
             forward.waiting.lock().expect("waiting lock").as_mut().map(|waiting| waiting.remove(&id));
             return Err(ProposeError::Unreachable(format!("{address}: connection closed")));
         }

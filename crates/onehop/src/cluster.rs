@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use bytes::Bytes;
-use onehop_cluster::{Applier, Node, NodeOptions};
+use onehop_cluster::{Applier, MembershipChange, Node, NodeOptions, ProposeError};
 use onehop_engine::{Engine, Replicator, Submitted};
+use onehop_server::http::{ChangeRefused, MemberChange};
 
 use crate::settings::ClusterSettings;
 
@@ -66,6 +67,20 @@ impl onehop_server::http::ClusterStatus for Status {
             "members": self.0.members(),
             "last_log_index": metrics.last_log_index,
             "last_applied": metrics.last_applied.map(|id| id.index),
+        })
+    }
+
+    fn change(&self, change: MemberChange) -> Pin<Box<dyn Future<Output = Result<(), ChangeRefused>> + Send + '_>> {
+        Box::pin(async move {
+            let change = match change {
+                MemberChange::Add(member) => MembershipChange::Add { id: member.id, address: member.address },
+                MemberChange::Remove(id) => MembershipChange::Remove { id },
+            };
+            tracing::info!(?change, "changing the cluster's members");
+            self.0.change_membership(change).await.map_err(|error| match error {
+                ProposeError::Refused(reason) => ChangeRefused::Invalid(reason),
+                other => ChangeRefused::Unavailable(other.to_string()),
+            })
         })
     }
 }

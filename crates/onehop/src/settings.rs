@@ -350,6 +350,17 @@ impl Settings {
         let admin = admin(args, &file)?;
         let jwt = jwt(args, &file)?;
         let cluster = cluster(args, &file)?;
+        if let Some(cluster) = &cluster
+            && !cluster.address.ip().is_loopback()
+            && !(args.insecure_listen || file.insecure_listen.unwrap_or(false))
+        {
+            bail!(
+                "refusing to listen for other nodes on {}: the cluster port has no authentication or TLS yet, so \
+                 anyone who can reach it could take part in the cluster. Keep it on a private network and say so \
+                 with --insecure-listen (docs/cluster.md)",
+                cluster.address
+            );
+        }
         let insecure_listen = args.insecure_listen || file.insecure_listen.unwrap_or(false);
         let kafka_addr = match args.kafka_addr.clone().or(file.kafka_addr.clone()).as_deref() {
             Some("off") => None,

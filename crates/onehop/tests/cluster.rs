@@ -57,10 +57,16 @@ struct Cluster {
     dir: tempfile::TempDir,
     peers: String,
     members: Vec<Member>,
+    /// Whether the nodes serve Kafka too (on a free port each).
+    kafka: bool,
 }
 
 impl Cluster {
     fn start(size: u64) -> Cluster {
+        Cluster::start_with(size, false)
+    }
+
+    fn start_with(size: u64, kafka: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=size)
             .map(|id| Member {
@@ -71,7 +77,7 @@ impl Cluster {
             })
             .collect();
         let peers = members.iter().map(|m| format!("{}={}", m.id, m.cluster)).collect::<Vec<_>>().join(",");
-        let mut cluster = Cluster { dir, peers, members };
+        let mut cluster = Cluster { dir, peers, members, kafka };
         for index in 0..cluster.members.len() {
             cluster.launch(index);
         }
@@ -79,6 +85,12 @@ impl Cluster {
     }
 
     fn launch(&mut self, index: usize) {
+        self.launch_with(index, true);
+    }
+
+    /// Starts the member at `index`; with `form`, as one of the members that form the cluster
+    /// (`--peers`), else as a node that waits to be added.
+    fn launch_with(&mut self, index: usize, form: bool) {
         let member = &self.members[index];
         let data = self.dir.path().join(format!("node-{}", member.id));
         let (id, http, cluster) = (member.id.to_string(), member.http.to_string(), member.cluster.to_string());
@@ -88,7 +100,7 @@ impl Cluster {
             "--http-addr",
             &http,
             "--kafka-addr",
-            "off",
+            if self.kafka { "127.0.0.1:0" } else { "off" },
             "--node-id",
             &id,
             "--cluster-addr",
@@ -96,7 +108,8 @@ impl Cluster {
             "--peers",
             &self.peers,
         ];
-        self.members[index].server = Some(start(self.dir.path(), &args, &[("ONEHOP_LOG", "warn,onehop=info")]));
+        let args = if form { &args[..] } else { &args[..args.len() - 2] };
+        self.members[index].server = Some(start(self.dir.path(), args, &[("ONEHOP_LOG", "warn,onehop=info")]));
     }
 
     fn http_addresses(&self) -> Vec<SocketAddr> {
@@ -174,7 +187,7 @@ fn stored(address: SocketAddr) -> BTreeMap<u64, (String, String, u64)> {
         for record in list {
             let offset = record["offset"].as_u64().unwrap();
             let entry = (
-                record["key"].as_str().unwrap().to_string(),
+                record["key"].as_str().unwrap_or_default().to_string(),
                 record["value"].to_string(),
                 record["timestamp"].as_u64().unwrap(),
             );
@@ -287,7 +300,7 @@ fn check(cluster: &mut Cluster, acked: &[(u64, String)], seen: &[(u64, String)])
         assert_eq!(stored, Some(value), "a subscriber saw offset {offset}, which did not stay");
     }
     let mut keys = HashSet::new();
-    for (key, _, _) in log.values() {
+    for (key, _, _) in log.values().filter(|(key, _, _)| !key.is_empty()) {
         assert!(keys.insert(key), "{key} was written twice");
     }
     println!(
@@ -364,4 +377,91 @@ fn a_paused_leader_steps_down_and_rejoins_without_divergence() {
     let mut acked: Vec<(u64, String)> = writing.into_iter().flat_map(|writer| writer.join().unwrap()).collect();
     acked.extend(direct);
     check(&mut cluster, &acked, &[]);
+}
+
+#[test]
+fn mqtt_and_kafka_writes_on_followers_reach_every_node() {
+    let mut cluster = Cluster::start_with(3, true);
+    let leader = cluster.leader();
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let mqtt = cluster.members[followers[0]].server.as_ref().unwrap().mqtt_address;
+    let kafka = cluster.members[followers[1]].server.as_ref().unwrap().kafka_address.unwrap();
+    // mosquitto_pub exits 0 only once its QoS 1 message is acknowledged.
+    let published = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &mqtt.port().to_string(), "-q", "1", "-i", "cluster-test"])
+        .args(["-t", "events/mqtt", "-m", r#"{"via":"mqtt"}"#])
+        .output()
+        .unwrap();
+    assert!(published.status.success(), "{}", String::from_utf8_lossy(&published.stderr));
+    let mut kcat = Command::new("kcat")
+        .args(["-P", "-b", &kafka.to_string(), "-t", "events", "-k", "via-kafka", "-X", "acks=all"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    kcat.stdin.take().unwrap().write_all(br#"{"via":"kafka"}"#).unwrap();
+    let produced = kcat.wait_with_output().unwrap();
+    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    assert!(
+        !String::from_utf8_lossy(&produced.stderr).contains("ERROR"),
+        "{}",
+        String::from_utf8_lossy(&produced.stderr)
+    );
+    // Both reach the leader and the other follower, at the same offsets as everywhere.
+    check(&mut cluster, &[], &[]);
+    let log = stored(cluster.members[leader].http);
+    let values: Vec<&String> = log.values().map(|(_, value, _)| value).collect();
+    assert!(values.contains(&&normalized(r#"{"via":"mqtt"}"#)), "{values:?}");
+    assert!(values.contains(&&normalized(r#"{"via":"kafka"}"#)), "{values:?}");
+}
+
+#[test]
+fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader();
+    let mut acked = Vec::new();
+    for n in 0..20 {
+        let value = format!("{{\"n\":{n}}}");
+        acked.push((publish(cluster.members[n % 3].http, &format!("before-{n}"), &value).unwrap(), value));
+    }
+    // A fourth node, started without --peers, waits to be added; a follower is asked to add it.
+    cluster.members.push(Member {
+        id: 4,
+        http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        cluster: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        server: None,
+    });
+    cluster.launch_with(3, false);
+    let follower = (0..3).find(|index| *index != leader).unwrap();
+    let body = format!(r#"{{"id":4,"address":"{}"}}"#, cluster.members[3].cluster);
+    let (code, answer) = common::curl(cluster.members[follower].http, "/cluster/nodes", &["-X", "POST", "-d", &body]);
+    assert_eq!(code, 200, "{answer}");
+    let members: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(members["members"].as_object().unwrap().len(), 4, "{answer}");
+    // Adding it again is refused, and so is a body that is no member.
+    let (code, answer) = common::curl(cluster.members[follower].http, "/cluster/nodes", &["-X", "POST", "-d", &body]);
+    assert_eq!(code, 409, "{answer}");
+    let (code, answer) = common::curl(cluster.members[follower].http, "/cluster/nodes", &["-X", "POST", "-d", "{}"]);
+    assert_eq!(code, 400, "{answer}");
+    for n in 0..20 {
+        let value = format!("{{\"m\":{n}}}");
+        acked.push((publish(cluster.members[n % 4].http, &format!("after-{n}"), &value).unwrap(), value));
+    }
+    check(&mut cluster, &acked, &[]);
+
+    // Remove one of the first three (not the leader); the other three go on.
+    let removed = (0..3).find(|index| *index != cluster.leader()).unwrap();
+    let id = cluster.members[removed].id;
+    let (code, answer) = common::curl(cluster.members[3].http, &format!("/cluster/nodes/{id}"), &["-X", "DELETE"]);
+    assert_eq!(code, 200, "{answer}");
+    cluster.members[removed].server.as_mut().unwrap().kill_9();
+    cluster.members[removed].server = None;
+    for n in 0..10 {
+        let value = format!("{{\"k\":{n}}}");
+        let node = cluster.members.iter().filter(|m| m.server.is_some()).nth(n % 3).unwrap().http;
+        acked.push((publish(node, &format!("removed-{n}"), &value).unwrap(), value));
+    }
+    check(&mut cluster, &acked, &[]);
+    let status = status(cluster.members[3].http).unwrap();
+    assert!(status["members"].get(id.to_string()).is_none(), "{status}");
 }

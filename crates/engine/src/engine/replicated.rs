@@ -238,10 +238,14 @@ fn refused(error: &EngineError) -> Bytes {
     encode(&Outcome::Refused(Refusal::from(error)))
 }
 
-/// Offsets the leader has handed out in this term, per stream partition, beyond what it applied.
+/// What the leader decided in this term beyond what it applied: the offsets it handed out per
+/// stream partition, and the streams it prepared the creation of. A command it prepares must
+/// apply on every node as prepared (a refusal at apply would leave later predictions void), so
+/// it is checked against both.
 #[derive(Default)]
 pub(crate) struct Predictions {
     next: HashMap<(String, u32), u64>,
+    creating: HashMap<String, StreamDef>,
 }
 
 impl Engine {
@@ -311,9 +315,21 @@ impl Engine {
             Request::CreateStream(def) => {
                 let stream_def = StreamDef::from(def.clone());
                 stream_def.validate().map_err(|error| refused(&error))?;
-                match self.stream(&stream_def.name) {
-                    Ok(existing) if existing.def() == &stream_def => {}
-                    Ok(_) | Err(_) => self.check_new_stream(&stream_def).map_err(|error| refused(&error))?,
+                let mut predictions = self.predictions.lock().expect("predictions lock");
+                match (self.stream(&stream_def.name), predictions.creating.get(&stream_def.name)) {
+                    (Ok(existing), _) if existing.def() == &stream_def => {}
+                    (Err(_), Some(pending)) if *pending == stream_def => {}
+                    (Err(_), Some(pending)) => {
+                        return Err(refused(&EngineError::StreamExists {
+                            name: stream_def.name.clone(),
+                            existing: pending.describe(),
+                        }));
+                    }
+                    _ => {
+                        self.check_new_stream(&stream_def).map_err(|error| refused(&error))?;
+                        check_pending_routes(&predictions, &stream_def).map_err(|error| refused(&error))?;
+                        predictions.creating.insert(stream_def.name.clone(), stream_def);
+                    }
                 }
                 Ok(encode(&Command::CreateStream(def)))
             }
@@ -324,16 +340,23 @@ impl Engine {
     fn prepare_publish(&self, name: String, partition: Option<u32>, records: Vec<WireRecord>) -> Result<Bytes, Bytes> {
         let fail = |error: EngineError| refused(&error);
         let existing = self.stream(&name).ok();
-        let (def, create) = match &existing {
-            Some(stream) => (stream.def().clone(), None),
-            None if self.options.auto_create => {
+        let pending = self.predictions.lock().expect("predictions lock").creating.get(&name).cloned();
+        let (def, create) = match (&existing, pending) {
+            (Some(stream), _) => (stream.def().clone(), None),
+            // Its creation is prepared, not yet applied here: created as prepared (again, alike).
+            (None, Some(def)) => {
+                let wire = WireStreamDef::from(&def);
+                (def, Some(wire))
+            }
+            (None, None) if self.options.auto_create => {
                 catalog::validate_name(&name).map_err(fail)?;
                 let def = self.default_stream_def(&name);
                 self.check_new_stream(&def).map_err(fail)?;
                 let wire = WireStreamDef::from(&def);
+                self.predictions.lock().expect("predictions lock").creating.insert(name.clone(), def.clone());
                 (def, Some(wire))
             }
-            None => return Err(fail(EngineError::UnknownStream { name, auto_create: false })),
+            (None, None) => return Err(fail(EngineError::UnknownStream { name, auto_create: false })),
         };
         if records.is_empty() {
             return Err(fail(AppendError::EmptyBatch.into()));
@@ -398,7 +421,9 @@ impl Engine {
     /// On a node that became the cluster's leader, once it applied every earlier command: the
     /// offsets predicted in an earlier term are void.
     pub fn begin_replicated_term(&self) {
-        self.predictions.lock().expect("predictions lock").next.clear();
+        let mut predictions = self.predictions.lock().expect("predictions lock");
+        predictions.next.clear();
+        predictions.creating.clear();
     }
 
     /// Applies a committed command (every node, in log order). `Err` is this node's own failure
@@ -480,6 +505,24 @@ impl Engine {
         .await
         .map_err(|error| error.to_string())?
     }
+}
+
+/// Refuses `def` when its `mqtt_topic` overlaps that of a stream whose creation is prepared.
+fn check_pending_routes(predictions: &Predictions, def: &StreamDef) -> Result<(), EngineError> {
+    let Some(topic) = &def.mqtt_topic else { return Ok(()) };
+    let route = catalog::mqtt_route(topic)?;
+    for other in predictions.creating.values() {
+        if let Some(theirs) = &other.mqtt_topic
+            && catalog::mqtt_route(theirs)?.overlaps(&route)
+        {
+            return Err(EngineError::InvalidDefinition(format!(
+                "mqtt_topic '{topic}' overlaps stream {}'s mqtt_topic '{theirs}': each MQTT topic must belong to one \
+                 stream",
+                other.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The request that publishes `records` to `stream`: to `partition`, or by the partitioning

@@ -154,6 +154,10 @@ fn route_check(
             }
         }
         "/metrics" => access.authorize_superuser(principal, "read the metrics")?,
+        "/cluster" => access.authorize_superuser(principal, "read the cluster's state")?,
+        "/cluster/nodes" | "/cluster/nodes/{id}" => {
+            access.authorize_superuser(principal, "change the cluster's members")?
+        }
         _ => {}
     }
     Ok(())

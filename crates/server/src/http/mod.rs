@@ -32,6 +32,7 @@ pub mod ws;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::{Method, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use onehop_engine::Engine;
@@ -74,10 +75,39 @@ pub struct AppState {
     pub cluster: Option<Arc<dyn ClusterStatus>>,
 }
 
-/// A cluster node's view of its cluster, for `GET /cluster`.
+/// A cluster node's view of its cluster (`GET /cluster`) and its membership changes
+/// (`POST /cluster/nodes`, `DELETE /cluster/nodes/{id}`).
 pub trait ClusterStatus: Send + Sync {
     /// This node's id, role, term, leader, members and log positions, as JSON.
     fn status(&self) -> serde_json::Value;
+
+    /// Adds or removes a member through the cluster's leader; resolves once it is committed.
+    fn change(&self, change: MemberChange) -> Pin<Box<dyn Future<Output = Result<(), ChangeRefused>> + Send + '_>>;
+}
+
+/// A change of a cluster's members, as `/cluster/nodes` takes it.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewMember {
+    pub id: u64,
+    pub address: String,
+}
+
+/// A membership change asked over HTTP.
+#[derive(Clone, Debug)]
+pub enum MemberChange {
+    Add(NewMember),
+    Remove(u64),
+}
+
+/// Why a membership change was not made.
+#[derive(Clone, Debug)]
+pub enum ChangeRefused {
+    /// It cannot be made (a member already, not a member, a bad address).
+    Invalid(String),
+    /// The cluster could not make it now (no leader, the leader unreachable, or its outcome
+    /// lost on the way).
+    Unavailable(String),
 }
 
 /// Request bodies in memory at once unless configured otherwise: four of the largest a default
@@ -237,6 +267,8 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/cluster", get(cluster))
+        .route("/cluster/nodes", axum::routing::post(add_member))
+        .route("/cluster/nodes/{id}", axum::routing::delete(remove_member))
         .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
         .route("/tables/{table}", get(tables::query_rows))
         .route(
@@ -299,13 +331,57 @@ async fn cluster(State(state): State<AppState>) -> impl IntoResponse {
         Some(cluster) => {
             (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], cluster.status().to_string()).into_response()
         }
-        None => error::ApiError {
-            hint: Some("start it with --node-id, --cluster-addr and --peers (docs/cluster.md)".into()),
-            status: StatusCode::NOT_FOUND,
-            code: "not_a_cluster_node",
-            message: "this server runs as a single node".into(),
+        None => not_a_cluster_node().into_response(),
+    }
+}
+
+fn not_a_cluster_node() -> error::ApiError {
+    error::ApiError {
+        hint: Some("start it with --node-id, --cluster-addr and --peers (docs/cluster.md)".into()),
+        status: StatusCode::NOT_FOUND,
+        code: "not_a_cluster_node",
+        message: "this server runs as a single node".into(),
+    }
+}
+
+async fn change_members(state: &AppState, change: MemberChange) -> Response {
+    let Some(cluster) = &state.cluster else { return not_a_cluster_node().into_response() };
+    match cluster.change(change).await {
+        Ok(()) => {
+            (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], cluster.status().to_string()).into_response()
+        }
+        Err(ChangeRefused::Invalid(message)) => {
+            error::ApiError { hint: None, status: StatusCode::CONFLICT, code: "membership_refused", message }
+                .into_response()
+        }
+        Err(ChangeRefused::Unavailable(message)) => error::ApiError {
+            hint: Some("retry once the cluster has a leader; GET /cluster shows the members".into()),
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "unconfirmed",
+            message,
         }
         .into_response(),
+    }
+}
+
+async fn add_member(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    match serde_json::from_slice::<NewMember>(&body) {
+        Ok(member) => change_members(&state, MemberChange::Add(member)).await,
+        Err(error) => error::ApiError::bad_request(
+            "bad_member",
+            format!("expected {{\"id\": 4, \"address\": \"10.0.0.4:7004\"}}: {error}"),
+        )
+        .into_response(),
+    }
+}
+
+async fn remove_member(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match id.parse::<u64>() {
+        Ok(id) => change_members(&state, MemberChange::Remove(id)).await,
+        Err(_) => error::ApiError::bad_request("bad_member", format!("{id:?} is not a node id")).into_response(),
     }
 }
 
