@@ -293,6 +293,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_CLUSTER_ADDR", value_name = "ADDR")]
     pub cluster_addr: Option<SocketAddr>,
 
+    /// The address the other nodes reach this one at, when not --cluster-addr (a proxy, a NAT)
+    /// [default: --cluster-addr].
+    #[arg(long, env = "ONEHOP_CLUSTER_ADVERTISED_ADDR", value_name = "ADDR", requires = "cluster_addr")]
+    pub cluster_advertised_addr: Option<SocketAddr>,
+
     /// Every member of a new cluster, this node among them: `1=127.0.0.1:7001,2=…,3=…`. The
     /// cluster is formed by the first start of its members; later starts, and a node started
     /// without --peers (to be added with `onehop cluster add`), ignore it.

@@ -104,6 +104,7 @@ pub async fn start(
     tracing::info!(
         node = settings.node_id,
         address = %settings.address,
+        advertised = %settings.advertised,
         peers = ?settings.peers,
         "cluster node started: stream writes are committed on a majority of the nodes"
     );

@@ -92,6 +92,7 @@ struct FileSettings {
     jwt_roles_claim: Option<String>,
     node_id: Option<u64>,
     cluster_addr: Option<SocketAddr>,
+    cluster_advertised_addr: Option<SocketAddr>,
     peers: Option<String>,
 }
 
@@ -99,7 +100,10 @@ struct FileSettings {
 #[derive(Debug, Clone)]
 pub struct ClusterSettings {
     pub node_id: u64,
+    /// Where this node listens for the other nodes.
     pub address: SocketAddr,
+    /// Where the other nodes reach it (`address` unless a proxy or NAT is between).
+    pub advertised: SocketAddr,
     /// The members a new cluster is formed of (empty: join one that runs).
     pub peers: std::collections::BTreeMap<u64, SocketAddr>,
 }
@@ -129,6 +133,7 @@ fn cluster(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<Clust
         return Ok(None);
     };
     let address = address.context("node_id needs cluster_addr: the address the other nodes reach this one at")?;
+    let advertised = args.cluster_advertised_addr.or(file.cluster_advertised_addr).unwrap_or(address);
     let peers = match peers {
         Some(text) => parse_peers(&text).context("peers")?,
         None => Default::default(),
@@ -136,13 +141,14 @@ fn cluster(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<Clust
     if !peers.is_empty() {
         match peers.get(&node_id) {
             None => bail!("peers must list this node ({node_id}) among the members"),
-            Some(listed) if *listed != address => {
-                bail!("peers gives node {node_id} the address {listed}, and cluster_addr says {address}")
-            }
+            Some(listed) if *listed != advertised => bail!(
+                "peers gives node {node_id} the address {listed}, and cluster_addr (or cluster_advertised_addr) says \
+                 {advertised}"
+            ),
             Some(_) => {}
         }
     }
-    Ok(Some(ClusterSettings { node_id, address, peers }))
+    Ok(Some(ClusterSettings { node_id, address, advertised, peers }))
 }
 
 /// Everything `serve` runs with, validated.

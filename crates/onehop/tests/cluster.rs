@@ -51,6 +51,8 @@ struct Member {
     http: SocketAddr,
     cluster: SocketAddr,
     server: Option<Server>,
+    /// The link the other nodes reach this one through, when the test puts faults there.
+    link: Option<Link>,
 }
 
 struct Cluster {
@@ -61,22 +63,110 @@ struct Cluster {
     kafka: bool,
 }
 
-impl Cluster {
-    fn start(size: u64) -> Cluster {
-        Cluster::start_with(size, false)
+/// What a [`Link`] does to the traffic it carries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    None,
+    /// New connections are refused and open ones closed: the node cannot be reached.
+    Cut,
+    /// Every chunk waits this long before it is passed on.
+    Delay(Duration),
+}
+
+/// The test's own TCP proxy in front of a node's cluster port: the address the other nodes
+/// know it by (`--cluster-advertised-addr`). Traffic *to* the node goes through it, so a cut
+/// makes the node unreachable while it can still reach the others: a one-way partition.
+struct Link {
+    address: SocketAddr,
+    fault: Arc<Mutex<Fault>>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Link {
+    fn start(target: SocketAddr) -> Link {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let fault = Arc::new(Mutex::new(Fault::None));
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (faults, opened) = (fault.clone(), open.clone());
+        std::thread::spawn(move || {
+            for incoming in listener.incoming() {
+                let Ok(incoming) = incoming else { return };
+                if *faults.lock().unwrap() == Fault::Cut {
+                    continue;
+                }
+                let Ok(outgoing) = TcpStream::connect(target) else { continue };
+                let _ = incoming.set_nodelay(true);
+                let _ = outgoing.set_nodelay(true);
+                {
+                    let mut open = opened.lock().unwrap();
+                    open.push(incoming.try_clone().unwrap());
+                    open.push(outgoing.try_clone().unwrap());
+                }
+                for (from, to) in [(incoming.try_clone().unwrap(), outgoing.try_clone().unwrap()), (outgoing, incoming)]
+                {
+                    let faults = faults.clone();
+                    std::thread::spawn(move || pump(from, to, faults));
+                }
+            }
+        });
+        Link { address, fault, open }
     }
 
-    fn start_with(size: u64, kafka: bool) -> Cluster {
+    fn set(&self, fault: Fault) {
+        *self.fault.lock().unwrap() = fault;
+        if fault == Fault::Cut {
+            for stream in self.open.lock().unwrap().drain(..) {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, fault: Arc<Mutex<Fault>>) {
+    let mut buffer = [0u8; 64 * 1024];
+    while let Ok(read) = from.read(&mut buffer) {
+        if read == 0 {
+            break;
+        }
+        match *fault.lock().unwrap() {
+            Fault::Cut => break,
+            Fault::Delay(delay) => std::thread::sleep(delay),
+            Fault::None => {}
+        }
+        if to.write_all(&buffer[..read]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
+
+impl Cluster {
+    fn start(size: u64) -> Cluster {
+        Cluster::start_with(size, false, false)
+    }
+
+    /// With `links`, each node is reached through a [`Link`] the test can put faults on.
+    fn start_with(size: u64, kafka: bool, links: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=size)
-            .map(|id| Member {
-                id,
-                http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-                cluster: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-                server: None,
+            .map(|id| {
+                let cluster: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+                Member {
+                    id,
+                    http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+                    cluster,
+                    server: None,
+                    link: links.then(|| Link::start(cluster)),
+                }
             })
             .collect();
-        let peers = members.iter().map(|m| format!("{}={}", m.id, m.cluster)).collect::<Vec<_>>().join(",");
+        let peers = members
+            .iter()
+            .map(|m| format!("{}={}", m.id, m.link.as_ref().map_or(m.cluster, |link| link.address)))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut cluster = Cluster { dir, peers, members, kafka };
         for index in 0..cluster.members.len() {
             cluster.launch(index);
@@ -94,7 +184,10 @@ impl Cluster {
         let member = &self.members[index];
         let data = self.dir.path().join(format!("node-{}", member.id));
         let (id, http, cluster) = (member.id.to_string(), member.http.to_string(), member.cluster.to_string());
+        let advertised = member.link.as_ref().map_or(member.cluster, |link| link.address).to_string();
         let args = [
+            "--cluster-advertised-addr",
+            &advertised,
             "--data-dir",
             data.to_str().unwrap(),
             "--http-addr",
@@ -110,6 +203,10 @@ impl Cluster {
         ];
         let args = if form { &args[..] } else { &args[..args.len() - 2] };
         self.members[index].server = Some(start(self.dir.path(), args, &[("ONEHOP_LOG", "warn,onehop=info")]));
+    }
+
+    fn link(&self, index: usize) -> &Link {
+        self.members[index].link.as_ref().expect("a cluster started with links")
     }
 
     fn http_addresses(&self) -> Vec<SocketAddr> {
@@ -381,7 +478,7 @@ fn a_paused_leader_steps_down_and_rejoins_without_divergence() {
 
 #[test]
 fn mqtt_and_kafka_writes_on_followers_reach_every_node() {
-    let mut cluster = Cluster::start_with(3, true);
+    let mut cluster = Cluster::start_with(3, true, false);
     let leader = cluster.leader();
     let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
     let mqtt = cluster.members[followers[0]].server.as_ref().unwrap().mqtt_address;
@@ -430,6 +527,7 @@ fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
         http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
         cluster: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
         server: None,
+        link: None,
     });
     cluster.launch_with(3, false);
     let follower = (0..3).find(|index| *index != leader).unwrap();
@@ -464,4 +562,44 @@ fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
     check(&mut cluster, &acked, &[]);
     let status = status(cluster.members[3].http).unwrap();
     assert!(status["members"].get(id.to_string()).is_none(), "{status}");
+}
+
+#[test]
+fn network_faults_between_nodes_lose_no_acknowledged_write() {
+    let mut cluster = Cluster::start_with(3, false, true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writing = writers(cluster.http_addresses(), stop.clone(), 3);
+    let watching = subscriber(cluster.http_addresses(), stop.clone());
+    let faults: [(&str, Vec<(bool, Fault)>); 4] = [
+        // (the leader's link or the first follower's, and what is done to it)
+        ("the leader slow to reach (200 ms a chunk)", vec![(true, Fault::Delay(Duration::from_millis(200)))]),
+        ("the leader unreachable, while it still reaches the others", vec![(true, Fault::Cut)]),
+        ("a follower unreachable", vec![(false, Fault::Cut)]),
+        ("the leader and a follower unreachable", vec![(true, Fault::Cut), (false, Fault::Cut)]),
+    ];
+    for (what, applied) in faults {
+        let leader = cluster.leader();
+        let follower = (0..3).find(|index| *index != leader).unwrap();
+        println!("{what}: leader {}, follower {}", cluster.members[leader].id, cluster.members[follower].id);
+        for (on_leader, fault) in &applied {
+            cluster.link(if *on_leader { leader } else { follower }).set(*fault);
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        for index in 0..3 {
+            cluster.link(index).set(Fault::None);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // Healed: every node takes writes again.
+    cluster.leader();
+    let mut acked = Vec::new();
+    for index in 0..3 {
+        let value = format!("{{\"healed\":{index}}}");
+        let offset = publish(cluster.members[index].http, &format!("healed-{index}"), &value);
+        acked.push((offset.unwrap_or_else(|| panic!("node {} refused a write after healing", index + 1)), value));
+    }
+    stop.store(true, Ordering::Relaxed);
+    acked.extend(writing.into_iter().flat_map(|writer| writer.join().unwrap()));
+    let seen = watching.join().unwrap();
+    check(&mut cluster, &acked, &seen);
 }
