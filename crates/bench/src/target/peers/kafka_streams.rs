@@ -126,7 +126,7 @@ impl KafkaStreamsTarget {
                 "receipt": "the harness's kernel stamp when the consumer's report line reaches its socket (one loopback hop after the consumer's poll)",
             },
             "interactive_queries": {
-                "server": "the JDK's com.sun.net.httpserver, HTTP/1.1 keep-alive, 4 threads, on 127.0.0.1",
+                "server": "the JDK's com.sun.net.httpserver, HTTP/1.1 keep-alive, 4 threads, on 127.0.0.1, TCP_NODELAY on (sun.net.httpserver.nodelay=true)",
                 "query": "GET /views/w3/<key> → ReadOnlyWindowStore.fetch(key, now − 2 × (window + grace), now + window), every window the store holds for the key; 404 when none",
                 "client": "the harness's own HTTP client, as for onehop's point queries",
             },
@@ -148,6 +148,10 @@ impl KafkaStreamsTarget {
             .arg(format!("-Xmx{HEAP}"))
             .args(JVM_OPTIONS)
             .arg(format!("-Djava.io.tmpdir={}", self.data.path().join("tmp").display()))
+            // The JDK's HTTP server leaves Nagle's algorithm on by default: a response written
+            // in two parts would wait for the client's delayed ACK (~40 ms). Off, as the
+            // harness's client and onehop's server have it.
+            .arg("-Dsun.net.httpserver.nodelay=true")
             .arg(format!("-Dlog4j2.configurationFile={}", self.data.path().join("log4j2.properties").display()))
             .arg("-cp")
             .arg(format!("{}/*", self.lib.display()))
