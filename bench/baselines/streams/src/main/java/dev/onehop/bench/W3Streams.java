@@ -8,7 +8,8 @@
 //
 // The harness (crates/bench/src/target/peers/kafka_streams.rs) starts one per run. The app
 // creates its topics, starts Kafka Streams and waits until it is RUNNING, starts its HTTP
-// server and its consumer of the two output topics, then opens two connections to the harness:
+// server and its consumer of the two output topics, waits until a first record (a tick, see
+// below) has come through the whole pipeline, then opens two connections to the harness:
 //
 //   produce: first line "produce"; the harness writes "P <seq> <intended_ns> <key> <event_ms>\n"
 //            per event, and the app's producer sends the record (key <key>, timestamp <event_ms>,
@@ -101,10 +102,17 @@ public final class W3Streams {
     static final int LINE_CHARS_MAX = 4096;
     /** Kafka Streams takes 3–5 s to RUNNING here; a fresh cluster's first topics add seconds. */
     static final Duration RUNNING_TIMEOUT = Duration.ofSeconds(120);
+    /** How long a first record may take through the pipeline before the app gives up. */
+    static final Duration PIPELINE_TIMEOUT = Duration.ofSeconds(60);
+    /** How long Kafka Streams may take to close on SIGTERM; the harness kills it at 20 s. */
+    static final Duration CLOSE_TIMEOUT = Duration.ofSeconds(10);
     /** Threads answering point queries: the harness keeps up to 4 keep-alive connections warm. */
     static final int QUERY_THREADS = 4;
 
     public static void main(String[] args) throws Exception {
+        // Log4j stops its loggers in a shutdown hook of its own, racing ours: off, so what
+        // Kafka Streams logs while it closes stays in the run's log.
+        System.setProperty("log4j2.shutdownHookEnabled", "false");
         if (args.length == 1 && args[0].equals("version")) {
             System.out.println("kafka-streams " + AppInfoParser.getVersion());
             return;
@@ -161,6 +169,7 @@ public final class W3Streams {
         producer = new KafkaProducer<>(producerConfig());
         KafkaConsumer<String, String> consumer = outputConsumer();
         Runtime.getRuntime().addShutdownHook(new Thread(this::stop, "w3-stop"));
+        awaitPipeline(consumer);
 
         String[] harness = flags.get("harness").split(":");
         InetSocketAddress address = new InetSocketAddress(harness[0], Integer.parseInt(harness[1]));
@@ -276,6 +285,27 @@ public final class W3Streams {
         // The first poll connects and finds the partitions' leaders before the schedule starts.
         consumer.poll(Duration.ofMillis(100));
         return consumer;
+    }
+
+    /**
+     * Sends one tick through the whole pipeline and waits for its changelog row: RUNNING is not
+     * yet processing (the first fetches of new topics, the stores' restoration checks take
+     * seconds on a fresh cluster), and the schedule must not start before the app can keep up.
+     */
+    void awaitPipeline(KafkaConsumer<String, String> consumer) {
+        long started = System.nanoTime();
+        producer.send(new ProducerRecord<>(topic, null, System.currentTimeMillis(), TICK_KEY, "{}"));
+        producer.flush();
+        while (System.nanoTime() - started < PIPELINE_TIMEOUT.toNanos()) {
+            for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(100))) {
+                if (TICK_KEY.equals(record.key()) && record.topic().equals(changes)) {
+                    System.err.println("w3-streams: a first record came through the pipeline in "
+                        + (System.nanoTime() - started) / 1_000_000 + " ms");
+                    return;
+                }
+            }
+        }
+        throw new IllegalStateException("no record came through the pipeline within " + PIPELINE_TIMEOUT);
     }
 
     Socket connect(InetSocketAddress address, String role) throws IOException {
@@ -437,7 +467,11 @@ public final class W3Streams {
             producer.close(Duration.ofSeconds(5));
         }
         if (streams != null) {
-            streams.close(Duration.ofSeconds(10));
+            long started = System.nanoTime();
+            boolean closed = streams.close(CLOSE_TIMEOUT);
+            long tookMs = (System.nanoTime() - started) / 1_000_000;
+            System.err.println("w3-streams: " + (closed ? "closed" : "did not close within " + CLOSE_TIMEOUT)
+                + " after " + tookMs + " ms");
         }
     }
 }
