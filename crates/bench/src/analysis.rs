@@ -115,6 +115,9 @@ pub struct Figures {
     pub last_arrival: Histogram<u64>,
     /// Views: window end + grace → its closing row received.
     pub close_lag: Histogram<u64>,
+    /// Views: intended send of an event → its window's closing (final) row received: when a
+    /// reader that waits for final values (Kafka Streams' `suppress`) sees the event.
+    pub final_fresh: Histogram<u64>,
     /// Views: intended send of a point query → its answer.
     pub query: Histogram<u64>,
     /// A peer's batching consumer (W4 on Kafka): intended send → the batch holding the event
@@ -162,6 +165,7 @@ impl Default for Figures {
             first_arrival: latency_histogram(),
             last_arrival: latency_histogram(),
             close_lag: latency_histogram(),
+            final_fresh: latency_histogram(),
             query: latency_histogram(),
             commit: latency_histogram(),
             producer_emitted: 0,
@@ -206,6 +210,7 @@ impl Figures {
         merge(&mut self.first_arrival, &other.first_arrival);
         merge(&mut self.last_arrival, &other.last_arrival);
         merge(&mut self.close_lag, &other.close_lag);
+        merge(&mut self.final_fresh, &other.final_fresh);
         merge(&mut self.query, &other.query);
         merge(&mut self.commit, &other.commit);
         self.producer_emitted += other.producer_emitted;
@@ -480,6 +485,13 @@ fn freshness(
         }
         let received_ns = received.map(|(at, _)| at);
         let arrived_ns = received.map(|(_, arrived)| arrived).filter(|ns| *ns > 0);
+        // A closing row that counts fewer events than this one's place has not included it.
+        if let Some((final_ns, count, _)) = finals.get(&(key, window))
+            && place_in_window > 0
+            && *count >= place_in_window
+        {
+            record(&mut figures.final_fresh, final_ns.saturating_sub(intended_ns));
+        }
         if let Some((at, arrived)) = received {
             figures.observer_seen += 1;
             figures.joined_count += 1;

@@ -419,7 +419,10 @@ pub struct BenchWorkloadArgs {
     /// `scripts/peers install`: `kafka` (W4: 3 KRaft brokers, RF 3, franz-go producer and
     /// batching consumer), `kafka-stack` (W2: those brokers, acks=all, lz4, linger 5 ms → a
     /// kafkajs consumer → Redis SMEMBERS per tag → an HTTP POST per subscriber, the study's
-    /// Node.js application), `mosquitto` (W4: QoS 1, no persistence), `nats` and `nats-sync` (W4:
+    /// Node.js application), `kafka-streams` (W3: those brokers → a Kafka Streams 4.1 app,
+    /// tumbling 5 s windows with 1 s grace, its changelog and `suppress(untilWindowCloses)`
+    /// output read by a consumer, point queries through Interactive Queries over HTTP),
+    /// `mosquitto` (W4: QoS 1, no persistence), `nats` and `nats-sync` (W4:
     /// JetStream file storage through its MQTT listener, fsync every 2 min or every write).
     /// A target that does not run a workload is skipped for it.
     #[arg(long, value_delimiter = ',', default_value = "onehop", value_name = "TARGET,…")]

@@ -7,9 +7,9 @@
 //! logs must be kept with the run, and no process the harness started may outlive it.
 //!
 //! W2 runs against the kafka-stack (one broker, Redis and the study's Node.js glue) beside
-//! onehop, checked the same way.
+//! onehop, checked the same way, and W3 against Kafka Streams (one broker and the W3 app).
 //!
-//! The peers come from `scripts/peers install kafka mosquitto redis kafka-stack` (scripts/test
+//! The peers come from `scripts/peers install kafka mosquitto redis kafka-stack kafka-streams` (scripts/test
 //! runs it); without them this test fails and says so. No figure is checked against a
 //! threshold.
 
@@ -273,6 +273,114 @@ fn w2_smoke_against_the_kafka_stack_beside_onehop() {
     );
     let leftovers = processes_mentioning(&dir.path().to_string_lossy());
     assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+}
+
+/// W3 on study 1's conventional stack, kept honest: one Kafka broker and the Kafka Streams app
+/// beside onehop, in one invocation. Every event must show in a changelog row and in its
+/// window's suppressed (final) row with the right count, every window must close, every point
+/// query must be answered by Interactive Queries, and meta.json must record every peer setting.
+#[test]
+fn w3_smoke_against_kafka_streams_beside_onehop() {
+    let (dir, lines) = smoke("w3", &["onehop", "kafka-streams"], "kafka-streams");
+    let results = dir.path().join("results");
+    for line in &lines {
+        assert_eq!(line["workload"], "W3", "{line}");
+        assert_eq!(line["delivered_pct"], 100.0, "{line}");
+        assert_eq!(line["errors"], 0, "{line}");
+        let ns = |field: &str| line[field].as_u64().unwrap_or_else(|| panic!("{field}: {line}"));
+        assert!(ns("freshness_p50_ns") > 0 && ns("freshness_p99_ns") >= ns("freshness_p50_ns"), "{line}");
+        // The first row that includes an event comes no later than its window's final row.
+        assert!(ns("final_p50_ns") >= ns("freshness_p50_ns"), "{line}");
+        assert!(ns("query_p50_ns") > 0 && ns("query_p99_ns") >= ns("query_p50_ns"), "{line}");
+    }
+
+    let run = std::fs::read_dir(results.join("W3"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.join("meta.json").exists() && path.to_string_lossy().contains("kafka-streams"))
+        .expect("a kafka-streams run");
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["stack"], "kafka-streams");
+    assert_eq!(meta["errors"], 0, "{meta}");
+    let emitted = meta["producer_emitted"].as_u64().unwrap();
+    assert!(emitted > 0, "{meta}");
+    assert_eq!(meta["observer_seen"], emitted, "{meta}");
+    assert_eq!(meta["final_count"], emitted, "every event is in its window's suppressed row: {meta}");
+    let windows = meta["windows_expected"].as_u64().unwrap();
+    assert!(windows > 0, "{meta}");
+    assert!(meta["queries_emitted"].as_u64().unwrap() > 0, "{meta}");
+    let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = raw.lines().skip(1).map(|line| line.split(',').collect()).collect();
+    let count = |kind: &str| rows.iter().filter(|row| row[0] == kind).count() as u64;
+    assert_eq!(count("fresh"), emitted);
+    assert_eq!(count("close"), windows);
+    assert_eq!(count("query"), meta["queries_emitted"].as_u64().unwrap());
+    for row in &rows {
+        assert_eq!(row.len(), 9, "{row:?}");
+        assert!(row[3].starts_with('k'), "{row:?}");
+        let number = |index: usize| row[index].parse::<u64>().unwrap_or_else(|_| panic!("column {index}: {row:?}"));
+        match row[0] {
+            "fresh" => {
+                let (intended, sent, ack, received, arrived) = (number(4), number(5), number(6), number(7), number(8));
+                assert!(intended <= sent && sent <= ack && sent <= arrived && arrived <= received, "{row:?}");
+            }
+            // A window's suppressed row comes after the window's end plus grace: stream time
+            // passes it only with a record stamped later. The app's ticks read the wall clock
+            // in another process than the harness's, hence the 50 ms of slack.
+            "close" => assert!(number(7) + 50_000_000 >= number(4), "{row:?}"),
+            "query" => assert!(number(4) <= number(5) && number(5) <= number(6), "{row:?}"),
+            other => panic!("unexpected row kind {other}: {row:?}"),
+        }
+    }
+    let settings = &meta["target_settings"];
+    assert_eq!(settings["kafka"]["brokers"], 1, "{settings}");
+    assert!(settings["kafka"]["version"].as_str().unwrap().starts_with("4."), "{settings}");
+    assert_eq!(settings["topics"]["replication_factor"], 1, "{settings}");
+    assert_eq!(settings["producer"]["acks"], "1", "{settings}");
+    assert_eq!(settings["producer"]["compression"], "lz4", "{settings}");
+    assert_eq!(settings["producer"]["linger_ms"], 5.0, "{settings}");
+    let streams = &settings["streams"];
+    assert!(streams["version"].as_str().unwrap().starts_with("kafka-streams 4.1"), "{settings}");
+    assert_eq!((streams["window_ms"].as_u64(), streams["grace_ms"].as_u64()), (Some(5000), Some(1000)), "{settings}");
+    assert!(streams["commit_interval_ms"].as_u64().is_some(), "{settings}");
+    assert!(streams["statestore_cache_max_bytes"].as_u64().is_some(), "{settings}");
+    assert!(streams["topology"].as_str().unwrap().contains("suppress(untilWindowCloses"), "{settings}");
+    assert!(settings["heap"].as_str().is_some(), "{settings}");
+    // The app's JVM counts as the target's: more than the one broker's memory.
+    assert!(meta["host_usage"]["target_cores"].as_f64().unwrap() > 0.0, "{meta}");
+
+    // summary.md: the view table with the ratios to onehop's freshness, final and queries.
+    let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+    assert!(summary.contains("final ÷ onehop's freshness p50"), "{summary}");
+    let row = summary
+        .lines()
+        .find(|line| line.starts_with("| kafka-streams |") && line.split('|').count() == 13)
+        .unwrap_or_else(|| panic!("no view row for kafka-streams: {summary}"));
+    for column in [4, 6, 10] {
+        assert!(row.split('|').nth(column).unwrap().contains('×'), "column {column}: {row}");
+    }
+    let logs = results.join("W3").join("peer-logs").join("kafka-streams");
+    assert!(std::fs::read_to_string(logs.join("kafka").join("broker-1.log")).unwrap().contains("Kafka Server started"));
+    let app_log = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .find(|entry| entry.file_name().to_string_lossy().starts_with("app-"))
+        .map(|entry| std::fs::read_to_string(entry.path()).unwrap())
+        .expect("the app's log");
+    // Ready only once a first record came through the whole pipeline; stopped by its PID with
+    // SIGTERM, which the app takes as the signal to close Kafka Streams (it may take seconds:
+    // whether it finished is said in the log, not checked here).
+    assert!(app_log.contains("-> RUNNING") && app_log.contains("a first record came through"), "{app_log}");
+    assert!(app_log.contains("RUNNING -> PENDING_SHUTDOWN"), "{app_log}");
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+    let data_left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("onehop-peer-"))
+        .collect();
+    assert!(data_left.is_empty(), "{data_left:?}");
 }
 
 /// `onehop bench kafka`: Kafka's ProducerPerformance against onehop and against one Kafka

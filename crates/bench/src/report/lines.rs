@@ -36,9 +36,20 @@ pub struct JsonLine<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub freshness_p50_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub freshness_p95_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub freshness_p99_ns: Option<u64>,
+    /// W3: intended send of an event → its window's closing (final) row received.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_p50_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_p95_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_p99_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub query_p50_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub query_p95_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub query_p99_ns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -59,6 +70,7 @@ pub fn json_line(summary: &Summary) -> String {
     let ack = Percentiles::of(&figures.ack);
     let view = summary.workload == Workload::W3;
     let query = Percentiles::of(&figures.query);
+    let final_fresh = Percentiles::of(&figures.final_fresh);
     let harness = Percentiles::of(&figures.harness);
     let line = JsonLine {
         workload: summary.workload.id(),
@@ -83,8 +95,13 @@ pub fn json_line(summary: &Summary) -> String {
         harness_p99_ns: (harness.count > 0).then_some(harness.p99_ns),
         durability: &summary.durability,
         freshness_p50_ns: view.then_some(latency.p50_ns),
+        freshness_p95_ns: view.then_some(latency.p95_ns),
         freshness_p99_ns: view.then_some(latency.p99_ns),
+        final_p50_ns: view.then_some(final_fresh.p50_ns),
+        final_p95_ns: view.then_some(final_fresh.p95_ns),
+        final_p99_ns: view.then_some(final_fresh.p99_ns),
         query_p50_ns: view.then_some(query.p50_ns),
+        query_p95_ns: view.then_some(query.p95_ns),
         query_p99_ns: view.then_some(query.p99_ns),
         close_lag_p99_ns: view.then(|| Percentiles::of(&figures.close_lag).p99_ns),
         commit_p50_ns: (!figures.commit.is_empty()).then(|| Percentiles::of(&figures.commit).p50_ns),

@@ -1,6 +1,6 @@
 //! The side-by-side tables of an invocation, per workload (printed, and the body of summary.md),
 //! and below each what its table hides: runs one by one, pauses made on purpose, W3's view
-//! figures, the harness's own time, the fan-out, fsyncs and the machine, the echo floor, how far a
+//! figures (final values and point queries too, each with its ratio to onehop's), the harness's own time, the fan-out, fsyncs and the machine, the echo floor, how far a
 //! sweep went, the runs that did not keep up, subscriber resumes and the first problems seen.
 
 use std::fmt::Write as _;
@@ -94,33 +94,7 @@ pub fn tables(summaries: &[Summary]) -> String {
             );
         }
         if workload == Workload::W3 {
-            let _ = writeln!(
-                text,
-                "\n| target | rate /s | freshness p50 ms | freshness p99 ms | close lag p50 ms | close lag p99 ms | windows | query p50 ms | query p99 ms | queries |"
-            );
-            let _ = writeln!(text, "|---|---|---|---|---|---|---|---|---|---|");
-            for summary in &rows {
-                let figures = &summary.figures;
-                let (fresh, close, query) = (
-                    Percentiles::of(&figures.latency),
-                    Percentiles::of(&figures.close_lag),
-                    Percentiles::of(&figures.query),
-                );
-                let _ = writeln!(
-                    text,
-                    "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    summary.target,
-                    summary.rate_hz,
-                    ms(fresh.p50_ns),
-                    ms(fresh.p99_ns),
-                    ms(close.p50_ns),
-                    ms(close.p99_ns),
-                    close.count,
-                    ms(query.p50_ns),
-                    ms(query.p99_ns),
-                    query.count
-                );
-            }
+            let _ = writeln!(text, "\n{}", view_table(&rows));
         }
         // A peer's consumer that commits in batches: when each event's batch was committed.
         for summary in rows.iter().filter(|summary| !summary.figures.commit.is_empty()) {
@@ -272,6 +246,58 @@ pub fn tables(summaries: &[Summary]) -> String {
     text
 }
 
+/// W3's view figures side by side: freshness (the first row that includes an event), final
+/// freshness (its window's closing row: what a reader of final values, such as Kafka Streams'
+/// `suppress`, waits for), close lag and point queries, each with its ratio to onehop's.
+fn view_table(rows: &[&Summary]) -> String {
+    let mut text = String::from(
+        "| target | rate /s | freshness p50 / p95 / p99 ms | ÷ onehop's p50 | final p50 / p95 / p99 ms | final ÷ onehop's freshness p50 | close lag p50 / p99 ms | windows | query p50 / p95 / p99 ms | query ÷ onehop's p50 | queries |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let three = |histogram: &hdrhistogram::Histogram<u64>| {
+        let of = Percentiles::of(histogram);
+        format!("{} / {} / {}", ms(of.p50_ns), ms(of.p95_ns), ms(of.p99_ns))
+    };
+    for summary in rows {
+        let figures = &summary.figures;
+        let onehop = rows.iter().find(|row| row.target == "onehop" && row.rate_hz == summary.rate_hz);
+        let over_onehop =
+            |mine: &hdrhistogram::Histogram<u64>, theirs: fn(&Summary) -> &hdrhistogram::Histogram<u64>| match onehop {
+                Some(onehop) if summary.target != "onehop" => {
+                    times(Percentiles::of(mine).p50_ns, Percentiles::of(theirs(onehop)).p50_ns)
+                }
+                _ => "–".into(),
+            };
+        let close = Percentiles::of(&figures.close_lag);
+        let _ = writeln!(
+            text,
+            "| {} | {:.0} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |",
+            summary.target,
+            summary.rate_hz,
+            three(&figures.latency),
+            over_onehop(&figures.latency, |onehop| &onehop.figures.latency),
+            three(&figures.final_fresh),
+            over_onehop(&figures.final_fresh, |onehop| &onehop.figures.latency),
+            ms(close.p50_ns),
+            ms(close.p99_ns),
+            close.count,
+            three(&figures.query),
+            over_onehop(&figures.query, |onehop| &onehop.figures.query),
+            Percentiles::of(&figures.query).count
+        );
+    }
+    text
+}
+
+/// `a` over `b` as "N×", or `–` when either is missing.
+fn times(a: u64, b: u64) -> String {
+    if a == 0 || b == 0 {
+        return "–".into();
+    }
+    let ratio = a as f64 / b as f64;
+    if ratio >= 10.0 { format!("{ratio:.0}×") } else { format!("{ratio:.2}×") }
+}
+
 /// A target's p50 and p99 over onehop's at the same rate, in this invocation (`–` for onehop
 /// itself, or without a onehop row to compare with): how many times slower the target is.
 fn ratio_to_onehop(summary: &Summary, rows: &[&Summary]) -> String {
@@ -281,10 +307,6 @@ fn ratio_to_onehop(summary: &Summary, rows: &[&Summary]) -> String {
     if theirs.p50_ns == 0 || theirs.p99_ns == 0 || mine.count == 0 {
         return "–".into();
     }
-    let times = |a: u64, b: u64| {
-        let ratio = a as f64 / b as f64;
-        if ratio >= 10.0 { format!("{ratio:.0}×") } else { format!("{ratio:.2}×") }
-    };
     format!("{} / {}", times(mine.p50_ns, theirs.p50_ns), times(mine.p99_ns, theirs.p99_ns))
 }
 

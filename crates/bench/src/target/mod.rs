@@ -15,7 +15,7 @@
 //!   delivers at once, with no disk and no real routing: driven by the same client code, it
 //!   measures the harness's own latency floor.
 //! - `peers`: the conventional stacks the studies measured (`kafka`, `kafka-stack`,
-//!   `mosquitto`, `nats`, `nats-sync`), installed by `scripts/peers install` and started as
+//!   `kafka-streams`, `mosquitto`, `nats`, `nats-sync`), installed by `scripts/peers install` and started as
 //!   processes of their own.
 
 pub mod echo;
@@ -174,7 +174,7 @@ pub struct TargetOptions {
 }
 
 /// The targets this harness knows, by name.
-pub const TARGET_NAMES: [&str; 11] = [
+pub const TARGET_NAMES: [&str; 12] = [
     "onehop",
     "onehop-auth",
     "onehop-tls",
@@ -182,6 +182,7 @@ pub const TARGET_NAMES: [&str; 11] = [
     "echo",
     "kafka",
     "kafka-stack",
+    "kafka-streams",
     "onehop-kafka",
     "mosquitto",
     "nats",
@@ -189,14 +190,15 @@ pub const TARGET_NAMES: [&str; 11] = [
 ];
 
 /// Whether target `name` runs the workload of `plan`: onehop (plain, with access, TLS or both)
-/// and the echo run every workload; `kafka-stack` runs W2 (tags); the brokers run W4
-/// (ingestion) only.
+/// and the echo run every workload; `kafka-stack` runs W2 (tags); `kafka-streams` runs W3 (a
+/// view); the brokers run W4 (ingestion) only.
 pub fn serves(name: &str, plan: &Plan) -> bool {
     match name {
         "onehop" | "onehop-auth" | "onehop-tls" | "onehop-secure" | "echo" => true,
         "kafka-stack" => {
             matches!(plan, Plan::Fanout(fanout) if matches!(fanout.routing, crate::plan::Routing::Tags { .. }))
         }
+        "kafka-streams" => matches!(plan, Plan::View(_)),
         _ => matches!(plan, Plan::Ingest(_)),
     }
 }
@@ -212,6 +214,7 @@ pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result
         "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
         "kafka" => Ok(Box::new(peers::kafka::KafkaTarget::start(options)?)),
         "kafka-stack" => Ok(Box::new(peers::kafka_stack::KafkaStackTarget::start(options)?)),
+        "kafka-streams" => Ok(Box::new(peers::kafka_streams::KafkaStreamsTarget::start(options)?)),
         "onehop-kafka" => Ok(Box::new(peers::onehop_kafka::OnehopKafkaTarget::start(options)?)),
         "mosquitto" => Ok(Box::new(BrokerTarget::start(Broker::Mosquitto, options)?)),
         "nats" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: false }, options)?)),

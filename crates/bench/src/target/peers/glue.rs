@@ -46,6 +46,9 @@ pub struct Glue {
 /// The subject of event `seq`, written on its line to the glue.
 pub type SubjectOf = Box<dyn Fn(u64) -> String + Send>;
 
+/// Reads a glue's report connection until the flag is set, recording what it reports.
+pub type ReportReader = fn(TcpStream, Arc<Recorder>, Arc<AtomicBool>);
+
 impl Glue {
     /// Starts the glue with `args` (and `--harness` pointing at a fresh loopback listener),
     /// and waits until it has connected back twice.
@@ -95,6 +98,11 @@ impl Glue {
         Ok(Glue { process, produce: produce.expect("connected"), observe: observer, subject_of: None })
     }
 
+    /// The glue process's PID, so a target can count its CPU and memory.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// Writes each event's subject on its line (`P <seq> <intended_ns> <subject>`).
     pub fn with_subjects(self, subject_of: SubjectOf) -> Glue {
         Glue { subject_of: Some(subject_of), ..self }
@@ -108,13 +116,24 @@ impl Glue {
 
     /// The run's session, the glue's observers joining `observers` (ones the target started
     /// itself, such as the notify endpoint).
-    pub fn session_with(self, recorder: &Arc<Recorder>, mut observers: Observers) -> anyhow::Result<Session> {
+    pub fn session_with(self, recorder: &Arc<Recorder>, observers: Observers) -> anyhow::Result<Session> {
+        self.session_reporting(recorder, observers, observe_reports)
+    }
+
+    /// The run's session, the glue's report connection read by `reports` (a glue that reports
+    /// something other than receipts and commits: the W3 app's view rows).
+    pub fn session_reporting(
+        self,
+        recorder: &Arc<Recorder>,
+        mut observers: Observers,
+        reports: ReportReader,
+    ) -> anyhow::Result<Session> {
         let Glue { process, produce, observe, subject_of } = self;
         if let Some(observe) = observe {
             let (recorder, stop) = (recorder.clone(), observers.stop_flag());
             observers.add_thread(std::thread::Builder::new().name("bench-glue-observer".into()).spawn(move || {
                 crate::priority::raise_this_thread();
-                observe_reports(observe, recorder, stop)
+                reports(observe, recorder, stop)
             })?);
         }
         let reader = {
@@ -202,16 +221,19 @@ fn read_answers(mut stream: TcpStream, recorder: Arc<Recorder>) {
     }
 }
 
-/// Records the consumer's receipts (`R`) as deliveries to observer 0, and its commits (`C`),
-/// until `stop`.
-fn observe_reports(mut stream: TcpStream, recorder: Arc<Recorder>, stop: Arc<AtomicBool>) {
-    let mut deliveries = Receipts::new();
-    let mut commits = Receipts::new();
+/// Reads a report connection until `stop` or its end, handing each complete line to `line` with
+/// the time the harness read it and the kernel's arrival stamp (0 without one); `line` returns
+/// how many receipts the line was, for the live count. Returns why it ended early, if it did.
+pub fn read_reports(
+    mut stream: TcpStream,
+    recorder: &Recorder,
+    stop: &AtomicBool,
+    line: &mut dyn FnMut(&str, u64, u64) -> u64,
+) -> Option<String> {
     let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
     let stamped = rxstamp::enable(stream.as_raw_fd()).is_ok();
     let mut buffer = Vec::with_capacity(64 * 1024);
     let mut chunk = vec![0u8; 256 * 1024];
-    let total = recorder.events.schedule.total();
     while !stop.load(Ordering::Relaxed) {
         let read = if stamped {
             rxstamp::recv(stream.as_raw_fd(), &mut chunk, false)
@@ -219,35 +241,48 @@ fn observe_reports(mut stream: TcpStream, recorder: Arc<Recorder>, stop: Arc<Ato
             stream.read(&mut chunk).map(|read| (read, None))
         };
         let (read, arrived) = match read {
-            Ok((0, _)) => {
-                recorder.observer_failed("the glue closed its report connection".into());
-                break;
-            }
+            Ok((0, _)) => return Some("the glue closed its report connection".into()),
             Ok(read) => read,
             Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 continue;
             }
-            Err(error) => {
-                recorder.observer_failed(format!("the glue's report connection: {error}"));
-                break;
-            }
+            Err(error) => return Some(format!("the glue's report connection: {error}")),
         };
         let received_ns = recorder.clock.now_ns();
         let arrived_ns = rxstamp::arrival_on_clock(received_ns, arrived);
         buffer.extend_from_slice(&chunk[..read]);
-        let before = deliveries.len();
-        let result = take_lines(&mut buffer, &mut |line| match parse(line) {
-            Some(('R', seq, _)) if seq < total => {
-                deliveries.push(Delivery { seq, observer: 0, received_ns, arrived_ns });
-            }
-            Some(('C', seq, _)) if seq < total => commits.push(Delivery { seq, observer: 0, received_ns, arrived_ns }),
-            _ => recorder.problem(format!("the glue reported {line:?}")),
-        });
-        recorder.count_received((deliveries.len() - before) as u64);
+        let mut count = 0;
+        let result = take_lines(&mut buffer, &mut |text| count += line(text, received_ns, arrived_ns));
+        recorder.count_received(count);
         if let Err(error) = result {
-            recorder.observer_failed(format!("{error:#}"));
-            break;
+            return Some(format!("{error:#}"));
         }
+    }
+    None
+}
+
+/// Records the consumer's receipts (`R`) as deliveries to observer 0, and its commits (`C`),
+/// until `stop`.
+fn observe_reports(stream: TcpStream, recorder: Arc<Recorder>, stop: Arc<AtomicBool>) {
+    let mut deliveries = Receipts::new();
+    let mut commits = Receipts::new();
+    let total = recorder.events.schedule.total();
+    let ended = read_reports(stream, &recorder, &stop, &mut |line, received_ns, arrived_ns| match parse(line) {
+        Some(('R', seq, _)) if seq < total => {
+            deliveries.push(Delivery { seq, observer: 0, received_ns, arrived_ns });
+            1
+        }
+        Some(('C', seq, _)) if seq < total => {
+            commits.push(Delivery { seq, observer: 0, received_ns, arrived_ns });
+            0
+        }
+        _ => {
+            recorder.problem(format!("the glue reported {line:?}"));
+            0
+        }
+    });
+    if let Some(why) = ended {
+        recorder.observer_failed(why);
     }
     recorder.add_deliveries(deliveries);
     recorder.add_commits(commits);

@@ -33,8 +33,9 @@ pub const CONSUME_RECORDS_MAX: u32 = 256;
 pub const CONSUME_WAIT_MS: f64 = 50.0;
 /// Heap of each broker: the default of Kafka's own start script (`kafka-server-start.sh`).
 pub const HEAP: &str = "1g";
-/// The JVM options Kafka's start scripts give a broker (`kafka-run-class.sh`).
-const JVM_OPTIONS: [&str; 7] = [
+/// The JVM options Kafka's start scripts give a broker (`kafka-run-class.sh`), and the Kafka
+/// Streams app too.
+pub const JVM_OPTIONS: [&str; 7] = [
     "-server",
     "-XX:+UseG1GC",
     "-XX:MaxGCPauseMillis=20",

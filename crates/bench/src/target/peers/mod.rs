@@ -9,6 +9,9 @@
 //! - `kafka_stack`: `kafka-stack` (W2): those brokers, a Redis (`redis`) and per run the
 //!   study's Node.js application (`bench/baselines/stack-node`), which notifies each
 //!   subscriber over HTTP at the harness's endpoint (`http_observer`).
+//! - `kafka_streams`: `kafka-streams` (W3): those brokers and per run a Kafka Streams app
+//!   (`bench/baselines/streams`) whose windowed count's changelog and suppressed rows are
+//!   reported to the harness, and whose Interactive Queries answer point queries over HTTP.
 //!
 //! Every process a peer starts writes its output to a log file kept with the run, runs at the
 //! process's own priority, and is stopped by its PID (SIGTERM, then SIGKILL): nothing is
@@ -18,6 +21,7 @@ pub mod glue;
 pub mod http_observer;
 pub mod kafka;
 pub mod kafka_stack;
+pub mod kafka_streams;
 pub mod mqtt_broker;
 pub mod onehop_kafka;
 pub mod redis;
