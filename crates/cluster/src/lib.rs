@@ -13,7 +13,7 @@
 //! not the leader forwards the command to the leader.
 
 mod machine;
-mod net;
+pub mod net;
 pub mod raftlog;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
-use openraft::{BasicNode, ChangeMembers, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy};
+use openraft::{ChangeMembers, Config, Raft, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -33,6 +33,7 @@ use tokio::task::JoinHandle;
 
 pub use machine::{Applier, Machine, Progress};
 pub use net::FRAME_BYTES_MAX;
+pub use openraft::{BasicNode, RaftMetrics};
 pub use raftlog::{LogStore, OpenLogError};
 
 openraft::declare_raft_types!(

@@ -413,7 +413,9 @@ pub struct BenchWorkloadArgs {
     /// `onehop`; `onehop-auth`, `onehop-tls` and `onehop-secure` (onehop started with access
     /// on — every client logged in, a bearer token over HTTP, SSE and WebSocket, a user name and
     /// password over MQTT — with TLS on its HTTPS and MQTT listeners, or with both; the
-    /// handshakes before the schedule; their ratio to `onehop` is their cost); `echo` (a
+    /// handshakes before the schedule; their ratio to `onehop` is their cost);
+    /// `onehop-cluster` (W1, W2, W4: three nodes as a cluster, every write committed on a
+    /// majority's fsynced Raft logs, the clients on a follower); `echo` (a
     /// loopback server in the harness that answers and delivers at once: the harness's own
     /// latency floor); and the conventional stacks, installed by
     /// `scripts/peers install`: `kafka` (W4: 3 KRaft brokers, RF 3, franz-go producer and

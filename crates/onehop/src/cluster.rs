@@ -85,6 +85,31 @@ impl onehop_server::http::ClusterStatus for Status {
     }
 }
 
+/// Logs the cluster's events as this node sees them: a new leader, no leader, Raft stopping.
+async fn watch(mut metrics: tokio::sync::watch::Receiver<onehop_cluster::RaftMetrics<u64, onehop_cluster::BasicNode>>) {
+    let mut seen = (None, 0);
+    loop {
+        let (leader, term, stopped) = {
+            let now = metrics.borrow_and_update();
+            (now.current_leader, now.current_term, now.running_state.clone().err())
+        };
+        if let Some(fatal) = stopped {
+            tracing::error!(%fatal, "this node's Raft stopped: it takes no writes and applies nothing until restarted");
+            return;
+        }
+        if (leader, term) != seen && (leader.is_some() || seen.0.is_some()) {
+            match leader {
+                Some(leader) => tracing::info!(leader, term, "the cluster's leader"),
+                None => tracing::warn!(term, "no leader: an election is under way"),
+            }
+            seen = (leader, term);
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Starts this node of the cluster on `engine`, forms the cluster on the first start of its
 /// members, and sends the engine's writes to it from now on.
 pub async fn start(
@@ -101,6 +126,7 @@ pub async fn start(
         node.bootstrap(&settings.peers).await.map_err(anyhow::Error::msg).context("forming the cluster")?;
     }
     engine.set_replicator(Arc::new(NodeReplicator(node.clone()))).context("this node's data directory")?;
+    tokio::spawn(watch(node.metrics()));
     tracing::info!(
         node = settings.node_id,
         address = %settings.address,

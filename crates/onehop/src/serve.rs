@@ -17,8 +17,15 @@ use crate::settings::Settings;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
-    let filter = EnvFilter::try_new(&settings.log_filter)
-        .with_context(|| format!("bad log filter {:?}", settings.log_filter))?;
+    // openraft logs a peer it cannot reach as an error, which in a cluster is routine (a node
+    // restarting); onehop logs the cluster's own events (`cluster::watch`). A filter that names
+    // openraft shows its lines again.
+    let log_filter = match settings.log_filter.contains("openraft") {
+        true => settings.log_filter.clone(),
+        false => format!("{},openraft=off", settings.log_filter),
+    };
+    let filter =
+        EnvFilter::try_new(&log_filter).with_context(|| format!("bad log filter {:?}", settings.log_filter))?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
     let runtime = tokio::runtime::Builder::new_multi_thread()

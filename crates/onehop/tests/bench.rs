@@ -298,6 +298,37 @@ fn w2_runs_side_by_side_with_the_echo_floor() {
 }
 
 #[test]
+fn w2_and_w4_against_a_three_node_cluster_beside_one_node() {
+    // W2 over HTTP and SSE, W4 over MQTT: the clients on a follower, every write forwarded to
+    // the leader and committed on a majority before it is delivered.
+    for (workload, name) in [("w2", "W2"), ("w4", "W4")] {
+        let (lines, dir) = bench(&[workload, "--target", "onehop,onehop-cluster", "--duration", "2", "--warmup", "1"]);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        check_line(&lines[0], name, "onehop");
+        check_line(&lines[1], name, "onehop-cluster");
+        let results = dir.path().join("results");
+        let run = runs(&results, name).into_iter().find(|run| run.to_str().unwrap().contains("cluster")).unwrap();
+        let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+        assert_eq!(meta["target_settings"]["nodes"], 3, "{meta}");
+        assert!(meta["durability"].as_str().unwrap().contains("majority"), "{meta}");
+        let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+        assert!(summary.contains("| onehop-cluster |"), "{summary}");
+        // The three nodes are stopped and their data gone: only the results are left.
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(left, ["results"]);
+    }
+    // Views are not replicated yet: W3 is refused with the reason.
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::onehop()
+        .args(["bench", "w3", "--target", "onehop-cluster", "--duration", "2", "--no-progress", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("onehop-cluster"), "{stderr}");
+}
+
+#[test]
 fn w3_measures_freshness_window_close_and_point_queries() {
     let (lines, dir) = bench(&["w3", "--duration", "3", "--warmup", "1"]);
     assert_eq!(lines.len(), 1);

@@ -18,6 +18,7 @@
 //!   `kafka-streams`, `mosquitto`, `nats`, `nats-sync`), installed by `scripts/peers install` and started as
 //!   processes of their own.
 
+pub mod cluster;
 pub mod echo;
 pub mod onehop;
 pub mod peers;
@@ -174,8 +175,9 @@ pub struct TargetOptions {
 }
 
 /// The targets this harness knows, by name.
-pub const TARGET_NAMES: [&str; 12] = [
+pub const TARGET_NAMES: [&str; 13] = [
     "onehop",
+    "onehop-cluster",
     "onehop-auth",
     "onehop-tls",
     "onehop-secure",
@@ -195,6 +197,8 @@ pub const TARGET_NAMES: [&str; 12] = [
 pub fn serves(name: &str, plan: &Plan) -> bool {
     match name {
         "onehop" | "onehop-auth" | "onehop-tls" | "onehop-secure" | "echo" => true,
+        // Views and tables are not replicated yet (docs/cluster.md): streams only.
+        "onehop-cluster" => matches!(plan, Plan::Fanout(_) | Plan::Ingest(_)),
         "kafka-stack" => {
             matches!(plan, Plan::Fanout(fanout) if matches!(fanout.routing, crate::plan::Routing::Tags { .. }))
         }
@@ -211,6 +215,7 @@ pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result
             let protection = onehop::Protection::of_target(name).expect("a onehop target");
             Ok(Box::new(onehop::OnehopTarget::start_protected(options, protection)?))
         }
+        "onehop-cluster" => Ok(Box::new(cluster::ClusterTarget::start(options)?)),
         "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
         "kafka" => Ok(Box::new(peers::kafka::KafkaTarget::start(options)?)),
         "kafka-stack" => Ok(Box::new(peers::kafka_stack::KafkaStackTarget::start(options)?)),
