@@ -76,6 +76,24 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<(u64
     Ok((id, payload))
 }
 
+/// Writes the frames `outgoing` brings to `writer`: those waiting together, then one flush.
+fn spawn_writer(
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    mut outgoing: mpsc::Receiver<(u64, Vec<u8>)>,
+) -> tokio::task::JoinHandle<io::Result<()>> {
+    tokio::spawn(async move {
+        let mut writer = BufWriter::new(writer);
+        while let Some((id, payload)) = outgoing.recv().await {
+            write_frame(&mut writer, id, &payload).await?;
+            while let Ok((id, payload)) = outgoing.try_recv() {
+                write_frame(&mut writer, id, &payload).await?;
+            }
+            writer.flush().await?;
+        }
+        Ok(())
+    })
+}
+
 fn encode<T: Serialize>(message: &T) -> Vec<u8> {
     postcard::to_allocvec(message).expect("cluster messages always encode")
 }
@@ -114,19 +132,8 @@ pub(crate) async fn serve<A: Applier>(listener: TcpListener, node: Arc<Inner<A>>
 async fn serve_connection<A: Applier>(stream: TcpStream, node: Arc<Inner<A>>) -> io::Result<()> {
     let (reader, writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
-    let (replies, mut outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
-    let writing = tokio::spawn(async move {
-        let mut writer = BufWriter::new(writer);
-        while let Some((id, payload)) = outgoing.recv().await {
-            write_frame(&mut writer, id, &payload).await?;
-            // Write what is waiting together, then flush once.
-            while let Ok((id, payload)) = outgoing.try_recv() {
-                write_frame(&mut writer, id, &payload).await?;
-            }
-            writer.flush().await?;
-        }
-        io::Result::Ok(())
-    });
+    let (replies, outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
+    let writing = spawn_writer(writer, outgoing);
     let permits = Arc::new(Semaphore::new(IN_FLIGHT_PER_CONNECTION));
     // Requests in progress end with their connection.
     let mut requests = tokio::task::JoinSet::new();
@@ -334,21 +341,11 @@ impl Forwarder {
             .map_err(|error| ProposeError::Unreachable(format!("{address}: {error}")))?;
         let _ = stream.set_nodelay(true);
         let (reader, writer) = stream.into_split();
-        let (requests, mut outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
+        let (requests, outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
         let waiting: Waiting = Arc::new(Mutex::new(Some(HashMap::new())));
         let forward = Arc::new(Forward { requests, waiting: waiting.clone() });
         let closing = waiting.clone();
-        let writing = tokio::spawn(async move {
-            let mut writer = BufWriter::new(writer);
-            while let Some((id, payload)) = outgoing.recv().await {
-                write_frame(&mut writer, id, &payload).await?;
-                while let Ok((id, payload)) = outgoing.try_recv() {
-                    write_frame(&mut writer, id, &payload).await?;
-                }
-                writer.flush().await?;
-            }
-            io::Result::Ok(())
-        });
+        let writing = spawn_writer(writer, outgoing);
         tokio::spawn(async move {
             let mut reader = BufReader::new(reader);
             loop {

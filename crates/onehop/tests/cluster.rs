@@ -5,7 +5,7 @@
 //! written twice, and the subscriber saw only records that stayed.
 //!
 //! `ONEHOP_CLUSTER_KILLS` sets the number of kill cycles (default 50); the longer run
-//! is `ONEHOP_CLUSTER_KILLS=1000 cargo test --release -p onehop --test cluster -- --nocapture`.
+//! is `ONEHOP_CLUSTER_KILLS=1000 cargo test -p onehop --test cluster acknowledged -- --nocapture`.
 
 mod common;
 

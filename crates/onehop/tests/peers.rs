@@ -205,6 +205,18 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_l
     assert!(data_left.is_empty(), "{data_left:?}");
 }
 
+/// The run of `target` under `results/{workload}`: its meta.json and raw.csv.
+fn peer_run(results: &std::path::Path, workload: &str, target: &str) -> (Value, String) {
+    let run = std::fs::read_dir(results.join(workload))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.join("meta.json").exists() && path.to_string_lossy().contains(target))
+        .unwrap_or_else(|| panic!("a {target} run"));
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
+    (meta, raw)
+}
+
 /// W2 on study 1's conventional stack, kept honest: one Kafka broker, Redis and the Node.js
 /// glue (kafkajs, ioredis) beside onehop, in one invocation. Every subscriber owed an event
 /// must be notified over HTTP exactly once, every receipt stamped by the kernel, and meta.json
@@ -220,12 +232,7 @@ fn w2_smoke_against_the_kafka_stack_beside_onehop() {
         assert!(line["p50_ns"].as_u64().unwrap() > 0 && line["p99_ns"].as_u64() >= line["p50_ns"].as_u64(), "{line}");
     }
 
-    let run = std::fs::read_dir(results.join("W2"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .find(|path| path.join("meta.json").exists() && path.to_string_lossy().contains("kafka-stack"))
-        .expect("a kafka-stack run");
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    let (meta, raw) = peer_run(&results, "W2", "kafka-stack");
     assert_eq!(meta["stack"], "kafka-stack");
     assert_eq!(meta["errors"], 0, "{meta}");
     assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
@@ -235,7 +242,6 @@ fn w2_smoke_against_the_kafka_stack_beside_onehop() {
     let expected = meta["deliveries_expected"].as_u64().unwrap();
     let emitted = meta["producer_emitted"].as_u64().unwrap();
     assert!(emitted > 0 && expected > 10 * emitted, "{meta}");
-    let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
     let rows: Vec<Vec<&str>> = raw.lines().skip(1).map(|line| line.split(',').collect()).collect();
     assert_eq!(rows.len() as u64, expected, "one row per (event, subscriber owed it)");
     for row in &rows {
@@ -294,12 +300,7 @@ fn w3_smoke_against_kafka_streams_beside_onehop() {
         assert!(ns("query_p50_ns") > 0 && ns("query_p99_ns") >= ns("query_p50_ns"), "{line}");
     }
 
-    let run = std::fs::read_dir(results.join("W3"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .find(|path| path.join("meta.json").exists() && path.to_string_lossy().contains("kafka-streams"))
-        .expect("a kafka-streams run");
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    let (meta, raw) = peer_run(&results, "W3", "kafka-streams");
     assert_eq!(meta["stack"], "kafka-streams");
     assert_eq!(meta["errors"], 0, "{meta}");
     let emitted = meta["producer_emitted"].as_u64().unwrap();
@@ -309,7 +310,6 @@ fn w3_smoke_against_kafka_streams_beside_onehop() {
     let windows = meta["windows_expected"].as_u64().unwrap();
     assert!(windows > 0, "{meta}");
     assert!(meta["queries_emitted"].as_u64().unwrap() > 0, "{meta}");
-    let raw = std::fs::read_to_string(run.join("raw.csv")).unwrap();
     let rows: Vec<Vec<&str>> = raw.lines().skip(1).map(|line| line.split(',').collect()).collect();
     let count = |kind: &str| rows.iter().filter(|row| row[0] == kind).count() as u64;
     assert_eq!(count("fresh"), emitted);
