@@ -148,9 +148,7 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_l
     let (dir, lines) = smoke("w4", &["onehop", "onehop-kafka", "kafka", "mosquitto"], "kafka mosquitto");
     let results = dir.path().join("results");
     for line in &lines {
-        assert_eq!(line["workload"], "W4", "{line}");
-        assert_eq!(line["delivered_pct"], 100.0, "{line}");
-        assert_eq!(line["errors"], 0, "{line}");
+        assert_complete(line, "W4");
         assert!(line["p50_ns"].as_u64().unwrap() > 0 && line["p99_ns"].as_u64() >= line["p50_ns"].as_u64(), "{line}");
     }
     assert!(lines[1]["commit_p50_ns"].as_u64().is_some(), "{}", lines[1]);
@@ -205,6 +203,13 @@ fn w4_smoke_against_one_kafka_broker_and_mosquitto_beside_onehop_and_its_kafka_l
     assert!(data_left.is_empty(), "{data_left:?}");
 }
 
+/// A smoke's JSON line for `workload`: every event delivered, no error.
+fn assert_complete(line: &Value, workload: &str) {
+    assert_eq!(line["workload"], workload, "{line}");
+    assert_eq!(line["delivered_pct"], 100.0, "{line}");
+    assert_eq!(line["errors"], 0, "{line}");
+}
+
 /// The run of `target` under `results/{workload}`: its meta.json and raw.csv.
 fn peer_run(results: &std::path::Path, workload: &str, target: &str) -> (Value, String) {
     let run = std::fs::read_dir(results.join(workload))
@@ -226,9 +231,7 @@ fn w2_smoke_against_the_kafka_stack_beside_onehop() {
     let (dir, lines) = smoke("w2", &["onehop", "kafka-stack"], "kafka-stack");
     let results = dir.path().join("results");
     for line in &lines {
-        assert_eq!(line["workload"], "W2", "{line}");
-        assert_eq!(line["delivered_pct"], 100.0, "{line}");
-        assert_eq!(line["errors"], 0, "{line}");
+        assert_complete(line, "W2");
         assert!(line["p50_ns"].as_u64().unwrap() > 0 && line["p99_ns"].as_u64() >= line["p50_ns"].as_u64(), "{line}");
     }
 
@@ -290,9 +293,7 @@ fn w3_smoke_against_kafka_streams_beside_onehop() {
     let (dir, lines) = smoke("w3", &["onehop", "kafka-streams"], "kafka-streams");
     let results = dir.path().join("results");
     for line in &lines {
-        assert_eq!(line["workload"], "W3", "{line}");
-        assert_eq!(line["delivered_pct"], 100.0, "{line}");
-        assert_eq!(line["errors"], 0, "{line}");
+        assert_complete(line, "W3");
         let ns = |field: &str| line[field].as_u64().unwrap_or_else(|| panic!("{field}: {line}"));
         assert!(ns("freshness_p50_ns") > 0 && ns("freshness_p99_ns") >= ns("freshness_p50_ns"), "{line}");
         // The first row that includes an event comes no later than its window's final row.

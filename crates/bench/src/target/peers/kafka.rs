@@ -118,17 +118,25 @@ fn server_properties(node: u32, brokers: u32, ports: &[(u16, u16)], log_dirs: &P
     )
 }
 
-const LOG4J2_PROPERTIES: &str = "# Written by onehop bench: the broker's log to stdout, kept with the run.\n\
-status = warn\n\
-appender.stdout.type = Console\n\
-appender.stdout.name = STDOUT\n\
-appender.stdout.layout.type = PatternLayout\n\
-appender.stdout.layout.pattern = [%d] %p %m (%c)%n\n\
-rootLogger.level = INFO\n\
-rootLogger.appenderRefs = stdout\n\
-rootLogger.appenderRef.stdout.ref = STDOUT\n\
-logger.state.name = state.change.logger\n\
-logger.state.level = WARN\n";
+/// A log4j2 configuration that sends a JVM's log (`what`: the broker's, the app's) to stdout,
+/// which the harness keeps with the run, at INFO but for the loggers `quiet` names (at WARN).
+pub fn log4j2_properties(what: &str, quiet: &[(&str, &str)]) -> String {
+    let mut text = format!(
+        "# Written by onehop bench: {what} log to stdout, kept with the run.\n\
+         status = warn\n\
+         appender.stdout.type = Console\n\
+         appender.stdout.name = STDOUT\n\
+         appender.stdout.layout.type = PatternLayout\n\
+         appender.stdout.layout.pattern = [%d] %p %m (%c)%n\n\
+         rootLogger.level = INFO\n\
+         rootLogger.appenderRefs = stdout\n\
+         rootLogger.appenderRef.stdout.ref = STDOUT\n"
+    );
+    for (id, logger) in quiet {
+        text.push_str(&format!("logger.{id}.name = {logger}\nlogger.{id}.level = WARN\n"));
+    }
+    text
+}
 
 impl KafkaTarget {
     pub fn start(options: &TargetOptions) -> anyhow::Result<KafkaTarget> {
@@ -144,7 +152,7 @@ impl KafkaTarget {
         let ports: Vec<(u16, u16)> =
             (0..brokers).map(|_| Ok((free_port()?, free_port()?))).collect::<anyhow::Result<_>>()?;
         let log4j = data.path().join("log4j2.properties");
-        std::fs::write(&log4j, LOG4J2_PROPERTIES)?;
+        std::fs::write(&log4j, log4j2_properties("the broker's", &[("state", "state.change.logger")]))?;
         let classpath = format!("{}/*", lib.display());
         let java_command = |main: &str| {
             let mut command = Command::new(&java);
@@ -336,5 +344,19 @@ impl Target for KafkaTarget {
 impl Drop for KafkaTarget {
     fn drop(&mut self) {
         stop_all(&mut self.brokers);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_log4j2_configuration_has_one_setting_per_line_and_the_quiet_loggers_at_warn() {
+        let text = super::log4j2_properties("the broker's", &[("state", "state.change.logger")]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "# Written by onehop bench: the broker's log to stdout, kept with the run.");
+        assert!(lines.contains(&"appender.stdout.layout.pattern = [%d] %p %m (%c)%n"), "{text}");
+        assert!(lines.contains(&"rootLogger.appenderRef.stdout.ref = STDOUT"), "{text}");
+        assert_eq!(lines[lines.len() - 2..], ["logger.state.name = state.change.logger", "logger.state.level = WARN"]);
+        assert!(lines.iter().all(|line| !line.starts_with(' ')), "{text}");
     }
 }

@@ -46,19 +46,6 @@ const PARTITIONS: u32 = 1;
 const QUERY_PATH: &str = "/views/w3";
 const MAIN_CLASS: &str = "dev.onehop.bench.W3Streams";
 
-const LOG4J2_PROPERTIES: &str = "# Written by onehop bench: the app's log to stdout, kept with the run.\n\
-status = warn\n\
-appender.stdout.type = Console\n\
-appender.stdout.name = STDOUT\n\
-appender.stdout.layout.type = PatternLayout\n\
-appender.stdout.layout.pattern = [%d] %p %m (%c)%n\n\
-rootLogger.level = INFO\n\
-rootLogger.appenderRefs = stdout\n\
-rootLogger.appenderRef.stdout.ref = STDOUT\n\
-# Every client prints its whole configuration at INFO when it starts.\n\
-logger.clients.name = org.apache.kafka.clients\n\
-logger.clients.level = WARN\n";
-
 pub struct KafkaStreamsTarget {
     kafka: KafkaTarget,
     java: PathBuf,
@@ -79,7 +66,9 @@ impl KafkaStreamsTarget {
         // RocksDB unpacks its native library (14 MB) into java.io.tmpdir and removes it only on
         // a clean exit: here, inside the target's own directory, removed with it.
         std::fs::create_dir_all(data.path().join("tmp"))?;
-        std::fs::write(data.path().join("log4j2.properties"), LOG4J2_PROPERTIES)?;
+        // Every client prints its whole configuration at INFO when it starts.
+        let log4j = super::kafka::log4j2_properties("the app's", &[("clients", "org.apache.kafka.clients")]);
+        std::fs::write(data.path().join("log4j2.properties"), log4j)?;
         let kafka_options = TargetOptions { logs: Some(logs.clone()), ..options.clone() };
         let kafka = KafkaTarget::start(&kafka_options).context("starting Kafka")?;
         let mut kafka_settings = kafka.settings();
