@@ -71,8 +71,12 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<(u64
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a frame of {len} bytes")));
     }
     let id = reader.read_u64_le().await?;
-    let mut payload = vec![0; len];
-    reader.read_exact(&mut payload).await?;
+    // Grown as the bytes arrive, not allocated up front from a length a peer claims.
+    let mut payload = Vec::with_capacity(len.min(64 * 1024));
+    (&mut *reader).take(len as u64).read_to_end(&mut payload).await?;
+    if payload.len() != len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a frame cut short"));
+    }
     Ok((id, payload))
 }
 

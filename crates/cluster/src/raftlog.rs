@@ -276,6 +276,12 @@ impl LogStore {
             let mut header = [0u8; FRAME_HEADER];
             segment.file.read_exact_at(&mut header, position)?;
             let len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
+            if len > FRAME_BYTES_MAX {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("a frame of {len} bytes at {position}"),
+                ));
+            }
             let mut frame = vec![0u8; FRAME_HEADER + len];
             segment.file.read_exact_at(&mut frame, position)?;
             let (entry, _) =
