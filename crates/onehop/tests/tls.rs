@@ -59,10 +59,19 @@ fn certificates(dir: &Path, name: &str) {
 /// with SCRAM-SHA-256, `input` on its stdin: whether it succeeded (and printed no error), its
 /// stdout and its stderr.
 fn kcat_as_root(address: &str, protocol: &str, ca: &Path, args: &[&str], input: &str) -> (bool, String, String) {
+    let protocol = format!("security.protocol={protocol}");
+    let ca = format!("ssl.ca.location={}", ca.display());
+    let mut all = vec!["-b", address, "-X", &protocol, "-X", &ca];
+    all.extend(["-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"]);
+    all.extend_from_slice(args);
+    kcat_with(&all, input)
+}
+
+/// kcat with `args` (given 20 s) and `input` on its stdin: whether it succeeded and printed no
+/// error, its stdout and its stderr.
+fn kcat_with(args: &[&str], input: &str) -> (bool, String, String) {
     let mut child = Command::new("timeout")
-        .args(["20", "kcat", "-b", address, "-X", &format!("security.protocol={protocol}")])
-        .args(["-X", &format!("ssl.ca.location={}", ca.display())])
-        .args(["-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"])
+        .args(["20", "kcat"])
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -447,20 +456,15 @@ fn client_certificates_log_in_as_the_user_their_common_name_is() {
 
     let kcat = |client: &str, input: &str| {
         let (cert, key) = identity(client);
-        let mut child = Command::new("timeout")
-            .args(["20", "kcat", "-b", &kafka, "-X", "security.protocol=SSL"])
-            .args(["-X", &format!("ssl.ca.location={}", ca.display())])
-            .args(["-X", &format!("ssl.certificate.location={cert}"), "-X", &format!("ssl.key.location={key}")])
-            .args(["-P", "-t", "telemetry"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        (output.status.success() && !stderr.contains("ERROR"), stderr)
+        let (ca, cert, key) = (
+            format!("ssl.ca.location={}", ca.display()),
+            format!("ssl.certificate.location={cert}"),
+            format!("ssl.key.location={key}"),
+        );
+        let args =
+            ["-b", &kafka, "-X", "security.protocol=SSL", "-X", &ca, "-X", &cert, "-X", &key, "-P", "-t", "telemetry"];
+        let (ok, _, stderr) = kcat_with(&args, input);
+        (ok, stderr)
     };
     let (ok, stderr) = kcat("device1", "by kafka\n");
     assert!(ok, "{stderr}");
