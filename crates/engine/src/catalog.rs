@@ -189,6 +189,11 @@ struct TableRecord {
 
 /// The catalog record that stores `def`.
 pub(crate) fn table_record(def: &TableDef) -> NewRecord {
+    NewRecord::keyed(Bytes::from(format!("{TABLE_KEY_PREFIX}{}", def.name)), table_json(def))
+}
+
+/// `def` as the catalog stores it (JSON); also how a cluster's nodes pass it on.
+pub(crate) fn table_json(def: &TableDef) -> Vec<u8> {
     let value = TableRecord {
         version: DEFINITION_VERSION,
         name: def.name.clone(),
@@ -209,8 +214,7 @@ pub(crate) fn table_record(def: &TableDef) -> NewRecord {
             .collect(),
         durability: def.durability.to_string(),
     };
-    let value = serde_json::to_vec(&value).expect("a definition serializes");
-    NewRecord::keyed(Bytes::from(format!("{TABLE_KEY_PREFIX}{}", def.name)), value)
+    serde_json::to_vec(&value).expect("a definition serializes")
 }
 
 /// The catalog record that drops the definition of `name` (a stream when `table` is false).
@@ -220,26 +224,28 @@ pub(crate) fn drop_record(name: &str, table: bool) -> NewRecord {
 }
 
 fn parse_table(record: &Record, value: &[u8]) -> Result<TableDef, EngineError> {
-    let bad = |reason: String| EngineError::Catalog { offset: record.offset, reason };
-    let parsed: TableRecord = serde_json::from_slice(value).map_err(|error| bad(error.to_string()))?;
+    parse_table_json(value).map_err(|reason| EngineError::Catalog { offset: record.offset, reason })
+}
+
+/// A table definition from its JSON ([`table_json`]), checked.
+pub(crate) fn parse_table_json(value: &[u8]) -> Result<TableDef, String> {
+    let parsed: TableRecord = serde_json::from_slice(value).map_err(|error| error.to_string())?;
     if parsed.version != DEFINITION_VERSION {
-        return Err(bad(format!("definition version {} is newer than this onehop understands", parsed.version)));
+        return Err(format!("definition version {} is newer than this onehop understands", parsed.version));
     }
     let columns = parsed
         .columns
         .into_iter()
-        .map(|column| {
-            Ok(Column { ty: ColumnType::parse(&column.ty).map_err(bad)?, name: column.name, not_null: column.not_null })
-        })
-        .collect::<Result<Vec<_>, EngineError>>()?;
+        .map(|column| Ok(Column { ty: ColumnType::parse(&column.ty)?, name: column.name, not_null: column.not_null }))
+        .collect::<Result<Vec<_>, String>>()?;
     let def = TableDef {
         name: parsed.name,
         primary_key: parsed.primary_key,
         columns,
         indexes: parsed.indexes.into_iter().map(|index| IndexDef { name: index.name, field: index.field }).collect(),
-        durability: parsed.durability.parse().map_err(bad)?,
+        durability: parsed.durability.parse()?,
     };
-    def.validate().map_err(|error| bad(error.to_string()))?;
+    def.validate().map_err(|error| error.to_string())?;
     Ok(def)
 }
 

@@ -33,6 +33,7 @@ use bytes::Bytes;
 use onehop_log::{Durability, NewRecord, Partition, Record, Text};
 use serde_json::{Map, Value};
 
+use crate::engine::replicated::{self, ReplicatorSlot};
 use crate::error::EngineError;
 use crate::filter::{self, Condition, Filter, for_each_key};
 use crate::stream::Stream;
@@ -89,6 +90,11 @@ pub struct Row {
 }
 
 impl Row {
+    /// The row as a shared document.
+    pub(crate) fn shared_doc(&self) -> Arc<Map<String, Value>> {
+        self.doc.clone()
+    }
+
     pub fn doc(&self) -> &Map<String, Value> {
         &self.doc
     }
@@ -105,7 +111,7 @@ pub enum Write {
 }
 
 /// A condition on the row's current version, checked atomically with the write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Precondition {
     None,
     /// `If-Match: *`: the row exists.
@@ -196,11 +202,19 @@ pub struct Table {
     /// Held while a write is computed and queued: fixes the order of writes.
     writer: tokio::sync::Mutex<()>,
     pending: Mutex<HashMap<String, Pending>>,
+    /// The offset after the last applied change, for those who wait for one.
+    applied: tokio::sync::watch::Sender<u64>,
+    /// Where writes go on a cluster node: empty on a single node.
+    replicator: ReplicatorSlot,
 }
 
 impl Table {
     /// Opens the table `def` stored in `storage` (one partition) and replays it.
-    pub(crate) fn open(def: TableDef, storage: Arc<Stream>) -> Result<Arc<Table>, EngineError> {
+    pub(crate) fn open(
+        def: TableDef,
+        storage: Arc<Stream>,
+        replicator: ReplicatorSlot,
+    ) -> Result<Arc<Table>, EngineError> {
         let log = storage.partition(0)?.clone();
         let mut state = State { next: log.start_offset(), ..State::default() };
         for index in &def.indexes {
@@ -213,6 +227,8 @@ impl Table {
             state: RwLock::new(state),
             writer: tokio::sync::Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
+            applied: tokio::sync::watch::Sender::new(0),
+            replicator,
         });
         table.replay()?;
         Ok(table)
@@ -260,7 +276,32 @@ impl Table {
                 tracing::error!(table = %self.name(), %reason, "skipping a table record that cannot be applied");
             }
         }
+        self.applied.send_replace(state.next);
         Ok(state.next >= end)
+    }
+
+    /// The partition that stores this table's changes.
+    pub(crate) fn partition(&self) -> &Arc<Partition> {
+        &self.log
+    }
+
+    /// Applies every record up to `offset` (which the partition holds).
+    pub(crate) fn apply_through(&self, offset: u64) -> Result<(), EngineError> {
+        while self.applied_offset() <= offset {
+            if self.catch_up(1024)? && self.applied_offset() <= offset {
+                return Err(EngineError::Internal(format!(
+                    "table {} ends before offset {offset}, which it was to apply",
+                    self.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until this table applied the change at `offset`; false after `timeout`.
+    pub(crate) async fn wait_applied(&self, offset: u64, timeout: std::time::Duration) -> bool {
+        let mut applied = self.applied.subscribe();
+        tokio::time::timeout(timeout, applied.wait_for(|next| *next > offset)).await.is_ok_and(|done| done.is_ok())
     }
 
     pub fn name(&self) -> String {
@@ -382,6 +423,10 @@ impl Table {
 
     /// Performs `write` on row `id` if `precondition` holds, durably at `durability` (the
     /// table's default when `None`), and returns once a read would see it.
+    ///
+    /// On a cluster node the write goes to the cluster's leader, which decides it against the
+    /// newest row; it is committed on a majority of the nodes (whatever `durability` says), and
+    /// this returns once this node applied it.
     pub async fn write(
         self: &Arc<Self>,
         id: &str,
@@ -389,8 +434,9 @@ impl Table {
         precondition: Precondition,
         durability: Option<Durability>,
     ) -> Result<Written, EngineError> {
-        if id.is_empty() || id.len() > ROW_ID_BYTES_MAX {
-            return Err(EngineError::InvalidRow(format!("a row id is 1 to {ROW_ID_BYTES_MAX} bytes")));
+        check_row_id(id)?;
+        if let Some(replicator) = self.replicator.get() {
+            return replicated::write_row(self, replicator, id, write, precondition).await;
         }
         let table = self.clone();
         let id = id.to_string();
@@ -421,63 +467,7 @@ impl Table {
                 },
             }
         };
-        let failed = |reason: &str| EngineError::PreconditionFailed {
-            table: def.name.clone(),
-            id: id.clone(),
-            reason: reason.to_string(),
-            current: version,
-        };
-        match precondition {
-            Precondition::None => {}
-            Precondition::Exists if current.is_none() => return Err(failed("the row does not exist")),
-            Precondition::Missing if current.is_some() => return Err(failed("the row exists")),
-            Precondition::Version(wanted) if version != Some(wanted) || current.is_none() => {
-                let reason = match (&current, version) {
-                    (None, _) => "the row does not exist".to_string(),
-                    (Some(_), None) => "the row is being changed by another write".to_string(),
-                    (Some(_), Some(now)) => format!("the row's version is {now}, not {wanted}"),
-                };
-                return Err(failed(&reason));
-            }
-            _ => {}
-        }
-        let after: Option<Map<String, Value>> = match write {
-            Write::Put(mut row) => {
-                def.check_row(&id, &mut row)?;
-                Some(row)
-            }
-            Write::Patch(patch) => {
-                let Some(current) = &current else {
-                    return Err(EngineError::RowNotFound { table: def.name.clone(), id });
-                };
-                let mut row = Value::Object((**current).clone());
-                merge_patch(&mut row, &Value::Object(patch));
-                let Value::Object(mut row) = row else { unreachable!("a patch object keeps an object") };
-                def.check_row(&id, &mut row)?;
-                Some(row)
-            }
-            Write::Delete => {
-                if current.is_none() {
-                    return Err(EngineError::RowNotFound { table: def.name.clone(), id });
-                }
-                None
-            }
-        };
-        let (op, prev) = match (&current, &after) {
-            (None, _) => ("insert", None),
-            (Some(before), Some(after)) => ("update", Some(filter::describe_change(before, after))),
-            (Some(before), None) => ("delete", Some(Value::Object((**before).clone()))),
-        };
-        let mut headers = vec![(Text::from_static(OP_HEADER), Bytes::from_static(op.as_bytes()))];
-        if let Some(prev) = prev {
-            headers.push((
-                Text::from_static(PREV_HEADER),
-                Bytes::from(serde_json::to_vec(&prev).expect("JSON serializes")),
-            ));
-        }
-        let value = after.as_ref().map(|row| Bytes::from(serde_json::to_vec(row).expect("JSON serializes")));
-        let record =
-            NewRecord { timestamp_ms: None, key: Some(Bytes::from(id.clone())), subject: None, headers, value };
+        let (record, after) = compute_write(&def, &id, write, precondition, current.as_ref(), version)?;
         let queued = self.log.enqueue_with(std::slice::from_ref(&record), durability).await?;
         {
             let mut pending = self.pending.lock().expect("pending writes lock");
@@ -551,6 +541,83 @@ fn merge_patch(target: &mut Value, patch: &Value) {
             merge_patch(target.entry(field.clone()).or_insert(Value::Null), value);
         }
     }
+}
+
+/// Refuses a row id that is empty or too long.
+pub(crate) fn check_row_id(id: &str) -> Result<(), EngineError> {
+    if id.is_empty() || id.len() > ROW_ID_BYTES_MAX {
+        return Err(EngineError::InvalidRow(format!("a row id is 1 to {ROW_ID_BYTES_MAX} bytes")));
+    }
+    Ok(())
+}
+
+/// What `write` on row `id` of a table defined by `def` records, given the row's newest
+/// state (`current`, at `version` when that is known): the record (without a timestamp) and
+/// the row after it. Refused when `precondition` does not hold or the row does not fit `def`.
+pub(crate) fn compute_write(
+    def: &TableDef,
+    id: &str,
+    write: Write,
+    precondition: Precondition,
+    current: Option<&Arc<Map<String, Value>>>,
+    version: Option<u64>,
+) -> Result<(NewRecord, Option<Map<String, Value>>), EngineError> {
+    let failed = |reason: &str| EngineError::PreconditionFailed {
+        table: def.name.clone(),
+        id: id.to_string(),
+        reason: reason.to_string(),
+        current: version,
+    };
+    match precondition {
+        Precondition::None => {}
+        Precondition::Exists if current.is_none() => return Err(failed("the row does not exist")),
+        Precondition::Missing if current.is_some() => return Err(failed("the row exists")),
+        Precondition::Version(wanted) if version != Some(wanted) || current.is_none() => {
+            let reason = match (&current, version) {
+                (None, _) => "the row does not exist".to_string(),
+                (Some(_), None) => "the row is being changed by another write".to_string(),
+                (Some(_), Some(now)) => format!("the row's version is {now}, not {wanted}"),
+            };
+            return Err(failed(&reason));
+        }
+        _ => {}
+    }
+    let after: Option<Map<String, Value>> = match write {
+        Write::Put(mut row) => {
+            def.check_row(id, &mut row)?;
+            Some(row)
+        }
+        Write::Patch(patch) => {
+            let Some(current) = current else {
+                return Err(EngineError::RowNotFound { table: def.name.clone(), id: id.to_string() });
+            };
+            let mut row = Value::Object((**current).clone());
+            merge_patch(&mut row, &Value::Object(patch));
+            let Value::Object(mut row) = row else { unreachable!("a patch object keeps an object") };
+            def.check_row(id, &mut row)?;
+            Some(row)
+        }
+        Write::Delete => {
+            if current.is_none() {
+                return Err(EngineError::RowNotFound { table: def.name.clone(), id: id.to_string() });
+            }
+            None
+        }
+    };
+    let (op, prev) = match (current, &after) {
+        (None, _) => ("insert", None),
+        (Some(before), Some(after)) => ("update", Some(filter::describe_change(before, after))),
+        (Some(before), None) => ("delete", Some(Value::Object((**before).clone()))),
+    };
+    let mut headers = vec![(Text::from_static(OP_HEADER), Bytes::from_static(op.as_bytes()))];
+    if let Some(prev) = prev {
+        headers
+            .push((Text::from_static(PREV_HEADER), Bytes::from(serde_json::to_vec(&prev).expect("JSON serializes"))));
+    }
+    let value = after.as_ref().map(|row| Bytes::from(serde_json::to_vec(row).expect("JSON serializes")));
+    let record =
+        NewRecord { timestamp_ms: None, key: Some(Bytes::from(id.to_string())), subject: None, headers, value };
+    Ok((record, after))
 }
 
 #[cfg(test)]

@@ -603,3 +603,220 @@ fn network_faults_between_nodes_lose_no_acknowledged_write() {
     let seen = watching.join().unwrap();
     check(&mut cluster, &acked, &seen);
 }
+
+/// A row's document and version (its `ETag`) on the node at `address`: `None` when the node
+/// does not answer (it is down, or does not have the table yet after a restart), `Some(None)`
+/// when it has no such row.
+fn try_row(address: SocketAddr, table: &str, id: &str) -> Option<Option<(serde_json::Value, u64)>> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET /tables/{table}/{id} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    match head.split_whitespace().nth(1)? {
+        "404" if body.contains("not_found") => Some(None),
+        "200" => {
+            let etag = head.lines().find_map(|line| line.strip_prefix("etag: "))?;
+            let version = etag.trim_matches('"').parse().ok()?;
+            Some(Some((serde_json::from_str(body).ok()?, version)))
+        }
+        _ => None,
+    }
+}
+
+/// A row's document and version on the node at `address`, or `None` when it has none.
+fn row(address: SocketAddr, table: &str, id: &str) -> Option<(serde_json::Value, u64)> {
+    try_row(address, table, id).unwrap_or_else(|| panic!("{address} did not answer for row {id} of {table}"))
+}
+
+/// Waits until `done` holds on every node listed, for up to 10 s (a follower applies a commit
+/// a moment after the leader).
+fn on_every_node(addresses: &[SocketAddr], what: &str, done: impl Fn(SocketAddr) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for address in addresses {
+        while !done(*address) {
+            assert!(Instant::now() < deadline, "{address}: {what} not there after 10 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A write to a row with curl: the status and the answer.
+fn write_row(address: SocketAddr, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, serde_json::Value) {
+    let mut args = vec!["-X", method, "-d", body];
+    for header in headers {
+        args.extend(["-H", header]);
+    }
+    let (code, body) = common::curl(address, path, &args);
+    (code, serde_json::from_str(&body).unwrap_or(serde_json::Value::Null))
+}
+
+#[test]
+fn tables_and_indexes_are_replicated_and_conditional_writes_are_decided_once() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader();
+    let followers: Vec<SocketAddr> =
+        (0..3).filter(|index| *index != leader).map(|index| cluster.members[index].http).collect();
+    let (a, b, on_leader) = (followers[0], followers[1], cluster.members[leader].http);
+    let everywhere = cluster.http_addresses();
+
+    common::sql(a, "CREATE TABLE orders (id TEXT PRIMARY KEY, customer BIGINT, tags TEXT[])");
+    on_every_node(&everywhere, "table orders", |node| try_row(node, "orders", "none") == Some(None));
+    // A stream cannot take the table's name, on any node.
+    let (code, body) = common::post(b, "/streams/orders", "{}").unwrap();
+    assert_eq!(code, 409, "{body}");
+
+    // Written on a follower, read back there at once, and on every node soon after.
+    let (code, written) =
+        write_row(a, "PUT", "/tables/orders/o1", &["if-none-match: *"], r#"{"customer":42,"tags":["gift"]}"#);
+    assert_eq!(code, 201, "{written}");
+    let first = written["offset"].as_u64().unwrap();
+    assert_eq!(row(a, "orders", "o1").unwrap().1, first);
+    on_every_node(&everywhere, "row o1", |node| row(node, "orders", "o1").is_some_and(|(_, v)| v == first));
+
+    // The leader decides conditions against the newest row, whichever node asks.
+    let (code, refused) = write_row(b, "PUT", "/tables/orders/o1", &["if-none-match: *"], r#"{"customer":7}"#);
+    assert_eq!(code, 412, "{refused}");
+    let (code, refused) = write_row(b, "PUT", "/tables/orders/o2", &[], r#"{"customer":"not a number"}"#);
+    assert_eq!(code, 400, "{refused}");
+    let if_first = format!("if-match: \"{first}\"");
+    let (code, patched) = write_row(b, "PATCH", "/tables/orders/o1", &[&if_first], r#"{"note":"rush"}"#);
+    assert_eq!(code, 200, "{patched}");
+    let second = patched["offset"].as_u64().unwrap();
+    assert_eq!(patched["row"]["note"], "rush", "{patched}");
+    // The same version again, from the leader this time: already changed.
+    let (code, refused) = write_row(on_leader, "PATCH", "/tables/orders/o1", &[&if_first], r#"{"note":"late"}"#);
+    assert_eq!(code, 412, "{refused}");
+
+    // An index made through one follower answers queries on the other.
+    common::sql(b, "CREATE INDEX ON orders (customer)");
+    write_row(on_leader, "PUT", "/tables/orders/o3", &[], r#"{"customer":42}"#);
+    on_every_node(&everywhere, "the index on customer", |node| {
+        let (code, body) = get(node, "/tables/orders?customer=42");
+        code == 200 && serde_json::from_str::<serde_json::Value>(&body).unwrap()["rows"].as_array().unwrap().len() == 2
+    });
+
+    // Every node holds the same rows at the same versions; so after a restart of every node.
+    let delete = write_row(a, "DELETE", "/tables/orders/o3", &[], "").0;
+    assert_eq!(delete, 200);
+    let expected = |node: SocketAddr| {
+        row(node, "orders", "o3").is_none() && row(node, "orders", "o1").is_some_and(|(_, v)| v == second)
+    };
+    on_every_node(&everywhere, "the rows after the delete", expected);
+    for index in 0..3 {
+        cluster.members[index].server = None;
+    }
+    for index in 0..3 {
+        cluster.launch(index);
+    }
+    cluster.leader();
+    on_every_node(&everywhere, "the rows after a restart", expected);
+
+    // Dropped through one node, gone from all; made again with other columns, it starts empty.
+    common::sql(a, "DROP INDEX orders_customer_idx");
+    common::sql(b, "DROP TABLE orders");
+    on_every_node(&everywhere, "the drop", |node| get(node, "/tables/orders/o1").0 == 404);
+    let (code, body) = get(a, "/tables/orders/o1");
+    assert!(body.contains("unknown_table"), "{code} {body}");
+    common::sql(on_leader, "CREATE TABLE orders (id TEXT PRIMARY KEY, total DOUBLE PRECISION)");
+    let (code, written) = write_row(b, "PUT", "/tables/orders/o9", &[], r#"{"total":9.5}"#);
+    assert_eq!(code, 201, "{written}");
+    assert_eq!(written["offset"], 0, "{written}");
+    on_every_node(&everywhere, "the new table's row", |node| row(node, "orders", "o9").is_some());
+}
+
+#[test]
+fn compare_and_set_on_a_table_stays_exact_through_kill_9_of_the_leader() {
+    let kills: usize = std::env::var("ONEHOP_CLUSTER_KILLS").ok().and_then(|n| n.parse().ok()).unwrap_or(20);
+    let mut random = Random::new();
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader();
+    let addresses = cluster.http_addresses();
+    common::sql(addresses[leader], "CREATE TABLE counters (id TEXT PRIMARY KEY, n BIGINT)");
+    let (code, body) = write_row(addresses[leader], "PUT", "/tables/counters/c", &[], r#"{"n":0}"#);
+    assert_eq!(code, 201, "{body}");
+    let stop = Arc::new(AtomicBool::new(false));
+    // Each writer reads the counter on some node and writes n + 1 if its version is unchanged:
+    // of two writers that read one version, at most one may succeed.
+    let writing: Vec<_> = (0..3)
+        .map(|writer| {
+            let (addresses, stop) = (addresses.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut acked: Vec<(u64, u64)> = Vec::new();
+                // Writes whose outcome is unknown (no answer, or `unconfirmed`): each may or
+                // may not have taken effect.
+                let mut unknown = 0;
+                let mut turn = writer;
+                while !stop.load(Ordering::Relaxed) {
+                    turn += 1;
+                    let node = addresses[turn % addresses.len()];
+                    let Some(Some((doc, version))) = try_row(node, "counters", "c") else {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    let next = doc["n"].as_u64().unwrap() + 1;
+                    let if_match = format!("if-match: \"{version}\"");
+                    let body = format!("{{\"n\":{next}}}");
+                    let (code, answer) = write_row(node, "PATCH", "/tables/counters/c", &[&if_match], &body);
+                    match code {
+                        200 => acked.push((answer["offset"].as_u64().unwrap(), next)),
+                        412 => {}
+                        _ => unknown += 1,
+                    }
+                }
+                (acked, unknown)
+            })
+        })
+        .collect();
+    for kill in 0..kills {
+        std::thread::sleep(Duration::from_millis(200 + random.below(600)));
+        let leader = cluster.leader();
+        cluster.members[leader].server.as_mut().unwrap().kill_9();
+        cluster.members[leader].server = None;
+        std::thread::sleep(Duration::from_millis(random.below(400)));
+        cluster.launch(leader);
+        if (kill + 1) % 10 == 0 {
+            println!("{} of {kills} leaders killed", kill + 1);
+        }
+    }
+    cluster.leader();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (mut acked, mut unknown) = (Vec::new(), 0);
+    for writer in writing {
+        let (theirs, their_unknown) = writer.join().unwrap();
+        acked.extend(theirs);
+        unknown += their_unknown;
+    }
+    acked.sort();
+    assert!(acked.len() > kills, "too few writes were acknowledged ({}) to tell anything", acked.len());
+    // No two acknowledged increments from one version, and each one's value follows the
+    // version order: the leader decided every condition once, against the newest row.
+    for pair in acked.windows(2) {
+        assert!(pair[0].0 < pair[1].0 && pair[0].1 < pair[1].1, "increments out of order or repeated: {pair:?}");
+    }
+    let (last_version, last_n) = *acked.last().unwrap();
+    let mut final_rows = Vec::new();
+    on_every_node(&addresses, "the same counter", |node| {
+        let Some((doc, version)) = row(node, "counters", "c") else { return false };
+        version >= last_version && doc["n"].as_u64().unwrap() >= last_n
+    });
+    for node in &addresses {
+        final_rows.push(row(*node, "counters", "c").unwrap());
+    }
+    assert!(final_rows.iter().all(|found| *found == final_rows[0]), "the nodes differ: {final_rows:?}");
+    // Every increment that took effect was acknowledged or had an unknown outcome.
+    let counter = final_rows[0].0["n"].as_u64().unwrap();
+    assert!(
+        counter <= (acked.len() + unknown) as u64,
+        "the counter is {counter}, more than the {} acknowledged and {unknown} unknown increments",
+        acked.len()
+    );
+    println!(
+        "{} increments acknowledged and {unknown} unknown through {kills} kills; the counter is {counter} at version \
+         {} on every node",
+        acked.len(),
+        final_rows[0].1
+    );
+}

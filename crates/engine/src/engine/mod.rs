@@ -106,6 +106,9 @@ pub struct Engine {
     replicator: replicated::ReplicatorSlot,
     /// Offsets the cluster's leader has handed out beyond what it applied.
     predictions: std::sync::Mutex<replicated::Predictions>,
+    /// Bumped after a cluster node applies a definition change, for the node's client who
+    /// asked for it and waits to see it here.
+    replicated_ddl: tokio::sync::watch::Sender<u64>,
 }
 
 /// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
@@ -168,6 +171,7 @@ impl Engine {
             access: crate::access::Access::new(std::mem::take(&mut defs.access)),
             replicator: Default::default(),
             predictions: Default::default(),
+            replicated_ddl: tokio::sync::watch::channel(0).0,
         };
         engine.finish_drops_and_keep_orphans(&defs)?;
         let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();

@@ -9,12 +9,17 @@
 //! records at the same offsets, and a subscriber anywhere sees committed records only: a
 //! record reaches a node's partitions when that node applies a committed command.
 //!
+//! Tables go the same way. The leader decides each row write against the newest row (as
+//! applied, or as written earlier in its term), checks its condition (`If-Match`, …) once, and
+//! commits the resulting change at the offset it predicted in the table's partition. Table,
+//! index and drop definitions are commands too, applied by every node in log order.
+//!
 //! Applying is idempotent: an append whose offsets a partition already holds is skipped (after
 //! a restart, commands after the last recorded progress are applied again), and one that
 //! would leave a gap, or overlap what is there, stops the node rather than diverge.
 //!
-//! Tables, views, transforms, users and the other definitions are not replicated yet: a cluster
-//! refuses them with [`EngineError::NotReplicated`] rather than keep them on one node.
+//! Views, transforms, users and the changes to a stream's definition are not replicated yet: a
+//! cluster refuses them with [`EngineError::NotReplicated`] rather than keep them on one node.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,8 +29,11 @@ use bytes::Bytes;
 use onehop_log::{AppendError, NewRecord, QueuedAppend, Text, check_records, now_ms};
 use serde::{Deserialize, Serialize};
 
+use serde_json::{Map, Value};
+
 use super::*;
 use crate::stream::Published;
+use crate::table::{Precondition, Write, Written, check_row_id, compute_write};
 
 /// The answer to a submitted request, once committed and applied on the leader: its encoded
 /// outcome, or why the cluster could not confirm it.
@@ -127,6 +135,56 @@ enum Request {
         records: Vec<WireRecord>,
     },
     CreateStream(WireStreamDef),
+    /// A write to one row, decided by the leader against the newest row.
+    TableWrite {
+        table: String,
+        id: String,
+        write: WireWrite,
+        precondition: Precondition,
+    },
+    /// A table's definition, as the catalog stores it (JSON).
+    CreateTable(Bytes),
+    DropTable(String),
+    CreateIndex {
+        table: String,
+        name: Option<String>,
+        field: String,
+    },
+    DropIndex(String),
+}
+
+/// A row write as it travels: rows and patches as JSON text.
+#[derive(Serialize, Deserialize)]
+enum WireWrite {
+    Put(String),
+    Patch(String),
+    Delete,
+}
+
+impl From<&Write> for WireWrite {
+    fn from(write: &Write) -> Self {
+        let json = |row: &Map<String, Value>| serde_json::to_string(row).expect("JSON serializes");
+        match write {
+            Write::Put(row) => WireWrite::Put(json(row)),
+            Write::Patch(patch) => WireWrite::Patch(json(patch)),
+            Write::Delete => WireWrite::Delete,
+        }
+    }
+}
+
+impl TryFrom<WireWrite> for Write {
+    type Error = EngineError;
+    fn try_from(write: WireWrite) -> Result<Self, Self::Error> {
+        let object = |json: &str| {
+            serde_json::from_str::<Map<String, Value>>(json)
+                .map_err(|error| EngineError::InvalidRow(format!("a row that is not a JSON object: {error}")))
+        };
+        Ok(match write {
+            WireWrite::Put(json) => Write::Put(object(&json)?),
+            WireWrite::Patch(json) => Write::Patch(object(&json)?),
+            WireWrite::Delete => Write::Delete,
+        })
+    }
 }
 
 /// Records for one partition, at the offsets the leader predicted.
@@ -149,23 +207,85 @@ enum Command {
         order: Vec<(u32, u32)>,
     },
     CreateStream(WireStreamDef),
+    /// The change of one row, at the offset the leader predicted in the table's partition.
+    TableWrite {
+        table: String,
+        offset: u64,
+        record: WireRecord,
+        /// Whether the row did not exist before.
+        created: bool,
+    },
+    CreateTable(Bytes),
+    DropTable(String),
+    CreateIndex {
+        table: String,
+        name: Option<String>,
+        field: String,
+    },
+    DropIndex(String),
 }
 
 /// A refusal as it travels back: the engine error the requester's node gives its client.
 #[derive(Serialize, Deserialize)]
 enum Refusal {
-    InvalidName { name: String, reason: String },
-    UnknownStream { name: String, auto_create: bool },
-    StreamExists { name: String, existing: String },
-    UnknownPartition { stream: String, partition: u32, count: u32 },
+    InvalidName {
+        name: String,
+        reason: String,
+    },
+    UnknownStream {
+        name: String,
+        auto_create: bool,
+    },
+    StreamExists {
+        name: String,
+        existing: String,
+    },
+    UnknownPartition {
+        stream: String,
+        partition: u32,
+        count: u32,
+    },
     InvalidDefinition(String),
-    NameTaken { name: String, kind: String },
-    RecordTooLarge { size: usize, max: usize },
-    BatchTooLarge { size: usize, max: usize },
+    NameTaken {
+        name: String,
+        kind: String,
+    },
+    RecordTooLarge {
+        size: usize,
+        max: usize,
+    },
+    BatchTooLarge {
+        size: usize,
+        max: usize,
+    },
     SubjectTooLong(usize),
     TooManyHeaders,
     EmptyBatch,
     Other(String),
+    UnknownTable(String),
+    TableExists {
+        name: String,
+        existing: String,
+    },
+    UnknownIndex(String),
+    InvalidRow(String),
+    RowNotFound {
+        table: String,
+        id: String,
+    },
+    PreconditionFailed {
+        table: String,
+        id: String,
+        reason: String,
+        current: Option<u64>,
+    },
+    InUse {
+        name: String,
+        reader: String,
+        drop: String,
+    },
+    /// Try again shortly: what the request needs is changing (a table's drop is in flight).
+    Busy(String),
 }
 
 impl From<&EngineError> for Refusal {
@@ -194,6 +314,23 @@ impl From<&EngineError> for Refusal {
             EngineError::Append(AppendError::SubjectTooLong(len)) => Refusal::SubjectTooLong(*len),
             EngineError::Append(AppendError::TooManyHeaders) => Refusal::TooManyHeaders,
             EngineError::Append(AppendError::EmptyBatch) => Refusal::EmptyBatch,
+            EngineError::Append(AppendError::Unconfirmed(reason)) => Refusal::Busy(reason.clone()),
+            EngineError::UnknownTable(name) => Refusal::UnknownTable(name.clone()),
+            EngineError::TableExists { name, existing } => {
+                Refusal::TableExists { name: name.clone(), existing: existing.clone() }
+            }
+            EngineError::UnknownIndex(name) => Refusal::UnknownIndex(name.clone()),
+            EngineError::InvalidRow(reason) => Refusal::InvalidRow(reason.clone()),
+            EngineError::RowNotFound { table, id } => Refusal::RowNotFound { table: table.clone(), id: id.clone() },
+            EngineError::PreconditionFailed { table, id, reason, current } => Refusal::PreconditionFailed {
+                table: table.clone(),
+                id: id.clone(),
+                reason: reason.clone(),
+                current: *current,
+            },
+            EngineError::InUse { name, reader, drop } => {
+                Refusal::InUse { name: name.clone(), reader: reader.clone(), drop: drop.clone() }
+            }
             other => Refusal::Other(other.to_string()),
         }
     }
@@ -209,15 +346,30 @@ impl From<Refusal> for EngineError {
                 EngineError::UnknownPartition { stream, partition, count }
             }
             Refusal::InvalidDefinition(reason) => EngineError::InvalidDefinition(reason),
-            Refusal::NameTaken { name, kind } => {
-                EngineError::NameTaken { name, kind: if kind == "table" { "table" } else { "view" } }
-            }
+            Refusal::NameTaken { name, kind } => EngineError::NameTaken {
+                name,
+                kind: match kind.as_str() {
+                    "table" => "table",
+                    "stream" => "stream",
+                    _ => "view",
+                },
+            },
             Refusal::RecordTooLarge { size, max } => AppendError::RecordTooLarge { size, max }.into(),
             Refusal::BatchTooLarge { size, max } => AppendError::BatchTooLarge { size, max }.into(),
             Refusal::SubjectTooLong(len) => AppendError::SubjectTooLong(len).into(),
             Refusal::TooManyHeaders => AppendError::TooManyHeaders.into(),
             Refusal::EmptyBatch => AppendError::EmptyBatch.into(),
             Refusal::Other(reason) => EngineError::Internal(format!("the cluster's leader refused: {reason}")),
+            Refusal::UnknownTable(name) => EngineError::UnknownTable(name),
+            Refusal::TableExists { name, existing } => EngineError::TableExists { name, existing },
+            Refusal::UnknownIndex(name) => EngineError::UnknownIndex(name),
+            Refusal::InvalidRow(reason) => EngineError::InvalidRow(reason),
+            Refusal::RowNotFound { table, id } => EngineError::RowNotFound { table, id },
+            Refusal::PreconditionFailed { table, id, reason, current } => {
+                EngineError::PreconditionFailed { table, id, reason, current }
+            }
+            Refusal::InUse { name, reader, drop } => EngineError::InUse { name, reader, drop },
+            Refusal::Busy(reason) => AppendError::Unconfirmed(reason).into(),
         }
     }
 }
@@ -228,6 +380,18 @@ enum Outcome {
     Published(Vec<(u32, u64)>),
     Created,
     Refused(Refusal),
+    Written {
+        offset: u64,
+        created: bool,
+    },
+    Dropped,
+    Indexed {
+        name: String,
+        field: String,
+        created: bool,
+    },
+    /// An index dropped from the named table.
+    IndexDropped(String),
 }
 
 fn encode<T: Serialize>(value: &T) -> Bytes {
@@ -246,18 +410,66 @@ fn refused(error: &EngineError) -> Bytes {
 pub(crate) struct Predictions {
     next: HashMap<(String, u32), u64>,
     creating: HashMap<String, StreamDef>,
+    tables: HashMap<String, TablePrediction>,
+}
+
+/// What the leader prepared for one table in this term beyond what it applied.
+struct TablePrediction {
+    /// The table as prepared; `None` once its drop is prepared.
+    def: Option<Arc<TableDef>>,
+    /// The offset its next change takes; `None`: the end of its partition here.
+    next: Option<u64>,
+    /// The rows written in this term: each one's newest document (`None`: deleted) and the
+    /// offset of that change. A row whose change this node applied is pruned from time to
+    /// time, the applied row being as new.
+    rows: HashMap<String, PredictedRow>,
+    /// `rows` is pruned when it grows past this.
+    prune_at: usize,
+}
+
+/// A row as the leader predicts it: its newest document (`None`: deleted) and that change's
+/// offset.
+type PredictedRow = (Option<Arc<Map<String, Value>>>, u64);
+
+/// Rows a table's prediction holds before it is first pruned.
+const PREDICTED_ROWS_PRUNED_AT: usize = 4096;
+
+impl TablePrediction {
+    fn new(def: Option<Arc<TableDef>>) -> Self {
+        TablePrediction { def, next: None, rows: HashMap::new(), prune_at: PREDICTED_ROWS_PRUNED_AT }
+    }
+}
+
+impl Predictions {
+    /// The table `name` as the leader predicts it: its definition, or why it has none.
+    /// `applied` is this node's table of that name. A prepared drop that this node applied is
+    /// forgotten here.
+    fn table(&mut self, name: &str, applied: Option<&Arc<Table>>) -> Result<Arc<TableDef>, EngineError> {
+        match (self.tables.get(name).map(|prediction| prediction.def.clone()), applied) {
+            (Some(Some(def)), _) => Ok(def),
+            (Some(None), Some(_)) => Err(EngineError::UnknownTable(name.to_string())),
+            (Some(None), None) => {
+                self.tables.remove(name);
+                Err(EngineError::UnknownTable(name.to_string()))
+            }
+            (None, Some(table)) => Ok(table.def()),
+            (None, None) => Err(EngineError::UnknownTable(name.to_string())),
+        }
+    }
+
+    /// Refuses a new stream named as a table whose creation is prepared.
+    fn check_stream_name(&self, name: &str) -> Result<(), EngineError> {
+        if self.tables.get(name).is_some_and(|prediction| prediction.def.is_some()) {
+            return Err(EngineError::NameTaken { name: name.to_string(), kind: "table" });
+        }
+        Ok(())
+    }
 }
 
 impl Engine {
     /// Makes this engine a cluster node's: from now on stream writes and creations go to
     /// `replicator`. Refused when the catalog defines what a cluster does not replicate yet.
     pub fn set_replicator(&self, replicator: Arc<dyn Replicator>) -> Result<(), EngineError> {
-        if let Some(table) = self.tables().first() {
-            return Err(EngineError::InvalidDefinition(format!(
-                "this data directory defines table {:?}: tables are not replicated in a cluster yet",
-                table.name()
-            )));
-        }
         if let Some(view) = self.views().first() {
             return Err(EngineError::InvalidDefinition(format!(
                 "this data directory defines view {:?}: views are not replicated in a cluster yet",
@@ -288,9 +500,9 @@ impl Engine {
         def.validate()?;
         let name = def.name.clone();
         let mut changed = self.watch_streams();
-        match submit(&self.replicator, encode(&Request::CreateStream(WireStreamDef::from(&def)))).await? {
-            Outcome::Refused(refusal) => return Err(refusal.into()),
-            Outcome::Created | Outcome::Published(_) => {}
+        let request = encode(&Request::CreateStream(WireStreamDef::from(&def)));
+        if let Outcome::Refused(refusal) = submit(&self.replicator, request).await? {
+            return Err(refusal.into());
         }
         // The leader applied it; this node applies it when the commit reaches it.
         loop {
@@ -327,6 +539,7 @@ impl Engine {
                     }
                     _ => {
                         self.check_new_stream(&stream_def).map_err(|error| refused(&error))?;
+                        predictions.check_stream_name(&stream_def.name).map_err(|error| refused(&error))?;
                         check_pending_routes(&predictions, &stream_def).map_err(|error| refused(&error))?;
                         predictions.creating.insert(stream_def.name.clone(), stream_def);
                     }
@@ -334,7 +547,100 @@ impl Engine {
                 Ok(encode(&Command::CreateStream(def)))
             }
             Request::Publish { stream, partition, records } => self.prepare_publish(stream, partition, records),
+            Request::TableWrite { table, id, write, precondition } => {
+                self.prepare_table_write(table, id, write, precondition).map_err(|error| refused(&error))
+            }
+            Request::CreateTable(json) => self.prepare_create_table(json).map_err(|error| refused(&error)),
+            Request::DropTable(name) => {
+                let mut predictions = self.predictions.lock().expect("predictions lock");
+                predictions.table(&name, self.table(&name).ok().as_ref()).map_err(|error| refused(&error))?;
+                self.check_unread(&name).map_err(|error| refused(&error))?;
+                predictions.tables.insert(name.clone(), TablePrediction::new(None));
+                Ok(encode(&Command::DropTable(name)))
+            }
+            Request::CreateIndex { table, name, field } => {
+                validate_field_name(&field).map_err(|error| refused(&error))?;
+                let mut predictions = self.predictions.lock().expect("predictions lock");
+                predictions.table(&table, self.table(&table).ok().as_ref()).map_err(|error| refused(&error))?;
+                Ok(encode(&Command::CreateIndex { table, name, field }))
+            }
+            // Whether it names an index is decided where it applies, alike on every node.
+            Request::DropIndex(name) => Ok(encode(&Command::DropIndex(name))),
         }
+    }
+
+    fn prepare_table_write(
+        &self,
+        name: String,
+        id: String,
+        write: WireWrite,
+        precondition: Precondition,
+    ) -> Result<Bytes, EngineError> {
+        check_row_id(&id)?;
+        let write = Write::try_from(write)?;
+        let applied = self.table(&name).ok();
+        let mut predictions = self.predictions.lock().expect("predictions lock");
+        let def = predictions.table(&name, applied.as_ref())?;
+        let prediction =
+            predictions.tables.entry(name.clone()).or_insert_with(|| TablePrediction::new(Some(def.clone())));
+        // The newest row: as written in this term, else as applied (every earlier term's
+        // writes are applied here before this term's first prepare).
+        let (current, version) = match prediction.rows.get(&id) {
+            Some((Some(doc), offset)) => (Some(doc.clone()), Some(*offset)),
+            Some((None, _)) => (None, None),
+            None => match applied.as_ref().and_then(|table| table.get(&id)) {
+                Some(row) => (Some(row.shared_doc()), Some(row.offset)),
+                None => (None, None),
+            },
+        };
+        let (mut record, after) = compute_write(&def, &id, write, precondition, current.as_ref(), version)?;
+        record.timestamp_ms = Some(now_ms());
+        check_records(&self.table_config(&def), std::slice::from_ref(&record))?;
+        let offset = match prediction.next {
+            Some(next) => next,
+            None => applied.as_ref().map_or(0, |table| table.partition().end_offset()),
+        };
+        prediction.next = Some(offset + 1);
+        prediction.rows.insert(id, (after.map(Arc::new), offset));
+        if prediction.rows.len() > prediction.prune_at
+            && let Some(table) = &applied
+        {
+            let done = table.applied_offset();
+            prediction.rows.retain(|_, (_, offset)| *offset >= done);
+            prediction.prune_at = (prediction.rows.len() * 2).max(PREDICTED_ROWS_PRUNED_AT);
+        }
+        Ok(encode(&Command::TableWrite {
+            table: name,
+            offset,
+            record: WireRecord::from(&record),
+            created: current.is_none(),
+        }))
+    }
+
+    fn prepare_create_table(&self, json: Bytes) -> Result<Bytes, EngineError> {
+        let def = catalog::parse_table_json(&json).map_err(EngineError::InvalidDefinition)?;
+        let applied = self.table(&def.name).ok();
+        let mut predictions = self.predictions.lock().expect("predictions lock");
+        match predictions.table(&def.name, applied.as_ref()) {
+            Ok(existing) if existing.without_indexes() == def.without_indexes() => {}
+            Ok(existing) => {
+                return Err(EngineError::TableExists { name: def.name.clone(), existing: existing.describe() });
+            }
+            Err(_) if applied.is_some() => {
+                return Err(EngineError::Append(AppendError::Unconfirmed(format!(
+                    "table {:?} is being dropped: create it again once that is done",
+                    def.name
+                ))));
+            }
+            Err(_) => {
+                self.check_new_table(&def)?;
+                if predictions.creating.contains_key(&def.name) {
+                    return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
+                }
+                predictions.tables.insert(def.name.clone(), TablePrediction::new(Some(Arc::new(def))));
+            }
+        }
+        Ok(encode(&Command::CreateTable(json)))
     }
 
     fn prepare_publish(&self, name: String, partition: Option<u32>, records: Vec<WireRecord>) -> Result<Bytes, Bytes> {
@@ -353,7 +659,9 @@ impl Engine {
                 let def = self.default_stream_def(&name);
                 self.check_new_stream(&def).map_err(fail)?;
                 let wire = WireStreamDef::from(&def);
-                self.predictions.lock().expect("predictions lock").creating.insert(name.clone(), def.clone());
+                let mut predictions = self.predictions.lock().expect("predictions lock");
+                predictions.check_stream_name(&name).map_err(fail)?;
+                predictions.creating.insert(name.clone(), def.clone());
                 (def, Some(wire))
             }
             (None, None) => return Err(fail(EngineError::UnknownStream { name, auto_create: false })),
@@ -424,6 +732,7 @@ impl Engine {
         let mut predictions = self.predictions.lock().expect("predictions lock");
         predictions.next.clear();
         predictions.creating.clear();
+        predictions.tables.clear();
     }
 
     /// Applies a committed command (every node, in log order). `Err` is this node's own failure
@@ -489,13 +798,174 @@ impl Engine {
                     .collect();
                 Ok(encode(&Outcome::Published(published)))
             }
+            Command::TableWrite { table, offset, record, created } => {
+                self.apply_table_write(&table, offset, record).await?;
+                Ok(encode(&Outcome::Written { offset, created }))
+            }
+            Command::CreateTable(json) => {
+                let def = catalog::parse_table_json(&json).map_err(|reason| format!("a committed table: {reason}"))?;
+                let outcome = self.create_table_here(def).await.map(|_| Outcome::Created);
+                self.applied_ddl(outcome)
+            }
+            Command::DropTable(name) => {
+                let outcome = match self.table(&name) {
+                    Ok(_) => self.drop_table_here(&name).await.map(|()| Outcome::Dropped),
+                    // Dropped before a restart.
+                    Err(_) => Ok(Outcome::Dropped),
+                };
+                self.applied_ddl(outcome)
+            }
+            Command::CreateIndex { table, name, field } => {
+                let outcome = self
+                    .create_index_here(&table, name.as_deref(), &field)
+                    .await
+                    .map(|(index, created)| Outcome::Indexed { name: index.name, field: index.field, created });
+                self.applied_ddl(outcome)
+            }
+            Command::DropIndex(name) => {
+                let outcome = self.drop_index_here(&name).await.map(Outcome::IndexDropped);
+                self.applied_ddl(outcome)
+            }
         }
     }
 
-    /// Makes every record applied so far durable: an fsync of each stream partition.
+    /// The answer to an applied definition change, told to whoever waits for it here. A
+    /// refusal every node makes alike is the answer; another failure stops the node.
+    fn applied_ddl(&self, outcome: Result<Outcome, EngineError>) -> Result<Bytes, String> {
+        let answer = match outcome {
+            Ok(outcome) => encode(&outcome),
+            Err(error) if error.is_client_error() => refused(&error),
+            Err(error) => return Err(error.to_string()),
+        };
+        self.replicated_ddl.send_modify(|generation| *generation += 1);
+        Ok(answer)
+    }
+
+    /// Appends a committed row change at `offset` of table `name`'s partition (unless it is
+    /// there already, from before a restart) and applies it to the table's rows.
+    async fn apply_table_write(&self, name: &str, offset: u64, record: WireRecord) -> Result<(), String> {
+        let table = self.table(name).map_err(|error| format!("applying a write to table {name:?}: {error}"))?;
+        let partition = table.partition();
+        let end = partition.end_offset();
+        if offset > end {
+            return Err(format!(
+                "table {name:?} ends at offset {end}, and the committed write is at {offset}: this node's log does \
+                 not fit the cluster's; stopping rather than diverge"
+            ));
+        }
+        if offset == end {
+            let record = NewRecord::from(record);
+            let ack = partition
+                .enqueue_with(std::slice::from_ref(&record), Durability::Async)
+                .await
+                .map_err(|error| error.to_string())?
+                .await
+                .map_err(|error| error.to_string())?;
+            if ack.base_offset != offset {
+                return Err(format!("table {name:?}: appended at offset {} instead of {offset}", ack.base_offset));
+            }
+        }
+        table.apply_through(offset).map_err(|error| error.to_string())
+    }
+
+    /// Creates the table `def` through the cluster and waits until this node has it. A
+    /// creation refused while a drop of its name is in flight is tried again for a while.
+    pub(crate) async fn create_table_replicated(&self, def: TableDef) -> Result<Arc<Table>, EngineError> {
+        def.validate()?;
+        let request = encode(&Request::CreateTable(Bytes::from(catalog::table_json(&def))));
+        let deadline = tokio::time::Instant::now() + DDL_WAIT;
+        loop {
+            let mut applied = self.replicated_ddl.subscribe();
+            match self.submit_ddl(request.clone()).await {
+                Ok(_) => {
+                    let name = def.name.clone();
+                    return self.await_ddl(&mut applied, &format!("table {name:?}"), || self.table(&name).ok()).await;
+                }
+                Err(EngineError::Append(AppendError::Unconfirmed(_))) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    pub(crate) async fn drop_table_replicated(&self, name: &str) -> Result<(), EngineError> {
+        let mut applied = self.replicated_ddl.subscribe();
+        self.submit_ddl(encode(&Request::DropTable(name.to_string()))).await?;
+        self.await_ddl(&mut applied, &format!("the drop of table {name:?}"), || self.table(name).is_err().then_some(()))
+            .await
+    }
+
+    pub(crate) async fn create_index_replicated(
+        &self,
+        table: &str,
+        name: Option<&str>,
+        field: &str,
+    ) -> Result<(IndexDef, bool), EngineError> {
+        validate_field_name(field)?;
+        let mut applied = self.replicated_ddl.subscribe();
+        let request =
+            Request::CreateIndex { table: table.to_string(), name: name.map(str::to_string), field: field.to_string() };
+        let Outcome::Indexed { name, field, created } = self.submit_ddl(encode(&request)).await? else {
+            return Err(EngineError::Internal("the cluster answered an index creation with something else".into()));
+        };
+        let index = IndexDef { name, field };
+        self.await_ddl(&mut applied, &format!("index {:?}", index.name), || {
+            self.table(table).ok().filter(|table| table.def().indexes.contains(&index)).map(|_| ())
+        })
+        .await?;
+        Ok((index, created))
+    }
+
+    pub(crate) async fn drop_index_replicated(&self, name: &str) -> Result<String, EngineError> {
+        let mut applied = self.replicated_ddl.subscribe();
+        let Outcome::IndexDropped(table) = self.submit_ddl(encode(&Request::DropIndex(name.to_string()))).await? else {
+            return Err(EngineError::Internal("the cluster answered an index drop with something else".into()));
+        };
+        self.await_ddl(&mut applied, &format!("the drop of index {name:?}"), || {
+            (!self.tables().iter().any(|table| table.def().indexes.iter().any(|index| index.name == name)))
+                .then_some(())
+        })
+        .await?;
+        Ok(table)
+    }
+
+    /// Submits a definition change; the leader's outcome, a refusal as its error.
+    async fn submit_ddl(&self, request: Bytes) -> Result<Outcome, EngineError> {
+        match submit(&self.replicator, request).await? {
+            Outcome::Refused(refusal) => Err(refusal.into()),
+            outcome => Ok(outcome),
+        }
+    }
+
+    /// Waits until a change the cluster applied reached this node: until `done` gives a value.
+    async fn await_ddl<T>(
+        &self,
+        applied: &mut tokio::sync::watch::Receiver<u64>,
+        what: &str,
+        done: impl Fn() -> Option<T>,
+    ) -> Result<T, EngineError> {
+        let deadline = tokio::time::Instant::now() + DDL_WAIT;
+        loop {
+            if let Some(value) = done() {
+                return Ok(value);
+            }
+            if tokio::time::timeout_at(deadline, applied.changed()).await.is_err() {
+                return Err(AppendError::Unconfirmed(format!(
+                    "{what} was committed by the cluster but has not reached this node in {} s",
+                    DDL_WAIT.as_secs()
+                ))
+                .into());
+            }
+        }
+    }
+
+    /// Makes every record applied so far durable: an fsync of each stream's and table's
+    /// partitions.
     pub async fn sync_replicated(&self) -> Result<(), String> {
-        let partitions: Vec<Arc<onehop_log::Partition>> =
+        let mut partitions: Vec<Arc<onehop_log::Partition>> =
             self.streams().iter().flat_map(|stream| stream.partitions().to_vec()).collect();
+        partitions.extend(self.tables().iter().map(|table| table.partition().clone()));
         tokio::task::spawn_blocking(move || {
             for partition in partitions {
                 partition.sync().map_err(|error| format!("{}: {error}", partition.dir().display()))?;
@@ -540,6 +1010,42 @@ pub(crate) async fn submit_queued(replicator: &Arc<dyn Replicator>, request: Byt
     replicator.submit(request).await.map_err(|reason| AppendError::Unconfirmed(reason).into())
 }
 
+/// Writes row `id` of `table` through the cluster ([`Table::write`] on a cluster node):
+/// returns once the leader applied it and this node did too.
+pub(crate) async fn write_row(
+    table: &Arc<Table>,
+    replicator: &Arc<dyn Replicator>,
+    id: &str,
+    write: Write,
+    precondition: Precondition,
+) -> Result<Written, EngineError> {
+    let request = encode(&Request::TableWrite {
+        table: table.name(),
+        id: id.to_string(),
+        write: WireWrite::from(&write),
+        precondition,
+    });
+    match outcome(submit_queued(replicator, request).await?.await)? {
+        Outcome::Written { offset, created } => {
+            if !table.wait_applied(offset, DDL_WAIT).await {
+                return Err(AppendError::Unconfirmed(format!(
+                    "the write to row {id:?} of table {} was committed by the cluster but has not reached this \
+                     node in {} s",
+                    table.name(),
+                    DDL_WAIT.as_secs()
+                ))
+                .into());
+            }
+            Ok(Written { offset, created, row: table.get(id).filter(|row| row.offset == offset) })
+        }
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        _ => Err(EngineError::Internal("the cluster answered a row write with something else".into())),
+    }
+}
+
+/// How long a node waits for a change the cluster committed to reach it.
+const DDL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The outcome in a leader's answer.
 fn outcome(answer: Result<Bytes, String>) -> Result<Outcome, EngineError> {
     let answer = answer.map_err(AppendError::Unconfirmed)?;
@@ -560,7 +1066,7 @@ pub(crate) fn published(answer: Result<Bytes, String>) -> Result<Vec<Published>,
             Ok(places.into_iter().map(|(partition, offset)| Published { partition, offset }).collect())
         }
         Outcome::Refused(refusal) => Err(refusal.into()),
-        Outcome::Created => Err(EngineError::Internal("the cluster answered a publish with a creation".into())),
+        _ => Err(EngineError::Internal("the cluster answered a publish with something else".into())),
     }
 }
 

@@ -19,7 +19,7 @@ impl Engine {
             mqtt_topic: None,
             compacted: true,
         };
-        Table::open(def, Arc::new(Stream::table_storage(storage_def, partition)))
+        Table::open(def, Arc::new(Stream::table_storage(storage_def, partition)), self.replicator.clone())
     }
 
     pub fn table(&self, name: &str) -> Result<Arc<Table>, EngineError> {
@@ -48,9 +48,28 @@ impl Engine {
 
     /// Creates the table `def` describes, durably. A table that exists with the same columns
     /// is returned as it is (its indexes are managed by `create_index`); with other columns it
-    /// is an error.
+    /// is an error. On a cluster node the cluster creates it, on every node.
     pub async fn create_table(&self, def: TableDef) -> Result<Arc<Table>, EngineError> {
-        self.local_only("CREATE TABLE")?;
+        if self.is_replicated() {
+            return self.create_table_replicated(def).await;
+        }
+        self.create_table_here(def).await
+    }
+
+    /// Refuses a new table whose name is another stream's or view's, or that does not fit the
+    /// orphaned data of its name.
+    pub(super) fn check_new_table(&self, def: &TableDef) -> Result<(), EngineError> {
+        if self.stream(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
+        }
+        if self.view(&def.name).is_ok() {
+            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "view" });
+        }
+        self.check_adoption(&def.name, 1, true, "table")
+    }
+
+    /// Creates the table `def` describes on this node.
+    pub(super) async fn create_table_here(&self, def: TableDef) -> Result<Arc<Table>, EngineError> {
         def.validate()?;
         let _ddl = self.ddl.lock().await;
         if let Ok(existing) = self.table(&def.name) {
@@ -60,13 +79,7 @@ impl Engine {
             }
             return Err(EngineError::TableExists { name: def.name.clone(), existing: existing_def.describe() });
         }
-        if self.stream(&def.name).is_ok() {
-            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
-        }
-        if self.view(&def.name).is_ok() {
-            return Err(EngineError::NameTaken { name: def.name.clone(), kind: "view" });
-        }
-        self.check_adoption(&def.name, 1, true, "table")?;
+        self.check_new_table(&def)?;
         self.catalog.append(&[catalog::table_record(&def)]).await?;
         let table = self.open_table(def)?;
         self.adopted(&table.name());
@@ -78,14 +91,26 @@ impl Engine {
 
     /// Creates an index on `field` of `table` (named `name`, or `{table}_{field}_idx`) and
     /// fills it. Returns the index and whether it was created (false: an index on that field
-    /// exists already).
+    /// exists already). On a cluster node the cluster creates it, on every node.
     pub async fn create_index(
         &self,
         table: &str,
         name: Option<&str>,
         field: &str,
     ) -> Result<(IndexDef, bool), EngineError> {
-        self.local_only("CREATE INDEX")?;
+        if self.is_replicated() {
+            return self.create_index_replicated(table, name, field).await;
+        }
+        self.create_index_here(table, name, field).await
+    }
+
+    /// Creates an index on this node.
+    pub(super) async fn create_index_here(
+        &self,
+        table: &str,
+        name: Option<&str>,
+        field: &str,
+    ) -> Result<(IndexDef, bool), EngineError> {
         validate_field_name(field)?;
         let _ddl = self.ddl.lock().await;
         let table = self.table(table)?;
@@ -112,9 +137,17 @@ impl Engine {
         Ok((index, true))
     }
 
-    /// Drops the index named `name`; returns the table it was on.
+    /// Drops the index named `name`; returns the table it was on. On a cluster node the
+    /// cluster drops it, on every node.
     pub async fn drop_index(&self, name: &str) -> Result<String, EngineError> {
-        self.local_only("DROP INDEX")?;
+        if self.is_replicated() {
+            return self.drop_index_replicated(name).await;
+        }
+        self.drop_index_here(name).await
+    }
+
+    /// Drops an index on this node.
+    pub(super) async fn drop_index_here(&self, name: &str) -> Result<String, EngineError> {
         let _ddl = self.ddl.lock().await;
         for table in self.tables() {
             let def = table.def();
@@ -128,9 +161,17 @@ impl Engine {
         Err(EngineError::UnknownIndex(name.to_string()))
     }
 
-    /// Drops the table `name` and deletes its rows. Its subscriptions end.
+    /// Drops the table `name` and deletes its rows. Its subscriptions end. On a cluster node
+    /// the cluster drops it, on every node.
     pub async fn drop_table(&self, name: &str) -> Result<(), EngineError> {
-        self.local_only("DROP TABLE")?;
+        if self.is_replicated() {
+            return self.drop_table_replicated(name).await;
+        }
+        self.drop_table_here(name).await
+    }
+
+    /// Drops a table on this node.
+    pub(super) async fn drop_table_here(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;
         self.table(name)?;
         self.check_unread(name)?;
