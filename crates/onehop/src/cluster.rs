@@ -25,8 +25,8 @@ impl Applier for EngineApplier {
         self.0.begin_replicated_term();
     }
 
-    async fn apply(&self, _index: u64, command: Bytes) -> Result<Bytes, String> {
-        let applied = self.0.apply_replicated(&command).await;
+    async fn apply(&self, index: u64, command: Bytes) -> Result<Bytes, String> {
+        let applied = self.0.apply_replicated(index, &command).await;
         if let Err(error) = &applied {
             tracing::error!(%error, "this node cannot apply a committed command and stops taking part");
         }

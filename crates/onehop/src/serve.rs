@@ -86,16 +86,16 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
              again (CREATE STREAM / CREATE TABLE, or the schema file) to take its data back"
         );
     }
-    if let Some((name, password)) = &settings.admin
-        && engine.bootstrap_superuser(name, password).await.context("creating the first superuser")?
-    {
-        tracing::info!(user = name, "first superuser created (ADMIN ON ALL): every client must now log in");
-    }
-    refuse_open_listeners(&engine, &settings)?;
     let cluster = match &settings.cluster {
         Some(cluster) => Some(crate::cluster::start(cluster, &settings.data_dir, &engine).await?),
         None => None,
     };
+    if let Some((name, password)) = &settings.admin
+        && bootstrap_superuser(&engine, name, password).await?
+    {
+        tracing::info!(user = name, "first superuser created (ADMIN ON ALL): every client must now log in");
+    }
+    refuse_open_listeners(&engine, &settings)?;
     if let Some(schema) = &settings.schema {
         apply_schema(&engine, schema).await?;
     }
@@ -397,6 +397,27 @@ fn refuse_open_listeners(engine: &Engine, settings: &Settings) -> anyhow::Result
 }
 
 /// Applies the statements of `path` before the server listens; any failure stops the start.
+/// Creates the first superuser from the settings, unless it exists. A cluster node creates it
+/// through the cluster, once for every node, which takes a majority of the nodes: it waits for
+/// one, saying so every few seconds, and opens no listener before (access would be off).
+async fn bootstrap_superuser(engine: &Engine, name: &str, password: &str) -> anyhow::Result<bool> {
+    let started = std::time::Instant::now();
+    loop {
+        match engine.bootstrap_superuser(name, password).await {
+            Ok(created) => return Ok(created),
+            Err(error) if engine.is_replicated() && error.kind() == onehop_engine::ErrorKind::Unavailable => {
+                tracing::warn!(
+                    %error,
+                    waited_s = started.elapsed().as_secs(),
+                    "waiting for the cluster to create the first superuser; no listener opens before"
+                );
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(error) => return Err(error).context("creating the first superuser"),
+        }
+    }
+}
+
 async fn apply_schema(engine: &Engine, path: &std::path::Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading schema {}", path.display()))?;
     let statements = onehop_sql::parse(&text).with_context(|| format!("schema {}", path.display()))?;

@@ -61,6 +61,9 @@ struct Cluster {
     members: Vec<Member>,
     /// Whether the nodes serve Kafka too (on a free port each).
     kafka: bool,
+    /// Each node starts with `--admin-user` as this superuser (name, password), and the test
+    /// reads `/cluster` as it.
+    admin: Option<(&'static str, &'static str)>,
 }
 
 /// What a [`Link`] does to the traffic it carries.
@@ -144,11 +147,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Arc<Mutex<Fault>>) {
 
 impl Cluster {
     fn start(size: u64) -> Cluster {
-        Cluster::start_with(size, false, false)
+        Cluster::start_with(size, false, false, None)
     }
 
     /// With `links`, each node is reached through a [`Link`] the test can put faults on.
-    fn start_with(size: u64, kafka: bool, links: bool) -> Cluster {
+    fn start_with(size: u64, kafka: bool, links: bool, admin: Option<(&'static str, &'static str)>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=size)
             .map(|id| {
@@ -167,9 +170,30 @@ impl Cluster {
             .map(|m| format!("{}={}", m.id, m.link.as_ref().map_or(m.cluster, |link| link.address)))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = Cluster { dir, peers, members, kafka };
-        for index in 0..cluster.members.len() {
-            cluster.launch(index);
+        let mut cluster = Cluster { dir, peers, members, kafka, admin };
+        if admin.is_some() {
+            // A node with --admin-user opens its listeners once the cluster made that user,
+            // which takes a majority: the members start side by side.
+            let servers: Vec<Server> = std::thread::scope(|scope| {
+                let starting: Vec<_> = (0..cluster.members.len())
+                    .map(|index| {
+                        let (args, envs) = cluster.arguments(index, true);
+                        let cwd = cluster.dir.path();
+                        scope.spawn(move || {
+                            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                            start(cwd, &args, &envs)
+                        })
+                    })
+                    .collect();
+                starting.into_iter().map(|thread| thread.join().unwrap()).collect()
+            });
+            for (member, server) in cluster.members.iter_mut().zip(servers) {
+                member.server = Some(server);
+            }
+        } else {
+            for index in 0..cluster.members.len() {
+                cluster.launch(index);
+            }
         }
         cluster
     }
@@ -181,28 +205,42 @@ impl Cluster {
     /// Starts the member at `index`; with `form`, as one of the members that form the cluster
     /// (`--peers`), else as a node that waits to be added.
     fn launch_with(&mut self, index: usize, form: bool) {
+        let (args, envs) = self.arguments(index, form);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.members[index].server = Some(start(self.dir.path(), &args, &envs));
+    }
+
+    /// The arguments and environment of the member at `index` (see [`Cluster::launch_with`]).
+    fn arguments(&self, index: usize, form: bool) -> (Vec<String>, Vec<(&'static str, &'static str)>) {
         let member = &self.members[index];
         let data = self.dir.path().join(format!("node-{}", member.id));
-        let (id, http, cluster) = (member.id.to_string(), member.http.to_string(), member.cluster.to_string());
         let advertised = member.link.as_ref().map_or(member.cluster, |link| link.address).to_string();
-        let args = [
+        let mut args: Vec<String> = [
             "--cluster-advertised-addr",
             &advertised,
             "--data-dir",
             data.to_str().unwrap(),
             "--http-addr",
-            &http,
+            &member.http.to_string(),
             "--kafka-addr",
             if self.kafka { "127.0.0.1:0" } else { "off" },
             "--node-id",
-            &id,
+            &member.id.to_string(),
             "--cluster-addr",
-            &cluster,
-            "--peers",
-            &self.peers,
-        ];
-        let args = if form { &args[..] } else { &args[..args.len() - 2] };
-        self.members[index].server = Some(start(self.dir.path(), args, &[("ONEHOP_LOG", "warn,onehop=info")]));
+            &member.cluster.to_string(),
+        ]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect();
+        if form {
+            args.extend(["--peers".to_string(), self.peers.clone()]);
+        }
+        let mut envs = vec![("ONEHOP_LOG", "warn,onehop=info")];
+        if let Some((name, password)) = self.admin {
+            args.extend(["--admin-user".to_string(), name.to_string()]);
+            envs.push(("ONEHOP_ADMIN_PASSWORD", password));
+        }
+        (args, envs)
     }
 
     fn link(&self, index: usize) -> &Link {
@@ -221,7 +259,7 @@ impl Cluster {
                 if member.server.is_none() {
                     continue;
                 }
-                if let Some(status) = status(member.http)
+                if let Some(status) = status_as(member.http, self.admin)
                     && status["state"] == "leader"
                 {
                     return index;
@@ -236,9 +274,19 @@ impl Cluster {
 /// The node's `/cluster` answer, or `None` when it does not answer within 2 s (it is down, or
 /// paused).
 fn status(address: SocketAddr) -> Option<serde_json::Value> {
+    status_as(address, None)
+}
+
+/// [`status`], as `user` (name, password) when given.
+fn status_as(address: SocketAddr, user: Option<(&str, &str)>) -> Option<serde_json::Value> {
+    use base64::Engine as _;
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET /cluster HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").ok()?;
+    let authorization = user.map_or(String::new(), |(name, password)| {
+        let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{name}:{password}"));
+        format!("Authorization: Basic {credentials}\r\n")
+    });
+    write!(stream, "GET /cluster HTTP/1.1\r\nHost: {address}\r\n{authorization}Connection: close\r\n\r\n").ok()?;
     let mut response = String::new();
     let started = Instant::now();
     if let Err(error) = stream.read_to_string(&mut response) {
@@ -478,7 +526,7 @@ fn a_paused_leader_steps_down_and_rejoins_without_divergence() {
 
 #[test]
 fn mqtt_and_kafka_writes_on_followers_reach_every_node() {
-    let mut cluster = Cluster::start_with(3, true, false);
+    let mut cluster = Cluster::start_with(3, true, false, None);
     let leader = cluster.leader();
     let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
     let mqtt = cluster.members[followers[0]].server.as_ref().unwrap().mqtt_address;
@@ -566,7 +614,7 @@ fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
 
 #[test]
 fn network_faults_between_nodes_lose_no_acknowledged_write() {
-    let mut cluster = Cluster::start_with(3, false, true);
+    let mut cluster = Cluster::start_with(3, false, true, None);
     let stop = Arc::new(AtomicBool::new(false));
     let writing = writers(cluster.http_addresses(), stop.clone(), 3);
     let watching = subscriber(cluster.http_addresses(), stop.clone());
@@ -819,4 +867,63 @@ fn compare_and_set_on_a_table_stays_exact_through_kill_9_of_the_leader() {
         acked.len(),
         final_rows[0].1
     );
+}
+
+#[test]
+fn users_grants_and_tokens_are_replicated_and_the_first_superuser_is_made_once() {
+    let root = ("root", "first-secret");
+    let mut cluster = Cluster::start_with(3, false, false, Some(root));
+    let leader = cluster.leader();
+    let followers: Vec<SocketAddr> =
+        (0..3).filter(|index| *index != leader).map(|index| cluster.members[index].http).collect();
+    let (a, b, on_leader) = (followers[0], followers[1], cluster.members[leader].http);
+    let everywhere = cluster.http_addresses();
+
+    // Every node started with the same --admin-user: one superuser for the whole cluster, with
+    // one password and one creation time everywhere.
+    let users = |node: SocketAddr| common::sql_as(node, root, "SHOW USERS");
+    let shown = users(a);
+    assert!(shown.contains("root"), "{shown}");
+    on_every_node(&everywhere, "the same users", |node| users(node) == shown);
+    let (code, body) = common::post(b, "/streams/events", "{}").unwrap();
+    assert_eq!(code, 401, "access is on everywhere: {body}");
+
+    // A user and a grant made through one follower hold on the other and on the leader.
+    common::sql_as(a, root, "CREATE USER alice PASSWORD 'alice-pass'; GRANT WRITE ON STREAM events TO alice");
+    common::sql_as(on_leader, root, "CREATE STREAM events");
+    let alice = ("alice", "alice-pass");
+    on_every_node(&everywhere, "alice's grant", |node| common::post_as(node, "/streams/events", "{}", alice).0 == 200);
+    assert_eq!(common::post_as(b, "/streams/other", "{}", alice).0, 403);
+
+    // A token made on the leader logs in on a follower; its secret is shown once, and each
+    // node checks it against the same digest.
+    let answer: serde_json::Value =
+        serde_json::from_str(&common::sql_as(on_leader, root, "CREATE TOKEN FOR alice")).unwrap();
+    let token = answer["results"][0]["rows"][0][2].as_str().unwrap().to_string();
+    let bearer = format!("Authorization: Bearer {token}");
+    on_every_node(&everywhere, "alice's token", |node| {
+        common::curl(node, "/streams/events", &["-X", "POST", "-d", "{}", "-H", &bearer]).0 == 200
+    });
+
+    // A password changed and a grant revoked through a follower, then a restart of every node:
+    // the same definitions come back everywhere.
+    common::sql_as(b, root, "ALTER USER alice PASSWORD 'new-pass'; REVOKE WRITE ON STREAM events FROM alice");
+    let alice = ("alice", "new-pass");
+    on_every_node(&everywhere, "the revoke", |node| common::post_as(node, "/streams/events", "{}", alice).0 == 403);
+    for index in 0..3 {
+        cluster.members[index].server = None;
+    }
+    for index in 0..3 {
+        cluster.launch(index);
+    }
+    cluster.leader();
+    on_every_node(&everywhere, "the users after a restart", |node| users(node) == users(a));
+    assert_eq!(common::post_as(a, "/streams/events", "{}", ("alice", "alice-pass")).0, 401, "the old password");
+    assert_eq!(common::post_as(b, "/streams/events", "{}", alice).0, 403);
+
+    // Dropped on one node, the user and its token are refused on all.
+    common::sql_as(a, root, "DROP USER alice");
+    on_every_node(&everywhere, "the drop", |node| {
+        common::curl(node, "/streams/events", &["-X", "POST", "-d", "{}", "-H", &bearer]).0 == 401
+    });
 }

@@ -50,7 +50,7 @@ const TOKEN_SECRET_BYTES: usize = 32;
 pub use crate::engine::{PASSWORD_BYTES_MAX, validate_grantee_name};
 
 /// What creating a user did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum UserCreated {
     Created,
     /// The first user, created while access was off: made a superuser (`ADMIN ON ALL`), since

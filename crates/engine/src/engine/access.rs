@@ -2,8 +2,10 @@
 //! `ddl`, the records appended (fsync) before the change is in force.
 
 use onehop_log::NewRecord;
+use serde::{Deserialize, Serialize};
 
 use super::Engine;
+use crate::access::credential::ScramCredential;
 use crate::access::model::{AccessDefs, Grant, ObjectPattern, PUBLIC, Privilege, TokenDef, UserDef, UserLimits};
 use crate::access::{self, Access, UserCreated, records};
 use crate::error::EngineError;
@@ -48,24 +50,261 @@ fn validate_password(password: &str) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// A change to users, roles, grants or tokens, as the node that was asked decided it: salts,
+/// token secrets and times are drawn there, so applying it gives the same definitions on every
+/// node of a cluster (it travels as JSON inside the cluster's command).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum AccessChange {
+    CreateUser {
+        name: String,
+        credentials: Vec<ScramCredential>,
+        created_ms: u64,
+        if_not_exists: bool,
+    },
+    AlterPassword {
+        name: String,
+        credentials: Vec<ScramCredential>,
+    },
+    AlterLimits {
+        name: String,
+        limits: UserLimits,
+    },
+    DropUser {
+        name: String,
+        if_exists: bool,
+    },
+    CreateRole {
+        name: String,
+        if_not_exists: bool,
+    },
+    DropRole {
+        name: String,
+        if_exists: bool,
+    },
+    Grant(Grant),
+    Revoke(Grant),
+    SetRoleMember {
+        role: String,
+        user: String,
+        member: bool,
+    },
+    CreateToken {
+        id: String,
+        user: String,
+        secret_sha256: Vec<u8>,
+        created_ms: u64,
+        expires_ms: Option<u64>,
+    },
+    DropToken(String),
+    /// The operator's first superuser: created with `ADMIN ON ALL` unless a user of that name
+    /// exists.
+    Bootstrap {
+        name: String,
+        credentials: Vec<ScramCredential>,
+        created_ms: u64,
+    },
+}
+
+/// What an access change did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum AccessAnswer {
+    User(UserCreated),
+    /// Whether anything changed (`false`: granted already, `IF EXISTS` of nothing, …).
+    Changed(bool),
+}
+
+impl AccessAnswer {
+    fn changed(self) -> bool {
+        match self {
+            AccessAnswer::Changed(changed) => changed,
+            AccessAnswer::User(created) => created != UserCreated::Existed,
+        }
+    }
+}
+
+/// Applies `change` to `defs`: the records that make it durable, and what it did.
+fn edit(defs: &mut AccessDefs, change: AccessChange) -> Result<(Vec<NewRecord>, AccessAnswer), EngineError> {
+    match change {
+        AccessChange::CreateUser { name, credentials, created_ms, if_not_exists } => {
+            create_user(defs, name, credentials, created_ms, if_not_exists)
+        }
+        AccessChange::Bootstrap { name, credentials, created_ms } => {
+            let (mut records, answer) = create_user(defs, name.clone(), credentials, created_ms, true)?;
+            if answer == AccessAnswer::User(UserCreated::Created) {
+                let grant = Grant { grantee: name, privilege: Privilege::Admin, object: ObjectPattern::everything() };
+                records.push(records::grant_record(&grant, true));
+                defs.grants.insert(grant);
+            }
+            Ok((records, answer))
+        }
+        AccessChange::AlterPassword { name, credentials } => {
+            let user = defs.users.get_mut(&name).ok_or_else(|| unknown("user", &name))?;
+            user.credentials = credentials;
+            Ok((vec![records::user_record(user)], AccessAnswer::Changed(true)))
+        }
+        AccessChange::AlterLimits { name, limits } => {
+            let user = defs.users.get_mut(&name).ok_or_else(|| unknown("user", &name))?;
+            user.limits = limits;
+            Ok((vec![records::user_record(user)], AccessAnswer::Changed(true)))
+        }
+        AccessChange::DropUser { name, if_exists } => {
+            if defs.users.remove(&name).is_none() {
+                return if if_exists {
+                    Ok((Vec::new(), AccessAnswer::Changed(false)))
+                } else {
+                    Err(unknown("user", &name))
+                };
+            }
+            let mut records = vec![records::drop_user_record(&name)];
+            records.extend(forget_grantee(defs, &name));
+            let tokens: Vec<String> =
+                defs.tokens.values().filter(|token| token.user == name).map(|token| token.id.clone()).collect();
+            for id in tokens {
+                defs.tokens.remove(&id);
+                records.push(records::drop_token_record(&id));
+            }
+            for (role, members) in defs.members.iter_mut() {
+                if members.remove(&name) {
+                    records.push(records::member_record(role, &name, false));
+                }
+            }
+            defs.members.retain(|_, members| !members.is_empty());
+            Ok((records, AccessAnswer::Changed(true)))
+        }
+        AccessChange::CreateRole { name, if_not_exists } => {
+            if defs.roles.contains(&name) {
+                return if if_not_exists {
+                    Ok((Vec::new(), AccessAnswer::Changed(false)))
+                } else {
+                    Err(EngineError::NameTaken { name, kind: "role" })
+                };
+            }
+            if defs.users.contains_key(&name) {
+                return Err(EngineError::NameTaken { name, kind: "user" });
+            }
+            let record = records::role_record(&name, true);
+            defs.roles.insert(name);
+            Ok((vec![record], AccessAnswer::Changed(true)))
+        }
+        AccessChange::DropRole { name, if_exists } => {
+            if !defs.roles.remove(&name) {
+                return if if_exists {
+                    Ok((Vec::new(), AccessAnswer::Changed(false)))
+                } else {
+                    Err(unknown("role", &name))
+                };
+            }
+            let mut records = vec![records::role_record(&name, false)];
+            records.extend(forget_grantee(defs, &name));
+            for user in defs.members.remove(&name).unwrap_or_default() {
+                records.push(records::member_record(&name, &user, false));
+            }
+            Ok((records, AccessAnswer::Changed(true)))
+        }
+        AccessChange::Grant(grant) => {
+            if !defs.is_grantee(&grant.grantee) {
+                return Err(unknown("user or role", &grant.grantee));
+            }
+            if defs.grants.contains(&grant) {
+                return Ok((Vec::new(), AccessAnswer::Changed(false)));
+            }
+            let record = records::grant_record(&grant, true);
+            defs.grants.insert(grant);
+            Ok((vec![record], AccessAnswer::Changed(true)))
+        }
+        AccessChange::Revoke(grant) => {
+            if !defs.grants.remove(&grant) {
+                return Ok((Vec::new(), AccessAnswer::Changed(false)));
+            }
+            Ok((vec![records::grant_record(&grant, false)], AccessAnswer::Changed(true)))
+        }
+        AccessChange::SetRoleMember { role, user, member } => {
+            if !defs.roles.contains(&role) {
+                return Err(unknown("role", &role));
+            }
+            if !defs.users.contains_key(&user) {
+                return Err(unknown("user", &user));
+            }
+            let members = defs.members.entry(role.clone()).or_default();
+            let changed = if member { members.insert(user.clone()) } else { members.remove(&user) };
+            defs.members.retain(|_, members| !members.is_empty());
+            let records = if changed { vec![records::member_record(&role, &user, member)] } else { Vec::new() };
+            Ok((records, AccessAnswer::Changed(changed)))
+        }
+        AccessChange::CreateToken { id, user, secret_sha256, created_ms, expires_ms } => {
+            if !defs.users.contains_key(&user) {
+                return Err(unknown("user", &user));
+            }
+            let def = TokenDef { id, user, secret_sha256, created_ms, expires_ms };
+            let record = records::token_record(&def);
+            defs.tokens.insert(def.id.clone(), def);
+            Ok((vec![record], AccessAnswer::Changed(true)))
+        }
+        AccessChange::DropToken(id) => {
+            if defs.tokens.remove(&id).is_none() {
+                return Ok((Vec::new(), AccessAnswer::Changed(false)));
+            }
+            Ok((vec![records::drop_token_record(&id)], AccessAnswer::Changed(true)))
+        }
+    }
+}
+
+fn create_user(
+    defs: &mut AccessDefs,
+    name: String,
+    credentials: Vec<ScramCredential>,
+    created_ms: u64,
+    if_not_exists: bool,
+) -> Result<(Vec<NewRecord>, AccessAnswer), EngineError> {
+    if defs.users.contains_key(&name) {
+        if if_not_exists {
+            return Ok((Vec::new(), AccessAnswer::User(UserCreated::Existed)));
+        }
+        return Err(EngineError::NameTaken { name, kind: "user" });
+    }
+    if defs.roles.contains(&name) {
+        return Err(EngineError::NameTaken { name, kind: "role" });
+    }
+    if defs.users.is_empty() && credentials.is_empty() {
+        return Err(EngineError::InvalidDefinition(format!(
+            "the first user becomes the superuser and needs a password: CREATE USER {name} PASSWORD '…'"
+        )));
+    }
+    let user = UserDef { name: name.clone(), credentials, created_ms, limits: UserLimits::default() };
+    let mut records = vec![records::user_record(&user)];
+    let first = defs.users.is_empty();
+    defs.users.insert(name.clone(), user);
+    if first {
+        let grant = Grant { grantee: name, privilege: Privilege::Admin, object: ObjectPattern::everything() };
+        records.push(records::grant_record(&grant, true));
+        defs.grants.insert(grant);
+        return Ok((records, AccessAnswer::User(UserCreated::CreatedSuperuser)));
+    }
+    Ok((records, AccessAnswer::User(UserCreated::Created)))
+}
+
 impl Engine {
     /// Who may do what (see [`Access`]).
     pub fn access(&self) -> &Access {
         &self.access
     }
 
-    /// Changes the access definitions: `change` edits a copy and says which records make the
-    /// edit durable; they are appended, then the copy is put in force. A change that would leave
-    /// users but no superuser is refused, so access can never lock everyone out.
-    async fn change_access<T>(
-        &self,
-        change: impl FnOnce(&mut AccessDefs) -> Result<(Vec<NewRecord>, T), EngineError>,
-    ) -> Result<T, EngineError> {
-        self.local_only("a change to users, roles, grants or tokens")?;
+    /// Makes `change`: on this node, or on a cluster node through the cluster, on every node.
+    async fn change_access(&self, change: AccessChange) -> Result<AccessAnswer, EngineError> {
+        if self.is_replicated() {
+            return self.change_access_replicated(change).await;
+        }
+        self.change_access_here(change).await
+    }
+
+    /// Changes the access definitions on this node: `change` edits a copy, the records that
+    /// make the edit durable are appended, then the copy is put in force. A change that would
+    /// leave users but no superuser is refused, so access can never lock everyone out.
+    pub(super) async fn change_access_here(&self, change: AccessChange) -> Result<AccessAnswer, EngineError> {
         let _ddl = self.ddl.lock().await;
         let mut defs = (*self.access.defs()).clone();
         let had_superuser = !defs.superusers().is_empty();
-        let (records, answer) = change(&mut defs)?;
+        let (records, answer) = edit(&mut defs, change)?;
         if had_superuser && defs.superusers().is_empty() {
             return Err(EngineError::InvalidDefinition(
                 "this would leave no superuser (no user with ADMIN ON ALL) to manage access; grant it to another \
@@ -96,39 +335,12 @@ impl Engine {
             }
             None => Vec::new(),
         };
-        self.change_access(|defs| {
-            if defs.users.contains_key(name) {
-                if if_not_exists {
-                    return Ok((Vec::new(), UserCreated::Existed));
-                }
-                return Err(EngineError::NameTaken { name: name.to_string(), kind: "user" });
-            }
-            if defs.roles.contains(name) {
-                return Err(EngineError::NameTaken { name: name.to_string(), kind: "role" });
-            }
-            if defs.users.is_empty() && credentials.is_empty() {
-                return Err(EngineError::InvalidDefinition(format!(
-                    "the first user becomes the superuser and needs a password: CREATE USER {name} PASSWORD '…'"
-                )));
-            }
-            let user =
-                UserDef { name: name.to_string(), credentials, created_ms: now_ms(), limits: UserLimits::default() };
-            let mut records = vec![records::user_record(&user)];
-            let first = defs.users.is_empty();
-            defs.users.insert(name.to_string(), user);
-            if first {
-                let grant = Grant {
-                    grantee: name.to_string(),
-                    privilege: Privilege::Admin,
-                    object: ObjectPattern::everything(),
-                };
-                records.push(records::grant_record(&grant, true));
-                defs.grants.insert(grant);
-                return Ok((records, UserCreated::CreatedSuperuser));
-            }
-            Ok((records, UserCreated::Created))
-        })
-        .await
+        let change =
+            AccessChange::CreateUser { name: name.to_string(), credentials, created_ms: now_ms(), if_not_exists };
+        match self.change_access(change).await? {
+            AccessAnswer::User(created) => Ok(created),
+            AccessAnswer::Changed(_) => Err(EngineError::Internal("creating a user answered something else".into())),
+        }
     }
 
     /// Sets a new password for `name`. Its connections stay open; its next logins need the
@@ -136,12 +348,8 @@ impl Engine {
     pub async fn alter_user_password(&self, name: &str, password: &str) -> Result<(), EngineError> {
         validate_password(password)?;
         let credentials = derive_credentials(password).await?;
-        self.change_access(|defs| {
-            let user = defs.users.get_mut(name).ok_or_else(|| unknown("user", name))?;
-            user.credentials = credentials;
-            Ok((vec![records::user_record(user)], ()))
-        })
-        .await
+        self.change_access(AccessChange::AlterPassword { name: name.to_string(), credentials }).await?;
+        Ok(())
     }
 
     /// Puts `limits` in force for the user `name` (all of them: a limit not given is lifted),
@@ -152,119 +360,42 @@ impl Engine {
         if zero {
             return Err(invalid("a limit of 0 would refuse everything; leave the limit out to lift it".into()));
         }
-        self.change_access(|defs| {
-            let user = defs.users.get_mut(name).ok_or_else(|| unknown("user", name))?;
-            user.limits = limits;
-            Ok((vec![records::user_record(user)], ()))
-        })
-        .await
+        self.change_access(AccessChange::AlterLimits { name: name.to_string(), limits }).await?;
+        Ok(())
     }
 
     /// Drops the user `name` with its grants, role memberships and tokens. Its open connections
     /// are refused from their next request on.
     pub async fn drop_user(&self, name: &str, if_exists: bool) -> Result<bool, EngineError> {
-        self.change_access(|defs| {
-            if defs.users.remove(name).is_none() {
-                return if if_exists { Ok((Vec::new(), false)) } else { Err(unknown("user", name)) };
-            }
-            let mut records = vec![records::drop_user_record(name)];
-            records.extend(forget_grantee(defs, name));
-            let tokens: Vec<String> =
-                defs.tokens.values().filter(|token| token.user == name).map(|token| token.id.clone()).collect();
-            for id in tokens {
-                defs.tokens.remove(&id);
-                records.push(records::drop_token_record(&id));
-            }
-            for (role, members) in defs.members.iter_mut() {
-                if members.remove(name) {
-                    records.push(records::member_record(role, name, false));
-                }
-            }
-            defs.members.retain(|_, members| !members.is_empty());
-            Ok((records, true))
-        })
-        .await
+        Ok(self.change_access(AccessChange::DropUser { name: name.to_string(), if_exists }).await?.changed())
     }
 
     pub async fn create_role(&self, name: &str, if_not_exists: bool) -> Result<bool, EngineError> {
         validate_grantee_name(name)?;
-        self.change_access(|defs| {
-            if defs.roles.contains(name) {
-                return if if_not_exists {
-                    Ok((Vec::new(), false))
-                } else {
-                    Err(EngineError::NameTaken { name: name.to_string(), kind: "role" })
-                };
-            }
-            if defs.users.contains_key(name) {
-                return Err(EngineError::NameTaken { name: name.to_string(), kind: "user" });
-            }
-            defs.roles.insert(name.to_string());
-            Ok((vec![records::role_record(name, true)], true))
-        })
-        .await
+        Ok(self.change_access(AccessChange::CreateRole { name: name.to_string(), if_not_exists }).await?.changed())
     }
 
     /// Drops the role `name`, its grants and its memberships.
     pub async fn drop_role(&self, name: &str, if_exists: bool) -> Result<bool, EngineError> {
-        self.change_access(|defs| {
-            if !defs.roles.remove(name) {
-                return if if_exists { Ok((Vec::new(), false)) } else { Err(unknown("role", name)) };
-            }
-            let mut records = vec![records::role_record(name, false)];
-            records.extend(forget_grantee(defs, name));
-            for user in defs.members.remove(name).unwrap_or_default() {
-                records.push(records::member_record(name, &user, false));
-            }
-            Ok((records, true))
-        })
-        .await
+        Ok(self.change_access(AccessChange::DropRole { name: name.to_string(), if_exists }).await?.changed())
     }
 
     /// Grants `grant`; `false` when it was granted already.
     pub async fn grant(&self, grant: Grant) -> Result<bool, EngineError> {
         grant.object.validate().map_err(invalid)?;
-        self.change_access(|defs| {
-            if !defs.is_grantee(&grant.grantee) {
-                return Err(unknown("user or role", &grant.grantee));
-            }
-            if defs.grants.contains(&grant) {
-                return Ok((Vec::new(), false));
-            }
-            let record = records::grant_record(&grant, true);
-            defs.grants.insert(grant);
-            Ok((vec![record], true))
-        })
-        .await
+        Ok(self.change_access(AccessChange::Grant(grant)).await?.changed())
     }
 
     /// Revokes exactly `grant` (a grant on `orders*` is not narrowed by revoking `orders`);
     /// `false` when it was not granted.
     pub async fn revoke(&self, grant: &Grant) -> Result<bool, EngineError> {
-        self.change_access(|defs| {
-            if !defs.grants.remove(grant) {
-                return Ok((Vec::new(), false));
-            }
-            Ok((vec![records::grant_record(grant, false)], true))
-        })
-        .await
+        Ok(self.change_access(AccessChange::Revoke(grant.clone())).await?.changed())
     }
 
     /// Makes `user` a member of `role` (`member`) or no longer one; `false` when nothing changed.
     pub async fn set_role_member(&self, role: &str, user: &str, member: bool) -> Result<bool, EngineError> {
-        self.change_access(|defs| {
-            if !defs.roles.contains(role) {
-                return Err(unknown("role", role));
-            }
-            if !defs.users.contains_key(user) {
-                return Err(unknown("user", user));
-            }
-            let members = defs.members.entry(role.to_string()).or_default();
-            let changed = if member { members.insert(user.to_string()) } else { members.remove(user) };
-            defs.members.retain(|_, members| !members.is_empty());
-            Ok((if changed { vec![records::member_record(role, user, member)] } else { Vec::new() }, changed))
-        })
-        .await
+        let change = AccessChange::SetRoleMember { role: role.to_string(), user: user.to_string(), member };
+        Ok(self.change_access(change).await?.changed())
     }
 
     /// A new token for `user`, valid for `valid_ms` (or until dropped): its definition and the
@@ -273,45 +404,36 @@ impl Engine {
         if valid_ms == Some(0) {
             return Err(invalid("a token valid for 0 would never work".into()));
         }
-        self.change_access(|defs| {
-            if !defs.users.contains_key(user) {
-                return Err(unknown("user", user));
-            }
-            let (def, secret) = access::new_token(user, now_ms(), valid_ms);
-            defs.tokens.insert(def.id.clone(), def.clone());
-            Ok((vec![records::token_record(&def)], (def, secret)))
-        })
-        .await
+        let (def, secret) = access::new_token(user, now_ms(), valid_ms);
+        let change = AccessChange::CreateToken {
+            id: def.id.clone(),
+            user: def.user.clone(),
+            secret_sha256: def.secret_sha256.clone(),
+            created_ms: def.created_ms,
+            expires_ms: def.expires_ms,
+        };
+        self.change_access(change).await?;
+        Ok((def, secret))
     }
 
     /// Drops the token whose id is `id`; `false` when there is none.
     pub async fn drop_token(&self, id: &str) -> Result<bool, EngineError> {
-        self.change_access(|defs| {
-            if defs.tokens.remove(id).is_none() {
-                return Ok((Vec::new(), false));
-            }
-            Ok((vec![records::drop_token_record(id)], true))
-        })
-        .await
+        Ok(self.change_access(AccessChange::DropToken(id.to_string())).await?.changed())
     }
 
     /// The first superuser, from the operator's settings: creates `name` with `ADMIN ON ALL`
     /// unless a user of that name exists (its password then stays as it is: a restart with the
-    /// setting still there must not undo a password change). `true` when it was created.
+    /// setting still there must not undo a password change). `true` when it was created. On a
+    /// cluster node it is created through the cluster, once for every node.
     pub async fn bootstrap_superuser(&self, name: &str, password: &str) -> Result<bool, EngineError> {
         if self.access.defs().users.contains_key(name) {
             return Ok(false);
         }
-        let created = self.create_user(name, Some(password), true).await?;
-        if created == UserCreated::Created {
-            self.grant(Grant {
-                grantee: name.to_string(),
-                privilege: Privilege::Admin,
-                object: ObjectPattern::everything(),
-            })
-            .await?;
-        }
-        Ok(created != UserCreated::Existed)
+        validate_grantee_name(name)?;
+        validate_password(password)?;
+        let credentials = derive_credentials(password).await?;
+        let change = AccessChange::Bootstrap { name: name.to_string(), credentials, created_ms: now_ms() };
+        Ok(self.change_access(change).await?.changed())
     }
 }
 

@@ -106,8 +106,8 @@ pub struct Engine {
     replicator: replicated::ReplicatorSlot,
     /// Offsets the cluster's leader has handed out beyond what it applied.
     predictions: std::sync::Mutex<replicated::Predictions>,
-    /// Bumped after a cluster node applies a definition change, for the node's client who
-    /// asked for it and waits to see it here.
+    /// The log index of the last definition change a cluster node applied, for the node's
+    /// client who asked for one and waits to see it here.
     replicated_ddl: tokio::sync::watch::Sender<u64>,
 }
 

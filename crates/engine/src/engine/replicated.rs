@@ -18,7 +18,11 @@
 //! a restart, commands after the last recorded progress are applied again), and one that
 //! would leave a gap, or overlap what is there, stops the node rather than diverge.
 //!
-//! Views, transforms, users and the changes to a stream's definition are not replicated yet: a
+//! Access changes (users, roles, grants, tokens) are commands too: the node that was asked
+//! draws what is random or timed (salts, token secrets), and every node makes the change
+//! against the same definitions, in log order.
+//!
+//! Views, transforms and the changes to a stream's definition are not replicated yet: a
 //! cluster refuses them with [`EngineError::NotReplicated`] rather than keep them on one node.
 
 use std::collections::HashMap;
@@ -32,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::*;
+use crate::engine::access::{AccessAnswer, AccessChange};
 use crate::stream::Published;
 use crate::table::{Precondition, Write, Written, check_row_id, compute_write};
 
@@ -151,6 +156,8 @@ enum Request {
         field: String,
     },
     DropIndex(String),
+    /// A change to users, roles, grants or tokens (JSON of an [`AccessChange`]).
+    Access(String),
 }
 
 /// A row write as it travels: rows and patches as JSON text.
@@ -223,6 +230,9 @@ enum Command {
         field: String,
     },
     DropIndex(String),
+    /// A change to users, roles, grants or tokens (JSON of an [`AccessChange`]), made against
+    /// the definitions every node holds at this point of the log.
+    Access(String),
 }
 
 /// A refusal as it travels back: the engine error the requester's node gives its client.
@@ -392,6 +402,11 @@ enum Outcome {
     },
     /// An index dropped from the named table.
     IndexDropped(String),
+    /// An access change made, at log index `index`.
+    Access {
+        answer: AccessAnswer,
+        index: u64,
+    },
 }
 
 fn encode<T: Serialize>(value: &T) -> Bytes {
@@ -566,6 +581,8 @@ impl Engine {
             }
             // Whether it names an index is decided where it applies, alike on every node.
             Request::DropIndex(name) => Ok(encode(&Command::DropIndex(name))),
+            // So is an access change: every node holds the same users, roles and grants there.
+            Request::Access(change) => Ok(encode(&Command::Access(change))),
         }
     }
 
@@ -737,7 +754,8 @@ impl Engine {
 
     /// Applies a committed command (every node, in log order). `Err` is this node's own failure
     /// (storage, or a command that does not fit what it holds): the node must stop.
-    pub async fn apply_replicated(&self, command: &[u8]) -> Result<Bytes, String> {
+    /// `index` is the command's place in the cluster's log.
+    pub async fn apply_replicated(&self, index: u64, command: &[u8]) -> Result<Bytes, String> {
         let command: Command =
             postcard::from_bytes(command).map_err(|error| format!("a command that does not decode: {error}"))?;
         match command {
@@ -805,7 +823,7 @@ impl Engine {
             Command::CreateTable(json) => {
                 let def = catalog::parse_table_json(&json).map_err(|reason| format!("a committed table: {reason}"))?;
                 let outcome = self.create_table_here(def).await.map(|_| Outcome::Created);
-                self.applied_ddl(outcome)
+                self.applied_ddl(index, outcome)
             }
             Command::DropTable(name) => {
                 let outcome = match self.table(&name) {
@@ -813,31 +831,49 @@ impl Engine {
                     // Dropped before a restart.
                     Err(_) => Ok(Outcome::Dropped),
                 };
-                self.applied_ddl(outcome)
+                self.applied_ddl(index, outcome)
             }
             Command::CreateIndex { table, name, field } => {
                 let outcome = self
                     .create_index_here(&table, name.as_deref(), &field)
                     .await
-                    .map(|(index, created)| Outcome::Indexed { name: index.name, field: index.field, created });
-                self.applied_ddl(outcome)
+                    .map(|(def, created)| Outcome::Indexed { name: def.name, field: def.field, created });
+                self.applied_ddl(index, outcome)
             }
             Command::DropIndex(name) => {
                 let outcome = self.drop_index_here(&name).await.map(Outcome::IndexDropped);
-                self.applied_ddl(outcome)
+                self.applied_ddl(index, outcome)
+            }
+            Command::Access(change) => {
+                let change: AccessChange =
+                    serde_json::from_str(&change).map_err(|error| format!("a committed access change: {error}"))?;
+                let outcome = self.change_access_here(change).await.map(|answer| Outcome::Access { answer, index });
+                self.applied_ddl(index, outcome)
             }
         }
     }
 
     /// The answer to an applied definition change, told to whoever waits for it here. A
     /// refusal every node makes alike is the answer; another failure stops the node.
-    fn applied_ddl(&self, outcome: Result<Outcome, EngineError>) -> Result<Bytes, String> {
+    fn applied_ddl(&self, index: u64, outcome: Result<Outcome, EngineError>) -> Result<Bytes, String> {
         let answer = match outcome {
             Ok(outcome) => encode(&outcome),
             Err(error) if error.is_client_error() => refused(&error),
             Err(error) => return Err(error.to_string()),
         };
-        self.replicated_ddl.send_modify(|generation| *generation += 1);
+        self.replicated_ddl.send_modify(|applied| *applied = (*applied).max(index));
+        Ok(answer)
+    }
+
+    /// Makes an access change through the cluster and waits until this node made it too.
+    pub(crate) async fn change_access_replicated(&self, change: AccessChange) -> Result<AccessAnswer, EngineError> {
+        let change = serde_json::to_string(&change).expect("an access change serializes");
+        let Outcome::Access { answer, index } = self.submit_ddl(encode(&Request::Access(change))).await? else {
+            return Err(EngineError::Internal("the cluster answered an access change with something else".into()));
+        };
+        let mut applied = self.replicated_ddl.subscribe();
+        self.await_ddl(&mut applied, "the access change", || (*self.replicated_ddl.borrow() >= index).then_some(()))
+            .await?;
         Ok(answer)
     }
 
