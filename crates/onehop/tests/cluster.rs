@@ -927,3 +927,95 @@ fn users_grants_and_tokens_are_replicated_and_the_first_superuser_is_made_once()
         common::curl(node, "/streams/events", &["-X", "POST", "-d", "{}", "-H", &bearer]).0 == 401
     });
 }
+
+/// The body of `GET /views/{view}/{key}` on the node at `address`, when it answers 200.
+fn view_rows(address: SocketAddr, view: &str, key: &str) -> Option<serde_json::Value> {
+    let (code, body) = common::request(address, "GET", &format!("/views/{view}/{key}"), "")?;
+    (code == 200).then(|| serde_json::from_str(&body).unwrap())
+}
+
+#[test]
+fn views_run_on_every_node_and_agree_on_every_value() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader();
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let (a, b, on_leader) =
+        (cluster.members[followers[0]].http, cluster.members[followers[1]].http, cluster.members[leader].http);
+    let everywhere = cluster.http_addresses();
+
+    common::sql(
+        a,
+        "CREATE STREAM clicks WITH (partitions = 3); \
+         CREATE VIEW clicks_total AS SELECT page, COUNT(*) AS n, SUM(ms) AS ms FROM clicks GROUP BY page; \
+         CREATE VIEW clicks_hourly AS SELECT page, COUNT(*) AS n, MAX(ms) AS slowest \
+           FROM TUMBLE(clicks, INTERVAL '1' HOUR) GROUP BY page",
+    );
+    let click = |node: SocketAddr, n: usize| {
+        let body = format!("{{\"page\":\"p{}\",\"ms\":{n}}}", n % 3);
+        let (code, answer) = common::post(node, &format!("/streams/clicks?key=c{n}"), &body).unwrap();
+        assert_eq!(code, 200, "{answer}");
+    };
+    for n in 0..30 {
+        click(everywhere[n % 3], n);
+    }
+    // The same values on every node, window bounds included: the leader stamped each record's
+    // time, and each node's view folds the same records in the same order.
+    let agreed = |view: &str, key: &str, count: u64| {
+        let expected = view_rows(a, view, key);
+        on_every_node(&everywhere, &format!("{view}/{key} at {count}"), |node| {
+            let rows = view_rows(node, view, key);
+            rows.as_ref().is_some_and(|rows| rows["rows"][0]["n"] == count) && rows == view_rows(a, view, key)
+        });
+        expected
+    };
+    agreed("clicks_total", "p0", 10);
+    agreed("clicks_hourly", "p2", 10);
+
+    // A follower killed and started again restores its views and agrees once more.
+    cluster.members[followers[1]].server.as_mut().unwrap().kill_9();
+    cluster.members[followers[1]].server = None;
+    for n in 30..60 {
+        click(if n % 2 == 0 { a } else { on_leader }, n);
+    }
+    cluster.launch(followers[1]);
+    agreed("clicks_total", "p1", 20);
+    agreed("clicks_hourly", "p0", 20);
+
+    // A view over a table, made through the other follower.
+    common::sql(
+        b,
+        "CREATE TABLE orders (id TEXT PRIMARY KEY, status TEXT, total FLOAT); \
+         CREATE VIEW by_status AS SELECT status, COUNT(*) AS n, SUM(total) AS total FROM orders GROUP BY status",
+    );
+    for n in 0..9 {
+        let status = if n < 6 { "open" } else { "paid" };
+        let body = format!("{{\"status\":\"{status}\",\"total\":{n}.5}}");
+        let (code, written) = write_row(everywhere[n % 3], "PUT", &format!("/tables/orders/o{n}"), &[], &body);
+        assert_eq!(code, 201, "{written}");
+    }
+    write_row(a, "PATCH", "/tables/orders/o0", &[], r#"{"status":"paid"}"#);
+    agreed("by_status", "open", 5);
+    agreed("by_status", "paid", 4);
+
+    // The table cannot go while the view reads it, whichever node is asked; once the view is
+    // dropped (on the leader) it can. A late_stream, which every node would publish to, is
+    // refused.
+    let (code, body) = common::post(a, "/sql", "DROP TABLE orders").unwrap();
+    assert_eq!(code, 409, "{body}");
+    common::sql(on_leader, "DROP VIEW by_status");
+    on_every_node(&everywhere, "the view's drop", |node| get(node, "/views/by_status/open").0 == 404);
+    common::sql(b, "DROP TABLE orders");
+    let (code, body) = common::post(
+        a,
+        "/sql",
+        "CREATE VIEW late WITH (late_stream = 'late_clicks') AS SELECT page, COUNT(*) AS n \
+         FROM TUMBLE(clicks, INTERVAL '1' SECOND) GROUP BY page",
+    )
+    .unwrap();
+    assert!(code >= 400 && body.contains("not_replicated"), "{code} {body}");
+    // Writes go on, and the views left keep agreeing.
+    for n in 60..63 {
+        click(everywhere[n % 3], n);
+    }
+    agreed("clicks_total", "p2", 21);
+}

@@ -22,8 +22,11 @@
 //! draws what is random or timed (salts, token secrets), and every node makes the change
 //! against the same definitions, in log order.
 //!
-//! Views, transforms and the changes to a stream's definition are not replicated yet: a
-//! cluster refuses them with [`EngineError::NotReplicated`] rather than keep them on one node.
+//! A view's definition is a command; every node runs the view over its own copy of the
+//! source, which is the same everywhere, so the views agree (docs/cluster.md).
+//!
+//! Transforms and the changes to a stream's definition are not replicated yet: a cluster
+//! refuses them with [`EngineError::NotReplicated`] rather than keep them on one node.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -158,6 +161,9 @@ enum Request {
     DropIndex(String),
     /// A change to users, roles, grants or tokens (JSON of an [`AccessChange`]).
     Access(String),
+    /// A view's definition, as the catalog stores it (JSON).
+    CreateView(String),
+    DropView(String),
 }
 
 /// A row write as it travels: rows and patches as JSON text.
@@ -233,6 +239,9 @@ enum Command {
     /// A change to users, roles, grants or tokens (JSON of an [`AccessChange`]), made against
     /// the definitions every node holds at this point of the log.
     Access(String),
+    /// A view to run on every node, over that node's copy of its source.
+    CreateView(String),
+    DropView(String),
 }
 
 /// A refusal as it travels back: the engine error the requester's node gives its client.
@@ -296,6 +305,8 @@ enum Refusal {
     },
     /// Try again shortly: what the request needs is changing (a table's drop is in flight).
     Busy(String),
+    UnknownView(String),
+    ViewExists(String),
 }
 
 impl From<&EngineError> for Refusal {
@@ -341,6 +352,8 @@ impl From<&EngineError> for Refusal {
             EngineError::InUse { name, reader, drop } => {
                 Refusal::InUse { name: name.clone(), reader: reader.clone(), drop: drop.clone() }
             }
+            EngineError::UnknownView(name) => Refusal::UnknownView(name.clone()),
+            EngineError::ViewExists { name } => Refusal::ViewExists(name.clone()),
             other => Refusal::Other(other.to_string()),
         }
     }
@@ -380,6 +393,8 @@ impl From<Refusal> for EngineError {
             }
             Refusal::InUse { name, reader, drop } => EngineError::InUse { name, reader, drop },
             Refusal::Busy(reason) => AppendError::Unconfirmed(reason).into(),
+            Refusal::UnknownView(name) => EngineError::UnknownView(name),
+            Refusal::ViewExists(name) => EngineError::ViewExists { name },
         }
     }
 }
@@ -426,6 +441,8 @@ pub(crate) struct Predictions {
     next: HashMap<(String, u32), u64>,
     creating: HashMap<String, StreamDef>,
     tables: HashMap<String, TablePrediction>,
+    /// The views whose creation is prepared: their names are taken.
+    views: std::collections::HashSet<String>,
 }
 
 /// What the leader prepared for one table in this term beyond what it applied.
@@ -472,10 +489,13 @@ impl Predictions {
         }
     }
 
-    /// Refuses a new stream named as a table whose creation is prepared.
+    /// Refuses a new stream named as a table or view whose creation is prepared.
     fn check_stream_name(&self, name: &str) -> Result<(), EngineError> {
         if self.tables.get(name).is_some_and(|prediction| prediction.def.is_some()) {
             return Err(EngineError::NameTaken { name: name.to_string(), kind: "table" });
+        }
+        if self.views.contains(name) {
+            return Err(EngineError::NameTaken { name: name.to_string(), kind: "view" });
         }
         Ok(())
     }
@@ -485,12 +505,6 @@ impl Engine {
     /// Makes this engine a cluster node's: from now on stream writes and creations go to
     /// `replicator`. Refused when the catalog defines what a cluster does not replicate yet.
     pub fn set_replicator(&self, replicator: Arc<dyn Replicator>) -> Result<(), EngineError> {
-        if let Some(view) = self.views().first() {
-            return Err(EngineError::InvalidDefinition(format!(
-                "this data directory defines view {:?}: views are not replicated in a cluster yet",
-                view.name()
-            )));
-        }
         if let Some(transform) = self.transforms().first() {
             return Err(EngineError::InvalidDefinition(format!(
                 "this data directory defines transform {:?}: transforms are not replicated in a cluster yet",
@@ -520,13 +534,26 @@ impl Engine {
             return Err(refusal.into());
         }
         // The leader applied it; this node applies it when the commit reaches it.
+        self.await_stream(&name, &mut changed).await
+    }
+
+    /// Waits until this node has the stream `name`, which the cluster created (it applies the
+    /// creation when the commit reaches it). `changed` is a [`Engine::watch_streams`] taken
+    /// before the creation was asked for.
+    pub(crate) async fn await_stream(
+        &self,
+        name: &str,
+        changed: &mut tokio::sync::watch::Receiver<u64>,
+    ) -> Result<Arc<Stream>, EngineError> {
+        let deadline = tokio::time::Instant::now() + DDL_WAIT;
         loop {
-            if let Ok(stream) = self.stream(&name) {
+            if let Ok(stream) = self.stream(name) {
                 return Ok(stream);
             }
-            if tokio::time::timeout(std::time::Duration::from_secs(10), changed.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, changed.changed()).await.is_err() {
                 return Err(AppendError::Unconfirmed(format!(
-                    "stream {name:?} was created by the cluster but has not reached this node in 10 s"
+                    "stream {name:?} was created by the cluster but has not reached this node in {} s",
+                    DDL_WAIT.as_secs()
                 ))
                 .into());
             }
@@ -583,6 +610,14 @@ impl Engine {
             Request::DropIndex(name) => Ok(encode(&Command::DropIndex(name))),
             // So is an access change: every node holds the same users, roles and grants there.
             Request::Access(change) => Ok(encode(&Command::Access(change))),
+            Request::CreateView(json) => self.prepare_create_view(json).map_err(|error| refused(&error)),
+            Request::DropView(name) => {
+                let predictions = self.predictions.lock().expect("predictions lock");
+                if self.view(&name).is_err() && !predictions.views.contains(&name) {
+                    return Err(refused(&EngineError::UnknownView(name)));
+                }
+                Ok(encode(&Command::DropView(name)))
+            }
         }
     }
 
@@ -634,6 +669,26 @@ impl Engine {
         }))
     }
 
+    /// A view's creation. Its name is checked here against what is prepared too: a table or
+    /// stream prepared under that name would otherwise be refused where it applies, voiding
+    /// the offsets predicted after it. Whether its source exists is decided where it applies.
+    fn prepare_create_view(&self, json: String) -> Result<Bytes, EngineError> {
+        let def: ViewDef = serde_json::from_str(&json)
+            .map_err(|error| EngineError::InvalidDefinition(format!("a view definition: {error}")))?;
+        catalog::validate_name(&def.name)?;
+        let mut predictions = self.predictions.lock().expect("predictions lock");
+        let name = def.name.clone();
+        if self.stream(&name).is_ok() || predictions.creating.contains_key(&name) {
+            return Err(EngineError::NameTaken { name, kind: "stream" });
+        }
+        let applied_table = self.table(&name).ok();
+        if applied_table.is_some() || predictions.table(&name, applied_table.as_ref()).is_ok() {
+            return Err(EngineError::NameTaken { name, kind: "table" });
+        }
+        predictions.views.insert(name);
+        Ok(encode(&Command::CreateView(json)))
+    }
+
     fn prepare_create_table(&self, json: Bytes) -> Result<Bytes, EngineError> {
         let def = catalog::parse_table_json(&json).map_err(EngineError::InvalidDefinition)?;
         let applied = self.table(&def.name).ok();
@@ -653,6 +708,9 @@ impl Engine {
                 self.check_new_table(&def)?;
                 if predictions.creating.contains_key(&def.name) {
                     return Err(EngineError::NameTaken { name: def.name.clone(), kind: "stream" });
+                }
+                if predictions.views.contains(&def.name) {
+                    return Err(EngineError::NameTaken { name: def.name.clone(), kind: "view" });
                 }
                 predictions.tables.insert(def.name.clone(), TablePrediction::new(Some(Arc::new(def))));
             }
@@ -750,6 +808,7 @@ impl Engine {
         predictions.next.clear();
         predictions.creating.clear();
         predictions.tables.clear();
+        predictions.views.clear();
     }
 
     /// Applies a committed command (every node, in log order). `Err` is this node's own failure
@@ -831,6 +890,14 @@ impl Engine {
                     // Dropped before a restart.
                     Err(_) => Ok(Outcome::Dropped),
                 };
+                if outcome.is_err() {
+                    // Refused alike on every node (a view reads the table): it stays, and the
+                    // leader forgets the drop it prepared. It predicted no write to it since.
+                    let mut predictions = self.predictions.lock().expect("predictions lock");
+                    if predictions.tables.get(&name).is_some_and(|prediction| prediction.def.is_none()) {
+                        predictions.tables.remove(&name);
+                    }
+                }
                 self.applied_ddl(index, outcome)
             }
             Command::CreateIndex { table, name, field } => {
@@ -842,6 +909,27 @@ impl Engine {
             }
             Command::DropIndex(name) => {
                 let outcome = self.drop_index_here(&name).await.map(Outcome::IndexDropped);
+                self.applied_ddl(index, outcome)
+            }
+            Command::CreateView(json) => {
+                let def: ViewDef =
+                    serde_json::from_str(&json).map_err(|error| format!("a committed view definition: {error}"))?;
+                let name = def.name.clone();
+                let outcome = self.create_view_here(def).await.map(|_| Outcome::Created);
+                if outcome.is_err() {
+                    // Refused alike on every node: its name is free again.
+                    self.predictions.lock().expect("predictions lock").views.remove(&name);
+                }
+                self.applied_ddl(index, outcome)
+            }
+            Command::DropView(name) => {
+                let outcome = match self.view(&name) {
+                    Ok(_) => self.drop_view_here(&name).await.map(|()| Outcome::Dropped),
+                    Err(_) => Ok(Outcome::Dropped),
+                };
+                if outcome.is_ok() {
+                    self.predictions.lock().expect("predictions lock").views.remove(&name);
+                }
                 self.applied_ddl(index, outcome)
             }
             Command::Access(change) => {
@@ -964,6 +1052,21 @@ impl Engine {
         })
         .await?;
         Ok(table)
+    }
+
+    pub(crate) async fn create_view_replicated(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
+        let json = serde_json::to_string(&def).expect("a view definition serializes");
+        let mut applied = self.replicated_ddl.subscribe();
+        self.submit_ddl(encode(&Request::CreateView(json))).await?;
+        let name = def.name.clone();
+        self.await_ddl(&mut applied, &format!("view {name:?}"), || self.view(&name).ok()).await
+    }
+
+    pub(crate) async fn drop_view_replicated(&self, name: &str) -> Result<(), EngineError> {
+        let mut applied = self.replicated_ddl.subscribe();
+        self.submit_ddl(encode(&Request::DropView(name.to_string()))).await?;
+        self.await_ddl(&mut applied, &format!("the drop of view {name:?}"), || self.view(name).is_err().then_some(()))
+            .await
     }
 
     /// Submits a definition change; the leader's outcome, a refusal as its error.

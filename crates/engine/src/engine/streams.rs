@@ -159,8 +159,13 @@ impl Engine {
             Err(EngineError::UnknownStream { .. }) if self.options.auto_create => {
                 catalog::validate_name(name)?;
                 let def = self.default_stream_def(name);
+                let mut changed = self.watch_streams();
                 match self.create_stream(def).await {
-                    // Someone created it meanwhile with another definition: theirs stands.
+                    // Someone created it meanwhile with another definition: theirs stands. On a
+                    // cluster node it may not have reached this node yet.
+                    Err(EngineError::StreamExists { .. }) if self.is_replicated() => {
+                        self.await_stream(name, &mut changed).await
+                    }
                     Err(EngineError::StreamExists { .. }) => self.stream(name),
                     other => other,
                 }

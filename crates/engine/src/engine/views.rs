@@ -58,9 +58,9 @@ impl Engine {
 
     /// Creates the view `def` describes and starts it: its definition and a first checkpoint
     /// (where it starts in its source) are durable before this returns. Creating a view that
-    /// exists with the same definition returns it.
+    /// exists with the same definition returns it. On a cluster node the cluster creates it,
+    /// and every node runs it over its own copy of the source.
     pub async fn create_view(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
-        self.local_only("CREATE VIEW")?;
         catalog::validate_name(&def.name)?;
         if self.table(&def.source).is_ok() {
             check_over_table(&def)?;
@@ -69,8 +69,24 @@ impl Engine {
             if late == &def.source {
                 return Err(EngineError::InvalidDefinition("late_stream cannot be the view's own source".into()));
             }
+            if self.is_replicated() {
+                // Every node would publish each late record there: once per node.
+                return Err(EngineError::NotReplicated("a view's late_stream"));
+            }
             // Created first (it takes the definition lock itself); harmless if the view is not.
             self.stream_or_create(late).await?;
+        }
+        if self.is_replicated() {
+            return self.create_view_replicated(def).await;
+        }
+        self.create_view_here(def).await
+    }
+
+    /// Creates a view on this node (its `late_stream`, if any, exists).
+    pub(super) async fn create_view_here(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
+        catalog::validate_name(&def.name)?;
+        if self.table(&def.source).is_ok() {
+            check_over_table(&def)?;
         }
         let _ddl = self.ddl.lock().await;
         if let Ok(existing) = self.view(&def.name) {
@@ -103,9 +119,17 @@ impl Engine {
         Ok(view)
     }
 
-    /// Drops the view `name`: stops it and deletes its changes and checkpoint.
+    /// Drops the view `name`: stops it and deletes its changes and checkpoint. On a cluster
+    /// node the cluster drops it, on every node.
     pub async fn drop_view(&self, name: &str) -> Result<(), EngineError> {
-        self.local_only("DROP VIEW")?;
+        if self.is_replicated() {
+            return self.drop_view_replicated(name).await;
+        }
+        self.drop_view_here(name).await
+    }
+
+    /// Drops a view on this node.
+    pub(super) async fn drop_view_here(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;
         let view = self.view(name)?;
         self.catalog.append(&[catalog::drop_view_record(name)]).await?;
