@@ -1019,3 +1019,66 @@ fn views_run_on_every_node_and_agree_on_every_value() {
     }
     agreed("clicks_total", "p2", 21);
 }
+
+/// `DESCRIBE name` of a stream on the node at `address`: its partitions and `retention_ms`,
+/// or `None` when the stream is unknown there.
+fn describe(address: SocketAddr, name: &str) -> Option<(u64, Option<u64>)> {
+    let (code, body) = common::post(address, "/sql", &format!("DESCRIBE {name}")).unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let row = &answer["results"][0]["rows"][0];
+    (code == 200).then(|| (row[1].as_u64().unwrap(), row[3].as_u64()))
+}
+
+#[test]
+fn streams_are_altered_grown_and_dropped_through_the_cluster() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader();
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let (a, b, on_leader) =
+        (cluster.members[followers[0]].http, cluster.members[followers[1]].http, cluster.members[leader].http);
+    let everywhere = cluster.http_addresses();
+    common::sql(a, "CREATE STREAM events WITH (partitions = 2)");
+    let mut acked = Vec::new();
+    for n in 0..6 {
+        let value = format!("{{\"before\":{n}}}");
+        acked.push((publish(everywhere[n % 3], &format!("k{n}"), &value).unwrap(), value));
+    }
+
+    // Retention and partitions changed through a follower reach every node.
+    common::sql(b, "ALTER STREAM events SET (retention = '2d', partitions = 4)");
+    on_every_node(&everywhere, "the new definition", |node| describe(node, "events") == Some((4, Some(172_800_000))));
+    // Keys hash over four partitions now, alike on every node.
+    for n in 6..12 {
+        let value = format!("{{\"after\":{n}}}");
+        assert!(publish(everywhere[n % 3], &format!("k{n}"), &value).is_some());
+    }
+    let partitions_used = |node: SocketAddr| {
+        let (code, body) = get(node, "/streams/events?from=earliest&limit=100");
+        assert_eq!(code, 200, "{body}");
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let mut seen: Vec<(u64, u64, String)> = page["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|record| {
+                (record["partition"].as_u64().unwrap(), record["offset"].as_u64().unwrap(), record["value"].to_string())
+            })
+            .collect();
+        seen.sort();
+        seen
+    };
+    on_every_node(&everywhere, "all twelve records", |node| partitions_used(node).len() == 12);
+    let first = partitions_used(a);
+    assert!(first.iter().any(|(partition, _, _)| *partition >= 2), "no record in the added partitions: {first:?}");
+    for node in &everywhere {
+        assert_eq!(partitions_used(*node), first, "{node} holds other records");
+    }
+
+    // Dropped through the leader: gone everywhere. Written again, it starts over at offset 0.
+    common::sql(on_leader, "DROP STREAM events");
+    on_every_node(&everywhere, "the drop", |node| describe(node, "events").is_none());
+    let offset = publish(b, "again", "{\"again\":true}").expect("a write after the drop");
+    assert_eq!(offset, 0);
+    on_every_node(&everywhere, "the stream made again", |node| stored(node).len() == 1);
+    check(&mut cluster, &[(0, "{\"again\":true}".to_string())], &[]);
+}

@@ -25,8 +25,12 @@
 //! A view's definition is a command; every node runs the view over its own copy of the
 //! source, which is the same everywhere, so the views agree (docs/cluster.md).
 //!
-//! Transforms and the changes to a stream's definition are not replicated yet: a cluster
-//! refuses them with [`EngineError::NotReplicated`] rather than keep them on one node.
+//! A stream's drop and the changes to its definition (retention, partitions) are commands too;
+//! while a drop is in flight the leader prepares nothing for that name, since the offsets
+//! start again from 0 after it.
+//!
+//! Transforms are not replicated yet: a cluster refuses them with
+//! [`EngineError::NotReplicated`] rather than keep them on one node.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -164,6 +168,22 @@ enum Request {
     /// A view's definition, as the catalog stores it (JSON).
     CreateView(String),
     DropView(String),
+    AlterStream {
+        name: String,
+        change: StreamChange,
+    },
+    DropStream(String),
+}
+
+/// A change to a stream's definition.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub(crate) enum StreamChange {
+    Retention {
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    },
+    /// Grow to this many partitions.
+    Partitions(u32),
 }
 
 /// A row write as it travels: rows and patches as JSON text.
@@ -242,6 +262,11 @@ enum Command {
     /// A view to run on every node, over that node's copy of its source.
     CreateView(String),
     DropView(String),
+    AlterStream {
+        name: String,
+        change: StreamChange,
+    },
+    DropStream(String),
 }
 
 /// A refusal as it travels back: the engine error the requester's node gives its client.
@@ -443,6 +468,9 @@ pub(crate) struct Predictions {
     tables: HashMap<String, TablePrediction>,
     /// The views whose creation is prepared: their names are taken.
     views: std::collections::HashSet<String>,
+    /// The streams whose drop is prepared: nothing is prepared for their names until that
+    /// drop is applied here (offsets after it start again from 0).
+    dropping: std::collections::HashSet<String>,
 }
 
 /// What the leader prepared for one table in this term beyond what it applied.
@@ -473,6 +501,22 @@ impl TablePrediction {
 }
 
 impl Predictions {
+    /// Refuses, for now, anything for the stream `name` while its drop is prepared and not yet
+    /// applied here (`exists`: this node still has it); forgets a drop that was applied.
+    fn check_not_dropping(&mut self, name: &str, exists: bool) -> Result<(), EngineError> {
+        if !self.dropping.contains(name) {
+            return Ok(());
+        }
+        if exists {
+            return Err(AppendError::Unconfirmed(format!(
+                "stream {name:?} is being dropped: try again once that is done"
+            ))
+            .into());
+        }
+        self.dropping.remove(name);
+        Ok(())
+    }
+
     /// The table `name` as the leader predicts it: its definition, or why it has none.
     /// `applied` is this node's table of that name. A prepared drop that this node applied is
     /// forgotten here.
@@ -570,6 +614,8 @@ impl Engine {
                 let stream_def = StreamDef::from(def.clone());
                 stream_def.validate().map_err(|error| refused(&error))?;
                 let mut predictions = self.predictions.lock().expect("predictions lock");
+                let exists = self.stream(&stream_def.name).is_ok();
+                predictions.check_not_dropping(&stream_def.name, exists).map_err(|error| refused(&error))?;
                 match (self.stream(&stream_def.name), predictions.creating.get(&stream_def.name)) {
                     (Ok(existing), _) if existing.def() == &stream_def => {}
                     (Err(_), Some(pending)) if *pending == stream_def => {}
@@ -611,6 +657,30 @@ impl Engine {
             // So is an access change: every node holds the same users, roles and grants there.
             Request::Access(change) => Ok(encode(&Command::Access(change))),
             Request::CreateView(json) => self.prepare_create_view(json).map_err(|error| refused(&error)),
+            Request::AlterStream { name, change } => {
+                let mut predictions = self.predictions.lock().expect("predictions lock");
+                let exists = self.stream(&name).is_ok();
+                predictions.check_not_dropping(&name, exists).map_err(|error| refused(&error))?;
+                if !exists && !predictions.creating.contains_key(&name) {
+                    return Err(refused(&EngineError::UnknownStream { name, auto_create: false }));
+                }
+                // Whether the change fits the stream is decided where it applies, alike on
+                // every node; what the leader predicts does not depend on it.
+                Ok(encode(&Command::AlterStream { name, change }))
+            }
+            Request::DropStream(name) => {
+                let mut predictions = self.predictions.lock().expect("predictions lock");
+                let exists = self.stream(&name).is_ok();
+                predictions.check_not_dropping(&name, exists).map_err(|error| refused(&error))?;
+                if !exists && !predictions.creating.contains_key(&name) {
+                    return Err(refused(&EngineError::UnknownStream { name, auto_create: false }));
+                }
+                self.check_unread(&name).map_err(|error| refused(&error))?;
+                predictions.next.retain(|(stream, _), _| *stream != name);
+                predictions.creating.remove(&name);
+                predictions.dropping.insert(name.clone());
+                Ok(encode(&Command::DropStream(name)))
+            }
             Request::DropView(name) => {
                 let predictions = self.predictions.lock().expect("predictions lock");
                 if self.view(&name).is_err() && !predictions.views.contains(&name) {
@@ -721,6 +791,11 @@ impl Engine {
     fn prepare_publish(&self, name: String, partition: Option<u32>, records: Vec<WireRecord>) -> Result<Bytes, Bytes> {
         let fail = |error: EngineError| refused(&error);
         let existing = self.stream(&name).ok();
+        self.predictions
+            .lock()
+            .expect("predictions lock")
+            .check_not_dropping(&name, existing.is_some())
+            .map_err(fail)?;
         let pending = self.predictions.lock().expect("predictions lock").creating.get(&name).cloned();
         let (def, create) = match (&existing, pending) {
             (Some(stream), _) => (stream.def().clone(), None),
@@ -809,6 +884,7 @@ impl Engine {
         predictions.creating.clear();
         predictions.tables.clear();
         predictions.views.clear();
+        predictions.dropping.clear();
     }
 
     /// Applies a committed command (every node, in log order). `Err` is this node's own failure
@@ -932,6 +1008,27 @@ impl Engine {
                 }
                 self.applied_ddl(index, outcome)
             }
+            Command::AlterStream { name, change } => {
+                let outcome = match change {
+                    StreamChange::Retention { retention_ms, retention_bytes } => {
+                        self.alter_stream_retention_here(&name, retention_ms, retention_bytes).await
+                    }
+                    StreamChange::Partitions(partitions) => self.add_stream_partitions_here(&name, partitions).await,
+                };
+                self.applied_ddl(index, outcome.map(|_| Outcome::Created))
+            }
+            Command::DropStream(name) => {
+                let outcome = match self.stream(&name) {
+                    Ok(_) => self.drop_stream_here(&name).await.map(|()| Outcome::Dropped),
+                    Err(_) => Ok(Outcome::Dropped),
+                };
+                if outcome.is_err() {
+                    // Refused alike on every node (a view reads it): it stays. The leader
+                    // predicted nothing for it since it prepared the drop.
+                    self.predictions.lock().expect("predictions lock").dropping.remove(&name);
+                }
+                self.applied_ddl(index, outcome)
+            }
             Command::Access(change) => {
                 let change: AccessChange =
                     serde_json::from_str(&change).map_err(|error| format!("a committed access change: {error}"))?;
@@ -1052,6 +1149,36 @@ impl Engine {
         })
         .await?;
         Ok(table)
+    }
+
+    /// Changes a stream's definition through the cluster; returns it once this node has it.
+    pub(crate) async fn alter_stream_replicated(
+        &self,
+        name: &str,
+        change: StreamChange,
+    ) -> Result<Arc<Stream>, EngineError> {
+        let mut applied = self.replicated_ddl.subscribe();
+        let request = Request::AlterStream { name: name.to_string(), change };
+        self.submit_ddl(encode(&request)).await?;
+        let done = |stream: &Stream| match change {
+            StreamChange::Retention { retention_ms, retention_bytes } => {
+                stream.def().retention_ms == retention_ms && stream.def().retention_bytes == retention_bytes
+            }
+            StreamChange::Partitions(partitions) => stream.partition_count() == partitions,
+        };
+        self.await_ddl(&mut applied, &format!("the change to stream {name:?}"), || {
+            self.stream(name).ok().filter(|stream| done(stream))
+        })
+        .await
+    }
+
+    pub(crate) async fn drop_stream_replicated(&self, name: &str) -> Result<(), EngineError> {
+        let mut applied = self.replicated_ddl.subscribe();
+        self.submit_ddl(encode(&Request::DropStream(name.to_string()))).await?;
+        self.await_ddl(&mut applied, &format!("the drop of stream {name:?}"), || {
+            self.stream(name).is_err().then_some(())
+        })
+        .await
     }
 
     pub(crate) async fn create_view_replicated(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {

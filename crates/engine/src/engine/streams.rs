@@ -2,6 +2,7 @@
 //! partitions, and subscribing to them.
 
 use super::*;
+use crate::engine::replicated::StreamChange;
 
 impl Engine {
     /// The log settings of `def`'s partitions.
@@ -183,7 +184,19 @@ impl Engine {
         retention_ms: Option<u64>,
         retention_bytes: Option<u64>,
     ) -> Result<Arc<Stream>, EngineError> {
-        self.local_only("ALTER STREAM … SET retention")?;
+        if self.is_replicated() {
+            return self.alter_stream_replicated(name, StreamChange::Retention { retention_ms, retention_bytes }).await;
+        }
+        self.alter_stream_retention_here(name, retention_ms, retention_bytes).await
+    }
+
+    /// Changes a stream's retention on this node.
+    pub(super) async fn alter_stream_retention_here(
+        &self,
+        name: &str,
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    ) -> Result<Arc<Stream>, EngineError> {
         let _ddl = self.ddl.lock().await;
         let existing = self.stream(name)?;
         let def = StreamDef { retention_ms, retention_bytes, ..existing.def().clone() };
@@ -205,7 +218,18 @@ impl Engine {
     /// to the new partitions by themselves. A stream a view or transform reads keeps its
     /// partitions (they read a fixed set), and partitions are never taken away.
     pub async fn add_stream_partitions(&self, name: &str, partitions: u32) -> Result<Arc<Stream>, EngineError> {
-        self.local_only("adding partitions to a stream")?;
+        if self.is_replicated() {
+            return self.alter_stream_replicated(name, StreamChange::Partitions(partitions)).await;
+        }
+        self.add_stream_partitions_here(name, partitions).await
+    }
+
+    /// Adds partitions to a stream on this node.
+    pub(super) async fn add_stream_partitions_here(
+        &self,
+        name: &str,
+        partitions: u32,
+    ) -> Result<Arc<Stream>, EngineError> {
         let _ddl = self.ddl.lock().await;
         let existing = self.stream(name)?;
         let current = existing.partition_count();
@@ -235,9 +259,17 @@ impl Engine {
         Ok(stream)
     }
 
-    /// Drops the stream `name` and deletes its records. Its subscriptions end.
+    /// Drops the stream `name` and deletes its records. Its subscriptions end. On a cluster
+    /// node the cluster drops it, on every node.
     pub async fn drop_stream(&self, name: &str) -> Result<(), EngineError> {
-        self.local_only("DROP STREAM")?;
+        if self.is_replicated() {
+            return self.drop_stream_replicated(name).await;
+        }
+        self.drop_stream_here(name).await
+    }
+
+    /// Drops a stream on this node.
+    pub(super) async fn drop_stream_here(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;
         self.stream(name)?;
         self.check_unread(name)?;
