@@ -15,21 +15,24 @@
 mod machine;
 pub mod net;
 pub mod raftlog;
+mod sys;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{ChangeMembers, Config, Raft, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::sys::TcpListener;
 
 pub use machine::{Applier, Machine, Progress};
 pub use net::FRAME_BYTES_MAX;

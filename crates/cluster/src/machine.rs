@@ -70,8 +70,8 @@ impl<A: Applier> Machine<A> {
     /// Opens the state machine whose progress is kept in `dir/applied`.
     pub fn open(dir: impl Into<PathBuf>, applier: Arc<A>) -> io::Result<Machine<A>> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir)?;
-        let applied = match std::fs::read(dir.join("applied")) {
+        crate::sys::create_dir_durably(&dir)?;
+        let applied = match crate::sys::fs::read(dir.join("applied")) {
             Ok(bytes) => postcard::from_bytes(&bytes).map_err(|error| {
                 io::Error::new(io::ErrorKind::InvalidData, format!("{}/applied: {error}", dir.display()))
             })?,
@@ -122,9 +122,8 @@ impl<A: Applier> Progress<A> {
         self.applier.sync().await?;
         let bytes = postcard::to_allocvec(&applied).map_err(|error| error.to_string())?;
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || crate::raftlog::write_atomically(&dir, "applied", &bytes))
+        crate::sys::blocking(move || crate::raftlog::write_atomically(&dir, "applied", &bytes))
             .await
-            .map_err(|error| error.to_string())?
             .map_err(|error| format!("{}/applied: {error}", self.dir.display()))?;
         *persisted = applied.last;
         Ok(())

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::sys::{OwnedWriteHalf, TcpListener, TcpStream};
 use bytes::Bytes;
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -22,7 +23,6 @@ use openraft::raft::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::{Applier, Inner, ProposeError, Receiver, TypeConfig};
@@ -82,7 +82,7 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<(u64
 
 /// Writes the frames `outgoing` brings to `writer`: those waiting together, then one flush.
 fn spawn_writer(
-    writer: tokio::net::tcp::OwnedWriteHalf,
+    writer: OwnedWriteHalf,
     mut outgoing: mpsc::Receiver<(u64, Vec<u8>)>,
 ) -> tokio::task::JoinHandle<io::Result<()>> {
     tokio::spawn(async move {

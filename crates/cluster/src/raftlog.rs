@@ -17,9 +17,10 @@
 //! stops the node with an error naming the file: nothing that might have been acknowledged is
 //! ever cut.
 
+use crate::sys::fs::{self, File, OpenOptions};
+use crate::sys::sync_dir;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Debug;
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::{Bound, RangeBounds};
 use std::os::unix::fs::FileExt;
@@ -100,10 +101,6 @@ fn segment_path(dir: &Path, first: u64) -> PathBuf {
     dir.join(format!("segment-{first:020}.log"))
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 /// Writes `bytes` to `dir/name` so that a crash leaves either the old or the new content.
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let temporary = dir.join(format!("{name}.tmp"));
@@ -164,7 +161,7 @@ impl LogStore {
             let path = path.to_owned();
             move |source| OpenLogError::Io { path, source }
         };
-        fs::create_dir_all(&dir).map_err(at(&dir))?;
+        crate::sys::create_dir_durably(&dir).map_err(at(&dir))?;
         let vote = read_optional::<Vote<u64>>(&dir.join("vote"))?;
         let last_purged = read_optional::<Option<LogId<u64>>>(&dir.join("purged"))?.flatten();
 
@@ -421,7 +418,7 @@ impl LogStore {
         work: impl FnOnce(LogStore) -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
         let store = self.clone();
-        tokio::task::spawn_blocking(move || work(store)).await.map_err(io::Error::other)?
+        crate::sys::blocking(move || work(store)).await
     }
 }
 
