@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use crate::sys::TcpListener;
 
 pub use machine::{Applier, Machine, Progress};
-pub use net::FRAME_BYTES_MAX;
+pub use net::{ClusterTls, FRAME_BYTES_MAX};
 pub use openraft::{BasicNode, RaftMetrics};
 pub use raftlog::{LogStore, OpenLogError};
 
@@ -138,7 +138,7 @@ impl Pending {
 }
 
 /// How a node runs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NodeOptions {
     /// This node's id: unique in the cluster, never reused for another node.
     pub id: u64,
@@ -152,6 +152,8 @@ pub struct NodeOptions {
     pub election_timeout: (Duration, Duration),
     /// How long a proposal waits for a leader before [`ProposeError::NoLeader`].
     pub propose_timeout: Duration,
+    /// TLS with certificates on both sides between the nodes; `None`: plain TCP.
+    pub tls: Option<ClusterTls>,
 }
 
 impl NodeOptions {
@@ -163,6 +165,7 @@ impl NodeOptions {
             heartbeat: Duration::from_millis(100),
             election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
             propose_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -186,6 +189,8 @@ pub(crate) struct Inner<A: Applier> {
     raft: Raft<TypeConfig>,
     applier: Arc<A>,
     forwarder: net::Forwarder,
+    /// TLS for the connections this node accepts.
+    tls: Option<ClusterTls>,
     /// Taken to prepare and queue a command, so commands enter the log in the order they were
     /// prepared. Holds the term this node last began as leader.
     sequencer: tokio::sync::Mutex<Option<u64>>,
@@ -392,14 +397,16 @@ impl<A: Applier> Node<A> {
         let listener = TcpListener::bind(options.address)
             .await
             .map_err(|source| StartError::Listen { address: options.address, source })?;
-        let raft = Raft::new(options.id, config, net::Network, log, machine)
+        let network = net::Network { tls: options.tls.clone() };
+        let raft = Raft::new(options.id, config, network, log, machine)
             .await
             .map_err(|error| StartError::Raft(error.to_string()))?;
         let inner = Arc::new(Inner {
             id: options.id,
             raft,
             applier,
-            forwarder: net::Forwarder::default(),
+            forwarder: net::Forwarder::new(options.tls.clone()),
+            tls: options.tls.clone(),
             sequencer: tokio::sync::Mutex::new(None),
             propose_timeout: options.propose_timeout,
         });

@@ -4,6 +4,9 @@
 //! request's id, so one connection carries many forwarded proposals at once. Raft's RPCs to one
 //! peer go one at a time (openraft sends them so) on a connection of their own. A frame longer
 //! than [`FRAME_BYTES_MAX`] or a message that does not decode closes the connection.
+//!
+//! With [`ClusterTls`], every connection is TLS, and each side proves itself with a certificate
+//! the cluster's CA signed: a peer without one is refused in the handshake, before any frame.
 
 use std::collections::HashMap;
 use std::io;
@@ -12,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::sys::{OwnedWriteHalf, TcpListener, TcpStream};
+use crate::sys::{TcpListener, TcpStream};
 use bytes::Bytes;
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -22,7 +25,7 @@ use openraft::raft::{
     VoteResponse,
 };
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::{Applier, Inner, ProposeError, Receiver, TypeConfig};
@@ -31,6 +34,36 @@ use crate::{Applier, Inner, ProposeError, Receiver, TypeConfig};
 pub const FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Requests one connection may have in progress at once; more wait to be read.
 const IN_FLIGHT_PER_CONNECTION: usize = 4096;
+
+/// How long a TLS handshake between nodes may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TLS between the nodes: the acceptor presents this node's certificate and requires the
+/// peer's, the connector presents it and checks the peer's; both check against the cluster's
+/// CA, and the connector checks the address it dials against the peer's certificate (an IP
+/// address in its subject alternative names). The binary builds both from the operator's
+/// files.
+#[derive(Clone)]
+pub struct ClusterTls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    pub connector: tokio_rustls::TlsConnector,
+}
+
+/// A connection between nodes: TCP, or TLS over it.
+trait Connection: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> Connection for T {}
+
+/// Connects to the node at `address`, over TLS when `tls` is set.
+async fn connect(address: SocketAddr, tls: Option<&ClusterTls>) -> io::Result<Box<dyn Connection>> {
+    let stream = TcpStream::connect(address).await?;
+    let _ = stream.set_nodelay(true);
+    let Some(tls) = tls else { return Ok(Box::new(stream)) };
+    let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+    let secured = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connector.connect(name, stream))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake took too long"))??;
+    Ok(Box::new(secured))
+}
 
 /// What one node asks another.
 #[derive(Serialize, Deserialize)]
@@ -82,7 +115,7 @@ async fn read_frame(reader: &mut (impl AsyncReadExt + Unpin)) -> io::Result<(u64
 
 /// Writes the frames `outgoing` brings to `writer`: those waiting together, then one flush.
 fn spawn_writer(
-    writer: OwnedWriteHalf,
+    writer: impl AsyncWrite + Unpin + Send + 'static,
     mut outgoing: mpsc::Receiver<(u64, Vec<u8>)>,
 ) -> tokio::task::JoinHandle<io::Result<()>> {
     tokio::spawn(async move {
@@ -124,6 +157,20 @@ pub(crate) async fn serve<A: Applier>(listener: TcpListener, node: Arc<Inner<A>>
         let _ = stream.set_nodelay(true);
         let node = node.clone();
         connections.spawn(async move {
+            let stream: Box<dyn Connection> = match &node.tls {
+                None => Box::new(stream),
+                Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(stream)).await {
+                    Ok(Ok(secured)) => Box::new(secured),
+                    Ok(Err(error)) => {
+                        tracing::warn!(%peer, %error, "cluster connection refused: TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(%peer, "cluster connection refused: no TLS handshake in time");
+                        return;
+                    }
+                },
+            };
             if let Err(error) = serve_connection(stream, node).await
                 && error.kind() != io::ErrorKind::UnexpectedEof
             {
@@ -133,8 +180,8 @@ pub(crate) async fn serve<A: Applier>(listener: TcpListener, node: Arc<Inner<A>>
     }
 }
 
-async fn serve_connection<A: Applier>(stream: TcpStream, node: Arc<Inner<A>>) -> io::Result<()> {
-    let (reader, writer) = stream.into_split();
+async fn serve_connection<A: Applier>(stream: Box<dyn Connection>, node: Arc<Inner<A>>) -> io::Result<()> {
+    let (reader, writer) = tokio::io::split(stream);
     let mut reader = BufReader::new(reader);
     let (replies, outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
     let writing = spawn_writer(writer, outgoing);
@@ -200,13 +247,15 @@ async fn serve_connection<A: Applier>(stream: TcpStream, node: Arc<Inner<A>>) ->
 
 /// Makes a [`Peer`] per node openraft talks to.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    pub(crate) tls: Option<ClusterTls>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
-        Peer { target, address: node.addr.clone(), stream: None }
+        Peer { target, address: node.addr.clone(), tls: self.tls.clone(), stream: None }
     }
 }
 
@@ -214,7 +263,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Peer {
     target: u64,
     address: String,
-    stream: Option<BufReader<TcpStream>>,
+    tls: Option<ClusterTls>,
+    stream: Option<BufReader<Box<dyn Connection>>>,
 }
 
 type RpcError<E = openraft::error::Infallible> = RPCError<u64, BasicNode, RaftError<u64, E>>;
@@ -228,8 +278,13 @@ impl Peer {
     async fn call(&mut self, request: &Request, ttl: Duration) -> Result<Reply, CallError> {
         let result = tokio::time::timeout(ttl, async {
             if self.stream.is_none() {
-                let stream = TcpStream::connect(&self.address).await.map_err(CallError::Connect)?;
-                let _ = stream.set_nodelay(true);
+                let address: SocketAddr = self.address.parse().map_err(|error| {
+                    CallError::Connect(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{}: {error}", self.address),
+                    ))
+                })?;
+                let stream = connect(address, self.tls.as_ref()).await.map_err(CallError::Connect)?;
                 self.stream = Some(BufReader::new(stream));
             }
             let stream = self.stream.as_mut().expect("connected above");
@@ -308,9 +363,14 @@ struct Forward {
 pub struct Forwarder {
     connections: tokio::sync::Mutex<HashMap<SocketAddr, Arc<Forward>>>,
     next_id: AtomicU64,
+    tls: Option<ClusterTls>,
 }
 
 impl Forwarder {
+    pub(crate) fn new(tls: Option<ClusterTls>) -> Forwarder {
+        Forwarder { tls, ..Forwarder::default() }
+    }
+
     /// Forwards `request` to the leader at `address`; returns once it is on its way (behind
     /// every request forwarded there before). A connection that breaks while the request is out
     /// drops the answer's sender: the outcome is unknown, the leader may have committed it.
@@ -339,12 +399,11 @@ impl Forwarder {
         {
             return Ok(forward.clone());
         }
-        let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(address))
+        let stream = tokio::time::timeout(Duration::from_secs(2), connect(address, self.tls.as_ref()))
             .await
             .map_err(|_| ProposeError::Unreachable(format!("{address}: connect timed out")))?
             .map_err(|error| ProposeError::Unreachable(format!("{address}: {error}")))?;
-        let _ = stream.set_nodelay(true);
-        let (reader, writer) = stream.into_split();
+        let (reader, writer) = tokio::io::split(stream);
         let (requests, outgoing) = mpsc::channel::<(u64, Vec<u8>)>(1024);
         let waiting: Waiting = Arc::new(Mutex::new(Some(HashMap::new())));
         let forward = Arc::new(Forward { requests, waiting: waiting.clone() });

@@ -9,13 +9,9 @@ use std::path::Path;
 #[cfg(not(feature = "sim"))]
 pub(crate) use std::fs;
 #[cfg(not(feature = "sim"))]
-pub(crate) use tokio::net::tcp::OwnedWriteHalf;
-#[cfg(not(feature = "sim"))]
 pub(crate) use tokio::net::{TcpListener, TcpStream};
 #[cfg(feature = "sim")]
 pub(crate) use turmoil::fs::shim::std::fs;
-#[cfg(feature = "sim")]
-pub(crate) use turmoil::net::tcp::OwnedWriteHalf;
 #[cfg(feature = "sim")]
 pub(crate) use turmoil::net::{TcpListener, TcpStream};
 

@@ -303,6 +303,22 @@ pub struct ServeArgs {
     /// without --peers (to be added with `onehop cluster add`), ignore it.
     #[arg(long, env = "ONEHOP_PEERS", value_name = "ID=ADDR,…")]
     pub peers: Option<String>,
+
+    /// This node's certificate (PEM) for TLS between the nodes: signed by --cluster-tls-ca,
+    /// naming the node's cluster address as an IP address in its subject alternative names.
+    /// With it, --cluster-tls-key and --cluster-tls-ca, every connection between nodes is TLS
+    /// and each node proves itself to the others [default: plain TCP].
+    #[arg(long, env = "ONEHOP_CLUSTER_TLS_CERT", value_name = "FILE", requires_all = ["cluster_tls_key", "cluster_tls_ca"])]
+    pub cluster_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --cluster-tls-cert.
+    #[arg(long, env = "ONEHOP_CLUSTER_TLS_KEY", value_name = "FILE", requires = "cluster_tls_cert")]
+    pub cluster_tls_key: Option<PathBuf>,
+
+    /// The CA (PEM) that signs every node's certificate: a node whose certificate it did not
+    /// sign is refused in the handshake.
+    #[arg(long, env = "ONEHOP_CLUSTER_TLS_CA", value_name = "FILE", requires = "cluster_tls_cert")]
+    pub cluster_tls_ca: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use bytes::Bytes;
-use onehop_cluster::{Applier, MembershipChange, Node, NodeOptions, ProposeError};
+use onehop_cluster::{Applier, ClusterTls, MembershipChange, Node, NodeOptions, ProposeError};
 use onehop_engine::{Engine, Replicator, Submitted};
 use onehop_server::http::{ChangeRefused, MemberChange};
 
-use crate::settings::ClusterSettings;
+use crate::settings::{ClusterSettings, ClusterTlsFiles};
 
 /// The engine, applying what the cluster commits.
 pub struct EngineApplier(Arc<Engine>);
@@ -117,7 +117,10 @@ pub async fn start(
     data_dir: &std::path::Path,
     engine: &Arc<Engine>,
 ) -> anyhow::Result<Arc<Node<EngineApplier>>> {
-    let options = NodeOptions::new(settings.node_id, data_dir.join("cluster"), settings.address);
+    let mut options = NodeOptions::new(settings.node_id, data_dir.join("cluster"), settings.address);
+    if let Some(files) = &settings.tls {
+        options.tls = Some(tls(files).context("TLS between the nodes")?);
+    }
     let node = Node::start(options, Arc::new(EngineApplier(engine.clone())))
         .await
         .with_context(|| format!("starting cluster node {}", settings.node_id))?;
@@ -132,7 +135,40 @@ pub async fn start(
         address = %settings.address,
         advertised = %settings.advertised,
         peers = ?settings.peers,
+        tls = settings.tls.is_some(),
         "cluster node started: stream writes are committed on a majority of the nodes"
     );
     Ok(node)
+}
+
+/// TLS between the nodes from the operator's files: the same certificate presented as server
+/// and as client, and the peer's required and checked against the cluster's CA both ways.
+fn tls(files: &ClusterTlsFiles) -> anyhow::Result<ClusterTls> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let server = onehop_server::tls::Tls::open(onehop_server::tls::TlsFiles {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        client_ca: Some(files.ca.clone()),
+        client_cert_required: true,
+    })?;
+    let read_chain = |path: &std::path::Path| -> anyhow::Result<Vec<CertificateDer<'static>>> {
+        let chain = CertificateDer::pem_file_iter(path)
+            .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+            .with_context(|| format!("reading {}", path.display()))?;
+        anyhow::ensure!(!chain.is_empty(), "{}: no CERTIFICATE in it", path.display());
+        Ok(chain)
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in read_chain(&files.ca)? {
+        roots.add(certificate).with_context(|| format!("{}: a CA certificate", files.ca.display()))?;
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key).with_context(|| format!("reading {}", files.key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(read_chain(&files.cert)?, key)
+        .with_context(|| format!("{} and {}", files.cert.display(), files.key.display()))?;
+    Ok(ClusterTls { acceptor: server.acceptor(), connector: tokio_rustls::TlsConnector::from(Arc::new(client)) })
 }

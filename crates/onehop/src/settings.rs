@@ -94,6 +94,9 @@ struct FileSettings {
     cluster_addr: Option<SocketAddr>,
     cluster_advertised_addr: Option<SocketAddr>,
     peers: Option<String>,
+    cluster_tls_cert: Option<PathBuf>,
+    cluster_tls_key: Option<PathBuf>,
+    cluster_tls_ca: Option<PathBuf>,
 }
 
 /// A cluster node's settings.
@@ -106,6 +109,19 @@ pub struct ClusterSettings {
     pub advertised: SocketAddr,
     /// The members a new cluster is formed of (empty: join one that runs).
     pub peers: std::collections::BTreeMap<u64, SocketAddr>,
+    /// TLS between the nodes: this node's certificate and key, and the cluster's CA.
+    pub tls: Option<ClusterTlsFiles>,
+}
+
+/// The files of TLS between the nodes (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterTlsFiles {
+    /// This node's certificate chain: the CA signed it, and it names the node's cluster address
+    /// (an IP address in its subject alternative names).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA every node's certificate is checked against.
+    pub ca: PathBuf,
 }
 
 /// `1=127.0.0.1:7001,2=127.0.0.1:7002`: the members of a new cluster.
@@ -148,7 +164,16 @@ fn cluster(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<Clust
             Some(_) => {}
         }
     }
-    Ok(Some(ClusterSettings { node_id, address, advertised, peers }))
+    let tls = match (
+        args.cluster_tls_cert.clone().or(file.cluster_tls_cert.clone()),
+        args.cluster_tls_key.clone().or(file.cluster_tls_key.clone()),
+        args.cluster_tls_ca.clone().or(file.cluster_tls_ca.clone()),
+    ) {
+        (None, None, None) => None,
+        (Some(cert), Some(key), Some(ca)) => Some(ClusterTlsFiles { cert, key, ca }),
+        _ => bail!("cluster_tls_cert, cluster_tls_key and cluster_tls_ca go together: give all three, or none"),
+    };
+    Ok(Some(ClusterSettings { node_id, address, advertised, peers, tls }))
 }
 
 /// Everything `serve` runs with, validated.
@@ -357,13 +382,15 @@ impl Settings {
         let jwt = jwt(args, &file)?;
         let cluster = cluster(args, &file)?;
         if let Some(cluster) = &cluster
+            && cluster.tls.is_none()
             && !cluster.address.ip().is_loopback()
             && !(args.insecure_listen || file.insecure_listen.unwrap_or(false))
         {
             bail!(
-                "refusing to listen for other nodes on {}: the cluster port has no authentication or TLS yet, so \
-                 anyone who can reach it could take part in the cluster. Keep it on a private network and say so \
-                 with --insecure-listen (docs/cluster.md)",
+                "refusing to listen for other nodes on {} without TLS: anyone who can reach the cluster port could \
+                 take part in the cluster. Give the nodes certificates (--cluster-tls-cert, --cluster-tls-key, \
+                 --cluster-tls-ca), or keep the port on a private network and say so with --insecure-listen \
+                 (docs/cluster.md)",
                 cluster.address
             );
         }

@@ -64,6 +64,8 @@ struct Cluster {
     /// Each node starts with `--admin-user` as this superuser (name, password), and the test
     /// reads `/cluster` as it.
     admin: Option<(&'static str, &'static str)>,
+    /// More arguments for every node.
+    extra: Vec<String>,
 }
 
 /// What a [`Link`] does to the traffic it carries.
@@ -147,11 +149,17 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Arc<Mutex<Fault>>) {
 
 impl Cluster {
     fn start(size: u64) -> Cluster {
-        Cluster::start_with(size, false, false, None)
+        Cluster::start_with(size, false, false, None, Vec::new())
     }
 
     /// With `links`, each node is reached through a [`Link`] the test can put faults on.
-    fn start_with(size: u64, kafka: bool, links: bool, admin: Option<(&'static str, &'static str)>) -> Cluster {
+    fn start_with(
+        size: u64,
+        kafka: bool,
+        links: bool,
+        admin: Option<(&'static str, &'static str)>,
+        extra: Vec<String>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (1..=size)
             .map(|id| {
@@ -170,7 +178,7 @@ impl Cluster {
             .map(|m| format!("{}={}", m.id, m.link.as_ref().map_or(m.cluster, |link| link.address)))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = Cluster { dir, peers, members, kafka, admin };
+        let mut cluster = Cluster { dir, peers, members, kafka, admin, extra };
         if admin.is_some() {
             // A node with --admin-user opens its listeners once the cluster made that user,
             // which takes a majority: the members start side by side.
@@ -235,6 +243,7 @@ impl Cluster {
         if form {
             args.extend(["--peers".to_string(), self.peers.clone()]);
         }
+        args.extend(self.extra.iter().cloned());
         let mut envs = vec![("ONEHOP_LOG", "warn,onehop=info")];
         if let Some((name, password)) = self.admin {
             args.extend(["--admin-user".to_string(), name.to_string()]);
@@ -323,6 +332,10 @@ fn stored(address: SocketAddr) -> BTreeMap<u64, (String, String, u64)> {
     let mut from = 0;
     loop {
         let (code, body) = get(address, &format!("/streams/events?from={from}&limit=10000"));
+        if code == 404 && from == 0 {
+            // The stream's creation has not reached this node yet.
+            return records;
+        }
         assert_eq!(code, 200, "{body}");
         let page: serde_json::Value = serde_json::from_str(&body).unwrap();
         let list = page["records"].as_array().unwrap();
@@ -526,7 +539,7 @@ fn a_paused_leader_steps_down_and_rejoins_without_divergence() {
 
 #[test]
 fn mqtt_and_kafka_writes_on_followers_reach_every_node() {
-    let mut cluster = Cluster::start_with(3, true, false, None);
+    let mut cluster = Cluster::start_with(3, true, false, None, Vec::new());
     let leader = cluster.leader();
     let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
     let mqtt = cluster.members[followers[0]].server.as_ref().unwrap().mqtt_address;
@@ -614,7 +627,7 @@ fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
 
 #[test]
 fn network_faults_between_nodes_lose_no_acknowledged_write() {
-    let mut cluster = Cluster::start_with(3, false, true, None);
+    let mut cluster = Cluster::start_with(3, false, true, None, Vec::new());
     let stop = Arc::new(AtomicBool::new(false));
     let writing = writers(cluster.http_addresses(), stop.clone(), 3);
     let watching = subscriber(cluster.http_addresses(), stop.clone());
@@ -872,7 +885,7 @@ fn compare_and_set_on_a_table_stays_exact_through_kill_9_of_the_leader() {
 #[test]
 fn users_grants_and_tokens_are_replicated_and_the_first_superuser_is_made_once() {
     let root = ("root", "first-secret");
-    let mut cluster = Cluster::start_with(3, false, false, Some(root));
+    let mut cluster = Cluster::start_with(3, false, false, Some(root), Vec::new());
     let leader = cluster.leader();
     let followers: Vec<SocketAddr> =
         (0..3).filter(|index| *index != leader).map(|index| cluster.members[index].http).collect();
@@ -1081,4 +1094,82 @@ fn streams_are_altered_grown_and_dropped_through_the_cluster() {
     assert_eq!(offset, 0);
     on_every_node(&everywhere, "the stream made again", |node| stored(node).len() == 1);
     check(&mut cluster, &[(0, "{\"again\":true}".to_string())], &[]);
+}
+
+#[test]
+fn tls_between_nodes_admits_only_certificates_the_cluster_ca_signed() {
+    let certificates_dir = tempfile::tempdir().unwrap();
+    let path = certificates_dir.path();
+    // CA "A" signs the nodes' certificate (for 127.0.0.1); CA "B" a stranger's.
+    common::certificates(path, "A");
+    common::certificates(path, "B");
+    let file = |name: &str| path.join(name).to_str().unwrap().to_string();
+    let tls_args = |set: &str| {
+        vec![
+            "--cluster-tls-cert".to_string(),
+            file(&format!("server{set}.pem")),
+            "--cluster-tls-key".to_string(),
+            file(&format!("server{set}.key")),
+            "--cluster-tls-ca".to_string(),
+            file(&format!("ca{set}.pem")),
+        ]
+    };
+    let mut cluster = Cluster::start_with(3, false, false, None, tls_args("A"));
+    let leader = cluster.leader();
+    let follower = (0..3).find(|index| *index != leader).unwrap();
+    let value = r#"{"over":"tls"}"#;
+    let offset = publish(cluster.members[follower].http, "tls", value).expect("a write through a follower");
+    check(&mut cluster, &[(offset, value.to_string())], &[]);
+
+    // Plain TCP with a well-formed frame gets nothing back: the port speaks TLS only.
+    let mut plain = TcpStream::connect(cluster.members[leader].cluster).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let frame = [&4u32.to_le_bytes()[..], &7u64.to_le_bytes(), &[1, 0, 0, 0]].concat();
+    plain.write_all(&frame).unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    // Nothing, or a TLS alert record (content type 21), then the connection closes.
+    assert!(answer.is_empty() || answer[0] == 21, "a plain frame was answered: {answer:?}");
+
+    // A stranger whose certificate CA "B" signed names the members as its peers and asks for
+    // votes: every handshake is refused, and the cluster keeps its leader and term.
+    let term = status(cluster.members[leader].http).unwrap()["term"].as_u64().unwrap();
+    let stranger_cluster: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let stranger_http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let peers = format!("{},4={stranger_cluster}", cluster.peers);
+    let data = cluster.dir.path().join("stranger");
+    let mut args: Vec<String> = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--http-addr",
+        &stranger_http.to_string(),
+        "--kafka-addr",
+        "off",
+        "--node-id",
+        "4",
+        "--cluster-addr",
+        &stranger_cluster.to_string(),
+        "--peers",
+        &peers,
+    ]
+    .iter()
+    .map(|arg| arg.to_string())
+    .collect();
+    args.extend(tls_args("B"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut stranger = start(cluster.dir.path(), &args, &[("ONEHOP_LOG", "warn,onehop=info")]);
+    std::thread::sleep(Duration::from_secs(4));
+    let after = status(cluster.members[leader].http).unwrap();
+    assert_eq!(after["state"], "leader", "{after}");
+    assert_eq!(after["term"].as_u64().unwrap(), term, "the stranger disturbed the cluster: {after}");
+    let seen = status(stranger_http).unwrap();
+    assert!(seen["leader"].is_null(), "the stranger found a leader: {seen}");
+    let said = cluster.members[leader].server.as_mut().unwrap().said().join("\n");
+    assert!(said.contains("TLS handshake failed"), "the leader did not log the refused handshakes:\n{said}");
+    let stranger_said = stranger.said().join("\n");
+    assert!(!stranger_said.contains("panicked"), "{stranger_said}");
+    // The cluster still takes writes.
+    let value = r#"{"after":"stranger"}"#;
+    let second = publish(cluster.members[follower].http, "after", value).expect("a write after the stranger");
+    check(&mut cluster, &[(offset, r#"{"over":"tls"}"#.to_string()), (second, value.to_string())], &[]);
 }

@@ -9,51 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{DataDir, Spawned, line_channel};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl is installed");
-    assert!(output.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-}
-
-/// A CA `ca{name}.pem` and a certificate for 127.0.0.1 it signed, `server{name}.pem` with its
-/// key `server{name}.key`: P-256, valid for a day, made for this test only.
-fn certificates(dir: &Path, name: &str) {
-    let (ca, ca_key) = (format!("ca{name}.pem"), format!("ca{name}.key"));
-    let (cert, key, request) = (format!("server{name}.pem"), format!("server{name}.key"), format!("server{name}.csr"));
-    let curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-    openssl(
-        dir,
-        &[
-            &["req", "-x509"][..],
-            &curve,
-            &["-keyout", &ca_key, "-out", &ca, "-days", "1", "-subj", &format!("/CN=onehop test CA {name}")],
-        ]
-        .concat(),
-    );
-    openssl(dir, &[&["req"][..], &curve, &["-keyout", &key, "-out", &request, "-subj", "/CN=127.0.0.1"]].concat());
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &request,
-            "-CA",
-            &ca,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-out",
-            &cert,
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-        ],
-    );
-}
+use common::{DataDir, Spawned, certificates, line_channel, openssl};
 
 /// kcat against `address` with `security.protocol` `protocol`, trusting `ca`, logged in as root
 /// with SCRAM-SHA-256, `input` on its stdin: whether it succeeded (and printed no error), its
