@@ -1173,3 +1173,67 @@ fn tls_between_nodes_admits_only_certificates_the_cluster_ca_signed() {
     let second = publish(cluster.members[follower].http, "after", value).expect("a write after the stranger");
     check(&mut cluster, &[(offset, r#"{"over":"tls"}"#.to_string()), (second, value.to_string())], &[]);
 }
+
+/// The retained messages under `filter` that mosquitto_sub receives from the node's MQTT
+/// listener at `mqtt` within 2 s: `topic payload` lines.
+fn retained_on(mqtt: SocketAddr, filter: &str) -> Vec<String> {
+    let output = Command::new("mosquitto_sub")
+        .args(["-h", "127.0.0.1", "-p", &mqtt.port().to_string(), "-q", "1", "-t", filter, "-v", "-W", "2"])
+        .args(["--retained-only"])
+        .output()
+        .unwrap();
+    let mut lines: Vec<String> = String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+/// mosquitto_pub of a retained message (`None`: clearing the topic) through the node at `mqtt`.
+fn publish_retained(mqtt: SocketAddr, topic: &str, payload: Option<&str>) {
+    let mut command = Command::new("mosquitto_pub");
+    command.args(["-h", "127.0.0.1", "-p", &mqtt.port().to_string(), "-q", "1", "-r", "-t", topic]);
+    match payload {
+        Some(payload) => command.args(["-m", payload]),
+        None => command.arg("-n"),
+    };
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+fn a_retained_message_published_on_one_node_is_delivered_by_every_node() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader();
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let mqtt = |cluster: &Cluster, index: usize| cluster.members[index].server.as_ref().unwrap().mqtt_address;
+    let on_every_mqtt = |cluster: &Cluster, filter: &str, expected: &[&str]| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for index in 0..3 {
+            loop {
+                let got = retained_on(mqtt(cluster, index), filter);
+                if got == expected {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "node {} gives {got:?} for {filter}, not {expected:?}", index + 1);
+            }
+        }
+    };
+
+    publish_retained(mqtt(&cluster, followers[0]), "events/status/d1", Some("online"));
+    publish_retained(mqtt(&cluster, leader), "events/status/d2", Some("online"));
+    on_every_mqtt(&cluster, "events/status/#", &["events/status/d1 online", "events/status/d2 online"]);
+
+    // Replaced through the other follower, cleared through the first: alike everywhere.
+    publish_retained(mqtt(&cluster, followers[1]), "events/status/d1", Some("offline"));
+    publish_retained(mqtt(&cluster, followers[0]), "events/status/d2", None);
+    on_every_mqtt(&cluster, "events/status/#", &["events/status/d1 offline"]);
+
+    // A node killed with kill -9 gets back the message published while it was down, and the
+    // one it had.
+    let down = followers[1];
+    cluster.members[down].server.as_mut().unwrap().kill_9();
+    cluster.members[down].server = None;
+    publish_retained(mqtt(&cluster, leader), "events/status/d3", Some("online"));
+    cluster.launch(down);
+    cluster.leader();
+    on_every_mqtt(&cluster, "events/status/#", &["events/status/d1 offline", "events/status/d3 online"]);
+}

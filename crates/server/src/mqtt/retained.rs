@@ -39,6 +39,8 @@ pub const RETAINED_TOPIC: &str = "__mqtt_retained";
 /// How often the messages that changed are checkpointed: what a start reads of the streams
 /// beyond the checkpoint, at most, is what was published in about this long.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// How soon a cluster node takes in a retained message another node published, at most.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
 /// The checkpoint's record of the positions it covers; no topic starts with a NUL.
 const POSITIONS_KEY: &str = "\u{0}positions";
 /// The header of a checkpointed message naming where it came from: `{stream}:{partition}:{offset}`.
@@ -123,6 +125,9 @@ pub struct RetainedStore {
     /// The positions the last checkpoint wrote (at start, those read back): one is written
     /// when the log's ends have moved past them, so that a start reads on little.
     checkpointed: Mutex<Positions>,
+    /// On a cluster node: how far the streams were read for retained records that came from
+    /// other nodes (see [`RetainedStore::keep_checkpointed`]).
+    followed: Mutex<Positions>,
 }
 
 impl RetainedStore {
@@ -140,6 +145,7 @@ impl RetainedStore {
             messages: RwLock::default(),
             in_flight: Mutex::default(),
             checkpointed: Mutex::default(),
+            followed: Mutex::default(),
         };
         let mut positions: Option<Positions> = None;
         store.log.replay(|record| {
@@ -148,6 +154,7 @@ impl RetainedStore {
         })?;
         // A checkpoint without positions was written by a version that stored each retained
         // message itself after its stream record: it holds everything, so nothing is read on.
+        *store.followed.lock().expect("followed lock") = store.end_positions();
         let caught_up = store.catch_up(positions.as_ref().unwrap_or(&store.end_positions()))?;
         *store.checkpointed.lock().expect("checkpointed lock") = positions.unwrap_or_default();
         tracing::info!(retained = store.len(), read_on = caught_up, "retained MQTT messages restored");
@@ -301,6 +308,21 @@ impl RetainedStore {
                 }
             }
         }
+        if self.engine.is_replicated() {
+            // Nor past what was read for other nodes' retained messages: a stream not read yet
+            // is left out, so that a start reads it from its beginning.
+            let followed = self.followed.lock().expect("followed lock");
+            positions.retain(|stream, ends| match followed.get(stream) {
+                Some(read) => {
+                    for (end, read) in ends.iter_mut().zip(read) {
+                        *end = (*end).min(*read);
+                    }
+                    ends.truncate(read.len());
+                    true
+                }
+                None => false,
+            });
+        }
         let mut records = Vec::new();
         let mut written = Vec::new();
         {
@@ -345,22 +367,51 @@ impl RetainedStore {
 
     /// Checkpoints every [`CHECKPOINT_INTERVAL`] while something changed, until `stop`
     /// turns true; then once more.
+    ///
+    /// On a cluster node, retained messages published on other nodes reach this one as stream
+    /// records only: every [`FOLLOW_INTERVAL`] the streams are read on from where the last
+    /// reading stopped, and the retained records found are taken in (each replaces what it is
+    /// later than, in log order, as on every node).
     pub async fn keep_checkpointed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let following = self.engine.is_replicated();
+        let mut last_checkpoint = tokio::time::Instant::now();
         // What the start read on goes down at once; an idle server writes nothing.
+        let mut first = true;
         loop {
-            if self.changed()
-                && let Err(error) = self.checkpoint().await
-            {
-                tracing::warn!(%error, "the retained messages could not be checkpointed; the next start reads on further");
+            if following && let Err(error) = self.follow() {
+                tracing::warn!(%error, "reading retained messages from the streams failed; trying again");
             }
+            if (first || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL) && self.changed() {
+                if let Err(error) = self.checkpoint().await {
+                    tracing::warn!(%error, "the retained messages could not be checkpointed; the next start reads on further");
+                }
+                last_checkpoint = tokio::time::Instant::now();
+            }
+            first = false;
+            let pause = if following { FOLLOW_INTERVAL } else { CHECKPOINT_INTERVAL };
             tokio::select! {
-                () = tokio::time::sleep(CHECKPOINT_INTERVAL) => {}
+                () = tokio::time::sleep(pause) => {}
                 () = async { drop(stop.wait_for(|stop| *stop).await) } => {
                     let _ = self.checkpoint().await;
                     return;
                 }
             }
         }
+    }
+
+    /// Takes in the retained records the streams gained since the last reading (on a cluster
+    /// node, those other nodes published).
+    fn follow(&self) -> Result<(), EngineError> {
+        let ends = self.end_positions();
+        let followed = self.followed.lock().expect("followed lock").clone();
+        if ends == followed {
+            return Ok(());
+        }
+        if self.catch_up(&followed)? > 0 {
+            self.gauge();
+        }
+        *self.followed.lock().expect("followed lock") = ends;
+        Ok(())
     }
 
     /// Whether a message changed or a stream grew past the last checkpoint's positions.
