@@ -199,11 +199,6 @@ impl Stream {
         self.next_keyless.fetch_add(1, Ordering::Relaxed) % self.def.partitions
     }
 
-    /// Every partition, in order.
-    pub(crate) fn partitions(&self) -> &[Arc<Partition>] {
-        &self.partitions
-    }
-
     /// The partition every record with `key` goes to.
     pub fn partition_for_key(&self, key: &[u8]) -> u32 {
         crc32c::crc32c(key) % self.def.partitions

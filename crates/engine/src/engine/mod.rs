@@ -109,6 +109,8 @@ pub struct Engine {
     /// The log index of the last definition change a cluster node applied, for the node's
     /// client who asked for one and waits to see it here.
     replicated_ddl: tokio::sync::watch::Sender<u64>,
+    /// On a cluster node: the partitions appended to since the last sync, by address.
+    unsynced: std::sync::Mutex<std::collections::HashMap<usize, Arc<Partition>>>,
 }
 
 /// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
@@ -172,6 +174,7 @@ impl Engine {
             replicator: Default::default(),
             predictions: Default::default(),
             replicated_ddl: tokio::sync::watch::channel(0).0,
+            unsynced: Default::default(),
         };
         engine.finish_drops_and_keep_orphans(&defs)?;
         let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();

@@ -917,7 +917,9 @@ impl Engine {
                     let count = append.records.len() as u64;
                     let end = partition.end_offset();
                     if append.base_offset + count <= end {
-                        // Applied before a restart: the partition has these offsets already.
+                        // Applied before a restart: the partition has these offsets already,
+                        // maybe not yet synced.
+                        self.unsynced(partition);
                         queued.push((append.base_offset, None));
                         continue;
                     }
@@ -933,15 +935,17 @@ impl Engine {
                     // synced with the state machine's progress (`sync_replicated`).
                     let pending =
                         partition.enqueue_with(&records, Durability::Async).await.map_err(|e| e.to_string())?;
-                    queued.push((append.base_offset, Some(pending)));
+                    queued.push((append.base_offset, Some((partition.clone(), pending))));
                 }
                 let mut bases = Vec::with_capacity(queued.len());
                 for (base_offset, pending) in queued {
-                    if let Some(pending) = pending {
+                    if let Some((partition, pending)) = pending {
                         let ack = pending.await.map_err(|error| error.to_string())?;
                         if ack.base_offset != base_offset {
                             return Err(format!("appended at offset {} instead of {base_offset}", ack.base_offset));
                         }
+                        // Once written: a sync that takes the partition from here on covers it.
+                        self.unsynced(&partition);
                     }
                     bases.push(base_offset);
                 }
@@ -1074,7 +1078,10 @@ impl Engine {
                  not fit the cluster's; stopping rather than diverge"
             ));
         }
-        if offset == end {
+        if offset < end {
+            // Applied before a restart, maybe not yet synced.
+            self.unsynced(partition);
+        } else {
             let record = NewRecord::from(record);
             let ack = partition
                 .enqueue_with(std::slice::from_ref(&record), Durability::Async)
@@ -1085,6 +1092,7 @@ impl Engine {
             if ack.base_offset != offset {
                 return Err(format!("table {name:?}: appended at offset {} instead of {offset}", ack.base_offset));
             }
+            self.unsynced(partition);
         }
         table.apply_through(offset).map_err(|error| error.to_string())
     }
@@ -1226,20 +1234,41 @@ impl Engine {
         }
     }
 
-    /// Makes every record applied so far durable: an fsync of each stream's and table's
-    /// partitions.
+    /// Notes that `partition` holds records applied since the last sync.
+    fn unsynced(&self, partition: &Arc<onehop_log::Partition>) {
+        let mut unsynced = self.unsynced.lock().expect("unsynced lock");
+        unsynced.entry(Arc::as_ptr(partition) as usize).or_insert_with(|| partition.clone());
+    }
+
+    /// Makes every record applied so far durable: an fsync of each partition appended to since
+    /// the last sync (a segment closed by a roll was synced then). A partition whose stream or
+    /// table was dropped meanwhile is gone, and skipped. One that fails stays to be synced
+    /// again, and the error stops the progress from being recorded.
     pub async fn sync_replicated(&self) -> Result<(), String> {
-        let mut partitions: Vec<Arc<onehop_log::Partition>> =
-            self.streams().iter().flat_map(|stream| stream.partitions().to_vec()).collect();
-        partitions.extend(self.tables().iter().map(|table| table.partition().clone()));
-        tokio::task::spawn_blocking(move || {
-            for partition in partitions {
-                partition.sync().map_err(|error| format!("{}: {error}", partition.dir().display()))?;
+        let partitions: Vec<Arc<onehop_log::Partition>> =
+            std::mem::take(&mut *self.unsynced.lock().expect("unsynced lock")).into_values().collect();
+        let failed = tokio::task::spawn_blocking(move || {
+            for (at, partition) in partitions.iter().enumerate() {
+                if !partition.dir().exists() {
+                    continue;
+                }
+                if let Err(error) = partition.sync() {
+                    return Err((format!("{}: {error}", partition.dir().display()), partitions[at..].to_vec()));
+                }
             }
             Ok(())
         })
         .await
-        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())?;
+        match failed {
+            Ok(()) => Ok(()),
+            Err((error, left)) => {
+                for partition in &left {
+                    self.unsynced(partition);
+                }
+                Err(error)
+            }
+        }
     }
 }
 
