@@ -30,6 +30,9 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Run SQL definitions (CREATE STREAM, SHOW STREAMS, DESCRIBE) on a running server.
     Sql(SqlArgs),
+    /// Show a cluster's members and leader, add a node, or remove one (through any member).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Run a benchmark and print its figures.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -45,7 +48,14 @@ pub struct SqlArgs {
     #[arg(short = 'f', long, value_name = "FILE")]
     pub file: Option<PathBuf>,
 
-    /// The server to run them on.
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Which running server a command talks to, and as whom.
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The server's HTTP address.
     #[arg(long, env = "ONEHOP_URL", default_value = "http://127.0.0.1:8080", value_name = "URL")]
     pub url: String,
 
@@ -57,6 +67,31 @@ pub struct SqlArgs {
     /// which `ps` does not show.
     #[arg(long, env = "ONEHOP_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// This node's view of the cluster: its state, the term, the leader, the members.
+    Status {
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Add the node ID, listening for the other nodes at ADDR (started without --peers): it
+    /// copies the log, then votes. Answers once the change is committed.
+    Add {
+        /// The new node's --node-id.
+        id: u64,
+        /// The new node's cluster address (its --cluster-advertised-addr, or --cluster-addr).
+        address: std::net::SocketAddr,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Remove the node ID from the members (stop it afterwards).
+    Remove {
+        id: u64,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
 }
 
 /// Settings of `onehop serve`. A flag left out falls back to its environment variable, then to

@@ -12,6 +12,7 @@
 mod bench;
 mod cli;
 mod cluster;
+mod members;
 mod serve;
 mod settings;
 mod sql;
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Serve(args) => serve::run(*args),
         cli::Command::Sql(args) => sql::run(args),
+        cli::Command::Cluster(command) => members::run(command),
         cli::Command::Bench(command) => bench::run(command),
     };
     match result {

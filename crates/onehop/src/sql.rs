@@ -3,23 +3,23 @@
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::cli::SqlArgs;
+use crate::cli::{ServerArgs, SqlArgs};
 
-pub fn run(args: SqlArgs) -> anyhow::Result<()> {
-    let sql = match (&args.sql, &args.file) {
-        (Some(sql), _) => sql.clone(),
-        (None, Some(file)) => std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?,
-        (None, None) => bail!("give the statements, or --file"),
-    };
-    let url = format!("{}/sql", args.url.trim_end_matches('/'));
+/// Sends one request to the server `server` names, as its user: the JSON answer, or the error
+/// the server gave (its message and code).
+pub fn call(server: &ServerArgs, method: reqwest::Method, path: &str, body: Option<String>) -> anyhow::Result<Value> {
+    let url = format!("{}{path}", server.url.trim_end_matches('/'));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (status, answer) = runtime.block_on(async {
-        let mut request = reqwest::Client::new().post(&url).body(sql);
-        if let Some(user) = &args.user {
+        let mut request = reqwest::Client::new().request(method, &url);
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        if let Some(user) = &server.user {
             let password = std::env::var("ONEHOP_PASSWORD")
                 .map_err(|_| anyhow::anyhow!("--user {user} needs its password in ONEHOP_PASSWORD"))?;
             request = request.basic_auth(user, Some(password));
-        } else if let Some(token) = &args.token {
+        } else if let Some(token) = &server.token {
             request = request.bearer_auth(token);
         }
         let response =
@@ -33,6 +33,16 @@ pub fn run(args: SqlArgs) -> anyhow::Result<()> {
         let code = answer["error"]["code"].as_str().unwrap_or("error");
         bail!("{message} ({code})");
     }
+    Ok(answer)
+}
+
+pub fn run(args: SqlArgs) -> anyhow::Result<()> {
+    let sql = match (&args.sql, &args.file) {
+        (Some(sql), _) => sql.clone(),
+        (None, Some(file)) => std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?,
+        (None, None) => bail!("give the statements, or --file"),
+    };
+    let answer = call(&args.server, reqwest::Method::POST, "/sql", Some(sql))?;
     for result in answer["results"].as_array().into_iter().flatten() {
         print!("{}", render(result));
     }

@@ -574,7 +574,7 @@ fn mqtt_and_kafka_writes_on_followers_reach_every_node() {
 }
 
 #[test]
-fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
+fn a_node_is_added_catches_up_and_another_is_removed_over_http_and_the_cli() {
     let mut cluster = Cluster::start(3);
     let leader = cluster.leader();
     let mut acked = Vec::new();
@@ -597,9 +597,15 @@ fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
     assert_eq!(code, 200, "{answer}");
     let members: serde_json::Value = serde_json::from_str(&answer).unwrap();
     assert_eq!(members["members"].as_object().unwrap().len(), 4, "{answer}");
-    // Adding it again is refused, and so is a body that is no member.
-    let (code, answer) = common::curl(cluster.members[follower].http, "/cluster/nodes", &["-X", "POST", "-d", &body]);
-    assert_eq!(code, 409, "{answer}");
+    // Adding it again is refused (here with `onehop cluster add`), and so is a body that is no
+    // member.
+    let url = format!("http://{}", cluster.members[follower].http);
+    let again = common::onehop()
+        .args(["cluster", "add", "4", &cluster.members[3].cluster.to_string(), "--url", &url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && said.contains("membership_refused"), "{said}");
     let (code, answer) = common::curl(cluster.members[follower].http, "/cluster/nodes", &["-X", "POST", "-d", "{}"]);
     assert_eq!(code, 400, "{answer}");
     for n in 0..20 {
@@ -611,8 +617,10 @@ fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
     // Remove one of the first three (not the leader); the other three go on.
     let removed = (0..3).find(|index| *index != cluster.leader()).unwrap();
     let id = cluster.members[removed].id;
-    let (code, answer) = common::curl(cluster.members[3].http, &format!("/cluster/nodes/{id}"), &["-X", "DELETE"]);
-    assert_eq!(code, 200, "{answer}");
+    let url = format!("http://{}", cluster.members[3].http);
+    let (said, _) =
+        common::run_expecting_success(common::onehop().args(["cluster", "remove", &id.to_string(), "--url", &url]));
+    assert!(said.contains(&format!("node {id} removed")), "{said}");
     cluster.members[removed].server.as_mut().unwrap().kill_9();
     cluster.members[removed].server = None;
     for n in 0..10 {
@@ -623,6 +631,10 @@ fn a_node_is_added_over_http_catches_up_and_another_is_removed() {
     check(&mut cluster, &acked, &[]);
     let status = status(cluster.members[3].http).unwrap();
     assert!(status["members"].get(id.to_string()).is_none(), "{status}");
+    let (said, _) = common::run_expecting_success(common::onehop().args(["cluster", "status", "--url", &url]));
+    let leader_id = cluster.members[cluster.leader()].id;
+    assert!(said.starts_with("node 4: ") && said.contains(&format!("leader {leader_id}")), "{said}");
+    assert!(!said.contains(&format!("{id}=127.0.0.1")), "{said}");
 }
 
 #[test]
