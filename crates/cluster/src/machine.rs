@@ -45,6 +45,14 @@ pub trait Applier: Send + Sync + 'static {
 
     /// Makes the effects of every command applied so far durable.
     fn sync(&self) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// Whether applying `command` again over a later state could go wrong (a definition
+    /// change: a write applied again after a drop that came later would find nothing to write
+    /// to). Before such a command is applied, the progress up to it is made durable, so a
+    /// restart never applies anything before it again.
+    fn is_barrier(&self, _command: &Bytes) -> bool {
+        false
+    }
 }
 
 #[derive(Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -58,6 +66,8 @@ pub struct Machine<A> {
     applier: Arc<A>,
     applied: Arc<Mutex<Applied>>,
     dir: PathBuf,
+    /// Records the progress, shared with the task that does so now and then.
+    progress: Progress<A>,
 }
 
 type Error = StorageError<u64>;
@@ -78,17 +88,19 @@ impl<A: Applier> Machine<A> {
             Err(error) if error.kind() == io::ErrorKind::NotFound => Applied::default(),
             Err(error) => return Err(error),
         };
-        Ok(Machine { applier, applied: Arc::new(Mutex::new(applied)), dir })
+        let applied = Arc::new(Mutex::new(applied));
+        let progress = Progress {
+            applier: applier.clone(),
+            applied: applied.clone(),
+            dir: dir.clone(),
+            persisted: Arc::new(tokio::sync::Mutex::new(None)),
+        };
+        Ok(Machine { applier, applied, dir, progress })
     }
 
     /// A handle that records progress durably, see [`Progress::persist`].
     pub fn progress(&self) -> Progress<A> {
-        Progress {
-            applier: self.applier.clone(),
-            applied: self.applied.clone(),
-            dir: self.dir.clone(),
-            persisted: Arc::new(tokio::sync::Mutex::new(None)),
-        }
+        self.progress.clone()
     }
 }
 
@@ -179,6 +191,9 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
                 // `prepare` predicted may be void (see `Node::submit`). Every node skips it alike.
                 EntryPayload::Normal(command) if command.term != entry.log_id.leader_id.term => Answer::Stale,
                 EntryPayload::Normal(command) => {
+                    if self.applier.is_barrier(&command.body) {
+                        self.progress.persist().await.map_err(machine_error)?;
+                    }
                     Answer::Applied(self.applier.apply(entry.log_id.index, command.body).await.map_err(machine_error)?)
                 }
                 EntryPayload::Membership(membership) => {
@@ -194,7 +209,12 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        Machine { applier: self.applier.clone(), applied: self.applied.clone(), dir: self.dir.clone() }
+        Machine {
+            applier: self.applier.clone(),
+            applied: self.applied.clone(),
+            dir: self.dir.clone(),
+            progress: self.progress.clone(),
+        }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, Error> {

@@ -36,6 +36,10 @@ impl Applier for EngineApplier {
     async fn sync(&self) -> Result<(), String> {
         self.0.sync_replicated().await
     }
+
+    fn is_barrier(&self, command: &Bytes) -> bool {
+        onehop_engine::Engine::is_replicated_barrier(command)
+    }
 }
 
 /// The Raft node, taking the engine's writes.

@@ -261,7 +261,7 @@ impl Cluster {
     }
 
     /// The index of the member the running nodes agree leads, once one does.
-    fn leader(&self) -> usize {
+    fn leader(&mut self) -> usize {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             for (index, member) in self.members.iter().enumerate() {
@@ -274,7 +274,15 @@ impl Cluster {
                     return index;
                 }
             }
-            assert!(Instant::now() < deadline, "no leader in 30 s");
+            if Instant::now() >= deadline {
+                let said: Vec<String> = self
+                    .members
+                    .iter_mut()
+                    .filter_map(|member| Some((member.id, member.server.as_mut()?)))
+                    .map(|(id, server)| format!("node {id} said:\n{}", server.said().join("\n")))
+                    .collect();
+                panic!("no leader in 30 s\n{}", said.join("\n"));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -632,7 +640,8 @@ fn a_node_is_added_catches_up_and_another_is_removed_over_http_and_the_cli() {
     let status = status(cluster.members[3].http).unwrap();
     assert!(status["members"].get(id.to_string()).is_none(), "{status}");
     let (said, _) = common::run_expecting_success(common::onehop().args(["cluster", "status", "--url", &url]));
-    let leader_id = cluster.members[cluster.leader()].id;
+    let leader = cluster.leader();
+    let leader_id = cluster.members[leader].id;
     assert!(said.starts_with("node 4: ") && said.contains(&format!("leader {leader_id}")), "{said}");
     assert!(!said.contains(&format!("{id}=127.0.0.1")), "{said}");
 }
@@ -1248,4 +1257,178 @@ fn a_retained_message_published_on_one_node_is_delivered_by_every_node() {
     cluster.launch(down);
     cluster.leader();
     on_every_mqtt(&cluster, "events/status/#", &["events/status/d1 offline", "events/status/d3 online"]);
+}
+
+/// The superuser of the test below.
+const ROOT: (&str, &str) = ("root", "root-secret");
+
+/// One HTTP/1.1 request as `user` (HTTP Basic) over a fresh connection; `None` when the
+/// connection failed or broke (the node is down).
+fn request_as(address: SocketAddr, user: (&str, &str), method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    use base64::Engine as _;
+    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", user.0, user.1));
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nAuthorization: Basic {credentials}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// Everything a node defines and holds that the test below compares: its streams, tables and
+/// users (as `SHOW` lists them, without the changing end offsets), every table's rows with
+/// their versions, and every stream's records. `None` while the node does not answer.
+fn everything(address: SocketAddr) -> Option<serde_json::Value> {
+    let (code, body) = request_as(address, ROOT, "POST", "/sql", "SHOW STREAMS; SHOW TABLES; SHOW USERS")?;
+    if code != 200 {
+        return None;
+    }
+    let shown: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let mut state = serde_json::Map::new();
+    let mut streams = Vec::new();
+    let columns = shown["results"][0]["columns"].as_array()?.clone();
+    let offsets_at = columns.iter().position(|column| column == "end_offsets");
+    for row in shown["results"][0]["rows"].as_array()? {
+        let mut row = row.as_array()?.clone();
+        let name = row[0].as_str()?.to_string();
+        if name.starts_with("__") {
+            continue;
+        }
+        if let Some(at) = offsets_at {
+            row.remove(at);
+        }
+        let (code, body) = request_as(address, ROOT, "GET", &format!("/streams/{name}?from=earliest&limit=10000"), "")?;
+        let records: serde_json::Value = if code == 200 { serde_json::from_str(&body).ok()? } else { return None };
+        streams.push(serde_json::json!([row, records["records"]]));
+    }
+    state.insert("streams".into(), streams.into());
+    let mut tables = Vec::new();
+    for row in shown["results"][1]["rows"].as_array()? {
+        let name = row[0].as_str()?;
+        let (code, body) = request_as(address, ROOT, "GET", &format!("/tables/{name}?scan=true&limit=10000"), "")?;
+        if code != 200 {
+            return None;
+        }
+        let rows: serde_json::Value = serde_json::from_str(&body).ok()?;
+        tables.push(serde_json::json!([row, rows["rows"]]));
+    }
+    state.insert("tables".into(), tables.into());
+    state.insert("users".into(), shown["results"][2]["rows"].clone());
+    Some(state.into())
+}
+
+#[test]
+fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
+    let kills: usize = std::env::var("ONEHOP_CLUSTER_KILLS").ok().and_then(|n| n.parse().ok()).unwrap_or(15);
+    let mut random = Random::new();
+    // Users turn access on: the test works as the superuser every node starts with.
+    let mut cluster = Cluster::start_with(3, false, false, Some(ROOT), Vec::new());
+    cluster.leader();
+    let addresses = cluster.http_addresses();
+    let stop = Arc::new(AtomicBool::new(false));
+    // One client making and dropping tables, streams and users and writing to them through
+    // every node in turn; what fails (a node down, an unknown outcome, a name in use) is left.
+    let churn = {
+        let (addresses, stop) = (addresses.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut done = 0;
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let node = addresses[i % addresses.len()];
+                let step = match i % 10 {
+                    0 => request_as(
+                        node,
+                        ROOT,
+                        "POST",
+                        "/sql",
+                        &format!("CREATE TABLE t{} (id TEXT PRIMARY KEY, n BIGINT)", (i / 10) % 4),
+                    ),
+                    1 => request_as(
+                        node,
+                        ROOT,
+                        "POST",
+                        "/sql",
+                        &format!("CREATE STREAM s{} WITH (partitions = 2)", (i / 10) % 3),
+                    ),
+                    2 => request_as(node, ROOT, "POST", "/sql", &format!("CREATE USER u{i} PASSWORD 'p{i}'")),
+                    7 => request_as(node, ROOT, "POST", "/sql", &format!("DROP TABLE t{}", (i / 10 + 2) % 4)),
+                    8 => request_as(node, ROOT, "POST", "/sql", &format!("DROP STREAM s{}", (i / 10 + 1) % 3)),
+                    9 => request_as(node, ROOT, "POST", "/sql", &format!("DROP USER u{}", i - 7)),
+                    step => {
+                        let body = format!("{{\"n\":{i}}}");
+                        if step % 2 == 0 {
+                            request_as(node, ROOT, "PUT", &format!("/tables/t{}/r{}", (i / 10 + i) % 4, i % 13), &body)
+                        } else {
+                            request_as(node, ROOT, "POST", &format!("/streams/s{}?key=k{i}", i % 3), &body)
+                        }
+                    }
+                };
+                if step.as_ref().is_some_and(|(code, _)| *code < 300) {
+                    done += 1;
+                } else {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                i += 1;
+            }
+            (i, done)
+        })
+    };
+    for kill in 0..kills {
+        std::thread::sleep(Duration::from_millis(300 + random.below(700)));
+        let leader = cluster.leader();
+        cluster.members[leader].server.as_mut().unwrap().kill_9();
+        cluster.members[leader].server = None;
+        std::thread::sleep(Duration::from_millis(random.below(400)));
+        cluster.launch(leader);
+        if (kill + 1) % 5 == 0 {
+            println!("{} of {kills} leaders killed", kill + 1);
+        }
+    }
+    cluster.leader();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (tried, done) = churn.join().unwrap();
+    assert!(done > kills, "too little got done ({done} of {tried}) to tell anything");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let states = loop {
+        let states: Vec<Option<serde_json::Value>> = addresses.iter().map(|node| everything(*node)).collect();
+        if states.iter().all(|state| state.is_some() && *state == states[0]) {
+            break states;
+        }
+        if Instant::now() >= deadline {
+            let said: Vec<String> = cluster
+                .members
+                .iter_mut()
+                .filter_map(|member| Some((member.id, member.server.as_mut()?)))
+                .map(|(id, server)| {
+                    let lines: Vec<&String> = server.said().iter().filter(|line| !line.contains(" INFO ")).collect();
+                    format!(
+                        "node {id} warned:\n{}",
+                        lines.iter().map(|line| line.as_str()).collect::<Vec<_>>().join("\n")
+                    )
+                })
+                .collect();
+            panic!(
+                "the nodes still differ after 30 s:\n{}\n{}",
+                states.iter().map(|state| format!("{state:?}")).collect::<Vec<_>>().join("\n"),
+                said.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let state = states[0].as_ref().unwrap();
+    println!(
+        "{done} of {tried} changes and writes done through {kills} kills; every node holds {} streams, {} tables, {} \
+         users alike",
+        state["streams"].as_array().unwrap().len(),
+        state["tables"].as_array().unwrap().len(),
+        state["users"].as_array().unwrap().len()
+    );
 }

@@ -876,6 +876,15 @@ impl Engine {
         Ok(encode(&Command::Publish { stream: name, create, appends, order }))
     }
 
+    /// Whether a committed command changes definitions (everything but a stream publish and a
+    /// row write): the cluster makes the progress before it durable first, so a restart never
+    /// applies a write again over a state where a later drop removed what it wrote to. Only
+    /// the command's variant is read.
+    pub fn is_replicated_barrier(command: &[u8]) -> bool {
+        // postcard writes an enum's variant index first, as a varint.
+        !matches!(postcard::take_from_bytes::<u32>(command), Ok((0 | 2, _)))
+    }
+
     /// On a node that became the cluster's leader, once it applied every earlier command: the
     /// offsets predicted in an earlier term are void.
     pub fn begin_replicated_term(&self) {
@@ -1383,4 +1392,32 @@ pub(crate) fn queued_append(answer: Submitted) -> QueuedAppend {
         let _ = sender.send(acked);
     });
     queued
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_definition_changes_are_barriers() {
+        let record = WireRecord { timestamp_ms: Some(1), key: None, subject: None, headers: Vec::new(), value: None };
+        let publish = Command::Publish {
+            stream: "s".into(),
+            create: None,
+            appends: vec![Append { partition: 0, base_offset: 0, records: vec![record.clone()] }],
+            order: vec![(0, 0)],
+        };
+        let write = Command::TableWrite { table: "t".into(), offset: 0, record, created: true };
+        assert!(!Engine::is_replicated_barrier(&encode(&publish)));
+        assert!(!Engine::is_replicated_barrier(&encode(&write)));
+        for change in [
+            Command::DropStream("s".into()),
+            Command::DropTable("t".into()),
+            Command::CreateTable(Bytes::from_static(b"{}")),
+            Command::Access("{}".into()),
+            Command::DropView("v".into()),
+        ] {
+            assert!(Engine::is_replicated_barrier(&encode(&change)));
+        }
+    }
 }
