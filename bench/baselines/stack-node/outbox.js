@@ -37,6 +37,8 @@ const PROBE_TIMEOUT_MS = 120000;
 // What the outbox router takes from a row (Debezium's defaults): aggregatetype and type say
 // what happened, aggregateid becomes the Kafka key, payload the value.
 const AGGREGATE_TYPE = 'w1_event';
+// Diagnostic samples kept at most (see `lags` below).
+const LAG_SAMPLES_MAX = 1000000;
 const EVENT_TYPE = 'EventSaved';
 
 function outboxFlags(argv) {
@@ -99,12 +101,17 @@ async function main() {
   const probed = new Promise((resolve) => {
     probeSeen = resolve;
   });
+  // Where the time goes, for the log only (never the harness's figures): how long after
+  // Postgres committed an event (the Kafka record's timestamp, which the relay sets to the
+  // commit's, from the WAL) the consumer began on it, on the wall clock.
+  const lags = [];
   const consumer = kafka.consumer({ groupId: flags.group });
   await consumer.connect();
   await consumer.subscribe({ topic: flags.topic, fromBeginning: true });
   const joined = new Promise((resolve) => consumer.on(consumer.events.GROUP_JOIN, resolve));
   await consumer.run({
     eachMessage: async ({ message }) => {
+      if (lags.length < LAG_SAMPLES_MAX) lags.push(Date.now() - Number(message.timestamp));
       const event = JSON.parse(message.value.toString());
       if (event.probe !== undefined) {
         probeSeen(event.probe);
@@ -147,13 +154,24 @@ async function main() {
       (error) => answer(`F ${seq} ${String(error.message).replace(/\n/g, ' ')}\n`),
     );
   });
-  // The harness closes the connection once the run has drained: the glue then stops.
-  harness.on('close', async () => {
+  // The harness closes the connection once the run has drained, or stops the glue by its PID
+  // (SIGTERM): either way the glue says where the time went and stops.
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    lags.sort((a, b) => a - b);
+    const at = (q) => lags[Math.min(lags.length - 1, Math.floor(lags.length * q))];
+    if (lags.length > 0) {
+      log(`${lags.length} records: commit in Postgres -> the consumer began on it p50 ${at(0.5)} ms, p99 ${at(0.99)} ms`);
+    }
     await Promise.allSettled([consumer.disconnect(), pool.end()]);
     redis.disconnect();
     agent.destroy();
     process.exit(0);
-  });
+  };
+  harness.on('close', stop);
+  process.on('SIGTERM', stop);
 }
 
 if (process.argv[2] === 'version') printVersion(['kafkajs', 'ioredis', 'pg', 'lz4js']);

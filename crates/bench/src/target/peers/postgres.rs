@@ -158,7 +158,7 @@ impl PostgresPeer {
         postgres.query(SCHEMA).context("making the outbox table and its publication")?;
         let reported: Vec<String> = REPORTED.iter().map(|name| format!("'{name}'")).collect();
         let rows = postgres.query(&format!(
-            "SELECT name || '=' || setting || coalesce(unit, '') FROM pg_settings WHERE name IN ({}) ORDER BY name",
+            "SELECT name || '=' || current_setting(name) FROM pg_settings WHERE name IN ({}) ORDER BY name",
             reported.join(",")
         ))?;
         let server_settings: serde_json::Map<String, serde_json::Value> = rows

@@ -52,17 +52,24 @@ public final class W1Relay {
         }
         Map<String, String> flags = parseFlags(args);
         KafkaProducer<String, String> producer = new KafkaProducer<>(producerProperties(flags));
+        Stats stats = new Stats();
         DebeziumEngine<RecordChangeEvent<SourceRecord>> engine = DebeziumEngine.create(ChangeEventFormat.of(Connect.class))
                 .using(engineProperties(flags))
                 .notifying((records, committer) -> {
+                    long handedMs = System.currentTimeMillis();
                     List<Future<RecordMetadata>> sent = new ArrayList<>(records.size());
                     for (RecordChangeEvent<SourceRecord> event : records) {
                         SourceRecord record = event.record();
                         // The router drops what is not an insert into the outbox (heartbeats,
-                        // tombstones): only an event with a value is sent.
+                        // tombstones): only an event with a value is sent. Its timestamp (the
+                        // router's: the transaction's commit in Postgres) becomes the Kafka
+                        // record's, as Kafka Connect's source task does.
                         if (record.value() != null) {
                             String key = record.key() == null ? null : record.key().toString();
-                            sent.add(producer.send(new ProducerRecord<>(record.topic(), key, record.value().toString())));
+                            if (record.timestamp() != null) {
+                                stats.handedOver(handedMs - record.timestamp());
+                            }
+                            sent.add(producer.send(new ProducerRecord<>(record.topic(), null, record.timestamp(), key, record.value().toString())));
                         }
                     }
                     for (Future<RecordMetadata> future : sent) {
@@ -73,6 +80,7 @@ public final class W1Relay {
                             throw new IllegalStateException("Kafka refused an outbox event", error.getCause());
                         }
                     }
+                    stats.batch(sent.size(), System.currentTimeMillis() - handedMs);
                     for (RecordChangeEvent<SourceRecord> event : records) {
                         committer.markProcessed(event);
                     }
@@ -90,6 +98,7 @@ public final class W1Relay {
         java.util.concurrent.atomic.AtomicBoolean stopping = new java.util.concurrent.atomic.AtomicBoolean();
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             stopping.set(true);
+            System.err.println("onehop-peer-cdc: " + stats);
             try {
                 engine.close();
             } catch (Exception error) {
@@ -143,6 +152,47 @@ public final class W1Relay {
         properties.setProperty(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
         properties.setProperty(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
         return properties;
+    }
+
+    // Where the relay's time goes, for its log only (never the harness's figures): how long
+    // after Postgres committed a row Debezium handed it over (both on the wall clock: the
+    // commit's timestamp comes from the WAL), and how long Kafka took to acknowledge a batch.
+    // Samples beyond the bound are counted, not kept.
+    private static final class Stats {
+        private static final int SAMPLES_MAX = 1_000_000;
+        private final List<Long> handedOverMs = new ArrayList<>();
+        private final List<Long> ackWaitMs = new ArrayList<>();
+        private long batches;
+        private long records;
+
+        synchronized void handedOver(long ms) {
+            if (handedOverMs.size() < SAMPLES_MAX) {
+                handedOverMs.add(ms);
+            }
+        }
+
+        synchronized void batch(int size, long ms) {
+            batches += 1;
+            records += size;
+            if (ackWaitMs.size() < SAMPLES_MAX) {
+                ackWaitMs.add(ms);
+            }
+        }
+
+        private static String percentiles(List<Long> samples) {
+            if (samples.isEmpty()) {
+                return "none";
+            }
+            List<Long> sorted = new ArrayList<>(samples);
+            java.util.Collections.sort(sorted);
+            return "p50 " + sorted.get(sorted.size() / 2) + " ms, p99 " + sorted.get((int) (sorted.size() * 0.99)) + " ms";
+        }
+
+        @Override
+        public synchronized String toString() {
+            return records + " records in " + batches + " batches; commit in Postgres -> handed over by Debezium "
+                    + percentiles(handedOverMs) + "; a batch sent -> acknowledged by Kafka " + percentiles(ackWaitMs);
+        }
     }
 
     private static Map<String, String> parseFlags(String[] args) {
