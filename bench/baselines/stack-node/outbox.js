@@ -102,8 +102,8 @@ async function main() {
     probeSeen = resolve;
   });
   // Where the time goes, for the log only (never the harness's figures): how long after
-  // Postgres committed an event (the Kafka record's timestamp, which the relay sets to the
-  // commit's, from the WAL) the consumer began on it, on the wall clock.
+  // Debezium read an event from the WAL (the Kafka record's timestamp, which the relay sets to
+  // the change event's ts_ms) the consumer began on it, on the wall clock.
   const lags = [];
   const consumer = kafka.consumer({ groupId: flags.group });
   await consumer.connect();
@@ -163,7 +163,7 @@ async function main() {
     lags.sort((a, b) => a - b);
     const at = (q) => lags[Math.min(lags.length - 1, Math.floor(lags.length * q))];
     if (lags.length > 0) {
-      log(`${lags.length} records: commit in Postgres -> the consumer began on it p50 ${at(0.5)} ms, p99 ${at(0.99)} ms`);
+      log(`${lags.length} records: read from the WAL by Debezium (ts_ms) -> the consumer began on it p50 ${at(0.5)} ms, p99 ${at(0.99)} ms`);
     }
     await Promise.allSettled([consumer.disconnect(), pool.end()]);
     redis.disconnect();

@@ -62,8 +62,9 @@ public final class W1Relay {
                         SourceRecord record = event.record();
                         // The router drops what is not an insert into the outbox (heartbeats,
                         // tombstones): only an event with a value is sent. Its timestamp (the
-                        // router's: the transaction's commit in Postgres) becomes the Kafka
-                        // record's, as Kafka Connect's source task does.
+                        // router's: the change event's ts_ms, when the connector read the row
+                        // from the WAL) becomes the Kafka record's, as Kafka Connect's source
+                        // task does.
                         if (record.value() != null) {
                             String key = record.key() == null ? null : record.key().toString();
                             if (record.timestamp() != null) {
@@ -155,8 +156,8 @@ public final class W1Relay {
     }
 
     // Where the relay's time goes, for its log only (never the harness's figures): how long
-    // after Postgres committed a row Debezium handed it over (both on the wall clock: the
-    // commit's timestamp comes from the WAL), and how long Kafka took to acknowledge a batch.
+    // after the connector read a row from the WAL (its change event's ts_ms, the wall clock)
+    // the engine handed it over, and how long Kafka took to acknowledge a batch.
     // Samples beyond the bound are counted, not kept.
     private static final class Stats {
         private static final int SAMPLES_MAX = 1_000_000;
@@ -190,7 +191,7 @@ public final class W1Relay {
 
         @Override
         public synchronized String toString() {
-            return records + " records in " + batches + " batches; commit in Postgres -> handed over by Debezium "
+            return records + " records in " + batches + " batches; read from the WAL (ts_ms) -> handed over by the engine "
                     + percentiles(handedOverMs) + "; a batch sent -> acknowledged by Kafka " + percentiles(ackWaitMs);
         }
     }
