@@ -292,7 +292,7 @@ impl BenchOptions {
             if !plans.iter().any(|plan| target::serves(name, plan)) {
                 let ids: Vec<&str> = self.workloads.iter().map(|workload| workload.id()).collect();
                 bail!(
-                    "target {name} runs none of {}: kafka-stack runs W2; kafka-streams runs W3; the brokers (kafka, mosquitto, nats, nats-sync) run W4",
+                    "target {name} runs none of {}: kafka-stack runs W1 and W2; kafka-stack-poll-5ms runs W1; kafka-streams runs W3; the brokers (kafka, mosquitto, nats, nats-sync) run W4",
                     ids.join(", ")
                 );
             }

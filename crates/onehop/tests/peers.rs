@@ -7,7 +7,9 @@
 //! logs must be kept with the run, and no process the harness started may outlive it.
 //!
 //! W2 runs against the kafka-stack (one broker, Redis and the study's Node.js glue) beside
-//! onehop, checked the same way, and W3 against Kafka Streams (one broker and the W3 app).
+//! onehop, checked the same way; W1 against the kafka-stack too (a Postgres of its own with the
+//! outbox, Debezium's relay at its default poll interval, one broker, Redis and the glue); and
+//! W3 against Kafka Streams (one broker and the W3 app).
 //!
 //! The peers come from `scripts/peers install kafka mosquitto redis kafka-stack kafka-streams` (scripts/test
 //! runs it); without them this test fails and says so. No figure is checked against a
@@ -122,6 +124,9 @@ fn check_run(run: &Path) -> Value {
 /// target in order, each naming it: a script computes ratios from these.
 fn smoke(workload: &str, targets: &[&str], peers: &str) -> (tempfile::TempDir, Vec<Value>) {
     let dir = tempfile::tempdir().unwrap();
+    // W1's Postgres runs as the `postgres` user when the test is root: it must be able to pass
+    // through this directory (not list it) to reach its own.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     let mut command = common::onehop();
     command
         .args(["bench", workload, "--target", &targets.join(","), "--kafka-brokers", "1"])
@@ -282,6 +287,87 @@ fn w2_smoke_against_the_kafka_stack_beside_onehop() {
     );
     let leftovers = processes_mentioning(&dir.path().to_string_lossy());
     assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+}
+
+/// W1 on study 1's conventional stack, kept honest: a Postgres of the target's own (outbox
+/// table, fsync on), Debezium's embedded engine at its default poll interval, one Kafka broker,
+/// Redis and the Node.js glue (pg, kafkajs, ioredis) beside onehop, in one invocation. Every
+/// subscriber whose key an event carries must be notified over HTTP exactly once, and meta.json
+/// must record every setting, Debezium's poll interval and Postgres's fsync among them.
+#[test]
+fn w1_smoke_against_the_kafka_stack_through_postgres_and_debezium_beside_onehop() {
+    let (dir, lines) = smoke("w1", &["onehop", "kafka-stack"], "kafka-stack");
+    let results = dir.path().join("results");
+    for line in &lines {
+        assert_complete(line, "W1");
+        assert!(line["p50_ns"].as_u64().unwrap() > 0 && line["p99_ns"].as_u64() >= line["p50_ns"].as_u64(), "{line}");
+    }
+
+    let (meta, raw) = peer_run(&results, "W1", "kafka-stack");
+    assert_eq!(meta["stack"], "kafka-stack");
+    assert_eq!(meta["errors"], 0, "{meta}");
+    assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
+    assert_eq!(meta["deliveries_seen"], meta["deliveries_expected"], "{meta}");
+    assert_eq!(meta["duplicates"], 0, "{meta}");
+    // Each event carries 5 distinct keys of 1 000, each followed by one subscriber.
+    let emitted = meta["producer_emitted"].as_u64().unwrap();
+    assert!(emitted > 0 && meta["deliveries_expected"].as_u64() == Some(5 * emitted), "{meta}");
+    let rows: Vec<Vec<&str>> = raw.lines().skip(1).map(|line| line.split(',').collect()).collect();
+    assert_eq!(rows.len() as u64, 5 * emitted, "one row per (event, subscriber owed it)");
+    for row in &rows {
+        assert_eq!((row.len(), row[0]), (9, "delivery"), "{row:?}");
+        assert!(row[3].split(' ').count() == 5 && row[3].starts_with('k'), "{row:?}");
+        let number = |index: usize| row[index].parse::<u64>().unwrap_or_else(|_| panic!("column {index}: {row:?}"));
+        let (intended, sent, ack, received, arrived) = (number(4), number(5), number(6), number(7), number(8));
+        assert!(intended <= sent && sent <= ack && sent <= arrived && arrived <= received, "{row:?}");
+    }
+    let settings = &meta["target_settings"];
+    assert_eq!(settings["kafka"]["brokers"], 1, "{settings}");
+    assert_eq!(settings["topic"]["replication_factor"], 1, "{settings}");
+    assert_eq!(settings["debezium"]["poll_interval_ms"], 500, "Debezium's default: {settings}");
+    assert_eq!(settings["debezium"]["plugin_name"], "pgoutput", "{settings}");
+    assert!(settings["debezium"]["version"].as_str().unwrap().starts_with("debezium 3.4"), "{settings}");
+    assert!(settings["debezium"]["version"].as_str().unwrap().contains("kafka-clients 4.1"), "{settings}");
+    assert_eq!(settings["relay_producer"]["acks"], "all", "{settings}");
+    assert_eq!(settings["relay_producer"]["linger_ms"], 5.0, "{settings}");
+    let server = &settings["postgres"]["server"];
+    assert_eq!(
+        (server["fsync"].as_str(), server["synchronous_commit"].as_str()),
+        (Some("on"), Some("on")),
+        "{settings}"
+    );
+    assert_eq!(server["wal_level"], "logical", "{settings}");
+    assert!(settings["postgres"]["version"].as_str().unwrap().contains("PostgreSQL) 15"), "{settings}");
+    let client = settings["writer"]["client"].as_str().unwrap();
+    assert!(client.contains("pg 8") && client.contains("kafkajs 2.") && client.contains("ioredis"), "{client}");
+    assert!(meta["durability"].as_str().unwrap().contains("fsync=on"), "{meta}");
+
+    let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
+    let row = summary.lines().find(|line| line.starts_with("| kafka-stack |")).unwrap();
+    assert!(row.split('|').nth(8).unwrap().contains('×'), "{row}");
+    let logs = results.join("W1").join("peer-logs").join("kafka-stack");
+    assert!(std::fs::read_to_string(logs.join("postgres.log")).unwrap().contains("database system is ready"));
+    let log_of = |prefix: &str| {
+        std::fs::read_dir(&logs)
+            .unwrap()
+            .flatten()
+            .find(|entry| entry.file_name().to_string_lossy().starts_with(prefix))
+            .map(|entry| std::fs::read_to_string(entry.path()).unwrap())
+            .unwrap_or_else(|| panic!("no {prefix}… log"))
+    };
+    // The run started only once a probe row came through; the relay was stopped by its PID
+    // and closed its engine (which drops its replication slot).
+    assert!(log_of("glue-").contains("came through after"));
+    assert!(log_of("relay-").contains("Engine is stopped"));
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+    let data_left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("onehop-peer-"))
+        .collect();
+    assert!(data_left.is_empty(), "{data_left:?}");
 }
 
 /// W3 on study 1's conventional stack, kept honest: one Kafka broker and the Kafka Streams app

@@ -15,8 +15,8 @@
 //!   delivers at once, with no disk and no real routing: driven by the same client code, it
 //!   measures the harness's own latency floor.
 //! - `peers`: the conventional stacks the studies measured (`kafka`, `kafka-stack`,
-//!   `kafka-streams`, `mosquitto`, `nats`, `nats-sync`), installed by `scripts/peers install` and started as
-//!   processes of their own.
+//!   `kafka-stack-poll-5ms`, `kafka-streams`, `mosquitto`, `nats`, `nats-sync`), installed by
+//!   `scripts/peers install` and started as processes of their own.
 
 pub mod cluster;
 pub mod echo;
@@ -175,7 +175,7 @@ pub struct TargetOptions {
 }
 
 /// The targets this harness knows, by name.
-pub const TARGET_NAMES: [&str; 13] = [
+pub const TARGET_NAMES: [&str; 14] = [
     "onehop",
     "onehop-cluster",
     "onehop-auth",
@@ -184,6 +184,7 @@ pub const TARGET_NAMES: [&str; 13] = [
     "echo",
     "kafka",
     "kafka-stack",
+    "kafka-stack-poll-5ms",
     "kafka-streams",
     "onehop-kafka",
     "mosquitto",
@@ -192,15 +193,21 @@ pub const TARGET_NAMES: [&str; 13] = [
 ];
 
 /// Whether target `name` runs the workload of `plan`: onehop (plain, with access, TLS or both)
-/// and the echo run every workload; `kafka-stack` runs W2 (tags); `kafka-streams` runs W3 (a
-/// view); the brokers run W4 (ingestion) only.
+/// and the echo run every workload; `kafka-stack` runs W1 (lookup keys, through Postgres and
+/// Debezium at its default poll interval) and W2 (tags); `kafka-stack-poll-5ms` runs W1 with
+/// Debezium polling every 5 ms; `kafka-streams` runs W3 (a view); the brokers run W4
+/// (ingestion) only.
 pub fn serves(name: &str, plan: &Plan) -> bool {
     match name {
         "onehop" | "onehop-auth" | "onehop-tls" | "onehop-secure" | "echo" => true,
         // Views and tables are not replicated yet (docs/cluster.md): streams only.
         "onehop-cluster" => matches!(plan, Plan::Fanout(_) | Plan::Ingest(_)),
-        "kafka-stack" => {
-            matches!(plan, Plan::Fanout(fanout) if matches!(fanout.routing, crate::plan::Routing::Tags { .. }))
+        "kafka-stack" => matches!(
+            plan,
+            Plan::Fanout(fanout) if matches!(fanout.routing, crate::plan::Routing::Tags { .. } | crate::plan::Routing::Lookup { .. })
+        ),
+        "kafka-stack-poll-5ms" => {
+            matches!(plan, Plan::Fanout(fanout) if matches!(fanout.routing, crate::plan::Routing::Lookup { .. }))
         }
         "kafka-streams" => matches!(plan, Plan::View(_)),
         _ => matches!(plan, Plan::Ingest(_)),
@@ -218,12 +225,41 @@ pub fn start(name: &str, options: &TargetOptions, plan: &Plan) -> anyhow::Result
         "onehop-cluster" => Ok(Box::new(cluster::ClusterTarget::start(options)?)),
         "echo" => Ok(Box::new(echo::EchoTarget::start(plan)?)),
         "kafka" => Ok(Box::new(peers::kafka::KafkaTarget::start(options)?)),
-        "kafka-stack" => Ok(Box::new(peers::kafka_stack::KafkaStackTarget::start(options)?)),
+        "kafka-stack" => Ok(Box::new(peers::kafka_stack::KafkaStackTarget::start(
+            "kafka-stack",
+            options,
+            plan,
+            peers::outbox::POLL_INTERVAL_MS_DEFAULT,
+        )?)),
+        "kafka-stack-poll-5ms" => Ok(Box::new(peers::kafka_stack::KafkaStackTarget::start(
+            "kafka-stack-poll-5ms",
+            options,
+            plan,
+            peers::outbox::POLL_INTERVAL_MS_TUNED,
+        )?)),
         "kafka-streams" => Ok(Box::new(peers::kafka_streams::KafkaStreamsTarget::start(options)?)),
         "onehop-kafka" => Ok(Box::new(peers::onehop_kafka::OnehopKafkaTarget::start(options)?)),
         "mosquitto" => Ok(Box::new(BrokerTarget::start(Broker::Mosquitto, options)?)),
         "nats" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: false }, options)?)),
         "nats-sync" => Ok(Box::new(BrokerTarget::start(Broker::Nats { sync_always: true }, options)?)),
         other => bail!("unknown target {other:?}: the targets are {}", TARGET_NAMES.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+
+    #[test]
+    fn the_kafka_stack_runs_w1_and_w2_and_its_tuned_debezium_w1_only() {
+        let runs = |name: &str| -> Vec<&str> {
+            Workload::ALL.iter().filter(|workload| serves(name, &workload.plan(1, None))).map(|w| w.id()).collect()
+        };
+        assert_eq!(runs("kafka-stack"), ["W1", "W2"]);
+        assert_eq!(runs("kafka-stack-poll-5ms"), ["W1"]);
+        assert_eq!(runs("kafka-streams"), ["W3"]);
+        assert_eq!(runs("kafka"), ["W4"]);
+        assert!(TARGET_NAMES.contains(&"kafka-stack-poll-5ms"));
     }
 }

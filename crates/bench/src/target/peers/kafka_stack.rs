@@ -1,5 +1,6 @@
-//! `kafka-stack` (W2): study 1's conventional pipeline for "deliver each message to every
-//! subscriber of its tag". Kafka (the `kafka` target's KRaft brokers: 3, replication 3, min ISR
+//! `kafka-stack` (W1 and W2) and `kafka-stack-poll-5ms` (W1): study 1's conventional stack.
+//! W1, the outbox through Debezium, is in `outbox`; here is the target, and W2's pipeline for
+//! "deliver each message to every subscriber of its tag". Kafka (the `kafka` target's KRaft brokers: 3, replication 3, min ISR
 //! 2) → a consumer that looks up the event's tag in Redis (`SMEMBERS`) → one HTTP POST per
 //! subscriber to the harness's notify endpoint (`http_observer`). The application is Node.js
 //! with kafkajs and ioredis, as the study wrote it (`bench/baselines/stack-node`); one glue
@@ -18,6 +19,7 @@ use tokio::runtime::Handle;
 
 use super::glue::Glue;
 use super::kafka::{COMPRESSION, KafkaTarget, LINGER_MS, PARTITIONS};
+use super::outbox::Outbox;
 use super::redis::RedisPeer;
 use super::{installed, log_dir, system_program, version_of};
 use crate::plan::{Plan, Routing};
@@ -29,7 +31,10 @@ use crate::target::{Observers, Session, Target, TargetOptions};
 const NOTIFY_SOCKETS_MAX: u32 = 64;
 
 pub struct KafkaStackTarget {
+    name: &'static str,
     kafka: KafkaTarget,
+    /// W1's Postgres and Debezium, started only for W1.
+    outbox: Option<Outbox>,
     redis: RedisPeer,
     node: PathBuf,
     script: PathBuf,
@@ -39,22 +44,39 @@ pub struct KafkaStackTarget {
 }
 
 impl KafkaStackTarget {
-    pub fn start(options: &TargetOptions) -> anyhow::Result<KafkaStackTarget> {
+    /// Starts the stack for `plan`: with Postgres and Debezium (polling every
+    /// `poll_interval_ms`) for W1, without for W2.
+    pub fn start(
+        name: &'static str,
+        options: &TargetOptions,
+        plan: &Plan,
+        poll_interval_ms: u32,
+    ) -> anyhow::Result<KafkaStackTarget> {
         let script = installed("stack-node/stack.js", "kafka-stack")?;
         installed("stack-node/node_modules", "kafka-stack")?;
         let node = system_program("node", "kafka-stack")?;
         let data = tempfile::Builder::new().prefix("onehop-peer-stack-").tempdir_in(&options.dir)?;
-        let logs = log_dir(options.logs.as_deref(), data.path(), "kafka-stack")?;
+        let logs = log_dir(options.logs.as_deref(), data.path(), name)?;
         // The brokers' logs go beside the stack's own (peer-logs/kafka-stack/kafka/).
         let kafka_options = TargetOptions { logs: Some(logs.clone()), ..options.clone() };
         let kafka = KafkaTarget::start(&kafka_options).context("starting Kafka")?;
         let redis = RedisPeer::start(&data.path().join("redis"), &logs).context("starting Redis")?;
+        let outbox = match plan {
+            Plan::Fanout(fanout) if matches!(fanout.routing, Routing::Lookup { .. }) => {
+                Some(Outbox::start(data.path(), &logs, poll_interval_ms)?)
+            }
+            _ => None,
+        };
         let mut kafka_settings = kafka.settings();
         if let Some(fields) = kafka_settings.as_object_mut() {
             // The W4 target's franz-go producer and consumer are not this stack's.
             for field in ["producer", "consumer", "glue"] {
                 fields.remove(field);
             }
+        }
+        if let Some(w1) = &outbox {
+            let settings = w1.settings(&kafka, kafka_settings, &redis);
+            return Ok(KafkaStackTarget { name, kafka, outbox, redis, node, script, logs, settings, _data: data });
         }
         let client = version_of(&node, &[script.to_str().unwrap_or_default(), "version"]);
         let settings = json!({
@@ -89,22 +111,30 @@ impl KafkaStackTarget {
             },
             "glue": "bench/baselines/stack-node (Node.js): one process per run, its producer answering the harness over loopback TCP",
         });
-        Ok(KafkaStackTarget { kafka, redis, node, script, logs, settings, _data: data })
+        Ok(KafkaStackTarget { name, kafka, outbox, redis, node, script, logs, settings, _data: data })
     }
 }
 
 impl Target for KafkaStackTarget {
     fn name(&self) -> &str {
-        "kafka-stack"
+        self.name
     }
 
     fn durability(&self, plan: &Plan) -> String {
-        self.kafka.durability(plan)
+        match &self.outbox {
+            Some(outbox) => outbox.durability(&self.kafka),
+            None => self.kafka.durability(plan),
+        }
     }
 
     fn open(&self, plan: &Plan, recorder: &Arc<Recorder>, runtime: &Handle) -> anyhow::Result<Session> {
-        let Plan::Fanout(fanout) = plan else { bail!("kafka-stack runs W2 only") };
-        let Routing::Tags { by_tag, of_subscriber, .. } = &fanout.routing else { bail!("kafka-stack runs W2 only") };
+        let Plan::Fanout(fanout) = plan else { bail!("kafka-stack runs W1 and W2 only") };
+        if let Some(outbox) = &self.outbox {
+            return outbox.open(&self.kafka, &self.redis, &fanout.routing, &self.logs, recorder, runtime);
+        }
+        let Routing::Tags { by_tag, of_subscriber, .. } = &fanout.routing else {
+            bail!("kafka-stack was started for W2 and runs W2 only")
+        };
         let name = crate::client::unique_name("bench_w2");
         let prefix = format!("{name}:");
         for (tag, subscribers) in by_tag.iter().enumerate() {
@@ -149,6 +179,7 @@ impl Target for KafkaStackTarget {
     fn process_ids(&self) -> Vec<u32> {
         let mut pids = self.kafka.process_ids();
         pids.push(self.redis.pid());
+        pids.extend(self.outbox.iter().flat_map(Outbox::process_ids));
         pids
     }
 

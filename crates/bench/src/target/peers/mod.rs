@@ -9,6 +9,10 @@
 //! - `kafka_stack`: `kafka-stack` (W2): those brokers, a Redis (`redis`) and per run the
 //!   study's Node.js application (`bench/baselines/stack-node`), which notifies each
 //!   subscriber over HTTP at the harness's endpoint (`http_observer`).
+//! - `outbox` and `postgres`: `kafka-stack` and `kafka-stack-poll-5ms` on W1: a Postgres of the
+//!   target's own with an outbox table, a Debezium relay per run (`bench/baselines/cdc`) at
+//!   Debezium's default poll interval or at 5 ms, and the study's Node.js application
+//!   (`bench/baselines/stack-node/outbox.js`) writing to Postgres and notifying over HTTP.
 //! - `kafka_streams`: `kafka-streams` (W3): those brokers and per run a Kafka Streams app
 //!   (`bench/baselines/streams`) whose windowed count's changelog and suppressed rows are
 //!   reported to the harness, and whose Interactive Queries answer point queries over HTTP.
@@ -24,6 +28,8 @@ pub mod kafka_stack;
 pub mod kafka_streams;
 pub mod mqtt_broker;
 pub mod onehop_kafka;
+pub mod outbox;
+pub mod postgres;
 pub mod redis;
 
 use std::fs::File;
