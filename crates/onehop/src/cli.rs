@@ -470,9 +470,12 @@ pub struct BenchWorkloadArgs {
     /// loopback server in the harness that answers and delivers at once: the harness's own
     /// latency floor); and the conventional stacks, installed by
     /// `scripts/peers install`: `kafka` (W4: 3 KRaft brokers, RF 3, franz-go producer and
-    /// batching consumer), `kafka-stack` (W2: those brokers, acks=all, lz4, linger 5 ms → a
-    /// kafkajs consumer → Redis SMEMBERS per tag → an HTTP POST per subscriber, the study's
-    /// Node.js application), `kafka-streams` (W3: those brokers → a Kafka Streams 4.1 app,
+    /// batching consumer), `kafka-stack` (W1: Postgres 15 with an outbox table, fsync on →
+    /// Debezium 3.4 embedded, pgoutput, polling every 500 ms (its default) → those brokers → a
+    /// kafkajs consumer → Redis SMEMBERS per key → an HTTP POST per match; W2: those brokers,
+    /// acks=all, lz4, linger 5 ms → a kafkajs consumer → Redis SMEMBERS per tag → an HTTP POST
+    /// per subscriber; the study's Node.js application), `kafka-stack-poll-5ms` (W1 with
+    /// Debezium polling every 5 ms, the tuned case), `kafka-streams` (W3: those brokers → a Kafka Streams 4.1 app,
     /// tumbling 5 s windows with 1 s grace, its changelog and `suppress(untilWindowCloses)`
     /// output read by a consumer, point queries through Interactive Queries over HTTP),
     /// `mosquitto` (W4: QoS 1, no persistence), `nats` and `nats-sync` (W4:
