@@ -252,6 +252,42 @@ impl Cluster {
         (args, envs)
     }
 
+    /// Kills the leader with kill -9 `kills` times, `base` to `base + spread` ms apart (drawn
+    /// from `random`), restarting it each time after up to 400 ms.
+    fn kill_leaders(&mut self, kills: usize, random: &mut Random, base: u64, spread: u64) {
+        for kill in 0..kills {
+            std::thread::sleep(Duration::from_millis(base + random.below(spread)));
+            let leader = self.leader();
+            self.members[leader].server.as_mut().unwrap().kill_9();
+            self.members[leader].server = None;
+            std::thread::sleep(Duration::from_millis(random.below(400)));
+            self.launch(leader);
+            if (kill + 1) % 5 == 0 {
+                println!("{} of {kills} leaders killed", kill + 1);
+            }
+        }
+    }
+
+    /// What each running node said (only its warnings and errors with `warnings_only`), for a
+    /// failure's message.
+    fn said(&mut self, warnings_only: bool) -> String {
+        let said: Vec<String> = self
+            .members
+            .iter_mut()
+            .filter_map(|member| Some((member.id, member.server.as_mut()?)))
+            .map(|(id, server)| {
+                let lines: Vec<&str> = server
+                    .said()
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|line| !warnings_only || !line.contains(" INFO "))
+                    .collect();
+                format!("node {id} said:\n{}", lines.join("\n"))
+            })
+            .collect();
+        said.join("\n")
+    }
+
     fn link(&self, index: usize) -> &Link {
         self.members[index].link.as_ref().expect("a cluster started with links")
     }
@@ -275,13 +311,7 @@ impl Cluster {
                 }
             }
             if Instant::now() >= deadline {
-                let said: Vec<String> = self
-                    .members
-                    .iter_mut()
-                    .filter_map(|member| Some((member.id, member.server.as_mut()?)))
-                    .map(|(id, server)| format!("node {id} said:\n{}", server.said().join("\n")))
-                    .collect();
-                panic!("no leader in 30 s\n{}", said.join("\n"));
+                panic!("no leader in 30 s\n{}", self.said(false));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -492,17 +522,7 @@ fn acknowledged_writes_survive_kill_9_of_the_leader_on_every_node_at_their_offse
     let stop = Arc::new(AtomicBool::new(false));
     let writing = writers(cluster.http_addresses(), stop.clone(), 3);
     let watching = subscriber(cluster.http_addresses(), stop.clone());
-    for kill in 0..kills {
-        std::thread::sleep(Duration::from_millis(100 + random.below(500)));
-        let leader = cluster.leader();
-        cluster.members[leader].server.as_mut().unwrap().kill_9();
-        cluster.members[leader].server = None;
-        std::thread::sleep(Duration::from_millis(random.below(400)));
-        cluster.launch(leader);
-        if (kill + 1) % 10 == 0 {
-            println!("{} of {kills} leaders killed", kill + 1);
-        }
-    }
+    cluster.kill_leaders(kills, &mut random, 100, 500);
     cluster.leader();
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
@@ -851,17 +871,7 @@ fn compare_and_set_on_a_table_stays_exact_through_kill_9_of_the_leader() {
             })
         })
         .collect();
-    for kill in 0..kills {
-        std::thread::sleep(Duration::from_millis(200 + random.below(600)));
-        let leader = cluster.leader();
-        cluster.members[leader].server.as_mut().unwrap().kill_9();
-        cluster.members[leader].server = None;
-        std::thread::sleep(Duration::from_millis(random.below(400)));
-        cluster.launch(leader);
-        if (kill + 1) % 10 == 0 {
-            println!("{} of {kills} leaders killed", kill + 1);
-        }
-    }
+    cluster.kill_leaders(kills, &mut random, 200, 600);
     cluster.leader();
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
@@ -1262,31 +1272,12 @@ fn a_retained_message_published_on_one_node_is_delivered_by_every_node() {
 /// The superuser of the test below.
 const ROOT: (&str, &str) = ("root", "root-secret");
 
-/// One HTTP/1.1 request as `user` (HTTP Basic) over a fresh connection; `None` when the
-/// connection failed or broke (the node is down).
-fn request_as(address: SocketAddr, user: (&str, &str), method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    use base64::Engine as _;
-    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", user.0, user.1));
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nAuthorization: Basic {credentials}\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
-    Some((status, body))
-}
-
 /// Everything a node defines and holds that the test below compares: its streams, tables and
 /// users (as `SHOW` lists them, without the changing end offsets), every table's rows with
 /// their versions, and every stream's records. `None` while the node does not answer.
 fn everything(address: SocketAddr) -> Option<serde_json::Value> {
-    let (code, body) = request_as(address, ROOT, "POST", "/sql", "SHOW STREAMS; SHOW TABLES; SHOW USERS")?;
+    let (code, body) =
+        common::request_with(address, Some(ROOT), "POST", "/sql", "SHOW STREAMS; SHOW TABLES; SHOW USERS")?;
     if code != 200 {
         return None;
     }
@@ -1304,7 +1295,13 @@ fn everything(address: SocketAddr) -> Option<serde_json::Value> {
         if let Some(at) = offsets_at {
             row.remove(at);
         }
-        let (code, body) = request_as(address, ROOT, "GET", &format!("/streams/{name}?from=earliest&limit=10000"), "")?;
+        let (code, body) = common::request_with(
+            address,
+            Some(ROOT),
+            "GET",
+            &format!("/streams/{name}?from=earliest&limit=10000"),
+            "",
+        )?;
         let records: serde_json::Value = if code == 200 { serde_json::from_str(&body).ok()? } else { return None };
         streams.push(serde_json::json!([row, records["records"]]));
     }
@@ -1312,7 +1309,8 @@ fn everything(address: SocketAddr) -> Option<serde_json::Value> {
     let mut tables = Vec::new();
     for row in shown["results"][1]["rows"].as_array()? {
         let name = row[0].as_str()?;
-        let (code, body) = request_as(address, ROOT, "GET", &format!("/tables/{name}?scan=true&limit=10000"), "")?;
+        let (code, body) =
+            common::request_with(address, Some(ROOT), "GET", &format!("/tables/{name}?scan=true&limit=10000"), "")?;
         if code != 200 {
             return None;
         }
@@ -1343,30 +1341,60 @@ fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
             while !stop.load(Ordering::Relaxed) {
                 let node = addresses[i % addresses.len()];
                 let step = match i % 10 {
-                    0 => request_as(
+                    0 => common::request_with(
                         node,
-                        ROOT,
+                        Some(ROOT),
                         "POST",
                         "/sql",
                         &format!("CREATE TABLE t{} (id TEXT PRIMARY KEY, n BIGINT)", (i / 10) % 4),
                     ),
-                    1 => request_as(
+                    1 => common::request_with(
                         node,
-                        ROOT,
+                        Some(ROOT),
                         "POST",
                         "/sql",
                         &format!("CREATE STREAM s{} WITH (partitions = 2)", (i / 10) % 3),
                     ),
-                    2 => request_as(node, ROOT, "POST", "/sql", &format!("CREATE USER u{i} PASSWORD 'p{i}'")),
-                    7 => request_as(node, ROOT, "POST", "/sql", &format!("DROP TABLE t{}", (i / 10 + 2) % 4)),
-                    8 => request_as(node, ROOT, "POST", "/sql", &format!("DROP STREAM s{}", (i / 10 + 1) % 3)),
-                    9 => request_as(node, ROOT, "POST", "/sql", &format!("DROP USER u{}", i - 7)),
+                    2 => common::request_with(
+                        node,
+                        Some(ROOT),
+                        "POST",
+                        "/sql",
+                        &format!("CREATE USER u{i} PASSWORD 'p{i}'"),
+                    ),
+                    7 => common::request_with(
+                        node,
+                        Some(ROOT),
+                        "POST",
+                        "/sql",
+                        &format!("DROP TABLE t{}", (i / 10 + 2) % 4),
+                    ),
+                    8 => common::request_with(
+                        node,
+                        Some(ROOT),
+                        "POST",
+                        "/sql",
+                        &format!("DROP STREAM s{}", (i / 10 + 1) % 3),
+                    ),
+                    9 => common::request_with(node, Some(ROOT), "POST", "/sql", &format!("DROP USER u{}", i - 7)),
                     step => {
                         let body = format!("{{\"n\":{i}}}");
                         if step % 2 == 0 {
-                            request_as(node, ROOT, "PUT", &format!("/tables/t{}/r{}", (i / 10 + i) % 4, i % 13), &body)
+                            common::request_with(
+                                node,
+                                Some(ROOT),
+                                "PUT",
+                                &format!("/tables/t{}/r{}", (i / 10 + i) % 4, i % 13),
+                                &body,
+                            )
                         } else {
-                            request_as(node, ROOT, "POST", &format!("/streams/s{}?key=k{i}", i % 3), &body)
+                            common::request_with(
+                                node,
+                                Some(ROOT),
+                                "POST",
+                                &format!("/streams/s{}?key=k{i}", i % 3),
+                                &body,
+                            )
                         }
                     }
                 };
@@ -1380,17 +1408,7 @@ fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
             (i, done)
         })
     };
-    for kill in 0..kills {
-        std::thread::sleep(Duration::from_millis(300 + random.below(700)));
-        let leader = cluster.leader();
-        cluster.members[leader].server.as_mut().unwrap().kill_9();
-        cluster.members[leader].server = None;
-        std::thread::sleep(Duration::from_millis(random.below(400)));
-        cluster.launch(leader);
-        if (kill + 1) % 5 == 0 {
-            println!("{} of {kills} leaders killed", kill + 1);
-        }
-    }
+    cluster.kill_leaders(kills, &mut random, 300, 700);
     cluster.leader();
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
@@ -1403,22 +1421,10 @@ fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
             break states;
         }
         if Instant::now() >= deadline {
-            let said: Vec<String> = cluster
-                .members
-                .iter_mut()
-                .filter_map(|member| Some((member.id, member.server.as_mut()?)))
-                .map(|(id, server)| {
-                    let lines: Vec<&String> = server.said().iter().filter(|line| !line.contains(" INFO ")).collect();
-                    format!(
-                        "node {id} warned:\n{}",
-                        lines.iter().map(|line| line.as_str()).collect::<Vec<_>>().join("\n")
-                    )
-                })
-                .collect();
             panic!(
                 "the nodes still differ after 30 s:\n{}\n{}",
                 states.iter().map(|state| format!("{state:?}")).collect::<Vec<_>>().join("\n"),
-                said.join("\n")
+                cluster.said(true)
             );
         }
         std::thread::sleep(Duration::from_millis(300));

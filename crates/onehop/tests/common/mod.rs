@@ -323,10 +323,26 @@ pub fn post(address: SocketAddr, path: &str, body: &str) -> Option<(u16, String)
 
 /// One HTTP/1.1 request over a fresh connection; `None` when the connection failed or broke.
 pub fn request(address: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(address).ok()?;
+    request_with(address, None, method, path, body)
+}
+
+/// [`request`], as `user` (name, password; HTTP Basic) when given.
+pub fn request_with(
+    address: SocketAddr,
+    user: Option<(&str, &str)>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Option<(u16, String)> {
+    use base64::Engine as _;
+    let authorization = user.map_or(String::new(), |(name, password)| {
+        let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{name}:{password}"));
+        format!("Authorization: Basic {credentials}\r\n")
+    });
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n{authorization}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).ok()?;
