@@ -378,8 +378,18 @@ impl RetainedStore {
         // What the start read on goes down at once; an idle server writes nothing.
         let mut first = true;
         loop {
-            if following && let Err(error) = self.follow() {
-                tracing::warn!(%error, "reading retained messages from the streams failed; trying again");
+            if following {
+                // Reading the streams blocks on the disk (the page cache, mostly).
+                let store = self.clone();
+                match tokio::task::spawn_blocking(move || store.follow()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, "reading retained messages from the streams failed; trying again");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "reading retained messages from the streams stopped; trying again")
+                    }
+                }
             }
             if (first || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL) && self.changed() {
                 if let Err(error) = self.checkpoint().await {
