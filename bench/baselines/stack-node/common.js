@@ -124,4 +124,34 @@ function printVersion(libraries) {
   process.stdout.write(`node ${process.version}, ${versions.join(', ')}\n`);
 }
 
-module.exports = { name, fail, log, parseFlags, notifier, connectHarness, onLines, printVersion, NOTIFY_SOCKETS_MAX };
+/** Creates the run's topic (`flags.topic`, its partitions, replication and min ISR) and waits
+ * until every partition has a leader. */
+async function createTopic(kafka, flags) {
+  const admin = kafka.admin();
+  await admin.connect();
+  await admin.createTopics({
+    topics: [
+      {
+        topic: flags.topic,
+        numPartitions: flags.partitions,
+        replicationFactor: flags.replication,
+        configEntries: [{ name: 'min.insync.replicas', value: String(flags.minInsync) }],
+      },
+    ],
+    waitForLeaders: true,
+  });
+  await admin.disconnect();
+}
+
+module.exports = {
+  name,
+  fail,
+  log,
+  parseFlags,
+  notifier,
+  connectHarness,
+  onLines,
+  printVersion,
+  createTopic,
+  NOTIFY_SOCKETS_MAX,
+};

@@ -67,20 +67,7 @@ async function main() {
   const flags = outboxFlags(process.argv.slice(2));
   const kafka = new Kafka({ clientId: 'onehop-peer-outbox', brokers: flags.brokers, logLevel: logLevel.WARN });
 
-  const admin = kafka.admin();
-  await admin.connect();
-  await admin.createTopics({
-    topics: [
-      {
-        topic: flags.topic,
-        numPartitions: flags.partitions,
-        replicationFactor: flags.replication,
-        configEntries: [{ name: 'min.insync.replicas', value: String(flags.minInsync) }],
-      },
-    ],
-    waitForLeaders: true,
-  });
-  await admin.disconnect();
+  await common.createTopic(kafka, flags);
 
   const pool = new Pool({ ...flags.postgres, max: POOL_CONNECTIONS_MAX });
   const insert = (aggregateId, payload) =>

@@ -21,7 +21,7 @@
 
 const { Kafka, CompressionTypes, logLevel } = require('kafkajs');
 const Redis = require('ioredis');
-const { fail, parseFlags, notifier, connectHarness, onLines, printVersion } = require('./common');
+const { fail, parseFlags, notifier, connectHarness, onLines, printVersion, createTopic } = require('./common');
 
 function stackFlags(argv) {
   const flags = parseFlags(argv, ['brokers', 'topic', 'group', 'redis', 'key-prefix', 'notify', 'harness']);
@@ -44,20 +44,7 @@ async function main() {
   const flags = stackFlags(process.argv.slice(2));
   const kafka = new Kafka({ clientId: 'onehop-peer-stack', brokers: flags.brokers, logLevel: logLevel.WARN });
 
-  const admin = kafka.admin();
-  await admin.connect();
-  await admin.createTopics({
-    topics: [
-      {
-        topic: flags.topic,
-        numPartitions: flags.partitions,
-        replicationFactor: flags.replication,
-        configEntries: [{ name: 'min.insync.replicas', value: String(flags.minInsync) }],
-      },
-    ],
-    waitForLeaders: true,
-  });
-  await admin.disconnect();
+  await createTopic(kafka, flags);
 
   const [redisHost, redisPort] = flags.redis.split(':');
   const redis = new Redis({ host: redisHost, port: Number(redisPort), lazyConnect: true });

@@ -1340,61 +1340,22 @@ fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 let node = addresses[i % addresses.len()];
+                let as_root =
+                    |method: &str, path: &str, body: &str| common::request_with(node, Some(ROOT), method, path, body);
+                let sql = |statement: String| as_root("POST", "/sql", &statement);
                 let step = match i % 10 {
-                    0 => common::request_with(
-                        node,
-                        Some(ROOT),
-                        "POST",
-                        "/sql",
-                        &format!("CREATE TABLE t{} (id TEXT PRIMARY KEY, n BIGINT)", (i / 10) % 4),
-                    ),
-                    1 => common::request_with(
-                        node,
-                        Some(ROOT),
-                        "POST",
-                        "/sql",
-                        &format!("CREATE STREAM s{} WITH (partitions = 2)", (i / 10) % 3),
-                    ),
-                    2 => common::request_with(
-                        node,
-                        Some(ROOT),
-                        "POST",
-                        "/sql",
-                        &format!("CREATE USER u{i} PASSWORD 'p{i}'"),
-                    ),
-                    7 => common::request_with(
-                        node,
-                        Some(ROOT),
-                        "POST",
-                        "/sql",
-                        &format!("DROP TABLE t{}", (i / 10 + 2) % 4),
-                    ),
-                    8 => common::request_with(
-                        node,
-                        Some(ROOT),
-                        "POST",
-                        "/sql",
-                        &format!("DROP STREAM s{}", (i / 10 + 1) % 3),
-                    ),
-                    9 => common::request_with(node, Some(ROOT), "POST", "/sql", &format!("DROP USER u{}", i - 7)),
+                    0 => sql(format!("CREATE TABLE t{} (id TEXT PRIMARY KEY, n BIGINT)", (i / 10) % 4)),
+                    1 => sql(format!("CREATE STREAM s{} WITH (partitions = 2)", (i / 10) % 3)),
+                    2 => sql(format!("CREATE USER u{i} PASSWORD 'p{i}'")),
+                    7 => sql(format!("DROP TABLE t{}", (i / 10 + 2) % 4)),
+                    8 => sql(format!("DROP STREAM s{}", (i / 10 + 1) % 3)),
+                    9 => sql(format!("DROP USER u{}", i - 7)),
                     step => {
                         let body = format!("{{\"n\":{i}}}");
                         if step % 2 == 0 {
-                            common::request_with(
-                                node,
-                                Some(ROOT),
-                                "PUT",
-                                &format!("/tables/t{}/r{}", (i / 10 + i) % 4, i % 13),
-                                &body,
-                            )
+                            as_root("PUT", &format!("/tables/t{}/r{}", (i / 10 + i) % 4, i % 13), &body)
                         } else {
-                            common::request_with(
-                                node,
-                                Some(ROOT),
-                                "POST",
-                                &format!("/streams/s{}?key=k{i}", i % 3),
-                                &body,
-                            )
+                            as_root("POST", &format!("/streams/s{}?key=k{i}", i % 3), &body)
                         }
                     }
                 };

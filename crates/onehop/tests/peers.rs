@@ -227,6 +227,16 @@ fn peer_run(results: &std::path::Path, workload: &str, target: &str) -> (Value, 
     (meta, raw)
 }
 
+/// A kafka-stack run's meta.json: no error, every event seen, every subscriber owed one
+/// notified, none twice.
+fn assert_every_delivery_once(meta: &serde_json::Value) {
+    assert_eq!(meta["stack"], "kafka-stack");
+    assert_eq!(meta["errors"], 0, "{meta}");
+    assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
+    assert_eq!(meta["deliveries_seen"], meta["deliveries_expected"], "{meta}");
+    assert_eq!(meta["duplicates"], 0, "{meta}");
+}
+
 /// W2 on study 1's conventional stack, kept honest: one Kafka broker, Redis and the Node.js
 /// glue (kafkajs, ioredis) beside onehop, in one invocation. Every subscriber owed an event
 /// must be notified over HTTP exactly once, every receipt stamped by the kernel, and meta.json
@@ -241,11 +251,7 @@ fn w2_smoke_against_the_kafka_stack_beside_onehop() {
     }
 
     let (meta, raw) = peer_run(&results, "W2", "kafka-stack");
-    assert_eq!(meta["stack"], "kafka-stack");
-    assert_eq!(meta["errors"], 0, "{meta}");
-    assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
-    assert_eq!(meta["deliveries_seen"], meta["deliveries_expected"], "{meta}");
-    assert_eq!(meta["duplicates"], 0, "{meta}");
+    assert_every_delivery_once(&meta);
     // Each event goes to the ~30 subscribers of its tag (100 × 3 of 10 tags).
     let expected = meta["deliveries_expected"].as_u64().unwrap();
     let emitted = meta["producer_emitted"].as_u64().unwrap();
@@ -304,11 +310,7 @@ fn w1_smoke_against_the_kafka_stack_through_postgres_and_debezium_beside_onehop(
     }
 
     let (meta, raw) = peer_run(&results, "W1", "kafka-stack");
-    assert_eq!(meta["stack"], "kafka-stack");
-    assert_eq!(meta["errors"], 0, "{meta}");
-    assert_eq!(meta["observer_seen"], meta["producer_emitted"], "{meta}");
-    assert_eq!(meta["deliveries_seen"], meta["deliveries_expected"], "{meta}");
-    assert_eq!(meta["duplicates"], 0, "{meta}");
+    assert_every_delivery_once(&meta);
     // Each event carries 5 distinct keys of 1 000, each followed by one subscriber.
     let emitted = meta["producer_emitted"].as_u64().unwrap();
     assert!(emitted > 0 && meta["deliveries_expected"].as_u64() == Some(5 * emitted), "{meta}");
