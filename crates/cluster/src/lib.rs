@@ -15,10 +15,10 @@
 mod machine;
 pub mod net;
 pub mod raftlog;
+mod snapshot;
 mod sys;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Cursor;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,12 +38,14 @@ pub use machine::{Applier, Machine, Progress};
 pub use net::{ClusterTls, FRAME_BYTES_MAX};
 pub use openraft::{BasicNode, RaftMetrics};
 pub use raftlog::{LogStore, OpenLogError};
+pub use snapshot::{SnapshotData, SnapshotFile, install_pending, unpack as unpack_snapshot};
 
 openraft::declare_raft_types!(
     /// onehop's Raft types: commands and answers are bytes the applier understands.
     pub TypeConfig:
         D = Command,
         R = Answer,
+        SnapshotData = SnapshotData,
 );
 
 /// A replicated command: what the applier prepared, and the term of the leader that prepared it.
@@ -154,6 +156,11 @@ pub struct NodeOptions {
     pub propose_timeout: Duration,
     /// TLS with certificates on both sides between the nodes; `None`: plain TCP.
     pub tls: Option<ClusterTls>,
+    /// Take a snapshot every this many entries, and purge the Raft log before it (keeping
+    /// `log_kept` entries, from which a node not far behind catches up without a snapshot).
+    /// `None`: no snapshots, the whole log is kept.
+    pub snapshot_every: Option<u64>,
+    pub log_kept: u64,
 }
 
 impl NodeOptions {
@@ -166,6 +173,8 @@ impl NodeOptions {
             election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
             propose_timeout: Duration::from_secs(10),
             tls: None,
+            snapshot_every: None,
+            log_kept: 0,
         }
     }
 }
@@ -181,6 +190,8 @@ pub enum StartError {
     Listen { address: SocketAddr, source: std::io::Error },
     #[error("openraft: {0}")]
     Raft(String),
+    #[error("a snapshot's install is pending in {0}: install_pending must run before the applier opens")]
+    InstallPending(PathBuf),
 }
 
 /// What a node's tasks share.
@@ -379,17 +390,26 @@ impl<A: Applier> Node<A> {
     /// other nodes on `options.address`. A new node waits for [`Node::bootstrap`] (the first
     /// start of a cluster) or to be added by a running cluster's leader.
     pub async fn start(options: NodeOptions, applier: Arc<A>) -> Result<Node<A>, StartError> {
+        if snapshot::is_pending(&options.dir) {
+            return Err(StartError::InstallPending(options.dir.clone()));
+        }
+        snapshot::remove_sending_leftovers(&options.dir).map_err(StartError::Machine)?;
         let log = LogStore::open(options.dir.join("raft"))?;
-        let machine = Machine::open(&options.dir, applier.clone()).map_err(StartError::Machine)?;
+        let machine = Machine::open(&options.dir, applier.clone(), options.snapshot_every.is_some())
+            .map_err(StartError::Machine)?;
         let progress = machine.progress();
         let config = Config {
             cluster_name: "onehop".into(),
             heartbeat_interval: options.heartbeat.as_millis() as u64,
             election_timeout_min: options.election_timeout.0.as_millis() as u64,
             election_timeout_max: options.election_timeout.1.as_millis() as u64,
-            // The whole log is kept: a node that was away catches up from it (docs/cluster.md).
-            snapshot_policy: SnapshotPolicy::Never,
-            max_in_snapshot_log_to_keep: u64::MAX,
+            // A node that was away catches up from the log while the leader still holds what
+            // it lacks, and from a snapshot after that (docs/cluster.md).
+            snapshot_policy: options.snapshot_every.map_or(SnapshotPolicy::Never, SnapshotPolicy::LogsSinceLast),
+            max_in_snapshot_log_to_keep: if options.snapshot_every.is_some() { options.log_kept } else { u64::MAX },
+            // A chunk's answer waits for nothing but the write of the chunk; the last one's
+            // never comes (the node restarts to install), and the leader then moves on.
+            install_snapshot_timeout: 10_000,
             max_payload_entries: 4096,
             ..Config::default()
         };

@@ -8,8 +8,8 @@
 //! but never leads, and the applier must take an entry it already applied as a no-op.
 
 use std::future::Future;
-use std::io::{self, Cursor};
-use std::path::PathBuf;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 
+use crate::snapshot::{self, Archive, Pending, Received, SnapshotData, SnapshotFile};
 use crate::{Answer, TypeConfig};
 
 /// What a node's replicated state is. Commands come out of the Raft log in log order, on every
@@ -53,6 +54,21 @@ pub trait Applier: Send + Sync + 'static {
     fn is_barrier(&self, _command: &Bytes) -> bool {
         false
     }
+
+    /// Hard-links the files that hold this node's state, as of every command applied so far,
+    /// into the empty directory `into`, and lists them: each one's path under the state's
+    /// root, the link to read it from, and how many of its bytes belong to the snapshot. Called
+    /// while no command is being applied. Files the applier keeps for itself (not replicated)
+    /// are left out; [`crate::install_pending`] is told to keep them.
+    fn snapshot_files(&self, _into: &Path) -> Result<Vec<SnapshotFile>, String> {
+        Err("this applier takes no snapshots".into())
+    }
+
+    /// Restarts the node so that it installs the snapshot now pending ([`crate::install_pending`]
+    /// runs before the applier opens its state again). Returns only if it could not, with why.
+    fn restart(&self) -> String {
+        "this applier cannot restart to install a snapshot".into()
+    }
 }
 
 #[derive(Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -68,6 +84,36 @@ pub struct Machine<A> {
     dir: PathBuf,
     /// Records the progress, shared with the task that does so now and then.
     progress: Progress<A>,
+    /// Whether this node takes snapshots (and so may purge its Raft log).
+    snapshots: bool,
+    /// Set once a received snapshot is pending install: nothing more is applied here before
+    /// the node restarts to install it.
+    restarting: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The last entry applied, and the membership then.
+pub(crate) type AppliedState = (Option<LogId<u64>>, StoredMembership<u64, BasicNode>);
+
+/// Reads the progress record in `dir` (see [`AppliedState`]).
+pub(crate) fn read_applied(dir: &Path) -> io::Result<AppliedState> {
+    let applied: Applied = match crate::sys::fs::read(dir.join("applied")) {
+        Ok(bytes) => postcard::from_bytes(&bytes).map_err(|error| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("{}/applied: {error}", dir.display()))
+        })?,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Applied::default(),
+        Err(error) => return Err(error),
+    };
+    Ok((applied.last, applied.membership))
+}
+
+/// Writes the progress record in `dir`, durably (a snapshot's install).
+pub(crate) fn record_applied(
+    dir: &Path,
+    last: Option<LogId<u64>>,
+    membership: StoredMembership<u64, BasicNode>,
+) -> io::Result<()> {
+    let bytes = postcard::to_allocvec(&Applied { last, membership }).map_err(io::Error::other)?;
+    crate::raftlog::write_atomically(dir, "applied", &bytes)
 }
 
 type Error = StorageError<u64>;
@@ -78,24 +124,19 @@ fn machine_error(error: impl std::fmt::Display) -> Error {
 
 impl<A: Applier> Machine<A> {
     /// Opens the state machine whose progress is kept in `dir/applied`.
-    pub fn open(dir: impl Into<PathBuf>, applier: Arc<A>) -> io::Result<Machine<A>> {
+    /// With `snapshots`, the node takes snapshots and sends and installs them.
+    pub fn open(dir: impl Into<PathBuf>, applier: Arc<A>, snapshots: bool) -> io::Result<Machine<A>> {
         let dir = dir.into();
         crate::sys::create_dir_durably(&dir)?;
-        let applied = match crate::sys::fs::read(dir.join("applied")) {
-            Ok(bytes) => postcard::from_bytes(&bytes).map_err(|error| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("{}/applied: {error}", dir.display()))
-            })?,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Applied::default(),
-            Err(error) => return Err(error),
-        };
-        let applied = Arc::new(Mutex::new(applied));
+        let (last, membership) = read_applied(&dir)?;
+        let applied = Arc::new(Mutex::new(Applied { last, membership }));
         let progress = Progress {
             applier: applier.clone(),
             applied: applied.clone(),
             dir: dir.clone(),
             persisted: Arc::new(tokio::sync::Mutex::new(None)),
         };
-        Ok(Machine { applier, applied, dir, progress })
+        Ok(Machine { applier, applied, dir, progress, snapshots, restarting: Default::default() })
     }
 
     /// A handle that records progress durably, see [`Progress::persist`].
@@ -162,18 +203,53 @@ impl<A: Applier> Progress<A> {
     }
 }
 
-const NO_SNAPSHOTS: &str = "this version keeps the whole Raft log and takes no snapshots (docs/cluster.md)";
+const NO_SNAPSHOTS: &str = "this node takes no snapshots and keeps the whole Raft log";
 
-impl<A: Applier> RaftSnapshotBuilder<TypeConfig> for Machine<A> {
+fn snapshot_error(error: impl std::fmt::Display) -> Error {
+    StorageIOError::write_snapshot(None, AnyError::error(error.to_string())).into()
+}
+
+/// Builds a snapshot of the progress as it was when the builder was made: it makes
+/// everything applied durable, so the Raft log up to that point may be purged. Nothing is
+/// copied: the node's own state is the snapshot, and what is sent to another node is linked
+/// when it is sent ([`RaftStateMachine::get_current_snapshot`]).
+pub struct Builder<A> {
+    progress: Progress<A>,
+    captured: Applied,
+}
+
+impl<A: Applier> RaftSnapshotBuilder<TypeConfig> for Builder<A> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, Error> {
-        Err(StorageIOError::write_snapshot(None, AnyError::error(NO_SNAPSHOTS)).into())
+        self.progress.persist().await.map_err(snapshot_error)?;
+        let last = self.captured.last.ok_or_else(|| snapshot_error("nothing was applied yet"))?;
+        tracing::info!(index = last.index, "snapshot taken: the Raft log before it may be purged");
+        let meta = SnapshotMeta {
+            last_log_id: Some(last),
+            last_membership: self.captured.membership.clone(),
+            snapshot_id: format!("{}-{}-taken", last.leader_id.term, last.index),
+        };
+        // Only the metadata of a snapshot built is kept; what is sent is linked when sent.
+        let data = Archive::new(Vec::new(), None).map_err(snapshot_error)?;
+        Ok(Snapshot { meta, snapshot: Box::new(SnapshotData::Sending(data)) })
+    }
+}
+
+impl<A> Machine<A> {
+    /// Never returns once a snapshot's install is pending: the state here is about to be
+    /// replaced, so nothing may be applied over it, nor another snapshot made pending in its
+    /// place (its files and its index must stay one snapshot's), and the node restarts in a
+    /// moment.
+    async fn hold_while_restarting(&self) {
+        if self.restarting.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
 impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
-    type SnapshotBuilder = Machine<A>;
+    type SnapshotBuilder = Builder<A>;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogId<u64>>, StoredMembership<u64, BasicNode>), Error> {
+    async fn applied_state(&mut self) -> Result<AppliedState, Error> {
         let applied = self.applied.lock().expect("applied lock");
         Ok((applied.last, applied.membership.clone()))
     }
@@ -183,6 +259,7 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        self.hold_while_restarting().await;
         let mut answers = Vec::new();
         for entry in entries {
             let answer = match entry.payload {
@@ -209,27 +286,90 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        Machine {
-            applier: self.applier.clone(),
-            applied: self.applied.clone(),
-            dir: self.dir.clone(),
-            progress: self.progress.clone(),
-        }
+        Builder { progress: self.progress.clone(), captured: self.applied.lock().expect("applied lock").clone() }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, Error> {
-        Err(StorageIOError::write_snapshot(None, AnyError::error(NO_SNAPSHOTS)).into())
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, Error> {
+        self.hold_while_restarting().await;
+        if !self.snapshots {
+            return Err(snapshot_error(NO_SNAPSHOTS));
+        }
+        let path = snapshot::receiving_file(&self.dir).map_err(snapshot_error)?;
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await
+            .map_err(|error| snapshot_error(format!("{}: {error}", path.display())))?;
+        tracing::info!(file = %path.display(), "receiving a snapshot from the leader");
+        Ok(Box::new(SnapshotData::Receiving(Received { file, path })))
     }
 
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<u64, BasicNode>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta<u64, BasicNode>,
+        data: Box<SnapshotData>,
     ) -> Result<(), Error> {
-        Err(StorageIOError::write_snapshot(None, AnyError::error(NO_SNAPSHOTS)).into())
+        use tokio::io::AsyncWriteExt;
+        self.hold_while_restarting().await;
+        let SnapshotData::Receiving(mut received) = *data else {
+            return Err(snapshot_error("asked to install a snapshot that was not received"));
+        };
+        received.file.flush().await.map_err(snapshot_error)?;
+        let bytes = received.file.metadata().await.map_err(snapshot_error)?.len();
+        let pending = Pending { last: meta.last_log_id, membership: meta.last_membership.clone() };
+        let dir = self.dir.clone();
+        // `received` goes along: once renamed, its drop finds nothing to remove.
+        tokio::task::spawn_blocking(move || snapshot::make_pending(&dir, &received.path, &pending))
+            .await
+            .map_err(snapshot_error)?
+            .map_err(snapshot_error)?;
+        tracing::warn!(
+            index = meta.last_log_id.map_or(0, |last| last.index),
+            bytes,
+            "received a snapshot from the leader, since this node lacks entries its log no longer holds: \
+             restarting to install it"
+        );
+        // openraft is told the install is done, so the leader hears it and goes on with the
+        // entries after the snapshot (this node's Raft log takes them); nothing more is
+        // applied here, and the node restarts once the answer is on its way.
+        self.restarting.store(true, std::sync::atomic::Ordering::SeqCst);
+        let applier = self.applier.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let reason = applier.restart();
+            tracing::error!(%reason, "cannot restart to install the snapshot: stopping; the next start installs it");
+            std::process::exit(1);
+        });
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, Error> {
-        Ok(None)
+        if !self.snapshots {
+            return Ok(None);
+        }
+        let applied = self.applied.lock().expect("applied lock").clone();
+        let Some(last) = applied.last else { return Ok(None) };
+        // What is sent must never be ahead of what this node would find after a crash.
+        self.progress.persist().await.map_err(snapshot_error)?;
+        let links = snapshot::links_dir(&self.dir).map_err(snapshot_error)?;
+        let files = match self.applier.snapshot_files(&links) {
+            Ok(files) => files,
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&links);
+                return Err(snapshot_error(error));
+            }
+        };
+        let count = files.len();
+        let archive = Archive::new(files, Some(links)).map_err(snapshot_error)?;
+        tracing::debug!(index = last.index, files = count, bytes = archive.len(), "snapshot ready to send");
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let meta = SnapshotMeta {
+            last_log_id: Some(last),
+            last_membership: applied.membership,
+            snapshot_id: format!("{}-{}-{nanos}", last.leader_id.term, last.index),
+        };
+        Ok(Some(Snapshot { meta, snapshot: Box::new(SnapshotData::Sending(archive)) }))
     }
 }

@@ -383,19 +383,21 @@ impl LogStore {
         let inner = &mut *inner;
         write_atomically(&inner.dir, "purged", &postcard::to_allocvec(&Some(log_id)).expect("a log id encodes"))?;
         inner.last_purged = Some(log_id);
-        let whole: Vec<u64> = inner
+        // Purged past the last entry held (a snapshot installed): every segment goes, and the
+        // next append starts a segment at the entry after the purge point.
+        let everything = inner.last_log_id.is_none_or(|last| last.index <= log_id.index);
+        let newest = inner.segments.keys().next_back().copied();
+        let doomed: Vec<u64> = inner
             .segments
             .values()
-            .filter(|segment| segment.last().is_some_and(|last| last <= log_id.index))
+            // Otherwise the newest segment stays open for appends even when it is all purged.
+            .filter(|segment| everything || segment.last().is_some_and(|last| last <= log_id.index))
             .map(|segment| segment.first)
+            .filter(|first| everything || Some(*first) != newest)
             .collect();
-        // Keep the newest segment open for appends even when it is all purged.
-        let newest = inner.segments.keys().next_back().copied();
-        for first in whole {
-            if Some(first) != newest {
-                let segment = inner.segments.remove(&first).expect("listed above");
-                fs::remove_file(&segment.path)?;
-            }
+        for first in doomed {
+            let segment = inner.segments.remove(&first).expect("listed above");
+            fs::remove_file(&segment.path)?;
         }
         sync_dir(&inner.dir)?;
         while inner.cache.front().is_some_and(|(entry, _)| entry.log_id.index <= log_id.index) {
@@ -406,6 +408,25 @@ impl LogStore {
             inner.last_log_id = Some(log_id);
         }
         Ok(())
+    }
+
+    /// After a snapshot's install brought the state to `last`, drops the entries it replaces
+    /// and moves the purge point to `last`. The entries after `last` stay when they continue
+    /// the snapshot's history: the log holds `last` itself, or was purged up to it (openraft
+    /// does so once told the install is done, and then appends what the leader sends next).
+    /// Otherwise none of the entries held after `last` is in that history (two logs that
+    /// differ at an index differ after it too), so they all go, and the leader sends them
+    /// again.
+    pub(crate) fn drop_replaced_by_snapshot(&self, last: LogId<u64>) -> io::Result<()> {
+        let purged_to_it = self.lock().last_purged == Some(last);
+        let held = self.entries(last.index, last.index + 1, usize::MAX)?.pop();
+        if !purged_to_it
+            && held.map(|entry| entry.log_id) != Some(last)
+            && let Some((first, _)) = self.bounds()
+        {
+            self.truncate_blocking(LogId::new(last.leader_id, first))?;
+        }
+        self.purge_blocking(last)
     }
 
     /// Appends `entries` (each following the last entry held) and returns once they are on disk.

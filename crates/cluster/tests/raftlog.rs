@@ -117,3 +117,22 @@ async fn purged_entries_are_gone_after_a_reopen_and_appends_go_on() {
     append(&mut store, vec![entry(1, 4, "e4")]).await;
     assert_eq!(texts(&store.try_get_log_entries(0..10).await.unwrap()), ["e2", "e3", "e4"]);
 }
+
+#[tokio::test]
+async fn a_purge_past_the_last_entry_empties_the_log_and_appends_go_on_after_it() {
+    // What a node that installed a snapshot ahead of its log does (openraft purges to the
+    // snapshot when it starts).
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path()).unwrap();
+    append(&mut store, (0..4).map(|i| entry(1, i, &format!("e{i}"))).collect()).await;
+    store.purge(LogId::new(CommittedLeaderId::new(2, 1), 20)).await.unwrap();
+    assert!(store.try_get_log_entries(0..30).await.unwrap().is_empty());
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id.unwrap().index, 20);
+    append(&mut store, vec![entry(2, 21, "e21"), entry(2, 22, "e22")]).await;
+    drop(store);
+    let mut store = LogStore::open(dir.path()).unwrap();
+    assert_eq!(texts(&store.try_get_log_entries(0..30).await.unwrap()), ["e21", "e22"]);
+    assert_eq!(store.bounds(), Some((21, 22)));
+    assert_eq!(store.get_log_state().await.unwrap().last_purged_log_id.unwrap().index, 20);
+}

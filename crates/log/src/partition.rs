@@ -396,6 +396,32 @@ impl Partition {
         &self.shared.dir
     }
 
+    /// Hard-links this partition's files into the new directory `into`: a copy of the
+    /// partition as it is now, which later appends, retention and compaction leave alone (they
+    /// append past it, or unlink and rename, never rewrite a file in place). Returns each
+    /// file's name and how many of its bytes belong to the copy: all of `partition.conf`, and
+    /// of a segment the batches complete now (past them are batches still being written, and
+    /// the runway of zeros).
+    pub fn link_files(&self, into: &Path) -> std::io::Result<Vec<(String, u64)>> {
+        let _maintenance = self.maintenance_lock();
+        fs::create_dir_all(into)?;
+        let mut files = Vec::new();
+        let config = self.shared.dir.join(CONFIG_FILE);
+        if let Ok(metadata) = fs::metadata(&config) {
+            fs::hard_link(&config, into.join(CONFIG_FILE))?;
+            files.push((CONFIG_FILE.to_string(), metadata.len()));
+        }
+        for segment in self.segment_snapshot() {
+            let bytes = segment.committed_bytes();
+            let name = segment.path.file_name().and_then(|name| name.to_str()).ok_or_else(|| {
+                std::io::Error::other(format!("{}: a segment name that is not UTF-8", segment.path.display()))
+            })?;
+            fs::hard_link(&segment.path, into.join(name))?;
+            files.push((name.to_string(), bytes));
+        }
+        Ok(files)
+    }
+
     /// Appends `records` and returns once they are durable at the partition's default level.
     pub async fn append(&self, records: &[NewRecord]) -> Result<AppendAck, AppendError> {
         self.append_with(records, self.shared.config.durability).await

@@ -354,6 +354,18 @@ pub struct ServeArgs {
     /// sign is refused in the handshake.
     #[arg(long, env = "ONEHOP_CLUSTER_TLS_CA", value_name = "FILE", requires = "cluster_tls_cert")]
     pub cluster_tls_ca: Option<PathBuf>,
+
+    /// A cluster node takes a snapshot every this many Raft log entries and purges the log
+    /// before it, but for the last --cluster-log-kept entries. A node that lacks purged entries
+    /// gets the leader's state as a snapshot instead. 0: no snapshots, the whole log is kept
+    /// [default: 100000].
+    #[arg(long, env = "ONEHOP_CLUSTER_SNAPSHOT_ENTRIES", value_name = "N")]
+    pub cluster_snapshot_entries: Option<u64>,
+
+    /// Raft log entries kept before a snapshot: a node that was away for fewer catches up from
+    /// the log, with no snapshot [default: 10000].
+    #[arg(long, env = "ONEHOP_CLUSTER_LOG_KEPT", value_name = "N")]
+    pub cluster_log_kept: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -7,9 +7,15 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use bytes::Bytes;
-use onehop_cluster::{Applier, ClusterTls, MembershipChange, Node, NodeOptions, ProposeError};
+use std::path::Path;
+
+use onehop_cluster::{Applier, ClusterTls, MembershipChange, Node, NodeOptions, ProposeError, SnapshotFile};
 use onehop_engine::{Engine, Replicator, Submitted};
 use onehop_server::http::{ChangeRefused, MemberChange};
+use onehop_server::kafka::groups::committed::OFFSETS_TOPIC;
+use onehop_server::kafka::producers::PRODUCERS_TOPIC;
+use onehop_server::kafka::transactions::TRANSACTIONS_TOPIC;
+use onehop_server::mqtt::sessions::SESSIONS_TOPIC;
 
 use crate::settings::{ClusterSettings, ClusterTlsFiles};
 
@@ -40,6 +46,51 @@ impl Applier for EngineApplier {
     fn is_barrier(&self, command: &Bytes) -> bool {
         onehop_engine::Engine::is_replicated_barrier(command)
     }
+
+    fn snapshot_files(&self, into: &Path) -> Result<Vec<SnapshotFile>, String> {
+        let files = self.0.link_replicated_files(into, replicated_topic).map_err(|error| error.to_string())?;
+        Ok(files.into_iter().map(|(path, bytes)| SnapshotFile { source: into.join(&path), path, bytes }).collect())
+    }
+
+    fn restart(&self) -> String {
+        restart_in_place()
+    }
+}
+
+/// The topics a node keeps for itself, which a snapshot neither sends nor replaces: its MQTT
+/// sessions, and its Kafka groups' offsets, producers and transactions (docs/cluster.md).
+const NODE_TOPICS: [&str; 4] = [SESSIONS_TOPIC, OFFSETS_TOPIC, PRODUCERS_TOPIC, TRANSACTIONS_TOPIC];
+
+/// Whether the topic `name` is part of the replicated state: every stream, table, view output,
+/// the catalog, view checkpoints and retained MQTT messages; not [`NODE_TOPICS`].
+fn replicated_topic(name: &str) -> bool {
+    !NODE_TOPICS.contains(&name)
+}
+
+/// Finishes the install of a snapshot this node received before it restarted (see
+/// [`onehop_cluster::install_pending`]): before the log and the engine open.
+pub fn install_pending_snapshot(data_dir: &Path) -> anyhow::Result<()> {
+    let installed = onehop_cluster::install_pending(&data_dir.join("cluster"), &data_dir.join("log"), |name| {
+        !replicated_topic(name)
+    })
+    .context("installing the snapshot received from the cluster's leader")?;
+    if let Some(index) = installed {
+        tracing::info!(index, "the snapshot is installed: this node goes on from there");
+    }
+    Ok(())
+}
+
+/// Replaces this process with a new run of the same program, arguments and environment, so
+/// that it installs a pending snapshot as it starts. Returns only if that failed, with why.
+/// The process keeps its id; open files and sockets close (Rust opens them close-on-exec).
+fn restart_in_place() -> String {
+    use std::os::unix::process::CommandExt;
+    let program = match std::env::current_exe() {
+        Ok(program) => program,
+        Err(error) => return format!("cannot find this program: {error}"),
+    };
+    let error = std::process::Command::new(&program).args(std::env::args_os().skip(1)).exec();
+    format!("cannot run {} again: {error}", program.display())
 }
 
 /// The Raft node, taking the engine's writes.
@@ -71,6 +122,8 @@ impl onehop_server::http::ClusterStatus for Status {
             "members": self.0.members(),
             "last_log_index": metrics.last_log_index,
             "last_applied": metrics.last_applied.map(|id| id.index),
+            "snapshot_index": metrics.snapshot.map(|id| id.index),
+            "purged_index": metrics.purged.map(|id| id.index),
         })
     }
 
@@ -125,6 +178,8 @@ pub async fn start(
     if let Some(files) = &settings.tls {
         options.tls = Some(tls(files).context("TLS between the nodes")?);
     }
+    options.snapshot_every = settings.snapshot_every;
+    options.log_kept = settings.log_kept;
     let node = Node::start(options, Arc::new(EngineApplier(engine.clone())))
         .await
         .with_context(|| format!("starting cluster node {}", settings.node_id))?;

@@ -35,7 +35,7 @@ fn render(view: &Value) -> String {
         .map(|(id, address)| format!("{id}={}", address.as_str().unwrap_or_default()))
         .collect();
     format!(
-        "node {}: {}, term {}, leader {}\nmembers: {}\nlog: last index {}, applied {}\n",
+        "node {}: {}, term {}, leader {}\nmembers: {}\nlog: last index {}, applied {}, snapshot {}, purged up to {}\n",
         number(&view["node"]),
         view["state"].as_str().unwrap_or("unknown"),
         number(&view["term"]),
@@ -43,5 +43,7 @@ fn render(view: &Value) -> String {
         members.join(","),
         number(&view["last_log_index"]),
         number(&view["last_applied"]),
+        number(&view["snapshot_index"]),
+        number(&view["purged_index"]),
     )
 }

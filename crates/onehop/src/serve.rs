@@ -48,6 +48,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         "starting onehop"
     );
     let metrics = install_metrics().map_err(anyhow::Error::msg)?;
+    if settings.cluster.is_some() {
+        let data_dir = settings.data_dir.clone();
+        tokio::task::spawn_blocking(move || crate::cluster::install_pending_snapshot(&data_dir))
+            .await
+            .context("snapshot install thread")??;
+    }
     let log_dir = settings.data_dir.join("log");
     let options = log_options(&settings);
     let (log, opened) = tokio::task::spawn_blocking(move || Log::open(log_dir, options))

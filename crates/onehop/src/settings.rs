@@ -97,6 +97,8 @@ struct FileSettings {
     cluster_tls_cert: Option<PathBuf>,
     cluster_tls_key: Option<PathBuf>,
     cluster_tls_ca: Option<PathBuf>,
+    cluster_snapshot_entries: Option<u64>,
+    cluster_log_kept: Option<u64>,
 }
 
 /// A cluster node's settings.
@@ -111,7 +113,16 @@ pub struct ClusterSettings {
     pub peers: std::collections::BTreeMap<u64, SocketAddr>,
     /// TLS between the nodes: this node's certificate and key, and the cluster's CA.
     pub tls: Option<ClusterTlsFiles>,
+    /// A snapshot every this many Raft log entries (`None`: none, the whole log is kept).
+    pub snapshot_every: Option<u64>,
+    /// Raft log entries kept before a snapshot.
+    pub log_kept: u64,
 }
+
+/// Raft log entries between snapshots, by default.
+pub const SNAPSHOT_ENTRIES_DEFAULT: u64 = 100_000;
+/// Raft log entries kept before a snapshot, by default.
+pub const LOG_KEPT_DEFAULT: u64 = 10_000;
 
 /// The files of TLS between the nodes (PEM).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,7 +184,13 @@ fn cluster(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<Clust
         (Some(cert), Some(key), Some(ca)) => Some(ClusterTlsFiles { cert, key, ca }),
         _ => bail!("cluster_tls_cert, cluster_tls_key and cluster_tls_ca go together: give all three, or none"),
     };
-    Ok(Some(ClusterSettings { node_id, address, advertised, peers, tls }))
+    let snapshot_every = match args.cluster_snapshot_entries.or(file.cluster_snapshot_entries) {
+        Some(0) => None,
+        Some(entries) => Some(entries),
+        None => Some(SNAPSHOT_ENTRIES_DEFAULT),
+    };
+    let log_kept = args.cluster_log_kept.or(file.cluster_log_kept).unwrap_or(LOG_KEPT_DEFAULT);
+    Ok(Some(ClusterSettings { node_id, address, advertised, peers, tls, snapshot_every, log_kept }))
 }
 
 /// Everything `serve` runs with, validated.

@@ -1399,3 +1399,122 @@ fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
         state["users"].as_array().unwrap().len()
     );
 }
+
+/// Waits until every node in `addresses` answers [`everything`] alike, and returns it.
+fn agreed_state(cluster: &mut Cluster, addresses: &[SocketAddr], what: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let states: Vec<Option<serde_json::Value>> = addresses.iter().map(|node| everything(*node)).collect();
+        if states.iter().all(|state| state.is_some() && *state == states[0]) {
+            return states[0].clone().unwrap();
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "{what}: the nodes still differ after 30 s:\n{}\n{}",
+                states.iter().map(|state| format!("{state:?}")).collect::<Vec<_>>().join("\n"),
+                cluster.said(true)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn a_node_that_missed_purged_entries_installs_a_snapshot_and_agrees_also_killed_while_installing() {
+    // A snapshot every 30 entries and 5 kept before it: a node away for more than a few writes
+    // lacks entries no other node holds any more.
+    let extra = ["--cluster-snapshot-entries", "30", "--cluster-log-kept", "5"].map(String::from).to_vec();
+    let mut cluster = Cluster::start_with(3, false, false, Some(ROOT), extra);
+    let leader = cluster.leader();
+    let away = (0..3).find(|index| *index != leader).unwrap();
+    let everywhere = cluster.http_addresses();
+    let here: Vec<SocketAddr> =
+        (0..3).filter(|index| *index != away).map(|index| cluster.members[index].http).collect();
+    let as_root = |node: SocketAddr, method: &str, path: &str, body: &str| {
+        let (code, answer) = common::request_with(node, Some(ROOT), method, path, body).unwrap();
+        assert!(code < 300, "{method} {path}: {code} {answer}");
+    };
+    let sql = |node: SocketAddr, statements: &str| as_root(node, "POST", "/sql", statements);
+    let writes = |nodes: &[SocketAddr], stream: &str, from: usize, count: usize| {
+        for n in from..from + count {
+            as_root(
+                nodes[n % nodes.len()],
+                "POST",
+                &format!("/streams/{stream}?key=k{}", n % 7),
+                &format!("{{\"n\":{n}}}"),
+            );
+        }
+    };
+    sql(
+        everywhere[0],
+        "CREATE STREAM kept WITH (partitions = 2); CREATE STREAM again; \
+         CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT)",
+    );
+    writes(&everywhere, "kept", 0, 20);
+    writes(&everywhere, "again", 0, 5);
+    agreed_state(&mut cluster, &everywhere, "before the node goes away");
+    let stopped_at = status_as(cluster.members[away].http, Some(ROOT)).unwrap()["last_applied"].as_u64().unwrap();
+    cluster.members[away].server.as_mut().unwrap().kill_9();
+    cluster.members[away].server = None;
+
+    // While it is away: more records, a stream dropped and made again (its offsets start
+    // again), rows, a view, a user; enough that the others purge what it lacks.
+    writes(&here, "kept", 20, 60);
+    sql(here[1], "DROP STREAM again");
+    sql(here[0], "CREATE STREAM again WITH (partitions = 3)");
+    writes(&here, "again", 100, 9);
+    for n in 0..20 {
+        as_root(here[n % 2], "PUT", &format!("/tables/accounts/a{}", n % 6), &format!("{{\"balance\":{n}}}"));
+    }
+    sql(here[1], "CREATE VIEW per_key AS SELECT key, COUNT(*) AS n FROM kept GROUP BY key");
+    sql(here[0], "CREATE USER reader PASSWORD 'secret-1'");
+    writes(&here, "kept", 80, 40);
+    let purged = |node: SocketAddr| status_as(node, Some(ROOT)).unwrap()["purged_index"].as_u64();
+    assert!(
+        here.iter().all(|node| purged(*node).is_some_and(|purged| purged > stopped_at)),
+        "the others should have purged past entry {stopped_at}: {:?}",
+        here.iter().map(|node| status_as(*node, Some(ROOT))).collect::<Vec<_>>()
+    );
+
+    cluster.launch(away);
+    cluster.members[away].server.as_mut().unwrap().wait_for_line("the snapshot is installed");
+    let state = agreed_state(&mut cluster, &everywhere, "after the snapshot's install");
+    let per_key = |node: SocketAddr| {
+        let (code, body) = common::request_with(node, Some(ROOT), "GET", "/views/per_key/k3", "").unwrap();
+        (code == 200).then_some(body)
+    };
+    on_every_node(&everywhere, "the view agreeing", |node| {
+        per_key(node).is_some() && per_key(node) == per_key(here[0])
+    });
+    let status = status_as(cluster.members[away].http, Some(ROOT)).unwrap();
+    assert!(status["snapshot_index"].as_u64().is_some_and(|index| index > stopped_at), "{status}");
+    // The node goes on from the snapshot: it takes writes and applies what follows.
+    writes(&everywhere, "kept", 120, 12);
+    agreed_state(&mut cluster, &everywhere, "after writes that follow the snapshot");
+
+    // Again, and this time killed with kill -9 as it restarts to install: the next start
+    // finishes the install wherever the kill left it.
+    let stopped_at = status["last_applied"].as_u64().unwrap();
+    cluster.members[away].server.as_mut().unwrap().kill_9();
+    cluster.members[away].server = None;
+    writes(&here, "again", 109, 60);
+    sql(here[1], "DROP VIEW per_key; DROP TABLE accounts");
+    writes(&here, "kept", 132, 20);
+    assert!(here.iter().all(|node| purged(*node).is_some_and(|purged| purged > stopped_at)));
+    cluster.launch(away);
+    cluster.members[away].server.as_mut().unwrap().wait_for_line("restarting to install it");
+    cluster.members[away].server.as_mut().unwrap().kill_9();
+    cluster.members[away].server = None;
+    cluster.launch(away);
+    let state_after = agreed_state(&mut cluster, &everywhere, "after a kill during the install");
+    println!(
+        "a node away for {} entries installed a snapshot twice, once killed while installing; every node holds {} \
+         streams, {} tables, {} users alike (before the second absence: {} streams, {} tables)",
+        status_as(here[0], Some(ROOT)).unwrap()["last_applied"].as_u64().unwrap() - stopped_at,
+        state_after["streams"].as_array().unwrap().len(),
+        state_after["tables"].as_array().unwrap().len(),
+        state_after["users"].as_array().unwrap().len(),
+        state["streams"].as_array().unwrap().len(),
+        state["tables"].as_array().unwrap().len(),
+    );
+}

@@ -896,6 +896,31 @@ impl Engine {
         predictions.dropping.clear();
     }
 
+    /// Hard-links the files of every open topic that `shared` accepts into `into`, one
+    /// directory per topic and partition as in the log's own directory, and returns each
+    /// file's path under `into` (`topic/partition/file`) with the bytes of it that belong to
+    /// the copy ([`Partition::link_files`]). The cluster's snapshot of this node's replicated
+    /// state, as of every command applied so far: it is called while no command is being
+    /// applied, so partitions, catalog and view checkpoints agree with one another.
+    pub fn link_replicated_files(
+        &self,
+        into: &std::path::Path,
+        shared: impl Fn(&str) -> bool,
+    ) -> Result<Vec<(String, u64)>, EngineError> {
+        let mut files = Vec::new();
+        for (topic, index, partition) in self.log.partitions() {
+            if !shared(&topic) {
+                continue;
+            }
+            let relative = format!("{topic}/{index}");
+            let linked = partition
+                .link_files(&into.join(&relative))
+                .map_err(|error| EngineError::Internal(format!("linking {topic}/{index} for a snapshot: {error}")))?;
+            files.extend(linked.into_iter().map(|(name, bytes)| (format!("{relative}/{name}"), bytes)));
+        }
+        Ok(files)
+    }
+
     /// Applies a committed command (every node, in log order). `Err` is this node's own failure
     /// (storage, or a command that does not fit what it holds): the node must stop.
     /// `index` is the command's place in the cluster's log.
@@ -1073,6 +1098,35 @@ impl Engine {
         self.await_ddl(&mut applied, "the access change", || (*self.replicated_ddl.borrow() >= index).then_some(()))
             .await?;
         Ok(answer)
+    }
+
+    /// Writes row `id` of table `name` through the cluster, when this node does not have that
+    /// table (yet): the leader decides, so a table just created through another node takes
+    /// the write, and one that exists nowhere is refused by the leader. Returns once this node
+    /// has the table and applied the write.
+    pub(crate) async fn write_row_unknown_here(
+        &self,
+        replicator: &Arc<dyn Replicator>,
+        name: &str,
+        id: &str,
+        write: Write,
+        precondition: Precondition,
+    ) -> Result<Written, EngineError> {
+        let mut applied = self.replicated_ddl.subscribe();
+        let request = encode(&Request::TableWrite {
+            table: name.to_string(),
+            id: id.to_string(),
+            write: WireWrite::from(&write),
+            precondition,
+        });
+        match outcome(submit_queued(replicator, request).await?.await)? {
+            Outcome::Written { offset, created } => {
+                let table = self.await_ddl(&mut applied, &format!("table {name:?}"), || self.table(name).ok()).await?;
+                written_here(&table, id, offset, created).await
+            }
+            Outcome::Refused(refusal) => Err(refusal.into()),
+            _ => Err(EngineError::Internal("the cluster answered a row write with something else".into())),
+        }
     }
 
     /// Appends a committed row change at `offset` of table `name`'s partition (unless it is
@@ -1330,21 +1384,23 @@ pub(crate) async fn write_row(
         precondition,
     });
     match outcome(submit_queued(replicator, request).await?.await)? {
-        Outcome::Written { offset, created } => {
-            if !table.wait_applied(offset, DDL_WAIT).await {
-                return Err(AppendError::Unconfirmed(format!(
-                    "the write to row {id:?} of table {} was committed by the cluster but has not reached this \
-                     node in {} s",
-                    table.name(),
-                    DDL_WAIT.as_secs()
-                ))
-                .into());
-            }
-            Ok(Written { offset, created, row: table.get(id).filter(|row| row.offset == offset) })
-        }
+        Outcome::Written { offset, created } => written_here(table, id, offset, created).await,
         Outcome::Refused(refusal) => Err(refusal.into()),
         _ => Err(EngineError::Internal("the cluster answered a row write with something else".into())),
     }
+}
+
+/// A row write the cluster committed at `offset`, once this node applied it too.
+async fn written_here(table: &Arc<Table>, id: &str, offset: u64, created: bool) -> Result<Written, EngineError> {
+    if !table.wait_applied(offset, DDL_WAIT).await {
+        return Err(AppendError::Unconfirmed(format!(
+            "the write to row {id:?} of table {} was committed by the cluster but has not reached this node in {} s",
+            table.name(),
+            DDL_WAIT.as_secs()
+        ))
+        .into());
+    }
+    Ok(Written { offset, created, row: table.get(id).filter(|row| row.offset == offset) })
 }
 
 /// How long a node waits for a change the cluster committed to reach it.

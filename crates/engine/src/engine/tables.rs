@@ -31,6 +31,27 @@ impl Engine {
             .ok_or_else(|| EngineError::UnknownTable(name.into()))
     }
 
+    /// Writes row `id` of the table `name` ([`Table::write`]). On a cluster node that does not
+    /// have the table (it was created through another node, and the creation has not reached
+    /// this one yet), the cluster's leader decides, as for every row write.
+    pub async fn write_row(
+        &self,
+        name: &str,
+        id: &str,
+        write: crate::table::Write,
+        precondition: crate::table::Precondition,
+        durability: Option<onehop_log::Durability>,
+    ) -> Result<crate::table::Written, EngineError> {
+        match (self.table(name), self.replicator.get()) {
+            (Ok(table), _) => table.write(id, write, precondition, durability).await,
+            (Err(EngineError::UnknownTable(_)), Some(replicator)) => {
+                crate::table::check_row_id(id)?;
+                self.write_row_unknown_here(replicator, name, id, write, precondition).await
+            }
+            (Err(error), _) => Err(error),
+        }
+    }
+
     /// Whether a table named `name` exists (a lookup that builds no error when it does not).
     pub fn has_table(&self, name: &str) -> bool {
         self.tables.read().expect("tables lock").contains_key(name)

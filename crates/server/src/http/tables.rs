@@ -127,8 +127,7 @@ async fn write(
     let precondition = precondition(&headers)?;
     let durability = durability(&headers)?;
     principal.admit_publish(1, bytes)?;
-    let handle = state.engine.table(&table)?;
-    let done = handle.write(&id, write, precondition, durability).await?;
+    let done = state.engine.write_row(&table, &id, write, precondition, durability).await?;
     Ok(written(&table, &id, done))
 }
 
