@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
-use openraft::{ChangeMembers, Config, Raft, ServerState, SnapshotPolicy};
+use openraft::{ChangeMembers, Config, Raft, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -36,7 +36,7 @@ use crate::sys::TcpListener;
 
 pub use machine::{Applier, Machine, Progress};
 pub use net::{ClusterTls, FRAME_BYTES_MAX};
-pub use openraft::{BasicNode, RaftMetrics};
+pub use openraft::{BasicNode, RaftMetrics, ServerState};
 pub use raftlog::{LogStore, OpenLogError};
 pub use snapshot::{SnapshotData, SnapshotFile, install_pending, unpack as unpack_snapshot};
 
@@ -206,7 +206,14 @@ pub(crate) struct Inner<A: Applier> {
     /// prepared. Holds the term this node last began as leader.
     sequencer: tokio::sync::Mutex<Option<u64>>,
     propose_timeout: Duration,
+    /// What this node says of itself to the others ([`Node::set_info`]).
+    pub(crate) info: std::sync::RwLock<Bytes>,
+    /// What each member last said of itself, and when this node heard it.
+    directory: std::sync::Mutex<BTreeMap<u64, (Bytes, Instant)>>,
 }
+
+/// How often a member is asked again what it says of itself.
+const INFO_REFRESH: Duration = Duration::from_secs(5);
 
 impl<A: Applier> Inner<A> {
     /// Prepares `request` and queues its command, on this node as leader. Returns once it is
@@ -340,6 +347,41 @@ impl<A: Applier> Inner<A> {
         Ok(())
     }
 
+    /// Keeps [`Inner::directory`] current: asks every member that said nothing yet, or
+    /// nothing for a while, what it says of itself; forgets those no longer members.
+    async fn gather_info(self: Arc<Self>) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let members: Vec<(u64, String)> = {
+                let now = metrics.borrow_and_update();
+                let membership = now.membership_config.membership();
+                membership.nodes().map(|(id, node)| (*id, node.addr.clone())).collect()
+            };
+            let own = self.info.read().expect("info lock").clone();
+            let due: Vec<(u64, SocketAddr)> = {
+                let mut directory = self.directory.lock().expect("directory lock");
+                directory.retain(|id, _| members.iter().any(|(member, _)| member == id));
+                directory.insert(self.id, (own, Instant::now()));
+                members
+                    .iter()
+                    .filter(|(id, _)| directory.get(id).is_none_or(|(_, heard)| heard.elapsed() >= INFO_REFRESH))
+                    .filter_map(|(id, address)| Some((*id, address.parse().ok()?)))
+                    .collect()
+            };
+            for (id, address) in due {
+                let asked = async {
+                    let answer = self.forwarder.send(address, net::Request::Info).await.ok()?;
+                    answer.await.ok()?.ok()
+                };
+                if let Ok(Some(info)) = tokio::time::timeout(Duration::from_secs(1), asked).await {
+                    self.directory.lock().expect("directory lock").insert(id, (info, Instant::now()));
+                }
+            }
+            // Again in a second, or at once when the members or the leader change.
+            let _ = tokio::time::timeout(Duration::from_secs(1), metrics.changed()).await;
+        }
+    }
+
     /// The leader this node knows of, with its address.
     fn leader(&self) -> Option<(u64, SocketAddr)> {
         Self::leader_in(&self.raft.metrics().borrow())
@@ -429,10 +471,13 @@ impl<A: Applier> Node<A> {
             tls: options.tls.clone(),
             sequencer: tokio::sync::Mutex::new(None),
             propose_timeout: options.propose_timeout,
+            info: std::sync::RwLock::new(Bytes::new()),
+            directory: Default::default(),
         });
         let serving = tokio::spawn(net::serve(listener, inner.clone()));
         let persisting = progress.spawn(Duration::from_millis(500));
-        Ok(Node { inner, progress, tasks: vec![serving, persisting] })
+        let gathering = tokio::spawn(inner.clone().gather_info());
+        Ok(Node { inner, progress, tasks: vec![serving, persisting, gathering] })
     }
 
     pub fn id(&self) -> u64 {
@@ -485,6 +530,19 @@ impl<A: Applier> Node<A> {
     /// Submits `request` and waits for its answer (see [`Node::submit`]).
     pub async fn propose(&self, request: Bytes) -> Result<Bytes, ProposeError> {
         self.submit(request).await?.answer().await
+    }
+
+    /// Sets what this node says of itself to the others (opaque to the cluster; onehop: its
+    /// Kafka listeners' addresses), which their [`Node::directory`] shows.
+    pub fn set_info(&self, info: Bytes) {
+        *self.inner.info.write().expect("info lock") = info.clone();
+        self.inner.directory.lock().expect("directory lock").insert(self.inner.id, (info, Instant::now()));
+    }
+
+    /// What each member (this node among them) last said of itself, as far as this node has
+    /// heard: a member that has not answered yet is missing.
+    pub fn directory(&self) -> BTreeMap<u64, Bytes> {
+        self.inner.directory.lock().expect("directory lock").iter().map(|(id, (info, _))| (*id, info.clone())).collect()
     }
 
     /// The leader this node knows of.

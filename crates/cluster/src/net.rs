@@ -73,6 +73,8 @@ pub enum Request {
     Propose(Bytes),
     /// A change of the members, for the leader to make.
     Membership(crate::MembershipChange),
+    /// What the node says of itself to the others ([`crate::Node::set_info`]).
+    Info,
 }
 
 /// Raft's own RPCs.
@@ -215,6 +217,11 @@ async fn serve_connection<A: Applier>(stream: Box<dyn Connection>, node: Arc<Inn
                     let _ = replies.send((id, encode(&Reply::Propose(answer)))).await;
                     drop(permit);
                 });
+            }
+            Request::Info => {
+                let info = node.info.read().expect("info lock").clone();
+                let _ = replies.send((id, encode(&Reply::Propose(Ok(info))))).await;
+                drop(permit);
             }
             Request::Membership(change) => {
                 let node = node.clone();

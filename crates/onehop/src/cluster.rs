@@ -12,7 +12,6 @@ use std::path::Path;
 use onehop_cluster::{Applier, ClusterTls, MembershipChange, Node, NodeOptions, ProposeError, SnapshotFile};
 use onehop_engine::{Engine, Replicator, Submitted};
 use onehop_server::http::{ChangeRefused, MemberChange};
-use onehop_server::kafka::groups::committed::OFFSETS_TOPIC;
 use onehop_server::kafka::producers::PRODUCERS_TOPIC;
 use onehop_server::kafka::transactions::TRANSACTIONS_TOPIC;
 use onehop_server::mqtt::sessions::SESSIONS_TOPIC;
@@ -58,11 +57,13 @@ impl Applier for EngineApplier {
 }
 
 /// The topics a node keeps for itself, which a snapshot neither sends nor replaces: its MQTT
-/// sessions, and its Kafka groups' offsets, producers and transactions (docs/cluster.md).
-const NODE_TOPICS: [&str; 4] = [SESSIONS_TOPIC, OFFSETS_TOPIC, PRODUCERS_TOPIC, TRANSACTIONS_TOPIC];
+/// sessions, and its Kafka producers and transactions (docs/cluster.md). Kafka's committed
+/// offsets are replicated, as the streams are.
+const NODE_TOPICS: [&str; 3] = [SESSIONS_TOPIC, PRODUCERS_TOPIC, TRANSACTIONS_TOPIC];
 
 /// Whether the topic `name` is part of the replicated state: every stream, table, view output,
-/// the catalog, view checkpoints and retained MQTT messages; not [`NODE_TOPICS`].
+/// the catalog, view checkpoints, retained MQTT messages and Kafka's committed offsets; not
+/// [`NODE_TOPICS`].
 fn replicated_topic(name: &str) -> bool {
     !NODE_TOPICS.contains(&name)
 }
@@ -91,6 +92,46 @@ fn restart_in_place() -> String {
     };
     let error = std::process::Command::new(&program).args(std::env::args_os().skip(1)).exec();
     format!("cannot run {} again: {error}", program.display())
+}
+
+/// What a node tells the others of itself: where its Kafka listeners are advertised.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+pub struct NodeInfo {
+    /// The plain listener's host and port, as Kafka clients are told.
+    pub kafka: Option<(String, u16)>,
+    /// The TLS listener's.
+    pub kafka_tls: Option<(String, u16)>,
+}
+
+/// The cluster as this node's Kafka clients see it: the leader leads every partition and
+/// coordinates every group, at the address it advertises.
+pub struct KafkaView(pub Arc<Node<EngineApplier>>);
+
+impl onehop_server::kafka::KafkaCluster for KafkaView {
+    fn leader(&self) -> Option<i32> {
+        self.0.leader().and_then(|leader| i32::try_from(leader).ok())
+    }
+
+    fn settled_term(&self) -> Option<u64> {
+        let metrics = self.0.metrics().borrow().clone();
+        let term = metrics.current_term;
+        // A leader's first entry of its term (openraft's blank one) follows every entry of
+        // earlier terms: once it is applied, so are they.
+        let applied_own = metrics.last_applied.is_some_and(|applied| applied.leader_id.term == term);
+        (metrics.state == onehop_cluster::ServerState::Leader && applied_own).then_some(term)
+    }
+
+    fn brokers(&self, tls: bool) -> Vec<(i32, String, u16)> {
+        self.0
+            .directory()
+            .into_iter()
+            .filter_map(|(id, info)| {
+                let info: NodeInfo = serde_json::from_slice(&info).ok()?;
+                let (host, port) = if tls { info.kafka_tls? } else { info.kafka? };
+                Some((i32::try_from(id).ok()?, host, port))
+            })
+            .collect()
+    }
 }
 
 /// The Raft node, taking the engine's writes.

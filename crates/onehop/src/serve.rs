@@ -238,7 +238,22 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             config.connections_max = settings.connections_max;
             // A produce request carries a batch of records: room for the largest and its framing.
             config.request_bytes_max = settings.stream_defaults.batch_bytes_max + KAFKA_REQUEST_ENVELOPE_BYTES;
+            if let Some(cluster) = &settings.cluster {
+                config.node_id = i32::try_from(cluster.node_id).context("a node id above 2147483647")?;
+            }
             let server = KafkaServer::open(engine.clone(), config).await.context("opening the Kafka front end")?;
+            if let Some(node) = &cluster {
+                // The other nodes tell their Kafka clients where this one is.
+                let advertised = |tls: bool| {
+                    listeners
+                        .iter()
+                        .find(|(_, endpoint)| endpoint.tls.is_some() == tls)
+                        .map(|(_, endpoint)| (endpoint.advertised_host.clone(), endpoint.advertised_port))
+                };
+                let info = crate::cluster::NodeInfo { kafka: advertised(false), kafka_tls: advertised(true) };
+                node.set_info(bytes::Bytes::from(serde_json::to_vec(&info).expect("node info serializes")));
+                server.set_cluster(Arc::new(crate::cluster::KafkaView(node.clone())));
+            }
             Some(tokio::spawn(server.serve(listeners, until_stopped(stopped.clone()))))
         }
     };

@@ -159,6 +159,10 @@ fn cluster(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<Clust
         }
         return Ok(None);
     };
+    // A node id is also the node's Kafka broker id, an int32.
+    if node_id > i32::MAX as u64 {
+        bail!("node_id {node_id} is too large: node ids go up to 2147483647 (Kafka's broker ids are 32-bit)");
+    }
     let address = address.context("node_id needs cluster_addr: the address the other nodes reach this one at")?;
     let advertised = args.cluster_advertised_addr.or(file.cluster_advertised_addr).unwrap_or(address);
     let peers = match peers {

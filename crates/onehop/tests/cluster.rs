@@ -1518,3 +1518,180 @@ fn a_node_that_missed_purged_entries_installs_a_snapshot_and_agrees_also_killed_
         state["tables"].as_array().unwrap().len(),
     );
 }
+
+/// A `kcat -G` consumer of `topic` in `group`, bootstrapped at `bootstrap`: the keys it
+/// received, and what it said of its assignments, gathered by threads.
+struct GroupMember {
+    /// Stopped when dropped.
+    _child: Spawned,
+    keys: Arc<Mutex<Vec<String>>>,
+    said: Arc<Mutex<Vec<String>>>,
+}
+
+impl GroupMember {
+    fn start(bootstrap: &str, group: &str, topic: &str) -> GroupMember {
+        let mut child = Command::new("kcat")
+            .args(["-b", bootstrap, "-G", group, topic, "-u", "-f", "%k\n"])
+            .args(["-X", "auto.offset.reset=earliest", "-X", "session.timeout.ms=6000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let keys = Arc::new(Mutex::new(Vec::new()));
+        let said = Arc::new(Mutex::new(Vec::new()));
+        for (source, into) in [
+            (Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, keys.clone()),
+            (Box::new(child.stderr.take().unwrap()), said.clone()),
+        ] {
+            std::thread::spawn(move || {
+                for line in BufReader::new(source).lines().map_while(Result::ok) {
+                    into.lock().unwrap().push(line);
+                }
+            });
+        }
+        GroupMember { _child: Spawned(child), keys, said }
+    }
+
+    /// Stops it as an operator would (SIGTERM): it commits what it consumed, leaves the group
+    /// and exits.
+    fn stop(mut self) {
+        let pid = self._child.0.id().to_string();
+        let sent = Command::new("kill").args(["-s", "TERM", &pid]).status().unwrap();
+        assert!(sent.success());
+        let exited = self._child.0.wait().unwrap();
+        assert!(exited.success() || exited.code().is_some(), "kcat ended with {exited:?}");
+    }
+
+    /// The partitions its newest assignment gave it (kcat: `… assigned: jobs [0], jobs [1]`).
+    fn assigned(&self) -> Option<Vec<String>> {
+        let said = self.said.lock().unwrap();
+        let line = said.iter().rev().find(|line| line.contains("assigned:") || line.contains("revoked:"))?;
+        let (_, partitions) = line.split_once("assigned:")?;
+        Some(partitions.split(',').map(|part| part.trim().to_string()).filter(|part| !part.is_empty()).collect())
+    }
+}
+
+#[test]
+fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader() {
+    let mut cluster = Cluster::start_with(3, true, false, None, Vec::new());
+    let leader = cluster.leader();
+    let leader_id = cluster.members[leader].id;
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let kafka = |cluster: &Cluster, index: usize| {
+        cluster.members[index].server.as_ref().unwrap().kafka_address.unwrap().to_string()
+    };
+    common::sql(cluster.members[followers[0]].http, "CREATE STREAM jobs WITH (partitions = 2)");
+
+    // Asked through a follower, the metadata names every node as a broker, at its own Kafka
+    // address, and the leader as every partition's leader.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metadata = loop {
+        let listed = Command::new("kcat")
+            .args(["-L", "-J", "-b", &kafka(&cluster, followers[0]), "-t", "jobs"])
+            .output()
+            .unwrap();
+        let metadata: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap_or_default();
+        if metadata["brokers"].as_array().is_some_and(|brokers| brokers.len() == 3) {
+            break metadata;
+        }
+        assert!(Instant::now() < deadline, "not every node is a broker after 20 s: {metadata}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for member in &cluster.members {
+        let address = member.server.as_ref().unwrap().kafka_address.unwrap().to_string();
+        let listed = metadata["brokers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|broker| broker["id"] == member.id && broker["name"].as_str().is_some_and(|name| name == address));
+        assert!(listed, "node {} at {address} is not listed: {metadata}", member.id);
+    }
+    let partitions = metadata["topics"][0]["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 2, "{metadata}");
+    assert!(partitions.iter().all(|partition| partition["leader"] == leader_id), "{metadata}");
+
+    // Two members of one group, each bootstrapped at another follower: one group, which
+    // shares the partitions out, not a group per node.
+    let members = [
+        GroupMember::start(&kafka(&cluster, followers[0]), "workers", "jobs"),
+        GroupMember::start(&kafka(&cluster, followers[1]), "workers", "jobs"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let assigned: Vec<Option<Vec<String>>> = members.iter().map(GroupMember::assigned).collect();
+        if assigned.iter().all(|partitions| partitions.as_ref().is_some_and(|partitions| partitions.len() == 1)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the members did not each get one partition in 40 s: {assigned:?}\n{:?}\n{:?}",
+            members[0].said.lock().unwrap(),
+            members[1].said.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let keys: Vec<String> = (0..40).map(|n| format!("job-{n}")).collect();
+    let input: String = keys.iter().map(|key| format!("{key}:{{\"n\":1}}\n")).collect();
+    let mut producer = Command::new("kcat")
+        .args(["-P", "-b", &kafka(&cluster, followers[1]), "-t", "jobs", "-K", ":", "-X", "acks=all"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    producer.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let produced = producer.wait_with_output().unwrap();
+    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    let received = || members.iter().map(|member| member.keys.lock().unwrap().len()).sum::<usize>();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while received() < keys.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A moment more: a second copy of any record would arrive now.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut all: Vec<String> = members.iter().flat_map(|member| member.keys.lock().unwrap().clone()).collect();
+    all.sort();
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(all, expected, "every record once, across the group's two members");
+    let each: Vec<usize> = members.iter().map(|member| member.keys.lock().unwrap().len()).collect();
+    assert!(each.iter().all(|count| *count > 0), "both members consumed: {each:?}");
+    println!("one group across two nodes: its members consumed {each:?} of {} records", keys.len());
+    // Both members are stopped, committing what they consumed; then the leader, which
+    // coordinated the group, is killed with kill -9. The new leader coordinates it from the
+    // offsets every node applied: a new member reads on from them, not from the start.
+    for member in members {
+        member.stop();
+    }
+    cluster.members[leader].server.as_mut().unwrap().kill_9();
+    cluster.members[leader].server = None;
+    let old = leader;
+    let leader = cluster.leader();
+    cluster.launch(old);
+    let member = GroupMember::start(&kafka(&cluster, old), "workers", "jobs");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while member.assigned().is_none_or(|partitions| partitions.len() != 2) {
+        assert!(Instant::now() < deadline, "no assignment in 40 s: {:?}", member.said.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let more: Vec<String> = (0..10).map(|n| format!("more-{n}")).collect();
+    let input: String = more.iter().map(|key| format!("{key}:{{\"n\":2}}\n")).collect();
+    let mut producer = Command::new("kcat")
+        .args(["-P", "-b", &kafka(&cluster, leader), "-t", "jobs", "-K", ":", "-X", "acks=all"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    producer.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let produced = producer.wait_with_output().unwrap();
+    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while member.keys.lock().unwrap().len() < more.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut got = member.keys.lock().unwrap().clone();
+    got.sort();
+    let mut expected = more.clone();
+    expected.sort();
+    assert_eq!(got, expected, "after the failover the group reads on from its committed offsets");
+}

@@ -173,6 +173,12 @@ enum Request {
         change: StreamChange,
     },
     DropStream(String),
+    /// Records for one of a front end's system topics that every node keeps alike (Kafka's
+    /// committed offsets): appended at its end on every node.
+    SystemAppend {
+        topic: String,
+        records: Vec<WireRecord>,
+    },
 }
 
 /// A change to a stream's definition.
@@ -267,6 +273,13 @@ enum Command {
         change: StreamChange,
     },
     DropStream(String),
+    /// Records appended to a system topic every node keeps alike (see [`Engine::append_system`]).
+    /// Applied again after a restart, they are appended again: such a topic is read by key,
+    /// the newest record winning, and a repeat in log order changes no key's newest record.
+    SystemAppend {
+        topic: String,
+        records: Vec<WireRecord>,
+    },
 }
 
 /// A refusal as it travels back: the engine error the requester's node gives its client.
@@ -447,6 +460,8 @@ enum Outcome {
         answer: AccessAnswer,
         index: u64,
     },
+    /// Records appended to a system topic.
+    Appended,
 }
 
 fn encode<T: Serialize>(value: &T) -> Bytes {
@@ -688,6 +703,13 @@ impl Engine {
                 }
                 Ok(encode(&Command::DropView(name)))
             }
+            Request::SystemAppend { topic, records } => {
+                check_shared_system_topic(&topic).map_err(|error| refused(&error))?;
+                if records.is_empty() {
+                    return Err(refused(&AppendError::EmptyBatch.into()));
+                }
+                Ok(encode(&Command::SystemAppend { topic, records }))
+            }
         }
     }
 
@@ -882,7 +904,7 @@ impl Engine {
     /// the command's variant is read.
     pub fn is_replicated_barrier(command: &[u8]) -> bool {
         // postcard writes an enum's variant index first, as a varint.
-        !matches!(postcard::take_from_bytes::<u32>(command), Ok((0 | 2, _)))
+        !matches!(postcard::take_from_bytes::<u32>(command), Ok((0 | 2 | 12, _)))
     }
 
     /// On a node that became the cluster's leader, once it applied every earlier command: the
@@ -1073,6 +1095,35 @@ impl Engine {
                 let outcome = self.change_access_here(change).await.map(|answer| Outcome::Access { answer, index });
                 self.applied_ddl(index, outcome)
             }
+            Command::SystemAppend { topic, records } => {
+                let system = self
+                    .system_topic(&topic, &SystemTopicConfig::default())
+                    .map_err(|error| format!("opening system topic {topic}: {error}"))?;
+                let records: Vec<NewRecord> = records.into_iter().map(NewRecord::from).collect();
+                system.append(&records).await.map_err(|error| format!("appending to system topic {topic}: {error}"))?;
+                Ok(encode(&Outcome::Appended))
+            }
+        }
+    }
+
+    /// Appends `records` to `topic`, a system topic every cluster node keeps alike (a front
+    /// end's, such as Kafka's committed offsets), and returns once they are durable: on a
+    /// single node, appended here; on a cluster node, committed on a majority of the nodes and
+    /// appended by each, this one included. The topic must be opened with the default
+    /// [`SystemTopicConfig`], as every node opens it where it applies.
+    pub async fn append_system(&self, topic: &SystemTopic, records: Vec<NewRecord>) -> Result<(), EngineError> {
+        let Some(replicator) = self.replicator.get() else {
+            return topic.append(&records).await.map(drop);
+        };
+        check_shared_system_topic(topic.name())?;
+        let request = encode(&Request::SystemAppend {
+            topic: topic.name().to_string(),
+            records: records.iter().map(WireRecord::from).collect(),
+        });
+        match outcome(submit_queued(replicator, request).await?.await)? {
+            Outcome::Appended => Ok(()),
+            Outcome::Refused(refusal) => Err(refusal.into()),
+            _ => Err(EngineError::Internal("the cluster answered a system append with something else".into())),
         }
     }
 
@@ -1401,6 +1452,16 @@ async fn written_here(table: &Arc<Table>, id: &str, offset: u64, created: bool) 
         .into());
     }
     Ok(Written { offset, created, row: table.get(id).filter(|row| row.offset == offset) })
+}
+
+/// Refuses what is not a system topic a front end may have every node keep alike through
+/// [`Engine::append_system`]: the engine's own (catalog, view checkpoints) are written by the
+/// engine.
+fn check_shared_system_topic(name: &str) -> Result<(), EngineError> {
+    if !name.starts_with("__") || name == CATALOG_TOPIC || name == CHECKPOINT_TOPIC {
+        return Err(EngineError::InvalidDefinition(format!("{name:?} is not a system topic the nodes share")));
+    }
+    onehop_log::validate_topic_name(name).map_err(|reason| EngineError::InvalidName { name: name.to_string(), reason })
 }
 
 /// How long a node waits for a change the cluster committed to reach it.

@@ -406,7 +406,7 @@ mod tests {
             Arc::new(transactions::Transactions::open(&engine, producers.clone(), groups.clone()).unwrap());
         let (_stop, stop) = watch::channel(false);
         let request_bytes = Arc::new(Semaphore::new(budget));
-        Shared { engine, config, producers, groups, transactions, request_bytes, stop }
+        Shared { engine, config, producers, groups, transactions, request_bytes, stop, cluster: Default::default() }
     }
 
     /// A connected pair: the client's end and the server's.

@@ -80,14 +80,63 @@ pub(super) fn may_describe(shared: &Shared, who: &onehop_engine::Principal, name
         Err(_) => false,
     }
 }
+/// NOT_COORDINATOR on a cluster node that is not the cluster's leader: the leader coordinates
+/// every group and transaction (FindCoordinator names it), so that the members of a group meet
+/// on one node wherever they connected first.
+///
+/// On the leader: COORDINATOR_LOAD_IN_PROGRESS until it has read back the committed offsets
+/// that every node applied, once it applied everything earlier leaders committed.
+pub(super) fn not_coordinator(shared: &Shared) -> Option<i16> {
+    let cluster = shared.cluster.get()?;
+    if cluster.leader() != Some(shared.config.node_id) {
+        return Some(kafka_protocol::ResponseError::NotCoordinator.code());
+    }
+    let loaded = cluster.settled_term().is_some_and(|term| shared.groups.offsets.loaded_term() == Some(term));
+    (!loaded).then(|| kafka_protocol::ResponseError::CoordinatorLoadInProgress.code())
+}
+
+/// A cluster node's view for its Kafka clients (docs/cluster.md): which node leads the cluster
+/// (every partition's leader, and the coordinator of every group and transaction), and where
+/// each node's Kafka listeners are.
+pub trait KafkaCluster: Send + Sync + 'static {
+    /// The node that leads, when one is known.
+    fn leader(&self) -> Option<i32>;
+    /// On the leader, its term once it has applied every command of earlier terms (so it
+    /// holds all that earlier leaders committed); `None` before, and on other nodes.
+    fn settled_term(&self) -> Option<u64>;
+    /// Each node known to serve Kafka, with the host and port it tells clients of its listener
+    /// over TLS (`tls`) or plain TCP.
+    fn brokers(&self, tls: bool) -> Vec<(i32, String, u16)>;
+}
+
+/// The brokers a client of `endpoint` is told of, this one among them, and the one that leads
+/// every partition (this one on a single node, or while a cluster knows no leader it can name).
+pub(super) fn brokers(shared: &Shared, endpoint: &KafkaListener) -> (Vec<(i32, String, u16)>, i32) {
+    let this = (shared.config.node_id, endpoint.advertised_host.clone(), endpoint.advertised_port);
+    let Some(cluster) = shared.cluster.get() else { return (vec![this], shared.config.node_id) };
+    let mut brokers: Vec<(i32, String, u16)> =
+        cluster.brokers(endpoint.tls.is_some()).into_iter().filter(|(id, _, _)| *id != this.0).collect();
+    brokers.push(this);
+    brokers.sort();
+    let leader = cluster
+        .leader()
+        .filter(|leader| brokers.iter().any(|(id, _, _)| id == leader))
+        .unwrap_or(shared.config.node_id);
+    (brokers, leader)
+}
+
 /// The error refusing `who` `privilege` on the consumer group `group`, if it is refused
-/// (GROUP_AUTHORIZATION_FAILED, as Kafka's authorizer answers).
+/// (GROUP_AUTHORIZATION_FAILED, as Kafka's authorizer answers), or NOT_COORDINATOR (see
+/// [`not_coordinator`]).
 pub(super) fn group_refused(
     shared: &Shared,
     who: &onehop_engine::Principal,
     privilege: onehop_engine::Privilege,
     group: &str,
 ) -> Option<i16> {
+    if let Some(code) = not_coordinator(shared) {
+        return Some(code);
+    }
     let refused = shared.engine.access().authorize(who, privilege, onehop_engine::ObjectKind::Group, group).is_err();
     refused.then(|| kafka_protocol::ResponseError::GroupAuthorizationFailed.code())
 }
@@ -185,6 +234,8 @@ pub(super) struct Shared {
     /// The request bytes in flight, as permits of `request_bytes_in_flight_max`.
     pub request_bytes: Arc<Semaphore>,
     pub stop: watch::Receiver<bool>,
+    /// Set on a cluster node.
+    pub cluster: std::sync::OnceLock<Arc<dyn KafkaCluster>>,
 }
 
 /// The Kafka front end, opened (its producer states restored) and ready to serve.
@@ -203,8 +254,23 @@ impl KafkaServer {
         transactions.recover().await?;
         let (stop, stopped) = watch::channel(false);
         let request_bytes = Arc::new(Semaphore::new(config.request_bytes_in_flight_max));
-        let shared = Shared { engine, config, producers, groups, transactions, request_bytes, stop: stopped };
+        let shared = Shared {
+            engine,
+            config,
+            producers,
+            groups,
+            transactions,
+            request_bytes,
+            stop: stopped,
+            cluster: Default::default(),
+        };
         Ok(KafkaServer { shared: Arc::new(shared), stop })
+    }
+
+    /// Makes this the Kafka front end of a cluster node: clients are told of every node, and
+    /// of the leader as every partition's leader and every group's coordinator.
+    pub fn set_cluster(&self, cluster: Arc<dyn KafkaCluster>) {
+        let _ = self.shared.cluster.set(cluster);
     }
 
     /// Serves the Kafka protocol on each of `listeners` until `shutdown` resolves; then open
@@ -220,11 +286,23 @@ impl KafkaServer {
         let groups = shared.groups.clone();
         let transactions = shared.transactions.clone();
         let mut stopped = shared.stop.clone();
+        let cluster = shared.clone();
+        let cluster = move || cluster.cluster.get().cloned();
         let timeouts = tokio::spawn(async move {
             let mut tick = tokio::time::interval(groups::TICK);
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        if let Some(term) = cluster().and_then(|cluster| cluster.settled_term())
+                            && groups.offsets.loaded_term() != Some(term)
+                        {
+                            let reloading = groups.clone();
+                            match tokio::task::spawn_blocking(move || reloading.offsets.reload(term)).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(error)) => tracing::error!(%error, "cannot read the committed Kafka offsets back"),
+                                Err(error) => tracing::error!(%error, "reading the committed Kafka offsets back failed"),
+                            }
+                        }
                         for (group, stored) in groups.tick() {
                             if let Err(error) = groups.offsets.store_group(&group, stored.as_ref()).await {
                                 tracing::warn!(%group, %error, "a Kafka group's membership could not be stored");

@@ -35,12 +35,19 @@ pub(super) async fn metadata(
 ) -> MetadataResponse {
     let engine = &shared.engine;
     let mut response = MetadataResponse::default();
-    let node = BrokerId(shared.config.node_id);
-    let mut broker = MetadataResponseBroker::default();
-    broker.node_id = node;
-    broker.host = StrBytes::from_string(endpoint.advertised_host.clone());
-    broker.port = i32::from(endpoint.advertised_port);
-    response.brokers = vec![broker];
+    let (brokers, leader) = super::brokers(shared, endpoint);
+    let node = BrokerId(leader);
+    let replicas: Vec<BrokerId> = brokers.iter().map(|(id, _, _)| BrokerId(*id)).collect();
+    response.brokers = brokers
+        .into_iter()
+        .map(|(id, host, port)| {
+            let mut broker = MetadataResponseBroker::default();
+            broker.node_id = BrokerId(id);
+            broker.host = StrBytes::from_string(host);
+            broker.port = i32::from(port);
+            broker
+        })
+        .collect();
     response.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
     response.controller_id = node;
     // Before version 4 a request could not say; it was always allowed.
@@ -64,7 +71,7 @@ pub(super) async fn metadata(
                     && shared.engine.access().authorize(who, Privilege::Write, ObjectKind::Stream, &name).is_ok();
                 let found = if creates { engine.stream_or_create(&name).await } else { engine.stream(&name) };
                 answered.push(match found {
-                    Ok(stream) => describe(&stream, node),
+                    Ok(stream) => describe(&stream, node, &replicas),
                     Err(error) => topic_error(name, errors::code(&error)),
                 });
             }
@@ -74,7 +81,7 @@ pub(super) async fn metadata(
             let mut streams = engine.streams();
             streams.retain(|stream| super::may_describe(shared, who, stream.name()));
             streams.sort_by(|a, b| a.name().cmp(b.name()));
-            streams.iter().map(|stream| describe(stream, node)).collect()
+            streams.iter().map(|stream| describe(stream, node, &replicas)).collect()
         }
     };
     response.topics = topics;
@@ -82,7 +89,8 @@ pub(super) async fn metadata(
 }
 
 /// A topic's metadata: its partitions, each led by this server, the one replica.
-fn describe(stream: &Arc<Stream>, node: BrokerId) -> MetadataResponseTopic {
+/// A stream as a topic whose partitions `node` leads, each held by every one of `replicas`.
+fn describe(stream: &Arc<Stream>, node: BrokerId, replicas: &[BrokerId]) -> MetadataResponseTopic {
     let mut topic = MetadataResponseTopic::default();
     topic.name = Some(TopicName(StrBytes::from_string(stream.name().to_string())));
     topic.partitions = (0..stream.partition_count())
@@ -91,8 +99,8 @@ fn describe(stream: &Arc<Stream>, node: BrokerId) -> MetadataResponseTopic {
             partition.partition_index = index as i32;
             partition.leader_id = node;
             partition.leader_epoch = 0;
-            partition.replica_nodes = vec![node];
-            partition.isr_nodes = vec![node];
+            partition.replica_nodes = replicas.to_vec();
+            partition.isr_nodes = replicas.to_vec();
             partition
         })
         .collect();
@@ -310,9 +318,9 @@ pub(super) fn describe_cluster(
     request: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
     let mut response = DescribeClusterResponse::default();
-    let node = BrokerId(shared.config.node_id);
+    let (brokers, leader) = super::brokers(shared, endpoint);
     response.cluster_id = StrBytes::from_static_str(CLUSTER_ID);
-    response.controller_id = node;
+    response.controller_id = BrokerId(leader);
     response.endpoint_type = request.endpoint_type;
     // Endpoint type 2 asks for the controllers' listeners, which a single server does not have apart.
     if request.endpoint_type != 1 {
@@ -320,10 +328,15 @@ pub(super) fn describe_cluster(
         response.error_message = Some(StrBytes::from_static_str("only the brokers' endpoints (type 1) are served"));
         return response;
     }
-    let mut broker = DescribeClusterBroker::default();
-    broker.broker_id = node;
-    broker.host = StrBytes::from_string(endpoint.advertised_host.clone());
-    broker.port = i32::from(endpoint.advertised_port);
-    response.brokers = vec![broker];
+    response.brokers = brokers
+        .into_iter()
+        .map(|(id, host, port)| {
+            let mut broker = DescribeClusterBroker::default();
+            broker.broker_id = BrokerId(id);
+            broker.host = StrBytes::from_string(host);
+            broker.port = i32::from(port);
+            broker
+        })
+        .collect();
     response
 }

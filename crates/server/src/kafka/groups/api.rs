@@ -52,10 +52,20 @@ pub(in crate::kafka) fn find_coordinator(
     version: i16,
 ) -> FindCoordinatorResponse {
     let mut response = FindCoordinatorResponse::default();
-    let node = BrokerId(shared.config.node_id);
-    let host = text(&endpoint.advertised_host);
-    let port = i32::from(endpoint.advertised_port);
-    let refusal = (!matches!(request.key_type, 0 | 1)).then_some(ResponseError::InvalidRequest.code());
+    // The cluster's leader coordinates every group and transaction; on a single node, this one.
+    let (brokers, leader) = crate::kafka::brokers(shared, endpoint);
+    let (_, host, port) = brokers.iter().find(|(id, _, _)| *id == leader).expect("the leader is among the brokers");
+    let node = BrokerId(leader);
+    let host = text(host);
+    let port = i32::from(*port);
+    let unknown_leader =
+        shared.cluster.get().is_some_and(|cluster| cluster.leader().is_none_or(|known| known != leader));
+    let refusal = if !matches!(request.key_type, 0 | 1) {
+        Some(ResponseError::InvalidRequest.code())
+    } else {
+        // No leader it can name yet (an election): the client asks again.
+        unknown_leader.then_some(ResponseError::CoordinatorNotAvailable.code())
+    };
     if version < 4 {
         // One key, answered in the top-level fields (version 4 answers a list instead).
         response.node_id = node;
@@ -431,6 +441,11 @@ pub(in crate::kafka) fn describe_groups(
         .into_iter()
         .map(|id| {
             let mut described = DescribedGroup::default();
+            if let Some(code) = crate::kafka::not_coordinator(shared) {
+                described.error_code = code;
+                described.group_id = id;
+                return described;
+            }
             if !visible(id.0.as_str()) {
                 described.error_code = ResponseError::GroupAuthorizationFailed.code();
                 described.group_id = id;

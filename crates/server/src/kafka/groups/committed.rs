@@ -7,6 +7,10 @@
 //! ([`StoredGroup`], key `[group]`), as Kafka does: after a restart the members are still
 //! known, so they go on heartbeating and committing instead of all rejoining at once (which
 //! would hand partitions over before the old owners could commit).
+//!
+//! On a cluster node every write to the topic goes through the cluster
+//! ([`Engine::append_system`]), so every node holds what the leader, which coordinates the
+//! groups, committed; a node that becomes leader reads it back ([`CommittedOffsets::reload`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -56,16 +60,56 @@ pub struct StoredGroup {
 }
 
 pub struct CommittedOffsets {
+    engine: Arc<Engine>,
     topic: Arc<SystemTopic>,
     offsets: RwLock<BTreeMap<Key, Committed>>,
     /// The groups' stored memberships, as read at start (the coordinator takes them).
     restored: std::sync::Mutex<BTreeMap<String, StoredGroup>>,
+    /// On a cluster node: the leader term the offsets were last read back for (see
+    /// [`CommittedOffsets::reload`]); `u64::MAX`: none.
+    loaded_term: std::sync::atomic::AtomicU64,
 }
+
+/// Committed offsets and stored groups, as a replay of the topic gives them.
+type Replayed = (BTreeMap<Key, Committed>, BTreeMap<String, StoredGroup>);
 
 impl CommittedOffsets {
     /// Opens the store and reads every committed offset back.
-    pub fn open(engine: &Engine) -> Result<CommittedOffsets, EngineError> {
+    pub fn open(engine: &Arc<Engine>) -> Result<CommittedOffsets, EngineError> {
+        // Every cluster node opens it alike: it applies what the leader commits to it.
         let topic = engine.system_topic(OFFSETS_TOPIC, &SystemTopicConfig::default())?;
+        let (offsets, groups) = Self::replay(&topic)?;
+        tracing::info!(offsets = offsets.len(), groups = groups.len(), "Kafka committed offsets and groups restored");
+        Ok(CommittedOffsets {
+            engine: engine.clone(),
+            topic,
+            offsets: RwLock::new(offsets),
+            restored: std::sync::Mutex::new(groups),
+            loaded_term: std::sync::atomic::AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Reads the offsets back again, for the leader term `term`: a cluster node that became
+    /// the leader coordinates the groups from the offsets every node applied, which the
+    /// leaders before it committed.
+    pub fn reload(&self, term: u64) -> Result<(), EngineError> {
+        let (offsets, _) = Self::replay(&self.topic)?;
+        tracing::info!(
+            offsets = offsets.len(),
+            term,
+            "Kafka committed offsets read back: this node coordinates the groups"
+        );
+        *self.offsets.write().expect("offsets lock") = offsets;
+        self.loaded_term.store(term, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The leader term the offsets were last read back for ([`CommittedOffsets::reload`]).
+    pub fn loaded_term(&self) -> Option<u64> {
+        Some(self.loaded_term.load(std::sync::atomic::Ordering::SeqCst)).filter(|term| *term != u64::MAX)
+    }
+
+    fn replay(topic: &SystemTopic) -> Result<Replayed, EngineError> {
         let mut offsets = BTreeMap::new();
         let mut groups = BTreeMap::new();
         topic.replay(|record| {
@@ -98,8 +142,7 @@ impl CommittedOffsets {
             }
             Ok(())
         })?;
-        tracing::info!(offsets = offsets.len(), groups = groups.len(), "Kafka committed offsets and groups restored");
-        Ok(CommittedOffsets { topic, offsets: RwLock::new(offsets), restored: std::sync::Mutex::new(groups) })
+        Ok((offsets, groups))
     }
 
     /// The groups' memberships read at start (once; the coordinator keeps them from then on).
@@ -114,7 +157,7 @@ impl CommittedOffsets {
             Some(stored) => NewRecord::keyed(key, serde_json::to_vec(stored).expect("a group serializes")),
             None => NewRecord::tombstone(key),
         };
-        self.topic.append(&[record]).await.map(drop)
+        self.engine.append_system(&self.topic, vec![record]).await
     }
 
     fn encode_key(key: &Key) -> Bytes {
@@ -132,7 +175,7 @@ impl CommittedOffsets {
                 NewRecord::keyed(Self::encode_key(key), serde_json::to_vec(committed).expect("an offset serializes"))
             })
             .collect();
-        self.topic.append(&records).await?;
+        self.engine.append_system(&self.topic, records).await?;
         let mut stored = self.offsets.write().expect("offsets lock");
         stored.extend(offsets);
         Ok(())
@@ -173,7 +216,7 @@ impl CommittedOffsets {
         }
         let mut records: Vec<NewRecord> = keys.iter().map(|key| NewRecord::tombstone(Self::encode_key(key))).collect();
         records.push(NewRecord::tombstone(Bytes::from(serde_json::to_vec(&(group,)).expect("a key serializes"))));
-        self.topic.append(&records).await?;
+        self.engine.append_system(&self.topic, records).await?;
         let mut stored = self.offsets.write().expect("offsets lock");
         for key in &keys {
             stored.remove(key);

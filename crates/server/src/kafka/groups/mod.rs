@@ -651,7 +651,9 @@ mod tests {
     #[tokio::test]
     async fn members_join_sync_rebalance_and_are_restored_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = onehop_engine::Engine::open_in(dir.path(), onehop_engine::EngineOptions::default()).unwrap();
+        let engine = std::sync::Arc::new(
+            onehop_engine::Engine::open_in(dir.path(), onehop_engine::EngineOptions::default()).unwrap(),
+        );
         let coordinator = Coordinator::new(CommittedOffsets::open(&engine).unwrap());
 
         // One member: the join completes at once, and it leads.
