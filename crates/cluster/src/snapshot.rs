@@ -426,10 +426,9 @@ pub fn install_pending(dir: &Path, root: &Path, keep: impl Fn(&str) -> bool) -> 
             io::Error::new(io::ErrorKind::InvalidData, format!("{}: {error}", pending_path.display()))
         })?,
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            // An archive never recorded as pending was not complete: the node catches up anew.
-            if fs::metadata(&archive).is_ok() {
-                fs::remove_file(&archive)?;
-            }
+            // No install pending: an archive never recorded as pending was not complete (the
+            // node catches up anew), and the rest is what a finished install left.
+            remove_leftovers(&snapshots)?;
             return Ok(None);
         }
         Err(error) => return Err(error),
@@ -472,18 +471,31 @@ pub fn install_pending(dir: &Path, root: &Path, keep: impl Fn(&str) -> bool) -> 
         let log = LogStore::open(dir.join("raft")).map_err(io::Error::other)?;
         log.drop_replaced_by_snapshot(last)?;
     }
-    if fs::metadata(&old).is_ok() {
-        fs::remove_dir_all(&old)?;
-    }
-    for done in [&archive, &unpacked] {
-        if fs::metadata(done).is_ok() {
-            fs::remove_file(done)?;
-        }
-    }
+    // Done: the record of the install goes first, so a crash from here on leaves only what
+    // `remove_leftovers` removes.
     fs::remove_file(&pending_path)?;
     crate::sys::sync_dir(&snapshots)?;
+    remove_leftovers(&snapshots)?;
     tracing::info!(index, "snapshot installed");
     Ok(Some(index))
+}
+
+/// Removes, with no install pending, the files an install leaves: the archive, its unpacked
+/// copy (when it never got in place) and the state it replaced.
+fn remove_leftovers(snapshots: &Path) -> io::Result<()> {
+    for file in [ARCHIVE, UNPACKED] {
+        match fs::remove_file(snapshots.join(file)) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+    }
+    for dir in [INSTALL, OLD] {
+        match fs::remove_dir_all(snapshots.join(dir)) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -623,8 +635,17 @@ mod tests {
         assert!(fs::metadata(root.join("dropped")).is_err());
         assert_eq!(fs::read(root.join("__mine/0/s.log")).unwrap(), b"mine");
         assert_eq!(crate::machine::read_applied(&node).unwrap().0, Some(last));
-        // Nothing pending any more.
+        // Nothing pending any more; what a crash at the end of an install would leave (the
+        // archive, its unpacked copy, the old state) goes, and the state stays.
+        let snapshots = node.join(SNAPSHOT_DIR);
+        fs::write(snapshots.join(ARCHIVE), b"left").unwrap();
+        fs::write(snapshots.join(UNPACKED), b"").unwrap();
+        fs::create_dir_all(snapshots.join(OLD).join("orders")).unwrap();
         assert_eq!(install_pending(&node, &root, keep).unwrap(), None);
+        for left in [ARCHIVE, UNPACKED, OLD] {
+            assert!(fs::metadata(snapshots.join(left)).is_err(), "{left}");
+        }
+        assert_eq!(fs::read(root.join("orders/0/new.log")).unwrap(), b"new records");
 
         // A crash after the swap, before the record: the next start finishes alike.
         let source = file(dir.path(), "newer.log", b"newer");
@@ -637,7 +658,6 @@ mod tests {
         fs::write(&received, &bytes).unwrap();
         let last = LogId::new(openraft::CommittedLeaderId::new(4, 1), 50);
         make_pending(&node, &received, &Pending { last: Some(last), membership: StoredMembership::default() }).unwrap();
-        let snapshots = node.join(SNAPSHOT_DIR);
         unpack(&snapshots.join(ARCHIVE), &snapshots.join(INSTALL)).unwrap();
         write_atomically(&snapshots, UNPACKED, b"").unwrap();
         fs::rename(root.join("__mine"), snapshots.join(INSTALL).join("__mine")).unwrap();
