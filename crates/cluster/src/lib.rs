@@ -439,6 +439,7 @@ impl<A: Applier> Node<A> {
         let log = LogStore::open(options.dir.join("raft"))?;
         let machine = Machine::open(&options.dir, applier.clone(), options.snapshot_every.is_some())
             .map_err(StartError::Machine)?;
+        let elections = machine.elections();
         let progress = machine.progress();
         let config = Config {
             cluster_name: "onehop".into(),
@@ -463,6 +464,7 @@ impl<A: Applier> Node<A> {
         let raft = Raft::new(options.id, config, network, log, machine)
             .await
             .map_err(|error| StartError::Raft(error.to_string()))?;
+        elections.attach(raft.clone());
         let inner = Arc::new(Inner {
             id: options.id,
             raft,

@@ -20,7 +20,7 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 
-use crate::snapshot::{self, Archive, Pending, Received, SnapshotData, SnapshotFile};
+use crate::snapshot::{self, Archive, Elections, Pending, Received, SnapshotData, SnapshotFile};
 use crate::{Answer, TypeConfig};
 
 /// What a node's replicated state is. Commands come out of the Raft log in log order, on every
@@ -89,6 +89,8 @@ pub struct Machine<A> {
     /// Set once a received snapshot is pending install: nothing more is applied here before
     /// the node restarts to install it.
     restarting: Arc<std::sync::atomic::AtomicBool>,
+    /// Off while a snapshot is received.
+    elections: Elections,
 }
 
 /// The last entry applied, and the membership then.
@@ -136,7 +138,21 @@ impl<A: Applier> Machine<A> {
             dir: dir.clone(),
             persisted: Arc::new(tokio::sync::Mutex::new(None)),
         };
-        Ok(Machine { applier, applied, dir, progress, snapshots, restarting: Default::default() })
+        Ok(Machine {
+            applier,
+            applied,
+            dir,
+            progress,
+            snapshots,
+            restarting: Default::default(),
+            elections: Default::default(),
+        })
+    }
+
+    /// What turns this node's elections off while it receives a snapshot: give it the node's
+    /// Raft once made.
+    pub(crate) fn elections(&self) -> Elections {
+        self.elections.clone()
     }
 
     /// A handle that records progress durably, see [`Progress::persist`].
@@ -303,7 +319,8 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
             .await
             .map_err(|error| snapshot_error(format!("{}: {error}", path.display())))?;
         tracing::info!(file = %path.display(), "receiving a snapshot from the leader");
-        Ok(Box::new(SnapshotData::Receiving(Received { file, path })))
+        let paused = Some(self.elections.pause());
+        Ok(Box::new(SnapshotData::Receiving(Received { file, path, paused })))
     }
 
     async fn install_snapshot(
@@ -318,6 +335,10 @@ impl<A: Applier> RaftStateMachine<TypeConfig> for Machine<A> {
         };
         received.file.flush().await.map_err(snapshot_error)?;
         let bytes = received.file.metadata().await.map_err(snapshot_error)?.len();
+        // Nor does it stand for election before its restart: its state is about to change.
+        if let Some(paused) = received.paused.take() {
+            paused.keep_off();
+        }
         let pending = Pending { last: meta.last_log_id, membership: meta.last_membership.clone() };
         let dir = self.dir.clone();
         // `received` goes along: once renamed, its drop finds nothing to remove.

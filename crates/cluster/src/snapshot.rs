@@ -30,6 +30,7 @@ use std::io::{self, BufReader, Read, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use openraft::{BasicNode, LogId, StoredMembership};
@@ -88,11 +89,90 @@ pub enum SnapshotData {
 pub struct Received {
     pub(crate) file: tokio::fs::File,
     pub(crate) path: PathBuf,
+    /// Keeps this node from starting elections while the archive arrives.
+    pub(crate) paused: Option<ElectionsPaused>,
 }
 
 impl Drop for Received {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Turns this node's elections off and on. The leader's snapshot chunks, unlike its
+/// heartbeats, do not reset a follower's election timer (openraft 0.9), so a node receiving a
+/// snapshot that takes longer than the election timeout would start an election, depose the
+/// leader (whose term it passes), and have the transfer start over: with enough data, forever.
+#[derive(Clone, Default)]
+pub(crate) struct Elections(Arc<std::sync::OnceLock<ElectionSwitch>>);
+
+/// Turns elections on or off (a node's Raft, behind a trait object: the state machine that
+/// holds it is inside that Raft).
+type ElectionSwitch = Box<dyn Fn(bool) + Send + Sync>;
+
+impl Elections {
+    /// Gives it the node's Raft, once there is one.
+    pub(crate) fn attach(&self, raft: openraft::Raft<crate::TypeConfig>) {
+        let _ = self.0.set(Box::new(move |on| raft.runtime_config().elect(on)));
+    }
+
+    fn set(&self, on: bool) {
+        if let Some(switch) = self.0.get() {
+            switch(on);
+        }
+    }
+
+    /// Elections off until the returned guard is dropped, or until no chunk arrived for
+    /// [`STALLED_AFTER`] (a leader gone mid-transfer must not leave this node unable to stand).
+    pub(crate) fn pause(&self) -> ElectionsPaused {
+        self.set(false);
+        let progress = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+        let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (elections, watched, ended) = (self.clone(), progress.clone(), over.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                if ended.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                if watched.lock().expect("progress lock").elapsed() >= STALLED_AFTER {
+                    tracing::warn!("no snapshot chunk for a while: this node may stand for election again");
+                    elections.set(true);
+                    return;
+                }
+            }
+        });
+        ElectionsPaused { elections: self.clone(), progress, over }
+    }
+}
+
+/// A snapshot transfer with no chunk for this long is taken as abandoned.
+const STALLED_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Elections stay off while this lives (see [`Elections::pause`]).
+pub(crate) struct ElectionsPaused {
+    elections: Elections,
+    progress: Arc<std::sync::Mutex<std::time::Instant>>,
+    over: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ElectionsPaused {
+    /// A chunk arrived.
+    fn progressed(&self) {
+        *self.progress.lock().expect("progress lock") = std::time::Instant::now();
+    }
+
+    /// The node restarts to install: elections stay off until it does.
+    pub(crate) fn keep_off(mut self) {
+        self.over.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.elections = Elections::default();
+    }
+}
+
+impl Drop for ElectionsPaused {
+    fn drop(&mut self) {
+        self.over.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.elections.set(true);
     }
 }
 
@@ -260,7 +340,12 @@ impl AsyncWrite for SnapshotData {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match &mut *self {
             SnapshotData::Sending(_) => Poll::Ready(Err(read_only())),
-            SnapshotData::Receiving(received) => Pin::new(&mut received.file).poll_write(cx, buf),
+            SnapshotData::Receiving(received) => {
+                if let Some(paused) = &received.paused {
+                    paused.progressed();
+                }
+                Pin::new(&mut received.file).poll_write(cx, buf)
+            }
         }
     }
 

@@ -1670,7 +1670,10 @@ fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader
     let member = GroupMember::start(&kafka(&cluster, old), "workers", "jobs");
     let deadline = Instant::now() + Duration::from_secs(40);
     while member.assigned().is_none_or(|partitions| partitions.len() != 2) {
-        assert!(Instant::now() < deadline, "no assignment in 40 s: {:?}", member.said.lock().unwrap());
+        if Instant::now() >= deadline {
+            let said = member.said.lock().unwrap().join("\n");
+            panic!("no assignment in 40 s; kcat said:\n{said}\n{}", cluster.said(false));
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
     let more: Vec<String> = (0..10).map(|n| format!("more-{n}")).collect();
@@ -1694,4 +1697,58 @@ fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader
     let mut expected = more.clone();
     expected.sort();
     assert_eq!(got, expected, "after the failover the group reads on from its committed offsets");
+}
+
+#[test]
+fn a_long_snapshot_transfer_deposes_no_leader() {
+    // 40 MB behind: the transfer takes seconds, longer than the election timeout (0.5 to 1 s),
+    // and the leader's chunks do not reset the receiver's election timer. Were the receiver to
+    // stand for election, it would pass the leader's term and the transfer would start over.
+    let extra = ["--cluster-snapshot-entries", "50", "--cluster-log-kept", "5"].map(String::from).to_vec();
+    let mut cluster = Cluster::start_with(3, false, false, None, extra);
+    let leader = cluster.leader();
+    let away = (0..3).find(|index| *index != leader).unwrap();
+    let on_leader = cluster.members[leader].http;
+    cluster.members[away].server.as_mut().unwrap().kill_9();
+    cluster.members[away].server = None;
+    let filler = "x".repeat(1000);
+    let values: Vec<serde_json::Value> = (0..100).map(|n| serde_json::json!({"n": n, "filler": filler})).collect();
+    for batch in 0..400 {
+        assert!(common::publish_batch(on_leader, "bulk", &values), "batch {batch} refused");
+    }
+    let before = status(on_leader).unwrap();
+    let target = before["last_applied"].as_u64().unwrap();
+    cluster.launch(away);
+    // Caught up: it says it applied as far, and it restarted after each install it began (in
+    // the moment between the two, it says so with the state it had before).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let said = loop {
+        let applied = status(cluster.members[away].http).and_then(|status| status["last_applied"].as_u64());
+        let said = cluster.members[away].server.as_mut().unwrap().said().join("\n");
+        if applied >= Some(target)
+            && said.matches("restarting to install it").count() == said.matches("snapshot is installed").count()
+        {
+            break said;
+        }
+        assert!(Instant::now() < deadline, "not caught up in 120 s\n{}", cluster.said(true));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let after = status(on_leader).unwrap();
+    assert_eq!(after["term"], before["term"], "an election during the transfer\n{}", cluster.said(true));
+    assert_eq!(after["state"], "leader");
+    // Every transfer begun was finished: none was cut short by an election. (The leader may
+    // send a second, newer one: it prepared the first while the node was down, and purged past
+    // it since.)
+    let (begun, finished) = (
+        said.matches("receiving a snapshot from the leader").count(),
+        said.matches("restarting to install it").count(),
+    );
+    assert!(begun >= 1 && begun == finished, "{begun} transfers begun, {finished} finished:\n{said}");
+    // The same records at both ends of the stream on every node.
+    for from in ["earliest", "39000"] {
+        let path = format!("/streams/bulk?from={from}&limit=1000");
+        let answers: Vec<(u16, String)> = cluster.http_addresses().iter().map(|node| get(*node, &path)).collect();
+        assert_eq!(answers[0].0, 200, "{}", answers[0].1);
+        assert!(answers.iter().all(|answer| *answer == answers[0]), "the nodes differ from {from}");
+    }
 }
