@@ -1375,22 +1375,7 @@ fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
     stop.store(true, Ordering::Relaxed);
     let (tried, done) = churn.join().unwrap();
     assert!(done > kills, "too little got done ({done} of {tried}) to tell anything");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let states = loop {
-        let states: Vec<Option<serde_json::Value>> = addresses.iter().map(|node| everything(*node)).collect();
-        if states.iter().all(|state| state.is_some() && *state == states[0]) {
-            break states;
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "the nodes still differ after 30 s:\n{}\n{}",
-                states.iter().map(|state| format!("{state:?}")).collect::<Vec<_>>().join("\n"),
-                cluster.said(true)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    };
-    let state = states[0].as_ref().unwrap();
+    let state = &agreed_state(&mut cluster, &addresses, "after the kills");
     println!(
         "{done} of {tried} changes and writes done through {kills} kills; every node holds {} streams, {} tables, {} \
          users alike",

@@ -1164,12 +1164,7 @@ impl Engine {
         precondition: Precondition,
     ) -> Result<Written, EngineError> {
         let mut applied = self.replicated_ddl.subscribe();
-        let request = encode(&Request::TableWrite {
-            table: name.to_string(),
-            id: id.to_string(),
-            write: WireWrite::from(&write),
-            precondition,
-        });
+        let request = table_write_request(name, id, &write, precondition);
         match outcome(submit_queued(replicator, request).await?.await)? {
             Outcome::Written { offset, created } => {
                 let table = self.await_ddl(&mut applied, &format!("table {name:?}"), || self.table(name).ok()).await?;
@@ -1428,17 +1423,22 @@ pub(crate) async fn write_row(
     write: Write,
     precondition: Precondition,
 ) -> Result<Written, EngineError> {
-    let request = encode(&Request::TableWrite {
-        table: table.name(),
-        id: id.to_string(),
-        write: WireWrite::from(&write),
-        precondition,
-    });
+    let request = table_write_request(&table.name(), id, &write, precondition);
     match outcome(submit_queued(replicator, request).await?.await)? {
         Outcome::Written { offset, created } => written_here(table, id, offset, created).await,
         Outcome::Refused(refusal) => Err(refusal.into()),
         _ => Err(EngineError::Internal("the cluster answered a row write with something else".into())),
     }
+}
+
+/// The request for the leader to decide a write to row `id` of table `name`.
+fn table_write_request(name: &str, id: &str, write: &Write, precondition: Precondition) -> Bytes {
+    encode(&Request::TableWrite {
+        table: name.to_string(),
+        id: id.to_string(),
+        write: WireWrite::from(write),
+        precondition,
+    })
 }
 
 /// A row write the cluster committed at `offset`, once this node applied it too.
