@@ -1,0 +1,573 @@
+//! One run at one rate: the nodes, the two ledger processes, the observer, the open-loop
+//! command generator, the kill, the drain and the gate.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
+use serde::Deserialize;
+
+use super::ledger::{Commands, RecordValue, Transfer};
+use super::node::{self, EventReader, ReadOutcome};
+use super::process::monotonic_ns;
+use super::report::{CpuCores, Gate, Percentiles, RunReport};
+use super::{BankOptions, Kill, STREAM};
+use crate::histogram;
+use crate::server::ServerProcess;
+
+/// How long the log may take to reach the expected sequence everywhere after the schedule
+/// ends, before the run is called incomplete.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// A generator this far ahead of a due time sleeps (flushing first); closer, it writes on, so
+/// at high rates it sends every command due in one write instead of sleeping per command.
+const SLEEP_THRESHOLD_NS: u64 = 50_000;
+
+/// A ledger process's final `state` line.
+type FinalState = BTreeMap<String, u64>;
+
+/// What the ledger processes have said so far, by slot: 0 is the first leader, 1 the first
+/// standby, 2 the standby started after a takeover.
+#[derive(Default)]
+struct Tally {
+    /// When the leader of the moment acknowledged each sequence (index = sequence).
+    commit_ns: Vec<u64>,
+    /// When a standby first applied each sequence.
+    applied_ns: Vec<u64>,
+    committed_seq: u64,
+    acked_command: u64,
+    acks: u64,
+    last_ack_ns: u64,
+    leader_slot: usize,
+    standby_slot: usize,
+    applied_by_slot: [u64; 3],
+    lag_seq_max: u64,
+    leading_ns: Option<u64>,
+    states: [Option<FinalState>; 3],
+    errors: Vec<String>,
+}
+
+impl Tally {
+    fn hear(&mut self, slot: usize, line: &str) {
+        let mut words = line.split_ascii_whitespace();
+        let kind = words.next().unwrap_or_default();
+        let mut numbers = words.clone().map(|word| word.parse::<u64>().unwrap_or(0));
+        match kind {
+            "ack" if slot == self.leader_slot => {
+                let (command, seq, ns) =
+                    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+                for at in self.committed_seq + 1..=seq.min(self.commit_ns.len() as u64 - 1) {
+                    self.commit_ns[at as usize] = ns;
+                }
+                self.committed_seq = self.committed_seq.max(seq);
+                self.acked_command = self.acked_command.max(command);
+                self.acks += 1;
+                self.last_ack_ns = ns;
+            }
+            "applied" => {
+                let (seq, ns) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+                if slot == self.standby_slot {
+                    for at in self.applied_by_slot[slot] + 1..=seq.min(self.applied_ns.len() as u64 - 1) {
+                        if self.applied_ns[at as usize] == 0 {
+                            self.applied_ns[at as usize] = ns;
+                        }
+                    }
+                    self.lag_seq_max = self.lag_seq_max.max(self.committed_seq.saturating_sub(seq));
+                }
+                self.applied_by_slot[slot] = self.applied_by_slot[slot].max(seq);
+            }
+            "leading" => self.leading_ns = Some(monotonic_ns()),
+            "state" => {
+                let state = words
+                    .filter_map(|word| word.split_once('='))
+                    .map(|(name, value)| (name.to_string(), value.parse().unwrap_or(0)))
+                    .collect();
+                self.states[slot] = Some(state);
+            }
+            "error" => self.errors.push(format!("ledger process {slot}: {}", &line[6.min(line.len())..])),
+            _ => {}
+        }
+    }
+}
+
+type Shared = Arc<(Mutex<Tally>, Condvar)>;
+
+/// A ledger process this run started; killed (SIGKILL, by its PID) and reaped on drop.
+struct LedgerChild {
+    child: Child,
+    stdin: Option<BufWriter<ChildStdin>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl LedgerChild {
+    fn start(exe: &Path, args: &[String], slot: usize, shared: &Shared) -> anyhow::Result<LedgerChild> {
+        let mut child = Command::new(exe)
+            .args(["bench", "bank-ledger"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {} bench bank-ledger", exe.display()))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stdin = BufWriter::with_capacity(64 * 1024, child.stdin.take().expect("stdin is piped"));
+        let shared = shared.clone();
+        let reader = std::thread::Builder::new().name(format!("bank-ledger-{slot}")).spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let (tally, changed) = &*shared;
+                tally.lock().expect("tally lock").hear(slot, &line);
+                changed.notify_all();
+            }
+        })?;
+        Ok(LedgerChild { child, stdin: Some(stdin), reader: Some(reader) })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stdin(&mut self) -> &mut BufWriter<ChildStdin> {
+        self.stdin.as_mut().expect("the process's stdin is open until it is killed")
+    }
+
+    fn say(&mut self, line: &str) -> anyhow::Result<()> {
+        let stdin = self.stdin();
+        stdin.write_all(line.as_bytes())?;
+        stdin.write_all(b"\n")?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// SIGKILL, then waits until its output is read to the end, so every acknowledgement it
+    /// made before dying is counted.
+    fn kill_9(&mut self) -> anyhow::Result<()> {
+        self.child.kill().context("killing the ledger process")?;
+        self.child.wait()?;
+        self.stdin = None;
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        Ok(())
+    }
+
+    /// Waits (up to `timeout`) for the process to exit after `finish`, and for its output.
+    fn finish(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        self.say("finish")?;
+        let deadline = Instant::now() + timeout;
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!("the ledger process {} did not finish within {timeout:?}", self.pid());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LedgerChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// What the observer saw.
+struct Observed {
+    publication: Histogram<u64>,
+    seq: u64,
+    gaps: u64,
+    duplicates: u64,
+    fenced: u64,
+}
+
+#[derive(Deserialize)]
+struct RecordEvent {
+    offset: u64,
+    value: RecordValue,
+}
+
+/// The observer: follows the log on its node and times each transaction's arrival against
+/// the time its command was scheduled (not sent: a stalled system does not get to delay the
+/// schedule it is measured against).
+struct Observer {
+    stop: Arc<AtomicBool>,
+    seq: Arc<AtomicU64>,
+    thread: JoinHandle<anyhow::Result<Observed>>,
+}
+
+/// The schedule of a run: command `c` (from 1) is due at `start_ns + (c - 1) / rate`.
+#[derive(Clone, Copy)]
+struct Timing {
+    start_ns: u64,
+    rate: f64,
+    /// The first and last command of the measured window.
+    measured_first: u64,
+    measured_last: u64,
+}
+
+impl Timing {
+    fn due_ns(&self, command: u64) -> u64 {
+        self.start_ns + ((command - 1) as f64 * 1e9 / self.rate) as u64
+    }
+
+    fn is_measured(&self, command: u64) -> bool {
+        (self.measured_first..=self.measured_last).contains(&command)
+    }
+}
+
+impl Observer {
+    fn start(address: String, timing: Timing) -> anyhow::Result<Observer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seq = Arc::new(AtomicU64::new(0));
+        let path = format!("/streams/{STREAM}");
+        let mut reader = EventReader::open(&address, &path, "earliest", Duration::from_millis(100))?;
+        let thread = {
+            let (stop, seq) = (stop.clone(), seq.clone());
+            std::thread::Builder::new().name("bank-observer".into()).spawn(move || {
+                crate::priority::raise_this_thread();
+                let mut observed =
+                    Observed { publication: histogram::latency_histogram(), seq: 0, gaps: 0, duplicates: 0, fenced: 0 };
+                let (mut epoch_max, mut resume_id, mut reconnects) = (0, None::<String>, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    let mut problem = None;
+                    let outcome = reader.read(|event, data| {
+                        if event != "record" {
+                            return;
+                        }
+                        let now_ns = monotonic_ns();
+                        let record: RecordEvent = match serde_json::from_str(data) {
+                            Ok(record) => record,
+                            Err(error) => {
+                                problem = Some(format!("a record that is not the ledger's: {error}"));
+                                return;
+                            }
+                        };
+                        resume_id = Some(format!("0:{}", record.offset));
+                        if record.value.e < epoch_max {
+                            observed.fenced += record.value.tx.len() as u64;
+                            return;
+                        }
+                        epoch_max = record.value.e;
+                        for transaction in record.value.transactions() {
+                            if transaction.seq <= observed.seq {
+                                observed.duplicates += 1;
+                                continue;
+                            }
+                            if transaction.seq != observed.seq + 1 {
+                                observed.gaps += 1;
+                            }
+                            observed.seq = transaction.seq;
+                            let command = transaction.transfer.command;
+                            if timing.is_measured(command) {
+                                histogram::record(
+                                    &mut observed.publication,
+                                    now_ns.saturating_sub(timing.due_ns(command)),
+                                );
+                            }
+                        }
+                    });
+                    if let Some(problem) = problem {
+                        bail!("{problem}");
+                    }
+                    seq.store(observed.seq, Ordering::Relaxed);
+                    if let ReadOutcome::Closed(why) = outcome {
+                        reconnects += 1;
+                        if reconnects > 100 {
+                            bail!("the observer's subscription keeps ending: {why}");
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                        let from = resume_id.as_deref().unwrap_or("earliest");
+                        if let Ok(resumed) = EventReader::open(&address, &path, from, Duration::from_millis(100)) {
+                            reader = resumed;
+                        }
+                    }
+                }
+                Ok(observed)
+            })?
+        };
+        Ok(Observer { stop, seq, thread })
+    }
+
+    fn finish(self) -> anyhow::Result<Observed> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().map_err(|_| anyhow::anyhow!("the observer panicked"))?
+    }
+}
+
+/// Where each party of the run talks to the cluster.
+struct Placement {
+    ledger_node: usize,
+    standby_node: usize,
+    observer_node: usize,
+}
+
+fn ledger_args(options: &BankOptions, addresses: &[String], role: &str, node: usize, epoch: u64) -> Vec<String> {
+    vec![
+        "--role".into(),
+        role.into(),
+        "--nodes".into(),
+        addresses.join(","),
+        "--node".into(),
+        node.to_string(),
+        "--stream".into(),
+        STREAM.into(),
+        "--accounts".into(),
+        options.accounts.to_string(),
+        "--initial-balance".into(),
+        options.initial_balance.to_string(),
+        "--epoch".into(),
+        epoch.to_string(),
+        "--batch-max".into(),
+        options.batch_max.to_string(),
+        "--per-record".into(),
+        options.per_record.to_string(),
+    ]
+}
+
+/// Runs the ledger at `rate` against `node_count` nodes (3: the cluster; 1: the floor).
+pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) -> anyhow::Result<RunReport> {
+    let (mut nodes, placement) = if node_count == 1 {
+        let node = ServerProcess::start(&options.exe, &options.dir, &[]).context("starting onehop serve")?;
+        (vec![node], Placement { ledger_node: 0, standby_node: 0, observer_node: 0 })
+    } else {
+        let (nodes, leader) = crate::target::cluster::start_nodes(&options.exe, &options.dir, node_count)?;
+        // The ledger writes to the Raft leader (no forwarding hop), the standby and the
+        // observer read on the two followers.
+        let ledger_node = leader as usize - 1;
+        let standby_node = (ledger_node + 1) % node_count;
+        let observer_node = (ledger_node + 2) % node_count;
+        (nodes, Placement { ledger_node, standby_node, observer_node })
+    };
+    let addresses: Vec<String> = nodes.iter().map(|node| node.url.trim_start_matches("http://").to_string()).collect();
+    node::sql(&addresses[placement.ledger_node], &format!("CREATE STREAM {STREAM} WITH (partitions = 1)"))?;
+
+    let rate_hz = rate as f64;
+    let total = ((options.warmup + options.duration).as_secs_f64() * rate_hz).round() as u64;
+    if total == 0 {
+        bail!("{rate} tx/s for {:?} is no transaction at all", options.warmup + options.duration);
+    }
+    let measured_first = (options.warmup.as_secs_f64() * rate_hz).round() as u64 + 1;
+    let kill_at = match options.kill {
+        Kill::None => None,
+        _ => Some(((options.warmup.as_secs_f64() + options.duration.as_secs_f64() / 2.0) * rate_hz) as u64),
+    };
+
+    let shared: Shared = Arc::new((
+        Mutex::new(Tally {
+            commit_ns: vec![0; total as usize + 1],
+            applied_ns: vec![0; total as usize + 1],
+            leader_slot: 0,
+            standby_slot: 1,
+            ..Tally::default()
+        }),
+        Condvar::new(),
+    ));
+    let mut children = vec![
+        LedgerChild::start(
+            &options.exe,
+            &ledger_args(options, &addresses, "leader", placement.ledger_node, 1),
+            0,
+            &shared,
+        )?,
+        LedgerChild::start(
+            &options.exe,
+            &ledger_args(options, &addresses, "standby", placement.standby_node, 2),
+            1,
+            &shared,
+        )?,
+    ];
+    let (mut leader, mut standby) = (0, 1);
+    // The schedule starts once the processes are up and subscribed.
+    std::thread::sleep(Duration::from_millis(300));
+    let start_ns = monotonic_ns() + 100_000_000;
+    let timing = Timing { start_ns, rate: rate_hz, measured_first, measured_last: total };
+    let observer = Observer::start(addresses[placement.observer_node].clone(), timing)?;
+
+    let sent = Arc::new(AtomicU64::new(0));
+    let bar = super::progress::Bar::start(
+        progress,
+        format!("{} {rate} tx/s", if node_count == 1 { "1 node" } else { "cluster" }),
+        total,
+        sent.clone(),
+        {
+            let shared = shared.clone();
+            move || {
+                let tally = shared.0.lock().expect("tally lock");
+                (tally.committed_seq, tally.applied_by_slot[tally.standby_slot])
+            }
+        },
+        observer.seq.clone(),
+    );
+
+    let mut commands = Commands::new(options.seed, options.accounts, options.amount_max);
+    let mut history: Vec<Transfer> = Vec::new();
+    let mut cpu_before = None;
+    let mut killed_ns = None;
+    let mut line = String::with_capacity(64);
+    for command in 1..=total {
+        let due_ns = timing.due_ns(command);
+        let now_ns = monotonic_ns();
+        if due_ns > now_ns + SLEEP_THRESHOLD_NS {
+            children[leader].stdin().flush()?;
+            std::thread::sleep(Duration::from_nanos(due_ns - now_ns));
+        }
+        if command == measured_first {
+            cpu_before = Some(cpu_sample(&nodes, &children));
+        }
+        let transfer = commands.draw(command);
+        if options.kill == Kill::Ledger {
+            history.push(transfer);
+        }
+        line.clear();
+        use std::fmt::Write as _;
+        writeln!(line, "t {} {} {} {}", transfer.command, transfer.from, transfer.to, transfer.amount)?;
+        children[leader].stdin().write_all(line.as_bytes())?;
+        sent.store(command, Ordering::Relaxed);
+        if Some(command) == kill_at {
+            children[leader].stdin().flush()?;
+            killed_ns = Some(monotonic_ns());
+            match options.kill {
+                Kill::Ledger => {
+                    children[leader].kill_9()?;
+                    // The standby takes over; every command without an acknowledgement is
+                    // sent to it again, with its id, and a new standby follows the log.
+                    let acked = {
+                        let mut tally = shared.0.lock().expect("tally lock");
+                        tally.leader_slot = standby;
+                        tally.standby_slot = 2;
+                        tally.acked_command
+                    };
+                    children[standby].say("takeover")?;
+                    for transfer in &history[acked as usize..command as usize] {
+                        line.clear();
+                        writeln!(line, "t {} {} {} {}", transfer.command, transfer.from, transfer.to, transfer.amount)?;
+                        children[standby].stdin().write_all(line.as_bytes())?;
+                    }
+                    children[standby].stdin().flush()?;
+                    let args = ledger_args(options, &addresses, "standby", placement.ledger_node, 3);
+                    children.push(LedgerChild::start(&options.exe, &args, 2, &shared)?);
+                    (leader, standby) = (standby, 2);
+                }
+                Kill::Node => nodes[placement.ledger_node].kill_9()?,
+                Kill::None => {}
+            }
+        }
+    }
+    children[leader].stdin().flush()?;
+    let schedule_end_ns = monotonic_ns();
+    let cpu_after = cpu_sample(&nodes, &children);
+
+    // Drain: until the leader committed, the standby applied and the observer saw everything.
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    loop {
+        let (tally, changed) = &*shared;
+        let tally = changed.wait_timeout(tally.lock().expect("tally lock"), Duration::from_millis(50)).expect("lock").0;
+        let done = tally.committed_seq >= total
+            && tally.applied_by_slot[tally.standby_slot] >= total
+            && observer.seq.load(Ordering::Relaxed) >= total;
+        if done || !tally.errors.is_empty() || Instant::now() > deadline {
+            break;
+        }
+    }
+    let finished = [leader, standby].map(|index| children[index].finish(Duration::from_secs(10)));
+    let observed = observer.finish()?;
+    bar.finish();
+    let tally = shared.0.lock().expect("tally lock");
+    let mut problems: Vec<String> = tally.errors.clone();
+    problems.extend(finished.into_iter().filter_map(|result| result.err().map(|error| format!("{error:#}"))));
+    let leader_state = tally.states[tally.leader_slot].clone().unwrap_or_default();
+    let standby_state = tally.states[tally.standby_slot].clone().unwrap_or_default();
+    let value = |state: &FinalState, name: &str| state.get(name).copied().unwrap_or(0);
+    let expected_sum = u64::from(options.accounts) * options.initial_balance;
+    let gate = Gate {
+        expected_seq: total,
+        leader_committed: value(&leader_state, "committed"),
+        standby_durable: value(&standby_state, "durable"),
+        standby_applied: value(&standby_state, "applied"),
+        observed: observed.seq,
+        observer_gaps: observed.gaps,
+        balances_equal: !leader_state.is_empty()
+            && value(&leader_state, "digest") == value(&standby_state, "digest")
+            && value(&leader_state, "applied") == value(&standby_state, "applied"),
+        sum_conserved: value(&leader_state, "sum") == expected_sum && value(&standby_state, "sum") == expected_sum,
+    };
+    if !gate.holds() {
+        problems.push(gate.describe_failure());
+    }
+
+    let mut lag = histogram::latency_histogram();
+    for seq in measured_first..=total.min(tally.committed_seq) {
+        let (commit, applied) = (tally.commit_ns[seq as usize], tally.applied_ns[seq as usize]);
+        if commit > 0 && applied > 0 {
+            histogram::record(&mut lag, applied.saturating_sub(commit));
+        }
+    }
+    let measured = total - measured_first + 1;
+    let last_ack_ns = tally.last_ack_ns.max(start_ns + 1);
+    let elapsed_s = (last_ack_ns - start_ns) as f64 / 1e9;
+    let cpu = cpu_before.map(|before| CpuCores::between(&before, &cpu_after, node_count));
+    drop(tally);
+    let tally = shared.0.lock().expect("tally lock");
+    let report = RunReport {
+        kind: "bank_run",
+        nodes: node_count,
+        kill: options.kill.name(),
+        target_tx_per_s: rate,
+        achieved_tx_per_s: (tally.committed_seq as f64 / elapsed_s).min(rate_hz * 10.0),
+        transactions: total,
+        measured_transactions: measured,
+        rejected: value(&leader_state, "rejected"),
+        tx_per_publish: tally.committed_seq as f64 / tally.acks.max(1) as f64,
+        publication_ms: Percentiles::of(&observed.publication),
+        standby_lag_ms: Percentiles::of(&lag),
+        standby_lag_seq_max: tally.lag_seq_max,
+        takeover_ms: match (killed_ns, tally.leading_ns) {
+            (Some(killed), Some(leading)) => Some(leading.saturating_sub(killed) as f64 / 1e6),
+            _ => None,
+        },
+        standby_duplicates_skipped: value(&standby_state, "duplicates"),
+        fenced: value(&standby_state, "fenced") + observed.fenced,
+        observer_duplicates_skipped: observed.duplicates,
+        unknown_outcomes: value(&leader_state, "unknown_outcomes"),
+        republished: value(&leader_state, "republished"),
+        passes_latency: false,
+        gate,
+        cpu_cores: cpu,
+        schedule_s: (schedule_end_ns.saturating_sub(start_ns)) as f64 / 1e9,
+        problems,
+    }
+    .judged();
+    drop(tally);
+    drop(children);
+    drop(nodes);
+    Ok(report)
+}
+
+/// CPU time so far of each node, each ledger process, and this process, with the time.
+pub struct CpuSample {
+    pub wall_ns: u64,
+    pub nodes_ns: Vec<u64>,
+    pub ledgers_ns: Vec<u64>,
+    pub harness_ns: u64,
+}
+
+fn cpu_sample(nodes: &[ServerProcess], children: &[LedgerChild]) -> CpuSample {
+    let of = |pid: u32| crate::host::process_cpu_ns(pid).unwrap_or(0);
+    CpuSample {
+        wall_ns: monotonic_ns(),
+        nodes_ns: nodes.iter().map(|node| of(node.pid())).collect(),
+        ledgers_ns: children.iter().map(|child| of(child.pid())).collect(),
+        harness_ns: crate::host::own_cpu_ns(),
+    }
+}
