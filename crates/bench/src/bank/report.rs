@@ -85,6 +85,10 @@ pub struct CpuCores {
     pub nodes_total: f64,
     pub ledger_processes: Vec<f64>,
     pub harness: f64,
+    /// The whole machine's busy cores, and what of them none of this run's processes used
+    /// (another engineer's build, the kernel's own threads).
+    pub machine: f64,
+    pub others: f64,
 }
 
 impl CpuCores {
@@ -93,17 +97,23 @@ impl CpuCores {
         let cores = |after: u64, before: u64| after.saturating_sub(before) as f64 / wall;
         let nodes: Vec<f64> =
             (0..node_count).map(|index| cores(after.nodes_ns[index], before.nodes_ns[index])).collect();
-        let ledger_processes = after
+        let ledger_processes: Vec<f64> = after
             .ledgers_ns
             .iter()
             .enumerate()
             .map(|(index, after)| cores(*after, before.ledgers_ns.get(index).copied().unwrap_or(0)))
             .collect();
+        let nodes_total: f64 = nodes.iter().sum();
+        let ledgers_total: f64 = ledger_processes.iter().sum();
+        let harness = cores(after.harness_ns, before.harness_ns);
+        let machine = cores(after.machine_busy_ns, before.machine_busy_ns);
         CpuCores {
-            nodes_total: nodes.iter().sum(),
+            nodes_total,
             nodes,
             ledger_processes,
-            harness: cores(after.harness_ns, before.harness_ns),
+            harness,
+            machine,
+            others: (machine - nodes_total - ledgers_total - harness).max(0.0),
         }
     }
 }
@@ -123,6 +133,12 @@ pub struct RunReport {
     pub tx_per_publish: f64,
     /// Observer receipt minus the command's scheduled time, over the measured window.
     pub publication_ms: Percentiles,
+    /// Scheduled time to the leader's commit acknowledgement (in the ledger process), per
+    /// measured command: the first part of publication latency.
+    pub commit_ms: Percentiles,
+    /// The leader's commit acknowledgement to the observer's receipt, per sequence: the
+    /// second part (the commit reaching a follower, its apply, the SSE delivery).
+    pub delivery_after_commit_ms: Percentiles,
     /// Standby apply time minus the leader's commit acknowledgement, per sequence.
     pub standby_lag_ms: Percentiles,
     pub standby_lag_seq_max: u64,
@@ -137,6 +153,8 @@ pub struct RunReport {
     /// The gate holds and publication p95 and p99 are under the study's limits.
     pub passes_latency: bool,
     pub cpu_cores: Option<CpuCores>,
+    /// The machine over the measured window: CPU and I/O pressure, steal.
+    pub host: Option<crate::host::HostSummary>,
     pub schedule_s: f64,
     pub problems: Vec<String>,
 }
@@ -178,20 +196,23 @@ pub fn summarize(runs: &[RunReport], nodes: usize, kill: &'static str, command: 
 /// The table printed at the end, one row per run.
 pub fn table(runs: &[RunReport]) -> String {
     let mut text = String::from(
-        "| nodes | kill | target tx/s | achieved tx/s | publication p50 / p95 / p99 ms | standby lag p50 / p99 ms | tx per publish | CPU cores (nodes, ledgers, harness) | gate | passes |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| nodes | kill | target tx/s | achieved tx/s | publication p50 / p95 / p99 ms | of which to commit p50 / p99 | commit to observer p50 / p99 | standby lag p50 / p99 ms | tx per publish | CPU cores: nodes (each), ledgers, harness, others | CPU pressure | gate | passes |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in runs {
         let cpu = run.cpu_cores.as_ref().map_or("–".to_string(), |cpu| {
             format!(
-                "{:.2} ({}), {:.2}, {:.2}",
+                "{:.2} ({}), {:.2}, {:.2}, {:.2}",
                 cpu.nodes_total,
                 cpu.nodes.iter().map(|cores| format!("{cores:.2}")).collect::<Vec<_>>().join(" "),
                 cpu.ledger_processes.iter().sum::<f64>(),
-                cpu.harness
+                cpu.harness,
+                cpu.others
             )
         });
+        let pressure =
+            run.host.and_then(|host| host.cpu_pressure_pct).map_or("–".to_string(), |pct| format!("{pct:.0} %"));
         text.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {cpu} | {} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} | {cpu} | {pressure} | {} | {} |\n",
             run.nodes,
             run.kill,
             run.target_tx_per_s,
@@ -199,6 +220,10 @@ pub fn table(runs: &[RunReport]) -> String {
             run.publication_ms.p50,
             run.publication_ms.p95,
             run.publication_ms.p99,
+            run.commit_ms.p50,
+            run.commit_ms.p99,
+            run.delivery_after_commit_ms.p50,
+            run.delivery_after_commit_ms.p99,
             run.standby_lag_ms.p50,
             run.standby_lag_ms.p99,
             run.tx_per_publish,

@@ -51,6 +51,10 @@ struct Tally {
     leading_ns: Option<u64>,
     states: [Option<FinalState>; 3],
     errors: Vec<String>,
+    /// The schedule, once it is set: acknowledgements are timed against it.
+    timing: Option<Timing>,
+    /// Scheduled time to the leader's acknowledgement, per measured command.
+    commit_latency: Option<Histogram<u64>>,
 }
 
 impl Tally {
@@ -66,6 +70,13 @@ impl Tally {
                     self.commit_ns[at as usize] = ns;
                 }
                 self.committed_seq = self.committed_seq.max(seq);
+                if let (Some(timing), Some(histogram)) = (self.timing, self.commit_latency.as_mut()) {
+                    for acked in self.acked_command + 1..=command {
+                        if timing.is_measured(acked) {
+                            histogram::record(histogram, ns.saturating_sub(timing.due_ns(acked)));
+                        }
+                    }
+                }
                 self.acked_command = self.acked_command.max(command);
                 self.acks += 1;
                 self.last_ack_ns = ns;
@@ -185,6 +196,8 @@ impl Drop for LedgerChild {
 /// What the observer saw.
 struct Observed {
     publication: Histogram<u64>,
+    /// When each sequence arrived (index = sequence; 0: never).
+    received_ns: Vec<u64>,
     seq: u64,
     gaps: u64,
     duplicates: u64,
@@ -227,7 +240,7 @@ impl Timing {
 }
 
 impl Observer {
-    fn start(address: String, timing: Timing) -> anyhow::Result<Observer> {
+    fn start(address: String, timing: Timing, total: u64) -> anyhow::Result<Observer> {
         let stop = Arc::new(AtomicBool::new(false));
         let seq = Arc::new(AtomicU64::new(0));
         let path = format!("/streams/{STREAM}");
@@ -236,8 +249,14 @@ impl Observer {
             let (stop, seq) = (stop.clone(), seq.clone());
             std::thread::Builder::new().name("bank-observer".into()).spawn(move || {
                 crate::priority::raise_this_thread();
-                let mut observed =
-                    Observed { publication: histogram::latency_histogram(), seq: 0, gaps: 0, duplicates: 0, fenced: 0 };
+                let mut observed = Observed {
+                    publication: histogram::latency_histogram(),
+                    received_ns: vec![0; total as usize + 1],
+                    seq: 0,
+                    gaps: 0,
+                    duplicates: 0,
+                    fenced: 0,
+                };
                 let (mut epoch_max, mut resume_id, mut reconnects) = (0, None::<String>, 0);
                 while !stop.load(Ordering::Relaxed) {
                     let mut problem = None;
@@ -268,6 +287,9 @@ impl Observer {
                                 observed.gaps += 1;
                             }
                             observed.seq = transaction.seq;
+                            if let Some(at) = observed.received_ns.get_mut(transaction.seq as usize) {
+                                *at = now_ns;
+                            }
                             let command = transaction.transfer.command;
                             if timing.is_measured(command) {
                                 histogram::record(
@@ -392,7 +414,12 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
     std::thread::sleep(Duration::from_millis(300));
     let start_ns = monotonic_ns() + 100_000_000;
     let timing = Timing { start_ns, rate: rate_hz, measured_first, measured_last: total };
-    let observer = Observer::start(addresses[placement.observer_node].clone(), timing)?;
+    {
+        let mut tally = shared.0.lock().expect("tally lock");
+        tally.timing = Some(timing);
+        tally.commit_latency = Some(histogram::latency_histogram());
+    }
+    let observer = Observer::start(addresses[placement.observer_node].clone(), timing, total)?;
 
     let sent = Arc::new(AtomicU64::new(0));
     let bar = super::progress::Bar::start(
@@ -413,6 +440,7 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
     let mut commands = Commands::new(options.seed, options.accounts, options.amount_max);
     let mut history: Vec<Transfer> = Vec::new();
     let mut cpu_before = None;
+    let mut cpu_before_host = None;
     let mut killed_ns = None;
     let mut line = String::with_capacity(64);
     for command in 1..=total {
@@ -424,6 +452,7 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
         }
         if command == measured_first {
             cpu_before = Some(cpu_sample(&nodes, &children));
+            cpu_before_host = Some(crate::host::HostUsage::take(monotonic_ns(), &[]));
         }
         let transfer = commands.draw(command);
         if options.kill == Kill::Ledger {
@@ -506,11 +535,15 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
         problems.push(gate.describe_failure());
     }
 
-    let mut lag = histogram::latency_histogram();
+    let (mut lag, mut delivery) = (histogram::latency_histogram(), histogram::latency_histogram());
     for seq in measured_first..=total.min(tally.committed_seq) {
         let (commit, applied) = (tally.commit_ns[seq as usize], tally.applied_ns[seq as usize]);
         if commit > 0 && applied > 0 {
             histogram::record(&mut lag, applied.saturating_sub(commit));
+        }
+        let received = observed.received_ns.get(seq as usize).copied().unwrap_or(0);
+        if commit > 0 && received > 0 {
+            histogram::record(&mut delivery, received.saturating_sub(commit));
         }
     }
     let measured = total - measured_first + 1;
@@ -530,6 +563,8 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
         rejected: value(&leader_state, "rejected"),
         tx_per_publish: tally.committed_seq as f64 / tally.acks.max(1) as f64,
         publication_ms: Percentiles::of(&observed.publication),
+        commit_ms: tally.commit_latency.as_ref().map(Percentiles::of).unwrap_or_default(),
+        delivery_after_commit_ms: Percentiles::of(&delivery),
         standby_lag_ms: Percentiles::of(&lag),
         standby_lag_seq_max: tally.lag_seq_max,
         takeover_ms: match (killed_ns, tally.leading_ns) {
@@ -544,6 +579,8 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
         passes_latency: false,
         gate,
         cpu_cores: cpu,
+        host: cpu_before_host
+            .map(|before| crate::host::HostUsage::take(cpu_after.wall_ns, &[]).since(&before).summary()),
         schedule_s: (schedule_end_ns.saturating_sub(start_ns)) as f64 / 1e9,
         problems,
     }
@@ -557,6 +594,8 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
 /// CPU time so far of each node, each ledger process, and this process, with the time.
 pub struct CpuSample {
     pub wall_ns: u64,
+    /// Every CPU's busy time on the machine (everything but idle and I/O wait), whoever used it.
+    pub machine_busy_ns: u64,
     pub nodes_ns: Vec<u64>,
     pub ledgers_ns: Vec<u64>,
     pub harness_ns: u64,
@@ -566,8 +605,22 @@ fn cpu_sample(nodes: &[ServerProcess], children: &[LedgerChild]) -> CpuSample {
     let of = |pid: u32| crate::host::process_cpu_ns(pid).unwrap_or(0);
     CpuSample {
         wall_ns: monotonic_ns(),
+        machine_busy_ns: machine_busy_ns(),
         nodes_ns: nodes.iter().map(|node| of(node.pid())).collect(),
         ledgers_ns: children.iter().map(|child| of(child.pid())).collect(),
         harness_ns: crate::host::own_cpu_ns(),
     }
+}
+
+/// Busy CPU time of the whole machine so far, from the first line of /proc/stat.
+fn machine_busy_ns() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else { return 0 };
+    let Some(line) = stat.lines().next() else { return 0 };
+    let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|word| word.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal …: busy is all but idle and iowait.
+    let busy: u64 =
+        ticks.iter().take(8).enumerate().filter(|(index, _)| *index != 3 && *index != 4).map(|(_, t)| t).sum();
+    // SAFETY: sysconf takes no pointers.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    busy * 1_000_000_000 / per_second
 }
