@@ -141,24 +141,29 @@ impl Ledger {
         if transaction.seq != self.applied_seq + 1 {
             return Err(LedgerError::Gap { expected: self.applied_seq + 1, got: transaction.seq });
         }
-        let mut trial = self.clone();
-        let accepted = trial.apply(transaction.seq, transaction.transfer)?;
+        // Checked before anything changes, so a refusal leaves the ledger as it was.
+        let accepted = self.outcome(transaction.seq, transaction.transfer)?;
         if accepted != transaction.accepted {
             return Err(LedgerError::OutcomeDiffers { seq: transaction.seq, logged: transaction.accepted });
         }
-        *self = trial;
+        self.apply(transaction.seq, transaction.transfer)?;
         Ok(Replayed::Applied)
     }
 
-    /// Applies `transfer` as sequence `seq`: whether it moved money.
-    fn apply(&mut self, seq: u64, transfer: Transfer) -> Result<bool, LedgerError> {
+    /// Whether `transfer`, as sequence `seq`, would move money from these balances.
+    fn outcome(&self, seq: u64, transfer: Transfer) -> Result<bool, LedgerError> {
         let accounts = self.balances.len() as u32;
         for account in [transfer.from, transfer.to] {
             if account >= accounts {
                 return Err(LedgerError::UnknownAccount { seq, account });
             }
         }
-        let accepted = transfer.from != transfer.to && self.balances[transfer.from as usize] >= transfer.amount;
+        Ok(transfer.from != transfer.to && self.balances[transfer.from as usize] >= transfer.amount)
+    }
+
+    /// Applies `transfer` as sequence `seq`: whether it moved money.
+    fn apply(&mut self, seq: u64, transfer: Transfer) -> Result<bool, LedgerError> {
+        let accepted = self.outcome(seq, transfer)?;
         if accepted {
             self.balances[transfer.from as usize] -= transfer.amount;
             self.balances[transfer.to as usize] += transfer.amount;
