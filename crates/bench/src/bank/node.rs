@@ -85,6 +85,9 @@ pub struct Publisher {
     pub unknown_outcomes: u64,
     /// Batches published again after a read-back did not find them.
     pub republished: u64,
+    /// How long each answered publish took, request written to answer read: the round of the
+    /// Raft log as the ledger sees it.
+    pub round_trips: hdrhistogram::Histogram<u64>,
 }
 
 impl Publisher {
@@ -99,6 +102,7 @@ impl Publisher {
             next_offset: 0,
             unknown_outcomes: 0,
             republished: 0,
+            round_trips: crate::histogram::latency_histogram(),
         }
     }
 
@@ -113,8 +117,10 @@ impl Publisher {
         }
         let request = http1::request("POST", address, &self.path, Some("application/x-ndjson"), None, body);
         let stream = self.connection.as_mut().expect("connected above");
+        let sent = Instant::now();
         match exchange(stream, &request) {
             Ok((200, answer)) => {
+                crate::histogram::record(&mut self.round_trips, sent.elapsed().as_nanos() as u64);
                 // The answer lists every record's offset; the last one is all this needs.
                 let text = String::from_utf8_lossy(&answer);
                 let last = text

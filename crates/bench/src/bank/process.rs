@@ -160,8 +160,17 @@ struct Counts {
 fn say_state(output: &Output, ledger: &Ledger, committed_seq: u64, counts: Counts, publisher: Option<&Publisher>) {
     let (unknown, republished) =
         publisher.map_or((0, 0), |publisher| (publisher.unknown_outcomes, publisher.republished));
+    let round_trip_us = |quantile: f64| {
+        publisher.map_or(0, |publisher| {
+            if quantile >= 1.0 {
+                publisher.round_trips.max() / 1000
+            } else {
+                publisher.round_trips.value_at_quantile(quantile) / 1000
+            }
+        })
+    };
     output.say(format_args!(
-        "state applied={} durable={} committed={committed_seq} sum={} digest={} rejected={} duplicates={} fenced={} unknown_outcomes={unknown} republished={republished}",
+        "state applied={} durable={} committed={committed_seq} sum={} digest={} rejected={} duplicates={} fenced={} unknown_outcomes={unknown} republished={republished} publish_p50_us={} publish_p99_us={} publish_max_us={}",
         ledger.applied_seq(),
         counts.durable_seq,
         ledger.sum(),
@@ -169,6 +178,9 @@ fn say_state(output: &Output, ledger: &Ledger, committed_seq: u64, counts: Count
         ledger.rejected(),
         counts.duplicates,
         counts.fenced,
+        round_trip_us(0.5),
+        round_trip_us(0.99),
+        round_trip_us(1.0),
     ));
 }
 

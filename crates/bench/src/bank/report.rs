@@ -131,6 +131,9 @@ pub struct RunReport {
     pub measured_transactions: u64,
     pub rejected: u64,
     pub tx_per_publish: f64,
+    /// The leader's publishes, request written to answer read (the last leader's, after a
+    /// takeover): p50, p99 and the longest, in ms.
+    pub publish_round_trip_ms: [f64; 3],
     /// Observer receipt minus the command's scheduled time, over the measured window.
     pub publication_ms: Percentiles,
     /// Scheduled time to the leader's commit acknowledgement (in the ledger process), per

@@ -562,6 +562,8 @@ pub fn run(options: &BankOptions, rate: u64, node_count: usize, progress: bool) 
         measured_transactions: measured,
         rejected: value(&leader_state, "rejected"),
         tx_per_publish: tally.committed_seq as f64 / tally.acks.max(1) as f64,
+        publish_round_trip_ms: ["publish_p50_us", "publish_p99_us", "publish_max_us"]
+            .map(|name| value(&leader_state, name) as f64 / 1e3),
         publication_ms: Percentiles::of(&observed.publication),
         commit_ms: tally.commit_latency.as_ref().map(Percentiles::of).unwrap_or_default(),
         delivery_after_commit_ms: Percentiles::of(&delivery),
