@@ -9,8 +9,9 @@
 //!   unknown-outcome recovery, and an SSE reader.
 //! - `process`: one ledger process (`onehop bench bank-ledger`), leader or standby, driven by
 //!   the harness over its stdin and stdout.
-//! - `run`: one run at one rate — nodes, ledger processes, observer, the open-loop generator,
-//!   the kill, the drain, the gate.
+//! - `run`: one run at one rate — nodes, the open-loop generator, the kill, the drain, the
+//!   gate; `children`: the ledger processes it starts and hears; `observer`: the harness's
+//!   own reader of the log.
 //! - `report`: figures, gate, table, JSON, SVG; `progress`: the bar.
 //!
 //! # What runs
@@ -23,8 +24,10 @@
 //! and applies it; the observer (a thread of the harness) follows it on the third and times
 //! each transaction against its command's scheduled time.
 
+mod children;
 pub mod ledger;
 pub mod node;
+mod observer;
 pub mod process;
 mod progress;
 pub mod report;
