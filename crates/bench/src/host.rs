@@ -69,7 +69,7 @@ fn clock_ticks_per_second() -> u64 {
 }
 
 /// User + system CPU time of process `pid` from /proc, in ns.
-fn process_cpu_ns(pid: u32) -> Option<u64> {
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields are counted after its last ')'.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
@@ -78,7 +78,7 @@ fn process_cpu_ns(pid: u32) -> Option<u64> {
     Some(ticks * 1_000_000_000 / clock_ticks_per_second())
 }
 
-fn own_cpu_ns() -> u64 {
+pub fn own_cpu_ns() -> u64 {
     // SAFETY: getrusage writes into the struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {

@@ -31,11 +31,13 @@
 //! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, with a sweep.
 //! - `log`: `onehop bench log` — the fdatasync floor against log appends.
 //! - `restore`: `onehop bench restore` — views rebuilding their state from the log.
+//! - `bank`: `onehop bench bank` — study 3, a leader/standby ledger on the replicated log.
 //!
 //! Every benchmark prints a readable table, shows progress on stderr while it runs, and can end
 //! with JSON lines for machines (`--json`).
 
 pub mod analysis;
+pub mod bank;
 pub mod client;
 pub mod fsyncs;
 pub mod histogram;

@@ -109,6 +109,13 @@ impl ServerProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Kills the server with SIGKILL, as a crash would, and reaps it.
+    pub fn kill_9(&mut self) -> anyhow::Result<()> {
+        self.child.kill().context("killing the server")?;
+        self.child.wait().context("reaping the killed server")?;
+        Ok(())
+    }
 }
 
 impl Drop for ServerProcess {

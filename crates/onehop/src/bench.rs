@@ -9,7 +9,8 @@ use onehop_bench::target::TargetOptions;
 use onehop_bench::workload::{BenchOptions, Workload};
 
 use crate::cli::{
-    BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchRestoreArgs, BenchViewArgs, BenchWorkloadArgs,
+    BenchBankArgs, BenchBankLedgerArgs, BenchCommand, BenchLogArgs, BenchMqttArgs, BenchNotifyArgs, BenchRestoreArgs,
+    BenchViewArgs, BenchWorkloadArgs,
 };
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -43,6 +44,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             out: args.out,
             json: args.json,
         }),
+        BenchCommand::Bank(args) => bench_bank(args),
+        BenchCommand::BankLedger(args) => bench_bank_ledger(args),
         BenchCommand::Queue(args) => onehop_bench::queue::run(&onehop_bench::queue::QueueOptions {
             exe: std::env::current_exe()?,
             dir: args.dir,
@@ -283,4 +286,77 @@ fn bench_notify(args: BenchNotifyArgs) -> anyhow::Result<()> {
         println!("{}", json_line(&report));
     }
     Ok(())
+}
+
+fn bench_bank(args: BenchBankArgs) -> anyhow::Result<()> {
+    use onehop_bench::bank::{BankOptions, Kill};
+    let options = BankOptions {
+        exe: exe()?,
+        dir: args.dir,
+        rates: args.rates,
+        duration: seconds("--duration", args.duration, false)?,
+        warmup: seconds("--warmup", args.warmup, true)?,
+        accounts: args.accounts,
+        initial_balance: args.initial_balance,
+        amount_max: args.amount_max,
+        kill: Kill::parse(&args.kill)?,
+        batch_max: args.batch_max,
+        per_record: args.per_record,
+        floor: args.floor,
+        seed: args.seed,
+        progress: !args.no_progress,
+        command: command_line(),
+    };
+    let reports = onehop_bench::bank::run(&options)?;
+    let summaries = onehop_bench::bank::summaries(&options, &reports);
+    onehop_bench::bank::write_out(&args.out, &reports, &summaries)?;
+    println!("{}", onehop_bench::bank::report::table(&reports));
+    for summary in &summaries {
+        println!(
+            "{} node(s), kill {}: highest rate passing p95 < 7 ms, p99 < 10 ms and the gate: {}",
+            summary.nodes,
+            summary.kill,
+            summary.highest_passing_tx_per_s.map_or("none".to_string(), |rate| format!("{rate} tx/s"))
+        );
+    }
+    for report in &reports {
+        for problem in &report.problems {
+            println!("- {} node(s) at {} tx/s: {problem}", report.nodes, report.target_tx_per_s);
+        }
+    }
+    println!("results: {} (results.json, summary.md, bank-latency.svg)", args.out.display());
+    println!("command: {}", options.command);
+    if args.json {
+        for report in &reports {
+            println!("{}", serde_json::to_string(report)?);
+        }
+        for summary in &summaries {
+            println!("{}", serde_json::to_string(summary)?);
+        }
+    }
+    Ok(())
+}
+
+fn bench_bank_ledger(args: BenchBankLedgerArgs) -> anyhow::Result<()> {
+    use onehop_bench::bank::process::{LedgerOptions, Role};
+    let role = match args.role.as_str() {
+        "leader" => Role::Leader,
+        "standby" => Role::Standby,
+        other => bail!("--role takes leader or standby, not {other:?}"),
+    };
+    if args.node >= args.nodes.len() {
+        bail!("--node {} is not one of the {} --nodes", args.node, args.nodes.len());
+    }
+    onehop_bench::bank::process::run(LedgerOptions {
+        role,
+        nodes: args.nodes,
+        publish_node: args.node,
+        follow_node: args.node,
+        stream: args.stream,
+        accounts: args.accounts,
+        initial_balance: args.initial_balance,
+        epoch: args.epoch,
+        batch_max: args.batch_max,
+        per_record: args.per_record,
+    })
 }

@@ -400,6 +400,91 @@ pub enum BenchCommand {
     /// Study 4, the queue: Kafka clients against onehop and against Kafka, and Redis Streams
     /// consumer groups, in one invocation (needs `scripts/peers install kafka redis`).
     Queue(BenchQueueArgs),
+    /// Study 3: a leader/standby ledger on a three-node cluster — transfers at a target rate,
+    /// the committed transaction log applied by a standby on another node, publication latency
+    /// seen on the third, and the completeness gate; `--kill ledger|node` fails over mid-run.
+    Bank(BenchBankArgs),
+    /// One ledger process of `bench bank` (started by it; talks over stdin and stdout).
+    #[command(hide = true)]
+    BankLedger(BenchBankLedgerArgs),
+}
+
+/// Flags of `onehop bench bank`.
+#[derive(Args, Debug)]
+pub struct BenchBankArgs {
+    /// Target rates in transactions per second, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "5000,10000,20000,50000,100000,150000")]
+    pub rates: Vec<u64>,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Seconds sent before the measured window.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    /// What to kill -9 halfway through the measured window: none, ledger (the ledger leader
+    /// process; the standby takes over), node (the Raft leader node the ledger writes to).
+    #[arg(long, default_value = "none")]
+    pub kill: String,
+    /// Accounts in the ledger.
+    #[arg(long, default_value_t = 10_000)]
+    pub accounts: u32,
+    /// Every account's balance at the start.
+    #[arg(long, default_value_t = 1_000)]
+    pub initial_balance: u64,
+    /// A transfer moves 1 to this much (one that would overdraw is recorded as rejected).
+    #[arg(long, default_value_t = 500)]
+    pub amount_max: u64,
+    /// Transactions in one publish (one request, one Raft entry) at most.
+    #[arg(long, default_value_t = 10_000)]
+    pub batch_max: usize,
+    /// Transactions in one record of the log (1: a record per transaction).
+    #[arg(long, default_value_t = 1)]
+    pub per_record: usize,
+    /// Also run each rate against a single node (no replication), to show what the cluster costs.
+    #[arg(long)]
+    pub floor: bool,
+    /// Seed of the transfers.
+    #[arg(long, default_value_t = 20261127)]
+    pub seed: u64,
+    /// Where the nodes keep their data: put it on the disk to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Where results.json, summary.md and bank-latency.svg go.
+    #[arg(long, default_value = "results/bank")]
+    pub out: std::path::PathBuf,
+    /// End the output with one JSON line per run and per summary.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Flags of the hidden `onehop bench bank-ledger`.
+#[derive(Args, Debug)]
+pub struct BenchBankLedgerArgs {
+    /// leader or standby.
+    #[arg(long)]
+    pub role: String,
+    /// Every node's HTTP address (host:port).
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// The node (index into --nodes) a leader publishes to and a standby follows the log on.
+    #[arg(long)]
+    pub node: usize,
+    #[arg(long)]
+    pub stream: String,
+    #[arg(long)]
+    pub accounts: u32,
+    #[arg(long)]
+    pub initial_balance: u64,
+    /// The epoch of this process's records once it leads.
+    #[arg(long)]
+    pub epoch: u64,
+    #[arg(long)]
+    pub batch_max: usize,
+    #[arg(long)]
+    pub per_record: usize,
 }
 
 /// Flags of `onehop bench kafka`.

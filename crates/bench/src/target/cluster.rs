@@ -5,6 +5,7 @@
 //! subscriber is served from the follower's copy of the log.
 
 use std::net::TcpListener;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,24 +38,30 @@ impl ClusterTarget {
         if options.url.is_some() || options.mqtt_address.is_some() {
             bail!("onehop-cluster starts a cluster of its own: it cannot be used with --url");
         }
-        let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
-        let peers: Vec<String> =
-            ports.iter().enumerate().map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1)).collect();
-        let peers = peers.join(",");
-        let mut nodes = Vec::with_capacity(NODES);
-        for (index, port) in ports.iter().enumerate() {
-            let (id, address) = ((index + 1).to_string(), format!("127.0.0.1:{port}"));
-            let args = ["--node-id", &id, "--cluster-addr", &address, "--peers", &peers];
-            nodes.push(
-                ServerProcess::start(&options.exe, &options.dir, &args)
-                    .with_context(|| format!("starting node {id} of the cluster"))?,
-            );
-        }
-        let leader = wait_for_leader(&nodes)?;
+        let (nodes, leader) = start_nodes(&options.exe, &options.dir, NODES)?;
         // The clients go to a follower: its writes are forwarded, as most writes in a cluster are.
         let follower = (0..NODES).find(|index| *index as u64 + 1 != leader).expect("three nodes have a follower");
         Ok(ClusterTarget { nodes, follower, leader })
     }
+}
+
+/// Starts `count` `onehop serve` nodes of `exe` as one new cluster, each on its own data
+/// directory under `dir` and free loopback ports, and waits until they agree on a leader:
+/// the nodes (stopped on drop) and the leader's node id (node `i` of the vector has id
+/// `i + 1`).
+pub fn start_nodes(exe: &Path, dir: &Path, count: usize) -> anyhow::Result<(Vec<ServerProcess>, u64)> {
+    let ports: Vec<u16> = (0..count).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
+    let peers: Vec<String> = ports.iter().enumerate().map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1)).collect();
+    let peers = peers.join(",");
+    let mut nodes = Vec::with_capacity(count);
+    for (index, port) in ports.iter().enumerate() {
+        let (id, address) = ((index + 1).to_string(), format!("127.0.0.1:{port}"));
+        let args = ["--node-id", &id, "--cluster-addr", &address, "--peers", &peers];
+        nodes
+            .push(ServerProcess::start(exe, dir, &args).with_context(|| format!("starting node {id} of the cluster"))?);
+    }
+    let leader = wait_for_leader(&nodes)?;
+    Ok((nodes, leader))
 }
 
 /// The leader the nodes agree on, once one is elected (each node's `GET /cluster`).
