@@ -1556,6 +1556,20 @@ impl GroupMember {
     }
 }
 
+/// Produces one record per key to `topic` with kcat (`acks=all`), through `bootstrap`.
+fn kcat_produce(bootstrap: &str, topic: &str, keys: &[String]) {
+    let input: String = keys.iter().map(|key| format!("{key}:{{\"n\":1}}\n")).collect();
+    let mut producer = Command::new("kcat")
+        .args(["-P", "-b", bootstrap, "-t", topic, "-K", ":", "-X", "acks=all"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    producer.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let produced = producer.wait_with_output().unwrap();
+    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+}
+
 #[test]
 fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader() {
     let mut cluster = Cluster::start_with(3, true, false, None, Vec::new());
@@ -1616,16 +1630,7 @@ fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader
         std::thread::sleep(Duration::from_millis(200));
     }
     let keys: Vec<String> = (0..40).map(|n| format!("job-{n}")).collect();
-    let input: String = keys.iter().map(|key| format!("{key}:{{\"n\":1}}\n")).collect();
-    let mut producer = Command::new("kcat")
-        .args(["-P", "-b", &kafka(&cluster, followers[1]), "-t", "jobs", "-K", ":", "-X", "acks=all"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    producer.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let produced = producer.wait_with_output().unwrap();
-    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    kcat_produce(&kafka(&cluster, followers[1]), "jobs", &keys);
     let received = || members.iter().map(|member| member.keys.lock().unwrap().len()).sum::<usize>();
     let deadline = Instant::now() + Duration::from_secs(20);
     while received() < keys.len() && Instant::now() < deadline {
@@ -1662,16 +1667,7 @@ fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader
         std::thread::sleep(Duration::from_millis(200));
     }
     let more: Vec<String> = (0..10).map(|n| format!("more-{n}")).collect();
-    let input: String = more.iter().map(|key| format!("{key}:{{\"n\":2}}\n")).collect();
-    let mut producer = Command::new("kcat")
-        .args(["-P", "-b", &kafka(&cluster, leader), "-t", "jobs", "-K", ":", "-X", "acks=all"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    producer.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let produced = producer.wait_with_output().unwrap();
-    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    kcat_produce(&kafka(&cluster, leader), "jobs", &more);
     let deadline = Instant::now() + Duration::from_secs(20);
     while member.keys.lock().unwrap().len() < more.len() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));

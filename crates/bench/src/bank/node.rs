@@ -253,7 +253,7 @@ impl EventReader {
 
     /// Reads what arrived (waiting up to the tick) and calls `on_event(name, data)` for each
     /// complete event.
-    pub fn read(&mut self, mut on_event: impl FnMut(&str, &str)) -> ReadOutcome {
+    pub fn read(&mut self, on_event: impl FnMut(&str, &str)) -> ReadOutcome {
         if self.raw.is_empty() {
             let mut chunk = [0u8; 64 * 1024];
             match self.stream.read(&mut chunk) {
@@ -277,24 +277,7 @@ impl EventReader {
             None => self.buffer.extend_from_slice(&self.raw),
         }
         self.raw.clear();
-        let mut start = 0;
-        while let Some(end) = self.buffer[start..].windows(2).position(|pair| pair == b"\n\n") {
-            let block = &self.buffer[start..start + end];
-            start += end + 2;
-            let Ok(block) = std::str::from_utf8(block) else { continue };
-            let (mut event, mut data) = ("message", "");
-            for line in block.lines() {
-                if let Some(name) = line.strip_prefix("event: ") {
-                    event = name;
-                } else if let Some(text) = line.strip_prefix("data: ") {
-                    data = text;
-                }
-            }
-            if !data.is_empty() {
-                on_event(event, data);
-            }
-        }
-        self.buffer.drain(..start);
+        crate::client::sse::take_events(&mut self.buffer, on_event);
         match ended {
             Some(why) => ReadOutcome::Closed(why),
             None => ReadOutcome::Events,

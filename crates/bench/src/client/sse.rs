@@ -216,24 +216,7 @@ async fn read_events(
             None => buffer.extend_from_slice(&raw),
         }
         raw.clear();
-        let mut start = 0;
-        while let Some(end) = buffer[start..].windows(2).position(|pair| pair == b"\n\n") {
-            let block = &buffer[start..start + end];
-            start += end + 2;
-            let Ok(block) = std::str::from_utf8(block) else { continue };
-            let (mut event, mut data) = ("message", "");
-            for line in block.lines() {
-                if let Some(name) = line.strip_prefix("event: ") {
-                    event = name;
-                } else if let Some(text) = line.strip_prefix("data: ") {
-                    data = text;
-                }
-            }
-            if !data.is_empty() {
-                on_event(event, data, received_ns, arrived_ns);
-            }
-        }
-        buffer.drain(..start);
+        take_events(&mut buffer, |event, data| on_event(event, data, received_ns, arrived_ns));
         if let Some(why) = ended {
             return Ended::Closed(why);
         }
@@ -359,4 +342,28 @@ pub async fn view_observer(
     })
     .await;
     recorder.add_observations(observations);
+}
+
+/// Takes every complete event (a block ending in a blank line) off the front of `buffer` and
+/// gives `on_event` its name (`message` when it has none) and its data; an event without data
+/// is skipped, and a partial one stays for the next read.
+pub(crate) fn take_events(buffer: &mut Vec<u8>, mut on_event: impl FnMut(&str, &str)) {
+    let mut start = 0;
+    while let Some(end) = buffer[start..].windows(2).position(|pair| pair == b"\n\n") {
+        let block = &buffer[start..start + end];
+        start += end + 2;
+        let Ok(block) = std::str::from_utf8(block) else { continue };
+        let (mut event, mut data) = ("message", "");
+        for line in block.lines() {
+            if let Some(name) = line.strip_prefix("event: ") {
+                event = name;
+            } else if let Some(text) = line.strip_prefix("data: ") {
+                data = text;
+            }
+        }
+        if !data.is_empty() {
+            on_event(event, data);
+        }
+    }
+    buffer.drain(..start);
 }
