@@ -19,8 +19,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Server, Spawned, get, start};
 
+/// A port free now, and never handed out before in this run: the system may give a port it
+/// just gave again once its listener is closed, and two of a node's listeners (or two tests'
+/// nodes) would then collide.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if GIVEN.lock().unwrap().get_or_insert_with(HashSet::new).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A small xorshift generator: the test prints its seed, and `ONEHOP_CLUSTER_SEED` replays it.

@@ -29,8 +29,15 @@ pub struct ClusterTarget {
     leader: u64,
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// `count` distinct free ports: every listener is held until all are chosen, so the system
+/// cannot give one port twice.
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> =
+        (0..count).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    Ok(listeners
+        .iter()
+        .map(|listener| listener.local_addr().map(|address| address.port()))
+        .collect::<std::io::Result<_>>()?)
 }
 
 impl ClusterTarget {
@@ -50,7 +57,7 @@ impl ClusterTarget {
 /// the nodes (stopped on drop) and the leader's node id (node `i` of the vector has id
 /// `i + 1`).
 pub fn start_nodes(exe: &Path, dir: &Path, count: usize) -> anyhow::Result<(Vec<ServerProcess>, u64)> {
-    let ports: Vec<u16> = (0..count).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
+    let ports = free_ports(count)?;
     let peers: Vec<String> = ports.iter().enumerate().map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1)).collect();
     let peers = peers.join(",");
     let mut nodes = Vec::with_capacity(count);
