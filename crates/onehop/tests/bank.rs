@@ -11,18 +11,21 @@ use serde_json::Value;
 /// Runs `onehop bench bank` briefly at a low rate with `--kill kill`; returns its run line and
 /// its summary line.
 fn bank(kill: &str) -> (Value, Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let (stdout, _) = common::run_expecting_success(
-        common::onehop()
-            .args(["bench", "bank", "--rates", "2000", "--duration", "3", "--warmup", "1", "--kill", kill])
-            .args(["--accounts", "100", "--json", "--no-progress", "--out"])
-            .arg(dir.path().join("results"))
-            .arg("--dir")
-            .arg(dir.path()),
-    );
-    let lines: Vec<Value> =
-        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
-    assert_eq!(lines.len(), 2, "{stdout}");
+    let (lines, _, dir) = common::bench_lines(&[
+        "bank",
+        "--rates",
+        "2000",
+        "--duration",
+        "3",
+        "--warmup",
+        "1",
+        "--kill",
+        kill,
+        "--accounts",
+        "100",
+        "--json",
+    ]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
     for file in ["results.json", "summary.md", "bank-latency.svg"] {
         assert!(dir.path().join("results").join(file).is_file(), "{file} missing");
     }

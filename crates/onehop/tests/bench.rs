@@ -498,18 +498,9 @@ fn an_interrupted_run_does_not_leave_its_server_stopped() {
 fn a_rate_the_target_cannot_sustain_is_reported_as_saturation() {
     // Durable MQTT ingestion takes about a core per 100 000 events/s here, with the harness on
     // the same cores: four times that cannot be kept up with on a CI machine; 2 000/s can.
-    let dir = tempfile::tempdir().unwrap();
-    let (stdout, stderr) = common::run_expecting_success(
-        common::onehop()
-            .args(["bench", "w4", "--sweep", "2000,400000", "--duration", "2", "--warmup", "0.5", "--json"])
-            .args(["--no-progress", "--out"])
-            .arg(dir.path().join("results"))
-            .arg("--dir")
-            .arg(dir.path()),
-    );
-    let lines: Vec<Value> =
-        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
-    assert_eq!(lines.len(), 2, "{stdout}");
+    let (lines, stderr, dir) =
+        common::bench_lines(&["w4", "--sweep", "2000,400000", "--duration", "2", "--warmup", "0.5", "--json"]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
     check_line(&lines[0], "W4", "onehop");
     assert_eq!(lines[0]["saturated"], false, "{}", lines[0]);
     assert_eq!(lines[1]["saturated"], true, "{}", lines[1]);

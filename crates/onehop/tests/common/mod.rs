@@ -129,6 +129,25 @@ pub fn bench_report(args: &[&str]) -> (serde_json::Value, tempfile::TempDir) {
     (last_json_line(&stdout), dir)
 }
 
+/// Runs `onehop bench` with `args`, `--no-progress`, `--out` (a `results` directory) and
+/// `--dir` in a new temporary directory; returns the JSON lines it printed, what it said on
+/// stderr, and that directory.
+pub fn bench_lines(args: &[&str]) -> (Vec<serde_json::Value>, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, stderr) = run_expecting_success(
+        onehop()
+            .arg("bench")
+            .args(args)
+            .args(["--no-progress", "--out"])
+            .arg(dir.path().join("results"))
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let lines =
+        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
+    (lines, stderr, dir)
+}
+
 /// Starts `onehop serve` with `args` in `cwd` and waits until it is listening.
 pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
     let mut command = onehop();
