@@ -20,6 +20,34 @@ impl Drop for Spawned {
     }
 }
 
+/// A loopback port free now, for a listener a test must name before it starts (a cluster's
+/// peers, a Kafka listener kept across restarts), and never handed out before in this run.
+/// Taken below the system's ephemeral range, from a place set by the process id: a listener on
+/// port 0, or a client's connection, elsewhere in the run cannot be given it meanwhile.
+pub fn free_port() -> u16 {
+    use std::sync::Mutex;
+    static NEXT: Mutex<Option<(u16, u16, u16)>> = Mutex::new(None);
+    let mut next = NEXT.lock().unwrap();
+    let (low, span, at) = next.get_or_insert_with(|| {
+        // The system's ephemeral ports start here (Linux: 32768 unless configured).
+        let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32768);
+        let low = 10_000.min(ephemeral / 2);
+        let span = ephemeral - low;
+        (low, span, (std::process::id() % u32::from(span)) as u16)
+    });
+    for _ in 0..*span {
+        let port = *low + *at;
+        *at = (*at + 1) % *span;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {low} and {}", *low + *span);
+}
+
 /// Runs curl with `args` against `http://{address}{path}`: the status and the body.
 pub fn curl(address: SocketAddr, path: &str, args: &[&str]) -> (u16, String) {
     let output = Command::new("curl")

@@ -134,12 +134,19 @@ pub fn group_of_three_and_idempotent_producer_across_kill_9(spawn: impl Fn(&[&st
     collect(spawn(&["produce", &address, "jobs", "600", "300"]));
     wait_for(&mut members, &mut consumed, 900);
     wait_until("900 are committed", || committed(kafka) == 900);
-    for mut member in members {
+    for member in &mut members {
         assert!(member.terminate(), "a member ended with success");
         member.drain(&mut consumed);
     }
     let twice: Vec<&String> = consumed.iter().filter(|(_, count)| **count > 1).map(|(value, _)| value).collect();
-    assert!(twice.is_empty(), "consumed more than once: {twice:?}");
+    if !twice.is_empty() {
+        let logs: Vec<String> = members.iter().map(|member| member.child.log_tail(60)).collect();
+        panic!(
+            "consumed more than once: {twice:?}\nthe members' logs (last lines):\n{}\nthe server's log:\n{}",
+            logs.join("\n----\n"),
+            server.said().join("\n")
+        );
+    }
     assert_eq!(consumed.len(), 900, "every record consumed");
 
     // An idempotent producer cut mid-run by a kill -9.

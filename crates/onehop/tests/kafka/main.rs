@@ -66,18 +66,31 @@ fn kafka_jars() -> PathBuf {
 }
 
 /// A client process a test started: killed (SIGKILL, by its PID) and reaped when dropped, so a
-/// test that fails midway leaves nothing running.
-struct Spawned(std::process::Child);
+/// test that fails midway leaves nothing running. Its own log (stderr) goes to a temporary
+/// file, for a failing test to show ([`Spawned::log_tail`]).
+struct Spawned(std::process::Child, Option<tempfile::NamedTempFile>);
 
 /// A client's role (`consume`, `produce`, …) started as a process: its lines on stdout, its
-/// own log dropped.
+/// own log kept aside.
 fn spawn_role(command: &mut Command) -> Spawned {
+    let log = tempfile::NamedTempFile::new().expect("a temporary file for the client's log");
+    let stderr = log.reopen().expect("the client's log file");
     let child = command
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap_or_else(|error| panic!("{command:?} does not start: {error}"));
-    Spawned(child)
+    Spawned(child, Some(log))
+}
+
+impl Spawned {
+    /// The last `lines` lines the client logged.
+    fn log_tail(&self, lines: usize) -> String {
+        let Some(log) = &self.1 else { return String::new() };
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
 }
 
 impl std::ops::Deref for Spawned {
@@ -128,7 +141,7 @@ fn placed_value(record: &serde_json::Value) -> ((u64, u64), String) {
 /// A port free now, for a server whose Kafka listener must come back on the same one after a
 /// kill -9 (its clients keep their bootstrap address across the restart).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    common::free_port()
 }
 
 /// Starts the server with its Kafka listener on `address`, a port chosen before and kept across

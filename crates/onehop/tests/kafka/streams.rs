@@ -33,7 +33,7 @@ fn start_app(kafka: &str, classes: &Path, state: &Path, base_ms: u64) -> Spawned
         .stderr(Stdio::null())
         .spawn()
         .expect("java runs");
-    Spawned(child)
+    Spawned(child, None)
 }
 
 /// The records `stream` holds (the sum of its end offsets, from `SHOW STREAMS`).

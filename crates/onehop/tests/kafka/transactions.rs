@@ -20,7 +20,7 @@ fn copier(kafka: &str, partition: u32) -> Spawned {
         .arg("--use-group-metadata")
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    Spawned(command.spawn().expect("java runs"))
+    Spawned(command.spawn().expect("java runs"), None)
 }
 
 fn aborted_so_far(address: std::net::SocketAddr) -> u64 {
