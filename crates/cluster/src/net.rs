@@ -75,6 +75,12 @@ pub enum Request {
     Membership(crate::MembershipChange),
     /// What the node says of itself to the others ([`crate::Node::set_info`]).
     Info,
+    /// What member `id` says of itself, told as it starts ([`crate::Node::announce`]), so that
+    /// the others do not tell clients an address it had before a restart.
+    Announce {
+        id: u64,
+        info: Bytes,
+    },
 }
 
 /// Raft's own RPCs.
@@ -221,6 +227,11 @@ async fn serve_connection<A: Applier>(stream: Box<dyn Connection>, node: Arc<Inn
             Request::Info => {
                 let info = node.info.read().expect("info lock").clone();
                 let _ = replies.send((id, encode(&Reply::Propose(Ok(info))))).await;
+                drop(permit);
+            }
+            Request::Announce { id: member, info } => {
+                node.heard(member, info);
+                let _ = replies.send((id, encode(&Reply::Propose(Ok(Bytes::new()))))).await;
                 drop(permit);
             }
             Request::Membership(change) => {

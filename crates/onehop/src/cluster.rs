@@ -113,12 +113,7 @@ impl onehop_server::kafka::KafkaCluster for KafkaView {
     }
 
     fn settled_term(&self) -> Option<u64> {
-        let metrics = self.0.metrics().borrow().clone();
-        let term = metrics.current_term;
-        // A leader's first entry of its term (openraft's blank one) follows every entry of
-        // earlier terms: once it is applied, so are they.
-        let applied_own = metrics.last_applied.is_some_and(|applied| applied.leader_id.term == term);
-        (metrics.state == onehop_cluster::ServerState::Leader && applied_own).then_some(term)
+        *self.0.settled().borrow()
     }
 
     fn brokers(&self, tls: bool) -> Vec<(i32, String, u16)> {
@@ -131,6 +126,18 @@ impl onehop_server::kafka::KafkaCluster for KafkaView {
                 Some((i32::try_from(id).ok()?, host, port))
             })
             .collect()
+    }
+}
+
+/// Tells the engine, as it changes, in which term this node leads once it has applied all
+/// that earlier leaders committed: the leader runs the transforms.
+async fn lead_transforms(engine: Arc<Engine>, mut settled: tokio::sync::watch::Receiver<Option<u64>>) {
+    loop {
+        engine.set_leading(*settled.borrow_and_update());
+        if settled.changed().await.is_err() {
+            engine.set_leading(None);
+            return;
+        }
     }
 }
 
@@ -230,6 +237,7 @@ pub async fn start(
     }
     engine.set_replicator(Arc::new(NodeReplicator(node.clone()))).context("this node's data directory")?;
     tokio::spawn(watch(node.metrics()));
+    tokio::spawn(lead_transforms(engine.clone(), node.settled()));
     tracing::info!(
         node = settings.node_id,
         address = %settings.address,

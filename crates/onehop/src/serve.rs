@@ -75,6 +75,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         auto_create: settings.auto_create,
         subscriber_queue_capacity: settings.subscriber_queue,
         empty_first_level_stream: settings.mqtt_empty_first_level_stream.clone(),
+        cluster_node: settings.cluster.is_some(),
     };
     let engine = {
         let log = log.clone();
@@ -252,6 +253,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
                 };
                 let info = crate::cluster::NodeInfo { kafka: advertised(false), kafka_tls: advertised(true) };
                 node.set_info(bytes::Bytes::from(serde_json::to_vec(&info).expect("node info serializes")));
+                // Before clients can reach this node: the others then never send them to the
+                // address it had before a restart.
+                node.announce().await;
                 server.set_cluster(Arc::new(crate::cluster::KafkaView(node.clone())));
             }
             Some(tokio::spawn(server.serve(listeners, until_stopped(stopped.clone()))))

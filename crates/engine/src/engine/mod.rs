@@ -52,6 +52,9 @@ pub struct EngineOptions {
     /// The stream of subjects whose first level is empty (`/devices/1`, common on devices):
     /// a subject's first level names its stream, and an empty name cannot ([`crate::route`]).
     pub empty_first_level_stream: String,
+    /// A cluster node's engine ([`Engine::set_replicator`] follows the open): transforms do
+    /// not run on their own here, only where the node leads.
+    pub cluster_node: bool,
 }
 
 impl Default for EngineOptions {
@@ -62,6 +65,7 @@ impl Default for EngineOptions {
             auto_create: true,
             subscriber_queue_capacity: 1024,
             empty_first_level_stream: "root".to_string(),
+            cluster_node: false,
         }
     }
 }
@@ -111,6 +115,9 @@ pub struct Engine {
     replicated_ddl: tokio::sync::watch::Sender<u64>,
     /// On a cluster node: the partitions appended to since the last sync, by address.
     unsynced: std::sync::Mutex<std::collections::HashMap<usize, Arc<Partition>>>,
+    /// On a cluster node: the term in which it leads, once it applied every earlier command
+    /// ([`Engine::set_leading`]); `None` while it does not.
+    leading: tokio::sync::watch::Sender<Option<u64>>,
 }
 
 /// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
@@ -175,6 +182,7 @@ impl Engine {
             predictions: Default::default(),
             replicated_ddl: tokio::sync::watch::channel(0).0,
             unsynced: Default::default(),
+            leading: tokio::sync::watch::channel(None).0,
         };
         engine.finish_drops_and_keep_orphans(&defs)?;
         let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();

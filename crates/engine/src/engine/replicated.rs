@@ -29,8 +29,12 @@
 //! while a drop is in flight the leader prepares nothing for that name, since the offsets
 //! start again from 0 after it.
 //!
-//! Transforms are not replicated yet: a cluster refuses them with
-//! [`EngineError::NotReplicated`] rather than keep them on one node.
+//! A transform's definition is a command too, and so is each batch of its output: the leader
+//! runs the transform (once it applied every command of earlier terms) and submits each batch
+//! with the source positions it covers, `from` and `to`. The leader prepares a batch only if
+//! `from` is where the transform is (as applied, or as prepared in its term), so two runs of it
+//! (an old leader's, a new one's) never both write a stretch of the source; every node appends
+//! the batch and moves the transform's position to `to` in the same step.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -179,6 +183,19 @@ enum Request {
         topic: String,
         records: Vec<WireRecord>,
     },
+    /// A transform (its definition, as the catalog stores it, JSON) and the stream it writes.
+    CreateTransform {
+        def: String,
+        output: WireStreamDef,
+    },
+    /// A batch of a transform's output, from the leader's run of it: the records for each
+    /// output partition, made from the source records between positions `from` and `to`.
+    TransformWrite {
+        transform: String,
+        from: Vec<u64>,
+        to: Vec<u64>,
+        groups: Vec<(u32, Vec<WireRecord>)>,
+    },
 }
 
 /// A change to a stream's definition.
@@ -279,6 +296,19 @@ enum Command {
     SystemAppend {
         topic: String,
         records: Vec<WireRecord>,
+    },
+    /// A transform and its output stream, created together; where it starts in its source is
+    /// taken where it applies (the same on every node).
+    CreateTransform {
+        def: String,
+        output: WireStreamDef,
+    },
+    /// A transform's output batch at the offsets the leader predicted; the transform is at
+    /// source positions `to` once it is appended.
+    TransformWrite {
+        transform: String,
+        to: Vec<u64>,
+        appends: Vec<Append>,
     },
 }
 
@@ -486,6 +516,8 @@ pub(crate) struct Predictions {
     /// The streams whose drop is prepared: nothing is prepared for their names until that
     /// drop is applied here (offsets after it start again from 0).
     dropping: std::collections::HashSet<String>,
+    /// Each transform's source positions after the last batch of it prepared in this term.
+    transforms: HashMap<String, Vec<u64>>,
 }
 
 /// What the leader prepared for one table in this term beyond what it applied.
@@ -516,6 +548,30 @@ impl TablePrediction {
 }
 
 impl Predictions {
+    /// The appends of `groups` (records for each partition of the stream `name`) at the
+    /// offsets predicted for them: after what was prepared for that partition in this term,
+    /// else at its end here (`existing`). With each partition's place among the appends.
+    fn appends(
+        &mut self,
+        name: &str,
+        existing: Option<&Arc<Stream>>,
+        groups: BTreeMap<u32, Vec<NewRecord>>,
+    ) -> (Vec<Append>, BTreeMap<u32, u32>) {
+        let mut appends = Vec::with_capacity(groups.len());
+        let mut index_of = BTreeMap::new();
+        for (partition, group) in groups {
+            let next = self
+                .next
+                .entry((name.to_string(), partition))
+                .or_insert_with(|| existing.and_then(|stream| stream.end_offset(partition).ok()).unwrap_or(0));
+            let base_offset = *next;
+            *next += group.len() as u64;
+            index_of.insert(partition, appends.len() as u32);
+            appends.push(Append { partition, base_offset, records: group.iter().map(WireRecord::from).collect() });
+        }
+        (appends, index_of)
+    }
+
     /// Refuses, for now, anything for the stream `name` while its drop is prepared and not yet
     /// applied here (`exists`: this node still has it); forgets a drop that was applied.
     fn check_not_dropping(&mut self, name: &str, exists: bool) -> Result<(), EngineError> {
@@ -562,25 +618,36 @@ impl Predictions {
 
 impl Engine {
     /// Makes this engine a cluster node's: from now on stream writes and creations go to
-    /// `replicator`. Refused when the catalog defines what a cluster does not replicate yet.
+    /// `replicator`, and each transform runs wherever this node leads ([`Engine::set_leading`]).
+    /// The engine must have been opened with [`EngineOptions::cluster_node`], so that no
+    /// transform ran here on its own before.
     pub fn set_replicator(&self, replicator: Arc<dyn Replicator>) -> Result<(), EngineError> {
-        if let Some(transform) = self.transforms().first() {
-            return Err(EngineError::InvalidDefinition(format!(
-                "this data directory defines transform {:?}: transforms are not replicated in a cluster yet",
-                transform.name()
-            )));
+        if !self.options.cluster_node {
+            return Err(EngineError::Internal("a cluster node's engine is opened with cluster_node set".into()));
         }
-        self.replicator.set(replicator).map_err(|_| EngineError::Internal("the engine already has a replicator".into()))
+        self.replicator
+            .set(replicator.clone())
+            .map_err(|_| EngineError::Internal("the engine already has a replicator".into()))?;
+        for transform in self.transforms() {
+            transform.start_replicated(self.hub.clone(), self.checkpoints.clone(), replicator.clone(), self.leading());
+        }
+        Ok(())
+    }
+
+    /// Tells the engine whether this node leads the cluster, in which term, once it applied
+    /// every command of earlier terms: the leader runs the transforms.
+    pub fn set_leading(&self, term: Option<u64>) {
+        self.leading.send_if_modified(|leading| std::mem::replace(leading, term) != term);
+    }
+
+    /// Whether this node leads, as [`Engine::set_leading`] last said.
+    pub(crate) fn leading(&self) -> tokio::sync::watch::Receiver<Option<u64>> {
+        self.leading.subscribe()
     }
 
     /// Whether this engine is a cluster node's.
     pub fn is_replicated(&self) -> bool {
         self.replicator.get().is_some()
-    }
-
-    /// Refuses `what` on a cluster node, where it would exist on one node only.
-    pub(crate) fn local_only(&self, what: &'static str) -> Result<(), EngineError> {
-        if self.is_replicated() { Err(EngineError::NotReplicated(what)) } else { Ok(()) }
     }
 
     /// Creates the stream `def` through the cluster and waits until this node has it.
@@ -702,6 +769,12 @@ impl Engine {
                     return Err(refused(&EngineError::UnknownView(name)));
                 }
                 Ok(encode(&Command::DropView(name)))
+            }
+            Request::CreateTransform { def, output } => {
+                self.prepare_create_transform(def, output).map_err(|error| refused(&error))
+            }
+            Request::TransformWrite { transform, from, to, groups } => {
+                self.prepare_transform_write(transform, from, to, groups).map_err(|error| refused(&error))
             }
             Request::SystemAppend { topic, records } => {
                 check_shared_system_topic(&topic).map_err(|error| refused(&error))?;
@@ -882,20 +955,95 @@ impl Engine {
             check_records(&config, group).map_err(|error| fail(error.into()))?;
         }
         let mut predictions = self.predictions.lock().expect("predictions lock");
-        let mut appends = Vec::with_capacity(groups.len());
-        let mut index_of = BTreeMap::new();
-        for (partition, group) in groups {
-            let next = predictions
-                .next
-                .entry((name.clone(), partition))
-                .or_insert_with(|| existing.as_ref().and_then(|stream| stream.end_offset(partition).ok()).unwrap_or(0));
-            let base_offset = *next;
-            *next += group.len() as u64;
-            index_of.insert(partition, appends.len() as u32);
-            appends.push(Append { partition, base_offset, records: group.iter().map(WireRecord::from).collect() });
-        }
+        let (appends, index_of) = predictions.appends(&name, existing.as_ref(), groups);
         let order = order.into_iter().map(|(partition, place)| (index_of[&partition], place)).collect();
         Ok(encode(&Command::Publish { stream: name, create, appends, order }))
+    }
+
+    /// A transform's creation, with its output stream's. The names are checked here against
+    /// what is prepared too, as a stream's creation is; the output's offsets are predicted
+    /// from 0 from here on. Where the transform starts is decided where it applies.
+    fn prepare_create_transform(&self, json: String, output: WireStreamDef) -> Result<Bytes, EngineError> {
+        let def: TransformDef = serde_json::from_str(&json)
+            .map_err(|error| EngineError::InvalidDefinition(format!("a transform definition: {error}")))?;
+        let stream_def = StreamDef::from(output.clone());
+        stream_def.validate()?;
+        let name = def.name.clone();
+        if stream_def.name != name {
+            return Err(EngineError::InvalidDefinition(format!(
+                "the transform {name:?} must write the stream of its name, not {:?}",
+                stream_def.name
+            )));
+        }
+        let mut predictions = self.predictions.lock().expect("predictions lock");
+        if let Some(existing) = self.transform(&name) {
+            // Applied as "already there" where it is the same; refused otherwise.
+            if existing.def() == &def && existing.output().def() == &stream_def {
+                return Ok(encode(&Command::CreateTransform { def: json, output }));
+            }
+            return Err(EngineError::StreamExists { name, existing: format!("computed by {}", existing.def().sql) });
+        }
+        let exists = self.stream(&name).is_ok();
+        predictions.check_not_dropping(&name, exists)?;
+        if let Some(pending) = predictions.creating.get(&name) {
+            return Err(EngineError::StreamExists { name, existing: pending.describe() });
+        }
+        self.check_new_stream(&stream_def)?;
+        predictions.check_stream_name(&name)?;
+        check_pending_routes(&predictions, &stream_def)?;
+        // Its source: a stream, applied or about to be (refused alike where it applies if not).
+        predictions.check_not_dropping(&def.source, self.stream(&def.source).is_ok())?;
+        if self.table(&def.source).is_ok() || predictions.tables.get(&def.source).is_some_and(|t| t.def.is_some()) {
+            return Err(EngineError::InvalidDefinition(format!(
+                "{:?} is a table: a transform reads a stream (aggregate a table with CREATE VIEW)",
+                def.source
+            )));
+        }
+        if self.stream(&def.source).is_err() && !predictions.creating.contains_key(&def.source) {
+            return Err(EngineError::UnknownStream { name: def.source.clone(), auto_create: false });
+        }
+        predictions.creating.insert(name, stream_def);
+        Ok(encode(&Command::CreateTransform { def: json, output }))
+    }
+
+    /// A batch of a transform's output, from the run of it on this node (the leader): prepared
+    /// only if `from` is where the transform is, as applied here or as prepared in this term,
+    /// so that no stretch of the source is written twice (by a former leader's run, say).
+    fn prepare_transform_write(
+        &self,
+        name: String,
+        from: Vec<u64>,
+        to: Vec<u64>,
+        groups: Vec<(u32, Vec<WireRecord>)>,
+    ) -> Result<Bytes, EngineError> {
+        let Some(transform) = self.transform(&name) else {
+            return Err(EngineError::UnknownStream { name, auto_create: false });
+        };
+        let output = transform.output().clone();
+        let mut predictions = self.predictions.lock().expect("predictions lock");
+        predictions.check_not_dropping(&name, true)?;
+        let at = predictions.transforms.get(&name).cloned().unwrap_or_else(|| transform.applied().positions);
+        if from != at {
+            return Err(EngineError::Append(AppendError::Unconfirmed(format!(
+                "transform {name:?} is at {at:?} in its source, not at {from:?}: another run of it wrote since"
+            ))));
+        }
+        let config = self.partition_config(output.def());
+        let mut batches: BTreeMap<u32, Vec<NewRecord>> = BTreeMap::new();
+        for (partition, records) in groups {
+            if partition >= output.partition_count() {
+                return Err(EngineError::UnknownPartition { stream: name, partition, count: output.partition_count() });
+            }
+            let records: Vec<NewRecord> = records.into_iter().map(NewRecord::from).collect();
+            if records.is_empty() {
+                continue;
+            }
+            check_records(&config, &records)?;
+            batches.entry(partition).or_default().extend(records);
+        }
+        let (appends, _) = predictions.appends(&name, Some(&output), batches);
+        predictions.transforms.insert(name.clone(), to.clone());
+        Ok(encode(&Command::TransformWrite { transform: name, to, appends }))
     }
 
     /// Whether a committed command changes definitions (everything but a stream publish and a
@@ -904,7 +1052,7 @@ impl Engine {
     /// the command's variant is read.
     pub fn is_replicated_barrier(command: &[u8]) -> bool {
         // postcard writes an enum's variant index first, as a varint.
-        !matches!(postcard::take_from_bytes::<u32>(command), Ok((0 | 2 | 12, _)))
+        !matches!(postcard::take_from_bytes::<u32>(command), Ok((0 | 2 | 12 | 14, _)))
     }
 
     /// On a node that became the cluster's leader, once it applied every earlier command: the
@@ -916,6 +1064,7 @@ impl Engine {
         predictions.tables.clear();
         predictions.views.clear();
         predictions.dropping.clear();
+        predictions.transforms.clear();
     }
 
     /// Hard-links the files of every open topic that `shared` accepts into `into`, one
@@ -967,44 +1116,7 @@ impl Engine {
                 }
                 let target = self.stream(&stream).map_err(|error| format!("applying to stream {stream:?}: {error}"))?;
                 let partitions: Vec<u32> = appends.iter().map(|append| append.partition).collect();
-                let mut queued = Vec::with_capacity(appends.len());
-                for append in appends {
-                    let partition = target.partition(append.partition).map_err(|error| error.to_string())?;
-                    let count = append.records.len() as u64;
-                    let end = partition.end_offset();
-                    if append.base_offset + count <= end {
-                        // Applied before a restart: the partition has these offsets already,
-                        // maybe not yet synced.
-                        self.unsynced(partition);
-                        queued.push((append.base_offset, None));
-                        continue;
-                    }
-                    if append.base_offset != end {
-                        return Err(format!(
-                            "stream {stream:?} partition {} ends at offset {end}, and the committed command appends \
-                             at {}: this node's log does not fit the cluster's; stopping rather than diverge",
-                            append.partition, append.base_offset
-                        ));
-                    }
-                    let records: Vec<NewRecord> = append.records.into_iter().map(NewRecord::from).collect();
-                    // The Raft log holds the command durably on a majority; the partition is
-                    // synced with the state machine's progress (`sync_replicated`).
-                    let pending =
-                        partition.enqueue_with(&records, Durability::Async).await.map_err(|e| e.to_string())?;
-                    queued.push((append.base_offset, Some((partition.clone(), pending))));
-                }
-                let mut bases = Vec::with_capacity(queued.len());
-                for (base_offset, pending) in queued {
-                    if let Some((partition, pending)) = pending {
-                        let ack = pending.await.map_err(|error| error.to_string())?;
-                        if ack.base_offset != base_offset {
-                            return Err(format!("appended at offset {} instead of {base_offset}", ack.base_offset));
-                        }
-                        // Once written: a sync that takes the partition from here on covers it.
-                        self.unsynced(&partition);
-                    }
-                    bases.push(base_offset);
-                }
+                let bases = self.apply_appends(&target, appends).await?;
                 let published = order
                     .into_iter()
                     .map(|(append, place)| (partitions[append as usize], bases[append as usize] + place as u64))
@@ -1103,7 +1215,73 @@ impl Engine {
                 system.append(&records).await.map_err(|error| format!("appending to system topic {topic}: {error}"))?;
                 Ok(encode(&Outcome::Appended))
             }
+            Command::CreateTransform { def, output } => {
+                let def: TransformDef =
+                    serde_json::from_str(&def).map_err(|error| format!("a committed transform definition: {error}"))?;
+                let name = def.name.clone();
+                let outcome = self.create_transform_here(def, output.into()).await.map(|_| Outcome::Created);
+                if outcome.is_err() {
+                    // Refused alike on every node: its name is free again.
+                    self.predictions.lock().expect("predictions lock").creating.remove(&name);
+                }
+                self.applied_ddl(index, outcome)
+            }
+            Command::TransformWrite { transform, to, appends } => {
+                let Some(running) = self.transform(&transform) else {
+                    // Its drop is a barrier: nothing written before it is applied again after.
+                    return Err(format!("a committed batch of transform {transform:?}, which this node does not have"));
+                };
+                self.apply_appends(running.output(), appends).await?;
+                running.set_applied(to);
+                Ok(encode(&Outcome::Appended))
+            }
         }
+    }
+
+    /// Appends each of `appends` to its partition of `target` at the offset the leader
+    /// predicted, skipping one the partition holds already (applied before a restart), and
+    /// returns each one's base offset. `Err` when the partition does not end where the append
+    /// starts: this node's log does not fit the cluster's.
+    async fn apply_appends(&self, target: &Arc<Stream>, appends: Vec<Append>) -> Result<Vec<u64>, String> {
+        let stream = target.name();
+        let mut queued = Vec::with_capacity(appends.len());
+        for append in appends {
+            let partition = target.partition(append.partition).map_err(|error| error.to_string())?;
+            let count = append.records.len() as u64;
+            let end = partition.end_offset();
+            if append.base_offset + count <= end {
+                // Applied before a restart: the partition has these offsets already,
+                // maybe not yet synced.
+                self.unsynced(partition);
+                queued.push((append.base_offset, None));
+                continue;
+            }
+            if append.base_offset != end {
+                return Err(format!(
+                    "stream {stream:?} partition {} ends at offset {end}, and the committed command appends \
+                     at {}: this node's log does not fit the cluster's; stopping rather than diverge",
+                    append.partition, append.base_offset
+                ));
+            }
+            let records: Vec<NewRecord> = append.records.into_iter().map(NewRecord::from).collect();
+            // The Raft log holds the command durably on a majority; the partition is
+            // synced with the state machine's progress (`sync_replicated`).
+            let pending = partition.enqueue_with(&records, Durability::Async).await.map_err(|e| e.to_string())?;
+            queued.push((append.base_offset, Some((partition.clone(), pending))));
+        }
+        let mut bases = Vec::with_capacity(queued.len());
+        for (base_offset, pending) in queued {
+            if let Some((partition, pending)) = pending {
+                let ack = pending.await.map_err(|error| error.to_string())?;
+                if ack.base_offset != base_offset {
+                    return Err(format!("appended at offset {} instead of {base_offset}", ack.base_offset));
+                }
+                // Once written: a sync that takes the partition from here on covers it.
+                self.unsynced(&partition);
+            }
+            bases.push(base_offset);
+        }
+        Ok(bases)
     }
 
     /// Appends `records` to `topic`, a system topic every cluster node keeps alike (a front
@@ -1306,6 +1484,20 @@ impl Engine {
         self.await_ddl(&mut applied, &format!("view {name:?}"), || self.view(&name).ok()).await
     }
 
+    /// Creates the transform `def` and its output stream `output` through the cluster, and
+    /// waits until this node has it.
+    pub(crate) async fn create_transform_replicated(
+        &self,
+        def: TransformDef,
+        output: StreamDef,
+    ) -> Result<Arc<Transform>, EngineError> {
+        let json = serde_json::to_string(&def).expect("a transform definition serializes");
+        let mut applied = self.replicated_ddl.subscribe();
+        self.submit_ddl(encode(&Request::CreateTransform { def: json, output: WireStreamDef::from(&output) })).await?;
+        let name = def.name.clone();
+        self.await_ddl(&mut applied, &format!("transform {name:?}"), || self.transform(&name)).await
+    }
+
     pub(crate) async fn drop_view_replicated(&self, name: &str) -> Result<(), EngineError> {
         let mut applied = self.replicated_ddl.subscribe();
         self.submit_ddl(encode(&Request::DropView(name.to_string()))).await?;
@@ -1478,6 +1670,28 @@ fn outcome(answer: Result<Bytes, String>) -> Result<Outcome, EngineError> {
 async fn submit(slot: &ReplicatorSlot, request: Bytes) -> Result<Outcome, EngineError> {
     let replicator = slot.get().ok_or_else(|| EngineError::Internal("not a cluster node".into()))?;
     outcome(submit_queued(replicator, request).await?.await)
+}
+
+/// Writes a batch of transform `name`'s output through the cluster: `groups`, the records for
+/// each output partition, made from its source's records between positions `from` and `to`.
+/// Returns once the leader applied it; refused unless the transform is at `from`.
+pub(crate) async fn transform_write(
+    replicator: &Arc<dyn Replicator>,
+    name: &str,
+    from: Vec<u64>,
+    to: Vec<u64>,
+    groups: Vec<(u32, Vec<NewRecord>)>,
+) -> Result<(), EngineError> {
+    let groups = groups
+        .into_iter()
+        .map(|(partition, records)| (partition, records.iter().map(WireRecord::from).collect()))
+        .collect();
+    let request = encode(&Request::TransformWrite { transform: name.to_string(), from, to, groups });
+    match outcome(submit_queued(replicator, request).await?.await)? {
+        Outcome::Appended => Ok(()),
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        _ => Err(EngineError::Internal("the cluster answered a transform's batch with something else".into())),
+    }
 }
 
 /// Where each record of a replicated publish went, from the leader's answer.

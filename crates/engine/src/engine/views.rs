@@ -230,9 +230,15 @@ impl Engine {
                 TransformCheckpoint::new(start_positions(&source, def.start), output.start_offsets())
             }
         };
-        let checkpoint = TransformCheckpoint::new(still_stored(&source, checkpoint.positions), checkpoint.output_ends);
-        let transform = Arc::new(Transform::new(def, source, output));
-        if tokio::runtime::Handle::try_current().is_ok() {
+        let transform = Arc::new(Transform::new(def, source.clone(), output, checkpoint.clone()));
+        if let Some(replicator) = self.replicator.get() {
+            // Runs where this node leads, from where the cluster's transform is.
+            transform.start_replicated(self.hub.clone(), self.checkpoints.clone(), replicator.clone(), self.leading());
+        } else if self.options.cluster_node {
+            // Started by `set_replicator`, which follows the open.
+        } else if tokio::runtime::Handle::try_current().is_ok() {
+            let checkpoint =
+                TransformCheckpoint::new(still_stored(&source, checkpoint.positions), checkpoint.output_ends);
             transform.start(self.hub.clone(), self.checkpoints.clone(), checkpoint);
         } else {
             tracing::error!(
@@ -246,8 +252,8 @@ impl Engine {
     /// Creates the stream `output` and the transform `def` that feeds it from its source, and
     /// starts it. Both definitions and the transform's starting point are durable before this
     /// returns. Creating one that exists with the same definitions returns it.
+    /// On a cluster node the cluster creates it; the leader runs it (docs/cluster.md).
     pub async fn create_transform(&self, def: TransformDef, output: StreamDef) -> Result<Arc<Transform>, EngineError> {
-        self.local_only("CREATE TRANSFORM")?;
         output.validate()?;
         if output.name != def.name {
             return Err(EngineError::InvalidDefinition(format!(
@@ -255,6 +261,19 @@ impl Engine {
                 def.name, output.name
             )));
         }
+        if self.is_replicated() {
+            return self.create_transform_replicated(def, output).await;
+        }
+        self.create_transform_here(def, output).await
+    }
+
+    /// Creates a transform and its output stream on this node; where it starts in its source
+    /// is taken now (on a cluster node, where the creation applies: the same everywhere).
+    pub(super) async fn create_transform_here(
+        &self,
+        def: TransformDef,
+        output: StreamDef,
+    ) -> Result<Arc<Transform>, EngineError> {
         let _ddl = self.ddl.lock().await;
         if let Some(existing) = self.transform(&def.name) {
             if existing.def() == &def && existing.output().def() == &output {

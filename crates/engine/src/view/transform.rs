@@ -13,6 +13,14 @@
 //! and replays `src` from the checkpoint without writing a record again for a position it finds.
 //! Evaluation is deterministic, so a record it did not write before is written as it would have
 //! been.
+//!
+//! On a cluster node the task runs only while the node leads (once it applied every command of
+//! earlier terms). It submits each batch through the cluster with the source positions it
+//! covers; every node appends the batch and takes those positions as the transform's
+//! ([`Transform::set_applied`]) in the same step, and checkpoints them about once a second. A
+//! new leader's run starts from there (scanning output written after its checkpoint, as after
+//! a crash), and the leader refuses a batch that does not start where the transform is, so a
+//! stretch of the source is written once however leadership moves.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,6 +39,7 @@ use serde_json::{Map, Value};
 use super::Start;
 use super::catchup::{Catchup, follow};
 use super::expr::{Expr, Input, is_true, key_text, parse_value};
+use crate::engine::replicated::{self, Replicator};
 use crate::error::EngineError;
 use crate::hub::{Cursor, Delivery, Hub};
 use crate::stream::Stream;
@@ -202,10 +211,31 @@ pub struct Transform {
     restoring: std::sync::atomic::AtomicBool,
     stop: tokio::sync::watch::Sender<bool>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// On a cluster node: where the transform is, as this node applied its batches (its
+    /// source positions, and its output's ends then).
+    applied: std::sync::Mutex<TransformCheckpoint>,
+}
+
+/// How a cluster node's run of a transform, as the leader, ended.
+enum Led {
+    /// The transform is stopping.
+    Stopped,
+    /// This node no longer leads in the term it ran in.
+    Deposed,
+    /// A batch was not written (refused, or its outcome unknown): the run starts again from
+    /// where the transform is.
+    Failed(EngineError),
 }
 
 impl Transform {
-    pub(crate) fn new(def: TransformDef, source: Arc<Stream>, output: Arc<Stream>) -> Transform {
+    /// A transform over `source` writing `output`, at `checkpoint` (where a cluster node's
+    /// run of it starts; a single node's task is given its own start).
+    pub(crate) fn new(
+        def: TransformDef,
+        source: Arc<Stream>,
+        output: Arc<Stream>,
+        checkpoint: TransformCheckpoint,
+    ) -> Transform {
         Transform {
             def: Arc::new(def),
             source,
@@ -214,7 +244,20 @@ impl Transform {
             restoring: std::sync::atomic::AtomicBool::new(true),
             stop: tokio::sync::watch::channel(false).0,
             task: std::sync::Mutex::new(None),
+            applied: std::sync::Mutex::new(checkpoint),
         }
+    }
+
+    /// On a cluster node: where the transform is, as applied here.
+    pub(crate) fn applied(&self) -> TransformCheckpoint {
+        self.applied.lock().expect("applied lock").clone()
+    }
+
+    /// On a cluster node, as a batch of the transform is applied (appended to its output):
+    /// the transform is at `positions` in its source.
+    pub(crate) fn set_applied(&self, positions: Vec<u64>) {
+        let ends = self.output.end_offsets();
+        *self.applied.lock().expect("applied lock") = TransformCheckpoint::new(positions, ends);
     }
 
     pub fn def(&self) -> &TransformDef {
@@ -251,13 +294,37 @@ impl Transform {
         checkpoints: Arc<SystemTopic>,
         checkpoint: TransformCheckpoint,
     ) {
-        // Registered, so each of the transform's series is exported (at 0) from its start.
-        for name in ["transform_invalid_subjects_total", "transform_rejected_records_total"] {
-            let _ = metrics::counter!(name, "transform" => self.def.name.clone());
-        }
+        self.register_metrics();
         let transform = self.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = transform.run(hub, checkpoints, checkpoint).await {
+                tracing::error!(transform = transform.name(), %error, "the transform stopped");
+            }
+        });
+        *self.task.lock().expect("transform task lock") = Some(task);
+    }
+
+    /// Registered, so each of the transform's series is exported (at 0) from its start.
+    fn register_metrics(&self) {
+        for name in ["transform_invalid_subjects_total", "transform_rejected_records_total"] {
+            let _ = metrics::counter!(name, "transform" => self.def.name.clone());
+        }
+    }
+
+    /// On a cluster node: starts the task that runs the transform while `leading` says this
+    /// node leads, and checkpoints where it is as applied here meanwhile.
+    pub(crate) fn start_replicated(
+        self: &Arc<Self>,
+        hub: Arc<Hub>,
+        checkpoints: Arc<SystemTopic>,
+        replicator: Arc<dyn Replicator>,
+        leading: tokio::sync::watch::Receiver<Option<u64>>,
+    ) {
+        self.register_metrics();
+        self.restoring.store(false, Ordering::Relaxed);
+        let transform = self.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = transform.run_replicated(hub, checkpoints, replicator, leading).await {
                 tracing::error!(transform = transform.name(), %error, "the transform stopped");
             }
         });
@@ -322,6 +389,171 @@ impl Transform {
                     return Ok(());
                 }
             }
+        }
+    }
+
+    async fn run_replicated(
+        &self,
+        hub: Arc<Hub>,
+        checkpoints: Arc<SystemTopic>,
+        replicator: Arc<dyn Replicator>,
+        mut leading: tokio::sync::watch::Receiver<Option<u64>>,
+    ) -> Result<(), EngineError> {
+        let mut stop = self.stop.subscribe();
+        let mut saved = None;
+        loop {
+            let term = *leading.borrow_and_update();
+            if let Some(term) = term {
+                tracing::info!(transform = self.name(), term, "this node leads: it runs the transform");
+                match self.lead(term, &hub, &checkpoints, &replicator, &mut leading, &mut stop, &mut saved).await? {
+                    Led::Stopped => break,
+                    Led::Deposed => {
+                        tracing::info!(
+                            transform = self.name(),
+                            term,
+                            "this node no longer leads: the transform runs elsewhere"
+                        );
+                        self.restoring.store(false, Ordering::Relaxed);
+                        continue;
+                    }
+                    Led::Failed(error) => {
+                        tracing::warn!(transform = self.name(), %error, "a batch of the transform was not written: it goes on from where the cluster has it");
+                        tokio::select! {
+                            () = tokio::time::sleep(RETRY_AFTER) => continue,
+                            _ = stop.changed() => break,
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() { break },
+                _ = stop.changed() => break,
+                () = tokio::time::sleep(CHECKPOINT_INTERVAL) => self.save_applied(&checkpoints, &mut saved).await,
+            }
+        }
+        self.save_applied(&checkpoints, &mut saved).await;
+        Ok(())
+    }
+
+    /// Runs the transform on the leader in `term`, from where it is as applied here, until
+    /// this node no longer leads in that term, the transform stops, or a batch is not written.
+    #[allow(clippy::too_many_arguments)]
+    async fn lead(
+        &self,
+        term: u64,
+        hub: &Arc<Hub>,
+        checkpoints: &SystemTopic,
+        replicator: &Arc<dyn Replicator>,
+        leading: &mut tokio::sync::watch::Receiver<Option<u64>>,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+        saved: &mut Option<TransformCheckpoint>,
+    ) -> Result<Led, EngineError> {
+        let at = self.applied();
+        let mut written = self.written_since(&at.output_ends)?;
+        // Where the cluster has it (each batch must start there), and where reading starts:
+        // past what retention removed, and at the start of partitions added since.
+        let mut from = at.positions;
+        let starts = self.source.start_offsets();
+        let positions: Vec<u64> = starts
+            .iter()
+            .enumerate()
+            .map(|(partition, start)| from.get(partition).copied().unwrap_or(0).max(*start))
+            .collect();
+        let mut catchup = Catchup::new("transform", self.name(), &self.source, &positions);
+        self.restoring.store(!catchup.done(), Ordering::Relaxed);
+        let mut cursor = follow(hub, &self.source, positions)?;
+        let mut last_tick = Instant::now();
+        let mut batch: Vec<NewRecord> = Vec::new();
+        loop {
+            let tick_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_tick.elapsed()));
+            tokio::select! {
+                delivery = cursor.next() => {
+                    self.take(delivery?, &mut cursor, hub, &mut written, &mut batch)?;
+                    while batch.len() < BATCH_MAX {
+                        match cursor.next().now_or_never() {
+                            Some(delivery) => self.take(delivery?, &mut cursor, hub, &mut written, &mut batch)?,
+                            None => break,
+                        }
+                    }
+                    // Records the filter skipped only: the position moves on with the next
+                    // batch, or at the next tick.
+                    if batch.is_empty() {
+                        continue;
+                    }
+                    let to = cursor.positions().to_vec();
+                    match self.write_replicated(replicator, &from, &to, &mut batch, stop).await {
+                        Some(Ok(())) => from = to,
+                        Some(Err(error)) => return Ok(Led::Failed(error)),
+                        None => return Ok(Led::Stopped),
+                    }
+                    if !catchup.done() && catchup.update(cursor.positions()) {
+                        self.restoring.store(false, Ordering::Relaxed);
+                    }
+                    tokio::task::yield_now().await;
+                }
+                () = tick_due => {
+                    last_tick = Instant::now();
+                    self.save_applied(checkpoints, saved).await;
+                    let to = cursor.positions().to_vec();
+                    if to != from {
+                        // Skipped records only since the last batch: the position alone.
+                        match self.write_replicated(replicator, &from, &to, &mut batch, stop).await {
+                            Some(Ok(())) => from = to,
+                            Some(Err(error)) => return Ok(Led::Failed(error)),
+                            None => return Ok(Led::Stopped),
+                        }
+                    }
+                }
+                changed = leading.changed() => {
+                    if changed.is_err() || *leading.borrow_and_update() != Some(term) {
+                        return Ok(Led::Deposed);
+                    }
+                }
+                _ = stop.changed() => return Ok(Led::Stopped),
+            }
+        }
+    }
+
+    /// Writes `batch` (made from the source between `from` and `to`) through the cluster:
+    /// `None` if the transform stopped first (the batch may be written or not).
+    async fn write_replicated(
+        &self,
+        replicator: &Arc<dyn Replicator>,
+        from: &[u64],
+        to: &[u64],
+        batch: &mut Vec<NewRecord>,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<Result<(), EngineError>> {
+        let groups: Vec<(u32, Vec<NewRecord>)> = self
+            .partition_batch(batch)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, group)| !group.is_empty())
+            .map(|(partition, group)| (partition as u32, group))
+            .collect();
+        let count: usize = groups.iter().map(|(_, group)| group.len()).sum();
+        let written = replicated::transform_write(replicator, self.name(), from.to_vec(), to.to_vec(), groups);
+        tokio::select! {
+            written = written => {
+                if written.is_ok() {
+                    self.counters.records_out.fetch_add(count as u64, Ordering::Relaxed);
+                }
+                Some(written)
+            }
+            _ = stop.changed() => None,
+        }
+    }
+
+    /// Checkpoints where the transform is as applied here, if that moved since `saved`.
+    async fn save_applied(&self, checkpoints: &SystemTopic, saved: &mut Option<TransformCheckpoint>) {
+        let applied = self.applied();
+        if saved.as_ref().is_some_and(|saved| saved.positions == applied.positions) {
+            return;
+        }
+        let record = applied.record(self.name());
+        match checkpoints.append(std::slice::from_ref(&record)).await {
+            Ok(_) => *saved = Some(applied),
+            Err(error) => tracing::warn!(transform = self.name(), %error, "the transform could not be checkpointed"),
         }
     }
 
@@ -400,27 +632,7 @@ impl Transform {
         if batch.is_empty() {
             return true;
         }
-        let count = self.output.partition_count() as usize;
-        let mut groups: Vec<Vec<NewRecord>> = vec![Vec::new(); count];
-        let mut keyless = 0usize;
-        for record in batch.drain(..) {
-            let partition = match &record.key {
-                Some(key) => self.output.partition_for_key(key) as usize,
-                None => {
-                    keyless = (keyless + 1) % count;
-                    keyless
-                }
-            };
-            let log = self.output.partition(partition as u32).expect("a partition of the output");
-            if let Err(error) = log.check(std::slice::from_ref(&record)) {
-                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("transform_rejected_records_total", "transform" => self.def.name.clone())
-                    .increment(1);
-                tracing::warn!(transform = self.name(), %error, "a transformed record was not written");
-                continue;
-            }
-            groups[partition].push(record);
-        }
+        let mut groups = self.partition_batch(batch);
         loop {
             let mut pending = Vec::new();
             let mut failed = false;
@@ -457,6 +669,34 @@ impl Transform {
                 _ = stop.changed() => return false,
             }
         }
+    }
+
+    /// Takes `batch` apart into the records for each output partition (its key's, or round
+    /// robin for records with none), leaving out a record the output's limits refuse (counted,
+    /// logged).
+    fn partition_batch(&self, batch: &mut Vec<NewRecord>) -> Vec<Vec<NewRecord>> {
+        let count = self.output.partition_count() as usize;
+        let mut groups: Vec<Vec<NewRecord>> = vec![Vec::new(); count];
+        let mut keyless = 0usize;
+        for record in batch.drain(..) {
+            let partition = match &record.key {
+                Some(key) => self.output.partition_for_key(key) as usize,
+                None => {
+                    keyless = (keyless + 1) % count;
+                    keyless
+                }
+            };
+            let log = self.output.partition(partition as u32).expect("a partition of the output");
+            if let Err(error) = log.check(std::slice::from_ref(&record)) {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("transform_rejected_records_total", "transform" => self.def.name.clone())
+                    .increment(1);
+                tracing::warn!(transform = self.name(), %error, "a transformed record was not written");
+                continue;
+            }
+            groups[partition].push(record);
+        }
+        groups
     }
 
     async fn checkpoint(&self, checkpoints: &SystemTopic, positions: Vec<u64>) {
