@@ -1751,4 +1751,57 @@ mod tests {
             assert!(Engine::is_replicated_barrier(&encode(&change)));
         }
     }
+
+    /// The fence between two runs of a transform (a deposed leader's and a new one's): a
+    /// batch is prepared only from where the transform is, as applied or as prepared in this
+    /// term, and its output takes the offsets after what was prepared before it.
+    #[tokio::test]
+    async fn a_transform_batch_is_prepared_only_from_where_the_transform_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open_in(dir.path(), EngineOptions::default()).unwrap();
+        engine.stream_or_create("in").await.unwrap();
+        let def = TransformDef {
+            name: "out".into(),
+            source: "in".into(),
+            filter: None,
+            columns: Vec::new(),
+            all_fields: true,
+            key: None,
+            subject: None,
+            start: Start::Latest,
+            sql: String::new(),
+        };
+        let transform = engine.create_transform(def, engine.default_stream_def("out")).await.unwrap();
+        let at = transform.applied().positions;
+        assert_eq!(at, vec![0]);
+        let record = WireRecord { timestamp_ms: Some(1), key: None, subject: None, headers: Vec::new(), value: None };
+        let write = |from: Vec<u64>, to: Vec<u64>| {
+            encode(&Request::TransformWrite {
+                transform: "out".into(),
+                from,
+                to,
+                groups: vec![(0, vec![record.clone(), record.clone()])],
+            })
+        };
+        let base = |prepared: Result<Bytes, Bytes>| match postcard::from_bytes(&prepared.expect("prepared")).unwrap() {
+            Command::TransformWrite { to, appends, .. } => (to, appends[0].base_offset),
+            _ => panic!("not a transform's batch"),
+        };
+        assert!(engine.prepare_replicated(&write(vec![5], vec![6])).is_err(), "not where the transform is");
+        assert_eq!(base(engine.prepare_replicated(&write(at.clone(), vec![1]))), (vec![1], 0));
+        assert!(engine.prepare_replicated(&write(at.clone(), vec![1])).is_err(), "a second run from the same place");
+        assert_eq!(base(engine.prepare_replicated(&write(vec![1], vec![3]))), (vec![3], 2));
+        // A new term: what was prepared in the last one is void; the transform is where it
+        // was applied.
+        engine.begin_replicated_term();
+        assert!(engine.prepare_replicated(&write(vec![3], vec![4])).is_err());
+        assert_eq!(base(engine.prepare_replicated(&write(at, vec![1]))).0, vec![1]);
+        let unknown = encode(&Request::TransformWrite {
+            transform: "nothing".into(),
+            from: vec![0],
+            to: vec![1],
+            groups: Vec::new(),
+        });
+        assert!(engine.prepare_replicated(&unknown).is_err());
+    }
 }
