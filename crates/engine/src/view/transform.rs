@@ -359,14 +359,7 @@ impl Transform {
             let checkpoint_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_checkpoint.elapsed()));
             tokio::select! {
                 delivery = cursor.next() => {
-                    self.take(delivery?, &mut cursor, &hub, &mut written, &mut batch)?;
-                    // Whatever else is ready now: one append for many records.
-                    while batch.len() < BATCH_MAX {
-                        match cursor.next().now_or_never() {
-                            Some(delivery) => self.take(delivery?, &mut cursor, &hub, &mut written, &mut batch)?,
-                            None => break,
-                        }
-                    }
+                    self.take_ready(delivery?, &mut cursor, &hub, &mut written, &mut batch)?;
                     if !self.write(&mut batch, &mut stop).await {
                         // Stopped while the output could not be written: the batch is not
                         // done, so the checkpoint stays where it was.
@@ -468,13 +461,7 @@ impl Transform {
             let tick_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_tick.elapsed()));
             tokio::select! {
                 delivery = cursor.next() => {
-                    self.take(delivery?, &mut cursor, hub, &mut written, &mut batch)?;
-                    while batch.len() < BATCH_MAX {
-                        match cursor.next().now_or_never() {
-                            Some(delivery) => self.take(delivery?, &mut cursor, hub, &mut written, &mut batch)?,
-                            None => break,
-                        }
-                    }
+                    self.take_ready(delivery?, &mut cursor, hub, &mut written, &mut batch)?;
                     // Records the filter skipped only: the position moves on with the next
                     // batch, or at the next tick.
                     if batch.is_empty() {
@@ -581,6 +568,26 @@ impl Transform {
             );
         }
         Ok(written)
+    }
+
+    /// Evaluates `first`, and whatever else is ready now (up to a batch), into `batch`: one
+    /// write for many records.
+    fn take_ready(
+        &self,
+        first: Delivery,
+        cursor: &mut Cursor,
+        hub: &Arc<Hub>,
+        written: &mut HashSet<(u32, u64)>,
+        batch: &mut Vec<NewRecord>,
+    ) -> Result<(), EngineError> {
+        self.take(first, cursor, hub, written, batch)?;
+        while batch.len() < BATCH_MAX {
+            match cursor.next().now_or_never() {
+                Some(delivery) => self.take(delivery?, cursor, hub, written, batch)?,
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Evaluates one delivery into `batch`.
