@@ -545,9 +545,33 @@ impl<A: Applier> Node<A> {
 
     /// Makes `members` (this node among them) a new cluster. Once any node of a cluster has
     /// been bootstrapped, bootstrapping again (on it or another member) changes nothing.
+    ///
+    /// A node with no log yet first waits, up to the longest election timeout, to hear from a
+    /// leader: a member that starts after the others formed the cluster would otherwise stand
+    /// for election in the term they formed it in, and openraft (without `single-term-leader`)
+    /// lets that depose their leader. Measured: a second election about 1.5 s after every
+    /// three-node start, and stalled writes meanwhile.
     pub async fn bootstrap(&self, members: &BTreeMap<u64, SocketAddr>) -> Result<(), String> {
         let nodes: BTreeMap<u64, BasicNode> =
             members.iter().map(|(id, address)| (*id, BasicNode::new(address.to_string()))).collect();
+        let mut metrics = self.inner.raft.metrics();
+        let formed = |now: &RaftMetrics<u64, BasicNode>| {
+            now.current_leader.is_some() || now.membership_config.membership().voter_ids().next().is_some()
+        };
+        if !formed(&metrics.borrow()) {
+            let wait = Duration::from_millis(self.inner.raft.config().election_timeout_max);
+            let heard = tokio::time::timeout(wait, async {
+                while !formed(&metrics.borrow_and_update()) {
+                    if metrics.changed().await.is_err() {
+                        return;
+                    }
+                }
+            })
+            .await;
+            if heard.is_ok() && formed(&metrics.borrow()) {
+                return Ok(());
+            }
+        }
         match self.inner.raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
