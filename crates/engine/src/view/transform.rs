@@ -222,8 +222,8 @@ enum Led {
     Stopped,
     /// This node no longer leads in the term it ran in.
     Deposed,
-    /// A batch was not written (refused, or its outcome unknown): the run starts again from
-    /// where the transform is.
+    /// A batch was not written (refused, or its outcome unknown), or the source or output
+    /// could not be read: the run starts again from where the transform is.
     Failed(EngineError),
 }
 
@@ -398,7 +398,12 @@ impl Transform {
             let term = *leading.borrow_and_update();
             if let Some(term) = term {
                 tracing::info!(transform = self.name(), term, "this node leads: it runs the transform");
-                match self.lead(term, &hub, &checkpoints, &replicator, &mut leading, &mut stop, &mut saved).await? {
+                // A read that failed ends this run, not the transform: it starts again.
+                let led = self
+                    .lead(term, &hub, &checkpoints, &replicator, &mut leading, &mut stop, &mut saved)
+                    .await
+                    .unwrap_or_else(Led::Failed);
+                match led {
                     Led::Stopped => break,
                     Led::Deposed => {
                         tracing::info!(
@@ -410,7 +415,11 @@ impl Transform {
                         continue;
                     }
                     Led::Failed(error) => {
-                        tracing::warn!(transform = self.name(), %error, "a batch of the transform was not written: it goes on from where the cluster has it");
+                        tracing::warn!(
+                            transform = self.name(),
+                            %error,
+                            "the transform's run on the leader stopped: it starts again from where the cluster has it"
+                        );
                         tokio::select! {
                             () = tokio::time::sleep(RETRY_AFTER) => continue,
                             _ = stop.changed() => break,
