@@ -760,6 +760,8 @@ impl Engine {
                 self.check_unread(&name).map_err(|error| refused(&error))?;
                 predictions.next.retain(|(stream, _), _| *stream != name);
                 predictions.creating.remove(&name);
+                // A transform made again under this name starts where its creation says.
+                predictions.transforms.remove(&name);
                 predictions.dropping.insert(name.clone());
                 Ok(encode(&Command::DropStream(name)))
             }
@@ -1771,7 +1773,7 @@ mod tests {
             start: Start::Latest,
             sql: String::new(),
         };
-        let transform = engine.create_transform(def, engine.default_stream_def("out")).await.unwrap();
+        let transform = engine.create_transform(def.clone(), engine.default_stream_def("out")).await.unwrap();
         let at = transform.applied().positions;
         assert_eq!(at, vec![0]);
         let record = WireRecord { timestamp_ms: Some(1), key: None, subject: None, headers: Vec::new(), value: None };
@@ -1803,5 +1805,18 @@ mod tests {
             groups: Vec::new(),
         });
         assert!(engine.prepare_replicated(&unknown).is_err());
+
+        // Dropped and made again in the same term (as the leader prepares and every node
+        // applies it): the new transform starts where its creation put it, at offset 0.
+        assert!(engine.prepare_replicated(&encode(&Request::DropStream("out".into()))).is_ok());
+        engine.drop_stream("out").await.unwrap();
+        let output = engine.default_stream_def("out");
+        let create = Request::CreateTransform {
+            def: serde_json::to_string(&def).unwrap(),
+            output: WireStreamDef::from(&output),
+        };
+        assert!(engine.prepare_replicated(&encode(&create)).is_ok());
+        let again = engine.create_transform(def, output).await.unwrap();
+        assert_eq!(base(engine.prepare_replicated(&write(again.applied().positions, vec![1]))), (vec![1], 0));
     }
 }
