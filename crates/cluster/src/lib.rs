@@ -529,9 +529,11 @@ impl<A: Applier> Node<A> {
         let serving = tokio::spawn(net::serve(listener, inner.clone()));
         let persisting = progress.spawn(Duration::from_millis(500));
         let gathering = tokio::spawn(inner.clone().gather_info());
-        // The simulation (feature `sim`) runs without `settle`: with it, a seed run beside
-        // another simulation on a busy machine no longer replays exactly, for a cause not found
-        // yet. There a leader begins its term at its first submit, as it would without it.
+        // The simulation (feature `sim`) runs without `settle`: with it, a seed no longer
+        // replays exactly when another simulation runs at the same time in the same process
+        // (it does one after the other, and alone beside other processes' load), so something
+        // shared within the process, not time; not found yet. There a leader begins its term
+        // at its first submit, as it would without it.
         #[cfg(not(feature = "sim"))]
         let tasks = vec![serving, persisting, gathering, tokio::spawn(inner.clone().settle())];
         #[cfg(feature = "sim")]
