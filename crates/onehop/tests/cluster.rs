@@ -1894,3 +1894,185 @@ fn a_long_snapshot_transfer_deposes_no_leader() {
         assert!(answers.iter().all(|answer| *answer == answers[0]), "the nodes differ from {from}");
     }
 }
+
+/// Every record of `stream` on the node at `address`, as `(partition, offset) → value`, read
+/// page by page; `None` while the node does not answer.
+fn placed_values(address: SocketAddr, stream: &str) -> Option<BTreeMap<(u64, u64), String>> {
+    let mut all = BTreeMap::new();
+    let mut from = "earliest".to_string();
+    loop {
+        let path = format!("/streams/{stream}?from={from}&limit=5000");
+        let (code, body) = common::request_with(address, None, "GET", &path, "")?;
+        if code != 200 {
+            return None;
+        }
+        let page: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let records = page["records"].as_array()?;
+        if records.is_empty() {
+            return Some(all);
+        }
+        for record in records {
+            let at = (record["partition"].as_u64()?, record["offset"].as_u64()?);
+            let value = record["value_text"].as_str().map_or_else(|| record["value"].to_string(), str::to_string);
+            all.insert(at, value);
+        }
+        from = page["next_from"].as_str()?.to_string();
+    }
+}
+
+/// Producer ids from InitProducerId v0 (no transactional id), `count` of them over one
+/// connection to the Kafka listener at `kafka`: `(error code, producer id)` each.
+fn init_producer_ids(kafka: SocketAddr, count: i32) -> Vec<(i16, i64)> {
+    let mut stream = TcpStream::connect(kafka).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (0..count)
+        .map(|correlation| {
+            // Header v1 (api key 22, version 0, correlation id, client id), then a null
+            // transactional id and a transaction timeout.
+            let mut request = Vec::new();
+            request.extend_from_slice(&22i16.to_be_bytes());
+            request.extend_from_slice(&0i16.to_be_bytes());
+            request.extend_from_slice(&correlation.to_be_bytes());
+            request.extend_from_slice(&4i16.to_be_bytes());
+            request.extend_from_slice(b"test");
+            request.extend_from_slice(&(-1i16).to_be_bytes());
+            request.extend_from_slice(&60_000i32.to_be_bytes());
+            let mut framed = (request.len() as i32).to_be_bytes().to_vec();
+            framed.extend_from_slice(&request);
+            stream.write_all(&framed).unwrap();
+            let mut size = [0u8; 4];
+            stream.read_exact(&mut size).unwrap();
+            let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+            stream.read_exact(&mut body).unwrap();
+            assert_eq!(i32::from_be_bytes(body[..4].try_into().unwrap()), correlation);
+            // Correlation id, throttle time, error code, producer id, epoch.
+            let error = i16::from_be_bytes(body[8..10].try_into().unwrap());
+            let id = i64::from_be_bytes(body[10..18].try_into().unwrap());
+            (error, id)
+        })
+        .collect()
+}
+
+/// Every node hands out producer ids, from blocks it reserves through the cluster: no id
+/// twice, across nodes and across a node's restart.
+///
+/// Then an idempotent Kafka producer (librdkafka through confluent-kafka: acks=all, lz4, up to
+/// five batches in flight), bootstrapped at all three nodes, writes 3 000 records while the
+/// leader is killed with kill -9 five times. A batch the cluster committed just before a kill has no
+/// answer, and the producer sends it again to the next leader, which read the producers'
+/// states back for its term: it answers with the offsets the batch got, and stores nothing. On
+/// every node, in the end: every record at the partition and offset it was acknowledged at,
+/// and none stored twice.
+#[test]
+fn an_idempotent_kafka_producer_stores_each_record_once_through_kill_9_of_the_leader() {
+    const TOTAL: usize = 3000;
+    let mut cluster = Cluster::start_with(3, true, false, None, Vec::new());
+    let mut ids: Vec<(i16, i64)> = Vec::new();
+    for index in [0, 1, 2, 0] {
+        let kafka = cluster.members[index].server.as_ref().unwrap().kafka_address.unwrap();
+        ids.extend(init_producer_ids(kafka, 2));
+        if ids.len() == 6 {
+            // A restarted node reserves a new block.
+            cluster.members[0].server.as_mut().unwrap().kill_9();
+            cluster.members[0].server = None;
+            cluster.launch(0);
+        }
+    }
+    assert!(ids.iter().all(|(error, _)| *error == 0), "{ids:?}");
+    let distinct: HashSet<i64> = ids.iter().map(|(_, id)| *id).collect();
+    assert_eq!(distinct.len(), ids.len(), "a producer id handed out twice: {ids:?}");
+    println!("producer ids from nodes 1, 2, 3 and 1 restarted: {:?}", ids.iter().map(|(_, id)| id).collect::<Vec<_>>());
+    let leader = cluster.leader();
+    common::sql(cluster.members[leader].http, "CREATE STREAM ledger WITH (partitions = 2)");
+    let bootstrap: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|member| member.server.as_ref().unwrap().kafka_address.unwrap().to_string())
+        .collect();
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut producer = Command::new("python3")
+        .arg(script)
+        .args(["produce", &bootstrap.join(","), "ledger", "0", &TOTAL.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("python3 runs");
+    let lines = common::line_channel(producer.stdout.take().unwrap());
+    let producer_said = || {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    };
+    let mut kills_at = vec![2500, 2000, 1500, 1000, 500];
+    let mut duplicates = 0.0;
+    let mut acked: Vec<(u64, u64, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the producer did not finish: {} acknowledged\n{}",
+            acked.len(),
+            producer_said()
+        );
+        match lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => {
+                let fields: Vec<&str> = line.split(' ').collect();
+                assert_eq!(fields[0], "A", "a failed delivery: {line}\n{}", producer_said());
+                acked.push((fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].to_string()));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if kills_at.last().is_some_and(|at| acked.len() >= *at) {
+            kills_at.pop();
+            let leader = cluster.leader();
+            duplicates += duplicates_recognised(cluster.members[leader].http);
+            cluster.members[leader].server.as_mut().unwrap().kill_9();
+            cluster.members[leader].server = None;
+            std::thread::sleep(Duration::from_millis(200));
+            cluster.launch(leader);
+        }
+    }
+    let exited = producer.wait().unwrap();
+    assert!(exited.success(), "the producer ended with {exited:?}\n{}", producer_said());
+    assert!(kills_at.is_empty(), "the producer finished before the kills");
+    assert_eq!(acked.len(), TOTAL, "every record acknowledged");
+
+    let addresses = cluster.http_addresses();
+    for address in &addresses {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let stored = loop {
+            match placed_values(*address, "ledger") {
+                Some(stored) if stored.len() >= TOTAL => break stored,
+                _ => {
+                    assert!(Instant::now() < deadline, "{address}: not every record there after 20 s");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        };
+        for (partition, offset, value) in &acked {
+            assert_eq!(
+                stored.get(&(*partition, *offset)),
+                Some(value),
+                "{address}: acknowledged {value} at {partition}:{offset}"
+            );
+        }
+        let distinct: HashSet<&String> = stored.values().collect();
+        assert_eq!(distinct.len(), stored.len(), "{address}: a record stored twice");
+        assert_eq!(stored.len(), TOTAL, "{address}");
+        duplicates += duplicates_recognised(*address);
+    }
+    println!("{TOTAL} records, each once on every node; batches sent again and recognised: {duplicates}");
+}
+
+/// The batches the node at `address` recognised as sent again since it started
+/// (`kafka_duplicate_batches_total`).
+fn duplicates_recognised(address: SocketAddr) -> f64 {
+    let (_, metrics) = get(address, "/metrics");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("kafka_duplicate_batches_total "))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+}

@@ -492,6 +492,10 @@ enum Outcome {
     },
     /// Records appended to a system topic.
     Appended,
+    /// Records appended to a system topic by the command at log index `index`.
+    SystemAppended {
+        index: u64,
+    },
 }
 
 fn encode<T: Serialize>(value: &T) -> Bytes {
@@ -1215,7 +1219,7 @@ impl Engine {
                     .map_err(|error| format!("opening system topic {topic}: {error}"))?;
                 let records: Vec<NewRecord> = records.into_iter().map(NewRecord::from).collect();
                 system.append(&records).await.map_err(|error| format!("appending to system topic {topic}: {error}"))?;
-                Ok(encode(&Outcome::Appended))
+                Ok(encode(&Outcome::SystemAppended { index }))
             }
             Command::CreateTransform { def, output } => {
                 let def: TransformDef =
@@ -1291,9 +1295,17 @@ impl Engine {
     /// single node, appended here; on a cluster node, committed on a majority of the nodes and
     /// appended by each, this one included. The topic must be opened with the default
     /// [`SystemTopicConfig`], as every node opens it where it applies.
-    pub async fn append_system(&self, topic: &SystemTopic, records: Vec<NewRecord>) -> Result<(), EngineError> {
+    ///
+    /// On a cluster node the answer is the index of the command in the cluster's log: no other
+    /// append anywhere has it, and every node applied this one there. A single node answers
+    /// `None`.
+    pub async fn append_system(
+        &self,
+        topic: &SystemTopic,
+        records: Vec<NewRecord>,
+    ) -> Result<Option<u64>, EngineError> {
         let Some(replicator) = self.replicator.get() else {
-            return topic.append(&records).await.map(drop);
+            return topic.append(&records).await.map(|_| None);
         };
         check_shared_system_topic(topic.name())?;
         let request = encode(&Request::SystemAppend {
@@ -1301,7 +1313,7 @@ impl Engine {
             records: records.iter().map(WireRecord::from).collect(),
         });
         match outcome(submit_queued(replicator, request).await?.await)? {
-            Outcome::Appended => Ok(()),
+            Outcome::SystemAppended { index } => Ok(Some(index)),
             Outcome::Refused(refusal) => Err(refusal.into()),
             _ => Err(EngineError::Internal("the cluster answered a system append with something else".into())),
         }

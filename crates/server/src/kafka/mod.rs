@@ -95,6 +95,20 @@ pub(super) fn not_coordinator(shared: &Shared) -> Option<i16> {
     (!loaded).then(|| kafka_protocol::ResponseError::CoordinatorLoadInProgress.code())
 }
 
+/// On a cluster node, why it does not take an idempotent producer's batch now: it does not
+/// lead (NOT_LEADER_OR_FOLLOWER: the producer asks for metadata again, which names the
+/// leader), or it leads but has not read the producers' states back for its term yet
+/// (NOT_LEADER_OR_FOLLOWER too: the producer retries after its backoff).
+pub(super) fn not_producers_leader(shared: &Shared) -> Option<(i16, String)> {
+    let cluster = shared.cluster.get()?;
+    let code = kafka_protocol::ResponseError::NotLeaderOrFollower.code();
+    let Some(term) = cluster.settled_term() else {
+        return Some((code, "this node does not lead the cluster: idempotent batches go to the leader".into()));
+    };
+    (shared.producers.loaded_term() != Some(term))
+        .then(|| (code, "this node has just become the leader and is reading the producers' states back".into()))
+}
+
 /// A cluster node's view for its Kafka clients (docs/cluster.md): which node leads the cluster
 /// (every partition's leader, and the coordinator of every group and transaction), and where
 /// each node's Kafka listeners are.
@@ -282,8 +296,14 @@ impl KafkaServer {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let shared = self.shared;
-        let checkpoints = tokio::spawn(shared.producers.clone().keep_checkpointed(shared.stop.clone()));
+        let keeper = shared.clone();
+        let ours = move || match keeper.cluster.get() {
+            None => true,
+            Some(cluster) => cluster.settled_term().is_some_and(|term| keeper.producers.loaded_term() == Some(term)),
+        };
+        let checkpoints = tokio::spawn(shared.producers.clone().keep_checkpointed(shared.stop.clone(), ours));
         let groups = shared.groups.clone();
+        let producers = shared.producers.clone();
         let transactions = shared.transactions.clone();
         let mut stopped = shared.stop.clone();
         let cluster = shared.clone();
@@ -301,6 +321,16 @@ impl KafkaServer {
                                 Ok(Ok(())) => {}
                                 Ok(Err(error)) => tracing::error!(%error, "cannot read the committed Kafka offsets back"),
                                 Err(error) => tracing::error!(%error, "reading the committed Kafka offsets back failed"),
+                            }
+                        }
+                        if let Some(term) = cluster().and_then(|cluster| cluster.settled_term())
+                            && producers.loaded_term() != Some(term)
+                        {
+                            let reloading = producers.clone();
+                            match tokio::task::spawn_blocking(move || reloading.reload(term)).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(error)) => tracing::error!(%error, "cannot read the Kafka producer states back"),
+                                Err(error) => tracing::error!(%error, "reading the Kafka producer states back failed"),
                             }
                         }
                         for (group, stored) in groups.tick() {

@@ -70,6 +70,11 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
         };
     }
     let mut records = produced.records;
+    if produced.sequenced.is_some()
+        && let Some((code, message)) = super::not_producers_leader(shared)
+    {
+        return Pending::Refused { code, message };
+    }
     let ticket = match produced.sequenced {
         None => None,
         Some(sequenced) => match shared.producers.check(stream, partition, sequenced) {

@@ -3,7 +3,9 @@
 //!
 //! **Ids.** InitProducerId hands out ids from blocks reserved durably in the compacted system
 //! topic `__kafka_producers` (one write per [`ID_BLOCK`] ids); a start resumes after the last
-//! block reserved, so no id is handed out twice, across a kill -9 too.
+//! block reserved, so no id is handed out twice, across a kill -9 too. On a cluster node every
+//! node hands out ids, each from blocks it reserves through the cluster: a block is numbered
+//! by the index of its reservation in the cluster's log, which no other reservation has.
 //!
 //! **Sequences.** For each producer and partition the server keeps the epoch and the last
 //! [`BATCHES_KEPT`] batches it stored (first and last sequence, first offset), as a Kafka broker
@@ -17,6 +19,14 @@
 //! positions, so a batch acknowledged just before a crash is recognised when its producer
 //! retries it after the restart. States idle for [`EXPIRY`] are dropped, as Kafka's
 //! `producer.id.expiration.ms` does.
+//!
+//! **In a cluster** only the leader takes idempotent batches (the others answer
+//! NOT_LEADER_OR_FOLLOWER, and the producer asks for metadata again), and only once it has
+//! read the states back for its term ([`Producers::reload`]): the last leader's checkpoint,
+//! which every node applied, and the streams read on from it, which hold every batch the
+//! leaders before it committed, answered or not. So a batch whose answer a leader change lost
+//! is recognised when the producer sends it again to the next leader. The leader alone
+//! checkpoints, through the cluster.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -42,6 +52,9 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 const EXPIRY: Duration = Duration::from_secs(24 * 3600);
 /// Keys in the checkpoint topic.
 const IDS_KEY: &str = "ids";
+/// The value of a cluster node's id reservation: the block is numbered by the reservation's
+/// index in the cluster's log, which the record cannot hold.
+const IDS_BY_INDEX: &str = "by-log-index";
 const POSITIONS_KEY: &str = "positions";
 const STATE_PREFIX: &str = "p:";
 
@@ -79,6 +92,21 @@ struct State {
     checkpointed: Positions,
     /// Per stream partition, the lowest offset each batch on its way could get.
     in_flight: HashMap<(String, u32), Vec<u64>>,
+    /// Counts the reloads: a batch checked before the last one has no say in the states after
+    /// it.
+    generation: u64,
+}
+
+/// The states as a read of the checkpoint topic and the streams gives them.
+struct Loaded {
+    reserved_to: i64,
+    entries: HashMap<Key, PartitionState>,
+    /// The states the streams changed since the checkpoint.
+    dirty: HashSet<Key>,
+    /// The positions the checkpoint covers.
+    from: Positions,
+    /// Idempotent batches found in the streams.
+    found: u64,
 }
 
 /// What a produce of an idempotent batch should do.
@@ -96,6 +124,7 @@ pub(super) struct Ticket {
     key: Key,
     sequenced: Sequenced,
     low: u64,
+    generation: u64,
 }
 
 pub(crate) struct Producers {
@@ -104,41 +133,62 @@ pub(crate) struct Producers {
     state: Mutex<State>,
     /// One id block reservation at a time.
     reserving: tokio::sync::Mutex<()>,
+    /// On a cluster node: the leader term the states were last read back for
+    /// ([`Producers::reload`]); `u64::MAX`: none.
+    loaded_term: std::sync::atomic::AtomicU64,
 }
 
 impl Producers {
     /// Opens the producer states: the checkpoint, then the streams read on from it.
     pub(super) fn open(engine: &Arc<Engine>) -> Result<Producers, EngineError> {
         let topic = engine.system_topic(PRODUCERS_TOPIC, &SystemTopicConfig::default())?;
-        let mut state = State::default();
-        let mut positions = None;
-        topic.replay(|record| {
-            restore(&mut state, &record, &mut positions);
-            Ok::<(), EngineError>(())
-        })?;
-        state.next_id = state.reserved_to;
-        // No id was ever handed out: no stream holds an idempotent batch.
-        let never = state.reserved_to == 0;
-        let producers = Producers {
+        let loaded = load(engine, &topic)?;
+        tracing::info!(states = loaded.entries.len(), read_on = loaded.found, "Kafka producer states restored");
+        let state = State {
+            next_id: loaded.reserved_to,
+            reserved_to: loaded.reserved_to,
+            entries: loaded.entries,
+            dirty: loaded.dirty,
+            checkpointed: loaded.from,
+            ..State::default()
+        };
+        Ok(Producers {
             topic,
             engine: engine.clone(),
             state: Mutex::new(state),
             reserving: tokio::sync::Mutex::new(()),
-        };
-        let positions = if never { engine.end_positions() } else { positions.unwrap_or_default() };
-        let mut found = 0u64;
-        engine.read_on(&positions, |stream, partition, record| {
-            if let Some((sequenced, base_offset)) = sequenced_record(record) {
-                found += 1;
-                let mut state = producers.state.lock().expect("producers lock");
-                let key = (sequenced.producer_id, stream.name().to_string(), partition);
-                apply(&mut state, key, &sequenced, base_offset, record.timestamp_ms);
-            }
-        })?;
-        producers.state.lock().expect("producers lock").checkpointed = positions;
-        let states = producers.state.lock().expect("producers lock").entries.len();
-        tracing::info!(states, read_on = found, "Kafka producer states restored");
-        Ok(producers)
+            loaded_term: std::sync::atomic::AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Reads the states back again, for the leader term `term`: a cluster node that became the
+    /// leader takes idempotent batches against what every leader before it committed (the
+    /// last checkpoint, and the streams read on from it). This node's own id block stays its.
+    pub(super) fn reload(&self, term: u64) -> Result<(), EngineError> {
+        let loaded = load(&self.engine, &self.topic)?;
+        tracing::info!(
+            states = loaded.entries.len(),
+            read_on = loaded.found,
+            term,
+            "Kafka producer states read back: this node takes the idempotent producers' batches"
+        );
+        {
+            let mut state = self.state.lock().expect("producers lock");
+            state.entries = loaded.entries;
+            // The states the streams changed since the checkpoint: this leader's first
+            // checkpoint writes them.
+            state.dirty = loaded.dirty;
+            state.in_flight.clear();
+            state.checkpointed = loaded.from;
+            state.generation += 1;
+        }
+        self.loaded_term.store(term, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The leader term the states were last read back for ([`Producers::reload`]).
+    pub(super) fn loaded_term(&self) -> Option<u64> {
+        Some(self.loaded_term.load(std::sync::atomic::Ordering::SeqCst)).filter(|term| *term != u64::MAX)
     }
 
     /// InitProducerId: a new id at epoch 0, or (given an id and epoch, as a producer recovering
@@ -153,15 +203,29 @@ impl Producers {
             (state.next_id >= state.reserved_to).then_some(state.reserved_to + ID_BLOCK)
         };
         if let Some(reserved_to) = reserve {
-            let mut records = vec![NewRecord::keyed(Bytes::from_static(IDS_KEY.as_bytes()), reserved_to.to_string())];
-            if reserved_to == ID_BLOCK {
-                // The first id ever: no idempotent batch is in the streams yet, so a start
-                // reads on from here, not from the streams' beginnings.
+            let value = if self.engine.is_replicated() { IDS_BY_INDEX.to_string() } else { reserved_to.to_string() };
+            let mut records = vec![NewRecord::keyed(Bytes::from_static(IDS_KEY.as_bytes()), value)];
+            if self.topic.end_offset() == 0 {
+                // The first id ever (on a cluster, as far as this node has applied): no
+                // idempotent batch is in the streams yet, so a start reads on from here, not
+                // from the streams' beginnings. A batch of an id another node reserved first is
+                // applied after that reservation, so these positions are not past it.
                 let positions = serde_json::to_vec(&self.engine.end_positions()).expect("positions serialize");
                 records.push(NewRecord::keyed(Bytes::from_static(POSITIONS_KEY.as_bytes()), positions));
             }
-            self.topic.append(&records).await?;
-            self.state.lock().expect("producers lock").reserved_to = reserved_to;
+            let index = self.engine.append_system(&self.topic, records).await?;
+            let mut state = self.state.lock().expect("producers lock");
+            match index {
+                None => state.reserved_to = reserved_to,
+                Some(index) => {
+                    let first =
+                        i64::try_from(index).ok().and_then(|index| index.checked_mul(ID_BLOCK)).ok_or_else(|| {
+                            EngineError::Internal(format!("no producer ids are left past log index {index}"))
+                        })?;
+                    state.next_id = first;
+                    state.reserved_to = first + ID_BLOCK;
+                }
+            }
         }
         let mut state = self.state.lock().expect("producers lock");
         let id = state.next_id;
@@ -222,7 +286,8 @@ impl Producers {
         }
         entry.pending = Some((first, last));
         state.in_flight.entry((key.1.clone(), partition)).or_default().push(low);
-        Verdict::Fresh(Ticket { key, sequenced, low })
+        let generation = state.generation;
+        Verdict::Fresh(Ticket { key, sequenced, low, generation })
     }
 
     /// Takes a batch of a committed transaction on its way to the log, unchecked: its
@@ -233,7 +298,8 @@ impl Producers {
         let low = stream.end_offset(partition).unwrap_or(0);
         state.entries.entry(key.clone()).or_default();
         state.in_flight.entry((key.1.clone(), partition)).or_default().push(low);
-        Ticket { key, sequenced, low }
+        let generation = state.generation;
+        Ticket { key, sequenced, low, generation }
     }
 
     /// Whether `stream`'s `partition` holds the batch `sequenced` already: its producer's newest
@@ -259,6 +325,11 @@ impl Producers {
     /// Records a checked batch as stored at `base_offset`, or (`None`) as not stored.
     pub(super) fn stored(&self, ticket: Ticket, base_offset: Option<u64>) {
         let mut state = self.state.lock().expect("producers lock");
+        if ticket.generation != state.generation {
+            // Checked in an earlier leader term: the states read back since hold the batch
+            // if the cluster committed it.
+            return;
+        }
         let partition = (ticket.key.1.clone(), ticket.key.2);
         if let Some(lows) = state.in_flight.get_mut(&partition) {
             if let Some(at) = lows.iter().position(|low| *low == ticket.low) {
@@ -320,7 +391,7 @@ impl Producers {
             records.push(NewRecord::keyed(Bytes::from_static(POSITIONS_KEY.as_bytes()), stored));
             (records, written)
         };
-        if let Err(error) = self.topic.append(&records).await {
+        if let Err(error) = self.engine.append_system(&self.topic, records).await {
             self.state.lock().expect("producers lock").dirty.extend(written);
             return Err(error);
         }
@@ -328,16 +399,25 @@ impl Producers {
         Ok(())
     }
 
+    /// Whether there is something to checkpoint: states changed, or the streams grew past
+    /// the last checkpoint's positions once an id was handed out.
     fn changed(&self) -> bool {
+        let ever = self.topic.end_offset() > 0;
         let state = self.state.lock().expect("producers lock");
-        !state.dirty.is_empty() || (state.reserved_to > 0 && self.engine.grown_past(&state.checkpointed))
+        !state.dirty.is_empty() || (ever && self.engine.grown_past(&state.checkpointed))
     }
 
-    /// Checkpoints every [`CHECKPOINT_INTERVAL`] while something changed, until `stop` turns
-    /// true; then once more.
-    pub(super) async fn keep_checkpointed(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    /// Checkpoints every [`CHECKPOINT_INTERVAL`] while something changed and `ours` says this
+    /// node keeps the states (on a cluster, the leader that read them back for its term), until
+    /// `stop` turns true; then once more.
+    pub(super) async fn keep_checkpointed(
+        self: Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+        ours: impl Fn() -> bool + Send + 'static,
+    ) {
         loop {
-            if self.changed()
+            if ours()
+                && self.changed()
                 && let Err(error) = self.checkpoint().await
             {
                 tracing::warn!(%error, "the Kafka producer states could not be checkpointed; the next start reads on further");
@@ -345,7 +425,7 @@ impl Producers {
             tokio::select! {
                 () = tokio::time::sleep(CHECKPOINT_INTERVAL) => {}
                 () = async { drop(stop.wait_for(|stop| *stop).await) } => {
-                    if self.changed() {
+                    if ours() && self.changed() {
                         let _ = self.checkpoint().await;
                     }
                     return;
@@ -353,6 +433,28 @@ impl Producers {
             }
         }
     }
+}
+
+/// Reads the states back: the checkpoint topic, then the streams from the positions it covers
+/// (from their ends if no id was ever handed out: no stream holds an idempotent batch then).
+fn load(engine: &Engine, topic: &SystemTopic) -> Result<Loaded, EngineError> {
+    let never = topic.end_offset() == 0;
+    let mut state = State::default();
+    let mut positions = None;
+    topic.replay(|record| {
+        restore(&mut state, &record, &mut positions);
+        Ok::<(), EngineError>(())
+    })?;
+    let from = if never { engine.end_positions() } else { positions.unwrap_or_default() };
+    let mut found = 0u64;
+    engine.read_on(&from, |stream, partition, record| {
+        if let Some((sequenced, base_offset)) = sequenced_record(record) {
+            found += 1;
+            let key = (sequenced.producer_id, stream.name().to_string(), partition);
+            apply(&mut state, key, &sequenced, base_offset, record.timestamp_ms);
+        }
+    })?;
+    Ok(Loaded { reserved_to: state.reserved_to, entries: state.entries, dirty: state.dirty, from, found })
 }
 
 /// Folds one checkpoint record in.

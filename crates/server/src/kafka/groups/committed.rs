@@ -157,7 +157,7 @@ impl CommittedOffsets {
             Some(stored) => NewRecord::keyed(key, serde_json::to_vec(stored).expect("a group serializes")),
             None => NewRecord::tombstone(key),
         };
-        self.engine.append_system(&self.topic, vec![record]).await
+        self.engine.append_system(&self.topic, vec![record]).await.map(drop)
     }
 
     fn encode_key(key: &Key) -> Bytes {
