@@ -232,7 +232,7 @@ impl<A: Applier> Inner<A> {
             // Predictions of an earlier term are void; this term's start from the state every
             // earlier entry left, so wait for this node to apply them all.
             self.wait_applied_to_end(term).await?;
-            self.applier.begin_term();
+            self.applier.begin_term(term);
             *began = Some(term);
         }
         let body = match self.applier.prepare(request) {
@@ -281,7 +281,7 @@ impl<A: Applier> Inner<A> {
                 let ready = *began == Some(term) || self.wait_applied_to_end(term).await.is_ok();
                 if ready {
                     if *began != Some(term) {
-                        self.applier.begin_term();
+                        self.applier.begin_term(term);
                         *began = Some(term);
                     }
                     self.settled.send_replace(Some(term));

@@ -33,8 +33,9 @@ pub trait Applier: Send + Sync + 'static {
     fn prepare(&self, request: Bytes) -> Result<Bytes, Bytes>;
 
     /// On a node that became leader, once every entry of earlier terms is applied here and
-    /// before its first [`Applier::prepare`]: whatever `prepare` predicted before is void.
-    fn begin_term(&self);
+    /// before its first [`Applier::prepare`]: whatever `prepare` predicted before is void, and
+    /// what it prepares from now on is prepared in `term`.
+    fn begin_term(&self, term: u64);
 
     /// Applies the committed command at log index `index`, returning the answer for whoever
     /// proposed it. A refusal that every node makes alike (bad input) belongs in the answer;

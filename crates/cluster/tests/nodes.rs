@@ -42,7 +42,7 @@ impl Applier for Recorder {
         if request.as_ref() == b"refuse" { Err(Bytes::from_static(b"refused")) } else { Ok(request) }
     }
 
-    fn begin_term(&self) {}
+    fn begin_term(&self, _term: u64) {}
 
     async fn apply(&self, index: u64, command: Bytes) -> Result<Bytes, String> {
         let mut inner = self.inner.lock().unwrap();

@@ -237,7 +237,7 @@ impl Stream {
         }
         if let Some(replicator) = self.replicator.get() {
             // The leader partitions and places them; every durability is the cluster's.
-            let request = replicated::publish_request(self.name(), None, records);
+            let request = replicated::publish_request(self.name(), None, records, None);
             return replicated::published(replicated::submit_queued(replicator, request).await?.await);
         }
         let keyless = if records.iter().any(|record| record.key.is_none()) { self.next_keyless_partition() } else { 0 };
@@ -284,10 +284,24 @@ impl Stream {
         records: &[NewRecord],
         durability: Option<Durability>,
     ) -> Result<onehop_log::QueuedAppend, EngineError> {
+        self.enqueue_to_in_term(partition, records, durability, None).await
+    }
+
+    /// [`Stream::enqueue_to`], on a cluster node with `term` only if the leader of that term
+    /// prepares it: records a node decided to write from what it knew as that term's leader
+    /// (an idempotent producer's sequence, a transaction's commit) are refused once another
+    /// node leads, and nothing is written.
+    pub async fn enqueue_to_in_term(
+        &self,
+        partition: u32,
+        records: &[NewRecord],
+        durability: Option<Durability>,
+        term: Option<u64>,
+    ) -> Result<onehop_log::QueuedAppend, EngineError> {
         let durability = durability.unwrap_or(self.def.durability);
         if let Some(replicator) = self.replicator.get() {
             self.partition(partition)?.check(records)?;
-            let request = replicated::publish_request(self.name(), Some(partition), records);
+            let request = replicated::publish_request(self.name(), Some(partition), records, term);
             return Ok(replicated::queued_append(replicated::submit_queued(replicator, request).await?));
         }
         Ok(self.partition(partition)?.enqueue_with(records, durability).await?)

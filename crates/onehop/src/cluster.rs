@@ -25,8 +25,8 @@ impl Applier for EngineApplier {
         self.0.prepare_replicated(&request)
     }
 
-    fn begin_term(&self) {
-        self.0.begin_replicated_term();
+    fn begin_term(&self, term: u64) {
+        self.0.begin_replicated_term(term);
     }
 
     async fn apply(&self, index: u64, command: Bytes) -> Result<Bytes, String> {

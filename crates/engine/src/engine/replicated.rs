@@ -196,6 +196,13 @@ enum Request {
         to: Vec<u64>,
         groups: Vec<(u32, Vec<WireRecord>)>,
     },
+    /// `request`, to be prepared only by the leader of `term`: what its requester decided in
+    /// that term (from state it read back for it) is refused in any other, so a node that led
+    /// before cannot act on what it knew then once another leader took over.
+    Fenced {
+        term: u64,
+        request: Box<Request>,
+    },
 }
 
 /// A change to a stream's definition.
@@ -522,6 +529,8 @@ pub(crate) struct Predictions {
     dropping: std::collections::HashSet<String>,
     /// Each transform's source positions after the last batch of it prepared in this term.
     transforms: HashMap<String, Vec<u64>>,
+    /// The term this node leads and prepares in (see [`Request::Fenced`]).
+    term: Option<u64>,
 }
 
 /// What the leader prepared for one table in this term beyond what it applied.
@@ -695,6 +704,18 @@ impl Engine {
     pub fn prepare_replicated(&self, request: &[u8]) -> Result<Bytes, Bytes> {
         let request: Request = postcard::from_bytes(request)
             .map_err(|error| refused(&EngineError::Internal(format!("a request that does not decode: {error}"))))?;
+        let request = match request {
+            Request::Fenced { term, request } => {
+                let leading = self.predictions.lock().expect("predictions lock").term;
+                if leading != Some(term) {
+                    return Err(refused(&EngineError::from(AppendError::Unconfirmed(format!(
+                        "decided by the leader of term {term}, which no longer leads; nothing was written"
+                    )))));
+                }
+                *request
+            }
+            request => request,
+        };
         match request {
             Request::CreateStream(def) => {
                 let stream_def = StreamDef::from(def.clone());
@@ -789,6 +810,7 @@ impl Engine {
                 }
                 Ok(encode(&Command::SystemAppend { topic, records }))
             }
+            Request::Fenced { .. } => Err(refused(&EngineError::Internal("a fenced request inside another".into()))),
         }
     }
 
@@ -1063,8 +1085,9 @@ impl Engine {
 
     /// On a node that became the cluster's leader, once it applied every earlier command: the
     /// offsets predicted in an earlier term are void.
-    pub fn begin_replicated_term(&self) {
+    pub fn begin_replicated_term(&self, term: u64) {
         let mut predictions = self.predictions.lock().expect("predictions lock");
+        predictions.term = Some(term);
         predictions.next.clear();
         predictions.creating.clear();
         predictions.tables.clear();
@@ -1304,14 +1327,27 @@ impl Engine {
         topic: &SystemTopic,
         records: Vec<NewRecord>,
     ) -> Result<Option<u64>, EngineError> {
+        self.append_system_in_term(topic, records, None).await
+    }
+
+    /// [`Engine::append_system`], on a cluster node with `term` only if the leader of that
+    /// term prepares it: a node that decided the append from what it knew as that term's
+    /// leader is refused once another leads (nothing is written then).
+    pub async fn append_system_in_term(
+        &self,
+        topic: &SystemTopic,
+        records: Vec<NewRecord>,
+        term: Option<u64>,
+    ) -> Result<Option<u64>, EngineError> {
         let Some(replicator) = self.replicator.get() else {
             return topic.append(&records).await.map(|_| None);
         };
         check_shared_system_topic(topic.name())?;
-        let request = encode(&Request::SystemAppend {
+        let request = Request::SystemAppend {
             topic: topic.name().to_string(),
             records: records.iter().map(WireRecord::from).collect(),
-        });
+        };
+        let request = encode(&fenced(request, term));
         match outcome(submit_queued(replicator, request).await?.await)? {
             Outcome::SystemAppended { index } => Ok(Some(index)),
             Outcome::Refused(refusal) => Err(refusal.into()),
@@ -1606,13 +1642,23 @@ fn check_pending_routes(predictions: &Predictions, def: &StreamDef) -> Result<()
 }
 
 /// The request that publishes `records` to `stream`: to `partition`, or by the partitioning
-/// rule (which the leader applies).
-pub(crate) fn publish_request(stream: &str, partition: Option<u32>, records: &[NewRecord]) -> Bytes {
-    encode(&Request::Publish {
+/// rule (which the leader applies); with `term`, only if the leader of that term prepares it
+/// ([`Request::Fenced`]).
+pub(crate) fn publish_request(stream: &str, partition: Option<u32>, records: &[NewRecord], term: Option<u64>) -> Bytes {
+    let request = Request::Publish {
         stream: stream.to_string(),
         partition,
         records: records.iter().map(WireRecord::from).collect(),
-    })
+    };
+    encode(&fenced(request, term))
+}
+
+/// `request`, fenced to `term` when there is one.
+fn fenced(request: Request, term: Option<u64>) -> Request {
+    match term {
+        Some(term) => Request::Fenced { term, request: Box::new(request) },
+        None => request,
+    }
 }
 
 /// Submits `request` through `replicator`; returns once it is queued.
@@ -1807,7 +1853,7 @@ mod tests {
         assert_eq!(base(engine.prepare_replicated(&write(vec![1], vec![3]))), (vec![3], 2));
         // A new term: what was prepared in the last one is void; the transform is where it
         // was applied.
-        engine.begin_replicated_term();
+        engine.begin_replicated_term(2);
         assert!(engine.prepare_replicated(&write(vec![3], vec![4])).is_err());
         assert_eq!(base(engine.prepare_replicated(&write(at, vec![1]))).0, vec![1]);
         let unknown = encode(&Request::TransformWrite {
@@ -1830,5 +1876,42 @@ mod tests {
         assert!(engine.prepare_replicated(&encode(&create)).is_ok());
         let again = engine.create_transform(def, output).await.unwrap();
         assert_eq!(base(engine.prepare_replicated(&write(again.applied().positions, vec![1]))), (vec![1], 0));
+    }
+
+    #[tokio::test]
+    async fn a_fenced_request_is_prepared_only_by_the_leader_of_its_term() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open_in(dir.path(), EngineOptions::default()).unwrap();
+        engine.stream_or_create("orders").await.unwrap();
+        let records = [NewRecord::value("a")];
+        let publish = |term| publish_request("orders", Some(0), &records, term);
+        let offset = |prepared: Result<Bytes, Bytes>| match postcard::from_bytes(&prepared.expect("prepared")).unwrap()
+        {
+            Command::Publish { appends, .. } => appends[0].base_offset,
+            _ => panic!("not a publish"),
+        };
+        let refusal =
+            |prepared: Result<Bytes, Bytes>| match postcard::from_bytes(&prepared.expect_err("refused")).unwrap() {
+                Outcome::Refused(refusal) => EngineError::from(refusal).kind(),
+                _ => panic!("not a refusal"),
+            };
+        // Before this node leads any term, and in another term than the request's: refused.
+        assert_eq!(refusal(engine.prepare_replicated(&publish(Some(3)))), crate::ErrorKind::Unavailable);
+        engine.begin_replicated_term(2);
+        assert_eq!(refusal(engine.prepare_replicated(&publish(Some(3)))), crate::ErrorKind::Unavailable);
+        assert_eq!(offset(engine.prepare_replicated(&publish(None))), 0, "an unfenced request in any term");
+        engine.begin_replicated_term(3);
+        assert_eq!(offset(engine.prepare_replicated(&publish(Some(3)))), 0, "prepared in its term");
+        assert_eq!(offset(engine.prepare_replicated(&publish(Some(3)))), 1);
+        engine.begin_replicated_term(4);
+        assert_eq!(refusal(engine.prepare_replicated(&publish(Some(3)))), crate::ErrorKind::Unavailable);
+        let topic = engine.system_topic("__kafka_test", &SystemTopicConfig::default()).unwrap();
+        let request = fenced(
+            Request::SystemAppend { topic: topic.name().to_string(), records: vec![WireRecord::from(&records[0])] },
+            Some(3),
+        );
+        assert_eq!(refusal(engine.prepare_replicated(&encode(&request))), crate::ErrorKind::Unavailable);
+        let nested = fenced(fenced(Request::DropStream("orders".into()), Some(4)), Some(4));
+        assert_eq!(refusal(engine.prepare_replicated(&encode(&nested))), crate::ErrorKind::Internal);
     }
 }

@@ -95,18 +95,22 @@ pub(super) fn not_coordinator(shared: &Shared) -> Option<i16> {
     (!loaded).then(|| kafka_protocol::ResponseError::CoordinatorLoadInProgress.code())
 }
 
-/// On a cluster node, why it does not take an idempotent producer's batch now: it does not
-/// lead (NOT_LEADER_OR_FOLLOWER: the producer asks for metadata again, which names the
-/// leader), or it leads but has not read the producers' states back for its term yet
-/// (NOT_LEADER_OR_FOLLOWER too: the producer retries after its backoff).
-pub(super) fn not_producers_leader(shared: &Shared) -> Option<(i16, String)> {
-    let cluster = shared.cluster.get()?;
+/// Whether this node takes an idempotent producer's batch now: on a single node, yes
+/// (`Ok(None)`); on a cluster node, as the leader of the term it read the producers' states
+/// back for (`Ok(Some(term))`: the batch is written only if that term's leader prepares it).
+/// Otherwise the refusal: it does not lead (NOT_LEADER_OR_FOLLOWER: the producer asks for
+/// metadata again, which names the leader), or it leads but has not read the states back for
+/// its term yet (NOT_LEADER_OR_FOLLOWER too: the producer retries after its backoff).
+pub(super) fn producers_term(shared: &Shared) -> Result<Option<u64>, (i16, String)> {
+    let Some(cluster) = shared.cluster.get() else { return Ok(None) };
     let code = kafka_protocol::ResponseError::NotLeaderOrFollower.code();
     let Some(term) = cluster.settled_term() else {
-        return Some((code, "this node does not lead the cluster: idempotent batches go to the leader".into()));
+        return Err((code, "this node does not lead the cluster: idempotent batches go to the leader".into()));
     };
-    (shared.producers.loaded_term() != Some(term))
-        .then(|| (code, "this node has just become the leader and is reading the producers' states back".into()))
+    if shared.producers.loaded_term() != Some(term) {
+        return Err((code, "this node has just become the leader and is reading the producers' states back".into()));
+    }
+    Ok(Some(term))
 }
 
 /// A cluster node's view for its Kafka clients (docs/cluster.md): which node leads the cluster

@@ -70,11 +70,13 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
         };
     }
     let mut records = produced.records;
-    if produced.sequenced.is_some()
-        && let Some((code, message)) = super::not_producers_leader(shared)
-    {
-        return Pending::Refused { code, message };
-    }
+    // On a cluster, an idempotent batch is checked against the states its leader read back
+    // for its term, and written only in that term.
+    let term = match produced.sequenced.is_some().then(|| super::producers_term(shared)) {
+        None => None,
+        Some(Ok(term)) => term,
+        Some(Err((code, message))) => return Pending::Refused { code, message },
+    };
     let ticket = match produced.sequenced {
         None => None,
         Some(sequenced) => match shared.producers.check(stream, partition, sequenced) {
@@ -88,7 +90,7 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
             }
         },
     };
-    match stream.enqueue_to(partition, &records, durability).await {
+    match stream.enqueue_to_in_term(partition, &records, durability, term).await {
         Ok(append) => Pending::Queued { append, records: records.len() as u64, start_offset, ticket },
         Err(error) => {
             if let Some(ticket) = ticket {
