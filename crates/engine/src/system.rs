@@ -40,7 +40,17 @@ impl Default for SystemTopicConfig {
     }
 }
 
+/// Largest record of a system topic every cluster node keeps alike ([`SystemTopicConfig::shared`]).
+pub const SHARED_RECORD_BYTES_MAX: usize = 32 * 1024 * 1024;
+
 impl SystemTopicConfig {
+    /// The settings a cluster node opens a shared system topic with when it applies an append
+    /// to one it has not opened yet (see `Engine::append_system`): records up to
+    /// [`SHARED_RECORD_BYTES_MAX`], whatever its owner's own limit.
+    pub fn shared() -> SystemTopicConfig {
+        SystemTopicConfig { record_bytes_max: SHARED_RECORD_BYTES_MAX, ..SystemTopicConfig::default() }
+    }
+
     fn partition_config(&self) -> PartitionConfig {
         let batch_bytes_max = self.record_bytes_max.max(1024 * 1024).min(self.segment_bytes_max as usize);
         PartitionConfig {
@@ -135,6 +145,22 @@ impl SystemTopic {
         }
         let records = self.partition.read(offset, 1, 1).map_err(EngineError::from)?;
         Ok(records.into_iter().find(|record| record.offset == offset))
+    }
+
+    /// The offset of the first record at or after `from` whose key is `key`, if there is one
+    /// (a record a caller appended through the cluster, found where this node applied it).
+    pub fn find_key(&self, from: u64, key: &[u8]) -> Result<Option<u64>, EngineError> {
+        let end = self.partition.end_offset();
+        let mut next = from.max(self.partition.start_offset());
+        while next < end {
+            let records = self.partition.read(next, REPLAY_READ_RECORDS_MAX, REPLAY_READ_BYTES_MAX)?;
+            let Some(last) = records.last() else { break };
+            next = last.offset + 1;
+            if let Some(found) = records.iter().find(|record| record.key.as_deref() == Some(key)) {
+                return Ok(Some(found.offset));
+            }
+        }
+        Ok(None)
     }
 
     /// Appends `records` (all at once: one batch) and returns once they are durable; the

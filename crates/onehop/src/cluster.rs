@@ -12,7 +12,6 @@ use std::path::Path;
 use onehop_cluster::{Applier, ClusterTls, MembershipChange, Node, NodeOptions, ProposeError, SnapshotFile};
 use onehop_engine::{Engine, Replicator, Submitted};
 use onehop_server::http::{ChangeRefused, MemberChange};
-use onehop_server::kafka::transactions::TRANSACTIONS_TOPIC;
 use onehop_server::mqtt::sessions::SESSIONS_TOPIC;
 
 use crate::settings::{ClusterSettings, ClusterTlsFiles};
@@ -56,13 +55,13 @@ impl Applier for EngineApplier {
 }
 
 /// The topics a node keeps for itself, which a snapshot neither sends nor replaces: its MQTT
-/// sessions, and its Kafka transactions (docs/cluster.md). Kafka's committed offsets and its
-/// idempotent producers' states are replicated, as the streams are.
-const NODE_TOPICS: [&str; 2] = [SESSIONS_TOPIC, TRANSACTIONS_TOPIC];
+/// sessions (docs/cluster.md). Kafka's committed offsets, idempotent producers' states and
+/// transactions are replicated, as the streams are.
+const NODE_TOPICS: [&str; 1] = [SESSIONS_TOPIC];
 
 /// Whether the topic `name` is part of the replicated state: every stream, table, view output,
-/// the catalog, view checkpoints, retained MQTT messages, Kafka's committed offsets and its
-/// producers' states; not [`NODE_TOPICS`].
+/// the catalog, view checkpoints, retained MQTT messages, Kafka's committed offsets, producers'
+/// states and transactions; not [`NODE_TOPICS`].
 fn replicated_topic(name: &str) -> bool {
     !NODE_TOPICS.contains(&name)
 }

@@ -49,6 +49,21 @@ struct Member {
     server: Option<Server>,
     /// The link the other nodes reach this one through, when the test puts faults there.
     link: Option<Link>,
+    /// Its Kafka listener's address, the same at every start ([`Kafka::FixedPorts`]).
+    kafka: Option<SocketAddr>,
+}
+
+/// Whether the nodes serve Kafka, and where.
+#[derive(Clone, Copy, PartialEq)]
+enum Kafka {
+    Off,
+    /// On a free port each, another at each start: the other nodes must tell clients the new
+    /// one.
+    AnyPort,
+    /// On a port each that a restart keeps, as a deployment's are. librdkafka keeps talking to
+    /// a transaction coordinator at the address it first had, though FindCoordinator names
+    /// another port for the same node id.
+    FixedPorts,
 }
 
 struct Cluster {
@@ -145,13 +160,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Arc<Mutex<Fault>>) {
 
 impl Cluster {
     fn start(size: u64) -> Cluster {
-        Cluster::start_with(size, false, false, None, Vec::new())
+        Cluster::start_with(size, Kafka::Off, false, None, Vec::new())
     }
 
     /// With `links`, each node is reached through a [`Link`] the test can put faults on.
     fn start_with(
         size: u64,
-        kafka: bool,
+        kafka: Kafka,
         links: bool,
         admin: Option<(&'static str, &'static str)>,
         extra: Vec<String>,
@@ -166,6 +181,7 @@ impl Cluster {
                     cluster,
                     server: None,
                     link: links.then(|| Link::start(cluster)),
+                    kafka: (kafka == Kafka::FixedPorts).then(|| format!("127.0.0.1:{}", free_port()).parse().unwrap()),
                 }
             })
             .collect();
@@ -174,7 +190,7 @@ impl Cluster {
             .map(|m| format!("{}={}", m.id, m.link.as_ref().map_or(m.cluster, |link| link.address)))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = Cluster { dir, peers, members, kafka, admin, extra };
+        let mut cluster = Cluster { dir, peers, members, kafka: kafka != Kafka::Off, admin, extra };
         if admin.is_some() {
             // A node with --admin-user opens its listeners once the cluster made that user,
             // which takes a majority: the members start side by side.
@@ -219,6 +235,11 @@ impl Cluster {
         let member = &self.members[index];
         let data = self.dir.path().join(format!("node-{}", member.id));
         let advertised = member.link.as_ref().map_or(member.cluster, |link| link.address).to_string();
+        let kafka = match member.kafka {
+            Some(address) => address.to_string(),
+            None if self.kafka => "127.0.0.1:0".to_string(),
+            None => "off".to_string(),
+        };
         let mut args: Vec<String> = [
             "--cluster-advertised-addr",
             &advertised,
@@ -227,7 +248,7 @@ impl Cluster {
             "--http-addr",
             &member.http.to_string(),
             "--kafka-addr",
-            if self.kafka { "127.0.0.1:0" } else { "off" },
+            &kafka,
             "--node-id",
             &member.id.to_string(),
             "--cluster-addr",
@@ -563,7 +584,7 @@ fn a_paused_leader_steps_down_and_rejoins_without_divergence() {
 
 #[test]
 fn mqtt_and_kafka_writes_on_followers_reach_every_node() {
-    let mut cluster = Cluster::start_with(3, true, false, None, Vec::new());
+    let mut cluster = Cluster::start_with(3, Kafka::AnyPort, false, None, Vec::new());
     let leader = cluster.leader();
     let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
     let mqtt = cluster.members[followers[0]].server.as_ref().unwrap().mqtt_address;
@@ -613,6 +634,7 @@ fn a_node_is_added_catches_up_and_another_is_removed_over_http_and_the_cli() {
         cluster: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
         server: None,
         link: None,
+        kafka: None,
     });
     cluster.launch_with(3, false);
     let follower = (0..3).find(|index| *index != leader).unwrap();
@@ -664,7 +686,7 @@ fn a_node_is_added_catches_up_and_another_is_removed_over_http_and_the_cli() {
 
 #[test]
 fn network_faults_between_nodes_lose_no_acknowledged_write() {
-    let mut cluster = Cluster::start_with(3, false, true, None, Vec::new());
+    let mut cluster = Cluster::start_with(3, Kafka::Off, true, None, Vec::new());
     let stop = Arc::new(AtomicBool::new(false));
     let writing = writers(cluster.http_addresses(), stop.clone(), 3);
     let watching = subscriber(cluster.http_addresses(), stop.clone());
@@ -912,7 +934,7 @@ fn compare_and_set_on_a_table_stays_exact_through_kill_9_of_the_leader() {
 #[test]
 fn users_grants_and_tokens_are_replicated_and_the_first_superuser_is_made_once() {
     let root = ("root", "first-secret");
-    let mut cluster = Cluster::start_with(3, false, false, Some(root), Vec::new());
+    let mut cluster = Cluster::start_with(3, Kafka::Off, false, Some(root), Vec::new());
     let leader = cluster.leader();
     let followers: Vec<SocketAddr> =
         (0..3).filter(|index| *index != leader).map(|index| cluster.members[index].http).collect();
@@ -1293,7 +1315,7 @@ fn tls_between_nodes_admits_only_certificates_the_cluster_ca_signed() {
             file(&format!("ca{set}.pem")),
         ]
     };
-    let mut cluster = Cluster::start_with(3, false, false, None, tls_args("A"));
+    let mut cluster = Cluster::start_with(3, Kafka::Off, false, None, tls_args("A"));
     let leader = cluster.leader();
     let follower = (0..3).find(|index| *index != leader).unwrap();
     let value = r#"{"over":"tls"}"#;
@@ -1480,7 +1502,7 @@ fn definitions_rows_and_users_stay_identical_through_kill_9_of_the_leader() {
     let kills: usize = std::env::var("ONEHOP_CLUSTER_KILLS").ok().and_then(|n| n.parse().ok()).unwrap_or(15);
     let mut random = Random::new();
     // Users turn access on: the test works as the superuser every node starts with.
-    let mut cluster = Cluster::start_with(3, false, false, Some(ROOT), Vec::new());
+    let mut cluster = Cluster::start_with(3, Kafka::Off, false, Some(ROOT), Vec::new());
     cluster.leader();
     let addresses = cluster.http_addresses();
     let stop = Arc::new(AtomicBool::new(false));
@@ -1562,7 +1584,7 @@ fn a_node_that_missed_purged_entries_installs_a_snapshot_and_agrees_also_killed_
     // A snapshot every 30 entries and 5 kept before it: a node away for more than a few writes
     // lacks entries no other node holds any more.
     let extra = ["--cluster-snapshot-entries", "30", "--cluster-log-kept", "5"].map(String::from).to_vec();
-    let mut cluster = Cluster::start_with(3, false, false, Some(ROOT), extra);
+    let mut cluster = Cluster::start_with(3, Kafka::Off, false, Some(ROOT), extra);
     let leader = cluster.leader();
     let away = (0..3).find(|index| *index != leader).unwrap();
     let everywhere = cluster.http_addresses();
@@ -1731,7 +1753,7 @@ fn kcat_produce(bootstrap: &str, topic: &str, keys: &[String]) {
 
 #[test]
 fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader() {
-    let mut cluster = Cluster::start_with(3, true, false, None, Vec::new());
+    let mut cluster = Cluster::start_with(3, Kafka::AnyPort, false, None, Vec::new());
     let leader = cluster.leader();
     let leader_id = cluster.members[leader].id;
     let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
@@ -1845,7 +1867,7 @@ fn a_long_snapshot_transfer_deposes_no_leader() {
     // and the leader's chunks do not reset the receiver's election timer. Were the receiver to
     // stand for election, it would pass the leader's term and the transfer would start over.
     let extra = ["--cluster-snapshot-entries", "50", "--cluster-log-kept", "5"].map(String::from).to_vec();
-    let mut cluster = Cluster::start_with(3, false, false, None, extra);
+    let mut cluster = Cluster::start_with(3, Kafka::Off, false, None, extra);
     let leader = cluster.leader();
     let away = (0..3).find(|index| *index != leader).unwrap();
     let on_leader = cluster.members[leader].http;
@@ -1966,7 +1988,7 @@ fn init_producer_ids(kafka: SocketAddr, count: i32) -> Vec<(i16, i64)> {
 #[test]
 fn an_idempotent_kafka_producer_stores_each_record_once_through_kill_9_of_the_leader() {
     const TOTAL: usize = 3000;
-    let mut cluster = Cluster::start_with(3, true, false, None, Vec::new());
+    let mut cluster = Cluster::start_with(3, Kafka::AnyPort, false, None, Vec::new());
     let mut ids: Vec<(i16, i64)> = Vec::new();
     for index in [0, 1, 2, 0] {
         let kafka = cluster.members[index].server.as_ref().unwrap().kafka_address.unwrap();
@@ -2075,4 +2097,105 @@ fn duplicates_recognised(address: SocketAddr) -> f64 {
         .find_map(|line| line.strip_prefix("kafka_duplicate_batches_total "))
         .and_then(|value| value.trim().parse::<f64>().ok())
         .unwrap_or(0.0)
+}
+
+/// A transactional Kafka producer (librdkafka through confluent-kafka), bootstrapped at all
+/// three nodes, runs 32 transactions of 40 records while the leader, which coordinates them,
+/// is killed with kill -9 three times. The next leader takes the transactions up from the
+/// journal every node holds: an open one stays open, a decided commit is finished. The
+/// producer commits every transaction, none is aborted; on every node each is there whole,
+/// and no record is there twice.
+#[test]
+fn kafka_transactions_stay_whole_and_once_through_kill_9_of_the_leader() {
+    const TRANSACTIONS: usize = 32;
+    const SIZE: usize = 40;
+    let mut cluster = Cluster::start_with(3, Kafka::FixedPorts, false, None, Vec::new());
+    let leader = cluster.leader();
+    common::sql(cluster.members[leader].http, "CREATE STREAM payments WITH (partitions = 2)");
+    let bootstrap: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|member| member.server.as_ref().unwrap().kafka_address.unwrap().to_string())
+        .collect();
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut producer = Command::new("python3")
+        .arg(script)
+        .args(["transactions", &bootstrap.join(","), "payments", &TRANSACTIONS.to_string(), &SIZE.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("python3 runs");
+    let lines = common::line_channel(producer.stdout.take().unwrap());
+    let producer_said = || {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    };
+    let mut kills_at = vec![24, 16, 8];
+    let (mut committed, mut aborted) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the producer did not finish: {} committed, {} aborted\n{}\n{}",
+            committed.len(),
+            aborted.len(),
+            producer_said(),
+            cluster.said(true)
+        );
+        match lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => match line.split_once(' ') {
+                Some(("C", n)) => committed.push(n.parse::<usize>().unwrap()),
+                Some(("X", n)) => aborted.push(n.parse::<usize>().unwrap()),
+                _ => panic!("the producer said {line:?}\n{}", producer_said()),
+            },
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if kills_at.last().is_some_and(|at| committed.len() + aborted.len() >= *at) {
+            kills_at.pop();
+            let leader = cluster.leader();
+            cluster.members[leader].server.as_mut().unwrap().kill_9();
+            cluster.members[leader].server = None;
+            std::thread::sleep(Duration::from_millis(200));
+            cluster.launch(leader);
+        }
+    }
+    let exited = producer.wait().unwrap();
+    assert!(exited.success(), "the producer ended with {exited:?}\n{}\n{}", producer_said(), cluster.said(true));
+    assert!(kills_at.is_empty(), "the producer finished before the kills");
+    assert_eq!(committed.len() + aborted.len(), TRANSACTIONS, "every transaction ended");
+    // A leader change loses no transaction: the next leader takes each open one up, and its
+    // producer commits it. (With the journal kept by one node, each kill cost one.)
+    assert!(aborted.is_empty(), "transactions aborted across a change of leader: {aborted:?}\n{}", producer_said());
+
+    let expected: BTreeMap<String, usize> =
+        committed.iter().flat_map(|n| (0..SIZE).map(move |k| (format!("t{n}-{k}"), *n))).collect();
+    for address in cluster.http_addresses() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let stored = loop {
+            match placed_values(address, "payments") {
+                Some(stored) if stored.len() >= expected.len() => break stored,
+                _ => {
+                    assert!(Instant::now() < deadline, "{address}: not every committed record there after 20 s");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        };
+        let mut counted: BTreeMap<&String, usize> = BTreeMap::new();
+        for value in stored.values() {
+            *counted.entry(value).or_default() += 1;
+        }
+        let twice: Vec<&&String> = counted.iter().filter(|(_, count)| **count > 1).map(|(value, _)| value).collect();
+        assert!(twice.is_empty(), "{address}: stored twice: {twice:?}");
+        let stray: Vec<&&String> = counted.keys().filter(|value| !expected.contains_key(**value)).collect();
+        assert!(stray.is_empty(), "{address}: records of transactions not committed: {stray:?}");
+        let missing = expected.keys().filter(|value| !counted.contains_key(value)).count();
+        assert_eq!(missing, 0, "{address}: records of committed transactions missing");
+    }
+    println!(
+        "{TRANSACTIONS} transactions through three kills of the leader: {} committed, whole on every node",
+        committed.len()
+    );
 }

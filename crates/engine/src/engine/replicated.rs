@@ -1238,7 +1238,7 @@ impl Engine {
             }
             Command::SystemAppend { topic, records } => {
                 let system = self
-                    .system_topic(&topic, &SystemTopicConfig::default())
+                    .system_topic(&topic, &SystemTopicConfig::shared())
                     .map_err(|error| format!("opening system topic {topic}: {error}"))?;
                 let records: Vec<NewRecord> = records.into_iter().map(NewRecord::from).collect();
                 system.append(&records).await.map_err(|error| format!("appending to system topic {topic}: {error}"))?;
@@ -1316,8 +1316,9 @@ impl Engine {
     /// Appends `records` to `topic`, a system topic every cluster node keeps alike (a front
     /// end's, such as Kafka's committed offsets), and returns once they are durable: on a
     /// single node, appended here; on a cluster node, committed on a majority of the nodes and
-    /// appended by each, this one included. The topic must be opened with the default
-    /// [`SystemTopicConfig`], as every node opens it where it applies.
+    /// appended by each, this one included. A node that applies an append to a topic it has
+    /// not opened opens it with [`SystemTopicConfig::shared`], so no record of such a topic may
+    /// be larger than that allows.
     ///
     /// On a cluster node the answer is the index of the command in the cluster's log: no other
     /// append anywhere has it, and every node applied this one there. A single node answers

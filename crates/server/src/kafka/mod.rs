@@ -95,6 +95,18 @@ pub(super) fn not_coordinator(shared: &Shared) -> Option<i16> {
     (!loaded).then(|| kafka_protocol::ResponseError::CoordinatorLoadInProgress.code())
 }
 
+/// NOT_COORDINATOR on a cluster node that is not the cluster's leader, which coordinates every
+/// transaction; on the leader, COORDINATOR_LOAD_IN_PROGRESS until it has read the transactions
+/// back for its term and taken them up ([`transactions::Transactions::reload`]).
+pub(super) fn not_transaction_coordinator(shared: &Shared) -> Option<i16> {
+    let cluster = shared.cluster.get()?;
+    if cluster.leader() != Some(shared.config.node_id) {
+        return Some(kafka_protocol::ResponseError::NotCoordinator.code());
+    }
+    let loaded = cluster.settled_term().is_some_and(|term| shared.transactions.loaded_term() == Some(term));
+    (!loaded).then(|| kafka_protocol::ResponseError::CoordinatorLoadInProgress.code())
+}
+
 /// Whether this node takes an idempotent producer's batch now: on a single node, yes
 /// (`Ok(None)`); on a cluster node, as the leader of the term it read the producers' states
 /// back for (`Ok(Some(term))`: the batch is written only if that term's leader prepares it).
@@ -162,6 +174,9 @@ pub(super) fn group_refused(
 /// The error refusing `who` transactions as the transactional id `id`, if it is refused
 /// (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): they take `WRITE` on it.
 pub(super) fn transactional_id_refused(shared: &Shared, who: &onehop_engine::Principal, id: &str) -> Option<i16> {
+    if let Some(code) = not_transaction_coordinator(shared) {
+        return Some(code);
+    }
     let access = shared.engine.access();
     let kind = onehop_engine::ObjectKind::TransactionalId;
     let refused = access.authorize(who, onehop_engine::Privilege::Write, kind, id).is_err();
@@ -269,7 +284,10 @@ impl KafkaServer {
         let producers = Arc::new(producers::Producers::open(&engine)?);
         let groups = Arc::new(groups::Coordinator::new(groups::committed::CommittedOffsets::open(&engine)?));
         let transactions = Arc::new(transactions::Transactions::open(&engine, producers.clone(), groups.clone())?);
-        transactions.recover().await?;
+        if !engine.is_replicated() {
+            // A cluster node takes the transactions up when it leads (Transactions::reload).
+            transactions.recover().await?;
+        }
         let (stop, stopped) = watch::channel(false);
         let request_bytes = Arc::new(Semaphore::new(config.request_bytes_in_flight_max));
         let shared = Shared {
@@ -337,12 +355,26 @@ impl KafkaServer {
                                 Err(error) => tracing::error!(%error, "reading the Kafka producer states back failed"),
                             }
                         }
+                        // The transactions after the producers: a commit taken up skips the
+                        // batches a stream holds, which the producers' states tell.
+                        if let Some(term) = cluster().and_then(|cluster| cluster.settled_term())
+                            && producers.loaded_term() == Some(term)
+                            && transactions.loaded_term() != Some(term)
+                            && let Err(error) = transactions.reload(term).await
+                        {
+                            tracing::warn!(%error, term, "the Kafka transactions could not be taken up yet; trying again");
+                        }
                         for (group, stored) in groups.tick() {
                             if let Err(error) = groups.offsets.store_group(&group, stored.as_ref()).await {
                                 tracing::warn!(%group, %error, "a Kafka group's membership could not be stored");
                             }
                         }
-                        transactions.expire().await;
+                        let coordinating = cluster().is_none_or(|cluster| {
+                            cluster.settled_term().is_some_and(|term| transactions.loaded_term() == Some(term))
+                        });
+                        if coordinating {
+                            transactions.expire().await;
+                        }
                     }
                     _ = stopped.changed() => return,
                 }

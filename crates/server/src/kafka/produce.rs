@@ -64,6 +64,13 @@ async fn queue(shared: &Shared, stream: &Stream, index: i32, batch: Bytes, durab
         Err(error) => return refused(&error),
     };
     if produced.transactional {
+        if super::not_transaction_coordinator(shared).is_some() {
+            return Pending::Refused {
+                code: ResponseError::NotLeaderOrFollower.code(),
+                message: "transactional batches go to the cluster's leader, once it has taken the transactions up"
+                    .into(),
+            };
+        }
         return match shared.transactions.produce(stream, partition, &raw, &produced).await {
             Ok(_) => Pending::InTransaction { start_offset },
             Err((code, message)) => Pending::Refused { code, message },

@@ -1,4 +1,5 @@
-"""confluent-kafka (Python, on librdkafka) roles for crates/onehop/tests/kafka/librdkafka.rs.
+"""confluent-kafka (Python, on librdkafka) roles for crates/onehop/tests/kafka/librdkafka.rs and
+crates/onehop/tests/cluster.rs.
 
 usage:
   python3 group.py consume BROKER TOPIC GROUP
@@ -8,7 +9,12 @@ usage:
   python3 group.py produce BROKER TOPIC FIRST COUNT
       An idempotent producer (acks=all) writing values FIRST..FIRST+COUNT; prints each
       acknowledgement ("A <partition> <offset> <value>") and retries across a server restart.
+  python3 group.py transactions BROKER TOPIC COUNT SIZE
+      A transactional producer writing COUNT transactions of SIZE records each ("t<n>-<k>");
+      prints "C <n>" once transaction n is committed and "X <n>" once it is aborted (when the
+      client says it must be), retrying a commit or an abort the client says may be retried.
 """
+import os
 import signal
 import sys
 import time
@@ -60,11 +66,53 @@ def produce(broker, topic, first, count):
         sys.exit("records left unacknowledged")
 
 
+def transactions(broker, topic, count, size):
+    config = {"bootstrap.servers": broker, "transactional.id": f"{topic}-writer", "acks": "all",
+              "linger.ms": 5, "transaction.timeout.ms": 60000, "message.timeout.ms": 60000}
+    if os.environ.get("RDKAFKA_DEBUG"):
+        config["debug"] = os.environ["RDKAFKA_DEBUG"]
+    producer = Producer(config)
+    producer.init_transactions(120)
+
+    def finish(action):
+        # Retries what the client says may be retried; a fatal error ends the run.
+        while True:
+            try:
+                action(60)
+                return True
+            except KafkaException as error:
+                if error.args[0].retriable():
+                    time.sleep(0.1)
+                    continue
+                if error.args[0].txn_requires_abort():
+                    return False
+                raise
+
+    for n in range(count):
+        producer.begin_transaction()
+        for k in range(size):
+            while True:
+                try:
+                    producer.produce(topic, key=f"t{n}", value=f"t{n}-{k}")
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            producer.poll(0)
+        if finish(producer.commit_transaction):
+            print(f"C {n}", flush=True)
+        elif finish(producer.abort_transaction):
+            print(f"X {n}", flush=True)
+        else:
+            sys.exit(f"transaction {n} could be neither committed nor aborted")
+
+
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "consume":
         consume(*sys.argv[2:5])
     elif role == "produce":
         produce(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif role == "transactions":
+        transactions(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
         sys.exit(f"unknown role {role}")

@@ -166,6 +166,13 @@ impl CommittedOffsets {
 
     /// Commits `offsets` durably, as one write; then they are what reads see.
     pub async fn commit(&self, offsets: Vec<(Key, Committed)>) -> Result<(), EngineError> {
+        self.commit_in_term(offsets, None).await
+    }
+
+    /// [`CommittedOffsets::commit`], on a cluster node with `term` only if the leader of that
+    /// term prepares the write (a transaction's offsets, committed by the node that
+    /// coordinated it in that term).
+    pub async fn commit_in_term(&self, offsets: Vec<(Key, Committed)>, term: Option<u64>) -> Result<(), EngineError> {
         if offsets.is_empty() {
             return Ok(());
         }
@@ -175,7 +182,7 @@ impl CommittedOffsets {
                 NewRecord::keyed(Self::encode_key(key), serde_json::to_vec(committed).expect("an offset serializes"))
             })
             .collect();
-        self.engine.append_system(&self.topic, records).await?;
+        self.engine.append_system_in_term(&self.topic, records, term).await?;
         let mut stored = self.offsets.write().expect("offsets lock");
         stored.extend(offsets);
         Ok(())

@@ -280,12 +280,22 @@ pub(in crate::kafka) fn describe_transactions(
     request: DescribeTransactionsRequest,
 ) -> DescribeTransactionsResponse {
     let mut response = DescribeTransactionsResponse::default();
+    // On a cluster node, only the coordinator (the leader) answers for the transactions.
+    let refused = crate::kafka::not_transaction_coordinator(shared);
     response.transaction_states = request
         .transactional_ids
         .into_iter()
-        .map(|id| match shared.transactions.describe(id.0.as_str()) {
-            Some(stored) => described(id.0.as_str(), &stored),
-            None => {
+        .map(|id| match (refused, shared.transactions.describe(id.0.as_str())) {
+            (Some(code), _) => {
+                let mut state = TransactionState::default();
+                state.error_code = code;
+                state.transactional_id = id;
+                state.producer_id = ProducerId(-1);
+                state.producer_epoch = -1;
+                state
+            }
+            (None, Some(stored)) => described(id.0.as_str(), &stored),
+            (None, None) => {
                 let mut state = TransactionState::default();
                 state.error_code = ResponseError::TransactionalIdNotFound.code();
                 state.transactional_id = id;
@@ -318,6 +328,14 @@ pub(in crate::kafka) fn list_transactions(
         .cloned()
         .collect();
     let now = super::now_ms();
+    // A cluster node that does not coordinate the transactions lists none (an admin client
+    // asks every broker and joins the answers); the leader loading them says so.
+    if let Some(code) = crate::kafka::not_transaction_coordinator(shared) {
+        if code != ResponseError::NotCoordinator.code() {
+            response.error_code = code;
+        }
+        return response;
+    }
     response.transaction_states = shared
         .transactions
         .describe_all()

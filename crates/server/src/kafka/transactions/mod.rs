@@ -31,6 +31,18 @@
 //!
 //! The cost of keeping other protocols' readers clean is one more write of each transactional
 //! batch (journal, then stream); Kafka's markers and index are not needed.
+//!
+//! # In a cluster
+//!
+//! The leader coordinates every transaction (the other nodes answer NOT_COORDINATOR, and
+//! NOT_LEADER_OR_FOLLOWER to a transactional batch). The journal is written through the
+//! cluster, so every node holds it. A node that becomes the leader reads it back for its term
+//! ([`Transactions::reload`]), once it has read the idempotent producers' states back, and
+//! takes up what the last leader left as a start takes up what a stop left: decided commits
+//! are finished, aborts completed, open transactions stay open. Until then it answers
+//! COORDINATOR_LOAD_IN_PROGRESS. Every write it makes for a transaction (journal, streams,
+//! committed offsets) is fenced to the term its state was read for: a node that coordinated
+//! before cannot finish a commit the next leader took up, and nothing is written twice.
 
 pub mod api;
 
@@ -62,6 +74,8 @@ pub const TIMEOUT_MAX: Duration = Duration::from_secs(15 * 60);
 pub const BATCH_BYTES_MAX: usize = 16 << 20;
 /// Room in a journal record around its batch: key and headers.
 const CHUNK_ENVELOPE_BYTES: usize = 64 << 10;
+// A cluster node that applies a journal record before it opened the journal takes it too.
+const _: () = assert!(BATCH_BYTES_MAX + CHUNK_ENVELOPE_BYTES <= onehop_engine::system::SHARED_RECORD_BYTES_MAX);
 
 /// Transactions committed, and aborted (by their producer or by their timeout).
 pub const COMMITTED: &str = "kafka_transactions_committed_total";
@@ -156,6 +170,19 @@ impl Txn {
 struct Entry {
     acting: tokio::sync::Mutex<()>,
     txn: Mutex<Txn>,
+    /// On a cluster node, the leader term its state was read (or made) in: every write for
+    /// it is fenced to that term.
+    term: Option<u64>,
+}
+
+/// The transactional ids as a read of the journal gives them.
+struct Read {
+    entries: HashMap<String, Arc<Entry>>,
+    by_producer: HashMap<i64, String>,
+    /// Batches of transactions that ended, to delete.
+    stale: Vec<Bytes>,
+    /// Batches of open and decided transactions.
+    waiting: usize,
 }
 
 /// A refusal: a Kafka error code and why.
@@ -179,6 +206,10 @@ pub(crate) struct Transactions {
     creating: tokio::sync::Mutex<()>,
     /// How long an idle transactional id is kept ([`ID_EXPIRY`]).
     id_expiry: Duration,
+    /// On a cluster node, the leader term the journal was last read back for
+    /// ([`Transactions::reload`]), and taken up in.
+    term: Mutex<Option<u64>>,
+    loaded_term: std::sync::atomic::AtomicU64,
 }
 
 /// A snapshot of one transactional id, for DescribeTransactions and ListTransactions.
@@ -199,50 +230,77 @@ impl Transactions {
             ..SystemTopicConfig::default()
         };
         let journal = engine.system_topic(TRANSACTIONS_TOPIC, &config)?;
-        let mut stored: HashMap<String, Stored> = HashMap::new();
-        let mut chunks: BTreeMap<Bytes, (String, u64, Chunk)> = BTreeMap::new();
-        journal.replay(|record| {
-            read_journal_record(&record, &mut stored, &mut chunks);
-            Ok::<(), EngineError>(())
-        })?;
-        let mut entries = HashMap::new();
-        let mut by_producer = HashMap::new();
-        let mut stale = Vec::new();
-        let mut open: HashMap<String, Vec<Chunk>> = HashMap::new();
-        for (key, (id, number, chunk)) in chunks {
-            let live = stored.get(&id).is_some_and(|stored| {
-                stored.number == number && matches!(stored.phase, Phase::Ongoing | Phase::PrepareCommit)
-            });
-            if live {
-                open.entry(id).or_default().push(chunk);
-            } else {
-                stale.push(key);
-            }
-        }
-        for (id, stored) in stored {
-            let mut chunks = open.remove(&id).unwrap_or_default();
-            chunks.sort_by_key(|chunk| chunk.offset);
-            by_producer.insert(stored.producer_id, id.clone());
-            metrics::gauge!(WAITING).increment(chunks.len() as f64);
-            let mut stored = stored;
-            if stored.touched_ms == 0 {
-                stored.touched_ms = now_ms();
-            }
-            let txn = Txn { stored, chunks, gone: false };
-            let entry = Entry { acting: tokio::sync::Mutex::new(()), txn: Mutex::new(txn) };
-            entries.insert(id, Arc::new(entry));
-        }
-        tracing::info!(transactional_ids = entries.len(), "Kafka transactions restored");
+        let read = read_journal(&journal, None)?;
+        metrics::gauge!(WAITING).increment(read.waiting as f64);
+        tracing::info!(transactional_ids = read.entries.len(), "Kafka transactions restored");
         Ok(Transactions {
             journal,
             engine: engine.clone(),
             producers,
             groups,
-            entries: Mutex::new(entries),
-            by_producer: Mutex::new(by_producer),
-            stale: Mutex::new(stale),
+            entries: Mutex::new(read.entries),
+            by_producer: Mutex::new(read.by_producer),
+            stale: Mutex::new(read.stale),
             creating: tokio::sync::Mutex::new(()),
             id_expiry: ID_EXPIRY,
+            term: Mutex::new(None),
+            loaded_term: std::sync::atomic::AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Reads the journal back for the leader term `term` and takes up what the leaders before
+    /// left, as [`Transactions::recover`] does after a stop: a cluster node that became the
+    /// leader coordinates the transactions from the journal every node applied. The
+    /// idempotent producers' states must have been read back for `term` first.
+    pub async fn reload(&self, term: u64) -> Result<(), EngineError> {
+        let journal = self.journal.clone();
+        let read = tokio::task::spawn_blocking(move || read_journal(&journal, Some(term)))
+            .await
+            .map_err(|error| EngineError::Internal(format!("reading the transactions' journal: {error}")))??;
+        let before: usize = {
+            let entries = self.entries.lock().expect("entries lock");
+            entries.values().map(|entry| entry.txn.lock().expect("txn lock").chunks.len()).sum()
+        };
+        metrics::gauge!(WAITING).decrement(before as f64);
+        metrics::gauge!(WAITING).increment(read.waiting as f64);
+        let ids = read.entries.len();
+        *self.entries.lock().expect("entries lock") = read.entries;
+        *self.by_producer.lock().expect("by_producer lock") = read.by_producer;
+        *self.stale.lock().expect("stale lock") = read.stale;
+        *self.term.lock().expect("term lock") = Some(term);
+        self.recover().await?;
+        self.loaded_term.store(term, std::sync::atomic::Ordering::SeqCst);
+        tracing::info!(transactional_ids = ids, term, "Kafka transactions read back: this node coordinates them");
+        Ok(())
+    }
+
+    /// The leader term the journal was last read back for and taken up in
+    /// ([`Transactions::reload`]).
+    pub fn loaded_term(&self) -> Option<u64> {
+        Some(self.loaded_term.load(std::sync::atomic::Ordering::SeqCst)).filter(|term| *term != u64::MAX)
+    }
+
+    /// The term new transactional ids' writes are fenced to (`None` on a single node).
+    fn term(&self) -> Option<u64> {
+        *self.term.lock().expect("term lock")
+    }
+
+    /// Appends `records` to the journal (on a cluster node through the cluster, fenced to
+    /// `term`) and returns the offset of the first here.
+    async fn append_journal(&self, records: Vec<NewRecord>, term: Option<u64>) -> Result<u64, EngineError> {
+        if !self.engine.is_replicated() {
+            return self.journal.append(&records).await;
+        }
+        let first = records.first().and_then(|record| record.key.clone());
+        let from = self.journal.end_offset();
+        self.engine.append_system_in_term(&self.journal, records, term).await?;
+        // Answered once the leader, which this node is (the append is fenced to its term),
+        // applied it: it is here, after `from`.
+        let Some(first) = first else { return Ok(from) };
+        self.journal.find_key(from, &first)?.ok_or_else(|| {
+            EngineError::Internal(format!(
+                "a record appended to {TRANSACTIONS_TOPIC} is not where this node applied it"
+            ))
         })
     }
 
@@ -253,7 +311,7 @@ impl Transactions {
         let stale = std::mem::take(&mut *self.stale.lock().expect("stale lock"));
         if !stale.is_empty() {
             let records: Vec<NewRecord> = stale.iter().cloned().map(NewRecord::tombstone).collect();
-            self.journal.append(&records).await?;
+            self.append_journal(records, self.term()).await?;
         }
         let entries: Vec<(String, Arc<Entry>)> =
             self.entries.lock().expect("entries lock").iter().map(|(id, entry)| (id.clone(), entry.clone())).collect();
@@ -308,7 +366,7 @@ impl Transactions {
         stored.touched_ms = now_ms();
         let mut records = more;
         records.push(Self::state_record(id, &stored));
-        self.journal.append(&records).await?;
+        self.append_journal(records, entry.term).await?;
         let old = {
             let mut txn = entry.txn.lock().expect("txn lock");
             std::mem::replace(&mut txn.stored, stored)
@@ -356,10 +414,14 @@ impl Transactions {
                             sequences: Vec::new(),
                             touched_ms: now_ms(),
                         };
-                        self.journal.append(&[Self::state_record(id, &stored)]).await.map_err(engine_refusal)?;
+                        let term = self.term();
+                        self.append_journal(vec![Self::state_record(id, &stored)], term)
+                            .await
+                            .map_err(engine_refusal)?;
                         let entry = Arc::new(Entry {
                             acting: tokio::sync::Mutex::new(()),
                             txn: Mutex::new(Txn { stored, chunks: Vec::new(), gone: false }),
+                            term,
                         });
                         self.entries.lock().expect("entries lock").insert(id.to_string(), entry);
                         self.by_producer.lock().expect("by_producer lock").insert(producer_id, id.to_string());
@@ -597,7 +659,7 @@ impl Transactions {
             (Text::from_static(PARTITION_HEADER), Bytes::from(partition.to_string())),
             (Text::from_static(SEQUENCE_HEADER), Bytes::from(sequence_text(&sequenced))),
         ];
-        let offset = self.journal.append(&[record]).await.map_err(engine_refusal)?;
+        let offset = self.append_journal(vec![record], entry.term).await.map_err(engine_refusal)?;
         let mut txn = entry.txn.lock().expect("txn lock");
         Txn::set_next_sequence(&mut txn.stored, &target, add_sequence(sequenced.last_sequence, 1));
         txn.chunks.push(Chunk { offset, key, partition: target, sequenced });
@@ -649,8 +711,8 @@ impl Transactions {
             let txn = entry.txn.lock().expect("txn lock");
             (txn.chunks.clone(), txn.stored.offsets.clone(), txn.stored.clone())
         };
-        self.apply(&chunks).await?;
-        self.groups.offsets.commit(offsets).await?;
+        self.apply(&chunks, entry.term).await?;
+        self.groups.offsets.commit_in_term(offsets, entry.term).await?;
         done.phase = Phase::CompleteCommit;
         done.offsets.clear();
         let tombstones = chunks.iter().map(|chunk| NewRecord::tombstone(chunk.key.clone())).collect();
@@ -690,7 +752,7 @@ impl Transactions {
     /// Appends the batches of a committed transaction to their streams, each as its producer
     /// sent it, skipping those a stream already holds (a commit finished after a restart) and
     /// those of streams deleted since.
-    async fn apply(&self, chunks: &[Chunk]) -> Result<(), EngineError> {
+    async fn apply(&self, chunks: &[Chunk], term: Option<u64>) -> Result<(), EngineError> {
         let mut queued = Vec::with_capacity(chunks.len());
         let mut failed = None;
         for chunk in chunks {
@@ -724,7 +786,7 @@ impl Transactions {
                 last.headers.push(Producers::header(&chunk.sequenced));
             }
             let ticket = self.producers.admit(&stream, *partition, chunk.sequenced);
-            match stream.enqueue_to(*partition, &produced.records, Some(Durability::Fsync)).await {
+            match stream.enqueue_to_in_term(*partition, &produced.records, Some(Durability::Fsync), term).await {
                 Ok(append) => queued.push((ticket, append, produced.records.len())),
                 Err(error) => {
                     self.producers.stored(ticket, None);
@@ -785,7 +847,8 @@ impl Transactions {
                 continue;
             }
             let Ok(_acting) = entry.acting.try_lock() else { continue };
-            if let Err(error) = self.journal.append(&[NewRecord::tombstone(Bytes::from(format!("t/{id}")))]).await {
+            let tombstone = NewRecord::tombstone(Bytes::from(format!("t/{id}")));
+            if let Err(error) = self.append_journal(vec![tombstone], entry.term).await {
                 tracing::warn!(transactional_id = %id, %error, "an idle transactional id could not be forgotten");
                 continue;
             }
@@ -866,6 +929,50 @@ fn parse_sequence(text: &[u8]) -> Option<Sequenced> {
         first_sequence: parts.next()?.parse().ok()?,
         last_sequence: parts.next()?.parse().ok()?,
     })
+}
+
+/// Reads the journal: every transactional id's state and the batches of its open or decided
+/// transaction; entries made for the leader term `term`, on a cluster node.
+fn read_journal(journal: &SystemTopic, term: Option<u64>) -> Result<Read, EngineError> {
+    let mut stored: HashMap<String, Stored> = HashMap::new();
+    let mut chunks: BTreeMap<Bytes, (String, u64, Chunk)> = BTreeMap::new();
+    journal.replay(|record| {
+        read_journal_record(&record, &mut stored, &mut chunks);
+        Ok::<(), EngineError>(())
+    })?;
+    let mut entries = HashMap::new();
+    let mut by_producer = HashMap::new();
+    let mut stale = Vec::new();
+    let mut open: HashMap<String, Vec<Chunk>> = HashMap::new();
+    for (key, (id, number, chunk)) in chunks {
+        let live = stored.get(&id).is_some_and(|stored| {
+            stored.number == number && matches!(stored.phase, Phase::Ongoing | Phase::PrepareCommit)
+        });
+        if live {
+            open.entry(id).or_default().push(chunk);
+        } else {
+            stale.push(key);
+        }
+    }
+    let mut waiting = 0;
+    for (id, mut stored) in stored {
+        let mut chunks = open.remove(&id).unwrap_or_default();
+        chunks.sort_by_key(|chunk| chunk.offset);
+        // The state was written before its transaction's batches: each partition's next
+        // sequence follows the last batch taken, as it did before the stop.
+        for chunk in &chunks {
+            Txn::set_next_sequence(&mut stored, &chunk.partition, add_sequence(chunk.sequenced.last_sequence, 1));
+        }
+        by_producer.insert(stored.producer_id, id.clone());
+        waiting += chunks.len();
+        if stored.touched_ms == 0 {
+            stored.touched_ms = now_ms();
+        }
+        let txn = Txn { stored, chunks, gone: false };
+        let entry = Entry { acting: tokio::sync::Mutex::new(()), txn: Mutex::new(txn), term };
+        entries.insert(id, Arc::new(entry));
+    }
+    Ok(Read { entries, by_producer, stale, waiting })
 }
 
 /// Folds one journal record into the states and batches read so far.
@@ -1054,7 +1161,7 @@ mod tests {
         decided.phase = Phase::PrepareCommit;
         txns.write("t", &entry, decided, Vec::new()).await.unwrap();
         let chunks = entry.txn.lock().unwrap().chunks.clone();
-        txns.apply(&chunks[..1]).await.unwrap();
+        txns.apply(&chunks[..1], None).await.unwrap();
         assert_eq!(values(&opened, 0), ["a1", "a2", "c1", "c2"]);
         drop((entry, opened));
 
@@ -1073,8 +1180,9 @@ mod tests {
         let txns = &opened.transactions;
         assert_eq!(txns.describe("t").unwrap().phase, Phase::Ongoing);
         assert!(!produce(&opened, producer, 0, 5, &["e1"]).await.unwrap(), "its batch is known after the restart");
+        assert!(produce(&opened, producer, 0, 6, &["e2"]).await.unwrap(), "the next batch follows it");
         txns.end("t", producer, true, FENCED).await.unwrap();
-        assert_eq!(values(&opened, 0), ["a1", "a2", "c1", "c2", "e1"]);
+        assert_eq!(values(&opened, 0), ["a1", "a2", "c1", "c2", "e1", "e2"]);
 
         // A new producer with the same id aborts what the old one left open and fences it.
         txns.add_partitions("t", producer, &both(), FENCED).await.unwrap();
