@@ -299,8 +299,8 @@ fn w2_runs_side_by_side_with_the_echo_floor() {
 
 #[test]
 fn w2_and_w4_against_a_three_node_cluster_beside_one_node() {
-    // W2 over HTTP and SSE, W4 over MQTT: the clients on a follower, every write forwarded to
-    // the leader and committed on a majority before it is delivered.
+    // W2 over HTTP and SSE, W4 over MQTT: publishers on every node in turn, subscribers on a
+    // follower, every write committed on a majority before it is delivered.
     for (workload, name) in [("w2", "W2"), ("w4", "W4")] {
         let (lines, dir) = bench(&[workload, "--target", "onehop,onehop-cluster", "--duration", "2", "--warmup", "1"]);
         assert_eq!(lines.len(), 2, "{lines:?}");
@@ -310,6 +310,7 @@ fn w2_and_w4_against_a_three_node_cluster_beside_one_node() {
         let run = runs(&results, name).into_iter().find(|run| run.to_str().unwrap().contains("cluster")).unwrap();
         let meta: Value = serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
         assert_eq!(meta["target_settings"]["nodes"], 3, "{meta}");
+        assert!(meta["target_settings"]["clients"].as_str().unwrap().starts_with("publishers on every node"), "{meta}");
         assert!(meta["durability"].as_str().unwrap().contains("majority"), "{meta}");
         let summary = std::fs::read_to_string(results.join("summary.md")).unwrap();
         assert!(summary.contains("| onehop-cluster |"), "{summary}");

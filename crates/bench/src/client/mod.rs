@@ -26,6 +26,7 @@ use tokio::runtime::Handle;
 
 use crate::plan::{Fanout, Ingest, Plan, Protocol, ViewPlan};
 use crate::recorder::Recorder;
+use crate::schedule::Producer;
 use crate::target::{Observers, Session};
 
 /// Where a server listens, and what its clients must present and speak.
@@ -37,6 +38,9 @@ pub struct Endpoints {
     /// `host:port`
     pub mqtt: String,
     pub security: Security,
+    /// Where the measured publishers go instead, in turn (a cluster's nodes, this one among
+    /// them); empty: here. Subscribers and definitions stay here.
+    pub publish_to: Vec<Endpoints>,
 }
 
 /// Credentials and TLS, for a server that asks for them; the default is neither.
@@ -72,7 +76,12 @@ pub struct TlsListeners {
 impl Endpoints {
     /// A server with neither access nor TLS.
     pub fn plain(http: String, mqtt: String) -> Endpoints {
-        Endpoints { http, mqtt, security: Security::default() }
+        Endpoints { http, mqtt, security: Security::default(), publish_to: Vec::new() }
+    }
+
+    /// Where publishers go: each of [`Endpoints::publish_to`] in turn, or here.
+    fn publishers(&self) -> Vec<&Endpoints> {
+        if self.publish_to.is_empty() { vec![self] } else { self.publish_to.iter().collect() }
     }
 
     /// How measured HTTP, SSE and WebSocket clients connect.
@@ -149,8 +158,31 @@ fn open_fanout(
         };
         observers.add_task(task);
     }
-    let producer = http::HttpWriter::events(endpoints, format!("/streams/{stream}"), plan, recorder.clone())?;
-    Ok(Session { producer: Box::new(producer), querier: None, observers })
+    let mut writers: Vec<Box<dyn Producer>> = Vec::new();
+    for publishing in endpoints.publishers() {
+        let path = format!("/streams/{stream}");
+        writers.push(Box::new(http::HttpWriter::events(publishing, path, plan.clone(), recorder.clone())?));
+    }
+    Ok(Session { producer: Box::new(InTurn { producers: writers, next: 0 }), querier: None, observers })
+}
+
+/// Hands each send to the next of its producers in turn: publishers spread over a cluster's
+/// nodes, one event (or batch of events due together) to each.
+struct InTurn {
+    producers: Vec<Box<dyn Producer>>,
+    next: usize,
+}
+
+impl Producer for InTurn {
+    fn send(&mut self, seqs: std::ops::Range<u64>) {
+        self.producers[self.next].send(seqs);
+        self.next = (self.next + 1) % self.producers.len();
+    }
+
+    fn prepare(&mut self, seq: u64) {
+        // The producer whose turn it is sends it.
+        self.producers[self.next].prepare(seq);
+    }
 }
 
 fn open_view(
@@ -208,9 +240,13 @@ fn open_ingest(
             mqtt::subscriber(connection, index, recorder, stop)
         })?);
     }
+    // Each publisher on every node publishers go to: events go to the connections in turn.
     let mut connections = Vec::new();
     for index in 0..ingest.publishers {
-        connections.push(mqtt::Connection::open_with(&dial, &format!("{stream}-pub-{index}"), login)?);
+        for (node, publishing) in endpoints.publishers().into_iter().enumerate() {
+            let (dial, login) = (publishing.mqtt_dial(), publishing.security.login.as_ref());
+            connections.push(mqtt::Connection::open_with(&dial, &format!("{stream}-pub-{index}-{node}"), login)?);
+        }
     }
     let producer = mqtt::MqttProducer::new(connections, topic, ingest.qos, ingest.payload_bytes, recorder.clone())?;
     Ok(Session { producer: Box::new(producer), querier: None, observers })

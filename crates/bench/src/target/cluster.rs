@@ -1,8 +1,8 @@
-//! The `onehop-cluster` target: three `onehop serve` nodes as a cluster (docs/cluster.md), the
-//! measured clients on a follower. A write is answered once a majority of the nodes' Raft logs
-//! hold it fdatasynced; a follower forwards it to the leader and applies it when the commit
-//! reaches it, so each write crosses two more loopback hops than on a single node, and the
-//! subscriber is served from the follower's copy of the log.
+//! The `onehop-cluster` target: three `onehop serve` nodes as a cluster (docs/cluster.md), as
+//! study 1 runs one: publishers in turn on every node, subscribers on a follower. A write is
+//! answered once a majority of the nodes' Raft logs hold it fdatasynced; a follower forwards
+//! it to the leader (two of three writes), and every node applies it when the commit reaches
+//! it, so the subscriber is served from the follower's copy of the log.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -111,7 +111,10 @@ impl Target for ClusterTarget {
 
     fn open(&self, plan: &Plan, recorder: &Arc<Recorder>, runtime: &Handle) -> anyhow::Result<Session> {
         let node = &self.nodes[self.follower];
-        client::open(&Endpoints::plain(node.url.clone(), node.mqtt.clone()), plan, recorder, runtime)
+        let mut endpoints = Endpoints::plain(node.url.clone(), node.mqtt.clone());
+        endpoints.publish_to =
+            self.nodes.iter().map(|node| Endpoints::plain(node.url.clone(), node.mqtt.clone())).collect();
+        client::open(&endpoints, plan, recorder, runtime)
     }
 
     fn server_pid(&self) -> Option<u32> {
@@ -128,7 +131,9 @@ impl Target for ClusterTarget {
             "replication": "Raft (openraft 0.9.25): one group, every stream write committed on a majority",
             "acknowledged": "once a majority's Raft logs hold the write fdatasynced and the node answering applied it",
             "clients": format!(
-                "publishers and subscribers on node {} (a follower; node {} leads): writes forwarded to the leader",
+                "publishers on every node in turn (HTTP: one writer per node, each event or batch to the next; \
+                 MQTT: each publisher connected to every node, each message to the next connection), subscribers \
+                 on node {} (a follower; node {} leads): writes on a follower forwarded to the leader",
                 self.follower + 1,
                 self.leader
             ),

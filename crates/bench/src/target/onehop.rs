@@ -143,6 +143,7 @@ impl OnehopTarget {
             http: process.url.clone(),
             mqtt: process.mqtt.clone(),
             security: Security { setup_authorization: None, login: None, tls },
+            publish_to: Vec::new(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         if protection.access {
