@@ -196,12 +196,14 @@ enum Request {
         to: Vec<u64>,
         groups: Vec<(u32, Vec<WireRecord>)>,
     },
-    /// `request`, to be prepared only by the leader of `term`: what its requester decided in
-    /// that term (from state it read back for it) is refused in any other, so a node that led
-    /// before cannot act on what it knew then once another leader took over.
+    /// `request` (encoded, and not itself fenced), to be prepared only by the leader of
+    /// `term`: what its requester decided in that term (from state it read back for it) is
+    /// refused in any other, so a node that led before cannot act on what it knew then once
+    /// another leader took over. Kept encoded so the type does not nest: a decoder that
+    /// recursed through bytes from another node could be driven to overflow its stack.
     Fenced {
         term: u64,
-        request: Box<Request>,
+        request: Bytes,
     },
 }
 
@@ -712,7 +714,9 @@ impl Engine {
                         "decided by the leader of term {term}, which no longer leads; nothing was written"
                     )))));
                 }
-                *request
+                postcard::from_bytes(&request).map_err(|error| {
+                    refused(&EngineError::Internal(format!("a fenced request that does not decode: {error}")))
+                })?
             }
             request => request,
         };
@@ -1657,7 +1661,7 @@ pub(crate) fn publish_request(stream: &str, partition: Option<u32>, records: &[N
 /// `request`, fenced to `term` when there is one.
 fn fenced(request: Request, term: Option<u64>) -> Request {
     match term {
-        Some(term) => Request::Fenced { term, request: Box::new(request) },
+        Some(term) => Request::Fenced { term, request: encode(&request) },
         None => request,
     }
 }
