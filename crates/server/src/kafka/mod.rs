@@ -364,8 +364,13 @@ impl KafkaServer {
                         {
                             tracing::warn!(%error, term, "the Kafka transactions could not be taken up yet; trying again");
                         }
+                        // A node that coordinated the groups before keeps their members until
+                        // they time out, and stores nothing of them: the leader coordinates.
+                        let storing = cluster().is_none_or(|cluster| {
+                            cluster.settled_term().is_some_and(|term| groups.offsets.loaded_term() == Some(term))
+                        });
                         for (group, stored) in groups.tick() {
-                            if let Err(error) = groups.offsets.store_group(&group, stored.as_ref()).await {
+                            if storing && let Err(error) = groups.offsets.store_group(&group, stored.as_ref()).await {
                                 tracing::warn!(%group, %error, "a Kafka group's membership could not be stored");
                             }
                         }

@@ -157,7 +157,8 @@ impl CommittedOffsets {
             Some(stored) => NewRecord::keyed(key, serde_json::to_vec(stored).expect("a group serializes")),
             None => NewRecord::tombstone(key),
         };
-        self.engine.append_system(&self.topic, vec![record]).await.map(drop)
+        let term = self.coordinating()?;
+        self.engine.append_system_in_term(&self.topic, vec![record], term).await.map(drop)
     }
 
     fn encode_key(key: &Key) -> Bytes {
@@ -166,7 +167,22 @@ impl CommittedOffsets {
 
     /// Commits `offsets` durably, as one write; then they are what reads see.
     pub async fn commit(&self, offsets: Vec<(Key, Committed)>) -> Result<(), EngineError> {
-        self.commit_in_term(offsets, None).await
+        let term = self.coordinating()?;
+        self.commit_in_term(offsets, term).await
+    }
+
+    /// The term this node's writes of groups and offsets are fenced to: on a cluster node, the
+    /// one it read the offsets back for as the leader, so a node that coordinated before
+    /// cannot overwrite what the next coordinator wrote; `None` on a single node.
+    fn coordinating(&self) -> Result<Option<u64>, EngineError> {
+        if !self.engine.is_replicated() {
+            return Ok(None);
+        }
+        // The requests that write are answered NOT_COORDINATOR before they get here on a node
+        // that has not read the offsets back as the leader.
+        self.loaded_term().map(Some).ok_or_else(|| {
+            EngineError::Internal("a write of the Kafka groups on a node that never coordinated them".into())
+        })
     }
 
     /// [`CommittedOffsets::commit`], on a cluster node with `term` only if the leader of that
@@ -223,7 +239,8 @@ impl CommittedOffsets {
         }
         let mut records: Vec<NewRecord> = keys.iter().map(|key| NewRecord::tombstone(Self::encode_key(key))).collect();
         records.push(NewRecord::tombstone(Bytes::from(serde_json::to_vec(&(group,)).expect("a key serializes"))));
-        self.engine.append_system(&self.topic, records).await?;
+        let term = self.coordinating()?;
+        self.engine.append_system_in_term(&self.topic, records, term).await?;
         let mut stored = self.offsets.write().expect("offsets lock");
         for key in &keys {
             stored.remove(key);
