@@ -1975,6 +1975,53 @@ fn init_producer_ids(kafka: SocketAddr, count: i32) -> Vec<(i16, i64)> {
         .collect()
 }
 
+/// A confluent-kafka (librdkafka) role of `tests/kafka/confluent/group.py`, bootstrapped at
+/// every node of the cluster: its output lines, and its log for a failure's message.
+struct ConfluentRole {
+    process: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: tempfile::NamedTempFile,
+}
+
+impl ConfluentRole {
+    fn start(cluster: &Cluster, role: &str, args: &[&str]) -> ConfluentRole {
+        let bootstrap: Vec<String> = cluster
+            .members
+            .iter()
+            .map(|member| member.server.as_ref().unwrap().kafka_address.unwrap().to_string())
+            .collect();
+        let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut process = Command::new("python3")
+            .arg(script)
+            .args([role, &bootstrap.join(",")])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("python3 runs");
+        let lines = common::line_channel(process.stdout.take().unwrap());
+        ConfluentRole { process, lines, log }
+    }
+
+    /// The last lines librdkafka and the script wrote to stderr.
+    fn said(&self) -> String {
+        let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Cluster {
+    /// Kills the member at `index` with kill -9 and starts it again 200 ms later.
+    fn restart(&mut self, index: usize) {
+        self.members[index].server.as_mut().unwrap().kill_9();
+        self.members[index].server = None;
+        std::thread::sleep(Duration::from_millis(200));
+        self.launch(index);
+    }
+}
+
 /// Every node hands out producer ids, from blocks it reserves through the cluster: no id
 /// twice, across nodes and across a node's restart.
 ///
@@ -1995,9 +2042,7 @@ fn an_idempotent_kafka_producer_stores_each_record_once_through_kill_9_of_the_le
         ids.extend(init_producer_ids(kafka, 2));
         if ids.len() == 6 {
             // A restarted node reserves a new block.
-            cluster.members[0].server.as_mut().unwrap().kill_9();
-            cluster.members[0].server = None;
-            cluster.launch(0);
+            cluster.restart(0);
         }
     }
     assert!(ids.iter().all(|(error, _)| *error == 0), "{ids:?}");
@@ -2006,26 +2051,7 @@ fn an_idempotent_kafka_producer_stores_each_record_once_through_kill_9_of_the_le
     println!("producer ids from nodes 1, 2, 3 and 1 restarted: {:?}", ids.iter().map(|(_, id)| id).collect::<Vec<_>>());
     let leader = cluster.leader();
     common::sql(cluster.members[leader].http, "CREATE STREAM ledger WITH (partitions = 2)");
-    let bootstrap: Vec<String> = cluster
-        .members
-        .iter()
-        .map(|member| member.server.as_ref().unwrap().kafka_address.unwrap().to_string())
-        .collect();
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let mut producer = Command::new("python3")
-        .arg(script)
-        .args(["produce", &bootstrap.join(","), "ledger", "0", &TOTAL.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .expect("python3 runs");
-    let lines = common::line_channel(producer.stdout.take().unwrap());
-    let producer_said = || {
-        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    };
+    let mut producer = ConfluentRole::start(&cluster, "produce", &["ledger", "0", &TOTAL.to_string()]);
     let mut kills_at = vec![2500, 2000, 1500, 1000, 500];
     let mut duplicates = 0.0;
     let mut acked: Vec<(u64, u64, String)> = Vec::new();
@@ -2035,12 +2061,12 @@ fn an_idempotent_kafka_producer_stores_each_record_once_through_kill_9_of_the_le
             Instant::now() < deadline,
             "the producer did not finish: {} acknowledged\n{}",
             acked.len(),
-            producer_said()
+            producer.said()
         );
-        match lines.recv_timeout(Duration::from_secs(1)) {
+        match producer.lines.recv_timeout(Duration::from_secs(1)) {
             Ok(line) => {
                 let fields: Vec<&str> = line.split(' ').collect();
-                assert_eq!(fields[0], "A", "a failed delivery: {line}\n{}", producer_said());
+                assert_eq!(fields[0], "A", "a failed delivery: {line}\n{}", producer.said());
                 acked.push((fields[1].parse().unwrap(), fields[2].parse().unwrap(), fields[3].to_string()));
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -2050,14 +2076,11 @@ fn an_idempotent_kafka_producer_stores_each_record_once_through_kill_9_of_the_le
             kills_at.pop();
             let leader = cluster.leader();
             duplicates += duplicates_recognised(cluster.members[leader].http);
-            cluster.members[leader].server.as_mut().unwrap().kill_9();
-            cluster.members[leader].server = None;
-            std::thread::sleep(Duration::from_millis(200));
-            cluster.launch(leader);
+            cluster.restart(leader);
         }
     }
-    let exited = producer.wait().unwrap();
-    assert!(exited.success(), "the producer ended with {exited:?}\n{}", producer_said());
+    let exited = producer.process.wait().unwrap();
+    assert!(exited.success(), "the producer ended with {exited:?}\n{}", producer.said());
     assert!(kills_at.is_empty(), "the producer finished before the kills");
     assert_eq!(acked.len(), TOTAL, "every record acknowledged");
 
@@ -2112,26 +2135,8 @@ fn kafka_transactions_stay_whole_and_once_through_kill_9_of_the_leader() {
     let mut cluster = Cluster::start_with(3, Kafka::FixedPorts, false, None, Vec::new());
     let leader = cluster.leader();
     common::sql(cluster.members[leader].http, "CREATE STREAM payments WITH (partitions = 2)");
-    let bootstrap: Vec<String> = cluster
-        .members
-        .iter()
-        .map(|member| member.server.as_ref().unwrap().kafka_address.unwrap().to_string())
-        .collect();
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/group.py");
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let mut producer = Command::new("python3")
-        .arg(script)
-        .args(["transactions", &bootstrap.join(","), "payments", &TRANSACTIONS.to_string(), &SIZE.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .expect("python3 runs");
-    let lines = common::line_channel(producer.stdout.take().unwrap());
-    let producer_said = || {
-        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    };
+    let args = ["payments", &TRANSACTIONS.to_string(), &SIZE.to_string()];
+    let mut producer = ConfluentRole::start(&cluster, "transactions", &args);
     let mut kills_at = vec![24, 16, 8];
     let (mut committed, mut aborted) = (Vec::new(), Vec::new());
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -2141,14 +2146,14 @@ fn kafka_transactions_stay_whole_and_once_through_kill_9_of_the_leader() {
             "the producer did not finish: {} committed, {} aborted\n{}\n{}",
             committed.len(),
             aborted.len(),
-            producer_said(),
+            producer.said(),
             cluster.said(true)
         );
-        match lines.recv_timeout(Duration::from_secs(1)) {
+        match producer.lines.recv_timeout(Duration::from_secs(1)) {
             Ok(line) => match line.split_once(' ') {
                 Some(("C", n)) => committed.push(n.parse::<usize>().unwrap()),
                 Some(("X", n)) => aborted.push(n.parse::<usize>().unwrap()),
-                _ => panic!("the producer said {line:?}\n{}", producer_said()),
+                _ => panic!("the producer said {line:?}\n{}", producer.said()),
             },
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
@@ -2156,19 +2161,16 @@ fn kafka_transactions_stay_whole_and_once_through_kill_9_of_the_leader() {
         if kills_at.last().is_some_and(|at| committed.len() + aborted.len() >= *at) {
             kills_at.pop();
             let leader = cluster.leader();
-            cluster.members[leader].server.as_mut().unwrap().kill_9();
-            cluster.members[leader].server = None;
-            std::thread::sleep(Duration::from_millis(200));
-            cluster.launch(leader);
+            cluster.restart(leader);
         }
     }
-    let exited = producer.wait().unwrap();
-    assert!(exited.success(), "the producer ended with {exited:?}\n{}\n{}", producer_said(), cluster.said(true));
+    let exited = producer.process.wait().unwrap();
+    assert!(exited.success(), "the producer ended with {exited:?}\n{}\n{}", producer.said(), cluster.said(true));
     assert!(kills_at.is_empty(), "the producer finished before the kills");
     assert_eq!(committed.len() + aborted.len(), TRANSACTIONS, "every transaction ended");
     // A leader change loses no transaction: the next leader takes each open one up, and its
     // producer commits it. (With the journal kept by one node, each kill cost one.)
-    assert!(aborted.is_empty(), "transactions aborted across a change of leader: {aborted:?}\n{}", producer_said());
+    assert!(aborted.is_empty(), "transactions aborted across a change of leader: {aborted:?}\n{}", producer.said());
 
     let expected: BTreeMap<String, usize> =
         committed.iter().flat_map(|n| (0..SIZE).map(move |k| (format!("t{n}-{k}"), *n))).collect();
