@@ -391,7 +391,9 @@ impl Producers {
             records.push(NewRecord::keyed(Bytes::from_static(POSITIONS_KEY.as_bytes()), stored));
             (records, written)
         };
-        if let Err(error) = self.engine.append_system(&self.topic, records).await {
+        // On a cluster, fenced to the term the states were read back for: a leader that lost
+        // its term meanwhile writes nothing over what the next one reads back.
+        if let Err(error) = self.engine.append_system_in_term(&self.topic, records, self.loaded_term()).await {
             self.state.lock().expect("producers lock").dirty.extend(written);
             return Err(error);
         }
