@@ -2012,6 +2012,14 @@ impl ConfluentRole {
     }
 }
 
+impl Drop for ConfluentRole {
+    /// A test that fails leaves no client running.
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
 impl Cluster {
     /// Kills the member at `index` with kill -9 and starts it again 200 ms later.
     fn restart(&mut self, index: usize) {
