@@ -91,7 +91,7 @@ pub(super) fn not_coordinator(shared: &Shared) -> Option<i16> {
     if cluster.leader() != Some(shared.config.node_id) {
         return Some(kafka_protocol::ResponseError::NotCoordinator.code());
     }
-    let loaded = cluster.settled_term().is_some_and(|term| shared.groups.offsets.loaded_term() == Some(term));
+    let loaded = cluster.settled_in(shared.groups.offsets.loaded_term());
     (!loaded).then(|| kafka_protocol::ResponseError::CoordinatorLoadInProgress.code())
 }
 
@@ -103,7 +103,7 @@ pub(super) fn not_transaction_coordinator(shared: &Shared) -> Option<i16> {
     if cluster.leader() != Some(shared.config.node_id) {
         return Some(kafka_protocol::ResponseError::NotCoordinator.code());
     }
-    let loaded = cluster.settled_term().is_some_and(|term| shared.transactions.loaded_term() == Some(term));
+    let loaded = cluster.settled_in(shared.transactions.loaded_term());
     (!loaded).then(|| kafka_protocol::ResponseError::CoordinatorLoadInProgress.code())
 }
 
@@ -134,6 +134,11 @@ pub trait KafkaCluster: Send + Sync + 'static {
     /// On the leader, its term once it has applied every command of earlier terms (so it
     /// holds all that earlier leaders committed); `None` before, and on other nodes.
     fn settled_term(&self) -> Option<u64>;
+    /// Whether this node leads, settled, in the term `loaded` names: the term a store of its
+    /// (offsets, producer states, transactions) was last read back for.
+    fn settled_in(&self, loaded: Option<u64>) -> bool {
+        self.settled_term().is_some_and(|term| loaded == Some(term))
+    }
     /// Each node known to serve Kafka, with the host and port it tells clients of its listener
     /// over TLS (`tls`) or plain TCP.
     fn brokers(&self, tls: bool) -> Vec<(i32, String, u16)>;
@@ -321,7 +326,7 @@ impl KafkaServer {
         let keeper = shared.clone();
         let ours = move || match keeper.cluster.get() {
             None => true,
-            Some(cluster) => cluster.settled_term().is_some_and(|term| keeper.producers.loaded_term() == Some(term)),
+            Some(cluster) => cluster.settled_in(keeper.producers.loaded_term()),
         };
         let checkpoints = tokio::spawn(shared.producers.clone().keep_checkpointed(shared.stop.clone(), ours));
         let groups = shared.groups.clone();
@@ -366,17 +371,13 @@ impl KafkaServer {
                         }
                         // A node that coordinated the groups before keeps their members until
                         // they time out, and stores nothing of them: the leader coordinates.
-                        let storing = cluster().is_none_or(|cluster| {
-                            cluster.settled_term().is_some_and(|term| groups.offsets.loaded_term() == Some(term))
-                        });
+                        let storing = cluster().is_none_or(|cluster| cluster.settled_in(groups.offsets.loaded_term()));
                         for (group, stored) in groups.tick() {
                             if storing && let Err(error) = groups.offsets.store_group(&group, stored.as_ref()).await {
                                 tracing::warn!(%group, %error, "a Kafka group's membership could not be stored");
                             }
                         }
-                        let coordinating = cluster().is_none_or(|cluster| {
-                            cluster.settled_term().is_some_and(|term| transactions.loaded_term() == Some(term))
-                        });
+                        let coordinating = cluster().is_none_or(|cluster| cluster.settled_in(transactions.loaded_term()));
                         if coordinating {
                             transactions.expire().await;
                         }

@@ -285,23 +285,18 @@ pub(in crate::kafka) fn describe_transactions(
     response.transaction_states = request
         .transactional_ids
         .into_iter()
-        .map(|id| match (refused, shared.transactions.describe(id.0.as_str())) {
-            (Some(code), _) => {
-                let mut state = TransactionState::default();
-                state.error_code = code;
-                state.transactional_id = id;
-                state.producer_id = ProducerId(-1);
-                state.producer_epoch = -1;
-                state
-            }
-            (None, Some(stored)) => described(id.0.as_str(), &stored),
-            (None, None) => {
-                let mut state = TransactionState::default();
-                state.error_code = ResponseError::TransactionalIdNotFound.code();
-                state.transactional_id = id;
-                state.producer_id = ProducerId(-1);
-                state.producer_epoch = -1;
-                state
+        .map(|id| {
+            let found = if refused.is_none() { shared.transactions.describe(id.0.as_str()) } else { None };
+            match found {
+                Some(stored) => described(id.0.as_str(), &stored),
+                None => {
+                    let mut state = TransactionState::default();
+                    state.error_code = refused.unwrap_or(ResponseError::TransactionalIdNotFound.code());
+                    state.transactional_id = id;
+                    state.producer_id = ProducerId(-1);
+                    state.producer_epoch = -1;
+                    state
+                }
             }
         })
         .collect();
