@@ -46,6 +46,33 @@ pub enum OpenError {
     DamagedTail(Box<DamagedTail>),
     #[error("invalid partition configuration in {path}: {reason}")]
     BadConfig { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Missing(Box<Missing>),
+}
+
+/// Records the partition held that its segment files no longer do: a segment deleted, or cut
+/// short where a batch ends (see `manifest.rs`). Opening refuses.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "partition {path} is missing records: {}. No crash does this: segment files were deleted or cut short \
+     outside onehop. Reads would skip these offsets without a word. Nothing was changed. What to do: {remedy}",
+    describe_missing(.missing)
+)]
+pub struct Missing {
+    pub path: PathBuf,
+    pub missing: Vec<crate::manifest::MissingRecords>,
+    pub remedy: String,
+}
+
+fn describe_missing(missing: &[crate::manifest::MissingRecords]) -> String {
+    let ranges: Vec<String> = missing
+        .iter()
+        .map(|gap| match gap.to {
+            Some(to) => format!("offsets {} up to but not including {to} ({})", gap.from, gap.cause),
+            None => format!("offsets from {} on ({})", gap.from, gap.cause),
+        })
+        .collect();
+    ranges.join("; ")
 }
 
 /// Bad bytes in a segment that valid batches follow: damage, not a torn write. Opening refuses
@@ -126,8 +153,12 @@ pub enum ReadError {
     PastEnd { offset: u64, end: u64 },
     #[error("I/O error reading the log: {0}")]
     Io(String),
-    #[error("corrupt batch in {segment} at byte {position}: {reason}")]
-    Corrupt { segment: String, position: u64, reason: String },
+    #[error(
+        "corrupt batch in {segment} at byte {position}: {reason}. Opening checks the batches of a segment only \
+         when its index is missing or stale, so damage under an intact index is found when it is read. What to \
+         do: {remedy}"
+    )]
+    Corrupt { segment: String, position: u64, reason: String, remedy: String },
     #[error("the partition is closed")]
     Closed,
 }

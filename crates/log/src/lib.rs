@@ -14,9 +14,12 @@
 //! - `tail`: the newest batches of a partition in memory, for readers close behind the writer.
 //! - `text`, `headers`: [`Text`], the shared UTF-8 strings of records (subjects, header names),
 //!   and [`Headers`], a read record's headers left in its batch's bytes.
+//! - `manifest`: the partition's list of its segments, which opening checks the files against
+//!   (a segment deleted or cut short at a batch boundary is found, not read around).
 //! - `maintenance`: retention (whole segments by age or size) and compaction (newest per key).
 //! - `store`: the log as a directory of topics and partitions, its maintenance thread, and the
 //!   data-directory lock.
+//! - `check`: a full, read-only check of a log directory (`onehop check`).
 //! - `config`, `error`, `metrics`: settings, error enums, metric names.
 //!
 //! Durability contract: an append resolves only when its [`Durability`] holds, and readers only
@@ -24,12 +27,14 @@
 //! batch, cuts a torn tail (the write in progress), and refuses damage that valid batches
 //! follow rather than cut acknowledged records.
 
+mod check;
 mod config;
 mod error;
 mod file;
 mod format;
 mod headers;
 mod maintenance;
+mod manifest;
 pub mod metrics;
 mod partition;
 mod recovery;
@@ -39,15 +44,19 @@ mod tail;
 mod text;
 mod writer;
 
+pub use check::{LogCheck, PartitionCheck, check_log, check_partition};
 pub use config::{Durability, PartitionConfig};
-pub use error::{AppendError, DecodeError, MaintenanceError, OpenError, ReadError};
+pub use error::{AppendError, DecodeError, MaintenanceError, Missing, OpenError, ReadError};
 pub use file::{FileStorage, SegmentFile, Storage};
 pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, NewRecord, Record, decode_records};
 pub use headers::Headers;
 pub use maintenance::{CompactionReport, RetentionReport};
+pub use manifest::MissingRecords;
 pub use partition::{
     AppendAck, Partition, PartitionOptions, QueuedAppend, ReadAhead, RecoveryReport, Watermark, check_records, now_ms,
 };
 pub use recovery::{Discarded, RecoveryPolicy};
-pub use store::{DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, validate_topic_name};
+pub use store::{
+    DirLock, LockError, Log, LogOptions, OpenedPartition, TOPIC_NAME_BYTES_MAX, partition_dirs, validate_topic_name,
+};
 pub use text::Text;

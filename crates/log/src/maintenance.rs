@@ -66,7 +66,13 @@ impl Partition {
             return Ok(RetentionReport::default());
         }
         let bases: Vec<u64> = doomed.iter().map(|segment| segment.base_offset).collect();
-        self.remove_segments(&bases);
+        {
+            // The manifest stops listing them before their files go, so a crash in between
+            // leaves files the next open deletes as leftovers, never a listed segment missing.
+            let _manifest = self.manifest_lock();
+            self.write_manifest(&bases, None).map_err(io_error(self.dir()))?;
+            self.remove_segments(&bases);
+        }
         let mut report = RetentionReport::default();
         for segment in doomed {
             report.segments_deleted += 1;
@@ -100,7 +106,7 @@ impl Partition {
         let end = self.end_offset();
         let mut newest: HashMap<Bytes, u64> = HashMap::new();
         for segment in &segments {
-            for record in read_segment(segment, end)? {
+            for record in read_segment(self, segment, end)? {
                 if let Some(key) = record.key {
                     newest.insert(key, record.offset);
                 }
@@ -109,7 +115,7 @@ impl Partition {
         let tombstone_deadline = now_ms.saturating_sub(self.config().tombstone_retention_ms as i64);
         let dir = self.dir().to_path_buf();
         for segment in &segments[..segments.len() - 1] {
-            let records = read_segment(segment, end)?;
+            let records = read_segment(self, segment, end)?;
             let before = records.len();
             let survivors: Vec<Record> = records
                 .into_iter()
@@ -128,14 +134,24 @@ impl Partition {
             report.records_removed += (before - survivors.len()) as u64;
             report.bytes_before += segment.written_bytes();
             if survivors.is_empty() {
-                self.remove_segments(&[segment.base_offset]);
+                {
+                    let _manifest = self.manifest_lock();
+                    self.write_manifest(&[segment.base_offset], None).map_err(io_error(&dir))?;
+                    self.remove_segments(&[segment.base_offset]);
+                }
                 segment.delete_files(&dir).map_err(io_error(&segment.path))?;
                 continue;
             }
-            let rewritten = rewrite_segment(
+            let temporary = write_compacted(&dir, segment.base_offset, &survivors)?;
+            let records_end = survivors.last().map_or(segment.base_offset, |record| record.offset + 1);
+            // The manifest takes the segment's new end before the file changes: a crash in
+            // between leaves the old file, whose records end later, which opening accepts.
+            let _manifest = self.manifest_lock();
+            self.write_manifest(&[], Some((segment.base_offset, records_end))).map_err(io_error(&dir))?;
+            let rewritten = install_compacted(
                 &dir,
                 segment.base_offset,
-                &survivors,
+                &temporary,
                 self.config().index_interval_bytes,
                 self.storage(),
             )?;
@@ -160,7 +176,7 @@ impl Partition {
     }
 }
 
-fn read_segment(segment: &Segment, end: u64) -> Result<Vec<Record>, MaintenanceError> {
+fn read_segment(partition: &Partition, segment: &Segment, end: u64) -> Result<Vec<Record>, MaintenanceError> {
     let mut records = Vec::new();
     segment
         .read_batches(0, usize::MAX, |_, header, batch| {
@@ -170,25 +186,18 @@ fn read_segment(segment: &Segment, end: u64) -> Result<Vec<Record>, MaintenanceE
             records.extend(decode_records(header, &batch)?.into_iter().filter(|record| record.offset < end));
             Ok(true)
         })
-        .map_err(|(position, reason)| {
-            MaintenanceError::Read(crate::ReadError::Corrupt {
-                segment: segment.path.display().to_string(),
-                position,
-                reason,
-            })
-        })?;
+        .map_err(|(position, reason)| MaintenanceError::Read(partition.corrupt(segment, position, reason)))?;
     Ok(records)
 }
 
-/// Writes `records` as a new file for the segment at `base_offset` and swaps it in atomically:
-/// a crash leaves either the old file or the new one (the `.compacting` file is removed on open).
-fn rewrite_segment(
+/// Writes `records` as the new contents of the segment at `base_offset`, durably, to
+/// `{base_offset:020}.compacting` (removed on open, should the rewrite stop there), and returns
+/// its path.
+fn write_compacted(
     dir: &std::path::Path,
     base_offset: u64,
     records: &[Record],
-    index_interval_bytes: u64,
-    storage: &dyn crate::file::Storage,
-) -> Result<Segment, MaintenanceError> {
+) -> Result<std::path::PathBuf, MaintenanceError> {
     let temporary = dir.join(format!("{base_offset:020}.compacting"));
     let mut bytes = Vec::new();
     let mut at = 0;
@@ -204,15 +213,27 @@ fn rewrite_segment(
         OpenOptions::new().write(true).create(true).truncate(true).open(&temporary).map_err(io_error(&temporary))?;
     file.write_all(&bytes).map_err(io_error(&temporary))?;
     file.sync_data().map_err(io_error(&temporary))?;
-    drop(file);
+    Ok(temporary)
+}
+
+/// Swaps the file [`write_compacted`] wrote in for the segment at `base_offset` atomically: a
+/// crash leaves either the old file or the new one.
+fn install_compacted(
+    dir: &std::path::Path,
+    base_offset: u64,
+    temporary: &std::path::Path,
+    index_interval_bytes: u64,
+    storage: &dyn crate::file::Storage,
+) -> Result<Segment, MaintenanceError> {
     // The old index describes the old file; remove it first so a crash after the rename can
     // only leave a missing index (rebuilt on open), never a wrong one.
     Segment::invalidate_index(dir, base_offset).map_err(io_error(dir))?;
     let path = segment_file(dir, base_offset, LOG_SUFFIX);
-    fs::rename(&temporary, &path).map_err(io_error(&path))?;
+    fs::rename(temporary, &path).map_err(io_error(&path))?;
     sync_dir(dir).map_err(io_error(dir))?;
     // Written from valid records just now: a bad batch here is refused, never set aside.
     let policy = crate::recovery::RecoveryPolicy::default();
     let (segment, _) = Segment::open(dir, base_offset, index_interval_bytes, false, storage, &policy)?;
+    segment.persist_index(dir).map_err(io_error(dir))?;
     Ok(segment)
 }

@@ -10,6 +10,8 @@ pub const INLINE_SYNCS: &str = "log_inline_syncs_total";
 pub const SEGMENTS_ROLLED: &str = "log_segments_rolled_total";
 pub const RECOVERY_TRUNCATIONS: &str = "log_recovery_truncations_total";
 pub const RECOVERY_TRUNCATED_BYTES: &str = "log_recovery_truncated_bytes_total";
+/// Ranges of offsets found missing at open (a segment deleted or cut short) and accepted.
+pub const RECOVERY_MISSING_RANGES: &str = "log_recovery_missing_ranges_total";
 pub const RETENTION_SEGMENTS_DELETED: &str = "log_retention_segments_deleted_total";
 pub const COMPACTION_RECORDS_REMOVED: &str = "log_compaction_records_removed_total";
 pub const POISONED: &str = "log_partitions_poisoned_total";
@@ -65,6 +67,7 @@ fn register() {
         SEGMENTS_ROLLED,
         RECOVERY_TRUNCATIONS,
         RECOVERY_TRUNCATED_BYTES,
+        RECOVERY_MISSING_RANGES,
         RETENTION_SEGMENTS_DELETED,
         COMPACTION_RECORDS_REMOVED,
         POISONED,
@@ -96,6 +99,10 @@ pub fn describe() {
     describe_counter!(SEGMENTS_ROLLED, "Segments closed because they reached segment_bytes_max.");
     describe_counter!(RECOVERY_TRUNCATIONS, "Partitions whose tail recovery cut a torn or corrupt batch.");
     describe_counter!(RECOVERY_TRUNCATED_BYTES, Unit::Bytes, "Bytes cut from segment tails by recovery.");
+    describe_counter!(
+        RECOVERY_MISSING_RANGES,
+        "Ranges of offsets whose segment files were deleted or cut short, accepted at open by --discard-damaged."
+    );
     describe_counter!(RETENTION_SEGMENTS_DELETED, "Segments deleted by age or size retention.");
     describe_counter!(COMPACTION_RECORDS_REMOVED, "Records removed by compaction (superseded keys, old tombstones).");
     describe_counter!(POISONED, "Partitions that stopped accepting writes after an I/O failure.");

@@ -17,11 +17,13 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::config::{Durability, PartitionConfig};
+use crate::error::Missing;
 use crate::error::{AppendError, OpenError, ReadError, io_at};
 use crate::file::{FileStorage, Storage};
 use crate::format::{
     HEADERS_MAX, NewRecord, Record, RecordsFrom, SUBJECT_BYTES_MAX, decode_records, encode_record, records_from,
 };
+use crate::manifest::{Found, Manifest, MissingRecords, Unusable};
 use crate::metrics as m;
 use crate::recovery::{Discarded, RecoveryPolicy};
 use crate::segment::{LOG_SUFFIX, Segment, sync_dir};
@@ -60,6 +62,8 @@ pub struct RecoveryReport {
     pub indexes_rebuilt: usize,
     /// Damage set aside because the policy said to ([`RecoveryPolicy::discard_damaged`]).
     pub discarded: Vec<Discarded>,
+    /// Records the segment files no longer held, accepted because the policy said to.
+    pub missing: Vec<MissingRecords>,
 }
 
 /// How a partition is opened: the file layer under it and what recovery may do.
@@ -97,8 +101,8 @@ pub(crate) struct Queue {
 
 /// What a partition's handle, its write thread and its sync thread share.
 ///
-/// Lock order: `commit` → `queue` → `tail`, and `commit` → `segments`; `maintenance` →
-/// `segments`. The write thread looks at the queue while holding `commit` (is anything behind
+/// Lock order: `commit` → `queue` → `tail`, `commit` → `manifest` → `segments`, and
+/// `maintenance` → `manifest` → `segments`. The write thread looks at the queue while holding `commit` (is anything behind
 /// the batch it may sync inline?) and publishes under `commit` (adding a rolled segment to
 /// `segments`); it clears the tail cache under `queue` when it idles; readers take `tail` or
 /// `segments` alone, and `segments` is a leaf held only to clone or swap `Arc`s. Nothing takes
@@ -111,6 +115,8 @@ pub(crate) struct Shared {
     /// Names the partition in logs (its directory).
     pub(crate) label: String,
     pub(crate) config: PartitionConfig,
+    /// What a read that meets damage tells the operator to do (the recovery policy's).
+    pub(crate) remedy: String,
     /// The retention limits in force, `(retention_ms, retention_bytes)`: the config's at open,
     /// changed by [`Partition::set_retention`] while the partition is open.
     pub(crate) retention: RwLock<(Option<u64>, Option<u64>)>,
@@ -134,7 +140,31 @@ pub(crate) struct Shared {
     pub(crate) tail: Mutex<crate::tail::TailCache>,
     /// Retention and compaction replace segments; one at a time.
     pub(crate) maintenance: Mutex<()>,
+    /// Held from a change of `segments` to the manifest's rewrite that records it (a roll on
+    /// the sync thread, maintenance), so the manifest is always written from the segments as
+    /// they are and never lists a file that was deleted after it was written.
+    pub(crate) manifest: Mutex<()>,
     pub(crate) meters: crate::metrics::Meters,
+}
+
+impl Shared {
+    /// Rewrites the manifest from the segments as they are, leaving out `removed`, and with the
+    /// records of the segment compaction is rewriting (`rewritten`: its base offset and where
+    /// its new records end) ending there. Called with `manifest` held, up to the change of
+    /// `segments` it records.
+    pub(crate) fn write_manifest(&self, removed: &[u64], rewritten: Option<(u64, u64)>) -> std::io::Result<()> {
+        let manifest = {
+            let segments = self.segments.read().expect("segments lock");
+            Manifest::of(segments.values().filter(|segment| !removed.contains(&segment.base_offset)).map(|segment| {
+                let end = match rewritten {
+                    Some((base, end)) if base == segment.base_offset => end,
+                    _ => segment.next_offset(),
+                };
+                (segment.base_offset, end)
+            }))
+        };
+        manifest.write(&self.dir)
+    }
 }
 
 /// What a reader that goes on from where it stopped keeps between reads
@@ -305,11 +335,41 @@ impl Partition {
             }
         }
         bases.sort_unstable();
+        let compacted = config.compacted;
+        let manifest = match Manifest::read(dir) {
+            Ok(manifest) => Some(manifest),
+            Err(Unusable::Missing) => None,
+            Err(Unusable::Damaged(reason)) => {
+                tracing::warn!(
+                    partition = %label, %reason,
+                    "the segment manifest is unusable; it is rebuilt from the segment files, checked on their own this once"
+                );
+                None
+            }
+        };
+        let mut listed_closed = Vec::new();
+        if let Some(manifest) = &manifest {
+            let plan = crate::manifest::plan(manifest, &bases, compacted);
+            for &base in &plan.leftovers {
+                // Maintenance took these out of the partition, wrote the manifest, and stopped
+                // before it deleted them.
+                tracing::info!(partition = %label, base, "deleting a segment retention or compaction had already removed");
+                Segment::delete_leftover(dir, base).map_err(io_at(dir))?;
+            }
+            bases.retain(|base| !plan.leftovers.contains(base));
+            listed_closed = plan.closed;
+        }
         let mut report = RecoveryReport::default();
         let mut segments = BTreeMap::new();
+        let mut found = Vec::with_capacity(bases.len());
+        // Closed segments whose index was rebuilt by a scan: written once the open is sure to
+        // go ahead, so that a refused open changes no file.
+        let mut rebuilt = Vec::new();
         let mut previous_next: Option<u64> = None;
         for (i, &base) in bases.iter().enumerate() {
-            let is_tail = i + 1 == bases.len();
+            // A segment the manifest lists as closed is never the tail, even when the files
+            // after it are gone: its end was synced, so nothing there is a torn write to cut.
+            let is_tail = i + 1 == bases.len() && !listed_closed.contains(&base);
             let (segment, recovery) =
                 Segment::open(dir, base, config.index_interval_bytes, is_tail, storage, &options.recovery)?;
             if let Some(previous) = previous_next
@@ -324,16 +384,49 @@ impl Partition {
                 });
             }
             previous_next = Some(segment.next_offset());
+            found.push(Found { base_offset: base, records_end: segment.next_offset() });
             report.truncated_bytes += recovery.truncated_bytes;
             if recovery.truncated_at.is_some() {
                 report.truncated_at = recovery.truncated_at;
             }
             report.indexes_rebuilt += recovery.index_rebuilt as usize;
+            if recovery.index_rebuilt && !is_tail {
+                rebuilt.push(base);
+            }
             report.discarded.extend(recovery.discarded);
             segments.insert(base, Arc::new(segment));
         }
-        if segments.is_empty() {
-            segments.insert(0, Arc::new(Segment::create(dir, 0, config.index_interval_bytes, storage)?));
+        let missing = crate::manifest::check(manifest.as_ref(), &found, compacted);
+        if !missing.is_empty() {
+            if !options.recovery.discard_damaged {
+                return Err(OpenError::Missing(Box::new(Missing {
+                    path: dir.to_path_buf(),
+                    missing,
+                    remedy: options.recovery.remedy.to_string(),
+                })));
+            }
+            tracing::warn!(
+                partition = %label, missing = ?missing,
+                "accepted missing records (discard_damaged): reads skip their offsets, which are never given out again"
+            );
+            metrics::counter!(m::RECOVERY_MISSING_RANGES).increment(missing.len() as u64);
+            report.missing = missing;
+        }
+        // The active segment: the last file, unless the manifest lists it as closed (the newest
+        // segment is gone and the loss was accepted). Then a new one starts where the newest
+        // listed segment started, at least, so that its offsets are never given out again.
+        let newest_listed = manifest.as_ref().and_then(|manifest| manifest.segments.last()).map(|l| l.base_offset);
+        let tail_closed = bases.last().is_some_and(|base| listed_closed.contains(base));
+        if segments.is_empty() || tail_closed {
+            let base = previous_next.unwrap_or(0).max(newest_listed.unwrap_or(0));
+            segments.insert(base, Arc::new(Segment::create(dir, base, config.index_interval_bytes, storage)?));
+        }
+        for base in rebuilt {
+            segments[&base].persist_index(dir).map_err(io_at(dir))?;
+        }
+        let now = Manifest::of(segments.values().map(|segment| (segment.base_offset, segment.next_offset())));
+        if manifest.as_ref() != Some(&now) {
+            now.write(dir).map_err(io_at(dir.join(crate::manifest::MANIFEST_FILE)))?;
         }
         report.segments = segments.len();
         if let Some((position, reason)) = &report.truncated_at {
@@ -353,6 +446,7 @@ impl Partition {
             label,
             queue_credit: Arc::new(Semaphore::new(config.queue_bytes_max)),
             retention: RwLock::new((config.retention_ms, config.retention_bytes)),
+            remedy: options.recovery.remedy.to_string(),
             config,
             segments: RwLock::new(segments),
             next_offset: AtomicU64::new(next_offset),
@@ -363,6 +457,7 @@ impl Partition {
             queue_ready: Condvar::new(),
             tail: Mutex::new(crate::tail::TailCache::default()),
             maintenance: Mutex::new(()),
+            manifest: Mutex::new(()),
             meters: crate::metrics::Meters::register(),
         });
         let writer_shared = shared.clone();
@@ -615,6 +710,7 @@ impl Partition {
                             segment,
                             position: rest.position,
                             reason: reason.to_string(),
+                            remedy: self.shared.remedy.clone(),
                         });
                     }
                     Some(Ok(record)) => {
@@ -645,6 +741,7 @@ impl Partition {
                         segment: batch.segment.path.display().to_string(),
                         position: batch.position,
                         reason: reason.to_string(),
+                        remedy: self.shared.remedy.clone(),
                     },
                 )?;
                 if let Taken::Read(left) = taken {
@@ -696,7 +793,12 @@ impl Partition {
                 }
             });
             if let Err((position, reason)) = read {
-                return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
+                // What was read before the damage is answered; the next read, from the damaged
+                // batch, fails.
+                if !records.is_empty() {
+                    return Ok(records);
+                }
+                return Err(self.corrupt(&segment, position, reason));
             }
             if let (Some(ahead), Some(rest)) = (ahead.as_deref_mut(), stopped_in) {
                 ahead.rest = Some(rest);
@@ -739,7 +841,7 @@ impl Partition {
                 Ok(found.is_none())
             });
             if let Err((position, reason)) = read {
-                return Err(ReadError::Corrupt { segment: segment.path.display().to_string(), position, reason });
+                return Err(self.corrupt(&segment, position, reason));
             }
             if found.is_some() {
                 return Ok(found);
@@ -792,6 +894,24 @@ impl Partition {
 
     pub(crate) fn maintenance_lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.shared.maintenance.lock().expect("maintenance lock")
+    }
+
+    /// The error of a read that met a corrupt batch of `segment` at `position`.
+    pub(crate) fn corrupt(&self, segment: &Segment, position: u64, reason: String) -> ReadError {
+        ReadError::Corrupt {
+            segment: segment.path.display().to_string(),
+            position,
+            reason,
+            remedy: self.shared.remedy.clone(),
+        }
+    }
+
+    pub(crate) fn manifest_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared.manifest.lock().expect("manifest lock")
+    }
+
+    pub(crate) fn write_manifest(&self, removed: &[u64], rewritten: Option<(u64, u64)>) -> std::io::Result<()> {
+        self.shared.write_manifest(removed, rewritten)
     }
 
     /// All segments in offset order; the last one is the active segment.

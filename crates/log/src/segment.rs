@@ -68,7 +68,7 @@ pub(crate) struct SegmentMeta {
 }
 
 impl SegmentMeta {
-    fn empty(base_offset: u64) -> Self {
+    pub(crate) fn empty(base_offset: u64) -> Self {
         SegmentMeta {
             entries: Vec::new(),
             next_offset: base_offset,
@@ -78,7 +78,7 @@ impl SegmentMeta {
     }
 
     /// Notes a batch that starts at `position`, adding an index entry every `interval` bytes.
-    fn note_batch(&mut self, base_offset: u64, position: u64, header: &BatchHeader, interval: u64) {
+    pub(crate) fn note_batch(&mut self, base_offset: u64, position: u64, header: &BatchHeader, interval: u64) {
         if self.entries.is_empty() || position - self.last_entry_position >= interval {
             self.entries.push(IndexEntry {
                 relative_offset: (header.base_offset - base_offset) as u32,
@@ -154,7 +154,7 @@ impl Segment {
 
     /// Opens an existing segment. When its index files are intact and describe exactly the
     /// file's length (a clean close, or a segment closed by a roll), they are trusted and the
-    /// data is not read. Otherwise every batch is validated (header, CRC, records), and bytes
+    /// data is not read, unless `policy.discard_damaged` asks for every batch to be checked. Otherwise every batch is validated (header, CRC, records), and bytes
     /// that are not valid batches are dealt with as `recovery.rs` describes: the zero runway and
     /// a torn tail of the last segment (`is_tail`) are cut; damage is refused, or set aside
     /// under `policy.discard_damaged`. A segment other than the last was synced before the next
@@ -171,7 +171,11 @@ impl Segment {
         let mut recovery = Recovery::default();
         let mut file = storage.open(&path, false).map_err(io_at(&path))?;
         let mut file_bytes = file.size().map_err(io_at(&path))?;
-        let meta = match load_index(dir, base_offset, file_bytes) {
+        // Told to set damage aside, recovery reads every batch: damage under an intact index
+        // (bit rot after a clean close) is found only by reading, and is set aside now rather
+        // than met by a reader later.
+        let index = if policy.discard_damaged { None } else { load_index(dir, base_offset, file_bytes) };
+        let meta = match index {
             Some(meta) => meta,
             None => {
                 recovery.index_rebuilt = true;
@@ -243,9 +247,6 @@ impl Segment {
             meta: RwLock::new(meta),
             index_interval_bytes,
         };
-        if recovery.index_rebuilt && !is_tail {
-            segment.persist_index(dir).map_err(io_at(dir))?;
-        }
         Ok((segment, recovery))
     }
 
@@ -443,6 +444,14 @@ impl Segment {
         fs::remove_file(&self.path)
     }
 
+    /// Removes the files of a segment maintenance had already taken out of the partition (the
+    /// manifest no longer lists it) when it stopped before deleting them.
+    pub fn delete_leftover(dir: &Path, base_offset: u64) -> io::Result<()> {
+        Self::invalidate_index(dir, base_offset)?;
+        fs::remove_file(segment_file(dir, base_offset, LOG_SUFFIX))?;
+        sync_dir(dir)
+    }
+
     /// Removes the index files so a later open rebuilds them (called before the data changes).
     pub fn invalidate_index(dir: &Path, base_offset: u64) -> io::Result<()> {
         for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
@@ -472,7 +481,7 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Loads both index files if they are intact and describe exactly `file_bytes` bytes.
-fn load_index(dir: &Path, base_offset: u64, file_bytes: u64) -> Option<SegmentMeta> {
+pub(crate) fn load_index(dir: &Path, base_offset: u64, file_bytes: u64) -> Option<SegmentMeta> {
     let offsets = fs::read(segment_file(dir, base_offset, INDEX_SUFFIX)).ok()?;
     let times = fs::read(segment_file(dir, base_offset, TIME_INDEX_SUFFIX)).ok()?;
     let parse = |bytes: &[u8], magic: u32, entry_bytes: usize| -> Option<(u64, i64, usize)> {

@@ -40,6 +40,28 @@ pub fn validate_topic_name(name: &str) -> Result<(), String> {
 
 type PartitionMap = BTreeMap<(String, u32), Arc<Partition>>;
 
+/// The partition directories under the log directory `dir`, as (topic, partition, path), in
+/// order: each `{topic}/{partition}` that holds a `partition.conf`.
+pub fn partition_dirs(dir: &Path) -> std::io::Result<Vec<(String, u32, PathBuf)>> {
+    let mut found = Vec::new();
+    for topic in fs::read_dir(dir)? {
+        let topic = topic?;
+        let name = topic.file_name().to_string_lossy().into_owned();
+        if !topic.path().is_dir() || validate_topic_name(&name).is_err() {
+            continue;
+        }
+        for partition in fs::read_dir(topic.path())? {
+            let partition = partition?;
+            let Ok(index) = partition.file_name().to_string_lossy().parse::<u32>() else { continue };
+            if partition.path().join(CONFIG_FILE).exists() {
+                found.push((name.clone(), index, partition.path()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
 /// Settings of the log as a whole.
 #[derive(Clone, Debug)]
 pub struct LogOptions {
@@ -95,22 +117,7 @@ impl Log {
     pub fn open(dir: impl AsRef<Path>, options: LogOptions) -> Result<(Log, Vec<OpenedPartition>), OpenError> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(io_at(&dir))?;
-        let mut found = Vec::new();
-        for topic_entry in fs::read_dir(&dir).map_err(io_at(&dir))? {
-            let topic_entry = topic_entry.map_err(io_at(&dir))?;
-            let topic = topic_entry.file_name().to_string_lossy().into_owned();
-            if !topic_entry.path().is_dir() || validate_topic_name(&topic).is_err() {
-                continue;
-            }
-            for partition_entry in fs::read_dir(topic_entry.path()).map_err(io_at(topic_entry.path()))? {
-                let partition_entry = partition_entry.map_err(io_at(topic_entry.path()))?;
-                let Ok(index) = partition_entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-                if partition_entry.path().join(CONFIG_FILE).exists() {
-                    found.push((topic.clone(), index, partition_entry.path()));
-                }
-            }
-        }
-        found.sort();
+        let found = partition_dirs(&dir).map_err(io_at(&dir))?;
         let mut partitions = BTreeMap::new();
         let mut opened = Vec::new();
         let total = found.len();

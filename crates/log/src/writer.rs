@@ -411,7 +411,13 @@ fn publish(shared: &Shared, entries: Vec<Entry>) {
                 if let Err(error) = closed.persist_index(&shared.dir) {
                     tracing::warn!(partition = %shared.label, %error, "could not write a segment index; it will be rebuilt on open");
                 }
+                let _manifest = shared.manifest.lock().expect("manifest lock");
                 shared.segments.write().expect("segments lock").insert(next.base_offset, next);
+                // Not fatal: a manifest a roll behind still describes every segment it lists, and
+                // opening takes the new file as that roll.
+                if let Err(error) = shared.write_manifest(&[], None) {
+                    tracing::warn!(partition = %shared.label, %error, "could not rewrite the segment manifest after a roll");
+                }
                 continue;
             }
         };

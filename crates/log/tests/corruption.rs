@@ -351,6 +351,45 @@ fn damage_in_a_closed_segment_is_reported_not_cut() {
 }
 
 #[test]
+fn told_to_set_damage_aside_recovery_reads_past_an_intact_index() {
+    // Bit rot after a clean close: every index is intact, so an ordinary open reads no batch.
+    let dir = tempfile::tempdir().unwrap();
+    let (records, bases) = write_segmented(dir.path());
+    let victim = bases[1];
+    let (bad_at, bad) = batches_in(&segment_path(dir.path(), victim))[2];
+    let path = segment_path(dir.path(), victim);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[bad_at as usize + 52] ^= 0x04;
+    fs::write(&path, &bytes).unwrap();
+    let (partition, report) = Partition::open_existing(dir.path()).unwrap();
+    assert!(report.discarded.is_empty());
+    match partition.read(bad.base_offset, 1, usize::MAX) {
+        Err(error @ ReadError::Corrupt { .. }) => {
+            assert!(error.to_string().contains("What to do"), "the reader is told what to do: {error}");
+        }
+        other => panic!("a corrupt batch was served: {other:?}"),
+    }
+    partition.close();
+    drop(partition);
+
+    let options = PartitionOptions {
+        recovery: RecoveryPolicy { discard_damaged: true, ..RecoveryPolicy::default() },
+        ..PartitionOptions::default()
+    };
+    let (partition, report) = Partition::open_existing_with_options(dir.path(), &options).unwrap();
+    assert_eq!(report.discarded.len(), 1, "{report:?}");
+    assert_eq!(report.discarded[0].segment, path);
+    assert_eq!(fs::read(&report.discarded[0].copy).unwrap(), bytes, "the file as it was is kept");
+    let survivors: Vec<Record> = records
+        .iter()
+        .filter(|record| record.offset < bad.base_offset || record.offset >= bad.next_offset())
+        .cloned()
+        .collect();
+    assert_eq!(read_all(&partition), survivors);
+    assert_eq!(partition.end_offset(), records.len() as u64);
+}
+
+#[test]
 fn leftovers_of_interrupted_writes_are_removed() {
     let dir = tempfile::tempdir().unwrap();
     let (records, bases) = write_segmented(dir.path());
