@@ -36,6 +36,20 @@ pub enum Command {
     /// Run a benchmark and print its figures.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Check a data directory read-only: every batch's checksum, every index against its
+    /// segment, every segment boundary. Exits 1 when anything is damaged.
+    Check(CheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The data directory to check (the server's --data-dir) [default: ./onehop-data].
+    #[arg(long, env = "ONEHOP_DATA_DIR", value_name = "DIR", default_value = "./onehop-data")]
+    pub data_dir: PathBuf,
+
+    /// Print the report as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -8,8 +8,10 @@
 //!   cleanly on SIGINT/SIGTERM.
 //! - `sql`: `onehop sql` — send statements to a running server and print the answers.
 //! - `bench`: `onehop bench …` front ends to the harness in `onehop-bench`.
+//! - `check`: `onehop check` — a read-only check of a data directory's files.
 
 mod bench;
+mod check;
 mod cli;
 mod cluster;
 mod members;
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         cli::Command::Sql(args) => sql::run(args),
         cli::Command::Cluster(command) => members::run(command),
         cli::Command::Bench(command) => bench::run(command),
+        cli::Command::Check(args) => return check::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -316,8 +316,10 @@ fn log_options(settings: &Settings) -> LogOptions {
         maintenance_interval: settings.maintenance_interval,
         recovery: RecoveryPolicy {
             discard_damaged: settings.discard_damaged,
-            remedy: "restore the data directory from a backup, or start once with --discard-damaged to set the \
-                     damaged bytes aside (a copy of the file is kept beside it) and keep every valid batch"
+            remedy: "restore the data directory from a backup, or start once with --discard-damaged to accept \
+                     the loss: damaged bytes are set aside (a copy of the file is kept beside it), every valid \
+                     batch is kept, and no lost offset is given out again. `onehop check --data-dir DIR` (read-only) \
+                     lists every damaged batch and missing segment"
                 .into(),
             ..RecoveryPolicy::default()
         },

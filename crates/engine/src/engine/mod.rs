@@ -132,9 +132,10 @@ pub fn catalog_recovery(recover: bool) -> RecoveryPolicy {
         remedy: "this is onehop's catalog, the definitions of every stream, table and view; onehop does not \
                  start on a catalog it cannot read whole, since it could not tell which streams exist. The data of \
                  the streams is untouched. Start once with --recover-catalog to set the damaged bytes aside (a copy \
-                 of the file is kept beside it) and keep the definitions before them; each stream or table they \
-                 no longer define stays on disk, listed as orphaned, until it is defined again (CREATE STREAM, \
-                 CREATE TABLE or your schema file), which takes its data back"
+                 of the file is kept beside it; every batch of the catalog is read, also under an intact index) and \
+                 keep the definitions before them; each stream or table they no longer define stays on disk, \
+                 listed as orphaned, until it is defined again (CREATE STREAM, CREATE TABLE or your schema file), \
+                 which takes its data back"
             .into(),
     }
 }

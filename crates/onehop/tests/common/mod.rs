@@ -484,6 +484,24 @@ impl RawSse {
         Ok(RawSse { reader })
     }
 
+    /// The next event's name (`message` when it has none) and data, or `None` when the response
+    /// ends first.
+    pub fn next_event(&mut self) -> Option<(String, serde_json::Value)> {
+        let (mut name, mut line) = (None, String::new());
+        loop {
+            line.clear();
+            if self.reader.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            if let Some(value) = line.strip_prefix("event: ") {
+                name = Some(value.trim().to_string());
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                let name = name.take().unwrap_or_else(|| "message".into());
+                return Some((name, serde_json::from_str(data.trim()).unwrap()));
+            }
+        }
+    }
+
     /// The next record event's id and data (chunked transfer framing lines are skipped).
     pub fn next(&mut self) -> (String, serde_json::Value) {
         let (mut id, mut line) = (None, String::new());

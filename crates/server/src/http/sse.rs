@@ -215,6 +215,18 @@ pub async fn subscribe(
     Ok(response)
 }
 
+/// The last event of a subscription that cannot go on: the error, as the HTTP API words it, and
+/// where a resume would start (`resume_id`: at the record that could not be read, for one that
+/// tries again once the damage is repaired).
+fn error_event(error: &ApiError, positions: &[u64]) -> Bytes {
+    let id = resume_id(positions);
+    let mut body = serde_json::json!({ "error": { "code": error.code, "message": error.message }, "resume_id": id });
+    if let Some(hint) = &error.hint {
+        body["error"]["hint"] = serde_json::Value::String(hint.clone());
+    }
+    Bytes::from(format!("id: {id}\nevent: error\ndata: {body}\n\n"))
+}
+
 /// The next piece of the response: a snapshot row, an event or a keep-alive.
 async fn next_chunk(feed: Option<Feed>) -> Option<(Result<Bytes, Infallible>, Option<Feed>)> {
     let mut feed = feed?;
@@ -246,10 +258,15 @@ async fn next_chunk(feed: Option<Feed>) -> Option<(Result<Bytes, Infallible>, Op
     };
     let delivery = match delivery {
         Err(error) => {
-            // The server is stopping, storage failed or the stream was dropped: end the
-            // response; the client resumes.
-            tracing::debug!(%error, "subscription ended");
-            return None;
+            // Storage failed (a damaged batch), or the stream was dropped: say why in a last
+            // event, with where to resume, and end the response.
+            let error = ApiError::from(error);
+            if error.status.is_server_error() {
+                tracing::error!(code = error.code, message = %error.message, "a subscription ended on an error");
+            } else {
+                tracing::debug!(code = error.code, message = %error.message, "a subscription ended");
+            }
+            return Some((Ok(error_event(&error, cursor.positions())), None));
         }
         Ok(delivery) => delivery,
     };
