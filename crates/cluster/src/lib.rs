@@ -545,6 +545,12 @@ impl<A: Applier> Node<A> {
         self.inner.id
     }
 
+    /// Whether the snapshot openraft reports (its metrics' `snapshot`) is one this process took
+    /// on the schedule; until it takes one, it is the state the node restarted from.
+    pub fn snapshot_taken(&self) -> bool {
+        self.progress.snapshot_taken()
+    }
+
     /// Makes `members` (this node among them) a new cluster. Once any node of a cluster has
     /// been bootstrapped, bootstrapping again (on it or another member) changes nothing.
     ///

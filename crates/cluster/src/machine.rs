@@ -138,6 +138,7 @@ impl<A: Applier> Machine<A> {
             applied: applied.clone(),
             dir: dir.clone(),
             persisted: Arc::new(tokio::sync::Mutex::new(None)),
+            taken: Default::default(),
         };
         Ok(Machine {
             applier,
@@ -168,6 +169,9 @@ pub struct Progress<A> {
     applied: Arc<Mutex<Applied>>,
     dir: PathBuf,
     persisted: Arc<tokio::sync::Mutex<Option<LogId<u64>>>>,
+    /// Whether this process took a snapshot on the schedule yet: until then, the snapshot
+    /// openraft knows of is the state this node restarted from.
+    taken: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<A> Clone for Progress<A> {
@@ -177,6 +181,7 @@ impl<A> Clone for Progress<A> {
             applied: self.applied.clone(),
             dir: self.dir.clone(),
             persisted: self.persisted.clone(),
+            taken: self.taken.clone(),
         }
     }
 }
@@ -214,6 +219,11 @@ impl<A: Applier> Progress<A> {
         })
     }
 
+    /// Whether this process took a snapshot yet (see the field).
+    pub fn snapshot_taken(&self) -> bool {
+        self.taken.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The index of the last command applied on this node.
     pub fn last_applied(&self) -> Option<u64> {
         self.applied.lock().expect("applied lock").last.map(|id| id.index)
@@ -240,6 +250,7 @@ impl<A: Applier> RaftSnapshotBuilder<TypeConfig> for Builder<A> {
         self.progress.persist().await.map_err(snapshot_error)?;
         let last = self.captured.last.ok_or_else(|| snapshot_error("nothing was applied yet"))?;
         tracing::info!(index = last.index, "snapshot taken: the Raft log before it may be purged");
+        self.progress.taken.store(true, std::sync::atomic::Ordering::Relaxed);
         let meta = SnapshotMeta {
             last_log_id: Some(last),
             last_membership: self.captured.membership.clone(),

@@ -1,6 +1,6 @@
 //! The nodes' own protocol: Raft's RPCs and forwarded proposals over TCP.
 //!
-//! A frame is `[length u32 LE][request id u64 LE][postcard message]`; a reply carries its
+//! A frame is `[length u32 LE][request id u64 LE][format u8][postcard message]`; a reply carries its
 //! request's id, so one connection carries many forwarded proposals at once. Raft's RPCs to one
 //! peer go one at a time (openraft sends them so) on a connection of their own. A frame longer
 //! than [`FRAME_BYTES_MAX`] or a message that does not decode closes the connection.
@@ -139,12 +139,29 @@ fn spawn_writer(
     })
 }
 
+/// The format of every message between nodes, its first byte (docs/cluster.md, "Formats"):
+/// the rest is postcard. A node refuses a message of another format, naming it, so nodes of
+/// two releases that changed it never misread each other.
+const MESSAGE_FORMAT: u8 = 1;
+
 fn encode<T: Serialize>(message: &T) -> Vec<u8> {
-    postcard::to_allocvec(message).expect("cluster messages always encode")
+    postcard::to_extend(message, vec![MESSAGE_FORMAT]).expect("cluster messages always encode")
 }
 
 fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> io::Result<T> {
-    postcard::from_bytes(bytes).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+    match bytes.split_first() {
+        Some((&MESSAGE_FORMAT, rest)) => {
+            postcard::from_bytes(rest).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+        }
+        Some((format, _)) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a message in format {format} from another node (this one speaks {MESSAGE_FORMAT}): every node of a \
+                 cluster runs one release"
+            ),
+        )),
+        None => Err(io::Error::new(io::ErrorKind::InvalidData, "an empty message")),
+    }
 }
 
 /// Serves other nodes' requests on `listener` until the task is aborted; aborting it closes

@@ -1,9 +1,11 @@
 //! The Raft log on disk: what a node has accepted from a leader, in index order, durable before
 //! openraft is told so.
 //!
-//! A directory of segment files, `segment-<first index>.log`, each a run of frames
+//! A directory of segment files, `segment-<first index>.log`, each an 8-byte header (`OHRL`,
+//! the format as a u16 LE, two zero bytes) and a run of frames
 //! `[length u32 LE][crc32c u32 LE][postcard entry]`, plus `vote` (the node's vote) and `purged`
-//! (the last entry removed from the front). One [`LogStore::append`] writes every entry it is
+//! (the last entry removed from the front). docs/cluster.md ("The Raft log on disk") is the
+//! format's description, with what each format changed. One [`LogStore::append`] writes every entry it is
 //! given and fdatasyncs once: openraft hands over, in one call, every entry proposed while the
 //! previous call was on disk, so this is group commit at the Raft layer.
 //!
@@ -54,21 +56,109 @@ fn read_error(error: io::Error) -> Error {
     io_error(StorageIOError::read_logs, error)
 }
 
-/// Why a Raft log directory cannot be opened.
+/// The first bytes of every segment this release writes.
+const SEGMENT_MAGIC: [u8; 4] = *b"OHRL";
+/// Bytes of a segment's header: the magic, the format (u16 LE) and two zero bytes.
+pub const SEGMENT_HEADER_BYTES: usize = 8;
+/// The format this release writes. 1: each segment starts with its header, and the body of
+/// each normal entry's command starts with the applier's own format byte. 0: a segment from
+/// before formats were numbered, with no header (its first four bytes are a frame's length,
+/// never the magic: as a length, `OHRL` is past [`FRAME_BYTES_MAX`]); its entries are read as
+/// format 1 with [`UNNUMBERED_BODY`] put before each command's body.
+pub const FORMAT: u16 = 1;
+/// The format byte given to the body of a command read from a format 0 segment, written
+/// before bodies carried one.
+pub const UNNUMBERED_BODY: u8 = 0;
+
+/// What to do when the Raft log of one node cannot be trusted.
+const REPLACE_NODE: &str = "What to do: the other nodes hold the cluster's log. Stop this node, move its whole data \
+     directory aside (keep it until the node has caught up), and start the node again with an empty one, with the \
+     same --node-id and addresses: it waits for the leader, installs the leader's snapshot and catches up. On a \
+     single node, or when most nodes are damaged, restore the data directory from a backup instead.";
+
+/// Why a Raft log directory cannot be opened. Each error names the file and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenLogError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {source}. Check the disk and the directory's permissions, then start again")]
     Io { path: PathBuf, source: io::Error },
-    #[error("{path}: damaged at byte {position} ({reason}) and valid entries follow; refusing to cut them")]
+    #[error(
+        "{path}: damaged at byte {position} ({reason}), and valid entries follow or newer segments do, so this \
+         is not the torn end of an interrupted append; nothing was cut, since entries after it may have been \
+         acknowledged. {REPLACE_NODE}"
+    )]
     Damaged { path: PathBuf, position: u64, reason: String },
-    #[error("{path}: holds entry {found} where entry {expected} belongs")]
+    #[error(
+        "{path}: holds entry {found} where entry {expected} belongs: a segment of the Raft log is missing or \
+         out of place. {REPLACE_NODE}"
+    )]
     Gap { path: PathBuf, expected: u64, found: u64 },
+    #[error(
+        "{path}, this node's {what}, cannot be read ({reason}); without it the node could vote twice in a term \
+         or lose track of its log. {REPLACE_NODE}"
+    )]
+    Unreadable { path: PathBuf, what: &'static str, reason: String },
+    #[error(
+        "{path}: Raft log format {found}, written by a newer onehop; this one reads formats up to {FORMAT}. \
+         Start the node with the release that wrote it, or a newer one"
+    )]
+    NewerFormat { path: PathBuf, found: u16 },
+}
+
+/// What the start of a segment file says of its format.
+enum Header {
+    /// Format 0: frames from byte 0.
+    Unnumbered,
+    Format(u16),
+    /// Shorter than a header, and all of it a header's start (or empty): a segment whose
+    /// creation a crash interrupted, holding no entry.
+    Torn,
+    /// The magic, and bytes a header never holds.
+    Bad,
+}
+
+fn header_of(bytes: &[u8]) -> Header {
+    let header = segment_header();
+    if bytes.len() < SEGMENT_HEADER_BYTES && bytes.len() <= SEGMENT_MAGIC.len() && SEGMENT_MAGIC.starts_with(bytes) {
+        return Header::Torn;
+    }
+    if !bytes.starts_with(&SEGMENT_MAGIC) {
+        return Header::Unnumbered;
+    }
+    if bytes.len() < SEGMENT_HEADER_BYTES {
+        return if header.starts_with(bytes) { Header::Torn } else { Header::Bad };
+    }
+    match (u16::from_le_bytes([bytes[4], bytes[5]]), [bytes[6], bytes[7]]) {
+        (format, [0, 0]) => Header::Format(format),
+        _ => Header::Bad,
+    }
+}
+
+fn segment_header() -> [u8; SEGMENT_HEADER_BYTES] {
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    header[..4].copy_from_slice(&SEGMENT_MAGIC);
+    header[4..6].copy_from_slice(&FORMAT.to_le_bytes());
+    header
+}
+
+/// An entry read from a segment of `format`, as this release reads it.
+fn as_current(mut entry: Entry<TypeConfig>, format: u16) -> Entry<TypeConfig> {
+    if format == 0
+        && let openraft::EntryPayload::Normal(command) = &mut entry.payload
+    {
+        let mut body = Vec::with_capacity(command.body.len() + 1);
+        body.push(UNNUMBERED_BODY);
+        body.extend_from_slice(&command.body);
+        command.body = body.into();
+    }
+    entry
 }
 
 struct Segment {
     first: u64,
     path: PathBuf,
     file: File,
+    /// The format its header names (0: none).
+    format: u16,
     /// Byte position of each entry: entry `first + i` starts at `positions[i]`.
     positions: Vec<u64>,
     len: u64,
@@ -111,11 +201,11 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Resu
     sync_dir(dir)
 }
 
-fn read_optional<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, OpenLogError> {
+fn read_optional<T: serde::de::DeserializeOwned>(path: &Path, what: &'static str) -> Result<Option<T>, OpenLogError> {
     match fs::read(path) {
-        Ok(bytes) => postcard::from_bytes(&bytes).map(Some).map_err(|error| OpenLogError::Damaged {
+        Ok(bytes) => postcard::from_bytes(&bytes).map(Some).map_err(|error| OpenLogError::Unreadable {
             path: path.to_owned(),
-            position: 0,
+            what,
             reason: error.to_string(),
         }),
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -162,8 +252,9 @@ impl LogStore {
             move |source| OpenLogError::Io { path, source }
         };
         crate::sys::create_dir_durably(&dir).map_err(at(&dir))?;
-        let vote = read_optional::<Vote<u64>>(&dir.join("vote"))?;
-        let last_purged = read_optional::<Option<LogId<u64>>>(&dir.join("purged"))?.flatten();
+        let vote = read_optional::<Vote<u64>>(&dir.join("vote"), "vote in the current term")?;
+        let last_purged =
+            read_optional::<Option<LogId<u64>>>(&dir.join("purged"), "record of the entries it purged")?.flatten();
 
         let mut firsts = Vec::new();
         for item in fs::read_dir(&dir).map_err(at(&dir))? {
@@ -185,11 +276,28 @@ impl LogStore {
         for (n, first) in firsts.into_iter().enumerate() {
             let path = segment_path(&dir, first);
             let bytes = fs::read(&path).map_err(at(&path))?;
+            let (format, start) = match header_of(&bytes) {
+                Header::Unnumbered => (0, 0),
+                Header::Format(format) if format <= FORMAT => (format, SEGMENT_HEADER_BYTES),
+                Header::Format(found) => return Err(OpenLogError::NewerFormat { path, found }),
+                Header::Torn if n + 1 == count => {
+                    // The newest segment, created by an append that a crash interrupted before
+                    // anything it wrote was durable: it holds no entry.
+                    fs::remove_file(&path).map_err(at(&path))?;
+                    sync_dir(&dir).map_err(at(&dir))?;
+                    continue;
+                }
+                Header::Torn | Header::Bad => {
+                    let reason = "a segment header that is not whole".to_string();
+                    return Err(OpenLogError::Damaged { path, position: 0, reason });
+                }
+            };
             let mut positions = Vec::new();
-            let mut position = 0usize;
+            let mut position = start;
             while position < bytes.len() {
                 match decode_frame(&bytes[position..]) {
                     Ok((entry, len)) => {
+                        let entry = as_current(entry, format);
                         let expected = first + positions.len() as u64;
                         if entry.log_id.index != expected {
                             return Err(OpenLogError::Gap { path, expected, found: entry.log_id.index });
@@ -230,7 +338,7 @@ impl LogStore {
             }
             let file = OpenOptions::new().read(true).append(true).open(&path).map_err(at(&path))?;
             let len = position as u64;
-            segments.insert(first, Segment { first, path, file, positions, len });
+            segments.insert(first, Segment { first, path, file, format, positions, len });
         }
         // Entries at or before the purge point are gone even where their segment remains.
         cache.retain(|(entry, _)| last_purged.is_none_or(|purged| entry.log_id.index > purged.index));
@@ -283,7 +391,7 @@ impl LogStore {
             segment.file.read_exact_at(&mut frame, position)?;
             let (entry, _) =
                 decode_frame(&frame).map_err(|reason| io::Error::new(io::ErrorKind::InvalidData, reason))?;
-            entries.push(entry);
+            entries.push(as_current(entry, segment.format));
             bytes += frame.len();
             index += 1;
         }
@@ -299,14 +407,20 @@ impl LogStore {
         for entry in entries {
             let frame = encode_frame(&entry);
             let index = entry.log_id.index;
+            // A segment of an earlier format is never appended to: what is appended is in
+            // this release's format, from a header on.
             let roll = match inner.segments.values().last() {
                 None => true,
-                Some(segment) => segment.len >= SEGMENT_BYTES,
+                Some(segment) => segment.len >= SEGMENT_BYTES || segment.format != FORMAT,
             };
             if roll {
                 let path = segment_path(&inner.dir, index);
-                let file = OpenOptions::new().read(true).append(true).create(true).open(&path)?;
-                inner.segments.insert(index, Segment { first: index, path, file, positions: Vec::new(), len: 0 });
+                let mut file = OpenOptions::new().read(true).append(true).create_new(true).open(&path)?;
+                file.write_all(&segment_header())?;
+                let len = SEGMENT_HEADER_BYTES as u64;
+                let segment = Segment { first: index, path, file, format: FORMAT, positions: Vec::new(), len };
+                inner.segments.insert(index, segment);
+                touched.push(index);
                 rolled = true;
             }
             let segment = inner.segments.values_mut().last().expect("a segment was just made");

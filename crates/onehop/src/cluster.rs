@@ -169,6 +169,9 @@ impl onehop_server::http::ClusterStatus for Status {
             "last_log_index": metrics.last_log_index,
             "last_applied": metrics.last_applied.map(|id| id.index),
             "snapshot_index": metrics.snapshot.map(|id| id.index),
+            // After a restart and before the first scheduled snapshot, openraft's snapshot is the
+            // state this node restarted from (docs/cluster.md).
+            "snapshot_is": metrics.snapshot.map(|_| if self.0.snapshot_taken() { "taken" } else { "restarted_from" }),
             "purged_index": metrics.purged.map(|id| id.index),
         })
     }

@@ -43,7 +43,10 @@ fn render(view: &Value) -> String {
         members.join(","),
         number(&view["last_log_index"]),
         number(&view["last_applied"]),
-        number(&view["snapshot_index"]),
+        match view["snapshot_is"].as_str() {
+            Some("restarted_from") => format!("{} (restarted from)", number(&view["snapshot_index"])),
+            _ => number(&view["snapshot_index"]),
+        },
         number(&view["purged_index"]),
     )
 }

@@ -507,8 +507,30 @@ enum Outcome {
     },
 }
 
+/// The format of every request, command and answer replication encodes, its first byte
+/// (docs/cluster.md, "Formats"): the rest is postcard. A release that changes an encoding
+/// writes a new format and still reads the earlier ones, which the Raft log keeps.
+const WIRE_FORMAT: u8 = 1;
+/// The first byte of a command read from a Raft log segment written before commands carried a
+/// format (the cluster's `UNNUMBERED_BODY`): encoded as format 1 is.
+const UNNUMBERED_FORMAT: u8 = 0;
+
 fn encode<T: Serialize>(value: &T) -> Bytes {
-    Bytes::from(postcard::to_allocvec(value).expect("replicated messages always encode"))
+    Bytes::from(postcard::to_extend(value, vec![WIRE_FORMAT]).expect("replicated messages always encode"))
+}
+
+/// Decodes what [`encode`] made (`what` names it in the error).
+fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T, String> {
+    match bytes.split_first() {
+        Some((&(WIRE_FORMAT | UNNUMBERED_FORMAT), rest)) => {
+            postcard::from_bytes(rest).map_err(|error| format!("{what} that does not decode: {error}"))
+        }
+        Some((format, _)) => Err(format!(
+            "{what} in format {format}, from a newer onehop (this one reads formats up to {WIRE_FORMAT}): every node of \
+             a cluster runs one release"
+        )),
+        None => Err(format!("{what} with no bytes")),
+    }
 }
 
 fn refused(error: &EngineError) -> Bytes {
@@ -704,8 +726,8 @@ impl Engine {
     /// On the cluster's leader, in submission order: turns a request into the command every
     /// node applies, or refuses it (`Err`: the encoded refusal; nothing is written).
     pub fn prepare_replicated(&self, request: &[u8]) -> Result<Bytes, Bytes> {
-        let request: Request = postcard::from_bytes(request)
-            .map_err(|error| refused(&EngineError::Internal(format!("a request that does not decode: {error}"))))?;
+        let request: Request =
+            decode(request, "a request").map_err(|reason| refused(&EngineError::Internal(reason)))?;
         let request = match request {
             Request::Fenced { term, request } => {
                 let leading = self.predictions.lock().expect("predictions lock").term;
@@ -714,9 +736,7 @@ impl Engine {
                         "decided by the leader of term {term}, which no longer leads; nothing was written"
                     )))));
                 }
-                postcard::from_bytes(&request).map_err(|error| {
-                    refused(&EngineError::Internal(format!("a fenced request that does not decode: {error}")))
-                })?
+                decode(&request, "a fenced request").map_err(|reason| refused(&EngineError::Internal(reason)))?
             }
             request => request,
         };
@@ -1083,8 +1103,8 @@ impl Engine {
     /// applies a write again over a state where a later drop removed what it wrote to. Only
     /// the command's variant is read.
     pub fn is_replicated_barrier(command: &[u8]) -> bool {
-        // postcard writes an enum's variant index first, as a varint.
-        !matches!(postcard::take_from_bytes::<u32>(command), Ok((0 | 2 | 12 | 14, _)))
+        // After the format byte, postcard writes an enum's variant index first, as a varint.
+        !matches!(command.get(1..).map(postcard::take_from_bytes::<u32>), Some(Ok((0 | 2 | 12 | 14, _))))
     }
 
     /// On a node that became the cluster's leader, once it applied every earlier command: the
@@ -1129,8 +1149,7 @@ impl Engine {
     /// (storage, or a command that does not fit what it holds): the node must stop.
     /// `index` is the command's place in the cluster's log.
     pub async fn apply_replicated(&self, index: u64, command: &[u8]) -> Result<Bytes, String> {
-        let command: Command =
-            postcard::from_bytes(command).map_err(|error| format!("a command that does not decode: {error}"))?;
+        let command: Command = decode(command, "a command")?;
         match command {
             Command::CreateStream(def) => Ok(match self.create_stream_here(def.into()).await {
                 Ok(_) => encode(&Outcome::Created),
@@ -1727,8 +1746,7 @@ const DDL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The outcome in a leader's answer.
 fn outcome(answer: Result<Bytes, String>) -> Result<Outcome, EngineError> {
     let answer = answer.map_err(AppendError::Unconfirmed)?;
-    postcard::from_bytes(&answer)
-        .map_err(|error| EngineError::Internal(format!("an answer from the cluster that does not decode: {error}")))
+    decode(&answer, "an answer from the cluster").map_err(EngineError::Internal)
 }
 
 /// Submits `request` and waits for the leader's outcome.
@@ -1848,7 +1866,7 @@ mod tests {
                 groups: vec![(0, vec![record.clone(), record.clone()])],
             })
         };
-        let base = |prepared: Result<Bytes, Bytes>| match postcard::from_bytes(&prepared.expect("prepared")).unwrap() {
+        let base = |prepared: Result<Bytes, Bytes>| match decode(&prepared.expect("prepared"), "a command").unwrap() {
             Command::TransformWrite { to, appends, .. } => (to, appends[0].base_offset),
             _ => panic!("not a transform's batch"),
         };
@@ -1890,13 +1908,12 @@ mod tests {
         engine.stream_or_create("orders").await.unwrap();
         let records = [NewRecord::value("a")];
         let publish = |term| publish_request("orders", Some(0), &records, term);
-        let offset = |prepared: Result<Bytes, Bytes>| match postcard::from_bytes(&prepared.expect("prepared")).unwrap()
-        {
+        let offset = |prepared: Result<Bytes, Bytes>| match decode(&prepared.expect("prepared"), "a command").unwrap() {
             Command::Publish { appends, .. } => appends[0].base_offset,
             _ => panic!("not a publish"),
         };
         let refusal =
-            |prepared: Result<Bytes, Bytes>| match postcard::from_bytes(&prepared.expect_err("refused")).unwrap() {
+            |prepared: Result<Bytes, Bytes>| match decode(&prepared.expect_err("refused"), "an answer").unwrap() {
                 Outcome::Refused(refusal) => EngineError::from(refusal).kind(),
                 _ => panic!("not a refusal"),
             };
