@@ -92,6 +92,11 @@ pub enum EngineError {
         limit: &'static str,
         value: u64,
     },
+    /// Too many failed logins from this address (or for this user from it): refused without a
+    /// check for `retry_after_ms` ([`crate::access::failed_logins`]).
+    LoginThrottled {
+        retry_after_ms: u64,
+    },
     /// A change a cluster does not replicate yet (`what` names it): it would exist on one node
     /// only.
     NotReplicated(&'static str),
@@ -182,6 +187,9 @@ impl EngineError {
                 let rate = if limit.ends_with("per_second") { " (a second's worth at once)" } else { "" };
                 format!("user {user:?} is at its limit {limit} = {value}{rate}")
             }
+            EngineError::LoginThrottled { retry_after_ms } => {
+                format!("too many failed logins from this address: try again in {} s", retry_after_ms.div_ceil(1000))
+            }
             EngineError::NotReplicated(what) => format!("{what} is not replicated in a cluster yet"),
             EngineError::Internal(reason) => format!("internal error: {reason}"),
         }
@@ -189,6 +197,14 @@ impl EngineError {
 
     /// What to do about it, when something can be done: the statement that creates what is
     /// missing, the way around a clash.
+    /// When the client may try again, for a refusal that says so.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            EngineError::LoginThrottled { retry_after_ms } => Some(*retry_after_ms),
+            _ => None,
+        }
+    }
+
     pub fn hint(&self) -> Option<String> {
         Some(match self {
             EngineError::UnknownStream { name, auto_create } => unknown_stream_hint(name, *auto_create),
@@ -225,6 +241,11 @@ impl EngineError {
             }
             EngineError::LimitExceeded { .. } => {
                 "close one first; a superuser can raise it (ALTER USER … SET LIMITS (…))".to_string()
+            }
+            EngineError::LoginThrottled { .. } => {
+                "each further failure from this address doubles the wait, up to a minute; the right password from \
+                 another address is not held up (docs/security.md)"
+                    .to_string()
             }
             EngineError::Unindexed { table, fields } => {
                 let first = fields.first().map(String::as_str).unwrap_or("field");
@@ -320,7 +341,7 @@ impl EngineError {
             EngineError::PreconditionFailed { .. } => Kind::PreconditionFailed,
             EngineError::Unauthenticated(_) => Kind::Unauthenticated,
             EngineError::Forbidden { .. } | EngineError::NotSuperuser { .. } => Kind::Forbidden,
-            EngineError::LimitExceeded { .. } => Kind::LimitExceeded,
+            EngineError::LimitExceeded { .. } | EngineError::LoginThrottled { .. } => Kind::LimitExceeded,
             EngineError::Internal(_) => Kind::Internal,
         }
     }
@@ -361,6 +382,7 @@ impl EngineError {
             EngineError::Unauthenticated(_) => "unauthenticated",
             EngineError::Forbidden { .. } | EngineError::NotSuperuser { .. } => "forbidden",
             EngineError::LimitExceeded { .. } => "limit_exceeded",
+            EngineError::LoginThrottled { .. } => "login_throttled",
             EngineError::Internal(_) => "internal",
         }
     }

@@ -452,6 +452,76 @@ enum Phase {
     Live { thresholds: Vec<u64> },
 }
 
+/// What a subscription's principal was allowed to read when it opened, checked again whenever
+/// access changes (a grant revoked, a user or token dropped) and when the principal's token
+/// expires: a cursor no longer allowed ends with the refusal instead of its next record.
+pub struct Authorization {
+    access: Arc<crate::Access>,
+    principal: crate::Principal,
+    kind: crate::ObjectKind,
+    name: String,
+    subject: Option<String>,
+    /// The access generation the last check read.
+    generation: u64,
+    changes: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Authorization {
+    pub(crate) fn new(
+        access: Arc<crate::Access>,
+        principal: crate::Principal,
+        kind: crate::ObjectKind,
+        name: &str,
+        subject: Option<&str>,
+    ) -> Authorization {
+        let mut changes = access.changes();
+        let generation = *changes.borrow_and_update();
+        Authorization {
+            access,
+            principal,
+            kind,
+            name: name.to_string(),
+            subject: subject.map(str::to_string),
+            generation,
+            changes,
+        }
+    }
+
+    /// Checks again, when access changed since the last check or the token expired.
+    fn check(&mut self) -> Result<(), EngineError> {
+        let generation = self.access.generation();
+        let expired = self.principal.expires_ms().is_some_and(|expires| crate::access::now_ms() >= expires);
+        if generation == self.generation && !expired {
+            return Ok(());
+        }
+        self.access.refresh(&mut self.principal)?;
+        self.access.authorize_subscription(&self.principal, self.kind, &self.name, self.subject.as_deref())?;
+        self.generation = generation;
+        Ok(())
+    }
+
+    /// Resolves at the next change to access, or when the principal's token expires.
+    async fn changed(&mut self) {
+        let expiry = self.principal.expires_ms().map(|expires| {
+            let left = expires.saturating_sub(crate::access::now_ms());
+            tokio::time::Instant::now() + std::time::Duration::from_millis(left)
+        });
+        let expired = async {
+            match expiry {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = self.changes.changed() => if changed.is_err() {
+                // The engine is closing: no more changes.
+                std::future::pending::<()>().await;
+            },
+            () = expired => {}
+        }
+    }
+}
+
 /// A subscription to a stream from given positions on: history from the log, then live events
 /// from the hub, with no gap and no duplicate between the two.
 pub struct Cursor {
@@ -477,6 +547,8 @@ pub struct Cursor {
     carry_on: bool,
     /// How many times this cursor fell behind the live feed and read on from the log.
     carried_on: u64,
+    /// Checked before each delivery and on every change to access, when set.
+    authorization: Option<Authorization>,
 }
 
 impl Cursor {
@@ -517,6 +589,7 @@ impl Cursor {
             ahead,
             carry_on: false,
             carried_on: 0,
+            authorization: None,
         })
     }
 
@@ -534,6 +607,13 @@ impl Cursor {
     /// bounded queue plus one read step for it.
     pub fn carry_on(mut self) -> Cursor {
         self.carry_on = true;
+        self
+    }
+
+    /// Delivers only while `authorization` holds: once it no longer does, [`Cursor::next`]
+    /// answers the refusal.
+    pub(crate) fn authorized(mut self, authorization: Authorization) -> Cursor {
+        self.authorization = Some(authorization);
         self
     }
 
@@ -599,6 +679,9 @@ impl Cursor {
     /// The next matching record, waiting for one to be committed if need be.
     pub async fn next(&mut self) -> Result<Delivery, EngineError> {
         loop {
+            if let Some(authorization) = &mut self.authorization {
+                authorization.check()?;
+            }
             if self.stream.successor().is_some() {
                 self.follow_successor();
             }
@@ -663,9 +746,17 @@ impl Cursor {
                             if stream.successor().is_some() {
                                 continue;
                             }
+                            let access_changed = async {
+                                match &mut self.authorization {
+                                    Some(authorization) => authorization.changed().await,
+                                    None => std::future::pending().await,
+                                }
+                            };
                             tokio::select! {
                                 received = live.receiver.recv() => received,
                                 () = superseded => continue,
+                                // Checked again at the top of the loop.
+                                () = access_changed => continue,
                             }
                         }
                     };

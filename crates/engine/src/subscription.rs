@@ -9,7 +9,9 @@
 //!
 //! A subscription opens once its principal may read what it follows: a grant on the object,
 //! or, for a stream, a topic grant covering the subscription's subject filter
-//! ([`crate::Access::authorize_subscription`]).
+//! ([`crate::Access::authorize_subscription`]). It is checked again at every change to access
+//! and when the principal's token expires, and ends with the refusal once it no longer holds
+//! ([`crate::hub::Authorization`]): every protocol's subscriber ends so, in its own words.
 
 use std::sync::Arc;
 
@@ -100,8 +102,8 @@ impl Engine {
         start: Start,
     ) -> Result<Opened, EngineError> {
         let (kind, name) = target.object();
-        let subject = filter.subject.as_ref().map(crate::subject::SubjectFilter::as_str);
-        self.access().authorize_subscription(principal, kind, name, subject)?;
+        let subject = filter.subject.as_ref().map(|subject| subject.as_str().to_string());
+        self.access().authorize_subscription(principal, kind, name, subject.as_deref())?;
         if let Target::Row { id: key, .. } | Target::View { key: Some(key), .. } = target {
             filter.key = Some(bytes::Bytes::from(key.clone()));
         }
@@ -149,7 +151,11 @@ impl Engine {
                 }
             }
         };
-        let cursor = Cursor::new(self.hub().clone(), stream.clone(), Arc::new(filter), positions)?.carry_on();
+        let authorization =
+            crate::hub::Authorization::new(self.shared_access(), principal.clone(), kind, name, subject.as_deref());
+        let cursor = Cursor::new(self.hub().clone(), stream.clone(), Arc::new(filter), positions)?
+            .carry_on()
+            .authorized(authorization);
         Ok(Opened { stream, snapshot, cursor })
     }
 }

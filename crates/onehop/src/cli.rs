@@ -219,6 +219,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_CONNECTIONS_MAX", value_name = "N")]
     pub connections_max: Option<usize>,
 
+    /// Most topic filters one MQTT connection may be subscribed to; one more is refused in its
+    /// SUBACK [default: 1000].
+    #[arg(long, env = "ONEHOP_MQTT_SUBSCRIPTIONS_MAX", value_name = "N")]
+    pub mqtt_subscriptions_max: Option<usize>,
+
     /// Most subscriptions one WebSocket may hold [default: 100].
     #[arg(long, env = "ONEHOP_SUBSCRIPTIONS_PER_SOCKET_MAX", value_name = "N")]
     pub subscriptions_per_socket_max: Option<usize>,
@@ -279,6 +284,17 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_HTTP_IDLE_TIMEOUT_S", value_name = "SECONDS")]
     pub http_idle_timeout_s: Option<u64>,
 
+    /// Seconds a Kafka connection may go without a request before it is closed (Kafka's
+    /// connections.max.idle.ms) [default: 600].
+    #[arg(long, env = "ONEHOP_KAFKA_IDLE_TIMEOUT_S", value_name = "SECONDS")]
+    pub kafka_idle_timeout_s: Option<u64>,
+
+    /// Seconds a Kafka connection has, from its first byte, to log in with SASL once users
+    /// exist; one that has not is closed, so idle sockets cannot hold the connection slots
+    /// [default: 10].
+    #[arg(long, env = "ONEHOP_KAFKA_AUTHENTICATION_TIMEOUT_S", value_name = "SECONDS")]
+    pub kafka_authentication_timeout_s: Option<u64>,
+
     /// Seconds a request body may send nothing, or wait for room in memory, before it is
     /// refused (408 body_timeout, 503 server_busy) [default: 30].
     #[arg(long, env = "ONEHOP_HTTP_BODY_READ_TIMEOUT_S", value_name = "SECONDS")]
@@ -332,6 +348,12 @@ pub struct ServeArgs {
     /// [default: roles].
     #[arg(long, env = "ONEHOP_JWT_ROLES_CLAIM", value_name = "CLAIM", requires = "jwt_keys")]
     pub jwt_roles_claim: Option<String>,
+
+    /// Give a JWT the grants of the onehop user its user claim names, besides its roles'. Off:
+    /// a JWT has what its roles and PUBLIC are granted, so a provider's user named like a
+    /// local superuser gets nothing of it [default: off].
+    #[arg(long, env = "ONEHOP_JWT_USER_GRANTS", requires = "jwt_keys")]
+    pub jwt_user_grants: bool,
 
     /// This node's id in a cluster (a number, unique, never reused): with it, onehop runs as a
     /// node of a replicated cluster (docs/cluster.md) [default: a single node].

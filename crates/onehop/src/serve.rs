@@ -199,6 +199,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     });
     let mqtt_config = MqttConfig {
         connections_max: settings.connections_max,
+        subscriptions_max: settings.mqtt_subscriptions_max,
         // A message is one record: the packet may add its topic and properties.
         max_packet_bytes: max_packet_bytes_for(settings.stream_defaults.record_bytes_max),
         ..MqttConfig::default()
@@ -237,8 +238,13 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             }
             let mut config = KafkaConfig::new();
             config.connections_max = settings.connections_max;
-            // A produce request carries a batch of records: room for the largest and its framing.
-            config.request_bytes_max = settings.stream_defaults.batch_bytes_max + KAFKA_REQUEST_ENVELOPE_BYTES;
+            config.idle_timeout = settings.kafka_idle_timeout;
+            config.authentication_timeout = settings.kafka_authentication_timeout;
+            // A produce request carries batches for many partitions, each at most the largest
+            // batch: Kafka's 100 MiB (socket.request.max.bytes), or room for one largest batch
+            // and its framing when that is more. Each batch is then checked on its own.
+            config.request_bytes_max =
+                config.request_bytes_max.max(settings.stream_defaults.batch_bytes_max + KAFKA_REQUEST_ENVELOPE_BYTES);
             if let Some(cluster) = &settings.cluster {
                 config.node_id = i32::try_from(cluster.node_id).context("a node id above 2147483647")?;
             }

@@ -72,6 +72,7 @@ struct FileSettings {
     auto_create: Option<bool>,
     connections_max: Option<usize>,
     subscriptions_per_socket_max: Option<usize>,
+    mqtt_subscriptions_max: Option<usize>,
     subscriber_queue: Option<usize>,
     schema: Option<PathBuf>,
     log: Option<String>,
@@ -80,6 +81,8 @@ struct FileSettings {
     http_header_read_timeout_s: Option<u64>,
     http_idle_timeout_s: Option<u64>,
     http_body_read_timeout_s: Option<u64>,
+    kafka_idle_timeout_s: Option<u64>,
+    kafka_authentication_timeout_s: Option<u64>,
     http_body_bytes_in_flight_max: Option<Size>,
     shutdown_timeout_s: Option<u64>,
     admin_user: Option<String>,
@@ -90,6 +93,7 @@ struct FileSettings {
     jwt_audience: Option<String>,
     jwt_user_claim: Option<String>,
     jwt_roles_claim: Option<String>,
+    jwt_user_grants: Option<bool>,
     node_id: Option<u64>,
     cluster_addr: Option<SocketAddr>,
     cluster_advertised_addr: Option<SocketAddr>,
@@ -227,6 +231,8 @@ pub struct Settings {
     pub connections_max: usize,
     /// Most subscriptions per WebSocket.
     pub subscriptions_per_socket_max: usize,
+    /// Most topic filters per MQTT connection.
+    pub mqtt_subscriptions_max: usize,
     /// Events a subscriber may have queued before it is cut off.
     pub subscriber_queue: usize,
     /// SQL applied at start.
@@ -248,6 +254,10 @@ pub struct Settings {
     pub http_idle_timeout: Duration,
     /// Longest wait for the next piece of an HTTP request body, or for room to read it.
     pub http_body_read_timeout: Duration,
+    /// Time a Kafka connection may go without a request (`connections.max.idle.ms`).
+    pub kafka_idle_timeout: Duration,
+    /// Time a Kafka connection has to log in once users exist.
+    pub kafka_authentication_timeout: Duration,
     /// Bytes of HTTP request bodies in memory at once.
     pub http_body_bytes_in_flight_max: u64,
     /// Time connections have to finish after the first SIGTERM or SIGINT.
@@ -282,8 +292,8 @@ impl JwtConfig {
 fn jwt(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<JwtConfig>> {
     let Some(keys) = args.jwt_keys.clone().or(file.jwt_keys.clone()) else {
         let stray = [&file.jwt_issuer, &file.jwt_audience, &file.jwt_user_claim, &file.jwt_roles_claim];
-        if stray.iter().any(|setting| setting.is_some()) {
-            bail!("jwt_issuer, jwt_audience, jwt_user_claim and jwt_roles_claim need jwt_keys");
+        if stray.iter().any(|setting| setting.is_some()) || file.jwt_user_grants.is_some() {
+            bail!("jwt_issuer, jwt_audience, jwt_user_claim, jwt_roles_claim and jwt_user_grants need jwt_keys");
         }
         return Ok(None);
     };
@@ -293,6 +303,7 @@ fn jwt(args: &ServeArgs, file: &FileSettings) -> anyhow::Result<Option<JwtConfig
         audience: args.jwt_audience.clone().or(file.jwt_audience.clone()),
         user_claim: args.jwt_user_claim.clone().or(file.jwt_user_claim.clone()).unwrap_or(defaults.user_claim),
         roles_claim: args.jwt_roles_claim.clone().or(file.jwt_roles_claim.clone()).unwrap_or(defaults.roles_claim),
+        user_grants: args.jwt_user_grants || file.jwt_user_grants.unwrap_or(defaults.user_grants),
     };
     let config = JwtConfig { keys, settings };
     // A file that cannot be used stops the start here, with why.
@@ -520,6 +531,19 @@ impl Settings {
             "http_idle_timeout_s",
             http_defaults.idle_timeout,
         )?;
+        let kafka_defaults = onehop_server::kafka::KafkaConfig::new();
+        let kafka_idle_timeout = seconds(
+            args.kafka_idle_timeout_s,
+            file.kafka_idle_timeout_s,
+            "kafka_idle_timeout_s",
+            kafka_defaults.idle_timeout,
+        )?;
+        let kafka_authentication_timeout = seconds(
+            args.kafka_authentication_timeout_s,
+            file.kafka_authentication_timeout_s,
+            "kafka_authentication_timeout_s",
+            kafka_defaults.authentication_timeout,
+        )?;
         let shutdown_timeout = seconds(
             args.shutdown_timeout_s,
             file.shutdown_timeout_s,
@@ -559,6 +583,12 @@ impl Settings {
                 "subscriptions_per_socket_max",
                 DEFAULT_SUBSCRIPTIONS_PER_SOCKET_MAX,
             )?,
+            mqtt_subscriptions_max: count(
+                args.mqtt_subscriptions_max,
+                file.mqtt_subscriptions_max,
+                "mqtt_subscriptions_max",
+                onehop_server::mqtt::SUBSCRIPTIONS_MAX_DEFAULT,
+            )?,
             subscriber_queue: count(
                 args.subscriber_queue,
                 file.subscriber_queue,
@@ -594,6 +624,8 @@ impl Settings {
             allowed_origins,
             http_header_read_timeout,
             http_idle_timeout,
+            kafka_idle_timeout,
+            kafka_authentication_timeout,
             http_body_read_timeout,
             http_body_bytes_in_flight_max,
             shutdown_timeout,

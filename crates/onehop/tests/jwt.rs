@@ -250,6 +250,13 @@ fn jwts_from_an_outside_issuer_log_in_over_http_and_mqtt_and_their_keys_rotate_o
     }
     let (status, body) = publish(address, "sensors", &issuer.sign("HS256", "", None, claims("nobody", &[])), "\"x\"");
     assert_eq!(status, 403, "a token without roles has what PUBLIC has: nothing here: {body}");
+    // A provider's user named like the local superuser gets none of its rights (without
+    // --jwt-user-grants): not the superuser's metrics, nor its streams.
+    let root_named = issuer.sign("HS256", "", None, claims(ROOT.0, &[]));
+    let (status, body) = curl(address, "/metrics", &["-H", &format!("Authorization: Bearer {root_named}")]);
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = publish(address, "alerts", &root_named, "\"x\"");
+    assert_eq!(status, 403, "{body}");
 
     // MQTT: the JWT as the password, the user name empty or the token's user.
     let hs256 = issuer.sign("HS256", "", Some("hmac1"), claims("device-7", &["devices"]));

@@ -48,6 +48,16 @@ pub(crate) fn describe_metrics() {
         let _ = metrics::counter!("auth_failures_total", "protocol" => protocol);
     }
     metrics::describe_counter!(
+        onehop_engine::access::LOGINS_THROTTLED,
+        "Password logins refused without a check: too many failed logins from their address, or for their user from it."
+    );
+    metrics::describe_counter!(
+        onehop_engine::access::LOGINS_SLOWED,
+        "Password logins made to wait before their check: their user had many failed logins from many addresses."
+    );
+    let _ = metrics::counter!(onehop_engine::access::LOGINS_THROTTLED);
+    let _ = metrics::counter!(onehop_engine::access::LOGINS_SLOWED);
+    metrics::describe_counter!(
         "tls_handshake_failures_total",
         "TLS handshakes that failed or timed out (a client that does not trust the certificate, or is not TLS), by protocol."
     );

@@ -399,6 +399,36 @@ fn rows(statement: String, columns: &[&str], rows: Vec<Vec<Value>>) -> Output {
     Output::Rows { statement, columns: columns.iter().map(|column| column.to_string()).collect(), rows }
 }
 
+/// How long a token made without `VALID FOR` is valid: 30 days.
+pub const TOKEN_VALID_MS_DEFAULT: u64 = 30 * 86_400_000;
+
+/// Refuses a grant on a named object of the wrong kind (`ON STREAM orders` where `orders` is a
+/// table): it would grant nothing, and look as if it did.
+fn check_object_kind(engine: &Engine, object: &ObjectPattern) -> Result<(), SqlError> {
+    let Some(kind) = object.kind else { return Ok(()) };
+    if object.name.contains('*') {
+        return Ok(());
+    }
+    let name = object.name.as_str();
+    let actual = if engine.has_table(name) {
+        ObjectKind::Table
+    } else if engine.view(name).is_ok() {
+        ObjectKind::View
+    } else if engine.stream(name).is_ok() {
+        ObjectKind::Stream
+    } else {
+        return Ok(());
+    };
+    let named = matches!(kind, ObjectKind::Stream | ObjectKind::Table | ObjectKind::View);
+    if named && kind != actual {
+        return Err(SqlError::InvalidOption(format!(
+            "{name} is a {actual}, not a {kind}: grant it ON {} {name}",
+            actual.as_str().to_ascii_uppercase()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs an access statement for `principal`. Managing users, roles, grants and other users'
 /// tokens takes a superuser (`ADMIN ON ALL`); a user may change its own password, make and
 /// drop its own tokens and see its own grants.
@@ -485,6 +515,11 @@ pub(crate) async fn execute(
         }
         AccessStatement::Privileges { grant, privileges, objects, grantees } => {
             superuser("grant and revoke")?;
+            if *grant {
+                for object in objects {
+                    check_object_kind(engine, object)?;
+                }
+            }
             let mut changed = Vec::new();
             let mut unchanged = Vec::new();
             for grantee in grantees {
@@ -535,7 +570,9 @@ pub(crate) async fn execute(
             if !own(&user) {
                 superuser("create tokens for another user")?;
             }
-            let (def, secret) = engine.create_token(&user, *valid_ms).await?;
+            // A token without VALID FOR lasts TOKEN_VALID_MS_DEFAULT, said in its answer
+            // (`expires_ms`): a forgotten one must not stay a way in for good.
+            let (def, secret) = engine.create_token(&user, Some(valid_ms.unwrap_or(TOKEN_VALID_MS_DEFAULT))).await?;
             rows(
                 label,
                 &["id", "user", "token", "expires_ms"],
@@ -590,6 +627,11 @@ pub(crate) async fn execute(
             rows(label, &["name", "members"], list)
         }
         AccessStatement::ShowGrants { grantee } => {
+            // Without FOR: everyone's for a superuser, the caller's own for anyone else.
+            let grantee = match (grantee, principal.and_then(Principal::user)) {
+                (None, Some(user)) if superuser("list other users' grants").is_err() => Some(user.to_string()),
+                (grantee, _) => grantee.clone(),
+            };
             if !grantee.as_deref().is_some_and(own) {
                 superuser("list other users' grants")?;
             }

@@ -185,6 +185,31 @@ fn kind_of(engine: &Engine, name: &str) -> ObjectKind {
     }
 }
 
+/// Whether `principal` may declare `mqtt_topic = topic`: the stream then takes the MQTT
+/// messages of every topic the filter matches, which would otherwise go to the stream their
+/// first level names (existing or not yet). So it takes ADMIN over that stream, or, when the
+/// first level is a wildcard, over every stream: ADMIN over the new stream alone must not let
+/// a user capture another stream's traffic.
+fn authorize_route(engine: &Engine, principal: &Principal, topic: &str) -> Result<(), SqlError> {
+    let access = engine.access();
+    let first = topic.split('/').next().unwrap_or_default();
+    if first != "+" && first != "#" {
+        let stream = engine.stream_named_by(first);
+        return Ok(access.authorize(principal, Privilege::Admin, ObjectKind::Stream, stream)?);
+    }
+    let every_stream = onehop_engine::access::model::ObjectPattern { kind: Some(ObjectKind::Stream), name: "*".into() };
+    match access.permissions(principal)? {
+        Some(permissions) if !permissions.allows_all(Privilege::Admin, &every_stream) => {
+            Err(SqlError::from(onehop_engine::EngineError::Forbidden {
+                user: principal.user().map(str::to_string),
+                privilege: Privilege::Admin,
+                object: "stream '*'".into(),
+            }))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether `principal` may run `statement` (nothing to check without one).
 fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Statement) -> Result<(), SqlError> {
     let Some(principal) = principal else {
@@ -194,12 +219,20 @@ fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
     let admin = |kind, name: &str| access.authorize(principal, Privilege::Admin, kind, name);
     let read = |name: &str| access.authorize(principal, Privilege::Read, kind_of(engine, name), name);
     match statement {
-        Statement::CreateStream { name, .. }
-        | Statement::AlterStream { name, .. }
-        | Statement::DropStream { name, .. } => admin(ObjectKind::Stream, name)?,
+        Statement::CreateStream { name, options, .. } => {
+            admin(ObjectKind::Stream, name)?;
+            if let Some(topic) = &options.mqtt_topic {
+                authorize_route(engine, principal, topic)?;
+            }
+        }
+        Statement::AlterStream { name, .. } | Statement::DropStream { name, .. } => admin(ObjectKind::Stream, name)?,
         Statement::CreateView { def, .. } => {
             admin(ObjectKind::View, &def.name)?;
             read(&def.source)?;
+            // Late events are published there: a write, as any other publish to it.
+            if let Some(late) = &def.late_stream {
+                access.authorize(principal, Privilege::Write, ObjectKind::Stream, late)?;
+            }
         }
         Statement::CreateTransform { def, .. } => {
             admin(ObjectKind::Stream, &def.name)?;
@@ -223,12 +256,17 @@ fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                 read(name)?;
             }
         }
-        // Listings show what the principal has grants on; access statements check themselves.
-        Statement::ShowStreams
-        | Statement::ShowTables
-        | Statement::ShowViews
-        | Statement::ShowTransforms
-        | Statement::Access(_) => {}
+        // Listings show what the principal has grants on, once it may ask at all: a client
+        // without credentials, where they are required, is asked for them as for any other
+        // statement. Access statements check themselves.
+        Statement::ShowStreams | Statement::ShowTables | Statement::ShowViews | Statement::ShowTransforms => {
+            if principal.user().is_none() && !access.anonymous_welcome() {
+                return Err(
+                    onehop_engine::EngineError::Unauthenticated(onehop_engine::access::LoginFailure::Missing).into()
+                );
+            }
+        }
+        Statement::Access(_) => {}
     }
     Ok(())
 }

@@ -44,11 +44,21 @@ pub struct JwtSettings {
     /// The claim listing onehop roles (an array of names, or one string of names separated by
     /// spaces, as OAuth's `scope`).
     pub roles_claim: String,
+    /// Whether a token also has the grants of the onehop user its user claim names. Off by
+    /// default: a token then has what its roles and `PUBLIC` are granted, and a `sub` that
+    /// happens to name a local superuser (`root`) is no way to its rights.
+    pub user_grants: bool,
 }
 
 impl Default for JwtSettings {
     fn default() -> Self {
-        JwtSettings { issuer: None, audience: None, user_claim: "sub".into(), roles_claim: "roles".into() }
+        JwtSettings {
+            issuer: None,
+            audience: None,
+            user_claim: "sub".into(),
+            roles_claim: "roles".into(),
+            user_grants: false,
+        }
     }
 }
 
@@ -59,6 +69,8 @@ pub struct JwtIdentity {
     pub roles: Vec<String>,
     /// `exp` in ms since the Unix epoch, leeway included.
     pub expires_ms: Option<u64>,
+    /// Whether it has the grants of the onehop user of its name too ([`JwtSettings::user_grants`]).
+    pub user_grants: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -302,7 +314,7 @@ impl JwtVerifier {
         if roles.len() > ROLES_MAX {
             return Err("the JWT names more than 64 roles");
         }
-        Ok(JwtIdentity { user: user.to_string(), roles, expires_ms })
+        Ok(JwtIdentity { user: user.to_string(), roles, expires_ms, user_grants: self.settings.user_grants })
     }
 }
 

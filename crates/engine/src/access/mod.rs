@@ -2,6 +2,7 @@
 //!
 //! - `credential`: passwords kept as SCRAM credentials.
 //! - `der`: the little DER a public key file or a client certificate needs read.
+//! - `failed_logins`: password guessing slowed, per address, per user and address, per user.
 //! - `jwt`: JSON Web Tokens from an identity provider, checked against configured keys.
 //! - `limits`: what each user holds and sends, against its limits.
 //! - `model`: users, roles, grants, tokens and the permissions they add up to.
@@ -16,6 +17,7 @@
 
 pub mod credential;
 pub mod der;
+pub mod failed_logins;
 pub mod jwt;
 pub mod limits;
 pub mod model;
@@ -41,6 +43,12 @@ use model::{AccessDefs, ObjectKind, Permissions, Privilege, TokenDef};
 /// emptied: a flood of distinct wrong passwords cannot grow memory, and costs its sender the
 /// iterations every time.
 const VERIFIED_PASSWORDS_MAX: usize = 4096;
+/// Logins refused unchecked after too many failures from their address
+/// ([`failed_logins`]).
+pub const LOGINS_THROTTLED: &str = "auth_logins_throttled_total";
+/// Logins made to wait before their check: their user had many failures from many addresses.
+pub const LOGINS_SLOWED: &str = "auth_logins_slowed_total";
+
 /// The prefix of every token onehop issues, so a leaked one is recognisable (secret scanners
 /// look for such prefixes).
 pub const TOKEN_PREFIX: &str = "oht_";
@@ -75,6 +83,8 @@ pub enum LoginFailure {
     BadJwt(&'static str),
     /// The token this connection logged in with has expired since.
     Expired,
+    /// The token this connection logged in with was dropped since.
+    TokenDropped,
     /// A client certificate that verified, whose common name is not a user.
     UnknownCertificateUser,
 }
@@ -88,6 +98,7 @@ impl LoginFailure {
             LoginFailure::UserDropped => "the user this connection logged in as no longer exists",
             LoginFailure::BadJwt(reason) => reason,
             LoginFailure::Expired => "the token this connection logged in with has expired: log in again",
+            LoginFailure::TokenDropped => "the token this connection logged in with was dropped: log in again",
             LoginFailure::UnknownCertificateUser => "the client certificate's common name (CN) is not a user",
         }
     }
@@ -100,8 +111,12 @@ pub struct Principal {
     user: Option<Arc<str>>,
     /// The roles a JWT named: `Some` for an identity from a JWT, whose user need not exist.
     jwt_roles: Option<Arc<[String]>>,
+    /// For a JWT identity: whether it has its user's grants too.
+    jwt_user_grants: bool,
     /// When the token it logged in with expires (ms since the Unix epoch).
     expires_ms: Option<u64>,
+    /// The id of the onehop token it logged in with: dropping the token ends what it may do.
+    token: Option<Arc<str>>,
     permissions: Arc<Permissions>,
     generation: u64,
     /// The user's limits and usage, when it has limits.
@@ -159,6 +174,9 @@ pub struct Access {
     defs: RwLock<Arc<AccessDefs>>,
     /// Bumped on every change, so a principal computed earlier knows to recompute.
     generation: AtomicU64,
+    /// The generation again, for what waits on changes: open subscriptions check again
+    /// whether they may still read what they follow.
+    changes: tokio::sync::watch::Sender<u64>,
     /// SHA-256 of (a per-process key, user, password) of passwords that verified, with the salt
     /// of the credential they verified against: a later change of password changes the salt.
     verified: Mutex<HashMap<[u8; 32], Vec<u8>>>,
@@ -175,6 +193,8 @@ pub struct Access {
     /// What each user with limits holds and has sent, shared by all its connections. An entry
     /// is made at a user's first login with limits and kept: at most one per user.
     usages: Mutex<HashMap<String, Arc<Usage>>>,
+    /// Failed password logins, which slow further guesses.
+    failed_logins: failed_logins::FailedLogins,
 }
 
 impl Default for Access {
@@ -190,7 +210,9 @@ impl Access {
         let anonymous = Principal {
             user: None,
             jwt_roles: None,
+            jwt_user_grants: false,
             expires_ms: None,
+            token: None,
             permissions: Arc::new(defs.permissions(None, &[])),
             generation: 1,
             limited: None,
@@ -198,12 +220,14 @@ impl Access {
         Access {
             defs: RwLock::new(Arc::new(defs)),
             generation: AtomicU64::new(1),
+            changes: tokio::sync::watch::channel(1).0,
             verified: Mutex::new(HashMap::new()),
             verified_key,
             decoy: OnceLock::new(),
             anonymous: RwLock::new(anonymous),
             jwt: RwLock::new(None),
             usages: Mutex::new(HashMap::new()),
+            failed_logins: Default::default(),
         }
     }
 
@@ -246,6 +270,12 @@ impl Access {
         // Until this is done a caller may take the previous one, whose generation says it is
         // stale: its checks recompute (see `permissions`).
         *self.anonymous.write().expect("anonymous lock") = self.principal(None);
+        self.changes.send_replace(self.generation.load(Ordering::Acquire));
+    }
+
+    /// A receiver that sees every change to access (its value is the generation).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     fn principal(&self, user: Option<&str>) -> Principal {
@@ -253,16 +283,42 @@ impl Access {
         let defs = self.defs();
         let permissions = Arc::new(defs.permissions(user, &[]));
         let limited = user.and_then(|user| self.limited(&defs, user));
-        Principal { user: user.map(Arc::from), jwt_roles: None, expires_ms: None, permissions, generation, limited }
+        Principal {
+            user: user.map(Arc::from),
+            jwt_roles: None,
+            jwt_user_grants: false,
+            expires_ms: None,
+            token: None,
+            permissions,
+            generation,
+            limited,
+        }
     }
 
-    /// The principal of a verified JWT: its user (who need not exist) with the roles it names.
-    fn jwt_principal(&self, user: Arc<str>, roles: Arc<[String]>, expires_ms: Option<u64>) -> Principal {
+    /// The principal of a verified JWT: its user (who need not exist) with the roles it names,
+    /// and that user's own grants only when the JWT settings say so (`user_grants`).
+    fn jwt_principal(
+        &self,
+        user: Arc<str>,
+        roles: Arc<[String]>,
+        user_grants: bool,
+        expires_ms: Option<u64>,
+    ) -> Principal {
         let generation = self.generation.load(Ordering::Acquire);
         let defs = self.defs();
-        let permissions = Arc::new(defs.permissions(Some(&user), &roles));
+        let grantee = user_grants.then_some(&*user);
+        let permissions = Arc::new(defs.permissions(grantee, &roles));
         let limited = self.limited(&defs, &user);
-        Principal { user: Some(user), jwt_roles: Some(roles), expires_ms, permissions, generation, limited }
+        Principal {
+            user: Some(user),
+            jwt_roles: Some(roles),
+            jwt_user_grants: user_grants,
+            expires_ms,
+            token: None,
+            permissions,
+            generation,
+            limited,
+        }
     }
 
     /// The limits and usage of `user`, if it is a user with limits.
@@ -283,7 +339,16 @@ impl Access {
     /// While access is off, credentials are not checked: the client is anonymous, as every
     /// client is then (so clients configured with credentials keep working on a server that
     /// has no users yet, as with an MQTT broker that allows anonymous clients).
-    pub async fn login_password(&self, user: &str, password: &[u8]) -> Result<Principal, EngineError> {
+    ///
+    /// `source` is the client's address: failed logins from it, and for `user` from it, make
+    /// later attempts wait, and many for `user` from anywhere slow each attempt
+    /// ([`failed_logins`]); a refusal for that is [`EngineError::LoginThrottled`].
+    pub async fn login_password(
+        &self,
+        user: &str,
+        password: &[u8],
+        source: Option<std::net::IpAddr>,
+    ) -> Result<Principal, EngineError> {
         let defs = self.defs();
         if defs.users.is_empty() {
             return Ok(self.anonymous());
@@ -293,7 +358,19 @@ impl Access {
         if let Some(credential) = &credential
             && self.verified.lock().expect("verified lock").get(&cache_key) == Some(&credential.salt)
         {
+            // This very password verified before: no guess, so nothing to slow.
             return Ok(self.principal(Some(user)));
+        }
+        match self.failed_logins.admit(user, source, now_ms()) {
+            failed_logins::Admission::Check => {}
+            failed_logins::Admission::CheckAfter(wait_ms) => {
+                metrics::counter!(LOGINS_SLOWED).increment(1);
+                tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+            }
+            failed_logins::Admission::Refuse { retry_after_ms } => {
+                metrics::counter!(LOGINS_THROTTLED).increment(1);
+                return Err(EngineError::LoginThrottled { retry_after_ms });
+            }
         }
         let known = credential.is_some();
         let credential = credential.unwrap_or_else(|| {
@@ -305,8 +382,10 @@ impl Access {
             .await
             .map_err(|error| EngineError::Internal(format!("a password check failed: {error}")))?;
         if !(verified && known) {
+            self.failed_logins.failed(user, source, now_ms());
             return Err(EngineError::Unauthenticated(LoginFailure::WrongPassword));
         }
+        self.failed_logins.succeeded(user, source);
         let mut cache = self.verified.lock().expect("verified lock");
         if cache.len() >= VERIFIED_PASSWORDS_MAX {
             cache.clear();
@@ -339,7 +418,8 @@ impl Access {
             let identity = verifier
                 .verify(token, now_ms)
                 .map_err(|reason| EngineError::Unauthenticated(LoginFailure::BadJwt(reason)))?;
-            return Ok(self.jwt_principal(Arc::from(identity.user), Arc::from(identity.roles), identity.expires_ms));
+            let (user, roles) = (Arc::from(identity.user), Arc::from(identity.roles));
+            return Ok(self.jwt_principal(user, roles, identity.user_grants, identity.expires_ms));
         }
         let (id, _) = token.strip_prefix(TOKEN_PREFIX).and_then(|rest| rest.split_once('_')).ok_or_else(bad)?;
         let def = defs.tokens.get(id).ok_or_else(bad)?;
@@ -352,6 +432,7 @@ impl Access {
         }
         let mut principal = self.principal(Some(&def.user));
         principal.expires_ms = def.expires_ms;
+        principal.token = Some(Arc::from(id));
         Ok(principal)
     }
 
@@ -377,7 +458,8 @@ impl Access {
         }
         let user = principal.user.clone();
         if let (Some(user), Some(roles)) = (&user, &principal.jwt_roles) {
-            *principal = self.jwt_principal(user.clone(), roles.clone(), principal.expires_ms);
+            *principal =
+                self.jwt_principal(user.clone(), roles.clone(), principal.jwt_user_grants, principal.expires_ms);
             return Ok(());
         }
         if let Some(user) = &user
@@ -385,9 +467,15 @@ impl Access {
         {
             return Err(EngineError::Unauthenticated(LoginFailure::UserDropped));
         }
-        let expires_ms = principal.expires_ms;
+        if let Some(token) = &principal.token
+            && !self.defs().tokens.contains_key(&**token)
+        {
+            return Err(EngineError::Unauthenticated(LoginFailure::TokenDropped));
+        }
+        let (expires_ms, token) = (principal.expires_ms, principal.token.clone());
         *principal = self.principal(user.as_deref());
         principal.expires_ms = expires_ms;
+        principal.token = token;
         Ok(())
     }
 
@@ -568,13 +656,13 @@ mod tests {
         let anonymous = access.authorize(&access.anonymous(), Privilege::Read, ObjectKind::Stream, "orders");
         assert!(matches!(anonymous, Err(EngineError::Unauthenticated(LoginFailure::Missing))));
         for (user, password) in [("alice", "wrong"), ("nobody", "secret"), ("alice", "")] {
-            let refused = access.login_password(user, password.as_bytes()).await.unwrap_err();
+            let refused = access.login_password(user, password.as_bytes(), None).await.unwrap_err();
             assert_eq!(refused.to_string(), "wrong user name or password");
         }
-        let alice = access.login_password("alice", b"secret").await.unwrap();
+        let alice = access.login_password("alice", b"secret", None).await.unwrap();
         // Verified once, recognised without the iterations the second time.
         assert_eq!(access.verified.lock().unwrap().len(), 1);
-        access.login_password("alice", b"secret").await.unwrap();
+        access.login_password("alice", b"secret", None).await.unwrap();
         access.authorize(&alice, Privilege::Write, ObjectKind::Stream, "orders").unwrap();
         let forbidden = access.authorize(&alice, Privilege::Read, ObjectKind::Stream, "orders").unwrap_err();
         assert_eq!(forbidden.code(), "forbidden");

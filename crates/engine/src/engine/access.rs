@@ -289,6 +289,11 @@ impl Engine {
         &self.access
     }
 
+    /// The access in force, for what outlives a call (an open subscription's checks).
+    pub(crate) fn shared_access(&self) -> std::sync::Arc<Access> {
+        self.access.clone()
+    }
+
     /// Makes `change`: on this node, or on a cluster node through the cluster, on every node.
     async fn change_access(&self, change: AccessChange) -> Result<AccessAnswer, EngineError> {
         if self.is_replicated() {
@@ -472,7 +477,7 @@ mod tests {
             assert!(engine.create_user("alice", Some("other"), false).await.is_err());
             assert!(engine.create_user("public", Some("x"), false).await.is_err());
             assert_eq!(engine.create_user("device", None, false).await.unwrap(), UserCreated::Created);
-            assert!(engine.access().login_password("device", b"").await.is_err(), "no password logs it in");
+            assert!(engine.access().login_password("device", b"", None).await.is_err(), "no password logs it in");
             engine.create_role("readers", false).await.unwrap();
             assert!(engine.set_role_member("readers", "alice", true).await.unwrap());
             let read_orders = Grant {
@@ -493,12 +498,12 @@ mod tests {
         let engine = Engine::open_in(dir.path(), EngineOptions::default()).unwrap();
         let access = engine.access();
         assert!(access.enabled());
-        assert!(access.login_password("alice", b"secret").await.is_err());
-        let alice = access.login_password("alice", b"changed").await.unwrap();
+        assert!(access.login_password("alice", b"secret", None).await.is_err());
+        let alice = access.login_password("alice", b"changed", None).await.unwrap();
         access.authorize(&alice, Privilege::Read, ObjectKind::Stream, "orders").unwrap();
         assert!(access.authorize(&alice, Privilege::Write, ObjectKind::Stream, "orders").is_err());
         assert_eq!(access.login_token(&token, now_ms()).unwrap().user(), Some("alice"));
-        let root = access.login_password("root", b"first").await.unwrap();
+        let root = access.login_password("root", b"first", None).await.unwrap();
         access.authorize_superuser(&root, "manage users").unwrap();
         assert!(engine.drop_user("alice", false).await.unwrap());
         assert!(access.login_token(&token, now_ms()).is_err());

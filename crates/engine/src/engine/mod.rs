@@ -105,7 +105,9 @@ pub struct Engine {
     /// defining them again. A name leaves the set when it is defined.
     orphans: RwLock<BTreeSet<String>>,
     /// Users, roles, grants and tokens in force; changed under `ddl` like every definition.
-    access: crate::access::Access,
+    /// Shared with open subscriptions, which check again on every change whether they may
+    /// still read what they follow.
+    access: Arc<crate::access::Access>,
     /// Set on a cluster node (see [`replicated`]); shared with every stream.
     replicator: replicated::ReplicatorSlot,
     /// Offsets the cluster's leader has handed out beyond what it applied.
@@ -178,7 +180,7 @@ impl Engine {
             transforms: RwLock::new(BTreeMap::new()),
             checkpoints,
             orphans: RwLock::new(BTreeSet::new()),
-            access: crate::access::Access::new(std::mem::take(&mut defs.access)),
+            access: Arc::new(crate::access::Access::new(std::mem::take(&mut defs.access))),
             replicator: Default::default(),
             predictions: Default::default(),
             replicated_ddl: tokio::sync::watch::channel(0).0,

@@ -2,7 +2,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::common::{DataDir, get};
+use crate::common::{DataDir, get, sql, sql_as};
 
 /// A request frame: size, api key, version, correlation id, client id (a v1 header), body.
 fn frame(api_key: i16, version: i16, correlation_id: i32, body: &[u8]) -> Vec<u8> {
@@ -73,7 +73,8 @@ fn api_versions_answer_and_bad_frames_close_only_their_connection() {
         ("an unserved version", frame(0, 2, 1, &[])),
         ("a body that does not decode", frame(3, 1, 1, &[0, 0, 0, 5])),
         ("a frame too short for a header", vec![0, 0, 0, 2, 0, 18]),
-        ("a frame over the request limit", (64i32 << 20).to_be_bytes().to_vec()),
+        // Past Kafka's 100 MiB socket.request.max.bytes, which onehop takes too.
+        ("a frame over the request limit", (128i32 << 20).to_be_bytes().to_vec()),
         // Tiny requests declaring arrays of 2^31 groups and 2^29 topics: the codec reserves
         // for the count before reading an element, and the server must stay up.
         ("an array of 2^31 elements", frame(15, 0, 1, &[0x7f, 0xff, 0xff, 0xff])),
@@ -88,4 +89,73 @@ fn api_versions_answer_and_bad_frames_close_only_their_connection() {
     }
     let (_, metrics) = get(server.address, "/metrics");
     assert!(metrics.contains("kafka_protocol_errors_total 7"), "{metrics}");
+}
+
+/// Once users exist, a connection that does not log in within kafka_authentication_timeout_s
+/// is closed, and counted: sockets that never authenticate cannot hold every connection slot
+/// and keep a real client out.
+#[test]
+fn connections_that_never_log_in_are_closed_and_free_their_slots() {
+    let dir = DataDir::new();
+    let server = dir.start(
+        &["--admin-user", "root", "--connections-max", "3", "--kafka-authentication-timeout-s", "1"],
+        &[("ONEHOP_ADMIN_PASSWORD", "root-pass")],
+    );
+    let kafka = server.kafka_address.unwrap();
+    sql_as(server.address, ("root", "root-pass"), "CREATE STREAM orders");
+    let mut idle: Vec<TcpStream> = (0..3).map(|_| connect(kafka)).collect();
+    for stream in &mut idle {
+        assert!(closed(stream), "an idle connection that never logged in stays open");
+    }
+    let metrics = crate::common::get_as(server.address, "/metrics", ("root", "root-pass"));
+    assert!(metrics.contains("kafka_authentication_timeouts_total 3"), "{metrics}");
+    // The slots are free: a client that logs in is served.
+    let output = std::process::Command::new("timeout")
+        .args(["30", "kcat", "-b", &kafka.to_string(), "-X", "security.protocol=SASL_PLAINTEXT"])
+        .args(["-X", "sasl.mechanisms=PLAIN", "-X", "sasl.username=root", "-X", "sasl.password=root-pass"])
+        .args(["-P", "-t", "orders"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut kcat| {
+            kcat.stdin.take().unwrap().write_all(b"after the idle ones\n")?;
+            kcat.wait_with_output()
+        })
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// A Produce request carrying one batch per partition for 24 partitions, each batch under the
+/// batch limit and the whole past 20 MiB, is taken whole, as Kafka takes requests up to 100 MiB.
+/// kafkajs's `sendBatch` puts what it is given for one broker into one Produce request.
+#[test]
+fn a_produce_request_of_many_batches_past_twenty_mib_is_taken() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    sql(server.address, "CREATE STREAM big WITH (partitions = 24)");
+    let script = r#"
+const { Kafka, logLevel } = require('kafkajs');
+const kafka = new Kafka({ brokers: [process.argv[1]], logLevel: logLevel.ERROR });
+const producer = kafka.producer({ allowAutoTopicCreation: false });
+(async () => {
+  await producer.connect();
+  const value = Buffer.alloc(900000, 'x');
+  const messages = Array.from({ length: 24 }, (_, partition) => ({ partition, value }));
+  const answer = await producer.sendBatch({ acks: -1, topicMessages: [{ topic: 'big', messages }] });
+  console.log(JSON.stringify(answer.map((one) => one.partition)));
+  await producer.disconnect();
+})().catch((error) => { console.error(error); process.exit(1); });
+"#;
+    let kafkajs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/kafkajs");
+    let output = std::process::Command::new("node")
+        .args(["-e", script, &kafka.to_string()])
+        .current_dir(&kafkajs)
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{said}");
+    let (_, metrics) = get(server.address, "/metrics");
+    assert!(metrics.contains("kafka_records_produced_total 24"), "{metrics}");
+    assert!(metrics.contains("kafka_protocol_errors_total 0"), "no connection was closed: {metrics}");
 }

@@ -35,6 +35,7 @@ fn now_ms() -> u64 {
 
 fn malformed(message: &str) -> ApiError {
     ApiError {
+        retry_after_s: None,
         hint: Some("send Authorization: Basic base64(user:password) or Authorization: Bearer <token>".into()),
         status: StatusCode::UNAUTHORIZED,
         code: "unauthenticated",
@@ -95,8 +96,13 @@ fn credentials_of(request: &Request) -> Result<Credentials, ApiError> {
     })
 }
 
-/// The principal `credentials` stand for, once checked.
-async fn principal_of(state: &AppState, credentials: Credentials) -> Result<Principal, ApiError> {
+/// The principal `credentials` stand for, once checked; failed passwords are counted against
+/// `source`, the client's address.
+async fn principal_of(
+    state: &AppState,
+    credentials: Credentials,
+    source: Option<std::net::IpAddr>,
+) -> Result<Principal, ApiError> {
     let access = state.engine.access();
     let refused = |user: Option<&str>, error: EngineError| {
         crate::access::login_failed("http", user, &error.message());
@@ -106,7 +112,7 @@ async fn principal_of(state: &AppState, credentials: Credentials) -> Result<Prin
         Credentials::None => Ok(access.anonymous()),
         Credentials::Token(token) => access.login_token(&token, now_ms()).map_err(|error| refused(None, error)),
         Credentials::Password { user, password } => {
-            access.login_password(&user, password.as_bytes()).await.map_err(|error| refused(Some(&user), error))
+            access.login_password(&user, password.as_bytes(), source).await.map_err(|error| refused(Some(&user), error))
         }
         Credentials::Certificate(user) => access.login_certificate(&user).map_err(|error| refused(Some(&user), error)),
     }
@@ -199,8 +205,9 @@ pub async fn authorize(State(state): State<AppState>, mut request: Request, next
     let (path, method) = (request.uri().path().to_string(), request.method().clone());
     let query = request.uri().query().map(str::to_string);
     let credentials = credentials_of(&request);
+    let source = request.extensions().get::<super::connection::ClientAddress>().map(|client| client.0.ip());
     let checked = async {
-        let principal = principal_of(&state, credentials?).await?;
+        let principal = principal_of(&state, credentials?, source).await?;
         if let Some(template) = &template {
             route_check(&state, &principal, template, &path, &method, query.as_deref())?;
         }

@@ -117,6 +117,7 @@ impl Reservation {
         let acquired = tokio::time::timeout(within, budget.permits.clone().acquire_many_owned(more)).await;
         let Ok(Ok(permits)) = acquired else {
             return Err(ApiError {
+                retry_after_s: None,
                 hint: None,
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 code: "server_busy",
@@ -186,6 +187,7 @@ fn announced_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 fn too_large(announced: Option<u64>, max: usize) -> ApiError {
     let size = announced.map_or_else(|| "over the limit".to_string(), |bytes| format!("{bytes} bytes"));
     ApiError {
+        retry_after_s: None,
         hint: None,
         status: StatusCode::PAYLOAD_TOO_LARGE,
         code: "body_too_large",
@@ -216,6 +218,7 @@ async fn collect(limits: &Limits, body: Body, announced: Option<u64>) -> Result<
             Err(_) => {
                 metrics::counter!("http_connections_timed_out_total", "timeout" => "body").increment(1);
                 return Err(ApiError {
+                    retry_after_s: None,
                     hint: None,
                     status: StatusCode::REQUEST_TIMEOUT,
                     code: "body_timeout",

@@ -98,11 +98,11 @@ pub async fn serve(
             (io, peer) = listener.accept() => {
                 let (router, config, closing) = (router.clone(), config.clone(), closing.clone());
                 match config.tls.clone() {
-                    None => connections.spawn(serve_connection(io, router, config, closing, None)),
+                    None => connections.spawn(serve_connection(io, router, config, closing, None, peer)),
                     Some(tls) => connections.spawn(async move {
                         let accepted = crate::tls::accept(tls.http_acceptor(), io, config.header_read_timeout, "http", peer);
                         if let Some((io, certificate_user)) = accepted.await {
-                            serve_connection(io, router, config, closing, certificate_user).await;
+                            serve_connection(io, router, config, closing, certificate_user, peer).await;
                         }
                     }),
                 };
@@ -149,15 +149,21 @@ impl Timeout {
     }
 }
 
+/// The address of the client a request came from, in its extensions: failed logins are
+/// counted against it.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddress(pub std::net::SocketAddr);
+
 /// Serves one connection until it ends, times out, or is closed at shutdown.
 /// `certificate_user`: the user the connection's verified client certificate names, left in
-/// each request's extensions for the access check.
+/// each request's extensions for the access check, with the client's address.
 async fn serve_connection<S: Socket>(
     io: S,
     router: Router,
     config: HttpConfig,
     mut closing: watch::Receiver<bool>,
     certificate_user: crate::tls::CertificateUser,
+    peer: std::net::SocketAddr,
 ) {
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Watched { io, activity: activity.clone(), replacement: None });
@@ -169,6 +175,7 @@ async fn serve_connection<S: Socket>(
             if let Some(user) = &certificate_user {
                 request.extensions_mut().insert(crate::tls::VerifiedClient(user.clone()));
             }
+            request.extensions_mut().insert(ClientAddress(peer));
             async move {
                 let response = router.call(request.map(Body::new)).await?;
                 Ok::<_, Infallible>(response.map(|body| Body::new(Tracked { body, _request_open: request_open })))

@@ -157,6 +157,7 @@ fn method_list() -> String {
 
 fn refuse_origin(origin: &str) -> Response {
     ApiError {
+        retry_after_s: None,
         hint: None,
         status: StatusCode::FORBIDDEN,
         code: "origin_not_allowed",
@@ -169,7 +170,8 @@ fn refuse_origin(origin: &str) -> Response {
 }
 
 fn refuse_preflight(message: String) -> Response {
-    ApiError { hint: None, status: StatusCode::FORBIDDEN, code: "preflight_refused", message }.into_response()
+    ApiError { retry_after_s: None, hint: None, status: StatusCode::FORBIDDEN, code: "preflight_refused", message }
+        .into_response()
 }
 
 /// `Vary: Origin` on every answer while other origins are allowed: the same URL is answered

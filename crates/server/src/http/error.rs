@@ -19,11 +19,13 @@ pub struct ApiError {
     pub message: String,
     /// What the client can do about it, when there is something: sent as `hint`.
     pub hint: Option<String>,
+    /// When the client may try again, sent as `Retry-After` (seconds).
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { hint: None, status: StatusCode::BAD_REQUEST, code, message: message.into() }
+        ApiError { retry_after_s: None, hint: None, status: StatusCode::BAD_REQUEST, code, message: message.into() }
     }
 }
 
@@ -47,7 +49,13 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
 
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
-        ApiError { hint: error.hint(), status: status_of(error.kind()), code: error.code(), message: error.message() }
+        ApiError {
+            retry_after_s: error.retry_after_ms().map(|ms| ms.div_ceil(1000)),
+            hint: error.hint(),
+            status: status_of(error.kind()),
+            code: error.code(),
+            message: error.message(),
+        }
     }
 }
 
@@ -74,6 +82,9 @@ impl IntoResponse for ApiError {
             crate::access::limit_refused("http");
             // A user's rates hold a second's worth: a second later a request that fits is let in.
             response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
         }
         response
     }
@@ -103,6 +114,7 @@ pub async fn json_refusals(request: Request, next: Next) -> Response {
     let error = if status == StatusCode::METHOD_NOT_ALLOWED {
         let allowed = parts.headers.get(header::ALLOW).and_then(|value| value.to_str().ok()).unwrap_or("nothing");
         ApiError {
+            retry_after_s: None,
             hint: None,
             status,
             code: "method_not_allowed",
@@ -110,7 +122,7 @@ pub async fn json_refusals(request: Request, next: Next) -> Response {
         }
     } else {
         let message = if text.is_empty() { status.canonical_reason().unwrap_or("refused").to_string() } else { text };
-        ApiError { hint: None, status, code: code_of(status), message }
+        ApiError { retry_after_s: None, hint: None, status, code: code_of(status), message }
     };
     parts.headers.remove(header::CONTENT_TYPE);
     parts.headers.remove(header::CONTENT_LENGTH);

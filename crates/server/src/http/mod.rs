@@ -299,6 +299,7 @@ pub fn app(state: AppState) -> Router {
 
 async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError {
     error::ApiError {
+        retry_after_s: None,
         hint: None,
         status: StatusCode::NOT_FOUND,
         code: "unknown_route",
@@ -337,6 +338,7 @@ async fn cluster(State(state): State<AppState>) -> impl IntoResponse {
 
 fn not_a_cluster_node() -> error::ApiError {
     error::ApiError {
+        retry_after_s: None,
         hint: Some("start it with --node-id, --cluster-addr and --peers (docs/cluster.md)".into()),
         status: StatusCode::NOT_FOUND,
         code: "not_a_cluster_node",
@@ -350,11 +352,16 @@ async fn change_members(state: &AppState, change: MemberChange) -> Response {
         Ok(()) => {
             (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], cluster.status().to_string()).into_response()
         }
-        Err(ChangeRefused::Invalid(message)) => {
-            error::ApiError { hint: None, status: StatusCode::CONFLICT, code: "membership_refused", message }
-                .into_response()
+        Err(ChangeRefused::Invalid(message)) => error::ApiError {
+            retry_after_s: None,
+            hint: None,
+            status: StatusCode::CONFLICT,
+            code: "membership_refused",
+            message,
         }
+        .into_response(),
         Err(ChangeRefused::Unavailable(message)) => error::ApiError {
+            retry_after_s: None,
             hint: Some("retry once the cluster has a leader; GET /cluster shows the members".into()),
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "unconfirmed",
@@ -391,6 +398,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
         }
         None => error::ApiError {
+            retry_after_s: None,
             hint: None,
             status: StatusCode::NOT_FOUND,
             code: "metrics_disabled",

@@ -30,6 +30,7 @@ const MESSAGE_BYTES_MAX: usize = 16 * 1024;
 pub async fn upgrade(
     State(state): State<AppState>,
     verified: Option<axum::Extension<crate::tls::VerifiedClient>>,
+    client: Option<axum::Extension<super::connection::ClientAddress>>,
     upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(|rejection| {
@@ -40,6 +41,7 @@ pub async fn upgrade(
     })?;
     let Some(broker) = state.mqtt.clone() else {
         return Err(ApiError {
+            retry_after_s: None,
             hint: None,
             status: StatusCode::NOT_FOUND,
             code: "mqtt_disabled",
@@ -53,13 +55,21 @@ pub async fn upgrade(
         .write_buffer_size(0)
         .max_message_size(max_message)
         .max_frame_size(max_message)
-        .on_upgrade(move |socket| bridge(broker, socket, verified.map(|verified| verified.0.0)))
+        .on_upgrade(move |socket| {
+            bridge(broker, socket, verified.map(|verified| verified.0.0), client.map(|client| client.0.0))
+        })
         .into_response())
 }
 
 /// Pipes the WebSocket's binary messages to the broker and the broker's bytes back.
-/// `certificate_user`: the user the connection's verified client certificate names, if any.
-async fn bridge(broker: Arc<Broker>, socket: WebSocket, certificate_user: crate::tls::CertificateUser) {
+/// `certificate_user`: the user the connection's verified client certificate names, if any;
+/// `peer`: the client's address.
+async fn bridge(
+    broker: Arc<Broker>,
+    socket: WebSocket,
+    certificate_user: crate::tls::CertificateUser,
+    peer: Option<std::net::SocketAddr>,
+) {
     let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
     let stopping = broker.clone();
     let (mut from_broker, mut to_broker) = tokio::io::split(theirs);
@@ -106,5 +116,5 @@ async fn bridge(broker: Arc<Broker>, socket: WebSocket, certificate_user: crate:
             () = outbound => {}
         }
     };
-    tokio::join!(broker.serve_stream(ours, certificate_user), pumps);
+    tokio::join!(broker.serve_stream(ours, certificate_user, peer), pumps);
 }

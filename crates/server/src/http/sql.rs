@@ -24,6 +24,7 @@ pub async fn run(
     body: Result<String, StringRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body.map_err(|rejection| ApiError {
+        retry_after_s: None,
         hint: None,
         status: rejection.status(),
         code: "bad_body",

@@ -149,6 +149,7 @@ pub async fn publish(
     let query = PublishQuery::parse(raw.as_deref().unwrap_or_default())?;
     let durability = durability(&headers)?;
     let body = body.map_err(|rejection| ApiError {
+        retry_after_s: None,
         hint: None,
         status: rejection.status(),
         code: if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_body" },

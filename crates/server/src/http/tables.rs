@@ -75,6 +75,7 @@ fn precondition(headers: &HeaderMap) -> Result<Precondition, ApiError> {
 
 fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| ApiError {
+        retry_after_s: None,
         hint: None,
         status: rejection.status(),
         code: if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "bad_body" },

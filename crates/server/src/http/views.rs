@@ -46,6 +46,7 @@ pub async fn get_key(
     let rows = handle.rows(&key);
     if rows.is_empty() {
         return Err(ApiError {
+            retry_after_s: None,
             hint: None,
             status: StatusCode::NOT_FOUND,
             code: "not_found",

@@ -38,12 +38,24 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     if let Some(user) = certificate_user {
         session.log_in_with_certificate(&shared.engine, &user);
     }
+    let login_deadline = tokio::time::Instant::now() + shared.config.authentication_timeout;
     let end = loop {
+        // Once users exist, a connection must log in in time (SASL, or a client certificate),
+        // unless anonymous clients are granted something.
+        let must_log_in = !session.authenticated && !shared.engine.access().anonymous_welcome();
         // Reading a frame is not cancel-safe (a size read and then dropped would misalign the
-        // stream); it is cancelled only here, when the server stops and the connection ends.
+        // stream); it is cancelled only here, when the server stops or the time to log in is
+        // up, and the connection ends.
         let frame = tokio::select! {
             frame = read_frame(&mut stream, shared) => frame,
             _ = stop.wait_for(|stop| *stop) => break End::Closed,
+            () = tokio::time::sleep_until(login_deadline), if must_log_in => {
+                metrics::counter!(super::AUTHENTICATION_TIMEOUTS).increment(1);
+                break End::Protocol(format!(
+                    "no SASL login within kafka_authentication_timeout_s ({} s)",
+                    shared.config.authentication_timeout.as_secs()
+                ));
+            }
         };
         // The permit holds the frame's bytes against the listener's budget until it is answered.
         let (frame, _permit) = match frame {
@@ -213,7 +225,7 @@ async fn handle(
             frame_response(id, response_header, &answer, version)?
         }
         RequestKind::SaslAuthenticate(request) => {
-            let answer = sasl::authenticate(&shared.engine, session, request, version).await;
+            let answer = sasl::authenticate(&shared.engine, session, request, version, peer.ip()).await;
             frame_response(id, response_header, &answer, version)?
         }
         RequestKind::Metadata(request) => {

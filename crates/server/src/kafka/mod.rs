@@ -208,6 +208,9 @@ pub struct KafkaConfig {
     /// A connection with no request for this long is closed (Kafka's
     /// `connections.max.idle.ms`, 10 minutes there).
     pub idle_timeout: Duration,
+    /// Once users exist, a connection that has not logged in this long after it opened is
+    /// closed: sockets that never authenticate cannot hold every connection slot.
+    pub authentication_timeout: Duration,
     /// Longest a Fetch waits for data, whatever `max_wait_ms` it asks.
     pub fetch_wait_max: Duration,
 }
@@ -254,6 +257,7 @@ impl KafkaConfig {
             request_bytes_in_flight_max: 256 << 20,
             frame_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(600),
+            authentication_timeout: Duration::from_secs(10),
             fetch_wait_max: Duration::from_secs(30),
         }
     }
@@ -450,6 +454,8 @@ pub const CONNECTIONS_REFUSED: &str = "kafka_connections_refused_total";
 /// Connections closed for a frame over the limit, an unknown API or version, or a body that
 /// does not decode.
 pub const PROTOCOL_ERRORS: &str = "kafka_protocol_errors_total";
+/// Connections closed because they did not log in within `authentication_timeout`.
+pub const AUTHENTICATION_TIMEOUTS: &str = "kafka_authentication_timeouts_total";
 /// Requests answered, labelled by API name.
 pub const REQUESTS: &str = "kafka_requests_total";
 /// Records appended by Produce requests.
@@ -469,6 +475,10 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         PROTOCOL_ERRORS,
         "Kafka connections closed for an oversized frame, an unknown API or version, or a body that does not decode."
+    );
+    metrics::describe_counter!(
+        AUTHENTICATION_TIMEOUTS,
+        "Kafka connections closed because they did not log in with SASL within kafka_authentication_timeout_s."
     );
     metrics::describe_counter!(REQUESTS, "Kafka requests answered, by API.");
     metrics::describe_counter!(RECORDS_PRODUCED, "Records appended by Kafka Produce requests.");
@@ -495,6 +505,7 @@ pub fn describe_metrics() {
     for counter in [
         CONNECTIONS_REFUSED,
         PROTOCOL_ERRORS,
+        AUTHENTICATION_TIMEOUTS,
         RECORDS_PRODUCED,
         RECORDS_FETCHED,
         REAUTHENTICATIONS,

@@ -147,6 +147,7 @@ pub(super) async fn authenticate(
     session: &mut Session,
     request: SaslAuthenticateRequest,
     version: i16,
+    source: std::net::IpAddr,
 ) -> SaslAuthenticateResponse {
     let mut response = SaslAuthenticateResponse::default();
     let access = engine.access();
@@ -159,7 +160,7 @@ pub(super) async fn authenticate(
             return response;
         }
         (Some(Mechanism::Plain), false) => {
-            plain(engine, &request.auth_bytes).await.map(|principal| Some((principal, Vec::new())))
+            plain(engine, &request.auth_bytes, source).await.map(|principal| Some((principal, Vec::new())))
         }
         (Some(Mechanism::OAuthBearer), false) => {
             oauth_bearer(engine, &request.auth_bytes).map(|principal| Some((principal, Vec::new())))
@@ -258,7 +259,7 @@ fn oauth_bearer(engine: &Engine, message: &[u8]) -> Result<Principal, EngineErro
 
 /// PLAIN's one message: `[authzid] NUL user NUL password` (RFC 4616); an authorization
 /// identity other than the user is refused.
-async fn plain(engine: &Engine, message: &[u8]) -> Result<Principal, EngineError> {
+async fn plain(engine: &Engine, message: &[u8], source: std::net::IpAddr) -> Result<Principal, EngineError> {
     let refused = || EngineError::Unauthenticated(onehop_engine::access::LoginFailure::WrongPassword);
     let mut parts = message.splitn(3, |byte| *byte == 0);
     let (Some(authzid), Some(user), Some(password)) = (parts.next(), parts.next(), parts.next()) else {
@@ -279,5 +280,5 @@ async fn plain(engine: &Engine, message: &[u8]) -> Result<Principal, EngineError
         }
         return Ok(principal);
     }
-    access.login_password(user, password).await
+    access.login_password(user, password, Some(source)).await
 }

@@ -54,11 +54,12 @@ pub(super) async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
     stream: S,
     connection_id: u64,
     certificate_user: crate::tls::CertificateUser,
+    peer: Option<std::net::SocketAddr>,
 ) {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(BUFFER_BYTES_INITIAL);
-    let accepted =
-        handshake::accept(&broker, &mut reader, &mut writer, &mut buf, connection_id, certificate_user.as_deref());
+    let client = handshake::Client { connection: connection_id, certificate_user: certificate_user.as_deref(), peer };
+    let accepted = handshake::accept(&broker, &mut reader, &mut writer, &mut buf, client);
     let Some(accepted) = accepted.await else {
         return;
     };

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use onehop_engine::hub::{Cursor, Delivery, Event};
 use onehop_engine::subject::SubjectFilter;
 use onehop_engine::subscription::{Start, Target};
-use onehop_engine::{Filter, Principal, Record, Stream};
+use onehop_engine::{ErrorKind, Filter, Principal, Record, Stream};
 use rmqtt_codec::types::QoS;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
@@ -189,6 +189,11 @@ impl Follower {
                 // should that ever change, the client is told rather than left missing messages.
                 Ok(Delivery::Overflow { .. }) => {
                     self.sink.send(Outbound::CutOff).await;
+                    return;
+                }
+                // What it follows may no longer be read by this connection: it ends, saying why.
+                Err(error) if matches!(error.kind(), ErrorKind::Forbidden | ErrorKind::Unauthenticated) => {
+                    self.sink.send(Outbound::Revoked(error.to_string())).await;
                     return;
                 }
                 // The stream was dropped, or the server is stopping.

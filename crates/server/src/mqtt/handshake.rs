@@ -39,11 +39,8 @@ const CONNACK_UNACCEPTABLE_VERSION: [u8; 4] = [0x20, 0x02, 0x00, 0x01];
 /// the user name. Without a password, a verified client certificate logs in as the user its
 /// common name is (the user name, if given, must be that user). No credentials: anonymous,
 /// let in only while access is off or `PUBLIC` is granted something.
-async fn login(
-    broker: &Broker,
-    connect: &Connect,
-    certificate_user: Option<&str>,
-) -> Result<Principal, ConnectRefusal> {
+async fn login(broker: &Broker, connect: &Connect, client: &Client<'_>) -> Result<Principal, ConnectRefusal> {
+    let certificate_user = client.certificate_user;
     let access = broker.engine.access();
     let username = connect.username.as_deref();
     let refused = |error: onehop_engine::EngineError| {
@@ -80,7 +77,24 @@ async fn login(
         }
         return Ok(principal);
     }
-    access.login_password(username.unwrap_or_default(), password).await.map_err(refused)
+    let source = client.peer.map(|peer| peer.ip());
+    access.login_password(username.unwrap_or_default(), password, source).await.map_err(|error| match error {
+        onehop_engine::EngineError::LoginThrottled { .. } => {
+            crate::access::login_failed("mqtt", username, &error.message());
+            ConnectRefusal::Throttled
+        }
+        error => refused(error),
+    })
+}
+
+/// The connection a CONNECT came on.
+pub(super) struct Client<'a> {
+    /// The broker's number for it.
+    pub(super) connection: u64,
+    /// The user its verified client certificate names, if any.
+    pub(super) certificate_user: Option<&'a str>,
+    /// Its address, when it came over a socket of ours or an HTTP request that says so.
+    pub(super) peer: Option<std::net::SocketAddr>,
 }
 
 /// The connected clients by id, each with the signal that takes its client id over.
@@ -154,9 +168,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
     reader: &mut ReadHalf<S>,
     writer: &mut WriteHalf<S>,
     buf: &mut BytesMut,
-    connection: u64,
-    certificate_user: Option<&str>,
+    client: Client<'_>,
 ) -> Option<Accepted> {
+    let connection = client.connection;
     let read = tokio::time::timeout(broker.config.connect_timeout, read_connect(broker, reader, writer, buf)).await;
     let Ok(Some((mut codec, connect))) = read else { return None };
     let mut assigned = None;
@@ -170,7 +184,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite>(
     } else {
         connect.client_id.clone()
     };
-    let principal = match login(broker, &connect, certificate_user).await {
+    let principal = match login(broker, &connect, &client).await {
         Ok(principal) => principal,
         Err(refusal) => return refuse(&mut codec, refusal, writer).await,
     };

@@ -107,6 +107,9 @@ pub const OUTBOUND_QUEUE_DEFAULT: usize = 1024;
 pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// MQTT connections open at once by default.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 20_000;
+/// Most topic filters one connection may be subscribed to: each one follows its streams with
+/// tasks and queues of its own, so one client must not hold thousands.
+pub const SUBSCRIPTIONS_MAX_DEFAULT: usize = 1_000;
 /// How long the listener waits after a failed accept (out of file descriptors, say) before it
 /// tries again, rather than spinning on the error.
 /// How long connections have to say goodbye when the server stops.
@@ -130,6 +133,9 @@ pub struct MqttConfig {
     pub connect_timeout: Duration,
     /// Most MQTT connections at once.
     pub connections_max: usize,
+    /// Most topic filters one connection may be subscribed to; one more is refused in its
+    /// SUBACK (0x97 quota exceeded; 3.1.1: 0x80).
+    pub subscriptions_max: usize,
 }
 
 impl Default for MqttConfig {
@@ -141,6 +147,7 @@ impl Default for MqttConfig {
             outbound_queue: OUTBOUND_QUEUE_DEFAULT,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            subscriptions_max: SUBSCRIPTIONS_MAX_DEFAULT,
         }
     }
 }
@@ -196,15 +203,17 @@ impl Broker {
     /// Serves one client over a byte stream that is not a TCP connection of ours (MQTT over
     /// WebSocket).
     /// `certificate_user` is the user a verified client certificate names (TLS with client
-    /// CAs), taken for a CONNECT without a password.
+    /// CAs), taken for a CONNECT without a password; `peer` is the client's address, which
+    /// failed logins are counted against.
     pub async fn serve_stream<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static>(
         self: Arc<Self>,
         stream: S,
         certificate_user: crate::tls::CertificateUser,
+        peer: Option<std::net::SocketAddr>,
     ) {
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
         metrics::gauge!("mqtt_connections").increment(1.0);
-        connection::run(self, stream, id, certificate_user).await;
+        connection::run(self, stream, id, certificate_user, peer).await;
         metrics::gauge!("mqtt_connections").decrement(1.0);
     }
 
@@ -264,12 +273,12 @@ async fn serve_listener(
             let stream = Lingering::new(stream, permit);
             drop(tokio::spawn(async move {
                 match tls {
-                    None => broker.serve_stream(stream, None).await,
+                    None => broker.serve_stream(stream, None, Some(peer)).await,
                     Some(tls) => {
                         let accepted =
                             crate::tls::accept(tls.acceptor(), stream, crate::tls::HANDSHAKE_TIMEOUT, "mqtt", peer);
                         if let Some((stream, certificate_user)) = accepted.await {
-                            broker.serve_stream(stream, certificate_user).await;
+                            broker.serve_stream(stream, certificate_user, Some(peer)).await;
                         }
                     }
                 }

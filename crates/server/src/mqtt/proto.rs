@@ -316,7 +316,7 @@ impl Codec {
                     Err(ConnectRefusal::BadClientId) => v3::ConnectAckReason::IdentifierRejected,
                     Err(ConnectRefusal::BadCredentials) => v3::ConnectAckReason::BadUserNameOrPassword,
                     Err(ConnectRefusal::NotAuthorized) => v3::ConnectAckReason::NotAuthorized,
-                    Err(ConnectRefusal::Unavailable | ConnectRefusal::QuotaExceeded) => {
+                    Err(ConnectRefusal::Unavailable | ConnectRefusal::QuotaExceeded | ConnectRefusal::Throttled) => {
                         v3::ConnectAckReason::ServiceUnavailable
                     }
                     // 3.1.1 has no return code for a CONNECT it cannot read: it just closes.
@@ -348,6 +348,7 @@ impl Codec {
                             ConnectRefusal::NotAuthorized => v5::ConnectAckReason::NotAuthorized,
                             ConnectRefusal::Unavailable => v5::ConnectAckReason::ServerUnavailable,
                             ConnectRefusal::QuotaExceeded => v5::ConnectAckReason::QuotaExceeded,
+                            ConnectRefusal::Throttled => v5::ConnectAckReason::ConnectionRateExceeded,
                             ConnectRefusal::Unreadable(Goodbye::PacketTooLarge) => v5::ConnectAckReason::PacketTooLarge,
                             ConnectRefusal::Unreadable(Goodbye::MalformedPacket) => {
                                 v5::ConnectAckReason::MalformedPacket
@@ -571,6 +572,9 @@ pub enum ConnectRefusal {
     /// The user is at its connection limit (0x97 quota exceeded; 3.1.1: return code 3,
     /// server unavailable).
     QuotaExceeded,
+    /// Too many failed logins from the client's address (0x9F connection rate exceeded;
+    /// 3.1.1: return code 3, server unavailable, which says to try later).
+    Throttled,
     Unavailable,
     /// The CONNECT could not be decoded, for the reason a DISCONNECT would give later on.
     Unreadable(Goodbye),

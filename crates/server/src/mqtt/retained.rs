@@ -430,10 +430,12 @@ impl RetainedStore {
             || self.engine.grown_past(&self.checkpointed.lock().expect("checkpointed lock"))
     }
 
-    /// The retained messages whose topic matches `filter`.
-    pub fn matching(&self, filter: &SubjectFilter) -> Vec<Retained> {
+    /// The retained messages whose topic matches `filter`, each with the stream that stored it
+    /// (empty for a message checkpointed before sources were kept): what a subscriber must be
+    /// allowed to read, whichever stream the topic would go to now.
+    pub fn matching(&self, filter: &SubjectFilter) -> Vec<(String, Retained)> {
         let messages = self.messages.read().expect("retained lock");
-        let held = |(_, held): (&String, &Held)| held.message.clone();
+        let held = |(_, held): (&String, &Held)| Some((held.source.stream.clone(), held.message.clone()?));
         let first = filter.as_str().split('/').next().unwrap_or_default();
         if first == "+" || first == "#" {
             return messages.iter().filter(|(topic, _)| filter.matches(topic)).filter_map(held).collect();
@@ -530,7 +532,8 @@ mod tests {
         let store = RetainedStore::open(&engine).unwrap();
         let found = store.matching(&SubjectFilter::parse("home/#").unwrap());
         assert_eq!(found.len(), 1);
-        assert_eq!(&found[0].payload[..], b"on");
+        assert_eq!(&found[0].1.payload[..], b"on");
+        assert_eq!(found[0].0, "home", "it names the stream that stored it");
         assert!(store.changed(), "the start read on, so its positions go down");
         store.checkpoint().await.unwrap();
         assert_eq!(*store.checkpointed.lock().unwrap(), store.end_positions());

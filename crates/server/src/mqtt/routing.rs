@@ -72,12 +72,17 @@ pub(super) async fn route(engine: &Engine, principal: &Principal, topic: &str) -
     engine.route(topic).await.map_err(|error| (route_refusal(&error), error.to_string()))
 }
 
-/// Whether `principal` may read what is published to `topic` (a retained message's topic):
-/// the stream it is in, found as [`route`] finds it, without creating anything.
-pub(super) fn may_read_topic(engine: &Engine, principal: &Principal, topic: &str) -> bool {
-    let stream = match engine.stream_for_mqtt_topic(topic) {
-        Some(stream) => stream.name().to_string(),
-        None => engine.stream_named_by(topic.split('/').next().unwrap_or_default()).to_string(),
+/// Whether `principal` may read a retained message of `topic` that `stream` stored: READ on
+/// that stream, or a topic grant. Not the stream the topic would go to now: a route declared
+/// since must not open another stream's messages. A message checkpointed before sources were
+/// kept (`stream` empty) is the stream's the topic goes to, found as [`route`] finds it.
+pub(super) fn may_read_retained(engine: &Engine, principal: &Principal, stream: &str, topic: &str) -> bool {
+    let stream = match stream {
+        "" => match engine.stream_for_mqtt_topic(topic) {
+            Some(stream) => stream.name().to_string(),
+            None => engine.stream_named_by(topic.split('/').next().unwrap_or_default()).to_string(),
+        },
+        stream => stream.to_string(),
     };
     engine.access().authorize_subject(principal, Privilege::Read, &stream, topic).is_ok()
 }

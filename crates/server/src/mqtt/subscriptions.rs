@@ -133,6 +133,13 @@ impl Subscriptions {
         resume: Option<&StoredSubscription>,
     ) -> Granted {
         let filter = request.filter.clone();
+        if !self.handles.contains_key(&filter) && self.handles.len() >= self.broker.config.subscriptions_max {
+            tracing::debug!(
+                client_id = %self.client_id, max = self.broker.config.subscriptions_max,
+                "subscription refused: the connection holds mqtt_subscriptions_max filters"
+            );
+            return Err(Refusal::QuotaExceeded);
+        }
         // A new filter takes a place in the user's subscription limit (SUBACK 0x97 at it); one
         // subscribed again keeps its own.
         let held = match self.handles.contains_key(&filter) {
@@ -383,7 +390,10 @@ impl Subscriptions {
         let request = &opening.request;
         let mut retained =
             if opening.send_retained { self.broker.retained.matching(&opening.parsed) } else { Vec::new() };
-        retained.retain(|message| super::routing::may_read_topic(&self.broker.engine, &self.principal, &message.topic));
+        retained.retain(|(stream, message)| {
+            super::routing::may_read_retained(&self.broker.engine, &self.principal, stream, &message.topic)
+        });
+        let retained: Vec<Retained> = retained.into_iter().map(|(_, message)| message).collect();
         let sink = Sink::Connection(self.deliveries.clone());
         let mut follower =
             opening.follower(&self.broker, &self.principal, sink, Filter::subject(opening.parsed.clone()));

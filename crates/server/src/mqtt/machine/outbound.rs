@@ -43,8 +43,12 @@ pub(in crate::mqtt) enum Outbound {
         /// Sent before, to a previous connection of this session.
         dup: bool,
     },
-    /// A subscription could not carry on.
+    /// A subscription could not carry on: it fell behind past the log.
     CutOff,
+    /// A subscription may no longer read what it follows (a grant revoked, the user or the
+    /// token this connection logged in with dropped or expired): the connection ends as not
+    /// authorized, with the reason.
+    Revoked(String),
 }
 
 /// What an outgoing QoS 1/2 message awaits from the client.
@@ -140,10 +144,15 @@ impl Machine {
     /// Sends a message from a subscription (or ends the connection for a subscription that
     /// could not carry on).
     pub(super) fn deliver(&mut self, outbound: Outbound) {
-        let Outbound::Message { event, qos, subscription_id, retain, retain_as_published, progress, dup } = outbound
-        else {
-            let reason = "this client fell behind its subscriptions past what the log still holds";
-            return self.close(Close::abnormal(Goodbye::QuotaExceeded, reason));
+        let (event, qos, subscription_id, retain, retain_as_published, progress, dup) = match outbound {
+            Outbound::Message { event, qos, subscription_id, retain, retain_as_published, progress, dup } => {
+                (event, qos, subscription_id, retain, retain_as_published, progress, dup)
+            }
+            Outbound::CutOff => {
+                let reason = "this client fell behind its subscriptions past what the log still holds";
+                return self.close(Close::abnormal(Goodbye::QuotaExceeded, reason));
+            }
+            Outbound::Revoked(reason) => return self.close(Close::abnormal(Goodbye::NotAuthorized, reason)),
         };
         let acked = progress.map(|progress| Acked {
             progress,
