@@ -95,6 +95,10 @@ pub enum ProposeError {
     /// The leader refused a membership change (the reason says why); nothing changed.
     #[error("{0}")]
     Refused(String),
+    /// This node leads but has not heard from a majority for `millis` ms (they are down or
+    /// cut off): it writes nothing it could not commit; nothing was written.
+    #[error("this node has not heard from a majority of the nodes for {millis} ms; nothing was written")]
+    NoQuorum { millis: u64 },
 }
 
 /// A change of a cluster's voting members.
@@ -115,6 +119,7 @@ impl ProposeError {
                 | ProposeError::NoLeader
                 | ProposeError::Unreachable(_)
                 | ProposeError::Stale
+                | ProposeError::NoQuorum { .. }
         )
     }
 }
@@ -213,7 +218,24 @@ pub(crate) struct Inner<A: Applier> {
     /// The term this node leads in, once it applied every entry before its own (see
     /// [`Node::settled`]); `None` while it does not lead.
     settled: watch::Sender<Option<u64>>,
+    /// When a leader's AppendEntries last arrived: what this node answers another's pre-vote
+    /// with ([`Inner::leader_recent`]).
+    leader_contact: std::sync::Mutex<Option<Instant>>,
+    /// The shortest and longest election timeouts.
+    election_timeout: (Duration, Duration),
+    /// Elections, switched off while this node could not win one (see `gate_elections`).
+    elections: snapshot::Elections,
 }
+
+/// How long a leader may go without a majority's acknowledgement before it refuses writes:
+/// past the longest election timeout, the others have likely elected another.
+fn quorum_lost_after(election_timeout: (Duration, Duration)) -> Duration {
+    election_timeout.1
+}
+
+/// The least time a command queued on the leader has to be committed and answered, however
+/// late in its proposal timeout it was queued (after an election, say).
+const ANSWER_TIME_MIN: Duration = Duration::from_secs(2);
 
 /// How often a member is asked again what it says of itself.
 const INFO_REFRESH: Duration = Duration::from_secs(5);
@@ -226,6 +248,18 @@ impl<A: Applier> Inner<A> {
         let metrics = self.raft.metrics().borrow().clone();
         if metrics.state != ServerState::Leader {
             return Err(ProposeError::NotLeader { leader: metrics.current_leader });
+        }
+        // Check quorum: a leader cut off from the others answers at once, rather than queue a
+        // write no majority can commit (and that might commit much later, once the client
+        // gave up and retried).
+        if metrics.membership_config.membership().voter_ids().count() > 1 {
+            let limit = quorum_lost_after(self.election_timeout).as_millis() as u64;
+            match metrics.millis_since_quorum_ack {
+                Some(millis) if millis <= limit => {}
+                Some(millis) => return Err(ProposeError::NoQuorum { millis }),
+                // Not acknowledged by a majority yet in this term: its first heartbeats are out.
+                None => return Err(ProposeError::NoQuorum { millis: 0 }),
+            }
         }
         let term = metrics.current_term;
         if *began != Some(term) {
@@ -388,6 +422,70 @@ impl<A: Applier> Inner<A> {
         Ok(())
     }
 
+    /// Notes that a leader's AppendEntries arrived.
+    pub(crate) fn heard_from_leader(&self) {
+        *self.leader_contact.lock().expect("leader contact lock") = Some(Instant::now());
+    }
+
+    /// Whether this node knows a live leader: it leads with a majority's recent acknowledgement,
+    /// or a leader's AppendEntries came within the shortest election timeout. A node that knows
+    /// one would not vote for another, so it answers a pre-vote "no" (Raft's pre-vote, §9.6 of
+    /// Ongaro's thesis).
+    pub(crate) fn leader_recent(&self) -> bool {
+        let metrics = self.raft.metrics().borrow().clone();
+        let within = self.election_timeout.0;
+        if metrics.state == ServerState::Leader {
+            return metrics.millis_since_quorum_ack.is_some_and(|millis| millis < within.as_millis() as u64);
+        }
+        self.leader_contact.lock().expect("leader contact lock").is_some_and(|at| at.elapsed() < within)
+    }
+
+    /// Pre-vote, as a switch on openraft's elections (openraft 0.9 has no pre-vote): a node
+    /// that has lost its leader asks the other voters whether they have too, and stands for
+    /// election only while a majority, itself included, could elect it. A node cut off from
+    /// the others (a partition, the others stopped) then keeps its term instead of raising it
+    /// with every timeout, and does not depose a healthy leader when it comes back.
+    #[cfg_attr(feature = "sim", allow(dead_code))]
+    async fn gate_elections(self: Arc<Self>) {
+        let period = self.election_timeout.0 / 2;
+        loop {
+            tokio::time::sleep(period).await;
+            let (leading, voters) = {
+                let metrics = self.raft.metrics();
+                let now = metrics.borrow();
+                let membership = now.membership_config.membership();
+                let voters: Vec<(u64, Option<SocketAddr>)> = membership
+                    .voter_ids()
+                    .filter(|id| *id != self.id)
+                    .map(|id| (id, membership.get_node(&id).and_then(|node| node.addr.parse().ok())))
+                    .collect();
+                (now.state == ServerState::Leader, voters)
+            };
+            if leading || voters.is_empty() || self.leader_recent() {
+                self.elections.set_cut_off(false);
+                continue;
+            }
+            let mut asking = tokio::task::JoinSet::new();
+            for (_, address) in voters.iter().copied() {
+                let Some(address) = address else { continue };
+                let node = self.clone();
+                asking.spawn(async move {
+                    let asked =
+                        async { node.forwarder.send(address, net::Request::PreVote).await.ok()?.await.ok()?.ok() };
+                    // The answer is one byte: 1 when that node knows a live leader.
+                    matches!(tokio::time::timeout(period, asked).await, Ok(Some(answer)) if answer.as_ref() == [0])
+                });
+            }
+            let mut grants = 1;
+            while let Some(granted) = asking.join_next().await {
+                grants += usize::from(granted.unwrap_or(false));
+            }
+            let members = voters.len() + 1;
+            let majority = members / 2 + 1;
+            self.elections.set_cut_off(grants < majority);
+        }
+    }
+
     /// Keeps [`Inner::directory`] current: asks every member that said nothing yet, or
     /// nothing for a while, what it says of itself; forgets those no longer members.
     async fn gather_info(self: Arc<Self>) {
@@ -525,6 +623,9 @@ impl<A: Applier> Node<A> {
             info: std::sync::RwLock::new(Bytes::new()),
             directory: Default::default(),
             settled: watch::channel(None).0,
+            leader_contact: std::sync::Mutex::new(None),
+            election_timeout: options.election_timeout,
+            elections: elections.clone(),
         });
         let serving = tokio::spawn(net::serve(listener, inner.clone()));
         let persisting = progress.spawn(Duration::from_millis(500));
@@ -535,7 +636,13 @@ impl<A: Applier> Node<A> {
         // shared within the process, not time; not found yet. There a leader begins its term
         // at its first submit, as it would without it.
         #[cfg(not(feature = "sim"))]
-        let tasks = vec![serving, persisting, gathering, tokio::spawn(inner.clone().settle())];
+        let tasks = vec![
+            serving,
+            persisting,
+            gathering,
+            tokio::spawn(inner.clone().settle()),
+            tokio::spawn(inner.clone().gate_elections()),
+        ];
         #[cfg(feature = "sim")]
         let tasks = vec![serving, persisting, gathering];
         Ok(Node { inner, progress, tasks })
@@ -601,7 +708,20 @@ impl<A: Applier> Node<A> {
         tokio::spawn(async move {
             let mut waiting = first;
             let answer = loop {
-                let answer = inner.answer_or_new_leader(&mut waiting.0, waiting.1).await;
+                // Answered within the proposal timeout, whatever happens: a leader that lost its
+                // majority after queueing it never commits it (or only once the others are back,
+                // long after the client gave up: hence "may have been committed").
+                let answer_by = deadline.max(Instant::now() + ANSWER_TIME_MIN);
+                let answer =
+                    match tokio::time::timeout_at(answer_by, inner.answer_or_new_leader(&mut waiting.0, waiting.1))
+                        .await
+                    {
+                        Ok(answer) => answer,
+                        Err(_) => Err(ProposeError::Unknown(format!(
+                            "not confirmed by a majority within {} s; it may still be committed if they come back",
+                            inner.propose_timeout.as_secs()
+                        ))),
+                    };
                 match answer {
                     // Skipped by every node, or never written: submitting again is safe.
                     Err(error) if error.nothing_applied() && Instant::now() < deadline => {

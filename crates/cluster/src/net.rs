@@ -81,6 +81,9 @@ pub enum Request {
         id: u64,
         info: Bytes,
     },
+    /// Whether the node knows a live leader (`Inner::leader_recent`): the pre-vote of a node
+    /// that lost its own, answered with one byte, 1 for yes.
+    PreVote,
 }
 
 /// Raft's own RPCs.
@@ -246,6 +249,11 @@ async fn serve_connection<A: Applier>(stream: Box<dyn Connection>, node: Arc<Inn
                 let _ = replies.send((id, encode(&Reply::Propose(Ok(info))))).await;
                 drop(permit);
             }
+            Request::PreVote => {
+                let answer = Bytes::from(vec![u8::from(node.leader_recent())]);
+                let _ = replies.send((id, encode(&Reply::Propose(Ok(answer))))).await;
+                drop(permit);
+            }
             Request::Announce { id: member, info } => {
                 node.heard(member, info);
                 let _ = replies.send((id, encode(&Reply::Propose(Ok(Bytes::new()))))).await;
@@ -261,9 +269,13 @@ async fn serve_connection<A: Applier>(stream: Box<dyn Connection>, node: Arc<Inn
             }
             Request::Raft(rpc) => {
                 let raft = node.raft.clone();
+                let node = node.clone();
                 requests.spawn(async move {
                     let reply = match rpc {
-                        RaftRequest::Append(rpc) => Reply::Append(raft.append_entries(rpc).await),
+                        RaftRequest::Append(rpc) => {
+                            node.heard_from_leader();
+                            Reply::Append(raft.append_entries(rpc).await)
+                        }
                         RaftRequest::Vote(rpc) => Reply::Vote(raft.vote(rpc).await),
                         RaftRequest::Snapshot(rpc) => Reply::Snapshot(raft.install_snapshot(rpc).await),
                     };

@@ -104,7 +104,16 @@ impl Drop for Received {
 /// snapshot that takes longer than the election timeout would start an election, depose the
 /// leader (whose term it passes), and have the transfer start over: with enough data, forever.
 #[derive(Clone, Default)]
-pub(crate) struct Elections(Arc<std::sync::OnceLock<ElectionSwitch>>);
+pub(crate) struct Elections(Arc<ElectionState>);
+
+/// Why elections are off: a snapshot arriving, or this node cut off from a majority (it
+/// could not win, and each try would raise its term: see `Inner::gate_elections`).
+#[derive(Default)]
+pub(crate) struct ElectionState {
+    switch: std::sync::OnceLock<ElectionSwitch>,
+    receiving: std::sync::atomic::AtomicBool,
+    cut_off: std::sync::atomic::AtomicBool,
+}
 
 /// Turns elections on or off (a node's Raft, behind a trait object: the state machine that
 /// holds it is inside that Raft).
@@ -113,12 +122,33 @@ type ElectionSwitch = Box<dyn Fn(bool) + Send + Sync>;
 impl Elections {
     /// Gives it the node's Raft, once there is one.
     pub(crate) fn attach(&self, raft: openraft::Raft<crate::TypeConfig>) {
-        let _ = self.0.set(Box::new(move |on| raft.runtime_config().elect(on)));
+        let _ = self.0.switch.set(Box::new(move |on| raft.runtime_config().elect(on)));
+        self.apply();
+    }
+
+    /// Elections on unless a reason holds them off.
+    fn apply(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if let Some(switch) = self.0.switch.get() {
+            switch(!self.0.receiving.load(SeqCst) && !self.0.cut_off.load(SeqCst));
+        }
     }
 
     fn set(&self, on: bool) {
-        if let Some(switch) = self.0.get() {
-            switch(on);
+        self.0.receiving.store(!on, std::sync::atomic::Ordering::SeqCst);
+        self.apply();
+    }
+
+    /// Whether this node could not win an election now: it reaches no majority of voters
+    /// that have lost their leader too. Off then, it keeps its term until it could.
+    pub(crate) fn set_cut_off(&self, cut_off: bool) {
+        if self.0.cut_off.swap(cut_off, std::sync::atomic::Ordering::SeqCst) != cut_off {
+            if cut_off {
+                tracing::info!("no majority could elect this node now: it stands for no election, and its term stays");
+            } else {
+                tracing::info!("a majority could elect this node again: it may stand for election");
+            }
+            self.apply();
         }
     }
 

@@ -2211,3 +2211,78 @@ fn kafka_transactions_stay_whole_and_once_through_kill_9_of_the_leader() {
         committed.len()
     );
 }
+
+/// A write to a node that cannot reach a majority is answered (503 `unconfirmed`, MQTT's
+/// PUBACK refusal), never left waiting: a leader with both followers down refuses at once
+/// (check quorum), a follower left alone finds no leader within the proposal timeout. The lone
+/// follower stands for no election it could not win (pre-vote), so its term stays where it
+/// was, and once the others are back the cluster commits again without being disturbed by it.
+#[test]
+fn a_node_without_a_majority_answers_its_writes_and_its_term_stays() {
+    let mut cluster = Cluster::start(3);
+    let leader = cluster.leader();
+    let http = cluster.http_addresses();
+    let (code, body) = common::request_with(http[leader], None, "POST", "/streams/events", "{\"n\":0}").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+
+    // The leader alone.
+    for &follower in &followers {
+        cluster.members[follower].server.as_mut().unwrap().kill_9();
+        cluster.members[follower].server = None;
+    }
+    let curl_post = |address: SocketAddr| {
+        let output = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/stderr",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "120",
+                "-X",
+                "POST",
+                "-d",
+                "{\"n\":1}",
+            ])
+            .arg(format!("http://{address}/streams/events"))
+            .output()
+            .unwrap();
+        (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let (code, body) = curl_post(http[leader]);
+    assert_eq!(code, "503", "the write is answered, not left waiting: {body}");
+    assert!(body.contains("unconfirmed"), "{body}");
+    let mqtt = cluster.members[leader].server.as_ref().unwrap().mqtt_address;
+    let published = Command::new("timeout")
+        .args(["120", "mosquitto_pub", "-h", "127.0.0.1", "-p", &mqtt.port().to_string(), "-V", "mqttv5", "-q", "1"])
+        .args(["-t", "events/mqtt", "-m", "{\"n\":2}"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&published.stderr);
+    assert_ne!(published.status.code(), Some(124), "the QoS 1 publish was answered: {said}");
+    // mosquitto_pub exits 0 and warns of a PUBACK that refuses.
+    assert!(said.contains("Publish 1 failed") && said.contains("not confirmed"), "refused in its PUBACK: {said}");
+
+    // A follower alone: the leader and the other follower down.
+    cluster.members[leader].server.as_mut().unwrap().kill_9();
+    cluster.members[leader].server = None;
+    let alone = followers[0];
+    cluster.launch(alone);
+    let (code, body) = curl_post(http[alone]);
+    assert_eq!(code, "503", "{body}");
+    let term = |cluster: &Cluster| status(cluster.members[alone].http).and_then(|status| status["term"].as_u64());
+    let before = term(&cluster).expect("the node answers its status");
+    // Without pre-vote its term would rise with each election timeout (0.5 to 1 s).
+    std::thread::sleep(Duration::from_secs(4));
+    let after = term(&cluster).expect("the node answers its status");
+    assert!(after <= before + 1, "the lone node's term went from {before} to {after}\n{}", cluster.said(false));
+
+    // The others come back: a leader is elected and writes commit on every node.
+    cluster.launch(leader);
+    cluster.launch(followers[1]);
+    let leader = cluster.leader();
+    let (code, body) = common::request_with(http[leader], None, "POST", "/streams/events", "{\"n\":3}").unwrap();
+    assert_eq!(code, 200, "{body}");
+}
