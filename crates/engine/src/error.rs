@@ -208,9 +208,11 @@ impl EngineError {
     pub fn hint(&self) -> Option<String> {
         Some(match self {
             EngineError::UnknownStream { name, auto_create } => unknown_stream_hint(name, *auto_create),
-            EngineError::StreamExists { .. } | EngineError::TableExists { .. } => {
-                "drop it first or use the existing definition".to_string()
-            }
+            EngineError::StreamExists { name, .. } => format!(
+                "to change its retention or partitions use ALTER STREAM {name} SET (partitions = …, retention = …); to \
+                 replace it, DROP STREAM {name} first"
+            ),
+            EngineError::TableExists { .. } => "drop it first or use the existing definition".to_string(),
             EngineError::UnknownTable(name) => {
                 format!("create it first (CREATE TABLE {name} (id TEXT PRIMARY KEY, …))")
             }

@@ -281,14 +281,24 @@ async fn sql_defines_streams_and_answers_with_rows_or_reasons() {
     let end_offsets = &body["results"][0]["rows"][0][5];
     assert_eq!(end_offsets.as_array().unwrap().iter().map(|offset| offset.as_u64().unwrap()).sum::<u64>(), 1);
 
-    let (status, body) = server.post("/sql", "SELECT * FROM orders").await;
+    // An ad-hoc query is not served yet: the answer is short and points to what is.
+    let (status, body) = server.post("/sql", "SELECT * FROM orders WHERE id = 1").await;
     assert_eq!((status, error_code(&body)), (400, "sql_unsupported"));
-    assert!(body["error"]["message"].as_str().unwrap().contains("CREATE TABLE"), "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not served yet") && message.len() < 200, "{body}");
+    assert!(body["error"]["hint"].as_str().unwrap().contains("GET /tables/{table}/{id}"), "{body}");
+    let (status, body) = server.post("/sql", "INSERT INTO orders VALUES (1)").await;
+    assert_eq!((status, error_code(&body)), (400, "sql_unsupported"));
+    assert!(body["error"]["hint"].as_str().unwrap().contains("POST /streams/{stream}"), "{body}");
+    // Another unsupported statement lists the supported ones in the hint.
+    let (_, body) = server.post("/sql", "TRUNCATE orders").await;
+    assert!(body["error"]["hint"].as_str().unwrap().contains("CREATE TABLE"), "{body}");
     let (status, body) = server.post("/sql", "CREATE STREAM broken WITH (partitions = ").await;
     assert_eq!((status, error_code(&body)), (400, "sql_syntax"));
     assert!(server.engine.stream("broken").is_err(), "nothing ran");
     let (status, body) = server.post("/sql", "CREATE STREAM fine; CREATE STREAM orders WITH (partitions = 5)").await;
     assert_eq!((status, error_code(&body)), (409, "stream_exists"));
+    assert!(body["error"]["hint"].as_str().unwrap().contains("ALTER STREAM orders SET"), "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.starts_with("statement 2 of 2, CREATE STREAM orders (the 1 statement(s) before it took effect)"),

@@ -128,8 +128,18 @@ async fn bad_commands_get_error_messages_and_the_socket_stays_open() {
             "{command}: {answer}"
         );
     }
+    // Said in the API's words, with the commands there are, not the decoder's.
+    send(&mut socket, json!({ "op": "dance" })).await;
+    let answer = receive(&mut socket).await;
+    let message = answer["message"].as_str().unwrap();
+    assert!(message.starts_with("the message is not a command") && !message.contains(" at line "), "{answer}");
+    assert!(answer["hint"].as_str().unwrap().contains("\"op\":\"subscribe\""), "{answer}");
     socket.send(Message::Text("not json".into())).await.unwrap();
-    assert_eq!(receive(&mut socket).await["code"], "bad_json");
+    let answer = receive(&mut socket).await;
+    assert_eq!(
+        (answer["code"].as_str(), answer["message"].as_str()),
+        (Some("bad_json"), Some("the message is not JSON"))
+    );
     // Still serving.
     publish(address, "/streams/s", "2").await;
     assert_eq!(receive(&mut socket).await["record"]["value"], 2);

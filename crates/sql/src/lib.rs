@@ -26,8 +26,12 @@ pub use parse::{Statement, StreamOptions, parse};
 pub enum SqlError {
     #[error("syntax error: {0}")]
     Syntax(String),
-    #[error("{statement} is not supported; supported statements: {SUPPORTED}")]
+    #[error("{statement} is not supported")]
     Unsupported { statement: String },
+    /// An ad-hoc query or a write in SQL (`SELECT`, `INSERT`, …), not served yet: the hint
+    /// says where the same answer is served today.
+    #[error("{statement} is not served yet: SQL here defines streams, tables, indexes, views and access")]
+    NotServedYet { statement: String, hint: &'static str },
     #[error("{0}")]
     InvalidOption(String),
     /// A view or transform uses SQL they do not support.
@@ -51,12 +55,32 @@ pub const SUPPORTED: &str = "CREATE STREAM [IF NOT EXISTS] name [WITH (partition
      CREATE VIEW [IF NOT EXISTS] name [WITH (grace = '1s', emit = 'changes', …)] AS SELECT key, COUNT(*), SUM(x), … \
      FROM source | TUMBLE|HOP|SLIDING|SESSION(source, …) [WHERE condition] GROUP BY key";
 
+/// Where a `SELECT`'s answer is served until ad-hoc queries are.
+pub const SELECT_HINT: &str = "read one row with GET /tables/{table}/{id}, rows by an indexed field with GET \
+     /tables/{table}?field=value (scan=true for any field), a view with GET /views/{view}/{key}, a stream with GET \
+     /streams/{stream}?from=earliest; keep a query's answer live with CREATE VIEW … AS SELECT (docs/sql.md)";
+/// Where a write in SQL is served until it is.
+pub const WRITE_HINT: &str = "write with POST /streams/{stream}, or PUT, PATCH and DELETE /tables/{table}/{id} \
+     (docs/http-api.md), or over MQTT or Kafka";
+
 impl SqlError {
+    /// What the client can do about it, when there is something to say.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            SqlError::Unsupported { .. } => Some(format!("supported statements: {SUPPORTED}")),
+            SqlError::NotServedYet { hint, .. } => Some(hint.to_string()),
+            SqlError::Engine(error) => error.hint(),
+            _ => None,
+        }
+    }
+
     /// A stable code for clients.
     pub fn code(&self) -> &'static str {
         match self {
             SqlError::Syntax(_) => "sql_syntax",
-            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } => "sql_unsupported",
+            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } | SqlError::NotServedYet { .. } => {
+                "sql_unsupported"
+            }
             SqlError::InvalidQuery(_) => "sql_invalid_query",
             SqlError::InvalidOption(_) => "sql_invalid_option",
             SqlError::Engine(error) => error.code(),

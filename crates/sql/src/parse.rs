@@ -475,7 +475,13 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
         other => {
             let text = other.to_string();
             let statement = text.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-            Err(SqlError::Unsupported { statement })
+            match other {
+                ast::Statement::Query(_) => Err(SqlError::NotServedYet { statement, hint: crate::SELECT_HINT }),
+                ast::Statement::Insert(_) | ast::Statement::Update { .. } | ast::Statement::Delete(_) => {
+                    Err(SqlError::NotServedYet { statement, hint: crate::WRITE_HINT })
+                }
+                _ => Err(SqlError::Unsupported { statement }),
+            }
         }
     }
 }
@@ -571,8 +577,11 @@ mod tests {
         assert!(message("CREATE STREAM s WITH (durability = 'eventually')").contains("\"fsync\" or \"async\""));
         assert!(message("CREATE STREAM s WITH (mqtt_topic = 'a/#/b')").contains("mqtt_topic"));
         assert!(message("CREATE STREAM a.b").contains("no schemas"));
-        let unsupported = message("SELECT * FROM orders");
-        assert!(unsupported.contains("SELECT") && unsupported.contains("CREATE TABLE"), "{unsupported}");
+        let select = parse("SELECT * FROM orders").unwrap_err();
+        assert!(select.to_string().contains("not served yet"), "{select}");
+        assert!(select.hint().unwrap().contains("GET /tables/{table}/{id}"), "{select:?}");
+        let unsupported = parse("TRUNCATE orders").unwrap_err();
+        assert!(unsupported.hint().unwrap().contains("CREATE TABLE"), "{unsupported:?}");
         assert!(message("CREATE STREAM").starts_with("syntax error"));
         assert!(message("CREATE STREAM s s2").contains("expected ;"));
         assert!(message("  ;; ").contains("no statement"));

@@ -129,13 +129,18 @@ fn unreleased_qos2_publishes_count_against_the_receive_maximum_until_pubcomp() {
 /// An empty client id cannot name a session that outlives the connection: MQTT 3.1.1 refuses
 /// it with CONNACK 0x02 (identifier rejected), MQTT 5 with CONNACK 0x85 (client identifier
 /// not valid). Either way the first packet the client gets is a CONNACK, not a DISCONNECT or
-/// a closed socket.
+/// a closed socket. A 5.0 session that ends with the connection (expiry 0) needs no name:
+/// Clean Start 0 with an empty id is accepted then, and given an id, as paho's interop
+/// suite expects.
 #[test]
 fn an_empty_client_id_with_a_persistent_session_is_refused_by_connack() {
     let (server, _dir) = server();
     let v311 = raw_exchange(server.mqtt_address, &raw::connect(false, "", false));
     assert_eq!(v311, [0x20, 0x02, 0x00, 0x02], "3.1.1: identifier rejected");
     let v5 = raw_exchange(server.mqtt_address, &raw::connect(true, "", false));
+    assert_eq!((v5.first(), v5.get(3)), (Some(&0x20), Some(&0x00)), "5.0, expiry 0: accepted: {v5:02x?}");
+    assert!(v5.windows(2).any(|pair| pair[0] == 0x12), "with an assigned client identifier: {v5:02x?}");
+    let v5 = raw_exchange(server.mqtt_address, &raw::connect_v5_expiring("", false, 3600));
     assert_eq!(v5.first(), Some(&0x20), "5.0: a CONNACK first: {v5:02x?}");
     assert_eq!(v5.get(3), Some(&0x85), "5.0: client identifier not valid: {v5:02x?}");
     assert_eq!(v5.len(), 2 + usize::from(v5[1]), "5.0: the CONNACK and nothing after it: {v5:02x?}");

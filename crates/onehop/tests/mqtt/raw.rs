@@ -112,6 +112,20 @@ pub fn connect(v5: bool, client_id: &str, clean_start: bool) -> Vec<u8> {
     packet(0x10, &body)
 }
 
+/// CONNECT, MQTT 5.0, keep-alive 60 s, with a session expiry interval of `expiry_secs`.
+pub fn connect_v5_expiring(client_id: &str, clean_start: bool, expiry_secs: u32) -> Vec<u8> {
+    let mut body = string(b"MQTT");
+    body.push(5);
+    body.push(if clean_start { 0x02 } else { 0x00 });
+    body.extend_from_slice(&60u16.to_be_bytes());
+    // Properties: 0x11, session expiry interval, four bytes.
+    body.push(5);
+    body.push(0x11);
+    body.extend_from_slice(&expiry_secs.to_be_bytes());
+    body.extend_from_slice(&string(client_id.as_bytes()));
+    packet(0x10, &body)
+}
+
 /// A 5.0 PUBLISH with the properties given as encoded (without their length).
 pub fn publish_v5(topic: &str, qos: u8, packet_id: u16, properties: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut body = string(topic.as_bytes());

@@ -11,7 +11,7 @@ use super::error::ApiError;
 fn sql_error(error: onehop_sql::SqlError) -> ApiError {
     match error {
         onehop_sql::SqlError::Engine(error) => error.into(),
-        other => ApiError::bad_request(other.code(), other.to_string()),
+        other => ApiError { hint: other.hint(), ..ApiError::bad_request(other.code(), other.to_string()) },
     }
 }
 

@@ -141,7 +141,11 @@ fn encode_component(text: &str) -> String {
 }
 
 fn error_message(subscription: Option<&str>, error: &ApiError) -> Message {
-    let body = json!({ "type": "error", "subscription": subscription, "code": error.code, "message": error.message });
+    let mut body =
+        json!({ "type": "error", "subscription": subscription, "code": error.code, "message": error.message });
+    if let Some(hint) = &error.hint {
+        body["hint"] = json!(hint);
+    }
     Message::Text(body.to_string().into())
 }
 
@@ -295,7 +299,7 @@ impl Subscriptions {
                         ),
                     ),
                 },
-                Err(error) => error_message(None, &ApiError::bad_request("bad_json", error.to_string())),
+                Err(error) => error_message(None, &command_refusal(&error)),
             },
             Message::Text(_) => error_message(
                 None,
@@ -372,5 +376,26 @@ pub async fn serve(
     }
     for (_, task) in tasks {
         task.abort();
+    }
+}
+
+/// The refusal of a text message that is not a command, said in the API's terms rather than
+/// the JSON decoder's: which part is wrong, and the commands there are.
+fn command_refusal(error: &serde_json::Error) -> ApiError {
+    let detail = error.to_string();
+    // serde's message names the field or the variant; the position is the client's to find.
+    let detail = detail.split(" at line ").next().unwrap_or(&detail);
+    let what = if error.is_syntax() || error.is_eof() {
+        "the message is not JSON".to_string()
+    } else {
+        format!("the message is not a command ({detail})")
+    };
+    ApiError {
+        hint: Some(
+            "send {\"op\":\"subscribe\",\"subscription\":\"s1\",\"url\":\"/streams/orders\"} or \
+             {\"op\":\"unsubscribe\",\"subscription\":\"s1\"} (docs/http-api.md)"
+                .into(),
+        ),
+        ..ApiError::bad_request("bad_json", what)
     }
 }

@@ -288,6 +288,9 @@ async fn read_connect<S: AsyncRead + AsyncWrite>(
     };
     let mut codec = Codec::new(version, broker.config.max_packet_bytes);
     loop {
+        if version == Version::V5 {
+            clean_start_without_session(buf);
+        }
         match codec.decode(buf) {
             Ok(Some(Inbound::Connect(connect))) => return Some((codec, *connect)),
             Ok(Some(other)) => {
@@ -304,6 +307,87 @@ async fn read_connect<S: AsyncRead + AsyncWrite>(
                 return None;
             }
         }
+    }
+}
+
+/// A 5.0 CONNECT with an empty client id and Clean Start 0 is refused by the codec; when its
+/// session expiry interval is 0 it is taken as a clean start instead (the Clean Start bit is
+/// set in `buf` before the codec reads it). The session then ends with the connection either
+/// way, and a client id the server assigns has no session to resume, so Clean Start changes
+/// nothing; paho's interoperability suite connects so. With a session that would outlive the
+/// connection it stays refused (CONNACK 0x85): the client could not name it again. Anything
+/// not read as such a CONNECT (a partial packet, another packet) is left as it is.
+fn clean_start_without_session(buf: &mut BytesMut) {
+    const CLEAN_START: u8 = 0x02;
+    const SESSION_EXPIRY: u8 = 0x11;
+    let bytes: &[u8] = buf;
+    if bytes.first() != Some(&0x10) {
+        return;
+    }
+    let mut at = 1;
+    let (mut remaining, mut shift) = (0usize, 0);
+    loop {
+        let Some(&byte) = bytes.get(at) else { return };
+        at += 1;
+        remaining |= usize::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 21 {
+            return;
+        }
+    }
+    let Some(packet) = bytes.get(at..at + remaining) else { return };
+    // Protocol name (6), level (1), flags (1), keep-alive (2), then the properties.
+    if packet.len() < 11 || packet[6] != 5 || packet[7] & CLEAN_START != 0 {
+        return;
+    }
+    let flags_at = at + 7;
+    let mut cursor = 10;
+    let (mut length, mut shift) = (0usize, 0);
+    loop {
+        let Some(&byte) = packet.get(cursor) else { return };
+        cursor += 1;
+        length |= usize::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 21 {
+            return;
+        }
+    }
+    let Some(properties) = packet.get(cursor..cursor + length) else { return };
+    // A string or binary value's size: its two-byte length, and that many bytes.
+    let prefixed = |at: usize| -> Option<usize> {
+        let length = properties.get(at..at + 2)?;
+        Some(2 + usize::from(u16::from_be_bytes([length[0], length[1]])))
+    };
+    let mut expiry = 0u32;
+    let mut index = 0;
+    while index < properties.len() {
+        let id = properties[index];
+        index += 1;
+        let size = match id {
+            SESSION_EXPIRY | 0x27 => Some(4),
+            0x21 | 0x22 => Some(2),
+            0x17 | 0x19 => Some(1),
+            0x15 | 0x16 => prefixed(index),
+            // A user property: a name and a value.
+            0x26 => prefixed(index).and_then(|name| Some(name + prefixed(index + name)?)),
+            _ => None,
+        };
+        let Some(size) = size else { return };
+        if id == SESSION_EXPIRY {
+            let Some(value) = properties.get(index..index + 4) else { return };
+            expiry = u32::from_be_bytes([value[0], value[1], value[2], value[3]]);
+        }
+        index += size;
+    }
+    let client_id = cursor + length;
+    if expiry == 0 && packet.get(client_id..client_id + 2) == Some(&[0, 0]) {
+        buf[flags_at] |= CLEAN_START;
     }
 }
 
@@ -330,6 +414,50 @@ fn generated_client_id(connection: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A 5.0 CONNECT with flags `flags`, the properties given (encoded, without their length)
+    /// and an empty client id.
+    fn connect_v5(flags: u8, properties: &[u8]) -> Vec<u8> {
+        let mut body = vec![0x00, 0x04, b'M', b'Q', b'T', b'T', 5, flags, 0, 60, properties.len() as u8];
+        body.extend_from_slice(properties);
+        body.extend_from_slice(&[0, 0]);
+        let mut packet = vec![0x10, body.len() as u8];
+        packet.extend_from_slice(&body);
+        packet
+    }
+
+    #[test]
+    fn an_empty_client_id_without_a_session_becomes_a_clean_start_and_nothing_else_changes() {
+        let fixed = |mut packet: Vec<u8>| {
+            let mut buf = BytesMut::from(&packet[..]);
+            clean_start_without_session(&mut buf);
+            let changed = buf.to_vec() != packet;
+            packet[9] |= 0x02;
+            (changed, buf.to_vec() == packet)
+        };
+        assert_eq!(fixed(connect_v5(0, &[])), (true, true), "no expiry: a clean start");
+        let user = [0x26, 0, 1, b'k', 0, 1, b'v'];
+        assert_eq!(fixed(connect_v5(0, &[&[0x11, 0, 0, 0, 0][..], &user].concat())), (true, true));
+        assert!(!fixed(connect_v5(0, &[0x11, 0, 0, 0x0e, 0x10])).0, "an hour's session stays refused");
+        assert!(!fixed(connect_v5(0x02, &[])).0, "a clean start already");
+        // Whatever the bytes, nothing panics and only the flags byte may change.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            let mut packet = connect_v5(0, &[]);
+            for _ in 0..3 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let at = (state as usize) % packet.len();
+                packet[at] = (state >> 32) as u8;
+            }
+            packet.truncate(1 + (state >> 40) as usize % packet.len());
+            let mut buf = BytesMut::from(&packet[..]);
+            clean_start_without_session(&mut buf);
+            let differing: Vec<usize> = (0..packet.len()).filter(|at| buf[*at] != packet[*at]).collect();
+            assert!(differing.is_empty() || differing == [9], "{packet:02x?}");
+        }
+    }
 
     #[test]
     fn a_refusal_of_the_protocol_level_is_for_connects_that_name_mqtt() {
