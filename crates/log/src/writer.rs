@@ -437,14 +437,16 @@ fn publish(shared: &Shared, entries: Vec<Entry>) {
         shared.next_offset.store(next_offset, Ordering::Release);
         shared.watermark.send_modify(|watermark| watermark.next_offset = next_offset);
     }
+    // Counted before the acknowledgements, so a client that reads the metrics after its
+    // answer finds its write counted.
+    shared.meters.appends.increment(appends);
+    shared.meters.records.increment(records);
+    shared.meters.bytes.increment(bytes);
     // Acknowledge only after readers can see the records, so a writer can read its own write.
     for (sender, ack, credit) in acks {
         let _ = sender.send(Ok(ack));
         drop(credit);
     }
-    shared.meters.appends.increment(appends);
-    shared.meters.records.increment(records);
-    shared.meters.bytes.increment(bytes);
 }
 
 /// The sync thread's state.

@@ -78,7 +78,7 @@ fn http_clients_log_in_and_reach_only_what_they_are_granted() {
     let mut sse = Spawned(
         Command::new("curl")
             .args(["-s", "-N", "--max-time", "30", "-H", "Accept: text/event-stream"])
-            .arg(format!("http://{address}/streams/orders?access_token={token}"))
+            .arg(format!("http://{address}/streams/orders?from=earliest&access_token={token}"))
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
@@ -210,7 +210,7 @@ fn mqtt_clients_log_in_and_wildcards_reach_only_readable_streams() {
             .unwrap(),
     );
     let received = line_channel(subscriber.0.stdout.take().unwrap());
-    std::thread::sleep(Duration::from_millis(500));
+    common::wait_for_mqtt_subscriptions(address, 1, Some(ROOT));
 
     let device = ["-V", "mqttv5", "-u", "device", "-P", "device-pass", "-q", "1"];
     let (status, said) = mosquitto("mosquitto_pub", &[&device[..], &["-t", "secrets/d1", "-m", "stolen"]].concat());
@@ -450,7 +450,8 @@ fn topic_grants_reach_only_their_topics_over_mqtt_and_http() {
     assert!(said.contains("All subscription requests were denied"), "a filter wider than the grant: {said}");
     let (_, said) = mosquitto("mosquitto_sub", "ops", &["-t", "$share/g/devices/+/status", "-W", "1"]);
     assert!(!said.contains("denied"), "a shared subscription inside the grant: {said}");
-    std::thread::sleep(Duration::from_millis(300));
+    // The first subscriber is in once the gauge counts it (the two above have left, or go).
+    common::wait_for_mqtt_subscriptions(address, 1, Some(ROOT));
 
     let publish = |user: &str, topic: &str, message: &str| {
         mosquitto("mosquitto_pub", user, &["-q", "1", "-t", topic, "-m", message])

@@ -91,7 +91,7 @@ fn mqtt_over_tls_takes_trusting_clients_and_a_new_certificate_on_sighup() {
             .unwrap(),
     );
     let received = line_channel(subscriber.0.stdout.take().unwrap());
-    std::thread::sleep(Duration::from_millis(500));
+    common::wait_for_mqtt_subscriptions(server.address, 1, None);
     let (ok, said) = publish(Some(&ca("A")), "one");
     assert!(ok, "{said}");
     assert_eq!(received.recv_timeout(Duration::from_secs(10)).unwrap(), "tls/a one");

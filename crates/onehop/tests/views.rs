@@ -74,13 +74,21 @@ fn a_view_after_kill_9_equals_the_view_without_the_crash() {
         }
         publish_in_batches(server.address, "purchases", events, 100);
     }
-    let (_, metrics) = get(server.address, "/metrics");
-    let checkpoints: u64 = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("view_checkpoints_total{view=\"totals\"} "))
-        .and_then(|count| count.trim().parse().ok())
-        .unwrap_or(0);
-    assert!(checkpoints >= 2, "checkpoints were taken before the crash: {checkpoints}");
+    // Checkpoints are taken on the view's own timer: wait for the second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, metrics) = get(server.address, "/metrics");
+        let checkpoints: u64 = metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("view_checkpoints_total{view=\"totals\"} "))
+            .and_then(|count| count.trim().parse().ok())
+            .unwrap_or(0);
+        if checkpoints >= 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "checkpoints were taken before the crash: {checkpoints}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     server.kill_9();
 
     let server = dir.start(&[], &[]);

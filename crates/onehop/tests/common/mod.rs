@@ -280,8 +280,9 @@ impl Server {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                // Collect what is left of stderr.
-                while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                // Collect what is left of stderr: its reader ends (and the channel with it) at
+                // the end of the exited process's output.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(10)) {
                     self.seen.push(line);
                 }
                 return status;
@@ -560,4 +561,26 @@ pub fn certificates(dir: &Path, name: &str) {
             "san.ext",
         ],
     );
+}
+
+/// Waits until the server's `mqtt_subscriptions` gauge reaches `count` (read as `user` when
+/// given): an MQTT subscriber started as a process is subscribed once its SUBACK was sent,
+/// and a message published before that never reaches it.
+pub fn wait_for_mqtt_subscriptions(address: SocketAddr, count: u64, user: Option<(&str, &str)>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = match user {
+            Some(user) => get_as(address, "/metrics", user),
+            None => get(address, "/metrics").1,
+        };
+        let held = metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("mqtt_subscriptions "))
+            .and_then(|value| value.trim().parse::<f64>().ok());
+        if held.is_some_and(|held| held >= count as f64) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{count} MQTT subscriptions not there in 20 s: {held:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
