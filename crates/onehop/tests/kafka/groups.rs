@@ -170,3 +170,96 @@ fn a_group_of_three_rebalances_when_one_leaves_and_resumes_from_committed_offset
     );
     drop(server);
 }
+
+/// A consumer of `group` with confluent-kafka (PyPI) that reads `count` records of `topic`
+/// (from the start when the group has no offset there), commits, and prints their values.
+fn consume_and_commit(kafka: std::net::SocketAddr, group: &str, topic: &str, count: usize) -> Vec<String> {
+    let script = r#"
+import sys
+from confluent_kafka import Consumer
+broker, group, topic, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+consumer = Consumer({"bootstrap.servers": broker, "group.id": group, "auto.offset.reset": "earliest",
+                     "enable.auto.commit": False})
+consumer.subscribe([topic])
+values = []
+import time
+deadline = time.time() + 60
+while len(values) < count and time.time() < deadline:
+    message = consumer.poll(0.5)
+    if message is None or message.error():
+        continue
+    values.append(message.value().decode())
+consumer.commit(asynchronous=False)
+consumer.close()
+print("\n".join(values))
+"#;
+    let output = std::process::Command::new("python3")
+        .args(["-c", script, &kafka.to_string(), group, topic, &count.to_string()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
+}
+
+/// The offsets `group` committed, as (topic, partition, offset), by confluent-kafka's admin.
+fn committed(kafka: std::net::SocketAddr, group: &str) -> Vec<(String, i32, i64)> {
+    let script = r#"
+import sys, json
+from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka.admin import AdminClient
+admin = AdminClient({"bootstrap.servers": sys.argv[1]})
+future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(sys.argv[2])])[sys.argv[2]]
+print(json.dumps([[tp.topic, tp.partition, tp.offset] for tp in future.result().topic_partitions]))
+"#;
+    let output =
+        std::process::Command::new("python3").args(["-c", script, &kafka.to_string(), group]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// A topic dropped (by Kafka's DeleteTopics, or by SQL) takes its groups' committed offsets
+/// with it, as Kafka's do: made again, it is read from its start, not from the old offsets,
+/// which would silently skip that many new records.
+#[test]
+fn a_dropped_topics_committed_offsets_go_with_it() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    let produce_values = |values: &[&str]| {
+        for value in values {
+            let (status, body) = crate::common::post(server.address, "/streams/orders", value).unwrap();
+            assert_eq!(status, 200, "{body}");
+        }
+    };
+    for drop_by in ["DeleteTopics", "SQL"] {
+        crate::common::sql(server.address, "CREATE STREAM orders");
+        produce_values(&["\"a\"", "\"b\"", "\"c\"", "\"d\""]);
+        assert_eq!(consume_and_commit(kafka, "billing", "orders", 4).len(), 4, "{drop_by}");
+        assert!(committed(kafka, "billing").iter().any(|(topic, _, offset)| topic == "orders" && *offset == 4));
+        match drop_by {
+            "DeleteTopics" => {
+                let script = r#"
+import sys
+from confluent_kafka.admin import AdminClient
+admin = AdminClient({"bootstrap.servers": sys.argv[1]})
+admin.delete_topics(["orders"], operation_timeout=30)["orders"].result()
+"#;
+                let output =
+                    std::process::Command::new("python3").args(["-c", script, &kafka.to_string()]).output().unwrap();
+                assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+            }
+            _ => {
+                crate::common::sql(server.address, "DROP STREAM orders");
+            }
+        }
+        // Gone with the topic (the SQL drop's are deleted by the coordinator when it notices).
+        wait_until("the dropped topic's offsets deleted", || {
+            committed(kafka, "billing").iter().all(|(topic, _, offset)| topic != "orders" || *offset < 0)
+        });
+        crate::common::sql(server.address, "CREATE STREAM orders");
+        produce_values(&["\"new-1\"", "\"new-2\""]);
+        let read = consume_and_commit(kafka, "billing", "orders", 2);
+        assert_eq!(read, ["\"new-1\"", "\"new-2\""], "{drop_by}: the group reads the new topic from its start");
+        crate::common::sql(server.address, "DROP STREAM orders");
+    }
+}

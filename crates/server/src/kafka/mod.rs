@@ -328,6 +328,27 @@ impl KafkaServer {
     ) -> std::io::Result<()> {
         let shared = self.shared;
         let keeper = shared.clone();
+        // A dropped topic's committed offsets go with it, whichever way it was dropped (SQL,
+        // DeleteTopics, another node of the cluster).
+        let forgetting = {
+            let (groups, engine) = (shared.groups.clone(), shared.engine.clone());
+            let mut stop = shared.stop.clone();
+            tokio::spawn(async move {
+                let mut changes = engine.watch_streams();
+                let mut seen = std::collections::HashMap::new();
+                loop {
+                    if let Err(error) = groups.offsets.forget_dropped_topics(&mut seen).await {
+                        tracing::warn!(%error, "could not delete the committed offsets of a dropped topic; trying again");
+                    }
+                    tokio::select! {
+                        changed = changes.changed() => if changed.is_err() { return },
+                        // A node that starts to coordinate looks again within a second.
+                        () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = stop.wait_for(|stop| *stop) => return,
+                    }
+                }
+            })
+        };
         let ours = move || match keeper.cluster.get() {
             None => true,
             Some(cluster) => cluster.settled_in(keeper.producers.loaded_term()),
@@ -443,6 +464,7 @@ impl KafkaServer {
         let _ = self.stop.send(true);
         let _ = checkpoints.await;
         let _ = timeouts.await;
+        let _ = forgetting.await;
         Ok(())
     }
 }

@@ -304,6 +304,13 @@ pub(super) async fn delete(shared: &Shared, who: &Principal, request: DeleteTopi
         result.name = Some(name);
         response.responses.push(result);
     }
+    // Their groups' committed offsets go before the answer, as Kafka's do (and, should this
+    // fail, on the coordinator's next look: see KafkaServer::serve).
+    if response.responses.iter().any(|result| result.error_code == 0)
+        && let Err(error) = shared.groups.offsets.forget_dropped_topics(&mut Default::default()).await
+    {
+        tracing::warn!(%error, "could not delete the committed offsets of dropped topics yet");
+    }
     response
 }
 

@@ -227,6 +227,78 @@ impl CommittedOffsets {
         groups
     }
 
+    /// Deletes the offsets every group committed in topics that were dropped since this node
+    /// last looked (`seen`: the stream each topic was then), as Kafka deletes a topic's offsets
+    /// with it: a topic made again under the same name starts with none, rather than at the
+    /// old offsets, which would skip that many of its new records. A topic whose stream gained
+    /// partitions since (its successor) keeps them. Only the node that coordinates the groups
+    /// writes; the others look again once they do.
+    pub async fn forget_dropped_topics(
+        &self,
+        seen: &mut std::collections::HashMap<String, Arc<onehop_engine::Stream>>,
+    ) -> Result<(), EngineError> {
+        if self.engine.is_replicated() && self.loaded_term().is_none() {
+            return Ok(());
+        }
+        let topics: std::collections::BTreeSet<String> =
+            self.offsets.read().expect("offsets lock").keys().map(|(_, topic, _)| topic.clone()).collect();
+        let continues = |from: &Arc<onehop_engine::Stream>, to: &Arc<onehop_engine::Stream>| {
+            let mut at = from.clone();
+            loop {
+                if Arc::ptr_eq(&at, to) {
+                    return true;
+                }
+                match at.successor() {
+                    Some(next) => at = next.clone(),
+                    None => return false,
+                }
+            }
+        };
+        let mut dropped = Vec::new();
+        for topic in topics {
+            let now = self.engine.stream(&topic).ok();
+            let gone = match (seen.get(&topic), &now) {
+                (_, None) => true,
+                (Some(before), Some(now)) => !continues(before, now),
+                (None, Some(_)) => false,
+            };
+            match now {
+                Some(now) if !gone => {
+                    seen.insert(topic, now);
+                }
+                now => {
+                    seen.remove(&topic);
+                    if let Some(now) = now {
+                        seen.insert(topic.clone(), now);
+                    }
+                    dropped.push(topic);
+                }
+            }
+        }
+        for topic in dropped {
+            let keys: Vec<Key> = self
+                .offsets
+                .read()
+                .expect("offsets lock")
+                .keys()
+                .filter(|(_, name, _)| *name == topic)
+                .cloned()
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            let records: Vec<NewRecord> = keys.iter().map(|key| NewRecord::tombstone(Self::encode_key(key))).collect();
+            let term = self.coordinating()?;
+            self.engine.append_system_in_term(&self.topic, records, term).await?;
+            let mut stored = self.offsets.write().expect("offsets lock");
+            for key in &keys {
+                stored.remove(key);
+            }
+            tracing::info!(topic, offsets = keys.len(), "deleted the committed offsets of a dropped topic");
+        }
+        Ok(())
+    }
+
     /// Deletes every offset of `group`, durably; false when it had none.
     pub async fn delete_group(&self, group: &str) -> Result<bool, EngineError> {
         let keys: Vec<Key> = self
