@@ -128,12 +128,20 @@ impl Event {
             .as_ref()
     }
 
+    /// The subject filters see this record under: its own, or, for a stream's record without
+    /// one (a Kafka record without `onehop-subject`, an HTTP publish without `?subject=`), the
+    /// stream's name, the topic MQTT delivers it on ([`record_subject`]). A table's row has
+    /// only its own.
+    pub fn subject(&self) -> Option<&str> {
+        record_subject(&self.stream, &self.record, self.table)
+    }
+
     /// What this record is to a subscription with `filter`, or `None` if it does not concern it.
     /// The value is parsed (and a table row's previous state rebuilt) only for filters with
     /// field conditions.
     pub fn classify(&self, filter: &Filter) -> Option<Change> {
         let key = self.record.key.as_deref();
-        let subject = self.record.subject.as_deref();
+        let subject = self.subject();
         let fields = !filter.conditions.is_empty();
         let doc = || if fields { self.doc() } else { None };
         if !self.table {
@@ -327,12 +335,22 @@ impl Routes {
                 }
             }
         }
-        if let Some(subject) = &event.record.subject {
+        if let Some(subject) = event.subject() {
             index.by_subject.for_each_match(subject, |_, subscriber| subscriber.offer(event));
         }
         for subscriber in index.unanchored.values() {
             subscriber.offer(event);
         }
+    }
+}
+
+/// The subject a record of `stream` is filtered under (see [`Event::subject`]): reads that
+/// filter by subject and subscriptions agree on it.
+pub fn record_subject<'a>(stream: &'a str, record: &'a Record, table: bool) -> Option<&'a str> {
+    match (&record.subject, table) {
+        (Some(subject), _) => Some(subject.as_str()),
+        (None, false) => Some(stream),
+        (None, true) => None,
     }
 }
 

@@ -134,6 +134,28 @@ impl Stream {
         Ok(self.partition(partition)?.start_offset())
     }
 
+    /// Deletes the records of `partition` before `offset` (Kafka's DeleteRecords; at most its
+    /// end): its start moves there, durably. Returns the new start. Not on a cluster node yet:
+    /// every node would have to delete alike, in log order.
+    pub fn delete_before(&self, partition: u32, offset: u64) -> Result<u64, EngineError> {
+        if self.replicator.get().is_some() {
+            return Err(EngineError::NotReplicated("deleting records (DeleteRecords)"));
+        }
+        let log = self.partition(partition)?;
+        log.delete_before(offset).map_err(|error| EngineError::Internal(format!("deleting records: {error}")))
+    }
+
+    /// The first record of `partition` with the largest timestamp, as `(offset, timestamp)`:
+    /// `None` when it holds none.
+    pub fn max_timestamp(&self, partition: u32) -> Result<Option<(u64, i64)>, EngineError> {
+        Ok(self.partition(partition)?.max_timestamp()?)
+    }
+
+    /// Bytes `partition` holds on disk.
+    pub fn size_bytes(&self, partition: u32) -> Result<u64, EngineError> {
+        Ok(self.partition(partition)?.size_bytes())
+    }
+
     /// Every partition's end offset, in partition order.
     pub fn end_offsets(&self) -> Vec<u64> {
         self.partitions.iter().map(|partition| partition.end_offset()).collect()

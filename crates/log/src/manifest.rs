@@ -21,6 +21,9 @@
 //! partition from before manifests) or damaged is rebuilt from the files; that loses the check
 //! once, never a record.
 //!
+//! It also records where the partition starts when records were deleted inside a segment
+//! (`start`, Kafka's DeleteRecords).
+//!
 //! Text, one line each, and a checksum of every byte before the last line:
 //!
 //! ```text
@@ -53,6 +56,10 @@ pub(crate) struct Listed {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Manifest {
+    /// Where the partition's records start, when records before it were deleted inside a
+    /// segment (Kafka's DeleteRecords); reads before it are refused. `None`: the first
+    /// segment's base offset.
+    pub(crate) start: Option<u64>,
     /// In offset order; the last one was the active segment when the manifest was written.
     pub(crate) segments: Vec<Listed>,
 }
@@ -67,6 +74,9 @@ pub(crate) enum Unusable {
 impl Manifest {
     pub(crate) fn encode(&self) -> String {
         let mut text = format!("{FIRST_LINE}\nversion {MANIFEST_VERSION}\n");
+        if let Some(start) = self.start {
+            text.push_str(&format!("start {start}\n"));
+        }
         for listed in &self.segments {
             match listed.records_end {
                 Some(end) => text.push_str(&format!("segment {} {end}\n", listed.base_offset)),
@@ -96,6 +106,7 @@ impl Manifest {
             let number = |word: &str| word.parse::<u64>().map_err(|_| format!("{word:?} is not an offset"));
             match words.as_slice() {
                 ["version", found] => version = Some(found.parse::<u32>().map_err(|_| "a bad version line")?),
+                ["start", start] => manifest.start = Some(number(start)?),
                 ["segment", base, "active"] => {
                     manifest.segments.push(Listed { base_offset: number(base)?, records_end: None })
                 }
@@ -122,8 +133,9 @@ impl Manifest {
 
     /// The manifest of segments given as `(base_offset, records_end)` in offset order, the last
     /// one active.
-    pub(crate) fn of(segments: impl Iterator<Item = (u64, u64)>) -> Manifest {
+    pub(crate) fn of(start: Option<u64>, segments: impl Iterator<Item = (u64, u64)>) -> Manifest {
         let mut manifest = Manifest {
+            start,
             segments: segments.map(|(base_offset, end)| Listed { base_offset, records_end: Some(end) }).collect(),
         };
         if let Some(last) = manifest.segments.last_mut() {
@@ -273,6 +285,7 @@ mod tests {
 
     fn listed(segments: &[(u64, Option<u64>)]) -> Manifest {
         Manifest {
+            start: None,
             segments: segments.iter().map(|&(base_offset, records_end)| Listed { base_offset, records_end }).collect(),
         }
     }
@@ -286,6 +299,8 @@ mod tests {
         let manifest = listed(&[(0, Some(1485)), (1485, Some(1977)), (1977, None)]);
         let text = manifest.encode();
         assert_eq!(Manifest::decode(&text).unwrap(), manifest);
+        let started = Manifest { start: Some(1500), ..manifest.clone() };
+        assert_eq!(Manifest::decode(&started.encode()).unwrap(), started);
         let changed = text.replacen("1977", "1978", 1);
         assert!(Manifest::decode(&changed).unwrap_err().contains("checksum"), "{changed}");
         assert!(Manifest::decode("").is_err());

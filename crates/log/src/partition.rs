@@ -125,6 +125,9 @@ pub(crate) struct Shared {
     pub(crate) segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
     /// The committed end, for lock-free reads; `watermark` carries the same value to waiters.
     pub(crate) next_offset: AtomicU64,
+    /// Records before this were deleted ([`Partition::delete_before`]); 0 when none were.
+    /// The partition starts at the larger of this and its first segment's base offset.
+    pub(crate) start: AtomicU64,
     pub(crate) watermark: watch::Sender<Watermark>,
     /// A mutex and condvar rather than a channel: the writer swaps out the whole queue in one
     /// lock, however many appenders are waiting.
@@ -155,13 +158,17 @@ impl Shared {
     pub(crate) fn write_manifest(&self, removed: &[u64], rewritten: Option<(u64, u64)>) -> std::io::Result<()> {
         let manifest = {
             let segments = self.segments.read().expect("segments lock");
-            Manifest::of(segments.values().filter(|segment| !removed.contains(&segment.base_offset)).map(|segment| {
-                let end = match rewritten {
-                    Some((base, end)) if base == segment.base_offset => end,
-                    _ => segment.next_offset(),
-                };
-                (segment.base_offset, end)
-            }))
+            let start = Some(self.start.load(Ordering::Acquire)).filter(|start| *start > 0);
+            Manifest::of(
+                start,
+                segments.values().filter(|segment| !removed.contains(&segment.base_offset)).map(|segment| {
+                    let end = match rewritten {
+                        Some((base, end)) if base == segment.base_offset => end,
+                        _ => segment.next_offset(),
+                    };
+                    (segment.base_offset, end)
+                }),
+            )
         };
         manifest.write(&self.dir)
     }
@@ -424,7 +431,8 @@ impl Partition {
         for base in rebuilt {
             segments[&base].persist_index(dir).map_err(io_at(dir))?;
         }
-        let now = Manifest::of(segments.values().map(|segment| (segment.base_offset, segment.next_offset())));
+        let start = manifest.as_ref().and_then(|manifest| manifest.start);
+        let now = Manifest::of(start, segments.values().map(|segment| (segment.base_offset, segment.next_offset())));
         if manifest.as_ref() != Some(&now) {
             now.write(dir).map_err(io_at(dir.join(crate::manifest::MANIFEST_FILE)))?;
         }
@@ -450,6 +458,7 @@ impl Partition {
             config,
             segments: RwLock::new(segments),
             next_offset: AtomicU64::new(next_offset),
+            start: AtomicU64::new(start.unwrap_or(0)),
             watermark,
             queue: Mutex::new(Queue { pending: Vec::new(), closing: false, poisoned: None }),
             commit: Mutex::new(crate::writer::CommitQueue::default()),
@@ -599,10 +608,84 @@ impl Partition {
         }
     }
 
-    /// The first offset still stored (earlier ones were removed by retention or compaction).
+    /// The first offset still stored (earlier ones were removed by retention or compaction, or
+    /// deleted: [`Partition::delete_before`]).
     pub fn start_offset(&self) -> u64 {
         let segments = self.shared.segments.read().expect("segments lock");
-        *segments.keys().next().expect("a partition always has a segment")
+        let first = *segments.keys().next().expect("a partition always has a segment");
+        first.max(self.shared.start.load(Ordering::Acquire))
+    }
+
+    /// Deletes every record before `offset` (at most the end offset), as Kafka's
+    /// DeleteRecords: the partition's start moves there, durably (the manifest records it)
+    /// before this returns, reads before it are refused from then on, and the segments wholly
+    /// before it are deleted. Returns the new start.
+    pub fn delete_before(&self, offset: u64) -> Result<u64, crate::MaintenanceError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| crate::MaintenanceError::Io { path, source }
+        };
+        let _maintenance = self.maintenance_lock();
+        let offset = offset.min(self.end_offset());
+        if offset <= self.start_offset() {
+            return Ok(self.start_offset());
+        }
+        let segments = self.segment_snapshot();
+        let doomed: Vec<Arc<Segment>> = segments[..segments.len() - 1]
+            .iter()
+            .take_while(|segment| segment.next_offset() <= offset)
+            .cloned()
+            .collect();
+        let bases: Vec<u64> = doomed.iter().map(|segment| segment.base_offset).collect();
+        {
+            let _manifest = self.manifest_lock();
+            let before = self.shared.start.swap(offset, Ordering::AcqRel);
+            if let Err(error) = self.write_manifest(&bases, None) {
+                self.shared.start.store(before, Ordering::Release);
+                return Err(io(&self.shared.dir)(error));
+            }
+            self.remove_segments(&bases);
+        }
+        for segment in doomed {
+            segment.delete_files(self.dir()).map_err(io(&segment.path))?;
+        }
+        sync_dir(self.dir()).map_err(io(self.dir()))?;
+        tracing::info!(partition = %self.label(), start_offset = offset, "records deleted before the new start");
+        Ok(offset)
+    }
+
+    /// The first record with the largest timestamp in the partition, as `(offset,
+    /// timestamp_ms)`: Kafka's ListOffsets for `-3` (max timestamp). `None` when it is empty.
+    pub fn max_timestamp(&self) -> Result<Option<(u64, i64)>, ReadError> {
+        let (start, end) = (self.start_offset(), self.end_offset());
+        let segments = self.segments_from(start);
+        let Some(max) = segments.iter().map(|segment| segment.max_timestamp_ms()).max().filter(|max| *max != i64::MIN)
+        else {
+            return Ok(None);
+        };
+        for segment in segments.iter().filter(|segment| segment.max_timestamp_ms() == max) {
+            let mut found = None;
+            let read = segment.read_batches(0, 0, |_, header, batch| {
+                if header.base_offset >= end {
+                    return Ok(false);
+                }
+                if header.max_timestamp_ms != max || header.next_offset() <= start {
+                    return Ok(true);
+                }
+                found = decode_records(header, &batch)?
+                    .iter()
+                    .find(|record| record.timestamp_ms == max && record.offset >= start && record.offset < end)
+                    .map(|record| (record.offset, record.timestamp_ms));
+                Ok(found.is_none())
+            });
+            if let Err((position, reason)) = read {
+                return Err(self.corrupt(segment, position, reason));
+            }
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
     }
 
     /// The offset the next record will get: every offset before it is durable and readable.

@@ -20,10 +20,11 @@ use crate::file::{FileStorage, Storage};
 use crate::partition::{CONFIG_FILE, Partition, PartitionOptions, RecoveryReport};
 use crate::recovery::RecoveryPolicy;
 
-/// Longest topic name; names become directory names.
-pub const TOPIC_NAME_BYTES_MAX: usize = 200;
+/// Longest topic name: Kafka's 249. Names become directory names, within the 255 bytes a file
+/// name may have.
+pub const TOPIC_NAME_BYTES_MAX: usize = 249;
 
-/// Checks that `name` is a usable topic name: 1–200 characters of `A-Z a-z 0-9 . _ -`,
+/// Checks that `name` is a usable topic name: 1–249 characters of `A-Z a-z 0-9 . _ -`,
 /// not `.` or `..`.
 pub fn validate_topic_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > TOPIC_NAME_BYTES_MAX {

@@ -278,6 +278,11 @@ impl Engine {
         &self.log
     }
 
+    /// The directory the log keeps its topics in (what Kafka's DescribeLogDirs names).
+    pub fn log_dir(&self) -> &std::path::Path {
+        self.log.dir()
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }

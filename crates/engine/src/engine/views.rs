@@ -62,6 +62,16 @@ impl Engine {
     /// and every node runs it over its own copy of the source.
     pub async fn create_view(&self, def: ViewDef) -> Result<Arc<View>, EngineError> {
         catalog::validate_name(&def.name)?;
+        let longest = onehop_log::TOPIC_NAME_BYTES_MAX - runtime::OUTPUT_PREFIX.len();
+        if def.name.len() > longest {
+            return Err(EngineError::InvalidName {
+                name: def.name.clone(),
+                reason: format!(
+                    "a view's name is at most {longest} characters: its changes are the stream {}{{name}}",
+                    runtime::OUTPUT_PREFIX
+                ),
+            });
+        }
         if self.table(&def.source).is_ok() {
             check_over_table(&def)?;
         }

@@ -185,3 +185,45 @@ fn a_consumer_resuming_from_a_commit_validates_it_by_leader_epoch() {
         .map_or(0, |count| count.trim().parse::<u64>().unwrap());
     assert!(validations >= 1, "the resumed position was validated: {validations}");
 }
+
+/// A Kafka record without an `onehop-subject` header is on the topic its stream names: MQTT
+/// subscribers of `#` and of `{stream}/#` get it (on topic `{stream}`), and an HTTP read
+/// filtered by that subject finds it. A topic name may be as long as Kafka's, 249 characters.
+#[test]
+fn a_kafka_record_without_a_subject_reaches_mqtt_on_its_streams_topic() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    let mqtt = server.mqtt_address.port().to_string();
+    sql(server.address, "CREATE STREAM plain");
+    let subscriber = |filter: &str| {
+        let mut child = crate::common::Spawned(
+            std::process::Command::new("mosquitto_sub")
+                .args(["-h", "127.0.0.1", "-p", &mqtt, "-t", filter, "-v"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let lines = crate::common::line_channel(child.0.stdout.take().unwrap());
+        (child, lines)
+    };
+    let (_everything, everything) = subscriber("#");
+    let (_under, under) = subscriber("plain/#");
+    crate::common::wait_for_mqtt_subscriptions(server.address, 2, None);
+    let output = crate::librdkafka::kcat_output(kafka, &["-P", "-t", "plain"], "no subject here\n");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for (lines, filter) in [(&everything, "#"), (&under, "plain/#")] {
+        let line =
+            lines.recv_timeout(std::time::Duration::from_secs(20)).unwrap_or_else(|_| panic!("{filter}: nothing"));
+        assert_eq!(line, "plain no subject here", "{filter}");
+    }
+    let (status, body) = get(server.address, "/streams/plain?from=0&subject=plain");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("no subject here"), "{body}");
+
+    let long = "t".repeat(249);
+    let output = crate::librdkafka::kcat_output(kafka, &["-P", "-t", &long], "x\n");
+    assert!(output.status.success(), "a 249-character topic: {}", String::from_utf8_lossy(&output.stderr));
+    let output = crate::librdkafka::kcat_output(kafka, &["-P", "-t", &"t".repeat(250)], "x\n");
+    assert!(!output.status.success(), "250 characters is past Kafka's limit too");
+}

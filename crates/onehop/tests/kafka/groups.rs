@@ -173,7 +173,7 @@ fn a_group_of_three_rebalances_when_one_leaves_and_resumes_from_committed_offset
 
 /// A consumer of `group` with confluent-kafka (PyPI) that reads `count` records of `topic`
 /// (from the start when the group has no offset there), commits, and prints their values.
-fn consume_and_commit(kafka: std::net::SocketAddr, group: &str, topic: &str, count: usize) -> Vec<String> {
+pub(crate) fn consume_and_commit(kafka: std::net::SocketAddr, group: &str, topic: &str, count: usize) -> Vec<String> {
     let script = r#"
 import sys
 from confluent_kafka import Consumer
@@ -202,7 +202,7 @@ print("\n".join(values))
 }
 
 /// The offsets `group` committed, as (topic, partition, offset), by confluent-kafka's admin.
-fn committed(kafka: std::net::SocketAddr, group: &str) -> Vec<(String, i32, i64)> {
+pub(crate) fn committed(kafka: std::net::SocketAddr, group: &str) -> Vec<(String, i32, i64)> {
     let script = r#"
 import sys, json
 from confluent_kafka import ConsumerGroupTopicPartitions

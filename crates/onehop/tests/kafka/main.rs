@@ -34,6 +34,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
 mod clients;
 mod durability;
 mod franz_go;

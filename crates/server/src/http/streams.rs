@@ -513,8 +513,10 @@ fn read_partitions(
             for record in &read {
                 at = record.offset + 1;
                 scanned += 1;
-                let wanted = subject
-                    .is_none_or(|filter| record.subject.as_ref().is_some_and(|text| filter.matches(text.as_str())));
+                let wanted = subject.is_none_or(|filter| {
+                    onehop_engine::hub::record_subject(stream.name(), record, stream.is_table())
+                        .is_some_and(|subject| filter.matches(subject))
+                });
                 if wanted {
                     records.push(record_json(partition, record));
                     if records.len() == limit {

@@ -310,6 +310,15 @@ async fn handle(
         RequestKind::DescribeGroups(request) => {
             frame_response(id, response_header, &groups::describe_groups(shared, who, request), version)?
         }
+        RequestKind::OffsetDelete(request) => {
+            frame_response(id, response_header, &groups::offset_delete(shared, who, request).await, version)?
+        }
+        RequestKind::DeleteRecords(request) => {
+            frame_response(id, response_header, &super::admin::delete_records(shared, who, request), version)?
+        }
+        RequestKind::DescribeLogDirs(request) => {
+            frame_response(id, response_header, &super::admin::describe_log_dirs(shared, who, request), version)?
+        }
         RequestKind::DeleteGroups(request) => {
             frame_response(id, response_header, &groups::delete_groups(shared, who, request).await, version)?
         }

@@ -24,7 +24,8 @@
 //!
 //! - `connection`: one connection's loop: frames, request headers, answers in order.
 //! - `versions`: the APIs and versions served, and ApiVersions.
-//! - `topics`: Metadata, CreateTopics, DeleteTopics; `configs`: DescribeConfigs.
+//! - `topics`: Metadata, CreateTopics, DeleteTopics; `configs`: DescribeConfigs; `admin`:
+//!   DeleteRecords, DescribeLogDirs.
 //! - `produce`, `fetch`, `offsets` (ListOffsets): the data path; `producers`: idempotent
 //!   producers' ids and sequences.
 //! - `groups`: consumer groups (the classic protocol) and their committed offsets.
@@ -33,6 +34,7 @@
 //! - `records`: Kafka record batches to and from the engine's records.
 //! - `errors`: engine errors as Kafka's error codes.
 
+mod admin;
 mod configs;
 mod connection;
 mod errors;

@@ -17,6 +17,11 @@ use super::{Shared, errors};
 /// The timestamps that name a position rather than a time.
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
+/// The record with the largest timestamp (ListOffsets 7 on, KIP-734).
+const MAX_TIMESTAMP: i64 = -3;
+/// The first offset on local storage (ListOffsets 8 on, KIP-405): with no tiered storage,
+/// the earliest.
+const EARLIEST_LOCAL: i64 = -4;
 
 pub(super) fn list_offsets(
     shared: &Shared,
@@ -63,14 +68,18 @@ fn lookup(stream: &Stream, partition: i32, timestamp: i64) -> Result<(i64, i64),
     let code = |error: onehop_engine::EngineError| errors::code(&error);
     match timestamp {
         LATEST => Ok((stream.end_offset(partition).map_err(code)? as i64, -1)),
-        EARLIEST => Ok((stream.start_offset(partition).map_err(code)? as i64, -1)),
+        EARLIEST | EARLIEST_LOCAL => Ok((stream.start_offset(partition).map_err(code)? as i64, -1)),
+        MAX_TIMESTAMP => Ok(stream
+            .max_timestamp(partition)
+            .map_err(code)?
+            .map_or((-1, -1), |(offset, timestamp)| (offset as i64, timestamp))),
         time if time >= 0 => {
             let offset = stream.resolve(partition, Position::Time(time)).map_err(code)?;
             // The time index answers the end when no record is that recent.
             let records = stream.read(partition, Position::Offset(offset), 1, 1).map_err(code)?;
             Ok(records.first().map_or((-1, -1), |record| (record.offset as i64, record.timestamp_ms)))
         }
-        other => Err(if other < EARLIEST {
+        other => Err(if other < EARLIEST_LOCAL {
             ResponseError::UnsupportedVersion.code()
         } else {
             ResponseError::InvalidRequest.code()

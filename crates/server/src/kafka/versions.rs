@@ -2,8 +2,8 @@
 //!
 //! The ranges start where Kafka 4 starts (it dropped the older versions, KIP-896) or lower where
 //! popular clients still send older ones, and stop before versions whose meaning is not
-//! served yet: Fetch 13 and later name topics by id, ListOffsets 7 and later ask for the
-//! record with the highest timestamp, Produce 12 and later add partitions to transactions
+//! served yet: Fetch 13 and later name topics by id, ListOffsets 9 and later ask for tiered
+//! storage's offsets, Produce 12 and later add partitions to transactions
 //! implicitly, InitProducerId 6 keeps prepared transactions, OffsetCommit 9 and OffsetFetch 8
 //! and later belong to KIP-848's consumer protocol or batch several groups, ListGroups 5
 //! filters by group type, DescribeGroups 6 refuses unknown groups, FindCoordinator 5 and later
@@ -18,10 +18,13 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// The APIs served, with their versions.
-const SERVED: [(ApiKey, RangeInclusive<i16>); 32] = [
+const SERVED: [(ApiKey, RangeInclusive<i16>); 35] = [
     (ApiKey::Produce, 3..=11),
     (ApiKey::Fetch, 4..=12),
-    (ApiKey::ListOffsets, 1..=6),
+    (ApiKey::ListOffsets, 1..=8),
+    (ApiKey::DeleteRecords, 0..=2),
+    (ApiKey::DescribeLogDirs, 1..=4),
+    (ApiKey::OffsetDelete, 0..=0),
     (ApiKey::OffsetForLeaderEpoch, 2..=4),
     (ApiKey::Metadata, 0..=12),
     (ApiKey::ApiVersions, 0..=3),

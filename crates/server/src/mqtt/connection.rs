@@ -121,6 +121,31 @@ struct Connection {
 }
 
 impl Connection {
+    /// How the connection ends when another takes its client id over. What the client sent
+    /// before it connected again is handled first: a DISCONNECT already in the socket (with
+    /// a session expiry of 0, say) is the client's last word, not the takeover.
+    async fn taken_over<R: AsyncRead + Unpin>(&mut self, reader: &mut R, inputs: &mut Inputs) -> Close {
+        let mut pending = !inputs.buf.is_empty();
+        loop {
+            if !pending {
+                let read = tokio::select! {
+                    biased;
+                    read = reader.read_buf(&mut inputs.buf) => read,
+                    () = std::future::ready(()) => break,
+                };
+                if !matches!(read, Ok(read) if read > 0) {
+                    break;
+                }
+            }
+            if let Some(close) = self.handle_input(&mut inputs.buf, &mut pending).await {
+                return close;
+            }
+            if pending && self.machine.is_waiting() {
+                break;
+            }
+        }
+        machine::interrupted(Interruption::TakenOver)
+    }
     /// Takes up the session a previous connection left: its subscriptions, each from where it
     /// was acknowledged up to (the messages published meanwhile are in the log and come now),
     /// and its QoS 2 state. Then the session is written as this connection holds it (or, for a
@@ -213,7 +238,7 @@ impl Connection {
                 // A publish waiting for a slot waits on the disk, not on the client.
                 let deadline = inputs.keep_alive.filter(|_| !self.machine.is_waiting()).map(|limit| last_seen + limit);
                 tokio::select! {
-                    _ = &mut inputs.kicked => Some(machine::interrupted(Interruption::TakenOver)),
+                    _ = &mut inputs.kicked => Some(self.taken_over(reader, inputs).await),
                     _ = shutdown.changed() => Some(machine::interrupted(Interruption::ShuttingDown)),
                     read = reader.read_buf(&mut inputs.buf), if !input_pending => match read {
                         Ok(0) | Err(_) => Some(machine::interrupted(Interruption::ConnectionLost)),

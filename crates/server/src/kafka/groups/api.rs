@@ -514,3 +514,76 @@ pub(in crate::kafka) async fn delete_groups(
     }
     response
 }
+
+/// The topics the group's members subscribe to, from their consumer protocol metadata; `None`
+/// when one does not read as a consumer's (then every topic counts as subscribed).
+fn subscribed_topics(shared: &Shared, group: &str) -> Option<std::collections::BTreeSet<String>> {
+    use kafka_protocol::messages::ConsumerProtocolSubscription;
+    use kafka_protocol::protocol::Decodable;
+    let described = shared.groups.describe(group)?;
+    let mut topics = std::collections::BTreeSet::new();
+    for member in described.members {
+        let mut metadata = member.metadata.clone();
+        if metadata.len() < 2 {
+            return None;
+        }
+        let version = i16::from_be_bytes([metadata[0], metadata[1]]);
+        bytes::Buf::advance(&mut metadata, 2);
+        let subscription = ConsumerProtocolSubscription::decode(&mut metadata, version.clamp(0, 3)).ok()?;
+        topics.extend(subscription.topics.iter().map(|topic| topic.to_string()));
+    }
+    Some(topics)
+}
+
+/// OffsetDelete (`kafka-consumer-groups --delete-offsets`): deletes the group's committed
+/// offsets in the partitions named, except in topics its members subscribe to
+/// (GROUP_SUBSCRIBED_TO_TOPIC, as Kafka). Takes ADMIN on the group and READ on each topic.
+pub(in crate::kafka) async fn offset_delete(
+    shared: &Shared,
+    who: &Principal,
+    request: kafka_protocol::messages::offset_delete_request::OffsetDeleteRequest,
+) -> kafka_protocol::messages::offset_delete_response::OffsetDeleteResponse {
+    use kafka_protocol::messages::offset_delete_response::{
+        OffsetDeleteResponse, OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
+    };
+    let mut response = OffsetDeleteResponse::default();
+    let group = request.group_id.0.as_str().to_string();
+    if let Some(code) = crate::kafka::group_refused(shared, who, Privilege::Admin, &group) {
+        response.error_code = code;
+        return response;
+    }
+    if shared.groups.offsets.of_group(&group).is_empty() && shared.groups.describe(&group).is_none() {
+        response.error_code = ResponseError::GroupIdNotFound.code();
+        return response;
+    }
+    let subscribed =
+        if shared.groups.has_members(&group) { subscribed_topics(shared, &group) } else { Some(Default::default()) };
+    let mut deleting = Vec::new();
+    for topic in request.topics {
+        let name = topic.name.0.as_str().to_string();
+        let readable = shared.engine.access().authorize(who, Privilege::Read, onehop_engine::ObjectKind::Stream, &name);
+        let refusal = if readable.is_err() {
+            Some(ResponseError::TopicAuthorizationFailed.code())
+        } else if subscribed.as_ref().is_none_or(|topics| topics.contains(&name)) {
+            Some(ResponseError::GroupSubscribedToTopic.code())
+        } else {
+            None
+        };
+        let mut answer = OffsetDeleteResponseTopic::default();
+        answer.name = topic.name;
+        for asked in topic.partitions {
+            let mut partition = OffsetDeleteResponsePartition::default();
+            partition.partition_index = asked.partition_index;
+            match refusal {
+                Some(code) => partition.error_code = code,
+                None => deleting.push((group.clone(), name.clone(), asked.partition_index)),
+            }
+            answer.partitions.push(partition);
+        }
+        response.topics.push(answer);
+    }
+    if let Err(error) = shared.groups.offsets.delete(deleting).await {
+        response.error_code = errors::code(&error);
+    }
+    response
+}

@@ -299,6 +299,25 @@ impl CommittedOffsets {
         Ok(())
     }
 
+    /// Deletes the offsets at `keys` that are committed, durably.
+    pub async fn delete(&self, keys: Vec<Key>) -> Result<(), EngineError> {
+        let keys: Vec<Key> = {
+            let stored = self.offsets.read().expect("offsets lock");
+            keys.into_iter().filter(|key| stored.contains_key(key)).collect()
+        };
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let records: Vec<NewRecord> = keys.iter().map(|key| NewRecord::tombstone(Self::encode_key(key))).collect();
+        let term = self.coordinating()?;
+        self.engine.append_system_in_term(&self.topic, records, term).await?;
+        let mut stored = self.offsets.write().expect("offsets lock");
+        for key in &keys {
+            stored.remove(key);
+        }
+        Ok(())
+    }
+
     /// Deletes every offset of `group`, durably; false when it had none.
     pub async fn delete_group(&self, group: &str) -> Result<bool, EngineError> {
         let keys: Vec<Key> = self
