@@ -19,6 +19,7 @@ use crate::error::{OpenError, io_at};
 use crate::file::{FileStorage, Storage};
 use crate::partition::{CONFIG_FILE, Partition, PartitionOptions, RecoveryReport};
 use crate::recovery::RecoveryPolicy;
+use crate::segment::sync_dir;
 
 /// Longest topic name: Kafka's 249. Names become directory names, within the 255 bytes a file
 /// name may have.
@@ -40,6 +41,30 @@ pub fn validate_topic_name(name: &str) -> Result<(), String> {
 }
 
 type PartitionMap = BTreeMap<(String, u32), Arc<Partition>>;
+
+/// Where a dropped topic's directory goes while its files are deleted: `+` is not allowed in
+/// a topic name, so nothing in it is ever opened as a topic.
+const DROPPING_DIR: &str = "+dropping";
+
+fn remove_if_there(path: &Path) -> Result<(), OpenError> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(io_at(path)(error)),
+    }
+}
+
+/// Deletes what drops a crash interrupted: the directories [`Log::remove_topic`] had moved
+/// aside and not yet deleted. Their topics were dropped before the move.
+fn finish_drops(dir: &Path) -> Result<(), OpenError> {
+    let dropping = dir.join(DROPPING_DIR);
+    if fs::metadata(&dropping).is_err() {
+        return Ok(());
+    }
+    tracing::info!(path = %dropping.display(), "finishing the removal of dropped topics a crash interrupted");
+    remove_if_there(&dropping)?;
+    sync_dir(dir).map_err(io_at(dir))
+}
 
 /// The partition directories under the log directory `dir`, as (topic, partition, path), in
 /// order: each `{topic}/{partition}` that holds a `partition.conf`.
@@ -118,6 +143,7 @@ impl Log {
     pub fn open(dir: impl AsRef<Path>, options: LogOptions) -> Result<(Log, Vec<OpenedPartition>), OpenError> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        finish_drops(&dir)?;
         let found = partition_dirs(&dir).map_err(io_at(&dir))?;
         let mut partitions = BTreeMap::new();
         let mut opened = Vec::new();
@@ -200,14 +226,22 @@ impl Log {
         for partition in &removed {
             partition.close();
         }
+        // The directory leaves the topics' namespace in one rename before anything in it is
+        // deleted: a crash while its files go one by one must not leave a partition that lists
+        // segments that are gone (the next open would refuse it as missing records). The next
+        // open finishes what a crash interrupted.
         let path = self.dir.join(topic);
-        match fs::remove_dir_all(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(io_at(&path)(error)),
+        let aside = self.dir.join(DROPPING_DIR);
+        let dropping = aside.join(topic);
+        if fs::metadata(&path).is_ok() {
+            fs::create_dir_all(&aside).map_err(io_at(&aside))?;
+            remove_if_there(&dropping)?;
+            fs::rename(&path, &dropping).map_err(io_at(&path))?;
+            sync_dir(&self.dir).map_err(io_at(&self.dir))?;
         }
+        remove_if_there(&dropping)?;
         // The removal itself must survive a crash, or the topic could come back.
-        File::open(&self.dir).and_then(|dir| dir.sync_all()).map_err(io_at(&self.dir))?;
+        sync_dir(&self.dir).map_err(io_at(&self.dir))?;
         Ok(())
     }
 
