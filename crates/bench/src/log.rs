@@ -370,7 +370,7 @@ async fn measure_reads(
     bar.set_message("writing");
     let mut record = NewRecord {
         subject: Some("bench/reads".into()),
-        headers: vec![("onehop-qos".into(), Bytes::from_static(b"1"))],
+        headers: vec![("onehop-qos".into(), Some(Bytes::from_static(b"1")))],
         ..Default::default()
     };
     // `record_bytes` is the encoded size, as for the appends.

@@ -609,10 +609,10 @@ pub(crate) fn compute_write(
         (Some(before), Some(after)) => ("update", Some(filter::describe_change(before, after))),
         (Some(before), None) => ("delete", Some(Value::Object((**before).clone()))),
     };
-    let mut headers = vec![(Text::from_static(OP_HEADER), Bytes::from_static(op.as_bytes()))];
+    let mut headers = vec![(Text::from_static(OP_HEADER), Some(Bytes::from_static(op.as_bytes())))];
     if let Some(prev) = prev {
-        headers
-            .push((Text::from_static(PREV_HEADER), Bytes::from(serde_json::to_vec(&prev).expect("JSON serializes"))));
+        let prev = Bytes::from(serde_json::to_vec(&prev).expect("JSON serializes"));
+        headers.push((Text::from_static(PREV_HEADER), Some(prev)));
     }
     let value = after.as_ref().map(|row| Bytes::from(serde_json::to_vec(row).expect("JSON serializes")));
     let record =

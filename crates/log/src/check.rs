@@ -177,6 +177,14 @@ fn check_segment(
         let (bad_at, reason) = match scanned {
             Ok(()) => break,
             Err(ScanStop::Io(error)) => return Err(error),
+            Err(ScanStop::Newer { position, reason }) => {
+                check.damage.push(format!(
+                    "{name}: byte {position} holds a batch a newer onehop wrote ({reason}); this release cannot \
+                     check past it"
+                ));
+                clean = false;
+                break;
+            }
             Err(ScanStop::Bad { position, reason }) => (position, reason),
         };
         match assess(&file, bad_at, file_bytes, meta.next_offset)? {

@@ -48,6 +48,11 @@ pub enum OpenError {
     BadConfig { path: PathBuf, reason: String },
     #[error(transparent)]
     Missing(Box<Missing>),
+    #[error(
+        "segment {path} holds, at byte {position}, a batch a newer onehop wrote ({reason}). It is not damage, and \
+         nothing was changed. What to do: run the onehop release that wrote it, or a later one"
+    )]
+    NewerFormat { path: PathBuf, position: u64, reason: String },
 }
 
 /// Records the partition held that its segment files no longer do: a segment deleted, or cut

@@ -15,6 +15,15 @@ use crate::text::Text;
 pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"OHB1");
 /// The batch format version this code writes and reads.
 pub const BATCH_VERSION: u16 = 1;
+/// Batch attribute: a header value length of `u32::MAX` in this batch means a null value (a
+/// Kafka header with no value), not a length. Set only on batches that hold one, so that every
+/// other batch stays readable by a reader that knows no attributes.
+pub const ATTR_NULL_HEADER_VALUES: u16 = 0x0001;
+/// The attributes this code knows; a batch with any other bit set was written by a newer
+/// writer, and is refused (never taken for damage).
+const ATTRIBUTES_KNOWN: u16 = ATTR_NULL_HEADER_VALUES;
+/// The header value length that stands for a null value (see [`ATTR_NULL_HEADER_VALUES`]).
+pub(crate) const NULL_VALUE_LEN: u32 = u32::MAX;
 /// Size of the fixed batch header.
 pub const BATCH_HEADER_BYTES: usize = 48;
 /// The CRC covers the batch from this byte on.
@@ -58,7 +67,8 @@ pub struct NewRecord {
     pub timestamp_ms: Option<i64>,
     pub key: Option<Bytes>,
     pub subject: Option<Text>,
-    pub headers: Vec<(Text, Bytes)>,
+    /// In order; names may repeat, and a value may be null (`None`, as Kafka allows).
+    pub headers: Vec<(Text, Option<Bytes>)>,
     pub value: Option<Bytes>,
 }
 
@@ -78,6 +88,12 @@ impl NewRecord {
         NewRecord { key: Some(key.into()), ..Default::default() }
     }
 
+    /// Whether a header of this record has a null value (its batch then carries
+    /// [`ATTR_NULL_HEADER_VALUES`]).
+    pub fn has_null_header(&self) -> bool {
+        self.headers.iter().any(|(_, value)| value.is_none())
+    }
+
     /// The number of bytes this record takes on disk.
     pub fn encoded_len(&self) -> usize {
         let mut len = RECORD_FIXED_BYTES + 2;
@@ -88,7 +104,7 @@ impl NewRecord {
             len += 2 + subject.len();
         }
         for (name, value) in &self.headers {
-            len += 2 + name.len() + 4 + value.len();
+            len += 2 + name.len() + 4 + value.as_ref().map_or(0, Bytes::len);
         }
         if let Some(value) = &self.value {
             len += 4 + value.len();
@@ -103,6 +119,8 @@ pub struct BatchHeader {
     pub crc: u32,
     /// Header plus payload.
     pub batch_len: u32,
+    /// Known bits only ([`ATTR_NULL_HEADER_VALUES`]).
+    pub attributes: u16,
     pub base_offset: u64,
     pub last_offset_delta: u32,
     pub record_count: u32,
@@ -128,6 +146,7 @@ impl BatchHeader {
         let header = BatchHeader {
             crc,
             batch_len,
+            attributes,
             base_offset: buf.get_u64_le(),
             last_offset_delta: buf.get_u32_le(),
             record_count: buf.get_u32_le(),
@@ -137,8 +156,8 @@ impl BatchHeader {
         if version != BATCH_VERSION {
             return Err(DecodeError::BadVersion(version));
         }
-        // Version 1 defines no attributes; a set bit means a writer this reader does not know.
-        if attributes != 0 {
+        // A bit this reader does not know means a newer writer's feature.
+        if attributes & !ATTRIBUTES_KNOWN != 0 {
             return Err(DecodeError::BadAttributes(attributes));
         }
         if (batch_len as usize) < BATCH_HEADER_BYTES {
@@ -153,9 +172,24 @@ impl BatchHeader {
         Ok(header)
     }
 
+    /// Whether a header value length of `u32::MAX` in this batch stands for a null value.
+    pub fn null_header_values(&self) -> bool {
+        self.attributes & ATTR_NULL_HEADER_VALUES != 0
+    }
+
     /// The offset after the last record of the batch.
     pub fn next_offset(&self) -> u64 {
         self.base_offset + self.last_offset_delta as u64 + 1
+    }
+
+    /// Whether `bytes` is a whole batch of any version whose CRC holds: the magic, CRC and
+    /// length keep their places in every version, so a batch a newer writer wrote can be told
+    /// from damage without knowing its layout.
+    pub(crate) fn any_version_intact(bytes: &[u8]) -> bool {
+        bytes.len() >= BATCH_HEADER_BYTES
+            && bytes[0..4] == BATCH_MAGIC.to_le_bytes()
+            && u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize == bytes.len()
+            && u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) == crc32c::crc32c(&bytes[CRC_START..])
     }
 
     /// Checks the CRC of a whole batch (`bytes.len() == batch_len`).
@@ -199,8 +233,13 @@ pub fn encode_record(out: &mut Vec<u8>, record: &NewRecord, timestamp_ms: i64) {
     for (name, value) in &record.headers {
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-        out.extend_from_slice(value);
+        match value {
+            Some(value) => {
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(value);
+            }
+            None => out.extend_from_slice(&NULL_VALUE_LEN.to_le_bytes()),
+        }
     }
     if let Some(value) = &record.value {
         out.extend_from_slice(&(value.len() as u32).to_le_bytes());
@@ -218,6 +257,7 @@ pub struct BatchBuilder<'a> {
     record_count: u32,
     first_timestamp_ms: i64,
     max_timestamp_ms: i64,
+    attributes: u16,
 }
 
 impl<'a> BatchBuilder<'a> {
@@ -232,7 +272,14 @@ impl<'a> BatchBuilder<'a> {
             record_count: 0,
             first_timestamp_ms: 0,
             max_timestamp_ms: i64::MIN,
+            attributes: 0,
         }
+    }
+
+    /// Marks the batch as holding a null header value: to be called when records given to
+    /// [`Self::push_encoded`] have one ([`NewRecord::has_null_header`]).
+    pub fn holds_null_header_values(&mut self) {
+        self.attributes |= ATTR_NULL_HEADER_VALUES;
     }
 
     /// Bytes written so far, header included.
@@ -270,6 +317,9 @@ impl<'a> BatchBuilder<'a> {
             headers: record.headers.to_vec(),
             value: record.value.clone(),
         };
+        if record.headers.has_null() {
+            self.holds_null_header_values();
+        }
         let at = self.out.len();
         encode_record(self.out, &new, record.timestamp_ms);
         let delta = (record.offset - self.base_offset) as u32;
@@ -295,7 +345,7 @@ impl<'a> BatchBuilder<'a> {
         header[0..4].copy_from_slice(&BATCH_MAGIC.to_le_bytes());
         header[8..12].copy_from_slice(&batch_len.to_le_bytes());
         header[12..14].copy_from_slice(&BATCH_VERSION.to_le_bytes());
-        header[14..16].copy_from_slice(&0u16.to_le_bytes());
+        header[14..16].copy_from_slice(&self.attributes.to_le_bytes());
         header[16..24].copy_from_slice(&self.base_offset.to_le_bytes());
         header[24..28].copy_from_slice(&self.last_offset_delta.to_le_bytes());
         header[28..32].copy_from_slice(&self.record_count.to_le_bytes());
@@ -306,6 +356,7 @@ impl<'a> BatchBuilder<'a> {
         BatchHeader {
             crc,
             batch_len,
+            attributes: self.attributes,
             base_offset: self.base_offset,
             last_offset_delta: self.last_offset_delta,
             record_count: self.record_count,
@@ -321,7 +372,7 @@ pub fn decode_records(header: &BatchHeader, batch: &Bytes) -> Result<Vec<Record>
     let mut payload = batch.slice(BATCH_HEADER_BYTES..);
     let mut previous_delta: Option<u32> = None;
     for _ in 0..header.record_count {
-        let record = decode_record(header.base_offset, &mut payload)?;
+        let record = decode_record(header.base_offset, header.null_header_values(), &mut payload)?;
         let delta = (record.offset - header.base_offset) as u32;
         if previous_delta.is_some_and(|previous| delta <= previous) || delta > header.last_offset_delta {
             return Err(DecodeError::BadOffsetDelta(delta));
@@ -346,6 +397,7 @@ pub fn decode_records(header: &BatchHeader, batch: &Bytes) -> Result<Vec<Record>
 pub fn records_from(header: &BatchHeader, batch: &Bytes, from: u64) -> RecordsFrom {
     RecordsFrom {
         base_offset: header.base_offset,
+        null_values: header.null_header_values(),
         last_offset_delta: header.last_offset_delta,
         payload: batch.slice(BATCH_HEADER_BYTES.min(batch.len())..),
         left: header.record_count,
@@ -357,6 +409,7 @@ pub fn records_from(header: &BatchHeader, batch: &Bytes, from: u64) -> RecordsFr
 
 pub struct RecordsFrom {
     base_offset: u64,
+    null_values: bool,
     last_offset_delta: u32,
     payload: Bytes,
     left: u32,
@@ -400,7 +453,7 @@ impl RecordsFrom {
                 self.payload.advance(4 + len);
                 continue;
             }
-            return decode_record(self.base_offset, &mut self.payload).map(Some);
+            return decode_record(self.base_offset, self.null_values, &mut self.payload).map(Some);
         }
     }
 }
@@ -444,7 +497,8 @@ fn take_text(buf: &mut Bytes, len: usize) -> Result<Text, DecodeError> {
     Text::from_utf8(take(buf, len)?).map_err(|_| DecodeError::BadUtf8)
 }
 
-fn decode_record(base_offset: u64, payload: &mut Bytes) -> Result<Record, DecodeError> {
+/// One record; `null_values`: the batch allows null header values.
+fn decode_record(base_offset: u64, null_values: bool, payload: &mut Bytes) -> Result<Record, DecodeError> {
     let len = take_u32(payload)? as usize;
     let mut body = take(payload, len)?;
     if body.remaining() < RECORD_FIXED_BYTES - 4 {
@@ -468,7 +522,7 @@ fn decode_record(base_offset: u64, payload: &mut Bytes) -> Result<Record, Decode
     } else {
         None
     };
-    let headers = Headers::take(&mut body)?;
+    let headers = Headers::take(&mut body, null_values)?;
     let value = if flags & FLAG_VALUE != 0 {
         let value_len = take_u32(&mut body)? as usize;
         Some(take(&mut body, value_len)?)
@@ -490,9 +544,71 @@ mod tests {
             timestamp_ms: None,
             key: i.is_multiple_of(2).then(|| Bytes::from(format!("key-{i}"))),
             subject: i.is_multiple_of(3).then(|| format!("scores/team-{i}").into()),
-            headers: vec![("h".into(), Bytes::from_static(b"v"))],
+            headers: vec![("h".into(), Some(Bytes::from_static(b"v")))],
             value: (!i.is_multiple_of(5)).then(|| Bytes::from(vec![i as u8; i as usize])),
         }
+    }
+
+    #[test]
+    fn a_batch_with_a_null_header_value_says_so_and_keeps_repeats_in_order() {
+        let with_null = NewRecord {
+            headers: vec![
+                ("trace".into(), Some(Bytes::from_static(b"a"))),
+                ("trace".into(), None),
+                ("trace".into(), Some(Bytes::new())),
+            ],
+            ..NewRecord::value("v")
+        };
+        assert!(with_null.has_null_header() && !sample(1).has_null_header());
+        for (records, null) in [(vec![sample(1), with_null.clone()], true), (vec![sample(1), sample(2)], false)] {
+            let mut encoded = Vec::new();
+            for record in &records {
+                encode_record(&mut encoded, record, 5);
+            }
+            let mut out = Vec::new();
+            let mut builder = BatchBuilder::new(&mut out, 0);
+            builder.push_encoded(&encoded, 0, 2, 5, 5);
+            if records.iter().any(NewRecord::has_null_header) {
+                builder.holds_null_header_values();
+            }
+            let header = builder.finish();
+            assert_eq!(header.null_header_values(), null);
+            // Only a batch that holds a null value carries the attribute: every other batch is
+            // as a reader that knows no attributes expects it.
+            assert_eq!(u16::from_le_bytes([out[14], out[15]]), if null { ATTR_NULL_HEADER_VALUES } else { 0 });
+            let batch = Bytes::from(out);
+            let parsed = BatchHeader::parse(&batch).unwrap();
+            assert_eq!(parsed, header);
+            let decoded = decode_records(&parsed, &batch).unwrap();
+            assert_eq!(decoded[1].headers.to_vec(), records[1].headers);
+        }
+        // The same bytes in a batch without the attribute are refused: the length runs past
+        // the record.
+        let mut encoded = Vec::new();
+        encode_record(&mut encoded, &with_null, 5);
+        let mut out = Vec::new();
+        let mut builder = BatchBuilder::new(&mut out, 0);
+        builder.push_encoded(&encoded, 0, 1, 5, 5);
+        let header = builder.finish();
+        assert!(decode_records(&header, &Bytes::from(out)).is_err());
+    }
+
+    #[test]
+    fn an_unknown_attribute_is_refused_but_told_from_damage() {
+        let mut encoded = Vec::new();
+        encode_record(&mut encoded, &sample(1), 5);
+        let mut out = Vec::new();
+        let mut builder = BatchBuilder::new(&mut out, 0);
+        builder.push_encoded(&encoded, 0, 1, 5, 5);
+        builder.finish();
+        // A newer writer's bit, with the CRC made right.
+        out[14] = 0x02;
+        let crc = crc32c::crc32c(&out[CRC_START..]);
+        out[4..8].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(BatchHeader::parse(&out), Err(DecodeError::BadAttributes(0x02)));
+        assert!(BatchHeader::any_version_intact(&out));
+        out[60] ^= 1;
+        assert!(!BatchHeader::any_version_intact(&out), "a flipped byte is damage");
     }
 
     #[test]

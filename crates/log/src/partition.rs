@@ -84,6 +84,8 @@ pub(crate) struct Pending {
     /// Records encoded back to back, offset deltas still zero.
     pub(crate) encoded: Vec<u8>,
     pub(crate) count: u32,
+    /// A header value of these records is null: their batch must say so.
+    pub(crate) null_headers: bool,
     pub(crate) first_timestamp_ms: i64,
     pub(crate) max_timestamp_ms: i64,
     pub(crate) durability: Durability,
@@ -584,6 +586,7 @@ impl Partition {
             queue.pending.push(Pending {
                 encoded,
                 count: records.len() as u32,
+                null_headers: records.iter().any(NewRecord::has_null_header),
                 first_timestamp_ms,
                 max_timestamp_ms,
                 durability,

@@ -163,7 +163,7 @@ fn valid_batch_at(file: &dyn SegmentFile, position: u64, end: u64, min_offset: u
             let valid = header.base_offset >= min_offset && decode_records(&header, &batch).is_ok();
             Ok(valid.then_some(header))
         }
-        Ok(None) | Err(ScanStop::Bad { .. }) => Ok(None),
+        Ok(None) | Err(ScanStop::Bad { .. } | ScanStop::Newer { .. }) => Ok(None),
         Err(ScanStop::Io(error)) => Err(error),
     }
 }
@@ -268,6 +268,12 @@ pub(crate) fn discard_damage(
         let bad_at = match scanned {
             Ok(()) => break,
             Err(ScanStop::Io(error)) => return Err(error),
+            Err(ScanStop::Newer { position, reason }) => {
+                // Not damage: a newer onehop's batch is never set aside.
+                return Err(io::Error::other(format!(
+                    "byte {position} holds a batch a newer onehop wrote ({reason}): run that release"
+                )));
+            }
             Err(ScanStop::Bad { position, .. }) => position,
         };
         match assess(file, bad_at, file_bytes, next_offset)? {

@@ -220,6 +220,9 @@ impl Segment {
                 match scanned {
                     Ok(()) => {}
                     Err(ScanStop::Io(error)) => return Err(OpenError::Io { path, source: error }),
+                    Err(ScanStop::Newer { position, reason }) => {
+                        return Err(OpenError::NewerFormat { path, position, reason });
+                    }
                     Err(ScanStop::Bad { position, reason }) => {
                         // Only a repaired file can get here, and it was written from valid batches.
                         return Err(OpenError::Corrupt {
@@ -391,7 +394,9 @@ impl Segment {
                     Err(reason) => return Err((batch_position, reason.to_string())),
                 },
                 Err(ScanStop::Io(error)) => return Err((reader.position, error.to_string())),
-                Err(ScanStop::Bad { position, reason }) => return Err((position, reason)),
+                Err(ScanStop::Bad { position, reason } | ScanStop::Newer { position, reason }) => {
+                    return Err((position, reason));
+                }
             }
         }
     }
@@ -528,6 +533,12 @@ pub(crate) enum ScanStop {
         position: u64,
         reason: String,
     },
+    /// The batch at `position` is whole (its checksum holds) but of a version or with
+    /// attributes a newer onehop writes: not damage, never cut or set aside.
+    Newer {
+        position: u64,
+        reason: String,
+    },
 }
 
 /// Validates every batch in `[from, end)` (header, length, CRC, offsets increasing from
@@ -617,6 +628,24 @@ impl<'a> BatchReader<'a> {
         Ok(0)
     }
 
+    /// A batch at `position` whose version or attributes this reader does not know: written by
+    /// a newer onehop when its CRC holds (never damage to cut), damage otherwise.
+    fn newer_or_bad(&mut self, position: u64, reason: DecodeError) -> ScanStop {
+        let bad = ScanStop::Bad { position, reason: reason.to_string() };
+        let at = (position - self.buffer_start) as usize;
+        let len = u32::from_le_bytes(self.buffer[at + 8..at + 12].try_into().expect("4 bytes")) as usize;
+        if len < BATCH_HEADER_BYTES || position + len as u64 > self.end {
+            return bad;
+        }
+        match self.fill(position, len) {
+            Ok(at) if BatchHeader::any_version_intact(&self.buffer[at..at + len]) => {
+                ScanStop::Newer { position, reason: format!("{reason}, and its checksum holds") }
+            }
+            Ok(_) => bad,
+            Err(error) => ScanStop::Io(error),
+        }
+    }
+
     fn next_batch(&mut self) -> Result<Option<(u64, BatchHeader, Bytes)>, ScanStop> {
         let position = self.position;
         if position >= self.end {
@@ -627,8 +656,13 @@ impl<'a> BatchReader<'a> {
             return Err(torn());
         }
         let at = self.fill(position, BATCH_HEADER_BYTES).map_err(ScanStop::Io)?;
-        let header = BatchHeader::parse(&self.buffer[at..at + BATCH_HEADER_BYTES])
-            .map_err(|reason| ScanStop::Bad { position, reason: reason.to_string() })?;
+        let header = match BatchHeader::parse(&self.buffer[at..at + BATCH_HEADER_BYTES]) {
+            Ok(header) => header,
+            Err(reason @ (DecodeError::BadVersion(_) | DecodeError::BadAttributes(_))) => {
+                return Err(self.newer_or_bad(position, reason));
+            }
+            Err(reason) => return Err(ScanStop::Bad { position, reason: reason.to_string() }),
+        };
         let len = header.batch_len as usize;
         if position + len as u64 > self.end {
             return Err(torn());

@@ -237,6 +237,9 @@ impl Writer {
                 pending.first_timestamp_ms,
                 pending.max_timestamp_ms,
             );
+            if pending.null_headers {
+                builder.holds_null_header_values();
+            }
             offset += pending.count as u64;
             needs_fsync |= pending.durability == Durability::Fsync;
         }

@@ -23,7 +23,7 @@ fn record(i: u64) -> NewRecord {
         timestamp_ms: Some(1_000 + i as i64),
         key: i.is_multiple_of(2).then(|| format!("key-{i}").into()),
         subject: i.is_multiple_of(3).then(|| format!("orders/{i}").into()),
-        headers: vec![("n".into(), i.to_string().into())],
+        headers: vec![("n".into(), Some(i.to_string().into()))],
         value: (i % 7 != 6).then(|| filler(i, 20 + (i as usize * 13) % 90)),
     }
 }
@@ -475,4 +475,55 @@ fn a_partition_that_never_cuts_its_tail_refuses_a_torn_one_but_not_its_runway() 
     let (partition, report) = Partition::open_existing_with_options(&dir, &strict(true)).unwrap();
     assert_eq!(fs::read(&report.discarded[0].copy).unwrap(), bytes);
     assert_eq!(read_all(&partition), records[..last.base_offset as usize]);
+}
+
+#[test]
+fn a_batch_a_newer_onehop_wrote_is_refused_never_cut_nor_set_aside() {
+    let (source, records, segment) = written(8);
+    let (last_at, _) = *batches_in(&segment).last().unwrap();
+    let original = fs::read(&segment).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    // A later version, and an attribute this release does not know, each with a checksum that
+    // holds: what a newer release writes, not damage.
+    for (name, at, value) in [("version", 12, 2u8), ("attribute", 14, 0x80)] {
+        let mut bytes = original.clone();
+        let start = last_at as usize;
+        bytes[start + at] = value;
+        let len = u32::from_le_bytes(bytes[start + 8..start + 12].try_into().unwrap()) as usize;
+        let crc = crc32c::crc32c(&bytes[start + 8..start + len]);
+        bytes[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        for discard_damaged in [false, true] {
+            let dir = copied(&source, &scratch, &format!("{name}-{discard_damaged}"));
+            fs::write(segment_path(&dir, 0), &bytes).unwrap();
+            remove_segment_index(&dir, 0);
+            let options = PartitionOptions {
+                recovery: RecoveryPolicy { discard_damaged, ..Default::default() },
+                ..PartitionOptions::default()
+            };
+            match Partition::open_existing_with_options(&dir, &options) {
+                Err(OpenError::NewerFormat { position, reason, .. }) if !discard_damaged => {
+                    assert_eq!(position, last_at);
+                    assert!(reason.contains("checksum holds"), "{reason}");
+                }
+                // Setting damage aside stops at the newer batch too, with an error that says so.
+                Err(OpenError::NewerFormat { .. } | OpenError::Io { .. }) if discard_damaged => {}
+                other => panic!("{name}, discard_damaged {discard_damaged}: {:?}", other.map(|_| ())),
+            }
+            assert_eq!(fs::read(segment_path(&dir, 0)).unwrap(), bytes, "nothing was changed");
+            let leftovers: Vec<_> = fs::read_dir(&dir)
+                .unwrap()
+                .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|name| name.contains("damaged"))
+                .collect();
+            assert!(leftovers.is_empty(), "nothing set aside: {leftovers:?}");
+        }
+    }
+    // The same change without the checksum made right is damage, and the tail is cut as ever.
+    let mut bytes = original.clone();
+    bytes[last_at as usize + 14] = 0x80;
+    let dir = copied(&source, &scratch, "attribute-damaged");
+    fs::write(segment_path(&dir, 0), &bytes).unwrap();
+    remove_segment_index(&dir, 0);
+    let last = batches_in(&segment).last().unwrap().1;
+    assert_cut_at(&dir, &segment_path(&dir, 0), last_at, &records[..last.base_offset as usize], false);
 }

@@ -81,7 +81,11 @@ fn append_records(id: AppendId) -> Vec<NewRecord> {
                 timestamp_ms: Some(1_700_000_000_000 + (h % 1_000_000) as i64),
                 key: Some(format!("c{}-w{}-s{}-i{index}", id.cycle, id.writer, id.seq).into()),
                 subject: h.is_multiple_of(3).then(|| format!("crash/writer-{}", id.writer).into()),
-                headers: if h.is_multiple_of(5) { vec![("count".into(), count.to_string().into())] } else { vec![] },
+                headers: if h.is_multiple_of(5) {
+                    vec![("count".into(), Some(count.to_string().into()))]
+                } else {
+                    vec![]
+                },
                 value: (!h.is_multiple_of(11)).then(|| filler(h, value_len)),
             }
         })

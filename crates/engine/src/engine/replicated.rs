@@ -72,8 +72,26 @@ struct WireRecord {
     timestamp_ms: Option<i64>,
     key: Option<Bytes>,
     subject: Option<String>,
-    headers: Vec<(String, Bytes)>,
+    /// A value may be null from format 2 on; formats 0 and 1 carried values only.
+    #[serde(deserialize_with = "headers_of_the_format")]
+    headers: Vec<(String, Option<Bytes>)>,
     value: Option<Bytes>,
+}
+
+thread_local! {
+    /// The format [`decode`] is decoding on this thread: what a record's headers look like.
+    static DECODING_FORMAT: std::cell::Cell<u8> = const { std::cell::Cell::new(WIRE_FORMAT) };
+}
+
+fn headers_of_the_format<'de, D: serde::Deserializer<'de>>(
+    decoder: D,
+) -> Result<Vec<(String, Option<Bytes>)>, D::Error> {
+    if DECODING_FORMAT.get() >= 2 {
+        Vec::<(String, Option<Bytes>)>::deserialize(decoder)
+    } else {
+        let headers = Vec::<(String, Bytes)>::deserialize(decoder)?;
+        Ok(headers.into_iter().map(|(name, value)| (name, Some(value))).collect())
+    }
 }
 
 impl From<&NewRecord> for WireRecord {
@@ -509,8 +527,9 @@ enum Outcome {
 
 /// The format of every request, command and answer replication encodes, its first byte
 /// (docs/cluster.md, "Formats"): the rest is postcard. A release that changes an encoding
-/// writes a new format and still reads the earlier ones, which the Raft log keeps.
-const WIRE_FORMAT: u8 = 1;
+/// writes a new format and still reads the earlier ones, which the Raft log keeps. Format 2: a
+/// record header's value may be null (format 1 carried values only).
+const WIRE_FORMAT: u8 = 2;
 /// The first byte of a command read from a Raft log segment written before commands carried a
 /// format (the cluster's `UNNUMBERED_BODY`): encoded as format 1 is.
 const UNNUMBERED_FORMAT: u8 = 0;
@@ -522,8 +541,12 @@ fn encode<T: Serialize>(value: &T) -> Bytes {
 /// Decodes what [`encode`] made (`what` names it in the error).
 fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8], what: &str) -> Result<T, String> {
     match bytes.split_first() {
-        Some((&(WIRE_FORMAT | UNNUMBERED_FORMAT), rest)) => {
-            postcard::from_bytes(rest).map_err(|error| format!("{what} that does not decode: {error}"))
+        Some((&format, rest)) if format <= WIRE_FORMAT => {
+            // Format 0 is format 1 without its byte.
+            let previous = DECODING_FORMAT.replace(if format == UNNUMBERED_FORMAT { 1 } else { format });
+            let decoded = postcard::from_bytes(rest).map_err(|error| format!("{what} that does not decode: {error}"));
+            DECODING_FORMAT.set(previous);
+            decoded
         }
         Some((format, _)) => Err(format!(
             "{what} in format {format}, from a newer onehop (this one reads formats up to {WIRE_FORMAT}): every node of \
@@ -1811,6 +1834,68 @@ pub(crate) fn queued_append(answer: Submitted) -> QueuedAppend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command as format 1 wrote it (header values could not be null), read by this release
+    /// from a Raft log an earlier one wrote; and a null value kept in this release's format.
+    #[test]
+    fn a_command_an_earlier_format_wrote_still_decodes_and_null_header_values_travel() {
+        #[derive(Serialize)]
+        struct FormatOneRecord {
+            timestamp_ms: Option<i64>,
+            key: Option<Bytes>,
+            subject: Option<String>,
+            headers: Vec<(String, Bytes)>,
+            value: Option<Bytes>,
+        }
+        /// Postcard names a variant by its index: `TableWrite` is the third, as in [`Command`].
+        #[derive(Serialize)]
+        #[allow(dead_code)]
+        enum FormatOneCommand {
+            Publish,
+            CreateStream,
+            TableWrite { table: String, offset: u64, record: FormatOneRecord, created: bool },
+        }
+        let old = FormatOneCommand::TableWrite {
+            table: "t".into(),
+            offset: 7,
+            record: FormatOneRecord {
+                timestamp_ms: Some(1),
+                key: Some(Bytes::from_static(b"k")),
+                subject: None,
+                headers: vec![("trace".into(), Bytes::from_static(b"a")), ("trace".into(), Bytes::from_static(b"b"))],
+                value: Some(Bytes::from_static(b"v")),
+            },
+            created: true,
+        };
+        for format in [0u8, 1] {
+            let bytes = postcard::to_extend(&old, vec![format]).unwrap();
+            match decode::<Command>(&bytes, "a command").unwrap() {
+                Command::TableWrite { table, offset, record, created } => {
+                    assert_eq!((table.as_str(), offset, created), ("t", 7, true));
+                    let headers = NewRecord::from(record).headers;
+                    let expected: Vec<(Text, Option<Bytes>)> = vec![
+                        ("trace".into(), Some(Bytes::from_static(b"a"))),
+                        ("trace".into(), Some(Bytes::from_static(b"b"))),
+                    ];
+                    assert_eq!(headers, expected, "format {format}");
+                }
+                _ => panic!("format {format}: another command"),
+            }
+        }
+        let new =
+            NewRecord { headers: vec![("n".into(), None), ("n".into(), Some(Bytes::new()))], ..NewRecord::value("v") };
+        let write =
+            Command::TableWrite { table: "t".into(), offset: 0, record: WireRecord::from(&new), created: false };
+        let encoded = encode(&write);
+        assert_eq!(encoded[0], WIRE_FORMAT);
+        match decode::<Command>(&encoded, "a command").unwrap() {
+            Command::TableWrite { record, .. } => assert_eq!(NewRecord::from(record).headers, new.headers),
+            _ => panic!("another command"),
+        }
+        let newer = [&[WIRE_FORMAT + 1][..], &encoded[1..]].concat();
+        let Err(refused) = decode::<Command>(&newer, "a command") else { panic!("a newer format decoded") };
+        assert!(refused.contains("newer onehop"), "{refused}");
+    }
 
     #[test]
     fn only_definition_changes_are_barriers() {

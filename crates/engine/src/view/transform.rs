@@ -130,7 +130,8 @@ impl TransformDef {
         };
         let mut headers = record.headers.to_vec();
         headers.retain(|(name, _)| name != SOURCE_HEADER);
-        headers.push((Text::from_static(SOURCE_HEADER), Bytes::from(format!("{}:{}", input.partition, record.offset))));
+        let source = Bytes::from(format!("{}:{}", input.partition, record.offset));
+        headers.push((Text::from_static(SOURCE_HEADER), Some(source)));
         let value = serde_json::to_vec(&Value::Object(fields)).expect("a JSON object serializes");
         let output =
             NewRecord { timestamp_ms: Some(record.timestamp_ms), key, subject, headers, value: Some(value.into()) };
@@ -778,8 +779,8 @@ mod tests {
         assert_eq!(
             output.headers,
             [
-                (Text::from_static("trace"), Bytes::from_static(b"t1")),
-                (Text::from_static(SOURCE_HEADER), Bytes::from_static(b"1:7"))
+                (Text::from_static("trace"), Some(Bytes::from_static(b"t1"))),
+                (Text::from_static(SOURCE_HEADER), Some(Bytes::from_static(b"1:7")))
             ]
         );
         assert_eq!(output.value.as_deref(), Some(&br#"{"n":5}"#[..]));

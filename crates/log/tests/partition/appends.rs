@@ -55,8 +55,9 @@ async fn records_are_identical_after_reopen() {
             key: Some(Bytes::from_static(b"user-1")),
             subject: Some("scores/team-42".into()),
             headers: vec![
-                ("content-type".into(), Bytes::from_static(b"application/json")),
-                ("trace".into(), Bytes::new()),
+                ("content-type".into(), Some(Bytes::from_static(b"application/json"))),
+                ("trace".into(), Some(Bytes::new())),
+                ("trace".into(), None),
             ],
             value: Some(Bytes::from_static(br#"{"score":1}"#)),
         },
@@ -67,14 +68,17 @@ async fn records_are_identical_after_reopen() {
             timestamp_ms: Some(0),
             key: None,
             subject: Some(Text::default()),
-            headers: vec![("dup".into(), Bytes::from_static(b"a")), ("dup".into(), Bytes::from_static(b"b"))],
+            headers: vec![
+                ("dup".into(), Some(Bytes::from_static(b"a"))),
+                ("dup".into(), Some(Bytes::from_static(b"b"))),
+            ],
             value: Some(Bytes::new()),
         },
         NewRecord {
             timestamp_ms: Some(i64::MAX),
             key: Some(Bytes::new()),
             subject: Some("é/ü/😀".into()),
-            headers: vec![(Text::default(), filler(1, 300))],
+            headers: vec![(Text::default(), Some(filler(1, 300)))],
             value: Some(filler(2, 100_000)),
         },
         NewRecord { timestamp_ms: Some(i64::MIN), value: Some(filler(3, 1)), ..Default::default() },
@@ -158,9 +162,10 @@ async fn refused_appends_write_nothing() {
     let partition = open(dir.path(), PartitionConfig::default());
     let long_subject = NewRecord { subject: Some("s".repeat(70_000).into()), ..NewRecord::value("v") };
     assert_eq!(partition.append(&[long_subject]).await, Err(AppendError::SubjectTooLong(70_000)));
-    let many_headers = NewRecord { headers: vec![(Text::default(), Bytes::new()); 65_536], ..NewRecord::value("v") };
+    let many_headers =
+        NewRecord { headers: vec![(Text::default(), Some(Bytes::new())); 65_536], ..NewRecord::value("v") };
     assert_eq!(partition.append(&[many_headers]).await, Err(AppendError::TooManyHeaders));
-    let long_name = NewRecord { headers: vec![("n".repeat(65_536).into(), Bytes::new())], ..NewRecord::value("v") };
+    let long_name = NewRecord { headers: vec![("n".repeat(65_536).into(), None)], ..NewRecord::value("v") };
     assert_eq!(partition.append(&[long_name]).await, Err(AppendError::TooManyHeaders));
     nothing_written(&partition);
 }

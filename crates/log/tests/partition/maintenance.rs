@@ -167,7 +167,7 @@ async fn compaction_keeps_the_newest_record_per_key() {
         timestamp_ms: Some(timestamp_ms),
         key: Some(Bytes::from(key.to_string())),
         subject: Some(format!("table/{key}").into()),
-        headers: vec![("tag".into(), Bytes::from(tag.to_string()))],
+        headers: vec![("tag".into(), Some(Bytes::from(tag.to_string())))],
         value: Some(Bytes::from(format!("{key}={tag};{}", "x".repeat(200)))),
     };
     let tombstone = |key: &str, timestamp_ms: i64| NewRecord {

@@ -55,7 +55,7 @@ async fn reads_from_memory_are_what_the_file_holds() {
         key: i.is_multiple_of(3).then(|| Bytes::from(format!("key-{}", i % 17))),
         subject: i.is_multiple_of(5).then(|| format!("subjects/{}", i % 7).into()),
         headers: if i.is_multiple_of(4) {
-            vec![(Text::from_static("h"), Bytes::from(i.to_string()))]
+            vec![(Text::from_static("h"), Some(Bytes::from(i.to_string())))]
         } else {
             Vec::new()
         },

@@ -12,6 +12,8 @@
 //! - `group_of_three`: the test every client passes, written once: a group of three members
 //!   across a leave and a kill -9, each record consumed exactly once; an idempotent producer
 //!   across a kill -9, each acknowledged record where it was acknowledged and stored once.
+//! - `headers`: repeated header names and null values, from confluent-kafka, an HTTP batch
+//!   and MQTT 5 user properties, reach a Kafka consumer and an HTTP read as written.
 //! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
 //! - `idempotence`: a proxy loses the answers to an idempotent producer's batches three times;
@@ -40,6 +42,7 @@ mod durability;
 mod franz_go;
 mod group_of_three;
 mod groups;
+mod headers;
 mod idempotence;
 mod kafkajs;
 mod librdkafka;

@@ -68,9 +68,34 @@ struct Envelope {
     key: Option<String>,
     subject: Option<String>,
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    headers: EnvelopeHeaders,
     #[serde(default)]
     value: Option<Value>,
+}
+
+/// An envelope's headers: an object of names to text or `null`, or, to repeat a name, a list
+/// of `[name, text or null]` pairs in order.
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "headers as an object of names to text or null, or a list of [name, value] pairs")]
+enum EnvelopeHeaders {
+    Object(BTreeMap<String, Option<String>>),
+    List(Vec<(String, Option<String>)>),
+}
+
+impl Default for EnvelopeHeaders {
+    fn default() -> Self {
+        EnvelopeHeaders::List(Vec::new())
+    }
+}
+
+impl EnvelopeHeaders {
+    fn into_record_headers(self) -> Vec<(Text, Option<Bytes>)> {
+        let pairs: Vec<(String, Option<String>)> = match self {
+            EnvelopeHeaders::Object(object) => object.into_iter().collect(),
+            EnvelopeHeaders::List(list) => list,
+        };
+        pairs.into_iter().map(|(name, value)| (name.into(), value.map(Bytes::from))).collect()
+    }
 }
 
 pub fn durability(headers: &HeaderMap) -> Result<Option<Durability>, ApiError> {
@@ -125,7 +150,7 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
             timestamp_ms: None,
             key: envelope.key.map(Bytes::from),
             subject: checked_subject(envelope.subject, Some(line_number))?,
-            headers: envelope.headers.into_iter().map(|(name, value)| (name.into(), Bytes::from(value))).collect(),
+            headers: envelope.headers.into_record_headers(),
             value: match envelope.value {
                 None | Some(Value::Null) => None,
                 Some(value) => Some(Bytes::from(serde_json::to_vec(&value).expect("a JSON value serializes"))),
@@ -276,12 +301,15 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
     if let Some(subject) = &record.subject {
         object.insert("subject".into(), json!(subject.as_str()));
     }
-    let (headers, headers_base64) = headers_json(record);
-    if !headers.is_empty() {
-        object.insert("headers".into(), Value::Object(headers));
+    let HeadersJson { text, binary, list } = headers_json(record);
+    if !text.is_empty() {
+        object.insert("headers".into(), Value::Object(text));
     }
-    if !headers_base64.is_empty() {
-        object.insert("headers_base64".into(), Value::Object(headers_base64));
+    if !binary.is_empty() {
+        object.insert("headers_base64".into(), Value::Object(binary));
+    }
+    if let Some(list) = list {
+        object.insert("header_list".into(), list);
     }
     match &record.value {
         None => {
@@ -300,17 +328,55 @@ pub fn record_json(partition: u32, record: &Record) -> Value {
     Value::Object(object)
 }
 
-/// A record's headers as JSON objects: those whose value is UTF-8 text, and the others with
-/// their value in base64 (an MQTT 5 correlation data is binary), as keys and values are.
-fn headers_json(record: &Record) -> (serde_json::Map<String, Value>, serde_json::Map<String, Value>) {
+/// A record's headers in JSON.
+struct HeadersJson {
+    /// Names to values that are UTF-8 text or null; a repeated name's last value (as Kafka's
+    /// `lastHeader`).
+    text: serde_json::Map<String, Value>,
+    /// Names to the other values, in base64 (an MQTT 5 correlation data is binary), as keys and
+    /// values are.
+    binary: serde_json::Map<String, Value>,
+    /// When a name repeats, which an object cannot hold: every header in order, as `[name,
+    /// value]` with the value text, null or `{"base64": …}`.
+    list: Option<Value>,
+}
+
+fn headers_json(record: &Record) -> HeadersJson {
     let (mut text, mut binary) = (serde_json::Map::new(), serde_json::Map::new());
+    let mut repeated = false;
     for (name, value) in record.headers.iter() {
-        match std::str::from_utf8(value) {
-            Ok(value) => text.insert(name.to_string(), json!(value)),
-            Err(_) => binary.insert(name.to_string(), json!(base64::engine::general_purpose::STANDARD.encode(value))),
-        };
+        repeated |= text.contains_key(name) || binary.contains_key(name);
+        match value.map(std::str::from_utf8) {
+            None => {
+                binary.remove(name);
+                text.insert(name.to_string(), Value::Null);
+            }
+            Some(Ok(value)) => {
+                binary.remove(name);
+                text.insert(name.to_string(), json!(value));
+            }
+            Some(Err(_)) => {
+                text.remove(name);
+                binary.insert(name.to_string(), json!(base64_of(value.unwrap_or_default())));
+            }
+        }
     }
-    (text, binary)
+    let list = repeated.then(|| {
+        let pairs = record.headers.iter().map(|(name, value)| {
+            let value = match value.map(|value| (value, std::str::from_utf8(value))) {
+                None => Value::Null,
+                Some((_, Ok(text))) => json!(text),
+                Some((bytes, Err(_))) => json!({"base64": base64_of(bytes)}),
+            };
+            json!([name, value])
+        });
+        Value::Array(pairs.collect())
+    });
+    HeadersJson { text, binary, list }
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// [`record_json`] written out as bytes, copying a JSON value as it is stored instead of
@@ -346,12 +412,16 @@ pub fn record_json_bytes(partition: u32, record: &Record) -> Vec<u8> {
         out.extend_from_slice(b",\"subject\":");
         serde_json::to_writer(&mut out, subject.as_str()).expect("a string serializes");
     }
-    let (headers, headers_base64) = headers_json(record);
-    for (field, headers) in [(&b",\"headers\":"[..], headers), (b",\"headers_base64\":", headers_base64)] {
+    let HeadersJson { text, binary, list } = headers_json(record);
+    for (field, headers) in [(&b",\"headers\":"[..], text), (b",\"headers_base64\":", binary)] {
         if !headers.is_empty() {
             out.extend_from_slice(field);
             serde_json::to_writer(&mut out, &headers).expect("headers serialize");
         }
+    }
+    if let Some(list) = list {
+        out.extend_from_slice(b",\"header_list\":");
+        serde_json::to_writer(&mut out, &list).expect("headers serialize");
     }
     out.extend_from_slice(b",\"value\":");
     out.extend_from_slice(value);
@@ -540,12 +610,25 @@ mod tests {
     use super::*;
 
     fn record(key: Option<&[u8]>, subject: Option<&str>, headers: &[(&str, &[u8])], value: Option<&[u8]>) -> Record {
+        let headers: Vec<(&str, Option<&[u8]>)> = headers.iter().map(|(name, value)| (*name, Some(*value))).collect();
+        with_headers(key, subject, &headers, value)
+    }
+
+    fn with_headers(
+        key: Option<&[u8]>,
+        subject: Option<&str>,
+        headers: &[(&str, Option<&[u8]>)],
+        value: Option<&[u8]>,
+    ) -> Record {
         Record {
             offset: 41,
             timestamp_ms: 1_700_000_000_123,
             key: key.map(Bytes::copy_from_slice),
             subject: subject.map(Text::from),
-            headers: headers.iter().map(|(name, value)| (Text::from(*name), Bytes::copy_from_slice(value))).collect(),
+            headers: headers
+                .iter()
+                .map(|(name, value)| (Text::from(*name), value.map(Bytes::copy_from_slice)))
+                .collect(),
             value: value.map(Bytes::copy_from_slice),
         }
     }
@@ -570,7 +653,17 @@ mod tests {
                 (None, None, &[("binary", &[0xff, 0x00][..]), ("text", b"t")][..]),
                 (Some(&[0xfe, 0x01][..]), None, &[][..]),
             ] {
-                let record = record(key, subject, headers, value);
+                let headers: Vec<(&str, Option<&[u8]>)> =
+                    headers.iter().map(|(name, value)| (*name, Some(*value))).collect();
+                let repeated_and_null = [&headers[..], &[("trace", None), ("trace", Some(&b"t2"[..]))]].concat();
+                for headers in [headers, repeated_and_null] {
+                    let record = with_headers(key, subject, &headers, value);
+                    let bytes = record_json_bytes(3, &record);
+                    assert!(!bytes.contains(&b'\n'), "one line: {}", String::from_utf8_lossy(&bytes));
+                    let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+                    assert_eq!(parsed, record_json(3, &record), "{}", String::from_utf8_lossy(&bytes));
+                }
+                let record = record(key, subject, &[], value);
                 let bytes = record_json_bytes(3, &record);
                 assert!(!bytes.contains(&b'\n'), "one line: {}", String::from_utf8_lossy(&bytes));
                 let parsed: Value = serde_json::from_slice(&bytes).unwrap();
@@ -585,5 +678,37 @@ mod tests {
         let json = record_json(0, &record);
         assert_eq!(json["headers"], json!({"text": "t"}), "{json}");
         assert_eq!(json["headers_base64"], json!({"binary": "/wA="}), "{json}");
+        assert_eq!(json.get("header_list"), None, "no name repeats");
+    }
+
+    #[test]
+    fn a_repeated_name_lists_every_header_in_order_and_null_stays_null() {
+        let headers: [(&str, Option<&[u8]>); 5] =
+            [("trace", Some(b"a")), ("n", None), ("trace", Some(&[0xff])), ("e", Some(b"")), ("trace", Some(b"c"))];
+        let json = record_json(0, &with_headers(None, None, &headers, Some(b"1")));
+        assert_eq!(json["headers"], json!({"trace": "c", "n": null, "e": ""}), "{json}");
+        assert_eq!(json.get("headers_base64"), None, "{json}");
+        assert_eq!(
+            json["header_list"],
+            json!([["trace", "a"], ["n", null], ["trace", {"base64": "/w=="}], ["e", ""], ["trace", "c"]]),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn an_envelope_takes_headers_as_an_object_or_as_a_list_with_repeats_and_nulls() {
+        let parse =
+            |line: &str| serde_json::from_str::<Envelope>(line).map(|envelope| envelope.headers.into_record_headers());
+        let text =
+            |name: &str, value: Option<&str>| (Text::from(name), value.map(|value| Bytes::from(value.to_string())));
+        assert_eq!(parse(r#"{"headers":{"a":"1","b":null}}"#).unwrap(), vec![text("a", Some("1")), text("b", None)]);
+        assert_eq!(
+            parse(r#"{"headers":[["t","1"],["t",null],["t","2"]]}"#).unwrap(),
+            vec![text("t", Some("1")), text("t", None), text("t", Some("2"))]
+        );
+        assert_eq!(parse(r#"{"value":1}"#).unwrap(), vec![]);
+        let refused = parse(r#"{"headers":[["t"]]}"#).err().unwrap().to_string();
+        assert!(refused.contains("list of [name, value] pairs"), "{refused}");
+        assert!(parse(r#"{"headers":{"a":1}}"#).is_err(), "a number is not a header value");
     }
 }

@@ -35,6 +35,7 @@
 //! - `errors`: engine errors as Kafka's error codes.
 
 mod admin;
+pub mod batch;
 mod configs;
 mod connection;
 mod errors;

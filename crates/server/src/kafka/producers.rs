@@ -314,12 +314,12 @@ impl Producers {
     }
 
     /// The header a checked batch's last record carries.
-    pub(super) fn header(sequenced: &Sequenced) -> (Text, Bytes) {
+    pub(super) fn header(sequenced: &Sequenced) -> (Text, Option<Bytes>) {
         let value = format!(
             "{}:{}:{}:{}",
             sequenced.producer_id, sequenced.epoch, sequenced.first_sequence, sequenced.last_sequence
         );
-        (Text::from_static(PRODUCER_HEADER), Bytes::from(value))
+        (Text::from_static(PRODUCER_HEADER), Some(Bytes::from(value)))
     }
 
     /// Records a checked batch as stored at `base_offset`, or (`None`) as not stored.

@@ -1,4 +1,6 @@
-//! Kafka record batches to and from the engine's records, through kafka-protocol's codec.
+//! Kafka record batches to and from the engine's records, through our own codec
+//! ([`super::batch`]), which keeps headers as Kafka has them: in order, names repeated, values
+//! null.
 //!
 //! A produced batch (any of the four compressions) becomes records with the same key, value,
 //! timestamp and headers; the header [`SUBJECT_HEADER`] becomes the record's subject. A
@@ -6,13 +8,9 @@
 //! offsets, the subject back as that header first.
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::indexmap::IndexMap;
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record as KafkaRecord, RecordBatchDecoder, RecordBatchEncoder,
-    RecordEncodeOptions, TimestampType,
-};
 use onehop_engine::{NewRecord, Record, Text};
+
+use super::batch::{self, Compression, Outgoing};
 
 /// The header a record's subject travels in over Kafka.
 pub const SUBJECT_HEADER: &str = "onehop-subject";
@@ -58,49 +56,53 @@ pub struct Produced {
 /// The one record batch of a partition's produce data (Kafka allows exactly one since
 /// Produce version 3), as the engine writes it. A compressed batch may decompress to at most
 /// `limit` bytes: a small batch of zeros must not become gigabytes in memory.
-pub fn decode(mut batch: Bytes, limit: usize) -> Result<Produced, Refused> {
-    let decompress = |compressed: &mut Bytes, compression: Compression| decompress(compressed, compression, limit);
-    let set = RecordBatchDecoder::decode_with_custom_compression(&mut batch, Some(decompress))
-        .map_err(|error| Refused::Corrupt(format!("{error:#}")))?;
-    if !batch.is_empty() {
+pub fn decode(mut bytes: Bytes, limit: usize) -> Result<Produced, Refused> {
+    let open = |compressed: Bytes, compression: Compression| {
+        decompress(&compressed, compression, limit).map_err(|error| format!("{error:#}"))
+    };
+    let batch = batch::decode(&mut bytes, &open).map_err(Refused::Corrupt)?;
+    if !bytes.is_empty() {
         return Err(Refused::Invalid(
             "more than one record batch: a partition's produce data holds exactly one".into(),
         ));
     }
-    let Some(first) = set.records.first() else {
+    if batch.records.is_empty() {
         return Err(Refused::Corrupt("a record batch with no records".into()));
-    };
-    if first.control {
+    }
+    if batch.control {
         return Err(Refused::Invalid("control records are written by the server, not produced".into()));
     }
-    let transactional = first.transactional;
-    if transactional && first.producer_id < 0 {
+    let transactional = batch.transactional;
+    if transactional && batch.producer_id < 0 {
         return Err(Refused::Invalid("a transactional batch without a producer id".into()));
     }
-    let sequenced = (first.producer_id >= 0).then(|| Sequenced {
-        producer_id: first.producer_id,
-        epoch: first.producer_epoch,
-        first_sequence: first.sequence,
-        last_sequence: add_sequence(first.sequence, set.records.len() as i32 - 1),
+    let sequenced = (batch.producer_id >= 0).then(|| Sequenced {
+        producer_id: batch.producer_id,
+        epoch: batch.producer_epoch,
+        first_sequence: batch.base_sequence,
+        last_sequence: add_sequence(batch.base_sequence, batch.records.len() as i32 - 1),
     });
-    let mut records = Vec::with_capacity(set.records.len());
-    for record in set.records {
+    // Stamped at log append time, a batch's records take the server's time, as Kafka's do.
+    let stamped_by_client = !batch.log_append_time;
+    let mut records = Vec::with_capacity(batch.records.len());
+    for record in batch.records {
         let mut subject = None;
         let mut headers = Vec::with_capacity(record.headers.len());
         for (name, value) in record.headers {
-            let value = value.unwrap_or_default();
-            if name.as_str() == SUBJECT_HEADER {
-                let text = Text::from_utf8(value)
+            if name == SUBJECT_HEADER {
+                // A null subject is none.
+                subject = value
+                    .map(Text::from_utf8)
+                    .transpose()
                     .map_err(|_| Refused::Invalid(format!("the {SUBJECT_HEADER} header is not UTF-8")))?;
-                subject = Some(text);
-            } else if name.as_str() == PRODUCER_HEADER {
+            } else if name == PRODUCER_HEADER {
                 return Err(Refused::Invalid(format!("the {PRODUCER_HEADER} header is the server's own")));
             } else {
-                headers.push((Text::from(name.as_str()), value));
+                headers.push((Text::from(name), value));
             }
         }
         records.push(NewRecord {
-            timestamp_ms: (record.timestamp >= 0).then_some(record.timestamp),
+            timestamp_ms: (stamped_by_client && record.timestamp >= 0).then_some(record.timestamp),
             key: record.key,
             subject,
             headers,
@@ -113,14 +115,13 @@ pub fn decode(mut batch: Bytes, limit: usize) -> Result<Produced, Refused> {
 /// Decompresses a batch's records into at most `limit` bytes, with the codecs Kafka's clients
 /// use: gzip, snappy (the xerial framing Kafka's Java client writes, or raw), the LZ4 frame
 /// format, zstd.
-fn decompress(compressed: &mut Bytes, compression: Compression, limit: usize) -> anyhow::Result<Bytes> {
-    let input = std::mem::take(compressed);
+fn decompress(input: &Bytes, compression: Compression, limit: usize) -> anyhow::Result<Bytes> {
     let out = match compression {
-        Compression::None => return Ok(input),
+        Compression::None => return Ok(input.clone()),
         Compression::Gzip => read_bounded(flate2::read::MultiGzDecoder::new(&input[..]), limit)?,
         Compression::Lz4 => read_bounded(lz4::Decoder::new(&input[..])?, limit)?,
         Compression::Zstd => read_bounded(zstd::stream::read::Decoder::new(&input[..])?, limit)?,
-        Compression::Snappy => snappy(&input, limit)?,
+        Compression::Snappy => snappy(input, limit)?,
     };
     Ok(Bytes::from(out))
 }
@@ -175,49 +176,36 @@ fn snappy(input: &[u8], limit: usize) -> anyhow::Result<Vec<u8>> {
 
 /// `records` (consecutive reads of one partition) as one record batch.
 pub fn encode(records: &[Record]) -> Bytes {
-    let Some(first) = records.first() else { return Bytes::new() };
-    let kafka: Vec<KafkaRecord> = records
+    let outgoing: Vec<Outgoing<'_>> = records
         .iter()
         .map(|record| {
-            let mut headers = IndexMap::with_capacity(record.headers.len() + 1);
+            let mut headers = Vec::with_capacity(record.headers.len() + 1);
             if let Some(subject) = &record.subject {
-                headers.insert(StrBytes::from_static_str(SUBJECT_HEADER), Some(subject.clone().into_bytes()));
+                headers.push((SUBJECT_HEADER, Some(subject.as_bytes())));
             }
-            for (name, value) in record.headers.to_vec() {
-                if name == PRODUCER_HEADER {
-                    continue;
-                }
-                let name = StrBytes::from_utf8(name.into_bytes()).expect("a header name is UTF-8");
-                headers.insert(name, Some(value));
-            }
-            KafkaRecord {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: 0,
-                producer_id: NO_PRODUCER_ID,
-                producer_epoch: NO_PRODUCER_EPOCH,
-                timestamp_type: TimestampType::Creation,
+            headers.extend(record.headers.iter().filter(|(name, _)| *name != PRODUCER_HEADER));
+            Outgoing {
                 offset: record.offset as i64,
-                // The codec keeps records in one batch while offset minus sequence stays the
-                // same; this keeps it so and makes the batch's base sequence -1 (none).
-                sequence: (record.offset - first.offset) as i32 - 1,
                 timestamp: record.timestamp_ms,
-                key: record.key.clone(),
-                value: record.value.clone(),
+                key: record.key.as_deref(),
+                value: record.value.as_deref(),
                 headers,
             }
         })
         .collect();
     let mut buffer = BytesMut::new();
-    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
-    RecordBatchEncoder::encode(&mut buffer, &kafka, &options).expect("an uncompressed batch always encodes");
+    batch::encode(&mut buffer, &outgoing);
     buffer.freeze()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{
+        Compression as KafkaCompression, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record as KafkaRecord, RecordBatchDecoder,
+        RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
 
     const LIMIT: usize = 1 << 20;
 
@@ -226,7 +214,9 @@ mod tests {
         // A megabyte of zeros in one record: a few kilobytes compressed.
         let zeros = String::from_utf8(vec![b'0'; 1 << 20]).unwrap();
         let big = [kafka_record(0, "k", &zeros, &[])];
-        for compression in [Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd] {
+        for compression in
+            [KafkaCompression::Gzip, KafkaCompression::Snappy, KafkaCompression::Lz4, KafkaCompression::Zstd]
+        {
             let batch = produced(&big, compression);
             assert!(batch.len() < 64 * 1024, "{compression:?}: {} bytes", batch.len());
             match decode(batch.clone(), 512 * 1024) {
@@ -239,7 +229,7 @@ mod tests {
         }
     }
 
-    fn produced(records: &[KafkaRecord], compression: Compression) -> Bytes {
+    fn produced(records: &[KafkaRecord], compression: KafkaCompression) -> Bytes {
         let mut buffer = BytesMut::new();
         RecordBatchEncoder::encode(&mut buffer, records, &RecordEncodeOptions { version: 2, compression }).unwrap();
         buffer.freeze()
@@ -273,33 +263,70 @@ mod tests {
             kafka_record(0, "k0", "v0", &[("trace", "t0"), (SUBJECT_HEADER, "home/kitchen")]),
             kafka_record(1, "k1", "v1", &[]),
         ];
-        for compression in
-            [Compression::None, Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd]
-        {
+        for compression in [
+            KafkaCompression::None,
+            KafkaCompression::Gzip,
+            KafkaCompression::Snappy,
+            KafkaCompression::Lz4,
+            KafkaCompression::Zstd,
+        ] {
             let records = decode(produced(&batch, compression), LIMIT).unwrap().records;
             assert_eq!(records.len(), 2, "{compression:?}");
             assert_eq!(records[0].key.as_deref(), Some(&b"k0"[..]));
             assert_eq!(records[0].value.as_deref(), Some(&b"v0"[..]));
             assert_eq!(records[0].timestamp_ms, Some(1_700_000_000_000));
             assert_eq!(records[0].subject.as_deref(), Some("home/kitchen"));
-            assert_eq!(records[0].headers, vec![(Text::from("trace"), Bytes::from("t0"))]);
+            assert_eq!(records[0].headers, vec![(Text::from("trace"), Some(Bytes::from("t0")))]);
             assert_eq!(records[1].subject, None);
         }
     }
 
     #[test]
     fn damaged_or_control_batches_are_refused() {
-        let mut bytes = BytesMut::from(&produced(&[kafka_record(0, "k", "v", &[])], Compression::None)[..]);
+        let mut bytes = BytesMut::from(&produced(&[kafka_record(0, "k", "v", &[])], KafkaCompression::None)[..]);
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
         assert!(matches!(decode(bytes.clone().freeze(), LIMIT), Err(Refused::Corrupt(_))));
         assert!(matches!(decode(Bytes::from_static(b"\x00\x01"), LIMIT), Err(Refused::Corrupt(_))));
-        let one = produced(&[kafka_record(0, "k", "v", &[])], Compression::None);
+        let one = produced(&[kafka_record(0, "k", "v", &[])], KafkaCompression::None);
         let two = Bytes::from([one.clone(), one].concat());
         assert!(matches!(decode(two, LIMIT), Err(Refused::Invalid(_))), "one batch per partition");
         let mut control = kafka_record(0, "k", "v", &[]);
         control.control = true;
-        assert!(matches!(decode(produced(&[control], Compression::None), LIMIT), Err(Refused::Invalid(_))));
+        assert!(matches!(decode(produced(&[control], KafkaCompression::None), LIMIT), Err(Refused::Invalid(_))));
+    }
+
+    /// Headers are a list: a name repeated keeps every value in order, a null value stays
+    /// null (not empty), from a producer's batch to the stored record and back out to a
+    /// consumer's.
+    #[test]
+    fn repeated_names_and_null_values_survive_produce_and_fetch() {
+        let produced_headers: [(&str, Option<&[u8]>); 5] =
+            [("trace", Some(b"a")), ("trace", Some(b"b")), ("empty", Some(b"")), ("none", None), ("trace", None)];
+        let mut wire = BytesMut::new();
+        batch::encode(
+            &mut wire,
+            &[Outgoing { offset: 0, timestamp: 7, key: None, value: Some(b"v"), headers: produced_headers.to_vec() }],
+        );
+        let produced = decode(wire.freeze(), LIMIT).unwrap();
+        let stored: Vec<(Text, Option<Bytes>)> = produced_headers
+            .iter()
+            .map(|(name, value)| (Text::from(*name), value.map(Bytes::copy_from_slice)))
+            .collect();
+        assert_eq!(produced.records[0].headers, stored);
+        let record = Record {
+            offset: 9,
+            timestamp_ms: 7,
+            key: None,
+            subject: None,
+            headers: onehop_engine::Headers::from(&stored[..]),
+            value: Some(Bytes::from("v")),
+        };
+        let fetched = batch::decode(&mut encode(&[record]), &|_, _| Err("none".into())).unwrap();
+        let back: Vec<(&str, Option<&[u8]>)> =
+            fetched.records[0].headers.iter().map(|(name, value)| (name.as_str(), value.as_deref())).collect();
+        assert_eq!(back, produced_headers);
+        assert_eq!(fetched.base_offset, 9);
     }
 
     #[test]
@@ -320,12 +347,12 @@ mod tests {
                 ..kafka_record(i, "k", "v", &[])
             })
             .collect();
-        let produced = decode(produced(&batch, Compression::Lz4), LIMIT).unwrap();
+        let produced = decode(produced(&batch, KafkaCompression::Lz4), LIMIT).unwrap();
         let expected = Sequenced { producer_id: 7, epoch: 1, first_sequence: 10, last_sequence: 12 };
         assert_eq!(produced.sequenced, Some(expected));
         assert_eq!(produced.records.len(), 3);
         let plain =
-            decode(super::tests::produced(&[kafka_record(0, "k", "v", &[])], Compression::None), LIMIT).unwrap();
+            decode(super::tests::produced(&[kafka_record(0, "k", "v", &[])], KafkaCompression::None), LIMIT).unwrap();
         assert_eq!(plain.sequenced, None);
     }
 
@@ -337,7 +364,7 @@ mod tests {
                 timestamp_ms: 1_700_000_000_000 + i as i64,
                 key: Some(Bytes::from(format!("k{i}"))),
                 subject: (i == 1).then(|| Text::from("a/b")),
-                headers: onehop_engine::Headers::from(&[(Text::from("h"), Bytes::from("x"))][..]),
+                headers: onehop_engine::Headers::from(&[(Text::from("h"), Some(Bytes::from("x")))][..]),
                 value: if i == 2 { None } else { Some(Bytes::from(format!("v{i}"))) },
             })
             .collect();

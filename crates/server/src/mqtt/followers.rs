@@ -175,7 +175,7 @@ impl Follower {
             return false;
         }
         let own = |own: &Arc<str>| {
-            event.record.headers.iter().any(|(name, value)| name == CLIENT_HEADER && value == own.as_bytes())
+            event.record.headers.iter().any(|(name, value)| name == CLIENT_HEADER && value == Some(own.as_bytes()))
         };
         !self.no_local_client.as_ref().is_some_and(own)
     }

@@ -87,7 +87,7 @@ pub(super) fn message_headers(
     properties: MessageProperties,
     retain: bool,
     now_ms: i64,
-) -> Vec<(Text, Bytes)> {
+) -> Vec<(Text, Option<Bytes>)> {
     let MessageProperties {
         user_properties,
         expiry_secs,
@@ -96,27 +96,27 @@ pub(super) fn message_headers(
         response_topic,
         correlation_data,
     } = properties;
-    let mut headers: Vec<(Text, Bytes)> = Vec::with_capacity(user_properties.len() + 4);
-    headers.extend(user_properties.into_iter().map(|(name, value)| (Text::from(name), Bytes::from(value))));
-    headers.push((Text::from_static(QOS_HEADER), qos_header_value(qos)));
+    let mut headers: Vec<(Text, Option<Bytes>)> = Vec::with_capacity(user_properties.len() + 4);
+    headers.extend(user_properties.into_iter().map(|(name, value)| (Text::from(name), Some(Bytes::from(value)))));
+    headers.push((Text::from_static(QOS_HEADER), Some(qos_header_value(qos))));
     if let Some(secs) = expiry_secs {
         let expires = (now_ms + i64::from(secs) * 1000).to_string();
-        headers.push((Text::from_static(EXPIRES_HEADER), Bytes::from(expires)));
+        headers.push((Text::from_static(EXPIRES_HEADER), Some(Bytes::from(expires))));
     }
     if retain {
-        headers.push((Text::from_static(RETAIN_HEADER), Bytes::from_static(b"1")));
+        headers.push((Text::from_static(RETAIN_HEADER), Some(Bytes::from_static(b"1"))));
     }
     if payload_utf8 {
-        headers.push((Text::from_static(PAYLOAD_FORMAT_HEADER), Bytes::from_static(b"1")));
+        headers.push((Text::from_static(PAYLOAD_FORMAT_HEADER), Some(Bytes::from_static(b"1"))));
     }
     let texts = [(CONTENT_TYPE_HEADER, content_type), (RESPONSE_TOPIC_HEADER, response_topic)];
     for (name, value) in texts {
         if let Some(value) = value {
-            headers.push((Text::from_static(name), Bytes::from(value)));
+            headers.push((Text::from_static(name), Some(Bytes::from(value))));
         }
     }
     if let Some(data) = correlation_data {
-        headers.push((Text::from_static(CORRELATION_DATA_HEADER), data));
+        headers.push((Text::from_static(CORRELATION_DATA_HEADER), Some(data)));
     }
     headers
 }
@@ -139,8 +139,10 @@ pub(super) fn publish_properties(
         user_properties: headers
             .iter()
             .filter(|(name, _)| !name.starts_with("onehop-"))
+            // MQTT has no null user property: a null header value reaches it as empty text.
             .map(|(name, value)| {
-                (ByteString::from(name), ByteString::from(String::from_utf8_lossy(value).into_owned()))
+                let value = String::from_utf8_lossy(value.unwrap_or_default()).into_owned();
+                (ByteString::from(name), ByteString::from(value))
             })
             .collect(),
         is_utf8_payload: text(PAYLOAD_FORMAT_HEADER) == Some("1"),

@@ -88,7 +88,7 @@ impl Publisher {
         &mut self,
         topic: &Text,
         payload: Bytes,
-        headers: Vec<(Text, Bytes)>,
+        headers: Vec<(Text, Option<Bytes>)>,
     ) -> Result<(Route, NewRecord), Refused> {
         let route = self.routes.route(&self.broker.engine, &self.principal, topic).await?;
         let record = routing::record(&route, topic, payload, headers)?;

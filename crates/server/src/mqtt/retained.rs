@@ -60,7 +60,7 @@ impl Retained {
     /// of the connection's read buffer or of a whole batch, and a retained message lives until
     /// its topic is cleared: shared, a small message could hold kilobytes (a replay, megabytes)
     /// for as long.
-    fn owned(topic: String, payload: &[u8], headers: &[(Text, Bytes)]) -> Retained {
+    fn owned(topic: String, payload: &[u8], headers: &[(Text, Option<Bytes>)]) -> Retained {
         Retained {
             topic,
             payload: Bytes::copy_from_slice(payload),
@@ -182,7 +182,7 @@ impl RetainedStore {
         let source = headers
             .iter()
             .position(|(name, _)| name.as_str() == SOURCE_HEADER)
-            .and_then(|at| Source::parse(&headers.remove(at).1));
+            .and_then(|at| Source::parse(&headers.remove(at).1.unwrap_or_default()));
         // A message of the earlier layout names no source: it stands until a newer one comes.
         let source = source.unwrap_or(Source { stream: String::new(), partition: 0, offset: 0 });
         let message = Retained::owned(topic.to_string(), &value, &headers);
@@ -228,7 +228,7 @@ impl RetainedStore {
             return;
         }
         let message = record.value.as_deref().filter(|payload| !payload.is_empty()).map(|payload| {
-            let headers: Vec<(Text, Bytes)> = record.headers.to_vec();
+            let headers = record.headers.to_vec();
             Retained::owned(topic.to_string(), payload, &headers)
         });
         messages.insert(topic.to_string(), Held { source, message, dirty: true });
@@ -331,12 +331,12 @@ impl RetainedStore {
                 let key = Some(Bytes::from(topic.clone()));
                 let record = match &held.message {
                     Some(message) => {
-                        let mut headers: Vec<(Text, Bytes)> = message
+                        let mut headers: Vec<(Text, Option<Bytes>)> = message
                             .headers
                             .iter()
-                            .map(|(name, value)| (Text::from(name), Bytes::copy_from_slice(value)))
+                            .map(|(name, value)| (Text::from(name), value.map(Bytes::copy_from_slice)))
                             .collect();
-                        headers.push((Text::from_static(SOURCE_HEADER), held.source.header()));
+                        headers.push((Text::from_static(SOURCE_HEADER), Some(held.source.header())));
                         NewRecord { key, headers, value: Some(message.payload.clone()), ..NewRecord::default() }
                     }
                     None => NewRecord { key, ..NewRecord::default() },
@@ -478,14 +478,15 @@ mod tests {
             timestamp_ms: 0,
             key: None,
             subject: Some(Text::from_utf8(buffer.slice(200..209)).unwrap()),
-            headers: Headers::from(&[(name, buffer.slice(4..5))][..]),
+            headers: Headers::from(&[(name, Some(buffer.slice(4..5)))][..]),
             value: Some(buffer.slice(100..110)),
         };
         store.apply(Source { stream: "home".into(), partition: 0, offset: 7 }, &record);
         let topic = "x".repeat(9);
         let message = store.messages.read().unwrap().get(&topic).unwrap().message.clone().unwrap();
         assert_eq!(&message.payload[..], &[b'x'; 10]);
-        let headers: Vec<(&str, &[u8])> = message.headers.iter().collect();
+        let headers: Vec<(&str, &[u8])> =
+            message.headers.iter().map(|(name, value)| (name, value.unwrap_or_default())).collect();
         assert_eq!(headers, [("xxxx", &b"x"[..])]);
         assert!(!within(&message.payload, &buffer), "the payload is a copy");
         assert!(!within(headers[0].0.as_bytes(), &buffer), "the header name is a copy");
@@ -521,7 +522,7 @@ mod tests {
         // leaves it) is read on at the next start, and only it.
         let retained = NewRecord {
             subject: Some(Text::from("home/b")),
-            headers: vec![(Text::from_static(RETAIN_HEADER), Bytes::from_static(b"1"))],
+            headers: vec![(Text::from_static(RETAIN_HEADER), Some(Bytes::from_static(b"1")))],
             value: Some(Bytes::from("on")),
             ..NewRecord::default()
         };

@@ -93,7 +93,7 @@ pub(super) fn record(
     route: &Route,
     topic: &Text,
     payload: Bytes,
-    headers: Vec<(Text, Bytes)>,
+    headers: Vec<(Text, Option<Bytes>)>,
 ) -> Result<NewRecord, (Refusal, String)> {
     let record =
         NewRecord { timestamp_ms: None, key: None, subject: Some(topic.clone()), headers, value: Some(payload) };

@@ -655,9 +655,9 @@ impl Transactions {
         let key = Bytes::from(format!("c/{number}/{k}/{id}"));
         let mut record = NewRecord::keyed(key.clone(), raw.clone());
         record.headers = vec![
-            (Text::from_static(STREAM_HEADER), Bytes::from(stream.name().to_string())),
-            (Text::from_static(PARTITION_HEADER), Bytes::from(partition.to_string())),
-            (Text::from_static(SEQUENCE_HEADER), Bytes::from(sequence_text(&sequenced))),
+            (Text::from_static(STREAM_HEADER), Some(Bytes::from(stream.name().to_string()))),
+            (Text::from_static(PARTITION_HEADER), Some(Bytes::from(partition.to_string()))),
+            (Text::from_static(SEQUENCE_HEADER), Some(Bytes::from(sequence_text(&sequenced)))),
         ];
         let offset = self.append_journal(vec![record], entry.term).await.map_err(engine_refusal)?;
         let mut txn = entry.txn.lock().expect("txn lock");

@@ -96,7 +96,7 @@ pub(in crate::mqtt) struct Message {
     pub(in crate::mqtt) qos: QoS,
     pub(in crate::mqtt) retain: bool,
     /// Its QoS, properties and retain flag as record headers, and who published it.
-    pub(in crate::mqtt) headers: Vec<(Text, Bytes)>,
+    pub(in crate::mqtt) headers: Vec<(Text, Option<Bytes>)>,
     pub(in crate::mqtt) receipt: Receipt,
 }
 
@@ -274,10 +274,10 @@ impl Machine {
         let exactly_once = qos == QoS::ExactlyOnce && self.session.persistent;
         if self.codec.version() == Version::V5 || exactly_once {
             // A 5.0 subscription can ask not to get its own client's messages back.
-            headers.push((Text::from_static(CLIENT_HEADER), self.inbound.client_id.clone()));
+            headers.push((Text::from_static(CLIENT_HEADER), Some(self.inbound.client_id.clone())));
         }
         if exactly_once && let Some(packet_id) = packet_id {
-            headers.push((Text::from_static(PACKET_HEADER), Bytes::from(packet_id.get().to_string())));
+            headers.push((Text::from_static(PACKET_HEADER), Some(Bytes::from(packet_id.get().to_string()))));
         }
         Message { topic, payload, qos, retain, headers, receipt }
     }

@@ -258,7 +258,8 @@ fn a_qos1_publish_is_stored_then_acknowledged() {
     let message = the_store(&mut machine);
     assert_eq!(message.receipt, Receipt { ack: Some((QoS::AtLeastOnce, id(7))), slot: true });
     assert_eq!(message.topic.as_str(), "sensors/1");
-    let header = |name: &str| message.headers.iter().find(|(header, _)| header.as_str() == name).map(|(_, v)| v);
+    let header =
+        |name: &str| message.headers.iter().find(|(header, _)| header.as_str() == name).and_then(|(_, v)| v.as_ref());
     assert_eq!(header(QOS_HEADER).map(|value| &value[..]), Some(&b"1"[..]));
     assert_eq!(header(CLIENT_HEADER).map(|value| &value[..]), Some(&b"c1"[..]), "for no local");
     assert_eq!(sent(&mut machine), [], "no PUBACK before the message is stored");
