@@ -227,10 +227,14 @@ pub(crate) struct Inner<A: Applier> {
     elections: snapshot::Elections,
 }
 
-/// How long a leader may go without a majority's acknowledgement before it refuses writes:
-/// past the longest election timeout, the others have likely elected another.
+/// How long a leader may go without a majority's acknowledgement before it refuses writes.
+/// What openraft measures is the send time of the newest request a majority acknowledged, so
+/// followers that take long to make a backlog durable (a busy disk, a starved CPU) look as far
+/// behind as their backlog: the limit is well past the longest election timeout, so that a slow
+/// majority is not taken for a lost one. Writes a lost majority leaves queued meanwhile are
+/// answered at their deadline.
 fn quorum_lost_after(election_timeout: (Duration, Duration)) -> Duration {
-    election_timeout.1
+    election_timeout.1 * 5
 }
 
 /// The least time a command queued on the leader has to be committed and answered, however
