@@ -263,3 +263,125 @@ admin.delete_topics(["orders"], operation_timeout=30)["orders"].result()
         crate::common::sql(server.address, "DROP STREAM orders");
     }
 }
+
+/// A static member (confluent-kafka with `group.instance.id`) and what it printed.
+struct StaticMember {
+    child: Child,
+    lines: Receiver<String>,
+    events: Vec<serde_json::Value>,
+}
+
+impl StaticMember {
+    fn start(kafka: std::net::SocketAddr, instance: &str) -> StaticMember {
+        let script =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/static_member.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .args([&kafka.to_string(), "work", "statics", instance])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        let lines = line_channel(child.stdout.take().unwrap());
+        StaticMember { child, lines, events: Vec::new() }
+    }
+
+    fn take_in(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            self.events.push(serde_json::from_str(&line).unwrap_or_else(|_| panic!("not an event: {line}")));
+        }
+    }
+
+    /// The partitions of its last assignment, if it has one it was not revoked since.
+    fn assigned(&self) -> Option<Vec<u64>> {
+        let last = self.events.iter().rev().find(|event| event["event"] != "record")?;
+        (last["event"] == "assign")
+            .then(|| last["partitions"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap()).collect())
+    }
+
+    fn rebalances(&self) -> usize {
+        self.events.iter().filter(|event| event["event"] != "record").count()
+    }
+
+    fn consumed(&self, partition: u64, offset: u64) -> bool {
+        self.events
+            .iter()
+            .any(|event| event["event"] == "record" && event["partition"] == partition && event["offset"] == offset)
+    }
+}
+
+impl Drop for StaticMember {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `members` (taking in what they print) until `settled` holds of them.
+fn wait_for(members: &mut [&mut StaticMember], what: &str, settled: impl Fn(&[&mut StaticMember]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        for member in members.iter_mut() {
+            member.take_in();
+        }
+        if settled(members) {
+            return;
+        }
+        let said: Vec<&Vec<serde_json::Value>> = members.iter().map(|member| &member.events).collect();
+        assert!(Instant::now() < deadline, "{what}: never; they said {said:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Static membership (KIP-345): a member killed with SIGKILL and started again under its
+/// `group.instance.id` gets its partitions back with no rebalance: the other member is never
+/// asked to give its partitions up, and both go on consuming. Before static membership was
+/// served, the member came back as a new one: a rebalance revoked the other's partitions and
+/// waited for the killed member until its session timeout.
+#[test]
+fn a_static_member_killed_and_started_again_gets_its_partitions_back_without_a_rebalance() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let kafka = server.kafka_address.unwrap();
+    let (status, body) =
+        crate::common::request(server.address, "POST", "/sql", "CREATE STREAM work WITH (partitions = 4)").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let mut b = StaticMember::start(kafka, "member-b");
+    let mut a = StaticMember::start(kafka, "member-a");
+    let split = |members: &[&mut StaticMember]| {
+        let (Some(first), Some(second)) = (members[0].assigned(), members[1].assigned()) else { return false };
+        let mut all = [first.clone(), second.clone()].concat();
+        all.sort_unstable();
+        !first.is_empty() && !second.is_empty() && all == [0, 1, 2, 3]
+    };
+    wait_for(&mut [&mut a, &mut b], "the two members share the four partitions", split);
+    let a_had = a.assigned().unwrap();
+    let b_had = b.assigned().unwrap();
+    let b_rebalances = b.rebalances();
+
+    // a is killed (no LeaveGroup) and started again under its instance id.
+    drop(a);
+    let mut a = StaticMember::start(kafka, "member-a");
+    wait_for(&mut [&mut a], "the restarted member is assigned", |members| members[0].assigned().is_some());
+    assert_eq!(a.assigned().unwrap(), a_had, "its partitions handed back");
+
+    // Records on every partition: each member consumes its own, and b's events, read up to
+    // its last record, show it was never asked to give its partitions up.
+    let mut written = Vec::new();
+    for key in 0..24 {
+        let (status, body) = crate::common::post(server.address, &format!("/streams/work?key=k{key}"), "1").unwrap();
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        written.push((answer["partition"].as_u64().unwrap(), answer["offset"].as_u64().unwrap()));
+    }
+    let owners = [(&a_had, "a"), (&b_had, "b")];
+    assert!(owners.iter().all(|(partitions, _)| written.iter().any(|(p, _)| partitions.contains(p))), "{written:?}");
+    wait_for(&mut [&mut a, &mut b], "every record consumed by the member it belongs to", |members| {
+        written.iter().all(|(partition, offset)| {
+            let owner = if a_had.contains(partition) { &members[0] } else { &members[1] };
+            owner.consumed(*partition, *offset)
+        })
+    });
+    assert_eq!(b.rebalances(), b_rebalances, "no rebalance reached the other member: {:?}", b.events);
+    assert_eq!(b.assigned().unwrap(), b_had);
+}

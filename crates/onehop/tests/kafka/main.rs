@@ -14,7 +14,8 @@
 //!   across a kill -9, each acknowledged record where it was acknowledged and stored once.
 //! - `headers`: repeated header names and null values, from confluent-kafka, an HTTP batch
 //!   and MQTT 5 user properties, reach a Kafka consumer and an HTTP read as written.
-//! - `groups`: a consumer group of three console consumers rebalancing, and resuming from its
+//! - `groups`: a static member (confluent-kafka) back after a kill -9 without a rebalance;
+//!   a consumer group of three console consumers rebalancing, and resuming from its
 //!   committed offsets after a kill -9 of the server.
 //! - `idempotence`: a proxy loses the answers to an idempotent producer's batches three times;
 //!   each retried batch is recognised and stored once.

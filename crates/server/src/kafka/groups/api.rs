@@ -145,6 +145,7 @@ pub(in crate::kafka) async fn join_group(
     response.protocol_name = Some(text(&joined.protocol));
     response.leader = text(&joined.leader);
     response.member_id = text(&joined.member_id);
+    response.skip_assignment = joined.skip_assignment;
     response.members = joined
         .members
         .into_iter()
@@ -174,8 +175,9 @@ pub(in crate::kafka) async fn sync_group(
         .into_iter()
         .map(|assigned| (assigned.member_id.as_str().to_string(), assigned.assignment))
         .collect();
-    let syncing =
-        shared.groups.sync(request.group_id.0.as_str(), request.member_id.as_str(), request.generation_id, assignments);
+    let instance = request.group_instance_id.as_ref().map(|id| id.as_str());
+    let member = (request.member_id.as_str(), instance);
+    let syncing = shared.groups.sync(request.group_id.0.as_str(), member, request.generation_id, assignments);
     let synced = match syncing {
         Err(code) => super::Synced { error: code, ..Default::default() },
         Ok(receiver) => {
@@ -197,7 +199,14 @@ pub(in crate::kafka) fn heartbeat(shared: &Shared, who: &Principal, request: Hea
     let mut response = HeartbeatResponse::default();
     response.error_code = match crate::kafka::group_refused(shared, who, Privilege::Read, request.group_id.0.as_str()) {
         Some(code) => code,
-        None => shared.groups.heartbeat(request.group_id.0.as_str(), request.member_id.as_str(), request.generation_id),
+        None => {
+            let instance = request.group_instance_id.as_ref().map(|id| id.as_str());
+            shared.groups.heartbeat(
+                request.group_id.0.as_str(),
+                (request.member_id.as_str(), instance),
+                request.generation_id,
+            )
+        }
     };
     response
 }
@@ -215,14 +224,15 @@ pub(in crate::kafka) fn leave_group(
     }
     if request.members.is_empty() {
         // Versions 0 to 2: one member.
-        response.error_code = shared.groups.leave(group, request.member_id.as_str());
+        response.error_code = shared.groups.leave(group, (request.member_id.as_str(), None));
     } else {
         response.members = request
             .members
             .into_iter()
             .map(|identity| {
                 let mut left = MemberResponse::default();
-                left.error_code = shared.groups.leave(group, identity.member_id.as_str());
+                let instance = identity.group_instance_id.as_ref().map(|id| id.as_str());
+                left.error_code = shared.groups.leave(group, (identity.member_id.as_str(), instance));
                 left.member_id = identity.member_id;
                 left.group_instance_id = identity.group_instance_id;
                 left
@@ -260,7 +270,14 @@ pub(in crate::kafka) async fn offset_commit(
     let group = request.group_id.0.as_str().to_string();
     let allowed = match crate::kafka::group_refused(shared, who, Privilege::Read, &group) {
         Some(code) => code,
-        None => shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id_or_member_epoch),
+        None => {
+            let instance = request.group_instance_id.as_ref().map(|id| id.as_str());
+            shared.groups.may_commit(
+                &group,
+                (request.member_id.as_str(), instance),
+                request.generation_id_or_member_epoch,
+            )
+        }
     };
     let mut answers: Vec<(TopicName, Vec<(i32, i16)>)> = Vec::new();
     let mut commits = Vec::new();

@@ -11,8 +11,16 @@
 //!
 //! Committed offsets are durable ([`committed`]), and so is each group's membership as of its
 //! last completed rebalance (stored within a tick of it): after a restart the members are
-//! still known and carry on, as with Kafka's coordinator failover. Static membership (`group.instance.id`) is
-//! taken as a dynamic member; KIP-848's consumer protocol is not served.
+//! still known and carry on, as with Kafka's coordinator failover.
+//!
+//! Static membership (KIP-345, `group.instance.id`): an instance id names a member across its
+//! restarts. A member that comes back under its instance id (with no member id) takes the
+//! place of its earlier self, which is fenced (`FENCED_INSTANCE_ID`): in a stable group whose
+//! member asks for what it asked for before, with no rebalance at all, its assignment handed
+//! back at once (a leader is told to skip the assignment, JoinGroup v9); otherwise the group
+//! rebalances as for any rejoin. Like any member, a static one is removed once its session
+//! timeout passes without a word, and a LeaveGroup may name it by its instance id alone.
+//! KIP-848's consumer protocol is not served.
 
 pub mod api;
 pub mod committed;
@@ -66,6 +74,8 @@ pub struct Joined {
     pub member_id: String,
     /// For the leader: every member's id, instance id and metadata for the chosen protocol.
     pub members: Vec<(String, Option<String>, Bytes)>,
+    /// A static leader back in a stable group: the assignment stands, it need not send one.
+    pub skip_assignment: bool,
 }
 
 /// What a SyncGroup is answered with.
@@ -211,6 +221,100 @@ impl Group {
         self.by_id.get_mut(id).map(|(_, member)| member)
     }
 
+    /// The member id the static member `instance` has now.
+    fn member_of_instance(&self, instance: &str) -> Option<String> {
+        self.by_id
+            .iter()
+            .find(|(_, (_, member))| member.instance_id.as_deref() == Some(instance))
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Whether `member_id`, naming itself the static member `instance`, is fenced: that
+    /// instance is a member under another id now (a later start of the same instance).
+    fn fenced(&self, member_id: &str, instance: Option<&str>) -> bool {
+        instance.and_then(|instance| self.member_of_instance(instance)).is_some_and(|current| current != member_id)
+    }
+
+    /// Every member's id, instance id and metadata for `protocol`, in join order.
+    fn everyone(&self, protocol: &str) -> Vec<(String, Option<String>, Bytes)> {
+        self.members
+            .values()
+            .map(|id| {
+                let member = &self.by_id[id].1;
+                let metadata = member
+                    .protocols
+                    .iter()
+                    .find(|(name, _)| *name == protocol)
+                    .map(|(_, metadata)| metadata.clone())
+                    .unwrap_or_default();
+                (id.clone(), member.instance_id.clone(), metadata)
+            })
+            .collect()
+    }
+
+    /// The static member `old` back as `new` (its instance started again): it takes `old`'s
+    /// place, assignment and leadership, and `old` is fenced. In a stable group asked for the
+    /// same protocol metadata, it is answered at once with the generation as it is; otherwise
+    /// it rejoins as any member does.
+    fn rejoin_static(
+        &mut self,
+        old: &str,
+        new: String,
+        request: JoinRequest,
+        now: Instant,
+    ) -> oneshot::Receiver<Joined> {
+        let (order, mut member) = self.by_id.remove(old).expect("the static member is in the group");
+        let fenced = ResponseError::FencedInstanceId.code();
+        if let Some(joining) = member.joining.take() {
+            let _ = joining.send(Joined { error: fenced, ..Joined::default() });
+        }
+        for (_, waiting) in self.syncing.extract_if(.., |(id, _)| id == old) {
+            let _ = waiting.send(Synced { error: fenced, ..Synced::default() });
+        }
+        let asked = |protocols: &[(String, Bytes)]| {
+            protocols.iter().find(|(name, _)| *name == self.protocol).map(|(_, metadata)| metadata.clone())
+        };
+        let unchanged = self.state == GroupState::Stable
+            && member.protocol_type == request.protocol_type
+            && asked(&member.protocols).is_some()
+            && asked(&member.protocols) == asked(&request.protocols);
+        member.protocols = request.protocols;
+        member.session_timeout = request.session_timeout;
+        member.rebalance_timeout = request.rebalance_timeout;
+        member.client_id = request.client_id;
+        member.host = request.host;
+        member.last_seen = now;
+        self.members.insert(order, new.clone());
+        self.by_id.insert(new.clone(), (order, member));
+        if self.leader.as_deref() == Some(old) {
+            self.leader = Some(new.clone());
+        }
+        self.unsaved = true;
+        tracing::info!(old = %old, new = %new, "Kafka static group member back under its instance id");
+        let (sender, receiver) = oneshot::channel();
+        if unchanged {
+            let leader = self.leader.clone().unwrap_or_default();
+            let is_leader = leader == new;
+            let _ = sender.send(Joined {
+                error: 0,
+                generation: self.generation,
+                protocol_type: self.protocol_type.clone(),
+                protocol: self.protocol.clone(),
+                leader,
+                members: if is_leader { self.everyone(&self.protocol) } else { Vec::new() },
+                member_id: new,
+                skip_assignment: is_leader,
+            });
+        } else {
+            self.by_id.get_mut(&new).expect("just inserted").1.joining = Some(sender);
+            if self.state != GroupState::PreparingRebalance {
+                self.prepare_rebalance(now);
+            }
+            self.complete_join_if_ready(false, now);
+        }
+        receiver
+    }
+
     fn remove(&mut self, id: &str) {
         if let Some((order, member)) = self.by_id.remove(id) {
             self.members.remove(&order);
@@ -282,20 +386,7 @@ impl Group {
         // The leader has the rebalance timeout to send the assignment.
         let timeout = self.by_id.values().map(|(_, member)| member.rebalance_timeout).max().unwrap_or_default();
         self.deadline = Some(now + timeout);
-        let everyone: Vec<(String, Option<String>, Bytes)> = self
-            .members
-            .values()
-            .map(|id| {
-                let member = &self.by_id[id].1;
-                let metadata = member
-                    .protocols
-                    .iter()
-                    .find(|(name, _)| *name == protocol)
-                    .map(|(_, metadata)| metadata.clone())
-                    .unwrap_or_default();
-                (id.clone(), member.instance_id.clone(), metadata)
-            })
-            .collect();
+        let everyone = self.everyone(&protocol);
         for (id, (_, member)) in self.by_id.iter_mut() {
             member.last_seen = now;
             if let Some(joining) = member.joining.take() {
@@ -307,6 +398,7 @@ impl Group {
                     leader: leader.clone(),
                     member_id: id.clone(),
                     members: if *id == leader { everyone.clone() } else { Vec::new() },
+                    skip_assignment: false,
                 });
             }
         }
@@ -356,9 +448,13 @@ impl Coordinator {
         let mut groups = self.groups.lock().expect("groups lock");
         let group = groups.entry(request.group.clone()).or_insert_with(Group::new);
         let known = !request.member_id.is_empty();
+        if known && group.fenced(&request.member_id, request.instance_id.as_deref()) {
+            return Err(ResponseError::FencedInstanceId.code());
+        }
         if known && !group.by_id.contains_key(&request.member_id) {
             return Err(ResponseError::UnknownMemberId.code());
         }
+        let returning = request.instance_id.as_deref().and_then(|instance| group.member_of_instance(instance));
         let others_share_a_protocol =
             group.by_id.iter().filter(|(id, _)| **id != request.member_id).all(|(_, (_, member))| {
                 member.protocol_type == request.protocol_type
@@ -374,8 +470,12 @@ impl Coordinator {
             request.member_id.clone()
         } else {
             let number = self.next_member.fetch_add(1, Ordering::Relaxed);
-            format!("{}-{number:016x}", if request.client_id.is_empty() { "member" } else { &request.client_id })
+            let prefix = request.instance_id.as_deref().unwrap_or(&request.client_id);
+            format!("{}-{number:016x}", if prefix.is_empty() { "member" } else { prefix })
         };
+        if !known && let Some(old) = returning {
+            return Ok(group.rejoin_static(&old, id, request, now));
+        }
         let (sender, receiver) = oneshot::channel();
         match group.member(&id) {
             Some(member) => {
@@ -417,13 +517,17 @@ impl Coordinator {
     pub fn sync(
         &self,
         group_id: &str,
-        member_id: &str,
+        member: (&str, Option<&str>),
         generation: i32,
         assignments: Vec<(String, Bytes)>,
     ) -> Result<oneshot::Receiver<Synced>, i16> {
+        let (member_id, instance) = member;
         let now = Instant::now();
         let mut groups = self.groups.lock().expect("groups lock");
         let Some(group) = groups.get_mut(group_id) else { return Err(ResponseError::UnknownMemberId.code()) };
+        if group.fenced(member_id, instance) {
+            return Err(ResponseError::FencedInstanceId.code());
+        }
         let Some(member) = group.member(member_id) else { return Err(ResponseError::UnknownMemberId.code()) };
         member.last_seen = now;
         if generation != group.generation {
@@ -468,9 +572,13 @@ impl Coordinator {
     }
 
     /// Heartbeat: 0, or the error telling the member what to do.
-    pub fn heartbeat(&self, group_id: &str, member_id: &str, generation: i32) -> i16 {
+    pub fn heartbeat(&self, group_id: &str, member: (&str, Option<&str>), generation: i32) -> i16 {
+        let (member_id, instance) = member;
         let mut groups = self.groups.lock().expect("groups lock");
         let Some(group) = groups.get_mut(group_id) else { return ResponseError::UnknownMemberId.code() };
+        if group.fenced(member_id, instance) {
+            return ResponseError::FencedInstanceId.code();
+        }
         let state = group.state;
         let current = group.generation;
         let Some(member) = group.member(member_id) else { return ResponseError::UnknownMemberId.code() };
@@ -483,10 +591,21 @@ impl Coordinator {
         }
     }
 
-    /// LeaveGroup of one member: 0, or why not.
-    pub fn leave(&self, group_id: &str, member_id: &str) -> i16 {
+    /// LeaveGroup of one member, named by its member id, or (a static member) by its instance
+    /// id, or both: 0, or why not.
+    pub fn leave(&self, group_id: &str, member: (&str, Option<&str>)) -> i16 {
+        let (member_id, instance) = member;
         let mut groups = self.groups.lock().expect("groups lock");
         let Some(group) = groups.get_mut(group_id) else { return ResponseError::UnknownMemberId.code() };
+        let member_id = match (member_id, instance) {
+            ("", Some(instance)) => match group.member_of_instance(instance) {
+                Some(id) => id,
+                None => return ResponseError::UnknownMemberId.code(),
+            },
+            (id, instance) if group.fenced(id, instance) => return ResponseError::FencedInstanceId.code(),
+            (id, _) => id.to_string(),
+        };
+        let member_id = member_id.as_str();
         if !group.by_id.contains_key(member_id) {
             return ResponseError::UnknownMemberId.code();
         }
@@ -503,7 +622,8 @@ impl Coordinator {
     /// Whether `member_id` at `generation` may commit offsets for `group_id`: 0, or why not.
     /// A commit with no generation (-1) is a standalone consumer's, allowed while the group
     /// has no members.
-    pub fn may_commit(&self, group_id: &str, member_id: &str, generation: i32) -> i16 {
+    pub fn may_commit(&self, group_id: &str, member: (&str, Option<&str>), generation: i32) -> i16 {
+        let (member_id, instance) = member;
         if group_id.is_empty() {
             return ResponseError::InvalidGroupId.code();
         }
@@ -511,6 +631,9 @@ impl Coordinator {
         let Some(group) = groups.get_mut(group_id) else {
             return if generation < 0 { 0 } else { ResponseError::IllegalGeneration.code() };
         };
+        if generation >= 0 && group.fenced(member_id, instance) {
+            return ResponseError::FencedInstanceId.code();
+        }
         if generation < 0 {
             return if group.by_id.is_empty() { 0 } else { ResponseError::UnknownMemberId.code() };
         }
@@ -648,6 +771,91 @@ mod tests {
             .unwrap()
     }
 
+    /// A static member's JoinGroup: `member_id` empty when it (re)starts.
+    fn join_as(
+        coordinator: &Coordinator,
+        member_id: &str,
+        instance: &str,
+        metadata: &str,
+    ) -> oneshot::Receiver<Joined> {
+        coordinator
+            .join(JoinRequest {
+                group: "g".into(),
+                member_id: member_id.into(),
+                instance_id: Some(instance.into()),
+                client_id: "c".into(),
+                host: "/127.0.0.1".into(),
+                session_timeout: Duration::from_secs(10),
+                rebalance_timeout: Duration::from_secs(30),
+                protocol_type: "consumer".into(),
+                protocols: vec![("range".into(), Bytes::from(metadata.to_string()))],
+            })
+            .unwrap()
+    }
+
+    fn join_static(coordinator: &Coordinator, instance: &str, metadata: &str) -> oneshot::Receiver<Joined> {
+        join_as(coordinator, "", instance, metadata)
+    }
+
+    #[tokio::test]
+    async fn a_static_member_back_under_its_instance_id_gets_its_assignment_with_no_rebalance() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = std::sync::Arc::new(
+            onehop_engine::Engine::open_in(dir.path(), onehop_engine::EngineOptions::default()).unwrap(),
+        );
+        let coordinator = Coordinator::new(CommittedOffsets::open(&engine).unwrap());
+        let fenced = ResponseError::FencedInstanceId.code();
+        let first = join_static(&coordinator, "i-a", "topics").await.unwrap();
+        let a = first.member_id.clone();
+        assert!(a.starts_with("i-a-"), "{a}");
+        let mut b = join_static(&coordinator, "i-b", "topics");
+        let rejoined = join_as(&coordinator, &a, "i-a", "topics").await.unwrap();
+        let b = b.try_recv().unwrap().member_id;
+        assert_eq!(rejoined.generation, 2);
+        let assignments = vec![(a.clone(), Bytes::from("p0")), (b.clone(), Bytes::from("p1"))];
+        let mut waiting = coordinator.sync("g", (&b, Some("i-b")), 2, Vec::new()).unwrap();
+        coordinator.sync("g", (&a, Some("i-a")), 2, assignments).unwrap().await.unwrap();
+        assert_eq!(&waiting.try_recv().unwrap().assignment[..], b"p1");
+
+        // b restarts (its process was killed: no LeaveGroup) and comes back as itself: answered
+        // at once, in the same generation, and a is not asked to rejoin.
+        let back = join_static(&coordinator, "i-b", "topics").await.unwrap();
+        assert_eq!((back.error, back.generation, back.leader.as_str()), (0, 2, a.as_str()));
+        assert!(!back.skip_assignment && back.members.is_empty(), "not the leader");
+        let new_b = back.member_id.clone();
+        assert_ne!(new_b, b);
+        assert_eq!(coordinator.heartbeat("g", (&a, Some("i-a")), 2), 0, "no rebalance");
+        let synced = coordinator.sync("g", (&new_b, Some("i-b")), 2, Vec::new()).unwrap().await.unwrap();
+        assert_eq!(&synced.assignment[..], b"p1", "its partitions handed back");
+        // Its earlier self is fenced, by instance id or not at all a member any more.
+        assert_eq!(coordinator.heartbeat("g", (&b, Some("i-b")), 2), fenced);
+        assert_eq!(coordinator.heartbeat("g", (&b, None), 2), ResponseError::UnknownMemberId.code());
+        assert_eq!(coordinator.may_commit("g", (&b, Some("i-b")), 2), fenced);
+        assert_eq!(coordinator.may_commit("g", (&new_b, Some("i-b")), 2), 0);
+
+        // The leader comes back: it learns the members but keeps the assignment.
+        let leader = join_static(&coordinator, "i-a", "topics").await.unwrap();
+        assert_eq!((leader.generation, leader.leader.clone()), (2, leader.member_id.clone()));
+        assert!(leader.skip_assignment);
+        assert_eq!(leader.members.len(), 2);
+        let new_a = leader.member_id.clone();
+        assert_eq!(coordinator.heartbeat("g", (&new_b, Some("i-b")), 2), 0);
+
+        // Back asking for something else (a new subscription): the group rebalances.
+        let mut changed = join_static(&coordinator, "i-b", "other topics");
+        assert!(changed.try_recv().is_err(), "it waits for the rebalance");
+        assert_eq!(coordinator.heartbeat("g", (&new_a, Some("i-a")), 2), ResponseError::RebalanceInProgress.code());
+        let rejoined = join_as(&coordinator, &new_a, "i-a", "topics").await.unwrap();
+        assert_eq!(rejoined.generation, 3);
+        let changed = changed.await.unwrap();
+        assert_eq!(changed.generation, 3);
+
+        // A LeaveGroup naming only the instance removes it (the admin's removeMembers).
+        assert_eq!(coordinator.leave("g", ("", Some("i-b"))), 0);
+        assert_eq!(coordinator.leave("g", ("", Some("i-b"))), ResponseError::UnknownMemberId.code());
+        assert_eq!(coordinator.leave("g", ("not-a", Some("i-a"))), fenced);
+    }
+
     #[tokio::test]
     async fn members_join_sync_rebalance_and_are_restored_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
@@ -661,15 +869,16 @@ mod tests {
         assert_eq!((first.error, first.generation, first.members.len()), (0, 1, 1));
         assert_eq!(first.leader, first.member_id);
         let a = first.member_id.clone();
-        let synced = coordinator.sync("g", &a, 1, vec![(a.clone(), Bytes::from("all"))]).unwrap().await.unwrap();
+        let synced =
+            coordinator.sync("g", (&a, None), 1, vec![(a.clone(), Bytes::from("all"))]).unwrap().await.unwrap();
         assert_eq!(&synced.assignment[..], b"all");
-        assert_eq!(coordinator.heartbeat("g", &a, 1), 0);
+        assert_eq!(coordinator.heartbeat("g", (&a, None), 1), 0);
 
         // A second member: a rebalance, which waits for the first to rejoin.
         let mut second = join(&coordinator, "", "b");
         assert!(second.try_recv().is_err(), "the join waits for every member");
-        assert_eq!(coordinator.heartbeat("g", &a, 1), ResponseError::RebalanceInProgress.code());
-        assert_eq!(coordinator.may_commit("g", &a, 1), 0, "a last commit before rejoining is allowed");
+        assert_eq!(coordinator.heartbeat("g", (&a, None), 1), ResponseError::RebalanceInProgress.code());
+        assert_eq!(coordinator.may_commit("g", (&a, None), 1), 0, "a last commit before rejoining is allowed");
         let rejoined = join(&coordinator, &a, "a").await.unwrap();
         let second = second.await.unwrap();
         assert_eq!((rejoined.generation, second.generation), (2, 2));
@@ -678,22 +887,29 @@ mod tests {
         assert!(second.members.is_empty());
         let b = second.member_id.clone();
         assert_eq!(
-            coordinator.may_commit("g", &b, 2),
+            coordinator.may_commit("g", (&b, None), 2),
             ResponseError::RebalanceInProgress.code(),
             "not before the sync"
         );
 
         // The follower waits for the leader's assignment.
-        let mut waiting = coordinator.sync("g", &b, 2, Vec::new()).unwrap();
+        let mut waiting = coordinator.sync("g", (&b, None), 2, Vec::new()).unwrap();
         assert!(waiting.try_recv().is_err());
         let assignments = vec![(a.clone(), Bytes::from("p0")), (b.clone(), Bytes::from("p1"))];
-        let leader = coordinator.sync("g", &a, 2, assignments).unwrap().await.unwrap();
+        let leader = coordinator.sync("g", (&a, None), 2, assignments).unwrap().await.unwrap();
         assert_eq!(&leader.assignment[..], b"p0");
         assert_eq!(&waiting.await.unwrap().assignment[..], b"p1");
-        assert_eq!(coordinator.may_commit("g", &b, 2), 0);
-        assert_eq!(coordinator.may_commit("g", &b, 1), ResponseError::IllegalGeneration.code());
-        assert_eq!(coordinator.may_commit("g", "", -1), ResponseError::UnknownMemberId.code(), "the group has members");
-        assert_eq!(coordinator.sync("g", "nobody", 2, Vec::new()).unwrap_err(), ResponseError::UnknownMemberId.code());
+        assert_eq!(coordinator.may_commit("g", (&b, None), 2), 0);
+        assert_eq!(coordinator.may_commit("g", (&b, None), 1), ResponseError::IllegalGeneration.code());
+        assert_eq!(
+            coordinator.may_commit("g", ("", None), -1),
+            ResponseError::UnknownMemberId.code(),
+            "the group has members"
+        );
+        assert_eq!(
+            coordinator.sync("g", ("nobody", None), 2, Vec::new()).unwrap_err(),
+            ResponseError::UnknownMemberId.code()
+        );
 
         // The completed rebalance is stored; a restart finds both members, stable.
         let unsaved = coordinator.tick();
@@ -701,19 +917,23 @@ mod tests {
         coordinator.offsets.store_group("g", unsaved[0].1.as_ref()).await.unwrap();
         drop(coordinator);
         let coordinator = Coordinator::new(CommittedOffsets::open(&engine).unwrap());
-        assert_eq!(coordinator.heartbeat("g", &b, 2), 0, "still a member after the restart");
+        assert_eq!(coordinator.heartbeat("g", (&b, None), 2), 0, "still a member after the restart");
         let described = coordinator.describe("g").unwrap();
         assert_eq!(described.state, GroupState::Stable);
         let assigned: Vec<&[u8]> = described.members.iter().map(|member| &member.assignment[..]).collect();
         assert_eq!(assigned, [&b"p0"[..], &b"p1"[..]]);
 
         // Both leave: the group is empty, and that is stored too.
-        assert_eq!(coordinator.leave("g", &a), 0);
-        assert_eq!(coordinator.leave("g", &b), 0);
-        assert_eq!(coordinator.leave("g", &b), ResponseError::UnknownMemberId.code());
+        assert_eq!(coordinator.leave("g", (&a, None)), 0);
+        assert_eq!(coordinator.leave("g", (&b, None)), 0);
+        assert_eq!(coordinator.leave("g", (&b, None)), ResponseError::UnknownMemberId.code());
         let unsaved = coordinator.tick();
         assert_eq!(unsaved, vec![("g".to_string(), None)]);
-        assert_eq!(coordinator.may_commit("g", "", -1), 0, "a standalone commit once it is empty");
-        assert_eq!(coordinator.may_commit("", "", -1), ResponseError::InvalidGroupId.code(), "a group has a name");
+        assert_eq!(coordinator.may_commit("g", ("", None), -1), 0, "a standalone commit once it is empty");
+        assert_eq!(
+            coordinator.may_commit("", ("", None), -1),
+            ResponseError::InvalidGroupId.code(),
+            "a group has a name"
+        );
     }
 }

@@ -166,7 +166,11 @@ pub(in crate::kafka) async fn txn_offset_commit(
     let allowed = if let Some(code) = refused {
         code
     } else if request.generation_id >= 0 {
-        shared.groups.may_commit(&group, request.member_id.as_str(), request.generation_id)
+        shared.groups.may_commit(
+            &group,
+            (request.member_id.as_str(), request.group_instance_id.as_ref().map(|id| id.as_str())),
+            request.generation_id,
+        )
     } else if group.is_empty() {
         ResponseError::InvalidGroupId.code()
     } else {
