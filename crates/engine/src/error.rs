@@ -100,6 +100,17 @@ pub enum EngineError {
     /// A change a cluster does not replicate yet (`what` names it): it would exist on one node
     /// only.
     NotReplicated(&'static str),
+    /// An idempotency key that is not one (empty, too long, not visible ASCII).
+    InvalidIdempotencyKey(String),
+    /// The idempotency key named another write within its window (another stream, other
+    /// records): nothing was written.
+    IdempotencyKeyReused {
+        key: String,
+    },
+    /// A write with this idempotency key is on its way: try again shortly for its answer.
+    IdempotencyInProgress {
+        key: String,
+    },
     Internal(String),
 }
 
@@ -191,20 +202,28 @@ impl EngineError {
                 format!("too many failed logins from this address: try again in {} s", retry_after_ms.div_ceil(1000))
             }
             EngineError::NotReplicated(what) => format!("{what} is not replicated in a cluster yet"),
+            EngineError::InvalidIdempotencyKey(reason) => reason.clone(),
+            EngineError::IdempotencyKeyReused { key } => {
+                format!("the idempotency key {key:?} named another write; nothing was written")
+            }
+            EngineError::IdempotencyInProgress { key } => {
+                format!("a write with the idempotency key {key:?} is on its way")
+            }
             EngineError::Internal(reason) => format!("internal error: {reason}"),
+        }
+    }
+
+    /// When the client may try again, for a refusal that says so.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            EngineError::LoginThrottled { retry_after_ms } => Some(*retry_after_ms),
+            EngineError::IdempotencyInProgress { .. } => Some(1000),
+            _ => None,
         }
     }
 
     /// What to do about it, when something can be done: the statement that creates what is
     /// missing, the way around a clash.
-    /// When the client may try again, for a refusal that says so.
-    pub fn retry_after_ms(&self) -> Option<u64> {
-        match self {
-            EngineError::LoginThrottled { retry_after_ms } => Some(*retry_after_ms),
-            _ => None,
-        }
-    }
-
     pub fn hint(&self) -> Option<String> {
         Some(match self {
             EngineError::UnknownStream { name, auto_create } => unknown_stream_hint(name, *auto_create),
@@ -249,6 +268,14 @@ impl EngineError {
                  another address is not held up (docs/security.md)"
                     .to_string()
             }
+            EngineError::IdempotencyKeyReused { .. } => {
+                "a key names one write (the same stream, the same records) for its window: use a new key for a new \
+                 write"
+                    .to_string()
+            }
+            EngineError::IdempotencyInProgress { .. } => {
+                "retry shortly: once it is written, the retry is answered with its answer".to_string()
+            }
             EngineError::Unindexed { table, fields } => {
                 let first = fields.first().map(String::as_str).unwrap_or("field");
                 format!("create one (CREATE INDEX ON {table} ({first})), or add scan=true to read every row")
@@ -284,6 +311,8 @@ pub enum ErrorKind {
     Conflict,
     /// A condition the client set (a version) did not hold; nothing was written.
     PreconditionFailed,
+    /// Well formed, and refused for what it means (an idempotency key reused for another write).
+    Unprocessable,
     /// Over a size limit.
     TooLarge,
     /// A position outside what is stored.
@@ -315,7 +344,10 @@ impl EngineError {
             | EngineError::InvalidRow(_)
             | EngineError::Unindexed { .. }
             | EngineError::InvalidFilter(_)
-            | EngineError::NotReplicated(_) => Kind::Invalid,
+            | EngineError::NotReplicated(_)
+            | EngineError::InvalidIdempotencyKey(_) => Kind::Invalid,
+            EngineError::IdempotencyKeyReused { .. } => Kind::Unprocessable,
+            EngineError::IdempotencyInProgress { .. } => Kind::Conflict,
             EngineError::Append(append) => match append {
                 AppendError::RecordTooLarge { .. } | AppendError::BatchTooLarge { .. } => Kind::TooLarge,
                 AppendError::SubjectTooLong(_) | AppendError::TooManyHeaders | AppendError::EmptyBatch => Kind::Invalid,
@@ -365,6 +397,9 @@ impl EngineError {
             EngineError::Append(AppendError::Poisoned(_)) => "storage_failed",
             EngineError::Append(AppendError::Unconfirmed(_)) => "unconfirmed",
             EngineError::NotReplicated(_) => "not_replicated",
+            EngineError::InvalidIdempotencyKey(_) => "bad_idempotency_key",
+            EngineError::IdempotencyKeyReused { .. } => "idempotency_key_reused",
+            EngineError::IdempotencyInProgress { .. } => "idempotency_key_in_progress",
             EngineError::Read(ReadError::BeforeStart { .. }) => "offset_before_start",
             EngineError::Read(ReadError::PastEnd { .. }) => "offset_past_end",
             EngineError::Read(ReadError::Io(_) | ReadError::Corrupt { .. }) => "storage_failed",

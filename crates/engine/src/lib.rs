@@ -18,6 +18,7 @@
 //!   subject against many filters at once (the hub's and the MQTT broker's index).
 //! - `view`: live views — the expression language, windowed and running aggregates, and the
 //!   task that keeps each view, serves its reads and checkpoints it.
+//! - `idempotency`: writes named by a client's key, answered once and replayed on retry.
 //! - `error`: `EngineError`, each variant with a stable code for clients.
 //! - `units`: byte sizes and durations as people write them (`64MiB`, `7d`).
 
@@ -27,6 +28,7 @@ mod engine;
 mod error;
 pub mod filter;
 pub mod hub;
+pub mod idempotency;
 pub mod route;
 mod stream;
 pub mod subject;

@@ -296,6 +296,21 @@ impl Stream {
         Ok(published)
     }
 
+    /// On a cluster node, publishes `records` (an idempotent write, tagged) through the
+    /// cluster: the places, and whether the leader answered with an earlier write's (a
+    /// replay). `None` on a single node.
+    pub(crate) async fn publish_replicated(
+        &self,
+        records: &[NewRecord],
+    ) -> Option<Result<(Vec<Published>, bool), EngineError>> {
+        let replicator = self.replicator.get()?;
+        let request = replicated::publish_request(self.name(), None, records, None);
+        Some(match replicated::submit_queued(replicator, request).await {
+            Ok(submitted) => replicated::published_or_replayed(submitted.await),
+            Err(error) => Err(error),
+        })
+    }
+
     /// Queues `records` to `partition` and returns once they are queued, in order behind
     /// earlier queued appends; the returned future resolves when they are durable at
     /// `durability` (the stream's default when `None`). A caller that queues from one task keeps

@@ -284,6 +284,16 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_HTTP_IDLE_TIMEOUT_S", value_name = "SECONDS")]
     pub http_idle_timeout_s: Option<u64>,
 
+    /// Seconds a write's Idempotency-Key answers its retries with the first write's answer
+    /// [default: 86400, a day].
+    #[arg(long, env = "ONEHOP_IDEMPOTENCY_WINDOW_S", value_name = "SECONDS")]
+    pub idempotency_window_s: Option<u64>,
+
+    /// Idempotency keys held at most; past it the oldest are dropped before their window ends
+    /// (each takes some 200 bytes of memory) [default: 1000000].
+    #[arg(long, env = "ONEHOP_IDEMPOTENCY_KEYS_MAX", value_name = "KEYS")]
+    pub idempotency_keys_max: Option<usize>,
+
     /// Seconds a Kafka connection may go without a request before it is closed (Kafka's
     /// connections.max.idle.ms) [default: 600].
     #[arg(long, env = "ONEHOP_KAFKA_IDLE_TIMEOUT_S", value_name = "SECONDS")]

@@ -76,6 +76,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         subscriber_queue_capacity: settings.subscriber_queue,
         empty_first_level_stream: settings.mqtt_empty_first_level_stream.clone(),
         cluster_node: settings.cluster.is_some(),
+        idempotency_window: settings.idempotency_window,
+        idempotency_keys_max: settings.idempotency_keys_max,
     };
     let engine = {
         let log = log.clone();
@@ -197,6 +199,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         shutdown.await;
         let _ = stop.send(true);
     });
+    let idempotency =
+        tokio::spawn(onehop_engine::idempotency::Idempotency::keep_checkpointed(engine.clone(), stopped.clone()));
     let mqtt_config = MqttConfig {
         connections_max: settings.connections_max,
         subscriptions_max: settings.mqtt_subscriptions_max,
@@ -299,6 +303,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     if let Some(kafka) = kafka {
         kafka.await.context("Kafka listener task")?.context("Kafka server")?;
     }
+    // The idempotency keys' last checkpoint, so that the next start reads on little.
+    idempotency.await.context("idempotency checkpoint task")?;
     // No new requests now; close the log: queued appends are written and synced and each
     // active segment's index is written, so the next start needs no tail scan.
     tracing::info!("shutting down: checkpointing views, flushing the log");

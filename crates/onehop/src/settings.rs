@@ -82,6 +82,8 @@ struct FileSettings {
     http_idle_timeout_s: Option<u64>,
     http_body_read_timeout_s: Option<u64>,
     kafka_idle_timeout_s: Option<u64>,
+    idempotency_window_s: Option<u64>,
+    idempotency_keys_max: Option<usize>,
     kafka_authentication_timeout_s: Option<u64>,
     http_body_bytes_in_flight_max: Option<Size>,
     shutdown_timeout_s: Option<u64>,
@@ -256,6 +258,10 @@ pub struct Settings {
     pub http_body_read_timeout: Duration,
     /// Time a Kafka connection may go without a request (`connections.max.idle.ms`).
     pub kafka_idle_timeout: Duration,
+    /// How long an idempotency key answers its write's retries.
+    pub idempotency_window: Duration,
+    /// Idempotency keys held at most.
+    pub idempotency_keys_max: usize,
     /// Time a Kafka connection has to log in once users exist.
     pub kafka_authentication_timeout: Duration,
     /// Bytes of HTTP request bodies in memory at once.
@@ -538,6 +544,19 @@ impl Settings {
             "kafka_idle_timeout_s",
             kafka_defaults.idle_timeout,
         )?;
+        let engine_defaults = onehop_engine::EngineOptions::default();
+        let idempotency_window = seconds(
+            args.idempotency_window_s,
+            file.idempotency_window_s,
+            "idempotency_window_s",
+            engine_defaults.idempotency_window,
+        )?;
+        let idempotency_keys_max = count(
+            args.idempotency_keys_max,
+            file.idempotency_keys_max,
+            "idempotency_keys_max",
+            engine_defaults.idempotency_keys_max,
+        )?;
         let kafka_authentication_timeout = seconds(
             args.kafka_authentication_timeout_s,
             file.kafka_authentication_timeout_s,
@@ -625,6 +644,8 @@ impl Settings {
             http_header_read_timeout,
             http_idle_timeout,
             kafka_idle_timeout,
+            idempotency_window,
+            idempotency_keys_max,
             kafka_authentication_timeout,
             http_body_read_timeout,
             http_body_bytes_in_flight_max,

@@ -2234,7 +2234,11 @@ fn a_node_without_a_majority_answers_its_writes_and_its_term_stays() {
         cluster.members[follower].server.as_mut().unwrap().kill_9();
         cluster.members[follower].server = None;
     }
-    let curl_post = |address: SocketAddr| {
+    // The lone leader's write carries an idempotency key, so that its retry, once the cluster
+    // is back, cannot store it twice whether or not it was committed.
+    let key = "Idempotency-Key: lone-leader-1";
+    let curl_post = |address: SocketAddr, headers: &[&str]| {
+        let headers: Vec<&str> = headers.iter().flat_map(|header| ["-H", *header]).collect();
         let output = Command::new("curl")
             .args([
                 "-s",
@@ -2249,12 +2253,13 @@ fn a_node_without_a_majority_answers_its_writes_and_its_term_stays() {
                 "-d",
                 "{\"n\":1}",
             ])
+            .args(headers)
             .arg(format!("http://{address}/streams/events"))
             .output()
             .unwrap();
         (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
     };
-    let (code, body) = curl_post(http[leader]);
+    let (code, body) = curl_post(http[leader], &[key]);
     assert_eq!(code, "503", "the write is answered, not left waiting: {body}");
     assert!(body.contains("unconfirmed"), "{body}");
     let mqtt = cluster.members[leader].server.as_ref().unwrap().mqtt_address;
@@ -2273,7 +2278,7 @@ fn a_node_without_a_majority_answers_its_writes_and_its_term_stays() {
     cluster.members[leader].server = None;
     let alone = followers[0];
     cluster.launch(alone);
-    let (code, body) = curl_post(http[alone]);
+    let (code, body) = curl_post(http[alone], &[]);
     assert_eq!(code, "503", "{body}");
     let term = |cluster: &Cluster| status(cluster.members[alone].http).and_then(|status| status["term"].as_u64());
     let before = term(&cluster).expect("the node answers its status");
@@ -2288,4 +2293,18 @@ fn a_node_without_a_majority_answers_its_writes_and_its_term_stays() {
     let leader = cluster.leader();
     let (code, body) = common::request_with(http[leader], None, "POST", "/streams/events", "{\"n\":3}").unwrap();
     assert_eq!(code, 200, "{body}");
+    // The lone leader's write, retried with its key on another node: answered with its place if
+    // the cluster committed it, written now if not; stored once either way. The follower
+    // alone wrote nothing (it never had a leader to take its write).
+    let other = (leader + 1) % 3;
+    let (code, body) = curl_post(http[other], &[key]);
+    assert_eq!(code, "200", "{body}");
+    let (code, body) = curl_post(http[other], &[key]);
+    assert_eq!(code, "200", "a second retry is answered alike: {body}");
+    let (status, page) = common::get(http[leader], "/streams/events?from=earliest&limit=100");
+    assert_eq!(status, 200, "{page}");
+    let page: serde_json::Value = serde_json::from_str(&page).unwrap();
+    let ones =
+        page["records"].as_array().unwrap().iter().filter(|record| record["value"] == serde_json::json!({"n": 1}));
+    assert_eq!(ones.count(), 1, "the keyed write is stored once: {page}");
 }

@@ -83,7 +83,9 @@ async fn a_preflight_from_an_allowed_origin_is_answered_with_what_it_may_send() 
     assert_eq!(header(&response, "access-control-allow-methods"), Some("GET, HEAD, POST, PUT, PATCH, DELETE"));
     assert_eq!(
         header(&response, "access-control-allow-headers"),
-        Some("accept, authorization, content-type, if-match, if-none-match, last-event-id, onehop-durability")
+        Some(
+            "accept, authorization, content-type, if-match, if-none-match, last-event-id, onehop-durability, idempotency-key"
+        )
     );
     assert_eq!(header(&response, "access-control-max-age"), Some("3600"));
     assert_eq!(header(&response, "access-control-allow-credentials"), None);
@@ -138,7 +140,7 @@ async fn an_allowed_origin_reads_its_answers_and_the_etag() {
         .unwrap();
     assert_eq!(response.status().as_u16(), 201);
     assert_eq!(header(&response, "access-control-allow-origin"), Some(PAGE));
-    assert_eq!(header(&response, "access-control-expose-headers"), Some("etag"));
+    assert_eq!(header(&response, "access-control-expose-headers"), Some("etag, idempotent-replayed"));
     assert!(header(&response, "etag").is_some());
     assert!(varies_by_origin(&response));
     // Errors are readable too, so the page can show why.

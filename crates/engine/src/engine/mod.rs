@@ -19,6 +19,7 @@ use crate::catalog::{self, CATALOG_TOPIC, StreamDef};
 use crate::error::EngineError;
 use crate::filter::Filter;
 use crate::hub::{Cursor, Hub};
+use crate::idempotency::Idempotency;
 use crate::stream::{Position, Stream};
 use crate::system::{SystemTopic, SystemTopicConfig};
 use crate::table::Table;
@@ -55,6 +56,11 @@ pub struct EngineOptions {
     /// A cluster node's engine ([`Engine::set_replicator`] follows the open): transforms do
     /// not run on their own here, only where the node leads.
     pub cluster_node: bool,
+    /// How long a write's idempotency key answers its retries ([`crate::idempotency`]).
+    pub idempotency_window: std::time::Duration,
+    /// The most idempotency keys held: past it, the oldest are dropped before their window
+    /// ends (each takes some 200 bytes of memory).
+    pub idempotency_keys_max: usize,
 }
 
 impl Default for EngineOptions {
@@ -66,6 +72,8 @@ impl Default for EngineOptions {
             subscriber_queue_capacity: 1024,
             empty_first_level_stream: "root".to_string(),
             cluster_node: false,
+            idempotency_window: std::time::Duration::from_secs(24 * 3600),
+            idempotency_keys_max: 1_000_000,
         }
     }
 }
@@ -120,6 +128,8 @@ pub struct Engine {
     /// On a cluster node: the term in which it leads, once it applied every earlier command
     /// ([`Engine::set_leading`]); `None` while it does not.
     leading: tokio::sync::watch::Sender<Option<u64>>,
+    /// The keys of idempotent writes, read back once every stream is open.
+    idempotency: Arc<Idempotency>,
 }
 
 /// The recovery policy of the catalog, for [`LogOptions::topic_recovery`]: its tail is never
@@ -165,6 +175,7 @@ impl Engine {
         let mut defs = catalog::replay(&catalog)?;
         let checkpoints = SystemTopic::open(&log, CHECKPOINT_TOPIC, &checkpoint::checkpoint_config())?;
         let hub = Arc::new(Hub::new(options.subscriber_queue_capacity));
+        let idempotency = Arc::new(Idempotency::open(&log, options.idempotency_window, options.idempotency_keys_max)?);
         let engine = Engine {
             log,
             options,
@@ -186,6 +197,7 @@ impl Engine {
             replicated_ddl: tokio::sync::watch::channel(0).0,
             unsynced: Default::default(),
             leading: tokio::sync::watch::channel(None).0,
+            idempotency,
         };
         engine.finish_drops_and_keep_orphans(&defs)?;
         let defined_views: BTreeSet<String> = defs.views.keys().cloned().collect();
@@ -237,6 +249,7 @@ impl Engine {
             })
             .collect();
         engine.delete_stray_checkpoints(strays);
+        engine.idempotency.load(&engine)?;
         tracing::info!(
             streams = engine.streams.read().expect("streams lock").len(),
             tables = engine.tables.read().expect("tables lock").len(),
@@ -261,6 +274,11 @@ impl Engine {
     /// The system topic `name` (see [`SystemTopic`]), opened (and created the first time) with
     /// `config`; a name opened before is returned as it is. For state a front end keeps in the
     /// log (MQTT retained messages and sessions); its name starts with `__`.
+    /// The keys of idempotent writes.
+    pub fn idempotency(&self) -> &Arc<Idempotency> {
+        &self.idempotency
+    }
+
     pub fn system_topic(&self, name: &str, config: &SystemTopicConfig) -> Result<Arc<SystemTopic>, EngineError> {
         SystemTopic::open(&self.log, name, config)
     }

@@ -48,6 +48,7 @@ use serde_json::{Map, Value};
 
 use super::*;
 use crate::engine::access::{AccessAnswer, AccessChange};
+use crate::idempotency::{Tag, WriteKey};
 use crate::stream::Published;
 use crate::table::{Precondition, Write, Written, check_row_id, compute_write};
 
@@ -523,6 +524,8 @@ enum Outcome {
     SystemAppended {
         index: u64,
     },
+    /// A keyed write the leader found written before: its places, nothing written again.
+    Replayed(Vec<(u32, u64)>),
 }
 
 /// The format of every request, command and answer replication encodes, its first byte
@@ -576,6 +579,9 @@ pub(crate) struct Predictions {
     dropping: std::collections::HashSet<String>,
     /// Each transform's source positions after the last batch of it prepared in this term.
     transforms: HashMap<String, Vec<u64>>,
+    /// The keyed (idempotent) writes prepared in this term and not applied here yet: a retry
+    /// of one meanwhile is told it is on its way.
+    idempotent: std::collections::HashSet<WriteKey>,
     /// The term this node leads and prepares in (see [`Request::Fenced`]).
     term: Option<u64>,
 }
@@ -994,6 +1000,21 @@ impl Engine {
         for record in &mut records {
             record.timestamp_ms.get_or_insert(now);
         }
+        // A keyed write: answered with the first one's places if it was written, refused if its
+        // key named another write or its first write is on its way (see `crate::idempotency`).
+        let keyed = records.first().and_then(Tag::of_new).map(|tag| {
+            let key = WriteKey { stream: name.clone(), scope: tag.scope.clone(), key: tag.key.clone() };
+            (tag, key)
+        });
+        if let Some((tag, key)) = &keyed {
+            if let Some(places) = self.idempotency().check_prepared(&name, tag).map_err(fail)? {
+                let places = places.into_iter().map(|place| (place.partition, place.offset)).collect();
+                return Err(encode(&Outcome::Replayed(places)));
+            }
+            if self.predictions.lock().expect("predictions lock").idempotent.contains(key) {
+                return Err(fail(EngineError::IdempotencyInProgress { key: key.key.clone() }));
+            }
+        }
         // The partitioning rule, as a single node applies it (`Stream::publish`).
         let targets: Vec<u32> = match partition {
             Some(index) if index >= def.partitions => {
@@ -1032,6 +1053,9 @@ impl Engine {
         let mut predictions = self.predictions.lock().expect("predictions lock");
         let (appends, index_of) = predictions.appends(&name, existing.as_ref(), groups);
         let order = order.into_iter().map(|(partition, place)| (index_of[&partition], place)).collect();
+        if let Some((_, key)) = keyed {
+            predictions.idempotent.insert(key);
+        }
         Ok(encode(&Command::Publish { stream: name, create, appends, order }))
     }
 
@@ -1141,6 +1165,7 @@ impl Engine {
         predictions.views.clear();
         predictions.dropping.clear();
         predictions.transforms.clear();
+        predictions.idempotent.clear();
     }
 
     /// Hard-links the files of every open topic that `shared` accepts into `into`, one
@@ -1191,7 +1216,35 @@ impl Engine {
                 }
                 let target = self.stream(&stream).map_err(|error| format!("applying to stream {stream:?}: {error}"))?;
                 let partitions: Vec<u32> = appends.iter().map(|append| append.partition).collect();
-                let bases = self.apply_appends(&target, appends).await?;
+                // A keyed write's records, to take into the idempotency keys once appended.
+                let keyed: Vec<(u32, u64, NewRecord)> = appends
+                    .iter()
+                    .flat_map(|append| {
+                        append.records.iter().enumerate().filter_map(|(i, record)| {
+                            let record = NewRecord::from(record.clone());
+                            Tag::of_new(&record).map(|_| (append.partition, append.base_offset + i as u64, record))
+                        })
+                    })
+                    .collect();
+                if !keyed.is_empty() {
+                    self.idempotency().ensure_started(self).await.map_err(|error| error.to_string())?;
+                }
+                let held = (!keyed.is_empty()).then(|| self.idempotency().applying(&stream, target.end_offsets()));
+                let bases = self.apply_appends(&target, appends).await;
+                if let Some(lows) = held {
+                    if bases.is_ok() {
+                        for (partition, offset, record) in &keyed {
+                            let at_ms = record.timestamp_ms.unwrap_or_default();
+                            self.idempotency().fold(&stream, *partition, *offset, record, at_ms);
+                        }
+                    }
+                    self.idempotency().applied(&stream, &lows);
+                    if let Some(tag) = keyed.first().and_then(|(_, _, record)| Tag::of_new(record)) {
+                        let key = WriteKey { stream: stream.clone(), scope: tag.scope, key: tag.key };
+                        self.predictions.lock().expect("predictions lock").idempotent.remove(&key);
+                    }
+                }
+                let bases = bases?;
                 let published = order
                     .into_iter()
                     .map(|(append, place)| (partitions[append as usize], bases[append as usize] + place as u64))
@@ -1755,9 +1808,10 @@ async fn written_here(table: &Arc<Table>, id: &str, offset: u64, created: bool) 
 
 /// Refuses what is not a system topic a front end may have every node keep alike through
 /// [`Engine::append_system`]: the engine's own (catalog, view checkpoints) are written by the
-/// engine.
+/// engine, and the idempotency keys' checkpoint is each node's own.
 fn check_shared_system_topic(name: &str) -> Result<(), EngineError> {
-    if !name.starts_with("__") || name == CATALOG_TOPIC || name == CHECKPOINT_TOPIC {
+    let own = [CATALOG_TOPIC, CHECKPOINT_TOPIC, crate::idempotency::IDEMPOTENCY_TOPIC];
+    if !name.starts_with("__") || own.contains(&name) {
         return Err(EngineError::InvalidDefinition(format!("{name:?} is not a system topic the nodes share")));
     }
     onehop_log::validate_topic_name(name).map_err(|reason| EngineError::InvalidName { name: name.to_string(), reason })
@@ -1806,6 +1860,19 @@ pub(crate) fn published(answer: Result<Bytes, String>) -> Result<Vec<Published>,
         Outcome::Published(places) => {
             Ok(places.into_iter().map(|(partition, offset)| Published { partition, offset }).collect())
         }
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        _ => Err(EngineError::Internal("the cluster answered a publish with something else".into())),
+    }
+}
+
+/// The places of an idempotent publish through the cluster, and whether the leader answered it
+/// with an earlier write's (a retry).
+pub(crate) fn published_or_replayed(answer: Result<Bytes, String>) -> Result<(Vec<Published>, bool), EngineError> {
+    let places =
+        |places: Vec<(u32, u64)>| places.into_iter().map(|(partition, offset)| Published { partition, offset });
+    match outcome(answer)? {
+        Outcome::Published(found) => Ok((places(found).collect(), false)),
+        Outcome::Replayed(found) => Ok((places(found).collect(), true)),
         Outcome::Refused(refusal) => Err(refusal.into()),
         _ => Err(EngineError::Internal("the cluster answered a publish with something else".into())),
     }

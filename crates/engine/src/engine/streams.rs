@@ -3,6 +3,9 @@
 
 use super::*;
 use crate::engine::replicated::StreamChange;
+use crate::idempotency::{self, Begun, WriteKey};
+use crate::stream::Published;
+use onehop_log::NewRecord;
 
 impl Engine {
     /// The log settings of `def`'s partitions.
@@ -22,6 +25,51 @@ impl Engine {
             .map(|index| self.log.open_partition(&def.name, index, config.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Arc::new(Stream::new(def, partitions, self.replicator.clone())))
+    }
+
+    /// Publishes `records` to `stream` as one write named by the client's idempotency `key`,
+    /// in the scope of the user `scope` (`""`: anonymous): the first time it is written as
+    /// [`Stream::publish`] writes; a retry within the window is answered with the places the
+    /// first write went to (`true`: replayed), and nothing is written again. See
+    /// [`crate::idempotency`].
+    pub async fn publish_idempotent(
+        &self,
+        stream: &Stream,
+        mut records: Vec<NewRecord>,
+        durability: Option<Durability>,
+        scope: &str,
+        key: &str,
+    ) -> Result<(Vec<Published>, bool), EngineError> {
+        idempotency::check_key(key).map_err(EngineError::InvalidIdempotencyKey)?;
+        if records.is_empty() {
+            return Err(onehop_log::AppendError::EmptyBatch.into());
+        }
+        let write = WriteKey { stream: stream.name().to_string(), scope: scope.to_string(), key: key.to_string() };
+        let fingerprint = idempotency::fingerprint(stream.name(), &records);
+        idempotency::tag(&mut records, &write, &fingerprint);
+        if let Some(answer) = stream.publish_replicated(&records).await {
+            // The cluster's leader decides, as it prepares the write.
+            return answer;
+        }
+        self.idempotency.ensure_started(self).await?;
+        let ends = stream.end_offsets();
+        match self.idempotency.begin(&write, &fingerprint, records.len(), ends)? {
+            Begun::Done(places) => Ok((places, true)),
+            Begun::Write { missing, mut known, ticket } => {
+                let subset: Vec<NewRecord> = missing.iter().map(|&index| records[index].clone()).collect();
+                let published = stream.publish(&subset, durability).await;
+                if let Ok(published) = &published {
+                    let now = onehop_log::now_ms();
+                    for (&index, place) in missing.iter().zip(published) {
+                        known[index] = Some(*place);
+                        self.idempotency.fold(stream.name(), place.partition, place.offset, &records[index], now);
+                    }
+                }
+                self.idempotency.finish(ticket);
+                published?;
+                Ok((known.into_iter().map(|place| place.expect("every record is written")).collect(), false))
+            }
+        }
     }
 
     /// Subscribes to `stream` (or a table's storage) from `positions` (the next offset per

@@ -129,7 +129,8 @@ impl TransformDef {
             },
         };
         let mut headers = record.headers.to_vec();
-        headers.retain(|(name, _)| name != SOURCE_HEADER);
+        // Its source position is this record's own; a keyed write's tag names the source's write.
+        headers.retain(|(name, _)| name != SOURCE_HEADER && name != crate::idempotency::IDEMPOTENCY_HEADER);
         let source = Bytes::from(format!("{}:{}", input.partition, record.offset));
         headers.push((Text::from_static(SOURCE_HEADER), Some(source)));
         let value = serde_json::to_vec(&Value::Object(fields)).expect("a JSON object serializes");

@@ -33,9 +33,9 @@ use super::origin::AllowedOrigins;
 const ALLOWED_METHODS: [Method; 6] =
     [Method::GET, Method::HEAD, Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
 /// The request headers the API reads, lower case: the body's type, conditional writes, an SSE
-/// resume, the per-write durability. (`Accept` is listed for values a browser would otherwise
-/// ask about.)
-const ALLOWED_HEADERS: [&str; 7] = [
+/// resume, the per-write durability, a write's idempotency key. (`Accept` is listed for values
+/// a browser would otherwise ask about.)
+const ALLOWED_HEADERS: [&str; 8] = [
     "accept",
     // A page sends its user's token as a Bearer header.
     "authorization",
@@ -44,9 +44,11 @@ const ALLOWED_HEADERS: [&str; 7] = [
     "if-none-match",
     "last-event-id",
     super::streams::DURABILITY_HEADER,
+    super::streams::IDEMPOTENCY_KEY_HEADER,
 ];
-/// The response headers a page may read beyond the ones always readable: a row's version.
-const EXPOSED_HEADERS: &str = "etag";
+/// The response headers a page may read beyond the ones always readable: a row's version, and
+/// whether a keyed write's answer is a replay.
+const EXPOSED_HEADERS: &str = "etag, idempotent-replayed";
 /// How long a browser may reuse a preflight's answer for one URL and method: an hour saves a
 /// round trip on each write after the first (Chromium caps it at two hours, Firefox at a day).
 pub const PREFLIGHT_MAX_AGE_S: u32 = 3600;

@@ -22,6 +22,8 @@ use onehop_engine::{Position, Published, Stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use onehop_engine::idempotency::IDEMPOTENCY_HEADER;
+
 use super::AppState;
 use super::error::ApiError;
 use onehop_engine::units::parse_rfc3339_ms;
@@ -146,11 +148,20 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
         }
         let envelope: Envelope = serde_json::from_str(line)
             .map_err(|error| ApiError::bad_request("bad_json", format!("line {line_number}: {error}")))?;
+        let headers = envelope.headers.into_record_headers();
+        if headers.iter().any(|(name, _)| name.as_str() == IDEMPOTENCY_HEADER) {
+            return Err(ApiError::bad_request(
+                "bad_header",
+                format!(
+                    "line {line_number}: the {IDEMPOTENCY_HEADER} header is the server's own: send Idempotency-Key"
+                ),
+            ));
+        }
         records.push(NewRecord {
             timestamp_ms: None,
             key: envelope.key.map(Bytes::from),
             subject: checked_subject(envelope.subject, Some(line_number))?,
-            headers: envelope.headers.into_record_headers(),
+            headers,
             value: match envelope.value {
                 None | Some(Value::Null) => None,
                 Some(value) => Some(Bytes::from(serde_json::to_vec(&value).expect("a JSON value serializes"))),
@@ -163,6 +174,22 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<NewRecord>, ApiError> {
     Ok(records)
 }
 
+/// The request header naming a write so that its retries are answered, not written again.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// The response header on the answer to a retry of a keyed write.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The write's idempotency key, when it has one.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY_HEADER) else { return Ok(None) };
+    let key = value.to_str().map_err(|_| {
+        ApiError::bad_request("bad_idempotency_key", "the Idempotency-Key header is not visible ASCII text")
+    })?;
+    onehop_engine::idempotency::check_key(key)
+        .map_err(|reason| ApiError::bad_request("bad_idempotency_key", reason))?;
+    Ok(Some(key.to_string()))
+}
+
 pub async fn publish(
     State(state): State<AppState>,
     Extension(principal): Extension<onehop_engine::Principal>,
@@ -170,9 +197,11 @@ pub async fn publish(
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
     let query = PublishQuery::parse(raw.as_deref().unwrap_or_default())?;
     let durability = durability(&headers)?;
+    let key = idempotency_key(&headers)?;
     let body = body.map_err(|rejection| ApiError {
         retry_after_s: None,
         hint: None,
@@ -212,13 +241,24 @@ pub async fn publish(
     let bytes = records.iter().map(|record| record.value.as_ref().map_or(0, Bytes::len) as u64).sum();
     principal.admit_publish(records.len() as u64, bytes)?;
     let stream = state.engine.stream_or_create(&name).await?;
-    let published = stream.publish(&records, durability).await?;
-    Ok(Json(if batch {
+    let (published, replayed) = match &key {
+        Some(key) => {
+            let scope = principal.user().unwrap_or_default();
+            state.engine.publish_idempotent(&stream, records, durability, scope, key).await?
+        }
+        None => (stream.publish(&records, durability).await?, false),
+    };
+    let mut response = Json(if batch {
         json!({ "stream": name, "records": published })
     } else {
         let Published { partition, offset } = published[0];
         json!({ "stream": name, "partition": partition, "offset": offset })
-    }))
+    })
+    .into_response();
+    if replayed {
+        response.headers_mut().insert(REPLAYED_HEADER, header::HeaderValue::from_static("true"));
+    }
+    Ok(response)
 }
 
 /// A read's query.

@@ -18,7 +18,9 @@ pub(super) fn code(error: &EngineError) -> i16 {
         (_, ErrorKind::StorageFailed) => ResponseError::KafkaStorageError,
         // Retriable; like a timed-out produce, it may or may not have been written.
         (_, ErrorKind::Unavailable) => ResponseError::RequestTimedOut,
-        (_, ErrorKind::PreconditionFailed | ErrorKind::Internal) => ResponseError::UnknownServerError,
+        (_, ErrorKind::PreconditionFailed | ErrorKind::Unprocessable | ErrorKind::Internal) => {
+            ResponseError::UnknownServerError
+        }
         (_, ErrorKind::Unauthenticated) => ResponseError::SaslAuthenticationFailed,
         (_, ErrorKind::Forbidden) => ResponseError::TopicAuthorizationFailed,
         (_, ErrorKind::LimitExceeded) => ResponseError::ThrottlingQuotaExceeded,

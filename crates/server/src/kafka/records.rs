@@ -95,8 +95,8 @@ pub fn decode(mut bytes: Bytes, limit: usize) -> Result<Produced, Refused> {
                     .map(Text::from_utf8)
                     .transpose()
                     .map_err(|_| Refused::Invalid(format!("the {SUBJECT_HEADER} header is not UTF-8")))?;
-            } else if name == PRODUCER_HEADER {
-                return Err(Refused::Invalid(format!("the {PRODUCER_HEADER} header is the server's own")));
+            } else if name == PRODUCER_HEADER || name == onehop_engine::idempotency::IDEMPOTENCY_HEADER {
+                return Err(Refused::Invalid(format!("the {name} header is the server's own")));
             } else {
                 headers.push((Text::from(name), value));
             }

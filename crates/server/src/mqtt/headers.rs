@@ -97,7 +97,14 @@ pub(super) fn message_headers(
         correlation_data,
     } = properties;
     let mut headers: Vec<(Text, Option<Bytes>)> = Vec::with_capacity(user_properties.len() + 4);
-    headers.extend(user_properties.into_iter().map(|(name, value)| (Text::from(name), Some(Bytes::from(value)))));
+    // A keyed write's tag is the server's own: a client's user property of its name is dropped.
+    let own = |name: &str| name == onehop_engine::idempotency::IDEMPOTENCY_HEADER;
+    headers.extend(
+        user_properties
+            .into_iter()
+            .filter(|(name, _)| !own(name))
+            .map(|(name, value)| (Text::from(name), Some(Bytes::from(value)))),
+    );
     headers.push((Text::from_static(QOS_HEADER), Some(qos_header_value(qos))));
     if let Some(secs) = expiry_secs {
         let expires = (now_ms + i64::from(secs) * 1000).to_string();

@@ -130,6 +130,7 @@ pub(super) fn engine_refusal(error: &EngineError) -> Refusal {
         ErrorKind::Unauthenticated | ErrorKind::Forbidden => Refusal::NotAuthorized,
         ErrorKind::Conflict
         | ErrorKind::PreconditionFailed
+        | ErrorKind::Unprocessable
         | ErrorKind::OutOfRange
         | ErrorKind::ShuttingDown
         | ErrorKind::Unavailable
