@@ -300,9 +300,23 @@ fn w2_runs_side_by_side_with_the_echo_floor() {
 #[test]
 fn w2_and_w4_against_a_three_node_cluster_beside_one_node() {
     // W2 over HTTP and SSE, W4 over MQTT: publishers on every node in turn, subscribers on a
-    // follower, every write committed on a majority before it is delivered.
+    // follower, every write committed on a majority before it is delivered. At 200/s: W4's
+    // default 1 000/s saturates three debug-build nodes on two cores (p50 near 2 s when the
+    // machine is idle), and a busier machine then starves the Raft heartbeats until the
+    // leader steps down and the writes are refused. This checks what the harness reports, not
+    // how fast the cluster is (`onehop bench w4 --target onehop-cluster` measures that).
     for (workload, name) in [("w2", "W2"), ("w4", "W4")] {
-        let (lines, dir) = bench(&[workload, "--target", "onehop,onehop-cluster", "--duration", "2", "--warmup", "1"]);
+        let (lines, dir) = bench(&[
+            workload,
+            "--target",
+            "onehop,onehop-cluster",
+            "--rate",
+            "200",
+            "--duration",
+            "2",
+            "--warmup",
+            "1",
+        ]);
         assert_eq!(lines.len(), 2, "{lines:?}");
         check_line(&lines[0], name, "onehop");
         check_line(&lines[1], name, "onehop-cluster");
