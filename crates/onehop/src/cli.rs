@@ -294,6 +294,19 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_IDEMPOTENCY_KEYS_MAX", value_name = "KEYS")]
     pub idempotency_keys_max: Option<usize>,
 
+    /// Bytes of rows one SQL query may hold at once (for its joins, groups, sort and answer);
+    /// past it the query ends with `query_limit` [default: 256MiB].
+    #[arg(long, env = "ONEHOP_QUERY_MEMORY_MAX", value_name = "BYTES", value_parser = parse_bytes)]
+    pub query_memory_max: Option<u64>,
+
+    /// Seconds one SQL query may run before it ends with `query_limit` [default: 30].
+    #[arg(long, env = "ONEHOP_QUERY_TIME_MAX_S", value_name = "SECONDS")]
+    pub query_time_max_s: Option<u64>,
+
+    /// Stream records one SQL query may read, in all [default: 1000000].
+    #[arg(long, env = "ONEHOP_QUERY_STREAM_RECORDS_MAX", value_name = "RECORDS")]
+    pub query_stream_records_max: Option<u64>,
+
     /// Seconds a Kafka connection may go without a request before it is closed (Kafka's
     /// connections.max.idle.ms) [default: 600].
     #[arg(long, env = "ONEHOP_KAFKA_IDLE_TIMEOUT_S", value_name = "SECONDS")]

@@ -78,6 +78,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         cluster_node: settings.cluster.is_some(),
         idempotency_window: settings.idempotency_window,
         idempotency_keys_max: settings.idempotency_keys_max,
+        query_memory_bytes_max: settings.query_memory_max,
+        query_time_max: settings.query_time_max,
+        query_stream_records_max: settings.query_stream_records_max,
     };
     let engine = {
         let log = log.clone();

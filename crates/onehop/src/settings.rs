@@ -84,6 +84,9 @@ struct FileSettings {
     kafka_idle_timeout_s: Option<u64>,
     idempotency_window_s: Option<u64>,
     idempotency_keys_max: Option<usize>,
+    query_memory_max: Option<Size>,
+    query_time_max_s: Option<u64>,
+    query_stream_records_max: Option<u64>,
     kafka_authentication_timeout_s: Option<u64>,
     http_body_bytes_in_flight_max: Option<Size>,
     shutdown_timeout_s: Option<u64>,
@@ -262,6 +265,12 @@ pub struct Settings {
     pub idempotency_window: Duration,
     /// Idempotency keys held at most.
     pub idempotency_keys_max: usize,
+    /// Bytes of rows one SQL query may hold.
+    pub query_memory_max: u64,
+    /// How long one SQL query may run.
+    pub query_time_max: Duration,
+    /// Stream records one SQL query may read.
+    pub query_stream_records_max: u64,
     /// Time a Kafka connection has to log in once users exist.
     pub kafka_authentication_timeout: Duration,
     /// Bytes of HTTP request bodies in memory at once.
@@ -557,6 +566,21 @@ impl Settings {
             "idempotency_keys_max",
             engine_defaults.idempotency_keys_max,
         )?;
+        let query_memory_max = size(
+            args.query_memory_max,
+            &file.query_memory_max,
+            "query_memory_max",
+            engine_defaults.query_memory_bytes_max,
+        )?;
+        let query_time_max =
+            seconds(args.query_time_max_s, file.query_time_max_s, "query_time_max_s", engine_defaults.query_time_max)?;
+        let query_stream_records_max = args
+            .query_stream_records_max
+            .or(file.query_stream_records_max)
+            .unwrap_or(engine_defaults.query_stream_records_max);
+        if query_memory_max == 0 || query_stream_records_max == 0 {
+            bail!("query_memory_max and query_stream_records_max must be at least 1");
+        }
         let kafka_authentication_timeout = seconds(
             args.kafka_authentication_timeout_s,
             file.kafka_authentication_timeout_s,
@@ -646,6 +670,9 @@ impl Settings {
             kafka_idle_timeout,
             idempotency_window,
             idempotency_keys_max,
+            query_memory_max,
+            query_time_max,
+            query_stream_records_max,
             kafka_authentication_timeout,
             http_body_read_timeout,
             http_body_bytes_in_flight_max,

@@ -84,4 +84,12 @@ fn describe() {
         "hub_subscribers_carried_on_from_log_total",
         "Times a subscriber (SSE, WebSocket or MQTT) fell behind the live feed and read on from the log.",
     );
+    counter(onehop_sql::query::QUERIES, "Ad-hoc SQL queries (SELECT) run, answered or refused.");
+    describe_counter!(
+        onehop_sql::query::QUERIES_LIMITED,
+        "SQL queries ended by a limit, by limit (memory, time, stream_records)."
+    );
+    for limit in ["memory", "time", "stream_records"] {
+        let _ = metrics::counter!(onehop_sql::query::QUERIES_LIMITED, "limit" => limit);
+    }
 }

@@ -170,7 +170,18 @@ pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, S
 /// Runs one statement for `principal`, if it may: definitions take `ADMIN` on what they
 /// define (and `READ` on a view's or transform's source), `SHOW` lists what it has grants on,
 /// and access statements are for superusers (see `access::execute`).
-pub async fn execute_as(engine: &Engine, principal: &Principal, statement: &Statement) -> Result<Output, SqlError> {
+///
+/// A query (`SELECT`) reads only what the principal may `READ`, and runs on a blocking thread
+/// under the engine's query limits.
+pub async fn execute_as(
+    engine: &std::sync::Arc<Engine>,
+    principal: &Principal,
+    statement: &Statement,
+) -> Result<Output, SqlError> {
+    if let Statement::Query { query, text } = statement {
+        authorize(engine, Some(principal), statement)?;
+        return crate::query::run_shared(engine, Some(principal), query, text.clone()).await;
+    }
     run(engine, Some(principal), statement).await
 }
 
@@ -267,6 +278,14 @@ fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
             }
         }
         Statement::Access(_) => {}
+        // Each input is checked as the query reads it.
+        Statement::Query { .. } | Statement::Explain { .. } => {
+            if principal.user().is_none() && !access.anonymous_welcome() {
+                return Err(
+                    onehop_engine::EngineError::Unauthenticated(onehop_engine::access::LoginFailure::Missing).into()
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -282,6 +301,16 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
     let label = statement.label();
     match statement {
         Statement::Access(statement) => crate::access::execute(engine, principal, statement).await,
+        Statement::Query { query, text } => {
+            let limits = crate::query::QueryLimits::of(engine.options());
+            let answer = crate::query::run(engine, principal, query, &limits)?;
+            Ok(Output::Rows { statement: text.clone(), columns: answer.columns, rows: answer.rows })
+        }
+        Statement::Explain { query, text } => {
+            let lines = crate::query::explain(engine, principal, query)?;
+            let rows = lines.into_iter().map(|line| vec![Value::String(line)]).collect();
+            Ok(Output::Rows { statement: format!("EXPLAIN {text}"), columns: vec!["plan".into()], rows })
+        }
         Statement::CreateStream { name, if_not_exists, options } => {
             let def = stream_def(engine, name, options);
             if let Ok(existing) = engine.stream(name) {

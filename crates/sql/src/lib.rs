@@ -9,12 +9,14 @@
 //! - `view`: `CREATE VIEW … AS SELECT` and `CREATE STREAM … AS SELECT` (transforms), and SQL
 //!   expressions to the engine's expression language; refuses what views cannot run.
 //! - `access`: users, roles, grants and tokens (`CREATE USER`, `GRANT`, `CREATE TOKEN`, …).
+//! - `query`: ad-hoc `SELECT` and `EXPLAIN`, planned and run over tables, views and streams.
 //! - `execute`: a [`Statement`] run on the engine, to an [`Output`], checked against what the
 //!   user running it may do.
 
 mod access;
 mod execute;
 mod parse;
+pub mod query;
 mod view;
 
 pub use access::AccessStatement;
@@ -28,8 +30,8 @@ pub enum SqlError {
     Syntax(String),
     #[error("{statement} is not supported")]
     Unsupported { statement: String },
-    /// An ad-hoc query or a write in SQL (`SELECT`, `INSERT`, …), not served yet: the hint
-    /// says where the same answer is served today.
+    /// A write in SQL (`INSERT`, `UPDATE`, `DELETE`), not served yet: the hint says where
+    /// writes are served today.
     #[error("{statement} is not served yet: SQL here defines streams, tables, indexes, views and access")]
     NotServedYet { statement: String, hint: &'static str },
     #[error("{0}")]
@@ -40,6 +42,9 @@ pub enum SqlError {
     /// A view or transform is valid SQL but not a definition onehop can run (and says why).
     #[error("{0}")]
     InvalidQuery(String),
+    /// A query passed one of its limits (`memory`, `time`, `stream_records`).
+    #[error("{message}")]
+    QueryLimit { limit: &'static str, message: String },
     #[error(transparent)]
     Engine(#[from] onehop_engine::EngineError),
 }
@@ -55,10 +60,6 @@ pub const SUPPORTED: &str = "CREATE STREAM [IF NOT EXISTS] name [WITH (partition
      CREATE VIEW [IF NOT EXISTS] name [WITH (grace = '1s', emit = 'changes', …)] AS SELECT key, COUNT(*), SUM(x), … \
      FROM source | TUMBLE|HOP|SLIDING|SESSION(source, …) [WHERE condition] GROUP BY key";
 
-/// Where a `SELECT`'s answer is served until ad-hoc queries are.
-pub const SELECT_HINT: &str = "read one row with GET /tables/{table}/{id}, rows by an indexed field with GET \
-     /tables/{table}?field=value (scan=true for any field), a view with GET /views/{view}/{key}, a stream with GET \
-     /streams/{stream}?from=earliest; keep a query's answer live with CREATE VIEW … AS SELECT (docs/sql.md)";
 /// Where a write in SQL is served until it is.
 pub const WRITE_HINT: &str = "write with POST /streams/{stream}, or PUT, PATCH and DELETE /tables/{table}/{id} \
      (docs/http-api.md), or over MQTT or Kafka";
@@ -83,6 +84,7 @@ impl SqlError {
             }
             SqlError::InvalidQuery(_) => "sql_invalid_query",
             SqlError::InvalidOption(_) => "sql_invalid_option",
+            SqlError::QueryLimit { .. } => "query_limit",
             SqlError::Engine(error) => error.code(),
         }
     }

@@ -94,6 +94,16 @@ pub enum Statement {
     },
     /// Users, roles, grants and tokens.
     Access(AccessStatement),
+    /// An ad-hoc `SELECT` (or `WITH …`, `VALUES …`), answered now ([`crate::query`]).
+    Query {
+        query: Box<ast::Query>,
+        text: String,
+    },
+    /// `EXPLAIN SELECT …`: the query's plan, not its answer.
+    Explain {
+        query: Box<ast::Query>,
+        text: String,
+    },
 }
 
 impl Statement {
@@ -116,8 +126,20 @@ impl Statement {
             Statement::DropView { name, .. } => format!("DROP VIEW {name}"),
             Statement::Describe { name } => format!("DESCRIBE {name}"),
             Statement::Access(statement) => statement.label(),
+            Statement::Query { text, .. } => text.clone(),
+            Statement::Explain { text, .. } => format!("EXPLAIN {text}"),
         }
     }
+}
+
+/// A query's label in answers: its text, cut at 80 characters.
+fn query_label(query: &ast::Query) -> String {
+    let mut text = query.to_string();
+    if text.len() > 80 {
+        text.truncate(text.floor_char_boundary(77));
+        text.push_str("...");
+    }
+    text
 }
 
 /// Parses one or more `;`-separated statements. Nothing runs unless everything parses.
@@ -448,6 +470,19 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
             Ok(Statement::ShowTransforms)
         }
         ast::Statement::ExplainTable { table_name, .. } => Ok(Statement::Describe { name: simple_name(&table_name)? }),
+        ast::Statement::Query(query) => {
+            let text = query_label(&query);
+            Ok(Statement::Query { query, text })
+        }
+        ast::Statement::Explain { statement, analyze: false, estimate: false, .. } => match *statement {
+            ast::Statement::Query(query) => {
+                let text = query_label(&query);
+                Ok(Statement::Explain { query, text })
+            }
+            other => {
+                Err(unsupported(format!("EXPLAIN of {}", other.to_string().split_whitespace().next().unwrap_or(""))))
+            }
+        },
         ast::Statement::CreateTable(create) => convert_create_table(create),
         ast::Statement::CreateIndex(create) => {
             let table = simple_name(&create.table_name)?;
@@ -476,7 +511,6 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
             let text = other.to_string();
             let statement = text.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
             match other {
-                ast::Statement::Query(_) => Err(SqlError::NotServedYet { statement, hint: crate::SELECT_HINT }),
                 ast::Statement::Insert(_) | ast::Statement::Update { .. } | ast::Statement::Delete(_) => {
                     Err(SqlError::NotServedYet { statement, hint: crate::WRITE_HINT })
                 }
@@ -577,9 +611,10 @@ mod tests {
         assert!(message("CREATE STREAM s WITH (durability = 'eventually')").contains("\"fsync\" or \"async\""));
         assert!(message("CREATE STREAM s WITH (mqtt_topic = 'a/#/b')").contains("mqtt_topic"));
         assert!(message("CREATE STREAM a.b").contains("no schemas"));
-        let select = parse("SELECT * FROM orders").unwrap_err();
-        assert!(select.to_string().contains("not served yet"), "{select}");
-        assert!(select.hint().unwrap().contains("GET /tables/{table}/{id}"), "{select:?}");
+        assert!(matches!(parse("SELECT * FROM orders").unwrap().as_slice(), [Statement::Query { .. }]));
+        let insert = parse("INSERT INTO orders VALUES (1)").unwrap_err();
+        assert!(insert.to_string().contains("not served yet"), "{insert}");
+        assert!(insert.hint().unwrap().contains("POST /streams/{stream}"), "{insert:?}");
         let unsupported = parse("TRUNCATE orders").unwrap_err();
         assert!(unsupported.hint().unwrap().contains("CREATE TABLE"), "{unsupported:?}");
         assert!(message("CREATE STREAM").starts_with("syntax error"));

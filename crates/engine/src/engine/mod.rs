@@ -61,6 +61,12 @@ pub struct EngineOptions {
     /// The most idempotency keys held: past it, the oldest are dropped before their window
     /// ends (each takes some 200 bytes of memory).
     pub idempotency_keys_max: usize,
+    /// Bytes of rows one ad-hoc query may hold (for joins, groups, sorts and its answer).
+    pub query_memory_bytes_max: u64,
+    /// How long one ad-hoc query may run.
+    pub query_time_max: std::time::Duration,
+    /// Stream records one ad-hoc query may read.
+    pub query_stream_records_max: u64,
 }
 
 impl Default for EngineOptions {
@@ -74,6 +80,9 @@ impl Default for EngineOptions {
             cluster_node: false,
             idempotency_window: std::time::Duration::from_secs(24 * 3600),
             idempotency_keys_max: 1_000_000,
+            query_memory_bytes_max: 256 * 1024 * 1024,
+            query_time_max: std::time::Duration::from_secs(30),
+            query_stream_records_max: 1_000_000,
         }
     }
 }

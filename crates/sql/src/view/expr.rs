@@ -331,7 +331,7 @@ fn cast_type(data_type: &ast::DataType) -> Result<CastType, SqlError> {
 }
 
 /// A function's name, when it is a plain one.
-pub(super) fn function_name(function: &ast::Function) -> Option<String> {
+pub(crate) fn function_name(function: &ast::Function) -> Option<String> {
     match function.name.0.as_slice() {
         [part] => part.as_ident().map(|ident| ident.value.clone()),
         _ => None,

@@ -17,7 +17,7 @@
 //! [`Expr`]: onehop_engine::view::Expr
 
 mod columns;
-mod expr;
+pub(crate) mod expr;
 mod options;
 mod query;
 #[cfg(test)]

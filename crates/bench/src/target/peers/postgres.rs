@@ -192,7 +192,7 @@ impl PostgresPeer {
     }
 
     /// Runs `sql` through psql and returns its unaligned output.
-    fn query(&self, sql: &str) -> anyhow::Result<String> {
+    pub fn query(&self, sql: &str) -> anyhow::Result<String> {
         let output = Command::new(Path::new(BIN_DIR).join("psql"))
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", DATABASE])
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])

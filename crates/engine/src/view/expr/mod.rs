@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use function::{FUNCTION_NAMES, Function};
-pub use value::{as_time_ms, is_true, key_text};
+pub use value::{as_time_ms, compare, equals, is_true, key_text};
 
 /// What an expression is evaluated against: one record, its value parsed as JSON (`Null`
 /// when it is not JSON).

@@ -142,7 +142,7 @@ pub(super) fn or(left: Option<bool>, right: Option<bool>) -> Option<bool> {
 
 /// Order of two values of one kind: numbers numerically, strings by code point, false before
 /// true. Null, mixed kinds, arrays and objects have none.
-pub(super) fn compare(left: &Value, right: &Value) -> Option<Ordering> {
+pub fn compare(left: &Value, right: &Value) -> Option<Ordering> {
     match (left, right) {
         (Value::Number(_), Value::Number(_)) => match (number(left)?, number(right)?) {
             (Num::Int(left), Num::Int(right)) => Some(left.cmp(&right)),
@@ -169,7 +169,7 @@ pub(super) fn compare_int_float(int: i64, float: f64) -> Option<Ordering> {
 
 /// SQL `=`: values of one kind (arrays and objects when they are the same JSON); unknown when
 /// either is null or the kinds differ.
-pub(super) fn equals(left: &Value, right: &Value) -> Option<bool> {
+pub fn equals(left: &Value, right: &Value) -> Option<bool> {
     match (left, right) {
         (Value::Array(_), Value::Array(_)) | (Value::Object(_), Value::Object(_)) => Some(left == right),
         _ => compare(left, right).map(Ordering::is_eq),

@@ -1,0 +1,90 @@
+//! Ad-hoc queries: `SELECT` (and `EXPLAIN SELECT`) over tables, views and bounded ranges of
+//! streams, answered from what the engine holds now.
+//!
+//! A query is planned and run here, over sqlparser's AST and the engine's expression language
+//! (the one views and transforms evaluate), without a query engine beside it:
+//!
+//! - `resolve`: names to places. Every row a query works on is one JSON object holding each
+//!   input's row under the input's alias (`{"o": {…}, "c": {…}}`); a column reference becomes a
+//!   path into it, an aggregate a reference to its computed value, and an uncorrelated
+//!   subquery (`IN (SELECT …)`, a scalar `(SELECT …)`, `EXISTS`) its answer, computed first.
+//! - `source`: the inputs and how each is read: a table by primary key, by index or by a scan
+//!   in chunks; a view by key or by pages; a stream's partitions from the offsets or time the
+//!   WHERE clause starts them at. Locks are held for one chunk at a time, never for a query.
+//! - `select`: one SELECT: its joins (by primary key or index of the input joined, by hash, or
+//!   a nested loop), WHERE, GROUP BY and aggregates, HAVING, the SELECT list, DISTINCT; and the
+//!   query around it: WITH, UNION / INTERSECT / EXCEPT, ORDER BY, LIMIT and OFFSET.
+//! - `aggregate`: the aggregate functions.
+//! - `order`: the total order ORDER BY sorts by, and the keys GROUP BY and DISTINCT compare.
+//! - `budget`: the limits every query runs under (memory, time, stream records), counted.
+
+mod aggregate;
+mod budget;
+mod order;
+mod resolve;
+mod select;
+mod source;
+
+use std::sync::Arc;
+
+use onehop_engine::{Engine, Principal};
+use serde_json::Value;
+use sqlparser::ast;
+
+pub use budget::QueryLimits;
+
+use crate::SqlError;
+use crate::execute::Output;
+
+/// Queries answered.
+pub const QUERIES: &str = "sql_queries_total";
+/// Queries ended by a limit, by `limit` (`memory`, `time`, `stream_records`).
+pub const QUERIES_LIMITED: &str = "sql_queries_limited_total";
+
+/// What a query answered: column names and rows of values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Value>>,
+}
+
+/// Runs `query` for `principal` (every right when `None`) under `limits`.
+pub fn run(
+    engine: &Engine,
+    principal: Option<&Principal>,
+    query: &ast::Query,
+    limits: &QueryLimits,
+) -> Result<Answer, SqlError> {
+    let mut context = select::Context::new(engine, principal, limits);
+    let answer = context.query(query);
+    metrics::counter!(QUERIES).increment(1);
+    if let Err(SqlError::QueryLimit { limit, .. }) = &answer {
+        metrics::counter!(QUERIES_LIMITED, "limit" => *limit).increment(1);
+    }
+    answer
+}
+
+/// The plan of `query`: one line per step, inputs indented under what reads them, each input
+/// with its access path (primary key, index, scan). Subqueries are planned, not run.
+pub fn explain(engine: &Engine, principal: Option<&Principal>, query: &ast::Query) -> Result<Vec<String>, SqlError> {
+    let limits = QueryLimits::default();
+    let mut context = select::Context::new(engine, principal, &limits);
+    context.explain = Some(Vec::new());
+    context.query(query)?;
+    Ok(context.explain.take().unwrap_or_default())
+}
+
+/// [`run`] on a blocking thread, so that a long query holds no async worker.
+pub(crate) async fn run_shared(
+    engine: &Arc<Engine>,
+    principal: Option<&Principal>,
+    query: &ast::Query,
+    statement: String,
+) -> Result<Output, SqlError> {
+    let (engine, principal, query) = (engine.clone(), principal.cloned(), query.clone());
+    let limits = QueryLimits::of(engine.options());
+    let answer = tokio::task::spawn_blocking(move || run(&engine, principal.as_ref(), &query, &limits))
+        .await
+        .map_err(|error| SqlError::InvalidQuery(format!("the query stopped: {error}")))??;
+    Ok(Output::Rows { statement, columns: answer.columns, rows: answer.rows })
+}

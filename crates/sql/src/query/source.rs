@@ -1,0 +1,325 @@
+//! A query's inputs and how each is read.
+//!
+//! A row of an input is a JSON object: a table's row as stored; a view's row (its key column,
+//! window bounds and aggregates); a stream record's value fields beside `_key`, `_partition`,
+//! `_offset`, `_time` (ms since the epoch) and `_subject` (a value that is not a JSON object is
+//! `_value`); a subquery's or CTE's row of its output columns.
+//!
+//! Reads take the input's lock for one chunk at a time, so a query never holds up a writer for
+//! longer than a chunk takes to copy.
+
+use std::sync::Arc;
+
+use onehop_engine::filter::Condition;
+use onehop_engine::view::View;
+use onehop_engine::view::expr::key_text;
+use onehop_engine::{Position, Stream, Table};
+use serde_json::{Map, Value};
+
+use super::Answer;
+use super::budget::Budget;
+use crate::SqlError;
+
+/// Rows read under one lock.
+const CHUNK_ROWS: usize = 1000;
+/// Bytes of stream records read at once.
+const CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// The fields every stream row has.
+pub(super) const STREAM_FIELDS: [&str; 5] = ["_key", "_partition", "_offset", "_time", "_subject"];
+
+pub(super) enum Kind {
+    Table(Arc<Table>),
+    View(Arc<View>),
+    Stream(Arc<Stream>),
+    /// A subquery's or CTE's answer.
+    Rows(Arc<Answer>),
+}
+
+/// One input of a SELECT.
+pub(super) struct Source {
+    /// What the query calls it (its alias, or its name).
+    pub alias: String,
+    /// What it is: `table orders`, `view totals`, `subquery`.
+    pub label: String,
+    pub kind: Kind,
+    /// The columns it is known to have, in order.
+    pub known: Vec<String>,
+    /// Whether its rows may have fields beyond `known` (JSON documents may).
+    pub open: bool,
+    /// Columns joined by USING to an input before it: unqualified, they name that input's.
+    pub merged: Vec<String>,
+}
+
+/// How the rows of an input are found.
+#[derive(Clone, Debug)]
+pub(super) enum Access {
+    /// Every row.
+    Scan,
+    /// The rows of these primary keys (a table) or keys (a view).
+    Keys(Vec<Value>),
+    /// A table's rows whose indexed `field` holds one of these values.
+    Index { field: String, values: Vec<Value> },
+    /// A stream's records from where a range starts to where it ends.
+    Range(Range),
+}
+
+/// Where a stream's records are read, from the WHERE clause's bounds on its fields.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Range {
+    pub partition: Option<u32>,
+    pub from_offset: Option<u64>,
+    /// Exclusive.
+    pub until_offset: Option<u64>,
+    pub from_time: Option<i64>,
+}
+
+impl Range {
+    pub(super) fn is_whole(&self) -> bool {
+        self.partition.is_none()
+            && self.from_offset.is_none()
+            && self.until_offset.is_none()
+            && self.from_time.is_none()
+    }
+}
+
+/// How an input joined to the rows before it is probed, per row before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Probe {
+    /// By a table's primary key or a view's key.
+    Key,
+    /// By a table's index on the field.
+    Index,
+}
+
+impl Source {
+    /// A table's primary key, a view's key column: the field [`Access::Keys`] finds rows by.
+    pub(super) fn key_field(&self) -> Option<String> {
+        match &self.kind {
+            Kind::Table(table) => Some(table.def().primary_key.clone()),
+            Kind::View(view) => view.def().columns.iter().find_map(|column| match column {
+                onehop_engine::view::Column::Key { name } => Some(name.clone()),
+                _ => None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether a table input has an index on `field`.
+    pub(super) fn indexed(&self, field: &str) -> bool {
+        matches!(&self.kind, Kind::Table(table) if table.def().index_on(field).is_some())
+    }
+
+    pub(super) fn is_stream(&self) -> bool {
+        matches!(self.kind, Kind::Stream(_))
+    }
+
+    /// Calls `each` with every row `access` finds until it answers false.
+    pub(super) fn read(
+        &self,
+        access: &Access,
+        budget: &mut Budget,
+        each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+    ) -> Result<(), SqlError> {
+        match (&self.kind, access) {
+            (Kind::Table(table), Access::Keys(keys)) => {
+                let def = table.def();
+                for key in keys {
+                    let Some(row) = def.id_of(key).and_then(|id| table.get(&id)) else { continue };
+                    if !each(Value::Object(row.doc().clone()), budget)? {
+                        return Ok(());
+                    }
+                }
+                Ok(())
+            }
+            (Kind::Table(table), Access::Index { field, values }) => {
+                for value in values {
+                    if !index_rows(table, field, value, budget, each)? {
+                        return Ok(());
+                    }
+                }
+                Ok(())
+            }
+            (Kind::Table(table), _) => {
+                let mut after: Option<String> = None;
+                loop {
+                    let page = table.query(&[], after.as_deref(), CHUNK_ROWS, true)?;
+                    for row in &page.rows {
+                        if !each(Value::Object(row.doc().clone()), budget)? {
+                            return Ok(());
+                        }
+                    }
+                    match page.next_after {
+                        Some(next) => after = Some(next),
+                        None => return Ok(()),
+                    }
+                }
+            }
+            (Kind::View(view), Access::Keys(keys)) => {
+                for key in keys {
+                    for row in view.rows(&key_text(key)) {
+                        if !each(row, budget)? {
+                            return Ok(());
+                        }
+                    }
+                }
+                Ok(())
+            }
+            (Kind::View(view), _) => {
+                let mut after: Option<String> = None;
+                loop {
+                    let page = view.page(after.as_deref(), CHUNK_ROWS);
+                    let Some((last, _)) = page.last() else { return Ok(()) };
+                    after = Some(last.clone());
+                    for (_, rows) in page {
+                        for row in rows {
+                            if !each(row, budget)? {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+            (Kind::Stream(stream), access) => {
+                let range = match access {
+                    Access::Range(range) => range.clone(),
+                    _ => Range::default(),
+                };
+                read_stream(stream, &range, budget, each)
+            }
+            (Kind::Rows(answer), _) => {
+                for row in &answer.rows {
+                    if !each(row_object(&answer.columns, row), budget)? {
+                        return Ok(());
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Calls `each` with the rows whose key (`Probe::Key`) or indexed `field` holds `value`.
+    pub(super) fn probe(
+        &self,
+        probe: Probe,
+        field: &str,
+        value: &Value,
+        budget: &mut Budget,
+        each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+    ) -> Result<(), SqlError> {
+        if value.is_null() {
+            return Ok(());
+        }
+        let access = match probe {
+            Probe::Key => Access::Keys(vec![value.clone()]),
+            Probe::Index => Access::Index { field: field.to_string(), values: vec![value.clone()] },
+        };
+        self.read(&access, budget, each)
+    }
+}
+
+/// A row of output `columns` as the object later steps read it by name.
+pub(super) fn row_object(columns: &[String], row: &[Value]) -> Value {
+    let mut fields = Map::with_capacity(columns.len());
+    for (column, value) in columns.iter().zip(row) {
+        // A repeated name (two `id`s of a join) reads as the first.
+        fields.entry(column.clone()).or_insert_with(|| value.clone());
+    }
+    Value::Object(fields)
+}
+
+/// The text an index is searched by for `value`; `None` when no row can hold it indexed.
+fn index_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Number(number) => Some(number.to_string()),
+        Value::Bool(truth) => Some(truth.to_string()),
+        _ => None,
+    }
+}
+
+/// The rows of `table` whose indexed `field` may hold `value` (the condition is checked again
+/// by the query); false when `each` asked to stop.
+fn index_rows(
+    table: &Table,
+    field: &str,
+    value: &Value,
+    budget: &mut Budget,
+    each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+) -> Result<bool, SqlError> {
+    let Some(text) = index_text(value) else { return Ok(true) };
+    let Ok(condition) = Condition::new(field, &text) else { return Ok(true) };
+    let conditions = [condition];
+    let mut after: Option<String> = None;
+    loop {
+        let page = table.query(&conditions, after.as_deref(), CHUNK_ROWS, false)?;
+        for row in &page.rows {
+            if !each(Value::Object(row.doc().clone()), budget)? {
+                return Ok(false);
+            }
+        }
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => return Ok(true),
+        }
+    }
+}
+
+fn read_stream(
+    stream: &Stream,
+    range: &Range,
+    budget: &mut Budget,
+    each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+) -> Result<(), SqlError> {
+    let name = stream.def().name.clone();
+    let partitions: Vec<u32> = match range.partition {
+        Some(partition) if partition < stream.def().partitions => vec![partition],
+        Some(_) => Vec::new(),
+        None => (0..stream.def().partitions).collect(),
+    };
+    for partition in partitions {
+        // Records appended while the query runs are not read: the answer is of one moment.
+        let mut end = stream.end_offset(partition)?;
+        if let Some(until) = range.until_offset {
+            end = end.min(until);
+        }
+        let mut next = stream.start_offset(partition)?;
+        if let Some(from) = range.from_offset {
+            next = next.max(from);
+        }
+        if let Some(time) = range.from_time {
+            next = next.max(stream.resolve(partition, Position::Time(time))?);
+        }
+        while next < end {
+            let records = stream.read(partition, Position::Offset(next), CHUNK_ROWS, CHUNK_BYTES)?;
+            let Some(last) = records.last() else { break };
+            next = last.offset + 1;
+            budget.read_records(&name, records.len() as u64)?;
+            for record in records.iter().take_while(|record| record.offset < end) {
+                if !each(stream_row(record, partition), budget)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A stream record as a row.
+fn stream_row(record: &onehop_engine::Record, partition: u32) -> Value {
+    let mut fields = match record.value.as_deref().map(serde_json::from_slice::<Value>) {
+        Some(Ok(Value::Object(fields))) => fields,
+        Some(Ok(other)) => Map::from_iter([("_value".to_string(), other)]),
+        Some(Err(_)) => {
+            let text = String::from_utf8_lossy(record.value.as_deref().unwrap_or_default()).into_owned();
+            Map::from_iter([("_value".to_string(), Value::String(text))])
+        }
+        None => Map::new(),
+    };
+    let key = record.key.as_deref().map(|key| Value::String(String::from_utf8_lossy(key).into_owned()));
+    fields.insert("_key".into(), key.unwrap_or(Value::Null));
+    fields.insert("_partition".into(), Value::from(partition));
+    fields.insert("_offset".into(), Value::from(record.offset));
+    fields.insert("_time".into(), Value::from(record.timestamp_ms));
+    fields.insert("_subject".into(), record.subject.as_deref().map_or(Value::Null, Value::from));
+    Value::Object(fields)
+}
