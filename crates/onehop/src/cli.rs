@@ -160,6 +160,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_TLS_CLIENT_AUTH", value_name = "optional|required", requires = "tls_client_ca")]
     pub tls_client_auth: Option<String>,
 
+    /// Address of the Postgres listener (the Postgres wire protocol: psql, drivers and SQL
+    /// tools run SQL), or `off`. Use port 0 for any free port. Left out, 127.0.0.1:5432 is
+    /// tried and the listener stays off (with a warning) when a Postgres already has it.
+    #[arg(long, env = "ONEHOP_PG_ADDR", value_name = "ADDR|off")]
+    pub pg_addr: Option<String>,
+
     /// Address of the Kafka listener (the Kafka wire protocol: Kafka clients produce to and
     /// fetch from streams), or `off`. Use port 0 for any free port [default: 127.0.0.1:9092].
     #[arg(long, env = "ONEHOP_KAFKA_ADDR", value_name = "ADDR|off")]

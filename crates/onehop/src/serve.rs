@@ -155,6 +155,32 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             Some(listener)
         }
     };
+    let pg_listener = match settings.pg_addr {
+        None => {
+            tracing::info!("the Postgres listener is off (pg_addr = \"off\")");
+            None
+        }
+        Some((address, chosen)) => match tokio::net::TcpListener::bind(address).await {
+            Ok(listener) => {
+                let address = listener.local_addr()?;
+                if !address.ip().is_loopback() {
+                    tracing::warn!(%address, "Postgres is listening on a non-loopback address: reachable from other machines");
+                }
+                tracing::info!(%address, "listening on postgres://{address}");
+                Some(listener)
+            }
+            Err(error) if !chosen => {
+                tracing::warn!(%address, %error, "the Postgres listener is off: its default address is taken (a Postgres \
+                    running here?); choose one with --pg-addr");
+                None
+            }
+            Err(error) => {
+                return Err(error).with_context(|| {
+                    format!("cannot listen for Postgres on {address} (pg_addr \"off\" turns it off)")
+                });
+            }
+        },
+    };
     let tls = match &settings.tls {
         Some(files) => {
             let tls = onehop_server::tls::Tls::open(files.clone()).context("TLS")?;
@@ -274,6 +300,10 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             Some(tokio::spawn(server.serve(listeners, until_stopped(stopped.clone()))))
         }
     };
+    let pg = pg_listener.map(|listener| {
+        let config = onehop_server::pg::PgConfig { connections_max: settings.connections_max, tls: tls.clone() };
+        tokio::spawn(onehop_server::pg::serve(listener, engine.clone(), config, until_stopped(stopped.clone())))
+    });
     let mut state = AppState::new(engine.clone(), Some(metrics));
     state.subscriptions_per_socket_max = settings.subscriptions_per_socket_max;
     state.mqtt = Some(broker);
@@ -305,6 +335,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     if let Some(kafka) = kafka {
         kafka.await.context("Kafka listener task")?.context("Kafka server")?;
+    }
+    if let Some(pg) = pg {
+        pg.await.context("Postgres listener task")?;
     }
     // The idempotency keys' last checkpoint, so that the next start reads on little.
     idempotency.await.context("idempotency checkpoint task")?;
@@ -409,6 +442,7 @@ fn refuse_open_listeners(engine: &Engine, settings: &Settings) -> anyhow::Result
         Some(settings.http_addr),
         Some(settings.mqtt_addr),
         settings.kafka_addr,
+        settings.pg_addr.map(|(address, _)| address),
         settings.mqtt_tls_addr,
         settings.https_addr,
         settings.kafka_tls_addr,

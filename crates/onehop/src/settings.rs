@@ -19,6 +19,8 @@ pub const DEFAULT_DATA_DIR: &str = "./onehop-data";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_MQTT_ADDR: &str = "127.0.0.1:1883";
 pub const DEFAULT_KAFKA_ADDR: &str = "127.0.0.1:9092";
+/// The Postgres listener's address when none is given: Postgres's own port, on loopback.
+pub const DEFAULT_PG_ADDR: &str = "127.0.0.1:5432";
 pub const DEFAULT_CONFIG_FILE: &str = "onehop.toml";
 const DEFAULT_MAINTENANCE_INTERVAL_S: u64 = 30;
 const DEFAULT_LOG_FILTER: &str = "info";
@@ -53,6 +55,7 @@ struct FileSettings {
     http_addr: Option<SocketAddr>,
     mqtt_addr: Option<SocketAddr>,
     kafka_addr: Option<String>,
+    pg_addr: Option<String>,
     kafka_advertised_addr: Option<String>,
     mqtt_tls_addr: Option<SocketAddr>,
     https_addr: Option<SocketAddr>,
@@ -214,6 +217,9 @@ pub struct Settings {
     pub mqtt_addr: SocketAddr,
     /// Address of the Kafka listener; `None` when it is off.
     pub kafka_addr: Option<SocketAddr>,
+    /// Address of the Postgres listener, and whether it was chosen (a default address in use
+    /// leaves the listener off instead of stopping the start); `None` when it is off.
+    pub pg_addr: Option<(SocketAddr, bool)>,
     /// The MQTT listener over TLS, when on.
     pub mqtt_tls_addr: Option<SocketAddr>,
     /// The HTTPS listener, when on.
@@ -483,6 +489,16 @@ impl Settings {
         let https_addr = args.https_addr.or(file.https_addr);
         let kafka_tls = args.kafka_tls || file.kafka_tls.unwrap_or(false);
         let kafka_tls_addr = args.kafka_tls_addr.or(file.kafka_tls_addr);
+        let pg_addr = match args.pg_addr.clone().or(file.pg_addr.clone()).as_deref() {
+            Some("off") => None,
+            Some(address) => Some((
+                address
+                    .parse()
+                    .with_context(|| format!("pg_addr {address:?}: an address such as 127.0.0.1:5432, or off"))?,
+                true,
+            )),
+            None => Some((DEFAULT_PG_ADDR.parse().expect("valid default address"), false)),
+        };
         let tls_listeners = [
             ("mqtt_tls_addr", mqtt_tls_addr.is_some()),
             ("https_addr", https_addr.is_some()),
@@ -513,10 +529,11 @@ impl Settings {
         if kafka_tls_advertised_addr.is_some() && kafka_tls_addr.is_none() {
             bail!("kafka_tls_advertised_addr needs kafka_tls_addr");
         }
-        if tls.is_some() && !tls_listeners.iter().any(|(_, on)| *on) {
+        // The Postgres listener offers TLS on its own port to the clients that ask for it.
+        if tls.is_some() && !tls_listeners.iter().any(|(_, on)| *on) && pg_addr.is_none() {
             bail!(
-                "tls_cert and tls_key are given but no TLS listener is: set https_addr, mqtt_tls_addr, kafka_tls or \
-                 kafka_tls_addr"
+                "tls_cert and tls_key are given but no TLS listener is: set https_addr, mqtt_tls_addr, kafka_tls, \
+                 kafka_tls_addr or pg_addr"
             );
         }
         let mqtt_empty_first_level_stream = args
@@ -648,6 +665,7 @@ impl Settings {
                 .or(file.mqtt_addr)
                 .unwrap_or_else(|| DEFAULT_MQTT_ADDR.parse().expect("valid default address")),
             kafka_addr,
+            pg_addr,
             kafka_advertised_addr,
             mqtt_tls_addr,
             https_addr,

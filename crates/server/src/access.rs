@@ -44,7 +44,7 @@ pub(crate) fn describe_metrics() {
         "auth_failures_total",
         "Logins refused (a wrong user name or password, an unknown, dropped or expired token), by protocol."
     );
-    for protocol in ["http", "mqtt", "kafka"] {
+    for protocol in ["http", "mqtt", "kafka", "postgres"] {
         let _ = metrics::counter!("auth_failures_total", "protocol" => protocol);
     }
     metrics::describe_counter!(
@@ -61,7 +61,7 @@ pub(crate) fn describe_metrics() {
         "tls_handshake_failures_total",
         "TLS handshakes that failed or timed out (a client that does not trust the certificate, or is not TLS), by protocol."
     );
-    for protocol in ["http", "mqtt", "kafka"] {
+    for protocol in ["http", "mqtt", "kafka", "postgres"] {
         let _ = metrics::counter!("tls_handshake_failures_total", "protocol" => protocol);
     }
     metrics::describe_counter!(
@@ -72,7 +72,7 @@ pub(crate) fn describe_metrics() {
         "publishes_throttled_total",
         "Publishes that made their connection wait because their user was over its publish rates, by protocol."
     );
-    for protocol in ["http", "mqtt", "kafka"] {
+    for protocol in ["http", "mqtt", "kafka", "postgres"] {
         let _ = metrics::counter!("limit_refusals_total", "protocol" => protocol);
         let _ = metrics::counter!("publishes_throttled_total", "protocol" => protocol);
     }

@@ -23,6 +23,7 @@ pub mod http;
 pub mod kafka;
 mod linger;
 pub mod mqtt;
+pub mod pg;
 pub mod telemetry;
 pub mod tls;
 

@@ -84,6 +84,8 @@ fn describe() {
         "hub_subscribers_carried_on_from_log_total",
         "Times a subscriber (SSE, WebSocket or MQTT) fell behind the live feed and read on from the log.",
     );
+    gauge(crate::pg::CONNECTIONS, "Open Postgres wire protocol connections.");
+    counter(crate::pg::CONNECTIONS_REFUSED, "Postgres connections refused because connections_max were open.");
     counter(onehop_sql::query::QUERIES, "Ad-hoc SQL queries (SELECT) run, answered or refused.");
     describe_counter!(
         onehop_sql::query::QUERIES_LIMITED,

@@ -132,6 +132,59 @@ impl Statement {
     }
 }
 
+impl Statement {
+    /// The highest `$n` placeholder of a query (0: none).
+    pub fn parameter_count(&self) -> usize {
+        let (Statement::Query { query, .. } | Statement::Explain { query, .. }) = self else { return 0 };
+        let mut count = 0;
+        let _ = ast::visit_expressions(&**query, |expr| {
+            if let Expr::Value(value) = expr
+                && let Value::Placeholder(name) = &value.value
+                && let Some(n) = name.strip_prefix('$').and_then(|n| n.parse::<usize>().ok())
+            {
+                count = count.max(n);
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        count
+    }
+
+    /// Puts `parameters` in place of a query's `$1`, `$2`, …: a statement with placeholders
+    /// runs only once each has its value.
+    pub fn bind(&mut self, parameters: &[serde_json::Value]) -> Result<(), SqlError> {
+        let wanted = self.parameter_count();
+        if parameters.len() < wanted {
+            return Err(SqlError::InvalidQuery(format!(
+                "the statement has {wanted} parameter(s) ($1 … ${wanted}), {} given",
+                parameters.len()
+            )));
+        }
+        let (Statement::Query { query, .. } | Statement::Explain { query, .. }) = self else {
+            if parameters.is_empty() {
+                return Ok(());
+            }
+            return Err(SqlError::InvalidQuery(format!("{} takes no parameters", self.label())));
+        };
+        let _ = ast::visit_expressions_mut(&mut **query, |expr| {
+            if let Expr::Value(value) = expr
+                && let Value::Placeholder(name) = &value.value
+                && let Some(n) = name.strip_prefix('$').and_then(|n| n.parse::<usize>().ok())
+                && let Some(parameter) = n.checked_sub(1).and_then(|index| parameters.get(index))
+            {
+                value.value = match parameter {
+                    serde_json::Value::Null => Value::Null,
+                    serde_json::Value::Bool(truth) => Value::Boolean(*truth),
+                    serde_json::Value::Number(number) => Value::Number(number.to_string(), false),
+                    serde_json::Value::String(text) => Value::SingleQuotedString(text.clone()),
+                    other => Value::SingleQuotedString(other.to_string()),
+                };
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        });
+        Ok(())
+    }
+}
+
 /// A query's label in answers: its text, cut at 80 characters.
 fn query_label(query: &ast::Query) -> String {
     let mut text = query.to_string();

@@ -343,6 +343,34 @@ impl Access {
     /// `source` is the client's address: failed logins from it, and for `user` from it, make
     /// later attempts wait, and many for `user` from anywhere slow each attempt
     /// ([`failed_logins`]); a refusal for that is [`EngineError::LoginThrottled`].
+    /// Before a login whose proof its protocol checks (a SCRAM exchange) or this module does:
+    /// waits, or refuses with [`EngineError::LoginThrottled`], as the failed logins of `user`
+    /// from `source` require ([`failed_logins`]). [`Access::login_checked`] reports the outcome.
+    pub async fn admit_login(&self, user: &str, source: Option<std::net::IpAddr>) -> Result<(), EngineError> {
+        match self.failed_logins.admit(user, source, now_ms()) {
+            failed_logins::Admission::Check => Ok(()),
+            failed_logins::Admission::CheckAfter(wait_ms) => {
+                metrics::counter!(LOGINS_SLOWED).increment(1);
+                tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+                Ok(())
+            }
+            failed_logins::Admission::Refuse { retry_after_ms } => {
+                metrics::counter!(LOGINS_THROTTLED).increment(1);
+                Err(EngineError::LoginThrottled { retry_after_ms })
+            }
+        }
+    }
+
+    /// The outcome of a login [`Access::admit_login`] admitted: a failure slows the next
+    /// guesses, a success clears them.
+    pub fn login_checked(&self, user: &str, source: Option<std::net::IpAddr>, succeeded: bool) {
+        if succeeded {
+            self.failed_logins.succeeded(user, source);
+        } else {
+            self.failed_logins.failed(user, source, now_ms());
+        }
+    }
+
     pub async fn login_password(
         &self,
         user: &str,
@@ -361,17 +389,7 @@ impl Access {
             // This very password verified before: no guess, so nothing to slow.
             return Ok(self.principal(Some(user)));
         }
-        match self.failed_logins.admit(user, source, now_ms()) {
-            failed_logins::Admission::Check => {}
-            failed_logins::Admission::CheckAfter(wait_ms) => {
-                metrics::counter!(LOGINS_SLOWED).increment(1);
-                tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-            }
-            failed_logins::Admission::Refuse { retry_after_ms } => {
-                metrics::counter!(LOGINS_THROTTLED).increment(1);
-                return Err(EngineError::LoginThrottled { retry_after_ms });
-            }
-        }
+        self.admit_login(user, source).await?;
         let known = credential.is_some();
         let credential = credential.unwrap_or_else(|| {
             self.decoy.get_or_init(|| ScramCredential::new(ScramHash::Sha256, b"", ITERATIONS_DEFAULT)).clone()

@@ -42,6 +42,8 @@ pub struct ScramExchange {
     hash: ScramHash,
     /// `None` for a user that does not exist: the exchange runs on and fails at the proof.
     user: Option<String>,
+    /// The user the client names, existing or not.
+    claimed: String,
     stored_key: Vec<u8>,
     server_key: Vec<u8>,
     gs2_header: String,
@@ -74,6 +76,18 @@ impl ScramExchange {
         hash: ScramHash,
         client_first: &[u8],
     ) -> Result<(ScramExchange, Vec<u8>), EngineError> {
+        ScramExchange::start_as(access, hash, client_first, None)
+    }
+
+    /// [`ScramExchange::start`] for a protocol that names the user before the exchange (the
+    /// Postgres startup message): `user` is the one logging in, whatever `n=` says (libpq sends
+    /// it empty).
+    pub fn start_as(
+        access: &Access,
+        hash: ScramHash,
+        client_first: &[u8],
+        user: Option<&str>,
+    ) -> Result<(ScramExchange, Vec<u8>), EngineError> {
         if client_first.len() > MESSAGE_BYTES_MAX {
             return Err(malformed("too long"));
         }
@@ -100,6 +114,7 @@ impl ScramExchange {
                 _ => {}
             }
         }
+        let name = user.map(str::to_string).or(name);
         let (Some(name), Some(client_nonce)) = (name, client_nonce) else {
             return Err(malformed("expected n= and r="));
         };
@@ -130,6 +145,7 @@ impl ScramExchange {
         let server_first = format!("r={nonce},s={},i={iterations}", b64().encode(&salt));
         let exchange = ScramExchange {
             hash,
+            claimed: name.clone(),
             user,
             stored_key,
             server_key,
@@ -139,6 +155,11 @@ impl ScramExchange {
             nonce,
         };
         Ok((exchange, server_first.into_bytes()))
+    }
+
+    /// The user the client logs in as (who may not exist).
+    pub fn claimed_user(&self) -> &str {
+        &self.claimed
     }
 
     /// Takes the client's final message: the principal and the server's final message when

@@ -68,6 +68,8 @@ pub struct Server {
     pub mqtt_address: SocketAddr,
     /// The Kafka listener's address, unless it is off.
     pub kafka_address: Option<SocketAddr>,
+    /// The Postgres listener's address, unless it is off.
+    pub pg_address: Option<SocketAddr>,
     /// Every stderr line the server printed so far, collected by a reader thread.
     lines: mpsc::Receiver<String>,
     pub seen: Vec<String>,
@@ -189,6 +191,12 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
     if !kafka_chosen {
         command.args(["--kafka-addr", "127.0.0.1:0"]);
     }
+    let pg_chosen = args.contains(&"--pg-addr") || envs.iter().any(|(key, _)| *key == "ONEHOP_PG_ADDR");
+    if !pg_chosen {
+        command.args(["--pg-addr", "127.0.0.1:0"]);
+    }
+    let pg_off = args.windows(2).any(|pair| pair == ["--pg-addr", "off"])
+        || envs.iter().any(|(key, value)| *key == "ONEHOP_PG_ADDR" && *value == "off");
     let kafka_off = args.windows(2).any(|pair| pair == ["--kafka-addr", "off"])
         || envs.iter().any(|(key, value)| *key == "ONEHOP_KAFKA_ADDR" && *value == "off");
     let mut child = command
@@ -205,6 +213,7 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
         address: "127.0.0.1:1".parse().unwrap(),
         mqtt_address: "127.0.0.1:1".parse().unwrap(),
         kafka_address: None,
+        pg_address: None,
         lines,
         seen: Vec::new(),
     };
@@ -217,6 +226,12 @@ pub fn start(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Server {
         let address = line.split("listening on kafka://").nth(1).unwrap();
         let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
         server.kafka_address = Some(address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}")));
+    }
+    if !pg_off {
+        let line = server.wait_for_line("listening on postgres://");
+        let address = line.split("listening on postgres://").nth(1).unwrap();
+        let address = address.split(|c: char| c.is_whitespace() || c == '"').next().unwrap();
+        server.pg_address = Some(address.parse().unwrap_or_else(|_| panic!("bad address in {line:?}")));
     }
     let line = server.wait_for_line("listening on http://");
     let address = line.split("listening on http://").nth(1).unwrap();

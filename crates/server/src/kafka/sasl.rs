@@ -171,7 +171,18 @@ pub(super) async fn authenticate(
                 response.auth_bytes = server_first.into();
                 None
             }),
-            Some(exchange) => exchange.finish(access, &request.auth_bytes).map(Some),
+            // The proof is the guess: slowed and counted as a password login is.
+            Some(exchange) => {
+                let claimed = exchange.claimed_user().to_string();
+                match access.admit_login(&claimed, Some(source)).await {
+                    Err(refusal) => Err(refusal),
+                    Ok(()) => {
+                        let finished = exchange.finish(access, &request.auth_bytes);
+                        access.login_checked(&claimed, Some(source), finished.is_ok());
+                        finished.map(Some)
+                    }
+                }
+            }
         },
     };
     // Logging in again must not change who the connection is (KIP-368). A first login takes

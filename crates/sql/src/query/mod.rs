@@ -74,6 +74,16 @@ pub fn explain(engine: &Engine, principal: Option<&Principal>, query: &ast::Quer
     Ok(context.explain.take().unwrap_or_default())
 }
 
+/// The columns `query` answers with, from its plan (not run): the names a client is told
+/// before it binds the query's parameters. A `*` over inputs with undeclared fields lists the
+/// declared ones only.
+pub fn columns(engine: &Engine, principal: Option<&Principal>, query: &ast::Query) -> Result<Vec<String>, SqlError> {
+    let limits = QueryLimits::default();
+    let mut context = select::Context::new(engine, principal, &limits);
+    context.explain = Some(Vec::new());
+    Ok(context.query(query)?.columns)
+}
+
 /// [`run`] on a blocking thread, so that a long query holds no async worker.
 pub(crate) async fn run_shared(
     engine: &Arc<Engine>,

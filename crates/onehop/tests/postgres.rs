@@ -1,0 +1,193 @@
+//! The Postgres wire protocol with real clients: psql (the simple query protocol, several
+//! statements in one query, errors with SQLSTATE) and psycopg 3 (the extended protocol:
+//! server-side binding, binary results, prepared statements, transactions), against a server
+//! with users, over TLS on the server's certificate, logging in with SCRAM-SHA-256 and refused
+//! with a wrong password; what they read and write is what HTTP reads and writes.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+
+use common::{DataDir, certificates, curl};
+
+const ROOT: (&str, &str) = ("root", "root-pass");
+
+/// psql's connection string for `user` over TLS checked against the test's CA.
+fn conninfo(address: SocketAddr, dir: &Path, user: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user={user} dbname=onehop sslmode=verify-full sslrootcert={}",
+        address.port(),
+        dir.join("ca.pem").display()
+    )
+}
+
+/// psql in unaligned mode, `-c` for each statement: (success, stdout, stderr).
+fn psql(conninfo: &str, password: &str, statements: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new("psql");
+    command.args(["-X", "-A", "-t", "-F", "|", "-v", "ON_ERROR_STOP=1", "-d", conninfo]);
+    for statement in statements {
+        command.args(["-c", statement]);
+    }
+    let output = command.env("PGPASSWORD", password).env("PGCONNECT_TIMEOUT", "10").output().expect("psql runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn psql_and_psycopg_log_in_over_tls_query_and_are_refused_with_a_wrong_password() {
+    let dir = DataDir::new();
+    certificates(dir.path(), "");
+    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
+    let server = dir.start(
+        &["--admin-user", ROOT.0, "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)],
+    );
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    let root = conninfo(pg, dir.path(), ROOT.0);
+
+    // Definitions and queries in one psql run, several statements in one query string.
+    let (ok, out, err) = psql(
+        &root,
+        ROOT.1,
+        &[
+            "CREATE TABLE products (id TEXT PRIMARY KEY, title TEXT, price DOUBLE PRECISION); CREATE STREAM orders",
+            "CREATE USER alice PASSWORD 'alice-pass'; GRANT READ ON TABLE products TO alice",
+            "SHOW server_version",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("15.0 (onehop)"), "{out}");
+    // Rows written over HTTP are what psql reads.
+    let credentials = format!("{}:{}", ROOT.0, ROOT.1);
+    for (id, title, price) in [("p1", "lamp", 20.0), ("p2", "desk", 150.5), ("p3", "pen", 2.0)] {
+        let row = format!("{{\"title\":\"{title}\",\"price\":{price}}}");
+        let (status, body) = curl(
+            server.address,
+            &format!("/tables/products/{id}"),
+            &["-X", "PUT", "-u", &credentials, "--data-binary", &row],
+        );
+        assert!(status == 200 || status == 201, "{body}");
+    }
+    let orders: String =
+        ["p1", "p1", "p2"].iter().map(|product| format!("{{\"value\":{{\"product\":\"{product}\"}}}}\n")).collect();
+    let (status, body) = curl(
+        server.address,
+        "/streams/orders",
+        &["-X", "POST", "-u", &credentials, "-H", "content-type: application/x-ndjson", "--data-binary", &orders],
+    );
+    assert_eq!(status, 200, "{body}");
+    let (ok, out, err) = psql(
+        &root,
+        ROOT.1,
+        &[
+            "SELECT p.title, COUNT(*) AS n FROM orders o JOIN products p ON p.id = o.product GROUP BY p.title ORDER BY n DESC, p.title",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "lamp|2\ndesk|1\n");
+
+    // alice reads what she may, and is refused the rest with the SQLSTATE of a privilege.
+    let alice = conninfo(pg, dir.path(), "alice");
+    let (ok, out, err) = psql(&alice, "alice-pass", &["SELECT title FROM products WHERE price > 10 ORDER BY price"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "lamp\ndesk\n");
+    let (ok, _, err) = psql(&alice, "alice-pass", &["\\set VERBOSITY verbose", "SELECT * FROM orders"]);
+    assert!(!ok && err.contains("42501") && err.contains("orders"), "{err}");
+    let (ok, _, err) = psql(&alice, "wrong", &["SELECT 1"]);
+    assert!(!ok && err.contains("password authentication failed for user \"alice\""), "{err}");
+    // Guesses are counted, and past five from this address for her the next are refused
+    // without a check for a while, as over HTTP.
+    // (Each checked failure past five doubles the wait, so however slow this machine, one of
+    // these lands inside it.)
+    let mut refusals = Vec::new();
+    let throttled = (0..20).any(|_| {
+        let (ok, _, err) = psql(&alice, "wrong again", &["SELECT 1"]);
+        assert!(!ok);
+        refusals.push(err.clone());
+        err.contains("too many failed logins")
+    });
+    assert!(throttled, "{refusals:?}");
+    let (status, scrape) = curl(server.address, "/metrics", &["-u", &credentials]);
+    assert_eq!(status, 200);
+    let value = |series: &str| -> f64 {
+        let line =
+            scrape.lines().find(|line| line.starts_with(series)).unwrap_or_else(|| panic!("{series} in {scrape}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("auth_failures_total{protocol=\"postgres\"}"), 1.0 + refusals.len() as f64);
+    assert!(value("auth_logins_throttled_total") >= 1.0, "{scrape}");
+    let (ok, _, err) = psql(&root, ROOT.1, &["SELECT * FROM nowhere"]);
+    assert!(!ok && err.contains("nowhere is not a table, view or stream"), "{err}");
+
+    // psycopg 3: server-side binding of typed parameters, binary results, a statement
+    // prepared once and run again, a transaction of queries, a definition refused inside one.
+    let script = r#"
+import sys, psycopg
+dsn, password = sys.argv[1], sys.argv[2]
+with psycopg.connect(dsn, password=password, autocommit=True) as conn:
+    rows = conn.execute("SELECT title, price FROM products WHERE price > %s ORDER BY price", (10,)).fetchall()
+    print("bound", rows)
+    cursor = conn.cursor(binary=True)
+    cursor.execute("SELECT id, price FROM products WHERE title = %s", ("desk",))
+    print("binary", cursor.fetchall())
+    print("prepared", [conn.execute("SELECT COUNT(*) FROM products WHERE price >= %s", (limit,), prepare=True).fetchone()[0] for limit in (0, 10, 100, 1000, 1, 2)])
+with psycopg.connect(dsn, password=password) as conn:
+    print("transaction", conn.execute("SELECT id FROM products ORDER BY id").fetchall())
+    try:
+        conn.execute("CREATE STREAM inside")
+    except psycopg.Error as error:
+        print("refused", error.sqlstate)
+"#;
+    let output = Command::new("python3")
+        .args(["-c", script, &root, ROOT.1])
+        .output()
+        .expect("python3 runs (psycopg: scripts/test installs it)");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("bound [('lamp', 20.0), ('desk', 150.5)]"), "{said}");
+    assert!(said.contains("binary [('p2', 150.5)]"), "{said}");
+    assert!(said.contains("prepared [3, 2, 1, 0, 3, 3]"), "{said}");
+    assert!(said.contains("transaction [('p1',), ('p2',), ('p3',)]"), "{said}");
+    assert!(said.contains("refused 25001"), "{said}");
+}
+
+#[test]
+fn malformed_messages_and_oversized_ones_end_the_connection_with_an_error() {
+    use std::io::{Read, Write};
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    let exchange = |bytes: &[u8]| -> Vec<u8> {
+        let mut stream = std::net::TcpStream::connect(pg).unwrap();
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        stream.write_all(bytes).unwrap();
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        answer
+    };
+    // A startup message of a 1 GiB length: refused before anything is read or held.
+    let answer = exchange(&(1u32 << 30).to_be_bytes());
+    assert!(answer.starts_with(b"E") && String::from_utf8_lossy(&answer).contains("longer than"), "{answer:?}");
+    // A protocol version onehop does not speak.
+    let mut startup = 8u32.to_be_bytes().to_vec();
+    startup.extend_from_slice(&0x0002_0000u32.to_be_bytes());
+    let answer = exchange(&startup);
+    assert!(String::from_utf8_lossy(&answer).contains("onehop speaks 3.0"), "{answer:?}");
+    // After a good startup, a Parse whose counts run past its end.
+    let mut startup = Vec::new();
+    let body = b"\0\x03\0\0user\0me\0\0";
+    startup.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    startup.extend_from_slice(body);
+    startup.extend_from_slice(b"P\0\0\0\x0as\0q\0\x7f\xff");
+    let answer = exchange(&startup);
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.contains("08P01") && text.contains("ends inside"), "{text}");
+    // The server goes on answering.
+    let (status, _) = common::get(server.address, "/healthz");
+    assert_eq!(status, 200);
+}

@@ -1,0 +1,853 @@
+//! The Postgres wire protocol (3.0): psql, drivers and SQL tools reach onehop's SQL with the
+//! same users, grants and limits as `POST /sql`.
+//!
+//! - `codec`: the messages, decoded and encoded (our own: the protocol is small and stable,
+//!   and a codec of our own is one we fuzz and whose limits we set; docs/postgres.md argues it).
+//! - `types`: onehop's JSON values as Postgres types and back.
+//! - this module: the listener and one connection: the startup (TLS on the server's
+//!   certificate when the client asks and the server has one; SCRAM-SHA-256 with onehop's users
+//!   once users exist), the simple query protocol, the extended one (Parse, Bind, Describe,
+//!   Execute, Sync, named and unnamed statements and portals, text and binary formats), the
+//!   settings drivers set and show, and transactions of queries.
+//!
+//! A statement runs as `POST /sql` runs it ([`onehop_sql::execute_as`]); what is not SQL of
+//! onehop's (`SET`, `SHOW` of a setting, `BEGIN`/`COMMIT`/`ROLLBACK`) is answered here.
+
+pub mod codec;
+pub mod types;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use onehop_engine::access::credential::ScramHash;
+use onehop_engine::access::scram::ScramExchange;
+use onehop_engine::{Engine, EngineError, ErrorKind, Principal};
+use onehop_sql::{Output, SqlError, Statement};
+use serde_json::Value;
+use sqlparser::ast;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use codec::{Field, Frontend, MESSAGE_BYTES_MAX, Out, PROTOCOL_3, Startup};
+
+/// Postgres connections open now.
+pub const CONNECTIONS: &str = "pg_connections";
+/// Postgres connections refused because connections_max were open.
+pub const CONNECTIONS_REFUSED: &str = "pg_connections_refused_total";
+/// Time a connection has from its first byte to a finished login.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The version reported to clients, which read features from it.
+const SERVER_VERSION: &str = "15.0 (onehop)";
+
+/// How the listener runs.
+#[derive(Clone)]
+pub struct PgConfig {
+    pub connections_max: usize,
+    /// TLS for clients that ask (`sslmode=require`); `None`: they are told no.
+    pub tls: Option<crate::tls::Tls>,
+}
+
+/// Accepts Postgres connections on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    config: PgConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let processes = Arc::new(AtomicI32::new(1));
+    crate::accept::accept_connections(
+        listener,
+        config.connections_max,
+        "postgres",
+        CONNECTIONS_REFUSED,
+        shutdown,
+        move |stream, peer, permit| {
+            let (engine, config, processes) = (engine.clone(), config.clone(), processes.clone());
+            tokio::spawn(async move {
+                metrics::gauge!(CONNECTIONS).increment(1.0);
+                let process = processes.fetch_add(1, Ordering::Relaxed);
+                connection(stream, peer, &engine, &config, process).await;
+                metrics::gauge!(CONNECTIONS).decrement(1.0);
+                drop(permit);
+            });
+        },
+    )
+    .await;
+}
+
+/// Reads the 4-byte length and the body of a message whose length counts itself.
+async fn read_body<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Result<Vec<u8>, String>> {
+    let length = stream.read_u32().await? as usize;
+    if length < 4 {
+        return Ok(Err(format!("a message length of {length}")));
+    }
+    if length - 4 > MESSAGE_BYTES_MAX {
+        return Ok(Err(format!("a message of {} bytes is longer than the {MESSAGE_BYTES_MAX} allowed", length - 4)));
+    }
+    let mut body = vec![0; length - 4];
+    stream.read_exact(&mut body).await?;
+    Ok(Ok(body))
+}
+
+/// Writes an error and nothing more: the connection is to be closed.
+async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, code: &str, message: &str) {
+    let mut out = Out::default();
+    out.error(false, code, message, None, None);
+    let _ = stream.write_all(&out.buffer).await;
+    let _ = stream.flush().await;
+}
+
+async fn connection(
+    mut stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    engine: &Arc<Engine>,
+    config: &PgConfig,
+    process: i32,
+) {
+    // An SSL or GSS request first, then the startup message (on TLS, if it was agreed).
+    let mut asked = 0;
+    loop {
+        asked += 1;
+        let body = match tokio::time::timeout(STARTUP_TIMEOUT, read_body(&mut stream)).await {
+            Ok(Ok(Ok(body))) => body,
+            Ok(Ok(Err(reason))) => return refuse(&mut stream, "08P01", &reason).await,
+            Ok(Err(_)) | Err(_) => return,
+        };
+        match codec::decode_startup(&body) {
+            Ok(Startup::Ssl) if asked == 1 => match &config.tls {
+                Some(tls) => {
+                    if stream.write_all(b"S").await.is_err() {
+                        return;
+                    }
+                    let accepted =
+                        crate::tls::accept(tls.acceptor(), stream, crate::tls::HANDSHAKE_TIMEOUT, "postgres", peer)
+                            .await;
+                    if let Some((mut stream, _)) = accepted {
+                        let body = match tokio::time::timeout(STARTUP_TIMEOUT, read_body(&mut stream)).await {
+                            Ok(Ok(Ok(body))) => body,
+                            Ok(Ok(Err(reason))) => return refuse(&mut stream, "08P01", &reason).await,
+                            Ok(Err(_)) | Err(_) => return,
+                        };
+                        return start(stream, peer, engine, process, &body).await;
+                    }
+                    return;
+                }
+                None => {
+                    if stream.write_all(b"N").await.is_err() {
+                        return;
+                    }
+                }
+            },
+            Ok(Startup::Gss) if asked == 1 => {
+                if stream.write_all(b"N").await.is_err() {
+                    return;
+                }
+            }
+            // A cancel request gets no answer; queries end at query_time_max.
+            Ok(Startup::Cancel { .. }) => return,
+            Ok(Startup::Start { .. }) => return start(stream, peer, engine, process, &body).await,
+            Ok(_) => return refuse(&mut stream, "08P01", "a second SSL or GSS request").await,
+            Err(reason) => return refuse(&mut stream, "08P01", &reason).await,
+        }
+    }
+}
+
+/// The startup message `body`: the login, then the session.
+async fn start<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: SocketAddr,
+    engine: &Arc<Engine>,
+    process: i32,
+    body: &[u8],
+) {
+    let parameters = match codec::decode_startup(body) {
+        Ok(Startup::Start { version: PROTOCOL_3, parameters }) => parameters,
+        Ok(Startup::Start { version, .. }) => {
+            let message =
+                format!("protocol {}.{} is not supported: onehop speaks 3.0", version >> 16, version & 0xffff);
+            return refuse(&mut stream, "0A000", &message).await;
+        }
+        Ok(_) => return refuse(&mut stream, "08P01", "a startup message was expected").await,
+        Err(reason) => return refuse(&mut stream, "08P01", &reason).await,
+    };
+    let parameter = |name: &str| parameters.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone());
+    let user = parameter("user").unwrap_or_default();
+    let login = tokio::time::timeout(STARTUP_TIMEOUT, log_in(&mut stream, engine, &user, peer.ip())).await;
+    let principal = match login {
+        Ok(Ok(Some(principal))) => principal,
+        Ok(Ok(None)) | Err(_) => return,
+        Ok(Err(refusal)) => {
+            crate::access::login_failed("postgres", Some(&user), &refusal);
+            tracing::debug!(%peer, user, "a Postgres login was refused");
+            return refuse(&mut stream, "28P01", &refusal).await;
+        }
+    };
+    let mut session = Session::new(engine.clone(), principal);
+    session.settings.insert("application_name".into(), parameter("application_name").unwrap_or_default());
+    if let Some(client_encoding) = parameter("client_encoding")
+        && !client_encoding.eq_ignore_ascii_case("utf8")
+        && !client_encoding.eq_ignore_ascii_case("utf-8")
+        && !client_encoding.eq_ignore_ascii_case("unicode")
+    {
+        let message = format!("client_encoding {client_encoding} is not supported: onehop speaks UTF8");
+        return refuse(&mut stream, "22021", &message).await;
+    }
+    let mut out = Out::default();
+    out.authentication_ok();
+    for (name, value) in [
+        ("server_version", SERVER_VERSION),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("TimeZone", "UTC"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+        ("is_superuser", if session.superuser() { "on" } else { "off" }),
+        ("session_authorization", &user),
+    ] {
+        out.parameter_status(name, value);
+    }
+    out.parameter_status("application_name", session.settings["application_name"].as_str());
+    out.backend_key(process, rand::random::<i32>());
+    out.ready(b'I');
+    if stream.write_all(&out.buffer).await.is_err() {
+        return;
+    }
+    session.run(&mut stream).await;
+}
+
+/// The login: SCRAM-SHA-256 against the user's credential once users exist, none before.
+/// `Ok(None)`: the client went away.
+async fn log_in<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    engine: &Engine,
+    user: &str,
+    source: std::net::IpAddr,
+) -> Result<Option<Principal>, String> {
+    let access = engine.access();
+    if !access.enabled() || (access.anonymous_welcome() && user.is_empty()) {
+        return Ok(Some(access.anonymous()));
+    }
+    let mut out = Out::default();
+    out.authentication_sasl(&["SCRAM-SHA-256"]);
+    if stream.write_all(&out.buffer).await.is_err() {
+        return Ok(None);
+    }
+    let Some(body) = read_password(stream).await? else { return Ok(None) };
+    let (mechanism, client_first) = codec::decode_sasl_initial(&body)?;
+    if mechanism != "SCRAM-SHA-256" {
+        return Err(format!("the SASL mechanism {mechanism} is not offered: use SCRAM-SHA-256"));
+    }
+    let failed = |_: EngineError| format!("password authentication failed for user \"{user}\"");
+    let (exchange, server_first) =
+        ScramExchange::start_as(access, ScramHash::Sha256, &client_first, Some(user)).map_err(failed)?;
+    let mut out = Out::default();
+    out.authentication(11, &server_first);
+    if stream.write_all(&out.buffer).await.is_err() {
+        return Ok(None);
+    }
+    let Some(client_final) = read_password(stream).await? else { return Ok(None) };
+    // The proof is the guess: slowed and counted as a password login over HTTP is.
+    if let Err(EngineError::LoginThrottled { retry_after_ms }) = access.admit_login(user, Some(source)).await {
+        return Err(format!("too many failed logins: try again in {} s", retry_after_ms.div_ceil(1000)));
+    }
+    let finished = exchange.finish(access, &client_final);
+    access.login_checked(user, Some(source), finished.is_ok());
+    let (principal, server_final) = finished.map_err(failed)?;
+    let mut out = Out::default();
+    out.authentication(12, &server_final);
+    if stream.write_all(&out.buffer).await.is_err() {
+        return Ok(None);
+    }
+    Ok(Some(principal))
+}
+
+/// A password message's body; `None` when the client went away.
+async fn read_password<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Option<Vec<u8>>, String> {
+    let Ok(tag) = stream.read_u8().await else { return Ok(None) };
+    if tag != b'p' {
+        return Err(format!("a password message was expected, not {:?}", tag as char));
+    }
+    match read_body(stream).await {
+        Ok(Ok(body)) => Ok(Some(body)),
+        Ok(Err(reason)) => Err(reason),
+        Err(_) => Ok(None),
+    }
+}
+
+/// An error as the client reads it: SQLSTATE, message, hint.
+struct PgError {
+    code: &'static str,
+    message: String,
+    hint: Option<String>,
+}
+
+impl PgError {
+    fn new(code: &'static str, message: impl Into<String>) -> PgError {
+        PgError { code, message: message.into(), hint: None }
+    }
+}
+
+impl From<SqlError> for PgError {
+    fn from(error: SqlError) -> PgError {
+        let hint = error.hint();
+        let code = match &error {
+            SqlError::Syntax(_) => "42601",
+            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } | SqlError::NotServedYet { .. } => "0A000",
+            SqlError::InvalidQuery(message) if message.contains("is not a table, view or stream") => "42P01",
+            SqlError::InvalidQuery(message) if message.contains("column") => "42703",
+            SqlError::InvalidQuery(_) => "42000",
+            SqlError::InvalidOption(_) => "22023",
+            SqlError::QueryLimit { limit: "time", .. } => "57014",
+            SqlError::QueryLimit { .. } => "54000",
+            SqlError::Engine(engine) => match engine.kind() {
+                ErrorKind::Forbidden => "42501",
+                ErrorKind::Unauthenticated => "28000",
+                ErrorKind::NotFound => "42704",
+                ErrorKind::Conflict => "42710",
+                ErrorKind::Invalid
+                | ErrorKind::OutOfRange
+                | ErrorKind::PreconditionFailed
+                | ErrorKind::Unprocessable => "22023",
+                ErrorKind::TooLarge | ErrorKind::LimitExceeded => "54000",
+                ErrorKind::ShuttingDown => "57P01",
+                ErrorKind::Unavailable => "57P03",
+                ErrorKind::StorageFailed => "58030",
+                ErrorKind::Internal => "XX000",
+            },
+        };
+        PgError { code, message: error.to_string(), hint }
+    }
+}
+
+/// What one statement answered.
+enum Outcome {
+    Rows { columns: Vec<String>, rows: Vec<Vec<Value>> },
+    Command { tag: String, notice: Option<String> },
+}
+
+impl Outcome {
+    /// A statement's output; a command's tag is its first two words (`CREATE STREAM`).
+    fn of(output: Output) -> Outcome {
+        let tag = |statement: &str| statement.split_whitespace().take(2).collect::<Vec<_>>().join(" ").to_uppercase();
+        match output {
+            Output::Rows { columns, rows, .. } => Outcome::Rows { columns, rows },
+            Output::Created { statement, .. } | Output::Altered { statement, .. } | Output::Dropped { statement } => {
+                Outcome::Command { tag: tag(&statement), notice: None }
+            }
+            Output::Unchanged { statement, note, .. } => Outcome::Command { tag: tag(&statement), notice: Some(note) },
+        }
+    }
+}
+
+/// A portal: a bound statement's answer, sent as Execute asks.
+struct Portal {
+    outcome: Option<Outcome>,
+    types: Vec<u32>,
+    /// Per column: binary.
+    binary: Vec<bool>,
+    rows: VecDeque<Vec<Value>>,
+    sent: usize,
+}
+
+/// A prepared statement.
+struct Prepared {
+    query: String,
+    types: Vec<u32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transaction {
+    Idle,
+    Open,
+    Failed,
+}
+
+struct Session {
+    engine: Arc<Engine>,
+    principal: Principal,
+    settings: HashMap<String, String>,
+    statements: HashMap<String, Prepared>,
+    portals: HashMap<String, Portal>,
+    transaction: Transaction,
+    out: Out,
+    /// After an error in the extended protocol: messages are skipped until Sync.
+    skipping: bool,
+}
+
+impl Session {
+    fn new(engine: Arc<Engine>, principal: Principal) -> Session {
+        Session {
+            engine,
+            principal,
+            settings: HashMap::new(),
+            statements: HashMap::new(),
+            portals: HashMap::new(),
+            transaction: Transaction::Idle,
+            out: Out::default(),
+            skipping: false,
+        }
+    }
+
+    /// Whether the session may do everything (no users defined, or a superuser).
+    fn superuser(&self) -> bool {
+        match self.engine.access().permissions(&self.principal) {
+            Ok(None) => true,
+            Ok(Some(permissions)) => permissions.is_superuser(),
+            Err(_) => false,
+        }
+    }
+
+    fn status(&self) -> u8 {
+        match self.transaction {
+            Transaction::Idle => b'I',
+            Transaction::Open => b'T',
+            Transaction::Failed => b'E',
+        }
+    }
+
+    async fn run<S: AsyncRead + AsyncWrite + Unpin>(&mut self, stream: &mut S) {
+        loop {
+            let Ok(tag) = stream.read_u8().await else { return };
+            let body = match read_body(stream).await {
+                Ok(Ok(body)) => body,
+                Ok(Err(reason)) => return refuse(stream, "54000", &reason).await,
+                Err(_) => return,
+            };
+            let message = match codec::decode(tag, &body) {
+                Ok(message) => message,
+                Err(reason) => return refuse(stream, "08P01", &reason).await,
+            };
+            let flush = matches!(message, Frontend::Sync | Frontend::Flush | Frontend::Query(_));
+            match message {
+                Frontend::Terminate => return,
+                Frontend::Query(sql) => self.simple(&sql).await,
+                Frontend::Sync => {
+                    self.skipping = false;
+                    if self.transaction == Transaction::Idle {
+                        self.portals.clear();
+                    }
+                    let status = self.status();
+                    self.out.ready(status);
+                }
+                Frontend::Flush => {}
+                Frontend::Password(_) => return refuse(stream, "08P01", "a password message after the login").await,
+                Frontend::Other(tag) => {
+                    let message = format!("message type {:?} is not supported (COPY is not served)", tag as char);
+                    return refuse(stream, "0A000", &message).await;
+                }
+                extended if self.skipping => drop(extended),
+                extended => {
+                    if let Err(error) = self.extended(extended).await {
+                        self.fail(&error);
+                        self.skipping = true;
+                    }
+                }
+            }
+            if flush || self.out.buffer.len() > 64 * 1024 {
+                if stream.write_all(&self.out.buffer).await.is_err() {
+                    return;
+                }
+                self.out.buffer.clear();
+            }
+        }
+    }
+
+    fn fail(&mut self, error: &PgError) {
+        self.out.error(false, error.code, &error.message, None, error.hint.as_deref());
+        if self.transaction == Transaction::Open {
+            self.transaction = Transaction::Failed;
+        }
+    }
+
+    /// The simple query protocol: every statement of `sql` in turn, each answered whole.
+    async fn simple(&mut self, sql: &str) {
+        if sql.trim().trim_matches(';').trim().is_empty() {
+            self.out.empty_query();
+        } else {
+            match self.statements_of(sql) {
+                Err(error) => self.fail(&error),
+                Ok(statements) => {
+                    for statement in statements {
+                        match self.execute(statement, &[]).await {
+                            Ok(outcome) => {
+                                let types = outcome_types(&outcome);
+                                let binary = vec![false; types.len()];
+                                self.send(outcome, &types, &binary, true);
+                            }
+                            Err(error) => {
+                                self.fail(&error);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let status = self.status();
+        self.out.ready(status);
+    }
+
+    /// `sql` split into what this module answers and onehop's statements.
+    fn statements_of(&self, sql: &str) -> Result<Vec<Piece>, PgError> {
+        let dialect = sqlparser::dialect::PostgreSqlDialect {};
+        let Ok(parsed) = sqlparser::parser::Parser::parse_sql(&dialect, sql) else {
+            // onehop's own statements (CREATE STREAM, …) are not Postgres's.
+            return Ok(onehop_sql::parse(sql)?
+                .into_iter()
+                .map(|statement| Piece::Onehop(Box::new(statement)))
+                .collect());
+        };
+        if !parsed.iter().any(is_session_statement) {
+            return Ok(onehop_sql::parse(sql)?
+                .into_iter()
+                .map(|statement| Piece::Onehop(Box::new(statement)))
+                .collect());
+        }
+        let mut pieces = Vec::with_capacity(parsed.len());
+        for statement in parsed {
+            if is_session_statement(&statement) {
+                pieces.push(Piece::Session(Box::new(statement)));
+            } else {
+                pieces.extend(
+                    onehop_sql::parse(&statement.to_string())?
+                        .into_iter()
+                        .map(|statement| Piece::Onehop(Box::new(statement))),
+                );
+            }
+        }
+        Ok(pieces)
+    }
+
+    async fn execute(&mut self, piece: Piece, parameters: &[Value]) -> Result<Outcome, PgError> {
+        match piece {
+            Piece::Session(statement) => self.session_statement(*statement),
+            Piece::Onehop(mut statement) => {
+                if self.transaction == Transaction::Failed {
+                    return Err(PgError::new(
+                        "25P02",
+                        "current transaction is aborted, commands ignored until end of transaction block",
+                    ));
+                }
+                let reads = matches!(
+                    *statement,
+                    Statement::Query { .. } | Statement::Explain { .. } | Statement::Describe { .. }
+                ) || statement.label().starts_with("SHOW");
+                if self.transaction == Transaction::Open && !reads {
+                    let mut error = PgError::new(
+                        "25001",
+                        format!(
+                            "{} cannot run inside a transaction: definitions take effect at once",
+                            statement.label()
+                        ),
+                    );
+                    error.hint = Some("run it outside BEGIN … COMMIT".into());
+                    return Err(error);
+                }
+                statement.bind(parameters)?;
+                let output = onehop_sql::execute_as(&self.engine, &self.principal, &statement).await?;
+                Ok(Outcome::of(output))
+            }
+        }
+    }
+
+    /// SET, SHOW of a setting, and the transaction statements.
+    fn session_statement(&mut self, statement: ast::Statement) -> Result<Outcome, PgError> {
+        let command = |tag: &str| Ok(Outcome::Command { tag: tag.to_string(), notice: None });
+        match statement {
+            ast::Statement::StartTransaction { .. } => {
+                if self.transaction == Transaction::Idle {
+                    self.transaction = Transaction::Open;
+                }
+                command("BEGIN")
+            }
+            ast::Statement::Commit { .. } => {
+                let tag = if self.transaction == Transaction::Failed { "ROLLBACK" } else { "COMMIT" };
+                self.transaction = Transaction::Idle;
+                command(tag)
+            }
+            ast::Statement::Rollback { .. } => {
+                self.transaction = Transaction::Idle;
+                command("ROLLBACK")
+            }
+            ast::Statement::Set(set) => {
+                if let ast::Set::SingleAssignment { variable, values, .. } = set {
+                    let value =
+                        values.iter().map(|value| value.to_string().trim_matches('\'').to_string()).collect::<Vec<_>>();
+                    self.settings.insert(variable.to_string().to_ascii_lowercase(), value.join(", "));
+                }
+                command("SET")
+            }
+            ast::Statement::ShowVariable { variable } => {
+                let name = variable.iter().map(|part| part.value.to_ascii_lowercase()).collect::<Vec<_>>().join(" ");
+                let value = match self.settings.get(&name) {
+                    Some(value) => value.clone(),
+                    None => setting_default(&name).map(str::to_string).unwrap_or_default(),
+                };
+                let column = variable.last().map_or(name.clone(), |part| part.value.to_ascii_lowercase());
+                Ok(Outcome::Rows { columns: vec![column], rows: vec![vec![Value::String(value)]] })
+            }
+            ast::Statement::Discard { .. } => {
+                self.statements.clear();
+                self.portals.clear();
+                command("DISCARD ALL")
+            }
+            ast::Statement::Deallocate { name, .. } => {
+                self.statements.remove(&name.value);
+                command("DEALLOCATE")
+            }
+            other => Err(PgError::new("0A000", format!("{other} is not supported"))),
+        }
+    }
+
+    /// Appends an outcome's rows (all of them, or up to `max_rows` for a portal) and its
+    /// completion.
+    fn send(&mut self, outcome: Outcome, types: &[u32], binary: &[bool], describe: bool) {
+        match outcome {
+            Outcome::Command { tag, notice } => {
+                if let Some(notice) = notice {
+                    self.out.error(true, "00000", &notice, None, None);
+                }
+                self.out.command_complete(&tag);
+            }
+            Outcome::Rows { columns, rows } => {
+                if describe {
+                    self.describe_rows(&columns, types, binary);
+                }
+                for row in &rows {
+                    self.data_row(row, types, binary);
+                }
+                self.out.command_complete(&format!("SELECT {}", rows.len()));
+            }
+        }
+    }
+
+    fn describe_rows(&mut self, columns: &[String], types: &[u32], binary: &[bool]) {
+        let fields: Vec<Field> = columns
+            .iter()
+            .zip(types)
+            .zip(binary)
+            .map(|((name, type_oid), binary)| Field { name, type_oid: *type_oid, format: i16::from(*binary) })
+            .collect();
+        self.out.row_description(&fields);
+    }
+
+    fn data_row(&mut self, row: &[Value], types: &[u32], binary: &[bool]) {
+        let values: Vec<Option<Vec<u8>>> = row
+            .iter()
+            .zip(types)
+            .zip(binary)
+            .map(|((value, oid), binary)| types::encode(value, *oid, *binary))
+            .collect();
+        self.out.data_row(&values);
+    }
+
+    /// Parse, Bind, Describe, Execute and Close.
+    async fn extended(&mut self, message: Frontend) -> Result<(), PgError> {
+        match message {
+            Frontend::Parse { name, query, types } => {
+                if !name.is_empty() && self.statements.contains_key(&name) {
+                    return Err(PgError::new("42P05", format!("prepared statement \"{name}\" already exists")));
+                }
+                let pieces = self.statements_of(&query)?;
+                if pieces.len() > 1 {
+                    return Err(PgError::new("42601", "cannot insert multiple commands into a prepared statement"));
+                }
+                self.statements.insert(name, Prepared { query, types });
+                self.out.parse_complete();
+            }
+            Frontend::Bind { portal, statement, formats, parameters, results } => {
+                let prepared = self.statements.get(&statement).ok_or_else(|| {
+                    PgError::new("26000", format!("prepared statement \"{statement}\" does not exist"))
+                })?;
+                let (query, types) = (prepared.query.clone(), prepared.types.clone());
+                let format = |index: usize| match formats.as_slice() {
+                    [] => false,
+                    [one] => *one == 1,
+                    many => many.get(index).is_some_and(|format| *format == 1),
+                };
+                let mut values = Vec::with_capacity(parameters.len());
+                for (index, parameter) in parameters.iter().enumerate() {
+                    values.push(match parameter {
+                        None => Value::Null,
+                        Some(bytes) => {
+                            let oid = types.get(index).copied().unwrap_or(types::UNKNOWN);
+                            types::decode_parameter(bytes, oid, format(index)).map_err(|reason| {
+                                PgError::new("22P02", format!("parameter ${}: {reason}", index + 1))
+                            })?
+                        }
+                    });
+                }
+                let outcome = match self.statements_of(&query)?.pop() {
+                    Some(piece) => Some(self.execute(piece, &values).await?),
+                    None => None,
+                };
+                let types = outcome.as_ref().map(outcome_types).unwrap_or_default();
+                let binary = (0..types.len())
+                    .map(|index| match results.as_slice() {
+                        [] => false,
+                        [one] => *one == 1,
+                        many => many.get(index).is_some_and(|format| *format == 1),
+                    })
+                    .collect();
+                let (outcome, rows) = match outcome {
+                    Some(Outcome::Rows { columns, rows }) => {
+                        (Some(Outcome::Rows { columns, rows: Vec::new() }), rows.into())
+                    }
+                    other => (other, VecDeque::new()),
+                };
+                self.portals.insert(portal, Portal { outcome, types, binary, rows, sent: 0 });
+                self.out.bind_complete();
+            }
+            Frontend::Describe { kind: b'S', name } => {
+                let prepared = self
+                    .statements
+                    .get(&name)
+                    .ok_or_else(|| PgError::new("26000", format!("prepared statement \"{name}\" does not exist")))?;
+                let (query, mut types) = (prepared.query.clone(), prepared.types.clone());
+                match self.statements_of(&query)?.pop() {
+                    Some(Piece::Onehop(mut statement)) => {
+                        let count = statement.parameter_count();
+                        types.resize(count.max(types.len()), types::TEXT);
+                        for oid in &mut types {
+                            if *oid == types::UNKNOWN {
+                                *oid = types::TEXT;
+                            }
+                        }
+                        self.out.parameter_description(&types);
+                        if matches!(*statement, Statement::Query { .. }) {
+                            statement.bind(&vec![Value::Null; count])?;
+                            let Statement::Query { query, .. } = &*statement else { unreachable!("matched above") };
+                            let columns = onehop_sql::query::columns(&self.engine, Some(&self.principal), query)?;
+                            let text = vec![types::TEXT; columns.len()];
+                            self.describe_rows(&columns, &text, &vec![false; columns.len()]);
+                        } else {
+                            self.out.no_data();
+                        }
+                    }
+                    Some(Piece::Session(statement)) if matches!(*statement, ast::Statement::ShowVariable { .. }) => {
+                        let ast::Statement::ShowVariable { variable } = *statement else { unreachable!("matched") };
+                        self.out.parameter_description(&[]);
+                        let column = variable.last().map_or(String::new(), |part| part.value.to_ascii_lowercase());
+                        self.describe_rows(&[column], &[types::TEXT], &[false]);
+                    }
+                    _ => {
+                        self.out.parameter_description(&types);
+                        self.out.no_data();
+                    }
+                }
+            }
+            Frontend::Describe { name, .. } => {
+                let portal = self
+                    .portals
+                    .get(&name)
+                    .ok_or_else(|| PgError::new("34000", format!("portal \"{name}\" does not exist")))?;
+                match &portal.outcome {
+                    Some(Outcome::Rows { columns, .. }) => {
+                        let (columns, types, binary) = (columns.clone(), portal.types.clone(), portal.binary.clone());
+                        self.describe_rows(&columns, &types, &binary);
+                    }
+                    _ => self.out.no_data(),
+                }
+            }
+            Frontend::Execute { portal: name, max_rows } => {
+                let mut portal = self
+                    .portals
+                    .remove(&name)
+                    .ok_or_else(|| PgError::new("34000", format!("portal \"{name}\" does not exist")))?;
+                match portal.outcome.take() {
+                    None => self.out.empty_query(),
+                    Some(Outcome::Rows { columns, rows }) => {
+                        let limit = if max_rows > 0 { max_rows as usize } else { usize::MAX };
+                        let mut sent = 0;
+                        while sent < limit
+                            && let Some(row) = portal.rows.pop_front()
+                        {
+                            let (types, binary) = (portal.types.clone(), portal.binary.clone());
+                            self.data_row(&row, &types, &binary);
+                            sent += 1;
+                        }
+                        portal.sent += sent;
+                        if portal.rows.is_empty() {
+                            self.out.command_complete(&format!("SELECT {}", portal.sent));
+                            portal.outcome = None;
+                        } else {
+                            self.out.portal_suspended();
+                            portal.outcome = Some(Outcome::Rows { columns, rows });
+                            self.portals.insert(name, portal);
+                        }
+                    }
+                    Some(command) => {
+                        let (types, binary) = (portal.types.clone(), portal.binary.clone());
+                        self.send(command, &types, &binary, false);
+                    }
+                }
+            }
+            Frontend::Close { kind, name } => {
+                if kind == b'S' {
+                    self.statements.remove(&name);
+                } else {
+                    self.portals.remove(&name);
+                }
+                self.out.close_complete();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A piece of a query string: one of onehop's statements, or one answered here.
+enum Piece {
+    Onehop(Box<Statement>),
+    Session(Box<ast::Statement>),
+}
+
+/// Whether this module answers `statement` (not onehop's SQL).
+fn is_session_statement(statement: &ast::Statement) -> bool {
+    match statement {
+        ast::Statement::StartTransaction { .. }
+        | ast::Statement::Commit { .. }
+        | ast::Statement::Rollback { .. }
+        | ast::Statement::Set(_)
+        | ast::Statement::Discard { .. }
+        | ast::Statement::Deallocate { .. } => true,
+        ast::Statement::ShowVariable { variable } => {
+            let name = variable.iter().map(|part| part.value.to_ascii_lowercase()).collect::<Vec<_>>().join(" ");
+            setting_default(&name).is_some()
+        }
+        _ => false,
+    }
+}
+
+/// The settings `SHOW` answers when no `SET` changed them.
+fn setting_default(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "server_version" => SERVER_VERSION,
+        "server_version_num" => "150000",
+        "server_encoding" | "client_encoding" => "UTF8",
+        "datestyle" => "ISO, MDY",
+        "timezone" => "UTC",
+        "integer_datetimes" | "standard_conforming_strings" => "on",
+        "transaction isolation level" | "transaction_isolation" | "default_transaction_isolation" => "read committed",
+        "search_path" => "\"$user\", public",
+        "max_identifier_length" => "63",
+        "application_name" => "",
+        "extra_float_digits" => "1",
+        "lc_collate" | "lc_ctype" => "C",
+        _ => return None,
+    })
+}
+
+/// The types of an outcome's columns, from its values.
+fn outcome_types(outcome: &Outcome) -> Vec<u32> {
+    match outcome {
+        Outcome::Rows { columns, rows } => {
+            (0..columns.len()).map(|index| types::column_type(rows.iter().filter_map(|row| row.get(index)))).collect()
+        }
+        Outcome::Command { .. } => Vec::new(),
+    }
+}
