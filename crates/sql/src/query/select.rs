@@ -1050,21 +1050,7 @@ fn join_kind(operator: &ast::JoinOperator) -> Result<(JoinKind, Option<&ast::Joi
 }
 
 fn check_select(select: &ast::Select) -> Result<(), SqlError> {
-    let extra = select.top.is_some()
-        || select.into.is_some()
-        || !select.lateral_views.is_empty()
-        || select.prewhere.is_some()
-        || !select.connect_by.is_empty()
-        || !select.cluster_by.is_empty()
-        || !select.distribute_by.is_empty()
-        || !select.sort_by.is_empty()
-        || !select.named_window.is_empty()
-        || select.qualify.is_some()
-        || select.value_table_mode.is_some()
-        || select.exclude.is_some()
-        || select.select_modifiers.is_some()
-        || !select.optimizer_hints.is_empty();
-    if extra {
+    if crate::view::query::has_dialect_clauses(select) || !select.named_window.is_empty() {
         return Err(unsupported("this SELECT's clauses (TOP, INTO, QUALIFY, WINDOW, …)"));
     }
     Ok(())

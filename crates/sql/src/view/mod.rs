@@ -19,7 +19,7 @@
 mod columns;
 pub(crate) mod expr;
 mod options;
-mod query;
+pub(crate) mod query;
 #[cfg(test)]
 mod testing;
 mod transform;

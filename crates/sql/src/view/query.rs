@@ -43,7 +43,16 @@ pub(super) fn plain_select<'q>(query: &'q ast::Query, shape: &str) -> Result<&'q
     if !select.named_window.is_empty() {
         return refuse("a WINDOW clause");
     }
-    if select.top.is_some()
+    if has_dialect_clauses(select) {
+        return refuse(&format!("{select}"));
+    }
+    Ok(select)
+}
+
+/// Whether `select` has a clause of another SQL dialect than onehop's (TOP, INTO, QUALIFY,
+/// CLUSTER BY, LATERAL VIEW, …): refused by views, transforms and queries alike.
+pub(crate) fn has_dialect_clauses(select: &ast::Select) -> bool {
+    select.top.is_some()
         || select.into.is_some()
         || select.exclude.is_some()
         || select.select_modifiers.is_some()
@@ -56,10 +65,6 @@ pub(super) fn plain_select<'q>(query: &'q ast::Query, shape: &str) -> Result<&'q
         || !select.sort_by.is_empty()
         || select.qualify.is_some()
         || select.value_table_mode.is_some()
-    {
-        return refuse(&format!("{select}"));
-    }
-    Ok(select)
 }
 
 /// The one relation of FROM: its name and, for `TUMBLE(…)` and the like, the call's arguments.

@@ -287,14 +287,9 @@ impl CommittedOffsets {
             if keys.is_empty() {
                 continue;
             }
-            let records: Vec<NewRecord> = keys.iter().map(|key| NewRecord::tombstone(Self::encode_key(key))).collect();
-            let term = self.coordinating()?;
-            self.engine.append_system_in_term(&self.topic, records, term).await?;
-            let mut stored = self.offsets.write().expect("offsets lock");
-            for key in &keys {
-                stored.remove(key);
-            }
-            tracing::info!(topic, offsets = keys.len(), "deleted the committed offsets of a dropped topic");
+            let count = keys.len();
+            self.delete(keys).await?;
+            tracing::info!(topic, offsets = count, "deleted the committed offsets of a dropped topic");
         }
         Ok(())
     }
