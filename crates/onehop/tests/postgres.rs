@@ -136,6 +136,17 @@ with psycopg.connect(dsn, password=password, autocommit=True) as conn:
     cursor.execute("SELECT id, price FROM products WHERE title = %s", ("desk",))
     print("binary", cursor.fetchall())
     print("prepared", [conn.execute("SELECT COUNT(*) FROM products WHERE price >= %s", (limit,), prepare=True).fetchone()[0] for limit in (0, 10, 100, 1000, 1, 2)])
+    # A query of 3^18 rows, canceled from another connection while it runs.
+    import threading
+    timer = threading.Timer(0.5, conn.cancel)
+    timer.start()
+    try:
+        conn.execute("SELECT COUNT(*) FROM " + ", ".join(f"products p{i}" for i in range(18))).fetchone()
+        print("not canceled")
+    except psycopg.errors.QueryCanceled as error:
+        print("canceled", error.sqlstate, str(error).strip())
+    timer.join()
+    print("after cancel", conn.execute("SELECT COUNT(*) FROM products").fetchone()[0])
 with psycopg.connect(dsn, password=password) as conn:
     print("transaction", conn.execute("SELECT id FROM products ORDER BY id").fetchall())
     try:
@@ -154,6 +165,8 @@ with psycopg.connect(dsn, password=password) as conn:
     assert!(said.contains("prepared [3, 2, 1, 0, 3, 3]"), "{said}");
     assert!(said.contains("transaction [('p1',), ('p2',), ('p3',)]"), "{said}");
     assert!(said.contains("refused 25001"), "{said}");
+    assert!(said.contains("canceled 57014 canceling statement due to user request"), "{said}");
+    assert!(said.contains("after cancel 3"), "{said}");
 }
 
 #[test]

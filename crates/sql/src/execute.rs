@@ -178,9 +178,19 @@ pub async fn execute_as(
     principal: &Principal,
     statement: &Statement,
 ) -> Result<Output, SqlError> {
+    execute_cancellable(engine, principal, statement, None).await
+}
+
+/// [`execute_as`], with a query ended early when `cancel` is set.
+pub async fn execute_cancellable(
+    engine: &std::sync::Arc<Engine>,
+    principal: &Principal,
+    statement: &Statement,
+    cancel: Option<&crate::query::Cancel>,
+) -> Result<Output, SqlError> {
     if let Statement::Query { query, text } = statement {
         authorize(engine, Some(principal), statement)?;
-        return crate::query::run_shared(engine, Some(principal), query, text.clone()).await;
+        return crate::query::run_shared(engine, Some(principal), query, text.clone(), cancel).await;
     }
     run(engine, Some(principal), statement).await
 }
@@ -303,7 +313,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
         Statement::Access(statement) => crate::access::execute(engine, principal, statement).await,
         Statement::Query { query, text } => {
             let limits = crate::query::QueryLimits::of(engine.options());
-            let answer = crate::query::run(engine, principal, query, &limits)?;
+            let answer = crate::query::run(engine, principal, query, &limits, None)?;
             Ok(Output::Rows { statement: text.clone(), columns: answer.columns, rows: answer.rows })
         }
         Statement::Explain { query, text } => {

@@ -20,7 +20,7 @@ pub mod query;
 mod view;
 
 pub use access::AccessStatement;
-pub use execute::{Output, execute, execute_as};
+pub use execute::{Output, execute, execute_as, execute_cancellable};
 pub use parse::{Statement, StreamOptions, parse};
 
 /// Why a statement could not be parsed or run.
@@ -42,6 +42,9 @@ pub enum SqlError {
     /// A view or transform is valid SQL but not a definition onehop can run (and says why).
     #[error("{0}")]
     InvalidQuery(String),
+    /// A query was canceled by its client (a Postgres cancel request).
+    #[error("canceling statement due to user request")]
+    Canceled,
     /// A query passed one of its limits (`memory`, `time`, `stream_records`).
     #[error("{message}")]
     QueryLimit { limit: &'static str, message: String },
@@ -85,6 +88,7 @@ impl SqlError {
             SqlError::InvalidQuery(_) => "sql_invalid_query",
             SqlError::InvalidOption(_) => "sql_invalid_option",
             SqlError::QueryLimit { .. } => "query_limit",
+            SqlError::Canceled => "query_canceled",
             SqlError::Engine(error) => error.code(),
         }
     }

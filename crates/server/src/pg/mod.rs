@@ -18,13 +18,14 @@ pub mod types;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use onehop_engine::access::credential::ScramHash;
 use onehop_engine::access::scram::ScramExchange;
 use onehop_engine::{Engine, EngineError, ErrorKind, Principal};
+use onehop_sql::query::Cancel;
 use onehop_sql::{Output, SqlError, Statement};
 use serde_json::Value;
 use sqlparser::ast;
@@ -58,6 +59,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let processes = Arc::new(AtomicI32::new(1));
+    let running = Running::default();
     crate::accept::accept_connections(
         listener,
         config.connections_max,
@@ -65,17 +67,48 @@ pub async fn serve(
         CONNECTIONS_REFUSED,
         shutdown,
         move |stream, peer, permit| {
-            let (engine, config, processes) = (engine.clone(), config.clone(), processes.clone());
+            let (engine, config, processes, running) =
+                (engine.clone(), config.clone(), processes.clone(), running.clone());
             tokio::spawn(async move {
                 metrics::gauge!(CONNECTIONS).increment(1.0);
                 let process = processes.fetch_add(1, Ordering::Relaxed);
-                connection(stream, peer, &engine, &config, process).await;
+                connection(stream, peer, &engine, &config, Session::key(process, &running)).await;
                 metrics::gauge!(CONNECTIONS).decrement(1.0);
                 drop(permit);
             });
         },
     )
     .await;
+}
+
+/// The sessions by process id: their secret key and the way to cancel their query, for cancel
+/// requests (which come on a connection of their own).
+#[derive(Clone, Default)]
+struct Running(Arc<Mutex<HashMap<i32, (i32, Cancel)>>>);
+
+/// A session's entry in [`Running`], removed when the session ends.
+struct Key {
+    process: i32,
+    secret: i32,
+    cancel: Cancel,
+    running: Running,
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        self.running.0.lock().expect("running sessions lock").remove(&self.process);
+    }
+}
+
+impl Running {
+    /// Cancels the query of `process` if `secret` is its key.
+    fn cancel(&self, process: i32, secret: i32) {
+        if let Some((key, cancel)) = self.0.lock().expect("running sessions lock").get(&process)
+            && *key == secret
+        {
+            cancel.cancel();
+        }
+    }
 }
 
 /// Reads the 4-byte length and the body of a message whose length counts itself.
@@ -105,7 +138,7 @@ async fn connection(
     peer: SocketAddr,
     engine: &Arc<Engine>,
     config: &PgConfig,
-    process: i32,
+    key: Key,
 ) {
     // An SSL or GSS request first, then the startup message (on TLS, if it was agreed).
     let mut asked = 0;
@@ -131,7 +164,11 @@ async fn connection(
                             Ok(Ok(Err(reason))) => return refuse(&mut stream, "08P01", &reason).await,
                             Ok(Err(_)) | Err(_) => return,
                         };
-                        return start(stream, peer, engine, process, &body).await;
+                        // libpq 17 sends its cancel requests over TLS too.
+                        if let Ok(Startup::Cancel { process, secret }) = codec::decode_startup(&body) {
+                            return key.running.cancel(process, secret);
+                        }
+                        return start(stream, peer, engine, key, &body).await;
                     }
                     return;
                 }
@@ -146,9 +183,9 @@ async fn connection(
                     return;
                 }
             }
-            // A cancel request gets no answer; queries end at query_time_max.
-            Ok(Startup::Cancel { .. }) => return,
-            Ok(Startup::Start { .. }) => return start(stream, peer, engine, process, &body).await,
+            // A cancel request gets no answer, as Postgres gives none.
+            Ok(Startup::Cancel { process, secret }) => return key.running.cancel(process, secret),
+            Ok(Startup::Start { .. }) => return start(stream, peer, engine, key, &body).await,
             Ok(_) => return refuse(&mut stream, "08P01", "a second SSL or GSS request").await,
             Err(reason) => return refuse(&mut stream, "08P01", &reason).await,
         }
@@ -160,7 +197,7 @@ async fn start<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     peer: SocketAddr,
     engine: &Arc<Engine>,
-    process: i32,
+    key: Key,
     body: &[u8],
 ) {
     let parameters = match codec::decode_startup(body) {
@@ -185,7 +222,8 @@ async fn start<S: AsyncRead + AsyncWrite + Unpin>(
             return refuse(&mut stream, "28P01", &refusal).await;
         }
     };
-    let mut session = Session::new(engine.clone(), principal);
+    key.running.0.lock().expect("running sessions lock").insert(key.process, (key.secret, key.cancel.clone()));
+    let mut session = Session::new(engine.clone(), principal, key.cancel.clone());
     session.settings.insert("application_name".into(), parameter("application_name").unwrap_or_default());
     if let Some(client_encoding) = parameter("client_encoding")
         && !client_encoding.eq_ignore_ascii_case("utf8")
@@ -211,12 +249,13 @@ async fn start<S: AsyncRead + AsyncWrite + Unpin>(
         out.parameter_status(name, value);
     }
     out.parameter_status("application_name", session.settings["application_name"].as_str());
-    out.backend_key(process, rand::random::<i32>());
+    out.backend_key(key.process, key.secret);
     out.ready(b'I');
     if stream.write_all(&out.buffer).await.is_err() {
         return;
     }
     session.run(&mut stream).await;
+    drop(key);
 }
 
 /// The login: SCRAM-SHA-256 against the user's credential once users exist, none before.
@@ -301,7 +340,7 @@ impl From<SqlError> for PgError {
             SqlError::InvalidQuery(message) if message.contains("column") => "42703",
             SqlError::InvalidQuery(_) => "42000",
             SqlError::InvalidOption(_) => "22023",
-            SqlError::QueryLimit { limit: "time", .. } => "57014",
+            SqlError::QueryLimit { limit: "time", .. } | SqlError::Canceled => "57014",
             SqlError::QueryLimit { .. } => "54000",
             SqlError::Engine(engine) => match engine.kind() {
                 ErrorKind::Forbidden => "42501",
@@ -376,11 +415,19 @@ struct Session {
     out: Out,
     /// After an error in the extended protocol: messages are skipped until Sync.
     skipping: bool,
+    /// Set by a cancel request for this session's process and key.
+    cancel: Cancel,
 }
 
 impl Session {
-    fn new(engine: Arc<Engine>, principal: Principal) -> Session {
+    /// A session's key for cancel requests: its process id and a random secret.
+    fn key(process: i32, running: &Running) -> Key {
+        Key { process, secret: rand::random::<i32>(), cancel: Cancel::default(), running: running.clone() }
+    }
+
+    fn new(engine: Arc<Engine>, principal: Principal, cancel: Cancel) -> Session {
         Session {
+            cancel,
             engine,
             principal,
             settings: HashMap::new(),
@@ -548,7 +595,11 @@ impl Session {
                     return Err(error);
                 }
                 statement.bind(parameters)?;
-                let output = onehop_sql::execute_as(&self.engine, &self.principal, &statement).await?;
+                // A cancel that came after the last query ended is not for this one.
+                self.cancel.reset();
+                let output =
+                    onehop_sql::execute_cancellable(&self.engine, &self.principal, &statement, Some(&self.cancel))
+                        .await?;
                 Ok(Outcome::of(output))
             }
         }

@@ -2,6 +2,8 @@
 //! or the answer), the time it may take, and the stream records it may read. Each is a setting
 //! (docs/configuration.md); exceeding one ends the query with an error naming it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use onehop_engine::EngineOptions;
@@ -35,9 +37,30 @@ impl QueryLimits {
     }
 }
 
+/// A way to end a running query from elsewhere (a Postgres cancel request): the query stops
+/// at its next look at the clock with [`SqlError::Canceled`].
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Clears a cancel that came after its query had ended.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
+    fn is_canceled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// What one query has used of its limits.
 pub(super) struct Budget {
     limits: QueryLimits,
+    pub(super) cancel: Option<Cancel>,
     deadline: Instant,
     held_bytes: u64,
     stream_records: u64,
@@ -51,6 +74,7 @@ impl Budget {
     pub(super) fn new(limits: &QueryLimits) -> Budget {
         Budget {
             limits: limits.clone(),
+            cancel: None,
             deadline: Instant::now() + limits.time_max,
             held_bytes: 0,
             stream_records: 0,
@@ -61,7 +85,13 @@ impl Budget {
     /// One more row worked on: ends the query when its time is up.
     pub(super) fn tick(&mut self) -> Result<(), SqlError> {
         self.ticks += 1;
-        if self.ticks.is_multiple_of(TICKS_PER_CLOCK) && Instant::now() >= self.deadline {
+        if !self.ticks.is_multiple_of(TICKS_PER_CLOCK) {
+            return Ok(());
+        }
+        if self.cancel.as_ref().is_some_and(Cancel::is_canceled) {
+            return Err(SqlError::Canceled);
+        }
+        if Instant::now() >= self.deadline {
             return Err(SqlError::QueryLimit {
                 limit: "time",
                 message: format!(

@@ -31,7 +31,7 @@ use onehop_engine::{Engine, Principal};
 use serde_json::Value;
 use sqlparser::ast;
 
-pub use budget::QueryLimits;
+pub use budget::{Cancel, QueryLimits};
 
 use crate::SqlError;
 use crate::execute::Output;
@@ -48,14 +48,17 @@ pub struct Answer {
     pub rows: Vec<Vec<Value>>,
 }
 
-/// Runs `query` for `principal` (every right when `None`) under `limits`.
+/// Runs `query` for `principal` (every right when `None`) under `limits`, until `cancel` (if
+/// any) says otherwise.
 pub fn run(
     engine: &Engine,
     principal: Option<&Principal>,
     query: &ast::Query,
     limits: &QueryLimits,
+    cancel: Option<&Cancel>,
 ) -> Result<Answer, SqlError> {
     let mut context = select::Context::new(engine, principal, limits);
+    context.cancel_with(cancel.cloned());
     let answer = context.query(query);
     metrics::counter!(QUERIES).increment(1);
     if let Err(SqlError::QueryLimit { limit, .. }) = &answer {
@@ -90,11 +93,13 @@ pub(crate) async fn run_shared(
     principal: Option<&Principal>,
     query: &ast::Query,
     statement: String,
+    cancel: Option<&Cancel>,
 ) -> Result<Output, SqlError> {
-    let (engine, principal, query) = (engine.clone(), principal.cloned(), query.clone());
+    let (engine, principal, query, cancel) = (engine.clone(), principal.cloned(), query.clone(), cancel.cloned());
     let limits = QueryLimits::of(engine.options());
-    let answer = tokio::task::spawn_blocking(move || run(&engine, principal.as_ref(), &query, &limits))
-        .await
-        .map_err(|error| SqlError::InvalidQuery(format!("the query stopped: {error}")))??;
+    let answer =
+        tokio::task::spawn_blocking(move || run(&engine, principal.as_ref(), &query, &limits, cancel.as_ref()))
+            .await
+            .map_err(|error| SqlError::InvalidQuery(format!("the query stopped: {error}")))??;
     Ok(Output::Rows { statement, columns: answer.columns, rows: answer.rows })
 }

@@ -137,6 +137,11 @@ impl<'a> Context<'a> {
         }
     }
 
+    /// Ends the query at its next look at the clock once `cancel` is set.
+    pub(crate) fn cancel_with(&mut self, cancel: Option<super::Cancel>) {
+        self.budget.cancel = cancel;
+    }
+
     fn note(&mut self, line: String) {
         let depth = self.depth;
         if let Some(lines) = &mut self.explain {
