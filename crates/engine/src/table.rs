@@ -490,16 +490,125 @@ impl Table {
         Ok(Written { offset, created: current.is_none(), row: self.get(&id).filter(|row| row.offset == offset) })
     }
 
+    /// Performs `writes` (row id, write, precondition) all or none: each is decided against
+    /// the rows as the writes before it in the list leave them, and if every one holds they
+    /// are appended as one batch, which the log stores whole or not at all (a crash keeps none
+    /// of them or every one). Answers each write's outcome, in order.
+    ///
+    /// A cluster node takes one write here (it goes to the leader as [`Table::write`] sends
+    /// it); several at once are refused until the cluster replicates a batch of row writes.
+    pub async fn write_all(
+        self: &Arc<Self>,
+        writes: Vec<(String, Write, Precondition)>,
+        durability: Option<Durability>,
+    ) -> Result<Vec<Written>, EngineError> {
+        for (id, _, _) in &writes {
+            check_row_id(id)?;
+        }
+        if self.replicator.get().is_some() {
+            let mut writes = writes;
+            return match (writes.pop(), writes.is_empty()) {
+                (None, _) => Ok(Vec::new()),
+                (Some((id, write, precondition)), true) => {
+                    Ok(vec![self.write(&id, write, precondition, durability).await?])
+                }
+                (Some(_), false) => Err(EngineError::InvalidDefinition(format!(
+                    "a statement writing several rows of {} at once is not atomic on a cluster yet: write one row \
+                     per statement",
+                    self.name()
+                ))),
+            };
+        }
+        let table = self.clone();
+        // Its own task: a caller that goes away cannot cut the batch in half.
+        tokio::spawn(async move { table.write_all_now(writes, durability).await })
+            .await
+            .map_err(|error| EngineError::Internal(format!("a table write failed: {error}")))?
+    }
+
+    async fn write_all_now(
+        &self,
+        writes: Vec<(String, Write, Precondition)>,
+        durability: Option<Durability>,
+    ) -> Result<Vec<Written>, EngineError> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let def = self.def();
+        let durability = durability.unwrap_or(def.durability);
+        let ordering = self.writer.lock().await;
+        // The rows the batch has written so far, by id: later writes in it see them.
+        let mut written: HashMap<String, Option<Arc<Map<String, Value>>>> = HashMap::new();
+        let mut records = Vec::with_capacity(writes.len());
+        let mut outcomes = Vec::with_capacity(writes.len());
+        for (id, write, precondition) in writes {
+            let (current, version) = match written.get(&id) {
+                Some(doc) => (doc.clone(), None),
+                None => {
+                    let pending = self.pending.lock().expect("pending writes lock");
+                    match pending.get(&id) {
+                        Some(pending) => (pending.doc.clone(), None),
+                        None => match self.get(&id) {
+                            Some(row) => (Some(row.doc.clone()), Some(row.offset)),
+                            None => (None, None),
+                        },
+                    }
+                }
+            };
+            let (record, after) = compute_write(&def, &id, write, precondition, current.as_ref(), version)?;
+            records.push(record);
+            outcomes.push((id.clone(), current.is_none()));
+            written.insert(id, after.map(Arc::new));
+        }
+        let queued = self.log.enqueue_with(&records, durability).await?;
+        {
+            let mut pending = self.pending.lock().expect("pending writes lock");
+            for (id, doc) in &written {
+                let entry = pending.entry(id.clone()).or_insert(Pending { count: 0, doc: None });
+                entry.count += 1;
+                entry.doc = doc.clone();
+            }
+        }
+        drop(ordering);
+        let result = self.finish_all(queued, records.len()).await;
+        {
+            let mut pending = self.pending.lock().expect("pending writes lock");
+            for id in written.keys() {
+                if let Some(entry) = pending.get_mut(id) {
+                    entry.count -= 1;
+                    if entry.count == 0 {
+                        pending.remove(id);
+                    }
+                }
+            }
+        }
+        let base = result?;
+        Ok(outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(index, (id, created))| {
+                let offset = base + index as u64;
+                Written { offset, created, row: self.get(&id).filter(|row| row.offset == offset) }
+            })
+            .collect())
+    }
+
     /// Waits for a queued write to be durable and applied; its offset.
     async fn finish(&self, queued: onehop_log::QueuedAppend) -> Result<u64, EngineError> {
-        let offset = queued.await?.base_offset;
+        self.finish_all(queued, 1).await
+    }
+
+    /// Waits for a queued batch of `count` records to be durable and applied; its first offset.
+    async fn finish_all(&self, queued: onehop_log::QueuedAppend, count: usize) -> Result<u64, EngineError> {
+        let base = queued.await?.base_offset;
+        let last = base + count.max(1) as u64 - 1;
         // Visible once every earlier record is durable too (an `async` write can be acknowledged
         // before an earlier `fsync` one).
-        self.log.wait_for(offset).await?;
-        while self.applied_offset() <= offset {
+        self.log.wait_for(last).await?;
+        while self.applied_offset() <= last {
             self.catch_up(1024)?;
         }
-        Ok(offset)
+        Ok(base)
     }
 
     /// Adds the index `index` (its definition is already durable) and fills it.

@@ -57,6 +57,10 @@ fn render(result: &Value) -> String {
         Some("unchanged") => format!("{statement}: unchanged; {}\n", result["note"].as_str().unwrap_or_default()),
         Some("altered") => format!("{statement}: altered ({})\n", result["definition"].as_str().unwrap_or_default()),
         Some("dropped") => format!("{statement}: dropped\n"),
+        Some("changed") => {
+            let rows = result["rows"].as_u64().unwrap_or(0);
+            format!("{} {rows} row{}\n", result["verb"].as_str().unwrap_or_default(), if rows == 1 { "" } else { "s" })
+        }
         Some("rows") => {
             let columns: Vec<String> = result["columns"]
                 .as_array()

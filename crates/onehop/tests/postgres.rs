@@ -58,10 +58,13 @@ fn psql_and_psycopg_log_in_over_tls_query_and_are_refused_with_a_wrong_password(
             "CREATE TABLE products (id TEXT PRIMARY KEY, title TEXT, price DOUBLE PRECISION); CREATE STREAM orders",
             "CREATE USER alice PASSWORD 'alice-pass'; GRANT READ ON TABLE products TO alice",
             "SHOW server_version",
+            "INSERT INTO products (id, title, price) VALUES ('p9', 'ink', 7.5)",
+            "DELETE FROM products WHERE id = 'p9'",
         ],
     );
     assert!(ok, "{out}{err}");
     assert!(out.contains("15.0 (onehop)"), "{out}");
+    assert!(out.contains("INSERT 0 1\nDELETE 1"), "Postgres's command tags: {out}");
     // Rows written over HTTP are what psql reads.
     let credentials = format!("{}:{}", ROOT.0, ROOT.1);
     for (id, title, price) in [("p1", "lamp", 20.0), ("p2", "desk", 150.5), ("p3", "pen", 2.0)] {

@@ -286,12 +286,14 @@ async fn sql_defines_streams_and_answers_with_rows_or_reasons() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["results"][0]["columns"], json!(["_key", "_offset"]), "{body}");
     assert_eq!(body["results"][0]["rows"][0][0], "k", "{body}");
-    // A write in SQL is not served yet: the answer is short and points to what is.
+    // A write in SQL appends to the stream; one without its columns is refused with why.
+    let (status, body) = server.post("/sql", "INSERT INTO orders (_key, n) VALUES ('k2', 1)").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["results"][0]["result"], "changed", "{body}");
+    assert_eq!(body["results"][0]["rows"], 1, "{body}");
     let (status, body) = server.post("/sql", "INSERT INTO orders VALUES (1)").await;
-    assert_eq!((status, error_code(&body)), (400, "sql_unsupported"));
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("not served yet") && message.len() < 200, "{body}");
-    assert!(body["error"]["hint"].as_str().unwrap().contains("POST /streams/{stream}"), "{body}");
+    assert_eq!((status, error_code(&body)), (400, "sql_invalid_query"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("needs its columns named"), "{body}");
     // Another unsupported statement lists the supported ones in the hint.
     let (_, body) = server.post("/sql", "TRUNCATE orders").await;
     assert!(body["error"]["hint"].as_str().unwrap().contains("CREATE TABLE"), "{body}");

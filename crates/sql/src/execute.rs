@@ -21,6 +21,9 @@ pub enum Output {
     Dropped { statement: String },
     /// A result set.
     Rows { statement: String, columns: Vec<String>, rows: Vec<Vec<Value>> },
+    /// Rows written by `INSERT`, `UPDATE` or `DELETE` (without `RETURNING`, which answers
+    /// [`Output::Rows`]), all in one batch.
+    Changed { statement: String, verb: String, rows: u64 },
 }
 
 const TABLE_COLUMNS: [&str; 6] = ["name", "primary_key", "columns", "indexes", "durability", "rows"];
@@ -161,6 +164,14 @@ fn dropped(label: String, result: Result<(), EngineError>, if_exists: bool, kind
     }
 }
 
+/// A write's answer: RETURNING's rows, or how many rows it wrote.
+fn changed_output(changed: crate::query::write::Changed, text: &str) -> Output {
+    match changed.returning {
+        Some(answer) => Output::Rows { statement: text.to_string(), columns: answer.columns, rows: answer.rows },
+        None => Output::Changed { statement: text.to_string(), verb: changed.verb.to_string(), rows: changed.rows },
+    }
+}
+
 /// Runs one statement with every right: for the server's own schema file and tools that run
 /// in its process, never for a client (see [`execute_as`]).
 pub async fn execute(engine: &Engine, statement: &Statement) -> Result<Output, SqlError> {
@@ -188,11 +199,18 @@ pub async fn execute_cancellable(
     statement: &Statement,
     cancel: Option<&crate::query::Cancel>,
 ) -> Result<Output, SqlError> {
-    if let Statement::Query { query, text } = statement {
-        authorize(engine, Some(principal), statement)?;
-        return crate::query::run_shared(engine, Some(principal), query, text.clone(), cancel).await;
+    match statement {
+        Statement::Query { query, text } => {
+            authorize(engine, Some(principal), statement)?;
+            crate::query::run_shared(engine, Some(principal), query, text.clone(), cancel).await
+        }
+        Statement::Write { statement: write, text } => {
+            authorize(engine, Some(principal), statement)?;
+            let changed = crate::query::write::write_shared(engine, Some(principal), write).await?;
+            Ok(changed_output(changed, text))
+        }
+        _ => run(engine, Some(principal), statement).await,
     }
-    run(engine, Some(principal), statement).await
 }
 
 /// What a name is, for a check on it: streams, tables and views share one namespace.
@@ -288,8 +306,8 @@ fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
             }
         }
         Statement::Access(_) => {}
-        // Each input is checked as the query reads it.
-        Statement::Query { .. } | Statement::Explain { .. } => {
+        // Each input is checked as the query reads it, the target as it is written.
+        Statement::Query { .. } | Statement::Explain { .. } | Statement::Write { .. } => {
             if principal.user().is_none() && !access.anonymous_welcome() {
                 return Err(
                     onehop_engine::EngineError::Unauthenticated(onehop_engine::access::LoginFailure::Missing).into()
@@ -315,6 +333,10 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
             let limits = crate::query::QueryLimits::of(engine.options());
             let answer = crate::query::run(engine, principal, query, &limits, None)?;
             Ok(Output::Rows { statement: text.clone(), columns: answer.columns, rows: answer.rows })
+        }
+        Statement::Write { statement: write, text } => {
+            let changed = crate::query::write::write(engine, principal, write).await?;
+            Ok(changed_output(changed, text))
         }
         Statement::Explain { query, text } => {
             let lines = crate::query::explain(engine, principal, query)?;

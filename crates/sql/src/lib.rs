@@ -30,10 +30,6 @@ pub enum SqlError {
     Syntax(String),
     #[error("{statement} is not supported")]
     Unsupported { statement: String },
-    /// A write in SQL (`INSERT`, `UPDATE`, `DELETE`), not served yet: the hint says where
-    /// writes are served today.
-    #[error("{statement} is not served yet: SQL here defines streams, tables, indexes, views and access")]
-    NotServedYet { statement: String, hint: &'static str },
     #[error("{0}")]
     InvalidOption(String),
     /// A view or transform uses SQL they do not support.
@@ -63,16 +59,11 @@ pub const SUPPORTED: &str = "CREATE STREAM [IF NOT EXISTS] name [WITH (partition
      CREATE VIEW [IF NOT EXISTS] name [WITH (grace = '1s', emit = 'changes', …)] AS SELECT key, COUNT(*), SUM(x), … \
      FROM source | TUMBLE|HOP|SLIDING|SESSION(source, …) [WHERE condition] GROUP BY key";
 
-/// Where a write in SQL is served until it is.
-pub const WRITE_HINT: &str = "write with POST /streams/{stream}, or PUT, PATCH and DELETE /tables/{table}/{id} \
-     (docs/http-api.md), or over MQTT or Kafka";
-
 impl SqlError {
     /// What the client can do about it, when there is something to say.
     pub fn hint(&self) -> Option<String> {
         match self {
             SqlError::Unsupported { .. } => Some(format!("supported statements: {SUPPORTED}")),
-            SqlError::NotServedYet { hint, .. } => Some(hint.to_string()),
             SqlError::Engine(error) => error.hint(),
             _ => None,
         }
@@ -82,9 +73,7 @@ impl SqlError {
     pub fn code(&self) -> &'static str {
         match self {
             SqlError::Syntax(_) => "sql_syntax",
-            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } | SqlError::NotServedYet { .. } => {
-                "sql_unsupported"
-            }
+            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } => "sql_unsupported",
             SqlError::InvalidQuery(_) => "sql_invalid_query",
             SqlError::InvalidOption(_) => "sql_invalid_option",
             SqlError::QueryLimit { .. } => "query_limit",

@@ -104,6 +104,11 @@ pub enum Statement {
         query: Box<ast::Query>,
         text: String,
     },
+    /// `INSERT`, `UPDATE` or `DELETE` ([`crate::query::write`]).
+    Write {
+        statement: Box<ast::Statement>,
+        text: String,
+    },
 }
 
 impl Statement {
@@ -128,6 +133,7 @@ impl Statement {
             Statement::Access(statement) => statement.label(),
             Statement::Query { text, .. } => text.clone(),
             Statement::Explain { text, .. } => format!("EXPLAIN {text}"),
+            Statement::Write { text, .. } => text.clone(),
         }
     }
 }
@@ -527,6 +533,14 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
             let text = query_label(&query);
             Ok(Statement::Query { query, text })
         }
+        statement @ (ast::Statement::Insert(_) | ast::Statement::Update(_) | ast::Statement::Delete(_)) => {
+            let mut text = statement.to_string();
+            if text.len() > 80 {
+                text.truncate(text.floor_char_boundary(77));
+                text.push_str("...");
+            }
+            Ok(Statement::Write { statement: Box::new(statement), text })
+        }
         ast::Statement::Explain { statement, analyze: false, estimate: false, .. } => match *statement {
             ast::Statement::Query(query) => {
                 let text = query_label(&query);
@@ -563,12 +577,7 @@ fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
         other => {
             let text = other.to_string();
             let statement = text.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-            match other {
-                ast::Statement::Insert(_) | ast::Statement::Update { .. } | ast::Statement::Delete(_) => {
-                    Err(SqlError::NotServedYet { statement, hint: crate::WRITE_HINT })
-                }
-                _ => Err(SqlError::Unsupported { statement }),
-            }
+            Err(SqlError::Unsupported { statement })
         }
     }
 }
@@ -665,9 +674,7 @@ mod tests {
         assert!(message("CREATE STREAM s WITH (mqtt_topic = 'a/#/b')").contains("mqtt_topic"));
         assert!(message("CREATE STREAM a.b").contains("no schemas"));
         assert!(matches!(parse("SELECT * FROM orders").unwrap().as_slice(), [Statement::Query { .. }]));
-        let insert = parse("INSERT INTO orders VALUES (1)").unwrap_err();
-        assert!(insert.to_string().contains("not served yet"), "{insert}");
-        assert!(insert.hint().unwrap().contains("POST /streams/{stream}"), "{insert:?}");
+        assert!(matches!(parse("INSERT INTO orders VALUES (1)").unwrap().as_slice(), [Statement::Write { .. }]));
         let unsupported = parse("TRUNCATE orders").unwrap_err();
         assert!(unsupported.hint().unwrap().contains("CREATE TABLE"), "{unsupported:?}");
         assert!(message("CREATE STREAM").starts_with("syntax error"));

@@ -355,7 +355,92 @@ async fn bad_queries_are_refused_with_the_reason() {
         let error = refused(&engine, sql).await;
         assert!(error.contains(expected), "{sql}: {error}");
     }
-    // A write in SQL still points where writes are served.
-    let error = refused(&engine, "INSERT INTO customers (id) VALUES ('c4')").await;
-    assert!(error.contains("not served yet"), "{error}");
+    // A write names its columns when the target has none declared, and fits their number.
+    let error = refused(&engine, "INSERT INTO clicks VALUES (1)").await;
+    assert!(error.contains("needs its columns named"), "{error}");
+    let error = refused(&engine, "INSERT INTO customers (id, name) VALUES ('c9')").await;
+    assert!(error.contains("2 column(s) and 1 value(s)"), "{error}");
+}
+
+/// How many rows a write wrote, or its RETURNING rows.
+async fn changed(engine: &Engine, sql: &str) -> (u64, Vec<Vec<Value>>) {
+    match run(engine, sql).await.unwrap_or_else(|error| panic!("{sql}: {error}")).pop().unwrap() {
+        Output::Changed { rows, .. } => (rows, Vec::new()),
+        Output::Rows { rows, .. } => (rows.len() as u64, rows),
+        other => panic!("{sql}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn inserts_updates_and_deletes_write_what_http_writes_all_or_none() {
+    let (_dir, engine) = shop().await;
+    let (rows, _) =
+        changed(&engine, "INSERT INTO customers (id, name, city) VALUES ('c4', 'Di', 'Rome'), ('c5', 'Ed', 'Oslo')")
+            .await;
+    assert_eq!(rows, 2);
+    let row = engine.table("customers").unwrap().get("c4").unwrap();
+    assert_eq!(row.doc().get("city"), Some(&json!("Rome")));
+    // One statement is all or none: a duplicate key anywhere writes nothing.
+    let before = engine.table("customers").unwrap().storage().end_offsets();
+    let error = refused(&engine, "INSERT INTO customers (id, name) VALUES ('c6', 'Fa'), ('c1', 'again')").await;
+    assert!(error.contains("duplicate key value"), "{error}");
+    assert!(engine.table("customers").unwrap().get("c6").is_none());
+    assert_eq!(engine.table("customers").unwrap().storage().end_offsets(), before, "nothing appended");
+    // ON CONFLICT: keep, or write over with the excluded row's values.
+    let (rows, _) =
+        changed(&engine, "INSERT INTO customers (id, name) VALUES ('c1', 'x') ON CONFLICT (id) DO NOTHING").await;
+    assert_eq!(rows, 0);
+    let (_, returned) = changed(
+        &engine,
+        "INSERT INTO customers (id, name, city) VALUES ('c1', 'Ada L.', 'Bergen'), ('c7', 'Gu', 'Lund') \
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name, city = customers.city || '/' || excluded.city \
+         RETURNING id, name, city",
+    )
+    .await;
+    assert_eq!(
+        returned,
+        [vec![json!("c1"), json!("Ada L."), json!("Oslo/Bergen")], vec![json!("c7"), json!("Gu"), json!("Lund")]]
+    );
+    // UPDATE through the planner (by primary key, by index, by scan), with RETURNING.
+    let (rows, returned) =
+        changed(&engine, "UPDATE orders SET qty = qty * 2 WHERE customer = 'c1' RETURNING id, qty").await;
+    assert_eq!(rows, 2);
+    assert_eq!(returned, [vec![json!("o1"), json!(4)], vec![json!("o2"), json!(20)]]);
+    assert_eq!(engine.table("orders").unwrap().get("o2").unwrap().doc().get("qty"), Some(&json!(20)));
+    let (rows, _) = changed(&engine, "UPDATE products SET price = price + 1 WHERE id = 'p3'").await;
+    assert_eq!(rows, 1);
+    assert_eq!(rows_of(&engine, "SELECT price FROM products WHERE id = 'p3'").await, [vec![json!(3.5)]]);
+    let error = refused(&engine, "UPDATE products SET id = 'p0' WHERE id = 'p1'").await;
+    assert!(error.contains("primary key cannot change"), "{error}");
+    // DELETE with RETURNING the rows as they were.
+    let (rows, returned) = changed(&engine, "DELETE FROM orders WHERE qty > 5 RETURNING id").await;
+    assert_eq!((rows, returned), (1, vec![vec![json!("o2")]]));
+    assert!(engine.table("orders").unwrap().get("o2").is_none());
+    // INSERT … SELECT into a stream: records as every front end writes them. Records for
+    // several partitions are not written all or none, so they are refused together.
+    let error = refused(
+        &engine,
+        "INSERT INTO clicks (_key, page, ms) SELECT id, 'from-sql', 1 FROM customers WHERE city = 'Lund'",
+    )
+    .await;
+    assert!(error.contains("not written all or none"), "{error}");
+    let (rows, _) = changed(
+        &engine,
+        "INSERT INTO clicks (_key, _subject, page, ms) SELECT 'u9', 'clicks/sql', name, 1 FROM customers WHERE city = 'Lund'",
+    )
+    .await;
+    assert_eq!(rows, 2);
+    let answer = rows_of(&engine, "SELECT _key, _subject, page FROM clicks WHERE _key = 'u9' ORDER BY page").await;
+    assert_eq!(
+        answer,
+        [vec![json!("u9"), json!("clicks/sql"), json!("Bo")], vec![json!("u9"), json!("clicks/sql"), json!("Gu")]]
+    );
+    let error = refused(&engine, "UPDATE clicks SET page = 'x'").await;
+    assert!(error.contains("kept as written"), "{error}");
+    let error = refused(&engine, "INSERT INTO per_nothing (a) VALUES (1)").await;
+    assert!(error.contains("is not a table or stream"), "{error}");
+}
+
+async fn rows_of(engine: &Engine, sql: &str) -> Vec<Vec<Value>> {
+    rows(engine, sql).await
 }

@@ -335,7 +335,7 @@ impl From<SqlError> for PgError {
         let hint = error.hint();
         let code = match &error {
             SqlError::Syntax(_) => "42601",
-            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } | SqlError::NotServedYet { .. } => "0A000",
+            SqlError::Unsupported { .. } | SqlError::UnsupportedQuery { .. } => "0A000",
             SqlError::InvalidQuery(message) if message.contains("is not a table, view or stream") => "42P01",
             SqlError::InvalidQuery(message) if message.contains("column") => "42703",
             SqlError::InvalidQuery(_) => "42000",
@@ -378,6 +378,11 @@ impl Outcome {
                 Outcome::Command { tag: tag(&statement), notice: None }
             }
             Output::Unchanged { statement, note, .. } => Outcome::Command { tag: tag(&statement), notice: Some(note) },
+            // Postgres's tags: `INSERT 0 n` (the 0 an old object id), `UPDATE n`, `DELETE n`.
+            Output::Changed { verb, rows, .. } if verb == "INSERT" => {
+                Outcome::Command { tag: format!("INSERT 0 {rows}"), notice: None }
+            }
+            Output::Changed { verb, rows, .. } => Outcome::Command { tag: format!("{verb} {rows}"), notice: None },
         }
     }
 }

@@ -24,6 +24,7 @@ mod order;
 mod resolve;
 mod select;
 mod source;
+pub mod write;
 
 use std::sync::Arc;
 

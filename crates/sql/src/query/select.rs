@@ -1132,7 +1132,7 @@ fn check_grouped(expr: &Expr, group: &[Expr], sources: &[Source], place: &str) -
 }
 
 /// A SELECT item's name when it has no alias, as Postgres names it.
-fn output_name(expr: &ast::Expr) -> String {
+pub(super) fn output_name(expr: &ast::Expr) -> String {
     match expr {
         ast::Expr::Identifier(ident) => ident.value.clone(),
         ast::Expr::CompoundIdentifier(parts) => parts.last().map_or_else(String::new, |part| part.value.clone()),
