@@ -73,6 +73,7 @@ fn queries_read_what_grants_allow_and_stop_at_their_limits() {
         ]
     );
     assert_eq!(answer["results"][0]["columns"], json!(["name", "price"]));
+    assert_eq!(answer["results"][0]["types"], json!(["text", "bigint"]));
     // Not the stream, not even joined to what she may read.
     for statement in ["SELECT * FROM events", "SELECT i.name FROM items i JOIN events e ON e.n = i.price"] {
         let (status, answer) = sql(address, Some(ALICE), statement);

@@ -34,7 +34,7 @@ pub async fn run(
     let mut results = Vec::with_capacity(statements.len());
     for (index, statement) in statements.iter().enumerate() {
         match onehop_sql::execute_as(&state.engine, &principal, statement).await {
-            Ok(output) => results.push(output),
+            Ok(output) => results.push(with_types(output)),
             Err(error) => {
                 let mut refusal = sql_error(error);
                 let done = if index == 0 {
@@ -54,4 +54,29 @@ pub async fn run(
         }
     }
     Ok(Json(json!({ "results": results })))
+}
+
+/// A result as JSON; rows get `types` beside `columns`: the Postgres name of the type each
+/// column's values share (`bigint`, `double precision`, `boolean`, `text`, `json`), as the
+/// Postgres protocol describes them.
+fn with_types(output: onehop_sql::Output) -> Value {
+    let types = match &output {
+        onehop_sql::Output::Rows { columns, rows, .. } => Some(
+            (0..columns.len())
+                .map(|index| match crate::pg::types::column_type(rows.iter().filter_map(|row| row.get(index))) {
+                    crate::pg::types::INT8 => "bigint",
+                    crate::pg::types::FLOAT8 => "double precision",
+                    crate::pg::types::BOOL => "boolean",
+                    crate::pg::types::JSON => "json",
+                    _ => "text",
+                })
+                .collect::<Vec<_>>(),
+        ),
+        _ => None,
+    };
+    let mut value = serde_json::to_value(output).expect("a result serializes");
+    if let (Some(types), Some(fields)) = (types, value.as_object_mut()) {
+        fields.insert("types".into(), json!(types));
+    }
+    value
 }
