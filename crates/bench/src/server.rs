@@ -44,6 +44,8 @@ impl ServerProcess {
         command
             .arg("serve")
             .args(["--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--kafka-addr", "127.0.0.1:0"])
+            // The workloads do not use the Postgres listener.
+            .args(["--pg-addr", "off"])
             .args(["--log", "warn,onehop=info"])
             .arg("--data-dir")
             .arg(data.path())

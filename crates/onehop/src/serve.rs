@@ -169,9 +169,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
                 tracing::info!(%address, "listening on postgres://{address}");
                 Some(listener)
             }
-            Err(error) if !chosen => {
-                tracing::warn!(%address, %error, "the Postgres listener is off: its default address is taken (a Postgres \
-                    running here?); choose one with --pg-addr");
+            Err(failure) if !chosen => {
+                tracing::warn!(%address, reason = %failure, "the Postgres listener is off: its default address is taken (a \
+                    Postgres running here?); choose one with --pg-addr");
                 None
             }
             Err(error) => {
