@@ -1,6 +1,7 @@
 //! The Postgres wire protocol with real clients: psql (the simple query protocol, several
-//! statements in one query, errors with SQLSTATE) and psycopg 3 (the extended protocol:
-//! server-side binding, binary results, prepared statements, transactions), against a server
+//! statements in one query, errors with SQLSTATE), psycopg 3 (the extended protocol:
+//! server-side binding, binary results, prepared statements, cancel, transactions) and
+//! node-postgres (a pool, a named statement run ten times, RETURNING), against a server
 //! with users, over TLS on the server's certificate, logging in with SCRAM-SHA-256 and refused
 //! with a wrong password; what they read and write is what HTTP reads and writes.
 
@@ -170,6 +171,21 @@ with psycopg.connect(dsn, password=password) as conn:
     assert!(said.contains("refused 25001"), "{said}");
     assert!(said.contains("canceled 57014 canceling statement due to user request"), "{said}");
     assert!(said.contains("after cancel 3"), "{said}");
+
+    // node-postgres: a pool over TLS, a named statement parsed once and run ten times, text
+    // parameters, a write with RETURNING read back, a refusal's SQLSTATE.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pg_node/client.js");
+    let output = Command::new("node")
+        .arg(&script)
+        .args([&pg.port().to_string(), ROOT.0, ROOT.1, dir.path().join("ca.pem").to_str().unwrap()])
+        .output()
+        .expect("node runs (scripts/test installs node-postgres)");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("prepared [1,2,2,2,2,2,2,2,3,3]"), "{said}");
+    assert!(said.contains(r#"returning [{"id":"n1","title":"node lamp"}]"#), "{said}");
+    assert!(said.contains(r#"read [{"title":"node lamp","price":12.5}]"#), "{said}");
+    assert!(said.contains("refused 42P01"), "{said}");
 }
 
 #[test]

@@ -139,20 +139,122 @@ impl Statement {
 }
 
 impl Statement {
-    /// The highest `$n` placeholder of a query (0: none).
+    /// The highest `$n` placeholder of a query or write (0: none).
     pub fn parameter_count(&self) -> usize {
-        let (Statement::Query { query, .. } | Statement::Explain { query, .. }) = self else { return 0 };
         let mut count = 0;
-        let _ = ast::visit_expressions(&**query, |expr| {
-            if let Expr::Value(value) = expr
-                && let Value::Placeholder(name) = &value.value
-                && let Some(n) = name.strip_prefix('$').and_then(|n| n.parse::<usize>().ok())
-            {
+        let _ = self.visit_expressions(&mut |expr| {
+            if let Some(n) = placeholder(expr) {
                 count = count.max(n);
             }
-            std::ops::ControlFlow::<()>::Continue(())
         });
         count
+    }
+
+    fn visit_expressions(&self, visit: &mut dyn FnMut(&Expr)) -> std::ops::ControlFlow<()> {
+        let mut each = |expr: &Expr| {
+            visit(expr);
+            std::ops::ControlFlow::<()>::Continue(())
+        };
+        match self {
+            Statement::Query { query, .. } | Statement::Explain { query, .. } => {
+                ast::visit_expressions(&**query, &mut each)
+            }
+            Statement::Write { statement, .. } => ast::visit_expressions(&**statement, &mut each),
+            _ => std::ops::ControlFlow::Continue(()),
+        }
+    }
+
+    /// The declared type of the column each `$n` is compared with, set to or inserted into,
+    /// when a table the statement names declares it: what a client's untyped parameter is
+    /// read as (Postgres infers it the same way).
+    pub fn parameter_types(&self, engine: &onehop_engine::Engine) -> Vec<Option<ColumnType>> {
+        let mut types = vec![None; self.parameter_count()];
+        let mut tables = Vec::new();
+        let mut relation = |name: &ObjectName| {
+            if let Ok(name) = simple_name(name)
+                && let Ok(table) = engine.table(&name)
+            {
+                tables.push(table.def());
+            }
+            std::ops::ControlFlow::<()>::Continue(())
+        };
+        let _ = match self {
+            Statement::Query { query, .. } | Statement::Explain { query, .. } => {
+                ast::visit_relations(&**query, &mut relation)
+            }
+            Statement::Write { statement, .. } => ast::visit_relations(&**statement, &mut relation),
+            _ => std::ops::ControlFlow::Continue(()),
+        };
+        let declared = |column: &Expr| -> Option<ColumnType> {
+            let name = match column {
+                Expr::Identifier(ident) => &ident.value,
+                Expr::CompoundIdentifier(parts) => &parts.last()?.value,
+                _ => return None,
+            };
+            tables.iter().find_map(|def| def.column(name).map(|column| column.ty.clone()))
+        };
+        let mut set = |n: usize, ty: Option<ColumnType>| {
+            if let (Some(slot), Some(ty)) = (n.checked_sub(1).and_then(|index| types.get_mut(index)), ty)
+                && slot.is_none()
+            {
+                *slot = Some(ty);
+            }
+        };
+        let _ = self.visit_expressions(&mut |expr| match expr {
+            Expr::BinaryOp { left, right, .. } => {
+                if let Some(n) = placeholder(right) {
+                    set(n, declared(left));
+                }
+                if let Some(n) = placeholder(left) {
+                    set(n, declared(right));
+                }
+            }
+            Expr::InList { expr, list, .. } => {
+                for item in list {
+                    if let Some(n) = placeholder(item) {
+                        set(n, declared(expr));
+                    }
+                }
+            }
+            Expr::Between { expr, low, high, .. } => {
+                for bound in [low, high] {
+                    if let Some(n) = placeholder(bound) {
+                        set(n, declared(expr));
+                    }
+                }
+            }
+            _ => {}
+        });
+        // INSERT's values by position, UPDATE's assignments by column.
+        if let Statement::Write { statement, .. } = self {
+            let column_type =
+                |name: &str| tables.iter().find_map(|def| def.column(name).map(|column| column.ty.clone()));
+            match &**statement {
+                ast::Statement::Insert(insert) => {
+                    if let Some(ast::SetExpr::Values(values)) = insert.source.as_ref().map(|query| &*query.body) {
+                        for row in &values.rows {
+                            for (column, value) in insert.columns.iter().zip(&row.content) {
+                                if let (Some(n), Ok(column)) = (placeholder(value), simple_name(column)) {
+                                    set(n, column_type(&column));
+                                }
+                            }
+                        }
+                    }
+                }
+                ast::Statement::Update(update) => {
+                    for assignment in &update.assignments {
+                        if let (Some(n), ast::AssignmentTarget::ColumnName(column)) =
+                            (placeholder(&assignment.value), &assignment.target)
+                            && let Ok(column) = simple_name(column)
+                        {
+                            set(n, column_type(&column));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        types
     }
 
     /// Puts `parameters` in place of a query's `$1`, `$2`, …: a statement with placeholders
@@ -165,13 +267,7 @@ impl Statement {
                 parameters.len()
             )));
         }
-        let (Statement::Query { query, .. } | Statement::Explain { query, .. }) = self else {
-            if parameters.is_empty() {
-                return Ok(());
-            }
-            return Err(SqlError::InvalidQuery(format!("{} takes no parameters", self.label())));
-        };
-        let _ = ast::visit_expressions_mut(&mut **query, |expr| {
+        let substitute = |expr: &mut Expr| {
             if let Expr::Value(value) = expr
                 && let Value::Placeholder(name) = &value.value
                 && let Some(n) = name.strip_prefix('$').and_then(|n| n.parse::<usize>().ok())
@@ -186,8 +282,29 @@ impl Statement {
                 };
             }
             std::ops::ControlFlow::<()>::Continue(())
-        });
+        };
+        match self {
+            Statement::Query { query, .. } | Statement::Explain { query, .. } => {
+                let _ = ast::visit_expressions_mut(&mut **query, substitute);
+            }
+            Statement::Write { statement, .. } => {
+                let _ = ast::visit_expressions_mut(&mut **statement, substitute);
+            }
+            _ if parameters.is_empty() => {}
+            _ => return Err(SqlError::InvalidQuery(format!("{} takes no parameters", self.label()))),
+        }
         Ok(())
+    }
+}
+
+/// The `n` of a `$n` placeholder.
+fn placeholder(expr: &Expr) -> Option<usize> {
+    match expr {
+        Expr::Value(value) => match &value.value {
+            Value::Placeholder(name) => name.strip_prefix('$')?.parse().ok(),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

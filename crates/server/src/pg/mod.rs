@@ -725,19 +725,31 @@ impl Session {
                     [one] => *one == 1,
                     many => many.get(index).is_some_and(|format| *format == 1),
                 };
+                let piece = self.statements_of(&query)?.pop();
+                // An untyped parameter (node-postgres sends every one so) takes the type of the
+                // column it meets, as Postgres infers it.
+                let inferred = match &piece {
+                    Some(Piece::Onehop(statement)) => statement.parameter_types(&self.engine),
+                    _ => Vec::new(),
+                };
                 let mut values = Vec::with_capacity(parameters.len());
                 for (index, parameter) in parameters.iter().enumerate() {
                     values.push(match parameter {
                         None => Value::Null,
                         Some(bytes) => {
-                            let oid = types.get(index).copied().unwrap_or(types::UNKNOWN);
+                            let oid = match types.get(index).copied().unwrap_or(types::UNKNOWN) {
+                                types::UNKNOWN => {
+                                    inferred.get(index).and_then(Option::as_ref).map_or(types::UNKNOWN, types::oid_of)
+                                }
+                                oid => oid,
+                            };
                             types::decode_parameter(bytes, oid, format(index)).map_err(|reason| {
                                 PgError::new("22P02", format!("parameter ${}: {reason}", index + 1))
                             })?
                         }
                     });
                 }
-                let outcome = match self.statements_of(&query)?.pop() {
+                let outcome = match piece {
                     Some(piece) => Some(self.execute(piece, &values).await?),
                     None => None,
                 };

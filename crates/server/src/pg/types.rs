@@ -96,6 +96,16 @@ pub fn decode_parameter(bytes: &[u8], oid: u32, binary: bool) -> Result<Value, S
     }
 }
 
+/// The Postgres type a declared column type's values are sent as.
+pub fn oid_of(ty: &onehop_engine::ColumnType) -> u32 {
+    match ty {
+        onehop_engine::ColumnType::Integer => INT8,
+        onehop_engine::ColumnType::Float => FLOAT8,
+        onehop_engine::ColumnType::Boolean => BOOL,
+        _ => TEXT,
+    }
+}
+
 fn float(value: f64) -> Value {
     serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number)
 }
