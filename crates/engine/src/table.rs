@@ -441,53 +441,11 @@ impl Table {
         let table = self.clone();
         let id = id.to_string();
         // Its own task: a caller that goes away cannot cut a write in half.
-        tokio::spawn(async move { table.write_now(id, write, precondition, durability).await })
-            .await
-            .map_err(|error| EngineError::Internal(format!("a table write failed: {error}")))?
-    }
-
-    async fn write_now(
-        &self,
-        id: String,
-        write: Write,
-        precondition: Precondition,
-        durability: Option<Durability>,
-    ) -> Result<Written, EngineError> {
-        let def = self.def();
-        let durability = durability.unwrap_or(def.durability);
-        let ordering = self.writer.lock().await;
-        // The newest row: a queued write if there is one, else the applied row.
-        let (current, version) = {
-            let pending = self.pending.lock().expect("pending writes lock");
-            match pending.get(&id) {
-                Some(pending) => (pending.doc.clone(), None),
-                None => match self.get(&id) {
-                    Some(row) => (Some(row.doc.clone()), Some(row.offset)),
-                    None => (None, None),
-                },
-            }
-        };
-        let (record, after) = compute_write(&def, &id, write, precondition, current.as_ref(), version)?;
-        let queued = self.log.enqueue_with(std::slice::from_ref(&record), durability).await?;
-        {
-            let mut pending = self.pending.lock().expect("pending writes lock");
-            let entry = pending.entry(id.clone()).or_insert(Pending { count: 0, doc: None });
-            entry.count += 1;
-            entry.doc = after.map(Arc::new);
-        }
-        drop(ordering);
-        let result = self.finish(queued).await;
-        {
-            let mut pending = self.pending.lock().expect("pending writes lock");
-            if let Some(entry) = pending.get_mut(&id) {
-                entry.count -= 1;
-                if entry.count == 0 {
-                    pending.remove(&id);
-                }
-            }
-        }
-        let offset = result?;
-        Ok(Written { offset, created: current.is_none(), row: self.get(&id).filter(|row| row.offset == offset) })
+        let written =
+            tokio::spawn(async move { table.write_all_now(vec![(id, write, precondition)], durability).await })
+                .await
+                .map_err(|error| EngineError::Internal(format!("a table write failed: {error}")))??;
+        Ok(written.into_iter().next().expect("one write, one outcome"))
     }
 
     /// Performs `writes` (row id, write, precondition) all or none: each is decided against
@@ -570,7 +528,7 @@ impl Table {
             }
         }
         drop(ordering);
-        let result = self.finish_all(queued, records.len()).await;
+        let result = self.finish(queued, records.len()).await;
         {
             let mut pending = self.pending.lock().expect("pending writes lock");
             for id in written.keys() {
@@ -593,13 +551,8 @@ impl Table {
             .collect())
     }
 
-    /// Waits for a queued write to be durable and applied; its offset.
-    async fn finish(&self, queued: onehop_log::QueuedAppend) -> Result<u64, EngineError> {
-        self.finish_all(queued, 1).await
-    }
-
     /// Waits for a queued batch of `count` records to be durable and applied; its first offset.
-    async fn finish_all(&self, queued: onehop_log::QueuedAppend, count: usize) -> Result<u64, EngineError> {
+    async fn finish(&self, queued: onehop_log::QueuedAppend, count: usize) -> Result<u64, EngineError> {
         let base = queued.await?.base_offset;
         let last = base + count.max(1) as u64 - 1;
         // Visible once every earlier record is durable too (an `async` write can be acknowledged
