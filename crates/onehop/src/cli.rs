@@ -313,6 +313,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_QUERY_STREAM_RECORDS_MAX", value_name = "RECORDS")]
     pub query_stream_records_max: Option<u64>,
 
+    /// Seconds a Postgres session may wait for its client's next message before it is closed
+    /// (Postgres's idle_session_timeout) [default: 3600].
+    #[arg(long, env = "ONEHOP_PG_IDLE_TIMEOUT_S", value_name = "SECONDS")]
+    pub pg_idle_timeout_s: Option<u64>,
+
     /// Seconds a Kafka connection may go without a request before it is closed (Kafka's
     /// connections.max.idle.ms) [default: 600].
     #[arg(long, env = "ONEHOP_KAFKA_IDLE_TIMEOUT_S", value_name = "SECONDS")]

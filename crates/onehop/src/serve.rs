@@ -301,7 +301,11 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     };
     let pg = pg_listener.map(|listener| {
-        let config = onehop_server::pg::PgConfig { connections_max: settings.connections_max, tls: tls.clone() };
+        let config = onehop_server::pg::PgConfig {
+            connections_max: settings.connections_max,
+            tls: tls.clone(),
+            idle_timeout: settings.pg_idle_timeout,
+        };
         tokio::spawn(onehop_server::pg::serve(listener, engine.clone(), config, until_stopped(stopped.clone())))
     });
     let mut state = AppState::new(engine.clone(), Some(metrics));

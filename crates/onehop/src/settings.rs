@@ -85,6 +85,7 @@ struct FileSettings {
     http_idle_timeout_s: Option<u64>,
     http_body_read_timeout_s: Option<u64>,
     kafka_idle_timeout_s: Option<u64>,
+    pg_idle_timeout_s: Option<u64>,
     idempotency_window_s: Option<u64>,
     idempotency_keys_max: Option<usize>,
     query_memory_max: Option<Size>,
@@ -267,6 +268,8 @@ pub struct Settings {
     pub http_body_read_timeout: Duration,
     /// Time a Kafka connection may go without a request (`connections.max.idle.ms`).
     pub kafka_idle_timeout: Duration,
+    /// Time a Postgres session may wait for its client's next message.
+    pub pg_idle_timeout: Duration,
     /// How long an idempotency key answers its write's retries.
     pub idempotency_window: Duration,
     /// Idempotency keys held at most.
@@ -564,6 +567,12 @@ impl Settings {
             http_defaults.idle_timeout,
         )?;
         let kafka_defaults = onehop_server::kafka::KafkaConfig::new();
+        let pg_idle_timeout = seconds(
+            args.pg_idle_timeout_s,
+            file.pg_idle_timeout_s,
+            "pg_idle_timeout_s",
+            onehop_server::pg::IDLE_TIMEOUT_DEFAULT,
+        )?;
         let kafka_idle_timeout = seconds(
             args.kafka_idle_timeout_s,
             file.kafka_idle_timeout_s,
@@ -686,6 +695,7 @@ impl Settings {
             http_header_read_timeout,
             http_idle_timeout,
             kafka_idle_timeout,
+            pg_idle_timeout,
             idempotency_window,
             idempotency_keys_max,
             query_memory_max,

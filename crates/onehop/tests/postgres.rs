@@ -223,3 +223,34 @@ fn malformed_messages_and_oversized_ones_end_the_connection_with_an_error() {
     let (status, _) = common::get(server.address, "/healthz");
     assert_eq!(status, 200);
 }
+
+#[test]
+fn an_idle_session_is_closed_with_the_reason() {
+    let dir = DataDir::new();
+    let server = dir.start(&["--pg-idle-timeout-s", "1"], &[]);
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    // psycopg keeps the connection open and, once the server has closed it, says why on the
+    // next query; the script polls until then (never the other way round: a query keeps it
+    // from idling).
+    let script = r#"
+import sys, time, psycopg
+conn = psycopg.connect(f"host=127.0.0.1 port={sys.argv[1]} user=me dbname=onehop", autocommit=True)
+print("first", conn.execute("SELECT 1").fetchone()[0])
+deadline = time.time() + 60
+while time.time() < deadline:
+    time.sleep(2)
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.OperationalError as error:
+        print("closed", str(error).strip().splitlines()[0])
+        break
+"#;
+    let output = Command::new("python3").args(["-c", script, &pg.port().to_string()]).output().expect("python3 runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(said.contains("first 1"), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        said.contains("closed") && said.contains("idle-session timeout"),
+        "{said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -49,7 +49,13 @@ pub struct PgConfig {
     pub connections_max: usize,
     /// TLS for clients that ask (`sslmode=require`); `None`: they are told no.
     pub tls: Option<crate::tls::Tls>,
+    /// How long a session waits for its client's next message before it closes.
+    pub idle_timeout: Duration,
 }
+
+/// The default of [`PgConfig::idle_timeout`]: an hour, so an abandoned session does not hold
+/// its socket (and a place under connections_max) for ever.
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(3600);
 
 /// Accepts Postgres connections on `listener` until `shutdown` resolves.
 pub async fn serve(
@@ -168,7 +174,7 @@ async fn connection(
                         if let Ok(Startup::Cancel { process, secret }) = codec::decode_startup(&body) {
                             return key.running.cancel(process, secret);
                         }
-                        return start(stream, peer, engine, key, &body).await;
+                        return start(stream, peer, engine, key, config.idle_timeout, &body).await;
                     }
                     return;
                 }
@@ -185,7 +191,7 @@ async fn connection(
             }
             // A cancel request gets no answer, as Postgres gives none.
             Ok(Startup::Cancel { process, secret }) => return key.running.cancel(process, secret),
-            Ok(Startup::Start { .. }) => return start(stream, peer, engine, key, &body).await,
+            Ok(Startup::Start { .. }) => return start(stream, peer, engine, key, config.idle_timeout, &body).await,
             Ok(_) => return refuse(&mut stream, "08P01", "a second SSL or GSS request").await,
             Err(reason) => return refuse(&mut stream, "08P01", &reason).await,
         }
@@ -198,6 +204,7 @@ async fn start<S: AsyncRead + AsyncWrite + Unpin>(
     peer: SocketAddr,
     engine: &Arc<Engine>,
     key: Key,
+    idle_timeout: Duration,
     body: &[u8],
 ) {
     let parameters = match codec::decode_startup(body) {
@@ -223,7 +230,7 @@ async fn start<S: AsyncRead + AsyncWrite + Unpin>(
         }
     };
     key.running.0.lock().expect("running sessions lock").insert(key.process, (key.secret, key.cancel.clone()));
-    let mut session = Session::new(engine.clone(), principal, key.cancel.clone());
+    let mut session = Session::new(engine.clone(), principal, key.cancel.clone(), idle_timeout);
     session.settings.insert("application_name".into(), parameter("application_name").unwrap_or_default());
     if let Some(client_encoding) = parameter("client_encoding")
         && !client_encoding.eq_ignore_ascii_case("utf8")
@@ -422,6 +429,7 @@ struct Session {
     skipping: bool,
     /// Set by a cancel request for this session's process and key.
     cancel: Cancel,
+    idle_timeout: Duration,
 }
 
 impl Session {
@@ -430,9 +438,10 @@ impl Session {
         Key { process, secret: rand::random::<i32>(), cancel: Cancel::default(), running: running.clone() }
     }
 
-    fn new(engine: Arc<Engine>, principal: Principal, cancel: Cancel) -> Session {
+    fn new(engine: Arc<Engine>, principal: Principal, cancel: Cancel, idle_timeout: Duration) -> Session {
         Session {
             cancel,
+            idle_timeout,
             engine,
             principal,
             settings: HashMap::new(),
@@ -463,7 +472,20 @@ impl Session {
 
     async fn run<S: AsyncRead + AsyncWrite + Unpin>(&mut self, stream: &mut S) {
         loop {
-            let Ok(tag) = stream.read_u8().await else { return };
+            let tag = match tokio::time::timeout(self.idle_timeout, stream.read_u8()).await {
+                Ok(Ok(tag)) => tag,
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    let mut out = Out::default();
+                    let message = format!(
+                        "terminating connection due to idle-session timeout ({} s, pg_idle_timeout_s)",
+                        self.idle_timeout.as_secs()
+                    );
+                    out.error(false, "57P05", &message, None, None);
+                    let _ = stream.write_all(&out.buffer).await;
+                    return;
+                }
+            };
             let body = match read_body(stream).await {
                 Ok(Ok(body)) => body,
                 Ok(Err(reason)) => return refuse(stream, "54000", &reason).await,
