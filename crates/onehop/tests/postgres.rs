@@ -254,3 +254,116 @@ while time.time() < deadline:
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// psycopg's default: every statement in a transaction until `commit()`. The writes of one
+/// are applied all or none at COMMIT; inside it, its queries read its own writes (by key, by
+/// index, by a scan), others see nothing until COMMIT; ROLLBACK, an error, a savepoint rolled
+/// back to, or a row another writer changed first leave nothing of it written.
+#[test]
+fn a_transaction_of_writes_is_applied_all_or_none() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    let script = r#"
+import sys, psycopg
+dsn = f"host=127.0.0.1 port={sys.argv[1]} user=me dbname=onehop"
+with psycopg.connect(dsn, autocommit=True) as setup:
+    setup.execute("CREATE TABLE accounts (id TEXT PRIMARY KEY, owner TEXT, balance BIGINT)")
+    setup.execute("CREATE INDEX ON accounts (owner)")
+    setup.execute("CREATE TABLE audit (id TEXT PRIMARY KEY)")
+    setup.execute("INSERT INTO accounts (id, owner, balance) VALUES ('a', 'ann', 100), ('b', 'bob', 50)")
+watcher = psycopg.connect(dsn, autocommit=True)
+def seen(sql):
+    return watcher.execute(sql).fetchall()
+
+with psycopg.connect(dsn) as conn:
+    conn.execute("UPDATE accounts SET balance = balance - 30 WHERE id = 'a'")
+    conn.execute("UPDATE accounts SET balance = balance + 30 WHERE id = %s", ("b",))
+    conn.execute("INSERT INTO accounts (id, owner, balance) VALUES ('c', 'ann', 5)")
+    print("inside", conn.execute("SELECT id, balance FROM accounts ORDER BY id").fetchall())
+    print("by key inside", conn.execute("SELECT balance FROM accounts WHERE id = 'c'").fetchall())
+    print("by index inside", conn.execute("SELECT id FROM accounts WHERE owner = 'ann' ORDER BY id").fetchall())
+    print("outside before", seen("SELECT id, balance FROM accounts ORDER BY id"))
+print("outside after", seen("SELECT id, balance FROM accounts ORDER BY id"))
+
+with psycopg.connect(dsn) as conn:
+    conn.execute("DELETE FROM accounts WHERE owner = 'ann'")
+    print("deleted inside", conn.execute("SELECT COUNT(*) FROM accounts").fetchone()[0])
+    conn.rollback()
+print("after rollback", seen("SELECT COUNT(*) FROM accounts"))
+
+conn = psycopg.connect(dsn)
+conn.execute("UPDATE accounts SET balance = 0 WHERE id = 'a'")
+try:
+    conn.execute("INSERT INTO accounts (id, balance) VALUES ('b', 1)")
+except psycopg.Error as error:
+    print("duplicate", error.sqlstate)
+conn.rollback()
+print("after error", seen("SELECT balance FROM accounts WHERE id = 'a'"))
+
+with psycopg.connect(dsn) as conn:
+    with conn.transaction():
+        conn.execute("UPDATE accounts SET balance = 1 WHERE id = 'c'")
+        try:
+            with conn.transaction():
+                conn.execute("UPDATE accounts SET balance = 2 WHERE id = 'c'")
+                conn.execute("INSERT INTO accounts (id, balance) VALUES ('d', 4)")
+                raise RuntimeError("undo the inner block")
+        except RuntimeError:
+            pass
+        print("savepoint inside", conn.execute("SELECT id, balance FROM accounts WHERE id IN ('c', 'd')").fetchall())
+print("savepoint after", seen("SELECT id, balance FROM accounts WHERE id >= 'c' ORDER BY id"))
+
+conn = psycopg.connect(dsn)
+conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 'a'")
+conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 'b'")
+watcher.execute("UPDATE accounts SET balance = 999 WHERE id = 'b'")
+try:
+    conn.commit()
+    print("committed over another writer")
+except psycopg.errors.SerializationFailure as error:
+    print("conflict", error.sqlstate)
+print("after conflict", seen("SELECT id, balance FROM accounts WHERE id IN ('a', 'b') ORDER BY id"))
+
+conn = psycopg.connect(dsn)
+conn.execute("UPDATE accounts SET balance = 7 WHERE id = 'a'")
+try:
+    conn.execute("INSERT INTO audit (id) VALUES ('x')")
+except psycopg.Error as error:
+    print("second table", error.sqlstate)
+conn.rollback()
+try:
+    conn.execute("CREATE STREAM inside")
+except psycopg.Error as error:
+    print("definition", error.sqlstate)
+conn.rollback()
+print("end", seen("SELECT id, balance FROM accounts ORDER BY id"), seen("SELECT COUNT(*) FROM audit"))
+"#;
+    let output = Command::new("python3").args(["-c", script, &pg.port().to_string()]).output().expect("python3 runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    for expected in [
+        "inside [('a', 70), ('b', 80), ('c', 5)]",
+        "by key inside [(5,)]",
+        "by index inside [('a',), ('c',)]",
+        "outside before [('a', 100), ('b', 50)]",
+        "outside after [('a', 70), ('b', 80), ('c', 5)]",
+        "deleted inside 1",
+        "after rollback [(3,)]",
+        "duplicate 23505",
+        "after error [(70,)]",
+        "savepoint inside [('c', 1)]",
+        "savepoint after [('c', 1)]",
+        "conflict 40001",
+        "after conflict [('a', 70), ('b', 999)]",
+        "second table 0A000",
+        "definition 25001",
+        "end [('a', 70), ('b', 999), ('c', 1)] [(0,)]",
+    ] {
+        assert!(said.contains(expected), "{expected:?} in {said}");
+    }
+    // What the transactions committed is what HTTP reads.
+    let (status, body) = common::get(server.address, "/tables/accounts/c");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"balance\":1"), "{body}");
+}

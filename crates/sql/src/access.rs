@@ -100,6 +100,17 @@ impl std::fmt::Debug for AccessStatement {
 }
 
 impl AccessStatement {
+    /// Whether it only lists (SHOW USERS, ROLES, GRANTS, TOKENS).
+    pub fn is_show(&self) -> bool {
+        matches!(
+            self,
+            AccessStatement::ShowUsers
+                | AccessStatement::ShowRoles
+                | AccessStatement::ShowGrants { .. }
+                | AccessStatement::ShowTokens
+        )
+    }
+
     /// A label for answers, without the password.
     pub fn label(&self) -> String {
         match self {

@@ -202,7 +202,7 @@ pub async fn execute_cancellable(
     match statement {
         Statement::Query { query, text } => {
             authorize(engine, Some(principal), statement)?;
-            crate::query::run_shared(engine, Some(principal), query, text.clone(), cancel).await
+            crate::query::run_shared(engine, Some(principal), query, text.clone(), cancel, None).await
         }
         Statement::Write { statement: write, text } => {
             authorize(engine, Some(principal), statement)?;
@@ -210,6 +210,46 @@ pub async fn execute_cancellable(
             Ok(changed_output(changed, text))
         }
         _ => run(engine, Some(principal), statement).await,
+    }
+}
+
+/// Runs `statement` for `principal` inside `transaction` (`BEGIN` … `COMMIT`): a query reads
+/// the table the transaction writes through its uncommitted writes; a write is decided now and
+/// kept until [`Transaction::commit`](crate::Transaction::commit); `EXPLAIN`, `DESCRIBE` and
+/// `SHOW` run as outside. A definition or an access statement is refused: it would take effect
+/// at once, whatever the transaction's end.
+pub async fn execute_in(
+    engine: &std::sync::Arc<Engine>,
+    principal: &Principal,
+    statement: &Statement,
+    cancel: Option<&crate::query::Cancel>,
+    transaction: &mut crate::Transaction,
+) -> Result<Output, SqlError> {
+    match statement {
+        Statement::Query { query, text } => {
+            authorize(engine, Some(principal), statement)?;
+            crate::query::run_shared(engine, Some(principal), query, text.clone(), cancel, transaction.overlay()).await
+        }
+        Statement::Write { statement: write, text } => {
+            authorize(engine, Some(principal), statement)?;
+            let plan = crate::query::write::plan_shared(engine, Some(principal), write, transaction.overlay()).await?;
+            let limits = crate::query::QueryLimits::of(engine.options());
+            let changed = transaction.stage(plan, limits.memory_bytes_max)?;
+            Ok(changed_output(changed, text))
+        }
+        Statement::Explain { .. }
+        | Statement::Describe { .. }
+        | Statement::ShowStreams
+        | Statement::ShowTables
+        | Statement::ShowViews
+        | Statement::ShowTransforms => execute_cancellable(engine, principal, statement, cancel).await,
+        Statement::Access(access) if access.is_show() => {
+            execute_cancellable(engine, principal, statement, cancel).await
+        }
+        other => Err(SqlError::ActiveTransaction(format!(
+            "{} cannot run inside a transaction: definitions take effect at once",
+            other.label()
+        ))),
     }
 }
 

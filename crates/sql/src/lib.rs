@@ -20,8 +20,9 @@ pub mod query;
 mod view;
 
 pub use access::AccessStatement;
-pub use execute::{Output, execute, execute_as, execute_cancellable};
+pub use execute::{Output, execute, execute_as, execute_cancellable, execute_in};
 pub use parse::{Statement, StreamOptions, parse};
+pub use query::Transaction;
 
 /// Why a statement could not be parsed or run.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,19 @@ pub enum SqlError {
     /// A query passed one of its limits (`memory`, `time`, `stream_records`).
     #[error("{message}")]
     QueryLimit { limit: &'static str, message: String },
+    /// A write would give a second row the primary key of one that exists.
+    #[error("{0}")]
+    UniqueViolation(String),
+    /// A transaction's COMMIT found a row it wrote changed by another writer since the
+    /// transaction read it: nothing of the transaction was written.
+    #[error("{0}")]
+    SerializationFailure(String),
+    /// A statement that cannot run inside a transaction (a definition takes effect at once).
+    #[error("{0}")]
+    ActiveTransaction(String),
+    /// What a transaction cannot hold (writes to a second table or stream).
+    #[error("{0}")]
+    Transaction(String),
     #[error(transparent)]
     Engine(#[from] onehop_engine::EngineError),
 }
@@ -65,6 +79,8 @@ impl SqlError {
         match self {
             SqlError::Unsupported { .. } => Some(format!("supported statements: {SUPPORTED}")),
             SqlError::Engine(error) => error.hint(),
+            SqlError::SerializationFailure(_) => Some("run the transaction again".into()),
+            SqlError::ActiveTransaction(_) => Some("run it outside BEGIN … COMMIT".into()),
             _ => None,
         }
     }
@@ -78,6 +94,10 @@ impl SqlError {
             SqlError::InvalidOption(_) => "sql_invalid_option",
             SqlError::QueryLimit { .. } => "query_limit",
             SqlError::Canceled => "query_canceled",
+            SqlError::UniqueViolation(_) => "sql_unique_violation",
+            SqlError::SerializationFailure(_) => "sql_serialization_failure",
+            SqlError::ActiveTransaction(_) => "sql_active_transaction",
+            SqlError::Transaction(_) => "sql_transaction",
             SqlError::Engine(error) => error.code(),
         }
     }

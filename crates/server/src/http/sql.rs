@@ -11,6 +11,14 @@ use super::error::ApiError;
 fn sql_error(error: onehop_sql::SqlError) -> ApiError {
     match error {
         onehop_sql::SqlError::Engine(error) => error.into(),
+        // A key taken, or a row changed by another writer first: the request was fine.
+        other @ (onehop_sql::SqlError::UniqueViolation(_) | onehop_sql::SqlError::SerializationFailure(_)) => {
+            ApiError {
+                hint: other.hint(),
+                status: axum::http::StatusCode::CONFLICT,
+                ..ApiError::bad_request(other.code(), other.to_string())
+            }
+        }
         other => ApiError { hint: other.hint(), ..ApiError::bad_request(other.code(), other.to_string()) },
     }
 }

@@ -349,15 +349,18 @@ impl From<SqlError> for PgError {
             SqlError::InvalidOption(_) => "22023",
             SqlError::QueryLimit { limit: "time", .. } | SqlError::Canceled => "57014",
             SqlError::QueryLimit { .. } => "54000",
+            SqlError::UniqueViolation(_) => "23505",
+            SqlError::SerializationFailure(_) => "40001",
+            SqlError::ActiveTransaction(_) => "25001",
+            SqlError::Transaction(_) => "0A000",
             SqlError::Engine(engine) => match engine.kind() {
                 ErrorKind::Forbidden => "42501",
                 ErrorKind::Unauthenticated => "28000",
                 ErrorKind::NotFound => "42704",
                 ErrorKind::Conflict => "42710",
-                ErrorKind::Invalid
-                | ErrorKind::OutOfRange
-                | ErrorKind::PreconditionFailed
-                | ErrorKind::Unprocessable => "22023",
+                // A row changed by another writer since the statement read it.
+                ErrorKind::PreconditionFailed => "40001",
+                ErrorKind::Invalid | ErrorKind::OutOfRange | ErrorKind::Unprocessable => "22023",
                 ErrorKind::TooLarge | ErrorKind::LimitExceeded => "54000",
                 ErrorKind::ShuttingDown => "57P01",
                 ErrorKind::Unavailable => "57P03",
@@ -410,11 +413,22 @@ struct Prepared {
     types: Vec<u32>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// Where the session is: outside a transaction, in one (with its writes, kept until COMMIT,
+/// and its savepoints, innermost last), or in one an error ended (until ROLLBACK).
 enum Transaction {
     Idle,
-    Open,
-    Failed,
+    Open { writes: onehop_sql::Transaction, savepoints: Vec<(String, onehop_sql::Transaction)> },
+    Failed { savepoints: Vec<(String, onehop_sql::Transaction)> },
+}
+
+impl Transaction {
+    fn open() -> Transaction {
+        Transaction::Open { writes: onehop_sql::Transaction::new(), savepoints: Vec::new() }
+    }
+
+    fn is_idle(&self) -> bool {
+        matches!(self, Transaction::Idle)
+    }
 }
 
 struct Session {
@@ -465,8 +479,8 @@ impl Session {
     fn status(&self) -> u8 {
         match self.transaction {
             Transaction::Idle => b'I',
-            Transaction::Open => b'T',
-            Transaction::Failed => b'E',
+            Transaction::Open { .. } => b'T',
+            Transaction::Failed { .. } => b'E',
         }
     }
 
@@ -501,7 +515,7 @@ impl Session {
                 Frontend::Query(sql) => self.simple(&sql).await,
                 Frontend::Sync => {
                     self.skipping = false;
-                    if self.transaction == Transaction::Idle {
+                    if self.transaction.is_idle() {
                         self.portals.clear();
                     }
                     let status = self.status();
@@ -532,8 +546,10 @@ impl Session {
 
     fn fail(&mut self, error: &PgError) {
         self.out.error(false, error.code, &error.message, None, error.hint.as_deref());
-        if self.transaction == Transaction::Open {
-            self.transaction = Transaction::Failed;
+        if let Transaction::Open { savepoints, .. } = &mut self.transaction {
+            // The writes are dropped: an error ends the transaction (a savepoint can take it
+            // back to an earlier state).
+            self.transaction = Transaction::Failed { savepoints: std::mem::take(savepoints) };
         }
     }
 
@@ -598,58 +614,111 @@ impl Session {
 
     async fn execute(&mut self, piece: Piece, parameters: &[Value]) -> Result<Outcome, PgError> {
         match piece {
-            Piece::Session(statement) => self.session_statement(*statement),
+            Piece::Session(statement) => self.session_statement(*statement).await,
             Piece::Onehop(mut statement) => {
-                if self.transaction == Transaction::Failed {
-                    return Err(PgError::new(
-                        "25P02",
-                        "current transaction is aborted, commands ignored until end of transaction block",
-                    ));
-                }
-                let reads = matches!(
-                    *statement,
-                    Statement::Query { .. } | Statement::Explain { .. } | Statement::Describe { .. }
-                ) || statement.label().starts_with("SHOW");
-                if self.transaction == Transaction::Open && !reads {
-                    let mut error = PgError::new(
-                        "25001",
-                        format!(
-                            "{} cannot run inside a transaction: definitions take effect at once",
-                            statement.label()
-                        ),
-                    );
-                    error.hint = Some("run it outside BEGIN … COMMIT".into());
-                    return Err(error);
-                }
                 statement.bind(parameters)?;
                 // A cancel that came after the last query ended is not for this one.
                 self.cancel.reset();
-                let output =
-                    onehop_sql::execute_cancellable(&self.engine, &self.principal, &statement, Some(&self.cancel))
-                        .await?;
+                let output = match &mut self.transaction {
+                    Transaction::Idle => {
+                        onehop_sql::execute_cancellable(&self.engine, &self.principal, &statement, Some(&self.cancel))
+                            .await?
+                    }
+                    Transaction::Open { writes, .. } => {
+                        onehop_sql::execute_in(&self.engine, &self.principal, &statement, Some(&self.cancel), writes)
+                            .await?
+                    }
+                    Transaction::Failed { .. } => {
+                        return Err(PgError::new(
+                            "25P02",
+                            "current transaction is aborted, commands ignored until end of transaction block",
+                        ));
+                    }
+                };
                 Ok(Outcome::of(output))
             }
         }
     }
 
     /// SET, SHOW of a setting, and the transaction statements.
-    fn session_statement(&mut self, statement: ast::Statement) -> Result<Outcome, PgError> {
+    async fn session_statement(&mut self, statement: ast::Statement) -> Result<Outcome, PgError> {
         let command = |tag: &str| Ok(Outcome::Command { tag: tag.to_string(), notice: None });
         match statement {
             ast::Statement::StartTransaction { .. } => {
-                if self.transaction == Transaction::Idle {
-                    self.transaction = Transaction::Open;
+                if self.transaction.is_idle() {
+                    self.transaction = Transaction::open();
+                    return command("BEGIN");
                 }
-                command("BEGIN")
+                let notice = "there is already a transaction in progress".to_string();
+                Ok(Outcome::Command { tag: "BEGIN".into(), notice: Some(notice) })
             }
-            ast::Statement::Commit { .. } => {
-                let tag = if self.transaction == Transaction::Failed { "ROLLBACK" } else { "COMMIT" };
-                self.transaction = Transaction::Idle;
-                command(tag)
+            ast::Statement::Commit { .. } => match std::mem::replace(&mut self.transaction, Transaction::Idle) {
+                Transaction::Idle => {
+                    let notice = "there is no transaction in progress".to_string();
+                    Ok(Outcome::Command { tag: "COMMIT".into(), notice: Some(notice) })
+                }
+                Transaction::Failed { .. } => command("ROLLBACK"),
+                Transaction::Open { writes, .. } => {
+                    writes.commit().await?;
+                    command("COMMIT")
+                }
+            },
+            ast::Statement::Rollback { savepoint: Some(name), .. } => {
+                let savepoints = match &mut self.transaction {
+                    Transaction::Idle => {
+                        return Err(PgError::new(
+                            "25P01",
+                            "ROLLBACK TO SAVEPOINT can only be used in transaction blocks",
+                        ));
+                    }
+                    Transaction::Open { savepoints, .. } | Transaction::Failed { savepoints } => savepoints,
+                };
+                let Some(position) = savepoints.iter().rposition(|(saved, _)| *saved == name.value) else {
+                    return Err(PgError::new("3B001", format!("savepoint \"{}\" does not exist", name.value)));
+                };
+                // Back to the writes as the savepoint found them; it stays, later ones go.
+                savepoints.truncate(position + 1);
+                let writes = savepoints[position].1.clone();
+                let savepoints = std::mem::take(savepoints);
+                self.transaction = Transaction::Open { writes, savepoints };
+                command("ROLLBACK")
             }
             ast::Statement::Rollback { .. } => {
+                let idle = self.transaction.is_idle();
                 self.transaction = Transaction::Idle;
-                command("ROLLBACK")
+                let notice = idle.then(|| "there is no transaction in progress".to_string());
+                Ok(Outcome::Command { tag: "ROLLBACK".into(), notice })
+            }
+            ast::Statement::Savepoint { name } => match &mut self.transaction {
+                Transaction::Idle => Err(PgError::new("25P01", "SAVEPOINT can only be used in transaction blocks")),
+                Transaction::Failed { .. } => Err(PgError::new(
+                    "25P02",
+                    "current transaction is aborted, commands ignored until end of transaction block",
+                )),
+                Transaction::Open { writes, savepoints } => {
+                    savepoints.push((name.value, writes.clone()));
+                    command("SAVEPOINT")
+                }
+            },
+            ast::Statement::ReleaseSavepoint { name } => {
+                let savepoints = match &mut self.transaction {
+                    Transaction::Idle => {
+                        return Err(PgError::new("25P01", "RELEASE SAVEPOINT can only be used in transaction blocks"));
+                    }
+                    Transaction::Failed { .. } => {
+                        return Err(PgError::new(
+                            "25P02",
+                            "current transaction is aborted, commands ignored until end of transaction block",
+                        ));
+                    }
+                    Transaction::Open { savepoints, .. } => savepoints,
+                };
+                let Some(position) = savepoints.iter().rposition(|(saved, _)| *saved == name.value) else {
+                    return Err(PgError::new("3B001", format!("savepoint \"{}\" does not exist", name.value)));
+                };
+                // Its writes stay in the transaction; it and the savepoints after it go.
+                savepoints.truncate(position);
+                command("RELEASE")
             }
             ast::Statement::Set(set) => {
                 if let ast::Set::SingleAssignment { variable, values, .. } = set {
@@ -902,6 +971,8 @@ fn is_session_statement(statement: &ast::Statement) -> bool {
         ast::Statement::StartTransaction { .. }
         | ast::Statement::Commit { .. }
         | ast::Statement::Rollback { .. }
+        | ast::Statement::Savepoint { .. }
+        | ast::Statement::ReleaseSavepoint { .. }
         | ast::Statement::Set(_)
         | ast::Statement::Discard { .. }
         | ast::Statement::Deallocate { .. } => true,

@@ -24,6 +24,7 @@ mod order;
 mod resolve;
 mod select;
 mod source;
+mod transaction;
 pub mod write;
 
 use std::sync::Arc;
@@ -33,6 +34,9 @@ use serde_json::Value;
 use sqlparser::ast;
 
 pub use budget::{Cancel, QueryLimits};
+pub use transaction::Transaction;
+
+use source::Overlay;
 
 use crate::SqlError;
 use crate::execute::Output;
@@ -58,8 +62,21 @@ pub fn run(
     limits: &QueryLimits,
     cancel: Option<&Cancel>,
 ) -> Result<Answer, SqlError> {
+    run_through(engine, principal, query, limits, cancel, None)
+}
+
+/// [`run`], reading the table `overlay` is of through a transaction's uncommitted writes.
+pub(crate) fn run_through(
+    engine: &Engine,
+    principal: Option<&Principal>,
+    query: &ast::Query,
+    limits: &QueryLimits,
+    cancel: Option<&Cancel>,
+    overlay: Option<Arc<Overlay>>,
+) -> Result<Answer, SqlError> {
     let mut context = select::Context::new(engine, principal, limits);
     context.cancel_with(cancel.cloned());
+    context.read_through(overlay);
     let answer = context.query(query);
     metrics::counter!(QUERIES).increment(1);
     if let Err(SqlError::QueryLimit { limit, .. }) = &answer {
@@ -88,19 +105,22 @@ pub fn columns(engine: &Engine, principal: Option<&Principal>, query: &ast::Quer
     Ok(context.query(query)?.columns)
 }
 
-/// [`run`] on a blocking thread, so that a long query holds no async worker.
+/// [`run`] on a blocking thread, so that a long query holds no async worker; in a
+/// transaction, through its uncommitted writes (`overlay`).
 pub(crate) async fn run_shared(
     engine: &Arc<Engine>,
     principal: Option<&Principal>,
     query: &ast::Query,
     statement: String,
     cancel: Option<&Cancel>,
+    overlay: Option<Arc<Overlay>>,
 ) -> Result<Output, SqlError> {
     let (engine, principal, query, cancel) = (engine.clone(), principal.cloned(), query.clone(), cancel.cloned());
     let limits = QueryLimits::of(engine.options());
-    let answer =
-        tokio::task::spawn_blocking(move || run(&engine, principal.as_ref(), &query, &limits, cancel.as_ref()))
-            .await
-            .map_err(|error| SqlError::InvalidQuery(format!("the query stopped: {error}")))??;
+    let answer = tokio::task::spawn_blocking(move || {
+        run_through(&engine, principal.as_ref(), &query, &limits, cancel.as_ref(), overlay)
+    })
+    .await
+    .map_err(|error| SqlError::InvalidQuery(format!("the query stopped: {error}")))??;
     Ok(Output::Rows { statement, columns: answer.columns, rows: answer.rows })
 }

@@ -22,7 +22,7 @@ use super::aggregate::{Accumulator, Aggregate};
 use super::budget::{Budget, QueryLimits, estimate};
 use super::order::{Direction, by_terms, row_key};
 use super::resolve::{AGGREGATES, Aggregates, children, column_path, conjuncts, direction, inputs_of, resolve};
-use super::source::{Access, Kind, Probe, Range, STREAM_FIELDS, Source};
+use super::source::{Access, Kind, Overlay, Probe, Range, STREAM_FIELDS, Source};
 use crate::SqlError;
 
 fn invalid(message: impl Into<String>) -> SqlError {
@@ -49,6 +49,8 @@ pub(crate) struct Context<'a> {
     pub(super) explain: Option<Vec<String>>,
     depth: usize,
     subqueries: usize,
+    /// The uncommitted writes of the transaction the query runs in, read through.
+    overlay: Option<Arc<Overlay>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,7 +136,13 @@ impl<'a> Context<'a> {
             explain: None,
             depth: 0,
             subqueries: 0,
+            overlay: None,
         }
+    }
+
+    /// Reads the table `overlay` is of through it: a transaction's statements see its writes.
+    pub(crate) fn read_through(&mut self, overlay: Option<Arc<Overlay>>) {
+        self.overlay = overlay;
     }
 
     /// Ends the query at its next look at the clock once `cancel` is set.
@@ -295,7 +303,8 @@ impl<'a> Context<'a> {
                 }
                 let (kind, object_kind, known, open) = if let Ok(table) = self.engine.table(&name) {
                     let known = table.def().columns.iter().map(|column| column.name.clone()).collect();
-                    (Kind::Table(table), ObjectKind::Table, known, true)
+                    let overlay = Overlay::of(self.overlay.as_ref(), &name).cloned();
+                    (Kind::Table(table, overlay), ObjectKind::Table, known, true)
                 } else if let Ok(view) = self.engine.view(&name) {
                     let def = view.def();
                     let mut known: Vec<String> = def.columns.iter().map(|column| column.name().to_string()).collect();

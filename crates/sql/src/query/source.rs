@@ -8,9 +8,10 @@
 //! Reads take the input's lock for one chunk at a time, so a query never holds up a writer for
 //! longer than a chunk takes to copy.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use onehop_engine::filter::Condition;
+use onehop_engine::filter::{Condition, for_each_key, value_key};
 use onehop_engine::view::View;
 use onehop_engine::view::expr::key_text;
 use onehop_engine::{Position, Stream, Table};
@@ -28,11 +29,27 @@ const CHUNK_BYTES: usize = 4 * 1024 * 1024;
 pub(super) const STREAM_FIELDS: [&str; 5] = ["_key", "_partition", "_offset", "_time", "_subject"];
 
 pub(super) enum Kind {
-    Table(Arc<Table>),
+    /// A table, read through a transaction's uncommitted writes to it when there are any.
+    Table(Arc<Table>, Option<Arc<Overlay>>),
     View(Arc<View>),
     Stream(Arc<Stream>),
     /// A subquery's or CTE's answer.
     Rows(Arc<Answer>),
+}
+
+/// A transaction's writes to one table, not yet committed: each row it wrote as it left it
+/// (`None`: deleted). The transaction's own statements read the table through them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Overlay {
+    pub table: String,
+    pub rows: BTreeMap<String, Option<Map<String, Value>>>,
+}
+
+impl Overlay {
+    /// The overlay for `table`, when it is the one written.
+    pub(crate) fn of<'o>(overlay: Option<&'o Arc<Overlay>>, table: &str) -> Option<&'o Arc<Overlay>> {
+        overlay.filter(|overlay| overlay.table == table)
+    }
 }
 
 /// One input of a SELECT.
@@ -95,7 +112,7 @@ impl Source {
     /// A table's primary key, a view's key column: the field [`Access::Keys`] finds rows by.
     pub(super) fn key_field(&self) -> Option<String> {
         match &self.kind {
-            Kind::Table(table) => Some(table.def().primary_key.clone()),
+            Kind::Table(table, _) => Some(table.def().primary_key.clone()),
             Kind::View(view) => view.def().columns.iter().find_map(|column| match column {
                 onehop_engine::view::Column::Key { name } => Some(name.clone()),
                 _ => None,
@@ -106,7 +123,7 @@ impl Source {
 
     /// Whether a table input has an index on `field`.
     pub(super) fn indexed(&self, field: &str) -> bool {
-        matches!(&self.kind, Kind::Table(table) if table.def().index_on(field).is_some())
+        matches!(&self.kind, Kind::Table(table, _) if table.def().index_on(field).is_some())
     }
 
     pub(super) fn is_stream(&self) -> bool {
@@ -121,38 +138,63 @@ impl Source {
         each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
     ) -> Result<(), SqlError> {
         match (&self.kind, access) {
-            (Kind::Table(table), Access::Keys(keys)) => {
+            (Kind::Table(table, overlay), Access::Keys(keys)) => {
                 let def = table.def();
                 for key in keys {
-                    let Some(row) = def.id_of(key).and_then(|id| table.get(&id)) else { continue };
-                    if !each(Value::Object(row.doc().clone()), budget)? {
+                    let Some(id) = def.id_of(key) else { continue };
+                    let row = match overlay.as_ref().and_then(|overlay| overlay.rows.get(&id)) {
+                        Some(pending) => pending.clone(),
+                        None => table.get(&id).map(|row| row.doc().clone()),
+                    };
+                    if let Some(row) = row
+                        && !each(Value::Object(row), budget)?
+                    {
                         return Ok(());
                     }
                 }
                 Ok(())
             }
-            (Kind::Table(table), Access::Index { field, values }) => {
+            (Kind::Table(table, overlay), Access::Index { field, values }) => {
+                let overlay = overlay.as_deref();
                 for value in values {
-                    if !index_rows(table, field, value, budget, each)? {
+                    if !index_rows(table, overlay, field, value, budget, each)? {
                         return Ok(());
+                    }
+                }
+                if let Some(overlay) = overlay {
+                    for row in overlay.rows.values().flatten() {
+                        let holds =
+                            row.get(field).is_some_and(|held| values.iter().any(|value| index_holds(held, value)));
+                        if holds && !each(Value::Object(row.clone()), budget)? {
+                            return Ok(());
+                        }
                     }
                 }
                 Ok(())
             }
-            (Kind::Table(table), _) => {
+            (Kind::Table(table, overlay), _) => {
                 let mut after: Option<String> = None;
                 loop {
                     let page = table.query(&[], after.as_deref(), CHUNK_ROWS, true)?;
                     for row in &page.rows {
+                        if overlay.as_ref().is_some_and(|overlay| overlay.rows.contains_key(&row.id)) {
+                            continue;
+                        }
                         if !each(Value::Object(row.doc().clone()), budget)? {
                             return Ok(());
                         }
                     }
                     match page.next_after {
                         Some(next) => after = Some(next),
-                        None => return Ok(()),
+                        None => break,
                     }
                 }
+                for row in overlay.iter().flat_map(|overlay| overlay.rows.values().flatten()) {
+                    if !each(Value::Object(row.clone()), budget)? {
+                        return Ok(());
+                    }
+                }
+                Ok(())
             }
             (Kind::View(view), Access::Keys(keys)) => {
                 for key in keys {
@@ -237,10 +279,20 @@ fn index_text(value: &Value) -> Option<String> {
     }
 }
 
+/// Whether a row whose indexed field holds `held` is found by the index under `value`: the
+/// value itself, or one of the elements of an array.
+fn index_holds(held: &Value, value: &Value) -> bool {
+    let Some(wanted) = value_key(value) else { return false };
+    let mut found = false;
+    for_each_key(held, |key| found |= key == wanted);
+    found
+}
+
 /// The rows of `table` whose indexed `field` may hold `value` (the condition is checked again
-/// by the query); false when `each` asked to stop.
+/// by the query), but for those `overlay` holds; false when `each` asked to stop.
 fn index_rows(
     table: &Table,
+    overlay: Option<&Overlay>,
     field: &str,
     value: &Value,
     budget: &mut Budget,
@@ -253,6 +305,9 @@ fn index_rows(
     loop {
         let page = table.query(&conditions, after.as_deref(), CHUNK_ROWS, false)?;
         for row in &page.rows {
+            if overlay.is_some_and(|overlay| overlay.rows.contains_key(&row.id)) {
+                continue;
+            }
             if !each(Value::Object(row.doc().clone()), budget)? {
                 return Ok(false);
             }

@@ -20,8 +20,9 @@ use sqlparser::ast;
 use super::budget::QueryLimits;
 use super::resolve::{Aggregates, resolve};
 use super::select::Context;
+use super::source::Overlay;
 use super::source::{Kind, STREAM_FIELDS, Source};
-use super::{Answer, run};
+use super::{Answer, run_through};
 use crate::SqlError;
 
 fn invalid(message: impl Into<String>) -> SqlError {
@@ -55,7 +56,7 @@ pub async fn write(
     statement: &ast::Statement,
 ) -> Result<Changed, SqlError> {
     let limits = QueryLimits::of(engine.options());
-    apply(plan(engine, principal, statement, &limits)?).await
+    apply(plan(engine, principal, statement, &limits, None)?).await
 }
 
 /// [`write`], deciding on a blocking thread: reading the rows a statement changes is a query's
@@ -65,12 +66,22 @@ pub async fn write_shared(
     principal: Option<&Principal>,
     statement: &ast::Statement,
 ) -> Result<Changed, SqlError> {
+    apply(plan_shared(engine, principal, statement, None).await?).await
+}
+
+/// The write `statement` decided on a blocking thread, reading the table `overlay` is of
+/// through a transaction's uncommitted writes; not yet made.
+pub(crate) async fn plan_shared(
+    engine: &Arc<Engine>,
+    principal: Option<&Principal>,
+    statement: &ast::Statement,
+    overlay: Option<Arc<Overlay>>,
+) -> Result<Plan, SqlError> {
     let limits = QueryLimits::of(engine.options());
     let (engine, principal, statement) = (engine.clone(), principal.cloned(), statement.clone());
-    let plan = tokio::task::spawn_blocking(move || plan(&engine, principal.as_ref(), &statement, &limits))
+    tokio::task::spawn_blocking(move || plan(&engine, principal.as_ref(), &statement, &limits, overlay.as_ref()))
         .await
-        .map_err(|error| SqlError::InvalidQuery(format!("the statement stopped: {error}")))??;
-    apply(plan).await
+        .map_err(|error| SqlError::InvalidQuery(format!("the statement stopped: {error}")))?
 }
 
 async fn apply(plan: Plan) -> Result<Changed, SqlError> {
@@ -92,7 +103,7 @@ async fn apply(plan: Plan) -> Result<Changed, SqlError> {
 }
 
 /// A write decided, not yet made.
-enum Plan {
+pub(crate) enum Plan {
     Table {
         table: Arc<Table>,
         writes: Vec<(String, Write, Precondition)>,
@@ -107,12 +118,22 @@ enum Plan {
 }
 
 impl Plan {
-    fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         match self {
             Plan::Table { writes, .. } => writes.len() as u64,
             Plan::Stream { records, .. } => records.len() as u64,
         }
     }
+}
+
+/// Row `id` as the statement sees it (through the transaction's writes, if any), with the
+/// precondition a write of it is made under: the version read, or none for a row the
+/// transaction wrote (its first read's version is kept by the transaction).
+fn current(table: &Table, overlay: Option<&Arc<Overlay>>, id: &str) -> Option<(Map<String, Value>, Precondition)> {
+    if let Some(pending) = Overlay::of(overlay, &table.name()).and_then(|overlay| overlay.rows.get(id)) {
+        return pending.clone().map(|doc| (doc, Precondition::None));
+    }
+    table.get(id).map(|row| (row.doc().clone(), Precondition::Version(row.offset)))
 }
 
 fn input(row: &Value) -> Input<'_> {
@@ -124,7 +145,7 @@ fn target(engine: &Engine, principal: Option<&Principal>, name: &ast::ObjectName
     let name = crate::parse::simple_name(name)?;
     let (kind, object_kind, known) = if let Ok(table) = engine.table(&name) {
         let known = table.def().columns.iter().map(|column| column.name.clone()).collect();
-        (Kind::Table(table), ObjectKind::Table, known)
+        (Kind::Table(table, None), ObjectKind::Table, known)
     } else if let Ok(stream) = engine.stream(&name) {
         if engine.transform(&name).is_some() {
             return Err(invalid(format!("{name} is written by its transform; write to its source instead")));
@@ -143,7 +164,7 @@ fn target(engine: &Engine, principal: Option<&Principal>, name: &ast::ObjectName
 
 /// READ on the target, for a statement that reads its rows (WHERE, RETURNING, ON CONFLICT).
 fn authorize_read(engine: &Engine, principal: Option<&Principal>, source: &Source) -> Result<(), SqlError> {
-    let kind = if matches!(source.kind, Kind::Table(_)) { ObjectKind::Table } else { ObjectKind::Stream };
+    let kind = if matches!(source.kind, Kind::Table(..)) { ObjectKind::Table } else { ObjectKind::Stream };
     if let Some(principal) = principal {
         engine.access().authorize(principal, Privilege::Read, kind, &source.label)?;
     }
@@ -155,11 +176,12 @@ fn plan(
     principal: Option<&Principal>,
     statement: &ast::Statement,
     limits: &QueryLimits,
+    overlay: Option<&Arc<Overlay>>,
 ) -> Result<Plan, SqlError> {
     match statement {
-        ast::Statement::Insert(insert) => plan_insert(engine, principal, insert, limits),
-        ast::Statement::Update(update) => plan_update(engine, principal, update, limits),
-        ast::Statement::Delete(delete) => plan_delete(engine, principal, delete, limits),
+        ast::Statement::Insert(insert) => plan_insert(engine, principal, insert, limits, overlay),
+        ast::Statement::Update(update) => plan_update(engine, principal, update, limits, overlay),
+        ast::Statement::Delete(delete) => plan_delete(engine, principal, delete, limits, overlay),
         other => Err(unsupported(other.to_string().split_whitespace().next().unwrap_or_default())),
     }
 }
@@ -172,6 +194,7 @@ fn keys_where(
     alias: &str,
     selection: Option<&ast::Expr>,
     limits: &QueryLimits,
+    overlay: Option<&Arc<Overlay>>,
 ) -> Result<Vec<String>, SqlError> {
     let def = table.def();
     let mut sql = format!("SELECT \"{alias}\".\"{}\" FROM \"{}\" AS \"{alias}\"", def.primary_key, def.name);
@@ -182,7 +205,7 @@ fn keys_where(
         Some(crate::parse::Statement::Query { query, .. }) => query,
         _ => return Err(invalid("the WHERE clause does not make a query")),
     };
-    let answer = run(engine, principal, &query, limits, None)?;
+    let answer = run_through(engine, principal, &query, limits, None, overlay.cloned())?;
     Ok(answer.rows.into_iter().filter_map(|mut row| def.id_of(&row.swap_remove(0))).collect())
 }
 
@@ -276,6 +299,7 @@ fn plan_insert(
     principal: Option<&Principal>,
     insert: &ast::Insert,
     limits: &QueryLimits,
+    overlay: Option<&Arc<Overlay>>,
 ) -> Result<Plan, SqlError> {
     if insert.or.is_some() || insert.ignore || insert.overwrite || !insert.assignments.is_empty() || insert.replace_into
     {
@@ -287,10 +311,10 @@ fn plan_insert(
         source.alias = alias.alias.value.clone();
     }
     let Some(query) = &insert.source else { return Err(unsupported("INSERT without VALUES or SELECT")) };
-    let answer = run(engine, principal, query, limits, None)?;
+    let answer = run_through(engine, principal, query, limits, None, overlay.cloned())?;
     let columns: Vec<String> = if insert.columns.is_empty() {
         match &source.kind {
-            Kind::Table(_) => source.known.clone(),
+            Kind::Table(..) => source.known.clone(),
             _ => return Err(invalid(format!("INSERT INTO {} needs its columns named: (a, b, …)", source.label))),
         }
     } else {
@@ -322,7 +346,7 @@ fn plan_insert(
             let returning = returning(&mut context, &source, insert.returning.as_ref(), &rows)?;
             Ok(Plan::Stream { stream: stream.clone(), records, returning })
         }
-        Kind::Table(table) => {
+        Kind::Table(table, _) => {
             let table = table.clone();
             let def = table.def();
             let excluded = Source { alias: "excluded".into(), ..source_like(&source) };
@@ -374,24 +398,23 @@ fn plan_insert(
                         "the statement writes the row {id} twice"
                     ))));
                 }
-                let existing = table.get(&id);
-                match (&existing, &conflict) {
+                let existing = current(&table, overlay, &id);
+                match (existing, &conflict) {
                     (None, _) => {
                         writes.push((id, Write::Put(row.clone()), Precondition::Missing));
                         written.push(row);
                     }
-                    (Some(existing), None) => {
-                        let _ = existing;
-                        return Err(invalid(format!(
+                    (Some(_), None) => {
+                        return Err(SqlError::UniqueViolation(format!(
                             "duplicate key value: {} already has a row {id} (ON CONFLICT ({}) DO UPDATE or DO NOTHING \
                              writes over or keeps it)",
                             def.name, def.primary_key
                         )));
                     }
                     (Some(_), Some(None)) => {}
-                    (Some(existing), Some(Some((sets, condition)))) => {
+                    (Some((existing, precondition)), Some(Some((sets, condition)))) => {
                         let object = Value::Object(Map::from_iter([
-                            (source.alias.clone(), Value::Object(existing.doc().clone())),
+                            (source.alias.clone(), Value::Object(existing.clone())),
                             ("excluded".to_string(), Value::Object(row.clone())),
                         ]));
                         if let Some(condition) = condition
@@ -399,12 +422,12 @@ fn plan_insert(
                         {
                             continue;
                         }
-                        let mut after = existing.doc().clone();
+                        let mut after = existing;
                         for (column, expr) in sets {
                             after.insert(column.clone(), expr.eval(&input(&object)));
                         }
                         after.retain(|_, value| !value.is_null());
-                        writes.push((id, Write::Put(after.clone()), Precondition::Version(existing.offset)));
+                        writes.push((id, Write::Put(after.clone()), precondition));
                         written.push(after);
                     }
                 }
@@ -465,7 +488,7 @@ fn stream_record(row: &Map<String, Value>) -> Result<NewRecord, SqlError> {
 }
 
 /// Several records are written all or none only within one partition's batch.
-fn check_one_partition(stream: &onehop_engine::Stream, records: &[NewRecord]) -> Result<(), SqlError> {
+pub(crate) fn check_one_partition(stream: &onehop_engine::Stream, records: &[NewRecord]) -> Result<(), SqlError> {
     if records.len() < 2 || stream.def().partitions == 1 {
         return Ok(());
     }
@@ -487,7 +510,7 @@ fn single_table(
     name: &ast::ObjectName,
 ) -> Result<(Source, Arc<Table>), SqlError> {
     let source = target(engine, principal, name)?;
-    let Kind::Table(table) = &source.kind else {
+    let Kind::Table(table, _) = &source.kind else {
         return Err(invalid(format!(
             "{}: a stream's records are kept as written (UPDATE and DELETE are for tables)",
             source.label
@@ -502,6 +525,7 @@ fn plan_update(
     principal: Option<&Principal>,
     update: &ast::Update,
     limits: &QueryLimits,
+    overlay: Option<&Arc<Overlay>>,
 ) -> Result<Plan, SqlError> {
     if update.from.is_some() || update.or.is_some() || !update.order_by.is_empty() || update.limit.is_some() {
         return Err(unsupported("UPDATE … FROM, ORDER BY or LIMIT"));
@@ -523,18 +547,18 @@ fn plan_update(
     let mut context = Context::new(engine, principal, limits);
     let scope = [source_like(&source)];
     let sets = assignments(&mut context, &scope, &update.assignments, &def.primary_key)?;
-    let ids = keys_where(engine, principal, &table, &source.alias, update.selection.as_ref(), limits)?;
+    let ids = keys_where(engine, principal, &table, &source.alias, update.selection.as_ref(), limits, overlay)?;
     let mut writes = Vec::with_capacity(ids.len());
     let mut written = Vec::with_capacity(ids.len());
     for id in ids {
-        let Some(row) = table.get(&id) else { continue };
-        let object = Value::Object(Map::from_iter([(source.alias.clone(), Value::Object(row.doc().clone()))]));
-        let mut after = row.doc().clone();
+        let Some((row, precondition)) = current(&table, overlay, &id) else { continue };
+        let object = Value::Object(Map::from_iter([(source.alias.clone(), Value::Object(row.clone()))]));
+        let mut after = row;
         for (column, expr) in &sets {
             after.insert(column.clone(), expr.eval(&input(&object)));
         }
         after.retain(|_, value| !value.is_null());
-        writes.push((id, Write::Put(after.clone()), Precondition::Version(row.offset)));
+        writes.push((id, Write::Put(after.clone()), precondition));
         written.push(after);
     }
     let returning = returning(&mut context, &source, update.returning.as_ref(), &written)?;
@@ -546,6 +570,7 @@ fn plan_delete(
     principal: Option<&Principal>,
     delete: &ast::Delete,
     limits: &QueryLimits,
+    overlay: Option<&Arc<Overlay>>,
 ) -> Result<Plan, SqlError> {
     if !delete.tables.is_empty() || delete.using.is_some() || !delete.order_by.is_empty() || delete.limit.is_some() {
         return Err(unsupported("DELETE … USING, ORDER BY or LIMIT, or of several tables"));
@@ -565,13 +590,13 @@ fn plan_delete(
     if delete.selection.is_some() || delete.returning.is_some() {
         authorize_read(engine, principal, &source)?;
     }
-    let ids = keys_where(engine, principal, &table, &source.alias, delete.selection.as_ref(), limits)?;
+    let ids = keys_where(engine, principal, &table, &source.alias, delete.selection.as_ref(), limits, overlay)?;
     let mut writes = Vec::with_capacity(ids.len());
     let mut deleted = Vec::with_capacity(ids.len());
     for id in ids {
-        let Some(row) = table.get(&id) else { continue };
-        writes.push((id, Write::Delete, Precondition::Version(row.offset)));
-        deleted.push(row.doc().clone());
+        let Some((row, precondition)) = current(&table, overlay, &id) else { continue };
+        writes.push((id, Write::Delete, precondition));
+        deleted.push(row);
     }
     let mut context = Context::new(engine, principal, limits);
     let returning = returning(&mut context, &source, delete.returning.as_ref(), &deleted)?;
