@@ -1,7 +1,8 @@
 //! The Postgres wire protocol with real clients: psql (the simple query protocol, several
 //! statements in one query, errors with SQLSTATE), psycopg 3 (the extended protocol:
 //! server-side binding, binary results, prepared statements, cancel, transactions) and
-//! node-postgres (a pool, a named statement run ten times, RETURNING), against a server
+//! node-postgres (a pool, a named statement run ten times, RETURNING) and pgjdbc (server-side
+//! prepared statements after five runs, a transaction with autocommit off), against a server
 //! with users, over TLS on the server's certificate, logging in with SCRAM-SHA-256 and refused
 //! with a wrong password; what they read and write is what HTTP reads and writes.
 
@@ -186,6 +187,44 @@ with psycopg.connect(dsn, password=password) as conn:
     assert!(said.contains(r#"returning [{"id":"n1","title":"node lamp"}]"#), "{said}");
     assert!(said.contains(r#"read [{"title":"node lamp","price":12.5}]"#), "{said}");
     assert!(said.contains("refused 42P01"), "{said}");
+
+    // pgjdbc: a prepared statement run ten times (named and server-side after five), a
+    // transaction with autocommit off and RETURNING, a refusal's SQLSTATE.
+    let classes = tempfile::tempdir().unwrap();
+    let jars = pgjdbc_jars();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pg_jdbc/JdbcClient.java");
+    let output = Command::new("javac")
+        .args(["-d", classes.path().to_str().unwrap(), "-cp", &jars])
+        .arg(&source)
+        .output()
+        .expect("javac runs");
+    assert!(output.status.success(), "javac: {}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new("java")
+        .args(["-cp", &format!("{}:{jars}", classes.path().display()), "JdbcClient"])
+        .args([&pg.port().to_string(), ROOT.0, ROOT.1, dir.path().join("ca.pem").to_str().unwrap()])
+        .output()
+        .expect("java runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("prepared [0, 0, 0, 0, 0, 1, 2, 3, 4, 5]"), "{said}");
+    assert!(said.contains("returning i1 1010\nreturning i2 1020"), "{said}");
+    assert!(said.contains("read [i1:item 1:1010, i2:item 2:1020]"), "{said}");
+    assert!(said.contains("refused 42P01"), "{said}");
+}
+
+/// The classpath of pgjdbc's jars, as scripts/test leaves them in the peers' cache.
+fn pgjdbc_jars() -> String {
+    let peers = std::env::var_os("ONEHOP_PEERS_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/onehop-peers")
+    });
+    let dir = peers.join("pgjdbc");
+    let jars: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|error| panic!("pgjdbc is not in {} ({error}): scripts/test copies it there", dir.display()))
+        .map(|entry| entry.unwrap().path().display().to_string())
+        .filter(|path| path.ends_with(".jar"))
+        .collect();
+    assert!(jars.iter().any(|jar| jar.contains("postgresql-")), "no pgjdbc jar in {}", dir.display());
+    jars.join(":")
 }
 
 #[test]
