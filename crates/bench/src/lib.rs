@@ -51,6 +51,7 @@ pub mod plan;
 pub mod plot;
 pub mod priority;
 pub mod progress;
+pub mod query;
 pub mod queue;
 pub mod recorder;
 pub mod report;

@@ -21,6 +21,8 @@ pub struct ServerProcess {
     pub https: Option<String>,
     /// The MQTT over TLS listener, `host:port`, when `--mqtt-tls-addr` was given.
     pub mqtts: Option<String>,
+    /// The Postgres listener, `host:port`, when `--pg-addr` was given.
+    pub pg: Option<String>,
     _data: tempfile::TempDir,
 }
 
@@ -41,11 +43,19 @@ impl ServerProcess {
     ) -> anyhow::Result<ServerProcess> {
         let data = tempfile::Builder::new().prefix("onehop-bench-data-").tempdir_in(dir)?;
         let mut command = Command::new(exe);
+        command.arg("serve").args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--mqtt-addr",
+            "127.0.0.1:0",
+            "--kafka-addr",
+            "127.0.0.1:0",
+        ]);
+        // The workloads do not use the Postgres listener; the query benchmark asks for it.
+        if !extra_args.contains(&"--pg-addr") {
+            command.args(["--pg-addr", "off"]);
+        }
         command
-            .arg("serve")
-            .args(["--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--kafka-addr", "127.0.0.1:0"])
-            // The workloads do not use the Postgres listener.
-            .args(["--pg-addr", "off"])
             .args(["--log", "warn,onehop=info"])
             .arg("--data-dir")
             .arg(data.path())
@@ -74,7 +84,7 @@ impl ServerProcess {
                 }
             }
         });
-        let (mut mqtt, mut kafka, mut https, mut mqtts) = (String::new(), String::new(), None, None);
+        let (mut mqtt, mut kafka, mut https, mut mqtts, mut pg) = (String::new(), String::new(), None, None, None);
         // The address a "listening on {scheme}://{address}" line names.
         let listening = |line: &str, scheme: &str| {
             let rest = line.split(&format!("listening on {scheme}://")).nth(1)?;
@@ -95,6 +105,9 @@ impl ServerProcess {
             if let Some(address) = listening(&line, "mqtts") {
                 mqtts = Some(address);
             }
+            if let Some(address) = listening(&line, "postgres") {
+                pg = Some(address);
+            }
             if let Some(address) = listening(&line, "http") {
                 break format!("http://{address}");
             }
@@ -105,7 +118,7 @@ impl ServerProcess {
         };
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || while lines.recv().is_ok() {});
-        Ok(ServerProcess { child, url, mqtt, kafka, https, mqtts, _data: data })
+        Ok(ServerProcess { child, url, mqtt, kafka, https, mqtts, pg, _data: data })
     }
 
     pub fn pid(&self) -> u32 {

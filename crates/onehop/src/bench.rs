@@ -44,6 +44,17 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             out: args.out,
             json: args.json,
         }),
+        BenchCommand::Query(args) => onehop_bench::query::run(&onehop_bench::query::QueryOptions {
+            exe: std::env::current_exe()?,
+            dir: args.dir,
+            rate: args.rate,
+            duration: seconds("--duration", args.duration, false)?,
+            warmup: seconds("--warmup", args.warmup, true)?,
+            orders: args.orders,
+            join_runs: args.join_runs,
+            out: args.out,
+            json: args.json,
+        }),
         BenchCommand::Bank(args) => bench_bank(args),
         BenchCommand::BankLedger(args) => bench_bank_ledger(args),
         BenchCommand::Queue(args) => onehop_bench::queue::run(&onehop_bench::queue::QueueOptions {

@@ -470,6 +470,10 @@ pub enum BenchCommand {
     /// Study 4, the queue: Kafka clients against onehop and against Kafka, and Redis Streams
     /// consumer groups, in one invocation (needs `scripts/peers install kafka redis`).
     Queue(BenchQueueArgs),
+    /// Ad-hoc queries against Postgres 15 on the same data: a point select by primary key over
+    /// the Postgres protocol and over `GET /tables`, and a three-table join with GROUP BY
+    /// (needs Debian's postgresql-15: `scripts/peers install kafka-stack`).
+    Query(BenchQueryArgs),
     /// Study 3: a leader/standby ledger on a three-node cluster — transfers at a target rate,
     /// the committed transaction log applied by a standby on another node, publication latency
     /// seen on the third, and the completeness gate; `--kill ledger|node` fails over mid-run.
@@ -587,6 +591,35 @@ pub struct BenchKafkaArgs {
     #[arg(long, default_value = "results/kafka")]
     pub out: std::path::PathBuf,
     /// End the output with one JSON line per target and record size.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `onehop bench query`.
+#[derive(Args, Debug)]
+pub struct BenchQueryArgs {
+    /// Point selects per second, on each side.
+    #[arg(long, default_value_t = 500)]
+    pub rate: u32,
+    /// Seconds of point selects measured on each side.
+    #[arg(long, default_value_t = 20.0)]
+    pub duration: f64,
+    /// Seconds of point selects before the measured ones.
+    #[arg(long, default_value_t = 3.0)]
+    pub warmup: f64,
+    /// Orders the join reads (with 1 000 customers and 1 000 products).
+    #[arg(long, default_value_t = 100_000)]
+    pub orders: u32,
+    /// Runs of the join measured on each side.
+    #[arg(long, default_value_t = 5)]
+    pub join_runs: u32,
+    /// Where the servers keep their data: put it on the disk to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Where summary.md, query-latency.svg and Postgres's log go.
+    #[arg(long, default_value = "results/query")]
+    pub out: std::path::PathBuf,
+    /// End the output with one JSON line.
     #[arg(long)]
     pub json: bool,
 }

@@ -153,9 +153,15 @@ with psycopg.connect(dsn, password=password, autocommit=True) as conn:
     timer.join()
     print("after cancel", conn.execute("SELECT COUNT(*) FROM products").fetchone()[0])
 with psycopg.connect(dsn, password=password) as conn:
+    notices = []
+    conn.add_notice_handler(lambda notice: notices.append(notice.message_primary))
     print("transaction", conn.execute("SELECT id FROM products ORDER BY id").fetchall())
+    # Before any write, a definition runs at once and says so; after one, it is refused.
+    conn.execute("CREATE STREAM inside")
+    print("notice", notices)
+    conn.execute("UPDATE products SET price = 21 WHERE id = 'p1'")
     try:
-        conn.execute("CREATE STREAM inside")
+        conn.execute("CREATE STREAM inside_after_a_write")
     except psycopg.Error as error:
         print("refused", error.sqlstate)
 "#;
@@ -170,6 +176,7 @@ with psycopg.connect(dsn, password=password) as conn:
     assert!(said.contains("prepared [3, 2, 1, 0, 3, 3]"), "{said}");
     assert!(said.contains("transaction [('p1',), ('p2',), ('p3',)]"), "{said}");
     assert!(said.contains("refused 25001"), "{said}");
+    assert!(said.contains("notice ['CREATE STREAM inside took effect at once"), "{said}");
     assert!(said.contains("canceled 57014 canceling statement due to user request"), "{said}");
     assert!(said.contains("after cancel 3"), "{said}");
 
@@ -297,7 +304,8 @@ while time.time() < deadline:
 /// psycopg's default: every statement in a transaction until `commit()`. The writes of one
 /// are applied all or none at COMMIT; inside it, its queries read its own writes (by key, by
 /// index, by a scan), others see nothing until COMMIT; ROLLBACK, an error, a savepoint rolled
-/// back to, or a row another writer changed first leave nothing of it written.
+/// back to, or a row another writer changed first leave nothing of it written; a second table
+/// and a definition after a write are refused.
 #[test]
 fn a_transaction_of_writes_is_applied_all_or_none() {
     let dir = DataDir::new();
@@ -371,6 +379,7 @@ try:
 except psycopg.Error as error:
     print("second table", error.sqlstate)
 conn.rollback()
+conn.execute("UPDATE accounts SET balance = 8 WHERE id = 'a'")
 try:
     conn.execute("CREATE STREAM inside")
 except psycopg.Error as error:
@@ -405,4 +414,156 @@ print("end", seen("SELECT id, balance FROM accounts ORDER BY id"), seen("SELECT 
     let (status, body) = common::get(server.address, "/tables/accounts/c");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"balance\":1"), "{body}");
+}
+
+/// What psql's `\d` commands and SQLAlchemy's reflection read (pg_catalog and
+/// information_schema) lists onehop's tables, streams and views, with their columns, types,
+/// keys and indexes, as a Postgres with the same tables would; a user sees only what she has
+/// grants on; SQLAlchemy Core creates, reflects, writes and reads; over TLS, with users, and
+/// refused with a wrong password.
+#[test]
+fn psql_describes_and_sqlalchemy_reflects_what_onehop_holds() {
+    let dir = DataDir::new();
+    certificates(dir.path(), "");
+    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
+    let server = dir.start(
+        &["--admin-user", ROOT.0, "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)],
+    );
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    let root = conninfo(pg, dir.path(), ROOT.0);
+    let (ok, out, err) = psql(
+        &root,
+        ROOT.1,
+        &[
+            "CREATE TABLE products (id TEXT PRIMARY KEY, name TEXT NOT NULL, price DOUBLE PRECISION, tags TEXT[])",
+            "CREATE INDEX ON products (name)",
+            "CREATE STREAM orders",
+            "CREATE VIEW per_product AS SELECT product, COUNT(*) AS n FROM orders GROUP BY product",
+            "CREATE USER alice PASSWORD 'alice-pass'; GRANT READ ON TABLE products TO alice",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+
+    // psql's own describe commands, aligned as a user reads them.
+    let describe = |user: &str, password: &str, command: &str| -> String {
+        let output = Command::new("psql")
+            .args(["-X", "-v", "ON_ERROR_STOP=1", "-d", &conninfo(pg, dir.path(), user), "-c", command])
+            .env("PGPASSWORD", password)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .expect("psql runs");
+        let said = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "{command}: {said}{}", String::from_utf8_lossy(&output.stderr));
+        said
+    };
+    let listed = describe(ROOT.0, ROOT.1, "\\d");
+    for line in [
+        " public | orders      | table             | onehop",
+        " public | per_product | materialized view | onehop",
+        " public | products    | table             | onehop",
+    ] {
+        assert!(listed.contains(line), "{line:?} in {listed}");
+    }
+    let products = describe(ROOT.0, ROOT.1, "\\d products");
+    for line in [
+        "Table \"public.products\"",
+        " id     | text             |           | not null | ",
+        " name   | text             |           | not null | ",
+        " price  | double precision |           |          | ",
+        " tags   | text[]           |           |          | ",
+        "\"products_pkey\" PRIMARY KEY, btree (id)",
+        "\"products_name_idx\" btree (name)",
+    ] {
+        assert!(products.contains(line), "{line:?} in {products}");
+    }
+    let orders = describe(ROOT.0, ROOT.1, "\\d orders");
+    assert!(orders.contains(" _offset    | bigint  |           | not null |"), "{orders}");
+    let view = describe(ROOT.0, ROOT.1, "\\d per_product");
+    assert!(view.contains("Materialized view \"public.per_product\"") && view.contains(" n       | bigint"), "{view}");
+    let roles = describe(ROOT.0, ROOT.1, "\\du");
+    assert!(roles.contains(" alice ") && roles.contains(" root "), "{roles}");
+    assert!(describe(ROOT.0, ROOT.1, "\\l").contains(" onehop | onehop | UTF8"));
+    // alice sees the one table she may read, and only herself among the users.
+    let hers = describe("alice", "alice-pass", "\\d");
+    assert!(hers.contains(" products ") && !hers.contains("orders") && !hers.contains("per_product"), "{hers}");
+    let roles = describe("alice", "alice-pass", "\\du");
+    assert!(roles.contains(" alice ") && !roles.contains(" root "), "{roles}");
+    let (ok, out, err) = psql(
+        &conninfo(pg, dir.path(), "alice"),
+        "alice-pass",
+        &[
+            "SELECT table_name, column_name, data_type FROM information_schema.columns ORDER BY table_name, ordinal_position",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "products|id|text\nproducts|name|text\nproducts|price|double precision\nproducts|tags|ARRAY\n");
+
+    // SQLAlchemy Core over psycopg: create_all (twice: the second finds the table), the
+    // inspector's names, a reflection of the tables, an insert, a select, a rollback.
+    let script = r#"
+import sys, sqlalchemy as sa
+url, wrong = sys.argv[1], sys.argv[2]
+engine = sa.create_engine(url)
+metadata = sa.MetaData()
+items = sa.Table("sa_items", metadata, sa.Column("id", sa.Text, primary_key=True),
+                 sa.Column("name", sa.Text, nullable=False), sa.Column("qty", sa.BigInteger))
+metadata.create_all(engine)
+metadata.create_all(engine)
+inspector = sa.inspect(engine)
+print("tables", sorted(inspector.get_table_names()))
+print("has", inspector.has_table("sa_items"), inspector.has_table("nowhere"))
+reflected = sa.MetaData()
+reflected.reflect(engine, only=["products", "sa_items"])
+for name in ("products", "sa_items"):
+    table = reflected.tables[name]
+    print("reflected", name, [(c.name, str(c.type), c.nullable, c.primary_key) for c in table.columns],
+          sorted(index.name for index in table.indexes))
+with engine.begin() as conn:
+    conn.execute(items.insert(), [{"id": "a", "name": "apple", "qty": 3}, {"id": "b", "name": "bean", "qty": 7}])
+with engine.connect() as conn:
+    print("select", conn.execute(sa.select(items.c.id, items.c.qty).where(items.c.qty > 2).order_by(items.c.id)).all())
+    conn.execute(items.update().where(items.c.id == "a").values(qty=items.c.qty + 10))
+    conn.rollback()
+    print("rolled back", conn.execute(sa.select(items.c.qty).where(items.c.id == "a")).scalar_one())
+    try:
+        conn.execute(items.insert().values(id="a", name="again"))
+    except sa.exc.IntegrityError as error:
+        print("integrity", error.orig.sqlstate)
+try:
+    sa.create_engine(wrong).connect()
+except sa.exc.OperationalError as error:
+    print("wrong password", "password authentication failed" in str(error))
+"#;
+    let url = |password: &str| {
+        format!(
+            "postgresql+psycopg://{}:{password}@127.0.0.1:{}/onehop?sslmode=verify-full&sslrootcert={}",
+            ROOT.0,
+            pg.port(),
+            dir.path().join("ca.pem").display()
+        )
+    };
+    let output = Command::new("python3")
+        .args(["-c", script, &url(ROOT.1), &url("wrong")])
+        .output()
+        .expect("python3 runs (SQLAlchemy: scripts/test installs it)");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    for expected in [
+        "tables ['orders', 'products', 'sa_items']",
+        "has True False",
+        "reflected products [('id', 'TEXT', False, True), ('name', 'TEXT', False, False), ('price', 'DOUBLE PRECISION', True, False), ('tags', 'ARRAY', True, False)] ['products_name_idx']",
+        "reflected sa_items [('id', 'TEXT', False, True), ('name', 'TEXT', False, False), ('qty', 'BIGINT', True, False)] []",
+        "select [('a', 3), ('b', 7)]",
+        "rolled back 3",
+        "integrity 23505",
+        "wrong password True",
+    ] {
+        assert!(said.contains(expected), "{expected:?} in {said}");
+    }
+    // What SQLAlchemy wrote is a table like any other.
+    let credentials = format!("{}:{}", ROOT.0, ROOT.1);
+    let (status, body) = curl(server.address, "/tables/sa_items/b", &["-u", &credentials]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"qty\":7"), "{body}");
 }

@@ -139,6 +139,23 @@ impl Statement {
 }
 
 impl Statement {
+    /// Whether it defines or changes what exists (streams, tables, views, users, grants):
+    /// not a query, a write, EXPLAIN, DESCRIBE or a SHOW.
+    pub fn is_definition(&self) -> bool {
+        match self {
+            Statement::Query { .. }
+            | Statement::Explain { .. }
+            | Statement::Write { .. }
+            | Statement::Describe { .. }
+            | Statement::ShowStreams
+            | Statement::ShowTables
+            | Statement::ShowViews
+            | Statement::ShowTransforms => false,
+            Statement::Access(access) => !access.is_show(),
+            _ => true,
+        }
+    }
+
     /// The highest `$n` placeholder of a query or write (0: none).
     pub fn parameter_count(&self) -> usize {
         let mut count = 0;

@@ -251,6 +251,93 @@ async fn subqueries_ctes_and_set_operations() {
     assert!(error.contains("more than one row"), "{error}");
 }
 
+/// Subqueries that read the row around them run per distinct set of the values they read:
+/// scalar, EXISTS and IN, in the SELECT list, WHERE and ON, across a LEFT JOIN.
+#[tokio::test]
+async fn correlated_subqueries_read_the_row_around_them() {
+    let (_dir, engine) = shop().await;
+    let answer = rows(
+        &engine,
+        "SELECT c.name, (SELECT COUNT(*) FROM orders o WHERE o.customer = c.id) AS n, \
+         (SELECT SUM(o.qty) FROM orders o WHERE o.customer = c.id) AS qty FROM customers c ORDER BY c.id",
+    )
+    .await;
+    assert_eq!(
+        answer,
+        [
+            vec![json!("Ada"), json!(2), json!(12)],
+            vec![json!("Bo"), json!(2), json!(2)],
+            vec![json!("Cy"), json!(0), Value::Null]
+        ]
+    );
+    let answer = rows(
+        &engine,
+        "SELECT c.name FROM customers c WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.customer = c.id) ORDER BY 1",
+    )
+    .await;
+    assert_eq!(answer, [vec![json!("Cy")]]);
+    let answer = rows(
+        &engine,
+        "SELECT p.title FROM products p WHERE p.id IN (SELECT o.product FROM orders o WHERE o.qty > 1 AND o.product = p.id) \
+         ORDER BY 1",
+    )
+    .await;
+    assert_eq!(answer, [vec![json!("lamp")], vec![json!("pen")]]);
+    // Reading two inputs: answered once the later one is joined, null on an unmatched row.
+    let answer = rows(
+        &engine,
+        "SELECT o.id, (SELECT COUNT(*) FROM products q WHERE q.category = p.category AND q.price > p.price AND o.qty > 0) \
+         AS dearer FROM orders o LEFT JOIN products p ON p.id = o.product ORDER BY o.id",
+    )
+    .await;
+    assert_eq!(
+        answer,
+        [
+            vec![json!("o1"), json!(1)],
+            vec![json!("o2"), json!(1)],
+            vec![json!("o3"), json!(0)],
+            vec![json!("o4"), json!(0)],
+            vec![json!("o5"), json!(1)]
+        ]
+    );
+    let error =
+        refused(&engine, "SELECT c.id, (SELECT o.id FROM orders o WHERE o.customer = c.id) FROM customers c").await;
+    assert!(error.contains("more than one row"), "{error}");
+    // Regular expressions, and a quoted number meeting a numeric column.
+    let answer =
+        rows(&engine, "SELECT title FROM products WHERE title ~ '^(l|d)' AND title !~* 'DESK' ORDER BY 1").await;
+    assert_eq!(answer, [vec![json!("lamp")]]);
+    let answer = rows(&engine, "SELECT id FROM orders WHERE qty = '10'").await;
+    assert_eq!(answer, [vec![json!("o2")]]);
+    let error = refused(&engine, "SELECT id FROM products WHERE title ~ '('").await;
+    assert!(error.contains("not a regular expression"), "{error}");
+    // Arrays and objects built, searched and joined; functions and arrays as rows.
+    let answer = rows(
+        &engine,
+        "SELECT JSON_BUILD_OBJECT('t', title, 'p', price), ARRAY_TO_STRING(ARRAY[title, category], '/'), \
+         ARRAY_POSITION(ARRAY['a', category], 'home'), 'home' = ANY (ARRAY[category]) FROM products WHERE id = 'p1'",
+    )
+    .await;
+    assert_eq!(answer, [vec![json!({"t": "lamp", "p": 20.0}), json!("lamp/home"), json!(2), json!(true)]]);
+    let answer = rows(&engine, "SELECT n, ordinality FROM generate_series(10, 4, -3) WITH ORDINALITY AS g(n)").await;
+    assert_eq!(answer, [vec![json!(10), json!(1)], vec![json!(7), json!(2)], vec![json!(4), json!(3)]]);
+    let answer = rows(&engine, "SELECT w FROM unnest(ARRAY['b', 'a']) AS u(w) ORDER BY w").await;
+    assert_eq!(answer, [vec![json!("a")], vec![json!("b")]]);
+    let answer = rows(
+        &engine,
+        "SELECT id, unnest(ARRAY[title, category]) AS part, generate_subscripts(ARRAY[title, category], 1) AS at \
+         FROM products WHERE id = 'p3'",
+    )
+    .await;
+    assert_eq!(answer, [vec![json!("p3"), json!("pen"), json!(1)], vec![json!("p3"), json!("office"), json!(2)]]);
+    let answer = rows(&engine, "SELECT ARRAY(SELECT id FROM customers WHERE city = 'Oslo' ORDER BY id)").await;
+    assert_eq!(answer, [vec![json!(["c1", "c3"])]]);
+    let error = refused(&engine, "SELECT * FROM generate_series(1, 3, 0)").await;
+    assert!(error.contains("step cannot be 0"), "{error}");
+    let error = refused(&engine, "SELECT * FROM products p, unnest(p.tags) t").await;
+    assert!(error.contains("LATERAL"), "{error}");
+}
+
 #[tokio::test]
 async fn streams_are_rows_in_a_range_and_views_are_rows_by_key() {
     let (_dir, engine) = shop().await;

@@ -13,6 +13,7 @@ pub mod http;
 pub mod http1;
 pub mod link;
 pub mod mqtt;
+pub mod pg;
 pub mod rxstamp;
 pub mod sse;
 pub mod tls;

@@ -624,6 +624,31 @@ impl Session {
                         onehop_sql::execute_cancellable(&self.engine, &self.principal, &statement, Some(&self.cancel))
                             .await?
                     }
+                    Transaction::Open { writes, .. } if writes.is_empty() && statement.is_definition() => {
+                        // Drivers and ORMs wrap their CREATE TABLEs in a transaction (SQLAlchemy's
+                        // create_all, migration tools): before any write, a definition runs at
+                        // once, as MySQL runs them, and says that a ROLLBACK will not undo it.
+                        let output = onehop_sql::execute_cancellable(
+                            &self.engine,
+                            &self.principal,
+                            &statement,
+                            Some(&self.cancel),
+                        )
+                        .await?;
+                        let mut outcome = Outcome::of(output);
+                        if let Outcome::Command { notice, .. } = &mut outcome {
+                            let done = format!(
+                                "{} took effect at once: definitions are not part of a transaction, and ROLLBACK \
+                                 does not undo them",
+                                statement.label()
+                            );
+                            *notice = Some(match notice.take() {
+                                Some(earlier) => format!("{earlier}; {done}"),
+                                None => done,
+                            });
+                        }
+                        return Ok(outcome);
+                    }
                     Transaction::Open { writes, .. } => {
                         onehop_sql::execute_in(&self.engine, &self.principal, &statement, Some(&self.cancel), writes)
                             .await?

@@ -20,6 +20,8 @@
 
 mod aggregate;
 mod budget;
+mod catalog;
+mod correlated;
 mod order;
 mod resolve;
 mod select;

@@ -16,6 +16,7 @@ use serde_json::Value;
 use sqlparser::ast::{self, VisitMut, VisitorMut};
 
 use super::aggregate::{Aggregate, Kind, NAMES};
+use super::correlated::{Shape, outer_references};
 use super::order::Direction;
 use super::select::Context;
 use super::source::Source;
@@ -81,6 +82,27 @@ impl VisitorMut for Rewriter<'_, '_, '_> {
 
 impl Rewriter<'_, '_, '_> {
     fn rewrite(&mut self, expr: &mut ast::Expr) -> Result<(), SqlError> {
+        let session = super::catalog::Session { user: self.context.user() };
+        let context = &mut *self.context;
+        if super::catalog::rewrite(expr, &session, &mut || context.catalog())? {
+            // What it became may itself need resolving (a column under a COLLATE).
+            return self.rewrite(expr);
+        }
+        match expr {
+            // A quoted literal compared with a numeric column is a number, as Postgres types
+            // an untyped literal by the column it meets (`WHERE c.oid = '16391'`).
+            ast::Expr::BinaryOp { left, op, right } if is_comparison(op) => {
+                if self.numeric_column(left) {
+                    number_literal(right);
+                } else if self.numeric_column(right) {
+                    number_literal(left);
+                }
+            }
+            ast::Expr::InList { expr: tested, list, .. } if self.numeric_column(tested) => {
+                list.iter_mut().for_each(number_literal);
+            }
+            _ => {}
+        }
         match expr {
             ast::Expr::Identifier(ident) => {
                 *expr = self.column(std::slice::from_ref(ident))?;
@@ -102,6 +124,10 @@ impl Rewriter<'_, '_, '_> {
                 *expr = placeholder(AGGREGATES, collected.len() - 1);
             }
             ast::Expr::Subquery(query) => {
+                if let Some(value) = self.correlated(query, |_| Ok(Shape::Scalar))? {
+                    *expr = value;
+                    return Ok(());
+                }
                 let answer = self.context.query(query)?;
                 let value = match (answer.columns.len(), answer.rows.as_slice()) {
                     (1, []) => Value::Null,
@@ -120,6 +146,14 @@ impl Rewriter<'_, '_, '_> {
                 *expr = self.answer(value);
             }
             ast::Expr::InSubquery { expr: tested, subquery, negated } => {
+                let shape = |rewriter: &mut Self| -> Result<Shape, SqlError> {
+                    let tested = resolve(rewriter.context, rewriter.scope, tested, &mut Aggregates::Refused("IN"))?;
+                    Ok(Shape::In { tested, negated: *negated })
+                };
+                if let Some(value) = self.correlated(subquery, shape)? {
+                    *expr = value;
+                    return Ok(());
+                }
                 let answer = self.context.query(subquery)?;
                 if answer.columns.len() != 1 {
                     return Err(invalid(format!(
@@ -131,13 +165,83 @@ impl Rewriter<'_, '_, '_> {
                 *expr = ast::Expr::InList { expr: tested.clone(), list, negated: *negated };
             }
             ast::Expr::Exists { subquery, negated } => {
+                let negated = *negated;
+                if let Some(value) = self.correlated(subquery, |_| Ok(Shape::Exists { negated }))? {
+                    *expr = value;
+                    return Ok(());
+                }
                 let answer = self.context.query(subquery)?;
-                let exists = answer.rows.is_empty() == *negated;
+                let exists = answer.rows.is_empty() == negated;
                 *expr = self.answer(Value::Bool(exists));
             }
             _ => {}
         }
         Ok(())
+    }
+
+    /// Whether `expr` is a column whose values are numbers: a table's declared integer or
+    /// float column, or a column of a computed input (the catalog's, a subquery's) whose
+    /// first row holds a number there.
+    fn numeric_column(&self, expr: &ast::Expr) -> bool {
+        let found = match expr {
+            ast::Expr::Identifier(ident) => column_of(self.scope, ident).ok(),
+            ast::Expr::CompoundIdentifier(parts) => {
+                let parts = match parts.as_slice() {
+                    [schema, rest @ ..]
+                        if rest.len() == 2
+                            && (schema.value.eq_ignore_ascii_case("public")
+                                || super::catalog::is_catalog_schema(&schema.value)) =>
+                    {
+                        rest
+                    }
+                    parts => parts,
+                };
+                match parts {
+                    [relation, column] => alias(self.scope, relation).map(|index| (index, column.value.clone())),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let Some((index, column)) = found else { return false };
+        let source = &self.scope[index];
+        match &source.kind {
+            super::source::Kind::Table(table, _) => table.def().columns.iter().any(|declared| {
+                declared.name == column
+                    && matches!(declared.ty, onehop_engine::ColumnType::Integer | onehop_engine::ColumnType::Float)
+            }),
+            super::source::Kind::Rows(answer) => {
+                let position = answer.columns.iter().position(|name| *name == column);
+                position.is_some_and(|position| {
+                    answer.rows.first().and_then(|row| row.get(position)).is_some_and(Value::is_number)
+                })
+            }
+            _ => false,
+        }
+    }
+
+    /// A correlated subquery (one that reads columns of the inputs in scope), kept to be run
+    /// per row, and the column that stands for its value; `None` when `query` reads none.
+    fn correlated(
+        &mut self,
+        query: &ast::Query,
+        shape: impl FnOnce(&mut Self) -> Result<Shape, SqlError>,
+    ) -> Result<Option<ast::Expr>, SqlError> {
+        let mut query = query.clone();
+        let references = outer_references(&mut query, self.scope);
+        if references.is_empty() {
+            return Ok(None);
+        }
+        let mut outer = Vec::with_capacity(references.len());
+        let mut anchor = 0;
+        for (written, input) in references {
+            anchor = anchor.max(input);
+            let column = ast::Expr::CompoundIdentifier(written);
+            outer.push(resolve(self.context, self.scope, &column, &mut Aggregates::Refused("a correlated subquery"))?);
+        }
+        let shape = shape(self)?;
+        let field = self.context.correlate(anchor, outer, query, shape);
+        Ok(Some(ast::Expr::CompoundIdentifier(vec![quoted(&self.scope[anchor].alias), quoted(&field)])))
     }
 
     /// A subquery's answer, put aside and referred to until the expression is converted.
@@ -148,6 +252,17 @@ impl Rewriter<'_, '_, '_> {
 
     /// `name` or `alias.name[.field…]`: the path into the query's row.
     fn column(&self, parts: &[ast::Ident]) -> Result<ast::Expr, SqlError> {
+        // `schema.relation.column`: the schema adds nothing once the relation is an input.
+        let parts = match parts {
+            [schema, relation, _, ..]
+                if (schema.value.eq_ignore_ascii_case("public")
+                    || super::catalog::is_catalog_schema(&schema.value))
+                    && alias(self.scope, relation).is_some() =>
+            {
+                &parts[1..]
+            }
+            _ => parts,
+        };
         let (first, rest) = parts.split_first().expect("a name has a part");
         if !rest.is_empty()
             && let Some(source) = alias(self.scope, first)
@@ -228,6 +343,21 @@ fn quoted(name: &str) -> ast::Ident {
 
 fn placeholder(field: &str, index: usize) -> ast::Expr {
     ast::Expr::CompoundIdentifier(vec![quoted(field), quoted(&index.to_string())])
+}
+
+fn is_comparison(op: &ast::BinaryOperator) -> bool {
+    use ast::BinaryOperator::*;
+    matches!(op, Eq | NotEq | Lt | LtEq | Gt | GtEq)
+}
+
+/// A quoted literal that spells a number, as that number.
+fn number_literal(expr: &mut ast::Expr) {
+    if let ast::Expr::Value(value) = expr
+        && let ast::Value::SingleQuotedString(text) = &value.value
+        && text.trim().parse::<f64>().is_ok_and(f64::is_finite)
+    {
+        value.value = ast::Value::Number(text.trim().to_string(), false);
+    }
 }
 
 /// The input `ident` names as an alias.

@@ -20,6 +20,8 @@ use sqlparser::ast;
 use super::Answer;
 use super::aggregate::{Accumulator, Aggregate};
 use super::budget::{Budget, QueryLimits, estimate};
+use super::catalog::Catalog;
+use super::correlated::{Correlated, Correlator, HIDDEN, Shape};
 use super::order::{Direction, by_terms, row_key};
 use super::resolve::{AGGREGATES, Aggregates, children, column_path, conjuncts, direction, inputs_of, resolve};
 use super::source::{Access, Kind, Overlay, Probe, Range, STREAM_FIELDS, Source};
@@ -51,6 +53,13 @@ pub(crate) struct Context<'a> {
     subqueries: usize,
     /// The uncommitted writes of the transaction the query runs in, read through.
     overlay: Option<Arc<Overlay>>,
+    /// The catalog Postgres clients read, built when the query first needs it.
+    catalog: Option<Arc<Catalog>>,
+    limits: QueryLimits,
+    /// Correlated subqueries resolved and not yet taken by their SELECT.
+    correlated: Vec<Correlated>,
+    /// Correlated subqueries numbered so far (their hidden fields' names).
+    correlated_count: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +126,25 @@ struct Limit {
 
 const NO_LIMIT: Limit = Limit { limit: None, offset: 0 };
 
+/// A FROM name's schema (if written: `public`, `pg_catalog`, `information_schema`) and name.
+fn schema_and_name(name: &ast::ObjectName) -> Result<(Option<String>, String), SqlError> {
+    let part =
+        |part: &ast::ObjectNamePart| part.as_ident().map_or_else(|| part.to_string(), |ident| ident.value.clone());
+    match name.0.as_slice() {
+        [schema, bare] => {
+            let schema = part(schema);
+            if !schema.eq_ignore_ascii_case("public") && !super::catalog::is_catalog_schema(&schema) {
+                return Err(invalid(format!(
+                    "{name}: onehop has the schemas public (its streams, tables and views), pg_catalog and \
+                     information_schema"
+                )));
+            }
+            Ok((Some(schema.to_ascii_lowercase()).filter(|schema| schema != "public"), part(bare)))
+        }
+        _ => Ok((None, crate::parse::simple_name(name)?)),
+    }
+}
+
 fn input(row: &Value) -> Input<'_> {
     Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value: row }
 }
@@ -137,7 +165,40 @@ impl<'a> Context<'a> {
             depth: 0,
             subqueries: 0,
             overlay: None,
+            catalog: None,
+            limits: limits.clone(),
+            correlated: Vec::new(),
+            correlated_count: 0,
         }
+    }
+
+    /// Starts with the catalog another query of the same statement built.
+    pub(super) fn preset_catalog(&mut self, catalog: Option<Arc<Catalog>>) {
+        self.catalog = catalog;
+    }
+
+    /// Keeps a correlated subquery for the SELECT being resolved; the hidden field its value
+    /// is put under.
+    pub(super) fn correlate(&mut self, anchor: usize, outer: Vec<Expr>, query: ast::Query, shape: Shape) -> String {
+        self.correlated_count += 1;
+        let field = format!("{HIDDEN}{}", self.correlated_count);
+        self.correlated.push(Correlated::new(anchor, field.clone(), outer, query, shape));
+        field
+    }
+
+    /// The catalog as the principal sees it (`pg_catalog`, `information_schema`).
+    pub(super) fn catalog(&mut self) -> Result<Arc<Catalog>, SqlError> {
+        if let Some(catalog) = &self.catalog {
+            return Ok(catalog.clone());
+        }
+        let catalog = Arc::new(Catalog::of(self.engine, self.principal)?);
+        self.catalog = Some(catalog.clone());
+        Ok(catalog)
+    }
+
+    /// The user the query runs for, if it has one.
+    pub(super) fn user(&self) -> Option<String> {
+        self.principal.and_then(|principal| principal.user().map(str::to_string))
     }
 
     /// Reads the table `overlay` is of through it: a transaction's statements see its writes.
@@ -278,14 +339,136 @@ impl<'a> Context<'a> {
         Ok(answer)
     }
 
+    /// A function's rows in FROM: `unnest(array, …)` (each element a row, several arrays side
+    /// by side) or `generate_series(start, stop [, step])`, `WITH ORDINALITY` adding each row's
+    /// position. The arguments are constants (or outer columns of a correlated subquery): a
+    /// function over another input's rows (LATERAL) is not served yet.
+    fn table_function(
+        &mut self,
+        function: &str,
+        args: &[ast::Expr],
+        alias: Option<&ast::TableAlias>,
+        ordinality: bool,
+    ) -> Result<Source, SqlError> {
+        let mut values = Vec::with_capacity(args.len());
+        for arg in args {
+            let expr = resolve(self, &[], arg, &mut Aggregates::Refused("a function in FROM")).map_err(|error| {
+                invalid(format!(
+                    "FROM {function}({arg}): its arguments are constants here (LATERAL is not served yet): {error}"
+                ))
+            })?;
+            values.push(expr.eval(&input(&Value::Null)));
+        }
+        let mut rows: Vec<Vec<Value>> = match function {
+            "unnest" => {
+                if values.is_empty() {
+                    return Err(invalid("unnest takes one or more arrays"));
+                }
+                let arrays: Vec<&[Value]> = values
+                    .iter()
+                    .map(|value| match value {
+                        Value::Array(items) => Ok(items.as_slice()),
+                        Value::Null => Ok(&[][..]),
+                        other => Err(invalid(format!("unnest takes arrays, not {other}"))),
+                    })
+                    .collect::<Result<_, _>>()?;
+                let length = arrays.iter().map(|items| items.len()).max().unwrap_or(0);
+                (0..length)
+                    .map(|index| arrays.iter().map(|items| items.get(index).cloned().unwrap_or(Value::Null)).collect())
+                    .collect()
+            }
+            "generate_series" => {
+                let integer = |value: &Value| value.as_i64();
+                let (Some(start), Some(stop)) = (values.first().and_then(integer), values.get(1).and_then(integer))
+                else {
+                    return Err(invalid("generate_series takes integers: (start, stop [, step])"));
+                };
+                let step = match values.get(2) {
+                    None => 1,
+                    Some(step) => integer(step).ok_or_else(|| invalid("generate_series's step is an integer"))?,
+                };
+                if step == 0 {
+                    return Err(invalid("generate_series's step cannot be 0"));
+                }
+                let count = if (step > 0 && stop < start) || (step < 0 && stop > start) {
+                    0
+                } else {
+                    ((stop as i128 - start as i128) / step as i128 + 1) as u64
+                };
+                self.budget.hold_bytes(count.saturating_mul(16))?;
+                (0..count)
+                    .map(|index| vec![Value::from((start as i128 + index as i128 * step as i128) as i64)])
+                    .collect()
+            }
+            other => {
+                return Err(unsupported(format!(
+                    "the function {other}() in FROM (unnest and generate_series are served)"
+                )));
+            }
+        };
+        let width = rows.first().map_or(values.len().max(1), Vec::len);
+        let base = alias.map_or_else(|| function.to_string(), |alias| alias.name.value.clone());
+        let mut columns: Vec<String> = if width == 1 {
+            vec![base.clone()]
+        } else {
+            (1..=width).map(|index| format!("{function}{index}")).collect()
+        };
+        if function == "generate_series" {
+            columns = vec![if alias.is_some() { base.clone() } else { function.to_string() }];
+        }
+        if ordinality {
+            columns.push("ordinality".into());
+            for (index, row) in rows.iter_mut().enumerate() {
+                row.push(Value::from(index + 1));
+            }
+        }
+        for row in &rows {
+            self.budget.hold_bytes(super::budget::estimate(&Value::Array(row.clone())))?;
+        }
+        self.note(format!("function {function}"));
+        let answer = Arc::new(Answer { columns: columns.clone(), rows });
+        let mut source = Source {
+            alias: base,
+            label: format!("function {function}"),
+            known: columns,
+            open: false,
+            kind: Kind::Rows(answer),
+            merged: Vec::new(),
+        };
+        if let Some(alias) = alias {
+            rename_source(&mut source, alias)?;
+        }
+        Ok(source)
+    }
+
     /// One input of FROM, checked against what the principal may read.
     fn source(&mut self, relation: &ast::TableFactor) -> Result<Source, SqlError> {
         match relation {
             ast::TableFactor::Table { name, alias, args: None, with_hints, version: None, partitions, .. }
                 if with_hints.is_empty() && partitions.is_empty() =>
             {
-                let name = crate::parse::simple_name(name)?;
+                let (schema, name) = schema_and_name(name)?;
                 let alias_name = alias.as_ref().map_or_else(|| name.clone(), |alias| alias.name.value.clone());
+                if let Some((schema, relation)) = super::catalog::relation(schema.as_deref(), &name) {
+                    let answer = Arc::new(self.catalog()?.rows(schema, relation));
+                    let mut source = Source {
+                        alias: alias_name,
+                        label: format!("catalog {schema}.{relation}"),
+                        known: answer.columns.clone(),
+                        open: false,
+                        kind: Kind::Rows(answer),
+                        merged: Vec::new(),
+                    };
+                    if let Some(alias) = alias {
+                        rename_source(&mut source, alias)?;
+                    }
+                    return Ok(source);
+                }
+                if let Some(schema) = schema.filter(|schema| super::catalog::is_catalog_schema(schema)) {
+                    return Err(invalid(format!(
+                        "{schema}.{name} is not among the catalog relations onehop answers (docs/postgres.md lists them)"
+                    )));
+                }
                 if let Some((_, answer)) = self.ctes.iter().rev().find(|(cte, _)| *cte == name) {
                     let answer = answer.clone();
                     let mut source = Source {
@@ -330,6 +513,24 @@ impl<'a> Context<'a> {
                 }
                 Ok(source)
             }
+            ast::TableFactor::Table { name, alias, args: Some(args), with_ordinality, .. } => {
+                let function = match name.0.as_slice() {
+                    [part] | [_, part] => part.as_ident().map(|ident| ident.value.to_ascii_lowercase()),
+                    _ => None,
+                }
+                .ok_or_else(|| unsupported(format!("FROM {name}(…)")))?;
+                let mut values = Vec::with_capacity(args.args.len());
+                for arg in &args.args {
+                    let ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(arg)) = arg else {
+                        return Err(unsupported(format!("the argument {arg} of {name}")));
+                    };
+                    values.push(arg.clone());
+                }
+                self.table_function(&function, &values, alias.as_ref(), *with_ordinality)
+            }
+            ast::TableFactor::UNNEST { alias, array_exprs, with_offset: false, with_ordinality, .. } => {
+                self.table_function("unnest", array_exprs, alias.as_ref(), *with_ordinality)
+            }
             ast::TableFactor::Derived { lateral: false, subquery, alias, .. } => {
                 self.subqueries += 1;
                 let alias_name =
@@ -361,6 +562,7 @@ impl<'a> Context<'a> {
         limit: &Limit,
     ) -> Result<Answer, SqlError> {
         check_select(select)?;
+        let correlated_mark = self.correlated.len();
         // The inputs, in the order they are joined.
         let mut sources: Vec<Source> = Vec::new();
         let mut joins: Vec<(JoinKind, Option<&ast::JoinConstraint>)> = Vec::new();
@@ -426,6 +628,8 @@ impl<'a> Context<'a> {
         let mut aggregates = Vec::new();
         let mut items = Vec::with_capacity(select.projection.len());
         let mut item_asts: Vec<Option<(&ast::Expr, String)>> = Vec::with_capacity(select.projection.len());
+        // Set-returning functions of the SELECT list: (which, the array they read).
+        let mut expanding: Vec<(Expanding, Expr)> = Vec::new();
         for item in &select.projection {
             match item {
                 ast::SelectItem::UnnamedExpr(expr) | ast::SelectItem::ExprWithAlias { expr, .. } => {
@@ -433,6 +637,14 @@ impl<'a> Context<'a> {
                         ast::SelectItem::ExprWithAlias { alias, .. } => alias.value.clone(),
                         _ => output_name(expr),
                     };
+                    if let Some((kind, array)) = expanding_call(expr) {
+                        let array = resolve(self, &sources, array, &mut Aggregates::Refused("unnest"))?;
+                        expanding.push((kind, array));
+                        let path = vec![Step::Field(EXPANDED.into()), Step::Field((expanding.len() - 1).to_string())];
+                        items.push(Item::Expr { expr: Expr::Path { path }, name: name.clone() });
+                        item_asts.push(Some((expr, name)));
+                        continue;
+                    }
                     let resolved = resolve(self, &sources, expr, &mut Aggregates::Collect(&mut aggregates))?;
                     items.push(Item::Expr { expr: resolved, name: name.clone() });
                     item_asts.push(Some((expr, name)));
@@ -478,6 +690,9 @@ impl<'a> Context<'a> {
             }
         }
         let grouped = !group.is_empty() || !aggregates.is_empty() || having.is_some();
+        if grouped && !expanding.is_empty() {
+            return Err(unsupported("unnest or generate_subscripts in the SELECT list of a grouped query"));
+        }
         if grouped {
             for item in &items {
                 match item {
@@ -499,6 +714,14 @@ impl<'a> Context<'a> {
             Some(ast::Distinct::Distinct) => true,
             Some(ast::Distinct::On(_)) => return Err(unsupported("DISTINCT ON")),
         };
+
+        let correlated = self.correlated.split_off(correlated_mark.min(self.correlated.len()));
+        for entry in &correlated {
+            self.note(format!(
+                "  correlated subquery, run per distinct row of {} it reads: ({})",
+                sources[entry.anchor].alias, entry.query
+            ));
+        }
 
         // The plan.
         let mut filters: Vec<Vec<Expr>> = (0..sources.len().max(1)).map(|_| Vec::new()).collect();
@@ -554,9 +777,17 @@ impl<'a> Context<'a> {
                     }
                     return Ok(true);
                 }
-                let entry = project(&items, &sources, &sort, row);
-                budget.hold_bytes(cells_bytes(&entry))?;
-                out.push(entry);
+                if expanding.is_empty() {
+                    let entry = project(&items, &sources, &sort, row);
+                    budget.hold_bytes(cells_bytes(&entry))?;
+                    out.push(entry);
+                    return Ok(stop_at.is_none_or(|stop| (out.len() as u64) < stop));
+                }
+                for expanded in expand(&expanding, row) {
+                    let entry = project(&items, &sources, &sort, &expanded);
+                    budget.hold_bytes(cells_bytes(&entry))?;
+                    out.push(entry);
+                }
                 Ok(stop_at.is_none_or(|stop| (out.len() as u64) < stop))
             };
             if sources.is_empty() {
@@ -566,7 +797,17 @@ impl<'a> Context<'a> {
                     sink(&row, &mut self.budget)?;
                 }
             } else {
-                let mut join = Join { sources: &sources, plans: &plans, filters: &filters, built: Vec::new() };
+                let correlator = Correlator {
+                    engine: self.engine,
+                    principal: self.principal,
+                    limits: self.limits.clone(),
+                    cancel: self.budget.cancel.clone(),
+                    overlay: self.overlay.clone(),
+                    catalog: self.catalog.clone(),
+                    entries: correlated,
+                };
+                let mut join =
+                    Join { sources: &sources, plans: &plans, filters: &filters, built: Vec::new(), correlator };
                 join.build(&mut self.budget)?;
                 join.run(&access, &mut self.budget, &mut sink)?;
             }
@@ -708,6 +949,7 @@ struct Join<'p> {
     plans: &'p [JoinPlan],
     filters: &'p [Vec<Expr>],
     built: Vec<Built>,
+    correlator: Correlator<'p>,
 }
 
 impl Join<'_> {
@@ -770,6 +1012,7 @@ impl Join<'_> {
         first.read(access, budget, &mut |row, budget| {
             budget.tick()?;
             let mut joined = Value::Object(Map::from_iter([(first.alias.clone(), row)]));
+            self.correlator.fill(0, &first.alias, &mut joined)?;
             if !holds(&self.filters[0], &joined) {
                 return Ok(true);
             }
@@ -816,6 +1059,7 @@ impl Join<'_> {
         for candidate in candidates.iter() {
             budget.tick()?;
             row.as_object_mut().expect("a joined row is an object").insert(source.alias.clone(), candidate.clone());
+            self.correlator.fill(level, &source.alias, row)?;
             if !holds(&plan.on, row) {
                 continue;
             }
@@ -826,6 +1070,7 @@ impl Join<'_> {
         }
         if !matched && plan.kind == JoinKind::Left {
             row.as_object_mut().expect("a joined row is an object").insert(source.alias.clone(), Value::Null);
+            self.correlator.fill(level, &source.alias, row)?;
             if holds(&filters[level], row) && !self.extend(level + 1, row, budget, sink)? {
                 return Ok(false);
             }
@@ -835,10 +1080,96 @@ impl Join<'_> {
     }
 }
 
+/// A set-returning function of a SELECT list: one row per element of an array.
+#[derive(Clone, Copy)]
+enum Expanding {
+    /// `unnest(array)`: the element.
+    Unnest,
+    /// `generate_subscripts(array, 1)`: the element's position, from 1.
+    Subscripts,
+}
+
+/// Where an expanded row holds its set-returning functions' values.
+const EXPANDED: &str = "\u{4}";
+
+/// `unnest(x)` or `generate_subscripts(x, 1)` as a whole SELECT item.
+fn expanding_call(expr: &ast::Expr) -> Option<(Expanding, &ast::Expr)> {
+    let ast::Expr::Function(function) = expr else { return None };
+    let name = crate::view::expr::function_name(function)?.to_ascii_lowercase();
+    let ast::FunctionArguments::List(list) = &function.args else { return None };
+    let args: Vec<&ast::Expr> = list
+        .args
+        .iter()
+        .filter_map(|arg| match arg {
+            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(expr)) => Some(expr),
+            _ => None,
+        })
+        .collect();
+    match (name.as_str(), args.as_slice()) {
+        ("unnest", [array]) => Some((Expanding::Unnest, array)),
+        ("generate_subscripts", [array, _dimension]) => Some((Expanding::Subscripts, array)),
+        _ => None,
+    }
+}
+
+/// The rows `row` becomes under its set-returning functions: as many as the longest array
+/// (the others' values null past their ends), none when every array is empty or null.
+fn expand(expanding: &[(Expanding, Expr)], row: &Value) -> Vec<Value> {
+    let arrays: Vec<Vec<Value>> = expanding
+        .iter()
+        .map(|(_, array)| match array.eval(&input(row)) {
+            Value::Array(items) => items,
+            // An int2vector of the catalog (`pg_index.indkey`), as Postgres writes it: "1 3".
+            Value::String(vector) if !vector.is_empty() && vector.split(' ').all(|n| n.parse::<i64>().is_ok()) => {
+                vector.split(' ').map(|n| Value::from(n.parse::<i64>().unwrap_or(0))).collect()
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    let length = arrays.iter().map(Vec::len).max().unwrap_or(0);
+    (0..length)
+        .map(|index| {
+            let values: Map<String, Value> = expanding
+                .iter()
+                .zip(&arrays)
+                .enumerate()
+                .map(|(position, ((kind, _), items))| {
+                    let value = match (kind, items.get(index)) {
+                        (_, None) => Value::Null,
+                        (Expanding::Unnest, Some(item)) => item.clone(),
+                        (Expanding::Subscripts, Some(_)) => Value::from(index + 1),
+                    };
+                    (position.to_string(), value)
+                })
+                .collect();
+            let mut expanded = row.clone();
+            if let Some(fields) = expanded.as_object_mut() {
+                fields.insert(EXPANDED.to_string(), Value::Object(values));
+            }
+            expanded
+        })
+        .collect()
+}
+
+/// Whether `expr` reads a correlated subquery's value (a hidden field of an input's row).
+fn reads_hidden(expr: &Expr) -> bool {
+    if let Expr::Path { path } = expr
+        && matches!(path.get(1), Some(Step::Field(field)) if field.starts_with(HIDDEN))
+    {
+        return true;
+    }
+    super::resolve::children(expr).into_iter().any(reads_hidden)
+}
+
 /// How the input joined at `right` finds its matches, from its ON conditions.
 fn plan_join(sources: &[Source], right: usize, kind: JoinKind, on: Vec<Expr>) -> JoinPlan {
     let source = &sources[right];
-    let alone: Vec<Expr> = on.iter().filter(|condition| inputs_of(condition, sources) == [right]).cloned().collect();
+    // A condition reading a correlated subquery's value waits for the row that has it.
+    let alone: Vec<Expr> = on
+        .iter()
+        .filter(|condition| inputs_of(condition, sources) == [right] && !reads_hidden(condition))
+        .cloned()
+        .collect();
     let mut strategy = Strategy::Loop;
     let mut hashed = None;
     for condition in &on {
@@ -1252,7 +1583,7 @@ fn columns_of(items: &[Item], sources: &[Source], rows: &[Vec<Cell>]) -> Vec<Out
                     for row in rows {
                         if let Some(Cell::Star(Value::Object(row_fields))) = row.get(position) {
                             for field in row_fields.keys() {
-                                if !fields.contains(field) {
+                                if !field.starts_with(HIDDEN) && !fields.contains(field) {
                                     fields.push(field.clone());
                                 }
                             }

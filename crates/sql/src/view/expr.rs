@@ -65,7 +65,10 @@ pub(crate) fn convert_expr(expr: &ast::Expr) -> Result<Expr, SqlError> {
         Sql::BinaryOp { left, op, right } => match op {
             ast::BinaryOperator::Arrow => get(convert_expr(left)?, vec![step(right)?], false),
             ast::BinaryOperator::LongArrow => get(convert_expr(left)?, vec![step(right)?], true),
-            op => Expr::Binary { operator: binary_operator(op)?, left: boxed(left)?, right: boxed(right)? },
+            op => match regex_operator(op) {
+                Some((negated, case_insensitive)) => regex(left, right, negated, case_insensitive)?,
+                None => Expr::Binary { operator: binary_operator(op)?, left: boxed(left)?, right: boxed(right)? },
+            },
         },
         Sql::IsNull(expr) => Expr::Is { expr: boxed(expr)?, test: IsTest::Null, negated: false },
         Sql::IsNotNull(expr) => Expr::Is { expr: boxed(expr)?, test: IsTest::Null, negated: true },
@@ -99,6 +102,11 @@ pub(crate) fn convert_expr(expr: &ast::Expr) -> Result<Expr, SqlError> {
         },
         Sql::Cast { expr, data_type, format: None, .. } => Expr::Cast { expr: boxed(expr)?, to: cast_type(data_type)? },
         Sql::Function(function) => call(expr, function)?,
+        // `ARRAY[a, b]`: a JSON array.
+        Sql::Array(array) => Expr::Call {
+            function: Function::JsonBuildArray,
+            args: array.elem.iter().map(convert_expr).collect::<Result<_, _>>()?,
+        },
         Sql::Substring { expr: text, substring_from, substring_for, .. } => {
             let start = match (substring_from, substring_for) {
                 (Some(start), _) => convert_expr(start)?,
@@ -312,6 +320,43 @@ fn like(
     })
 }
 
+/// Postgres's regular-expression operators (`~`, `~*`, `!~`, `!~*`, also spelled
+/// `OPERATOR(pg_catalog.~)`): (negated, ignoring case).
+fn regex_operator(op: &ast::BinaryOperator) -> Option<(bool, bool)> {
+    match op {
+        ast::BinaryOperator::PGRegexMatch => Some((false, false)),
+        ast::BinaryOperator::PGRegexIMatch => Some((false, true)),
+        ast::BinaryOperator::PGRegexNotMatch => Some((true, false)),
+        ast::BinaryOperator::PGRegexNotIMatch => Some((true, true)),
+        ast::BinaryOperator::PGCustomBinaryOperator(parts) => match parts.as_slice() {
+            [operator] | [_, operator] => match operator.as_str() {
+                "~" => Some((false, false)),
+                "~*" => Some((false, true)),
+                "!~" => Some((true, false)),
+                "!~*" => Some((true, true)),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `text ~ pattern` as `REGEXP_LIKE(text, pattern[, 'i'])`, negated for `!~`; a pattern given
+/// as a literal is checked here, so a bad one is refused rather than matching nothing.
+fn regex(text: &ast::Expr, pattern: &ast::Expr, negated: bool, case_insensitive: bool) -> Result<Expr, SqlError> {
+    let pattern = convert_expr(pattern)?;
+    if let Expr::Literal { value: Value::String(literal) } = &pattern {
+        onehop_engine::view::expr::compile_regex(literal, case_insensitive).map_err(invalid)?;
+    }
+    let mut args = vec![convert_expr(text)?, pattern];
+    if case_insensitive {
+        args.push(Expr::Literal { value: Value::from("i") });
+    }
+    let matched = Expr::Call { function: Function::RegexpLike, args };
+    Ok(if negated { Expr::Unary { operator: UnaryOp::Not, expr: Box::new(matched) } } else { matched })
+}
+
 fn cast_type(data_type: &ast::DataType) -> Result<CastType, SqlError> {
     let text = data_type.to_string().to_ascii_uppercase();
     // Lengths and precisions do not matter: VARCHAR(20) is TEXT.
@@ -334,6 +379,10 @@ fn cast_type(data_type: &ast::DataType) -> Result<CastType, SqlError> {
 pub(crate) fn function_name(function: &ast::Function) -> Option<String> {
     match function.name.0.as_slice() {
         [part] => part.as_ident().map(|ident| ident.value.clone()),
+        // Postgres's built-in functions are in pg_catalog, and clients often say so.
+        [schema, part] if schema.as_ident().is_some_and(|schema| schema.value.eq_ignore_ascii_case("pg_catalog")) => {
+            part.as_ident().map(|ident| ident.value.clone())
+        }
         _ => None,
     }
 }

@@ -67,7 +67,8 @@ fn expressions() -> String {
     format!(
         "expressions are literals, fields (key, subject, ts, partition, offset, value, name, a.b.c, \
          value->'a'->>'b'), + - * / %, = <> < <= > >=, AND, OR, NOT, IS [NOT] NULL|TRUE|FALSE, [NOT] IN (…), \
-         [NOT] LIKE|ILIKE, [NOT] BETWEEN, CASE, CAST(x AS TEXT|BIGINT|DOUBLE|BOOLEAN), || and the functions \
+         [NOT] LIKE|ILIKE, ~ ~* !~ !~* (regular expressions), [NOT] BETWEEN, CASE, CAST(x AS TEXT|BIGINT|DOUBLE|BOOLEAN), || \
+         and the functions \
          {FUNCTION_NAMES}"
     )
 }
@@ -350,8 +351,8 @@ mod tests {
             ),
             ("SELECT COUNT(*) FROM s WHERE x IN (SELECT y FROM t) GROUP BY a", "a subquery"),
             (
-                "SELECT COUNT(*) FROM s WHERE x ~ 'a' GROUP BY a",
-                "the operator ~ is not supported here; expressions are literals",
+                "SELECT COUNT(*) FROM s WHERE x @> 'a' GROUP BY a",
+                "the operator @> is not supported here; expressions are literals",
             ),
             ("SELECT COUNT(*) FROM v GROUP BY a", "view v cannot read itself"),
             ("SELECT COUNT(*) FROM s.t GROUP BY a", "no schemas"),

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -31,16 +32,30 @@ pub enum Function {
     Ceil,
     Greatest,
     Least,
+    /// `REGEXP_LIKE(text, pattern [, flags])`, and the operators `~`, `~*`, `!~`, `!~*`: whether
+    /// the pattern matches anywhere in the text (`i` among the flags: ignoring case).
+    RegexpLike,
+    /// `JSON_BUILD_OBJECT(name, value, …)`: an object of the pairs (a name that is not text is
+    /// written as text; a later pair replaces an earlier one of the same name).
+    JsonBuildObject,
+    /// `ARRAY_POSITION(array, value)`: the 1-based position of the first element equal to the
+    /// value, or null (also what `value = ANY (array)` reads).
+    ArrayPosition,
+    /// `ARRAY_TO_STRING(array, separator [, null_text])`: the elements as text, joined (null
+    /// elements left out, or written as `null_text`).
+    ArrayToString,
+    /// `JSON_BUILD_ARRAY(value, …)`, also `ARRAY[value, …]`: an array of the values.
+    JsonBuildArray,
 }
 
 /// Names of the scalar functions, as [`Function::from_name`] accepts them (for error messages).
 pub const FUNCTION_NAMES: &str = "UPPER, LOWER, LENGTH (CHAR_LENGTH), TRIM, LTRIM, RTRIM, SUBSTRING (SUBSTR), REPLACE, \
-     CONCAT, COALESCE, NULLIF, ABS, ROUND, FLOOR, CEIL (CEILING), GREATEST, LEAST";
+     CONCAT, COALESCE, NULLIF, ABS, ROUND, FLOOR, CEIL (CEILING), GREATEST, LEAST, REGEXP_LIKE, JSON_BUILD_OBJECT, ARRAY_POSITION, ARRAY_TO_STRING, JSON_BUILD_ARRAY";
 
 impl Function {
     /// The function a SQL name means, in any case.
     pub fn from_name(name: &str) -> Option<Function> {
-        const FUNCTIONS: [(&str, Function); 22] = [
+        const FUNCTIONS: [(&str, Function); 29] = [
             ("upper", Function::Upper),
             ("lower", Function::Lower),
             ("length", Function::Length),
@@ -63,6 +78,13 @@ impl Function {
             ("ceiling", Function::Ceil),
             ("greatest", Function::Greatest),
             ("least", Function::Least),
+            ("regexp_like", Function::RegexpLike),
+            ("json_build_object", Function::JsonBuildObject),
+            ("jsonb_build_object", Function::JsonBuildObject),
+            ("array_position", Function::ArrayPosition),
+            ("array_to_string", Function::ArrayToString),
+            ("json_build_array", Function::JsonBuildArray),
+            ("jsonb_build_array", Function::JsonBuildArray),
         ];
         FUNCTIONS.iter().find(|(function_name, _)| function_name.eq_ignore_ascii_case(name)).map(|(_, f)| *f)
     }
@@ -87,6 +109,11 @@ impl Function {
             Function::Ceil => "CEIL",
             Function::Greatest => "GREATEST",
             Function::Least => "LEAST",
+            Function::RegexpLike => "REGEXP_LIKE",
+            Function::JsonBuildObject => "JSON_BUILD_OBJECT",
+            Function::ArrayPosition => "ARRAY_POSITION",
+            Function::ArrayToString => "ARRAY_TO_STRING",
+            Function::JsonBuildArray => "JSON_BUILD_ARRAY",
         }
     }
 
@@ -97,9 +124,10 @@ impl Function {
                 (1, Some(1))
             }
             Function::Trim | Function::Ltrim | Function::Rtrim | Function::Round => (1, Some(2)),
-            Function::Substring => (2, Some(3)),
+            Function::Substring | Function::RegexpLike | Function::ArrayToString => (2, Some(3)),
             Function::Replace => (3, Some(3)),
-            Function::Nullif => (2, Some(2)),
+            Function::Nullif | Function::ArrayPosition => (2, Some(2)),
+            Function::JsonBuildObject | Function::JsonBuildArray => (0, None),
             Function::Concat | Function::Coalesce | Function::Greatest | Function::Least => (1, None),
         }
     }
@@ -233,7 +261,98 @@ pub(super) fn call<'v>(function: Function, args: &'v [Expr], input: &Input<'v>) 
             };
             owned(round(value, digits))
         }
+        Function::JsonBuildObject => {
+            let mut object = serde_json::Map::new();
+            for pair in args.chunks(2) {
+                let name = pair[0].value(input);
+                let Some(name) = text_of(&name) else { return Cow::Borrowed(&NULL) };
+                let value = pair.get(1).map_or(Value::Null, |value| value.value(input).into_owned());
+                object.insert(name.into_owned(), value);
+            }
+            Cow::Owned(Value::Object(object))
+        }
+        Function::JsonBuildArray => {
+            Cow::Owned(Value::Array(args.iter().map(|arg| arg.value(input).into_owned()).collect()))
+        }
+        Function::ArrayPosition => {
+            let (array, wanted) = (arg(0), arg(1));
+            let Value::Array(items) = &*array else { return Cow::Borrowed(&NULL) };
+            match items.iter().position(|item| equals(item, &wanted) == Some(true)) {
+                Some(index) => Cow::Owned(Value::from(index + 1)),
+                None => Cow::Borrowed(&NULL),
+            }
+        }
+        Function::ArrayToString => {
+            let (array, separator) = (arg(0), arg(1));
+            let (Value::Array(items), Some(separator)) = (&*array, text_of(&separator)) else {
+                return Cow::Borrowed(&NULL);
+            };
+            let null_text = if args.len() > 2 { text_of(&arg(2)).map(|text| text.into_owned()) } else { None };
+            let parts: Vec<String> = items
+                .iter()
+                .filter_map(|item| match text_of(item) {
+                    Some(text) => Some(text.into_owned()),
+                    None => null_text.clone(),
+                })
+                .collect();
+            string(parts.join(&separator))
+        }
+        Function::RegexpLike => {
+            let (value, pattern) = (arg(0), arg(1));
+            let (Value::String(text), Value::String(pattern)) = (&*value, &*pattern) else {
+                return Cow::Borrowed(&NULL);
+            };
+            let flags = if args.len() > 2 { arg(2).into_owned() } else { Value::String(String::new()) };
+            let Value::String(flags) = flags else { return Cow::Borrowed(&NULL) };
+            match regex_matches(text, pattern, &flags) {
+                Some(found) => Cow::Owned(Value::Bool(found)),
+                None => Cow::Borrowed(&NULL),
+            }
+        }
     }
+}
+
+/// Compiled patterns by (pattern, ignoring case), per thread: a view evaluates one pattern per
+/// record, and compiling it each time would cost more than matching.
+const REGEX_CACHE: usize = 64;
+
+thread_local! {
+    static REGEXES: std::cell::RefCell<HashMap<(String, bool), regex::Regex>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// A pattern as a regular expression, or why it is not one onehop runs.
+pub fn compile_regex(pattern: &str, case_insensitive: bool) -> Result<regex::Regex, String> {
+    regex::RegexBuilder::new(pattern)
+        .case_insensitive(case_insensitive)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|error| format!("the pattern {pattern:?} is not a regular expression onehop runs: {error}"))
+}
+
+/// Whether `pattern` matches in `text` (`flags` as Postgres's: `i` ignores case, `c` does not);
+/// `None` for a pattern that does not compile or unknown flags.
+fn regex_matches(text: &str, pattern: &str, flags: &str) -> Option<bool> {
+    let mut case_insensitive = false;
+    for flag in flags.chars() {
+        match flag {
+            'i' => case_insensitive = true,
+            'c' => case_insensitive = false,
+            _ => return None,
+        }
+    }
+    REGEXES.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let key = (pattern.to_string(), case_insensitive);
+        if !cache.contains_key(&key) {
+            let compiled = compile_regex(pattern, case_insensitive).ok()?;
+            if cache.len() >= REGEX_CACHE {
+                cache.clear();
+            }
+            cache.insert(key.clone(), compiled);
+        }
+        Some(cache[&key].is_match(text))
+    })
 }
 
 /// ROUND: half away from zero, to `digits` after the point (before it when negative). An
@@ -346,6 +465,27 @@ mod tests {
         assert_eq!(function(Nullif, vec![json!(1), json!(1.0)]), Value::Null);
         assert_eq!(function(Nullif, vec![json!(1), json!(2)]), json!(1));
         assert_eq!(function(Nullif, vec![json!(1), json!(null)]), json!(1));
+        assert_eq!(
+            function(JsonBuildObject, vec![json!("a"), json!(1), json!("b"), json!(null), json!(2), json!([1])]),
+            json!({"a": 1, "b": null, "2": [1]})
+        );
+        assert_eq!(function(JsonBuildObject, vec![]), json!({}));
+        assert_eq!(function(JsonBuildArray, vec![json!(1), json!(null), json!("a")]), json!([1, null, "a"]));
+        assert_eq!(function(JsonBuildObject, vec![json!("odd")]), json!({"odd": null}));
+        assert_eq!(function(ArrayToString, vec![json!(["a", 1, null, true]), json!(", ")]), json!("a, 1, true"));
+        assert_eq!(function(ArrayToString, vec![json!(["a", null]), json!("/"), json!("*")]), json!("a/*"));
+        assert_eq!(function(ArrayToString, vec![json!("a"), json!(",")]), Value::Null, "not an array");
+        assert_eq!(function(ArrayPosition, vec![json!(["d", "f", "m"]), json!("f")]), json!(2));
+        assert_eq!(function(ArrayPosition, vec![json!([1, 2.0]), json!(2)]), json!(2));
+        assert_eq!(function(ArrayPosition, vec![json!(["d"]), json!("x")]), Value::Null);
+        assert_eq!(function(ArrayPosition, vec![json!("d"), json!("d")]), Value::Null, "not an array");
+        assert_eq!(function(RegexpLike, vec![json!("pg_toast_1"), json!("^pg_toast")]), json!(true));
+        assert_eq!(function(RegexpLike, vec![json!("orders"), json!("^(orders)$")]), json!(true));
+        assert_eq!(function(RegexpLike, vec![json!("Orders"), json!("^orders$")]), json!(false));
+        assert_eq!(function(RegexpLike, vec![json!("Orders"), json!("^orders$"), json!("i")]), json!(true));
+        assert_eq!(function(RegexpLike, vec![json!("x"), json!("(")]), Value::Null, "not a pattern");
+        assert_eq!(function(RegexpLike, vec![json!("x"), json!("x"), json!("q")]), Value::Null, "unknown flag");
+        assert_eq!(function(RegexpLike, vec![json!(1), json!("1")]), Value::Null, "not text");
     }
 
     #[test]

@@ -28,7 +28,7 @@ mod value;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use function::{FUNCTION_NAMES, Function};
+pub use function::{FUNCTION_NAMES, Function, compile_regex};
 pub use value::{as_time_ms, compare, equals, is_true, key_text};
 
 /// What an expression is evaluated against: one record, its value parsed as JSON (`Null`

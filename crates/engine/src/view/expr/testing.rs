@@ -128,6 +128,11 @@ pub(super) fn expr() -> impl Strategy<Value = Expr> {
         Just(Function::Ceil),
         Just(Function::Greatest),
         Just(Function::Least),
+        Just(Function::RegexpLike),
+        Just(Function::JsonBuildObject),
+        Just(Function::ArrayPosition),
+        Just(Function::ArrayToString),
+        Just(Function::JsonBuildArray),
     ];
     let cast_type =
         prop_oneof![Just(CastType::Text), Just(CastType::Bigint), Just(CastType::Double), Just(CastType::Boolean)];
