@@ -103,9 +103,10 @@ fn inserts(orders: u32) -> Vec<String> {
 /// One side of the point-select runs: how a query is sent.
 enum Point {
     Pg(PgClient),
-    /// onehop's `GET /tables/products/{id}` on a keep-alive connection.
+    /// onehop's `GET /tables/products/{id}` on a keep-alive connection, opened when its run
+    /// starts (an idle one would be closed while the others run).
     Rest {
-        stream: TcpStream,
+        stream: Option<TcpStream>,
         host: String,
         buffer: Vec<u8>,
     },
@@ -122,6 +123,12 @@ impl Point {
                 Ok(())
             }
             Point::Rest { stream, host, buffer } => {
+                if stream.is_none() {
+                    let connected = TcpStream::connect(host.as_str())?;
+                    connected.set_nodelay(true)?;
+                    *stream = Some(connected);
+                }
+                let stream = stream.as_mut().expect("connected above");
                 stream.write_all(&http1::request("GET", host, &format!("/tables/products/{id}"), None, None, &[]))?;
                 buffer.clear();
                 let mut chunk = [0u8; 16 * 1024];
@@ -250,11 +257,9 @@ pub fn run(options: &QueryOptions) -> anyhow::Result<()> {
     onehop.prepare("point", POINT)?;
     reference.prepare("point", POINT)?;
     let host = server.url.trim_start_matches("http://").to_string();
-    let stream = TcpStream::connect(&host)?;
-    stream.set_nodelay(true)?;
     let mut sides = [
         ("onehop-pg", Point::Pg(onehop)),
-        ("onehop-rest", Point::Rest { stream, host, buffer: Vec::new() }),
+        ("onehop-rest", Point::Rest { stream: None, host, buffer: Vec::new() }),
         ("postgres", Point::Pg(reference)),
     ];
     let mut point = Vec::new();

@@ -330,6 +330,29 @@ impl Table {
         self.state.read().expect("table state lock").rows.get(id).cloned()
     }
 
+    /// Up to `limit` rows' documents after row `after`, in id order, shared; and the id to
+    /// read on from, when there may be more (a query's scan reads only these).
+    pub fn docs_after(&self, after: Option<&str>, limit: usize) -> (Vec<Arc<Map<String, Value>>>, Option<String>) {
+        let state = self.state.read().expect("table state lock");
+        let start = match after {
+            Some(after) => std::ops::Bound::Excluded(after),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut docs = Vec::with_capacity(limit.min(state.rows.len()));
+        let mut last = None;
+        for (id, row) in state.rows.range::<str, _>((start, std::ops::Bound::Unbounded)).take(limit.max(1)) {
+            docs.push(row.doc.clone());
+            last = Some(id);
+        }
+        let next = if docs.len() == limit.max(1) { last.cloned() } else { None };
+        (docs, next)
+    }
+
+    /// Row `id`'s document alone, shared (a query's join probes read only this).
+    pub fn get_doc(&self, id: &str) -> Option<Arc<Map<String, Value>>> {
+        self.state.read().expect("table state lock").rows.get(id).map(|row| row.doc.clone())
+    }
+
     /// Rows matching every condition, in id order, after `after`, at most `limit`. One
     /// condition on an indexed field is looked up in its index; without one the query is
     /// refused unless `scan` allows reading every row.

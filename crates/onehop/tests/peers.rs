@@ -561,6 +561,44 @@ fn bench_queue_runs_kafka_clients_and_redis_streams_side_by_side() {
     assert!(leftovers.is_empty(), "still running: {leftovers:?}");
 }
 
+/// `onehop bench query`, small: point selects over onehop's Postgres listener, over its REST
+/// GET and over a Postgres 15 of the run's own, and the three-table join on both, whose
+/// answers the benchmark compares (it fails when they differ).
+#[test]
+fn bench_query_runs_point_selects_and_a_join_against_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    // Postgres runs as the `postgres` user when the test is root: it must pass through here.
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
+    let out = dir.path().join("out");
+    let output = common::onehop()
+        .args(["bench", "query", "--rate", "100", "--duration", "1", "--warmup", "0", "--orders", "3000"])
+        .args(["--join-runs", "2", "--json", "--dir"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let line: Value = stdout
+        .lines()
+        .find(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap())
+        .unwrap_or_else(|| panic!("no JSON line in {stdout}"));
+    for side in ["onehop-pg", "onehop-rest", "postgres"] {
+        let point = &line["point"][side];
+        assert!(point["count"].as_u64().unwrap() >= 50, "{line}");
+        assert!(point["p99_ns"].as_u64() >= point["p50_ns"].as_u64(), "{line}");
+    }
+    assert!(line["join_ms"]["onehop"].as_f64().unwrap() > 0.0, "{line}");
+    assert!(line["ratios"]["join_vs_postgres"].as_f64().unwrap() > 0.0, "{line}");
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| onehop-rest |") && summary.contains("Goals:"), "{summary}");
+    assert!(std::fs::read_to_string(out.join("query-latency.svg")).unwrap().contains("postgres"));
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+}
+
 #[test]
 fn a_target_that_does_not_run_the_workload_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();

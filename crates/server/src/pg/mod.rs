@@ -409,8 +409,12 @@ struct Portal {
 
 /// A prepared statement.
 struct Prepared {
-    query: String,
     types: Vec<u32>,
+    /// The statement, parsed once (none for an empty query string).
+    piece: Option<Piece>,
+    /// The types of its untyped parameters, from the columns they meet (inferred when parsed,
+    /// as Postgres fixes a prepared statement's parameter types).
+    inferred: Vec<Option<onehop_engine::ColumnType>>,
 }
 
 /// Where the session is: outside a transaction, in one (with its writes, kept until COMMIT,
@@ -824,29 +828,30 @@ impl Session {
                 if !name.is_empty() && self.statements.contains_key(&name) {
                     return Err(PgError::new("42P05", format!("prepared statement \"{name}\" already exists")));
                 }
-                let pieces = self.statements_of(&query)?;
+                let mut pieces = self.statements_of(&query)?;
                 if pieces.len() > 1 {
                     return Err(PgError::new("42601", "cannot insert multiple commands into a prepared statement"));
                 }
-                self.statements.insert(name, Prepared { query, types });
+                let piece = pieces.pop();
+                // An untyped parameter (node-postgres sends every one so) takes the type of the
+                // column it meets, as Postgres infers it.
+                let inferred = match &piece {
+                    Some(Piece::Onehop(statement)) => statement.parameter_types(&self.engine),
+                    _ => Vec::new(),
+                };
+                self.statements.insert(name, Prepared { types, piece, inferred });
                 self.out.parse_complete();
             }
             Frontend::Bind { portal, statement, formats, parameters, results } => {
                 let prepared = self.statements.get(&statement).ok_or_else(|| {
                     PgError::new("26000", format!("prepared statement \"{statement}\" does not exist"))
                 })?;
-                let (query, types) = (prepared.query.clone(), prepared.types.clone());
+                let (piece, types) = (prepared.piece.clone(), &prepared.types);
+                let inferred = &prepared.inferred;
                 let format = |index: usize| match formats.as_slice() {
                     [] => false,
                     [one] => *one == 1,
                     many => many.get(index).is_some_and(|format| *format == 1),
-                };
-                let piece = self.statements_of(&query)?.pop();
-                // An untyped parameter (node-postgres sends every one so) takes the type of the
-                // column it meets, as Postgres infers it.
-                let inferred = match &piece {
-                    Some(Piece::Onehop(statement)) => statement.parameter_types(&self.engine),
-                    _ => Vec::new(),
                 };
                 let mut values = Vec::with_capacity(parameters.len());
                 for (index, parameter) in parameters.iter().enumerate() {
@@ -891,8 +896,8 @@ impl Session {
                     .statements
                     .get(&name)
                     .ok_or_else(|| PgError::new("26000", format!("prepared statement \"{name}\" does not exist")))?;
-                let (query, mut types) = (prepared.query.clone(), prepared.types.clone());
-                match self.statements_of(&query)?.pop() {
+                let (piece, mut types) = (prepared.piece.clone(), prepared.types.clone());
+                match piece {
                     Some(Piece::Onehop(mut statement)) => {
                         let count = statement.parameter_count();
                         types.resize(count.max(types.len()), types::TEXT);
@@ -985,6 +990,7 @@ impl Session {
 }
 
 /// A piece of a query string: one of onehop's statements, or one answered here.
+#[derive(Clone)]
 enum Piece {
     Onehop(Box<Statement>),
     Session(Box<ast::Statement>),

@@ -434,6 +434,7 @@ impl<'a> Context<'a> {
             open: false,
             kind: Kind::Rows(answer),
             merged: Vec::new(),
+            fields: None,
         };
         if let Some(alias) = alias {
             rename_source(&mut source, alias)?;
@@ -458,6 +459,7 @@ impl<'a> Context<'a> {
                         open: false,
                         kind: Kind::Rows(answer),
                         merged: Vec::new(),
+                        fields: None,
                     };
                     if let Some(alias) = alias {
                         rename_source(&mut source, alias)?;
@@ -478,6 +480,7 @@ impl<'a> Context<'a> {
                         open: false,
                         kind: Kind::Rows(answer),
                         merged: Vec::new(),
+                        fields: None,
                     };
                     if let Some(alias) = alias {
                         rename_source(&mut source, alias)?;
@@ -507,7 +510,8 @@ impl<'a> Context<'a> {
                     self.engine.access().authorize(principal, Privilege::Read, object_kind, &name)?;
                 }
                 let label = format!("{} {name}", object_kind.to_string().to_ascii_lowercase());
-                let mut source = Source { alias: alias_name, label, kind, known, open, merged: Vec::new() };
+                let mut source =
+                    Source { alias: alias_name, label, kind, known, open, merged: Vec::new(), fields: None };
                 if let Some(alias) = alias {
                     rename_source(&mut source, alias)?;
                 }
@@ -544,6 +548,7 @@ impl<'a> Context<'a> {
                     open: false,
                     kind: Kind::Rows(Arc::new(answer)),
                     merged: Vec::new(),
+                    fields: None,
                 };
                 if let Some(alias) = alias {
                     rename_source(&mut source, alias)?;
@@ -721,6 +726,48 @@ impl<'a> Context<'a> {
                 "  correlated subquery, run per distinct row of {} it reads: ({})",
                 sources[entry.anchor].alias, entry.query
             ));
+        }
+
+        // What each table input is read for: its rows are copied with those fields alone.
+        {
+            let mut exprs: Vec<&Expr> = filter.iter().chain(ons.iter().flatten()).collect();
+            exprs.extend(having.iter());
+            exprs.extend(group.iter());
+            exprs.extend(expanding.iter().map(|(_, array)| array));
+            for item in &items {
+                if let Item::Expr { expr, .. } = item {
+                    exprs.push(expr);
+                }
+            }
+            for (key, _) in &sort {
+                if let SortKey::Expr(expr) = key {
+                    exprs.push(expr);
+                }
+            }
+            for aggregate in &aggregates {
+                exprs.extend(aggregate.arg.iter().chain(&aggregate.separator).chain(&aggregate.filter));
+                exprs.extend(aggregate.order.iter().map(|(expr, _)| expr));
+            }
+            for entry in &correlated {
+                exprs.extend(entry.outer.iter());
+                if let Shape::In { tested, .. } = &entry.shape {
+                    exprs.push(tested);
+                }
+            }
+            let stars = items.iter().filter_map(|item| match item {
+                Item::Star(index) => Some(*index),
+                _ => None,
+            });
+            let read = fields_read(&sources, &exprs, stars);
+            for (source, fields) in sources.iter_mut().zip(read) {
+                if matches!(source.kind, Kind::Table(..)) {
+                    source.fields = fields.map(|fields| {
+                        let mut fields: Vec<String> = fields.into_iter().collect();
+                        fields.sort();
+                        Arc::new(fields)
+                    });
+                }
+            }
         }
 
         // The plan.
@@ -1035,15 +1082,16 @@ impl Join<'_> {
         let (sources, plans, filters) = (self.sources, self.plans, self.filters);
         let source = &sources[level];
         let plan = &plans[level - 1];
+        // Rows probed are this row's own (moved in); rows read once are shared (copied in).
+        let mut probed: Vec<Value> = Vec::new();
         let candidates: Arc<Vec<Value>> = match (&plan.strategy, &self.built[level - 1]) {
             (Strategy::Probe { probe, field, key }, _) => {
                 let key = key.eval(&input(row));
-                let mut found = Vec::new();
                 source.probe(*probe, field, &key, budget, &mut |candidate, _| {
-                    found.push(candidate);
+                    probed.push(candidate);
                     Ok(true)
                 })?;
-                Arc::new(found)
+                Arc::new(Vec::new())
             }
             (Strategy::Hash { left, .. }, Built::Hash(hashed)) => {
                 let key = left.eval(&input(row));
@@ -1056,9 +1104,11 @@ impl Join<'_> {
             _ => Arc::new(Vec::new()),
         };
         let mut matched = false;
-        for candidate in candidates.iter() {
+        let owned = probed.into_iter();
+        let shared = candidates.iter().cloned();
+        for candidate in owned.chain(shared) {
             budget.tick()?;
-            row.as_object_mut().expect("a joined row is an object").insert(source.alias.clone(), candidate.clone());
+            row.as_object_mut().expect("a joined row is an object").insert(source.alias.clone(), candidate);
             self.correlator.fill(level, &source.alias, row)?;
             if !holds(&plan.on, row) {
                 continue;
@@ -1078,6 +1128,42 @@ impl Join<'_> {
         row.as_object_mut().expect("a joined row is an object").remove(&source.alias);
         Ok(true)
     }
+}
+
+/// Per input, the fields `exprs` read of it (`None`: the whole row, as `*` or a path to the
+/// input itself reads it).
+fn fields_read(
+    sources: &[Source],
+    exprs: &[&Expr],
+    stars: impl Iterator<Item = usize>,
+) -> Vec<Option<std::collections::HashSet<String>>> {
+    let mut read: Vec<Option<std::collections::HashSet<String>>> =
+        sources.iter().map(|_| Some(std::collections::HashSet::new())).collect();
+    for star in stars {
+        read[star] = None;
+    }
+    fn walk(expr: &Expr, sources: &[Source], read: &mut [Option<std::collections::HashSet<String>>]) {
+        if let Expr::Path { path } = expr
+            && let Some(Step::Field(first)) = path.first()
+            && let Some(index) = sources.iter().position(|source| &source.alias == first)
+        {
+            match path.get(1) {
+                Some(Step::Field(field)) => {
+                    if let Some(fields) = &mut read[index] {
+                        fields.insert(field.clone());
+                    }
+                }
+                _ => read[index] = None,
+            }
+        }
+        for child in super::resolve::children(expr) {
+            walk(child, sources, read);
+        }
+    }
+    for expr in exprs {
+        walk(expr, sources, &mut read);
+    }
+    read
 }
 
 /// A set-returning function of a SELECT list: one row per element of an array.

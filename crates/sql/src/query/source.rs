@@ -65,6 +65,9 @@ pub(super) struct Source {
     pub open: bool,
     /// Columns joined by USING to an input before it: unqualified, they name that input's.
     pub merged: Vec<String>,
+    /// The fields of a table's rows the query reads (`None`: all of them): a row read is a copy
+    /// of these alone.
+    pub fields: Option<Arc<Vec<String>>>,
 }
 
 /// How the rows of an input are found.
@@ -121,6 +124,16 @@ impl Source {
         }
     }
 
+    /// A table row as the query reads it: the fields it reads.
+    fn copy(&self, row: &Map<String, Value>) -> Value {
+        match &self.fields {
+            None => Value::Object(row.clone()),
+            Some(fields) => {
+                Value::Object(fields.iter().filter_map(|name| Some((name.clone(), row.get(name)?.clone()))).collect())
+            }
+        }
+    }
+
     /// Whether a table input has an index on `field`.
     pub(super) fn indexed(&self, field: &str) -> bool {
         matches!(&self.kind, Kind::Table(table, _) if table.def().index_on(field).is_some())
@@ -144,7 +157,10 @@ impl Source {
                     let Some(id) = def.id_of(key) else { continue };
                     let row = match overlay.as_ref().and_then(|overlay| overlay.rows.get(&id)) {
                         Some(pending) => pending.clone(),
-                        None => table.get(&id).map(|row| row.doc().clone()),
+                        None => table.get_doc(&id).map(|row| match self.copy(&row) {
+                            Value::Object(fields) => fields,
+                            _ => Map::new(),
+                        }),
                     };
                     if let Some(row) = row
                         && !each(Value::Object(row), budget)?
@@ -157,7 +173,7 @@ impl Source {
             (Kind::Table(table, overlay), Access::Index { field, values }) => {
                 let overlay = overlay.as_deref();
                 for value in values {
-                    if !index_rows(table, overlay, field, value, budget, each)? {
+                    if !index_rows(self, table, overlay, field, value, budget, each)? {
                         return Ok(());
                     }
                 }
@@ -172,6 +188,21 @@ impl Source {
                 }
                 Ok(())
             }
+            (Kind::Table(table, None), _) => {
+                let mut after: Option<String> = None;
+                loop {
+                    let (docs, next) = table.docs_after(after.as_deref(), CHUNK_ROWS);
+                    for doc in &docs {
+                        if !each(self.copy(doc), budget)? {
+                            return Ok(());
+                        }
+                    }
+                    match next {
+                        Some(next) => after = Some(next),
+                        None => return Ok(()),
+                    }
+                }
+            }
             (Kind::Table(table, overlay), _) => {
                 let mut after: Option<String> = None;
                 loop {
@@ -180,7 +211,7 @@ impl Source {
                         if overlay.as_ref().is_some_and(|overlay| overlay.rows.contains_key(&row.id)) {
                             continue;
                         }
-                        if !each(Value::Object(row.doc().clone()), budget)? {
+                        if !each(self.copy(row.doc()), budget)? {
                             return Ok(());
                         }
                     }
@@ -291,6 +322,7 @@ fn index_holds(held: &Value, value: &Value) -> bool {
 /// The rows of `table` whose indexed `field` may hold `value` (the condition is checked again
 /// by the query), but for those `overlay` holds; false when `each` asked to stop.
 fn index_rows(
+    source: &Source,
     table: &Table,
     overlay: Option<&Overlay>,
     field: &str,
@@ -308,7 +340,7 @@ fn index_rows(
             if overlay.is_some_and(|overlay| overlay.rows.contains_key(&row.id)) {
                 continue;
             }
-            if !each(Value::Object(row.doc().clone()), budget)? {
+            if !each(source.copy(row.doc()), budget)? {
                 return Ok(false);
             }
         }
