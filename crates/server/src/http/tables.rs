@@ -9,7 +9,9 @@
 //!
 //! `GET /tables/{t}?customer=42&limit=N&after={id}` lists matching rows in id order from an
 //! index; a condition on a field without one is refused with the `CREATE INDEX` that would
-//! serve it, unless `scan=true`. The same URLs with `Accept: text/event-stream` or a WebSocket
+//! serve it, unless `scan=true`. `select=a,b` answers those fields of each row, `sort=-price,name`
+//! orders the matches by fields (`-` descending; the id breaks ties) and `offset=N` skips the
+//! first N, as Harper's REST reads do. The same URLs with `Accept: text/event-stream` or a WebSocket
 //! upgrade subscribe (see [`super::subscribe`]).
 
 use axum::body::Bytes;
@@ -30,6 +32,8 @@ type Upgrade = Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::re
 
 /// Rows a query returns when it does not say.
 const QUERY_LIMIT_DEFAULT: usize = 100;
+/// Matching rows a sorted (or offset) list reads at most before it answers.
+const SORTED_ROWS_MAX: usize = 100_000;
 
 fn etag(offset: u64) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{offset}\"")).expect("digits are a valid header")
@@ -248,8 +252,34 @@ pub async fn query_rows(
     }
     let pairs = super::query::pairs(&raw)?;
     let (mut limit, mut after, mut scan, mut conditions) = (QUERY_LIMIT_DEFAULT, None, false, Vec::new());
+    let (mut select, mut sort, mut offset): (Option<Vec<String>>, Vec<(String, bool)>, usize) = (None, Vec::new(), 0);
     for (name, value) in pairs {
         match name.as_str() {
+            "select" => {
+                let fields: Vec<String> =
+                    value.split(',').map(|field| field.trim().to_string()).filter(|field| !field.is_empty()).collect();
+                if fields.is_empty() {
+                    return Err(ApiError::bad_request("bad_query", "select names fields: select=title,price"));
+                }
+                select = Some(fields);
+            }
+            "sort" => {
+                for term in value.split(',').map(str::trim).filter(|term| !term.is_empty()) {
+                    let (field, descending) = match term.strip_prefix('-') {
+                        Some(field) => (field, true),
+                        None => (term.strip_prefix('+').unwrap_or(term), false),
+                    };
+                    if field.is_empty() {
+                        return Err(ApiError::bad_request("bad_query", format!("sort term {term:?} names no field")));
+                    }
+                    sort.push((field.to_string(), descending));
+                }
+            }
+            "offset" => {
+                offset = value.parse().ok().filter(|&n| n <= SORTED_ROWS_MAX).ok_or_else(|| {
+                    ApiError::bad_request("bad_query", format!("offset must be between 0 and {SORTED_ROWS_MAX}"))
+                })?;
+            }
             "limit" => {
                 limit = value
                     .parse()
@@ -285,9 +315,92 @@ pub async fn query_rows(
         }
     }
     let handle = state.engine.table(&table)?;
-    let page = handle.query(&conditions, after.as_deref(), limit, scan)?;
-    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], page_json(&table, &page.rows, page.next_after))
-        .into_response())
+    if select.is_none() && sort.is_empty() && offset == 0 {
+        let page = handle.query(&conditions, after.as_deref(), limit, scan)?;
+        return Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            page_json(&table, &page.rows, page.next_after),
+        )
+            .into_response());
+    }
+    // Sorted or offset: every match (after `after`), then ordered, skipped and cut.
+    let mut matches: Vec<Row> = Vec::new();
+    let mut from = after.clone();
+    loop {
+        let page = handle.query(&conditions, from.as_deref(), onehop_engine::table::QUERY_LIMIT_MAX, scan)?;
+        matches.extend(page.rows);
+        if matches.len() > SORTED_ROWS_MAX {
+            return Err(ApiError::bad_request(
+                "too_many_rows",
+                format!(
+                    "sort and offset read at most {SORTED_ROWS_MAX} matching rows, and more match: narrow the \
+                     conditions, or page in id order with after="
+                ),
+            ));
+        }
+        match page.next_after {
+            Some(next) => from = Some(next),
+            None => break,
+        }
+    }
+    if !sort.is_empty() {
+        matches.sort_by(|left, right| {
+            for (field, descending) in &sort {
+                let (a, b) = (left.doc().get(field), right.doc().get(field));
+                let present = |value: Option<&Value>| value.is_some_and(|value| !value.is_null());
+                let order = sort_order(a, b);
+                // Missing values stay last, whichever the direction.
+                let order = if *descending && present(a) && present(b) { order.reverse() } else { order };
+                if order != std::cmp::Ordering::Equal {
+                    return order;
+                }
+            }
+            left.id.cmp(&right.id)
+        });
+    }
+    let more = matches.len() > offset + limit;
+    let page: Vec<&Row> = matches.iter().skip(offset).take(limit).collect();
+    // The next page of an id-ordered list starts after its last row; a sorted one by offset.
+    let next_after = (more && sort.is_empty()).then(|| page.last().map(|row| row.id.clone())).flatten();
+    let next_offset = (more && !sort.is_empty()).then_some(offset + limit);
+    let rows: Vec<Value> = page
+        .iter()
+        .map(|row| match &select {
+            None => Value::Object(row.doc().clone()),
+            Some(fields) => Value::Object(
+                fields.iter().filter_map(|field| Some((field.clone(), row.doc().get(field)?.clone()))).collect(),
+            ),
+        })
+        .collect();
+    let mut body = json!({ "table": table, "rows": rows, "next_after": next_after });
+    if !sort.is_empty() {
+        body["next_offset"] = json!(next_offset);
+    }
+    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response())
+}
+
+/// How `sort` orders two rows' values of a field: missing and null last, then numbers, text
+/// and booleans each among themselves (by value, by code point, false before true), kinds in
+/// that order.
+fn sort_order(left: Option<&Value>, right: Option<&Value>) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let rank = |value: Option<&Value>| match value {
+        None | Some(Value::Null) => 4,
+        Some(Value::Number(_)) => 0,
+        Some(Value::String(_)) => 1,
+        Some(Value::Bool(_)) => 2,
+        Some(_) => 3,
+    };
+    match (left, right) {
+        (Some(a @ Value::Number(_)), Some(b @ Value::Number(_))) => {
+            onehop_engine::view::expr::compare(a, b).unwrap_or(Ordering::Equal)
+        }
+        (Some(Value::String(a)), Some(Value::String(b))) => a.cmp(b),
+        (Some(Value::Bool(a)), Some(Value::Bool(b))) => a.cmp(b),
+        (a, b) if rank(a) != rank(b) => rank(a).cmp(&rank(b)),
+        (a, b) => a.map(|a| a.to_string()).cmp(&b.map(|b| b.to_string())),
+    }
 }
 
 /// `{"table","rows":[…],"next_after"}` with each row's stored JSON as it is.
