@@ -175,6 +175,13 @@ struct IndexRecord {
     field: String,
 }
 
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForeignKeyRecord {
+    column: String,
+    table: String,
+}
+
 /// The JSON form of a table definition in the catalog.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +192,9 @@ struct TableRecord {
     columns: Vec<ColumnRecord>,
     indexes: Vec<IndexRecord>,
     durability: String,
+    /// Left out when there are none, so a table without them is stored as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    foreign_keys: Vec<ForeignKeyRecord>,
 }
 
 /// The catalog record that stores `def`.
@@ -213,6 +223,11 @@ pub(crate) fn table_json(def: &TableDef) -> Vec<u8> {
             .map(|index| IndexRecord { name: index.name.clone(), field: index.field.clone() })
             .collect(),
         durability: def.durability.to_string(),
+        foreign_keys: def
+            .foreign_keys
+            .iter()
+            .map(|key| ForeignKeyRecord { column: key.column.clone(), table: key.table.clone() })
+            .collect(),
     };
     serde_json::to_vec(&value).expect("a definition serializes")
 }
@@ -244,6 +259,11 @@ pub(crate) fn parse_table_json(value: &[u8]) -> Result<TableDef, String> {
         columns,
         indexes: parsed.indexes.into_iter().map(|index| IndexDef { name: index.name, field: index.field }).collect(),
         durability: parsed.durability.parse()?,
+        foreign_keys: parsed
+            .foreign_keys
+            .into_iter()
+            .map(|key| crate::ForeignKey { column: key.column, table: key.table })
+            .collect(),
     };
     def.validate().map_err(|error| error.to_string())?;
     Ok(def)

@@ -49,7 +49,7 @@ pub use filter::Filter;
 pub use stream::{Position, Published, Stream};
 pub use subject::SubjectFilter;
 pub use table::{Page, Precondition, Row, Table, Write, Written};
-pub use tabledef::{Column, ColumnType, IndexDef, TableDef};
+pub use tabledef::{Column, ColumnType, ForeignKey, IndexDef, TableDef};
 
 // The log's record vocabulary, as the engine's API speaks it: protocol front ends build and read
 // records through the engine and never depend on the log crate itself.

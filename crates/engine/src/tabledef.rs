@@ -120,9 +120,25 @@ pub struct TableDef {
     pub indexes: Vec<IndexDef>,
     /// Durability of writes that do not ask for one.
     pub durability: Durability,
+    /// Declared relationships: a column holding another table's primary key. They are for
+    /// reads (`?include=` on REST, the catalog Postgres clients read); a write is not refused
+    /// for a key no row has, as Harper's relationships are not.
+    pub foreign_keys: Vec<ForeignKey>,
+}
+
+/// `FOREIGN KEY (column) REFERENCES table (its primary key)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignKey {
+    pub column: String,
+    pub table: String,
 }
 
 impl TableDef {
+    /// The relationship declared on `column`, if any.
+    pub fn foreign_key(&self, column: &str) -> Option<&ForeignKey> {
+        self.foreign_keys.iter().find(|key| key.column == column)
+    }
+
     pub fn validate(&self) -> Result<(), EngineError> {
         let invalid = |reason: String| Err(EngineError::InvalidDefinition(format!("table {}: {reason}", self.name)));
         validate_name(&self.name)?;
@@ -137,6 +153,15 @@ impl TableDef {
             if self.columns[..i].iter().any(|other| other.name == column.name) {
                 return invalid(format!("column {:?} is declared twice", column.name));
             }
+        }
+        for (i, key) in self.foreign_keys.iter().enumerate() {
+            if self.column(&key.column).is_none() {
+                return invalid(format!("the foreign key column {:?} is not a declared column", key.column));
+            }
+            if self.foreign_keys[..i].iter().any(|other| other.column == key.column) {
+                return invalid(format!("column {:?} has two foreign keys", key.column));
+            }
+            validate_name(&key.table)?;
         }
         let Some(key) = self.column(&self.primary_key) else {
             return invalid(format!("the primary key {:?} is not a declared column", self.primary_key));
@@ -256,6 +281,9 @@ impl TableDef {
             })
             .collect();
         let mut text = format!("({}), durability = {}", columns.join(", "), self.durability);
+        for key in &self.foreign_keys {
+            text.push_str(&format!(", foreign key {} references {}", key.column, key.table));
+        }
         for index in &self.indexes {
             text.push_str(&format!(", index {} on {}", index.name, index.field));
         }
@@ -304,6 +332,7 @@ mod tests {
             ],
             indexes: vec![IndexDef { name: "orders_customer_idx".into(), field: "customer".into() }],
             durability: Durability::Fsync,
+            foreign_keys: Vec::new(),
         }
     }
 

@@ -436,7 +436,9 @@ fn psql_describes_and_sqlalchemy_reflects_what_onehop_holds() {
         &root,
         ROOT.1,
         &[
-            "CREATE TABLE products (id TEXT PRIMARY KEY, name TEXT NOT NULL, price DOUBLE PRECISION, tags TEXT[])",
+            "CREATE TABLE categories (id TEXT PRIMARY KEY, label TEXT)",
+            "CREATE TABLE products (id TEXT PRIMARY KEY, name TEXT NOT NULL, price DOUBLE PRECISION, tags TEXT[], \
+             category TEXT REFERENCES categories)",
             "CREATE INDEX ON products (name)",
             "CREATE STREAM orders",
             "CREATE VIEW per_product AS SELECT product, COUNT(*) AS n FROM orders GROUP BY product",
@@ -468,15 +470,25 @@ fn psql_describes_and_sqlalchemy_reflects_what_onehop_holds() {
     let products = describe(ROOT.0, ROOT.1, "\\d products");
     for line in [
         "Table \"public.products\"",
-        " id     | text             |           | not null | ",
-        " name   | text             |           | not null | ",
-        " price  | double precision |           |          | ",
-        " tags   | text[]           |           |          | ",
+        " id       | text             |           | not null | ",
+        " name     | text             |           | not null | ",
+        " price    | double precision |           |          | ",
+        " tags     | text[]           |           |          | ",
         "\"products_pkey\" PRIMARY KEY, btree (id)",
         "\"products_name_idx\" btree (name)",
+        " category | text             |           |          | ",
+        "Foreign-key constraints:\n    \"products_category_fkey\" FOREIGN KEY (category) REFERENCES categories(id)",
     ] {
         assert!(products.contains(line), "{line:?} in {products}");
     }
+    let categories = describe(ROOT.0, ROOT.1, "\\d categories");
+    assert!(
+        categories.contains(
+            "Referenced by:\n    TABLE \"products\" CONSTRAINT \"products_category_fkey\" FOREIGN KEY (category) \
+             REFERENCES categories(id)"
+        ),
+        "{categories}"
+    );
     let orders = describe(ROOT.0, ROOT.1, "\\d orders");
     assert!(orders.contains(" _offset    | bigint  |           | not null |"), "{orders}");
     let view = describe(ROOT.0, ROOT.1, "\\d per_product");
@@ -497,7 +509,11 @@ fn psql_describes_and_sqlalchemy_reflects_what_onehop_holds() {
         ],
     );
     assert!(ok, "{err}");
-    assert_eq!(out, "products|id|text\nproducts|name|text\nproducts|price|double precision\nproducts|tags|ARRAY\n");
+    assert_eq!(
+        out,
+        "products|id|text\nproducts|name|text\nproducts|price|double precision\nproducts|tags|ARRAY\n\
+         products|category|text\n"
+    );
 
     // SQLAlchemy Core over psycopg: create_all (twice: the second finds the table), the
     // inspector's names, a reflection of the tables, an insert, a select, a rollback.
@@ -514,7 +530,8 @@ inspector = sa.inspect(engine)
 print("tables", sorted(inspector.get_table_names()))
 print("has", inspector.has_table("sa_items"), inspector.has_table("nowhere"))
 reflected = sa.MetaData()
-reflected.reflect(engine, only=["products", "sa_items"])
+reflected.reflect(engine, only=["categories", "products", "sa_items"])
+print("foreign keys", sorted(key.target_fullname for key in reflected.tables["products"].foreign_keys))
 for name in ("products", "sa_items"):
     table = reflected.tables[name]
     print("reflected", name, [(c.name, str(c.type), c.nullable, c.primary_key) for c in table.columns],
@@ -550,9 +567,10 @@ except sa.exc.OperationalError as error:
     let said = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
     for expected in [
-        "tables ['orders', 'products', 'sa_items']",
+        "tables ['categories', 'orders', 'products', 'sa_items']",
+        "foreign keys ['categories.id']",
         "has True False",
-        "reflected products [('id', 'TEXT', False, True), ('name', 'TEXT', False, False), ('price', 'DOUBLE PRECISION', True, False), ('tags', 'ARRAY', True, False)] ['products_name_idx']",
+        "reflected products [('id', 'TEXT', False, True), ('name', 'TEXT', False, False), ('price', 'DOUBLE PRECISION', True, False), ('tags', 'ARRAY', True, False), ('category', 'TEXT', True, False)] ['products_name_idx']",
         "reflected sa_items [('id', 'TEXT', False, True), ('name', 'TEXT', False, False), ('qty', 'BIGINT', True, False)] []",
         "select [('a', 3), ('b', 7)]",
         "rolled back 3",

@@ -240,3 +240,80 @@ fn rest_reads_select_sort_and_offset() {
     assert_eq!(status, 400, "{refusal}");
     assert!(refusal["error"]["message"].as_str().unwrap().contains("names no field"), "{refusal}");
 }
+
+/// Declared relationships: `REFERENCES` in CREATE TABLE (checked: the table exists, its
+/// primary key, the same type), and `?include=` nesting the referenced row and the rows that
+/// reference this one, so a product page is one request; refusals name the missing
+/// relationship or index; a referenced table is not dropped from under its references.
+#[test]
+fn relationships_nest_related_rows_in_one_read() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    let (status, body) = sql(
+        server.address,
+        None,
+        "CREATE TABLE categories (id TEXT PRIMARY KEY, name TEXT); \
+         CREATE TABLE products (id TEXT PRIMARY KEY, title TEXT, category TEXT REFERENCES categories (id)); \
+         CREATE TABLE reviews (id TEXT PRIMARY KEY, product TEXT, stars BIGINT, FOREIGN KEY (product) REFERENCES products); \
+         CREATE INDEX ON reviews (product)",
+    );
+    assert_eq!(status, 200, "{body}");
+    let put = |target: &str, row: &str| {
+        let (status, body) = curl(server.address, target, &["-X", "PUT", "--data-binary", row]);
+        assert!(status == 200 || status == 201, "{target}: {body}");
+    };
+    put("/tables/categories/c1", r#"{"name":"home"}"#);
+    put("/tables/products/p1", r#"{"title":"lamp","category":"c1"}"#);
+    put("/tables/products/p2", r#"{"title":"desk","category":"c9"}"#);
+    put("/tables/reviews/r1", r#"{"product":"p1","stars":5}"#);
+    put("/tables/reviews/r2", r#"{"product":"p1","stars":3}"#);
+    put("/tables/reviews/r3", r#"{"product":"p2","stars":4}"#);
+    let get = |target: &str| -> (u16, Value) {
+        let (status, body) = curl(server.address, target, &[]);
+        (status, serde_json::from_str(&body).unwrap_or_else(|_| panic!("{target}: {body}")))
+    };
+    let (status, page) = get("/tables/products/p1?include=category,reviews");
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        page,
+        json!({"id": "p1", "title": "lamp", "category": {"id": "c1", "name": "home"},
+               "reviews": [{"id": "r1", "product": "p1", "stars": 5}, {"id": "r2", "product": "p1", "stars": 3}]})
+    );
+    // In a list, with select; a key no row has is null.
+    let (status, page) = get("/tables/products?scan=true&include=category,reviews&select=title&sort=title");
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["rows"][0]["title"], "desk");
+    assert_eq!(page["rows"][0]["category"], Value::Null);
+    assert_eq!(page["rows"][0]["reviews"], json!([{"id": "r3", "product": "p2", "stars": 4}]));
+    assert_eq!(page["rows"][1]["category"]["name"], "home");
+    // What is refused, and why.
+    let (status, refusal) = get("/tables/products/p1?include=owner");
+    assert_eq!((status, refusal["error"]["code"].as_str()), (400, Some("unknown_relationship")), "{refusal}");
+    assert!(refusal["error"]["message"].as_str().unwrap().contains("[category]"), "{refusal}");
+    let (status, body) = sql(server.address, None, "DROP INDEX reviews_product_idx");
+    assert_eq!(status, 200, "{body}");
+    let (status, refusal) = get("/tables/products/p1?include=reviews");
+    assert_eq!((status, refusal["error"]["code"].as_str()), (400, Some("unindexed_field")), "{refusal}");
+    for (statement, wanted) in [
+        ("CREATE TABLE bad (id TEXT PRIMARY KEY, x TEXT REFERENCES nowhere)", "there is no table nowhere"),
+        ("CREATE TABLE bad (id TEXT PRIMARY KEY, x TEXT REFERENCES products (title))", "primary key"),
+        ("CREATE TABLE bad (id TEXT PRIMARY KEY, x BIGINT REFERENCES products)", "has its key's type"),
+        ("DROP TABLE products", "referenced by reviews.product"),
+    ] {
+        let (status, refusal) = sql(server.address, None, statement);
+        assert_eq!(status, 400, "{statement}: {refusal}");
+        assert!(refusal["error"]["message"].as_str().unwrap().contains(wanted), "{statement}: {refusal}");
+    }
+    let (status, tables) = sql(server.address, None, "SHOW TABLES");
+    assert_eq!(status, 200);
+    assert!(!tables.to_string().contains("\"bad\""), "nothing was created: {tables}");
+    // The relationships survive a restart (they are in the catalog).
+    drop(server);
+    let server = dir.start(&[], &[]);
+    let (status, page) = {
+        let (status, body) = curl(server.address, "/tables/products/p1?include=category", &[]);
+        (status, serde_json::from_str::<Value>(&body).unwrap())
+    };
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["category"]["name"], "home");
+}

@@ -417,13 +417,51 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                 .map(|stream| stream_row(engine, stream))
                 .collect(),
         }),
-        Statement::CreateTable { name, if_not_exists, primary_key, columns, durability } => {
+        Statement::CreateTable { name, if_not_exists, primary_key, columns, durability, foreign_keys } => {
+            for (key, referred) in foreign_keys {
+                let column = columns.iter().find(|column| column.name == key.column);
+                // The other table's key: its own, for a table that references itself.
+                let (other_key, other_type) = if key.table == *name {
+                    (
+                        primary_key.clone(),
+                        columns.iter().find(|column| column.name == *primary_key).map(|c| c.ty.clone()),
+                    )
+                } else {
+                    let other = engine.table(&key.table).map_err(|_| {
+                        SqlError::InvalidQuery(format!(
+                            "{}.{} REFERENCES {}: there is no table {} (create it first)",
+                            name, key.column, key.table, key.table
+                        ))
+                    })?;
+                    let other = other.def();
+                    let ty = other.column(&other.primary_key).map(|column| column.ty.clone());
+                    (other.primary_key.clone(), ty)
+                };
+                if let Some(referred) = referred
+                    && *referred != other_key
+                {
+                    return Err(SqlError::InvalidQuery(format!(
+                        "{}.{} REFERENCES {}({referred}): a foreign key references a table's primary key, and {}'s \
+                         is {other_key}",
+                        name, key.column, key.table, key.table
+                    )));
+                }
+                if let (Some(column), Some(other_type)) = (column, other_type)
+                    && column.ty != other_type
+                {
+                    return Err(SqlError::InvalidQuery(format!(
+                        "{}.{} is {} and {}.{other_key} is {other_type}: a foreign key has its key's type",
+                        name, key.column, column.ty, key.table
+                    )));
+                }
+            }
             let def = TableDef {
                 name: name.clone(),
                 primary_key: primary_key.clone(),
                 columns: columns.clone(),
                 indexes: Vec::new(),
                 durability: durability.unwrap_or(engine.default_table_durability()),
+                foreign_keys: foreign_keys.iter().map(|(key, _)| key.clone()).collect(),
             };
             if let Ok(existing) = engine.table(name) {
                 let existing = existing.def();
@@ -463,7 +501,28 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
         Statement::DropStream { name, if_exists } => {
             dropped(label, engine.drop_stream(name).await, *if_exists, "stream")
         }
-        Statement::DropTable { name, if_exists } => dropped(label, engine.drop_table(name).await, *if_exists, "table"),
+        Statement::DropTable { name, if_exists } => {
+            let referencing: Vec<String> = engine
+                .tables()
+                .iter()
+                .filter(|table| table.name() != *name)
+                .flat_map(|table| {
+                    let def = table.def();
+                    def.foreign_keys
+                        .iter()
+                        .filter(|key| key.table == *name)
+                        .map(|key| format!("{}.{}", def.name, key.column))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            if !referencing.is_empty() {
+                return Err(SqlError::InvalidQuery(format!(
+                    "{name} is referenced by {}: drop that table first (or make it again without the foreign key)",
+                    referencing.join(", ")
+                )));
+            }
+            dropped(label, engine.drop_table(name).await, *if_exists, "table")
+        }
         Statement::DropIndex { name, if_exists } => {
             dropped(label, engine.drop_index(name).await.map(|_| ()), *if_exists, "index")
         }

@@ -55,6 +55,9 @@ pub enum Statement {
         primary_key: String,
         columns: Vec<Column>,
         durability: Option<Durability>,
+        /// `column REFERENCES table [(column)]`: the relationships, each with the column it
+        /// names in the other table, if it names one (it must be that table's primary key).
+        foreign_keys: Vec<(onehop_engine::ForeignKey, Option<String>)>,
     },
     CreateIndex {
         name: Option<String>,
@@ -583,10 +586,25 @@ fn convert_create_table(create: ast::CreateTable) -> Result<Statement, SqlError>
         Ok(())
     };
     let mut columns = Vec::new();
+    let mut foreign_keys = Vec::new();
+    let mut reference = |columns: &[ast::Ident], key: &ast::ForeignKeyConstraint| -> Result<(), SqlError> {
+        let [column] = columns else {
+            return Err(SqlError::Syntax(format!("{key}: a foreign key is one column")));
+        };
+        let referred = match key.referred_columns.as_slice() {
+            [] => None,
+            [referred] => Some(referred.value.clone()),
+            _ => return Err(SqlError::Syntax(format!("{key}: a foreign key references one column"))),
+        };
+        let table = simple_name(&key.foreign_table)?;
+        foreign_keys.push((onehop_engine::ForeignKey { column: column.value.clone(), table }, referred));
+        Ok(())
+    };
     for column in &create.columns {
         let mut not_null = false;
         for option in &column.options {
             match &option.option {
+                ast::ColumnOption::ForeignKey(key) => reference(std::slice::from_ref(&column.name), key)?,
                 ast::ColumnOption::NotNull => not_null = true,
                 ast::ColumnOption::Null => not_null = false,
                 ast::ColumnOption::PrimaryKey(_) => {
@@ -595,7 +613,8 @@ fn convert_create_table(create: ast::CreateTable) -> Result<Statement, SqlError>
                 }
                 other => {
                     return Err(SqlError::Syntax(format!(
-                        "column {}: {other} is not supported; a column takes NOT NULL, NULL or PRIMARY KEY",
+                        "column {}: {other} is not supported; a column takes NOT NULL, NULL, PRIMARY KEY or \
+                         REFERENCES table",
                         column.name
                     )));
                 }
@@ -608,9 +627,11 @@ fn convert_create_table(create: ast::CreateTable) -> Result<Statement, SqlError>
             ast::TableConstraint::PrimaryKey(key) if key.columns.len() == 1 => {
                 set_key(index_column_name(&key.columns[0])?)?
             }
+            ast::TableConstraint::ForeignKey(key) => reference(&key.columns, key)?,
             other => {
                 return Err(SqlError::Syntax(format!(
-                    "{other} is not supported; a table takes one PRIMARY KEY column"
+                    "{other} is not supported; a table takes one PRIMARY KEY column and FOREIGN KEY (column) \
+                     REFERENCES table"
                 )));
             }
         }
@@ -647,7 +668,14 @@ fn convert_create_table(create: ast::CreateTable) -> Result<Statement, SqlError>
             }
         }
     }
-    Ok(Statement::CreateTable { name, if_not_exists: create.if_not_exists, primary_key, columns, durability })
+    Ok(Statement::CreateTable {
+        name,
+        if_not_exists: create.if_not_exists,
+        primary_key,
+        columns,
+        durability,
+        foreign_keys,
+    })
 }
 
 fn convert(statement: ast::Statement) -> Result<Statement, SqlError> {
@@ -764,7 +792,8 @@ mod tests {
              DROP INDEX IF EXISTS by_tag; DROP TABLE orders; DROP STREAM IF EXISTS clicks; SHOW TABLES",
         )
         .unwrap();
-        let Statement::CreateTable { name, if_not_exists, primary_key, columns, durability } = &statements[0] else {
+        let Statement::CreateTable { name, if_not_exists, primary_key, columns, durability, .. } = &statements[0]
+        else {
             panic!("{statements:?}")
         };
         assert_eq!((name.as_str(), *if_not_exists, primary_key.as_str()), ("orders", true, "id"));

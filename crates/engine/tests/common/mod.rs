@@ -53,5 +53,6 @@ pub fn table_def(name: &str, columns: &[(&str, ColumnType)]) -> TableDef {
         columns: std::iter::once(key).chain(others).collect(),
         indexes: Vec::new(),
         durability: Durability::Fsync,
+        foreign_keys: Vec::new(),
     }
 }

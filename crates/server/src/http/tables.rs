@@ -212,13 +212,33 @@ pub async fn get_row(
     if let Some(response) = maybe_subscribe(&state, &principal, target, &raw, &headers, upgrade).await? {
         return Ok(response);
     }
-    if !super::query::pairs(&raw)?.is_empty() {
-        return Err(ApiError::bad_request("bad_query", "reading one row takes no query parameters"));
+    let mut includes = Vec::new();
+    for (name, value) in super::query::pairs(&raw)? {
+        match name.as_str() {
+            "include" => includes.extend(names_of(&value)),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "bad_query",
+                    "reading one row takes include=relationship,… and no other query parameter",
+                ));
+            }
+        }
     }
     let handle = state.engine.table(&table)?;
     let Some(row) = handle.get(&id) else {
         return Err(onehop_engine::EngineError::RowNotFound { table, id }.into());
     };
+    if !includes.is_empty() {
+        let plan = relationships(&state.engine, &principal, &handle.def(), &includes)?;
+        let mut doc = row.doc().clone();
+        include(&state.engine, &handle.def(), &plan, &mut doc)?;
+        return Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json")), (header::ETAG, etag(row.offset))],
+            Value::Object(doc).to_string(),
+        )
+            .into_response());
+    }
     let unchanged = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|value| value.to_str().ok())
@@ -253,8 +273,10 @@ pub async fn query_rows(
     let pairs = super::query::pairs(&raw)?;
     let (mut limit, mut after, mut scan, mut conditions) = (QUERY_LIMIT_DEFAULT, None, false, Vec::new());
     let (mut select, mut sort, mut offset): (Option<Vec<String>>, Vec<(String, bool)>, usize) = (None, Vec::new(), 0);
+    let mut includes: Vec<String> = Vec::new();
     for (name, value) in pairs {
         match name.as_str() {
+            "include" => includes.extend(names_of(&value)),
             "select" => {
                 let fields: Vec<String> =
                     value.split(',').map(|field| field.trim().to_string()).filter(|field| !field.is_empty()).collect();
@@ -315,7 +337,8 @@ pub async fn query_rows(
         }
     }
     let handle = state.engine.table(&table)?;
-    if select.is_none() && sort.is_empty() && offset == 0 {
+    let plan = relationships(&state.engine, &principal, &handle.def(), &includes)?;
+    if select.is_none() && sort.is_empty() && offset == 0 && includes.is_empty() {
         let page = handle.query(&conditions, after.as_deref(), limit, scan)?;
         return Ok((
             StatusCode::OK,
@@ -364,20 +387,155 @@ pub async fn query_rows(
     // The next page of an id-ordered list starts after its last row; a sorted one by offset.
     let next_after = (more && sort.is_empty()).then(|| page.last().map(|row| row.id.clone())).flatten();
     let next_offset = (more && !sort.is_empty()).then_some(offset + limit);
-    let rows: Vec<Value> = page
-        .iter()
-        .map(|row| match &select {
-            None => Value::Object(row.doc().clone()),
+    let mut rows: Vec<Value> = Vec::with_capacity(page.len());
+    for row in &page {
+        let mut doc = row.doc().clone();
+        include(&state.engine, &handle.def(), &plan, &mut doc)?;
+        rows.push(match &select {
+            None => Value::Object(doc),
+            // An included relationship is kept whether or not `select` names it.
             Some(fields) => Value::Object(
-                fields.iter().filter_map(|field| Some((field.clone(), row.doc().get(field)?.clone()))).collect(),
+                doc.into_iter().filter(|(field, _)| fields.contains(field) || includes.contains(field)).collect(),
             ),
-        })
-        .collect();
+        });
+    }
     let mut body = json!({ "table": table, "rows": rows, "next_after": next_after });
     if !sort.is_empty() {
         body["next_offset"] = json!(next_offset);
     }
     Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response())
+}
+
+fn names_of(value: &str) -> Vec<String> {
+    value.split(',').map(|name| name.trim().to_string()).filter(|name| !name.is_empty()).collect()
+}
+
+/// One `include=` relationship of a table's rows.
+enum Relationship {
+    /// `name` is this table's foreign key column: the row of `table` it holds the key of.
+    Forward { name: String, table: String },
+    /// `name` is a table with a foreign key `column` to this one: its rows that reference the row.
+    Reverse { name: String, column: String },
+}
+
+/// What each `include` name is, checked against what `principal` may read.
+fn relationships(
+    engine: &onehop_engine::Engine,
+    principal: &onehop_engine::Principal,
+    def: &onehop_engine::TableDef,
+    names: &[String],
+) -> Result<Vec<Relationship>, ApiError> {
+    let mut plan = Vec::with_capacity(names.len());
+    for name in names {
+        let relationship = if let Some(key) = def.foreign_key(name) {
+            Relationship::Forward { name: name.clone(), table: key.table.clone() }
+        } else {
+            let referencing: Vec<String> = match engine.table(name) {
+                Ok(other) => other
+                    .def()
+                    .foreign_keys
+                    .iter()
+                    .filter(|key| key.table == def.name)
+                    .map(|key| key.column.clone())
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            match referencing.as_slice() {
+                [column] => Relationship::Reverse { name: name.clone(), column: column.clone() },
+                [] => {
+                    let forward: Vec<&str> = def.foreign_keys.iter().map(|key| key.column.as_str()).collect();
+                    let reverse: Vec<String> = engine
+                        .tables()
+                        .iter()
+                        .filter(|table| table.def().foreign_keys.iter().any(|key| key.table == def.name))
+                        .map(|table| table.name())
+                        .collect();
+                    return Err(ApiError::bad_request(
+                        "unknown_relationship",
+                        format!(
+                            "{} has no relationship {name}: its foreign keys are [{}], and the tables referencing it \
+                             [{}] (declare one with FOREIGN KEY (column) REFERENCES table)",
+                            def.name,
+                            forward.join(", "),
+                            reverse.join(", ")
+                        ),
+                    ));
+                }
+                several => {
+                    return Err(ApiError::bad_request(
+                        "unknown_relationship",
+                        format!(
+                            "{name} references {} through several columns ({}): include cannot tell which",
+                            def.name,
+                            several.join(", ")
+                        ),
+                    ));
+                }
+            }
+        };
+        let table = match &relationship {
+            Relationship::Forward { table, .. } => table,
+            Relationship::Reverse { name, .. } => name,
+        };
+        engine.access().authorize(
+            principal,
+            onehop_engine::Privilege::Read,
+            onehop_engine::ObjectKind::Table,
+            table,
+        )?;
+        plan.push(relationship);
+    }
+    Ok(plan)
+}
+
+/// Puts into `doc` (a row of `def`) the rows its relationships name.
+fn include(
+    engine: &onehop_engine::Engine,
+    def: &onehop_engine::TableDef,
+    plan: &[Relationship],
+    doc: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    for relationship in plan {
+        match relationship {
+            Relationship::Forward { name, table } => {
+                let other = engine.table(table)?;
+                let found = doc
+                    .get(name)
+                    .and_then(|key| other.def().id_of(key))
+                    .and_then(|id| other.get(&id))
+                    .map_or(Value::Null, |row| Value::Object(row.doc().clone()));
+                doc.insert(name.clone(), found);
+            }
+            Relationship::Reverse { name, column } => {
+                let other = engine.table(name)?;
+                let Some(id) = doc.get(&def.primary_key).and_then(|key| def.id_of(key)) else { continue };
+                let condition = Condition::new(column, &id)?;
+                let mut children = Vec::new();
+                let mut after: Option<String> = None;
+                loop {
+                    let page = other.query(
+                        std::slice::from_ref(&condition),
+                        after.as_deref(),
+                        onehop_engine::table::QUERY_LIMIT_MAX,
+                        false,
+                    )?;
+                    children.extend(page.rows.iter().map(|row| Value::Object(row.doc().clone())));
+                    if children.len() > SORTED_ROWS_MAX {
+                        return Err(ApiError::bad_request(
+                            "too_many_rows",
+                            format!("include={name}: more than {SORTED_ROWS_MAX} rows reference one row"),
+                        ));
+                    }
+                    match page.next_after {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                doc.insert(name.clone(), Value::Array(children));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How `sort` orders two rows' values of a field: missing and null last, then numbers, text

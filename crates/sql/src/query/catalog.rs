@@ -431,7 +431,20 @@ struct Object {
     columns: Vec<(String, i64, bool)>,
     /// (object id, name, column position from 1, primary key).
     indexes: Vec<(i64, String, i64, bool)>,
+    /// (column, the table it references).
+    references: Vec<(String, String)>,
     definition: Option<String>,
+}
+
+/// A foreign key as `pg_constraint` shows it.
+struct Reference {
+    oid: i64,
+    name: String,
+    table: i64,
+    column: i64,
+    referenced: i64,
+    referenced_column: i64,
+    definition: String,
 }
 
 /// The objects a principal may see, with their object ids.
@@ -442,6 +455,7 @@ pub(super) struct Catalog {
     roles: Vec<(i64, String, bool, bool)>,
     /// (role, member) object ids.
     members: Vec<(i64, i64)>,
+    references: Vec<Reference>,
 }
 
 /// An object id from `kind` and `name`: stable while the object exists.
@@ -505,6 +519,7 @@ impl Catalog {
                 label: "BASE TABLE",
                 columns,
                 indexes,
+                references: def.foreign_keys.iter().map(|key| (key.column.clone(), key.table.clone())).collect(),
                 definition: None,
             });
         }
@@ -526,6 +541,7 @@ impl Catalog {
                 label: "BASE TABLE",
                 columns,
                 indexes: Vec::new(),
+                references: Vec::new(),
                 definition: None,
             });
         }
@@ -563,6 +579,7 @@ impl Catalog {
                 label: "VIEW",
                 columns,
                 indexes: Vec::new(),
+                references: Vec::new(),
                 definition: Some(format!("source {}", def.source)),
             });
         }
@@ -593,7 +610,34 @@ impl Catalog {
                 }
             }
         }
-        Ok(Catalog { objects, roles, members })
+        // Foreign keys between tables the principal sees both of.
+        let mut references = Vec::new();
+        let position = |object: &Object, column: &str| {
+            object.columns.iter().position(|(name, _, _)| name == column).map_or(0, |index| index as i64 + 1)
+        };
+        for object in &objects {
+            for (column, table) in &object.references {
+                let Some(other) = objects.iter().find(|other| other.kind == "r" && other.name == *table) else {
+                    continue;
+                };
+                let Some(&(_, _, key_column, _)) = other.indexes.iter().find(|(_, _, _, primary)| *primary) else {
+                    continue;
+                };
+                let key_name =
+                    other.columns.get((key_column - 1).max(0) as usize).map_or("", |(name, _, _)| name.as_str());
+                let name = format!("{}_{column}_fkey", object.name);
+                references.push(Reference {
+                    oid: object_id("constraint", &name, &mut taken),
+                    definition: format!("FOREIGN KEY ({column}) REFERENCES {table}({key_name})"),
+                    name,
+                    table: object.oid,
+                    column: position(object, column),
+                    referenced: other.oid,
+                    referenced_column: key_column,
+                });
+            }
+        }
+        Ok(Catalog { objects, roles, members, references })
     }
 
     /// The object id of the relation `name` (`schema.name`, or the name alone), or of one of
@@ -629,6 +673,7 @@ impl Catalog {
                 }
             }
         }
+        constraints.extend(self.references.iter().map(|reference| (reference.oid, reference.definition.clone())));
         (indexes, constraints)
     }
 
@@ -744,7 +789,8 @@ impl Catalog {
                 "reltablespace": 0, "relpages": 0, "reltuples": -1.0, "relallvisible": 0, "reltoastrelid": 0,
                 "relhasindex": !object.indexes.is_empty(), "relisshared": false, "relpersistence": "p",
                 "relkind": object.kind, "relnatts": object.columns.len(), "relchecks": 0, "relhasrules": false,
-                "relhastriggers": false, "relhassubclass": false, "relrowsecurity": false,
+                // Postgres keeps foreign keys with triggers, and psql lists them only then.
+                "relhastriggers": self.references.iter().any(|r| r.table == object.oid || r.referenced == object.oid), "relhassubclass": false, "relrowsecurity": false,
                 "relforcerowsecurity": false, "relispopulated": true, "relreplident": "d", "relispartition": false,
             }));
             for (oid, name, _, _) in &object.indexes {
@@ -805,7 +851,20 @@ impl Catalog {
     }
 
     fn constraints(&self) -> Vec<Value> {
-        let mut rows = Vec::new();
+        let mut rows: Vec<Value> = self
+            .references
+            .iter()
+            .map(|reference| {
+                json!({
+                    "oid": reference.oid, "conname": reference.name, "connamespace": PUBLIC, "contype": "f",
+                    "condeferrable": false, "condeferred": false, "convalidated": true, "conrelid": reference.table,
+                    "contypid": 0, "conindid": 0, "conparentid": 0, "confrelid": reference.referenced,
+                    "confupdtype": "a", "confdeltype": "a", "confmatchtype": "s", "conislocal": true,
+                    "coninhcount": 0, "connoinherit": true, "conkey": [reference.column],
+                    "confkey": [reference.referenced_column],
+                })
+            })
+            .collect();
         for object in &self.objects {
             for (oid, name, column, primary) in &object.indexes {
                 if !primary {
