@@ -286,7 +286,7 @@ async fn handle(
         RequestKind::JoinGroup(request) => {
             let client = header.client_id.as_ref().map_or("", |client| client.as_str());
             let host = format!("/{}", peer.ip());
-            let answer = groups::join_group(shared, who, request, client, &host).await;
+            let answer = groups::join_group(shared, who, request, version, client, &host).await;
             frame_response(id, response_header, &answer, version)?
         }
         RequestKind::SyncGroup(request) => {

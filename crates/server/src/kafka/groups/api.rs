@@ -94,6 +94,7 @@ pub(in crate::kafka) async fn join_group(
     shared: &Shared,
     who: &Principal,
     request: JoinGroupRequest,
+    version: i16,
     client_id: &str,
     host: &str,
 ) -> JoinGroupResponse {
@@ -145,7 +146,10 @@ pub(in crate::kafka) async fn join_group(
     response.protocol_name = Some(text(&joined.protocol));
     response.leader = text(&joined.leader);
     response.member_id = text(&joined.member_id);
-    response.skip_assignment = joined.skip_assignment;
+    // A static leader back under its instance id is told to skip the assignment (KIP-814)
+    // from version 9 on; an older client gets the members, assigns again, and its SyncGroup
+    // is answered with the assignment the stable group kept, as Kafka does.
+    response.skip_assignment = joined.skip_assignment && version >= 9;
     response.members = joined
         .members
         .into_iter()
