@@ -25,6 +25,16 @@ fn conninfo(address: SocketAddr, dir: &Path, user: &str) -> String {
     )
 }
 
+/// A server with users (root, the administrator) and TLS on the test's certificate.
+fn tls_server(dir: &DataDir) -> common::Server {
+    certificates(dir.path(), "");
+    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
+    dir.start(
+        &["--admin-user", ROOT.0, "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)],
+    )
+}
+
 /// psql in unaligned mode, `-c` for each statement: (success, stdout, stderr).
 fn psql(conninfo: &str, password: &str, statements: &[&str]) -> (bool, String, String) {
     let mut command = Command::new("psql");
@@ -43,12 +53,7 @@ fn psql(conninfo: &str, password: &str, statements: &[&str]) -> (bool, String, S
 #[test]
 fn psql_and_psycopg_log_in_over_tls_query_and_are_refused_with_a_wrong_password() {
     let dir = DataDir::new();
-    certificates(dir.path(), "");
-    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
-    let server = dir.start(
-        &["--admin-user", ROOT.0, "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
-        &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)],
-    );
+    let server = tls_server(&dir);
     let pg = server.pg_address.expect("the Postgres listener is on");
     let root = conninfo(pg, dir.path(), ROOT.0);
 
@@ -424,12 +429,7 @@ print("end", seen("SELECT id, balance FROM accounts ORDER BY id"), seen("SELECT 
 #[test]
 fn psql_describes_and_sqlalchemy_reflects_what_onehop_holds() {
     let dir = DataDir::new();
-    certificates(dir.path(), "");
-    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
-    let server = dir.start(
-        &["--admin-user", ROOT.0, "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
-        &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)],
-    );
+    let server = tls_server(&dir);
     let pg = server.pg_address.expect("the Postgres listener is on");
     let root = conninfo(pg, dir.path(), ROOT.0);
     let (ok, out, err) = psql(

@@ -411,6 +411,19 @@ pub(super) fn relation(schema: Option<&str>, name: &str) -> Option<(&'static str
     })
 }
 
+/// `schema.relation.column` as `relation.column`, when `schema` is one of onehop's (`public`,
+/// or the catalog's): the schema adds nothing once the relation is named. Anything else as it is.
+pub(super) fn without_schema(parts: &[ast::Ident]) -> &[ast::Ident] {
+    match parts {
+        [schema, rest @ ..]
+            if rest.len() == 2 && (schema.value.eq_ignore_ascii_case("public") || is_catalog_schema(&schema.value)) =>
+        {
+            rest
+        }
+        parts => parts,
+    }
+}
+
 /// Whether `schema` is one of the catalog's.
 pub(super) fn is_catalog_schema(schema: &str) -> bool {
     schema.eq_ignore_ascii_case("pg_catalog") || schema.eq_ignore_ascii_case("information_schema")

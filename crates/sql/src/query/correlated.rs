@@ -96,16 +96,7 @@ pub(super) fn outer_references(query: &mut ast::Query, scope: &[Source]) -> Vec<
     let mut found: Vec<(Vec<ast::Ident>, usize)> = Vec::new();
     let _ = ast::visit_expressions_mut(query, |expr: &mut ast::Expr| {
         if let ast::Expr::CompoundIdentifier(parts) = expr {
-            let relative = match parts.as_slice() {
-                [schema, rest @ ..]
-                    if rest.len() == 2
-                        && (schema.value.eq_ignore_ascii_case("public")
-                            || super::catalog::is_catalog_schema(&schema.value)) =>
-                {
-                    rest
-                }
-                parts => parts,
-            };
+            let relative = super::catalog::without_schema(parts);
             if let [relation, _] = relative
                 && !own.contains(&relation.value.to_ascii_lowercase())
                 && let Some(input) = super::resolve::alias(scope, relation)

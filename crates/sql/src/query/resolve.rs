@@ -185,22 +185,10 @@ impl Rewriter<'_, '_, '_> {
     fn numeric_column(&self, expr: &ast::Expr) -> bool {
         let found = match expr {
             ast::Expr::Identifier(ident) => column_of(self.scope, ident).ok(),
-            ast::Expr::CompoundIdentifier(parts) => {
-                let parts = match parts.as_slice() {
-                    [schema, rest @ ..]
-                        if rest.len() == 2
-                            && (schema.value.eq_ignore_ascii_case("public")
-                                || super::catalog::is_catalog_schema(&schema.value)) =>
-                    {
-                        rest
-                    }
-                    parts => parts,
-                };
-                match parts {
-                    [relation, column] => alias(self.scope, relation).map(|index| (index, column.value.clone())),
-                    _ => None,
-                }
-            }
+            ast::Expr::CompoundIdentifier(parts) => match super::catalog::without_schema(parts) {
+                [relation, column] => alias(self.scope, relation).map(|index| (index, column.value.clone())),
+                _ => None,
+            },
             _ => None,
         };
         let Some((index, column)) = found else { return false };
@@ -253,16 +241,9 @@ impl Rewriter<'_, '_, '_> {
     /// `name` or `alias.name[.field…]`: the path into the query's row.
     fn column(&self, parts: &[ast::Ident]) -> Result<ast::Expr, SqlError> {
         // `schema.relation.column`: the schema adds nothing once the relation is an input.
-        let parts = match parts {
-            [schema, relation, _, ..]
-                if (schema.value.eq_ignore_ascii_case("public")
-                    || super::catalog::is_catalog_schema(&schema.value))
-                    && alias(self.scope, relation).is_some() =>
-            {
-                &parts[1..]
-            }
-            _ => parts,
-        };
+        let relative = super::catalog::without_schema(parts);
+        let parts =
+            if relative.len() < parts.len() && alias(self.scope, &relative[0]).is_some() { relative } else { parts };
         let (first, rest) = parts.split_first().expect("a name has a part");
         if !rest.is_empty()
             && let Some(source) = alias(self.scope, first)

@@ -426,20 +426,7 @@ impl<'a> Context<'a> {
             self.budget.hold_bytes(super::budget::estimate(&Value::Array(row.clone())))?;
         }
         self.note(format!("function {function}"));
-        let answer = Arc::new(Answer { columns: columns.clone(), rows });
-        let mut source = Source {
-            alias: base,
-            label: format!("function {function}"),
-            known: columns,
-            open: false,
-            kind: Kind::Rows(answer),
-            merged: Vec::new(),
-            fields: None,
-        };
-        if let Some(alias) = alias {
-            rename_source(&mut source, alias)?;
-        }
-        Ok(source)
+        answer_source(base, format!("function {function}"), Arc::new(Answer { columns, rows }), alias)
     }
 
     /// One input of FROM, checked against what the principal may read.
@@ -452,19 +439,7 @@ impl<'a> Context<'a> {
                 let alias_name = alias.as_ref().map_or_else(|| name.clone(), |alias| alias.name.value.clone());
                 if let Some((schema, relation)) = super::catalog::relation(schema.as_deref(), &name) {
                     let answer = Arc::new(self.catalog()?.rows(schema, relation));
-                    let mut source = Source {
-                        alias: alias_name,
-                        label: format!("catalog {schema}.{relation}"),
-                        known: answer.columns.clone(),
-                        open: false,
-                        kind: Kind::Rows(answer),
-                        merged: Vec::new(),
-                        fields: None,
-                    };
-                    if let Some(alias) = alias {
-                        rename_source(&mut source, alias)?;
-                    }
-                    return Ok(source);
+                    return answer_source(alias_name, format!("catalog {schema}.{relation}"), answer, alias.as_ref());
                 }
                 if let Some(schema) = schema.filter(|schema| super::catalog::is_catalog_schema(schema)) {
                     return Err(invalid(format!(
@@ -472,20 +447,7 @@ impl<'a> Context<'a> {
                     )));
                 }
                 if let Some((_, answer)) = self.ctes.iter().rev().find(|(cte, _)| *cte == name) {
-                    let answer = answer.clone();
-                    let mut source = Source {
-                        alias: alias_name,
-                        label: format!("with {name}"),
-                        known: answer.columns.clone(),
-                        open: false,
-                        kind: Kind::Rows(answer),
-                        merged: Vec::new(),
-                        fields: None,
-                    };
-                    if let Some(alias) = alias {
-                        rename_source(&mut source, alias)?;
-                    }
-                    return Ok(source);
+                    return answer_source(alias_name, format!("with {name}"), answer.clone(), alias.as_ref());
                 }
                 let (kind, object_kind, known, open) = if let Ok(table) = self.engine.table(&name) {
                     let known = table.def().columns.iter().map(|column| column.name.clone()).collect();
@@ -1715,6 +1677,29 @@ fn rename(answer: &mut Answer, alias: &ast::TableAlias, name: &str) -> Result<()
         *column = named.name.value.clone();
     }
     Ok(())
+}
+
+/// An input of computed rows (a CTE's, the catalog's, a function's), under `alias`'s column
+/// names if it gives them.
+fn answer_source(
+    name: String,
+    label: String,
+    answer: Arc<Answer>,
+    alias: Option<&ast::TableAlias>,
+) -> Result<Source, SqlError> {
+    let mut source = Source {
+        alias: name,
+        label,
+        known: answer.columns.clone(),
+        open: false,
+        kind: Kind::Rows(answer),
+        merged: Vec::new(),
+        fields: None,
+    };
+    if let Some(alias) = alias {
+        rename_source(&mut source, alias)?;
+    }
+    Ok(source)
 }
 
 fn rename_source(source: &mut Source, alias: &ast::TableAlias) -> Result<(), SqlError> {
