@@ -378,6 +378,8 @@ except psycopg.errors.SerializationFailure as error:
 print("after conflict", seen("SELECT id, balance FROM accounts WHERE id IN ('a', 'b') ORDER BY id"))
 
 conn = psycopg.connect(dsn)
+# A statement that writes nothing leaves the transaction free to write another table.
+conn.execute("DELETE FROM audit WHERE id = 'none'")
 conn.execute("UPDATE accounts SET balance = 7 WHERE id = 'a'")
 try:
     conn.execute("INSERT INTO audit (id) VALUES ('x')")

@@ -91,7 +91,8 @@ impl Transaction {
                     .sum(),
             ),
         };
-        if let Some(target) = &self.target
+        if count > 0
+            && let Some(target) = &self.target
             && target.name() != name
         {
             return Err(SqlError::Transaction(format!(
@@ -111,6 +112,13 @@ impl Transaction {
         }
         self.bytes += bytes;
         match plan {
+            // Nothing written: the transaction is still free to write any table.
+            Plan::Table { writes, verb, returning, .. } if writes.is_empty() => {
+                Ok(Changed { verb, rows: 0, returning })
+            }
+            Plan::Stream { records, returning, .. } if records.is_empty() => {
+                Ok(Changed { verb: "INSERT", rows: 0, returning })
+            }
             Plan::Table { table, writes, verb, returning } => {
                 let target = self.target.get_or_insert_with(|| Target::Table {
                     overlay: Arc::new(Overlay { table: table.name(), rows: Default::default() }),
