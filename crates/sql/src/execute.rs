@@ -307,7 +307,9 @@ fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
         Statement::AlterStream { name, .. } | Statement::DropStream { name, .. } => admin(ObjectKind::Stream, name)?,
         Statement::CreateView { def, .. } => {
             admin(ObjectKind::View, &def.name)?;
-            read(&def.source)?;
+            for source in def.sources() {
+                read(source)?;
+            }
             // Late events are published there: a write, as any other publish to it.
             if let Some(late) = &def.late_stream {
                 access.authorize(principal, Privilege::Write, ObjectKind::Stream, late)?;

@@ -25,9 +25,10 @@ use crate::system::{SystemTopic, SystemTopicConfig};
 use crate::table::Table;
 use crate::tabledef::{IndexDef, TableDef, validate_field_name};
 use crate::view::checkpoint::{self, CHECKPOINT_TOPIC, Restored};
+use crate::view::join::JoinSource;
 use crate::view::runtime::{self, OUTPUT_PREFIX};
 use crate::view::transform::{self, TransformCheckpoint};
-use crate::view::{Start, Transform, TransformDef, View, ViewDef};
+use crate::view::{JoinDef, Start, Transform, TransformDef, View, ViewDef};
 
 mod access;
 pub use access::{PASSWORD_BYTES_MAX, validate_grantee_name};
@@ -221,7 +222,7 @@ impl Engine {
         }
         let mut checkpoints = checkpoint::read_all(&engine.checkpoints)?;
         let mut live = Vec::new();
-        for def in defs.views.into_values() {
+        for def in in_dependency_order(defs.views.into_values().collect()) {
             let name = def.name.clone();
             let checkpoint = checkpoint::restore(&def, &mut checkpoints);
             if let Some(checkpoint) = &checkpoint {
@@ -313,4 +314,24 @@ impl Engine {
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }
+}
+
+/// Views in an order that opens each after the views it reads (a joined view reads views; the
+/// catalog lists them by name). A view reads only views that existed when it was created, so
+/// there is no cycle; one whose source is missing is left for its open to report.
+fn in_dependency_order(mut pending: Vec<ViewDef>) -> Vec<ViewDef> {
+    let mut ordered: Vec<ViewDef> = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        let waiting: BTreeSet<String> = pending.iter().map(|def| def.name.clone()).collect();
+        let (ready, rest): (Vec<ViewDef>, Vec<ViewDef>) = pending
+            .into_iter()
+            .partition(|def| def.sources().iter().all(|source| *source == def.name || !waiting.contains(*source)));
+        if ready.is_empty() {
+            ordered.extend(rest);
+            break;
+        }
+        ordered.extend(ready);
+        pending = rest;
+    }
+    ordered
 }

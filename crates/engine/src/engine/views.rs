@@ -10,23 +10,23 @@ impl Engine {
     /// Opens a defined view and starts it from its checkpoint (or, with none, from where its
     /// definition says).
     pub(super) fn open_view(&self, def: ViewDef, checkpoint: Option<Restored>) -> Result<Arc<View>, EngineError> {
+        if let Some(join) = &def.join {
+            let sources = self.join_sources(&def.name, join)?;
+            let output = self.open_view_output(&def.name)?;
+            let view = Arc::new(View::joined(def, sources, output));
+            if tokio::runtime::Handle::try_current().is_ok() {
+                view.start(self.hub.clone(), self.checkpoints.clone(), Vec::new());
+            } else {
+                tracing::error!(view = view.name(), "views run inside the tokio runtime: this one is not started");
+            }
+            return Ok(view);
+        }
         let table = self.table(&def.source).ok();
         let source = match &table {
             Some(table) => table.storage().clone(),
             None => self.stream(&def.source)?,
         };
-        let output_def = StreamDef {
-            name: format!("{OUTPUT_PREFIX}{}", def.name),
-            partitions: 1,
-            retention_ms: None,
-            retention_bytes: None,
-            durability: Durability::Async,
-            mqtt_topic: None,
-            compacted: false,
-        };
-        let output_partition =
-            self.log.open_partition(&output_def.name, 0, runtime::output_config(&self.options.stream_defaults))?;
-        let output = Arc::new(Stream::new(output_def, vec![output_partition], Default::default()));
+        let output = self.open_view_output(&def.name)?;
         let late = def.late_stream.as_deref().and_then(|name| self.stream(name).ok());
         let restored = match checkpoint {
             // A view over a table starts from the table's rows.
@@ -45,6 +45,84 @@ impl Engine {
             tracing::error!(view = view.name(), "views run inside the tokio runtime: this one is not started");
         }
         Ok(view)
+    }
+
+    /// The change stream of view `name`.
+    fn open_view_output(&self, name: &str) -> Result<Arc<Stream>, EngineError> {
+        let output_def = StreamDef {
+            name: format!("{OUTPUT_PREFIX}{name}"),
+            partitions: 1,
+            retention_ms: None,
+            retention_bytes: None,
+            durability: Durability::Async,
+            mqtt_topic: None,
+            compacted: false,
+        };
+        let output_partition =
+            self.log.open_partition(&output_def.name, 0, runtime::output_config(&self.options.stream_defaults))?;
+        Ok(Arc::new(Stream::new(output_def, vec![output_partition], Default::default())))
+    }
+
+    /// The inputs of joined view `name`: each a table, or a view without windows.
+    fn join_sources(&self, name: &str, join: &JoinDef) -> Result<Vec<JoinSource>, EngineError> {
+        join.validate().map_err(EngineError::InvalidDefinition)?;
+        let mut sources = Vec::with_capacity(join.inputs.len());
+        for input in &join.inputs {
+            if input.source == name {
+                return Err(EngineError::InvalidDefinition(format!("view {name} cannot read itself")));
+            }
+            let (source, id_field) = if let Ok(table) = self.table(&input.source) {
+                let id_field = table.def().primary_key.clone();
+                (JoinSource::Table(table), id_field)
+            } else if let Ok(view) = self.view(&input.source) {
+                let def = view.def();
+                let id_field = if let Some(inner) = &def.join {
+                    if !inner.keyed_by_driving_row() {
+                        return Err(EngineError::InvalidDefinition(format!(
+                            "view {:?} has a row per combination of its inputs' rows: a join reads views \
+                             keyed by one row's id",
+                            input.source
+                        )));
+                    }
+                    inner.inputs[0].id_field.clone()
+                } else if def.window != crate::view::Window::None {
+                    return Err(EngineError::InvalidDefinition(format!(
+                        "view {:?} has windows (several rows per key): a join reads tables and views \
+                         without windows",
+                        input.source
+                    )));
+                } else {
+                    def.columns
+                        .iter()
+                        .find_map(|column| match column {
+                            crate::view::Column::Key { name } => Some(name.clone()),
+                            _ => None,
+                        })
+                        .ok_or_else(|| {
+                            EngineError::InvalidDefinition(format!(
+                                "view {:?} does not select its GROUP BY key: a join finds its rows by it",
+                                input.source
+                            ))
+                        })?
+                };
+                (JoinSource::View(view), id_field)
+            } else if self.stream(&input.source).is_ok() {
+                return Err(EngineError::InvalidDefinition(format!(
+                    "{:?} is a stream: a joined view reads tables and views (their current rows)",
+                    input.source
+                )));
+            } else {
+                return Err(EngineError::UnknownTable(input.source.clone()));
+            };
+            if id_field != input.id_field {
+                return Err(EngineError::InvalidDefinition(format!(
+                    "{:?} is keyed by {id_field}, not {}",
+                    input.source, input.id_field
+                )));
+            }
+            sources.push(source);
+        }
+        Ok(sources)
     }
 
     pub fn view(&self, name: &str) -> Result<Arc<View>, EngineError> {
@@ -72,7 +150,9 @@ impl Engine {
                 ),
             });
         }
-        if self.table(&def.source).is_ok() {
+        if let Some(join) = &def.join {
+            self.join_sources(&def.name, join)?;
+        } else if self.table(&def.source).is_ok() {
             check_over_table(&def)?;
         }
         if let Some(late) = &def.late_stream {
@@ -111,7 +191,10 @@ impl Engine {
         if self.table(&def.name).is_ok() {
             return Err(EngineError::NameTaken { name: def.name.clone(), kind: "table" });
         }
-        let checkpoint = if self.table(&def.source).is_ok() {
+        if let Some(join) = &def.join {
+            self.join_sources(&def.name, join)?;
+        }
+        let checkpoint = if def.join.is_some() || self.table(&def.source).is_ok() {
             None
         } else {
             let source = self.stream(&def.source)?;
@@ -142,6 +225,8 @@ impl Engine {
     pub(super) async fn drop_view_here(&self, name: &str) -> Result<(), EngineError> {
         let _ddl = self.ddl.lock().await;
         let view = self.view(name)?;
+        // A joined view reading it would lose an input.
+        self.check_unread(name)?;
         self.catalog.append(&[catalog::drop_view_record(name)]).await?;
         self.views.write().expect("views lock").remove(name);
         self.catalog_changed();
@@ -188,7 +273,7 @@ impl Engine {
     /// Refuses to drop `name` while a view or transform reads it.
     pub(super) fn check_unread(&self, name: &str) -> Result<(), EngineError> {
         let views = self.views.read().expect("views lock");
-        if let Some(view) = views.values().find(|view| view.def().source == name) {
+        if let Some(view) = views.values().find(|view| view.def().sources().contains(&name)) {
             return Err(EngineError::InUse {
                 name: name.to_string(),
                 reader: format!("view {:?}", view.name()),

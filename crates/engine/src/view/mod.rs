@@ -8,11 +8,13 @@
 //! - `checkpoint`: a view's checkpoint records (incremental) and its restore.
 //! - `transform`: stateless transforms (`CREATE STREAM … AS SELECT`) and their task.
 //! - `catchup`: progress of a view or transform replaying its source.
+//! - `join`: joined views (`… FROM a JOIN b ON …`), kept delta-style over tables and views.
 //! - this module: what a view is (`ViewDef`), as the SQL front end produces it.
 
 mod catchup;
 pub mod checkpoint;
 pub mod expr;
+pub mod join;
 pub mod runtime;
 pub mod state;
 pub mod transform;
@@ -20,6 +22,7 @@ pub mod transform;
 use serde::{Deserialize, Serialize};
 
 pub use expr::{Expr, Input};
+pub use join::{JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn};
 pub use runtime::{View, ViewStatus};
 pub use transform::{Transform, TransformDef, TransformStatus};
 
@@ -117,6 +120,34 @@ pub struct ViewDef {
     pub late_stream: Option<String>,
     /// The statement as the user wrote it, for DESCRIBE.
     pub sql: String,
+    /// A joined view: its inputs, WHERE and SELECT list. `source` is then its first input's,
+    /// and the aggregate fields above (window, key, columns, filter) are unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<Box<JoinDef>>,
+}
+
+impl ViewDef {
+    /// Every table and view the view reads (one, unless it joins).
+    pub fn sources(&self) -> Vec<&str> {
+        match &self.join {
+            Some(join) => join.sources().collect(),
+            None => vec![self.source.as_str()],
+        }
+    }
+
+    /// The names of the columns of the view's rows, in order.
+    pub fn column_names(&self) -> Vec<String> {
+        match &self.join {
+            Some(join) => join.column_names(),
+            None => {
+                let mut names: Vec<String> = self.columns.iter().map(|column| column.name().to_string()).collect();
+                if self.window != Window::None {
+                    names.extend(["window_start".to_string(), "window_end".to_string()]);
+                }
+                names
+            }
+        }
+    }
 }
 
 /// Defaults of the options of `CREATE VIEW … WITH (…)`.

@@ -26,6 +26,8 @@ use serde_json::Value;
 use super::catchup::{Catchup, follow, restored};
 use super::checkpoint::{self, Restored};
 use super::expr::{Input, parse_value};
+use super::join::state::InputStatus;
+use super::join::{JoinSource, Joined};
 use super::state::{Applied, Change, Delta, ViewState};
 use super::{ViewDef, Window};
 use crate::error::EngineError;
@@ -79,6 +81,9 @@ pub struct ViewStatus {
     pub invalid_events: u64,
     /// Still replaying its source up to where it was when it started.
     pub restoring: bool,
+    /// A joined view: each input's rows and memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<InputStatus>>,
 }
 
 pub struct View {
@@ -97,9 +102,11 @@ pub struct View {
     /// Tells this view's checkpoint records from those of an earlier view of the same name
     /// (or of this one before a checkpoint was lost, see `written`).
     incarnation: AtomicU64,
-    restoring: AtomicBool,
-    stop: tokio::sync::watch::Sender<bool>,
+    pub(super) restoring: AtomicBool,
+    pub(super) stop: tokio::sync::watch::Sender<bool>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// A joined view: its inputs and state (`state` above is then empty).
+    pub(super) join: Option<Joined>,
 }
 
 impl View {
@@ -128,7 +135,17 @@ impl View {
             restoring: AtomicBool::new(true),
             stop: tokio::sync::watch::channel(false).0,
             task: std::sync::Mutex::new(None),
+            join: None,
         }
+    }
+
+    /// A joined view over `sources` (its inputs, in order), writing its changes to `output`.
+    pub(crate) fn joined(def: ViewDef, sources: Vec<JoinSource>, output: Arc<Stream>) -> View {
+        let join = def.join.as_deref().expect("a joined view's definition has its join");
+        let joined = Joined::new(join, sources);
+        let mut view = View::new(def, joined.first_changes().clone(), None, output, None, Restored::empty(vec![0]));
+        view.join = Some(joined);
+        view
     }
 
     pub fn def(&self) -> &ViewDef {
@@ -161,16 +178,27 @@ impl View {
 
     /// The rows of `key`: open windows newest first, then closed ones (flagged `final`).
     pub fn rows(&self, key: &str) -> Vec<Value> {
+        if let Some(joined) = &self.join {
+            return joined.state.read().expect("view state lock").rows(key);
+        }
         self.state.read().expect("view state lock").rows(&self.def, key)
     }
 
     /// Keys in order after `after`, at most `limit`, with their rows.
     pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<(String, Vec<Value>)> {
+        if let Some(joined) = &self.join {
+            return joined.state.read().expect("view state lock").page(after, limit);
+        }
         self.state.read().expect("view state lock").keys_page(&self.def, after, limit)
     }
 
     /// Every key's rows and the change stream's end: changes from there on come after them.
     pub fn snapshot(&self) -> (Vec<(String, Vec<Value>)>, u64) {
+        if let Some(joined) = &self.join {
+            let state = joined.state.read().expect("view state lock");
+            let end = self.output.end_offset(0).unwrap_or(0);
+            return (state.page(None, usize::MAX), end);
+        }
         let state = self.state.read().expect("view state lock");
         let end = self.output.end_offset(0).unwrap_or(0);
         (state.keys_page(&self.def, None, usize::MAX), end)
@@ -179,11 +207,19 @@ impl View {
     /// [`View::page`] and [`View::status`] as of one moment: the status counts exactly the
     /// events the rows show.
     pub fn page_and_status(&self, after: Option<&str>, limit: usize) -> (Vec<(String, Vec<Value>)>, ViewStatus) {
+        if let Some(joined) = &self.join {
+            let state = joined.state.read().expect("view state lock");
+            return (state.page(after, limit), joined.status(&state, self.restoring.load(Ordering::Relaxed)));
+        }
         let state = self.state.read().expect("view state lock");
         (state.keys_page(&self.def, after, limit), self.status_of(&state))
     }
 
     pub fn status(&self) -> ViewStatus {
+        if let Some(joined) = &self.join {
+            let state = joined.state.read().expect("view state lock");
+            return joined.status(&state, self.restoring.load(Ordering::Relaxed));
+        }
         self.status_of(&self.state.read().expect("view state lock"))
     }
 
@@ -194,6 +230,7 @@ impl View {
             late_events: state.late_events,
             invalid_events: state.invalid_events,
             restoring: self.restoring.load(Ordering::Relaxed),
+            inputs: None,
         }
     }
 
@@ -205,8 +242,10 @@ impl View {
     /// written.
     pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<SystemTopic>, positions: Vec<u64>) {
         register_metrics(&self.def.name);
-        // A view over a table folds in the table's rows instead (`run_over_table`).
-        let catchup = self.table.is_none().then(|| Catchup::new("view", self.name(), &self.source, &positions));
+        // A view over a table folds in the table's rows instead (`run_over_table`), a joined
+        // view its inputs' rows (`run_join`).
+        let catchup = (self.table.is_none() && self.join.is_none())
+            .then(|| Catchup::new("view", self.name(), &self.source, &positions));
         let view = self.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = view.run(hub, checkpoints, positions, catchup).await {
@@ -232,6 +271,9 @@ impl View {
         positions: Vec<u64>,
         catchup: Option<Catchup>,
     ) -> Result<(), EngineError> {
+        if self.join.is_some() {
+            return self.run_join(hub).await;
+        }
         let (Some(mut catchup), None) = (catchup, &self.table) else {
             let table = self.table.as_ref().expect("a view without a catch-up is over a table");
             return self.run_over_table(hub, table).await;
@@ -490,7 +532,7 @@ impl View {
     /// them out (a JSON value each, then a log batch) overlaps with the view folding the next
     /// events: when 10 000 windows close at once, their finals are encoded on the other core.
     /// The channel is bounded, so a writer that falls behind holds the view back.
-    fn change_writer(&self) -> (tokio::sync::mpsc::Sender<Vec<Change>>, tokio::task::JoinHandle<()>) {
+    pub(super) fn change_writer(&self) -> (tokio::sync::mpsc::Sender<Vec<Change>>, tokio::task::JoinHandle<()>) {
         let (sender, mut receiver) = tokio::sync::mpsc::channel::<Vec<Change>>(CHANGE_BATCHES_QUEUED);
         let output = self.output.clone();
         let name = self.def.name.clone();
@@ -515,7 +557,7 @@ impl View {
     }
 
     /// Hands the changes to the change writer and appends late events to the late stream.
-    async fn publish(
+    pub(super) async fn publish(
         &self,
         writer: &tokio::sync::mpsc::Sender<Vec<Change>>,
         changes: &mut Vec<Change>,
@@ -670,7 +712,7 @@ pub(crate) fn now_ms() -> i64 {
 
 /// Registers the view's counters, so each of its series is exported (at 0) from its start: one
 /// that appears only with its first increment hides that increment from `rate()`.
-fn register_metrics(view: &str) {
+pub(super) fn register_metrics(view: &str) {
     for name in [
         "view_late_events_total",
         "view_invalid_events_total",

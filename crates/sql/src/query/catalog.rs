@@ -565,22 +565,22 @@ impl Catalog {
             if !visible(ObjectKind::View, &def.name) {
                 continue;
             }
-            let mut columns: Vec<(String, i64, bool)> = def
-                .columns
-                .iter()
-                .map(|column| {
-                    let oid = match column {
-                        onehop_engine::view::Column::Key { .. } => 25,
-                        onehop_engine::view::Column::Aggregate { function, .. } => match function {
-                            onehop_engine::view::AggregateKind::Count
-                            | onehop_engine::view::AggregateKind::CountDistinct => 20,
-                            onehop_engine::view::AggregateKind::Avg => 701,
-                            _ => 114,
-                        },
-                    };
-                    (column.name().to_string(), oid, false)
-                })
-                .collect();
+            // A joined view's columns are expressions of JSON values: json, as aggregates are.
+            let joined =
+                def.join.iter().flat_map(|join| join.columns.iter()).map(|column| (column.name.clone(), 114, false));
+            let mut columns: Vec<(String, i64, bool)> = joined.collect();
+            columns.extend(def.columns.iter().map(|column| {
+                let oid = match column {
+                    onehop_engine::view::Column::Key { .. } => 25,
+                    onehop_engine::view::Column::Aggregate { function, .. } => match function {
+                        onehop_engine::view::AggregateKind::Count
+                        | onehop_engine::view::AggregateKind::CountDistinct => 20,
+                        onehop_engine::view::AggregateKind::Avg => 701,
+                        _ => 114,
+                    },
+                };
+                (column.name().to_string(), oid, false)
+            }));
             if !matches!(def.window, onehop_engine::view::Window::None) {
                 columns.push(("window_start".into(), 114, false));
                 columns.push(("window_end".into(), 114, false));
@@ -593,7 +593,7 @@ impl Catalog {
                 columns,
                 indexes: Vec::new(),
                 references: Vec::new(),
-                definition: Some(format!("source {}", def.source)),
+                definition: Some(format!("source {}", def.sources().join(", "))),
             });
         }
         let (mut roles, mut members) = (Vec::new(), Vec::new());

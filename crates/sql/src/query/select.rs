@@ -454,11 +454,7 @@ impl<'a> Context<'a> {
                     let overlay = Overlay::of(self.overlay.as_ref(), &name).cloned();
                     (Kind::Table(table, overlay), ObjectKind::Table, known, true)
                 } else if let Ok(view) = self.engine.view(&name) {
-                    let def = view.def();
-                    let mut known: Vec<String> = def.columns.iter().map(|column| column.name().to_string()).collect();
-                    if !matches!(def.window, onehop_engine::view::Window::None) {
-                        known.extend(["window_start".to_string(), "window_end".to_string()]);
-                    }
+                    let known = view.def().column_names();
                     (Kind::View(view), ObjectKind::View, known, true)
                 } else if let Ok(stream) = self.engine.stream(&name) {
                     let known = STREAM_FIELDS.iter().map(|field| field.to_string()).collect();

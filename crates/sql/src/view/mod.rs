@@ -11,6 +11,8 @@
 //! - `columns`: a view's GROUP BY key and its SELECT list of key and aggregates.
 //! - `options`: a view's `WITH (…)` options.
 //! - `transform`: `CREATE STREAM … AS SELECT` to a [`TransformDef`].
+//! - `join`: a view without GROUP BY (joined inputs, or one filtered), parsed and then resolved
+//!   against its inputs' columns.
 //! - `expr`: SQL expressions to the engine's [`Expr`].
 //! - this module: the statements (parsed and run), and a [`ViewDef`] put together from its parts.
 //!
@@ -18,6 +20,7 @@
 
 mod columns;
 pub(crate) mod expr;
+mod join;
 mod options;
 pub(crate) mod query;
 #[cfg(test)]
@@ -37,7 +40,7 @@ use crate::SqlError;
 use crate::execute::Output;
 use crate::parse::{Statement, StreamOptions, simple_name, syntax};
 use columns::{group_by, view_columns};
-use expr::convert_expr;
+use expr::{convert_expr, function_name};
 use options::apply_view_options;
 use query::plain_select;
 use transform::transform_def;
@@ -106,6 +109,23 @@ pub(crate) fn parse_transform(
     transform_def(name, &query, text)
 }
 
+/// Whether a view's SELECT is a joined view's: no GROUP BY and no aggregate in its SELECT list
+/// (which asks for GROUP BY, and is told so).
+fn is_join_view(select: &ast::Select) -> bool {
+    let grouped = match &select.group_by {
+        ast::GroupByExpr::Expressions(expressions, modifiers) => !expressions.is_empty() || !modifiers.is_empty(),
+        ast::GroupByExpr::All(_) => true,
+    };
+    let aggregates = select.projection.iter().any(|item| match item {
+        ast::SelectItem::UnnamedExpr(expr) | ast::SelectItem::ExprWithAlias { expr, .. } => {
+            matches!(expr, ast::Expr::Function(function)
+                if function_name(function).is_some_and(|name| columns::aggregate_kind(&name).is_some()))
+        }
+        _ => false,
+    });
+    !grouped && !aggregates
+}
+
 /// Runs `CREATE VIEW`.
 pub(crate) async fn execute_create_view(
     engine: &Engine,
@@ -113,6 +133,13 @@ pub(crate) async fn execute_create_view(
     if_not_exists: bool,
     label: String,
 ) -> Result<Output, SqlError> {
+    let resolved;
+    let def = if def.join.is_some() {
+        resolved = join::resolve(engine, def)?;
+        &resolved
+    } else {
+        def
+    };
     if let Ok(existing) = engine.view(&def.name)
         && let Some(output) = already_defined(
             &label,
@@ -191,6 +218,9 @@ fn statement_text(sql: &str, start: Location, end: Location) -> String {
 
 fn view_def(name: String, options: &[SqlOption], query: &ast::Query, sql: String) -> Result<ViewDef, SqlError> {
     let select = plain_select(query, VIEW_SHAPE)?;
+    if is_join_view(select) {
+        return join::join_view_def(name, options, select, sql);
+    }
     let (source, window, time_column) = view_source(&select.from)?;
     if source == name {
         return Err(invalid(format!("view {name} cannot read itself")));
@@ -213,6 +243,7 @@ fn view_def(name: String, options: &[SqlOption], query: &ast::Query, sql: String
         start: Start::Latest,
         late_stream: None,
         sql,
+        join: None,
     };
     apply_view_options(&mut def, options)?;
     Ok(def)
@@ -267,6 +298,7 @@ mod tests {
                 sql: "CREATE VIEW revenue AS\n    SELECT region, COUNT(*), SUM(amount) AS total FROM TUMBLE(orders, \
                       INTERVAL '5' SECOND) WHERE status = 'paid' GROUP BY region"
                     .into(),
+                join: None,
             }
         );
         assert_eq!(statements[1].label(), "CREATE VIEW revenue");

@@ -92,7 +92,7 @@ pub(super) fn transform_def(name: String, query: &ast::Query, sql: String) -> Re
 }
 
 /// A transform column's name when it has no alias: a field's name, else the function's.
-fn output_name(expr: &ast::Expr) -> Option<String> {
+pub(super) fn output_name(expr: &ast::Expr) -> Option<String> {
     column_name(expr).or_else(|| match expr {
         ast::Expr::Function(function) => function_name(function).map(|name| name.to_ascii_lowercase()),
         ast::Expr::Cast { expr, .. } | ast::Expr::Nested(expr) => output_name(expr),

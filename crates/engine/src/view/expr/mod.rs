@@ -228,6 +228,96 @@ pub enum Expr {
     },
 }
 
+impl Expr {
+    /// Calls `visit` with every path of the value this expression reads (`Path` nodes; a
+    /// `Get` reads its base's).
+    pub fn visit_paths(&self, visit: &mut impl FnMut(&[Step])) {
+        match self {
+            Expr::Literal { .. } | Expr::Record { .. } => {}
+            Expr::Path { path } => visit(path),
+            Expr::Get { base, .. } => base.visit_paths(visit),
+            Expr::Unary { expr, .. } | Expr::Is { expr, .. } | Expr::Cast { expr, .. } => expr.visit_paths(visit),
+            Expr::Binary { left, right, .. } => {
+                left.visit_paths(visit);
+                right.visit_paths(visit);
+            }
+            Expr::In { expr, list, .. } => {
+                expr.visit_paths(visit);
+                list.iter().for_each(|item| item.visit_paths(visit));
+            }
+            Expr::Like { expr, pattern, .. } => {
+                expr.visit_paths(visit);
+                pattern.visit_paths(visit);
+            }
+            Expr::Between { expr, low, high, .. } => {
+                expr.visit_paths(visit);
+                low.visit_paths(visit);
+                high.visit_paths(visit);
+            }
+            Expr::Case { operand, branches, otherwise } => {
+                if let Some(operand) = operand {
+                    operand.visit_paths(visit);
+                }
+                for branch in branches {
+                    branch.when.visit_paths(visit);
+                    branch.then.visit_paths(visit);
+                }
+                if let Some(otherwise) = otherwise {
+                    otherwise.visit_paths(visit);
+                }
+            }
+            Expr::Call { args, .. } => args.iter().for_each(|arg| arg.visit_paths(visit)),
+        }
+    }
+
+    /// Rewrites every node bottom-up with `rewrite` (which may replace it), for a front end
+    /// resolving names: `rewrite` returns an error to refuse the expression.
+    pub fn try_rewrite<E>(&mut self, rewrite: &mut impl FnMut(&mut Expr) -> Result<(), E>) -> Result<(), E> {
+        match self {
+            Expr::Literal { .. } | Expr::Record { .. } | Expr::Path { .. } => {}
+            Expr::Get { base, .. } => base.try_rewrite(rewrite)?,
+            Expr::Unary { expr, .. } | Expr::Is { expr, .. } | Expr::Cast { expr, .. } => expr.try_rewrite(rewrite)?,
+            Expr::Binary { left, right, .. } => {
+                left.try_rewrite(rewrite)?;
+                right.try_rewrite(rewrite)?;
+            }
+            Expr::In { expr, list, .. } => {
+                expr.try_rewrite(rewrite)?;
+                for item in list {
+                    item.try_rewrite(rewrite)?;
+                }
+            }
+            Expr::Like { expr, pattern, .. } => {
+                expr.try_rewrite(rewrite)?;
+                pattern.try_rewrite(rewrite)?;
+            }
+            Expr::Between { expr, low, high, .. } => {
+                expr.try_rewrite(rewrite)?;
+                low.try_rewrite(rewrite)?;
+                high.try_rewrite(rewrite)?;
+            }
+            Expr::Case { operand, branches, otherwise } => {
+                if let Some(operand) = operand {
+                    operand.try_rewrite(rewrite)?;
+                }
+                for branch in branches {
+                    branch.when.try_rewrite(rewrite)?;
+                    branch.then.try_rewrite(rewrite)?;
+                }
+                if let Some(otherwise) = otherwise {
+                    otherwise.try_rewrite(rewrite)?;
+                }
+            }
+            Expr::Call { args, .. } => {
+                for arg in args {
+                    arg.try_rewrite(rewrite)?;
+                }
+            }
+        }
+        rewrite(self)
+    }
+}
+
 impl<'a> Input<'a> {
     /// The input of `record` of `partition`, whose value parsed as JSON is `value`.
     pub fn of(record: &'a onehop_log::Record, partition: u32, value: &'a Value) -> Input<'a> {

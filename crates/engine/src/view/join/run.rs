@@ -1,0 +1,237 @@
+//! A joined view's task: every input's rows first (a table's as they are now, a view's once it
+//! has restored), then every input's changes as they come, one at a time, each turned into the
+//! output rows it changes. The state is rebuilt like this at every start: the inputs are in
+//! memory, so a joined view has no checkpoint.
+
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use serde_json::Value;
+
+use super::JoinDef;
+use super::state::JoinState;
+use crate::error::EngineError;
+use crate::filter::Filter;
+use crate::hub::{Cursor, Delivery, Hub};
+use crate::stream::Stream;
+use crate::table::Table;
+use crate::view::View;
+use crate::view::catchup::{follow, restored};
+use crate::view::runtime::{ViewStatus, change_parts, register_metrics};
+
+/// Rows loaded into the state before the task lets others run.
+const LOAD_CHUNK: usize = 4096;
+/// Output changes gathered from the inputs' ready changes before they are written.
+const CHANGES_PER_BATCH: usize = 4096;
+/// How often a joined view looks whether a view it reads has restored, before loading it.
+const RESTORE_POLL: Duration = Duration::from_millis(20);
+
+/// One input of a joined view.
+pub(crate) enum JoinSource {
+    Table(Arc<Table>),
+    /// A view without windows: one row per key.
+    View(Arc<View>),
+}
+
+impl JoinSource {
+    /// Where this input's changes are: a table's storage, a view's change stream.
+    fn changes(&self) -> &Arc<Stream> {
+        match self {
+            JoinSource::Table(table) => table.storage(),
+            JoinSource::View(view) => view.output(),
+        }
+    }
+}
+
+/// What a joined view keeps beside the view itself.
+pub(crate) struct Joined {
+    sources: Vec<JoinSource>,
+    pub(crate) state: RwLock<JoinState>,
+    /// Input changes applied since the start.
+    applied: AtomicU64,
+}
+
+impl Joined {
+    pub(crate) fn new(def: &JoinDef, sources: Vec<JoinSource>) -> Joined {
+        Joined { sources, state: RwLock::new(JoinState::new(def)), applied: AtomicU64::new(0) }
+    }
+
+    /// The change stream of the driving input.
+    pub(crate) fn first_changes(&self) -> &Arc<Stream> {
+        self.sources[0].changes()
+    }
+
+    pub(crate) fn status(&self, state: &JoinState, restoring: bool) -> ViewStatus {
+        ViewStatus {
+            keys: state.output_count(),
+            events: self.applied.load(Ordering::Relaxed),
+            late_events: 0,
+            invalid_events: 0,
+            restoring,
+            inputs: Some(state.inputs()),
+        }
+    }
+
+    /// Publishes the state's size per input.
+    fn export_metrics(&self, view: &str) {
+        let state = self.state.read().expect("view state lock");
+        for input in state.inputs() {
+            let labels = [("view", view.to_string()), ("input", input.alias)];
+            metrics::gauge!("view_state_rows", &labels).set(input.rows as f64);
+            metrics::gauge!("view_state_bytes", &labels).set(input.bytes as f64);
+        }
+    }
+}
+
+impl View {
+    /// Loads every input, then follows their changes until the view stops.
+    pub(in crate::view) async fn run_join(&self, hub: Arc<Hub>) -> Result<(), EngineError> {
+        let joined = self.join.as_ref().expect("run_join runs joined views");
+        register_metrics(self.name());
+        let mut stop = self.stop.subscribe();
+        let started = Instant::now();
+        let mut positions = Vec::with_capacity(joined.sources.len());
+        let mut loaded = 0u64;
+        tracing::info!(view = self.name(), inputs = joined.sources.len(), "view restoring: loading its inputs");
+        for (at, source) in joined.sources.iter().enumerate() {
+            match source {
+                JoinSource::Table(table) => {
+                    let (rows, next) = table.snapshot(&Filter::default());
+                    loaded += rows.len() as u64;
+                    for chunk in rows.chunks(LOAD_CHUNK) {
+                        {
+                            let mut state = joined.state.write().expect("view state lock");
+                            for row in chunk {
+                                state.load(at, &row.id, &Value::Object(row.doc().clone()));
+                            }
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    positions.push(next);
+                }
+                JoinSource::View(view) => {
+                    // Its rows are whole once it has restored; its changes are written from then on.
+                    while view.status().restoring {
+                        tokio::select! {
+                            () = tokio::time::sleep(RESTORE_POLL) => {}
+                            _ = stop.changed() => return Ok(()),
+                        }
+                    }
+                    let (rows, end) = view.snapshot();
+                    loaded += rows.len() as u64;
+                    let mut state = joined.state.write().expect("view state lock");
+                    for (key, rows) in &rows {
+                        if let Some(row) = rows.first() {
+                            state.load(at, key, row);
+                        }
+                    }
+                    positions.push(end);
+                }
+            }
+        }
+        joined.state.write().expect("view state lock").recount();
+        restored("view", self.name(), loaded, started);
+        self.restoring.store(false, Ordering::Relaxed);
+        joined.export_metrics(self.name());
+        let mut cursors = Vec::with_capacity(positions.len());
+        for (source, position) in joined.sources.iter().zip(positions) {
+            cursors.push(follow(&hub, source.changes(), vec![position])?);
+        }
+        let (writer, writing) = self.change_writer();
+        let (mut changes, mut late) = (Vec::new(), Vec::new());
+        loop {
+            let next = {
+                let waiting = cursors
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(at, cursor)| Box::pin(async move { (at, cursor.next().await) }));
+                tokio::select! {
+                    ((at, delivery), _, _) = futures_util::future::select_all(waiting) => Some((at, delivery)),
+                    _ = stop.changed() => None,
+                }
+            };
+            let Some((at, delivery)) = next else {
+                drop(writer);
+                let _ = writing.await;
+                return Ok(());
+            };
+            self.take_joined(joined, at, delivery?, &mut cursors, &hub, &mut changes)?;
+            // Whatever else is ready now, before writing: one append for many changes.
+            while changes.len() < CHANGES_PER_BATCH {
+                let mut more = false;
+                for at in 0..cursors.len() {
+                    if let Some(delivery) = cursors[at].next().now_or_never() {
+                        self.take_joined(joined, at, delivery?, &mut cursors, &hub, &mut changes)?;
+                        more = true;
+                    }
+                }
+                if !more {
+                    break;
+                }
+            }
+            joined.export_metrics(self.name());
+            self.publish(&writer, &mut changes, &mut late).await;
+        }
+    }
+
+    /// Applies one delivery of input `at`.
+    fn take_joined(
+        &self,
+        joined: &Joined,
+        at: usize,
+        delivery: Delivery,
+        cursors: &mut [Cursor],
+        hub: &Arc<Hub>,
+        changes: &mut Vec<crate::view::state::Change>,
+    ) -> Result<(), EngineError> {
+        match delivery {
+            Delivery::Event(event, _) => {
+                let Some(key) = event.record.key.as_deref() else { return Ok(()) };
+                let id = String::from_utf8_lossy(key);
+                let after = match &joined.sources[at] {
+                    JoinSource::Table(_) => event.doc().cloned(),
+                    JoinSource::View(_) => view_row(event.record.value.as_deref()),
+                };
+                joined.state.write().expect("view state lock").apply(at, &id, after.as_ref(), changes);
+                joined.applied.fetch_add(1, Ordering::Relaxed);
+            }
+            Delivery::Overflow { positions } => {
+                // Fell behind the live feed: read on from the log.
+                cursors[at] = follow(hub, joined.sources[at].changes(), positions)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A view's row as its change record has it: `None` when the row was removed.
+fn view_row(value: Option<&[u8]>) -> Option<Value> {
+    let value = value?;
+    let (_, removed, fields) = change_parts(value)?;
+    if removed {
+        return None;
+    }
+    let row = [b"{".as_slice(), fields].concat();
+    serde_json::from_slice(&row).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::view::runtime::change_value;
+    use crate::view::state::Change;
+
+    #[test]
+    fn a_view_input_reads_rows_from_change_records() {
+        let row = json!({"product": "p1", "n": 2});
+        let change = |removed| Change { key: "p1".into(), row: Arc::new(row.clone()), is_final: false, removed };
+        assert_eq!(view_row(Some(&change_value(&change(false)))), Some(row.clone()));
+        assert_eq!(view_row(Some(&change_value(&change(true)))), None);
+        assert_eq!(view_row(None), None);
+    }
+}

@@ -1,0 +1,368 @@
+//! Joined views on a real engine: defined in SQL over five tables, kept live as any input
+//! changes, read by key and in pages, their changes in the change stream, rebuilt after a
+//! restart; bad definitions refused by name; and a model test holding the incremental state
+//! beside the same SELECT evaluated from scratch by the query engine after every change.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{close, fresh, open, run};
+use onehop_engine::view::join::state::JoinState;
+use onehop_engine::{Engine, Position, Precondition, Write};
+use onehop_sql::Output;
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+const TABLES: &str = "CREATE TABLE customers (id TEXT PRIMARY KEY, name TEXT, tier BIGINT); \
+     CREATE TABLE products (id TEXT PRIMARY KEY, title TEXT, category TEXT); \
+     CREATE TABLE orders (id TEXT PRIMARY KEY, customer TEXT, product TEXT, qty BIGINT); \
+     CREATE TABLE shipments (id TEXT PRIMARY KEY, order_id TEXT, carrier TEXT); \
+     CREATE TABLE reviews (id TEXT PRIMARY KEY, product TEXT, stars BIGINT)";
+
+/// Five inputs: a PK join, an FK→PK left join, a left join that fans out (shipments of the
+/// order), one on a non-key column with a residual condition (reviews of the product), and a
+/// WHERE.
+const ORDERS_QUERY: &str = "SELECT o.id AS order_id, o.qty, c.name, c.tier, p.title, s.carrier, r.stars \
+     FROM orders o JOIN customers c ON c.id = o.customer \
+     LEFT JOIN products p ON p.id = o.product \
+     LEFT JOIN shipments s ON s.order_id = o.id \
+     LEFT JOIN reviews r ON r.product = o.product AND r.stars >= 2 \
+     WHERE o.qty IS NULL OR o.qty <> 3";
+
+/// A join on expressions: products with the customers whose name is the product's title, in
+/// any case.
+const NAMESAKES_QUERY: &str = "SELECT p.id, p.title, c.name AS namesake \
+     FROM products p LEFT JOIN customers c ON LOWER(c.name) = LOWER(p.title)";
+
+async fn put(engine: &Engine, table: &str, id: &str, row: Value) {
+    let Value::Object(row) = row else { panic!("a row is an object") };
+    engine.table(table).unwrap().write(id, Write::Put(row), Precondition::None, None).await.unwrap();
+}
+
+async fn delete(engine: &Engine, table: &str, id: &str) {
+    engine.table(table).unwrap().write(id, Write::Delete, Precondition::None, None).await.unwrap();
+}
+
+/// The query's rows as the query engine answers them now, each as its JSON text, sorted.
+async fn from_scratch(engine: &Engine, query: &str) -> Vec<String> {
+    let Output::Rows { columns, rows, .. } = run(engine, query).await.unwrap().pop().unwrap() else {
+        panic!("{query} answers rows")
+    };
+    let mut rows: Vec<String> = rows
+        .into_iter()
+        .map(|row| Value::Object(columns.iter().cloned().zip(row).collect::<Map<_, _>>()).to_string())
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// Rows of a page of a view (or of a joined state), each as its JSON text, sorted.
+fn texts(page: Vec<(String, Vec<Value>)>) -> Vec<String> {
+    let mut rows: Vec<String> = page.into_iter().flat_map(|(_, rows)| rows).map(|row| row.to_string()).collect();
+    rows.sort();
+    rows
+}
+
+/// Waits until view `view` has exactly the rows the query engine answers for `query`.
+async fn settled(engine: &Engine, view: &str, query: &str) -> Vec<(String, Vec<Value>)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let expected = from_scratch(engine, query).await;
+        let page = engine.view(view).unwrap().page(None, usize::MAX);
+        if texts(page.clone()) == expected {
+            return page;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "view {view} did not settle:\n  view:     {page:?}\n  expected: {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The view's change stream: (key, removed, row without its flags).
+fn changes(engine: &Engine, view: &str) -> Vec<(String, bool, Value)> {
+    let output = engine.view(view).unwrap().output().clone();
+    let records = output.read(0, Position::Earliest, 100_000, usize::MAX).unwrap();
+    records
+        .into_iter()
+        .map(|record| {
+            let mut value: Value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+            let removed = value.as_object_mut().unwrap().remove("removed").is_some();
+            value.as_object_mut().unwrap().remove("final");
+            (String::from_utf8(record.key.unwrap().to_vec()).unwrap(), removed, value)
+        })
+        .collect()
+}
+
+async fn changes_after(engine: &Engine, view: &str, count: usize) -> Vec<(String, bool, Value)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let all = changes(engine, view);
+        if all.len() >= count {
+            return all;
+        }
+        assert!(Instant::now() < deadline, "view {view} wrote {} changes, not {count}: {all:?}", all.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_five_input_view_follows_every_input_and_is_rebuilt_after_a_restart() {
+    let (dir, engine) = fresh();
+    run(&engine, TABLES).await.unwrap();
+    put(&engine, "customers", "c1", json!({"name": "Ada", "tier": 1})).await;
+    put(&engine, "customers", "c2", json!({"name": "Bo", "tier": 2})).await;
+    put(&engine, "products", "p1", json!({"title": "lamp", "category": "home"})).await;
+    put(&engine, "orders", "o1", json!({"customer": "c1", "product": "p1", "qty": 2})).await;
+    put(&engine, "orders", "o2", json!({"customer": "c2", "product": "p9", "qty": 1})).await;
+    put(&engine, "orders", "o3", json!({"customer": "c9", "product": "p1", "qty": 1})).await;
+    run(&engine, &format!("CREATE VIEW enriched AS {ORDERS_QUERY}")).await.unwrap();
+    let page = settled(&engine, "enriched", ORDERS_QUERY).await;
+    // Shipments and reviews can match several rows: their ids are in the key (empty: none).
+    let keys: Vec<&str> = page.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, ["o1::", "o2::"], "o3's customer does not exist: the inner join drops it");
+    assert_eq!(
+        page[0].1[0],
+        json!({"order_id": "o1", "qty": 2, "name": "Ada", "tier": 1, "title": "lamp", "carrier": null, "stars": null})
+    );
+    assert_eq!(engine.view("enriched").unwrap().rows("o2::")[0]["title"], Value::Null);
+
+    // Each input changes the rows it reaches, and only those.
+    put(&engine, "shipments", "s1", json!({"order_id": "o1", "carrier": "dhl"})).await;
+    put(&engine, "reviews", "r1", json!({"product": "p1", "stars": 5})).await;
+    put(&engine, "reviews", "r2", json!({"product": "p1", "stars": 1})).await;
+    put(&engine, "customers", "c9", json!({"name": "Cy", "tier": 3})).await;
+    put(&engine, "customers", "c1", json!({"name": "Ada L.", "tier": 1})).await;
+    let page = settled(&engine, "enriched", ORDERS_QUERY).await;
+    let keys: Vec<&str> = page.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, ["o1:s1:r1", "o2::", "o3::r1"]);
+    assert_eq!(page[0].1[0]["name"], "Ada L.");
+    assert_eq!(page[0].1[0]["carrier"], "dhl");
+    // Paging goes on after a key, and a point read finds one joined row.
+    let view = engine.view("enriched").unwrap();
+    assert_eq!(view.page(Some("o1:s1:r1"), 1)[0].0, "o2::");
+    assert_eq!(view.rows("o3::r1")[0]["stars"], 5);
+    assert!(view.rows("o3::").is_empty());
+    let status = view.status();
+    assert_eq!(status.keys, 3);
+    let inputs = status.inputs.unwrap();
+    assert_eq!(inputs.iter().map(|input| input.rows).collect::<Vec<_>>(), [3, 3, 1, 1, 2]);
+
+    // The change stream: the null-padded row retracted when its match came, each rename once.
+    let all = changes_after(&engine, "enriched", 1).await;
+    assert!(all.contains(&("o1::".to_string(), true, page_row(&all, "o1::"))), "{all:?}");
+    let renamed: Vec<_> =
+        all.iter().filter(|(key, removed, row)| key == "o1:s1:r1" && !removed && row["name"] == "Ada L.").collect();
+    assert_eq!(renamed.len(), 1, "{all:?}");
+
+    // A delete of a dimension row removes what went through it; the WHERE removes rows too.
+    delete(&engine, "customers", "c9").await;
+    put(&engine, "orders", "o2", json!({"customer": "c2", "product": "p9", "qty": 3})).await;
+    let page = settled(&engine, "enriched", ORDERS_QUERY).await;
+    assert_eq!(page.iter().map(|(key, _)| key.as_str()).collect::<Vec<_>>(), ["o1:s1:r1"]);
+
+    // SQL reads it as any view, and DROP TABLE of an input is refused while it reads it.
+    let Output::Rows { rows, .. } = run(&engine, "SELECT name, carrier FROM enriched").await.unwrap().pop().unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(rows, vec![vec![json!("Ada L."), json!("dhl")]]);
+    let refused = run(&engine, "DROP TABLE reviews").await.unwrap_err().to_string();
+    assert!(refused.contains("enriched"), "{refused}");
+
+    // A restart rebuilds it from the tables, and it follows on.
+    close(engine).await;
+    let engine = open(dir.path());
+    settled(&engine, "enriched", ORDERS_QUERY).await;
+    put(&engine, "shipments", "s2", json!({"order_id": "o1", "carrier": "ups"})).await;
+    let page = settled(&engine, "enriched", ORDERS_QUERY).await;
+    assert_eq!(page.len(), 2);
+    run(&engine, "DROP VIEW enriched; DROP TABLE reviews").await.unwrap();
+    close(engine).await;
+}
+
+fn page_row(all: &[(String, bool, Value)], key: &str) -> Value {
+    all.iter().find(|(found, _, _)| found == key).map(|(_, _, row)| row.clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_read_views_and_one_input_views_filter_and_project() {
+    let (_dir, engine) = fresh();
+    run(&engine, TABLES).await.unwrap();
+    run(
+        &engine,
+        "CREATE VIEW review_stats AS SELECT product, COUNT(*) AS reviews, AVG(stars) AS rating FROM reviews GROUP BY product; \
+         CREATE VIEW product_pages AS SELECT p.*, s.reviews, s.rating FROM products p LEFT JOIN review_stats s ON s.product = p.id; \
+         CREATE VIEW five_stars AS SELECT id, product FROM reviews WHERE stars = 5",
+    )
+    .await
+    .unwrap();
+    put(&engine, "products", "p1", json!({"title": "lamp", "category": "home"})).await;
+    put(&engine, "products", "p2", json!({"title": "desk", "category": "home"})).await;
+    put(&engine, "reviews", "r1", json!({"product": "p1", "stars": 5})).await;
+    put(&engine, "reviews", "r2", json!({"product": "p1", "stars": 3})).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rows = engine.view("product_pages").unwrap().rows("p1");
+        if rows.first().is_some_and(|row| row["reviews"] == 2) {
+            assert_eq!(rows[0], json!({"id": "p1", "title": "lamp", "category": "home", "reviews": 2, "rating": 4.0}));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{rows:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(engine.view("product_pages").unwrap().rows("p2")[0]["reviews"], Value::Null);
+    let five = settled(&engine, "five_stars", "SELECT id, product FROM reviews WHERE stars = 5").await;
+    assert_eq!(five, vec![("r1".to_string(), vec![json!({"id": "r1", "product": "p1"})])]);
+    let refused = run(&engine, "DROP VIEW review_stats").await.unwrap_err().to_string();
+    assert!(refused.contains("product_pages"), "{refused}");
+    close(engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_joined_views_are_refused_by_name_and_nothing_is_created() {
+    let (_dir, engine) = fresh();
+    run(&engine, &format!("{TABLES}; CREATE STREAM clicks; CREATE TABLE labels (id BIGINT PRIMARY KEY, text TEXT)"))
+        .await
+        .unwrap();
+    let cases = [
+        ("SELECT o.id FROM orders o JOIN customers c ON c.id = o.missing", "column o.missing does not exist"),
+        (
+            "SELECT o.id FROM orders o JOIN customers c ON c.id = o.customer AND nope = 1",
+            "nope in an ON condition is not a column",
+        ),
+        ("SELECT id FROM orders o JOIN customers c ON c.id = o.customer", "column id in the SELECT list is ambiguous"),
+        ("SELECT o.id FROM orders o JOIN labels l ON l.id = o.customer", "l.id is BIGINT and o.customer is TEXT"),
+        ("SELECT o.id FROM orders o JOIN customers c ON c.tier > 1", "needs an equality"),
+        (
+            "SELECT o.id FROM orders o JOIN customers c ON c.id = p.id JOIN products p ON p.id = o.product",
+            "joined after it",
+        ),
+        ("SELECT o.id FROM orders o JOIN clicks k ON k.page = o.id", "clicks is a stream"),
+        ("SELECT o.id FROM orders o JOIN nowhere n ON n.id = o.id", "nowhere is not a table or view"),
+        ("SELECT o.id FROM orders o JOIN orders o ON o.id = o.id", "two inputs are named o"),
+        ("SELECT * FROM orders o JOIN customers c ON c.id = o.customer", "SELECT * in a view of several inputs"),
+        ("SELECT o.id, c.id FROM orders o JOIN customers c ON c.id = o.customer", "two columns are named id"),
+        ("SELECT o.id FROM orders o, customers c", "join them with ON"),
+        ("SELECT o.id FROM orders o RIGHT JOIN customers c ON c.id = o.customer", "RIGHT JOIN (put that input first)"),
+        ("SELECT o.id FROM orders o JOIN customers c USING (id)", "a join without ON"),
+        ("SELECT o.id FROM orders o JOIN (SELECT * FROM customers) c ON c.id = o.customer", "define it as a view"),
+        ("SELECT o.id AS final FROM orders o", "name the column otherwise"),
+        ("SELECT x.id FROM v x", "cannot read itself"),
+    ];
+    for (select, fragment) in cases {
+        let error = run(&engine, &format!("CREATE VIEW v AS {select}")).await.unwrap_err().to_string();
+        assert!(error.contains(fragment), "{select}\n  gave: {error}\n  wanted: {fragment}");
+        assert!(engine.view("v").is_err(), "{select} created the view");
+    }
+    let error = run(&engine, "CREATE VIEW v WITH (grace = '1s') AS SELECT id FROM orders").await.unwrap_err();
+    assert!(error.to_string().contains("a joined view takes no options"), "{error}");
+    close(engine).await;
+}
+
+/// One step of the model: a row put (its fields from small domains, some left out) or deleted.
+#[derive(Clone, Debug)]
+enum Step {
+    Put { table: usize, id: usize, fields: Vec<Option<usize>> },
+    Delete { table: usize, id: usize },
+}
+
+/// Each table's columns after the id, and the values each may take (by index; `None`: left
+/// out, which reads as null).
+type Columns = &'static [(&'static str, &'static [&'static str])];
+
+const MODEL: [(&str, Columns); 5] = [
+    ("customers", &[("name", &["\"Ada\"", "\"ada\"", "\"Bo\""]), ("tier", &["1", "2"])]),
+    ("products", &[("title", &["\"ada\"", "\"bo\"", "\"lamp\""]), ("category", &["\"home\""])]),
+    (
+        "orders",
+        &[
+            ("customer", &["\"k0\"", "\"k1\"", "\"k2\""]),
+            ("product", &["\"k0\"", "\"k1\"", "\"k3\""]),
+            ("qty", &["1", "3"]),
+        ],
+    ),
+    ("shipments", &[("order_id", &["\"k0\"", "\"k1\"", "\"k2\""]), ("carrier", &["\"dhl\"", "\"ups\""])]),
+    ("reviews", &[("product", &["\"k0\"", "\"k1\""]), ("stars", &["1", "2", "5"])]),
+];
+
+fn step() -> impl Strategy<Value = Step> {
+    let put = (0..5usize, 0..4usize, prop::collection::vec(prop::option::weighted(0.85, 0..3usize), 3))
+        .prop_map(|(table, id, fields)| Step::Put { table, id, fields });
+    let delete = (0..5usize, 0..4usize).prop_map(|(table, id)| Step::Delete { table, id });
+    prop_oneof![4 => put, 1 => delete]
+}
+
+fn row_of(table: usize, fields: &[Option<usize>]) -> Value {
+    let mut row = Map::new();
+    for ((column, domain), choice) in MODEL[table].1.iter().zip(fields) {
+        if let Some(choice) = choice {
+            row.insert(column.to_string(), serde_json::from_str(domain[choice % domain.len()]).unwrap());
+        }
+    }
+    Value::Object(row)
+}
+
+/// Runs `steps` against the tables, the incremental states beside them, and checks both views
+/// against the query engine after every step, then the running views once they settle.
+async fn model(steps: Vec<Step>) {
+    let (_dir, engine) = fresh();
+    run(&engine, TABLES).await.unwrap();
+    let views = [("enriched", ORDERS_QUERY), ("namesakes", NAMESAKES_QUERY)];
+    let mut states = Vec::new();
+    for (name, query) in views {
+        run(&engine, &format!("CREATE VIEW {name} AS {query}")).await.unwrap();
+        let def = engine.view(name).unwrap().def().join.clone().unwrap();
+        states.push((name, query, def.clone(), JoinState::new(&def)));
+    }
+    for step in steps {
+        let (table, id, after) = match &step {
+            Step::Put { table, id, fields } => {
+                let id = format!("k{id}");
+                put(&engine, MODEL[*table].0, &id, row_of(*table, fields)).await;
+                let after =
+                    engine.table(MODEL[*table].0).unwrap().get_doc(&id).map(|doc| Value::Object((*doc).clone()));
+                (*table, id, after)
+            }
+            Step::Delete { table, id } => {
+                let id = format!("k{id}");
+                let table_handle = engine.table(MODEL[*table].0).unwrap();
+                if table_handle.get_doc(&id).is_some() {
+                    delete(&engine, MODEL[*table].0, &id).await;
+                }
+                (*table, id, None)
+            }
+        };
+        for (_, query, def, state) in &mut states {
+            let mut changes = Vec::new();
+            for (at, input) in def.inputs.iter().enumerate() {
+                if input.source == MODEL[table].0 {
+                    state.apply(at, &id, after.as_ref(), &mut changes);
+                }
+            }
+            let expected = from_scratch(&engine, query).await;
+            assert_eq!(texts(state.page(None, usize::MAX)), expected, "after {step:?}: {query}");
+            assert_eq!(state.output_count(), expected.len());
+            // Every change names a row that is (or, removed, is no longer) in the view.
+            for change in &changes {
+                assert_eq!(state.rows(&change.key).is_empty(), change.removed, "{change:?} after {step:?}");
+            }
+        }
+    }
+    for (name, query, _, _) in &states {
+        settled(&engine, name, query).await;
+    }
+    close(engine).await;
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_joined_view_equals_its_query_from_scratch_after_every_change(steps in prop::collection::vec(step(), 1..40)) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        runtime.block_on(model(steps));
+    }
+}
