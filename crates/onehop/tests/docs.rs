@@ -262,20 +262,46 @@ impl Run {
     }
 
     fn foreground(&self, step: &Step) {
+        // A read (a plain `curl -s` GET) may look at state that follows a write asynchronously
+        // (a view): it is asked again until it answers what the page says, or patience ends.
+        let words = shell_words(&step.command);
+        let read_only = words.first().is_some_and(|word| word == "curl")
+            && !words.iter().any(|word| matches!(word.as_str(), "-X" | "-d" | "--data" | "-T"));
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match self.try_foreground(step) {
+                Ok(()) => return,
+                Err(_) if read_only && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                Err(failure) => panic!("{failure}"),
+            }
+        }
+    }
+
+    /// Runs a foreground step once: what went wrong, if anything.
+    fn try_foreground(&self, step: &Step) -> Result<(), String> {
         let output = self.shell(&self.local(&step.command)).output().unwrap();
         let said = String::from_utf8_lossy(&output.stdout).into_owned();
         let complaint = String::from_utf8_lossy(&output.stderr);
         let at = format!("line {}: {}", step.line, step.command);
-        assert!(output.status.success(), "{at}: exit {:?}\n{said}{complaint}", output.status.code());
-        assert!(!said.contains("\"error\""), "{at}: {said}");
-        let Some(comment) = &step.comment else { return };
+        if !output.status.success() {
+            return Err(format!("{at}: exit {:?}\n{said}{complaint}", output.status.code()));
+        }
+        if said.contains("\"error\"") {
+            return Err(format!("{at}: {said}"));
+        }
+        let Some(comment) = &step.comment else { return Ok(()) };
         if let Some(expected) = comment.starts_with('{').then(|| leading_json(comment)).flatten() {
             let actual: serde_json::Value =
-                serde_json::from_str(said.trim()).unwrap_or_else(|_| panic!("{at}: not JSON: {said}"));
-            assert!(holds(&actual, &expected), "{at}: answered {actual}, the page says {expected}");
-        } else if let Some(pieces) = printed(comment) {
-            assert!(in_order(&said, &pieces), "{at}: printed {said:?}, the page says {pieces:?}");
+                serde_json::from_str(said.trim()).map_err(|_| format!("{at}: not JSON: {said}"))?;
+            if !holds(&actual, &expected) {
+                return Err(format!("{at}: answered {actual}, the page says {expected}"));
+            }
+        } else if let Some(pieces) = printed(comment)
+            && !in_order(&said, &pieces)
+        {
+            return Err(format!("{at}: printed {said:?}, the page says {pieces:?}"));
         }
+        Ok(())
     }
 }
 

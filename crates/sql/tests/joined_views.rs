@@ -366,3 +366,46 @@ proptest! {
         runtime.block_on(model(steps));
     }
 }
+
+/// The `sql` blocks of a section of a page of docs/, in order.
+fn sql_blocks(page: &str, heading: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs").join(page))
+        .unwrap();
+    let start = text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"));
+    let section = &text[start + heading.len()..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some(at) = rest.find("```sql\n") {
+        let body = &rest[at + 7..];
+        let end = body.find("```").unwrap();
+        blocks.push(body[..end].to_string());
+        rest = &body[end + 3..];
+    }
+    blocks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_joined_view_examples_of_the_docs_run_and_agree_with_their_queries() {
+    let (_dir, engine) = fresh();
+    let blocks = sql_blocks("views.md", "## Joined views");
+    assert!(!blocks.is_empty());
+    for block in &blocks {
+        run(&engine, block).await.unwrap_or_else(|error| panic!("{block}\n{error}"));
+    }
+    put(&engine, "customers", "c1", json!({"name": "Lamp", "tier": 2})).await;
+    put(&engine, "products", "p1", json!({"title": "lamp", "category": "home"})).await;
+    put(&engine, "orders", "o1", json!({"customer": "c1", "product": "p1", "qty": 1})).await;
+    put(&engine, "reviews", "r1", json!({"product": "p1", "stars": 4})).await;
+    put(&engine, "shipments", "s1", json!({"order_id": "o1", "carrier": "dhl"})).await;
+    // Each view, once settled, is its own SELECT evaluated now.
+    for view in ["order_pages", "namesakes", "gold_customers"] {
+        let sql = engine.view(view).unwrap().def().sql.clone();
+        let query = &sql[sql.find(" AS\n").or_else(|| sql.find(" AS ")).unwrap() + 4..];
+        let page = settled(&engine, view, query).await;
+        assert_eq!(page.len(), 1, "{view}: {page:?}");
+    }
+    let rows = engine.view("order_pages").unwrap().rows("o1:s1");
+    assert_eq!(rows[0]["rating"], 4.0, "{rows:?}");
+    close(engine).await;
+}
