@@ -61,6 +61,26 @@ pub enum AggregateKind {
     First,
     /// The value at the latest event time (ties: latest in the log).
     Last,
+    /// `JSON_AGG(x [ORDER BY …])`: every value (nulls too) as a JSON array.
+    JsonAgg,
+    /// `ARRAY_AGG(x [ORDER BY …])`: the same, as SQL names it for arrays.
+    ArrayAgg,
+}
+
+impl AggregateKind {
+    /// Whether it keeps every value (JSON_AGG, ARRAY_AGG), and so takes an ORDER BY.
+    pub fn collects(self) -> bool {
+        matches!(self, AggregateKind::JsonAgg | AggregateKind::ArrayAgg)
+    }
+}
+
+/// One key of an aggregate's own ORDER BY (`JSON_AGG(x ORDER BY at DESC)`). Nulls come last
+/// ascending and first descending, as in Postgres.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OrderKey {
+    pub expr: Expr,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub descending: bool,
 }
 
 /// One output column of a view.
@@ -69,11 +89,32 @@ pub enum AggregateKind {
 pub enum Column {
     /// The group key (the GROUP BY expression), under this name.
     Key { name: String },
-    /// An aggregate; `arg` is `None` only for `COUNT(*)`.
-    Aggregate { name: String, function: AggregateKind, arg: Option<Expr> },
+    /// An aggregate; `arg` is `None` only for `COUNT(*)`. `order_by` orders what JSON_AGG and
+    /// ARRAY_AGG collect (ties, and no ORDER BY: by the values' JSON text).
+    Aggregate {
+        name: String,
+        function: AggregateKind,
+        arg: Option<Expr>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        order_by: Vec<OrderKey>,
+    },
 }
 
 impl Column {
+    /// What an aggregate column folds from one input: its argument, and for one that collects
+    /// (JSON_AGG, ARRAY_AGG) `[value, sort keys…]`. `None` for the key and `COUNT(*)`.
+    pub fn argument(&self, input: &Input) -> Option<serde_json::Value> {
+        match self {
+            Column::Key { .. } => None,
+            Column::Aggregate { function, arg, order_by, .. } if function.collects() => {
+                let value = arg.as_ref().map_or(serde_json::Value::Null, |arg| arg.eval(input));
+                let keys = order_by.iter().map(|key| key.expr.eval(input));
+                Some(serde_json::Value::Array(std::iter::once(value).chain(keys).collect()))
+            }
+            Column::Aggregate { arg, .. } => arg.as_ref().map(|arg| arg.eval(input)),
+        }
+    }
+
     pub fn name(&self) -> &str {
         match self {
             Column::Key { name } | Column::Aggregate { name, .. } => name,

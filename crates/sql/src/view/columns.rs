@@ -1,7 +1,7 @@
 //! A view's key and columns: the one GROUP BY expression, and the SELECT list of the key and
 //! aggregates (COUNT, SUM, …), with the names columns get when they have no alias.
 
-use onehop_engine::view::{AggregateKind, Column, Expr};
+use onehop_engine::view::{AggregateKind, Column, Expr, OrderKey};
 use sqlparser::ast;
 
 use super::expr::{convert_expr, function_name, string_value};
@@ -68,8 +68,8 @@ pub(super) fn view_columns(
     let mut columns: Vec<Column> = Vec::with_capacity(items.len());
     for (expr, alias) in items {
         let column = match aggregate(expr)? {
-            Some((function, arg, default_name)) => {
-                Column::Aggregate { name: alias.unwrap_or(default_name), function, arg }
+            Some((function, arg, default_name, order_by)) => {
+                Column::Aggregate { name: alias.unwrap_or(default_name), function, arg, order_by }
             }
             None => {
                 if convert_expr(expr)? != key {
@@ -109,9 +109,12 @@ fn window_column_error(name: &str) -> SqlError {
     ))
 }
 
-/// An aggregate of a view's SELECT list: its function, argument (`None` for `COUNT(*)`), and
-/// default column name (`count`, `sum_amount`, `count_distinct_user`). `None`: not an aggregate.
-fn aggregate(expr: &ast::Expr) -> Result<Option<(AggregateKind, Option<Expr>, String)>, SqlError> {
+/// An aggregate of a view's SELECT list: its function, argument (`None` for `COUNT(*)`),
+/// default column name (`count`, `sum_amount`, `count_distinct_user`) and own ORDER BY
+/// (JSON_AGG, ARRAY_AGG). `None`: not an aggregate.
+type Aggregate = (AggregateKind, Option<Expr>, String, Vec<OrderKey>);
+
+fn aggregate(expr: &ast::Expr) -> Result<Option<Aggregate>, SqlError> {
     let ast::Expr::Function(function) = expr else { return Ok(None) };
     let Some(name) = function_name(function) else { return Ok(None) };
     let Some(kind) = aggregate_kind(&name) else { return Ok(None) };
@@ -127,7 +130,8 @@ fn aggregate(expr: &ast::Expr) -> Result<Option<(AggregateKind, Option<Expr>, St
     }
     let list = match &function.args {
         ast::FunctionArguments::List(list)
-            if list.clauses.is_empty()
+            if (list.clauses.is_empty()
+                || kind.collects() && matches!(list.clauses.as_slice(), [ast::FunctionArgumentClause::OrderBy(_)]))
                 && function.within_group.is_empty()
                 && function.null_treatment.is_none()
                 && matches!(function.parameters, ast::FunctionArguments::None) =>
@@ -138,9 +142,28 @@ fn aggregate(expr: &ast::Expr) -> Result<Option<(AggregateKind, Option<Expr>, St
     };
     let distinct = matches!(list.duplicate_treatment, Some(ast::DuplicateTreatment::Distinct));
     let prefix = name.to_ascii_lowercase();
+    let mut order_by = Vec::new();
+    if let [ast::FunctionArgumentClause::OrderBy(keys)] = list.clauses.as_slice() {
+        for key in keys {
+            let descending = match key.options.sort {
+                None | Some(ast::OrderBySort::Asc) => false,
+                Some(ast::OrderBySort::Desc) => true,
+                Some(ast::OrderBySort::Using(_)) => {
+                    return Err(unsupported("ORDER BY … USING", "order by ASC or DESC"));
+                }
+            };
+            if key.options.nulls_first.is_some_and(|first| first != descending) || key.with_fill.is_some() {
+                return Err(unsupported(
+                    format!("{key} in {upper}"),
+                    "nulls come last ascending and first descending; other placements are not supported yet",
+                ));
+            }
+            order_by.push(OrderKey { expr: convert_expr(&key.expr)?, descending });
+        }
+    }
     match list.args.as_slice() {
         [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Wildcard)] if kind == AggregateKind::Count && !distinct => {
-            Ok(Some((AggregateKind::Count, None, prefix)))
+            Ok(Some((AggregateKind::Count, None, prefix, order_by)))
         }
         [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(arg))] => {
             let (kind, prefix) = match (kind, distinct) {
@@ -157,7 +180,7 @@ fn aggregate(expr: &ast::Expr) -> Result<Option<(AggregateKind, Option<Expr>, St
                 Some(arg_name) => format!("{prefix}_{arg_name}"),
                 None => prefix,
             };
-            Ok(Some((kind, Some(convert_expr(arg)?), default_name)))
+            Ok(Some((kind, Some(convert_expr(arg)?), default_name, order_by)))
         }
         _ => {
             let form =
@@ -168,7 +191,7 @@ fn aggregate(expr: &ast::Expr) -> Result<Option<(AggregateKind, Option<Expr>, St
 }
 
 pub(super) fn aggregate_kind(name: &str) -> Option<AggregateKind> {
-    const KINDS: [(&str, AggregateKind); 7] = [
+    const KINDS: [(&str, AggregateKind); 10] = [
         ("count", AggregateKind::Count),
         ("sum", AggregateKind::Sum),
         ("avg", AggregateKind::Avg),
@@ -176,6 +199,9 @@ pub(super) fn aggregate_kind(name: &str) -> Option<AggregateKind> {
         ("max", AggregateKind::Max),
         ("first", AggregateKind::First),
         ("last", AggregateKind::Last),
+        ("json_agg", AggregateKind::JsonAgg),
+        ("jsonb_agg", AggregateKind::JsonAgg),
+        ("array_agg", AggregateKind::ArrayAgg),
     ];
     KINDS.iter().find(|(kind_name, _)| kind_name.eq_ignore_ascii_case(name)).map(|(_, kind)| *kind)
 }
@@ -255,6 +281,7 @@ mod tests {
                     name: "users".into(),
                     function: AggregateKind::CountDistinct,
                     arg: Some(path(&["user_id"])),
+                    order_by: Vec::new(),
                 },
                 Column::Aggregate {
                     name: "revenue".into(),
@@ -264,6 +291,7 @@ mod tests {
                         left: Box::new(path(&["price"])),
                         right: Box::new(path(&["qty"])),
                     }),
+                    order_by: Vec::new(),
                 },
             ]
         );

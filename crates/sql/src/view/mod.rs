@@ -56,7 +56,8 @@ const SOURCE_SHAPE: &str =
 const TRANSFORM_SHAPE: &str = "a transform is CREATE STREAM name [WITH (…)] AS SELECT [*,] expression [AS name], … \
      FROM source [WHERE condition]";
 /// The aggregates of a view's SELECT list.
-const AGGREGATES: &str = "COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM(x), AVG(x), MIN(x), MAX(x), FIRST(x), LAST(x)";
+const AGGREGATES: &str = "COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM(x), AVG(x), MIN(x), MAX(x), FIRST(x), LAST(x), \
+     JSON_AGG(x [ORDER BY …]), ARRAY_AGG(x [ORDER BY …])";
 /// Columns every windowed view row gets from the runtime.
 const WINDOW_COLUMNS: [&str; 2] = ["window_start", "window_end"];
 /// The flags every row of a view's changes carries beside its columns.
@@ -282,11 +283,17 @@ mod tests {
                 key: path(&["region"]),
                 columns: vec![
                     Column::Key { name: "region".into() },
-                    Column::Aggregate { name: "count".into(), function: AggregateKind::Count, arg: None },
+                    Column::Aggregate {
+                        name: "count".into(),
+                        function: AggregateKind::Count,
+                        arg: None,
+                        order_by: Vec::new()
+                    },
                     Column::Aggregate {
                         name: "total".into(),
                         function: AggregateKind::Sum,
                         arg: Some(path(&["amount"])),
+                        order_by: Vec::new(),
                     },
                 ],
                 grace_ms: DEFAULT_GRACE_MS,

@@ -52,6 +52,68 @@ pub(super) enum Acc {
         values: BTreeMap<String, (Value, u64)>,
         max: bool,
     },
+    /// JSON_AGG and ARRAY_AGG: every value with its sort keys and count, kept in order (rows
+    /// of a table can leave, so each value is kept, not only the array).
+    Collected {
+        entries: Vec<Collected>,
+        /// Per sort key, whether it sorts descending.
+        descending: Vec<bool>,
+    },
+}
+
+/// One collected value: `[value, sort keys…]` as [`Column::argument`] gives it, how many
+/// times it was added.
+///
+/// [`Column::argument`]: super::super::Column::argument
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(super) struct Collected {
+    keys: Vec<Value>,
+    value: Value,
+    count: u64,
+}
+
+/// The order of collected values: by each sort key (nulls last ascending, first descending;
+/// values of different kinds by kind), then by the value's JSON text, so that the order is
+/// the same on every node and after every replay.
+fn collected_order(descending: &[bool], a: (&[Value], &Value), b: (&[Value], &Value)) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let kind = |value: &Value| match value {
+        Value::Bool(_) => 0,
+        Value::Number(_) => 1,
+        Value::String(_) => 2,
+        Value::Array(_) => 3,
+        Value::Object(_) => 4,
+        Value::Null => 5,
+    };
+    for (at, (left, right)) in a.0.iter().zip(b.0).enumerate() {
+        let order = match (left.is_null(), right.is_null()) {
+            (true, true) => Ordering::Equal,
+            (true, false) => Ordering::Greater,
+            (false, true) => Ordering::Less,
+            (false, false) => super::super::expr::compare(left, right)
+                .unwrap_or_else(|| kind(left).cmp(&kind(right)).then_with(|| left.to_string().cmp(&right.to_string()))),
+        };
+        let order = if descending.get(at).copied().unwrap_or(false) { order.reverse() } else { order };
+        if order != Ordering::Equal {
+            return order;
+        }
+    }
+    a.1.to_string().cmp(&b.1.to_string())
+}
+
+impl Acc {
+    /// Where `[value, keys…]` goes in `entries`: `Ok` at an equal entry, `Err` where it would.
+    fn collected_at(entries: &[Collected], descending: &[bool], keys: &[Value], value: &Value) -> Result<usize, usize> {
+        entries.binary_search_by(|entry| collected_order(descending, (&entry.keys, &entry.value), (keys, value)))
+    }
+
+    /// `[value, keys…]` apart.
+    fn split_collected(arg: Option<&Value>) -> (Value, Vec<Value>) {
+        match arg {
+            Some(Value::Array(parts)) if !parts.is_empty() => (parts[0].clone(), parts[1..].to_vec()),
+            _ => (Value::Null, Vec::new()),
+        }
+    }
 }
 
 /// A key that sorts numbers (by value) before texts (by text); `None` for other values.
@@ -86,7 +148,8 @@ fn keep_if(best: &mut Option<Value>, arg: Option<&Value>, want: std::cmp::Orderi
 }
 
 impl Acc {
-    pub(super) fn new(function: AggregateKind) -> Acc {
+    pub(super) fn new(spec: Spec) -> Acc {
+        let Spec { function, descending } = spec;
         match function {
             AggregateKind::Count => Acc::Count { n: 0 },
             AggregateKind::CountDistinct => Acc::Distinct { values: HashMap::new() },
@@ -96,15 +159,16 @@ impl Acc {
             AggregateKind::Max => Acc::Max { best: None },
             AggregateKind::First => Acc::First { at: None, value: Value::Null },
             AggregateKind::Last => Acc::Last { at: None, value: Value::Null },
+            AggregateKind::JsonAgg | AggregateKind::ArrayAgg => Acc::Collected { entries: Vec::new(), descending },
         }
     }
 
     /// An accumulator rows can leave as well as join (views over tables).
-    pub(super) fn retractable(function: AggregateKind) -> Acc {
-        match function {
+    pub(super) fn retractable(spec: Spec) -> Acc {
+        match spec.function {
             AggregateKind::Min => Acc::Ranked { values: BTreeMap::new(), max: false },
             AggregateKind::Max => Acc::Ranked { values: BTreeMap::new(), max: true },
-            other => Acc::new(other),
+            _ => Acc::new(spec),
         }
     }
 
@@ -157,6 +221,15 @@ impl Acc {
                     *count -= 1;
                     if *count == 0 {
                         values.remove(&rank);
+                    }
+                }
+            }
+            Acc::Collected { entries, descending } => {
+                let (value, keys) = Acc::split_collected(arg);
+                if let Ok(at) = Acc::collected_at(entries, descending, &keys, &value) {
+                    entries[at].count -= 1;
+                    if entries[at].count == 0 {
+                        entries.remove(at);
                     }
                 }
             }
@@ -219,6 +292,13 @@ impl Acc {
                     values.entry(rank).or_insert_with(|| (value.clone(), 0)).1 += 1;
                 }
             }
+            Acc::Collected { entries, descending } => {
+                let (value, keys) = Acc::split_collected(arg);
+                match Acc::collected_at(entries, descending, &keys, &value) {
+                    Ok(at) => entries[at].count += 1,
+                    Err(at) => entries.insert(at, Collected { keys, value, count: 1 }),
+                }
+            }
         }
     }
 
@@ -255,6 +335,14 @@ impl Acc {
             }
             (this @ Acc::First { .. }, Acc::First { at: Some(at), value }) => this.add(Some(&value), at),
             (this @ Acc::Last { .. }, Acc::Last { at: Some(at), value }) => this.add(Some(&value), at),
+            (this @ Acc::Collected { .. }, Acc::Collected { entries, .. }) => {
+                for entry in entries {
+                    let arg = Value::Array(std::iter::once(entry.value).chain(entry.keys).collect());
+                    for _ in 0..entry.count {
+                        this.add(Some(&arg), (0, 0, 0));
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -279,13 +367,63 @@ impl Acc {
                 .next_back()
                 .or_else(|| values.iter().next_back())
                 .map_or(Value::Null, |(_, (value, _))| value.clone()),
+            Acc::Collected { entries, .. } if entries.is_empty() => Value::Null,
+            Acc::Collected { entries, .. } => Value::Array(
+                entries
+                    .iter()
+                    .flat_map(|entry| std::iter::repeat_n(&entry.value, entry.count as usize))
+                    .cloned()
+                    .collect(),
+            ),
         }
     }
 }
 
-pub(super) fn aggregates(def: &ViewDef) -> impl Iterator<Item = AggregateKind> + '_ {
+/// What an accumulator is made for: its function and, for one that collects, its sort keys'
+/// directions.
+pub(super) struct Spec {
+    function: AggregateKind,
+    descending: Vec<bool>,
+}
+
+pub(super) fn aggregates(def: &ViewDef) -> impl Iterator<Item = Spec> + '_ {
     def.columns.iter().filter_map(|column| match column {
-        Column::Aggregate { function, .. } => Some(*function),
+        Column::Aggregate { function, order_by, .. } => {
+            Some(Spec { function: *function, descending: order_by.iter().map(|key| key.descending).collect() })
+        }
         Column::Key { .. } => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn collected_values_keep_their_order_their_duplicates_and_can_leave() {
+        let mut acc = Acc::retractable(Spec { function: AggregateKind::JsonAgg, descending: vec![true] });
+        let arg = |value: Value, key: Value| json!([value, key]);
+        for (value, key) in
+            [(json!("b"), json!(2)), (json!("a"), json!(5)), (json!("n"), json!(null)), (json!("b"), json!(2))]
+        {
+            acc.add(Some(&arg(value, key)), (0, 0, 0));
+        }
+        // Descending: nulls first, then 5, then the two 2s.
+        assert_eq!(acc.value(), json!(["n", "a", "b", "b"]));
+        acc.remove(Some(&arg(json!("b"), json!(2))));
+        acc.remove(Some(&arg(json!("zz"), json!(9))));
+        assert_eq!(acc.value(), json!(["n", "a", "b"]));
+        for (value, key) in [("n", json!(null)), ("a", json!(5)), ("b", json!(2))] {
+            acc.remove(Some(&arg(json!(value), key)));
+        }
+        assert_eq!(acc.value(), Value::Null);
+        // Without ORDER BY, by the values' JSON text; a null value is collected too.
+        let mut plain = Acc::new(Spec { function: AggregateKind::ArrayAgg, descending: Vec::new() });
+        for value in [json!(3), json!(null), json!(1)] {
+            plain.add(Some(&json!([value])), (0, 0, 0));
+        }
+        assert_eq!(plain.value(), json!([1, 3, null]));
+    }
 }

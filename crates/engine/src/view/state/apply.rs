@@ -36,7 +36,7 @@ impl ViewState {
             .iter()
             .filter_map(|column| match column {
                 Column::Key { .. } => None,
-                Column::Aggregate { arg, .. } => Some(arg.as_ref().map(|arg| arg.eval(input))),
+                column @ Column::Aggregate { .. } => Some(column.argument(input)),
             })
             .collect();
         let at = (time, input.partition, input.offset);
@@ -138,7 +138,7 @@ impl ViewState {
         let window = state.open.first_mut()?;
         let mut args = def.columns.iter().filter_map(|column| match column {
             Column::Key { .. } => None,
-            Column::Aggregate { arg, .. } => Some(arg.as_ref().map(|arg| arg.eval(input))),
+            column @ Column::Aggregate { .. } => Some(column.argument(input)),
         });
         for acc in window.accs.iter_mut() {
             let arg = args.next().flatten();
