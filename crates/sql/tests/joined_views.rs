@@ -435,3 +435,34 @@ async fn the_joined_view_examples_of_the_docs_run_and_agree_with_their_queries()
     assert_eq!(rows[0]["latest"], json!([{"id": "r1", "stars": 4}]), "{rows:?}");
     close(engine).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dimension_row_under_thousands_of_rows_changes_each_of_them_once_in_batches() {
+    let (_dir, engine) = fresh();
+    run(
+        &engine,
+        "CREATE TABLE categories (id TEXT PRIMARY KEY, label TEXT); \
+         CREATE TABLE items (id TEXT PRIMARY KEY, category TEXT); \
+         INSERT INTO categories (id, label) VALUES ('home', 'Home'), ('toys', 'Toys'); \
+         CREATE VIEW labelled AS SELECT i.id, c.label FROM items i JOIN categories c ON c.id = i.category",
+    )
+    .await
+    .unwrap();
+    let values: Vec<String> =
+        (0..3000).map(|i| format!("('i{i:04}', '{}')", if i < 2990 { "home" } else { "toys" })).collect();
+    run(&engine, &format!("INSERT INTO items (id, category) VALUES {}", values.join(", "))).await.unwrap();
+    let query = "SELECT i.id, c.label FROM items i JOIN categories c ON c.id = i.category";
+    settled(&engine, "labelled", query).await;
+    let before = changes(&engine, "labelled").len();
+    run(&engine, "UPDATE categories SET label = 'Home & garden' WHERE id = 'home'").await.unwrap();
+    let page = settled(&engine, "labelled", query).await;
+    assert_eq!(page.iter().filter(|(_, rows)| rows[0]["label"] == "Home & garden").count(), 2990);
+    let after = changes_after(&engine, "labelled", before + 2990).await;
+    let renamed = &after[before..];
+    assert_eq!(renamed.len(), 2990, "each row changed once, and only those of the category");
+    let mut keys: Vec<&str> = renamed.iter().map(|(key, _, _)| key.as_str()).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 2990);
+    close(engine).await;
+}

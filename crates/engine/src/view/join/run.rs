@@ -21,13 +21,23 @@ use crate::table::Table;
 use crate::view::View;
 use crate::view::catchup::{follow, restored};
 use crate::view::runtime::{ViewStatus, change_parts, register_metrics};
+use crate::view::state::Change;
 
 /// Rows loaded into the state before the task lets others run.
 const LOAD_CHUNK: usize = 4096;
 /// Output changes gathered from the inputs' ready changes before they are written.
 const CHANGES_PER_BATCH: usize = 4096;
+/// Driving rows one input change is applied to at a time (see `take_joined`).
+const FANOUT_BATCH: usize = 1024;
 /// How often a joined view looks whether a view it reads has restored, before loading it.
 const RESTORE_POLL: Duration = Duration::from_millis(20);
+
+/// Where a joined view's changes go: the change writer, and what is gathered for it.
+struct Out<'a> {
+    writer: &'a tokio::sync::mpsc::Sender<Vec<Change>>,
+    changes: &'a mut Vec<Change>,
+    late: &'a mut Vec<onehop_log::NewRecord>,
+}
 
 /// One input of a joined view.
 pub(crate) enum JoinSource {
@@ -158,13 +168,14 @@ impl View {
                 let _ = writing.await;
                 return Ok(());
             };
-            self.take_joined(joined, at, delivery?, &mut cursors, &hub, &mut changes)?;
+            let mut out = Out { writer: &writer, changes: &mut changes, late: &mut late };
+            self.take_joined(joined, at, delivery?, &mut cursors, &hub, &mut out).await?;
             // Whatever else is ready now, before writing: one append for many changes.
-            while changes.len() < CHANGES_PER_BATCH {
+            while out.changes.len() < CHANGES_PER_BATCH {
                 let mut more = false;
                 for at in 0..cursors.len() {
                     if let Some(delivery) = cursors[at].next().now_or_never() {
-                        self.take_joined(joined, at, delivery?, &mut cursors, &hub, &mut changes)?;
+                        self.take_joined(joined, at, delivery?, &mut cursors, &hub, &mut out).await?;
                         more = true;
                     }
                 }
@@ -177,15 +188,18 @@ impl View {
         }
     }
 
-    /// Applies one delivery of input `at`.
-    fn take_joined(
+    /// Applies one delivery of input `at`. A change that reaches more than [`FANOUT_BATCH`]
+    /// driving rows is applied a batch at a time, each batch's changes written before the next
+    /// is computed and the task yielding between them: its memory is one batch's, and other
+    /// views, subscribers and reads go on meanwhile.
+    async fn take_joined(
         &self,
         joined: &Joined,
         at: usize,
         delivery: Delivery,
         cursors: &mut [Cursor],
         hub: &Arc<Hub>,
-        changes: &mut Vec<crate::view::state::Change>,
+        out: &mut Out<'_>,
     ) -> Result<(), EngineError> {
         match delivery {
             Delivery::Event(event, _) => {
@@ -195,8 +209,18 @@ impl View {
                     JoinSource::Table(_) => event.doc().cloned(),
                     JoinSource::View(_) => view_row(event.record.value.as_deref()),
                 };
-                joined.state.write().expect("view state lock").apply(at, &id, after.as_ref(), changes);
                 joined.applied.fetch_add(1, Ordering::Relaxed);
+                let pending = joined.state.write().expect("view state lock").begin(at, &id, after.as_ref());
+                let Some(mut pending) = pending else { return Ok(()) };
+                loop {
+                    let done =
+                        joined.state.write().expect("view state lock").step(&mut pending, FANOUT_BATCH, out.changes);
+                    if done {
+                        break;
+                    }
+                    self.publish(out.writer, out.changes, out.late).await;
+                    tokio::task::yield_now().await;
+                }
             }
             Delivery::Overflow { positions } => {
                 // Fell behind the live feed: read on from the log.
@@ -224,7 +248,6 @@ mod tests {
 
     use super::*;
     use crate::view::runtime::change_value;
-    use crate::view::state::Change;
 
     #[test]
     fn a_view_input_reads_rows_from_change_records() {

@@ -204,6 +204,24 @@ pub struct InputStatus {
     pub bytes: usize,
 }
 
+/// A change of one input's row on its way through the driving rows it reaches.
+pub struct Pending {
+    at: usize,
+    id: String,
+    before: Option<Arc<Value>>,
+    after: Option<Arc<Value>>,
+    driving: Vec<String>,
+    /// How many of `driving` are done.
+    next: usize,
+}
+
+impl Pending {
+    /// Driving rows the change reaches.
+    pub fn reach(&self) -> usize {
+        self.driving.len()
+    }
+}
+
 /// A combination of input rows, one per input so far (`None` where a left join matched none).
 type Combo<'s> = Vec<Option<(&'s str, &'s Arc<Value>)>>;
 
@@ -273,33 +291,61 @@ impl JoinState {
     }
 
     /// Input `at`'s row `id` is now `after` (`None`: deleted): the output rows that change, the
-    /// old ones removed and the new ones as they are now, in key order per driving row.
+    /// old ones removed and the new ones as they are now, in key order per driving row. All at
+    /// once: [`JoinState::begin`] and [`JoinState::step`] do it a batch at a time.
     pub fn apply(&mut self, at: usize, id: &str, after: Option<&Value>, changes: &mut Vec<Change>) {
+        if let Some(mut pending) = self.begin(at, id, after) {
+            self.step(&mut pending, usize::MAX, changes);
+        }
+    }
+
+    /// Starts applying a change of input `at`'s row `id` (see [`JoinState::apply`]): finds the
+    /// driving rows it reaches; `None` when nothing the view reads changed. The state is
+    /// unchanged until the first [`JoinState::step`].
+    pub fn begin(&mut self, at: usize, id: &str, after: Option<&Value>) -> Option<Pending> {
         let after = after.map(|row| Arc::new(self.inputs[at].prune(row)));
         let before = self.inputs[at].rows.get(id).cloned();
         if before.is_none() && after.is_none() {
-            return;
+            return None;
         }
         if let (Some(before), Some(after)) = (&before, &after)
             && before == after
         {
             // Nothing the view reads changed.
-            return;
+            return None;
         }
         let mut driving = BTreeSet::new();
         for row in before.iter().chain(after.iter()) {
             self.trace(at, id, row, &mut driving);
         }
+        Some(Pending { at, id: id.to_string(), before, after, driving: driving.into_iter().collect(), next: 0 })
+    }
+
+    /// Applies `pending` to its next `batch` driving rows: their outputs with the input row as
+    /// it was and as it is, the difference into `changes`. The row is left as it is now, so
+    /// reads between steps see the change; `true` once every driving row is done. A change
+    /// that reaches many rows (a category renamed under 100 000 products) so costs memory
+    /// for one batch, and the task can write and yield between batches.
+    pub fn step(&mut self, pending: &mut Pending, batch: usize, changes: &mut Vec<Change>) -> bool {
+        let end = pending.driving.len().min(pending.next.saturating_add(batch));
+        let driving = &pending.driving[pending.next..end];
+        let (at, id) = (pending.at, pending.id.as_str());
         let mut old = Vec::new();
-        for driving_id in &driving {
-            self.outputs_of(driving_id, &mut old);
+        if !driving.is_empty() {
+            match &pending.before {
+                Some(before) => self.inputs[at].insert(id, before.clone()),
+                None => self.inputs[at].remove(id),
+            }
+            for driving_id in driving {
+                self.outputs_of(driving_id, &mut old);
+            }
         }
-        match after {
-            Some(after) => self.inputs[at].insert(id, after),
+        match &pending.after {
+            Some(after) => self.inputs[at].insert(id, after.clone()),
             None => self.inputs[at].remove(id),
         }
         let mut new = Vec::new();
-        for driving_id in &driving {
+        for driving_id in driving {
             self.outputs_of(driving_id, &mut new);
         }
         let new_keys: BTreeMap<&str, &Arc<Value>> = new.iter().map(|(key, row)| (key.as_str(), row)).collect();
@@ -315,6 +361,8 @@ impl JoinState {
             }
         }
         self.outputs = (self.outputs + new.len()).saturating_sub(old.len());
+        pending.next = end;
+        pending.next >= pending.driving.len()
     }
 
     /// Adds to `driving` the ids of the driving rows whose outputs row `id` of input `at`
@@ -558,6 +606,48 @@ mod tests {
         let status = state.inputs();
         assert_eq!(status.iter().map(|input| input.rows).collect::<Vec<_>>(), [2, 1, 2]);
         assert!(status.iter().all(|input| input.bytes > 0));
+    }
+
+    #[test]
+    fn a_change_reaching_many_rows_is_applied_a_batch_at_a_time_with_the_same_result() {
+        let def = orders_view();
+        let (mut whole, mut batched) = (JoinState::new(&def), JoinState::new(&def));
+        let mut ignored = Vec::new();
+        for state in [&mut whole, &mut batched] {
+            state.apply(1, "c1", Some(&json!({"id": "c1", "name": "Ada"})), &mut ignored);
+            for i in 0..25 {
+                let order = json!({"id": format!("o{i:02}"), "customer": "c1", "status": "paid"});
+                state.apply(0, &format!("o{i:02}"), Some(&order), &mut ignored);
+            }
+        }
+        let renamed = json!({"id": "c1", "name": "Ada L."});
+        let mut all = Vec::new();
+        whole.apply(1, "c1", Some(&renamed), &mut all);
+        assert_eq!(all.len(), 25);
+        let mut pending = batched.begin(1, "c1", Some(&renamed)).unwrap();
+        assert_eq!(pending.reach(), 25);
+        let (mut steps, mut batches) = (0, Vec::new());
+        loop {
+            let mut changes = Vec::new();
+            let done = batched.step(&mut pending, 10, &mut changes);
+            steps += 1;
+            assert!(changes.len() <= 10);
+            // Between steps reads see the change.
+            assert_eq!(batched.rows("o00:")[0]["name"], "Ada L.");
+            batches.extend(changes);
+            if done {
+                break;
+            }
+        }
+        assert_eq!(steps, 3);
+        assert_eq!(batches, all);
+        assert_eq!(batched.page(None, 100), whole.page(None, 100));
+        assert_eq!(batched.output_count(), 25);
+        // A change reaching no driving row still lands.
+        let mut pending = batched.begin(1, "c2", Some(&json!({"id": "c2", "name": "Bo"}))).unwrap();
+        assert_eq!(pending.reach(), 0);
+        assert!(batched.step(&mut pending, 10, &mut ignored));
+        assert_eq!(batched.inputs()[1].rows, 2);
     }
 
     #[test]
