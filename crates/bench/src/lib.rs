@@ -31,6 +31,8 @@
 //! - `mqtt`: `onehop bench mqtt` — MQTT publish → subscribe through the broker, with a sweep.
 //! - `log`: `onehop bench log` — the fdatasync floor against log appends.
 //! - `restore`: `onehop bench restore` — views rebuilding their state from the log.
+//! - `view_join`: `onehop bench view-join` — a five-input joined view's freshness beside a
+//!   single-source view's.
 //! - `bank`: `onehop bench bank` — study 3, a leader/standby ledger on the replicated log.
 //!
 //! Every benchmark prints a readable table, shows progress on stderr while it runs, and can end
@@ -62,4 +64,5 @@ pub mod schedule;
 pub mod server;
 pub mod target;
 pub mod timeline;
+pub mod view_join;
 pub mod workload;

@@ -55,6 +55,16 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             out: args.out,
             json: args.json,
         }),
+        BenchCommand::ViewJoin(args) => onehop_bench::view_join::run(&onehop_bench::view_join::ViewJoinOptions {
+            exe: std::env::current_exe()?,
+            dir: args.dir,
+            rate: args.rate,
+            duration: seconds("--duration", args.duration, false)?,
+            warmup: seconds("--warmup", args.warmup, true)?,
+            orders: args.orders,
+            out: args.out,
+            json: args.json,
+        }),
         BenchCommand::Bank(args) => bench_bank(args),
         BenchCommand::BankLedger(args) => bench_bank_ledger(args),
         BenchCommand::Queue(args) => onehop_bench::queue::run(&onehop_bench::queue::QueueOptions {

@@ -474,6 +474,9 @@ pub enum BenchCommand {
     /// the Postgres protocol and over `GET /tables`, and a three-table join with GROUP BY
     /// (needs Debian's postgresql-15: `scripts/peers install kafka-stack`).
     Query(BenchQueryArgs),
+    /// A five-input joined view's freshness (write to subscriber) beside a single-source
+    /// view's, at a fixed write rate; the server's CPU and RSS.
+    ViewJoin(BenchViewJoinArgs),
     /// Study 3: a leader/standby ledger on a three-node cluster — transfers at a target rate,
     /// the committed transaction log applied by a standby on another node, publication latency
     /// seen on the third, and the completeness gate; `--kill ledger|node` fails over mid-run.
@@ -618,6 +621,32 @@ pub struct BenchQueryArgs {
     pub dir: std::path::PathBuf,
     /// Where summary.md, query-latency.svg and Postgres's log go.
     #[arg(long, default_value = "results/query")]
+    pub out: std::path::PathBuf,
+    /// End the output with one JSON line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `onehop bench view-join`.
+#[derive(Args, Debug)]
+pub struct BenchViewJoinArgs {
+    /// Writes per second over the joined view's inputs.
+    #[arg(long, default_value_t = 300)]
+    pub rate: u32,
+    /// Seconds measured.
+    #[arg(long, default_value_t = 30.0)]
+    pub duration: f64,
+    /// Seconds of writes before the measured ones.
+    #[arg(long, default_value_t = 3.0)]
+    pub warmup: f64,
+    /// Orders (with 1 000 customers, 1 000 products, 5 regions, a shipment for half the orders).
+    #[arg(long, default_value_t = 5000)]
+    pub orders: u32,
+    /// Where the server keeps its data.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Where summary.md and view-join-latency.svg go.
+    #[arg(long, default_value = "results/view-join")]
     pub out: std::path::PathBuf,
     /// End the output with one JSON line.
     #[arg(long)]

@@ -673,3 +673,39 @@ fn websocket_subscribers_log_in_over_tls() {
     // Each event to the two subscribers of its subject.
     assert_eq!((figures.deliveries_expected, figures.deliveries_seen), (100, 100), "{:?}", figures.problems);
 }
+
+/// `onehop bench view-join`, small: a five-input joined view and a single-source view followed
+/// over SSE while the joined view's inputs are written; every measured write that changes a
+/// joined row is seen by the subscriber, and the report has both views.
+#[test]
+fn bench_view_join_measures_a_joined_view_beside_a_single_source_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let output = common::onehop()
+        .args(["bench", "view-join", "--rate", "100", "--duration", "2", "--warmup", "0.5", "--orders", "2000"])
+        .args(["--json", "--dir"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let line: serde_json::Value = stdout
+        .lines()
+        .find(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap())
+        .unwrap_or_else(|| panic!("no JSON line in {stdout}"));
+    for view in ["joined", "single"] {
+        let (seen, writes) = (line[view]["seen"].as_u64().unwrap(), line[view]["writes"].as_u64().unwrap());
+        assert!(writes > 0 && seen <= writes, "{line}");
+        // A customer or product with no order changes no joined row: with 2 000 orders over
+        // 1 000 of each, e^-2 (13.5 %) of them, so about 5 % of the writes.
+        assert!(seen * 100 >= writes * 85, "{view}: {seen} of {writes} writes seen: {line}");
+        assert!(line[view]["p99_ms"].as_f64().unwrap() >= line[view]["p50_ms"].as_f64().unwrap(), "{line}");
+    }
+    assert_eq!(line["single"]["seen"], line["single"]["writes"], "every order write changes its row: {line}");
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| joined (5 inputs) |") && summary.contains("goal ≤ 2×"), "{summary}");
+    assert!(std::fs::read_to_string(out.join("view-join-latency.svg")).unwrap().contains("single source"));
+}

@@ -53,6 +53,9 @@ const LABELLED_PER_VIEW: [&str; 5] = [
     "transform_rejected_records_total",
 ];
 
+/// Gauges of a joined view, one series per view and input (checked after one is made).
+const LABELLED_PER_JOIN_INPUT: [&str; 2] = ["view_state_rows", "view_state_bytes"];
+
 /// The metric names written in backticks in docs/*.md.
 fn documented() -> BTreeSet<String> {
     let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs");
@@ -94,7 +97,10 @@ fn every_documented_metric_is_exported_at_zero_from_the_start() {
     assert!(names.len() > 20, "the docs' metrics were found: {names:?}");
     let mut wrong = Vec::new();
     for name in &names {
-        if LABELLED_BY_USE.contains(&name.as_str()) || LABELLED_PER_VIEW.contains(&name.as_str()) {
+        if LABELLED_BY_USE.contains(&name.as_str())
+            || LABELLED_PER_VIEW.contains(&name.as_str())
+            || LABELLED_PER_JOIN_INPUT.contains(&name.as_str())
+        {
             continue;
         }
         // A histogram shows as its count.
@@ -105,7 +111,7 @@ fn every_documented_metric_is_exported_at_zero_from_the_start() {
         }
     }
     assert!(wrong.is_empty(), "missing, or not at 0: {wrong:?} in\n{scrape}");
-    for name in LABELLED_BY_USE.iter().chain(&LABELLED_PER_VIEW) {
+    for name in LABELLED_BY_USE.iter().chain(&LABELLED_PER_VIEW).chain(&LABELLED_PER_JOIN_INPUT) {
         assert!(names.contains(*name), "{name} is no longer documented: update this test");
     }
 
@@ -121,6 +127,26 @@ fn every_documented_metric_is_exported_at_zero_from_the_start() {
             _ => format!("{name}{{transform=\"hot\"}}"),
         };
         assert_eq!(value(&scrape, &series), Some(0.0), "{series} in\n{scrape}");
+    }
+    // A joined view's state, per input, once it has loaded its (empty) inputs.
+    sql(
+        server.address,
+        "CREATE TABLE a (id TEXT PRIMARY KEY, b TEXT); CREATE TABLE b (id TEXT PRIMARY KEY); \
+         CREATE VIEW pairs AS SELECT a.id, b.id AS b_id FROM a JOIN b ON b.id = a.b",
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    for name in LABELLED_PER_JOIN_INPUT {
+        for input in ["a", "b"] {
+            let series = format!("{name}{{view=\"pairs\",input=\"{input}\"}}");
+            loop {
+                let (_, scrape) = get(server.address, "/metrics");
+                if value(&scrape, &series) == Some(0.0) {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "{series} in\n{scrape}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
     }
     // The HTTP families have a series once a route was asked for (the first scrape, here).
     let (_, unknown) = get(server.address, "/streams/nothing-here");
