@@ -100,6 +100,12 @@ pub enum EngineError {
     /// A change a cluster does not replicate yet (`what` names it): it would exist on one node
     /// only.
     NotReplicated(&'static str),
+    /// A joined view stopped: its state passed its `state_bytes_max`.
+    ViewStateLimit {
+        view: String,
+        bytes: u64,
+        max: u64,
+    },
     /// An idempotency key that is not one (empty, too long, not visible ASCII).
     InvalidIdempotencyKey(String),
     /// The idempotency key named another write within its window (another stream, other
@@ -202,6 +208,9 @@ impl EngineError {
                 format!("too many failed logins from this address: try again in {} s", retry_after_ms.div_ceil(1000))
             }
             EngineError::NotReplicated(what) => format!("{what} is not replicated in a cluster yet"),
+            EngineError::ViewStateLimit { view, bytes, max } => {
+                format!("view {view:?} stopped: its state reached {bytes} bytes, over its state_bytes_max of {max}")
+            }
             EngineError::InvalidIdempotencyKey(reason) => reason.clone(),
             EngineError::IdempotencyKeyReused { key } => {
                 format!("the idempotency key {key:?} named another write; nothing was written")
@@ -249,6 +258,10 @@ impl EngineError {
                 )
             }
             EngineError::NotSuperuser { .. } => "that takes a superuser (a user with ADMIN ON ALL)".to_string(),
+            EngineError::ViewStateLimit { view, .. } => format!(
+                "recreate it with a larger cap (DROP VIEW {view}; CREATE VIEW {view} WITH (state_bytes_max = '…') AS …), \
+                 or make it read fewer rows or fields"
+            ),
             EngineError::NotReplicated(_) => {
                 "a cluster serves streams; tables, views, transforms and users need a single node for now \
                  (docs/cluster.md)"
@@ -348,6 +361,7 @@ impl EngineError {
             | EngineError::InvalidIdempotencyKey(_) => Kind::Invalid,
             EngineError::IdempotencyKeyReused { .. } => Kind::Unprocessable,
             EngineError::IdempotencyInProgress { .. } => Kind::Conflict,
+            EngineError::ViewStateLimit { .. } => Kind::Unavailable,
             EngineError::Append(append) => match append {
                 AppendError::RecordTooLarge { .. } | AppendError::BatchTooLarge { .. } => Kind::TooLarge,
                 AppendError::SubjectTooLong(_) | AppendError::TooManyHeaders | AppendError::EmptyBatch => Kind::Invalid,
@@ -397,6 +411,7 @@ impl EngineError {
             EngineError::Append(AppendError::Poisoned(_)) => "storage_failed",
             EngineError::Append(AppendError::Unconfirmed(_)) => "unconfirmed",
             EngineError::NotReplicated(_) => "not_replicated",
+            EngineError::ViewStateLimit { .. } => "view_state_limit",
             EngineError::InvalidIdempotencyKey(_) => "bad_idempotency_key",
             EngineError::IdempotencyKeyReused { .. } => "idempotency_key_reused",
             EngineError::IdempotencyInProgress { .. } => "idempotency_key_in_progress",

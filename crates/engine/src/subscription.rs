@@ -88,7 +88,11 @@ impl Engine {
         Ok(match target {
             Target::Stream(name) => self.stream_or_create(name).await?,
             Target::Table(name) | Target::Row { table: name, .. } => self.table(name)?.storage().clone(),
-            Target::View { view, .. } => self.view(view)?.output().clone(),
+            Target::View { view, .. } => {
+                let view = self.view(view)?;
+                view.serving()?;
+                view.output().clone()
+            }
         })
     }
 

@@ -273,7 +273,10 @@ async fn bad_joined_views_are_refused_by_name_and_nothing_is_created() {
         assert!(engine.view("v").is_err(), "{select} created the view");
     }
     let error = run(&engine, "CREATE VIEW v WITH (grace = '1s') AS SELECT id FROM orders").await.unwrap_err();
-    assert!(error.to_string().contains("a joined view takes no options"), "{error}");
+    assert!(error.to_string().contains("a joined view takes one option, state_bytes_max"), "{error}");
+    let error =
+        run(&engine, "CREATE VIEW v WITH (state_bytes_max = 'lots') AS SELECT id FROM orders").await.unwrap_err();
+    assert_eq!(error.code(), "sql_invalid_option", "{error}");
     close(engine).await;
 }
 
@@ -464,5 +467,45 @@ async fn a_dimension_row_under_thousands_of_rows_changes_each_of_them_once_in_ba
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), 2990);
+    close(engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_view_over_its_state_cap_stops_and_says_so_by_name() {
+    let (_dir, engine) = fresh();
+    run(
+        &engine,
+        "CREATE TABLE items (id TEXT PRIMARY KEY, note TEXT); \
+         CREATE VIEW capped WITH (state_bytes_max = '8KiB') AS SELECT id, note FROM items",
+    )
+    .await
+    .unwrap();
+    assert_eq!(engine.view("capped").unwrap().def().join.as_ref().unwrap().state_bytes_max, Some(8192));
+    run(&engine, "INSERT INTO items (id, note) VALUES ('a', 'small')").await.unwrap();
+    settled(&engine, "capped", "SELECT id, note FROM items").await;
+    let values: Vec<String> = (0..200).map(|i| format!("('i{i:03}', 'a note of some length {i}')")).collect();
+    run(&engine, &format!("INSERT INTO items (id, note) VALUES {}", values.join(", "))).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stopped = loop {
+        match engine.view("capped").unwrap().serving() {
+            Err(error) => break error,
+            Ok(()) => {
+                assert!(Instant::now() < deadline, "the view did not stop at its cap");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(stopped.code(), "view_state_limit");
+    let message = stopped.to_string();
+    assert!(message.contains("\"capped\"") && message.contains("over its state_bytes_max of 8192"), "{message}");
+    assert!(stopped.hint().unwrap().contains("state_bytes_max"), "{:?}", stopped.hint());
+    let refused = run(&engine, "SELECT * FROM capped").await.unwrap_err();
+    assert_eq!(refused.code(), "view_state_limit", "{refused}");
+    // Dropped and defined again with room, it serves.
+    run(&engine, "DROP VIEW capped; CREATE VIEW capped WITH (state_bytes_max = '16MiB') AS SELECT id, note FROM items")
+        .await
+        .unwrap();
+    let page = settled(&engine, "capped", "SELECT id, note FROM items").await;
+    assert_eq!(page.len(), 201);
     close(engine).await;
 }

@@ -152,6 +152,15 @@ impl View {
         &self.def
     }
 
+    /// Whether the view answers reads: a joined view that stopped at its `state_bytes_max`
+    /// does not (`view_state_limit`, saying how to fix it).
+    pub fn serving(&self) -> Result<(), EngineError> {
+        match &self.join {
+            Some(joined) => joined.serving(self.name()),
+            None => Ok(()),
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.def.name
     }

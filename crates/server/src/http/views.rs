@@ -43,6 +43,7 @@ pub async fn get_key(
         return Err(ApiError::bad_request("bad_query", "reading one key takes no query parameters"));
     }
     let handle = state.engine.view(&view)?;
+    handle.serving()?;
     let rows = handle.rows(&key);
     if rows.is_empty() {
         return Err(ApiError {
@@ -72,6 +73,7 @@ pub async fn list_keys(
         return Ok(response);
     }
     let handle = state.engine.view(&view)?;
+    handle.serving()?;
     let (mut after, mut limit) = (None, LIST_LIMIT_DEFAULT);
     for pair in raw.split('&').filter(|pair| !pair.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));

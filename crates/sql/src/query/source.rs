@@ -228,6 +228,7 @@ impl Source {
                 Ok(())
             }
             (Kind::View(view), Access::Keys(keys)) => {
+                view.serving()?;
                 for key in keys {
                     for row in view.rows(&key_text(key)) {
                         if !each(row, budget)? {
@@ -238,6 +239,7 @@ impl Source {
                 Ok(())
             }
             (Kind::View(view), _) => {
+                view.serving()?;
                 let mut after: Option<String> = None;
                 loop {
                     let page = view.page(after.as_deref(), CHUNK_ROWS);

@@ -34,11 +34,32 @@ pub(super) fn join_view_def(
     select: &ast::Select,
     sql: String,
 ) -> Result<ViewDef, SqlError> {
-    if let Some(option) = options.first() {
-        return Err(unsupported(
-            format!("the option {option} on a view without GROUP BY"),
-            "a joined view takes no options: it follows its inputs' current rows",
-        ));
+    let mut state_bytes_max = None;
+    for option in options {
+        let SqlOption::KeyValue { key, value } = option else {
+            return Err(unsupported(option, "a joined view takes WITH (state_bytes_max = '64MiB')"));
+        };
+        if !key.to_string().eq_ignore_ascii_case("state_bytes_max") || state_bytes_max.is_some() {
+            return Err(unsupported(
+                format!("the option {option} on a view without GROUP BY"),
+                "a joined view takes one option, state_bytes_max (it follows its inputs' current rows: no \
+                 windows, grace or start)",
+            ));
+        }
+        let text = match value {
+            ast::Expr::Value(value) => {
+                super::expr::string_value(&value.value).map(str::to_string).unwrap_or_else(|| value.value.to_string())
+            }
+            other => other.to_string(),
+        };
+        let bytes = onehop_engine::units::parse_bytes(&text)
+            .map_err(|error| SqlError::InvalidOption(format!("state_bytes_max: {error}")))?;
+        if bytes == 0 {
+            return Err(SqlError::InvalidOption(
+                "state_bytes_max: a cap of 0 bytes would stop the view at once".into(),
+            ));
+        }
+        state_bytes_max = Some(bytes);
     }
     let from = match select.from.as_slice() {
         [from] => from,
@@ -124,7 +145,7 @@ pub(super) fn join_view_def(
         start: Start::Latest,
         late_stream: None,
         sql,
-        join: Some(Box::new(JoinDef { inputs, filter, columns })),
+        join: Some(Box::new(JoinDef { inputs, filter, columns, state_bytes_max })),
     })
 }
 
@@ -345,7 +366,7 @@ pub(crate) fn resolve(engine: &Engine, def: &ViewDef) -> Result<ViewDef, SqlErro
         qualify(&mut expr, &known, known.len(), "the SELECT list")?;
         add(JoinColumn { name: column.name.clone(), expr })?;
     }
-    let resolved = JoinDef { inputs, filter, columns };
+    let resolved = JoinDef { inputs, filter, columns, state_bytes_max: join.state_bytes_max };
     resolved.validate().map_err(invalid)?;
     Ok(ViewDef { source: resolved.inputs[0].source.clone(), join: Some(Box::new(resolved)), ..def.clone() })
 }

@@ -86,6 +86,10 @@ pub struct JoinDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<Expr>,
     pub columns: Vec<JoinColumn>,
+    /// `WITH (state_bytes_max = …)`: the view stops (reads answer `view_state_limit`) once
+    /// its state's estimate passes this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_bytes_max: Option<u64>,
 }
 
 impl JoinDef {

@@ -62,11 +62,43 @@ pub(crate) struct Joined {
     pub(crate) state: RwLock<JoinState>,
     /// Input changes applied since the start.
     applied: AtomicU64,
+    /// Set when the state passed its cap: (bytes, cap). The view then stops.
+    over: std::sync::Mutex<Option<(u64, u64)>>,
 }
 
 impl Joined {
     pub(crate) fn new(def: &JoinDef, sources: Vec<JoinSource>) -> Joined {
-        Joined { sources, state: RwLock::new(JoinState::new(def)), applied: AtomicU64::new(0) }
+        Joined {
+            sources,
+            state: RwLock::new(JoinState::new(def)),
+            applied: AtomicU64::new(0),
+            over: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Refuses reads of a view that stopped at its state cap.
+    pub(crate) fn serving(&self, view: &str) -> Result<(), EngineError> {
+        match *self.over.lock().expect("view cap lock") {
+            Some((bytes, max)) => Err(EngineError::ViewStateLimit { view: view.to_string(), bytes, max }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the state is past its cap; if so the view is marked stopped and the log says so.
+    fn over_cap(&self, view: &str) -> bool {
+        let state = self.state.read().expect("view state lock");
+        let (bytes, Some(max)) = (state.bytes() as u64, state.state_bytes_max()) else { return false };
+        if bytes <= max {
+            return false;
+        }
+        *self.over.lock().expect("view cap lock") = Some((bytes, max));
+        tracing::error!(
+            view,
+            bytes,
+            state_bytes_max = max,
+            "the view stopped: its state is over its state_bytes_max (reads answer view_state_limit)"
+        );
+        true
     }
 
     /// The change stream of the driving input.
@@ -118,6 +150,10 @@ impl View {
                                 state.load(at, &row.id, &Value::Object(row.doc().clone()));
                             }
                         }
+                        if joined.over_cap(self.name()) {
+                            self.restoring.store(false, Ordering::Relaxed);
+                            return Ok(());
+                        }
                         tokio::task::yield_now().await;
                     }
                     positions.push(next);
@@ -132,11 +168,17 @@ impl View {
                     }
                     let (rows, end) = view.snapshot();
                     loaded += rows.len() as u64;
-                    let mut state = joined.state.write().expect("view state lock");
-                    for (key, rows) in &rows {
-                        if let Some(row) = rows.first() {
-                            state.load(at, key, row);
+                    {
+                        let mut state = joined.state.write().expect("view state lock");
+                        for (key, rows) in &rows {
+                            if let Some(row) = rows.first() {
+                                state.load(at, key, row);
+                            }
                         }
+                    }
+                    if joined.over_cap(self.name()) {
+                        self.restoring.store(false, Ordering::Relaxed);
+                        return Ok(());
                     }
                     positions.push(end);
                 }
@@ -185,6 +227,11 @@ impl View {
             }
             joined.export_metrics(self.name());
             self.publish(&writer, &mut changes, &mut late).await;
+            if joined.over_cap(self.name()) {
+                drop(writer);
+                let _ = writing.await;
+                return Ok(());
+            }
         }
     }
 

@@ -505,6 +505,11 @@ impl JoinState {
             .collect()
     }
 
+    /// The view's cap on [`JoinState::bytes`], if it has one.
+    pub fn state_bytes_max(&self) -> Option<u64> {
+        self.def.state_bytes_max
+    }
+
     /// The memory the state takes, estimated.
     pub fn bytes(&self) -> usize {
         self.inputs.iter().map(|input| input.bytes).sum()
@@ -549,6 +554,7 @@ mod tests {
                 JoinColumn { name: "name".into(), expr: path(&["c", "name"]) },
                 JoinColumn { name: "stars".into(), expr: path(&["r", "stars"]) },
             ],
+            state_bytes_max: None,
         }
     }
 
