@@ -45,6 +45,36 @@ pub(crate) fn format_value(value: f64) -> String {
 }
 
 impl Chart {
+    /// Latency (ms, log scale) by percentile (p50 … p99.9), one line per histogram of ns.
+    pub fn percentiles(title: String, y_label: &str, series: &[(&str, &hdrhistogram::Histogram<u64>)]) -> Chart {
+        const QUANTILES: [(f64, &str); 5] =
+            [(50.0, "p50"), (90.0, "p90"), (95.0, "p95"), (99.0, "p99"), (99.9, "p99.9")];
+        Chart {
+            title,
+            x_label: "percentile".into(),
+            y_label: y_label.into(),
+            x_log: false,
+            x_range: None,
+            y_log: true,
+            series: series
+                .iter()
+                .map(|(name, histogram)| Series {
+                    name: name.to_string(),
+                    points: QUANTILES
+                        .iter()
+                        .enumerate()
+                        .map(|(index, (q, _))| (index as f64, histogram.value_at_quantile(q / 100.0) as f64 / 1e6))
+                        .collect(),
+                })
+                .collect(),
+            x_tick_labels: QUANTILES
+                .iter()
+                .enumerate()
+                .map(|(index, (_, label))| (index as f64, label.to_string()))
+                .collect(),
+        }
+    }
+
     pub fn to_svg(&self) -> String {
         let points = self.series.iter().flat_map(|series| series.points.iter());
         let (mut x_min, mut x_max, mut y_min, mut y_max) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);

@@ -13,8 +13,6 @@
 //! 1.5× onehop's own REST GET; the join within 2× Postgres's time. Writes summary.md,
 //! query-latency.svg and the peers' logs under `--out`.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,7 +23,7 @@ use serde_json::json;
 use crate::client::http1;
 use crate::client::pg::{PgClient, Row};
 use crate::histogram::{Percentiles, latency_histogram, ms, record};
-use crate::plot::{Chart, Series};
+use crate::plot::Chart;
 use crate::server::ServerProcess;
 use crate::target::peers::postgres::{self, PostgresPeer};
 
@@ -106,9 +104,8 @@ enum Point {
     /// onehop's `GET /tables/products/{id}` on a keep-alive connection, opened when its run
     /// starts (an idle one would be closed while the others run).
     Rest {
-        stream: Option<TcpStream>,
+        connection: Option<http1::KeepAlive>,
         host: String,
-        buffer: Vec<u8>,
     },
 }
 
@@ -122,29 +119,16 @@ impl Point {
                 }
                 Ok(())
             }
-            Point::Rest { stream, host, buffer } => {
-                if stream.is_none() {
-                    let connected = TcpStream::connect(host.as_str())?;
-                    connected.set_nodelay(true)?;
-                    *stream = Some(connected);
+            Point::Rest { connection, host } => {
+                if connection.is_none() {
+                    *connection = Some(http1::KeepAlive::connect(host)?);
                 }
-                let stream = stream.as_mut().expect("connected above");
-                stream.write_all(&http1::request("GET", host, &format!("/tables/products/{id}"), None, None, &[]))?;
-                buffer.clear();
-                let mut chunk = [0u8; 16 * 1024];
-                loop {
-                    let read = stream.read(&mut chunk)?;
-                    if read == 0 {
-                        bail!("the server closed the connection");
-                    }
-                    buffer.extend_from_slice(&chunk[..read]);
-                    if let Some((status, _, _)) = http1::parse_response(buffer).map_err(anyhow::Error::msg)? {
-                        if status != 200 {
-                            bail!("GET /tables/products/{id} answered {status}");
-                        }
-                        return Ok(());
-                    }
+                let connection = connection.as_mut().expect("connected above");
+                let (status, _) = connection.send("GET", &format!("/tables/products/{id}"), &[])?;
+                if status != 200 {
+                    bail!("GET /tables/products/{id} answered {status}");
                 }
+                Ok(())
             }
         }
     }
@@ -259,7 +243,7 @@ pub fn run(options: &QueryOptions) -> anyhow::Result<()> {
     let host = server.url.trim_start_matches("http://").to_string();
     let mut sides = [
         ("onehop-pg", Point::Pg(onehop)),
-        ("onehop-rest", Point::Rest { stream: None, host, buffer: Vec::new() }),
+        ("onehop-rest", Point::Rest { connection: None, host }),
         ("postgres", Point::Pg(reference)),
     ];
     let mut point = Vec::new();
@@ -337,30 +321,9 @@ pub fn run(options: &QueryOptions) -> anyhow::Result<()> {
     ));
     std::fs::write(options.out.join("summary.md"), &summary)?;
 
-    let chart = Chart {
-        title: format!("Point select by primary key at {}/s", options.rate),
-        x_label: "percentile".into(),
-        y_label: "latency (ms)".into(),
-        x_log: false,
-        x_range: None,
-        y_log: true,
-        series: point
-            .iter()
-            .map(|(label, histogram)| Series {
-                name: label.to_string(),
-                points: [50.0, 90.0, 95.0, 99.0, 99.9]
-                    .iter()
-                    .enumerate()
-                    .map(|(index, q)| (index as f64, histogram.value_at_quantile(q / 100.0) as f64 / 1e6))
-                    .collect(),
-            })
-            .collect(),
-        x_tick_labels: ["p50", "p90", "p95", "p99", "p99.9"]
-            .iter()
-            .enumerate()
-            .map(|(index, label)| (index as f64, label.to_string()))
-            .collect(),
-    };
+    let lines: Vec<(&str, &Histogram<u64>)> = point.iter().map(|(label, histogram)| (*label, histogram)).collect();
+    let chart =
+        Chart::percentiles(format!("Point select by primary key at {}/s", options.rate), "latency (ms)", &lines);
     std::fs::write(options.out.join("query-latency.svg"), chart.to_svg())?;
 
     println!("{summary}");

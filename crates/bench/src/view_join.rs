@@ -26,11 +26,12 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
-use crate::client::http1::{self, Chunked, Framing};
+use crate::client::http1::{self, Chunked, Framing, KeepAlive};
 use crate::client::sse::take_events;
 use crate::histogram::{Percentiles, latency_histogram, ms, record};
 use crate::host::process_cpu_ns;
-use crate::plot::{Chart, Series};
+use crate::plan::Rng;
+use crate::plot::Chart;
 use crate::run::rss_mb;
 use crate::server::ServerProcess;
 
@@ -66,48 +67,16 @@ const SINGLE: &str = "CREATE VIEW single AS SELECT id, qty, stamp FROM orders";
 const JOINED_STAMPS: [&str; 5] = ["o_stamp", "c_stamp", "g_stamp", "p_stamp", "s_stamp"];
 const SINGLE_STAMPS: [&str; 1] = ["stamp"];
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
-
-/// A keep-alive HTTP connection sending one request at a time.
-struct Http {
-    stream: TcpStream,
-    host: String,
-    buffer: Vec<u8>,
-}
+/// The benchmark's HTTP connection: writes, and its statements.
+struct Http(KeepAlive);
 
 impl Http {
     fn connect(host: &str) -> anyhow::Result<Http> {
-        let stream = TcpStream::connect(host).with_context(|| format!("connecting to {host}"))?;
-        stream.set_nodelay(true)?;
-        Ok(Http { stream, host: host.to_string(), buffer: Vec::new() })
+        Ok(Http(KeepAlive::connect(host).with_context(|| format!("connecting to {host}"))?))
     }
 
-    /// Sends a request; the status and body.
     fn send(&mut self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
-        let request = http1::request(method, &self.host, path, Some("application/json"), None, body);
-        self.stream.write_all(&request)?;
-        self.buffer.clear();
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            let read = self.stream.read(&mut chunk)?;
-            if read == 0 {
-                bail!("the server closed the connection");
-            }
-            self.buffer.extend_from_slice(&chunk[..read]);
-            if let Some((status, body, _)) = http1::parse_response(&self.buffer).map_err(anyhow::Error::msg)? {
-                return Ok((status, body));
-            }
-        }
+        Ok(self.0.send(method, path, body)?)
     }
 
     fn sql(&mut self, statements: &str) -> anyhow::Result<()> {
@@ -221,7 +190,7 @@ fn subscribe(
 
 /// The data set's INSERTs.
 fn load(http: &mut Http, orders: u32) -> anyhow::Result<()> {
-    let mut rng = Rng(0x0051_ab1e_5eed);
+    let mut rng = Rng::new(0x0051_ab1e_5eed, 0);
     let insert = |http: &mut Http, table: &str, columns: &str, rows: Vec<String>| -> anyhow::Result<()> {
         for chunk in rows.chunks(LOAD_BATCH as usize) {
             http.sql(&format!("INSERT INTO {table} ({columns}) VALUES {}", chunk.join(", ")))?;
@@ -239,7 +208,7 @@ fn load(http: &mut Http, orders: u32) -> anyhow::Result<()> {
     )?;
     let rows = (0..orders)
         .map(|i| {
-            let (customer, product) = (rng.below(CUSTOMERS as u64), rng.below(PRODUCTS as u64));
+            let (customer, product) = (rng.below(CUSTOMERS), rng.below(PRODUCTS));
             format!("('o{i}', 'c{customer}', 'p{product}', 1, 0)")
         })
         .collect();
@@ -285,7 +254,7 @@ pub fn run(options: &ViewJoinOptions) -> anyhow::Result<()> {
     let measured_start = Instant::now() + options.warmup;
     let end = measured_start + options.duration;
     let interval = Duration::from_secs_f64(1.0 / options.rate.max(1) as f64);
-    let mut rng = Rng(0x00f7_e54e_5500);
+    let mut rng = Rng::new(0x00f7_e54e_5500, 1);
     let (mut due, mut stamp, mut next_progress) = (Instant::now(), 0u64, measured_start);
     let mut cpu_at_measure = None;
     while due < end {
@@ -306,18 +275,18 @@ pub fn run(options: &ViewJoinOptions) -> anyhow::Result<()> {
         let pick = rng.below(10);
         let (path, body, order) = match pick {
             0..=3 => {
-                let order = rng.below(options.orders as u64);
-                let (customer, product) = (rng.below(CUSTOMERS as u64), rng.below(PRODUCTS as u64));
+                let order = rng.below(options.orders);
+                let (customer, product) = (rng.below(CUSTOMERS), rng.below(PRODUCTS));
                 let body = json!({"customer": format!("c{customer}"), "product": format!("p{product}"), "qty": 1 + pick, "stamp": stamp});
                 (format!("/tables/orders/o{order}"), body, true)
             }
             4 | 5 => {
-                let customer = rng.below(CUSTOMERS as u64);
-                let body = json!({"region": format!("g{}", customer % REGIONS as u64), "name": format!("customer {customer}"), "stamp": stamp});
+                let customer = rng.below(CUSTOMERS);
+                let body = json!({"region": format!("g{}", customer % REGIONS), "name": format!("customer {customer}"), "stamp": stamp});
                 (format!("/tables/customers/c{customer}"), body, false)
             }
             6 | 7 => {
-                let product = rng.below(PRODUCTS as u64);
+                let product = rng.below(PRODUCTS);
                 (
                     format!("/tables/products/p{product}"),
                     json!({"title": format!("product {product}"), "stamp": stamp}),
@@ -325,7 +294,7 @@ pub fn run(options: &ViewJoinOptions) -> anyhow::Result<()> {
                 )
             }
             _ => {
-                let order = rng.below(options.orders as u64);
+                let order = rng.below(options.orders);
                 (format!("/tables/shipments/o{order}"), json!({"carrier": "ups", "stamp": stamp}), false)
             }
         };
@@ -406,29 +375,11 @@ pub fn run(options: &ViewJoinOptions) -> anyhow::Result<()> {
         rss.map_or("unknown".to_string(), |mb| format!("{mb:.0} MB"))
     ));
     std::fs::write(options.out.join("summary.md"), &summary)?;
-    let quantiles = [50.0, 90.0, 95.0, 99.0, 99.9];
-    let series = |name: &str, histogram: &Histogram<u64>| Series {
-        name: name.to_string(),
-        points: quantiles
-            .iter()
-            .enumerate()
-            .map(|(index, q)| (index as f64, histogram.value_at_quantile(q / 100.0) as f64 / 1e6))
-            .collect(),
-    };
-    let chart = Chart {
-        title: format!("Joined view freshness at {} writes/s: write to subscriber", options.rate),
-        x_label: "percentile".into(),
-        y_label: "freshness (ms)".into(),
-        x_log: false,
-        x_range: None,
-        y_log: true,
-        series: vec![series("joined (5 inputs)", &joined.histogram), series("single source", &single.histogram)],
-        x_tick_labels: ["p50", "p90", "p95", "p99", "p99.9"]
-            .iter()
-            .enumerate()
-            .map(|(index, label)| (index as f64, label.to_string()))
-            .collect(),
-    };
+    let chart = Chart::percentiles(
+        format!("Joined view freshness at {} writes/s: write to subscriber", options.rate),
+        "freshness (ms)",
+        &[("joined (5 inputs)", &joined.histogram), ("single source", &single.histogram)],
+    );
     std::fs::write(options.out.join("view-join-latency.svg"), chart.to_svg())?;
     println!("{summary}");
     println!("results: {} (summary.md, view-join-latency.svg)", options.out.display());

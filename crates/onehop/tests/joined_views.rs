@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{DataDir, get, request, sql};
+use onehop_bench::plan::Rng;
 use serde_json::{Value, json};
 
 const SCHEMA: &str = "CREATE TABLE customers (id TEXT PRIMARY KEY, name TEXT); \
@@ -20,18 +21,6 @@ const QUERY: &str = "SELECT o.id AS order_id, o.qty, c.name, p.title, s.carrier 
      FROM orders o JOIN customers c ON c.id = o.customer LEFT JOIN products p ON p.id = o.product \
      LEFT JOIN shipments s ON s.order_id = o.id";
 const CYCLES: u64 = 50;
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
 
 /// One write: a row put into a table (`None`: deleted).
 fn write(rng: &mut Rng, step: u64) -> (&'static str, String, Option<Value>) {
@@ -121,7 +110,7 @@ fn a_joined_view_after_kill_9_at_random_instants_equals_its_query() {
     let mut server = dir.start(&[], &[]);
     sql(server.address, SCHEMA);
     sql(server.address, &format!("CREATE VIEW enriched AS {QUERY}"));
-    let mut rng = Rng(0x0000_05ee_d50f_c4a5);
+    let mut rng = Rng::new(0x0000_05ee_d50f_c4a5, 0);
     // What each table must hold: the acknowledged writes; the one a kill cut short may be
     // either its old or its new row.
     let mut model: BTreeMap<&str, BTreeMap<String, Value>> = BTreeMap::new();
@@ -129,7 +118,7 @@ fn a_joined_view_after_kill_9_at_random_instants_equals_its_query() {
     let mut rows_seen = 0usize;
     for cycle in 0..CYCLES {
         let pid = server.child.id();
-        let delay = Duration::from_millis(20 + rng.below(200));
+        let delay = Duration::from_millis(20 + u64::from(rng.below(200)));
         let killer = std::thread::spawn(move || {
             std::thread::sleep(delay);
             // Only the server this test started, by its PID.

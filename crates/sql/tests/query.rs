@@ -323,6 +323,16 @@ async fn correlated_subqueries_read_the_row_around_them() {
     assert_eq!(answer, [vec![json!(10), json!(1)], vec![json!(7), json!(2)], vec![json!(4), json!(3)]]);
     let answer = rows(&engine, "SELECT w FROM unnest(ARRAY['b', 'a']) AS u(w) ORDER BY w").await;
     assert_eq!(answer, [vec![json!("a")], vec![json!("b")]]);
+    // Texts split into words, counted: the word count of study 5, ad hoc.
+    let answer = rows(
+        &engine,
+        "SELECT w, COUNT(*) FROM unnest(REGEXP_SPLIT_TO_ARRAY('the cat  and the hat', '\\s+')) AS u(w) \
+         GROUP BY w ORDER BY 2 DESC, 1 LIMIT 2",
+    )
+    .await;
+    assert_eq!(answer, [vec![json!("the"), json!(2)], vec![json!("and"), json!(1)]]);
+    let answer = rows(&engine, "SELECT STRING_TO_ARRAY('a,b', ','), SPLIT('x y', ' ')").await;
+    assert_eq!(answer, [vec![json!(["a", "b"]), json!(["x", "y"])]]);
     let answer = rows(
         &engine,
         "SELECT id, unnest(ARRAY[title, category]) AS part, generate_subscripts(ARRAY[title, category], 1) AS at \

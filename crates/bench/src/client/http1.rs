@@ -35,6 +35,41 @@ pub fn request(
     bytes
 }
 
+/// A keep-alive connection sending one request at a time and reading its whole response,
+/// blocking: what a benchmark's own control and point requests use.
+pub struct KeepAlive {
+    stream: std::net::TcpStream,
+    host: String,
+    buffer: Vec<u8>,
+}
+
+impl KeepAlive {
+    pub fn connect(host: &str) -> std::io::Result<KeepAlive> {
+        let stream = std::net::TcpStream::connect(host)?;
+        stream.set_nodelay(true)?;
+        Ok(KeepAlive { stream, host: host.to_string(), buffer: Vec::new() })
+    }
+
+    /// Sends a request (a JSON body when not empty); the response's status and body.
+    pub fn send(&mut self, method: &str, target: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+        use std::io::{Read, Write};
+        let content_type = (!body.is_empty()).then_some("application/json");
+        self.stream.write_all(&request(method, &self.host, target, content_type, None, body))?;
+        self.buffer.clear();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let read = self.stream.read(&mut chunk)?;
+            if read == 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection"));
+            }
+            self.buffer.extend_from_slice(&chunk[..read]);
+            if let Some((status, body, _)) = parse_response(&self.buffer).map_err(std::io::Error::other)? {
+                return Ok((status, body));
+            }
+        }
+    }
+}
+
 /// Percent-encodes a query value.
 pub fn encode(text: &str) -> String {
     text.bytes()

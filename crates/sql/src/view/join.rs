@@ -11,12 +11,13 @@
 use onehop_engine::ColumnType;
 use onehop_engine::Engine;
 use onehop_engine::view::expr::{BinaryOp, RecordField, Step};
-use onehop_engine::view::{Expr, JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn, Start, ViewDef, Window};
+use onehop_engine::view::{Expr, JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn, ViewDef};
 use sqlparser::ast::{self, SqlOption};
 
 use super::expr::convert_expr;
+use super::query::plain_wildcard;
 use super::transform::output_name;
-use super::{DEFAULT_GRACE_MS, DEFAULT_RETENTION_MS, FLAG_COLUMNS, invalid, unsupported};
+use super::{FLAG_COLUMNS, invalid, unsupported};
 use crate::SqlError;
 use crate::parse::simple_name;
 
@@ -103,11 +104,11 @@ pub(super) fn join_view_def(
     for item in &select.projection {
         let column = match item {
             ast::SelectItem::Wildcard(options) => {
-                plain_wildcard(item, options)?;
+                plain_wildcard(item, options, "a joined view takes a plain * or alias.*")?;
                 JoinColumn { name: ALL_COLUMNS.into(), expr: Expr::Path { path: Vec::new() } }
             }
             ast::SelectItem::QualifiedWildcard(kind, options) => {
-                plain_wildcard(item, options)?;
+                plain_wildcard(item, options, "a joined view takes a plain * or alias.*")?;
                 let ast::SelectItemQualifiedWildcardKind::ObjectName(alias) = kind else {
                     return Err(unsupported(item, JOIN_SHAPE));
                 };
@@ -130,23 +131,8 @@ pub(super) fn join_view_def(
         columns.push(column);
     }
     let source = inputs[0].source.clone();
-    Ok(ViewDef {
-        name,
-        source,
-        window: Window::None,
-        event_time: None,
-        filter: None,
-        key: Expr::Literal { value: serde_json::Value::Null },
-        columns: Vec::new(),
-        grace_ms: DEFAULT_GRACE_MS,
-        emit_changes: true,
-        emit_final: false,
-        retention_ms: DEFAULT_RETENTION_MS,
-        start: Start::Latest,
-        late_stream: None,
-        sql,
-        join: Some(Box::new(JoinDef { inputs, filter, columns, state_bytes_max })),
-    })
+    let join = JoinDef { inputs, filter, columns, state_bytes_max };
+    Ok(ViewDef { join: Some(Box::new(join)), ..super::with_defaults(name, source, sql) })
 }
 
 fn other_join(operator: &ast::JoinOperator) -> &'static str {
@@ -156,19 +142,6 @@ fn other_join(operator: &ast::JoinOperator) -> &'static str {
         ast::JoinOperator::CrossJoin(_) => "CROSS JOIN",
         _ => "this kind of join",
     }
-}
-
-fn plain_wildcard(item: &ast::SelectItem, options: &ast::WildcardAdditionalOptions) -> Result<(), SqlError> {
-    if options.opt_ilike.is_some()
-        || options.opt_exclude.is_some()
-        || options.opt_except.is_some()
-        || options.opt_replace.is_some()
-        || options.opt_rename.is_some()
-        || options.opt_alias.is_some()
-    {
-        return Err(unsupported(item, "a joined view takes a plain * or alias.*"));
-    }
-    Ok(())
 }
 
 /// One input of FROM: a table or view, with its alias.

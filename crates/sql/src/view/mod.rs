@@ -110,6 +110,28 @@ pub(crate) fn parse_transform(
     transform_def(name, &query, text)
 }
 
+/// A view of `source` with every option at its default, no window, no key and no columns:
+/// what the two kinds of view fill in.
+fn with_defaults(name: String, source: String, sql: String) -> ViewDef {
+    ViewDef {
+        name,
+        source,
+        window: onehop_engine::view::Window::None,
+        event_time: None,
+        filter: None,
+        key: onehop_engine::view::Expr::Literal { value: serde_json::Value::Null },
+        columns: Vec::new(),
+        grace_ms: DEFAULT_GRACE_MS,
+        emit_changes: true,
+        emit_final: false,
+        retention_ms: DEFAULT_RETENTION_MS,
+        start: Start::Latest,
+        late_stream: None,
+        sql,
+        join: None,
+    }
+}
+
 /// Whether a view's SELECT is a joined view's: no GROUP BY and no aggregate in its SELECT list
 /// (which asks for GROUP BY, and is told so).
 fn is_join_view(select: &ast::Select) -> bool {
@@ -229,23 +251,7 @@ fn view_def(name: String, options: &[SqlOption], query: &ast::Query, sql: String
     let filter = select.selection.as_ref().map(convert_expr).transpose()?;
     let group_by = group_by(select)?;
     let (key, columns) = view_columns(&select.projection, group_by)?;
-    let mut def = ViewDef {
-        name,
-        source,
-        window,
-        event_time: time_column,
-        filter,
-        key,
-        columns,
-        grace_ms: DEFAULT_GRACE_MS,
-        emit_changes: true,
-        emit_final: false,
-        retention_ms: DEFAULT_RETENTION_MS,
-        start: Start::Latest,
-        late_stream: None,
-        sql,
-        join: None,
-    };
+    let mut def = ViewDef { window, event_time: time_column, filter, key, columns, ..with_defaults(name, source, sql) };
     apply_view_options(&mut def, options)?;
     Ok(def)
 }

@@ -114,3 +114,22 @@ pub(super) fn source_relation<'q>(
         other => Err(unsupported(other, shape)),
     }
 }
+
+/// Refuses `*` with options of other dialects (`* EXCLUDE (a)`, `* REPLACE …`); `supported`
+/// says what is.
+pub(super) fn plain_wildcard(
+    item: &ast::SelectItem,
+    options: &ast::WildcardAdditionalOptions,
+    supported: &str,
+) -> Result<(), SqlError> {
+    if options.opt_ilike.is_some()
+        || options.opt_exclude.is_some()
+        || options.opt_except.is_some()
+        || options.opt_replace.is_some()
+        || options.opt_rename.is_some()
+        || options.opt_alias.is_some()
+    {
+        return Err(unsupported(item, supported));
+    }
+    Ok(())
+}

@@ -6,7 +6,7 @@ use sqlparser::ast;
 
 use super::columns::column_name;
 use super::expr::{convert_expr, function_name};
-use super::query::{plain_select, source_relation};
+use super::query::{plain_select, plain_wildcard, source_relation};
 use super::{KEY_COLUMN, SUBJECT_COLUMN, TRANSFORM_SHAPE, invalid, unsupported};
 use crate::SqlError;
 use crate::parse::simple_name;
@@ -48,15 +48,7 @@ pub(super) fn transform_def(name: String, query: &ast::Query, sql: String) -> Re
     for item in &select.projection {
         let (expr, name) = match item {
             ast::SelectItem::Wildcard(options) => {
-                if options.opt_ilike.is_some()
-                    || options.opt_exclude.is_some()
-                    || options.opt_except.is_some()
-                    || options.opt_replace.is_some()
-                    || options.opt_rename.is_some()
-                    || options.opt_alias.is_some()
-                {
-                    return Err(unsupported(item, "a transform takes a plain *"));
-                }
+                plain_wildcard(item, options, "a transform takes a plain *")?;
                 if def.all_fields {
                     return Err(invalid("* is selected twice"));
                 }

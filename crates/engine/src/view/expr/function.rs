@@ -46,16 +46,24 @@ pub enum Function {
     ArrayToString,
     /// `JSON_BUILD_ARRAY(value, …)`, also `ARRAY[value, …]`: an array of the values.
     JsonBuildArray,
+    /// `STRING_TO_ARRAY(text, separator [, null_text])`, also `SPLIT`: the text's pieces
+    /// between separators (its characters for an empty separator; a piece equal to
+    /// `null_text` is null).
+    StringToArray,
+    /// `REGEXP_SPLIT_TO_ARRAY(text, pattern [, flags])`, also `REGEXP_SPLIT`: the pieces
+    /// between the pattern's matches.
+    RegexpSplitToArray,
 }
 
 /// Names of the scalar functions, as [`Function::from_name`] accepts them (for error messages).
 pub const FUNCTION_NAMES: &str = "UPPER, LOWER, LENGTH (CHAR_LENGTH), TRIM, LTRIM, RTRIM, SUBSTRING (SUBSTR), REPLACE, \
-     CONCAT, COALESCE, NULLIF, ABS, ROUND, FLOOR, CEIL (CEILING), GREATEST, LEAST, REGEXP_LIKE, JSON_BUILD_OBJECT, ARRAY_POSITION, ARRAY_TO_STRING, JSON_BUILD_ARRAY";
+     CONCAT, COALESCE, NULLIF, ABS, ROUND, FLOOR, CEIL (CEILING), GREATEST, LEAST, REGEXP_LIKE, JSON_BUILD_OBJECT, ARRAY_POSITION, ARRAY_TO_STRING, JSON_BUILD_ARRAY, \
+     STRING_TO_ARRAY (SPLIT), REGEXP_SPLIT_TO_ARRAY (REGEXP_SPLIT)";
 
 impl Function {
     /// The function a SQL name means, in any case.
     pub fn from_name(name: &str) -> Option<Function> {
-        const FUNCTIONS: [(&str, Function); 29] = [
+        const FUNCTIONS: [(&str, Function); 33] = [
             ("upper", Function::Upper),
             ("lower", Function::Lower),
             ("length", Function::Length),
@@ -85,6 +93,10 @@ impl Function {
             ("array_to_string", Function::ArrayToString),
             ("json_build_array", Function::JsonBuildArray),
             ("jsonb_build_array", Function::JsonBuildArray),
+            ("string_to_array", Function::StringToArray),
+            ("split", Function::StringToArray),
+            ("regexp_split_to_array", Function::RegexpSplitToArray),
+            ("regexp_split", Function::RegexpSplitToArray),
         ];
         FUNCTIONS.iter().find(|(function_name, _)| function_name.eq_ignore_ascii_case(name)).map(|(_, f)| *f)
     }
@@ -114,6 +126,8 @@ impl Function {
             Function::ArrayPosition => "ARRAY_POSITION",
             Function::ArrayToString => "ARRAY_TO_STRING",
             Function::JsonBuildArray => "JSON_BUILD_ARRAY",
+            Function::StringToArray => "STRING_TO_ARRAY",
+            Function::RegexpSplitToArray => "REGEXP_SPLIT_TO_ARRAY",
         }
     }
 
@@ -124,7 +138,11 @@ impl Function {
                 (1, Some(1))
             }
             Function::Trim | Function::Ltrim | Function::Rtrim | Function::Round => (1, Some(2)),
-            Function::Substring | Function::RegexpLike | Function::ArrayToString => (2, Some(3)),
+            Function::Substring
+            | Function::RegexpLike
+            | Function::ArrayToString
+            | Function::StringToArray
+            | Function::RegexpSplitToArray => (2, Some(3)),
             Function::Replace => (3, Some(3)),
             Function::Nullif | Function::ArrayPosition => (2, Some(2)),
             Function::JsonBuildObject | Function::JsonBuildArray => (0, None),
@@ -304,10 +322,42 @@ pub(super) fn call<'v>(function: Function, args: &'v [Expr], input: &Input<'v>) 
             };
             let flags = if args.len() > 2 { arg(2).into_owned() } else { Value::String(String::new()) };
             let Value::String(flags) = flags else { return Cow::Borrowed(&NULL) };
-            match regex_matches(text, pattern, &flags) {
+            match with_regex(pattern, &flags, |regex| regex.is_match(text)) {
                 Some(found) => Cow::Owned(Value::Bool(found)),
                 None => Cow::Borrowed(&NULL),
             }
+        }
+        Function::StringToArray => {
+            let (value, separator) = (arg(0), arg(1));
+            let (Value::String(text), Value::String(separator)) = (&*value, &*separator) else {
+                return Cow::Borrowed(&NULL);
+            };
+            let null_text = if args.len() > 2 { arg(2).into_owned() } else { Value::Null };
+            let piece = |piece: &str| match &null_text {
+                Value::String(null_text) if null_text == piece => Value::Null,
+                _ => Value::String(piece.to_string()),
+            };
+            // As Postgres: an empty text has no pieces; an empty separator splits characters.
+            let pieces: Vec<Value> = if text.is_empty() {
+                Vec::new()
+            } else if separator.is_empty() {
+                text.chars().map(|c| piece(c.encode_utf8(&mut [0; 4]))).collect()
+            } else {
+                text.split(separator.as_str()).map(piece).collect()
+            };
+            Cow::Owned(Value::Array(pieces))
+        }
+        Function::RegexpSplitToArray => {
+            let (value, pattern) = (arg(0), arg(1));
+            let (Value::String(text), Value::String(pattern)) = (&*value, &*pattern) else {
+                return Cow::Borrowed(&NULL);
+            };
+            let flags = if args.len() > 2 { arg(2).into_owned() } else { Value::String(String::new()) };
+            let Value::String(flags) = flags else { return Cow::Borrowed(&NULL) };
+            let pieces = with_regex(pattern, &flags, |regex| {
+                regex.split(text).map(|piece| Value::String(piece.to_string())).collect::<Vec<_>>()
+            });
+            pieces.map_or(Cow::Borrowed(&NULL), |pieces| Cow::Owned(Value::Array(pieces)))
         }
     }
 }
@@ -330,9 +380,9 @@ pub fn compile_regex(pattern: &str, case_insensitive: bool) -> Result<regex::Reg
         .map_err(|error| format!("the pattern {pattern:?} is not a regular expression onehop runs: {error}"))
 }
 
-/// Whether `pattern` matches in `text` (`flags` as Postgres's: `i` ignores case, `c` does not);
+/// `use_it` with `pattern` compiled (`flags` as Postgres's: `i` ignores case, `c` does not);
 /// `None` for a pattern that does not compile or unknown flags.
-fn regex_matches(text: &str, pattern: &str, flags: &str) -> Option<bool> {
+fn with_regex<T>(pattern: &str, flags: &str, use_it: impl FnOnce(&regex::Regex) -> T) -> Option<T> {
     let mut case_insensitive = false;
     for flag in flags.chars() {
         match flag {
@@ -351,7 +401,7 @@ fn regex_matches(text: &str, pattern: &str, flags: &str) -> Option<bool> {
             }
             cache.insert(key.clone(), compiled);
         }
-        Some(cache[&key].is_match(text))
+        Some(use_it(&cache[&key]))
     })
 }
 
@@ -486,6 +536,29 @@ mod tests {
         assert_eq!(function(RegexpLike, vec![json!("x"), json!("(")]), Value::Null, "not a pattern");
         assert_eq!(function(RegexpLike, vec![json!("x"), json!("x"), json!("q")]), Value::Null, "unknown flag");
         assert_eq!(function(RegexpLike, vec![json!(1), json!("1")]), Value::Null, "not text");
+    }
+
+    #[test]
+    fn texts_split_into_arrays_as_postgres_splits_them() {
+        use Function::*;
+        assert_eq!(function(StringToArray, vec![json!("a b  c"), json!(" ")]), json!(["a", "b", "", "c"]));
+        assert_eq!(function(StringToArray, vec![json!("héllo"), json!("")]), json!(["h", "é", "l", "l", "o"]));
+        assert_eq!(function(StringToArray, vec![json!(""), json!(",")]), json!([]));
+        assert_eq!(function(StringToArray, vec![json!("a,x,b"), json!(","), json!("x")]), json!(["a", null, "b"]));
+        assert_eq!(function(StringToArray, vec![json!(1), json!(",")]), Value::Null);
+        assert_eq!(
+            function(RegexpSplitToArray, vec![json!("the  quick\tfox"), json!("\\s+")]),
+            json!(["the", "quick", "fox"])
+        );
+        assert_eq!(function(RegexpSplitToArray, vec![json!("aXbxc"), json!("x"), json!("i")]), json!(["a", "b", "c"]));
+        assert_eq!(function(RegexpSplitToArray, vec![json!("abc"), json!("(")]), Value::Null, "not a pattern");
+        assert_eq!(
+            function(RegexpSplitToArray, vec![json!("abc"), json!("b"), json!("z")]),
+            Value::Null,
+            "unknown flag"
+        );
+        assert_eq!(Function::from_name("SPLIT"), Some(StringToArray));
+        assert_eq!(Function::from_name("regexp_split"), Some(RegexpSplitToArray));
     }
 
     #[test]
