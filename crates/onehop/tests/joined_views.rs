@@ -170,3 +170,54 @@ fn a_joined_view_after_kill_9_at_random_instants_equals_its_query() {
     assert!(rows_seen > 3, "the view had rows to compare: {rows_seen}");
     assert!(step > CYCLES * 3, "writes went on between the kills: {step} in {CYCLES} cycles");
 }
+
+#[test]
+fn a_view_list_read_filters_by_any_column_and_pages_on() {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    sql(server.address, SCHEMA);
+    sql(server.address, &format!("CREATE VIEW enriched AS {QUERY}"));
+    for (id, name) in [("c1", "Ada"), ("c2", "Bo")] {
+        let (status, body) =
+            request(server.address, "PUT", &format!("/tables/customers/{id}"), &json!({"name": name}).to_string())
+                .unwrap();
+        assert!((200..300).contains(&status), "{body}");
+    }
+    for i in 0..5 {
+        let row = json!({"customer": if i % 2 == 0 { "c1" } else { "c2" }, "product": "p1", "qty": i});
+        let (status, body) = request(server.address, "PUT", &format!("/tables/orders/o{i}"), &row.to_string()).unwrap();
+        assert!((200..300).contains(&status), "{body}");
+    }
+    let keys = |body: &Value| -> Vec<String> {
+        body["keys"].as_array().unwrap().iter().map(|entry| entry["key"].as_str().unwrap().to_string()).collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = get(server.address, "/views/enriched?name=Ada");
+        assert_eq!(status, 200, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        if keys(&body).len() == 3 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "{body}");
+        std::thread::sleep(Duration::from_millis(30));
+    };
+    assert_eq!(keys(&body), ["o0:", "o2:", "o4:"]);
+    assert!(body["keys"][0]["rows"][0]["name"] == "Ada" && body["next_after"].is_null(), "{body}");
+    // Two filters, a number by its text, and pages of one key.
+    let (_, body) = get(server.address, "/views/enriched?name=Ada&qty=2");
+    assert_eq!(keys(&serde_json::from_str(&body).unwrap()), ["o2:"]);
+    // Pages of one key, each going on from the `next_after` the one before gave.
+    let (mut seen, mut path) = (Vec::new(), "/views/enriched?name=Bo&limit=1".to_string());
+    loop {
+        let (_, body) = get(server.address, &path);
+        let body: Value = serde_json::from_str(&body).unwrap();
+        seen.extend(keys(&body));
+        let Some(next) = body["next_after"].as_str() else { break };
+        assert!(seen.len() <= 2, "{body}");
+        path = format!("/views/enriched?name=Bo&limit=1&after={}", next.replace(':', "%3A"));
+    }
+    assert_eq!(seen, ["o1:", "o3:"]);
+    let (_, body) = get(server.address, "/views/enriched?nothing=1");
+    assert!(keys(&serde_json::from_str(&body).unwrap()).is_empty(), "a column no row has matches none");
+}

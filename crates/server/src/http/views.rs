@@ -19,6 +19,11 @@ type Upgrade = Result<axum::extract::ws::WebSocketUpgrade, axum::extract::ws::re
 
 const LIST_LIMIT_DEFAULT: usize = 100;
 const LIST_LIMIT_MAX: usize = 10_000;
+/// Keys a filtered list read looks at per request at most: a filter few rows pass answers the
+/// keys found so far and where to go on (`next_after`), never a scan of the whole view.
+const FILTER_SCAN_KEYS_MAX: usize = 100_000;
+/// Keys read from the view per step of a filtered list read.
+const FILTER_STEP_KEYS: usize = 1_000;
 
 fn json_response(body: serde_json::Value) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body.to_string())
@@ -74,7 +79,7 @@ pub async fn list_keys(
     }
     let handle = state.engine.view(&view)?;
     handle.serving()?;
-    let (mut after, mut limit) = (None, LIST_LIMIT_DEFAULT);
+    let (mut after, mut limit, mut filters) = (None, LIST_LIMIT_DEFAULT, Vec::new());
     for pair in raw.split('&').filter(|pair| !pair.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = super::subscribe::percent_decode(value)
@@ -87,13 +92,17 @@ pub async fn list_keys(
                     ApiError::bad_request("bad_query", format!("limit must be 1 to {LIST_LIMIT_MAX}, not {value:?}"))
                 })?;
             }
-            other => {
-                return Err(ApiError::bad_request(
-                    "bad_query",
-                    format!("{other:?}: listing a view takes after and limit (read one key at /views/{view}/{{key}})"),
-                ));
+            "" => {}
+            column => {
+                if filters.len() >= FILTERS_MAX {
+                    return Err(ApiError::bad_request("bad_query", format!("at most {FILTERS_MAX} column filters")));
+                }
+                filters.push((column.to_string(), value));
             }
         }
+    }
+    if !filters.is_empty() {
+        return Ok(json_response(filtered_page(&handle, &view, after, limit, &filters)));
     }
     // One more than asked says whether there is a next page.
     let (mut page, status) = handle.page_and_status(after.as_deref(), limit + 1);
@@ -109,4 +118,49 @@ pub async fn list_keys(
         "keys": keys,
         "next_after": next_after.flatten(),
     })))
+}
+
+/// Column filters a list read takes at most.
+const FILTERS_MAX: usize = 16;
+
+/// `GET /views/{v}?column=value&…`: the keys after `after` with a row whose columns all equal
+/// the values (as text: `?n=3` matches the number 3, `?name=Ada` the text), only those rows,
+/// at most `limit` keys; looks at [`FILTER_SCAN_KEYS_MAX`] keys at most, and then says where to
+/// go on.
+fn filtered_page(
+    handle: &onehop_engine::view::View,
+    view: &str,
+    mut after: Option<String>,
+    limit: usize,
+    filters: &[(String, String)],
+) -> serde_json::Value {
+    let matches = |row: &serde_json::Value| {
+        filters.iter().all(|(column, wanted)| {
+            row.get(column).is_some_and(|value| onehop_engine::view::expr::key_text(value) == *wanted)
+        })
+    };
+    let (mut keys, mut scanned, mut next_after) = (Vec::new(), 0usize, None);
+    'scan: loop {
+        let page = handle.page(after.as_deref(), FILTER_STEP_KEYS);
+        let Some((last, _)) = page.last() else { break };
+        let last = last.clone();
+        for (key, rows) in page {
+            scanned += 1;
+            let kept: Vec<serde_json::Value> = rows.into_iter().filter(|row| matches(row)).collect();
+            if !kept.is_empty() {
+                if keys.len() == limit {
+                    next_after = after.clone();
+                    break 'scan;
+                }
+                keys.push(json!({ "key": key, "rows": kept }));
+            }
+            after = Some(key);
+            if scanned >= FILTER_SCAN_KEYS_MAX {
+                next_after = after.clone();
+                break 'scan;
+            }
+        }
+        after = Some(last);
+    }
+    json!({ "view": view, "status": handle.status(), "keys": keys, "next_after": next_after })
 }
