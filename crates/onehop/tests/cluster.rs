@@ -1096,7 +1096,9 @@ fn records_of(address: SocketAddr, stream: &str) -> Option<Vec<serde_json::Value
 /// A transform made through a follower runs on the leader, through kill -9 of the leader
 /// (three times, at random instants) while writers publish its source on every node: in the
 /// end every node holds the same output, with exactly one record for each source record that
-/// passes the filter (named by its `onehop-source` header) and none for the others.
+/// passes the filter (named by its `onehop-source` header) and none for the others. Its second
+/// SELECT (a `UNION ALL` of the same source, split by `UNNEST`) writes two records for each hot
+/// reading, each once.
 #[test]
 fn a_transform_runs_on_the_leader_and_writes_each_source_record_once_through_kill_9_of_the_leader() {
     let mut cluster = Cluster::start(3);
@@ -1106,7 +1108,8 @@ fn a_transform_runs_on_the_leader_and_writes_each_source_record_once_through_kil
     common::sql(
         everywhere[follower],
         "CREATE STREAM readings WITH (partitions = 2); \
-         CREATE STREAM hot WITH (partitions = 3) AS SELECT device, temp * 10 AS deci FROM readings WHERE temp > 20",
+         CREATE STREAM hot WITH (partitions = 3) AS SELECT device, temp * 10 AS deci FROM readings WHERE temp > 20 \
+         UNION ALL SELECT device, d FROM readings CROSS JOIN UNNEST(ARRAY[temp, temp + 1]) AS d WHERE temp > 35",
     );
     on_every_node(&everywhere, "the transform's output stream", |node| records_of(node, "hot").is_some());
 
@@ -1171,10 +1174,19 @@ fn a_transform_runs_on_the_leader_and_writes_each_source_record_once_through_kil
         let mut expected = BTreeMap::new();
         for record in source {
             let value = &record["value"];
-            if value["temp"].as_u64()? > 20 {
-                let position = format!("{}:{}", record["partition"], record["offset"]);
-                let deci = value["temp"].as_u64()? * 10;
-                expected.insert(position, serde_json::json!({"device": value["device"], "deci": deci}));
+            let (partition, offset, temp) = (&record["partition"], &record["offset"], value["temp"].as_u64()?);
+            if temp > 20 {
+                let deci = temp * 10;
+                expected.insert(
+                    format!("{partition}:{offset}"),
+                    serde_json::json!({"device": value["device"], "deci": deci}),
+                );
+            }
+            if temp > 35 {
+                for (element, deci) in [temp, temp + 1].into_iter().enumerate() {
+                    let position = format!("1/{partition}:{offset}#{element}");
+                    expected.insert(position, serde_json::json!({"device": value["device"], "deci": deci}));
+                }
             }
         }
         Some(expected)

@@ -1,5 +1,7 @@
 //! Transforms through the real binary: `CREATE STREAM … AS SELECT` over `POST /sql`, fed over
-//! HTTP, and after `kill -9` mid-stream the output holds every transformed record exactly once.
+//! HTTP, and after `kill -9` mid-stream the output holds every transformed record exactly once;
+//! so does a merge of two streams split into words (`UNION ALL` of `CROSS JOIN UNNEST`s) killed
+//! at random instants while writes go on, with a view counting its words.
 
 mod common;
 
@@ -7,7 +9,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{DataDir, get, publish_in_batches, sql};
+use common::{DataDir, get, publish_batch, publish_in_batches, sql};
+use onehop_bench::plan::Rng;
 use serde_json::{Value, json};
 
 const SCHEMA: &str = "CREATE STREAM readings WITH (partitions = 2); \
@@ -90,4 +93,131 @@ fn a_transform_after_kill_9_writes_every_record_exactly_once() {
     // SHOW TRANSFORMS reports it caught up.
     let body = sql(server.address, "SHOW TRANSFORMS");
     assert!(body.contains("\"alerts\"") && body.contains("\"readings\""), "{body}");
+}
+
+const WORDS_SCHEMA: &str = "CREATE STREAM posts WITH (partitions = 2); CREATE STREAM comments WITH (partitions = 2); \
+    CREATE STREAM words WITH (partitions = 3, start = 'earliest') AS \
+    SELECT 'post' AS kind, id, word, n, word AS _key FROM posts \
+    CROSS JOIN UNNEST(SPLIT(text, ' ')) WITH ORDINALITY AS w(word, n) \
+    UNION ALL SELECT 'comment', id, word, n, word AS _key FROM comments \
+    CROSS JOIN UNNEST(SPLIT(body, ' ')) WITH ORDINALITY AS w(word, n); \
+    CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word";
+const WORD_CYCLES: u64 = 15;
+
+/// A sentence of 1 to 12 words over a vocabulary of 40.
+fn sentence(rng: &mut Rng) -> String {
+    let words: Vec<String> = (0..=rng.below(12)).map(|_| format!("w{}", rng.below(40))).collect();
+    words.join(" ")
+}
+
+/// What the merge must hold: one `(kind, id, n) → word` per word of every stored post and
+/// comment.
+fn words_expected(address: SocketAddr) -> BTreeMap<(String, String, u64), String> {
+    let mut expected = BTreeMap::new();
+    for (stream, kind, field) in [("posts", "post", "text"), ("comments", "comment", "body")] {
+        for record in read_all(address, stream, 2) {
+            let value = &record["value"];
+            for (n, word) in value[field].as_str().unwrap().split(' ').enumerate() {
+                let id = value["id"].as_str().unwrap().to_string();
+                expected.insert((kind.to_string(), id, n as u64 + 1), word.to_string());
+            }
+        }
+    }
+    expected
+}
+
+/// The merge's records as `(kind, id, n) → word` once it holds `count` (30 s at most); one
+/// written twice fails the test.
+fn words_settled(address: SocketAddr, count: usize) -> BTreeMap<(String, String, u64), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let records = read_all(address, "words", 3);
+        if records.len() >= count {
+            let mut words = BTreeMap::new();
+            for record in &records {
+                let value = &record["value"];
+                let at = (
+                    value["kind"].as_str().unwrap().to_string(),
+                    value["id"].as_str().unwrap().to_string(),
+                    value["n"].as_u64().unwrap(),
+                );
+                let word = value["word"].as_str().unwrap().to_string();
+                assert_eq!(record["key"].as_str(), Some(word.as_str()));
+                assert!(words.insert(at.clone(), word).is_none(), "{at:?} was written twice");
+            }
+            assert_eq!(records.len(), count, "more words than the sentences have");
+            return words;
+        }
+        assert!(Instant::now() < deadline, "{} of {count} words arrived", records.len());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The view's counts once they equal `expected` (30 s at most).
+fn counts_settle(address: SocketAddr, expected: &BTreeMap<String, u64>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = get(address, "/views/word_counts?limit=10000");
+        assert_eq!(status, 200, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        let counts: BTreeMap<String, u64> = body["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| (entry["key"].as_str().unwrap().to_string(), entry["rows"][0]["count"].as_u64().unwrap()))
+            .collect();
+        if &counts == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the counts did not settle:\n  view: {counts:?}\n  want: {expected:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_merge_split_into_words_after_kill_9_at_random_instants_writes_each_word_once() {
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    sql(server.address, WORDS_SCHEMA);
+    let mut rng = Rng::new(0x0000_0a11_5eed_0051, 0);
+    let mut seq = 0u64;
+    let mut acknowledged: Vec<(&str, String)> = Vec::new();
+    for cycle in 0..WORD_CYCLES {
+        let pid = server.child.id();
+        let delay = Duration::from_millis(30 + u64::from(rng.below(300)));
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            // Only the server this test started, by its PID.
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        });
+        loop {
+            let (stream, field) = if seq.is_multiple_of(2) { ("posts", "text") } else { ("comments", "body") };
+            let batch: Vec<Value> =
+                (0..20).map(|i| json!({ "id": format!("{stream}-{seq}-{i}"), field: sentence(&mut rng) })).collect();
+            seq += 1;
+            if !publish_batch(server.address, stream, &batch) {
+                break;
+            }
+            acknowledged.extend(batch.iter().map(|value| (stream, value["id"].as_str().unwrap().to_string())));
+        }
+        killer.join().unwrap();
+        server.kill_9();
+        server = dir.start(&[], &[]);
+        // Every acknowledged sentence is stored; the merge holds each of their words once.
+        let expected = words_expected(server.address);
+        let stored: std::collections::BTreeSet<(String, String)> =
+            expected.keys().map(|(kind, id, _)| (kind.clone(), id.clone())).collect();
+        for (stream, id) in &acknowledged {
+            let kind = if *stream == "posts" { "post" } else { "comment" };
+            assert!(stored.contains(&(kind.to_string(), id.clone())), "cycle {cycle}: {id} was acknowledged and lost");
+        }
+        assert_eq!(words_settled(server.address, expected.len()), expected, "cycle {cycle}");
+    }
+    let expected = words_expected(server.address);
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for word in expected.values() {
+        *counts.entry(word.clone()).or_default() += 1;
+    }
+    counts_settle(server.address, &counts);
+    assert!(acknowledged.len() as u64 > WORD_CYCLES * 20, "writes went on between the kills: {}", acknowledged.len());
 }

@@ -118,7 +118,7 @@ fn transform_row(transform: &onehop_engine::view::Transform) -> Vec<Value> {
     let status = transform.status();
     vec![
         json!(def.name),
-        json!(def.source),
+        json!(def.sources().join(", ")),
         json!(status.records_in),
         json!(status.records_out),
         json!(status.filtered),
@@ -317,7 +317,9 @@ fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
         }
         Statement::CreateTransform { def, .. } => {
             admin(ObjectKind::Stream, &def.name)?;
-            read(&def.source)?;
+            for source in def.sources() {
+                read(source)?;
+            }
         }
         Statement::CreateTable { name, .. } | Statement::DropTable { name, .. } => admin(ObjectKind::Table, name)?,
         Statement::CreateIndex { table, .. } => admin(ObjectKind::Table, table)?,

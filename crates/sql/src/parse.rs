@@ -2,6 +2,7 @@
 
 use onehop_engine::units::{parse_bytes, parse_duration};
 use onehop_engine::view::ViewDef;
+use onehop_engine::view::transform::ValueFormat;
 use onehop_engine::view::{Start, TransformDef};
 use onehop_engine::{Column, ColumnType};
 use onehop_log::Durability;
@@ -27,6 +28,9 @@ pub struct StreamOptions {
     pub compacted: bool,
     /// `start`: where a transform starts in its source (only with `AS SELECT`).
     pub start: Option<Start>,
+    /// `value_format`: how a transform writes its values, `'json'` or `'text'` (only with `AS
+    /// SELECT`).
+    pub value_format: Option<ValueFormat>,
 }
 
 // Not `Eq`: view and transform definitions hold JSON literals (floats).
@@ -437,12 +441,16 @@ fn parse_create_stream(parser: &mut Parser, sql: &str, start: Location) -> Resul
     if parser.parse_keyword(Keyword::AS) {
         let mut def = view::parse_transform(parser, name, sql, start)?;
         def.start = options.start.take().unwrap_or(Start::Latest);
+        def.value_format = options.value_format.take().unwrap_or_default();
+        def.check().map_err(SqlError::InvalidQuery)?;
         return Ok(Statement::CreateTransform { def, if_not_exists, stream_options: options });
     }
-    if options.start.is_some() {
-        return Err(SqlError::InvalidOption(
-            "start applies to a stream computed by a transform (CREATE STREAM … WITH (start = …) AS SELECT …)".into(),
-        ));
+    for (set, option) in [(options.start.is_some(), "start"), (options.value_format.is_some(), "value_format")] {
+        if set {
+            return Err(SqlError::InvalidOption(format!(
+                "{option} applies to a stream computed by a transform (CREATE STREAM … WITH ({option} = …) AS SELECT …)"
+            )));
+        }
     }
     Ok(Statement::CreateStream { name, if_not_exists, options })
 }
@@ -534,9 +542,20 @@ fn apply_option(options: &mut StreamOptions, key: &str, value: &Expr) -> Result<
                 _ => return Err(invalid("expected 'earliest' or 'latest'".into())),
             });
         }
+        "value_format" => {
+            options.value_format = Some(match text.as_str() {
+                "json" => ValueFormat::Json,
+                "text" => ValueFormat::Text,
+                _ => {
+                    return Err(invalid(
+                        "expected 'json' (an object of the columns) or 'text' (one column's text)".into(),
+                    ));
+                }
+            });
+        }
         other => {
             return Err(SqlError::InvalidOption(format!(
-                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes, durability, mqtt_topic and cleanup (and start, with AS SELECT)"
+                "unknown option {other:?}; a stream takes partitions, retention, retention_bytes, durability, mqtt_topic and cleanup (and start and value_format, with AS SELECT)"
             )));
         }
     }
@@ -769,6 +788,7 @@ mod tests {
                         mqtt_topic: Some("shop/+/orders".into()),
                         compacted: true,
                         start: None,
+                        value_format: None,
                     },
                 },
                 Statement::CreateStream {

@@ -1,6 +1,8 @@
 //! Stateless transforms end to end on a real engine: `CREATE STREAM … AS SELECT` backfills and
 //! then follows its source, computes values, keys and subjects, is listed and described, keeps
-//! its place across a restart, guards its source against a drop, and is dropped with its stream.
+//! its place across a restart, guards its source against a drop, and is dropped with its stream;
+//! `CROSS JOIN UNNEST` splits records (word count, with a view counting the words), `UNION ALL`
+//! merges streams and `value_format = 'text'` reads and writes plain text.
 
 mod common;
 
@@ -68,8 +70,9 @@ fn by_key(records: &[Record], source: &Engine) -> std::collections::BTreeMap<Str
         let key = String::from_utf8(record.key.clone().unwrap().to_vec()).unwrap();
         let value: Value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
         // The header names the source record, which has the same timestamp and id.
-        let (partition, offset) = onehop_engine::view::transform::source_position(record).unwrap();
-        let origin = orders.read(partition, Position::Offset(offset), 1, usize::MAX).unwrap().remove(0);
+        let source = onehop_engine::view::transform::SourcePosition::of(record).unwrap();
+        assert_eq!((source.branch, source.element), (0, None));
+        let origin = orders.read(source.partition, Position::Offset(source.offset), 1, usize::MAX).unwrap().remove(0);
         let origin_value: Value = serde_json::from_slice(origin.value.as_deref().unwrap()).unwrap();
         assert_eq!(origin_value["id"], value["id"]);
         assert_eq!(origin.timestamp_ms, record.timestamp_ms);
@@ -203,5 +206,224 @@ async fn bad_transforms_are_refused_and_define_nothing() {
     assert!(engine.transforms().is_empty());
     let names: Vec<String> = engine.streams().iter().map(|stream| stream.name().to_string()).collect();
     assert_eq!(names, ["s", "s2"]);
+    close(engine).await;
+}
+
+async fn publish_text(engine: &Engine, stream: &str, lines: &[&str]) {
+    let records: Vec<NewRecord> = lines.iter().map(|line| NewRecord::value(line.as_bytes().to_vec())).collect();
+    engine.stream(stream).unwrap().publish(&records, None).await.unwrap();
+}
+
+/// A view's rows as `(key, row)`, once it has `count` keys (10 s at most).
+async fn view_rows(engine: &Engine, view: &str, count: usize) -> std::collections::BTreeMap<String, Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = engine.view(view).unwrap().page(None, usize::MAX);
+        if page.len() >= count && !engine.view(view).unwrap().status().restoring {
+            return page.into_iter().map(|(key, mut rows)| (key, rows.remove(0))).collect();
+        }
+        assert!(Instant::now() < deadline, "{} of {count} rows of {view}", page.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Word count in SQL: lines of plain text split into words (1 → N), the words counted by a
+/// view; each word record names its line and its place in it, and survives a restart once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn word_count_is_a_transform_with_unnest_and_a_view() {
+    let (dir, engine) = fresh();
+    let lines = ["The cat sat", "the dog  sat down", "", "Cat", "a b c d e f g"];
+    run(&engine, "CREATE STREAM lines WITH (partitions = 2)").await.unwrap();
+    publish_text(&engine, "lines", &lines).await;
+    run(
+        &engine,
+        "CREATE STREAM words WITH (partitions = 3, start = 'earliest') AS \
+         SELECT word AS _key, word, n FROM lines \
+         CROSS JOIN UNNEST(REGEXP_SPLIT_TO_ARRAY(LOWER(value), '\\s+')) WITH ORDINALITY AS w(word, n) \
+         WHERE LENGTH(word) > 0; \
+         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
+    )
+    .await
+    .unwrap();
+    let mut expected = std::collections::BTreeMap::<String, u64>::new();
+    let mut total = 0;
+    for line in lines {
+        for word in line.to_lowercase().split_whitespace() {
+            *expected.entry(word.to_string()).or_default() += 1;
+            total += 1;
+        }
+    }
+    let words = records(&engine, "words", total).await;
+    let source = engine.stream("lines").unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for record in &words {
+        let value: Value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+        let position = onehop_engine::view::transform::SourcePosition::of(record).unwrap();
+        assert!(seen.insert(position), "{position} written twice");
+        let line = source.read(position.partition, Position::Offset(position.offset), 1, usize::MAX).unwrap().remove(0);
+        let line = String::from_utf8(line.value.unwrap().to_vec()).unwrap().to_lowercase();
+        let n = value["n"].as_u64().unwrap();
+        // The element and its position: the regex splits "dog  sat" on the whole run of spaces.
+        assert_eq!(line.split_whitespace().nth(n as usize - 1), value["word"].as_str());
+        assert_eq!(position.element, Some(n as u32 - 1));
+        assert_eq!(record.key.as_deref(), value["word"].as_str().map(str::as_bytes));
+    }
+    let counts = view_rows(&engine, "word_counts", expected.len()).await;
+    let counted: std::collections::BTreeMap<String, u64> =
+        counts.into_iter().map(|(word, row)| (word, row["count"].as_u64().unwrap())).collect();
+    assert_eq!(counted, expected);
+
+    // Live lines count on; a restart writes nothing twice.
+    publish_text(&engine, "lines", &["cat CAT"]).await;
+    records(&engine, "words", total + 2).await;
+    close(engine).await;
+    let engine = open(dir.path());
+    publish_text(&engine, "lines", &["dog"]).await;
+    records(&engine, "words", total + 3).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while view_rows(&engine, "word_counts", 0).await["cat"]["count"] != 4 {
+        assert!(Instant::now() < deadline, "the count of cat did not reach 4");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    close(engine).await;
+}
+
+/// Two streams merged by UNION ALL, split into tags, re-keyed and routed by priority into
+/// three streams with one WHERE each (study 5's first path), and a text stream upper-cased into
+/// text (its stateless scenario).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn union_all_merges_streams_and_outputs_route_by_a_field() {
+    let (_dir, engine) = fresh();
+    run(
+        &engine,
+        "CREATE STREAM users; CREATE STREAM products WITH (partitions = 2); \
+         CREATE STREAM tagged WITH (partitions = 2, start = 'earliest') AS \
+         SELECT 'user' AS kind, id, tag, priority, tag AS _key FROM users CROSS JOIN UNNEST(tags) AS tag \
+         UNION ALL SELECT 'product', sku, t, CASE WHEN stock < 5 THEN 'high' ELSE 'low' END, t AS _key \
+         FROM products CROSS JOIN UNNEST(labels) AS t; \
+         CREATE STREAM high WITH (start = 'earliest') AS SELECT * FROM tagged WHERE priority = 'high'; \
+         CREATE STREAM low WITH (start = 'earliest') AS SELECT * FROM tagged WHERE priority = 'low'; \
+         CREATE STREAM other WITH (start = 'earliest') AS SELECT * FROM tagged \
+         WHERE priority IS NULL OR priority NOT IN ('high', 'low')",
+    )
+    .await
+    .unwrap();
+    publish(
+        &engine,
+        "users",
+        &[
+            json!({"id": "u1", "tags": ["a", "b"], "priority": "high"}),
+            json!({"id": "u2", "tags": ["c"]}),
+            json!({"id": "u3", "tags": "not an array", "priority": "high"}),
+        ],
+    )
+    .await;
+    publish(
+        &engine,
+        "products",
+        &[json!({"sku": "p1", "labels": ["a"], "stock": 2}), json!({"sku": "p2", "labels": ["x", "y"], "stock": 9})],
+    )
+    .await;
+    let summary = |records: Vec<Record>| -> Vec<String> {
+        let mut summary: Vec<String> = records
+            .iter()
+            .map(|record| {
+                let value: Value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+                let key = String::from_utf8(record.key.clone().unwrap().to_vec()).unwrap();
+                format!("{key}:{}:{}", value["kind"].as_str().unwrap(), value["id"].as_str().unwrap())
+            })
+            .collect();
+        summary.sort();
+        summary
+    };
+    // The second SELECT's columns take the first's names; each branch keys its records.
+    assert_eq!(summary(records(&engine, "tagged", 6).await).len(), 6);
+    assert_eq!(summary(records(&engine, "high", 3).await), ["a:product:p1", "a:user:u1", "b:user:u1"]);
+    assert_eq!(summary(records(&engine, "low", 2).await), ["x:product:p2", "y:product:p2"]);
+    assert_eq!(summary(records(&engine, "other", 1).await), ["c:user:u2"]);
+    // The merged records name their branch: products' are the second SELECT's.
+    for record in records(&engine, "tagged", 6).await {
+        let value: Value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+        let position = onehop_engine::view::transform::SourcePosition::of(&record).unwrap();
+        assert_eq!(position.branch, if value["kind"] == "user" { 0 } else { 1 });
+    }
+    let Output::Rows { rows, .. } = run(&engine, "SHOW TRANSFORMS").await.unwrap().pop().unwrap() else { panic!() };
+    assert!(rows.iter().any(|row| row[0] == "tagged" && row[1] == "users, products"), "{rows:?}");
+    // Neither source can be dropped while the merge reads it.
+    assert_eq!(run(&engine, "DROP STREAM products").await.unwrap_err().code(), "in_use");
+
+    // Text in, text out: 1 KB lines upper-cased, those longer than 5 characters kept.
+    run(
+        &engine,
+        "CREATE STREAM texts; CREATE STREAM shouted WITH (value_format = 'text', start = 'earliest') AS \
+         SELECT UPPER(value) AS line FROM texts WHERE LENGTH(value) > 5",
+    )
+    .await
+    .unwrap();
+    let long = "x".repeat(1024);
+    publish_text(&engine, "texts", &["short", "hello world", "{\"json\": true}", &long]).await;
+    let shouted: Vec<Vec<u8>> =
+        records(&engine, "shouted", 2).await.into_iter().map(|record| record.value.unwrap().to_vec()).collect();
+    assert_eq!(shouted, [b"HELLO WORLD".to_vec(), long.to_uppercase().into_bytes()]);
+    close(engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_unnests_and_unions_are_refused_and_define_nothing() {
+    let (_dir, engine) = fresh();
+    run(&engine, "CREATE STREAM s; CREATE TABLE t (id TEXT PRIMARY KEY)").await.unwrap();
+    for (sql, fragment) in [
+        ("CREATE STREAM o AS SELECT * FROM s UNION ALL SELECT * FROM nowhere", "nowhere"),
+        ("CREATE STREAM o AS SELECT * FROM s UNION ALL SELECT * FROM t", "is a table"),
+        ("CREATE STREAM o AS SELECT w FROM s CROSS JOIN UNNEST(LENGTH(a)) AS w", "never is one"),
+        ("CREATE STREAM o WITH (value_format = 'text') AS SELECT a, b FROM s", "exactly one"),
+        ("CREATE STREAM o WITH (value_format = 'text') AS SELECT * FROM s", "exactly one"),
+        ("CREATE STREAM o WITH (value_format = 'yaml') AS SELECT a FROM s", "expected 'json'"),
+        ("CREATE STREAM o WITH (value_format = 'text')", "applies to a stream computed by a transform"),
+    ] {
+        let error = run(&engine, sql).await.unwrap_err();
+        assert!(error.to_string().contains(fragment), "{sql}: {error}");
+    }
+    assert!(engine.transforms().is_empty());
+    close(engine).await;
+}
+
+/// The `sql` blocks of the subsection `heading` of docs/sql.md, in order.
+fn sql_blocks(heading: &str) -> Vec<String> {
+    let text =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/sql.md")).unwrap();
+    let start = text.find(heading).unwrap_or_else(|| panic!("sql.md has {heading}"));
+    let section = &text[start + heading.len()..];
+    let section = &section[..section.find("\n#").unwrap_or(section.len())];
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some(at) = rest.find("```sql\n") {
+        let body = &rest[at + 7..];
+        let end = body.find("```").unwrap();
+        blocks.push(body[..end].to_string());
+        rest = &body[end + 3..];
+    }
+    blocks
+}
+
+/// The examples of "Splitting, merging and text" run as written and do what the page says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_splitting_and_merging_examples_of_the_docs_run() {
+    let (_dir, engine) = fresh();
+    let blocks = sql_blocks("### Splitting, merging and text");
+    assert_eq!(blocks.len(), 3);
+    for block in &blocks {
+        run(&engine, block).await.unwrap_or_else(|error| panic!("{block}\n{error}"));
+    }
+    publish_text(&engine, "lines", &["to be or not to be"]).await;
+    let counts = view_rows(&engine, "word_counts", 4).await;
+    assert_eq!(counts["to"]["count"], 2);
+    assert_eq!(counts["be"]["count"], 2);
+    publish(&engine, "user_events", &[json!({"id": "u1", "tags": ["a"], "priority": "high"})]).await;
+    publish(&engine, "product_updates", &[json!({"sku": "p1", "labels": ["b", "c"], "stock": 40})]).await;
+    assert_eq!(records(&engine, "urgent", 1).await[0].key.as_deref(), Some(&b"a"[..]));
+    assert_eq!(records(&engine, "routine", 2).await.len(), 2);
+    publish_text(&engine, "sentences", &["hi", "hello there"]).await;
+    assert_eq!(records(&engine, "shouted", 1).await[0].value.as_deref(), Some(&b"HELLO THERE"[..]));
     close(engine).await;
 }

@@ -35,8 +35,7 @@ impl Run {
 
     /// An event arriving at `arrival` (its record timestamp), with `value` as its JSON.
     fn event(&mut self, arrival: i64, value: Value) -> Applied {
-        let input =
-            Input { key: None, subject: None, timestamp_ms: arrival, partition: 0, offset: self.offset, value: &value };
+        let input = Input { timestamp_ms: arrival, offset: self.offset, ..Input::row(&value) };
         self.offset += 1;
         // As the runtime does: what closed before the record arrived closes first.
         self.state.advance(&self.def, arrival - 1, &mut self.changes);
@@ -394,7 +393,7 @@ fn a_whole_state_checkpoint_of_the_earlier_format_is_restored_and_then_written_w
 fn row_change(run: &mut Run, before: Option<Value>, after: Option<Value>) -> Applied {
     let offset = run.offset;
     run.offset += 1;
-    let input = |value| Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset, value };
+    let input = |value| Input { offset, ..Input::row(value) };
     let (before, after) = (before.as_ref().map(input), after.as_ref().map(input));
     run.state.apply_row_change(&run.def, before.as_ref(), after.as_ref(), &mut run.changes)
 }

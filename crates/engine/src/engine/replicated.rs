@@ -1090,16 +1090,18 @@ impl Engine {
         self.check_new_stream(&stream_def)?;
         predictions.check_stream_name(&name)?;
         check_pending_routes(&predictions, &stream_def)?;
-        // Its source: a stream, applied or about to be (refused alike where it applies if not).
-        predictions.check_not_dropping(&def.source, self.stream(&def.source).is_ok())?;
-        if self.table(&def.source).is_ok() || predictions.tables.get(&def.source).is_some_and(|t| t.def.is_some()) {
-            return Err(EngineError::InvalidDefinition(format!(
-                "{:?} is a table: a transform reads a stream (aggregate a table with CREATE VIEW)",
-                def.source
-            )));
-        }
-        if self.stream(&def.source).is_err() && !predictions.creating.contains_key(&def.source) {
-            return Err(EngineError::UnknownStream { name: def.source.clone(), auto_create: false });
+        def.check().map_err(EngineError::InvalidDefinition)?;
+        // Its sources: streams, applied or about to be (refused alike where it applies if not).
+        for source in def.sources() {
+            predictions.check_not_dropping(source, self.stream(source).is_ok())?;
+            if self.table(source).is_ok() || predictions.tables.get(source).is_some_and(|t| t.def.is_some()) {
+                return Err(EngineError::InvalidDefinition(format!(
+                    "{source:?} is a table: a transform reads a stream (aggregate a table with CREATE VIEW)"
+                )));
+            }
+            if self.stream(source).is_err() && !predictions.creating.contains_key(source) {
+                return Err(EngineError::UnknownStream { name: source.to_string(), auto_create: false });
+            }
         }
         predictions.creating.insert(name, stream_def);
         Ok(encode(&Command::CreateTransform { def: json, output }))
@@ -1997,13 +1999,18 @@ mod tests {
         engine.stream_or_create("in").await.unwrap();
         let def = TransformDef {
             name: "out".into(),
-            source: "in".into(),
-            filter: None,
-            columns: Vec::new(),
-            all_fields: true,
-            key: None,
-            subject: None,
+            first: crate::view::TransformBranch {
+                source: "in".into(),
+                filter: None,
+                columns: Vec::new(),
+                all_fields: true,
+                key: None,
+                subject: None,
+                unnest: None,
+            },
+            union: Vec::new(),
             start: Start::Latest,
+            value_format: Default::default(),
             sql: String::new(),
         };
         let transform = engine.create_transform(def.clone(), engine.default_stream_def("out")).await.unwrap();

@@ -282,7 +282,7 @@ impl Engine {
         }
         drop(views);
         let transforms = self.transforms.read().expect("transforms lock");
-        if let Some(transform) = transforms.values().find(|transform| transform.def().source == name) {
+        if let Some(transform) = transforms.values().find(|transform| transform.def().sources().contains(&name)) {
             return Err(EngineError::InUse {
                 name: name.to_string(),
                 reader: format!("transform {:?}", transform.name()),
@@ -308,12 +308,17 @@ impl Engine {
         def: TransformDef,
         checkpoint: Option<TransformCheckpoint>,
     ) -> Result<Arc<Transform>, EngineError> {
-        let source = self.stream(&def.source)?;
+        let sources = def.branches().map(|branch| self.stream(&branch.source)).collect::<Result<Vec<_>, _>>()?;
         let output = self.stream(&def.name)?;
+        let fits = |positions: &[u64]| {
+            transform::split_positions(positions, sources.len())
+                .iter()
+                .zip(&sources)
+                .all(|(positions, source)| positions.len() == source.partition_count() as usize)
+        };
         let checkpoint = match checkpoint {
             Some(checkpoint)
-                if checkpoint.positions.len() == source.partition_count() as usize
-                    && checkpoint.output_ends.len() == output.partition_count() as usize =>
+                if fits(&checkpoint.positions) && checkpoint.output_ends.len() == output.partition_count() as usize =>
             {
                 checkpoint
             }
@@ -322,18 +327,25 @@ impl Engine {
                     transform = def.name,
                     "no checkpoint: the transform starts over, skipping what it wrote"
                 );
-                TransformCheckpoint::new(start_positions(&source, def.start), output.start_offsets())
+                let positions: Vec<Vec<u64>> =
+                    sources.iter().map(|source| start_positions(source, def.start)).collect();
+                TransformCheckpoint::new(transform::join_positions(&positions), output.start_offsets())
             }
         };
-        let transform = Arc::new(Transform::new(def, source.clone(), output, checkpoint.clone()));
+        let transform = Arc::new(Transform::new(def, sources.clone(), output, checkpoint.clone()));
         if let Some(replicator) = self.replicator.get() {
             // Runs where this node leads, from where the cluster's transform is.
             transform.start_replicated(self.hub.clone(), self.checkpoints.clone(), replicator.clone(), self.leading());
         } else if self.options.cluster_node {
             // Started by `set_replicator`, which follows the open.
         } else if tokio::runtime::Handle::try_current().is_ok() {
-            let checkpoint =
-                TransformCheckpoint::new(still_stored(&source, checkpoint.positions), checkpoint.output_ends);
+            let positions: Vec<Vec<u64>> = transform
+                .branch_positions(&checkpoint.positions)
+                .into_iter()
+                .zip(&sources)
+                .map(|(positions, source)| still_stored(source, positions))
+                .collect();
+            let checkpoint = TransformCheckpoint::new(transform::join_positions(&positions), checkpoint.output_ends);
             transform.start(self.hub.clone(), self.checkpoints.clone(), checkpoint);
         } else {
             tracing::error!(
@@ -380,15 +392,19 @@ impl Engine {
             });
         }
         self.check_new_stream(&output)?;
-        if self.table(&def.source).is_ok() {
-            return Err(EngineError::InvalidDefinition(format!(
-                "{:?} is a table: a transform reads a stream (aggregate a table with CREATE VIEW)",
-                def.source
-            )));
+        def.check().map_err(EngineError::InvalidDefinition)?;
+        let mut positions = Vec::new();
+        for branch in def.branches() {
+            if self.table(&branch.source).is_ok() {
+                return Err(EngineError::InvalidDefinition(format!(
+                    "{:?} is a table: a transform reads a stream (aggregate a table with CREATE VIEW)",
+                    branch.source
+                )));
+            }
+            positions.push(start_positions(&*self.stream(&branch.source)?, def.start));
         }
-        let source = self.stream(&def.source)?;
-        let positions = start_positions(&source, def.start);
-        let checkpoint = TransformCheckpoint::new(positions, vec![0; output.partitions as usize]);
+        let checkpoint =
+            TransformCheckpoint::new(transform::join_positions(&positions), vec![0; output.partitions as usize]);
         self.checkpoints.append(&[checkpoint.record(&def.name)]).await?;
         // One batch: the stream and the transform that writes it are defined together or not at all.
         self.catalog.append(&[catalog::stream_record(&output), catalog::transform_record(&def)]).await?;
@@ -399,7 +415,7 @@ impl Engine {
         let name = def.name.clone();
         let transform = self.open_transform(def, Some(checkpoint))?;
         self.transforms.write().expect("transforms lock").insert(name.clone(), transform.clone());
-        tracing::info!(transform = name, source = transform.def().source, "transform created");
+        tracing::info!(transform = name, sources = ?transform.def().sources(), "transform created");
         Ok(transform)
     }
 }

@@ -27,9 +27,9 @@ pub(crate) struct Catchup {
     /// `view` or `transform`, for the log.
     kind: &'static str,
     name: String,
-    starts: Vec<u64>,
-    /// The source's end offsets when the task started.
-    targets: Vec<u64>,
+    /// Per source: where the task started in it, and its end offsets when the task started.
+    starts: Vec<Vec<u64>>,
+    targets: Vec<Vec<u64>>,
     backlog: u64,
     started: Instant,
     last_log: Instant,
@@ -39,12 +39,23 @@ pub(crate) struct Catchup {
 impl Catchup {
     /// Starts counting from `positions` in `source`; logs the backlog when there is one.
     pub fn new(kind: &'static str, name: &str, source: &Stream, positions: &[u64]) -> Catchup {
-        let targets = source.end_offsets();
-        let backlog = targets.iter().zip(positions).map(|(end, at)| end.saturating_sub(*at)).sum();
+        Catchup::of(kind, name, &[(source, positions)])
+    }
+
+    /// Starts counting from each of `sources`'s positions (a transform's branches).
+    pub fn of(kind: &'static str, name: &str, sources: &[(&Stream, &[u64])]) -> Catchup {
+        let targets: Vec<Vec<u64>> = sources.iter().map(|(source, _)| source.end_offsets()).collect();
+        let starts: Vec<Vec<u64>> = sources.iter().map(|(_, positions)| positions.to_vec()).collect();
+        let backlog = targets
+            .iter()
+            .zip(&starts)
+            .flat_map(|(targets, starts)| targets.iter().zip(starts))
+            .map(|(end, at)| end.saturating_sub(*at))
+            .sum();
         let mut catchup = Catchup {
             kind,
             name: name.to_string(),
-            starts: positions.to_vec(),
+            starts,
             targets,
             backlog,
             started: Instant::now(),
@@ -66,16 +77,23 @@ impl Catchup {
 
     /// Takes where the task has read up to; true the one time that reaches the targets.
     pub fn update(&mut self, positions: &[u64]) -> bool {
+        self.update_all(&[positions])
+    }
+
+    /// [`Catchup::update`] with where the task is in each of its sources.
+    pub fn update_all(&mut self, positions: &[&[u64]]) -> bool {
         if self.done {
             return false;
         }
-        let read: u64 = positions
-            .iter()
-            .zip(&self.targets)
-            .zip(&self.starts)
-            .map(|((at, end), start)| (*at).min(*end).saturating_sub(*start))
-            .sum();
-        if positions.iter().zip(&self.targets).all(|(at, end)| at >= end) {
+        let mut read = 0;
+        let mut reached = true;
+        for ((positions, targets), starts) in positions.iter().zip(&self.targets).zip(&self.starts) {
+            for ((at, end), start) in positions.iter().zip(targets).zip(starts) {
+                read += (*at).min(*end).saturating_sub(*start);
+                reached &= at >= end;
+            }
+        }
+        if reached {
             self.finish(read);
             return true;
         }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use expr::{Expr, Input};
 pub use join::{JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn};
 pub use runtime::{View, ViewStatus};
-pub use transform::{Transform, TransformDef, TransformStatus};
+pub use transform::{Transform, TransformBranch, TransformDef, TransformStatus};
 
 /// How events are grouped in time.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -421,11 +421,9 @@ impl View {
                     let value = Value::Object(row.doc().clone());
                     let input = Input {
                         key: Some(row.id.as_bytes()),
-                        subject: None,
                         timestamp_ms: row.timestamp_ms,
-                        partition: 0,
                         offset: row.offset,
-                        value: &value,
+                        ..Input::row(&value)
                     };
                     state.apply_row_change(&self.def, None, Some(&input), &mut changes);
                     changes.clear();

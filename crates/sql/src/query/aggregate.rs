@@ -74,7 +74,7 @@ pub(super) struct Accumulator {
 }
 
 fn input(row: &Value) -> Input<'_> {
-    Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value: row }
+    Input::row(row)
 }
 
 impl Accumulator {

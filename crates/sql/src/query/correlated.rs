@@ -165,7 +165,7 @@ impl Correlator<'_> {
     }
 
     fn value(&mut self, index: usize, row: &Value) -> Result<Value, SqlError> {
-        let input = Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value: row };
+        let input = Input::row(row);
         let values: Vec<Value> = self.entries[index].outer.iter().map(|expr| expr.eval(&input)).collect();
         let key = row_key(&values);
         let answer = match self.entries[index].cache.get(&key) {

@@ -146,7 +146,7 @@ fn schema_and_name(name: &ast::ObjectName) -> Result<(Option<String>, String), S
 }
 
 fn input(row: &Value) -> Input<'_> {
-    Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value: row }
+    Input::row(row)
 }
 
 fn holds(conditions: &[Expr], row: &Value) -> bool {

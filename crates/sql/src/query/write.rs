@@ -137,7 +137,7 @@ fn current(table: &Table, overlay: Option<&Arc<Overlay>>, id: &str) -> Option<(M
 }
 
 fn input(row: &Value) -> Input<'_> {
-    Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value: row }
+    Input::row(row)
 }
 
 /// The target of a write, checked against what the principal may write.

@@ -181,6 +181,8 @@ fn convert(expr: &ast::Expr) -> Result<Expr, SqlError> {
                 RecordField::Ts => "ts",
                 RecordField::Partition => "partition",
                 RecordField::Offset => "offset",
+                // Only a transform's UNNEST names these.
+                RecordField::Element | RecordField::Ordinality => return Ok(()),
             };
             *node = Expr::Path { path: vec![Step::Field(name.into())] };
         }

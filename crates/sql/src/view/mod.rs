@@ -54,7 +54,8 @@ const SOURCE_SHAPE: &str =
     "views aggregate one source: FROM source or FROM TUMBLE|HOP|SLIDING|SESSION(source, [time_column,] …)";
 /// What a transform looks like, for errors.
 const TRANSFORM_SHAPE: &str = "a transform is CREATE STREAM name [WITH (…)] AS SELECT [*,] expression [AS name], … \
-     FROM source [WHERE condition]";
+     FROM source [CROSS JOIN UNNEST(array) [WITH ORDINALITY] AS alias(element [, position])] [WHERE condition] \
+     [UNION ALL SELECT … FROM another_source …]";
 /// The aggregates of a view's SELECT list.
 const AGGREGATES: &str = "COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM(x), AVG(x), MIN(x), MAX(x), FIRST(x), LAST(x), \
      JSON_AGG(x [ORDER BY …]), ARRAY_AGG(x [ORDER BY …])";

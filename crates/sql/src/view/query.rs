@@ -9,6 +9,43 @@ use crate::SqlError;
 
 /// A query that is one plain `SELECT … FROM … [WHERE …] [GROUP BY …]`.
 pub(super) fn plain_select<'q>(query: &'q ast::Query, shape: &str) -> Result<&'q ast::Select, SqlError> {
+    plain_query(query, shape)?;
+    match query.body.as_ref() {
+        ast::SetExpr::Select(select) => plain_body(select, shape),
+        other => refuse_body(other, shape),
+    }
+}
+
+/// The `SELECT`s of a query that is plain `SELECT`s joined by `UNION ALL`, in order.
+pub(super) fn union_all_selects<'q>(query: &'q ast::Query, shape: &str) -> Result<Vec<&'q ast::Select>, SqlError> {
+    plain_query(query, shape)?;
+    let mut selects = Vec::new();
+    collect_union_all(&query.body, shape, &mut selects)?;
+    Ok(selects)
+}
+
+fn collect_union_all<'q>(body: &'q ast::SetExpr, shape: &str, into: &mut Vec<&'q ast::Select>) -> Result<(), SqlError> {
+    match body {
+        ast::SetExpr::Select(select) => into.push(plain_body(select, shape)?),
+        ast::SetExpr::SetOperation { op: ast::SetOperator::Union, set_quantifier, left, right }
+            if *set_quantifier == ast::SetQuantifier::All =>
+        {
+            collect_union_all(left, shape, into)?;
+            collect_union_all(right, shape, into)?;
+        }
+        ast::SetExpr::SetOperation { op: ast::SetOperator::Union, .. } => {
+            return Err(unsupported(
+                "UNION without ALL (it removes duplicates)",
+                "a stream keeps every record: merge streams with UNION ALL",
+            ));
+        }
+        other => return refuse_body(other, shape),
+    }
+    Ok(())
+}
+
+/// Refuses the clauses around a query's body: WITH, ORDER BY, LIMIT and other dialects'.
+fn plain_query(query: &ast::Query, shape: &str) -> Result<(), SqlError> {
     let refuse = |what: &str| Err(unsupported(what, shape));
     if query.with.is_some() {
         return refuse("WITH (a common table expression)");
@@ -27,13 +64,22 @@ pub(super) fn plain_select<'q>(query: &'q ast::Query, shape: &str) -> Result<&'q
     {
         return refuse(&format!("{query}"));
     }
-    let select = match query.body.as_ref() {
-        ast::SetExpr::Select(select) => select,
-        ast::SetExpr::SetOperation { op, .. } => return refuse(&op.to_string()),
-        ast::SetExpr::Query(_) => return refuse("a parenthesized query"),
-        ast::SetExpr::Values(_) => return refuse("VALUES"),
-        other => return refuse(&other.to_string()),
+    Ok(())
+}
+
+fn refuse_body<T>(body: &ast::SetExpr, shape: &str) -> Result<T, SqlError> {
+    let what = match body {
+        ast::SetExpr::SetOperation { op, .. } => op.to_string(),
+        ast::SetExpr::Query(_) => "a parenthesized query".into(),
+        ast::SetExpr::Values(_) => "VALUES".into(),
+        other => other.to_string(),
     };
+    Err(unsupported(what, shape))
+}
+
+/// Refuses what a plain SELECT does not take: DISTINCT, HAVING, WINDOW, other dialects'.
+fn plain_body<'q>(select: &'q ast::Select, shape: &str) -> Result<&'q ast::Select, SqlError> {
+    let refuse = |what: &str| Err(unsupported(what, shape));
     if select.distinct.is_some() {
         return refuse("SELECT DISTINCT (COUNT(DISTINCT x) counts distinct values)");
     }

@@ -48,5 +48,6 @@ pub(super) fn eval(text: &str, value: &Value) -> Value {
         partition: 3,
         offset: 42,
         value,
+        element: None,
     })
 }

@@ -31,8 +31,8 @@ use serde_json::Value;
 pub use function::{FUNCTION_NAMES, Function, compile_regex};
 pub use value::{as_time_ms, compare, equals, is_true, key_text};
 
-/// What an expression is evaluated against: one record, its value parsed as JSON (`Null`
-/// when it is not JSON).
+/// What an expression is evaluated against: one record, its value parsed as JSON (the value
+/// as text when it is not JSON, `Null` when it has none).
 #[derive(Clone, Copy, Debug)]
 pub struct Input<'a> {
     pub key: Option<&'a [u8]>,
@@ -41,6 +41,9 @@ pub struct Input<'a> {
     pub partition: u32,
     pub offset: u64,
     pub value: &'a Value,
+    /// In a transform with `CROSS JOIN UNNEST(…)`: the element this output is made for, and
+    /// its position in the array (from 1).
+    pub element: Option<(&'a Value, u64)>,
 }
 
 /// A field of the record itself rather than of its value.
@@ -55,6 +58,11 @@ pub enum RecordField {
     Ts,
     Partition,
     Offset,
+    /// The element of a transform's `UNNEST(…)` this output is made for (null elsewhere). No
+    /// bare name means it: the SQL front end gives it the name the statement's alias says.
+    Element,
+    /// That element's position in its array, from 1 (`WITH ORDINALITY`; null elsewhere).
+    Ordinality,
 }
 
 impl RecordField {
@@ -80,6 +88,8 @@ impl RecordField {
             RecordField::Ts => Value::from(input.timestamp_ms),
             RecordField::Partition => Value::from(input.partition),
             RecordField::Offset => Value::from(input.offset),
+            RecordField::Element => input.element.map_or(Value::Null, |(element, _)| element.clone()),
+            RecordField::Ordinality => input.element.map_or(Value::Null, |(_, position)| Value::from(position)),
         }
     }
 }
@@ -328,13 +338,26 @@ impl<'a> Input<'a> {
             partition,
             offset: record.offset,
             value,
+            element: None,
         }
+    }
+
+    /// The input of a row (of a table, a view or a query) rather than of a record: no key,
+    /// subject, time or position of its own.
+    pub fn row(value: &'a Value) -> Input<'a> {
+        Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value, element: None }
     }
 }
 
-/// A record's value as JSON: `Null` when it has none or it is not JSON.
+/// A record's value as JSON: `Null` when it has none; its text (invalid UTF-8 replaced by
+/// U+FFFD) when it is not JSON, so that `value` is a line of text a producer sent as such.
 pub fn parse_value(record: &onehop_log::Record) -> Value {
-    record.value.as_deref().and_then(|bytes| serde_json::from_slice(bytes).ok()).unwrap_or(Value::Null)
+    match record.value.as_deref() {
+        None => Value::Null,
+        Some(bytes) => {
+            serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub(super) fn record(value: &Value) -> Input<'_> {
         partition: 2,
         offset: 7,
         value,
+        element: None,
     }
 }
 

@@ -74,7 +74,7 @@ impl JoinKey {
 
 /// An expression evaluated against one row alone.
 fn eval_on(expr: &Expr, row: &Value) -> Value {
-    expr.eval(&Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value: row })
+    expr.eval(&Input::row(row))
 }
 
 /// How rows of an input are found by a key: by id, or through one of its indexes.

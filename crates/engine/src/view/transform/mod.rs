@@ -1,18 +1,19 @@
-//! Stateless transforms: `CREATE STREAM out AS SELECT … FROM src [WHERE …]` maps every record
-//! of `src` that passes the filter to one record of `out`, which is an ordinary stream (read,
-//! subscribed to and aggregated like any other).
+//! Stateless transforms: `CREATE STREAM out AS SELECT … FROM src [CROSS JOIN UNNEST(…)]
+//! [WHERE …] [UNION ALL SELECT … FROM src2 …]` maps every record of each branch's source that
+//! passes the filter to one record of `out` (one per element with an `UNNEST`), which is an
+//! ordinary stream (read, subscribed to and aggregated like any other).
 //!
-//! One task per transform reads `src` through the hub (history, then live), evaluates each
-//! record, and appends the results to `out`, a batch at a time: a batch is durable (at `out`'s
-//! durability) before the next is read. Every output record carries the header
-//! `onehop-source: {partition}:{offset}` naming the record it came from.
+//! One task per transform reads its sources through the hub (history, then live), evaluates
+//! each record, and appends the results to `out`, a batch at a time: a batch is durable (at
+//! `out`'s durability) before the next is read. Every output record carries the header
+//! `onehop-source` naming the branch, partition, offset and element it came from.
 //!
 //! Exactly once: the task checkpoints about once a second (and when it stops) where it is in
-//! `src` and where `out` ends, in the compacted checkpoint topic views use. After a crash it
-//! reads what `out` received after the checkpoint, collects the source positions named there,
-//! and replays `src` from the checkpoint without writing a record again for a position it finds.
-//! Evaluation is deterministic, so a record it did not write before is written as it would have
-//! been.
+//! its sources and where `out` ends, in the compacted checkpoint topic views use. After a
+//! crash it reads what `out` received after the checkpoint, collects the source positions
+//! named there, and replays the sources from the checkpoint without writing a record again for
+//! a position it finds. Evaluation is deterministic, so a record it did not write before is
+//! written as it would have been.
 //!
 //! On a cluster node the task runs only while the node leads (once it applied every command of
 //! earlier terms). It submits each batch through the cluster with the source positions it
@@ -21,6 +22,16 @@
 //! new leader's run starts from there (scanning output written after its checkpoint, as after
 //! a crash), and the leader refuses a batch that does not start where the transform is, so a
 //! stretch of the source is written once however leadership moves.
+//!
+//! - `def`: what a transform is, and what it makes of one record.
+//! - `reader`: its sources' cursors as one feed, and their positions as one list.
+//! - this module: the task, its checkpoints, and the scan for what it wrote before a crash.
+
+mod def;
+mod reader;
+
+pub use def::{Output, SOURCE_HEADER, SourcePosition, TransformBranch, TransformDef, ValueFormat};
+pub(crate) use reader::{join_positions, split_positions};
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,29 +39,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-// Not `timeout(ZERO, …)`: a zero timer still waits for the timer wheel's next tick (1 ms).
-use futures_util::FutureExt;
-use onehop_log::{NewRecord, Record, Text};
-
-use crate::system::SystemTopic;
+use onehop_log::NewRecord;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
-use super::Start;
-use super::catchup::{Catchup, follow};
-use super::expr::{Expr, Input, is_true, key_text, parse_value};
+use self::reader::Reader;
+use super::expr::{Input, parse_value};
 use crate::engine::replicated::{self, Replicator};
 use crate::error::EngineError;
-use crate::hub::{Cursor, Delivery, Hub};
+use crate::hub::{Delivery, Hub};
 use crate::stream::Stream;
+use crate::system::SystemTopic;
 
 /// Records one step of the scan for output written after the last checkpoint reads at most.
 const WRITTEN_SCAN_READ_RECORDS_MAX: usize = 1024;
 /// Bytes of keys and values that step reads at most: the scan's memory, whatever the backlog.
 const WRITTEN_SCAN_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// The header naming the source record of a transform's output record.
-pub const SOURCE_HEADER: &str = "onehop-source";
 /// A transform's checkpoint key in the checkpoint topic.
 pub(crate) const CHECKPOINT_PREFIX: &str = "transform/";
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
@@ -60,96 +64,9 @@ const BATCH_MAX: usize = 4096;
 /// How long a failed write waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 
-/// A stateless transform, as `CREATE STREAM name AS SELECT … FROM source [WHERE …]` defines it:
-/// every record of `source` that passes `filter` becomes one record of the stream `name`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-
-pub struct TransformDef {
-    pub name: String,
-    pub source: String,
-    /// WHERE: records for which this is not `true` are skipped.
-    pub filter: Option<Expr>,
-    /// The computed columns of the output value (a JSON object), in order. With `all_fields`
-    /// they are set over the source value's fields (a column replaces a field of its name).
-    pub columns: Vec<(String, Expr)>,
-    /// `SELECT *`: the output starts from the source value's fields (a value that is not an
-    /// object contributes none).
-    pub all_fields: bool,
-    /// A column `_key`: the output record's key ([`key_text`] of it; null: no key); `None`
-    /// keeps the source key.
-    pub key: Option<Expr>,
-    /// A column `_subject`: the output record's subject (as text; null or a text that is not a
-    /// valid subject: none); `None` keeps the source subject.
-    pub subject: Option<Expr>,
-    /// Where the transform starts in its source when it is created.
-    #[serde(default = "latest")]
-    pub start: Start,
-    /// The statement as the user wrote it, for DESCRIBE.
-    pub sql: String,
-}
-
-fn latest() -> Start {
-    Start::Latest
-}
-
-impl TransformDef {
-    /// The record `record` (whose value parsed as JSON is in `input`) becomes, or `None` when
-    /// the filter skips it. The second value is false when the subject computed was not a valid
-    /// subject (and was left out).
-    pub fn apply(&self, input: &Input, record: &Record) -> Option<(NewRecord, bool)> {
-        if let Some(filter) = &self.filter
-            && !is_true(&filter.eval(input))
-        {
-            return None;
-        }
-        let mut fields = match (self.all_fields, input.value) {
-            (true, Value::Object(fields)) => fields.clone(),
-            _ => Map::with_capacity(self.columns.len()),
-        };
-        for (name, expr) in &self.columns {
-            fields.insert(name.clone(), expr.eval(input));
-        }
-        let key = match &self.key {
-            None => record.key.clone(),
-            Some(expr) => match expr.eval(input) {
-                Value::Null => None,
-                value => Some(Bytes::from(key_text(&value))),
-            },
-        };
-        let mut subject_valid = true;
-        let subject = match &self.subject {
-            None => record.subject.clone(),
-            Some(expr) => match expr.eval(input) {
-                Value::Null => None,
-                value => {
-                    let text = key_text(&value);
-                    subject_valid = crate::subject::validate_subject(&text).is_ok();
-                    subject_valid.then(|| text.into())
-                }
-            },
-        };
-        let mut headers = record.headers.to_vec();
-        // Its source position is this record's own; a keyed write's tag names the source's write.
-        headers.retain(|(name, _)| name != SOURCE_HEADER && name != crate::idempotency::IDEMPOTENCY_HEADER);
-        let source = Bytes::from(format!("{}:{}", input.partition, record.offset));
-        headers.push((Text::from_static(SOURCE_HEADER), Some(source)));
-        let value = serde_json::to_vec(&Value::Object(fields)).expect("a JSON object serializes");
-        let output =
-            NewRecord { timestamp_ms: Some(record.timestamp_ms), key, subject, headers, value: Some(value.into()) };
-        Some((output, subject_valid))
-    }
-}
-
-/// The source position an output record names in its `onehop-source` header.
-pub fn source_position(record: &Record) -> Option<(u32, u64)> {
-    let value = record.headers.get_last(SOURCE_HEADER)?;
-    let text = std::str::from_utf8(value).ok()?;
-    let (partition, offset) = text.split_once(':')?;
-    Some((partition.parse().ok()?, offset.parse().ok()?))
-}
-
-/// Where a transform is: the next source offset per partition, and the output's end offsets at
-/// that moment (output records after those may come from source records after the positions).
+/// Where a transform is: the next source offset per partition (of each branch's source, as one
+/// list: [`join_positions`]), and the output's end offsets at that moment (output records after
+/// those may come from source records after the positions).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct TransformCheckpoint {
     version: u32,
@@ -193,7 +110,7 @@ pub struct TransformStatus {
     pub filtered: u64,
     /// Records not written because they broke the output's limits (too large).
     pub rejected: u64,
-    /// Still replaying what its source held when it started.
+    /// Still replaying what its sources held when it started.
     pub restoring: bool,
 }
 
@@ -207,7 +124,8 @@ struct Counters {
 
 pub struct Transform {
     def: Arc<TransformDef>,
-    source: Arc<Stream>,
+    /// Each branch's source (a stream read by two branches is here twice).
+    sources: Vec<Arc<Stream>>,
     output: Arc<Stream>,
     counters: Counters,
     restoring: std::sync::atomic::AtomicBool,
@@ -230,17 +148,17 @@ enum Led {
 }
 
 impl Transform {
-    /// A transform over `source` writing `output`, at `checkpoint` (where a cluster node's
-    /// run of it starts; a single node's task is given its own start).
+    /// A transform over `sources` (its branches', in order) writing `output`, at `checkpoint`
+    /// (where a cluster node's run of it starts; a single node's task is given its own start).
     pub(crate) fn new(
         def: TransformDef,
-        source: Arc<Stream>,
+        sources: Vec<Arc<Stream>>,
         output: Arc<Stream>,
         checkpoint: TransformCheckpoint,
     ) -> Transform {
         Transform {
             def: Arc::new(def),
-            source,
+            sources,
             output,
             counters: Counters::default(),
             restoring: std::sync::atomic::AtomicBool::new(true),
@@ -256,7 +174,7 @@ impl Transform {
     }
 
     /// On a cluster node, as a batch of the transform is applied (appended to its output):
-    /// the transform is at `positions` in its source.
+    /// the transform is at `positions` in its sources.
     pub(crate) fn set_applied(&self, positions: Vec<u64>) {
         let ends = self.output.end_offsets();
         *self.applied.lock().expect("applied lock") = TransformCheckpoint::new(positions, ends);
@@ -270,8 +188,14 @@ impl Transform {
         &self.def.name
     }
 
-    pub fn source(&self) -> &Arc<Stream> {
-        &self.source
+    /// Each branch's source, in order.
+    pub fn sources(&self) -> &[Arc<Stream>] {
+        &self.sources
+    }
+
+    /// Each branch's positions in its source, from one list of them.
+    pub(crate) fn branch_positions(&self, positions: &[u64]) -> Vec<Vec<u64>> {
+        split_positions(positions, self.sources.len())
     }
 
     pub fn output(&self) -> &Arc<Stream> {
@@ -350,37 +274,36 @@ impl Transform {
     ) -> Result<(), EngineError> {
         let mut stop = self.stop.subscribe();
         let mut written = self.written_since(&checkpoint.output_ends)?;
-        let positions = checkpoint.positions;
-        let mut catchup = Catchup::new("transform", self.name(), &self.source, &positions);
-        self.restoring.store(!catchup.done(), Ordering::Relaxed);
-        let mut cursor = follow(&hub, &self.source, positions)?;
+        let mut reader = Reader::new(self.name(), &hub, &self.sources, self.branch_positions(&checkpoint.positions))?;
+        self.restoring.store(reader.restoring(), Ordering::Relaxed);
         let mut last_checkpoint = Instant::now();
         let mut checkpointed = Vec::new();
         let mut batch: Vec<NewRecord> = Vec::new();
         loop {
             let checkpoint_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_checkpoint.elapsed()));
             tokio::select! {
-                delivery = cursor.next() => {
-                    self.take_ready(delivery?, &mut cursor, &hub, &mut written, &mut batch)?;
+                delivery = reader.next() => {
+                    self.take_ready(delivery?, &mut reader, &mut written, &mut batch)?;
                     if !self.write(&mut batch, &mut stop).await {
                         // Stopped while the output could not be written: the batch is not
                         // done, so the checkpoint stays where it was.
                         return Ok(());
                     }
-                    if !catchup.done() && catchup.update(cursor.positions()) {
+                    if reader.caught_up() {
                         self.restoring.store(false, Ordering::Relaxed);
                     }
                     tokio::task::yield_now().await;
                 }
                 () = checkpoint_due => {
                     last_checkpoint = Instant::now();
-                    if cursor.positions() != checkpointed.as_slice() {
-                        checkpointed = cursor.positions().to_vec();
+                    let positions = reader.positions();
+                    if positions != checkpointed {
+                        checkpointed = positions;
                         self.checkpoint(&checkpoints, checkpointed.clone()).await;
                     }
                 }
                 _ = stop.changed() => {
-                    self.checkpoint(&checkpoints, cursor.positions().to_vec()).await;
+                    self.checkpoint(&checkpoints, reader.positions()).await;
                     return Ok(());
                 }
             }
@@ -457,34 +380,40 @@ impl Transform {
         // Where the cluster has it (each batch must start there), and where reading starts:
         // past what retention removed, and at the start of partitions added since.
         let mut from = at.positions;
-        let starts = self.source.start_offsets();
-        let positions: Vec<u64> = starts
+        let positions: Vec<Vec<u64>> = self
+            .sources
             .iter()
-            .enumerate()
-            .map(|(partition, start)| from.get(partition).copied().unwrap_or(0).max(*start))
+            .zip(self.branch_positions(&from))
+            .map(|(source, at)| {
+                let starts = source.start_offsets();
+                starts
+                    .iter()
+                    .enumerate()
+                    .map(|(partition, start)| at.get(partition).copied().unwrap_or(0).max(*start))
+                    .collect()
+            })
             .collect();
-        let mut catchup = Catchup::new("transform", self.name(), &self.source, &positions);
-        self.restoring.store(!catchup.done(), Ordering::Relaxed);
-        let mut cursor = follow(hub, &self.source, positions)?;
+        let mut reader = Reader::new(self.name(), hub, &self.sources, positions)?;
+        self.restoring.store(reader.restoring(), Ordering::Relaxed);
         let mut last_tick = Instant::now();
         let mut batch: Vec<NewRecord> = Vec::new();
         loop {
             let tick_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_tick.elapsed()));
             tokio::select! {
-                delivery = cursor.next() => {
-                    self.take_ready(delivery?, &mut cursor, hub, &mut written, &mut batch)?;
+                delivery = reader.next() => {
+                    self.take_ready(delivery?, &mut reader, &mut written, &mut batch)?;
                     // Records the filter skipped only: the position moves on with the next
                     // batch, or at the next tick.
                     if batch.is_empty() {
                         continue;
                     }
-                    let to = cursor.positions().to_vec();
+                    let to = reader.positions();
                     match self.write_replicated(replicator, &from, &to, &mut batch, stop).await {
                         Some(Ok(())) => from = to,
                         Some(Err(error)) => return Ok(Led::Failed(error)),
                         None => return Ok(Led::Stopped),
                     }
-                    if !catchup.done() && catchup.update(cursor.positions()) {
+                    if reader.caught_up() {
                         self.restoring.store(false, Ordering::Relaxed);
                     }
                     tokio::task::yield_now().await;
@@ -492,7 +421,7 @@ impl Transform {
                 () = tick_due => {
                     last_tick = Instant::now();
                     self.save_applied(checkpoints, saved).await;
-                    let to = cursor.positions().to_vec();
+                    let to = reader.positions();
                     if to != from {
                         // Skipped records only since the last batch: the position alone.
                         match self.write_replicated(replicator, &from, &to, &mut batch, stop).await {
@@ -558,7 +487,7 @@ impl Transform {
     /// The source positions named by output records written after `ends` (by a run that
     /// crashed before its next checkpoint), read a step of at most `WRITTEN_SCAN_READ_*` at a
     /// time.
-    fn written_since(&self, ends: &[u64]) -> Result<HashSet<(u32, u64)>, EngineError> {
+    fn written_since(&self, ends: &[u64]) -> Result<HashSet<SourcePosition>, EngineError> {
         let mut written = HashSet::new();
         for partition in 0..self.output.partition_count() {
             let log = self.output.partition(partition)?;
@@ -568,7 +497,7 @@ impl Transform {
                 let records = log.read(next, WRITTEN_SCAN_READ_RECORDS_MAX, WRITTEN_SCAN_READ_BYTES_MAX)?;
                 let Some(last) = records.last() else { break };
                 next = last.offset + 1;
-                written.extend(records.iter().filter_map(source_position));
+                written.extend(records.iter().filter_map(SourcePosition::of));
             }
         }
         if !written.is_empty() {
@@ -585,58 +514,58 @@ impl Transform {
     /// write for many records.
     fn take_ready(
         &self,
-        first: Delivery,
-        cursor: &mut Cursor,
-        hub: &Arc<Hub>,
-        written: &mut HashSet<(u32, u64)>,
+        first: (usize, Delivery),
+        reader: &mut Reader,
+        written: &mut HashSet<SourcePosition>,
         batch: &mut Vec<NewRecord>,
     ) -> Result<(), EngineError> {
-        self.take(first, cursor, hub, written, batch)?;
+        let mut outputs = Vec::new();
+        self.take(first, reader, written, batch, &mut outputs)?;
         while batch.len() < BATCH_MAX {
-            match cursor.next().now_or_never() {
-                Some(delivery) => self.take(delivery?, cursor, hub, written, batch)?,
+            match reader.ready() {
+                Some(delivery) => self.take(delivery?, reader, written, batch, &mut outputs)?,
                 None => break,
             }
         }
         Ok(())
     }
 
-    /// Evaluates one delivery into `batch`.
+    /// Evaluates one delivery of branch `branch` into `batch` (`outputs` is scratch space).
     fn take(
         &self,
-        delivery: Delivery,
-        cursor: &mut Cursor,
-        hub: &Arc<Hub>,
-        written: &mut HashSet<(u32, u64)>,
+        (branch, delivery): (usize, Delivery),
+        reader: &mut Reader,
+        written: &mut HashSet<SourcePosition>,
         batch: &mut Vec<NewRecord>,
+        outputs: &mut Vec<Output>,
     ) -> Result<(), EngineError> {
         match delivery {
             Delivery::Event(event, _) => {
                 let record = &event.record;
                 self.counters.records_in.fetch_add(1, Ordering::Relaxed);
-                if !written.is_empty() && written.remove(&(event.partition, record.offset)) {
-                    // Written before a crash, after the checkpoint.
-                    self.counters.records_out.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
                 let value = parse_value(record);
                 let input = Input::of(record, event.partition, &value);
-                match self.def.apply(&input, record) {
-                    None => {
-                        self.counters.filtered.fetch_add(1, Ordering::Relaxed);
+                outputs.clear();
+                self.def.apply(branch, &input, record, outputs);
+                if outputs.is_empty() {
+                    self.counters.filtered.fetch_add(1, Ordering::Relaxed);
+                }
+                for Output { record: output, source, subject_valid } in outputs.drain(..) {
+                    if !written.is_empty() && written.remove(&source) {
+                        // Written before a crash, after the checkpoint.
+                        self.counters.records_out.fetch_add(1, Ordering::Relaxed);
+                        continue;
                     }
-                    Some((output, subject_valid)) => {
-                        if !subject_valid {
-                            metrics::counter!("transform_invalid_subjects_total", "transform" => self.def.name.clone())
-                                .increment(1);
-                        }
-                        batch.push(output);
+                    if !subject_valid {
+                        metrics::counter!("transform_invalid_subjects_total", "transform" => self.def.name.clone())
+                            .increment(1);
                     }
+                    batch.push(output);
                 }
             }
             Delivery::Overflow { positions } => {
                 // Fell behind the live feed: read on from the log.
-                *cursor = follow(hub, &self.source, positions)?;
+                reader.refollow(branch, positions)?;
             }
         }
         Ok(())
@@ -723,78 +652,5 @@ impl Transform {
         if let Err(error) = checkpoints.append(std::slice::from_ref(&record)).await {
             tracing::warn!(transform = self.name(), %error, "the transform could not be checkpointed");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::view::expr::RecordField;
-    use onehop_log::Headers;
-
-    fn def(key: Option<Expr>, subject: Option<Expr>) -> TransformDef {
-        TransformDef {
-            name: "out".into(),
-            source: "in".into(),
-            filter: None,
-            columns: vec![("n".into(), Expr::Path { path: vec![super::super::expr::Step::Field("n".into())] })],
-            all_fields: false,
-            key,
-            subject,
-            start: Start::Latest,
-            sql: String::new(),
-        }
-    }
-
-    fn record() -> Record {
-        Record {
-            offset: 7,
-            timestamp_ms: 1_000,
-            key: Some(Bytes::from_static(b"source-key")),
-            subject: Some("in/a".into()),
-            headers: Headers::from(
-                &[
-                    (Text::from_static("trace"), Bytes::from_static(b"t1")),
-                    (Text::from_static(SOURCE_HEADER), Bytes::from_static(b"0:1")),
-                ][..],
-            ),
-            value: Some(Bytes::from_static(br#"{"n": 5, "topic": "a/+/b"}"#)),
-        }
-    }
-
-    fn literal(value: Value) -> Expr {
-        Expr::Literal { value }
-    }
-
-    #[test]
-    fn keys_subjects_and_headers_of_an_output_record() {
-        let record = record();
-        let value = super::super::expr::parse_value(&record);
-        let input = Input::of(&record, 1, &value);
-        // Kept from the source, with the source header replaced by this record's position.
-        let (output, valid) = def(None, None).apply(&input, &record).unwrap();
-        assert!(valid);
-        assert_eq!(output.key.as_deref(), Some(&b"source-key"[..]));
-        assert_eq!(output.subject.as_deref(), Some("in/a"));
-        assert_eq!(output.timestamp_ms, Some(1_000));
-        assert_eq!(
-            output.headers,
-            [
-                (Text::from_static("trace"), Some(Bytes::from_static(b"t1"))),
-                (Text::from_static(SOURCE_HEADER), Some(Bytes::from_static(b"1:7")))
-            ]
-        );
-        assert_eq!(output.value.as_deref(), Some(&br#"{"n":5}"#[..]));
-        // A null key: none. A number: its text. A subject that is not one: left out, and said.
-        let (output, valid) =
-            def(Some(literal(Value::Null)), Some(literal(json_text("a/+/b")))).apply(&input, &record).unwrap();
-        assert_eq!((output.key, output.subject, valid), (None, None, false));
-        let key = Expr::Record { field: RecordField::Offset };
-        let (output, valid) = def(Some(key), Some(literal(json_text("out/x")))).apply(&input, &record).unwrap();
-        assert_eq!((output.key.as_deref(), output.subject.as_deref(), valid), (Some(&b"7"[..]), Some("out/x"), true));
-    }
-
-    fn json_text(text: &str) -> Value {
-        Value::String(text.into())
     }
 }
