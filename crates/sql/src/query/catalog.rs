@@ -41,6 +41,28 @@ const PUBLIC: i64 = 2200;
 const INFORMATION_SCHEMA: i64 = 13_000;
 const HEAP: i64 = 2;
 const BTREE: i64 = 403;
+/// The default btree operator classes of the column types onehop's tables have, as Postgres
+/// numbers them: (oid, name, operator family, input type). An index's `indclass` names one;
+/// SQLAlchemy's index reflection reads them.
+const OPCLASSES: [(i64, &str, i64, i64); 8] = [
+    (424, "bool_ops", 424, 16),
+    (3124, "int8_ops", 1976, 20),
+    (3126, "text_ops", 1994, 25),
+    (3123, "float8_ops", 1970, 701),
+    (3127, "timestamptz_ops", 434, 1184),
+    (3125, "numeric_ops", 1988, 1700),
+    (4033, "jsonb_ops", 4033, 3802),
+    (397, "array_ops", 397, 2277),
+];
+
+/// The default btree operator class of a column of type `type_oid` (arrays: `array_ops`).
+fn opclass_of(type_oid: i64) -> i64 {
+    match OPCLASSES.iter().find(|(_, _, _, input)| *input == type_oid) {
+        Some((oid, ..)) => *oid,
+        None if TYPES.iter().any(|ty| ty.array == type_oid) => 397,
+        None => 3126,
+    }
+}
 /// The first object id of a user object, as on Postgres.
 const FIRST_OID: i64 = 16_384;
 
@@ -124,7 +146,7 @@ fn type_oid(column: &ColumnType) -> i64 {
 }
 
 /// The catalog's own relations: (schema, name, object id, columns).
-const RELATIONS: [(&str, &str, i64, &[&str]); 31] = [
+const RELATIONS: [(&str, &str, i64, &[&str]); 32] = [
     ("pg_catalog", "pg_namespace", 2615, &["oid", "nspname", "nspowner", "nspacl"]),
     (
         "pg_catalog",
@@ -227,6 +249,22 @@ const RELATIONS: [(&str, &str, i64, &[&str]); 31] = [
     ("pg_catalog", "pg_am", 2601, &["oid", "amname", "amhandler", "amtype"]),
     (
         "pg_catalog",
+        "pg_opclass",
+        2616,
+        &[
+            "oid",
+            "opcmethod",
+            "opcname",
+            "opcnamespace",
+            "opcowner",
+            "opcfamily",
+            "opcintype",
+            "opcdefault",
+            "opckeytype",
+        ],
+    ),
+    (
+        "pg_catalog",
         "pg_index",
         2610,
         &[
@@ -245,6 +283,7 @@ const RELATIONS: [(&str, &str, i64, &[&str]); 31] = [
             "indislive",
             "indisreplident",
             "indkey",
+            "indclass",
             "indoption",
             "indexprs",
             "indpred",
@@ -724,6 +763,16 @@ impl Catalog {
                 json!({"oid": BTREE, "amname": "btree", "amhandler": "bthandler", "amtype": "i"}),
             ],
             ("pg_catalog", "pg_index") => self.indexes(),
+            ("pg_catalog", "pg_opclass") => OPCLASSES
+                .iter()
+                .map(|(oid, name, family, input)| {
+                    json!({
+                        "oid": oid, "opcmethod": BTREE, "opcname": name, "opcnamespace": PG_CATALOG,
+                        "opcowner": OWNER_OID, "opcfamily": family, "opcintype": input, "opcdefault": true,
+                        "opckeytype": 0,
+                    })
+                })
+                .collect(),
             ("pg_catalog", "pg_constraint") => self.constraints(),
             ("pg_catalog", "pg_database") => vec![json!({
                 "oid": 16_383, "datname": DATABASE, "datdba": OWNER_OID, "encoding": 6, "datlocprovider": "c", "datcollate": "C",
@@ -850,6 +899,7 @@ impl Catalog {
         let mut rows = Vec::new();
         for object in &self.objects {
             for (oid, _, column, primary) in &object.indexes {
+                let column_type = object.columns.get((*column - 1).max(0) as usize).map_or(25, |(_, ty, _)| *ty);
                 rows.push(json!({
                     "indexrelid": oid, "indrelid": object.oid, "indnatts": 1, "indnkeyatts": 1,
                     "indisunique": primary, "indnullsnotdistinct": false, "indisprimary": primary,
@@ -857,6 +907,8 @@ impl Catalog {
                     "indisready": true, "indislive": true, "indisreplident": false,
                     // int2vector columns, in Postgres's text form.
                     "indkey": column.to_string(), "indoption": "0",
+                    // oidvector: the column's btree operator class.
+                    "indclass": opclass_of(column_type).to_string(),
                 }));
             }
         }
