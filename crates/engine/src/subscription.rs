@@ -133,6 +133,8 @@ impl Engine {
             }
             Target::View { view, key } => {
                 let handle = self.view(view)?;
+                // A joined view stopped at its state cap follows nothing: said now, not never.
+                handle.serving()?;
                 let output = handle.output().clone();
                 match start {
                     Start::Snapshot => {

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{DataDir, RawSse, get, publish_batch, publish_in_batches, sql};
+use onehop_bench::plan::Rng;
 use serde_json::{Value, json};
 
 /// The events of the test: who bought what, deterministic.
@@ -167,4 +168,121 @@ fn bench_restore_replays_every_record_into_each_view() {
     }
     // The scratch data is gone afterwards.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+const COUNT_CYCLES: u64 = 20;
+
+/// Every record of `stream`'s `partitions`, as the HTTP read gives them.
+fn stored_values(address: SocketAddr, stream: &str, partitions: u32) -> Vec<Value> {
+    let mut values = Vec::new();
+    for partition in 0..partitions {
+        let mut from = 0u64;
+        loop {
+            let (status, body) =
+                get(address, &format!("/streams/{stream}?partition={partition}&from={from}&limit=10000"));
+            assert_eq!(status, 200, "{body}");
+            let body: Value = serde_json::from_str(&body).unwrap();
+            let records = body["records"].as_array().unwrap();
+            let Some(last) = records.last() else { break };
+            from = last["offset"].as_u64().unwrap() + 1;
+            values.extend(records.iter().map(|record| record["value"].clone()));
+        }
+    }
+    values
+}
+
+/// A view's change stream as confluent-kafka's read_committed consumer reads it: per key, the
+/// rows in order.
+fn committed_changes(kafka: SocketAddr, view: &str) -> BTreeMap<String, Vec<Value>> {
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/read_committed.py");
+    let output = std::process::Command::new("python3")
+        .arg(script)
+        .args([&kafka.to_string(), &format!("__view.{view}")])
+        .output()
+        .expect("python3 with confluent-kafka is installed by scripts/test");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut changes: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for line in String::from_utf8(output.stdout).unwrap().lines() {
+        let record: Value = serde_json::from_str(line).unwrap();
+        let row: Value = serde_json::from_str(record["value"].as_str().unwrap()).unwrap();
+        changes.entry(record["key"].as_str().unwrap().to_string()).or_default().push(row);
+    }
+    changes
+}
+
+/// A view's change stream holds each change once across kill -9: a count per word, the server
+/// killed at random instants while words are published, 20 times. Read by a Kafka consumer
+/// with read_committed, each word's changes are its counts 1, 2, …, n in order, n being how
+/// many times the source holds the word: none written twice by a replay, none left out.
+#[test]
+fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants() {
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    sql(
+        server.address,
+        "CREATE STREAM words WITH (partitions = 3); \
+         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
+    );
+    let mut rng = Rng::new(0x0000_c0de_c0c0_0001, 0);
+    let mut published = 0usize;
+    for _ in 0..COUNT_CYCLES {
+        let pid = server.child.id();
+        let delay = Duration::from_millis(200 + u64::from(rng.below(1500)));
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            // Only the server this test started, by its PID.
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        });
+        loop {
+            let batch: Vec<Value> = (0..50).map(|_| json!({ "word": format!("w{}", rng.below(30)) })).collect();
+            if !publish_batch(server.address, "words", &batch) {
+                break;
+            }
+            published += batch.len();
+        }
+        killer.join().unwrap();
+        server.kill_9();
+        server = dir.start(&[], &[]);
+    }
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for value in stored_values(server.address, "words", 3) {
+        *expected.entry(value["word"].as_str().unwrap().to_string()).or_default() += 1;
+    }
+    assert!(expected.values().sum::<u64>() >= published as u64, "every acknowledged word is stored");
+    // The view settles on the source's counts.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = get(server.address, "/views/word_counts?limit=1000");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        let counts: BTreeMap<String, u64> = body["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| (entry["key"].as_str().unwrap().to_string(), entry["rows"][0]["count"].as_u64().unwrap()))
+            .collect();
+        if counts == expected && body["status"]["restoring"] == false {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the view did not settle: {counts:?}, want {expected:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its changes, once written (the change stream is written behind the view).
+    let kafka = server.kafka_address.expect("the Kafka listener");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let changes = loop {
+        let changes = committed_changes(kafka, "word_counts");
+        let last = |word: &str| changes.get(word).and_then(|rows| rows.last()).map(|row| row["count"].clone());
+        if expected.iter().all(|(word, count)| last(word) == Some(json!(count))) {
+            break changes;
+        }
+        assert!(Instant::now() < deadline, "the change stream did not catch up");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for (word, count) in &expected {
+        let counts: Vec<u64> = changes[word].iter().map(|row| row["count"].as_u64().unwrap()).collect();
+        let once: Vec<u64> = (1..=*count).collect();
+        assert_eq!(counts, once, "{word}: each count once, in order");
+        assert!(changes[word].iter().all(|row| row["final"] == false && row["word"] == word.as_str()));
+    }
+    assert!(published as u64 > COUNT_CYCLES * 50, "words went on between the kills: {published}");
 }

@@ -276,8 +276,8 @@ async fn bad_joined_views_are_refused_by_name_and_nothing_is_created() {
             "SELECT o.id FROM orders o JOIN customers c ON c.id = p.id JOIN products p ON p.id = o.product",
             "joined after it",
         ),
-        ("SELECT o.id FROM orders o JOIN clicks k ON k.page = o.id", "clicks is a stream"),
-        ("SELECT o.id FROM orders o JOIN nowhere n ON n.id = o.id", "nowhere is not a table or view"),
+        ("SELECT o.id FROM orders o JOIN clicks k ON k.page = o.id", "clicks is a stream of events (not compacted)"),
+        ("SELECT o.id FROM orders o JOIN nowhere n ON n.id = o.id", "nowhere is not a table, view or compacted stream"),
         ("SELECT o.id FROM orders o JOIN orders o ON o.id = o.id", "two inputs are named o"),
         ("SELECT * FROM orders o JOIN customers c ON c.id = o.customer", "SELECT * in a view of several inputs"),
         ("SELECT o.id, c.id FROM orders o JOIN customers c ON c.id = o.customer", "two columns are named id"),
@@ -524,11 +524,133 @@ async fn a_joined_view_over_its_state_cap_stops_and_says_so_by_name() {
     assert!(stopped.hint().unwrap().contains("state_bytes_max"), "{:?}", stopped.hint());
     let refused = run(&engine, "SELECT * FROM capped").await.unwrap_err();
     assert_eq!(refused.code(), "view_state_limit", "{refused}");
+    // A new subscription is refused too, whatever it starts from.
+    let target = onehop_engine::subscription::Target::View { view: "capped".into(), key: None };
+    for start in
+        [onehop_engine::subscription::Start::Snapshot, onehop_engine::subscription::Start::At(Position::Latest)]
+    {
+        let refused = engine
+            .open_subscription(&engine.access().anonymous(), &target, onehop_engine::Filter::default(), start)
+            .await
+            .err()
+            .expect("a capped view's subscription is refused");
+        assert_eq!(refused.code(), "view_state_limit", "{refused}");
+    }
     // Dropped and defined again with room, it serves.
     run(&engine, "DROP VIEW capped; CREATE VIEW capped WITH (state_bytes_max = '16MiB') AS SELECT id, note FROM items")
         .await
         .unwrap();
     let page = settled(&engine, "capped", "SELECT id, note FROM items").await;
     assert_eq!(page.len(), 201);
+    close(engine).await;
+}
+
+/// A joined view's rows by key once `done` holds for them (10 s at most).
+async fn rows_when(
+    engine: &Engine,
+    view: &str,
+    done: impl Fn(&std::collections::BTreeMap<String, Value>) -> bool,
+) -> std::collections::BTreeMap<String, Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows: std::collections::BTreeMap<String, Value> = engine
+            .view(view)
+            .unwrap()
+            .page(None, usize::MAX)
+            .into_iter()
+            .map(|(key, mut rows)| {
+                let mut row = rows.remove(0);
+                row.as_object_mut().unwrap().remove("final");
+                (key, row)
+            })
+            .collect();
+        if done(&rows) {
+            return rows;
+        }
+        assert!(Instant::now() < deadline, "{view} did not get there: {rows:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn publish_keyed(engine: &Engine, stream: &str, records: &[(&str, Option<&str>)]) {
+    let records: Vec<onehop_log::NewRecord> = records
+        .iter()
+        .map(|(key, value)| match value {
+            Some(value) => onehop_log::NewRecord::keyed(bytes::Bytes::from(key.to_string()), value.as_bytes().to_vec()),
+            None => onehop_log::NewRecord::tombstone(bytes::Bytes::from(key.to_string())),
+        })
+        .collect();
+    engine.stream(stream).unwrap().publish(&records, None).await.unwrap();
+}
+
+/// Streams read as tables, as Kafka Streams reads a topic into a KTable: each key's newest
+/// record is its row (its value's fields and `key`), a tombstone deletes it, a value that is
+/// not a JSON object is left out; the view follows them live and loads them again at a start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_view_reads_streams_as_tables_of_their_newest_record_per_key() {
+    let (dir, engine) = fresh();
+    run(
+        &engine,
+        "CREATE STREAM customers WITH (partitions = 2, cleanup = 'compact'); \
+         CREATE STREAM orders WITH (partitions = 3, cleanup = 'compact')",
+    )
+    .await
+    .unwrap();
+    publish_keyed(
+        &engine,
+        "customers",
+        &[("c1", Some(r#"{"name": "Ada"}"#)), ("c2", Some(r#"{"name": "Bo"}"#)), ("c1", Some(r#"{"name": "Ada L."}"#))],
+    )
+    .await;
+    publish_keyed(
+        &engine,
+        "orders",
+        &[
+            ("o1", Some(r#"{"customer": "c1", "qty": 2}"#)),
+            ("o2", Some(r#"{"customer": "c2", "qty": 1}"#)),
+            ("o3", Some(r#"{"customer": "c9", "qty": 7}"#)),
+            ("o4", Some("not an object")),
+        ],
+    )
+    .await;
+    run(
+        &engine,
+        "CREATE VIEW enriched AS SELECT o.key AS order_id, o.qty, c.name \
+         FROM orders o LEFT JOIN customers c ON c.key = o.customer",
+    )
+    .await
+    .unwrap();
+    let row = |order: &str, qty: i64, name: Value| json!({"order_id": order, "qty": qty, "name": name});
+    let first = std::collections::BTreeMap::from([
+        ("o1".to_string(), row("o1", 2, json!("Ada L."))),
+        ("o2".to_string(), row("o2", 1, json!("Bo"))),
+        ("o3".to_string(), row("o3", 7, Value::Null)),
+    ]);
+    rows_when(&engine, "enriched", |rows| *rows == first).await;
+
+    // Live: a customer deleted, an order changed, another deleted, a customer arriving.
+    publish_keyed(&engine, "customers", &[("c2", None), ("c9", Some(r#"{"name": "Cy"}"#))]).await;
+    publish_keyed(&engine, "orders", &[("o1", Some(r#"{"customer": "c1", "qty": 5}"#)), ("o2", None)]).await;
+    let live = std::collections::BTreeMap::from([
+        ("o1".to_string(), row("o1", 5, json!("Ada L."))),
+        ("o3".to_string(), row("o3", 7, json!("Cy"))),
+    ]);
+    rows_when(&engine, "enriched", |rows| *rows == live).await;
+
+    // Loaded again at a start: the same rows.
+    close(engine).await;
+    let engine = open(dir.path());
+    rows_when(&engine, "enriched", |rows| *rows == live).await;
+    // A stream's fields are not declared: o.* cannot be expanded, and a name two streams may
+    // have must be qualified.
+    for (sql, fragment) in [
+        ("CREATE VIEW v AS SELECT o.* FROM orders o JOIN customers c ON c.key = o.customer", "fields are not declared"),
+        ("CREATE VIEW v AS SELECT name FROM orders o JOIN customers c ON c.key = o.customer", "ambiguous"),
+    ] {
+        let error = run(&engine, sql).await.unwrap_err().to_string();
+        assert!(error.contains(fragment), "{sql}: {error}");
+    }
+    // A stream a view reads cannot be dropped before it.
+    assert_eq!(run(&engine, "DROP STREAM customers").await.unwrap_err().code(), "in_use");
     close(engine).await;
 }

@@ -321,7 +321,7 @@ fn incremental_checkpoints_taken_as_it_goes_restore_exactly_the_state_at_each() 
         for (done, step) in steps.iter().enumerate() {
             if done % 97 == 0 {
                 let delta = straight.state.take_unsaved();
-                store(&mut stored, checkpoint::records("v", 7, vec![straight.offset], &delta));
+                store(&mut stored, checkpoint::records("v", 7, vec![straight.offset], None, &delta));
                 checkpoints.push((done, stored.clone(), straight.offset, straight.changes.len()));
             }
             straight.step(step);
@@ -358,7 +358,7 @@ fn incremental_checkpoints_taken_as_it_goes_restore_exactly_the_state_at_each() 
         // What the topic holds is the state and nothing more: forgotten windows and keys were
         // deleted, not left behind.
         let delta = straight.state.take_unsaved();
-        store(&mut stored, checkpoint::records("v", 7, vec![straight.offset], &delta));
+        store(&mut stored, checkpoint::records("v", 7, vec![straight.offset], None, &delta));
         let whole = straight.state.everything();
         assert_eq!(stored.len(), whole.keys.len() + whole.closed.len() + 1, "{sql}");
         let restored = checkpoint::restore(&view(sql), &mut stored.clone()).unwrap();
@@ -385,7 +385,7 @@ fn a_whole_state_checkpoint_of_the_earlier_format_is_restored_and_then_written_w
     assert_eq!(delta.keys.len(), 3);
     assert!(!delta.closed.is_empty());
     let mut stored = HashMap::new();
-    store(&mut stored, checkpoint::records("v", 9, vec![50], &delta));
+    store(&mut stored, checkpoint::records("v", 9, vec![50], None, &delta));
     assert_eq!(checkpoint::restore(&view(sql), &mut stored).unwrap().state, run.state);
 }
 

@@ -63,7 +63,8 @@ impl Engine {
         Ok(Arc::new(Stream::new(output_def, vec![output_partition], Default::default())))
     }
 
-    /// The inputs of joined view `name`: each a table, or a view without windows.
+    /// The inputs of joined view `name`: each a table, a view without windows, or a stream (its
+    /// newest record per key).
     fn join_sources(&self, name: &str, join: &JoinDef) -> Result<Vec<JoinSource>, EngineError> {
         join.validate().map_err(EngineError::InvalidDefinition)?;
         let mut sources = Vec::with_capacity(join.inputs.len());
@@ -106,11 +107,15 @@ impl Engine {
                         })?
                 };
                 (JoinSource::View(view), id_field)
-            } else if self.stream(&input.source).is_ok() {
-                return Err(EngineError::InvalidDefinition(format!(
-                    "{:?} is a stream: a joined view reads tables and views (their current rows)",
-                    input.source
-                )));
+            } else if let Ok(stream) = self.stream(&input.source) {
+                if !stream.def().compacted {
+                    return Err(EngineError::InvalidDefinition(format!(
+                        "{:?} is a stream of events (not compacted): a joined view reads compacted streams as \
+                         tables of their newest record per key",
+                        input.source
+                    )));
+                }
+                (JoinSource::Stream(stream), crate::view::join::STREAM_KEY_COLUMN.to_string())
             } else {
                 return Err(EngineError::UnknownTable(input.source.clone()));
             };

@@ -48,6 +48,11 @@ struct Header {
     #[serde(default)]
     incarnation: u64,
     positions: Vec<u64>,
+    /// Where the change stream ended once the changes of everything before `positions` were
+    /// written; none when the view was replaying quietly (its first backfill), or before
+    /// changes were written exactly once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    change_end: Option<u64>,
     #[serde(default)]
     events: u64,
     #[serde(default)]
@@ -63,6 +68,8 @@ struct Header {
 pub struct Restored {
     pub incarnation: u64,
     pub positions: Vec<u64>,
+    /// Where the change stream ended at the checkpoint (see [`Header`]).
+    pub change_end: Option<u64>,
     pub state: ViewState,
     /// The state came from a whole-state checkpoint: the next checkpoint writes all of it.
     pub write_everything: bool,
@@ -71,7 +78,13 @@ pub struct Restored {
 impl Restored {
     /// A view with nothing saved yet, starting from `positions`, in a new incarnation.
     pub(crate) fn empty(positions: Vec<u64>) -> Restored {
-        Restored { incarnation: new_incarnation(), positions, state: ViewState::default(), write_everything: false }
+        Restored {
+            incarnation: new_incarnation(),
+            positions,
+            change_end: None,
+            state: ViewState::default(),
+            write_everything: false,
+        }
     }
 
     /// The header of this checkpoint as it stands (a view created writes it first).
@@ -82,7 +95,7 @@ impl Restored {
             invalid_events: self.state.invalid_events,
             ..Delta::default()
         };
-        header(view, self.incarnation, self.positions.clone(), &counters)
+        header(view, self.incarnation, self.positions.clone(), self.change_end, &counters)
     }
 }
 
@@ -108,8 +121,14 @@ fn closed_record_key(view: &str, incarnation: u64, start: i64, key: &str) -> Str
 }
 
 /// The records of one checkpoint: `delta`'s keys and closed windows, then the header with
-/// `positions`. Appended as one batch.
-pub fn records(view: &str, incarnation: u64, positions: Vec<u64>, delta: &Delta) -> Vec<NewRecord> {
+/// `positions` and `change_end`. Appended as one batch.
+pub fn records(
+    view: &str,
+    incarnation: u64,
+    positions: Vec<u64>,
+    change_end: Option<u64>,
+    delta: &Delta,
+) -> Vec<NewRecord> {
     let mut records = Vec::with_capacity(delta.keys.len() + delta.closed.len() + 1);
     for (key, state) in &delta.keys {
         let record_key = Bytes::from(key_record_key(view, incarnation, key));
@@ -129,16 +148,17 @@ pub fn records(view: &str, incarnation: u64, positions: Vec<u64>, delta: &Delta)
             None => NewRecord::tombstone(record_key),
         });
     }
-    records.push(header(view, incarnation, positions, delta));
+    records.push(header(view, incarnation, positions, change_end, delta));
     records
 }
 
 /// A header alone: a view that starts (nothing saved yet), or whose state did not change.
-pub fn header(view: &str, incarnation: u64, positions: Vec<u64>, delta: &Delta) -> NewRecord {
+pub fn header(view: &str, incarnation: u64, positions: Vec<u64>, change_end: Option<u64>, delta: &Delta) -> NewRecord {
     let header = Header {
         version: VERSION,
         incarnation,
         positions,
+        change_end,
         events: delta.events,
         late_events: delta.late_events,
         invalid_events: delta.invalid_events,
@@ -184,8 +204,13 @@ pub fn restore(def: &ViewDef, stored: &mut HashMap<String, Bytes>) -> Option<Res
                 tracing::warn!(view, "skipping a view checkpoint without its state");
                 return None;
             };
-            let restored =
-                Restored { incarnation: new_incarnation(), positions: header.positions, state, write_everything: true };
+            let restored = Restored {
+                incarnation: new_incarnation(),
+                positions: header.positions,
+                change_end: None,
+                state,
+                write_everything: true,
+            };
             return Some(restored);
         }
         VERSION => {}
@@ -220,6 +245,7 @@ pub fn restore(def: &ViewDef, stored: &mut HashMap<String, Bytes>) -> Option<Res
     Some(Restored {
         incarnation: header.incarnation,
         positions: header.positions,
+        change_end: header.change_end,
         state: ViewState::restore(def, counters, keys, closed),
         write_everything: false,
     })

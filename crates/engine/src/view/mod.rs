@@ -12,6 +12,7 @@
 //! - this module: what a view is (`ViewDef`), as the SQL front end produces it.
 
 mod catchup;
+mod changes;
 pub mod checkpoint;
 pub mod expr;
 pub mod join;

@@ -8,7 +8,8 @@
 //! source from there. Windows close by the records' arrival times while replaying and by the
 //! wall clock once caught up, so the replay decides every window as the live run did (see
 //! `state`); a tumbling or hopping window refuses a record that arrived after its close time
-//! either way. Changes are pushed once the view has caught up.
+//! either way. Changes the live run had not written when it died are written by the replay,
+//! and those it had are not written again (`changes`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -24,6 +25,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::catchup::{Catchup, follow, restored};
+use super::changes::{ChangeWriter, Written as ChangesWritten};
 use super::checkpoint::{self, Restored};
 use super::expr::{Input, parse_value};
 use super::join::state::InputStatus;
@@ -45,8 +47,6 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 const CHECKPOINT_COST_SHARE: u32 = 20;
 /// Records folded before the task lets others run (a backfill reads without waiting).
 const YIELD_EVERY: usize = 512;
-/// Batches of changes waiting for the change writer before the view waits for it.
-const CHANGE_BATCHES_QUEUED: usize = 64;
 /// Windows closed at a time when many are due at once (see `run`).
 const CLOSE_CHUNK: usize = 512;
 
@@ -107,6 +107,9 @@ pub struct View {
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// A joined view: its inputs and state (`state` above is then empty).
     pub(super) join: Option<Joined>,
+    /// Where the change stream ended at the checkpoint the view started from (see
+    /// `checkpoint::Header`): the replay writes the changes past it the stream lacks.
+    change_end: Option<u64>,
 }
 
 impl View {
@@ -118,7 +121,7 @@ impl View {
         late: Option<Arc<Stream>>,
         restored: Restored,
     ) -> View {
-        let Restored { incarnation, mut state, write_everything, .. } = restored;
+        let Restored { incarnation, mut state, write_everything, change_end, .. } = restored;
         if table.is_none() {
             state.track_unsaved(write_everything);
         }
@@ -136,6 +139,7 @@ impl View {
             stop: tokio::sync::watch::channel(false).0,
             task: std::sync::Mutex::new(None),
             join: None,
+            change_end,
         }
     }
 
@@ -292,7 +296,13 @@ impl View {
             self.restoring.store(false, Ordering::Relaxed);
         }
         let mut cursor = follow(&hub, &self.source, positions)?;
-        let (writer, writing) = self.change_writer();
+        // What the live run wrote past the checkpoint: the replay writes the rest. With no end
+        // in the checkpoint (a view's first backfill) the replay is quiet, as that run was.
+        let mut replay = match self.change_end {
+            Some(end) if !catchup.done() => Some(ChangesWritten::scan(self.name(), &self.output, end)?),
+            _ => None,
+        };
+        let writer = ChangeWriter::start(self.name(), &self.output);
         let mut last_checkpoint = Instant::now();
         let mut checkpointed_positions: Vec<u64> = Vec::new();
         let mut changes: Vec<Change> = Vec::new();
@@ -329,7 +339,9 @@ impl View {
                 };
                 while changes.len() < 4096 {
                     match cursor.next().now_or_never() {
-                        Some(delivery) => self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?,
+                        Some(delivery) => {
+                            self.take(delivery?, &mut cursor, &hub, replay.is_none(), &mut changes, &mut late)?
+                        }
                         None => break,
                     }
                 }
@@ -352,18 +364,25 @@ impl View {
             let checkpoint_due = tokio::time::sleep(checkpoint_interval.saturating_sub(last_checkpoint.elapsed()));
             tokio::select! {
                 delivery = cursor.next() => {
-                    self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?;
+                    let quiet = replay.is_none();
+                    self.take(delivery?, &mut cursor, &hub, quiet, &mut changes, &mut late)?;
                     // Whatever else is ready now, before writing: one append for many changes.
                     while changes.len() < 4096 {
                         match cursor.next().now_or_never() {
-                            Some(delivery) => self.take(delivery?, &mut cursor, &hub, &mut changes, &mut late)?,
+                            Some(delivery) => self.take(delivery?, &mut cursor, &hub, quiet, &mut changes, &mut late)?,
                             None => break,
                         }
                     }
                     since_yield += 1;
                     if !catchup.done() && catchup.update(cursor.positions()) {
-                        changes.clear();
+                        if quiet {
+                            changes.clear();
+                        }
                         self.state.write().expect("view state lock").advance(&self.def, now_ms(), &mut changes);
+                        if let Some(written) = replay.as_mut() {
+                            written.filter(&mut changes);
+                        }
+                        replay = None;
                         self.restoring.store(false, Ordering::Relaxed);
                     }
                 }
@@ -381,22 +400,29 @@ impl View {
                     let moved = checkpointed_positions != cursor.positions();
                     if checkpointing.is_none() && (moved || self.state.read().expect("view state lock").has_unsaved()) {
                         checkpointed_positions = cursor.positions().to_vec();
-                        checkpointing = Some(self.checkpoint(&checkpoints, cursor.positions().to_vec()));
+                        let quiet = !catchup.done() && replay.is_none();
+                        let change_end = self.change_end(&writer, quiet, &mut changes).await;
+                        checkpointing = Some(self.checkpoint(&checkpoints, cursor.positions().to_vec(), change_end));
                     }
                 }
                 _ = stop.changed() => {
                     if let Some(task) = checkpointing.take() {
                         self.written(task.await);
                     }
-                    self.written(self.checkpoint(&checkpoints, cursor.positions().to_vec()).await);
-                    drop(writer);
-                    let _ = writing.await;
+                    let quiet = !catchup.done() && replay.is_none();
+                    let change_end = self.change_end(&writer, quiet, &mut changes).await;
+                    self.written(self.checkpoint(&checkpoints, cursor.positions().to_vec(), change_end).await);
+                    writer.close().await;
                     return Ok(());
                 }
             }
             if !catchup.done() {
-                // Changes of the replay were pushed before the restart (or are history).
-                changes.clear();
+                match replay.as_mut() {
+                    // Those the live run wrote before the crash are left out.
+                    Some(written) => written.filter(&mut changes),
+                    // A first backfill: its changes are history.
+                    None => changes.clear(),
+                }
             }
             self.publish(&writer, &mut changes, &mut late).await;
             if since_yield >= YIELD_EVERY {
@@ -435,7 +461,7 @@ impl View {
         drop(rows);
         self.restoring.store(false, Ordering::Relaxed);
         let mut cursor = follow(&hub, &self.source, vec![next])?;
-        let (writer, writing) = self.change_writer();
+        let writer = ChangeWriter::start(self.name(), &self.output);
         let mut late = Vec::new();
         loop {
             tokio::select! {
@@ -449,8 +475,7 @@ impl View {
                     }
                 }
                 _ = stop.changed() => {
-                    drop(writer);
-                    let _ = writing.await;
+                    writer.close().await;
                     return Ok(());
                 }
             }
@@ -487,11 +512,13 @@ impl View {
     }
 
     /// Folds one delivery in.
+    /// Folds one delivery in; `quiet` while replaying what needs no changes (a first backfill).
     fn take(
         &self,
         delivery: Delivery,
         cursor: &mut Cursor,
         hub: &Arc<Hub>,
+        quiet: bool,
         changes: &mut Vec<Change>,
         late: &mut Vec<NewRecord>,
     ) -> Result<(), EngineError> {
@@ -508,7 +535,7 @@ impl View {
                     // window refuses a record that arrived after its close time whether it has
                     // closed yet or not, so live, the wall clock closes those (see `run`).
                     let restoring = self.restoring.load(Ordering::Relaxed);
-                    let def = if restoring { &self.quiet } else { &*self.def };
+                    let def = if restoring && quiet { &self.quiet } else { &*self.def };
                     if restoring || !matches!(def.window, Window::Tumble { .. } | Window::Hop { .. }) {
                         state.advance(def, record.timestamp_ms - 1, changes);
                     }
@@ -535,44 +562,10 @@ impl View {
         Ok(())
     }
 
-    /// A task that appends changes to the view's change stream, in the order sent. Writing
-    /// them out (a JSON value each, then a log batch) overlaps with the view folding the next
-    /// events: when 10 000 windows close at once, their finals are encoded on the other core.
-    /// The channel is bounded, so a writer that falls behind holds the view back.
-    pub(super) fn change_writer(&self) -> (tokio::sync::mpsc::Sender<Vec<Change>>, tokio::task::JoinHandle<()>) {
-        let (sender, mut receiver) = tokio::sync::mpsc::channel::<Vec<Change>>(CHANGE_BATCHES_QUEUED);
-        let output = self.output.clone();
-        let name = self.def.name.clone();
-        let task = tokio::spawn(async move {
-            // Registered once: a labelled `counter!` builds and looks up its key on every call.
-            let changes_total = metrics::counter!("view_changes_total", "view" => name.clone());
-            while let Some(changes) = receiver.recv().await {
-                let records: Vec<NewRecord> = changes.into_iter().map(|change| change_record(&name, change)).collect();
-                changes_total.increment(records.len() as u64);
-                // Not awaited: the change stream is derived, so it is written without waiting.
-                if let Err(error) = output.enqueue_to(0, &records, Some(Durability::Async)).await {
-                    tracing::warn!(view = name, %error, "view changes could not be written");
-                }
-                if !receiver.is_empty() {
-                    // A backlog (a burst of window finals): one batch per turn, so writing it
-                    // out does not keep the worker thread from the hub and the subscribers.
-                    tokio::task::yield_now().await;
-                }
-            }
-        });
-        (sender, task)
-    }
-
     /// Hands the changes to the change writer and appends late events to the late stream.
-    pub(super) async fn publish(
-        &self,
-        writer: &tokio::sync::mpsc::Sender<Vec<Change>>,
-        changes: &mut Vec<Change>,
-        late: &mut Vec<NewRecord>,
-    ) {
+    pub(super) async fn publish(&self, writer: &ChangeWriter, changes: &mut Vec<Change>, late: &mut Vec<NewRecord>) {
         if !changes.is_empty() {
-            // Fails only once the writer is gone, which is when the view stops.
-            let _ = writer.send(std::mem::take(changes)).await;
+            writer.send(std::mem::take(changes)).await;
         }
         if let Some(stream) = &self.late
             && !late.is_empty()
@@ -585,18 +578,48 @@ impl View {
         late.clear();
     }
 
-    /// Writes a checkpoint of what changed since the last one (see `checkpoint`) and the source
-    /// `positions` the state now stands for, in the background: the view reads on meanwhile.
-    /// Taking the changes copies one pointer per changed key; serializing them runs off the
-    /// runtime's threads.
-    fn checkpoint(&self, checkpoints: &Arc<SystemTopic>, positions: Vec<u64>) -> tokio::task::JoinHandle<Written> {
+    /// Where the change stream will end once every change handed to `writer` so far is
+    /// written (the barrier is answered later; `changes` is empty here, all handed over), or
+    /// nothing to wait for when the run is `quiet` (a first backfill, whose changes are none).
+    async fn change_end(
+        &self,
+        writer: &ChangeWriter,
+        quiet: bool,
+        changes: &mut Vec<Change>,
+    ) -> Option<std::pin::Pin<Box<dyn Future<Output = Option<u64>> + Send>>> {
+        if quiet {
+            return None;
+        }
+        if !changes.is_empty() {
+            writer.send(std::mem::take(changes)).await;
+        }
+        Some(Box::pin(writer.barrier().await))
+    }
+
+    /// Writes a checkpoint of what changed since the last one (see `checkpoint`), the source
+    /// `positions` the state now stands for and where the change stream ends once their changes
+    /// are written (`change_end`), in the background: the view reads on meanwhile. Taking the
+    /// changes copies one pointer per changed key; serializing them runs off the runtime's
+    /// threads.
+    fn checkpoint(
+        &self,
+        checkpoints: &Arc<SystemTopic>,
+        positions: Vec<u64>,
+        change_end: Option<std::pin::Pin<Box<dyn Future<Output = Option<u64>> + Send>>>,
+    ) -> tokio::task::JoinHandle<Written> {
         let delta = self.state.write().expect("view state lock").take_unsaved();
         let (name, incarnation) = (self.def.name.clone(), self.incarnation());
         let checkpoints = checkpoints.clone();
         tokio::spawn(async move {
             let started = Instant::now();
+            // The changes of everything before `positions` are written before the checkpoint
+            // says so: a crash in between replays them, and finds them written.
+            let change_end = match change_end {
+                Some(end) => end.await,
+                None => None,
+            };
             let (records, delta, name) = tokio::task::spawn_blocking(move || {
-                (checkpoint::records(&name, incarnation, positions, &delta), delta, name)
+                (checkpoint::records(&name, incarnation, positions, change_end, &delta), delta, name)
             })
             .await
             .expect("serializes");
@@ -637,7 +660,7 @@ impl View {
 /// A change as a record of the change stream: key = the view key, subject `views/{v}/{key}`
 /// (its MQTT topic), value = the row with `"final"` (and `"removed": true` for a row that is
 /// gone), laid out by [`change_value`].
-fn change_record(view: &str, change: Change) -> NewRecord {
+pub(super) fn change_record(view: &str, change: Change) -> NewRecord {
     let subject = format!("views/{view}/{}", change.key);
     let value = change_value(&change);
     let mut record = NewRecord::keyed(Bytes::from(change.key), value);

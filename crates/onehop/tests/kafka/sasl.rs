@@ -29,7 +29,8 @@ fn run(kafka: SocketAddr, settings: &[String], args: &[&str], input: &str) -> (b
 /// SCRAM-SHA-256 and SCRAM-SHA-512, and the Java console producer and a consumer group with
 /// SCRAM-SHA-512. A client without SASL, or with a wrong password, gets nothing; a user sees
 /// in Metadata only the topics it has grants on, and a produce to a topic it may read but not
-/// write is refused with TOPIC_AUTHORIZATION_FAILED and stores nothing.
+/// write is refused with TOPIC_AUTHORIZATION_FAILED and stores nothing. A view's change stream
+/// is read with READ on the view, and never written.
 #[test]
 fn kafka_clients_log_in_with_sasl_plain_and_scram_and_keep_to_their_grants() {
     let dir = DataDir::new();
@@ -40,7 +41,8 @@ fn kafka_clients_log_in_with_sasl_plain_and_scram_and_keep_to_their_grants() {
         ("root", "root-pass"),
         "CREATE USER dev PASSWORD 'dev-pass'; CREATE STREAM orders; CREATE STREAM secrets; CREATE STREAM hidden; \
          GRANT READ, WRITE ON STREAM orders TO dev; GRANT READ ON STREAM secrets TO dev; \
-         GRANT READ ON GROUP 'readers' TO dev",
+         GRANT READ ON GROUP 'readers' TO dev; \
+         CREATE VIEW per_line AS SELECT value AS line, COUNT(*) AS n FROM orders GROUP BY value",
     );
     assert!(answer.contains("created"), "{answer}");
 
@@ -65,6 +67,26 @@ fn kafka_clients_log_in_with_sasl_plain_and_scram_and_keep_to_their_grants() {
     assert!(!ok && stderr.contains("Topic authorization failed"), "{stderr}");
     let (ok, _, stderr) = run(kafka, &dev, &["-P", "-t", "hidden"], "stolen\n");
     assert!(!ok && stderr.contains("Topic authorization failed"), "{stderr}");
+
+    // The view's changes: refused without READ on the view (READ on its stream is not enough),
+    // read with it (plain-text values count as text), and never written, even by root.
+    let changes = ["-C", "-t", "__view.per_line", "-p", "0", "-o", "beginning", "-e", "-f", "%k=%s\n"];
+    let (ok, _, stderr) = run(kafka, &dev, &changes, "");
+    assert!(!ok && stderr.contains("authorization failed"), "{stderr}");
+    crate::common::sql_as(server.address, ("root", "root-pass"), "GRANT READ ON VIEW per_line TO dev");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (ok, stdout, stderr) = run(kafka, &dev, &changes, "");
+        if ok && stdout.lines().count() == 3 {
+            assert!(stdout.contains(r#"by PLAIN={"final":false,"line":"by PLAIN","n":1}"#), "{stdout}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the view's changes: {stdout} {stderr}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let root = sasl("PLAIN", "root", "root-pass");
+    let (ok, _, stderr) = run(kafka, &root, &["-P", "-t", "__view.per_line"], "forged\n");
+    assert!(!ok && stderr.contains("Invalid topic"), "{stderr}");
 
     // The Java client, SCRAM-SHA-512, its producer and a consumer group.
     let config = dir.path().join("client.properties");

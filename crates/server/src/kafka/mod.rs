@@ -70,8 +70,35 @@ pub(super) fn stream_for(
     privilege: onehop_engine::Privilege,
     name: &str,
 ) -> Result<Arc<onehop_engine::Stream>, onehop_engine::EngineError> {
+    if let Some(view) = name.strip_prefix(onehop_engine::view::runtime::OUTPUT_PREFIX) {
+        return view_changes_for(shared, who, privilege, name, view);
+    }
     shared.engine.access().authorize(who, privilege, onehop_engine::ObjectKind::Stream, name)?;
     shared.engine.stream(name)
+}
+
+/// The change stream of view `view` (the topic `name`, `__view.{view}`): read by whoever may
+/// READ the view, as its SSE and MQTT subscribers do; written only by the view
+/// (INVALID_TOPIC_EXCEPTION, as Kafka answers a produce to its internal topics).
+fn view_changes_for(
+    shared: &Shared,
+    who: &onehop_engine::Principal,
+    privilege: onehop_engine::Privilege,
+    name: &str,
+    view: &str,
+) -> Result<Arc<onehop_engine::Stream>, onehop_engine::EngineError> {
+    shared.engine.access().authorize(who, onehop_engine::Privilege::Read, onehop_engine::ObjectKind::View, view)?;
+    if privilege != onehop_engine::Privilege::Read {
+        return Err(onehop_engine::EngineError::InvalidName {
+            name: name.to_string(),
+            reason: format!("the changes of view {view:?}, which only the view writes"),
+        });
+    }
+    let view = shared
+        .engine
+        .view(view)
+        .map_err(|_| onehop_engine::EngineError::UnknownStream { name: name.to_string(), auto_create: false })?;
+    Ok(view.output().clone())
 }
 
 /// Whether `who` has any grant on topic `name`: what Metadata lists and DescribeConfigs

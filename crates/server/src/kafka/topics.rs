@@ -62,6 +62,14 @@ pub(super) async fn metadata(
                     continue;
                 };
                 let name = name.0.as_str().to_string();
+                if name.starts_with(onehop_engine::view::runtime::OUTPUT_PREFIX) {
+                    // A view's change stream: described to whoever may read the view.
+                    answered.push(match super::stream_for(shared, who, Privilege::Read, &name) {
+                        Ok(stream) => describe(&stream, node, &replicas),
+                        Err(error) => topic_error(name, errors::code(&error)),
+                    });
+                    continue;
+                }
                 if !super::may_describe(shared, who, &name) {
                     answered.push(topic_error(name, ResponseError::TopicAuthorizationFailed.code()));
                     continue;

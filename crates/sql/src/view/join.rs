@@ -11,6 +11,7 @@
 use onehop_engine::ColumnType;
 use onehop_engine::Engine;
 use onehop_engine::view::expr::{BinaryOp, RecordField, Step};
+use onehop_engine::view::join::STREAM_KEY_COLUMN;
 use onehop_engine::view::{Expr, JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn, ViewDef};
 use sqlparser::ast::{self, SqlOption};
 
@@ -199,11 +200,20 @@ struct Known {
     id_field: String,
     /// Its columns, with their declared types where it has them.
     columns: Vec<(String, Option<ColumnType>)>,
+    /// A stream: its rows are its records' values, whose fields are not declared, so any name
+    /// may be one (besides `key`, the record key).
+    open: bool,
 }
 
 impl Known {
+    /// Whether it declares `column`.
     fn has(&self, column: &str) -> bool {
         self.columns.iter().any(|(name, _)| name == column)
+    }
+
+    /// Whether `column` may be one of its columns.
+    fn may_have(&self, column: &str) -> bool {
+        self.open || self.has(column)
     }
 
     fn column_list(&self) -> String {
@@ -220,6 +230,7 @@ fn known(engine: &Engine, input: &JoinInput) -> Result<Known, SqlError> {
             label: format!("table {}", input.source),
             id_field: def.primary_key.clone(),
             columns: def.columns.iter().map(|column| (column.name.clone(), Some(column.ty.clone()))).collect(),
+            open: false,
         });
     }
     if let Ok(view) = engine.view(&input.source) {
@@ -242,16 +253,26 @@ fn known(engine: &Engine, input: &JoinInput) -> Result<Known, SqlError> {
                 })?,
         };
         let columns = def.column_names().into_iter().map(|name| (name, None)).collect();
-        return Ok(Known { alias, label: format!("view {}", input.source), id_field, columns });
+        return Ok(Known { alias, label: format!("view {}", input.source), id_field, columns, open: false });
     }
-    if engine.stream(&input.source).is_ok() {
-        return Err(invalid(format!(
-            "{} is a stream: a joined view reads tables and views, whose rows it keeps joined (aggregate a \
-             stream with a GROUP BY view first)",
-            input.source
-        )));
+    if let Ok(stream) = engine.stream(&input.source) {
+        if !stream.def().compacted {
+            return Err(invalid(format!(
+                "{} is a stream of events (not compacted): a joined view reads compacted streams (cleanup = \
+                 'compact') as tables of their newest record per key; aggregate an event stream with a GROUP BY \
+                 view first, or enrich it with a transform",
+                input.source
+            )));
+        }
+        // A compacted stream as a table (Kafka Streams' KTable): the newest record of each key.
+        let columns = vec![(STREAM_KEY_COLUMN.to_string(), Some(ColumnType::Text))];
+        let label = format!("stream {}", input.source);
+        return Ok(Known { alias, label, id_field: STREAM_KEY_COLUMN.into(), columns, open: true });
     }
-    Err(invalid(format!("{} is not a table or view (SHOW TABLES and SHOW VIEWS list them)", input.source)))
+    Err(invalid(format!(
+        "{} is not a table, view or compacted stream (SHOW TABLES, SHOW VIEWS and SHOW STREAMS list them)",
+        input.source
+    )))
 }
 
 /// The joined view `def` (as [`join_view_def`] parsed it) resolved against the inputs' columns.
@@ -330,6 +351,12 @@ pub(crate) fn resolve(engine: &Engine, def: &ViewDef) -> Result<ViewDef, SqlErro
                 _ => unreachable!("alias.* is parsed as a path"),
             };
             for input in expanded {
+                if input.open {
+                    return Err(invalid(format!(
+                        "{}.*: {} is a {}, whose fields are not declared: name the ones the view takes ({}.key, {}.field, …)",
+                        input.alias, input.alias, input.label, input.alias, input.alias
+                    )));
+                }
                 for (name, _) in &input.columns {
                     let path = vec![Step::Field(input.alias.clone()), Step::Field(name.clone())];
                     add(JoinColumn { name: name.clone(), expr: Expr::Path { path } })?;
@@ -367,7 +394,7 @@ fn qualify(expr: &mut Expr, known: &[Known], visible: usize, place: &str) -> Res
                 )));
             }
             if let Some(Step::Field(column)) = path.get(1)
-                && !known[at].has(column)
+                && !known[at].may_have(column)
             {
                 return Err(invalid(format!(
                     "column {first}.{column} does not exist: {first} is {} (its columns: {})",
@@ -377,7 +404,12 @@ fn qualify(expr: &mut Expr, known: &[Known], visible: usize, place: &str) -> Res
             }
             return Ok(());
         }
-        let having: Vec<&Known> = known[..visible].iter().filter(|input| input.has(&first)).collect();
+        let mut having: Vec<&Known> = known[..visible].iter().filter(|input| input.has(&first)).collect();
+        let undeclared = having.is_empty();
+        if undeclared {
+            // No input declares it: a stream's field, if there is one stream to have it.
+            having = known[..visible].iter().filter(|input| input.open).collect();
+        }
         match having.as_slice() {
             [input] => {
                 path.insert(0, Step::Field(input.alias.clone()));
@@ -388,8 +420,9 @@ fn qualify(expr: &mut Expr, known: &[Known], visible: usize, place: &str) -> Res
                 known[..visible].iter().map(|input| input.label.as_str()).collect::<Vec<_>>().join(" or ")
             ))),
             several => Err(invalid(format!(
-                "column {first} in {place} is ambiguous: {} all have it; qualify it ({}.{first})",
+                "column {first} in {place} is ambiguous: {} all {} it; qualify it ({}.{first})",
                 several.iter().map(|input| input.alias.as_str()).collect::<Vec<_>>().join(", "),
+                if undeclared { "are streams that may have" } else { "have" },
                 several[0].alias
             ))),
         }

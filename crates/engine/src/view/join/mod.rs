@@ -23,6 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use super::expr::{Expr, Step};
 
+/// The column a stream input's rows have its records' keys in (beside their values' fields).
+pub const STREAM_KEY_COLUMN: &str = "key";
+
 /// What joins an input to an earlier one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -48,7 +51,8 @@ pub struct JoinOn {
     pub residual: Option<Expr>,
 }
 
-/// One input of a joined view: a table or a view without windows.
+/// One input of a joined view: a table, a view without windows, or a stream read as a table
+/// (the newest record of each key, a tombstone deleting it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JoinInput {
     /// The name its columns are qualified with (`o` in `orders o`, else the source's name).

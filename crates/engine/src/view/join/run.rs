@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use serde_json::Value;
 
-use super::JoinDef;
 use super::state::JoinState;
+use super::{JoinDef, STREAM_KEY_COLUMN};
 use crate::error::EngineError;
 use crate::filter::Filter;
 use crate::hub::{Cursor, Delivery, Hub};
@@ -20,11 +20,16 @@ use crate::stream::Stream;
 use crate::table::Table;
 use crate::view::View;
 use crate::view::catchup::{follow, restored};
+use crate::view::changes::ChangeWriter;
 use crate::view::runtime::{ViewStatus, change_parts, register_metrics};
 use crate::view::state::Change;
 
 /// Rows loaded into the state before the task lets others run.
 const LOAD_CHUNK: usize = 4096;
+/// Records one step of reading a stream input at start reads at most.
+const LOAD_READ_RECORDS_MAX: usize = 4096;
+/// Bytes of keys and values that step reads at most.
+const LOAD_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Output changes gathered from the inputs' ready changes before they are written.
 const CHANGES_PER_BATCH: usize = 4096;
 /// Driving rows one input change is applied to at a time (see `take_joined`).
@@ -34,7 +39,7 @@ const RESTORE_POLL: Duration = Duration::from_millis(20);
 
 /// Where a joined view's changes go: the change writer, and what is gathered for it.
 struct Out<'a> {
-    writer: &'a tokio::sync::mpsc::Sender<Vec<Change>>,
+    writer: &'a ChangeWriter,
     changes: &'a mut Vec<Change>,
     late: &'a mut Vec<onehop_log::NewRecord>,
 }
@@ -44,16 +49,30 @@ pub(crate) enum JoinSource {
     Table(Arc<Table>),
     /// A view without windows: one row per key.
     View(Arc<View>),
+    /// A stream as a table (Kafka Streams' KTable): each key's newest record is its row, the
+    /// value's fields with the key as [`STREAM_KEY_COLUMN`]; a record without a value (a
+    /// tombstone) deletes it, and one whose value is not a JSON object is left out.
+    Stream(Arc<Stream>),
 }
 
 impl JoinSource {
-    /// Where this input's changes are: a table's storage, a view's change stream.
+    /// Where this input's changes are: a table's storage, a view's change stream, the stream.
     fn changes(&self) -> &Arc<Stream> {
         match self {
             JoinSource::Table(table) => table.storage(),
             JoinSource::View(view) => view.output(),
+            JoinSource::Stream(stream) => stream,
         }
     }
+}
+
+/// What a stream input's record does to its key's row: `Some(None)` deletes it, `None` leaves
+/// it be (a value that is not a JSON object).
+fn stream_row(key: &str, value: Option<&[u8]>) -> Option<Option<Value>> {
+    let Some(value) = value else { return Some(None) };
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(value) else { return None };
+    fields.insert(STREAM_KEY_COLUMN.to_string(), Value::String(key.to_string()));
+    Some(Some(Value::Object(fields)))
 }
 
 /// What a joined view keeps beside the view itself.
@@ -135,7 +154,7 @@ impl View {
         register_metrics(self.name());
         let mut stop = self.stop.subscribe();
         let started = Instant::now();
-        let mut positions = Vec::with_capacity(joined.sources.len());
+        let mut positions: Vec<Vec<u64>> = Vec::with_capacity(joined.sources.len());
         let mut loaded = 0u64;
         tracing::info!(view = self.name(), inputs = joined.sources.len(), "view restoring: loading its inputs");
         for (at, source) in joined.sources.iter().enumerate() {
@@ -156,7 +175,25 @@ impl View {
                         }
                         tokio::task::yield_now().await;
                     }
-                    positions.push(next);
+                    positions.push(vec![next]);
+                }
+                JoinSource::Stream(stream) => {
+                    let (rows, ends) = newest_per_key(stream)?;
+                    loaded += rows.len() as u64;
+                    for chunk in rows.chunks(LOAD_CHUNK) {
+                        {
+                            let mut state = joined.state.write().expect("view state lock");
+                            for (key, row) in chunk {
+                                state.load(at, key, row);
+                            }
+                        }
+                        if joined.over_cap(self.name()) {
+                            self.restoring.store(false, Ordering::Relaxed);
+                            return Ok(());
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    positions.push(ends);
                 }
                 JoinSource::View(view) => {
                     // Its rows are whole once it has restored; its changes are written from then on.
@@ -180,7 +217,7 @@ impl View {
                         self.restoring.store(false, Ordering::Relaxed);
                         return Ok(());
                     }
-                    positions.push(end);
+                    positions.push(vec![end]);
                 }
             }
         }
@@ -190,9 +227,9 @@ impl View {
         joined.export_metrics(self.name());
         let mut cursors = Vec::with_capacity(positions.len());
         for (source, position) in joined.sources.iter().zip(positions) {
-            cursors.push(follow(&hub, source.changes(), vec![position])?);
+            cursors.push(follow(&hub, source.changes(), position)?);
         }
-        let (writer, writing) = self.change_writer();
+        let writer = ChangeWriter::start(self.name(), self.output());
         let (mut changes, mut late) = (Vec::new(), Vec::new());
         loop {
             let next = {
@@ -206,8 +243,7 @@ impl View {
                 }
             };
             let Some((at, delivery)) = next else {
-                drop(writer);
-                let _ = writing.await;
+                writer.close().await;
                 return Ok(());
             };
             let mut out = Out { writer: &writer, changes: &mut changes, late: &mut late };
@@ -228,8 +264,7 @@ impl View {
             joined.export_metrics(self.name());
             self.publish(&writer, &mut changes, &mut late).await;
             if joined.over_cap(self.name()) {
-                drop(writer);
-                let _ = writing.await;
+                writer.close().await;
                 return Ok(());
             }
         }
@@ -255,6 +290,10 @@ impl View {
                 let after = match &joined.sources[at] {
                     JoinSource::Table(_) => event.doc().cloned(),
                     JoinSource::View(_) => view_row(event.record.value.as_deref()),
+                    JoinSource::Stream(_) => match stream_row(&id, event.record.value.as_deref()) {
+                        Some(row) => row,
+                        None => return Ok(()),
+                    },
                 };
                 joined.applied.fetch_add(1, Ordering::Relaxed);
                 let pending = joined.state.write().expect("view state lock").begin(at, &id, after.as_ref());
@@ -276,6 +315,41 @@ impl View {
         }
         Ok(())
     }
+}
+
+/// Rows by id, in id order.
+type Rows = Vec<(String, Value)>;
+
+/// A stream's rows as a table: the newest record of each key that has a row (in key order),
+/// read a bounded step at a time, and where the stream ended then.
+fn newest_per_key(stream: &Stream) -> Result<(Rows, Vec<u64>), EngineError> {
+    let mut rows: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
+    let mut ends = Vec::with_capacity(stream.partition_count() as usize);
+    for partition in 0..stream.partition_count() {
+        let log = stream.partition(partition)?;
+        let end = log.end_offset();
+        let mut next = log.start_offset();
+        while next < end {
+            let records = log.read(next, LOAD_READ_RECORDS_MAX, LOAD_READ_BYTES_MAX)?;
+            let Some(last) = records.last() else { break };
+            next = last.offset + 1;
+            for record in records.iter().filter(|record| record.offset < end) {
+                let Some(key) = record.key.as_deref() else { continue };
+                let key = String::from_utf8_lossy(key).into_owned();
+                match stream_row(&key, record.value.as_deref()) {
+                    Some(Some(row)) => {
+                        rows.insert(key, row);
+                    }
+                    Some(None) => {
+                        rows.remove(&key);
+                    }
+                    None => {}
+                }
+            }
+        }
+        ends.push(end);
+    }
+    Ok((rows.into_iter().collect(), ends))
 }
 
 /// A view's row as its change record has it: `None` when the row was removed.

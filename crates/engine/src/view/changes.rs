@@ -1,0 +1,237 @@
+//! A view's change stream, written once per change across crashes.
+//!
+//! The change writer (a task of its own) appends the changes the view hands it, in order. A
+//! checkpoint asks it for a *barrier*: the end of the change stream once every change handed
+//! over before is written (to the OS: a crash of the process keeps it). That end goes into the
+//! checkpoint beside the source positions, so a checkpoint says "the state after these source
+//! records, whose changes end here".
+//!
+//! After a crash the view replays its source from the checkpoint, and the live run may have
+//! written some of the replayed records' changes already. [`Written`] reads what the stream
+//! holds past the checkpoint's end and counts it per row (key and window); the replay then
+//! leaves out, per row, as many changes as were written, and each window's final once. The
+//! n-th change of a row after a checkpoint is the n-th record of that row the view folded
+//! after it, in whatever order the partitions were interleaved, so the changes written twice
+//! are the first ones of each row and the row's last change is its value once every record is
+//! in; no change is taken back, and none is lost.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use onehop_log::{Durability, NewRecord};
+use serde_json::Value;
+
+use super::runtime::{change_parts, change_record};
+use super::state::Change;
+use crate::error::EngineError;
+use crate::stream::Stream;
+
+/// Batches of changes waiting for the change writer before the view waits for it.
+const CHANGE_BATCHES_QUEUED: usize = 64;
+/// Records one step of the scan for changes written after a checkpoint reads at most.
+const SCAN_READ_RECORDS_MAX: usize = 1024;
+/// Bytes that step reads at most: the scan's memory, whatever the backlog.
+const SCAN_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+enum ToWriter {
+    Changes(Vec<Change>),
+    Barrier(tokio::sync::oneshot::Sender<u64>),
+}
+
+/// The task that appends a view's changes to its change stream, in the order sent. Writing
+/// them out (a JSON value each, then a log batch) overlaps with the view folding the next
+/// events: when 10 000 windows close at once, their finals are encoded on the other core. The
+/// channel is bounded, so a writer that falls behind holds the view back.
+pub(super) struct ChangeWriter {
+    sender: tokio::sync::mpsc::Sender<ToWriter>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ChangeWriter {
+    pub fn start(view: &str, output: &Arc<Stream>) -> ChangeWriter {
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<ToWriter>(CHANGE_BATCHES_QUEUED);
+        let output = output.clone();
+        let name = view.to_string();
+        let task = tokio::spawn(async move {
+            // Registered once: a labelled `counter!` builds and looks up its key on every call.
+            let changes_total = metrics::counter!("view_changes_total", "view" => name.clone());
+            // The newest append: appends to one partition are written in order, so once it is,
+            // every earlier one is too.
+            let mut newest = None;
+            while let Some(message) = receiver.recv().await {
+                match message {
+                    ToWriter::Changes(changes) => {
+                        let records: Vec<NewRecord> =
+                            changes.into_iter().map(|change| change_record(&name, change)).collect();
+                        changes_total.increment(records.len() as u64);
+                        // The change stream is derived: written without fsync, and not awaited
+                        // here, so the next batch is encoded meanwhile.
+                        match output.enqueue_to(0, &records, Some(Durability::Async)).await {
+                            Ok(ack) => newest = Some(ack),
+                            Err(error) => tracing::warn!(view = name, %error, "view changes could not be written"),
+                        }
+                    }
+                    ToWriter::Barrier(reply) => {
+                        if let Some(ack) = newest.take()
+                            && let Err(error) = ack.await
+                        {
+                            tracing::warn!(view = name, %error, "view changes could not be written");
+                        }
+                        let _ = reply.send(output.end_offsets().first().copied().unwrap_or(0));
+                    }
+                }
+                if !receiver.is_empty() {
+                    // A backlog (a burst of window finals): one batch per turn, so writing it
+                    // out does not keep the worker thread from the hub and the subscribers.
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        ChangeWriter { sender, task }
+    }
+
+    /// Hands `changes` over (waiting while the writer is behind).
+    pub async fn send(&self, changes: Vec<Change>) {
+        // Fails only once the writer is gone, which is when the view stops.
+        let _ = self.sender.send(ToWriter::Changes(changes)).await;
+    }
+
+    /// Asks for the change stream's end once everything sent so far is written; the answer
+    /// comes later (`None` if the writer stopped first).
+    pub async fn barrier(&self) -> impl Future<Output = Option<u64>> + Send + 'static {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let _ = self.sender.send(ToWriter::Barrier(reply)).await;
+        async move { answer.await.ok() }
+    }
+
+    /// Writes what was sent, then stops.
+    pub async fn close(self) {
+        drop(self.sender);
+        let _ = self.task.await;
+    }
+}
+
+/// What a view's change stream holds past a checkpoint: per row (key, window start), the
+/// changes written, and the finals.
+#[derive(Debug, Default)]
+pub(super) struct Written {
+    counts: HashMap<(String, Option<i64>), u64>,
+    finals: HashSet<(String, Option<i64>)>,
+}
+
+impl Written {
+    /// Reads `output` from offset `from` to its end, a bounded step at a time.
+    pub fn scan(view: &str, output: &Stream, from: u64) -> Result<Written, EngineError> {
+        let mut written = Written::default();
+        let log = output.partition(0)?;
+        let end = log.end_offset();
+        let mut next = from.max(log.start_offset());
+        let mut changes = 0u64;
+        while next < end {
+            let records = log.read(next, SCAN_READ_RECORDS_MAX, SCAN_READ_BYTES_MAX)?;
+            let Some(last) = records.last() else { break };
+            next = last.offset + 1;
+            for record in &records {
+                let (Some(key), Some(value)) = (&record.key, &record.value) else { continue };
+                let Some((is_final, _, fields)) = change_parts(value) else { continue };
+                let key = String::from_utf8_lossy(key).into_owned();
+                written.add(key, is_final, window_start(fields));
+                changes += 1;
+            }
+        }
+        if changes > 0 {
+            tracing::info!(
+                view,
+                changes,
+                "found changes written after the last checkpoint: the replay does not write them again"
+            );
+        }
+        Ok(written)
+    }
+
+    fn add(&mut self, key: String, is_final: bool, window_start: Option<i64>) {
+        if is_final {
+            self.finals.insert((key, window_start));
+        } else {
+            *self.counts.entry((key, window_start)).or_default() += 1;
+        }
+    }
+
+    /// Leaves out of `changes` (the replay's, in order) those the stream has already.
+    pub fn filter(&mut self, changes: &mut Vec<Change>) {
+        if self.counts.is_empty() && self.finals.is_empty() {
+            return;
+        }
+        changes.retain(|change| {
+            let row = (change.key.clone(), change.row.get("window_start").and_then(Value::as_i64));
+            if change.is_final {
+                return !self.finals.remove(&row);
+            }
+            match self.counts.get_mut(&row) {
+                Some(count) => {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.counts.remove(&row);
+                    }
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+}
+
+/// `window_start` of a change's row, from its fields as [`change_parts`] gives them.
+fn window_start(fields: &[u8]) -> Option<i64> {
+    if fields == b"}" {
+        return None;
+    }
+    let mut object = Vec::with_capacity(fields.len() + 1);
+    object.push(b'{');
+    object.extend_from_slice(fields);
+    let row: serde_json::Map<String, Value> = serde_json::from_slice(&object).ok()?;
+    row.get("window_start").and_then(Value::as_i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn change(key: &str, row: Value, is_final: bool) -> Change {
+        Change { key: key.into(), row: Arc::new(row), is_final, removed: false }
+    }
+
+    #[test]
+    fn the_replay_leaves_out_as_many_changes_per_row_as_were_written_and_each_final_once() {
+        let mut written = Written::default();
+        for (key, is_final, start) in
+            [("a", false, None), ("a", false, None), ("b", false, Some(10)), ("b", true, Some(10))]
+        {
+            written.add(key.into(), is_final, start);
+        }
+        let mut changes = vec![
+            change("a", json!({"n": 5}), false),
+            change("b", json!({"n": 1, "window_start": 10}), false),
+            change("a", json!({"n": 6}), false),
+            change("b", json!({"n": 1, "window_start": 20}), false),
+            change("a", json!({"n": 7}), false),
+            change("b", json!({"n": 2, "window_start": 10}), true),
+            change("b", json!({"n": 2, "window_start": 10}), true),
+        ];
+        written.filter(&mut changes);
+        let kept: Vec<String> = changes.iter().map(|change| format!("{} {}", change.key, change.row)).collect();
+        // a: two written, the third is new; b@10: one change and its final written; b@20 new.
+        assert_eq!(kept, [r#"b {"n":1,"window_start":20}"#, r#"a {"n":7}"#, r#"b {"n":2,"window_start":10}"#]);
+        assert!(written.counts.is_empty() && written.finals.is_empty());
+    }
+
+    #[test]
+    fn window_starts_read_from_a_change_value() {
+        let value = super::super::runtime::change_value(&change("k", json!({"n": 1, "window_start": 42}), false));
+        let (_, _, fields) = change_parts(&value).unwrap();
+        assert_eq!(window_start(fields), Some(42));
+        let value = super::super::runtime::change_value(&change("k", json!({}), false));
+        assert_eq!(window_start(change_parts(&value).unwrap().2), None);
+    }
+}
