@@ -1,7 +1,9 @@
 //! Joined views through the real binary, across `kill -9`: writes over HTTP to the inputs of a
 //! four-input joined view, the server killed at a random instant while they go on, 50 times;
 //! after every restart each acknowledged write is in its table and the view, once it has loaded
-//! its inputs again, is row for row its own SELECT evaluated by the query engine.
+//! its inputs again, is row for row its own SELECT evaluated by the query engine; and its change
+//! stream, read over Kafka, ends on those rows (what a kill kept it from writing is written at
+//! the restart).
 
 mod common;
 
@@ -104,6 +106,35 @@ fn settled(address: SocketAddr) -> Vec<String> {
     }
 }
 
+/// The newest change of each key in the view's change stream (read over Kafka) is `rows` (as
+/// `settled` gives them), once the stream has caught up (20 s at most); a key whose newest
+/// change removed it has no row.
+fn changes_end_on(kafka: SocketAddr, rows: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut newest: BTreeMap<String, Value> = BTreeMap::new();
+        for (key, mut row) in common::view_changes_over_kafka(kafka, "enriched") {
+            let fields = row.as_object_mut().unwrap();
+            fields.remove("final");
+            if fields.remove("removed").is_some() {
+                newest.remove(&key);
+            } else {
+                newest.insert(key, row);
+            }
+        }
+        let mut ended: Vec<String> = newest.values().map(Value::to_string).collect();
+        ended.sort();
+        if ended == rows {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the change stream ends elsewhere:\n  changes: {ended:?}\n  view:    {rows:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn a_joined_view_after_kill_9_at_random_instants_equals_its_query() {
     let dir = DataDir::new();
@@ -165,7 +196,11 @@ fn a_joined_view_after_kill_9_at_random_instants_equals_its_query() {
             }
             assert_eq!(&stored, expected, "cycle {cycle}: every acknowledged write of {table} is there");
         }
-        rows_seen = rows_seen.max(settled(server.address).len());
+        let rows = settled(server.address);
+        rows_seen = rows_seen.max(rows.len());
+        if cycle % 10 == 9 {
+            changes_end_on(server.kafka_address.unwrap(), &rows);
+        }
     }
     assert!(rows_seen > 3, "the view had rows to compare: {rows_seen}");
     assert!(step > CYCLES * 3, "writes went on between the kills: {step} in {CYCLES} cycles");

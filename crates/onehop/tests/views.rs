@@ -191,21 +191,11 @@ fn stored_values(address: SocketAddr, stream: &str, partitions: u32) -> Vec<Valu
     values
 }
 
-/// A view's change stream as confluent-kafka's read_committed consumer reads it: per key, the
-/// rows in order.
+/// A view's change stream over Kafka (read_committed): per key, the rows in order.
 fn committed_changes(kafka: SocketAddr, view: &str) -> BTreeMap<String, Vec<Value>> {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/read_committed.py");
-    let output = std::process::Command::new("python3")
-        .arg(script)
-        .args([&kafka.to_string(), &format!("__view.{view}")])
-        .output()
-        .expect("python3 with confluent-kafka is installed by scripts/test");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let mut changes: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for line in String::from_utf8(output.stdout).unwrap().lines() {
-        let record: Value = serde_json::from_str(line).unwrap();
-        let row: Value = serde_json::from_str(record["value"].as_str().unwrap()).unwrap();
-        changes.entry(record["key"].as_str().unwrap().to_string()).or_default().push(row);
+    for (key, row) in common::view_changes_over_kafka(kafka, view) {
+        changes.entry(key).or_default().push(row);
     }
     changes
 }

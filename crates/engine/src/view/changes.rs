@@ -14,6 +14,11 @@
 //! after it, in whatever order the partitions were interleaved, so the changes written twice
 //! are the first ones of each row and the row's last change is its value once every record is
 //! in; no change is taken back, and none is lost.
+//!
+//! A view that loads its inputs again at every start instead (a joined view, a view over
+//! tables) has no replay to compare: [`reconcile`] compares its rows once loaded with the
+//! newest change of each key the stream holds, and writes what differs, so that the stream
+//! ends where the view is whatever the crash cut short.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,6 +37,8 @@ const CHANGE_BATCHES_QUEUED: usize = 64;
 const SCAN_READ_RECORDS_MAX: usize = 1024;
 /// Bytes that step reads at most: the scan's memory, whatever the backlog.
 const SCAN_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Rows of the view compared at a time by [`reconcile`].
+const RECONCILE_PAGE: usize = 1024;
 
 enum ToWriter {
     Changes(Vec<Change>),
@@ -181,16 +188,90 @@ impl Written {
     }
 }
 
+/// The changes that take a view's change stream from where it ends to the view's rows: each row
+/// (from `page`, the view's pages in key order) that is not the newest change of its key in
+/// `output`, and a removal of each key whose newest change is a row the view no longer has. A
+/// change stream that holds nothing (a view just created) is left so: a view's first rows are
+/// history, as a first backfill's are. A key unchanged for longer than the stream keeps its
+/// changes is written again.
+pub(super) fn reconcile(
+    view: &str,
+    output: &Stream,
+    page: impl Fn(Option<&str>, usize) -> Vec<(String, Vec<Value>)>,
+) -> Result<Vec<Change>, EngineError> {
+    let log = output.partition(0)?;
+    if log.end_offset() == log.start_offset() {
+        return Ok(Vec::new());
+    }
+    let mut last: HashMap<String, Value> = HashMap::new();
+    let end = log.end_offset();
+    let mut next = log.start_offset();
+    while next < end {
+        let records = log.read(next, SCAN_READ_RECORDS_MAX, SCAN_READ_BYTES_MAX)?;
+        let Some(newest) = records.last() else { break };
+        next = newest.offset + 1;
+        for record in &records {
+            let (Some(key), Some(value)) = (&record.key, &record.value) else { continue };
+            let Some((_, removed, fields)) = change_parts(value) else { continue };
+            let key = String::from_utf8_lossy(key).into_owned();
+            match (removed, row_of(fields)) {
+                (false, Some(row)) => {
+                    last.insert(key, row);
+                }
+                _ => {
+                    last.remove(&key);
+                }
+            }
+        }
+    }
+    let mut changes = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let rows = page(after.as_deref(), RECONCILE_PAGE);
+        let Some((newest, _)) = rows.last() else { break };
+        after = Some(newest.clone());
+        for (key, rows) in rows {
+            let Some(mut row) = rows.into_iter().next() else { continue };
+            if let Value::Object(fields) = &mut row {
+                fields.remove("final");
+            }
+            if last.remove(&key).as_ref() != Some(&row) {
+                changes.push(Change { key, row: Arc::new(row), is_final: false, removed: false });
+            }
+        }
+    }
+    let mut gone: Vec<(String, Value)> = last.into_iter().collect();
+    gone.sort_by(|a, b| a.0.cmp(&b.0));
+    changes.extend(gone.into_iter().map(|(key, row)| Change {
+        key,
+        row: Arc::new(row),
+        is_final: false,
+        removed: true,
+    }));
+    if !changes.is_empty() {
+        tracing::info!(
+            view,
+            changes = changes.len(),
+            "the change stream was behind the view's rows: writing what differs"
+        );
+    }
+    Ok(changes)
+}
+
+/// A change's row, from its fields as [`change_parts`] gives them.
+fn row_of(fields: &[u8]) -> Option<Value> {
+    let mut object = Vec::with_capacity(fields.len() + 1);
+    object.push(b'{');
+    object.extend_from_slice(fields);
+    serde_json::from_slice(&object).ok()
+}
+
 /// `window_start` of a change's row, from its fields as [`change_parts`] gives them.
 fn window_start(fields: &[u8]) -> Option<i64> {
     if fields == b"}" {
         return None;
     }
-    let mut object = Vec::with_capacity(fields.len() + 1);
-    object.push(b'{');
-    object.extend_from_slice(fields);
-    let row: serde_json::Map<String, Value> = serde_json::from_slice(&object).ok()?;
-    row.get("window_start").and_then(Value::as_i64)
+    row_of(fields)?.get("window_start").and_then(Value::as_i64)
 }
 
 #[cfg(test)]

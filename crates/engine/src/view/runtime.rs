@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::catchup::{Catchup, follow, restored};
-use super::changes::{ChangeWriter, Written as ChangesWritten};
+use super::changes::{ChangeWriter, Written as ChangesWritten, reconcile};
 use super::checkpoint::{self, Restored};
 use super::expr::{Input, parse_value};
 use super::join::state::InputStatus;
@@ -462,6 +462,11 @@ impl View {
         self.restoring.store(false, Ordering::Relaxed);
         let mut cursor = follow(&hub, &self.source, vec![next])?;
         let writer = ChangeWriter::start(self.name(), &self.output);
+        // What a crash kept the change stream from writing, written now.
+        let behind = reconcile(self.name(), &self.output, |after, limit| self.page(after, limit))?;
+        if !behind.is_empty() {
+            writer.send(behind).await;
+        }
         let mut late = Vec::new();
         loop {
             tokio::select! {

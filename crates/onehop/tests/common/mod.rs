@@ -599,3 +599,25 @@ pub fn wait_for_mqtt_subscriptions(address: SocketAddr, count: u64, user: Option
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A view's change stream as confluent-kafka's read_committed consumer reads it
+/// (`tests/kafka/confluent/read_committed.py`): `(key, row)` in order, each row with its
+/// `final` (and `removed`) flags.
+pub fn view_changes_over_kafka(kafka: SocketAddr, view: &str) -> Vec<(String, serde_json::Value)> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kafka/confluent/read_committed.py");
+    let output = Command::new("python3")
+        .arg(script)
+        .args([&kafka.to_string(), &format!("__view.{view}")])
+        .output()
+        .expect("python3 with confluent-kafka is installed by scripts/test");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            let row = serde_json::from_str(record["value"].as_str().unwrap()).unwrap();
+            (record["key"].as_str().unwrap().to_string(), row)
+        })
+        .collect()
+}

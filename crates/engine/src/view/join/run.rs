@@ -20,7 +20,7 @@ use crate::stream::Stream;
 use crate::table::Table;
 use crate::view::View;
 use crate::view::catchup::{follow, restored};
-use crate::view::changes::ChangeWriter;
+use crate::view::changes::{ChangeWriter, reconcile};
 use crate::view::runtime::{ViewStatus, change_parts, register_metrics};
 use crate::view::state::Change;
 
@@ -230,6 +230,11 @@ impl View {
             cursors.push(follow(&hub, source.changes(), position)?);
         }
         let writer = ChangeWriter::start(self.name(), self.output());
+        // What a crash kept the change stream from writing, written now.
+        let behind = reconcile(self.name(), self.output(), |after, limit| self.page(after, limit))?;
+        if !behind.is_empty() {
+            writer.send(behind).await;
+        }
         let (mut changes, mut late) = (Vec::new(), Vec::new());
         loop {
             let next = {
