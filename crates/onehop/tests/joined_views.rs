@@ -148,13 +148,7 @@ fn a_joined_view_after_kill_9_at_random_instants_equals_its_query() {
     let mut step = 0u64;
     let mut rows_seen = 0usize;
     for cycle in 0..CYCLES {
-        let pid = server.child.id();
-        let delay = Duration::from_millis(20 + u64::from(rng.below(200)));
-        let killer = std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            // Only the server this test started, by its PID.
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-        });
+        let killer = server.kill_9_after(Duration::from_millis(20 + u64::from(rng.below(200))));
         let (cut_table, cut_id, cut_row) = loop {
             step += 1;
             let (table, id, row) = write(&mut rng, step);

@@ -29,33 +29,12 @@ fn alert(seq: u64) -> Option<Value> {
         .then(|| json!({ "seq": seq, "sensor": format!("S{}", seq % 7), "fahrenheit": celsius * 9 / 5 + 32 }))
 }
 
-/// Every record of `stream`, each partition read from its start.
-fn read_all(address: SocketAddr, stream: &str, partitions: u32) -> Vec<Value> {
-    let mut all = Vec::new();
-    for partition in 0..partitions {
-        let mut from = 0u64;
-        loop {
-            let (status, body) =
-                get(address, &format!("/streams/{stream}?partition={partition}&from={from}&limit=10000"));
-            assert_eq!(status, 200, "{body}");
-            let body: Value = serde_json::from_str(&body).unwrap();
-            let records = body["records"].as_array().unwrap();
-            if records.is_empty() {
-                break;
-            }
-            from = records.last().unwrap()["offset"].as_u64().unwrap() + 1;
-            all.extend(records.iter().cloned());
-        }
-    }
-    all
-}
-
 /// The output's values by `seq`, once it holds `count` records (30 s at most); a `seq` seen twice
 /// fails the test.
 fn settled(address: SocketAddr, count: usize) -> BTreeMap<u64, Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let records = read_all(address, "alerts", 2);
+        let records = common::stream_records(address, "alerts", 2);
         if records.len() >= count {
             let mut by_seq = BTreeMap::new();
             for record in &records {
@@ -115,7 +94,7 @@ fn sentence(rng: &mut Rng) -> String {
 fn words_expected(address: SocketAddr) -> BTreeMap<(String, String, u64), String> {
     let mut expected = BTreeMap::new();
     for (stream, kind, field) in [("posts", "post", "text"), ("comments", "comment", "body")] {
-        for record in read_all(address, stream, 2) {
+        for record in common::stream_records(address, stream, 2) {
             let value = &record["value"];
             for (n, word) in value[field].as_str().unwrap().split(' ').enumerate() {
                 let id = value["id"].as_str().unwrap().to_string();
@@ -131,7 +110,7 @@ fn words_expected(address: SocketAddr) -> BTreeMap<(String, String, u64), String
 fn words_settled(address: SocketAddr, count: usize) -> BTreeMap<(String, String, u64), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let records = read_all(address, "words", 3);
+        let records = common::stream_records(address, "words", 3);
         if records.len() >= count {
             let mut words = BTreeMap::new();
             for record in &records {
@@ -183,13 +162,7 @@ fn a_merge_split_into_words_after_kill_9_at_random_instants_writes_each_word_onc
     let mut seq = 0u64;
     let mut acknowledged: Vec<(&str, String)> = Vec::new();
     for cycle in 0..WORD_CYCLES {
-        let pid = server.child.id();
-        let delay = Duration::from_millis(30 + u64::from(rng.below(300)));
-        let killer = std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            // Only the server this test started, by its PID.
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-        });
+        let killer = server.kill_9_after(Duration::from_millis(30 + u64::from(rng.below(300))));
         loop {
             let (stream, field) = if seq.is_multiple_of(2) { ("posts", "text") } else { ("comments", "body") };
             let batch: Vec<Value> =

@@ -172,25 +172,6 @@ fn bench_restore_replays_every_record_into_each_view() {
 
 const COUNT_CYCLES: u64 = 20;
 
-/// Every record of `stream`'s `partitions`, as the HTTP read gives them.
-fn stored_values(address: SocketAddr, stream: &str, partitions: u32) -> Vec<Value> {
-    let mut values = Vec::new();
-    for partition in 0..partitions {
-        let mut from = 0u64;
-        loop {
-            let (status, body) =
-                get(address, &format!("/streams/{stream}?partition={partition}&from={from}&limit=10000"));
-            assert_eq!(status, 200, "{body}");
-            let body: Value = serde_json::from_str(&body).unwrap();
-            let records = body["records"].as_array().unwrap();
-            let Some(last) = records.last() else { break };
-            from = last["offset"].as_u64().unwrap() + 1;
-            values.extend(records.iter().map(|record| record["value"].clone()));
-        }
-    }
-    values
-}
-
 /// A view's change stream over Kafka (read_committed): per key, the rows in order.
 fn committed_changes(kafka: SocketAddr, view: &str) -> BTreeMap<String, Vec<Value>> {
     let mut changes: BTreeMap<String, Vec<Value>> = BTreeMap::new();
@@ -216,13 +197,7 @@ fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants
     let mut rng = Rng::new(0x0000_c0de_c0c0_0001, 0);
     let mut published = 0usize;
     for _ in 0..COUNT_CYCLES {
-        let pid = server.child.id();
-        let delay = Duration::from_millis(200 + u64::from(rng.below(1500)));
-        let killer = std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            // Only the server this test started, by its PID.
-            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
-        });
+        let killer = server.kill_9_after(Duration::from_millis(200 + u64::from(rng.below(1500))));
         loop {
             let batch: Vec<Value> = (0..50).map(|_| json!({ "word": format!("w{}", rng.below(30)) })).collect();
             if !publish_batch(server.address, "words", &batch) {
@@ -235,8 +210,8 @@ fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants
         server = dir.start(&[], &[]);
     }
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
-    for value in stored_values(server.address, "words", 3) {
-        *expected.entry(value["word"].as_str().unwrap().to_string()).or_default() += 1;
+    for record in common::stream_records(server.address, "words", 3) {
+        *expected.entry(record["value"]["word"].as_str().unwrap().to_string()).or_default() += 1;
     }
     assert!(expected.values().sum::<u64>() >= published as u64, "every acknowledged word is stored");
     // The view settles on the source's counts.

@@ -416,28 +416,10 @@ proptest! {
     }
 }
 
-/// The `sql` blocks of a section of a page of docs/, in order.
-fn sql_blocks(page: &str, heading: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs").join(page))
-        .unwrap();
-    let start = text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"));
-    let section = &text[start + heading.len()..];
-    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
-    let mut blocks = Vec::new();
-    let mut rest = section;
-    while let Some(at) = rest.find("```sql\n") {
-        let body = &rest[at + 7..];
-        let end = body.find("```").unwrap();
-        blocks.push(body[..end].to_string());
-        rest = &body[end + 3..];
-    }
-    blocks
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_joined_view_examples_of_the_docs_run_and_agree_with_their_queries() {
     let (_dir, engine) = fresh();
-    let blocks = sql_blocks("views.md", "## Joined views");
+    let blocks = common::sql_blocks("views.md", "## Joined views");
     assert!(!blocks.is_empty());
     for block in &blocks {
         run(&engine, block).await.unwrap_or_else(|error| panic!("{block}\n{error}"));

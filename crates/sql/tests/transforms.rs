@@ -388,29 +388,11 @@ async fn bad_unnests_and_unions_are_refused_and_define_nothing() {
     close(engine).await;
 }
 
-/// The `sql` blocks of the subsection `heading` of docs/sql.md, in order.
-fn sql_blocks(heading: &str) -> Vec<String> {
-    let text =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/sql.md")).unwrap();
-    let start = text.find(heading).unwrap_or_else(|| panic!("sql.md has {heading}"));
-    let section = &text[start + heading.len()..];
-    let section = &section[..section.find("\n#").unwrap_or(section.len())];
-    let mut blocks = Vec::new();
-    let mut rest = section;
-    while let Some(at) = rest.find("```sql\n") {
-        let body = &rest[at + 7..];
-        let end = body.find("```").unwrap();
-        blocks.push(body[..end].to_string());
-        rest = &body[end + 3..];
-    }
-    blocks
-}
-
 /// The examples of "Splitting, merging and text" run as written and do what the page says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_splitting_and_merging_examples_of_the_docs_run() {
     let (_dir, engine) = fresh();
-    let blocks = sql_blocks("### Splitting, merging and text");
+    let blocks = common::sql_blocks("sql.md", "### Splitting, merging and text");
     assert_eq!(blocks.len(), 3);
     for block in &blocks {
         run(&engine, block).await.unwrap_or_else(|error| panic!("{block}\n{error}"));

@@ -130,22 +130,11 @@ impl Written {
     /// Reads `output` from offset `from` to its end, a bounded step at a time.
     pub fn scan(view: &str, output: &Stream, from: u64) -> Result<Written, EngineError> {
         let mut written = Written::default();
-        let log = output.partition(0)?;
-        let end = log.end_offset();
-        let mut next = from.max(log.start_offset());
         let mut changes = 0u64;
-        while next < end {
-            let records = log.read(next, SCAN_READ_RECORDS_MAX, SCAN_READ_BYTES_MAX)?;
-            let Some(last) = records.last() else { break };
-            next = last.offset + 1;
-            for record in &records {
-                let (Some(key), Some(value)) = (&record.key, &record.value) else { continue };
-                let Some((is_final, _, fields)) = change_parts(value) else { continue };
-                let key = String::from_utf8_lossy(key).into_owned();
-                written.add(key, is_final, window_start(fields));
-                changes += 1;
-            }
-        }
+        each_change(output, from, |key, is_final, _, fields| {
+            written.add(key, is_final, window_start(fields));
+            changes += 1;
+        })?;
         if changes > 0 {
             tracing::info!(
                 view,
@@ -204,26 +193,14 @@ pub(super) fn reconcile(
         return Ok(Vec::new());
     }
     let mut last: HashMap<String, Value> = HashMap::new();
-    let end = log.end_offset();
-    let mut next = log.start_offset();
-    while next < end {
-        let records = log.read(next, SCAN_READ_RECORDS_MAX, SCAN_READ_BYTES_MAX)?;
-        let Some(newest) = records.last() else { break };
-        next = newest.offset + 1;
-        for record in &records {
-            let (Some(key), Some(value)) = (&record.key, &record.value) else { continue };
-            let Some((_, removed, fields)) = change_parts(value) else { continue };
-            let key = String::from_utf8_lossy(key).into_owned();
-            match (removed, row_of(fields)) {
-                (false, Some(row)) => {
-                    last.insert(key, row);
-                }
-                _ => {
-                    last.remove(&key);
-                }
-            }
+    each_change(output, 0, |key, _, removed, fields| match (removed, row_of(fields)) {
+        (false, Some(row)) => {
+            last.insert(key, row);
         }
-    }
+        _ => {
+            last.remove(&key);
+        }
+    })?;
     let mut changes = Vec::new();
     let mut after: Option<String> = None;
     loop {
@@ -256,6 +233,30 @@ pub(super) fn reconcile(
         );
     }
     Ok(changes)
+}
+
+/// Calls `change` with each change `output` holds from offset `from` (or its start) to its
+/// end: its key, whether it is final, whether it removed its row, and its fields as
+/// [`change_parts`] gives them. Read a bounded step at a time.
+fn each_change(
+    output: &Stream,
+    from: u64,
+    mut change: impl FnMut(String, bool, bool, &[u8]),
+) -> Result<(), EngineError> {
+    let log = output.partition(0)?;
+    let end = log.end_offset();
+    let mut next = from.max(log.start_offset());
+    while next < end {
+        let records = log.read(next, SCAN_READ_RECORDS_MAX, SCAN_READ_BYTES_MAX)?;
+        let Some(last) = records.last() else { break };
+        next = last.offset + 1;
+        for record in &records {
+            let (Some(key), Some(value)) = (&record.key, &record.value) else { continue };
+            let Some((is_final, removed, fields)) = change_parts(value) else { continue };
+            change(String::from_utf8_lossy(key).into_owned(), is_final, removed, fields);
+        }
+    }
+    Ok(())
 }
 
 /// A change's row, from its fields as [`change_parts`] gives them.

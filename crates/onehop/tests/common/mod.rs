@@ -291,6 +291,17 @@ impl Server {
         self.child.wait().unwrap();
     }
 
+    /// Kills this server with kill -9 after `delay`, from a thread of its own (by its PID, so
+    /// only the server the test started): what a crash at an instant the test does not choose
+    /// does. Join the thread, then [`Server::kill_9`] to reap it.
+    pub fn kill_9_after(&self, delay: Duration) -> std::thread::JoinHandle<()> {
+        let pid = self.child.id();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        })
+    }
+
     pub fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
@@ -620,4 +631,24 @@ pub fn view_changes_over_kafka(kafka: SocketAddr, view: &str) -> Vec<(String, se
             (record["key"].as_str().unwrap().to_string(), row)
         })
         .collect()
+}
+
+/// Every record of `stream`'s `partitions` as `GET /streams/{stream}` gives them (offset, key,
+/// value, headers, …), each partition read from its start.
+pub fn stream_records(address: SocketAddr, stream: &str, partitions: u32) -> Vec<serde_json::Value> {
+    let mut all = Vec::new();
+    for partition in 0..partitions {
+        let mut from = 0u64;
+        loop {
+            let (status, body) =
+                get(address, &format!("/streams/{stream}?partition={partition}&from={from}&limit=10000"));
+            assert_eq!(status, 200, "{body}");
+            let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let records = body["records"].as_array().unwrap();
+            let Some(last) = records.last() else { break };
+            from = last["offset"].as_u64().unwrap() + 1;
+            all.extend(records.iter().cloned());
+        }
+    }
+    all
 }

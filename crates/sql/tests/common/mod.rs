@@ -38,3 +38,25 @@ pub async fn run(engine: &Engine, sql: &str) -> Result<Vec<Output>, SqlError> {
     }
     Ok(outputs)
 }
+
+/// The `sql` blocks of the section `heading` (`## Joined views`, `### Transforms`) of the page
+/// `page` of docs/, in order: up to the next heading of its level or above.
+pub fn sql_blocks(page: &str, heading: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs").join(page)).unwrap();
+    let start = text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"));
+    let level = heading.chars().take_while(|c| *c == '#').count();
+    let section = &text[start + heading.len()..];
+    let end = section
+        .match_indices("\n#")
+        .find(|(at, _)| section[at + 1..].chars().take_while(|c| *c == '#').count() <= level)
+        .map_or(section.len(), |(at, _)| at);
+    let mut blocks = Vec::new();
+    let mut rest = &section[..end];
+    while let Some(at) = rest.find("```sql\n") {
+        let body = &rest[at + 7..];
+        let close = body.find("```").unwrap();
+        blocks.push(body[..close].to_string());
+        rest = &body[close + 3..];
+    }
+    blocks
+}
