@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{DataDir, get, publish_batch, publish_in_batches, sql};
+use common::{DataDir, publish_batch, publish_in_batches, sql};
 use onehop_bench::plan::Rng;
 use serde_json::{Value, json};
 
@@ -136,16 +136,10 @@ fn words_settled(address: SocketAddr, count: usize) -> BTreeMap<(String, String,
 fn counts_settle(address: SocketAddr, expected: &BTreeMap<String, u64>) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, body) = get(address, "/views/word_counts?limit=10000");
-        assert_eq!(status, 200, "{body}");
-        let body: Value = serde_json::from_str(&body).unwrap();
-        let counts: BTreeMap<String, u64> = body["keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|entry| (entry["key"].as_str().unwrap().to_string(), entry["rows"][0]["count"].as_u64().unwrap()))
-            .collect();
-        if &counts == expected {
+        let (rows, restoring) = common::view_first_rows(address, "word_counts");
+        let counts: BTreeMap<String, u64> =
+            rows.into_iter().map(|(word, row)| (word, row["count"].as_u64().unwrap())).collect();
+        if &counts == expected && !restoring {
             return;
         }
         assert!(Instant::now() < deadline, "the counts did not settle:\n  view: {counts:?}\n  want: {expected:?}");

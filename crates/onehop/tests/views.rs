@@ -217,15 +217,10 @@ fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants
     // The view settles on the source's counts.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, body) = get(server.address, "/views/word_counts?limit=1000");
-        let body: Value = serde_json::from_str(&body).unwrap();
-        let counts: BTreeMap<String, u64> = body["keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|entry| (entry["key"].as_str().unwrap().to_string(), entry["rows"][0]["count"].as_u64().unwrap()))
-            .collect();
-        if counts == expected && body["status"]["restoring"] == false {
+        let (rows, restoring) = common::view_first_rows(server.address, "word_counts");
+        let counts: BTreeMap<String, u64> =
+            rows.into_iter().map(|(word, row)| (word, row["count"].as_u64().unwrap())).collect();
+        if counts == expected && !restoring {
             break;
         }
         assert!(Instant::now() < deadline, "the view did not settle: {counts:?}, want {expected:?}");

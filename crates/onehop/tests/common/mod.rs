@@ -652,3 +652,21 @@ pub fn stream_records(address: SocketAddr, stream: &str, partitions: u32) -> Vec
     }
     all
 }
+
+/// `GET /views/{view}`'s first 10 000 keys, each with its first row, and whether the view is
+/// still restoring.
+pub fn view_first_rows(
+    address: SocketAddr,
+    view: &str,
+) -> (std::collections::BTreeMap<String, serde_json::Value>, bool) {
+    let (status, body) = get(address, &format!("/views/{view}?limit=10000"));
+    assert_eq!(status, 200, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rows = body["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| (entry["key"].as_str().unwrap().to_string(), entry["rows"][0].clone()))
+        .collect();
+    (rows, body["status"]["restoring"] != false)
+}
