@@ -153,6 +153,13 @@ impl Written {
         }
     }
 
+    /// What is still to be left out once the replay has caught up: only finals (a window the
+    /// live run closed by the wall clock closes again later); `None` when nothing is.
+    pub fn caught_up(mut self) -> Option<Written> {
+        self.counts.clear();
+        (!self.finals.is_empty()).then_some(self)
+    }
+
     /// Leaves out of `changes` (the replay's, in order) those the stream has already.
     pub fn filter(&mut self, changes: &mut Vec<Change>) {
         if self.counts.is_empty() && self.finals.is_empty() {
@@ -306,6 +313,17 @@ mod tests {
         // a: two written, the third is new; b@10: one change and its final written; b@20 new.
         assert_eq!(kept, [r#"b {"n":1,"window_start":20}"#, r#"a {"n":7}"#, r#"b {"n":2,"window_start":10}"#]);
         assert!(written.counts.is_empty() && written.finals.is_empty());
+        assert!(written.caught_up().is_none(), "nothing left to leave out");
+        // Caught up: the counts of replayed records are done with; a final still closes later.
+        let mut written = Written::default();
+        written.add("a".into(), false, None);
+        written.add("b".into(), true, Some(10));
+        let mut written = written.caught_up().expect("a final is left");
+        let mut changes =
+            vec![change("a", json!({"n": 9}), false), change("b", json!({"n": 2, "window_start": 10}), true)];
+        written.filter(&mut changes);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].key, "a");
     }
 
     #[test]

@@ -298,10 +298,15 @@ impl View {
         let mut cursor = follow(&hub, &self.source, positions)?;
         // What the live run wrote past the checkpoint: the replay writes the rest. With no end
         // in the checkpoint (a view's first backfill) the replay is quiet, as that run was.
+        // Past the replay, the finals the live run wrote for windows the wall clock closed after
+        // the checkpoint are still left out when they close again.
         let mut replay = match self.change_end {
-            Some(end) if !catchup.done() => Some(ChangesWritten::scan(self.name(), &self.output, end)?),
-            _ => None,
+            Some(end) => Some(ChangesWritten::scan(self.name(), &self.output, end)?),
+            None => None,
         };
+        if catchup.done() {
+            replay = replay.and_then(ChangesWritten::caught_up);
+        }
         let writer = ChangeWriter::start(self.name(), &self.output);
         let mut last_checkpoint = Instant::now();
         let mut checkpointed_positions: Vec<u64> = Vec::new();
@@ -345,6 +350,9 @@ impl View {
                         None => break,
                     }
                 }
+                if let Some(written) = replay.as_mut() {
+                    written.filter(&mut changes);
+                }
                 self.publish(&writer, &mut changes, &mut late).await;
                 if more {
                     // Let the change writer, the hub and the subscribers move this chunk on.
@@ -382,7 +390,7 @@ impl View {
                         if let Some(written) = replay.as_mut() {
                             written.filter(&mut changes);
                         }
-                        replay = None;
+                        replay = replay.and_then(ChangesWritten::caught_up);
                         self.restoring.store(false, Ordering::Relaxed);
                     }
                 }
@@ -416,13 +424,12 @@ impl View {
                     return Ok(());
                 }
             }
-            if !catchup.done() {
-                match replay.as_mut() {
-                    // Those the live run wrote before the crash are left out.
-                    Some(written) => written.filter(&mut changes),
-                    // A first backfill: its changes are history.
-                    None => changes.clear(),
-                }
+            match replay.as_mut() {
+                // Those the live run wrote before the crash are left out.
+                Some(written) => written.filter(&mut changes),
+                // A first backfill: its changes are history.
+                None if !catchup.done() => changes.clear(),
+                None => {}
             }
             self.publish(&writer, &mut changes, &mut late).await;
             if since_yield >= YIELD_EVERY {
