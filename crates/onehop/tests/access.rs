@@ -397,6 +397,19 @@ fn every_privilege_on_every_kind_of_object_holds_over_every_protocol() {
         }
     }
     assert!(wrong.is_empty(), "cells that differ from the grants:\n{}", wrong.join("\n"));
+
+    // A transform that joins a table reads it: creating one needs READ on the table too.
+    sql(
+        address,
+        ROOT,
+        "CREATE USER maker PASSWORD 'p'; GRANT ADMIN ON STREAM enriched TO maker; GRANT READ ON STREAM s TO maker",
+    );
+    let enrich = "CREATE STREAM enriched AS SELECT s.team, t.id AS row_id FROM s LEFT JOIN t ON t.id = s.team";
+    let (status, body) = curl(address, "/sql", &["-u", "maker:p", "--data-binary", enrich]);
+    assert_eq!((status, code(&body)), (403, "forbidden".to_string()), "{body}");
+    sql(address, ROOT, "GRANT READ ON TABLE t TO maker");
+    let (status, body) = curl(address, "/sql", &["-u", "maker:p", "--data-binary", enrich]);
+    assert_eq!(status, 200, "{body}");
 }
 
 /// A retained MQTT publish to `{table}/{id}`: a row write.

@@ -1098,7 +1098,7 @@ fn records_of(address: SocketAddr, stream: &str) -> Option<Vec<serde_json::Value
 /// end every node holds the same output, with exactly one record for each source record that
 /// passes the filter (named by its `onehop-source` header) and none for the others. Its second
 /// SELECT (a `UNION ALL` of the same source, split by `UNNEST`) writes two records for each hot
-/// reading, each once.
+/// reading, each once. The first SELECT enriches each reading with its device's row of a table.
 #[test]
 fn a_transform_runs_on_the_leader_and_writes_each_source_record_once_through_kill_9_of_the_leader() {
     let mut cluster = Cluster::start(3);
@@ -1107,9 +1107,18 @@ fn a_transform_runs_on_the_leader_and_writes_each_source_record_once_through_kil
     let everywhere = cluster.http_addresses();
     common::sql(
         everywhere[follower],
-        "CREATE STREAM readings WITH (partitions = 2); \
-         CREATE STREAM hot WITH (partitions = 3) AS SELECT device, temp * 10 AS deci FROM readings WHERE temp > 20 \
-         UNION ALL SELECT device, d FROM readings CROSS JOIN UNNEST(ARRAY[temp, temp + 1]) AS d WHERE temp > 35",
+        &format!(
+            "CREATE STREAM readings WITH (partitions = 2); \
+             CREATE TABLE devices (id TEXT PRIMARY KEY, site TEXT); {} \
+             CREATE STREAM hot WITH (partitions = 3) AS \
+             SELECT r.device, r.temp * 10 AS deci, s.site FROM readings r LEFT JOIN devices s ON s.id = r.device \
+             WHERE r.temp > 20 \
+             UNION ALL SELECT device, d, NULL FROM readings CROSS JOIN UNNEST(ARRAY[temp, temp + 1]) AS d \
+             WHERE temp > 35",
+            (0..6)
+                .map(|n| format!("INSERT INTO devices (id, site) VALUES ('d{n}', 'site{}');", n % 3))
+                .collect::<String>()
+        ),
     );
     on_every_node(&everywhere, "the transform's output stream", |node| records_of(node, "hot").is_some());
 
@@ -1177,15 +1186,23 @@ fn a_transform_runs_on_the_leader_and_writes_each_source_record_once_through_kil
             let (partition, offset, temp) = (&record["partition"], &record["offset"], value["temp"].as_u64()?);
             if temp > 20 {
                 let deci = temp * 10;
+                // Devices d0..d5 have a site; d6 and the bursts' none.
+                let site = value["device"]
+                    .as_str()
+                    .and_then(|device| device.strip_prefix('d'))
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .filter(|n| *n < 6)
+                    .map(|n| format!("site{}", n % 3));
                 expected.insert(
                     format!("{partition}:{offset}"),
-                    serde_json::json!({"device": value["device"], "deci": deci}),
+                    serde_json::json!({"device": value["device"], "deci": deci, "site": site}),
                 );
             }
             if temp > 35 {
                 for (element, deci) in [temp, temp + 1].into_iter().enumerate() {
                     let position = format!("1/{partition}:{offset}#{element}");
-                    expected.insert(position, serde_json::json!({"device": value["device"], "deci": deci}));
+                    expected
+                        .insert(position, serde_json::json!({"device": value["device"], "deci": deci, "site": null}));
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! Transforms through the real binary: `CREATE STREAM … AS SELECT` over `POST /sql`, fed over
-//! HTTP, and after `kill -9` mid-stream the output holds every transformed record exactly once;
+//! HTTP, and after `kill -9` mid-stream the output holds every transformed record (enriched
+//! with a table's row) exactly once;
 //! so does a merge of two streams split into words (`UNION ALL` of `CROSS JOIN UNNEST`s) killed
 //! at random instants while writes go on, with a view counting its words.
 
@@ -14,9 +15,15 @@ use onehop_bench::plan::Rng;
 use serde_json::{Value, json};
 
 const SCHEMA: &str = "CREATE STREAM readings WITH (partitions = 2); \
+    CREATE TABLE sensors (id TEXT PRIMARY KEY, site TEXT); \
+    INSERT INTO sensors (id, site) VALUES ('s0', 'north'), ('s1', 'east'), ('s2', 'south'), ('s3', 'west'), \
+      ('s4', 'north'), ('s5', 'east'); \
     CREATE STREAM alerts WITH (partitions = 2, start = 'earliest') AS \
-    SELECT seq, UPPER(sensor) AS sensor, celsius * 9 / 5 + 32 AS fahrenheit, sensor AS _key \
-    FROM readings WHERE celsius >= 30";
+    SELECT r.seq, UPPER(r.sensor) AS sensor, celsius * 9 / 5 + 32 AS fahrenheit, s.site, r.sensor AS _key \
+    FROM readings r LEFT JOIN sensors s ON s.id = r.sensor WHERE r.celsius >= 30";
+
+/// The site `SCHEMA` gives sensor `s{n}` (s6 has none).
+const SITES: [&str; 6] = ["north", "east", "south", "west", "north", "east"];
 
 fn reading(seq: u64) -> Value {
     json!({ "seq": seq, "sensor": format!("s{}", seq % 7), "celsius": seq % 40 })
@@ -25,8 +32,10 @@ fn reading(seq: u64) -> Value {
 /// The alert `reading(seq)` becomes, or `None` when the filter skips it.
 fn alert(seq: u64) -> Option<Value> {
     let celsius = seq % 40;
-    (celsius >= 30)
-        .then(|| json!({ "seq": seq, "sensor": format!("S{}", seq % 7), "fahrenheit": celsius * 9 / 5 + 32 }))
+    let site = SITES.get((seq % 7) as usize);
+    (celsius >= 30).then(
+        || json!({ "seq": seq, "sensor": format!("S{}", seq % 7), "fahrenheit": celsius * 9 / 5 + 32, "site": site }),
+    )
 }
 
 /// The output's values by `seq`, once it holds `count` records (30 s at most); a `seq` seen twice

@@ -317,7 +317,7 @@ fn authorize(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
         }
         Statement::CreateTransform { def, .. } => {
             admin(ObjectKind::Stream, &def.name)?;
-            for source in def.sources() {
+            for source in def.sources().into_iter().chain(def.tables()) {
                 read(source)?;
             }
         }

@@ -1103,6 +1103,14 @@ impl Engine {
                 return Err(EngineError::UnknownStream { name: source.to_string(), auto_create: false });
             }
         }
+        // The tables it looks rows up in.
+        for table in def.tables() {
+            predictions.check_not_dropping(table, self.table(table).is_ok())?;
+            let pending = predictions.tables.get(table).is_some_and(|pending| pending.def.is_some());
+            if self.table(table).is_err() && !pending {
+                return Err(EngineError::UnknownTable(table.to_string()));
+            }
+        }
         predictions.creating.insert(name, stream_def);
         Ok(encode(&Command::CreateTransform { def: json, output }))
     }
@@ -2007,6 +2015,8 @@ mod tests {
                 key: None,
                 subject: None,
                 unnest: None,
+                alias: None,
+                lookups: Vec::new(),
             },
             union: Vec::new(),
             start: Start::Latest,

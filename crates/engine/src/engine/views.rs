@@ -287,7 +287,7 @@ impl Engine {
         }
         drop(views);
         let transforms = self.transforms.read().expect("transforms lock");
-        if let Some(transform) = transforms.values().find(|transform| transform.def().sources().contains(&name)) {
+        if let Some(transform) = transforms.values().find(|transform| transform.def().reads(name)) {
             return Err(EngineError::InUse {
                 name: name.to_string(),
                 reader: format!("transform {:?}", transform.name()),
@@ -314,6 +314,10 @@ impl Engine {
         checkpoint: Option<TransformCheckpoint>,
     ) -> Result<Arc<Transform>, EngineError> {
         let sources = def.branches().map(|branch| self.stream(&branch.source)).collect::<Result<Vec<_>, _>>()?;
+        let tables = def
+            .branches()
+            .map(|branch| branch.lookups.iter().map(|lookup| self.table(&lookup.table)).collect())
+            .collect::<Result<Vec<Vec<_>>, _>>()?;
         let output = self.stream(&def.name)?;
         let fits = |positions: &[u64]| {
             transform::split_positions(positions, sources.len())
@@ -337,7 +341,7 @@ impl Engine {
                 TransformCheckpoint::new(transform::join_positions(&positions), output.start_offsets())
             }
         };
-        let transform = Arc::new(Transform::new(def, sources.clone(), output, checkpoint.clone()));
+        let transform = Arc::new(Transform::new(def, sources.clone(), tables, output, checkpoint.clone()));
         if let Some(replicator) = self.replicator.get() {
             // Runs where this node leads, from where the cluster's transform is.
             transform.start_replicated(self.hub.clone(), self.checkpoints.clone(), replicator.clone(), self.leading());
@@ -407,6 +411,9 @@ impl Engine {
                 )));
             }
             positions.push(start_positions(&*self.stream(&branch.source)?, def.start));
+            for lookup in &branch.lookups {
+                self.table(&lookup.table)?;
+            }
         }
         let checkpoint =
             TransformCheckpoint::new(transform::join_positions(&positions), vec![0; output.partitions as usize]);

@@ -136,7 +136,7 @@ pub(super) fn join_view_def(
     Ok(ViewDef { join: Some(Box::new(join)), ..super::with_defaults(name, source, sql) })
 }
 
-fn other_join(operator: &ast::JoinOperator) -> &'static str {
+pub(super) fn other_join(operator: &ast::JoinOperator) -> &'static str {
     match operator {
         ast::JoinOperator::Right(_) | ast::JoinOperator::RightOuter(_) => "RIGHT JOIN (put that input first)",
         ast::JoinOperator::FullOuter(_) => "FULL JOIN",
@@ -146,7 +146,7 @@ fn other_join(operator: &ast::JoinOperator) -> &'static str {
 }
 
 /// One input of FROM: a table or view, with its alias.
-fn input(relation: &ast::TableFactor, on: Option<JoinOn>) -> Result<JoinInput, SqlError> {
+pub(super) fn input(relation: &ast::TableFactor, on: Option<JoinOn>) -> Result<JoinInput, SqlError> {
     let ast::TableFactor::Table { name, alias, args, with_hints, version, with_ordinality, partitions, .. } = relation
     else {
         return Err(match relation {
@@ -193,16 +193,16 @@ fn convert(expr: &ast::Expr) -> Result<Expr, SqlError> {
 }
 
 /// What a joined view knows of one input.
-struct Known {
-    alias: String,
+pub(super) struct Known {
+    pub alias: String,
     /// `table orders`, `view by_product`, for errors.
-    label: String,
-    id_field: String,
+    pub label: String,
+    pub id_field: String,
     /// Its columns, with their declared types where it has them.
-    columns: Vec<(String, Option<ColumnType>)>,
+    pub columns: Vec<(String, Option<ColumnType>)>,
     /// A stream: its rows are its records' values, whose fields are not declared, so any name
     /// may be one (besides `key`, the record key).
-    open: bool,
+    pub open: bool,
 }
 
 impl Known {
@@ -216,7 +216,7 @@ impl Known {
         self.open || self.has(column)
     }
 
-    fn column_list(&self) -> String {
+    pub fn column_list(&self) -> String {
         self.columns.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", ")
     }
 }
@@ -373,13 +373,13 @@ pub(crate) fn resolve(engine: &Engine, def: &ViewDef) -> Result<ViewDef, SqlErro
     Ok(ViewDef { source: resolved.inputs[0].source.clone(), join: Some(Box::new(resolved)), ..def.clone() })
 }
 
-fn aliases(known: &[Known]) -> String {
+pub(super) fn aliases(known: &[Known]) -> String {
     known.iter().map(|input| input.alias.as_str()).collect::<Vec<_>>().join(", ")
 }
 
 /// Qualifies every name of `expr` with its input's alias; `visible` inputs (the first ones) may
 /// be named (`place` says where, for errors).
-fn qualify(expr: &mut Expr, known: &[Known], visible: usize, place: &str) -> Result<(), SqlError> {
+pub(super) fn qualify(expr: &mut Expr, known: &[Known], visible: usize, place: &str) -> Result<(), SqlError> {
     expr.try_rewrite(&mut |node: &mut Expr| {
         let Expr::Path { path } = node else { return Ok(()) };
         let Some(Step::Field(first)) = path.first().cloned() else {
@@ -430,7 +430,7 @@ fn qualify(expr: &mut Expr, known: &[Known], visible: usize, place: &str) -> Res
 }
 
 /// The inputs an expression reads (its paths' first steps), by position.
-fn inputs_read(expr: &Expr, known: &[Known]) -> Vec<usize> {
+pub(super) fn inputs_read(expr: &Expr, known: &[Known]) -> Vec<usize> {
     let mut read = Vec::new();
     expr.visit_paths(&mut |path: &[Step]| {
         if let Some(Step::Field(first)) = path.first()
@@ -505,7 +505,7 @@ fn split_on(condition: Expr, known: &[Known], at: usize, kind: JoinKind) -> Resu
     })
 }
 
-fn flatten_and(expr: Expr, into: &mut Vec<Expr>) {
+pub(super) fn flatten_and(expr: Expr, into: &mut Vec<Expr>) {
     match expr {
         Expr::Binary { operator: BinaryOp::And, left, right } => {
             flatten_and(*left, into);
@@ -516,7 +516,7 @@ fn flatten_and(expr: Expr, into: &mut Vec<Expr>) {
 }
 
 /// Refuses an equality of two declared columns whose types never compare equal.
-fn check_types(left: &Expr, right: &Expr, known: &[Known]) -> Result<(), SqlError> {
+pub(super) fn check_types(left: &Expr, right: &Expr, known: &[Known]) -> Result<(), SqlError> {
     let declared = |expr: &Expr| -> Option<(String, ColumnType)> {
         let Expr::Path { path } = expr else { return None };
         let [Step::Field(alias), Step::Field(column)] = path.as_slice() else { return None };

@@ -19,6 +19,7 @@
 //! [`Expr`]: onehop_engine::view::Expr
 
 mod columns;
+mod enrich;
 pub(crate) mod expr;
 mod join;
 mod options;
@@ -54,8 +55,8 @@ const SOURCE_SHAPE: &str =
     "views aggregate one source: FROM source or FROM TUMBLE|HOP|SLIDING|SESSION(source, [time_column,] …)";
 /// What a transform looks like, for errors.
 const TRANSFORM_SHAPE: &str = "a transform is CREATE STREAM name [WITH (…)] AS SELECT [*,] expression [AS name], … \
-     FROM source [CROSS JOIN UNNEST(array) [WITH ORDINALITY] AS alias(element [, position])] [WHERE condition] \
-     [UNION ALL SELECT … FROM another_source …]";
+     FROM source [CROSS JOIN UNNEST(array) [WITH ORDINALITY] AS alias(element [, position]) | \
+     [LEFT] JOIN table t ON t.primary_key = expression …] [WHERE condition] [UNION ALL SELECT … FROM another_source …]";
 /// The aggregates of a view's SELECT list.
 const AGGREGATES: &str = "COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM(x), AVG(x), MIN(x), MAX(x), FIRST(x), LAST(x), \
      JSON_AGG(x [ORDER BY …]), ARRAY_AGG(x [ORDER BY …])";
@@ -188,6 +189,13 @@ pub(crate) async fn execute_create_transform(
     if_not_exists: bool,
     label: String,
 ) -> Result<Output, SqlError> {
+    let resolved;
+    let def = if def.branches().any(|branch| !branch.lookups.is_empty()) {
+        resolved = enrich::resolve(engine, def)?;
+        &resolved
+    } else {
+        def
+    };
     let output = crate::execute::stream_def(engine, &def.name, stream_options);
     if let Some(existing) = engine.transform(&def.name) {
         let same = existing.def() == def && existing.output().def() == &output;

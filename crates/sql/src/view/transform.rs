@@ -1,6 +1,8 @@
 //! `CREATE STREAM … AS SELECT` (a transform): the SELECT list of a stream's records, computed
 //! one by one from the source's, to a [`TransformDef`]; `CROSS JOIN UNNEST(…)` makes one
-//! record per element of an array, and `UNION ALL` merges several sources into one stream.
+//! record per element of an array, `JOIN table ON table.id = …` enriches each record with a
+//! table's row (parsed here, resolved against the tables by `enrich`), and `UNION ALL` merges
+//! several sources into one stream.
 
 use onehop_engine::view::expr::{Function, RecordField, Step};
 use onehop_engine::view::transform::{TransformBranch, ValueFormat};
@@ -8,6 +10,7 @@ use onehop_engine::view::{Expr, Start, TransformDef};
 use sqlparser::ast;
 
 use super::columns::column_name;
+use super::enrich::{self, ALL_COLUMNS};
 use super::expr::{convert_expr, function_name};
 use super::query::{plain_wildcard, source_relation, union_all_selects};
 use super::{KEY_COLUMN, SUBJECT_COLUMN, TRANSFORM_SHAPE, invalid, unsupported};
@@ -27,15 +30,22 @@ pub(super) fn transform_def(name: String, query: &ast::Query, sql: String) -> Re
     let mut branches = branches.into_iter();
     let first = branches.next().expect("a query has a SELECT");
     let mut union: Vec<TransformBranch> = branches.collect();
+    // A joined branch's `alias.*` is expanded when it is resolved, and compared then.
     for (index, branch) in union.iter_mut().enumerate() {
-        same_columns(&first, branch, index + 2)?;
+        if first.lookups.is_empty() && branch.lookups.is_empty() {
+            same_columns(&first, branch, index + 2)?;
+        }
     }
     Ok(TransformDef { name, first, union, start: Start::Latest, value_format: ValueFormat::Json, sql })
 }
 
 /// Takes `branch` (the `ordinal`th SELECT) to the first's columns: as many, in the same
 /// places, named as the first names them (as `UNION ALL` does in Postgres).
-fn same_columns(first: &TransformBranch, branch: &mut TransformBranch, ordinal: usize) -> Result<(), SqlError> {
+pub(super) fn same_columns(
+    first: &TransformBranch,
+    branch: &mut TransformBranch,
+    ordinal: usize,
+) -> Result<(), SqlError> {
     let names = |branch: &TransformBranch| -> String {
         let mut names: Vec<&str> = branch.columns.iter().map(|(name, _)| name.as_str()).collect();
         if branch.all_fields {
@@ -77,14 +87,19 @@ fn branch_def(name: &str, select: &ast::Select, first: bool) -> Result<Transform
         }
     }
     let (from, unnest) = split_unnest(&select.from)?;
-    let (source, window) = source_relation(&from, TRANSFORM_SHAPE)?;
-    if window.is_some() {
-        return Err(unsupported(
-            format!("FROM {source}(…) in a stream transform"),
-            "a transform reads streams: FROM source (windows belong to CREATE VIEW)",
-        ));
-    }
-    let source = simple_name(source)?;
+    let (source, alias, lookups) = match from.as_slice() {
+        [joined] if !joined.joins.is_empty() && unnest.is_none() => enrich::parse_joins(joined)?,
+        _ => {
+            let (source, window) = source_relation(&from, TRANSFORM_SHAPE)?;
+            if window.is_some() {
+                return Err(unsupported(
+                    format!("FROM {source}(…) in a stream transform"),
+                    "a transform reads streams: FROM source (windows belong to CREATE VIEW)",
+                ));
+            }
+            (simple_name(source)?, None, Vec::new())
+        }
+    };
     if source == name {
         return Err(invalid(format!("stream {name} cannot be computed from itself")));
     }
@@ -105,9 +120,29 @@ fn branch_def(name: &str, select: &ast::Select, first: bool) -> Result<Transform
         key: None,
         subject: None,
         unnest: unnest.as_ref().map(|unnest| unnest.array.clone()),
+        alias,
+        lookups,
     };
+    let joined = !branch.lookups.is_empty();
     for item in &select.projection {
         let (expr, name) = match item {
+            ast::SelectItem::Wildcard(_) if joined => {
+                return Err(unsupported(
+                    "SELECT * in a transform that joins tables",
+                    "the record's fields and the rows' columns may share names: take alias.* (the record's \
+                     fields, or a table's columns) or name the columns",
+                ));
+            }
+            ast::SelectItem::QualifiedWildcard(kind, options) if joined => {
+                plain_wildcard(item, options, "a transform takes a plain alias.*")?;
+                let ast::SelectItemQualifiedWildcardKind::ObjectName(alias) = kind else {
+                    return Err(unsupported(item, TRANSFORM_SHAPE));
+                };
+                // Resolved into the record's fields or the table's columns by `enrich`.
+                let alias = Expr::Path { path: vec![Step::Field(simple_name(alias)?)] };
+                branch.columns.push((ALL_COLUMNS.into(), alias));
+                continue;
+            }
             ast::SelectItem::Wildcard(options) => {
                 plain_wildcard(item, options, "a transform takes a plain *")?;
                 if branch.all_fields {
@@ -359,6 +394,8 @@ mod tests {
                     key: None,
                     subject: None,
                     unnest: None,
+                    alias: None,
+                    lookups: Vec::new(),
                 },
                 union: Vec::new(),
                 value_format: ValueFormat::Json,
@@ -389,7 +426,11 @@ mod tests {
             ),
             ("SELECT COUNT(*) AS n FROM s", "COUNT() inside an expression or WHERE"),
             ("SELECT * FROM TUMBLE(s, '1s')", "windows belong to CREATE VIEW"),
-            ("SELECT * FROM a JOIN b ON a.x = b.x", "JOIN is not supported here; a transform is CREATE STREAM"),
+            ("SELECT * FROM a JOIN b ON a.x = b.x", "SELECT * in a transform that joins tables"),
+            ("SELECT a.x FROM a RIGHT JOIN b ON a.x = b.x", "RIGHT JOIN"),
+            ("SELECT a.x FROM a JOIN b USING (x)", "join ON a condition"),
+            ("SELECT a.x FROM a JOIN (SELECT * FROM b) c ON c.id = a.x", "a subquery in FROM"),
+            ("SELECT w FROM s JOIN t ON t.id = s.x CROSS JOIN UNNEST(a) AS w", "UNNEST and JOIN in one SELECT"),
             ("SELECT * FROM a UNION SELECT * FROM b", "UNION without ALL"),
             ("SELECT * FROM a INTERSECT SELECT * FROM b", "INTERSECT is not supported"),
             ("SELECT a, b FROM x UNION ALL SELECT a FROM y", "the first gives a, b, SELECT 2 gives a"),
@@ -402,7 +443,7 @@ mod tests {
             ("SELECT w FROM s CROSS JOIN UNNEST(a) AS u(w, n)", "UNNEST gives 1 column, and the alias names 2"),
             ("SELECT w FROM s CROSS JOIN UNNEST(a) WITH ORDINALITY AS u(w, w)", "both named w"),
             ("SELECT w FROM s LEFT JOIN UNNEST(a) AS w ON true", "LEFT JOIN UNNEST"),
-            ("SELECT w FROM s CROSS JOIN UNNEST(a) AS w CROSS JOIN UNNEST(b) AS v", "JOIN is not supported"),
+            ("SELECT w FROM s CROSS JOIN UNNEST(a) AS w CROSS JOIN UNNEST(b) AS v", "several UNNESTs"),
             ("SELECT * FROM s ORDER BY a", "ORDER BY"),
             ("SELECT *, * FROM s", "* is selected twice"),
             ("SELECT a, a FROM s", "two columns are named a"),

@@ -1,12 +1,16 @@
 //! What a transform is (`TransformDef`, as the catalog stores it): its branches (one per
 //! `SELECT` of a `UNION ALL`), what each makes of one source record (none, one, or one per
-//! element of an `UNNEST`), and the header that names the source record of every output.
+//! element of an `UNNEST`; with the table rows it joins, looked up by primary key), and the
+//! header that names the source record of every output.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use onehop_log::{NewRecord, Record, Text};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::super::JoinKind;
 use super::super::Start;
 use super::super::expr::{Expr, Input, is_true, key_text};
 
@@ -60,7 +64,36 @@ pub struct TransformBranch {
     /// ([`crate::view::expr::RecordField::Element`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unnest: Option<Expr>,
+    /// With `lookups`: the name the source record's value has in the joined row (`o` in `FROM
+    /// orders o`), whose paths (in every expression of the branch) start with an alias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// `JOIN table t ON t.id = …`, in order: the table rows each record is enriched with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lookups: Vec<Lookup>,
 }
+
+/// One table a transform's records are enriched with: for each record, the row whose primary
+/// key `key` gives, as the table holds it when the record is read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Lookup {
+    /// The name its row has in the joined row (`c` in `JOIN customers c`).
+    pub alias: String,
+    pub table: String,
+    /// `JOIN` drops a record no row matches; `LEFT JOIN` keeps it, the row null.
+    pub kind: JoinKind,
+    /// Over the joined row so far (the record's value and the rows of earlier lookups): the
+    /// primary key of the row to take, as text ([`key_text`]); null matches none.
+    pub key: Expr,
+    /// The rest of the ON condition, over the joined row with this row in: a row for which it
+    /// is not true is no match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual: Option<Expr>,
+}
+
+/// How a transform finds a lookup's row: `(lookup index in its branch, primary key)` to the
+/// row's document, if the table has one.
+pub type FindRow<'a> = &'a dyn Fn(usize, &str) -> Option<Arc<Map<String, Value>>>;
 
 /// How a transform writes its output values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,8 +147,42 @@ impl TransformDef {
         sources
     }
 
+    /// The tables its branches look rows up in, once each.
+    pub fn tables(&self) -> Vec<&str> {
+        let mut tables: Vec<&str> = Vec::new();
+        for lookup in self.branches().flat_map(|branch| &branch.lookups) {
+            if !tables.contains(&lookup.table.as_str()) {
+                tables.push(&lookup.table);
+            }
+        }
+        tables
+    }
+
+    /// Whether it reads `name`, as a source or as a table it looks rows up in.
+    pub fn reads(&self, name: &str) -> bool {
+        self.sources().contains(&name) || self.tables().contains(&name)
+    }
+
     /// What makes a definition one the engine cannot run, said as the SQL front end would.
     pub fn check(&self) -> Result<(), String> {
+        for branch in self.branches() {
+            if branch.lookups.is_empty() {
+                continue;
+            }
+            let Some(alias) = &branch.alias else {
+                return Err(format!("the records of {} are joined to tables without an alias", branch.source));
+            };
+            if branch.unnest.is_some() {
+                return Err("UNNEST and JOIN in one SELECT: split the records in one transform and enrich its \
+                            stream in another"
+                    .into());
+            }
+            for (at, lookup) in branch.lookups.iter().enumerate() {
+                if lookup.alias == *alias || branch.lookups[..at].iter().any(|earlier| earlier.alias == lookup.alias) {
+                    return Err(format!("two inputs are named {}; name one with AS", lookup.alias));
+                }
+            }
+        }
         if self.value_format == ValueFormat::Text {
             for branch in self.branches() {
                 if branch.all_fields || branch.columns.len() != 1 {
@@ -128,9 +195,51 @@ impl TransformDef {
         Ok(())
     }
 
-    /// Appends to `out` what branch `branch` makes of `record` (whose value parsed is in
-    /// `input`): nothing when the filter skips it, one output, or one per element of the
-    /// branch's `UNNEST`. Deterministic: the same record gives the same outputs every time.
+    /// The row branch `branch` evaluates its expressions over for `record` (whose value parsed
+    /// is `value`): the value itself without lookups; else an object of the value under the
+    /// branch's alias and each lookup's row (`find` gives them; null for a `LEFT JOIN` that
+    /// matched none) under its alias. `None` when a `JOIN` matched no row: the record gives
+    /// nothing.
+    pub fn joined(
+        &self,
+        branch: usize,
+        record: &Record,
+        partition: u32,
+        value: Value,
+        find: FindRow<'_>,
+    ) -> Option<Value> {
+        let def = self.branch(branch);
+        let Some(alias) = def.alias.as_ref().filter(|_| !def.lookups.is_empty()) else { return Some(value) };
+        let mut joined = Map::with_capacity(def.lookups.len() + 1);
+        joined.insert(alias.clone(), value);
+        let mut joined = Value::Object(joined);
+        for (at, lookup) in def.lookups.iter().enumerate() {
+            let key = lookup.key.eval(&Input::of(record, partition, &joined));
+            let row = match key {
+                Value::Null => None,
+                key => find(at, &key_text(&key)),
+            };
+            let mut matched = row.is_some();
+            let Value::Object(fields) = &mut joined else { unreachable!("the joined row is an object") };
+            fields.insert(lookup.alias.clone(), row.map_or(Value::Null, |row| Value::Object((*row).clone())));
+            if matched && let Some(residual) = &lookup.residual {
+                matched = is_true(&residual.eval(&Input::of(record, partition, &joined)));
+                if !matched {
+                    let Value::Object(fields) = &mut joined else { unreachable!("the joined row is an object") };
+                    fields.insert(lookup.alias.clone(), Value::Null);
+                }
+            }
+            if !matched && lookup.kind == JoinKind::Inner {
+                return None;
+            }
+        }
+        Some(joined)
+    }
+
+    /// Appends to `out` what branch `branch` makes of `record` (whose value parsed, or joined
+    /// by [`TransformDef::joined`], is in `input`): nothing when the filter skips it, one
+    /// output, or one per element of the branch's `UNNEST`. Deterministic: the same record
+    /// (and rows) give the same outputs every time.
     pub fn apply(&self, branch: usize, input: &Input, record: &Record, out: &mut Vec<Output>) {
         let def = self.branch(branch);
         let Some(unnest) = &def.unnest else {
@@ -178,7 +287,12 @@ impl TransformDef {
         headers.push((Text::from_static(SOURCE_HEADER), Some(Bytes::from(source.to_string()))));
         let value = match self.value_format {
             ValueFormat::Json => {
-                let mut fields = match (def.all_fields, input.value) {
+                // `*` (or `alias.*`): the source value's fields.
+                let source = match &def.alias {
+                    Some(alias) if !def.lookups.is_empty() => input.value.get(alias).unwrap_or(&Value::Null),
+                    _ => input.value,
+                };
+                let mut fields = match (def.all_fields, source) {
                     (true, Value::Object(fields)) => fields.clone(),
                     _ => Map::with_capacity(def.columns.len()),
                 };
@@ -259,6 +373,8 @@ mod tests {
             key,
             subject,
             unnest: None,
+            alias: None,
+            lookups: Vec::new(),
         }
     }
 
@@ -388,6 +504,57 @@ mod tests {
         assert_eq!(output.value, None);
         def.first.all_fields = true;
         assert!(def.check().unwrap_err().contains("exactly one"));
+    }
+
+    #[test]
+    fn lookups_join_rows_by_key_and_drop_or_pad_a_miss() {
+        let path =
+            |steps: &[&str]| Expr::Path { path: steps.iter().map(|step| Step::Field(step.to_string())).collect() };
+        let mut record = record();
+        record.value = Some(Bytes::from_static(br#"{"id": "o1", "customer": "c1", "qty": 2}"#));
+        let customers: Map<String, Value> =
+            [("id".to_string(), json!("c1")), ("tier".into(), json!(2))].into_iter().collect();
+        let customers = Arc::new(customers);
+        let find = |at: usize, id: &str| (at == 0 && id == "c1").then(|| customers.clone());
+        let mut first = branch(None, None);
+        first.alias = Some("o".into());
+        first.all_fields = true;
+        first.columns = vec![("tier".into(), path(&["c", "tier"]))];
+        first.lookups = vec![Lookup {
+            alias: "c".into(),
+            table: "customers".into(),
+            kind: JoinKind::Inner,
+            key: path(&["o", "customer"]),
+            residual: None,
+        }];
+        let mut def = def(first);
+        assert_eq!(def.check(), Ok(()));
+        assert_eq!(def.tables(), ["customers"]);
+        assert!(def.reads("customers") && def.reads("in") && !def.reads("out"));
+        let enrich = |def: &TransformDef, record: &Record| {
+            let joined = def.joined(0, record, 1, super::super::super::expr::parse_value(record), &find)?;
+            let mut out = Vec::new();
+            def.apply(0, &Input::of(record, 1, &joined), record, &mut out);
+            let [output] = &out[..] else { panic!("one output") };
+            Some(String::from_utf8(output.record.value.clone().unwrap().to_vec()).unwrap())
+        };
+        // `o.*` is the record's own fields, the lookup's columns beside them.
+        assert_eq!(enrich(&def, &record).as_deref(), Some(r#"{"customer":"c1","id":"o1","qty":2,"tier":2}"#));
+        // A key no row has: an inner join gives nothing, a left join a null row.
+        let mut missing = record.clone();
+        missing.value = Some(Bytes::from_static(br#"{"id": "o2", "customer": "c9"}"#));
+        assert_eq!(enrich(&def, &missing), None);
+        def.first.lookups[0].kind = JoinKind::Left;
+        assert_eq!(enrich(&def, &missing).as_deref(), Some(r#"{"customer":"c9","id":"o2","tier":null}"#));
+        // A residual that does not hold is no match either.
+        def.first.lookups[0].residual = Some(Expr::Binary {
+            operator: crate::view::expr::BinaryOp::Gt,
+            left: Box::new(path(&["c", "tier"])),
+            right: Box::new(literal(json!(5))),
+        });
+        assert_eq!(enrich(&def, &record).as_deref(), Some(r#"{"customer":"c1","id":"o1","qty":2,"tier":null}"#));
+        def.first.unnest = Some(path(&["o", "tags"]));
+        assert!(def.check().unwrap_err().contains("UNNEST and JOIN"));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Stateless transforms: `CREATE STREAM out AS SELECT … FROM src [CROSS JOIN UNNEST(…)]
 //! [WHERE …] [UNION ALL SELECT … FROM src2 …]` maps every record of each branch's source that
 //! passes the filter to one record of `out` (one per element with an `UNNEST`), which is an
-//! ordinary stream (read, subscribed to and aggregated like any other).
+//! ordinary stream (read, subscribed to and aggregated like any other). A branch may join
+//! tables to its records (`JOIN customers c ON c.id = o.customer_id`): each record is enriched
+//! with the row of each table its key finds, as the table holds it when the record is read.
 //!
 //! One task per transform reads its sources through the hub (history, then live), evaluates
 //! each record, and appends the results to `out`, a batch at a time: a batch is durable (at
@@ -13,7 +15,8 @@
 //! crash it reads what `out` received after the checkpoint, collects the source positions
 //! named there, and replays the sources from the checkpoint without writing a record again for
 //! a position it finds. Evaluation is deterministic, so a record it did not write before is
-//! written as it would have been.
+//! written as it would have been (with the tables' rows as they are when it is read again: a
+//! record's output, once written, is never written again with other rows).
 //!
 //! On a cluster node the task runs only while the node leads (once it applied every command of
 //! earlier terms). It submits each batch through the cluster with the source positions it
@@ -30,7 +33,7 @@
 mod def;
 mod reader;
 
-pub use def::{Output, SOURCE_HEADER, SourcePosition, TransformBranch, TransformDef, ValueFormat};
+pub use def::{Lookup, Output, SOURCE_HEADER, SourcePosition, TransformBranch, TransformDef, ValueFormat};
 pub(crate) use reader::{join_positions, split_positions};
 
 use std::collections::HashSet;
@@ -49,6 +52,7 @@ use crate::error::EngineError;
 use crate::hub::{Delivery, Hub};
 use crate::stream::Stream;
 use crate::system::SystemTopic;
+use crate::table::Table;
 
 /// Records one step of the scan for output written after the last checkpoint reads at most.
 const WRITTEN_SCAN_READ_RECORDS_MAX: usize = 1024;
@@ -126,6 +130,8 @@ pub struct Transform {
     def: Arc<TransformDef>,
     /// Each branch's source (a stream read by two branches is here twice).
     sources: Vec<Arc<Stream>>,
+    /// Each branch's lookups' tables, in order.
+    tables: Vec<Vec<Arc<Table>>>,
     output: Arc<Stream>,
     counters: Counters,
     restoring: std::sync::atomic::AtomicBool,
@@ -148,17 +154,20 @@ enum Led {
 }
 
 impl Transform {
-    /// A transform over `sources` (its branches', in order) writing `output`, at `checkpoint`
-    /// (where a cluster node's run of it starts; a single node's task is given its own start).
+    /// A transform over `sources` (its branches', in order) enriched from `tables` (each
+    /// branch's lookups', in order) writing `output`, at `checkpoint` (where a cluster node's
+    /// run of it starts; a single node's task is given its own start).
     pub(crate) fn new(
         def: TransformDef,
         sources: Vec<Arc<Stream>>,
+        tables: Vec<Vec<Arc<Table>>>,
         output: Arc<Stream>,
         checkpoint: TransformCheckpoint,
     ) -> Transform {
         Transform {
             def: Arc::new(def),
             sources,
+            tables,
             output,
             counters: Counters::default(),
             restoring: std::sync::atomic::AtomicBool::new(true),
@@ -544,9 +553,13 @@ impl Transform {
                 let record = &event.record;
                 self.counters.records_in.fetch_add(1, Ordering::Relaxed);
                 let value = parse_value(record);
-                let input = Input::of(record, event.partition, &value);
+                let tables = &self.tables[branch];
+                let find = |at: usize, id: &str| tables[at].get_doc(id);
                 outputs.clear();
-                self.def.apply(branch, &input, record, outputs);
+                // A JOIN that matched no row: nothing (counted as filtered).
+                if let Some(value) = self.def.joined(branch, record, event.partition, value, &find) {
+                    self.def.apply(branch, &Input::of(record, event.partition, &value), record, outputs);
+                }
                 if outputs.is_empty() {
                     self.counters.filtered.fetch_add(1, Ordering::Relaxed);
                 }
