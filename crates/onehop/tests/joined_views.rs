@@ -116,6 +116,7 @@ fn changes_end_on(kafka: SocketAddr, rows: &[String]) {
         for (key, mut row) in common::view_changes_over_kafka(kafka, "enriched") {
             let fields = row.as_object_mut().unwrap();
             fields.remove("final");
+            fields.remove("before");
             if fields.remove("removed").is_some() {
                 newest.remove(&key);
             } else {

@@ -243,6 +243,12 @@ fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants
         let once: Vec<u64> = (1..=*count).collect();
         assert_eq!(counts, once, "{word}: each count once, in order");
         assert!(changes[word].iter().all(|row| row["final"] == false && row["word"] == word.as_str()));
+        // Each change carries the row it replaced: count n was count n - 1, the first was none.
+        for row in &changes[word] {
+            let count = row["count"].as_u64().unwrap();
+            let before = row.get("before").map(|before| before["count"].as_u64().unwrap());
+            assert_eq!(before, (count > 1).then(|| count - 1), "{word}: {row}");
+        }
     }
     assert!(published as u64 > COUNT_CYCLES * 50, "words went on between the kills: {published}");
 }

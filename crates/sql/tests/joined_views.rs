@@ -90,7 +90,7 @@ async fn settled(engine: &Engine, view: &str, query: &str) -> Vec<(String, Vec<V
     }
 }
 
-/// The view's change stream: (key, removed, row without its flags).
+/// The view's change stream: (key, removed, row without its flags and the row it replaced).
 fn changes(engine: &Engine, view: &str) -> Vec<(String, bool, Value)> {
     let output = engine.view(view).unwrap().output().clone();
     let records = output.read(0, Position::Earliest, 100_000, usize::MAX).unwrap();
@@ -100,6 +100,7 @@ fn changes(engine: &Engine, view: &str) -> Vec<(String, bool, Value)> {
             let mut value: Value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
             let removed = value.as_object_mut().unwrap().remove("removed").is_some();
             value.as_object_mut().unwrap().remove("final");
+            value.as_object_mut().unwrap().remove("before");
             (String::from_utf8(record.key.unwrap().to_vec()).unwrap(), removed, value)
         })
         .collect()
@@ -634,5 +635,77 @@ async fn a_joined_view_reads_streams_as_tables_of_their_newest_record_per_key() 
     }
     // A stream a view reads cannot be dropped before it.
     assert_eq!(run(&engine, "DROP STREAM customers").await.unwrap_err().code(), "in_use");
+    close(engine).await;
+}
+
+/// The view's change stream as stored: (key, the whole value with its flags and `before`).
+fn raw_changes(engine: &Engine, view: &str) -> Vec<(String, Value)> {
+    let output = engine.view(view).unwrap().output().clone();
+    let records = output.read(0, Position::Earliest, 100_000, usize::MAX).unwrap();
+    records
+        .into_iter()
+        .map(|record| {
+            let value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+            (String::from_utf8(record.key.unwrap().to_vec()).unwrap(), value)
+        })
+        .collect()
+}
+
+/// `raw_changes` once it holds `count` changes (20 s at most).
+async fn raw_changes_after(engine: &Engine, view: &str, count: usize) -> Vec<(String, Value)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let all = raw_changes(engine, view);
+        if all.len() >= count {
+            assert_eq!(all.len(), count, "{all:?}");
+            return all;
+        }
+        assert!(Instant::now() < deadline, "view {view} wrote {} changes, not {count}: {all:?}", all.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every change of a row that was there carries that row as `before`, for joined views and
+/// aggregates over tables alike; a new row and a removal carry none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_carry_the_row_they_replace() {
+    let (_dir, engine) = fresh();
+    run(
+        &engine,
+        "CREATE TABLE customers (id TEXT PRIMARY KEY, name TEXT); \
+         CREATE TABLE orders (id TEXT PRIMARY KEY, customer TEXT, qty BIGINT); \
+         CREATE VIEW named AS SELECT o.id, o.qty, c.name FROM orders o JOIN customers c ON c.id = o.customer; \
+         CREATE VIEW totals AS SELECT customer, SUM(qty) AS total FROM orders GROUP BY customer",
+    )
+    .await
+    .unwrap();
+    for statement in [
+        "INSERT INTO customers (id, name) VALUES ('c1', 'Ada')",
+        "INSERT INTO orders (id, customer, qty) VALUES ('o1', 'c1', 2)",
+        "UPDATE customers SET name = 'Bo' WHERE id = 'c1'",
+        "UPDATE orders SET qty = 5 WHERE id = 'o1'",
+        "DELETE FROM orders WHERE id = 'o1'",
+    ] {
+        run(&engine, statement).await.unwrap();
+    }
+    let named = raw_changes_after(&engine, "named", 4).await;
+    let expected = [
+        json!({"final": false, "id": "o1", "qty": 2, "name": "Ada"}),
+        json!({"final": false, "id": "o1", "qty": 2, "name": "Bo", "before": {"id": "o1", "qty": 2, "name": "Ada"}}),
+        json!({"final": false, "id": "o1", "qty": 5, "name": "Bo", "before": {"id": "o1", "qty": 2, "name": "Bo"}}),
+        json!({"final": false, "removed": true, "id": "o1", "qty": 5, "name": "Bo"}),
+    ];
+    assert_eq!(named.iter().map(|(_, value)| value.clone()).collect::<Vec<_>>(), expected);
+    let totals = raw_changes_after(&engine, "totals", 3).await;
+    let expected = [
+        json!({"final": false, "customer": "c1", "total": 2}),
+        json!({"final": false, "customer": "c1", "total": 5, "before": {"customer": "c1", "total": 2}}),
+        // SUM over no rows is null, as in SQL.
+        json!({"final": false, "removed": true, "customer": "c1", "total": null}),
+    ];
+    assert_eq!(totals.iter().map(|(_, value)| value.clone()).collect::<Vec<_>>(), expected);
+    // A column may not be named as the flag.
+    let error = run(&engine, "CREATE VIEW bad AS SELECT o.id AS before FROM orders o").await.unwrap_err();
+    assert!(error.to_string().contains("\"before\""), "{error}");
     close(engine).await;
 }

@@ -219,8 +219,10 @@ pub(super) fn reconcile(
             if let Value::Object(fields) = &mut row {
                 fields.remove("final");
             }
-            if last.remove(&key).as_ref() != Some(&row) {
-                changes.push(Change { key, row: Arc::new(row), is_final: false, removed: false });
+            let was = last.remove(&key);
+            if was.as_ref() != Some(&row) {
+                let before = was.map(Arc::new);
+                changes.push(Change { key, row: Arc::new(row), is_final: false, removed: false, before });
             }
         }
     }
@@ -231,6 +233,7 @@ pub(super) fn reconcile(
         row: Arc::new(row),
         is_final: false,
         removed: true,
+        before: None,
     }));
     if !changes.is_empty() {
         tracing::info!(
@@ -259,8 +262,8 @@ fn each_change(
         next = last.offset + 1;
         for record in &records {
             let (Some(key), Some(value)) = (&record.key, &record.value) else { continue };
-            let Some((is_final, removed, fields)) = change_parts(value) else { continue };
-            change(String::from_utf8_lossy(key).into_owned(), is_final, removed, fields);
+            let Some(parts) = change_parts(value) else { continue };
+            change(String::from_utf8_lossy(key).into_owned(), parts.is_final, parts.removed, parts.fields);
         }
     }
     Ok(())
@@ -288,7 +291,7 @@ mod tests {
     use serde_json::json;
 
     fn change(key: &str, row: Value, is_final: bool) -> Change {
-        Change { key: key.into(), row: Arc::new(row), is_final, removed: false }
+        Change { key: key.into(), row: Arc::new(row), is_final, removed: false, before: None }
     }
 
     #[test]
@@ -329,9 +332,9 @@ mod tests {
     #[test]
     fn window_starts_read_from_a_change_value() {
         let value = super::super::runtime::change_value(&change("k", json!({"n": 1, "window_start": 42}), false));
-        let (_, _, fields) = change_parts(&value).unwrap();
+        let fields = change_parts(&value).unwrap().fields;
         assert_eq!(window_start(fields), Some(42));
         let value = super::super::runtime::change_value(&change("k", json!({}), false));
-        assert_eq!(window_start(change_parts(&value).unwrap().2), None);
+        assert_eq!(window_start(change_parts(&value).unwrap().fields), None);
     }
 }

@@ -683,15 +683,20 @@ pub(super) fn change_record(view: &str, change: Change) -> NewRecord {
     record
 }
 
-/// A change's value in the change stream: `{"final":…[,"removed":true],<the row's fields>}`.
-/// The flags come first, so a subscriber's encoder takes them and the row's fields apart
-/// without parsing the row ([`change_parts`]); the value is still one JSON object, which is
-/// what MQTT subscribers and `final=true` filters read.
+/// A change's value in the change stream:
+/// `{"final":…[,"removed":true][,"before":{…}],<the row's fields>}`. The flags and the row as
+/// it was come first, so a subscriber's encoder takes them and the row's fields apart without
+/// parsing the row ([`change_parts`]); the value is still one JSON object, which is what MQTT
+/// subscribers and `final=true` filters read (`before` is why no column may be named so).
 pub fn change_value(change: &Change) -> Vec<u8> {
     let mut value = Vec::with_capacity(128);
     value.extend_from_slice(if change.is_final { b"{\"final\":true" } else { b"{\"final\":false" });
     if change.removed {
         value.extend_from_slice(b",\"removed\":true");
+    }
+    if let Some(before) = &change.before {
+        value.extend_from_slice(b",\"before\":");
+        serde_json::to_writer(&mut value, &**before).expect("a row serializes");
     }
     let row_at = value.len();
     if change.row.is_object() {
@@ -713,10 +718,21 @@ pub fn change_value(change: &Change) -> Vec<u8> {
     value
 }
 
-/// The parts of a change-stream value as [`change_value`] lays it out: whether it is final,
-/// whether the row was removed, and the row's fields with the closing brace (`}` for none, or
-/// `"a":1,…}` — the row is `{` followed by them). `None` for any other layout.
-pub fn change_parts(value: &[u8]) -> Option<(bool, bool, &[u8])> {
+/// A change-stream value taken apart as [`change_value`] lays it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChangeParts<'a> {
+    pub is_final: bool,
+    pub removed: bool,
+    /// The row as it was, as JSON text, if the change says.
+    pub before: Option<&'a [u8]>,
+    /// The row's fields with the closing brace (`}` for none, or `"a":1,…}` — the row is `{`
+    /// followed by them).
+    pub fields: &'a [u8],
+}
+
+/// The parts of a change-stream value as [`change_value`] lays it out; `None` for any other
+/// layout.
+pub fn change_parts(value: &[u8]) -> Option<ChangeParts<'_>> {
     let (is_final, rest) = if let Some(rest) = value.strip_prefix(b"{\"final\":true") {
         (true, rest)
     } else {
@@ -726,11 +742,50 @@ pub fn change_parts(value: &[u8]) -> Option<(bool, bool, &[u8])> {
         Some(rest) => (true, rest),
         None => (false, rest),
     };
+    let (before, rest) = match rest.strip_prefix(b",\"before\":") {
+        Some(rest) => {
+            let length = object_length(rest)?;
+            (Some(&rest[..length]), &rest[length..])
+        }
+        None => (None, rest),
+    };
     if rest == b"}" {
-        return Some((is_final, removed, rest));
+        return Some(ChangeParts { is_final, removed, before, fields: rest });
     }
     let fields = rest.strip_prefix(b",")?;
-    fields.ends_with(b"}").then_some((is_final, removed, fields))
+    fields.ends_with(b"}").then_some(ChangeParts { is_final, removed, before, fields })
+}
+
+/// The length of the JSON object `text` starts with (as serde_json writes one: strings with
+/// their escapes), or `None` if it does not start with a whole one.
+fn object_length(text: &[u8]) -> Option<usize> {
+    if text.first() != Some(&b'{') {
+        return None;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (at, byte) in text.iter().enumerate() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(at + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 fn change_key_unfit(subject: &str) -> bool {
@@ -775,25 +830,46 @@ mod tests {
     #[test]
     fn a_change_value_is_one_object_whose_flags_and_row_come_apart_without_parsing() {
         let row = json!({"sku": "a\"b", "n": 3, "window_start": 0, "final_count": 1});
-        for (is_final, removed) in [(false, false), (true, false), (false, true), (true, true)] {
-            let change = Change { key: "k".into(), row: Arc::new(row.clone()), is_final, removed };
+        let was = json!({"sku": "a\"b", "n": 2, "note": "}{\\\"", "list": [{"x": "]"}]});
+        for (is_final, removed, before) in
+            [(false, false, None), (true, false, None), (false, true, None), (false, false, Some(&was))]
+        {
+            let before = before.map(|was| Arc::new(was.clone()));
+            let change =
+                Change { key: "k".into(), row: Arc::new(row.clone()), is_final, removed, before: before.clone() };
             let value = change_value(&change);
             let mut expected = row.clone();
             expected["final"] = json!(is_final);
             if removed {
                 expected["removed"] = json!(true);
             }
+            if let Some(before) = &before {
+                expected["before"] = (**before).clone();
+            }
             assert_eq!(serde_json::from_slice::<Value>(&value).unwrap(), expected);
-            let (final_, removed_, fields) = change_parts(&value).unwrap();
-            assert_eq!((final_, removed_), (is_final, removed));
-            let rebuilt = [b"{".as_slice(), fields].concat();
+            let parts = change_parts(&value).unwrap();
+            assert_eq!((parts.is_final, parts.removed), (is_final, removed));
+            let parsed_before = parts.before.map(|text| serde_json::from_slice::<Value>(text).unwrap());
+            assert_eq!(parsed_before.as_ref(), before.as_deref());
+            let rebuilt = [b"{".as_slice(), parts.fields].concat();
             assert_eq!(serde_json::from_slice::<Value>(&rebuilt).unwrap(), row);
         }
-        let empty = change_value(&Change { key: "k".into(), row: Arc::new(json!({})), is_final: true, removed: false });
+        let empty = Change { key: "k".into(), row: Arc::new(json!({})), is_final: true, removed: false, before: None };
+        let empty = change_value(&empty);
         assert_eq!(empty, b"{\"final\":true}");
-        assert_eq!(change_parts(&empty), Some((true, false, b"}".as_slice())));
+        let parts = change_parts(&empty).unwrap();
+        assert_eq!((parts.is_final, parts.removed, parts.before, parts.fields), (true, false, None, b"}".as_slice()));
         // Anything else is left to a parser.
-        for other in [&b"{\"n\":1,\"final\":true}"[..], b"{\"final\":true", b"{\"final\":truex}", b"", b"null"] {
+        for other in [
+            &b"{\"n\":1,\"final\":true}"[..],
+            b"{\"final\":true",
+            b"{\"final\":truex}",
+            b"{\"final\":true,\"before\":{\"a\":\"}\"",
+            b"{\"final\":true,\"before\":1}",
+            b"{\"final\":true,\"before\":{]]}",
+            b"",
+            b"null",
+        ] {
             assert_eq!(change_parts(other), None, "{}", String::from_utf8_lossy(other));
         }
     }

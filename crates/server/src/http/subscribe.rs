@@ -235,14 +235,15 @@ pub fn encode(event: &Event, change: Change) -> Bytes {
 }
 
 /// A view change as JSON: `{"id","view","key","offset","timestamp","final","row"}` (and
-/// `"removed":true` for a row that is gone). Written from the stored value's parts, without
+/// `"removed":true` for a row that is gone, `"before"` with the row as it was when it had one). Written from the stored value's parts, without
 /// parsing the row: this runs once per change, at the rate the view changes.
 fn encode_view_change(view: &str, event: &Event) -> Bytes {
     let record = &event.record;
     let value = record.value.as_deref().unwrap_or_default();
-    let Some((is_final, removed, fields)) = onehop_engine::view::runtime::change_parts(value) else {
+    let Some(parts) = onehop_engine::view::runtime::change_parts(value) else {
         return encode_view_change_parsed(view, event);
     };
+    let (is_final, removed, fields) = (parts.is_final, parts.removed, parts.fields);
     let key = String::from_utf8_lossy(record.key.as_deref().unwrap_or_default());
     let offset = record.offset;
     let mut out = Vec::with_capacity(fields.len() + view.len() + key.len() + 112);
@@ -259,6 +260,10 @@ fn encode_view_change(view: &str, event: &Event) -> Bytes {
     serde_json::to_writer(&mut out, view).expect("a string serializes");
     out.extend_from_slice(b",\"key\":");
     serde_json::to_writer(&mut out, &key).expect("a string serializes");
+    if let Some(before) = parts.before {
+        out.extend_from_slice(b",\"before\":");
+        out.extend_from_slice(before);
+    }
     out.extend_from_slice(b",\"row\":{");
     out.extend_from_slice(fields);
     out.push(b'}');
@@ -270,12 +275,13 @@ fn encode_view_change_parsed(view: &str, event: &Event) -> Bytes {
     let record = &event.record;
     let mut row: Value =
         record.value.as_deref().and_then(|value| serde_json::from_slice(value).ok()).unwrap_or(Value::Null);
-    let (is_final, removed) = match &mut row {
+    let (is_final, removed, before) = match &mut row {
         Value::Object(fields) => (
             fields.remove("final").is_some_and(|value| value == Value::Bool(true)),
             fields.remove("removed").is_some_and(|value| value == Value::Bool(true)),
+            fields.remove("before"),
         ),
-        _ => (false, false),
+        _ => (false, false, None),
     };
     let mut change = json!({
         "id": format!("0:{}", record.offset),
@@ -288,6 +294,9 @@ fn encode_view_change_parsed(view: &str, event: &Event) -> Bytes {
     });
     if removed {
         change["removed"] = Value::Bool(true);
+    }
+    if let Some(before) = before {
+        change["before"] = before;
     }
     Bytes::from(change.to_string())
 }
@@ -316,9 +325,13 @@ mod tests {
         use onehop_engine::view::runtime::change_value;
         use onehop_engine::view::state::Change as ViewChange;
         let row = json!({"sku": "a\"b", "n": 3, "window_start": 0, "window_end": 5000});
-        for (is_final, removed) in [(false, false), (true, false), (false, true)] {
+        let was = std::sync::Arc::new(json!({"sku": "a\"b", "n": 2, "note": "}\\"}));
+        for (is_final, removed, before) in
+            [(false, false, None), (true, false, None), (false, true, None), (false, false, Some(was))]
+        {
             for row in [row.clone(), json!({})] {
-                let change = ViewChange { key: "k/é".into(), row: std::sync::Arc::new(row), is_final, removed };
+                let (key, row) = ("k/é".to_string(), std::sync::Arc::new(row));
+                let change = ViewChange { key, row, is_final, removed, before: before.clone() };
                 let record = onehop_engine::Record {
                     offset: 7,
                     timestamp_ms: 1_700_000_000_000,
@@ -333,6 +346,7 @@ mod tests {
                 assert_eq!(fast, parsed);
                 assert_eq!(fast["row"], *change.row);
                 assert_eq!(fast["final"], is_final);
+                assert_eq!(fast.get("before"), change.before.as_deref());
             }
         }
     }

@@ -63,7 +63,7 @@ const AGGREGATES: &str = "COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM(x), AVG(x),
 /// Columns every windowed view row gets from the runtime.
 const WINDOW_COLUMNS: [&str; 2] = ["window_start", "window_end"];
 /// The flags every row of a view's changes carries beside its columns.
-const FLAG_COLUMNS: [&str; 2] = ["final", "removed"];
+const FLAG_COLUMNS: [&str; 3] = ["final", "removed", "before"];
 /// Output columns of a transform that set the record's key and subject instead of a field.
 const KEY_COLUMN: &str = "_key";
 const SUBJECT_COLUMN: &str = "_subject";

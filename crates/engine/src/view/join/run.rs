@@ -360,11 +360,11 @@ fn newest_per_key(stream: &Stream) -> Result<(Rows, Vec<u64>), EngineError> {
 /// A view's row as its change record has it: `None` when the row was removed.
 fn view_row(value: Option<&[u8]>) -> Option<Value> {
     let value = value?;
-    let (_, removed, fields) = change_parts(value)?;
-    if removed {
+    let parts = change_parts(value)?;
+    if parts.removed {
         return None;
     }
-    let row = [b"{".as_slice(), fields].concat();
+    let row = [b"{".as_slice(), parts.fields].concat();
     serde_json::from_slice(&row).ok()
 }
 
@@ -378,7 +378,8 @@ mod tests {
     #[test]
     fn a_view_input_reads_rows_from_change_records() {
         let row = json!({"product": "p1", "n": 2});
-        let change = |removed| Change { key: "p1".into(), row: Arc::new(row.clone()), is_final: false, removed };
+        let change =
+            |removed| Change { key: "p1".into(), row: Arc::new(row.clone()), is_final: false, removed, before: None };
         assert_eq!(view_row(Some(&change_value(&change(false)))), Some(row.clone()));
         assert_eq!(view_row(Some(&change_value(&change(true)))), None);
         assert_eq!(view_row(None), None);

@@ -352,12 +352,20 @@ impl JoinState {
         let old_keys: BTreeMap<&str, &Arc<Value>> = old.iter().map(|(key, row)| (key.as_str(), row)).collect();
         for (key, row) in &old {
             if !new_keys.contains_key(key.as_str()) {
-                changes.push(Change { key: key.clone(), row: row.clone(), is_final: false, removed: true });
+                changes.push(Change {
+                    key: key.clone(),
+                    row: row.clone(),
+                    is_final: false,
+                    removed: true,
+                    before: None,
+                });
             }
         }
         for (key, row) in &new {
-            if old_keys.get(key.as_str()).is_none_or(|old| *old != row) {
-                changes.push(Change { key: key.clone(), row: row.clone(), is_final: false, removed: false });
+            let was = old_keys.get(key.as_str());
+            if was.is_none_or(|old| *old != row) {
+                let before = was.map(|old| (*old).clone());
+                changes.push(Change { key: key.clone(), row: row.clone(), is_final: false, removed: false, before });
             }
         }
         self.outputs = (self.outputs + new.len()).saturating_sub(old.len());

@@ -57,7 +57,13 @@ impl ViewState {
             let window = state.open.remove(index);
             let row = Arc::new(row(def, &state.key_value, Some((window.start, window.end)), &window.accs));
             if def.emit_final {
-                changes.push(Change { key: key.clone(), row: row.clone(), is_final: true, removed: false });
+                changes.push(Change {
+                    key: key.clone(),
+                    row: row.clone(),
+                    is_final: true,
+                    removed: false,
+                    before: None,
+                });
             }
             let at = state.closed.partition_point(|closed| closed.start < window.start);
             let closed = Arc::new(Closed { start: window.start, end: window.end, row });
@@ -86,6 +92,7 @@ impl ViewState {
                 // The window moved to when the last of them fell out (not to now: a replay
                 // that sees it later must show the same row).
                 let fell_out = state.kept[evicted - 1].at.0 + size;
+                let before = def.emit_changes.then(|| Arc::new(sliding_row(def, state, size)));
                 state.kept.drain(..evicted);
                 state.sliding_end = state.sliding_end.max(fell_out);
                 if def.emit_changes {
@@ -94,6 +101,7 @@ impl ViewState {
                         row: Arc::new(sliding_row(def, state, size)),
                         is_final: false,
                         removed: state.kept.is_empty(),
+                        before: before.filter(|_| !state.kept.is_empty()),
                     });
                 }
                 if state.kept.is_empty() && state.open.is_empty() && state.closed.is_empty() {

@@ -85,6 +85,20 @@ impl ViewState {
         after: Option<&Input>,
         changes: &mut Vec<Change>,
     ) -> Applied {
+        // The rows of the groups it touches as they are, for each change's `before`.
+        let mut was: Vec<(String, Arc<Value>)> = Vec::new();
+        if def.emit_changes {
+            for input in before.iter().chain(after.iter()) {
+                if let Some(key) = group_of(def, input)
+                    && !was.iter().any(|(seen, _)| *seen == key)
+                    && let Some(state) = self.keys.get(&key)
+                    && let Some(window) = state.open.first()
+                {
+                    let row = Arc::new(row(def, &state.key_value, None, &window.accs));
+                    was.push((key, row));
+                }
+            }
+        }
         let left = before.and_then(|input| self.fold_row(def, input, false));
         let joined = after.and_then(|input| self.fold_row(def, input, true));
         if left.is_none() && joined.is_none() {
@@ -101,14 +115,16 @@ impl ViewState {
                 self.unsaved.key(key);
             }
             if def.emit_changes {
-                changes.push(Change { key: key.clone(), row, is_final: false, removed });
+                let before =
+                    if removed { None } else { was.iter().find(|(seen, _)| seen == key).map(|(_, row)| row.clone()) };
+                changes.push(Change { key: key.clone(), row, is_final: false, removed, before });
             }
         }
         Applied::Counted
     }
 
     /// Adds (or takes back) one row in its group; the group's key, or `None` when the WHERE
-    /// clause skips the row.
+    /// clause skips the row ([`group_of`]).
     fn fold_row(&mut self, def: &ViewDef, input: &Input, add: bool) -> Option<String> {
         if let Some(filter) = &def.filter
             && !is_true(&filter.eval(input))
@@ -178,15 +194,20 @@ impl ViewState {
             if closes && (arrival_ms > close_at || state.closed.iter().any(|closed| closed.start == start)) {
                 continue;
             }
-            let index = match state.open.binary_search_by_key(&start, |window| window.start) {
-                Ok(index) => index,
+            let bounds = closes.then_some((start, end));
+            let (index, before) = match state.open.binary_search_by_key(&start, |window| window.start) {
+                Ok(index) => {
+                    let before =
+                        def.emit_changes.then(|| Arc::new(row(def, &state.key_value, bounds, &state.open[index].accs)));
+                    (index, before)
+                }
                 Err(index) => {
                     let accs = aggregates(def).map(Acc::new).collect();
                     state.open.insert(index, WindowState { start, end, accs });
                     if closes {
                         self.deadlines.insert((close_at, key.to_string(), start));
                     }
-                    index
+                    (index, None)
                 }
             };
             let window = &mut state.open[index];
@@ -197,9 +218,10 @@ impl ViewState {
             if def.emit_changes {
                 changes.push(Change {
                     key: key.to_string(),
-                    row: Arc::new(row(def, &state.key_value, closes.then_some((start, end)), &window.accs)),
+                    row: Arc::new(row(def, &state.key_value, bounds, &window.accs)),
                     is_final: false,
                     removed: false,
+                    before,
                 });
             }
         }
@@ -252,7 +274,12 @@ impl ViewState {
             return Applied::Late;
         }
         let mut accs: Vec<Acc> = aggregates(def).map(Acc::new).collect();
+        // The session that keeps its start (extended, or joined by later ones) was this row.
+        let mut before = None;
         for window in joined {
+            if window.start == start && def.emit_changes {
+                before = Some(Arc::new(row(def, &state.key_value, Some((window.start, window.end)), &window.accs)));
+            }
             self.deadlines.remove(&(window.end.saturating_add(grace), key.to_string(), window.start));
             if window.start != start && def.emit_changes {
                 // Merged into the new session: its row is gone.
@@ -261,6 +288,7 @@ impl ViewState {
                     row: Arc::new(row(def, &state.key_value, Some((window.start, window.end)), &window.accs)),
                     is_final: false,
                     removed: true,
+                    before: None,
                 });
             }
             for (acc, other) in accs.iter_mut().zip(window.accs) {
@@ -276,6 +304,7 @@ impl ViewState {
                 row: Arc::new(row(def, &state.key_value, Some((start, end)), &accs)),
                 is_final: false,
                 removed: false,
+                before,
             });
         }
         let at_index = state.open.partition_point(|other| other.start < start);
@@ -304,6 +333,7 @@ impl ViewState {
             return Applied::Late;
         }
         let state = key_state(&mut self.keys, &mut self.unsaved, key, key_value);
+        let before = (def.emit_changes && !state.kept.is_empty()).then(|| Arc::new(sliding_row(def, state, size)));
         let index = state.kept.partition_point(|kept| kept.at < at);
         state.kept.insert(index, Kept { at, args });
         self.next_eviction.lower(at.0);
@@ -321,6 +351,7 @@ impl ViewState {
                 row: Arc::new(sliding_row(def, state, size)),
                 is_final: false,
                 removed: false,
+                before,
             });
         }
         Applied::Counted
@@ -340,4 +371,14 @@ fn key_state<'a>(
         keys.insert(key.to_string(), Arc::new(KeyState { key_value, ..KeyState::default() }));
     }
     Arc::make_mut(keys.get_mut(key).expect("inserted"))
+}
+
+/// The group a table row belongs to (its key's text), or `None` when the WHERE clause skips it.
+fn group_of(def: &ViewDef, input: &Input) -> Option<String> {
+    if let Some(filter) = &def.filter
+        && !is_true(&filter.eval(input))
+    {
+        return None;
+    }
+    Some(key_text(&def.key.eval(input)))
 }

@@ -44,6 +44,9 @@ pub struct Change {
     pub is_final: bool,
     /// The row is gone (a session merged into another, a sliding window emptied).
     pub removed: bool,
+    /// The row as it was before this change; `None` for a row that is new, a removal (its
+    /// `row` is what was there) and a window's final (its last change's row is its own).
+    pub before: Option<Arc<Value>>,
 }
 
 /// One window of one key.
