@@ -92,16 +92,14 @@ async fn settled(engine: &Engine, view: &str, query: &str) -> Vec<(String, Vec<V
 
 /// The view's change stream: (key, removed, row without its flags and the row it replaced).
 fn changes(engine: &Engine, view: &str) -> Vec<(String, bool, Value)> {
-    let output = engine.view(view).unwrap().output().clone();
-    let records = output.read(0, Position::Earliest, 100_000, usize::MAX).unwrap();
-    records
+    raw_changes(engine, view)
         .into_iter()
-        .map(|record| {
-            let mut value: Value = serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
-            let removed = value.as_object_mut().unwrap().remove("removed").is_some();
-            value.as_object_mut().unwrap().remove("final");
-            value.as_object_mut().unwrap().remove("before");
-            (String::from_utf8(record.key.unwrap().to_vec()).unwrap(), removed, value)
+        .map(|(key, mut value)| {
+            let fields = value.as_object_mut().unwrap();
+            let removed = fields.remove("removed").is_some();
+            fields.remove("final");
+            fields.remove("before");
+            (key, removed, value)
         })
         .collect()
 }

@@ -14,7 +14,7 @@ use onehop_engine::view::{Expr, JoinKind, TransformDef};
 use sqlparser::ast;
 
 use super::expr::convert_expr;
-use super::join::{Known, aliases, check_types, flatten_and, input, inputs_read, other_join, qualify};
+use super::join::{Known, aliases, and_all, check_types, flatten_and, input, inputs_read, other_join, qualify};
 use super::transform::same_columns;
 use super::{invalid, unsupported};
 use crate::SqlError;
@@ -240,10 +240,6 @@ fn split_key(condition: Expr, known: &[Known], at: usize) -> Result<(Expr, Optio
     };
     check_types(&id_path, &key, known)?;
     conjuncts.remove(position);
-    let residual = conjuncts.into_iter().reduce(|left, right| Expr::Binary {
-        operator: BinaryOp::And,
-        left: Box::new(left),
-        right: Box::new(right),
-    });
+    let residual = and_all(conjuncts);
     Ok((key, residual))
 }

@@ -491,17 +491,22 @@ fn split_on(condition: Expr, known: &[Known], at: usize, kind: JoinKind) -> Resu
     let (position, own, parent_side, parent) = candidates.swap_remove(chosen);
     check_types(&own, &parent_side, known)?;
     conjuncts.remove(position);
-    let residual = conjuncts.into_iter().reduce(|left, right| Expr::Binary {
-        operator: BinaryOp::And,
-        left: Box::new(left),
-        right: Box::new(right),
-    });
+    let residual = and_all(conjuncts);
     Ok(JoinOn {
         kind,
         parent,
         key: own_row(own, &known[at].alias),
         parent_key: own_row(parent_side, &known[parent].alias),
         residual,
+    })
+}
+
+/// The conjunction of `conjuncts` (`None` for none): the inverse of `flatten_and`.
+pub(super) fn and_all(conjuncts: Vec<Expr>) -> Option<Expr> {
+    conjuncts.into_iter().reduce(|left, right| Expr::Binary {
+        operator: BinaryOp::And,
+        left: Box::new(left),
+        right: Box::new(right),
     })
 }
 
