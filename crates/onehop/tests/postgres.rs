@@ -239,6 +239,100 @@ fn pgjdbc_jars() -> String {
     jars.join(":")
 }
 
+/// COPY as psql's `\copy` and psycopg's `cursor.copy` use it: rows in from a CSV file and
+/// from Python, out in text and CSV, all or none, with the grants of every other write.
+#[test]
+fn psql_and_psycopg_copy_rows_in_and_out_all_or_none() {
+    let dir = DataDir::new();
+    let server = tls_server(&dir);
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    let root = conninfo(pg, dir.path(), ROOT.0);
+    let (ok, out, err) = psql(
+        &root,
+        ROOT.1,
+        &[
+            "CREATE TABLE items (id TEXT PRIMARY KEY, name TEXT, qty BIGINT, price DOUBLE PRECISION, ok BOOLEAN)",
+            "CREATE USER bob PASSWORD 'bob-pass'; GRANT READ ON TABLE items TO bob",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+
+    // A CSV file with a header, quotes, a delimiter and a newline inside fields, and a null.
+    let csv = dir.path().join("items.csv");
+    std::fs::write(&csv, "id,name,qty,price,ok\ni1,lamp,2,20.5,t\ni2,\"desk, \"\"oak\"\"\nlarge\",1,150,f\ni3,,,,\n")
+        .unwrap();
+    let load = format!("\\copy items from '{}' with (format csv, header)", csv.display());
+    let (ok, out, err) = psql(&root, ROOT.1, &[&load]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(out, "COPY 3\n");
+    // What COPY wrote is what HTTP reads: typed by the columns, the null left out or null.
+    let credentials = format!("{}:{}", ROOT.0, ROOT.1);
+    let (status, body) = curl(server.address, "/tables/items/i2", &["-u", &credentials]);
+    assert_eq!(status, 200, "{body}");
+    let row: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(row["name"], "desk, \"oak\"\nlarge");
+    assert_eq!((row["qty"].as_i64(), row["price"].as_f64(), row["ok"].as_bool()), (Some(1), Some(150.0), Some(false)));
+
+    // Out in the text format (escapes, \N for null) and in CSV with a header, as bob may read.
+    let bob = conninfo(pg, dir.path(), "bob");
+    let (ok, out, err) = psql(&bob, "bob-pass", &["\\copy (SELECT id, name, qty FROM items ORDER BY id) to stdout"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "i1\tlamp\t2\ni2\tdesk, \"oak\"\\nlarge\t1\ni3\t\\N\t\\N\n");
+    let (ok, out, err) = psql(
+        &bob,
+        "bob-pass",
+        &[
+            "\\copy (SELECT id, name, ok FROM items WHERE qty IS NOT NULL ORDER BY id) to stdout with (format csv, header)",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "id,name,ok\ni1,lamp,t\ni2,\"desk, \"\"oak\"\"\nlarge\",f\n");
+
+    // A bad field in the third row: the COPY is refused, with where, and writes none of its rows.
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "i4,chair,1,5,t\ni5,stool,2,6,f\ni6,sofa,lots,7,t\n").unwrap();
+    let load = format!("\\copy items from '{}' with (format csv)", bad.display());
+    let (ok, _, err) = psql(&root, ROOT.1, &["\\set VERBOSITY verbose", &load]);
+    assert!(!ok && err.contains("22P02") && err.contains("row 3, column qty"), "{err}");
+    let (ok, out, err) = psql(&root, ROOT.1, &["SELECT COUNT(*) FROM items"]);
+    assert!(ok && out == "3\n", "{out}{err}");
+    // bob may read but not write; files on the server are never read or written.
+    let (ok, _, err) = psql(&bob, "bob-pass", &["\\set VERBOSITY verbose", &load]);
+    assert!(!ok && err.contains("42501"), "{err}");
+    let (ok, _, err) = psql(&root, ROOT.1, &["\\set VERBOSITY verbose", "COPY items TO '/tmp/onehop-copy-test'"]);
+    assert!(!ok && err.contains("42501") && err.contains("STDOUT"), "{err}");
+    assert!(!Path::new("/tmp/onehop-copy-test").exists());
+
+    // psycopg 3: rows written with write_row (tabs and backslashes escaped by the driver), read
+    // back with rows(); a COPY inside a transaction that is rolled back leaves nothing.
+    let script = r#"
+import sys, psycopg
+dsn, password = sys.argv[1], sys.argv[2]
+with psycopg.connect(dsn, password=password, autocommit=True) as conn:
+    with conn.cursor() as cursor:
+        with cursor.copy("COPY items (id, name, qty) FROM STDIN") as copy:
+            copy.write_row(("p1", "tab\there \\ back", 9))
+            copy.write_row(("p2", None, 10))
+        print("copied", cursor.rowcount)
+        with cursor.copy("COPY (SELECT id, name, qty FROM items WHERE id LIKE 'p%' ORDER BY id) TO STDOUT") as copy:
+            print("rows", list(copy.rows()))
+with psycopg.connect(dsn, password=password) as conn:
+    with conn.cursor() as cursor:
+        with cursor.copy("COPY items (id, name) FROM STDIN") as copy:
+            copy.write_row(("t1", "in a transaction"))
+    print("inside", conn.execute("SELECT name FROM items WHERE id = 't1'").fetchall())
+    conn.rollback()
+    print("after rollback", conn.execute("SELECT COUNT(*) FROM items WHERE id = 't1'").fetchone()[0])
+"#;
+    let output = Command::new("python3").args(["-c", script, &root, ROOT.1]).output().expect("python3 runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("copied 2"), "{said}");
+    assert!(said.contains(r"rows [('p1', 'tab\there \\ back', '9'), ('p2', None, '10')]"), "{said}");
+    assert!(said.contains("inside [('in a transaction',)]"), "{said}");
+    assert!(said.contains("after rollback 0"), "{said}");
+}
+
 #[test]
 fn malformed_messages_and_oversized_ones_end_the_connection_with_an_error() {
     use std::io::{Read, Write};

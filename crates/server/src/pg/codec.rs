@@ -64,7 +64,11 @@ pub enum Frontend {
     Terminate,
     /// A password message: a SASL initial response or response (read by what the server asked).
     Password(Vec<u8>),
-    /// Copy data and the rest, refused as unsupported.
+    /// Rows of a COPY FROM STDIN, its end, and the client giving it up (with why).
+    CopyData(Vec<u8>),
+    CopyDone,
+    CopyFail(String),
+    /// Any other message type, refused.
     Other(u8),
 }
 
@@ -231,6 +235,9 @@ pub fn decode(tag: u8, body: &[u8]) -> Result<Frontend, String> {
         b'H' => Frontend::Flush,
         b'X' => Frontend::Terminate,
         b'p' => return Ok(Frontend::Password(body.to_vec())),
+        b'd' => return Ok(Frontend::CopyData(body.to_vec())),
+        b'c' => Frontend::CopyDone,
+        b'f' => Frontend::CopyFail(reader.cstring("the reason")?),
         other => return Ok(Frontend::Other(other)),
     };
     reader.done("the message")?;
@@ -377,6 +384,25 @@ impl Out {
         self.message(b's', |_| {});
     }
 
+    /// CopyOutResponse (`H`) or CopyInResponse (`G`): `columns` columns, all in text.
+    pub fn copy_response(&mut self, out: bool, columns: usize) {
+        self.message(if out { b'H' } else { b'G' }, |buffer| {
+            buffer.put_u8(0);
+            buffer.put_i16(columns as i16);
+            for _ in 0..columns {
+                buffer.put_i16(0);
+            }
+        });
+    }
+
+    pub fn copy_data(&mut self, data: &[u8]) {
+        self.message(b'd', |buffer| buffer.put_slice(data));
+    }
+
+    pub fn copy_done(&mut self) {
+        self.message(b'c', |_| {});
+    }
+
     pub fn parameter_description(&mut self, types: &[u32]) {
         self.message(b't', |buffer| {
             buffer.put_i16(types.len() as i16);
@@ -491,7 +517,11 @@ mod tests {
         assert!(decode(b'B', &format).unwrap_err().contains("neither text"));
         assert!(decode(b'Q', b"SELECT 1\0junk").unwrap_err().contains("after its end"));
         assert!(decode(b'D', b"Xname\0").unwrap_err().contains("neither S nor P"));
-        assert_eq!(decode(b'd', b"copy").unwrap(), Frontend::Other(b'd'));
+        assert_eq!(decode(b'd', b"a\tb\n").unwrap(), Frontend::CopyData(b"a\tb\n".to_vec()));
+        assert_eq!(decode(b'c', b"").unwrap(), Frontend::CopyDone);
+        assert_eq!(decode(b'f', b"gave up\0").unwrap(), Frontend::CopyFail("gave up".into()));
+        assert!(decode(b'c', b"x").is_err());
+        assert_eq!(decode(b'z', b"").unwrap(), Frontend::Other(b'z'));
     }
 
     /// Random bytes through every decoder, as the fuzz target feeds them (which needs

@@ -14,6 +14,7 @@
 //! onehop's (`SET`, `SHOW` of a setting, `BEGIN`/`COMMIT`/`ROLLBACK`) is answered here.
 
 pub mod codec;
+pub mod copy;
 pub mod types;
 
 use std::collections::{HashMap, VecDeque};
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use onehop_engine::access::credential::ScramHash;
 use onehop_engine::access::scram::ScramExchange;
-use onehop_engine::{Engine, EngineError, ErrorKind, Principal};
+use onehop_engine::{ColumnType, Engine, EngineError, ErrorKind, ObjectKind, Principal, Privilege};
 use onehop_sql::query::Cancel;
 use onehop_sql::{Output, SqlError, Statement};
 use serde_json::Value;
@@ -325,10 +326,11 @@ async fn read_password<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Option<Ve
 }
 
 /// An error as the client reads it: SQLSTATE, message, hint.
-struct PgError {
-    code: &'static str,
-    message: String,
-    hint: Option<String>,
+#[derive(Debug)]
+pub struct PgError {
+    pub code: &'static str,
+    pub message: String,
+    pub hint: Option<String>,
 }
 
 impl PgError {
@@ -374,8 +376,22 @@ impl From<SqlError> for PgError {
 
 /// What one statement answered.
 enum Outcome {
-    Rows { columns: Vec<String>, rows: Vec<Vec<Value>> },
-    Command { tag: String, notice: Option<String> },
+    Rows {
+        columns: Vec<String>,
+        rows: Vec<Vec<Value>>,
+    },
+    Command {
+        tag: String,
+        notice: Option<String>,
+    },
+    /// A COPY TO STDOUT's rows, sent as copy data.
+    CopyOut {
+        columns: Vec<String>,
+        rows: Vec<Vec<Value>>,
+        format: copy::Format,
+    },
+    /// A COPY FROM STDIN, checked and ready for the client's data.
+    CopyIn(Box<CopyIn>),
 }
 
 impl Outcome {
@@ -396,6 +412,23 @@ impl Outcome {
         }
     }
 }
+
+/// A COPY FROM STDIN: where its rows go and, once it began, its data so far.
+struct CopyIn {
+    target: String,
+    columns: Vec<String>,
+    /// The declared types of `columns` (none: not declared).
+    types: Vec<Option<ColumnType>>,
+    format: copy::Format,
+    data: Vec<u8>,
+    /// More data came than query_memory_max allows: it is dropped, and the COPY fails at its end.
+    too_big: bool,
+    /// It came by the simple query protocol: ReadyForQuery follows its end.
+    simple: bool,
+}
+
+/// Rows per INSERT a COPY FROM STDIN writes (all of them in one transaction).
+const COPY_ROWS_PER_INSERT: usize = 1000;
 
 /// A portal: a bound statement's answer, sent as Execute asks.
 struct Portal {
@@ -448,6 +481,8 @@ struct Session {
     /// Set by a cancel request for this session's process and key.
     cancel: Cancel,
     idle_timeout: Duration,
+    /// The COPY FROM STDIN whose data is coming in.
+    copy_in: Option<Box<CopyIn>>,
 }
 
 impl Session {
@@ -468,6 +503,7 @@ impl Session {
             transaction: Transaction::Idle,
             out: Out::default(),
             skipping: false,
+            copy_in: None,
         }
     }
 
@@ -513,33 +549,57 @@ impl Session {
                 Ok(message) => message,
                 Err(reason) => return refuse(stream, "08P01", &reason).await,
             };
-            let flush = matches!(message, Frontend::Sync | Frontend::Flush | Frontend::Query(_));
-            match message {
-                Frontend::Terminate => return,
-                Frontend::Query(sql) => self.simple(&sql).await,
-                Frontend::Sync => {
-                    self.skipping = false;
-                    if self.transaction.is_idle() {
-                        self.portals.clear();
+            let flush = matches!(
+                message,
+                Frontend::Sync | Frontend::Flush | Frontend::Query(_) | Frontend::CopyDone | Frontend::CopyFail(_)
+            );
+            if self.copy_in.is_some() {
+                match message {
+                    Frontend::CopyData(data) => self.copy_data(&data),
+                    Frontend::CopyDone => self.copy_done(None).await,
+                    Frontend::CopyFail(reason) => self.copy_done(Some(reason)).await,
+                    // Postgres ignores these while COPY data comes in.
+                    Frontend::Flush | Frontend::Sync => {}
+                    Frontend::Terminate => return,
+                    _ => {
+                        self.copy_in = None;
+                        return refuse(stream, "08P01", "unexpected message type during COPY from stdin").await;
                     }
-                    let status = self.status();
-                    self.out.ready(status);
                 }
-                Frontend::Flush => {}
-                Frontend::Password(_) => return refuse(stream, "08P01", "a password message after the login").await,
-                Frontend::Other(tag) => {
-                    let message = format!("message type {:?} is not supported (COPY is not served)", tag as char);
-                    return refuse(stream, "0A000", &message).await;
-                }
-                extended if self.skipping => drop(extended),
-                extended => {
-                    if let Err(error) = self.extended(extended).await {
-                        self.fail(&error);
-                        self.skipping = true;
+            } else {
+                match message {
+                    Frontend::Terminate => return,
+                    Frontend::Query(sql) => self.simple(&sql).await,
+                    Frontend::Sync => {
+                        self.skipping = false;
+                        if self.transaction.is_idle() {
+                            self.portals.clear();
+                        }
+                        let status = self.status();
+                        self.out.ready(status);
+                    }
+                    Frontend::Flush => {}
+                    Frontend::Password(_) => {
+                        return refuse(stream, "08P01", "a password message after the login").await;
+                    }
+                    // Copy messages outside a COPY are ignored, as Postgres ignores them.
+                    Frontend::CopyData(_) | Frontend::CopyDone | Frontend::CopyFail(_) => {}
+                    Frontend::Other(tag) => {
+                        let message = format!("message type {:?} is not part of the protocol", tag as char);
+                        return refuse(stream, "08P01", &message).await;
+                    }
+                    extended if self.skipping => drop(extended),
+                    extended => {
+                        if let Err(error) = self.extended(extended).await {
+                            self.fail(&error);
+                            self.skipping = true;
+                        }
                     }
                 }
             }
-            if flush || self.out.buffer.len() > 64 * 1024 {
+            // A COPY FROM STDIN that began waits for the client's data: its response goes now.
+            let copying = self.copy_in.is_some();
+            if ((flush || copying) && !self.out.buffer.is_empty()) || self.out.buffer.len() > 64 * 1024 {
                 if stream.write_all(&self.out.buffer).await.is_err() {
                     return;
                 }
@@ -571,6 +631,10 @@ impl Session {
                                 let types = outcome_types(&outcome);
                                 let binary = vec![false; types.len()];
                                 self.send(outcome, &types, &binary, true);
+                                if self.copy_in.is_some() {
+                                    // ReadyForQuery follows the COPY's data.
+                                    return;
+                                }
                             }
                             Err(error) => {
                                 self.fail(&error);
@@ -603,7 +667,18 @@ impl Session {
         }
         let mut pieces = Vec::with_capacity(parsed.len());
         for statement in parsed {
-            if is_session_statement(&statement) {
+            if let ast::Statement::Copy { to: false, values, .. } = &statement
+                && !values.is_empty()
+            {
+                return Err(PgError::new(
+                    "0A000",
+                    "COPY FROM STDIN ends its query string: its data comes as copy data, and the statements after \
+                     it go in a query of their own",
+                ));
+            }
+            if let ast::Statement::Copy { .. } = &statement {
+                pieces.push(Piece::Copy(Box::new(copy::plan(&statement)?)));
+            } else if is_session_statement(&statement) {
                 pieces.push(Piece::Session(Box::new(statement)));
             } else {
                 pieces.extend(
@@ -619,54 +694,58 @@ impl Session {
     async fn execute(&mut self, piece: Piece, parameters: &[Value]) -> Result<Outcome, PgError> {
         match piece {
             Piece::Session(statement) => self.session_statement(*statement).await,
-            Piece::Onehop(mut statement) => {
-                statement.bind(parameters)?;
-                // A cancel that came after the last query ended is not for this one.
-                self.cancel.reset();
-                let output = match &mut self.transaction {
-                    Transaction::Idle => {
-                        onehop_sql::execute_cancellable(&self.engine, &self.principal, &statement, Some(&self.cancel))
-                            .await?
-                    }
-                    Transaction::Open { writes, .. } if writes.is_empty() && statement.is_definition() => {
-                        // Drivers and ORMs wrap their CREATE TABLEs in a transaction (SQLAlchemy's
-                        // create_all, migration tools): before any write, a definition runs at
-                        // once, as MySQL runs them, and says that a ROLLBACK will not undo it.
-                        let output = onehop_sql::execute_cancellable(
-                            &self.engine,
-                            &self.principal,
-                            &statement,
-                            Some(&self.cancel),
-                        )
-                        .await?;
-                        let mut outcome = Outcome::of(output);
-                        if let Outcome::Command { notice, .. } = &mut outcome {
-                            let done = format!(
-                                "{} took effect at once: definitions are not part of a transaction, and ROLLBACK \
-                                 does not undo them",
-                                statement.label()
-                            );
-                            *notice = Some(match notice.take() {
-                                Some(earlier) => format!("{earlier}; {done}"),
-                                None => done,
-                            });
-                        }
-                        return Ok(outcome);
-                    }
-                    Transaction::Open { writes, .. } => {
-                        onehop_sql::execute_in(&self.engine, &self.principal, &statement, Some(&self.cancel), writes)
-                            .await?
-                    }
-                    Transaction::Failed { .. } => {
-                        return Err(PgError::new(
-                            "25P02",
-                            "current transaction is aborted, commands ignored until end of transaction block",
-                        ));
-                    }
-                };
-                Ok(Outcome::of(output))
-            }
+            Piece::Copy(copy) => match *copy {
+                copy::Copy::Out { query, format } => match self.onehop_statement(*query, &[]).await? {
+                    Outcome::Rows { columns, rows } => Ok(Outcome::CopyOut { columns, rows, format }),
+                    _ => Err(PgError::new("42601", "COPY ( … ) TO STDOUT copies the answer of one SELECT")),
+                },
+                copy::Copy::In { target, columns, format } => self.copy_in(target, columns, format),
+            },
+            Piece::Onehop(statement) => self.onehop_statement(*statement, parameters).await,
         }
+    }
+
+    /// Runs one of onehop's statements, in the session's transaction if one is open.
+    async fn onehop_statement(&mut self, mut statement: Statement, parameters: &[Value]) -> Result<Outcome, PgError> {
+        statement.bind(parameters)?;
+        // A cancel that came after the last query ended is not for this one.
+        self.cancel.reset();
+        let output = match &mut self.transaction {
+            Transaction::Idle => {
+                onehop_sql::execute_cancellable(&self.engine, &self.principal, &statement, Some(&self.cancel)).await?
+            }
+            Transaction::Open { writes, .. } if writes.is_empty() && statement.is_definition() => {
+                // Drivers and ORMs wrap their CREATE TABLEs in a transaction (SQLAlchemy's
+                // create_all, migration tools): before any write, a definition runs at
+                // once, as MySQL runs them, and says that a ROLLBACK will not undo it.
+                let output =
+                    onehop_sql::execute_cancellable(&self.engine, &self.principal, &statement, Some(&self.cancel))
+                        .await?;
+                let mut outcome = Outcome::of(output);
+                if let Outcome::Command { notice, .. } = &mut outcome {
+                    let done = format!(
+                        "{} took effect at once: definitions are not part of a transaction, and ROLLBACK \
+                                 does not undo them",
+                        statement.label()
+                    );
+                    *notice = Some(match notice.take() {
+                        Some(earlier) => format!("{earlier}; {done}"),
+                        None => done,
+                    });
+                }
+                return Ok(outcome);
+            }
+            Transaction::Open { writes, .. } => {
+                onehop_sql::execute_in(&self.engine, &self.principal, &statement, Some(&self.cancel), writes).await?
+            }
+            Transaction::Failed { .. } => {
+                return Err(PgError::new(
+                    "25P02",
+                    "current transaction is aborted, commands ignored until end of transaction block",
+                ));
+            }
+        };
+        Ok(Outcome::of(output))
     }
 
     /// SET, SHOW of a setting, and the transaction statements.
@@ -779,9 +858,9 @@ impl Session {
         }
     }
 
-    /// Appends an outcome's rows (all of them, or up to `max_rows` for a portal) and its
-    /// completion.
-    fn send(&mut self, outcome: Outcome, types: &[u32], binary: &[bool], describe: bool) {
+    /// Appends an outcome's rows and its completion (by the simple query protocol, `simple`,
+    /// with the rows' description first), or begins a COPY FROM STDIN.
+    fn send(&mut self, outcome: Outcome, types: &[u32], binary: &[bool], simple: bool) {
         match outcome {
             Outcome::Command { tag, notice } => {
                 if let Some(notice) = notice {
@@ -790,7 +869,7 @@ impl Session {
                 self.out.command_complete(&tag);
             }
             Outcome::Rows { columns, rows } => {
-                if describe {
+                if simple {
                     self.describe_rows(&columns, types, binary);
                 }
                 for row in &rows {
@@ -798,7 +877,190 @@ impl Session {
                 }
                 self.out.command_complete(&format!("SELECT {}", rows.len()));
             }
+            Outcome::CopyOut { columns, rows, format } => {
+                self.out.copy_response(true, columns.len());
+                if format.header {
+                    let names: Vec<Option<&str>> = columns.iter().map(|name| Some(name.as_str())).collect();
+                    self.out.copy_data(&copy::encode_line(&names, &format));
+                }
+                for row in &rows {
+                    let texts: Vec<Option<String>> = row
+                        .iter()
+                        .zip(types)
+                        .map(|(value, oid)| {
+                            types::encode(value, *oid, false).map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                        })
+                        .collect();
+                    let fields: Vec<Option<&str>> = texts.iter().map(Option::as_deref).collect();
+                    self.out.copy_data(&copy::encode_line(&fields, &format));
+                }
+                self.out.copy_done();
+                self.out.command_complete(&format!("COPY {}", rows.len()));
+            }
+            Outcome::CopyIn(mut copy) => {
+                copy.simple = simple;
+                self.out.copy_response(false, copy.columns.len());
+                self.copy_in = Some(copy);
+            }
         }
+    }
+
+    /// Checks a COPY FROM STDIN before its data comes: the target exists, the user may write
+    /// it, and its columns are known.
+    fn copy_in(&self, target: String, columns: Vec<String>, format: copy::Format) -> Result<Outcome, PgError> {
+        let table = self.engine.table(&target).ok();
+        let kind = if table.is_some() {
+            ObjectKind::Table
+        } else if self.engine.stream(&target).is_ok() {
+            ObjectKind::Stream
+        } else if self.engine.view(&target).is_ok() {
+            return Err(PgError::new("42809", format!("{target} is a view: COPY FROM writes a table or a stream")));
+        } else {
+            return Err(PgError::new("42P01", format!("relation \"{target}\" does not exist")));
+        };
+        self.engine.access().authorize(&self.principal, Privilege::Write, kind, &target).map_err(SqlError::from)?;
+        let def = table.map(|table| table.def());
+        let columns = match (columns.is_empty(), &def) {
+            (false, _) => columns,
+            (true, Some(def)) => def.columns.iter().map(|column| column.name.clone()).collect(),
+            (true, None) => {
+                return Err(PgError::new(
+                    "42601",
+                    format!(
+                        "{target} is a stream, whose fields are not declared: name them, COPY {target} (field, …) FROM STDIN"
+                    ),
+                ));
+            }
+        };
+        let types: Vec<Option<ColumnType>> = columns
+            .iter()
+            .map(|name| def.as_ref().and_then(|def| def.column(name)).map(|column| column.ty.clone()))
+            .collect();
+        if let Some((name, _)) = columns.iter().zip(&types).find(|(_, ty)| matches!(ty, Some(ColumnType::Array(_)))) {
+            return Err(PgError::new(
+                "0A000",
+                format!("COPY FROM does not fill the array column {name}: write those rows with INSERT or over HTTP"),
+            ));
+        }
+        let copy = CopyIn { target, columns, types, format, data: Vec::new(), too_big: false, simple: true };
+        Ok(Outcome::CopyIn(Box::new(copy)))
+    }
+
+    /// Keeps a COPY's data, up to query_memory_max.
+    fn copy_data(&mut self, data: &[u8]) {
+        let max = self.engine.options().query_memory_bytes_max;
+        let Some(copy) = &mut self.copy_in else { return };
+        if copy.too_big {
+            return;
+        }
+        if (copy.data.len() + data.len()) as u64 > max {
+            copy.too_big = true;
+            copy.data = Vec::new();
+        } else {
+            copy.data.extend_from_slice(data);
+        }
+    }
+
+    /// Ends a COPY FROM STDIN: its rows written (or, when the client gave up, `failed`, none).
+    async fn copy_done(&mut self, failed: Option<String>) {
+        let Some(copy) = self.copy_in.take() else { return };
+        let simple = copy.simple;
+        let result = match failed {
+            Some(reason) => Err(PgError::new("57014", format!("COPY from stdin failed: {reason}"))),
+            None => self.write_copy(*copy).await,
+        };
+        match result {
+            Ok(rows) => self.out.command_complete(&format!("COPY {rows}")),
+            Err(error) => {
+                self.fail(&error);
+                // In the extended protocol, what follows is skipped until Sync.
+                self.skipping = !simple;
+            }
+        }
+        if simple {
+            let status = self.status();
+            self.out.ready(status);
+        }
+    }
+
+    /// A COPY's rows, as INSERTs of `COPY_ROWS_PER_INSERT` rows in one transaction (the
+    /// session's, if one is open): all of them written, or none.
+    async fn write_copy(&mut self, copy: CopyIn) -> Result<u64, PgError> {
+        if copy.too_big {
+            return Err(PgError::new(
+                "54000",
+                format!(
+                    "the COPY data is larger than query_memory_max ({} bytes): copy it in parts",
+                    self.engine.options().query_memory_bytes_max
+                ),
+            ));
+        }
+        if let Transaction::Failed { .. } = self.transaction {
+            return Err(PgError::new(
+                "25P02",
+                "current transaction is aborted, commands ignored until end of transaction block",
+            ));
+        }
+        let lines = copy::decode(&copy.data, &copy.format)?;
+        drop(copy.data);
+        let width = copy.columns.len();
+        for (index, line) in lines.iter().enumerate() {
+            if line.len() != width {
+                return Err(PgError::new(
+                    "22P04",
+                    format!(
+                        "COPY {}, row {}: {} fields for the {width} columns {}",
+                        copy.target,
+                        index + 1,
+                        line.len(),
+                        copy.columns.join(", ")
+                    ),
+                ));
+            }
+        }
+        let quoted = |name: &str| ast::Ident::with_quote('"', name).to_string();
+        let names = copy.columns.iter().map(|name| quoted(name)).collect::<Vec<_>>().join(", ");
+        let insert = format!("INSERT INTO {} ({names}) VALUES ", quoted(&copy.target));
+        self.cancel.reset();
+        let mut own = onehop_sql::Transaction::new();
+        let mut written = 0;
+        for (chunk_index, chunk) in lines.chunks(COPY_ROWS_PER_INSERT).enumerate() {
+            let rows = (0..chunk.len())
+                .map(|row| {
+                    let placeholders = (1..=width).map(|column| format!("${}", row * width + column));
+                    format!("({})", placeholders.collect::<Vec<_>>().join(", "))
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut statement = onehop_sql::parse(&format!("{insert}{rows}"))?.remove(0);
+            let mut values = Vec::with_capacity(chunk.len() * width);
+            for (row, line) in chunk.iter().enumerate() {
+                for ((field, ty), column) in line.iter().zip(&copy.types).zip(&copy.columns) {
+                    values.push(match field {
+                        None => Value::Null,
+                        Some(text) => copy::field_value(text, ty.as_ref()).map_err(|reason| {
+                            let number = chunk_index * COPY_ROWS_PER_INSERT + row + 1;
+                            PgError::new(
+                                "22P02",
+                                format!("COPY {}, row {number}, column {column}: {reason}", copy.target),
+                            )
+                        })?,
+                    });
+                }
+            }
+            statement.bind(&values)?;
+            let writes = match &mut self.transaction {
+                Transaction::Open { writes, .. } => writes,
+                _ => &mut own,
+            };
+            let output =
+                onehop_sql::execute_in(&self.engine, &self.principal, &statement, Some(&self.cancel), writes).await?;
+            if let onehop_sql::Output::Changed { rows, .. } = output {
+                written += rows;
+            }
+        }
+        own.commit().await?;
+        Ok(written)
     }
 
     fn describe_rows(&mut self, columns: &[String], types: &[u32], binary: &[bool]) {
@@ -994,6 +1256,7 @@ impl Session {
 enum Piece {
     Onehop(Box<Statement>),
     Session(Box<ast::Statement>),
+    Copy(Box<copy::Copy>),
 }
 
 /// Whether this module answers `statement` (not onehop's SQL).
@@ -1006,7 +1269,8 @@ fn is_session_statement(statement: &ast::Statement) -> bool {
         | ast::Statement::ReleaseSavepoint { .. }
         | ast::Statement::Set(_)
         | ast::Statement::Discard { .. }
-        | ast::Statement::Deallocate { .. } => true,
+        | ast::Statement::Deallocate { .. }
+        | ast::Statement::Copy { .. } => true,
         ast::Statement::ShowVariable { variable } => {
             let name = variable.iter().map(|part| part.value.to_ascii_lowercase()).collect::<Vec<_>>().join(" ");
             setting_default(&name).is_some()
@@ -1037,9 +1301,9 @@ fn setting_default(name: &str) -> Option<&'static str> {
 /// The types of an outcome's columns, from its values.
 fn outcome_types(outcome: &Outcome) -> Vec<u32> {
     match outcome {
-        Outcome::Rows { columns, rows } => {
+        Outcome::Rows { columns, rows } | Outcome::CopyOut { columns, rows, .. } => {
             (0..columns.len()).map(|index| types::column_type(rows.iter().filter_map(|row| row.get(index)))).collect()
         }
-        Outcome::Command { .. } => Vec::new(),
+        Outcome::Command { .. } | Outcome::CopyIn(_) => Vec::new(),
     }
 }
