@@ -1,12 +1,12 @@
 //! Arbitrary bytes as what a Postgres client sends: the first message's body (startup, SSL,
 //! GSS or cancel request), a message after it with any type byte, and a SASL initial response;
 //! and, for a Bind, its parameters decoded as each type in text and binary; and the bytes as
-//! COPY data in the text and CSV formats. Every input ends in a message, rows or an error
-//! naming what is wrong, never a panic.
+//! COPY data in the text and CSV formats, and as a SUBSCRIBE statement. Every input ends in a
+//! message, rows, a plan or an error naming what is wrong, never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use onehop_server::pg::{codec, copy, types};
+use onehop_server::pg::{codec, copy, subscribe, types};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
@@ -29,6 +29,9 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(again.ok(), Some(vec![line.clone()]));
             }
         }
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = subscribe::parse(text);
     }
     let _ = codec::decode_startup(data);
     let _ = codec::decode_sasl_initial(data);

@@ -333,6 +333,126 @@ with psycopg.connect(dsn, password=password) as conn:
     assert!(said.contains("after rollback 0"), "{said}");
 }
 
+/// SUBSCRIBE as psycopg streams it (the extended protocol, row by row) and as psql shows it
+/// (`COPY (SUBSCRIBE …) TO STDOUT`, line by line): a table's matching rows, then each row
+/// entering, changing in and leaving the set, until a cancel request ends it and the session
+/// goes on.
+#[test]
+fn psycopg_and_psql_follow_a_subscribe_until_they_cancel_it() {
+    use std::io::BufRead;
+
+    let dir = DataDir::new();
+    let server = tls_server(&dir);
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    let root = conninfo(pg, dir.path(), ROOT.0);
+    let (ok, out, err) = psql(
+        &root,
+        ROOT.1,
+        &[
+            "CREATE TABLE items (id TEXT PRIMARY KEY, colour TEXT, qty BIGINT)",
+            "INSERT INTO items (id, colour, qty) VALUES ('a', 'red', 1), ('b', 'blue', 2)",
+            "CREATE USER eve PASSWORD 'eve-pass'",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+
+    let script = r#"
+import sys, psycopg
+dsn, password = sys.argv[1], sys.argv[2]
+with psycopg.connect(dsn, password=password, autocommit=True) as conn, \
+        psycopg.connect(dsn, password=password, autocommit=True) as writer:
+    seen = []
+    try:
+        for row in conn.cursor().stream("SUBSCRIBE (SELECT id, qty FROM items WHERE colour = 'red')"):
+            seen.append((row[0], row[1], row[3], row[4]))
+            if len(seen) == 1:
+                writer.execute("UPDATE items SET qty = 5 WHERE id = 'a'")
+                writer.execute("INSERT INTO items (id, colour, qty) VALUES ('c', 'red', 3), ('d', 'blue', 4)")
+                writer.execute("UPDATE items SET colour = 'blue' WHERE id = 'c'")
+                writer.execute("DELETE FROM items WHERE id = 'a'")
+            if len(seen) == 5:
+                conn.cancel()
+        print("ended without a cancel")
+    except psycopg.errors.QueryCanceled as error:
+        print("canceled", error.sqlstate)
+    print("seen", seen)
+    print("after", conn.execute("SELECT COUNT(*) FROM items").fetchone()[0])
+    try:
+        conn.execute("SUBSCRIBE (SELECT id FROM items WHERE qty > 1)")
+    except psycopg.Error as error:
+        print("refused", error.sqlstate)
+with psycopg.connect(dsn.replace("user=root", "user=eve"), password="eve-pass") as conn:
+    try:
+        conn.execute("SUBSCRIBE items")
+    except psycopg.Error as error:
+        print("not granted", error.sqlstate)
+"#;
+    let output = Command::new("python3").args(["-c", script, &root, ROOT.1]).output().expect("python3 runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(said.contains("canceled 57014"), "{said}");
+    assert!(
+        said.contains(
+            "seen [('snapshot', 'a', 'a', 1), ('update', 'a', 'a', 5), ('insert', 'c', 'c', 3), \
+             ('delete', 'c', 'c', 3), ('delete', 'a', 'a', 5)]"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("after 3"), "{said}");
+    assert!(said.contains("refused 0A000"), "{said}");
+    assert!(said.contains("not granted 42501"), "{said}");
+
+    // psql prints each change as it comes; Ctrl-C (SIGINT: psql sends a cancel request) ends it.
+    // (A terminal's stdout is line-buffered; stdbuf makes the test's pipe so.)
+    let mut child = Command::new("stdbuf")
+        .args([
+            "-oL",
+            "psql",
+            "-X",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            &root,
+            "-c",
+            "COPY (SUBSCRIBE items) TO STDOUT WITH (FORMAT csv)",
+        ])
+        .env("PGPASSWORD", ROOT.1)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql runs");
+    let (lines, received) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |what: &str| {
+        received.recv_timeout(std::time::Duration::from_secs(30)).unwrap_or_else(|_| panic!("psql printed {what}"))
+    };
+    let mut first: Vec<String> = (0..3).map(|_| next("the snapshot")).collect();
+    first.sort();
+    for (line, (id, qty)) in first.iter().zip([("b", 2), ("c", 3), ("d", 4)]) {
+        assert!(
+            line.starts_with(&format!("snapshot,{id},")) && line.ends_with(&format!(",{id},blue,{qty}")),
+            "{first:?}"
+        );
+    }
+    let (ok, out, err) = psql(&root, ROOT.1, &["INSERT INTO items (id, colour, qty) VALUES ('e', 'green', 7)"]);
+    assert!(ok, "{out}{err}");
+    let change = next("the insert");
+    assert!(change.starts_with("insert,e,") && change.ends_with(",e,green,7"), "{change}");
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill runs");
+    assert!(status.success());
+    let output = child.wait_with_output().expect("psql ends");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && err.contains("canceling statement due to user request"), "{err}");
+}
+
 #[test]
 fn malformed_messages_and_oversized_ones_end_the_connection_with_an_error() {
     use std::io::{Read, Write};

@@ -15,6 +15,7 @@
 
 pub mod codec;
 pub mod copy;
+pub mod subscribe;
 pub mod types;
 
 use std::collections::{HashMap, VecDeque};
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use onehop_engine::access::credential::ScramHash;
 use onehop_engine::access::scram::ScramExchange;
+use onehop_engine::hub::Delivery;
 use onehop_engine::{ColumnType, Engine, EngineError, ErrorKind, ObjectKind, Principal, Privilege};
 use onehop_sql::query::Cancel;
 use onehop_sql::{Output, SqlError, Statement};
@@ -392,6 +394,8 @@ enum Outcome {
     },
     /// A COPY FROM STDIN, checked and ready for the client's data.
     CopyIn(Box<CopyIn>),
+    /// A SUBSCRIBE, open: its snapshot, then what it follows.
+    Subscribe(Box<subscribe::Following>),
 }
 
 impl Outcome {
@@ -483,6 +487,8 @@ struct Session {
     idle_timeout: Duration,
     /// The COPY FROM STDIN whose data is coming in.
     copy_in: Option<Box<CopyIn>>,
+    /// The SUBSCRIBE to follow once its start is sent.
+    following: Option<Box<subscribe::Following>>,
 }
 
 impl Session {
@@ -504,6 +510,7 @@ impl Session {
             out: Out::default(),
             skipping: false,
             copy_in: None,
+            following: None,
         }
     }
 
@@ -605,7 +612,97 @@ impl Session {
                 }
                 self.out.buffer.clear();
             }
+            if let Some(following) = self.following.take()
+                && !self.follow(stream, *following).await
+            {
+                return;
+            }
         }
+    }
+
+    /// Sends a SUBSCRIBE's changes as they come, until the client cancels it (then an error,
+    /// as a canceled query ends) or goes (then `false`: the connection is done).
+    async fn follow<S: AsyncRead + AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut S,
+        mut following: subscribe::Following,
+    ) -> bool {
+        let mut synced = false;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let ended = loop {
+            if !self.out.buffer.is_empty() {
+                if stream.write_all(&self.out.buffer).await.is_err() {
+                    return false;
+                }
+                self.out.buffer.clear();
+            }
+            tokio::select! {
+                delivery = following.cursor.next() => match delivery {
+                    Ok(Delivery::Event(event, change)) => {
+                        let row = following.shape.event_row(&event, change);
+                        self.subscribed_row(&following, &row);
+                    }
+                    Ok(Delivery::Overflow { .. }) => {
+                        break PgError::new("53000", "the subscription fell too far behind and was ended: SUBSCRIBE again");
+                    }
+                    Err(error) => break PgError::from(SqlError::from(error)),
+                },
+                tag = stream.read_u8() => {
+                    let Ok(tag) = tag else { return false };
+                    let Ok(Ok(body)) = read_body(stream).await else { return false };
+                    match codec::decode(tag, &body) {
+                        Ok(Frontend::Sync) => synced = true,
+                        Ok(Frontend::Flush) => {}
+                        Ok(Frontend::Terminate) | Err(_) => return false,
+                        Ok(_) => {
+                            let error = "a message came while SUBSCRIBE was running: cancel it first (a cancel request)";
+                            refuse(stream, "08P01", error).await;
+                            return false;
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    if self.cancel.is_canceled() {
+                        break PgError::new("57014", "canceling statement due to user request");
+                    }
+                }
+            }
+        };
+        self.fail(&ended);
+        if following.simple || synced {
+            let status = self.status();
+            self.out.ready(status);
+        } else {
+            self.skipping = true;
+        }
+        let written = stream.write_all(&self.out.buffer).await.is_ok();
+        self.out.buffer.clear();
+        written
+    }
+
+    /// One row of a SUBSCRIBE, as a data row or a line of copy data.
+    fn subscribed_row(&mut self, following: &subscribe::Following, row: &[Value]) {
+        match &following.copy {
+            Some(format) => self.copy_line(row, &following.shape.types, format),
+            None => {
+                let binary =
+                    if following.binary.is_empty() { vec![false; row.len()] } else { following.binary.clone() };
+                self.data_row(row, &following.shape.types, &binary);
+            }
+        }
+    }
+
+    /// A row as one line of copy data, its values in text.
+    fn copy_line(&mut self, row: &[Value], types: &[u32], format: &copy::Format) {
+        let texts: Vec<Option<String>> = row
+            .iter()
+            .zip(types)
+            .map(|(value, oid)| {
+                types::encode(value, *oid, false).map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            })
+            .collect();
+        let fields: Vec<Option<&str>> = texts.iter().map(Option::as_deref).collect();
+        self.out.copy_data(&copy::encode_line(&fields, format));
     }
 
     fn fail(&mut self, error: &PgError) {
@@ -631,8 +728,8 @@ impl Session {
                                 let types = outcome_types(&outcome);
                                 let binary = vec![false; types.len()];
                                 self.send(outcome, &types, &binary, true);
-                                if self.copy_in.is_some() {
-                                    // ReadyForQuery follows the COPY's data.
+                                if self.copy_in.is_some() || self.following.is_some() {
+                                    // ReadyForQuery follows the COPY's data, or the SUBSCRIBE's end.
                                     return;
                                 }
                             }
@@ -651,6 +748,9 @@ impl Session {
 
     /// `sql` split into what this module answers and onehop's statements.
     fn statements_of(&self, sql: &str) -> Result<Vec<Piece>, PgError> {
+        if let Some(plan) = subscribe::parse(sql) {
+            return Ok(vec![Piece::Subscribe(Box::new(plan?))]);
+        }
         let dialect = sqlparser::dialect::PostgreSqlDialect {};
         let Ok(parsed) = sqlparser::parser::Parser::parse_sql(&dialect, sql) else {
             // onehop's own statements (CREATE STREAM, …) are not Postgres's.
@@ -701,6 +801,11 @@ impl Session {
                 },
                 copy::Copy::In { target, columns, format } => self.copy_in(target, columns, format),
             },
+            Piece::Subscribe(plan) => {
+                self.cancel.reset();
+                let following = subscribe::open(&self.engine, &self.principal, *plan).await?;
+                Ok(Outcome::Subscribe(Box::new(following)))
+            }
             Piece::Onehop(statement) => self.onehop_statement(*statement, parameters).await,
         }
     }
@@ -884,15 +989,7 @@ impl Session {
                     self.out.copy_data(&copy::encode_line(&names, &format));
                 }
                 for row in &rows {
-                    let texts: Vec<Option<String>> = row
-                        .iter()
-                        .zip(types)
-                        .map(|(value, oid)| {
-                            types::encode(value, *oid, false).map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-                        })
-                        .collect();
-                    let fields: Vec<Option<&str>> = texts.iter().map(Option::as_deref).collect();
-                    self.out.copy_data(&copy::encode_line(&fields, &format));
+                    self.copy_line(row, types, &format);
                 }
                 self.out.copy_done();
                 self.out.command_complete(&format!("COPY {}", rows.len()));
@@ -901,6 +998,20 @@ impl Session {
                 copy.simple = simple;
                 self.out.copy_response(false, copy.columns.len());
                 self.copy_in = Some(copy);
+            }
+            Outcome::Subscribe(mut following) => {
+                following.simple = simple;
+                following.binary = binary.to_vec();
+                let (columns, types) = (following.shape.columns.clone(), following.shape.types.clone());
+                match &following.copy {
+                    Some(_) => self.out.copy_response(true, columns.len()),
+                    None if simple => self.describe_rows(&columns, &types, binary),
+                    None => {}
+                }
+                for row in std::mem::take(&mut following.snapshot) {
+                    self.subscribed_row(&following, &row);
+                }
+                self.following = Some(following);
             }
         }
     }
@@ -1179,6 +1290,11 @@ impl Session {
                             self.out.no_data();
                         }
                     }
+                    Some(Piece::Subscribe(plan)) if plan.copy.is_none() => {
+                        self.out.parameter_description(&[]);
+                        let shape = subscribe::shape(&self.engine, &self.principal, &plan)?;
+                        self.describe_rows(&shape.columns, &shape.types, &vec![false; shape.columns.len()]);
+                    }
                     Some(Piece::Session(statement)) if matches!(*statement, ast::Statement::ShowVariable { .. }) => {
                         let ast::Statement::ShowVariable { variable } = *statement else { unreachable!("matched") };
                         self.out.parameter_description(&[]);
@@ -1199,6 +1315,11 @@ impl Session {
                 match &portal.outcome {
                     Some(Outcome::Rows { columns, .. }) => {
                         let (columns, types, binary) = (columns.clone(), portal.types.clone(), portal.binary.clone());
+                        self.describe_rows(&columns, &types, &binary);
+                    }
+                    Some(Outcome::Subscribe(following)) if following.copy.is_none() => {
+                        let (columns, binary) = (following.shape.columns.clone(), portal.binary.clone());
+                        let types = following.shape.types.clone();
                         self.describe_rows(&columns, &types, &binary);
                     }
                     _ => self.out.no_data(),
@@ -1257,6 +1378,7 @@ enum Piece {
     Onehop(Box<Statement>),
     Session(Box<ast::Statement>),
     Copy(Box<copy::Copy>),
+    Subscribe(Box<subscribe::Plan>),
 }
 
 /// Whether this module answers `statement` (not onehop's SQL).
@@ -1304,6 +1426,7 @@ fn outcome_types(outcome: &Outcome) -> Vec<u32> {
         Outcome::Rows { columns, rows } | Outcome::CopyOut { columns, rows, .. } => {
             (0..columns.len()).map(|index| types::column_type(rows.iter().filter_map(|row| row.get(index)))).collect()
         }
+        Outcome::Subscribe(following) => following.shape.types.clone(),
         Outcome::Command { .. } | Outcome::CopyIn(_) => Vec::new(),
     }
 }

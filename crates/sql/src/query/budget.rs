@@ -52,7 +52,7 @@ impl Cancel {
         self.0.store(false, Ordering::Relaxed);
     }
 
-    fn is_canceled(&self) -> bool {
+    pub fn is_canceled(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 }
