@@ -35,6 +35,23 @@ fn tls_server(dir: &DataDir) -> common::Server {
     )
 }
 
+/// A server as `tls_server` starts it, its Postgres address, and root's connection string.
+fn tls_server_as_root(dir: &DataDir) -> (common::Server, SocketAddr, String) {
+    let server = tls_server(dir);
+    let pg = server.pg_address.expect("the Postgres listener is on");
+    let root = conninfo(pg, dir.path(), ROOT.0);
+    (server, pg, root)
+}
+
+/// What a Python script (psycopg, SQLAlchemy: scripts/test installs them) printed, once it
+/// ran to its end.
+fn python(script: &str, args: &[&str]) -> String {
+    let output = Command::new("python3").arg("-c").arg(script).args(args).output().expect("python3 runs");
+    let said = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    said
+}
+
 /// psql in unaligned mode, `-c` for each statement: (success, stdout, stderr).
 fn psql(conninfo: &str, password: &str, statements: &[&str]) -> (bool, String, String) {
     let mut command = Command::new("psql");
@@ -53,9 +70,7 @@ fn psql(conninfo: &str, password: &str, statements: &[&str]) -> (bool, String, S
 #[test]
 fn psql_and_psycopg_log_in_over_tls_query_and_are_refused_with_a_wrong_password() {
     let dir = DataDir::new();
-    let server = tls_server(&dir);
-    let pg = server.pg_address.expect("the Postgres listener is on");
-    let root = conninfo(pg, dir.path(), ROOT.0);
+    let (server, pg, root) = tls_server_as_root(&dir);
 
     // Definitions and queries in one psql run, several statements in one query string.
     let (ok, out, err) = psql(
@@ -170,12 +185,7 @@ with psycopg.connect(dsn, password=password) as conn:
     except psycopg.Error as error:
         print("refused", error.sqlstate)
 "#;
-    let output = Command::new("python3")
-        .args(["-c", script, &root, ROOT.1])
-        .output()
-        .expect("python3 runs (psycopg: scripts/test installs it)");
-    let said = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    let said = python(script, &[&root, ROOT.1]);
     assert!(said.contains("bound [('lamp', 20.0), ('desk', 150.5)]"), "{said}");
     assert!(said.contains("binary [('p2', 150.5)]"), "{said}");
     assert!(said.contains("prepared [3, 2, 1, 0, 3, 3]"), "{said}");
@@ -244,9 +254,7 @@ fn pgjdbc_jars() -> String {
 #[test]
 fn psql_and_psycopg_copy_rows_in_and_out_all_or_none() {
     let dir = DataDir::new();
-    let server = tls_server(&dir);
-    let pg = server.pg_address.expect("the Postgres listener is on");
-    let root = conninfo(pg, dir.path(), ROOT.0);
+    let (server, pg, root) = tls_server_as_root(&dir);
     let (ok, out, err) = psql(
         &root,
         ROOT.1,
@@ -324,9 +332,7 @@ with psycopg.connect(dsn, password=password) as conn:
     conn.rollback()
     print("after rollback", conn.execute("SELECT COUNT(*) FROM items WHERE id = 't1'").fetchone()[0])
 "#;
-    let output = Command::new("python3").args(["-c", script, &root, ROOT.1]).output().expect("python3 runs");
-    let said = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    let said = python(script, &[&root, ROOT.1]);
     assert!(said.contains("copied 2"), "{said}");
     assert!(said.contains(r"rows [('p1', 'tab\there \\ back', '9'), ('p2', None, '10')]"), "{said}");
     assert!(said.contains("inside [('in a transaction',)]"), "{said}");
@@ -342,9 +348,7 @@ fn psycopg_and_psql_follow_a_subscribe_until_they_cancel_it() {
     use std::io::BufRead;
 
     let dir = DataDir::new();
-    let server = tls_server(&dir);
-    let pg = server.pg_address.expect("the Postgres listener is on");
-    let root = conninfo(pg, dir.path(), ROOT.0);
+    let (_server, _, root) = tls_server_as_root(&dir);
     let (ok, out, err) = psql(
         &root,
         ROOT.1,
@@ -387,9 +391,7 @@ with psycopg.connect(dsn.replace("user=root", "user=eve"), password="eve-pass") 
     except psycopg.Error as error:
         print("not granted", error.sqlstate)
 "#;
-    let output = Command::new("python3").args(["-c", script, &root, ROOT.1]).output().expect("python3 runs");
-    let said = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    let said = python(script, &[&root, ROOT.1]);
     assert!(said.contains("canceled 57014"), "{said}");
     assert!(
         said.contains(
@@ -608,9 +610,7 @@ except psycopg.Error as error:
 conn.rollback()
 print("end", seen("SELECT id, balance FROM accounts ORDER BY id"), seen("SELECT COUNT(*) FROM audit"))
 "#;
-    let output = Command::new("python3").args(["-c", script, &pg.port().to_string()]).output().expect("python3 runs");
-    let said = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    let said = python(script, &[&pg.port().to_string()]);
     for expected in [
         "inside [('a', 70), ('b', 80), ('c', 5)]",
         "by key inside [(5,)]",
@@ -645,9 +645,7 @@ print("end", seen("SELECT id, balance FROM accounts ORDER BY id"), seen("SELECT 
 #[test]
 fn psql_describes_and_sqlalchemy_reflects_what_onehop_holds() {
     let dir = DataDir::new();
-    let server = tls_server(&dir);
-    let pg = server.pg_address.expect("the Postgres listener is on");
-    let root = conninfo(pg, dir.path(), ROOT.0);
+    let (server, pg, root) = tls_server_as_root(&dir);
     let (ok, out, err) = psql(
         &root,
         ROOT.1,
@@ -776,12 +774,7 @@ except sa.exc.OperationalError as error:
             dir.path().join("ca.pem").display()
         )
     };
-    let output = Command::new("python3")
-        .args(["-c", script, &url(ROOT.1), &url("wrong")])
-        .output()
-        .expect("python3 runs (SQLAlchemy: scripts/test installs it)");
-    let said = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
+    let said = python(script, &[&url(ROOT.1), &url("wrong")]);
     for expected in [
         "tables ['categories', 'orders', 'products', 'sa_items']",
         "foreign keys ['categories.id']",

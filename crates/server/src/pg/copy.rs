@@ -272,40 +272,43 @@ fn text_line<'a>(text: &'a str, format: &Format, number: usize) -> Result<Line<'
             'f' => field.push('\u{c}'),
             'v' => field.push('\u{b}'),
             '0'..='7' => {
-                let mut value = next.to_digit(8).expect("an octal digit");
-                for _ in 0..2 {
-                    match chars.peek().and_then(|digit| digit.to_digit(8)) {
-                        Some(digit) => {
-                            value = value * 8 + digit;
-                            raw.push(chars.next().expect("peeked"));
-                        }
-                        None => break,
-                    }
-                }
-                field.push(char::from_u32(value).filter(|char| *char != '\0').ok_or_else(|| {
-                    line_error(number, "an escaped zero byte is not allowed in text (Postgres refuses it too)")
-                })?);
+                let first = next.to_digit(8).expect("an octal digit");
+                field.push(escaped_byte(&mut chars, &mut raw, first, 8, number)?);
             }
             'x' if chars.peek().is_some_and(char::is_ascii_hexdigit) => {
-                let mut value = 0;
-                for _ in 0..2 {
-                    match chars.peek().and_then(|digit| digit.to_digit(16)) {
-                        Some(digit) => {
-                            value = value * 16 + digit;
-                            raw.push(chars.next().expect("peeked"));
-                        }
-                        None => break,
-                    }
-                }
-                field.push(char::from_u32(value).filter(|char| *char != '\0').ok_or_else(|| {
-                    line_error(number, "an escaped zero byte is not allowed in text (Postgres refuses it too)")
-                })?);
+                field.push(escaped_byte(&mut chars, &mut raw, 0, 16, number)?);
             }
             other => field.push(other),
         }
     }
     finish(&mut raw, &mut field);
     Ok((Some(fields), rest))
+}
+
+/// The byte an octal (`\101`: up to three digits, the first given) or hex (`\x41`: up to
+/// two) escape spells, as the character it is alone: ASCII, not a zero.
+fn escaped_byte(
+    chars: &mut std::iter::Peekable<std::str::Chars>,
+    raw: &mut String,
+    first: u32,
+    radix: u32,
+    number: usize,
+) -> Result<char, PgError> {
+    let mut value = first;
+    for _ in 0..2 {
+        match chars.peek().and_then(|digit| digit.to_digit(radix)) {
+            Some(digit) => {
+                value = value * radix + digit;
+                raw.push(chars.next().expect("peeked"));
+            }
+            None => break,
+        }
+    }
+    match value {
+        0 => Err(line_error(number, "an escaped zero byte is not allowed in text (Postgres refuses it too)")),
+        1..=0x7f => Ok(char::from(value as u8)),
+        _ => Err(line_error(number, "an escaped byte above 127 is not UTF-8 alone: send the character itself")),
+    }
 }
 
 fn csv_line<'a>(text: &'a str, format: &Format, number: usize) -> Result<Line<'a>, PgError> {
@@ -398,6 +401,7 @@ mod tests {
         assert_eq!(lines, vec![vec![Some("AB".to_string())], vec![Some("x".to_string())]]);
         assert_eq!(decode(b"a\\", &text).unwrap_err().code, "22P04");
         assert_eq!(decode(b"\\000", &text).unwrap_err().code, "22P04");
+        assert_eq!(decode(b"\\351", &text).unwrap_err().code, "22P04");
         assert_eq!(decode(b"\xff", &text).unwrap_err().code, "22021");
     }
 
