@@ -361,11 +361,13 @@ fn psycopg_and_psql_follow_a_subscribe_until_they_cancel_it() {
     assert!(ok, "{out}{err}");
 
     let script = r#"
-import sys, psycopg
+import sys, threading, time, psycopg
 dsn, password = sys.argv[1], sys.argv[2]
 with psycopg.connect(dsn, password=password, autocommit=True) as conn, \
         psycopg.connect(dsn, password=password, autocommit=True) as writer:
     seen = []
+    watchdog = threading.Timer(60, conn.cancel)
+    watchdog.start()
     try:
         for row in conn.cursor().stream("SUBSCRIBE (SELECT id, qty FROM items WHERE colour = 'red')"):
             seen.append((row[0], row[1], row[3], row[4]))
@@ -379,8 +381,31 @@ with psycopg.connect(dsn, password=password, autocommit=True) as conn, \
         print("ended without a cancel")
     except psycopg.errors.QueryCanceled as error:
         print("canceled", error.sqlstate)
+    watchdog.cancel()
     print("seen", seen)
     print("after", conn.execute("SELECT COUNT(*) FROM items").fetchone()[0])
+    # A view: its rows, then each replaced row as an update and each removed one as a delete.
+    conn.execute("CREATE VIEW per_colour AS SELECT colour, SUM(qty) AS total FROM items GROUP BY colour")
+    for _ in range(600):
+        if conn.execute("SELECT total FROM per_colour WHERE colour = 'blue'").fetchall() == [(9,)]:
+            break
+        time.sleep(0.05)
+    view = []
+    # However this goes, it ends: a cancel in a minute at the latest.
+    watchdog = threading.Timer(60, conn.cancel)
+    watchdog.start()
+    try:
+        for row in conn.cursor().stream("SUBSCRIBE (SELECT colour, total FROM per_colour)"):
+            view.append((row[0], row[3], row[4]))
+            if len(view) == 1:
+                writer.execute("INSERT INTO items (id, colour, qty) VALUES ('g', 'green', 6)")
+                writer.execute("UPDATE items SET qty = 10 WHERE id = 'g'")
+                writer.execute("DELETE FROM items WHERE id = 'g'")
+            if len(view) == 4:
+                conn.cancel()
+    except psycopg.errors.QueryCanceled:
+        print("view", view)
+    watchdog.cancel()
     try:
         conn.execute("SUBSCRIBE (SELECT id FROM items WHERE qty > 1)")
     except psycopg.Error as error:
@@ -401,6 +426,13 @@ with psycopg.connect(dsn.replace("user=root", "user=eve"), password="eve-pass") 
         "{said}"
     );
     assert!(said.contains("after 3"), "{said}");
+    assert!(
+        said.contains(
+            "view [('snapshot', 'blue', '9'), ('insert', 'green', '6'), ('update', 'green', '10'), \
+             ('delete', 'green', None)]"
+        ),
+        "{said}"
+    );
     assert!(said.contains("refused 0A000"), "{said}");
     assert!(said.contains("not granted 42501"), "{said}");
 

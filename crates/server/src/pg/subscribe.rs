@@ -352,15 +352,13 @@ impl Shape {
             }
             Kind::View => {
                 let doc = event.doc();
-                let flag = |name: &str| doc.and_then(|doc| doc.get(name));
-                let op = if flag("removed") == Some(&Value::Bool(true)) {
-                    "delete"
-                } else if flag("before").is_some_and(|before| !before.is_null()) {
-                    "update"
-                } else {
-                    "insert"
-                };
-                self.row(op, &key, offset, doc)
+                let flag = |name: &str| doc.and_then(|doc| doc.get(name)).filter(|value| !value.is_null());
+                // A removal carries the row it took away as `before`.
+                match (flag("removed") == Some(&Value::Bool(true)), flag("before")) {
+                    (true, before) => self.row("delete", &key, offset, before.or(doc)),
+                    (false, Some(_)) => self.row("update", &key, offset, doc),
+                    (false, None) => self.row("insert", &key, offset, doc),
+                }
             }
             Kind::Stream => {
                 let text;
