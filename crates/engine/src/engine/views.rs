@@ -482,3 +482,72 @@ fn start_positions(source: &Stream, start: Start) -> Vec<u64> {
         Start::Latest => source.end_offsets(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::expr::{Expr, RecordField};
+    use crate::view::{AggregateKind, Column, TransformBranch, Window};
+    use std::time::Duration;
+
+    /// Stopped before its task first ran (a drop right after the creation, on a busy runtime):
+    /// the task still sees the stop, and the drop does not wait for it forever.
+    #[tokio::test]
+    async fn a_view_or_transform_stopped_before_its_task_first_runs_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open_in(dir.path(), EngineOptions::default()).unwrap();
+        engine.stream_or_create("in").await.unwrap();
+        let view = engine
+            .create_view(ViewDef {
+                name: "counts".into(),
+                source: "in".into(),
+                window: Window::None,
+                event_time: None,
+                filter: None,
+                key: Expr::Record { field: RecordField::Key },
+                columns: vec![
+                    Column::Key { name: "k".into() },
+                    Column::Aggregate {
+                        name: "n".into(),
+                        function: AggregateKind::Count,
+                        arg: None,
+                        order_by: Vec::new(),
+                    },
+                ],
+                grace_ms: 0,
+                emit_changes: true,
+                emit_final: false,
+                retention_ms: crate::view::DEFAULT_RETENTION_MS,
+                start: Start::Latest,
+                late_stream: None,
+                sql: String::new(),
+                join: None,
+            })
+            .await
+            .unwrap();
+        // This runtime runs one task at a time, and the test has not yielded since the spawn.
+        tokio::time::timeout(Duration::from_secs(60), view.stop()).await.expect("the view's task stopped");
+
+        let branch = TransformBranch {
+            source: "in".into(),
+            filter: None,
+            columns: Vec::new(),
+            all_fields: true,
+            key: None,
+            subject: None,
+            unnest: None,
+            alias: None,
+            lookups: Vec::new(),
+        };
+        let def = TransformDef {
+            name: "out".into(),
+            first: branch,
+            union: Vec::new(),
+            start: Start::Latest,
+            value_format: Default::default(),
+            sql: String::new(),
+        };
+        let transform = engine.create_transform(def, engine.default_stream_def("out")).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(60), transform.stop()).await.expect("the transform's task stopped");
+    }
+}

@@ -22,6 +22,33 @@ pub mod transform;
 
 use serde::{Deserialize, Serialize};
 
+/// What stops a view's or a transform's task: raised once, and seen by the task however late
+/// it first runs. (A watch receiver made after the send takes the raised value as already
+/// seen: a view or transform dropped before its task first ran would wait for it forever.)
+#[derive(Debug)]
+pub(crate) struct Stop(tokio::sync::watch::Sender<bool>);
+
+impl Default for Stop {
+    fn default() -> Self {
+        Stop(tokio::sync::watch::channel(false).0)
+    }
+}
+
+impl Stop {
+    pub(crate) fn raise(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// A receiver whose `changed()` is ready once the stop is raised, before or after this.
+    pub(crate) fn receiver(&self) -> tokio::sync::watch::Receiver<bool> {
+        let mut receiver = self.0.subscribe();
+        if *receiver.borrow() {
+            receiver.mark_changed();
+        }
+        receiver
+    }
+}
+
 pub use expr::{Expr, Input};
 pub use join::{JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn};
 pub use runtime::{View, ViewStatus};

@@ -103,7 +103,7 @@ pub struct View {
     /// (or of this one before a checkpoint was lost, see `written`).
     incarnation: AtomicU64,
     pub(super) restoring: AtomicBool,
-    pub(super) stop: tokio::sync::watch::Sender<bool>,
+    pub(super) stop: crate::view::Stop,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// A joined view: its inputs and state (`state` above is then empty).
     pub(super) join: Option<Joined>,
@@ -136,7 +136,7 @@ impl View {
             state: RwLock::new(state),
             incarnation: AtomicU64::new(incarnation),
             restoring: AtomicBool::new(true),
-            stop: tokio::sync::watch::channel(false).0,
+            stop: crate::view::Stop::default(),
             task: std::sync::Mutex::new(None),
             join: None,
             change_end,
@@ -270,7 +270,7 @@ impl View {
 
     /// Stops the task (the view is dropped, or the engine closes).
     pub(crate) async fn stop(&self) {
-        self.stop.send_replace(true);
+        self.stop.raise();
         let task = self.task.lock().expect("view task lock").take();
         if let Some(task) = task {
             let _ = task.await;
@@ -291,7 +291,7 @@ impl View {
             let table = self.table.as_ref().expect("a view without a catch-up is over a table");
             return self.run_over_table(hub, table).await;
         };
-        let mut stop = self.stop.subscribe();
+        let mut stop = self.stop.receiver();
         if catchup.done() {
             self.restoring.store(false, Ordering::Relaxed);
         }
@@ -442,7 +442,7 @@ impl View {
     /// A view over a table: folds in every row the table has now, then each change from the
     /// offset after them (the old row out, the new one in).
     async fn run_over_table(&self, hub: Arc<Hub>, table: &Table) -> Result<(), EngineError> {
-        let mut stop = self.stop.subscribe();
+        let mut stop = self.stop.receiver();
         let (rows, next) = table.snapshot(&Filter::default());
         let started = Instant::now();
         tracing::info!(view = self.name(), rows = rows.len(), "view restoring: folding in the table's rows");

@@ -152,7 +152,7 @@ impl View {
     pub(in crate::view) async fn run_join(&self, hub: Arc<Hub>) -> Result<(), EngineError> {
         let joined = self.join.as_ref().expect("run_join runs joined views");
         register_metrics(self.name());
-        let mut stop = self.stop.subscribe();
+        let mut stop = self.stop.receiver();
         let started = Instant::now();
         let mut positions: Vec<Vec<u64>> = Vec::with_capacity(joined.sources.len());
         let mut loaded = 0u64;

@@ -135,7 +135,7 @@ pub struct Transform {
     output: Arc<Stream>,
     counters: Counters,
     restoring: std::sync::atomic::AtomicBool,
-    stop: tokio::sync::watch::Sender<bool>,
+    stop: crate::view::Stop,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// On a cluster node: where the transform is, as this node applied its batches (its
     /// source positions, and its output's ends then).
@@ -171,7 +171,7 @@ impl Transform {
             output,
             counters: Counters::default(),
             restoring: std::sync::atomic::AtomicBool::new(true),
-            stop: tokio::sync::watch::channel(false).0,
+            stop: crate::view::Stop::default(),
             task: std::sync::Mutex::new(None),
             applied: std::sync::Mutex::new(checkpoint),
         }
@@ -268,7 +268,7 @@ impl Transform {
 
     /// Stops the task, which checkpoints first.
     pub(crate) async fn stop(&self) {
-        self.stop.send_replace(true);
+        self.stop.raise();
         let task = self.task.lock().expect("transform task lock").take();
         if let Some(task) = task {
             let _ = task.await;
@@ -281,7 +281,7 @@ impl Transform {
         checkpoints: Arc<SystemTopic>,
         checkpoint: TransformCheckpoint,
     ) -> Result<(), EngineError> {
-        let mut stop = self.stop.subscribe();
+        let mut stop = self.stop.receiver();
         let mut written = self.written_since(&checkpoint.output_ends)?;
         let mut reader = Reader::new(self.name(), &hub, &self.sources, self.branch_positions(&checkpoint.positions))?;
         self.restoring.store(reader.restoring(), Ordering::Relaxed);
@@ -326,7 +326,7 @@ impl Transform {
         replicator: Arc<dyn Replicator>,
         mut leading: tokio::sync::watch::Receiver<Option<u64>>,
     ) -> Result<(), EngineError> {
-        let mut stop = self.stop.subscribe();
+        let mut stop = self.stop.receiver();
         let mut saved = None;
         loop {
             let term = *leading.borrow_and_update();
