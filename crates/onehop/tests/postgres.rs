@@ -172,6 +172,14 @@ with psycopg.connect(dsn, password=password, autocommit=True) as conn:
         print("canceled", error.sqlstate, str(error).strip())
     timer.join()
     print("after cancel", conn.execute("SELECT COUNT(*) FROM products").fetchone()[0])
+    # A write with RETURNING ends with its own tag, so the row count is the write's.
+    cursor = conn.execute("INSERT INTO products (id, title, price) VALUES ('p8', 'mat', 3), ('p9', 'rug', 4) RETURNING id")
+    print("insert returning", cursor.statusmessage, cursor.rowcount, cursor.fetchall())
+    for step in (1, 2):
+        cursor = conn.execute("UPDATE products SET price = price + %s WHERE id IN ('p8', 'p9') RETURNING price", (step,), prepare=True)
+        print("update returning", cursor.statusmessage, sorted(cursor.fetchall()))
+    cursor = conn.execute("DELETE FROM products WHERE id IN ('p8', 'p9') RETURNING id, title")
+    print("delete returning", cursor.statusmessage, cursor.rowcount, sorted(cursor.fetchall()))
 with psycopg.connect(dsn, password=password) as conn:
     notices = []
     conn.add_notice_handler(lambda notice: notices.append(notice.message_primary))
@@ -194,6 +202,24 @@ with psycopg.connect(dsn, password=password) as conn:
     assert!(said.contains("notice ['CREATE STREAM inside took effect at once"), "{said}");
     assert!(said.contains("canceled 57014 canceling statement due to user request"), "{said}");
     assert!(said.contains("after cancel 3"), "{said}");
+    assert!(said.contains("insert returning INSERT 0 2 2 [('p8',), ('p9',)]"), "{said}");
+    assert!(said.contains("update returning UPDATE 2 [(4,), (5,)]"), "{said}");
+    assert!(said.contains("update returning UPDATE 2 [(6,), (7,)]"), "{said}");
+    assert!(said.contains("delete returning DELETE 2 2 [('p8', 'mat'), ('p9', 'rug')]"), "{said}");
+    // psql's \gdesc describes a statement without running it: a write's RETURNING columns.
+    let script = dir.path().join("gdesc.sql");
+    std::fs::write(&script, "DELETE FROM products WHERE id = 'p1' RETURNING id, price AS cost \\gdesc\n").unwrap();
+    let output = Command::new("psql")
+        .args(["-X", "-A", "-t", "-F", "|", "-v", "ON_ERROR_STOP=1", "-d", &root, "-f"])
+        .arg(&script)
+        .env("PGPASSWORD", ROOT.1)
+        .output()
+        .expect("psql runs");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{out}{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(out, "id|text\ncost|text\n");
+    let (ok, out, err) = psql(&root, ROOT.1, &["SELECT COUNT(*) FROM products"]);
+    assert!(ok && out == "3\n", "{out}{err}");
 
     // node-postgres: a pool over TLS, a named statement parsed once and run ten times, text
     // parameters, a write with RETURNING read back, a refusal's SQLSTATE.
@@ -230,6 +256,7 @@ with psycopg.connect(dsn, password=password) as conn:
     assert!(output.status.success(), "{said}{}", String::from_utf8_lossy(&output.stderr));
     assert!(said.contains("prepared [0, 0, 0, 0, 0, 1, 2, 3, 4, 5]"), "{said}");
     assert!(said.contains("returning i1 1010\nreturning i2 1020"), "{said}");
+    assert!(said.contains("described 2 id qty"), "{said}");
     assert!(said.contains("read [i1:item 1:1010, i2:item 2:1020]"), "{said}");
     assert!(said.contains("refused 42P01"), "{said}");
 }

@@ -407,7 +407,7 @@ fn pattern(parser: &mut Parser) -> Result<String, SqlError> {
 // --- running -----------------------------------------------------------------------------
 
 fn rows(statement: String, columns: &[&str], rows: Vec<Vec<Value>>) -> Output {
-    Output::Rows { statement, columns: columns.iter().map(|column| column.to_string()).collect(), rows }
+    Output::Rows { statement, columns: columns.iter().map(|column| column.to_string()).collect(), rows, verb: None }
 }
 
 /// How long a token made without `VALID FOR` is valid: 30 days.

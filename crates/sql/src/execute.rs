@@ -19,8 +19,9 @@ pub enum Output {
     Altered { statement: String, definition: String },
     /// A definition was dropped (durably) and its data deleted.
     Dropped { statement: String },
-    /// A result set.
-    Rows { statement: String, columns: Vec<String>, rows: Vec<Vec<Value>> },
+    /// A result set; `verb` names the write (`INSERT`, `UPDATE`, `DELETE`) when these are the
+    /// rows its `RETURNING` gave, one per row written.
+    Rows { statement: String, columns: Vec<String>, rows: Vec<Vec<Value>>, verb: Option<String> },
     /// Rows written by `INSERT`, `UPDATE` or `DELETE` (without `RETURNING`, which answers
     /// [`Output::Rows`]), all in one batch.
     Changed { statement: String, verb: String, rows: u64 },
@@ -66,7 +67,12 @@ fn describe_table(label: String, def: &TableDef) -> Output {
             vec![json!(index.field), Value::Null, json!(false), json!(false), json!(index.name)]
         }))
         .collect();
-    Output::Rows { statement: label, columns: DESCRIBE_TABLE_COLUMNS.iter().map(|c| c.to_string()).collect(), rows }
+    Output::Rows {
+        statement: label,
+        columns: DESCRIBE_TABLE_COLUMNS.iter().map(|c| c.to_string()).collect(),
+        rows,
+        verb: None,
+    }
 }
 
 pub(crate) fn stream_def(engine: &Engine, name: &str, options: &StreamOptions) -> StreamDef {
@@ -167,7 +173,12 @@ fn dropped(label: String, result: Result<(), EngineError>, if_exists: bool, kind
 /// A write's answer: RETURNING's rows, or how many rows it wrote.
 fn changed_output(changed: crate::query::write::Changed, text: &str) -> Output {
     match changed.returning {
-        Some(answer) => Output::Rows { statement: text.to_string(), columns: answer.columns, rows: answer.rows },
+        Some(answer) => Output::Rows {
+            statement: text.to_string(),
+            columns: answer.columns,
+            rows: answer.rows,
+            verb: Some(changed.verb.to_string()),
+        },
         None => Output::Changed { statement: text.to_string(), verb: changed.verb.to_string(), rows: changed.rows },
     }
 }
@@ -376,7 +387,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
         Statement::Query { query, text } => {
             let limits = crate::query::QueryLimits::of(engine.options());
             let answer = crate::query::run(engine, principal, query, &limits, None)?;
-            Ok(Output::Rows { statement: text.clone(), columns: answer.columns, rows: answer.rows })
+            Ok(Output::Rows { statement: text.clone(), columns: answer.columns, rows: answer.rows, verb: None })
         }
         Statement::Write { statement: write, text } => {
             let changed = crate::query::write::write(engine, principal, write).await?;
@@ -385,7 +396,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
         Statement::Explain { query, text } => {
             let lines = crate::query::explain(engine, principal, query)?;
             let rows = lines.into_iter().map(|line| vec![Value::String(line)]).collect();
-            Ok(Output::Rows { statement: format!("EXPLAIN {text}"), columns: vec!["plan".into()], rows })
+            Ok(Output::Rows { statement: format!("EXPLAIN {text}"), columns: vec!["plan".into()], rows, verb: None })
         }
         Statement::CreateStream { name, if_not_exists, options } => {
             let def = stream_def(engine, name, options);
@@ -420,6 +431,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                 .filter(|stream| visible(ObjectKind::Stream, stream.name()))
                 .map(|stream| stream_row(engine, stream))
                 .collect(),
+            verb: None,
         }),
         Statement::CreateTable { name, if_not_exists, primary_key, columns, durability, foreign_keys } => {
             for (key, referred) in foreign_keys {
@@ -539,6 +551,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                 .filter(|table| visible(ObjectKind::Table, &table.name()))
                 .map(|table| table_row(table))
                 .collect(),
+            verb: None,
         }),
         Statement::ShowViews => Ok(Output::Rows {
             statement: label,
@@ -549,6 +562,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                 .filter(|view| visible(ObjectKind::View, view.name()))
                 .map(|view| view_row(view))
                 .collect(),
+            verb: None,
         }),
         Statement::ShowTransforms => Ok(Output::Rows {
             statement: label,
@@ -559,6 +573,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                 .filter(|transform| visible(ObjectKind::Stream, transform.name()))
                 .map(|transform| transform_row(transform))
                 .collect(),
+            verb: None,
         }),
         Statement::DropView { name, if_exists } => dropped(label, engine.drop_view(name).await, *if_exists, "view"),
         Statement::Describe { name } => {
@@ -570,6 +585,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                     statement: label,
                     columns: VIEW_COLUMNS.iter().map(|column| column.to_string()).collect(),
                     rows: vec![view_row(&view)],
+                    verb: None,
                 });
             }
             let stream = engine.stream(name).map_err(|error| match error {
@@ -582,6 +598,7 @@ async fn run(engine: &Engine, principal: Option<&Principal>, statement: &Stateme
                 statement: label,
                 columns: STREAM_COLUMNS.iter().map(|column| column.to_string()).collect(),
                 rows: vec![stream_row(engine, &stream)],
+                verb: None,
             })
         }
     }

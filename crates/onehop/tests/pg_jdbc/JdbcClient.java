@@ -61,6 +61,14 @@ public class JdbcClient {
             }
             connection.commit();
             connection.setAutoCommit(true);
+            // Described before it runs (Parse and Describe of the statement): RETURNING's
+            // columns, and nothing deleted.
+            try (PreparedStatement described =
+                    connection.prepareStatement("DELETE FROM jdbc_items WHERE id = ? RETURNING id, qty")) {
+                java.sql.ResultSetMetaData meta = described.getMetaData();
+                System.out.println("described " + meta.getColumnCount() + " " + meta.getColumnName(1) + " "
+                    + meta.getColumnName(2));
+            }
             try (Statement statement = connection.createStatement();
                  ResultSet rows = statement.executeQuery(
                      "SELECT id, name, qty FROM jdbc_items WHERE qty > 900 ORDER BY id")) {

@@ -378,9 +378,11 @@ impl From<SqlError> for PgError {
 
 /// What one statement answered.
 enum Outcome {
+    /// A result set; `verb` names the write whose RETURNING rows these are.
     Rows {
         columns: Vec<String>,
         rows: Vec<Vec<Value>>,
+        verb: Option<String>,
     },
     Command {
         tag: String,
@@ -403,16 +405,12 @@ impl Outcome {
     fn of(output: Output) -> Outcome {
         let tag = |statement: &str| statement.split_whitespace().take(2).collect::<Vec<_>>().join(" ").to_uppercase();
         match output {
-            Output::Rows { columns, rows, .. } => Outcome::Rows { columns, rows },
+            Output::Rows { columns, rows, verb, .. } => Outcome::Rows { columns, rows, verb },
             Output::Created { statement, .. } | Output::Altered { statement, .. } | Output::Dropped { statement } => {
                 Outcome::Command { tag: tag(&statement), notice: None }
             }
             Output::Unchanged { statement, note, .. } => Outcome::Command { tag: tag(&statement), notice: Some(note) },
-            // Postgres's tags: `INSERT 0 n` (the 0 an old object id), `UPDATE n`, `DELETE n`.
-            Output::Changed { verb, rows, .. } if verb == "INSERT" => {
-                Outcome::Command { tag: format!("INSERT 0 {rows}"), notice: None }
-            }
-            Output::Changed { verb, rows, .. } => Outcome::Command { tag: format!("{verb} {rows}"), notice: None },
+            Output::Changed { verb, rows, .. } => Outcome::Command { tag: rows_tag(Some(&verb), rows), notice: None },
         }
     }
 }
@@ -796,7 +794,7 @@ impl Session {
             Piece::Session(statement) => self.session_statement(*statement).await,
             Piece::Copy(copy) => match *copy {
                 copy::Copy::Out { query, format } => match self.onehop_statement(*query, &[]).await? {
-                    Outcome::Rows { columns, rows } => Ok(Outcome::CopyOut { columns, rows, format }),
+                    Outcome::Rows { columns, rows, .. } => Ok(Outcome::CopyOut { columns, rows, format }),
                     _ => Err(PgError::new("42601", "COPY ( … ) TO STDOUT copies the answer of one SELECT")),
                 },
                 copy::Copy::In { target, columns, format } => self.copy_in(target, columns, format),
@@ -948,7 +946,7 @@ impl Session {
                     None => setting_default(&name).map(str::to_string).unwrap_or_default(),
                 };
                 let column = variable.last().map_or(name.clone(), |part| part.value.to_ascii_lowercase());
-                Ok(Outcome::Rows { columns: vec![column], rows: vec![vec![Value::String(value)]] })
+                Ok(Outcome::Rows { columns: vec![column], rows: vec![vec![Value::String(value)]], verb: None })
             }
             ast::Statement::Discard { .. } => {
                 self.statements.clear();
@@ -973,14 +971,14 @@ impl Session {
                 }
                 self.out.command_complete(&tag);
             }
-            Outcome::Rows { columns, rows } => {
+            Outcome::Rows { columns, rows, verb } => {
                 if simple {
                     self.describe_rows(&columns, types, binary);
                 }
                 for row in &rows {
                     self.data_row(row, types, binary);
                 }
-                self.out.command_complete(&format!("SELECT {}", rows.len()));
+                self.out.command_complete(&rows_tag(verb.as_deref(), rows.len() as u64));
             }
             Outcome::CopyOut { columns, rows, format } => {
                 self.out.copy_response(true, columns.len());
@@ -1256,8 +1254,8 @@ impl Session {
                     })
                     .collect();
                 let (outcome, rows) = match outcome {
-                    Some(Outcome::Rows { columns, rows }) => {
-                        (Some(Outcome::Rows { columns, rows: Vec::new() }), rows.into())
+                    Some(Outcome::Rows { columns, rows, verb }) => {
+                        (Some(Outcome::Rows { columns, rows: Vec::new(), verb }), rows.into())
                     }
                     other => (other, VecDeque::new()),
                 };
@@ -1280,14 +1278,24 @@ impl Session {
                             }
                         }
                         self.out.parameter_description(&types);
-                        if matches!(*statement, Statement::Query { .. }) {
+                        if matches!(*statement, Statement::Query { .. } | Statement::Write { .. }) {
                             statement.bind(&vec![Value::Null; count])?;
-                            let Statement::Query { query, .. } = &*statement else { unreachable!("matched above") };
-                            let columns = onehop_sql::query::columns(&self.engine, Some(&self.principal), query)?;
-                            let text = vec![types::TEXT; columns.len()];
-                            self.describe_rows(&columns, &text, &vec![false; columns.len()]);
-                        } else {
-                            self.out.no_data();
+                        }
+                        let columns = match &*statement {
+                            Statement::Query { query, .. } => {
+                                Some(onehop_sql::query::columns(&self.engine, Some(&self.principal), query)?)
+                            }
+                            Statement::Write { statement: write, .. } => {
+                                onehop_sql::query::write::returning_columns(&self.engine, Some(&self.principal), write)?
+                            }
+                            _ => None,
+                        };
+                        match columns {
+                            Some(columns) => {
+                                let text = vec![types::TEXT; columns.len()];
+                                self.describe_rows(&columns, &text, &vec![false; columns.len()]);
+                            }
+                            None => self.out.no_data(),
                         }
                     }
                     Some(Piece::Subscribe(plan)) if plan.copy.is_none() => {
@@ -1332,7 +1340,7 @@ impl Session {
                     .ok_or_else(|| PgError::new("34000", format!("portal \"{name}\" does not exist")))?;
                 match portal.outcome.take() {
                     None => self.out.empty_query(),
-                    Some(Outcome::Rows { columns, rows }) => {
+                    Some(Outcome::Rows { columns, rows, verb }) => {
                         let limit = if max_rows > 0 { max_rows as usize } else { usize::MAX };
                         let mut sent = 0;
                         while sent < limit
@@ -1344,11 +1352,11 @@ impl Session {
                         }
                         portal.sent += sent;
                         if portal.rows.is_empty() {
-                            self.out.command_complete(&format!("SELECT {}", portal.sent));
+                            self.out.command_complete(&rows_tag(verb.as_deref(), portal.sent as u64));
                             portal.outcome = None;
                         } else {
                             self.out.portal_suspended();
-                            portal.outcome = Some(Outcome::Rows { columns, rows });
+                            portal.outcome = Some(Outcome::Rows { columns, rows, verb });
                             self.portals.insert(name, portal);
                         }
                     }
@@ -1421,9 +1429,20 @@ fn setting_default(name: &str) -> Option<&'static str> {
 }
 
 /// The types of an outcome's columns, from its values.
+/// The tag that ends `rows` rows of a query (`SELECT n`) or of a write, as Postgres spells it:
+/// `INSERT 0 n` (the 0 an old object id), `UPDATE n`, `DELETE n`. Drivers read a write's row
+/// count from it, with RETURNING or without.
+fn rows_tag(verb: Option<&str>, rows: u64) -> String {
+    match verb {
+        None => format!("SELECT {rows}"),
+        Some("INSERT") => format!("INSERT 0 {rows}"),
+        Some(verb) => format!("{verb} {rows}"),
+    }
+}
+
 fn outcome_types(outcome: &Outcome) -> Vec<u32> {
     match outcome {
-        Outcome::Rows { columns, rows } | Outcome::CopyOut { columns, rows, .. } => {
+        Outcome::Rows { columns, rows, .. } | Outcome::CopyOut { columns, rows, .. } => {
             (0..columns.len()).map(|index| types::column_type(rows.iter().filter_map(|row| row.get(index)))).collect()
         }
         Outcome::Subscribe(following) => following.shape.types.clone(),

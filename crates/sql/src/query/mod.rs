@@ -122,7 +122,7 @@ pub(crate) async fn run_shared(
     if is_key_lookup(engine, query) {
         let limits = QueryLimits::of(engine.options());
         let answer = run_through(engine, principal, query, &limits, cancel, overlay)?;
-        return Ok(Output::Rows { statement, columns: answer.columns, rows: answer.rows });
+        return Ok(Output::Rows { statement, columns: answer.columns, rows: answer.rows, verb: None });
     }
     let (engine, principal, query, cancel) = (engine.clone(), principal.cloned(), query.clone(), cancel.cloned());
     let limits = QueryLimits::of(engine.options());
@@ -131,7 +131,7 @@ pub(crate) async fn run_shared(
     })
     .await
     .map_err(|error| SqlError::InvalidQuery(format!("the query stopped: {error}")))??;
-    Ok(Output::Rows { statement, columns: answer.columns, rows: answer.rows })
+    Ok(Output::Rows { statement, columns: answer.columns, rows: answer.rows, verb: None })
 }
 
 /// Whether `query` reads one table by its primary key and nothing else: a single SELECT of

@@ -240,6 +240,43 @@ fn assignments(
     Ok(resolved)
 }
 
+/// The names of the columns RETURNING gives for the write `statement`, found without making
+/// it (what a driver asks of a prepared statement before it runs it); `None` without
+/// RETURNING. `*` names the target's declared columns (a table without declared columns names
+/// its fields row by row, so only the run knows them).
+pub fn returning_columns(
+    engine: &Engine,
+    principal: Option<&Principal>,
+    statement: &ast::Statement,
+) -> Result<Option<Vec<String>>, SqlError> {
+    let (name, alias, items) = match statement {
+        ast::Statement::Insert(insert) => {
+            let ast::TableObject::TableName(name) = &insert.table else { return Ok(None) };
+            (name, insert.table_alias.as_ref().map(|alias| &alias.alias), insert.returning.as_ref())
+        }
+        ast::Statement::Update(update) => {
+            let ast::TableFactor::Table { name, alias, .. } = &update.table.relation else { return Ok(None) };
+            (name, alias.as_ref().map(|alias| &alias.name), update.returning.as_ref())
+        }
+        ast::Statement::Delete(delete) => {
+            let (ast::FromTable::WithFromKeyword(from) | ast::FromTable::WithoutKeyword(from)) = &delete.from;
+            let Some(ast::TableFactor::Table { name, alias, .. }) = from.first().map(|from| &from.relation) else {
+                return Ok(None);
+            };
+            (name, alias.as_ref().map(|alias| &alias.name), delete.returning.as_ref())
+        }
+        _ => return Ok(None),
+    };
+    let Some(items) = items else { return Ok(None) };
+    let mut source = target(engine, principal, name)?;
+    if let Some(alias) = alias {
+        source.alias = alias.value.clone();
+    }
+    let limits = QueryLimits::default();
+    let mut context = Context::new(engine, principal, &limits);
+    Ok(returning(&mut context, &source, Some(items), &[])?.map(|answer| answer.columns))
+}
+
 /// RETURNING's items over the rows written (each the target's row as it is after the write,
 /// or before it for DELETE).
 fn returning(
