@@ -129,7 +129,7 @@ fn condition(rng: &mut Rng, alias: &str) -> String {
 fn query(rng: &mut Rng) -> (String, bool) {
     let k = rng.below(8) as i64;
     let cond = condition(rng, "a");
-    match rng.below(15) {
+    match rng.below(17) {
         0 => (format!("SELECT a.id, a.x, a.y, a.z FROM a WHERE {cond} ORDER BY a.x DESC, a.id"), true),
         1 => (format!("SELECT a.y AS y, COUNT(*) AS n, SUM(a.x) AS s, MIN(a.x) AS lo, MAX(a.z) AS hi, COUNT(a.x) AS nx FROM a WHERE {cond} GROUP BY a.y"), false),
         2 => (format!("SELECT a.id AS aid, b.id AS bid, b.w AS w FROM a JOIN b ON b.a_id = a.id WHERE b.w < {k} AND {cond}"), false),
@@ -145,6 +145,9 @@ fn query(rng: &mut Rng) -> (String, bool) {
         // Correlated subqueries: a count and a sum per row, EXISTS and NOT EXISTS, IN.
         12 => (format!("SELECT a.id AS id, (SELECT COUNT(*) FROM b WHERE b.a_id = a.id AND b.w > {k}) AS n, (SELECT SUM(b.w) FROM b WHERE b.a_id = a.id) AS s FROM a WHERE {cond}"), false),
         13 => (format!("SELECT a.id AS id FROM a WHERE {}EXISTS (SELECT 1 FROM b JOIN c ON c.b_id = b.id WHERE b.a_id = a.id AND c.v > {k}) AND {cond}", if rng.chance(50) { "NOT " } else { "" }), false),
+        // Joins that probe by primary key, once per row before them: inner, left, grouped.
+        15 => (format!("SELECT c.id AS cid, b.id AS bid, a.x AS x, a.y AS y FROM c JOIN b ON b.id = c.b_id LEFT JOIN a ON a.id = b.a_id AND {cond}"), false),
+        16 => (format!("SELECT b.t AS t, a.y AS y, COUNT(*) AS n, SUM(c.v) AS s FROM c JOIN b ON b.id = c.b_id JOIN a ON a.id = b.a_id WHERE c.v > {k} GROUP BY b.t, a.y"), false),
         _ => (format!("SELECT b.id AS id FROM b WHERE b.w IN (SELECT c.v FROM c WHERE c.b_id = b.id) OR b.t = (SELECT a.y FROM a WHERE a.id = b.a_id AND a.x > {k})"), false),
     }
 }

@@ -91,7 +91,7 @@ pub struct Row {
 
 impl Row {
     /// The row as a shared document.
-    pub(crate) fn shared_doc(&self) -> Arc<Map<String, Value>> {
+    pub fn shared_doc(&self) -> Arc<Map<String, Value>> {
         self.doc.clone()
     }
 

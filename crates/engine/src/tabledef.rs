@@ -195,9 +195,17 @@ impl TableDef {
 
     /// The id a row with primary key value `value` has in URLs and in the log's record key.
     pub fn id_of(&self, value: &Value) -> Option<String> {
+        TableDef::id_text(value).map(std::borrow::Cow::into_owned)
+    }
+
+    /// [`TableDef::id_of`], borrowed where the value is text already (the same for every
+    /// table: a key is text or an integer).
+    pub fn id_text<'v>(value: &'v Value) -> Option<std::borrow::Cow<'v, str>> {
         match value {
-            Value::String(text) => Some(text.clone()),
-            Value::Number(number) if number.is_i64() || number.is_u64() => Some(number.to_string()),
+            Value::String(text) => Some(std::borrow::Cow::Borrowed(text)),
+            Value::Number(number) if number.is_i64() || number.is_u64() => {
+                Some(std::borrow::Cow::Owned(number.to_string()))
+            }
             _ => None,
         }
     }

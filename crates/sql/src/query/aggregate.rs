@@ -73,10 +73,6 @@ pub(super) struct Accumulator {
     separator: Option<String>,
 }
 
-fn input(row: &Value) -> Input<'_> {
-    Input::row(row)
-}
-
 impl Accumulator {
     pub(super) fn new(aggregate: &Aggregate) -> Accumulator {
         Accumulator {
@@ -93,10 +89,9 @@ impl Accumulator {
     }
 
     /// Adds `row` (the query's row object) to the group.
-    pub(super) fn add(&mut self, aggregate: &Aggregate, row: &Value, budget: &mut Budget) -> Result<(), SqlError> {
-        let input = input(row);
+    pub(super) fn add(&mut self, aggregate: &Aggregate, input: &Input, budget: &mut Budget) -> Result<(), SqlError> {
         if let Some(filter) = &aggregate.filter
-            && !onehop_engine::view::expr::is_true(&filter.eval(&input))
+            && !onehop_engine::view::expr::is_true(&filter.value(input))
         {
             return Ok(());
         }
@@ -104,7 +99,7 @@ impl Accumulator {
             self.count += 1;
             return Ok(());
         };
-        let value = arg.eval(&input);
+        let value = arg.eval(input);
         if value.is_null() && aggregate.kind != Kind::JsonAgg {
             return Ok(());
         }
@@ -145,10 +140,10 @@ impl Accumulator {
             }
             Kind::JsonAgg | Kind::StringAgg => {
                 if aggregate.kind == Kind::StringAgg && self.separator.is_none() {
-                    let separator = aggregate.separator.as_ref().map(|separator| separator.eval(&input));
+                    let separator = aggregate.separator.as_ref().map(|separator| separator.eval(input));
                     self.separator = Some(separator.as_ref().map_or(String::new(), text));
                 }
-                let keys: Vec<Value> = aggregate.order.iter().map(|(expr, _)| expr.eval(&input)).collect();
+                let keys: Vec<Value> = aggregate.order.iter().map(|(expr, _)| expr.eval(input)).collect();
                 budget.hold_bytes(estimate(&value) + keys.iter().map(estimate).sum::<u64>())?;
                 self.items.push((keys, value));
             }

@@ -21,7 +21,7 @@ use sqlparser::ast::{self, VisitMut, VisitorMut};
 use super::budget::{Cancel, QueryLimits};
 use super::catalog::Catalog;
 use super::order::row_key;
-use super::select::Context;
+use super::select::{Context, Joined, RowLike};
 use super::source::Overlay;
 use super::{Answer, source::Source};
 use crate::SqlError;
@@ -145,28 +145,25 @@ pub(super) struct Correlator<'a> {
 }
 
 impl Correlator<'_> {
-    /// Puts the value of every subquery anchored at input `level` into that input's part of
+    /// Puts the value of every subquery anchored at input `level` into that input's row in
     /// `row` (which holds the inputs up to it).
-    pub(super) fn fill(&mut self, level: usize, alias: &str, row: &mut Value) -> Result<(), SqlError> {
+    pub(super) fn fill(&mut self, level: usize, row: &mut Joined) -> Result<(), SqlError> {
         for index in 0..self.entries.len() {
             if self.entries[index].anchor != level {
                 continue;
             }
-            let value = self.value(index, row)?;
-            let Some(fields) = row.as_object_mut() else { continue };
-            let part = fields.entry(alias.to_string()).or_insert(Value::Null);
-            if !part.is_object() {
-                // An unmatched LEFT JOIN's input: its columns stay null beside the value.
-                *part = Value::Object(Map::new());
-            }
-            part.as_object_mut().expect("made an object").insert(self.entries[index].field.clone(), value);
+            let value = self.value(index, &row.input())?;
+            let Some(part) = row.parts.get_mut(level) else { continue };
+            // An unmatched LEFT JOIN's input: its columns stay null beside the value. A row
+            // shared with its table is copied before the value is put in.
+            let doc = part.row.get_or_insert_with(|| Arc::new(Map::new()));
+            Arc::make_mut(doc).insert(self.entries[index].field.clone(), value);
         }
         Ok(())
     }
 
-    fn value(&mut self, index: usize, row: &Value) -> Result<Value, SqlError> {
-        let input = Input::row(row);
-        let values: Vec<Value> = self.entries[index].outer.iter().map(|expr| expr.eval(&input)).collect();
+    fn value(&mut self, index: usize, input: &Input) -> Result<Value, SqlError> {
+        let values: Vec<Value> = self.entries[index].outer.iter().map(|expr| expr.eval(input)).collect();
         let key = row_key(&values);
         let answer = match self.entries[index].cache.get(&key) {
             Some(answer) => answer.clone(),
@@ -220,7 +217,7 @@ impl Correlator<'_> {
                 )));
             }
             Shape::In { tested, negated } => {
-                let tested = tested.eval(&input);
+                let tested = tested.eval(input);
                 if tested.is_null() {
                     Value::Null
                 } else {

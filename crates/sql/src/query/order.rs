@@ -80,12 +80,25 @@ pub(super) fn key(value: &Value) -> String {
 pub(super) fn row_key(values: &[Value]) -> String {
     let mut text = String::new();
     for value in values {
-        let key = key(value);
-        text.push_str(&key.len().to_string());
-        text.push(':');
-        text.push_str(&key);
+        push_key(&mut text, value);
     }
     text
+}
+
+/// Appends the key of `value` to a key of several values, its length first (so that no two
+/// rows' keys run together).
+pub(super) fn push_key(text: &mut String, value: &Value) {
+    use std::fmt::Write;
+    match value {
+        // As `key` spells it, without making it first.
+        Value::String(string) => {
+            let _ = write!(text, "{}:s:{string}", string.len() + 2);
+        }
+        other => {
+            let key = key(other);
+            let _ = write!(text, "{}:{key}", key.len());
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use onehop_engine::view::Expr;
-use onehop_engine::view::expr::{BinaryOp, Input, Step, is_true};
+use onehop_engine::view::expr::{BinaryOp, Input, Scoped, Step, is_true};
 use onehop_engine::{Engine, ObjectKind, Principal, Privilege};
 use serde_json::{Map, Value};
 use sqlparser::ast;
@@ -22,9 +22,9 @@ use super::aggregate::{Accumulator, Aggregate};
 use super::budget::{Budget, QueryLimits, estimate};
 use super::catalog::Catalog;
 use super::correlated::{Correlated, Correlator, HIDDEN, Shape};
-use super::order::{Direction, by_terms, row_key};
+use super::order::{Direction, by_terms, push_key, row_key};
 use super::resolve::{AGGREGATES, Aggregates, children, column_path, conjuncts, direction, inputs_of, resolve};
-use super::source::{Access, Kind, Overlay, Probe, Range, STREAM_FIELDS, Source};
+use super::source::{Access, Doc, Kind, Overlay, Probe, Range, STREAM_FIELDS, Source};
 use crate::SqlError;
 
 fn invalid(message: impl Into<String>) -> SqlError {
@@ -86,13 +86,75 @@ struct JoinPlan {
     /// ON's conditions on this input alone: rows read once are filtered by them.
     alone: Vec<Expr>,
     strategy: Strategy,
+    /// ON is the one equality a probe by a text primary key looks up: a row it finds by a
+    /// text holds it, so ON holds without being checked again.
+    exact: bool,
 }
 
 /// A joined input read once.
 enum Built {
     None,
-    Hash(Arc<HashMap<String, Vec<Value>>>),
-    Rows(Arc<Vec<Value>>),
+    Hash(HashMap<String, Arc<Vec<Doc>>>),
+    Rows(Arc<Vec<Doc>>),
+}
+
+/// A row of the joined inputs: each input's row so far, in FROM's order, shared with where
+/// it was read (a table's document, a row read once for a hash join) rather than copied.
+pub(super) struct Joined {
+    pub(super) parts: Vec<Scoped>,
+}
+
+static NO_VALUE: Value = Value::Null;
+
+impl Joined {
+    fn one(alias: &Arc<str>, row: Doc) -> Joined {
+        Joined { parts: vec![Scoped { alias: alias.clone(), row: Some(row) }] }
+    }
+}
+
+/// A row the SELECT list, GROUP BY and ORDER BY read: joined, or made whole (a group's first
+/// row with its aggregates, an expanded row).
+pub(super) trait RowLike {
+    fn input(&self) -> Input<'_>;
+    /// The row of the input named `alias` (`*`'s value), null if it has none.
+    fn part(&self, alias: &str) -> Value;
+    /// The row as one object of its inputs' rows, as a group keeps its first.
+    fn whole(&self) -> Value;
+}
+
+impl RowLike for Joined {
+    fn input(&self) -> Input<'_> {
+        Input { scope: &self.parts, ..Input::row(&NO_VALUE) }
+    }
+
+    fn part(&self, alias: &str) -> Value {
+        match self.parts.iter().find(|part| &*part.alias == alias).and_then(|part| part.row.as_ref()) {
+            Some(row) => Value::Object((**row).clone()),
+            None => Value::Null,
+        }
+    }
+
+    fn whole(&self) -> Value {
+        let parts = self.parts.iter().map(|part| {
+            let row = part.row.as_ref().map_or(Value::Null, |row| Value::Object((**row).clone()));
+            (part.alias.to_string(), row)
+        });
+        Value::Object(parts.collect())
+    }
+}
+
+impl RowLike for Value {
+    fn input(&self) -> Input<'_> {
+        Input::row(self)
+    }
+
+    fn part(&self, alias: &str) -> Value {
+        self.get(alias).cloned().unwrap_or(Value::Null)
+    }
+
+    fn whole(&self) -> Value {
+        self.clone()
+    }
 }
 
 /// One column of the SELECT list.
@@ -149,9 +211,9 @@ fn input(row: &Value) -> Input<'_> {
     Input::row(row)
 }
 
-fn holds(conditions: &[Expr], row: &Value) -> bool {
-    let input = input(row);
-    conditions.iter().all(|condition| is_true(&condition.eval(&input)))
+fn holds(conditions: &[Expr], row: &impl RowLike) -> bool {
+    let input = row.input();
+    conditions.iter().all(|condition| is_true(&condition.value(&input)))
 }
 
 impl<'a> Context<'a> {
@@ -468,8 +530,7 @@ impl<'a> Context<'a> {
                     self.engine.access().authorize(principal, Privilege::Read, object_kind, &name)?;
                 }
                 let label = format!("{} {name}", object_kind.to_string().to_ascii_lowercase());
-                let mut source =
-                    Source { alias: alias_name, label, kind, known, open, merged: Vec::new(), fields: None };
+                let mut source = Source { alias: alias_name, label, kind, known, open, merged: Vec::new() };
                 if let Some(alias) = alias {
                     rename_source(&mut source, alias)?;
                 }
@@ -506,7 +567,6 @@ impl<'a> Context<'a> {
                     open: false,
                     kind: Kind::Rows(Arc::new(answer)),
                     merged: Vec::new(),
-                    fields: None,
                 };
                 if let Some(alias) = alias {
                     rename_source(&mut source, alias)?;
@@ -686,48 +746,6 @@ impl<'a> Context<'a> {
             ));
         }
 
-        // What each table input is read for: its rows are copied with those fields alone.
-        {
-            let mut exprs: Vec<&Expr> = filter.iter().chain(ons.iter().flatten()).collect();
-            exprs.extend(having.iter());
-            exprs.extend(group.iter());
-            exprs.extend(expanding.iter().map(|(_, array)| array));
-            for item in &items {
-                if let Item::Expr { expr, .. } = item {
-                    exprs.push(expr);
-                }
-            }
-            for (key, _) in &sort {
-                if let SortKey::Expr(expr) = key {
-                    exprs.push(expr);
-                }
-            }
-            for aggregate in &aggregates {
-                exprs.extend(aggregate.arg.iter().chain(&aggregate.separator).chain(&aggregate.filter));
-                exprs.extend(aggregate.order.iter().map(|(expr, _)| expr));
-            }
-            for entry in &correlated {
-                exprs.extend(entry.outer.iter());
-                if let Shape::In { tested, .. } = &entry.shape {
-                    exprs.push(tested);
-                }
-            }
-            let stars = items.iter().filter_map(|item| match item {
-                Item::Star(index) => Some(*index),
-                _ => None,
-            });
-            let read = fields_read(&sources, &exprs, stars);
-            for (source, fields) in sources.iter_mut().zip(read) {
-                if matches!(source.kind, Kind::Table(..)) {
-                    source.fields = fields.map(|fields| {
-                        let mut fields: Vec<String> = fields.into_iter().collect();
-                        fields.sort();
-                        Arc::new(fields)
-                    });
-                }
-            }
-        }
-
         // The plan.
         let mut filters: Vec<Vec<Expr>> = (0..sources.len().max(1)).map(|_| Vec::new()).collect();
         for condition in filter {
@@ -757,28 +775,32 @@ impl<'a> Context<'a> {
         };
         let mut out: Vec<(Vec<Cell>, Vec<Value>)> = Vec::new();
         let mut groups: Vec<(Value, Vec<Accumulator>)> = Vec::new();
-        let mut group_index: HashMap<String, usize> = HashMap::new();
+        let mut group_index: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
         if grouped && group.is_empty() {
             groups.push((Value::Null, aggregates.iter().map(Accumulator::new).collect()));
             group_index.insert(String::new(), 0);
         }
         {
-            let mut sink = |row: &Value, budget: &mut Budget| -> Result<bool, SqlError> {
+            let mut sink = |row: &Joined, budget: &mut Budget| -> Result<bool, SqlError> {
                 budget.tick()?;
                 if grouped {
-                    let values: Vec<Value> = group.iter().map(|expr| expr.eval(&input(row))).collect();
-                    let key = if group.is_empty() { String::new() } else { row_key(&values) };
+                    let input = row.input();
+                    let mut key = String::new();
+                    for expr in &group {
+                        push_key(&mut key, &expr.value(&input));
+                    }
                     let at = match group_index.get(&key) {
                         Some(at) => *at,
                         None => {
-                            budget.hold(row)?;
-                            groups.push((row.clone(), aggregates.iter().map(Accumulator::new).collect()));
+                            let first = row.whole();
+                            budget.hold(&first)?;
+                            groups.push((first, aggregates.iter().map(Accumulator::new).collect()));
                             group_index.insert(key, groups.len() - 1);
                             groups.len() - 1
                         }
                     };
                     for (accumulator, aggregate) in groups[at].1.iter_mut().zip(&aggregates) {
-                        accumulator.add(aggregate, row, budget)?;
+                        accumulator.add(aggregate, &input, budget)?;
                     }
                     return Ok(true);
                 }
@@ -788,7 +810,7 @@ impl<'a> Context<'a> {
                     out.push(entry);
                     return Ok(stop_at.is_none_or(|stop| (out.len() as u64) < stop));
                 }
-                for expanded in expand(&expanding, row) {
+                for expanded in expand(&expanding, &row.whole()) {
                     let entry = project(&items, &sources, &sort, &expanded);
                     budget.hold_bytes(cells_bytes(&entry))?;
                     out.push(entry);
@@ -797,7 +819,7 @@ impl<'a> Context<'a> {
             };
             if sources.is_empty() {
                 // No FROM: one row of no columns, if WHERE holds for it.
-                let row = Value::Object(Map::new());
+                let row = Joined { parts: Vec::new() };
                 if holds(&filters[0], &row) {
                     sink(&row, &mut self.budget)?;
                 }
@@ -811,8 +833,16 @@ impl<'a> Context<'a> {
                     catalog: self.catalog.clone(),
                     entries: correlated,
                 };
-                let mut join =
-                    Join { sources: &sources, plans: &plans, filters: &filters, built: Vec::new(), correlator };
+                let aliases = sources.iter().map(|source| Arc::from(source.alias.as_str())).collect();
+                let mut join = Join {
+                    sources: &sources,
+                    aliases,
+                    plans: &plans,
+                    filters: &filters,
+                    built: Vec::new(),
+                    probed: plans.iter().map(|_| foldhash::HashMap::default()).collect(),
+                    correlator,
+                };
                 join.build(&mut self.budget)?;
                 join.run(&access, &mut self.budget, &mut sink)?;
             }
@@ -951,50 +981,64 @@ impl<'a> Context<'a> {
 /// The rows of the inputs joined, each passed to a sink.
 struct Join<'p> {
     sources: &'p [Source],
+    /// Each input's alias, as the joined rows name it.
+    aliases: Vec<Arc<str>>,
     plans: &'p [JoinPlan],
     filters: &'p [Vec<Expr>],
     built: Vec<Built>,
+    /// Per joined input probed by its primary key, the rows found so far by key: each key is
+    /// probed once per query, however many rows before it name it (a table's row as the
+    /// query first read it, which is also what a snapshot would give).
+    probed: Vec<foldhash::HashMap<String, Option<Doc>>>,
     correlator: Correlator<'p>,
 }
+
+/// Keys a probe remembers per joined input at most; past it, it forgets them all and goes on.
+const PROBED_MAX: usize = 65_536;
+
+/// What a sink of joined rows is handed: each row, until it answers false.
+type Sink<'s> = dyn FnMut(&Joined, &mut Budget) -> Result<bool, SqlError> + 's;
 
 impl Join<'_> {
     /// Reads once the inputs that are read once.
     fn build(&mut self, budget: &mut Budget) -> Result<(), SqlError> {
         for (index, plan) in self.plans.iter().enumerate() {
             let source = &self.sources[index + 1];
-            let alias = source.alias.clone();
-            let wrap = |row: Value| -> Value { Value::Object(Map::from_iter([(alias.clone(), row)])) };
+            let alias = &self.aliases[index + 1];
             let built = match &plan.strategy {
                 Strategy::Probe { .. } => Built::None,
                 Strategy::Hash { right, .. } => {
-                    let mut hashed: HashMap<String, Vec<Value>> = HashMap::new();
+                    let mut hashed: HashMap<String, Vec<Doc>> = HashMap::new();
                     source.read(&Access::Scan, budget, &mut |row, budget| {
                         budget.tick()?;
-                        let row = wrap(row);
+                        let row = Joined::one(alias, row);
                         if !holds(&plan.alone, &row) {
                             return Ok(true);
                         }
-                        let key = right.eval(&input(&row));
+                        let key = right.value(&row.input());
                         if key.is_null() {
                             return Ok(true);
                         }
-                        budget.hold(&row)?;
-                        let Value::Object(mut fields) = row else { unreachable!() };
-                        let row = fields.remove(&alias).unwrap_or_default();
-                        hashed.entry(super::order::key(&key)).or_default().push(row);
+                        let key = super::order::key(&key);
+                        let Some(doc) = row.parts.into_iter().next().and_then(|part| part.row) else {
+                            return Ok(true);
+                        };
+                        budget.hold_bytes(doc_bytes(&doc))?;
+                        hashed.entry(key).or_default().push(doc);
                         Ok(true)
                     })?;
-                    Built::Hash(Arc::new(hashed))
+                    Built::Hash(hashed.into_iter().map(|(key, rows)| (key, Arc::new(rows))).collect())
                 }
                 Strategy::Loop => {
                     let mut rows = Vec::new();
                     source.read(&Access::Scan, budget, &mut |row, budget| {
                         budget.tick()?;
-                        let row = wrap(row);
-                        if holds(&plan.alone, &row) {
-                            budget.hold(&row)?;
-                            let Value::Object(mut fields) = row else { unreachable!() };
-                            rows.push(fields.remove(&alias).unwrap_or_default());
+                        let row = Joined::one(alias, row);
+                        if holds(&plan.alone, &row)
+                            && let Some(doc) = row.parts.into_iter().next().and_then(|part| part.row)
+                        {
+                            budget.hold_bytes(doc_bytes(&doc))?;
+                            rows.push(doc);
                         }
                         Ok(true)
                     })?;
@@ -1006,18 +1050,15 @@ impl Join<'_> {
         Ok(())
     }
 
-    fn run(
-        &mut self,
-        access: &Access,
-        budget: &mut Budget,
-        sink: &mut dyn FnMut(&Value, &mut Budget) -> Result<bool, SqlError>,
-    ) -> Result<(), SqlError> {
-        let sources = self.sources;
-        let first = &sources[0];
+    fn run(&mut self, access: &Access, budget: &mut Budget, sink: &mut Sink) -> Result<(), SqlError> {
+        let first = &self.sources[0];
+        let alias = self.aliases[0].clone();
         first.read(access, budget, &mut |row, budget| {
             budget.tick()?;
-            let mut joined = Value::Object(Map::from_iter([(first.alias.clone(), row)]));
-            self.correlator.fill(0, &first.alias, &mut joined)?;
+            let mut parts = Vec::with_capacity(self.sources.len());
+            parts.push(Scoped { alias: alias.clone(), row: Some(row) });
+            let mut joined = Joined { parts };
+            self.correlator.fill(0, &mut joined)?;
             if !holds(&self.filters[0], &joined) {
                 return Ok(true);
             }
@@ -1030,9 +1071,9 @@ impl Join<'_> {
     fn extend(
         &mut self,
         level: usize,
-        row: &mut Value,
+        row: &mut Joined,
         budget: &mut Budget,
-        sink: &mut dyn FnMut(&Value, &mut Budget) -> Result<bool, SqlError>,
+        sink: &mut Sink,
     ) -> Result<bool, SqlError> {
         if level == self.sources.len() {
             return sink(row, budget);
@@ -1040,88 +1081,81 @@ impl Join<'_> {
         let (sources, plans, filters) = (self.sources, self.plans, self.filters);
         let source = &sources[level];
         let plan = &plans[level - 1];
-        // Rows probed are this row's own (moved in); rows read once are shared (copied in).
-        let mut probed: Vec<Value> = Vec::new();
-        let candidates: Arc<Vec<Value>> = match (&plan.strategy, &self.built[level - 1]) {
+        // Rows probed are found per row; rows read once are shared by every row.
+        let mut probed: Vec<Doc> = Vec::new();
+        let mut exact = false;
+        let shared: Option<Arc<Vec<Doc>>> = match (&plan.strategy, &self.built[level - 1]) {
+            (Strategy::Probe { probe: Probe::Key, field, key }, _) if source.is_table() => {
+                let key = key.value(&row.input());
+                exact = plan.exact && key.is_string();
+                if let Some(id) = onehop_engine::TableDef::id_text(&key) {
+                    let known = &mut self.probed[level - 1];
+                    let found = match known.get(&*id) {
+                        Some(found) => found.clone(),
+                        None => {
+                            let mut found = None;
+                            source.probe(Probe::Key, field, &key, budget, &mut |candidate, _| {
+                                found = Some(candidate);
+                                Ok(false)
+                            })?;
+                            if known.len() >= PROBED_MAX {
+                                known.clear();
+                            }
+                            known.insert(id.into_owned(), found.clone());
+                            found
+                        }
+                    };
+                    probed.extend(found);
+                }
+                None
+            }
             (Strategy::Probe { probe, field, key }, _) => {
-                let key = key.eval(&input(row));
+                let key = key.value(&row.input());
                 source.probe(*probe, field, &key, budget, &mut |candidate, _| {
                     probed.push(candidate);
                     Ok(true)
                 })?;
-                Arc::new(Vec::new())
+                None
             }
             (Strategy::Hash { left, .. }, Built::Hash(hashed)) => {
-                let key = left.eval(&input(row));
-                match (key.is_null(), hashed.get(&super::order::key(&key))) {
-                    (false, Some(rows)) => Arc::new(rows.clone()),
-                    _ => Arc::new(Vec::new()),
-                }
+                let key = left.value(&row.input());
+                if key.is_null() { None } else { hashed.get(&super::order::key(&key)).cloned() }
             }
-            (_, Built::Rows(rows)) => rows.clone(),
-            _ => Arc::new(Vec::new()),
+            (_, Built::Rows(rows)) => Some(rows.clone()),
+            _ => None,
         };
+        row.parts.push(Scoped { alias: self.aliases[level].clone(), row: None });
         let mut matched = false;
-        let owned = probed.into_iter();
-        let shared = candidates.iter().cloned();
-        for candidate in owned.chain(shared) {
+        let candidates = probed.into_iter().chain(shared.iter().flat_map(|rows| rows.iter().cloned()));
+        let mut going = true;
+        for candidate in candidates {
             budget.tick()?;
-            row.as_object_mut().expect("a joined row is an object").insert(source.alias.clone(), candidate);
-            self.correlator.fill(level, &source.alias, row)?;
-            if !holds(&plan.on, row) {
+            row.parts[level].row = Some(candidate);
+            self.correlator.fill(level, row)?;
+            if !exact && !holds(&plan.on, row) {
                 continue;
             }
             matched = true;
             if holds(&filters[level], row) && !self.extend(level + 1, row, budget, sink)? {
-                return Ok(false);
+                going = false;
+                break;
             }
         }
-        if !matched && plan.kind == JoinKind::Left {
-            row.as_object_mut().expect("a joined row is an object").insert(source.alias.clone(), Value::Null);
-            self.correlator.fill(level, &source.alias, row)?;
+        if going && !matched && plan.kind == JoinKind::Left {
+            row.parts[level].row = None;
+            self.correlator.fill(level, row)?;
             if holds(&filters[level], row) && !self.extend(level + 1, row, budget, sink)? {
-                return Ok(false);
+                going = false;
             }
         }
-        row.as_object_mut().expect("a joined row is an object").remove(&source.alias);
-        Ok(true)
+        row.parts.pop();
+        Ok(going)
     }
 }
 
-/// Per input, the fields `exprs` read of it (`None`: the whole row, as `*` or a path to the
-/// input itself reads it).
-fn fields_read(
-    sources: &[Source],
-    exprs: &[&Expr],
-    stars: impl Iterator<Item = usize>,
-) -> Vec<Option<std::collections::HashSet<String>>> {
-    let mut read: Vec<Option<std::collections::HashSet<String>>> =
-        sources.iter().map(|_| Some(std::collections::HashSet::new())).collect();
-    for star in stars {
-        read[star] = None;
-    }
-    fn walk(expr: &Expr, sources: &[Source], read: &mut [Option<std::collections::HashSet<String>>]) {
-        if let Expr::Path { path } = expr
-            && let Some(Step::Field(first)) = path.first()
-            && let Some(index) = sources.iter().position(|source| &source.alias == first)
-        {
-            match path.get(1) {
-                Some(Step::Field(field)) => {
-                    if let Some(fields) = &mut read[index] {
-                        fields.insert(field.clone());
-                    }
-                }
-                _ => read[index] = None,
-            }
-        }
-        for child in super::resolve::children(expr) {
-            walk(child, sources, read);
-        }
-    }
-    for expr in exprs {
-        walk(expr, sources, &mut read);
-    }
-    read
+/// What a shared row counts against the query's memory.
+fn doc_bytes(doc: &Doc) -> u64 {
+    doc.iter().map(|(name, value)| name.len() as u64 + estimate(value)).sum()
 }
 
 /// A set-returning function of a SELECT list: one row per element of an array.
@@ -1246,7 +1280,8 @@ fn plan_join(sources: &[Source], right: usize, kind: JoinKind, on: Vec<Expr>) ->
     {
         strategy = Strategy::Hash { right: mine, left: theirs };
     }
-    JoinPlan { kind, on, alone, strategy }
+    let exact = on.len() == 1 && matches!(strategy, Strategy::Probe { probe: Probe::Key, .. }) && source.text_key();
+    JoinPlan { kind, on, alone, strategy, exact }
 }
 
 /// The access path of the first input, from WHERE's conditions on it alone.
@@ -1564,13 +1599,18 @@ fn apply_limit<T>(rows: Vec<T>, limit: &Limit) -> Vec<T> {
 }
 
 /// A row's SELECT list values and sort keys.
-fn project(items: &[Item], sources: &[Source], sort: &[(SortKey, Direction)], row: &Value) -> (Vec<Cell>, Vec<Value>) {
-    let input = input(row);
+fn project(
+    items: &[Item],
+    sources: &[Source],
+    sort: &[(SortKey, Direction)],
+    row: &impl RowLike,
+) -> (Vec<Cell>, Vec<Value>) {
+    let input = row.input();
     let cells: Vec<Cell> = items
         .iter()
         .map(|item| match item {
             Item::Expr { expr, .. } => Cell::Value(expr.eval(&input)),
-            Item::Star(index) => Cell::Star(row.get(&sources[*index].alias).cloned().unwrap_or(Value::Null)),
+            Item::Star(index) => Cell::Star(row.part(&sources[*index].alias)),
         })
         .collect();
     let keys = sort
@@ -1690,7 +1730,6 @@ fn answer_source(
         open: false,
         kind: Kind::Rows(answer),
         merged: Vec::new(),
-        fields: None,
     };
     if let Some(alias) = alias {
         rename_source(&mut source, alias)?;

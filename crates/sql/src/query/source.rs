@@ -65,9 +65,6 @@ pub(super) struct Source {
     pub open: bool,
     /// Columns joined by USING to an input before it: unqualified, they name that input's.
     pub merged: Vec<String>,
-    /// The fields of a table's rows the query reads (`None`: all of them): a row read is a copy
-    /// of these alone.
-    pub fields: Option<Arc<Vec<String>>>,
 }
 
 /// How the rows of an input are found.
@@ -124,19 +121,23 @@ impl Source {
         }
     }
 
-    /// A table row as the query reads it: the fields it reads.
-    fn copy(&self, row: &Map<String, Value>) -> Value {
-        match &self.fields {
-            None => Value::Object(row.clone()),
-            Some(fields) => {
-                Value::Object(fields.iter().filter_map(|name| Some((name.clone(), row.get(name)?.clone()))).collect())
-            }
-        }
-    }
-
     /// Whether a table input has an index on `field`.
     pub(super) fn indexed(&self, field: &str) -> bool {
         matches!(&self.kind, Kind::Table(table, _) if table.def().index_on(field).is_some())
+    }
+
+    /// Whether it is a table whose primary key is text: a row found by a text key holds that
+    /// very text as its key.
+    pub(super) fn text_key(&self) -> bool {
+        matches!(&self.kind, Kind::Table(table, _) if {
+            let def = table.def();
+            def.column(&def.primary_key).is_some_and(|column| column.ty == onehop_engine::ColumnType::Text)
+        })
+    }
+
+    /// Whether it is a table (whose rows have one key each).
+    pub(super) fn is_table(&self) -> bool {
+        matches!(self.kind, Kind::Table(..))
     }
 
     pub(super) fn is_stream(&self) -> bool {
@@ -148,7 +149,7 @@ impl Source {
         &self,
         access: &Access,
         budget: &mut Budget,
-        each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+        each: &mut dyn FnMut(Doc, &mut Budget) -> Result<bool, SqlError>,
     ) -> Result<(), SqlError> {
         match (&self.kind, access) {
             (Kind::Table(table, overlay), Access::Keys(keys)) => {
@@ -156,14 +157,11 @@ impl Source {
                 for key in keys {
                     let Some(id) = def.id_of(key) else { continue };
                     let row = match overlay.as_ref().and_then(|overlay| overlay.rows.get(&id)) {
-                        Some(pending) => pending.clone(),
-                        None => table.get_doc(&id).map(|row| match self.copy(&row) {
-                            Value::Object(fields) => fields,
-                            _ => Map::new(),
-                        }),
+                        Some(pending) => pending.clone().map(Arc::new),
+                        None => table.get_doc(&id),
                     };
                     if let Some(row) = row
-                        && !each(Value::Object(row), budget)?
+                        && !each(row, budget)?
                     {
                         return Ok(());
                     }
@@ -173,7 +171,7 @@ impl Source {
             (Kind::Table(table, overlay), Access::Index { field, values }) => {
                 let overlay = overlay.as_deref();
                 for value in values {
-                    if !index_rows(self, table, overlay, field, value, budget, each)? {
+                    if !index_rows(table, overlay, field, value, budget, each)? {
                         return Ok(());
                     }
                 }
@@ -181,7 +179,7 @@ impl Source {
                     for row in overlay.rows.values().flatten() {
                         let holds =
                             row.get(field).is_some_and(|held| values.iter().any(|value| index_holds(held, value)));
-                        if holds && !each(Value::Object(row.clone()), budget)? {
+                        if holds && !each(Arc::new(row.clone()), budget)? {
                             return Ok(());
                         }
                     }
@@ -192,8 +190,8 @@ impl Source {
                 let mut after: Option<String> = None;
                 loop {
                     let (docs, next) = table.docs_after(after.as_deref(), CHUNK_ROWS);
-                    for doc in &docs {
-                        if !each(self.copy(doc), budget)? {
+                    for doc in docs {
+                        if !each(doc, budget)? {
                             return Ok(());
                         }
                     }
@@ -211,7 +209,7 @@ impl Source {
                         if overlay.as_ref().is_some_and(|overlay| overlay.rows.contains_key(&row.id)) {
                             continue;
                         }
-                        if !each(self.copy(row.doc()), budget)? {
+                        if !each(row.shared_doc(), budget)? {
                             return Ok(());
                         }
                     }
@@ -221,7 +219,7 @@ impl Source {
                     }
                 }
                 for row in overlay.iter().flat_map(|overlay| overlay.rows.values().flatten()) {
-                    if !each(Value::Object(row.clone()), budget)? {
+                    if !each(Arc::new(row.clone()), budget)? {
                         return Ok(());
                     }
                 }
@@ -231,7 +229,7 @@ impl Source {
                 view.serving()?;
                 for key in keys {
                     for row in view.rows(&key_text(key)) {
-                        if !each(row, budget)? {
+                        if !each(doc(row), budget)? {
                             return Ok(());
                         }
                     }
@@ -247,7 +245,7 @@ impl Source {
                     after = Some(last.clone());
                     for (_, rows) in page {
                         for row in rows {
-                            if !each(row, budget)? {
+                            if !each(doc(row), budget)? {
                                 return Ok(());
                             }
                         }
@@ -263,7 +261,7 @@ impl Source {
             }
             (Kind::Rows(answer), _) => {
                 for row in &answer.rows {
-                    if !each(row_object(&answer.columns, row), budget)? {
+                    if !each(doc(row_object(&answer.columns, row)), budget)? {
                         return Ok(());
                     }
                 }
@@ -279,9 +277,21 @@ impl Source {
         field: &str,
         value: &Value,
         budget: &mut Budget,
-        each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+        each: &mut dyn FnMut(Doc, &mut Budget) -> Result<bool, SqlError>,
     ) -> Result<(), SqlError> {
         if value.is_null() {
+            return Ok(());
+        }
+        // A table's row by its key, as a join probes it once per row of the inputs before.
+        if let (Probe::Key, Kind::Table(table, overlay)) = (probe, &self.kind) {
+            let Some(id) = onehop_engine::TableDef::id_text(value) else { return Ok(()) };
+            let row = match overlay.as_ref().and_then(|overlay| overlay.rows.get(&*id)) {
+                Some(pending) => pending.clone().map(Arc::new),
+                None => table.get_doc(&id),
+            };
+            if let Some(row) = row {
+                each(row, budget)?;
+            }
             return Ok(());
         }
         let access = match probe {
@@ -289,6 +299,18 @@ impl Source {
             Probe::Index => Access::Index { field: field.to_string(), values: vec![value.clone()] },
         };
         self.read(&access, budget, each)
+    }
+}
+
+/// A row as a query reads it: an object, shared with where it was read (a table's rows are
+/// its documents, not copies).
+pub(super) type Doc = Arc<Map<String, Value>>;
+
+/// A row made by the query (a view's, a record's, a subquery's) as a [`Doc`].
+pub(super) fn doc(row: Value) -> Doc {
+    match row {
+        Value::Object(fields) => Arc::new(fields),
+        _ => Arc::new(Map::new()),
     }
 }
 
@@ -324,13 +346,12 @@ fn index_holds(held: &Value, value: &Value) -> bool {
 /// The rows of `table` whose indexed `field` may hold `value` (the condition is checked again
 /// by the query), but for those `overlay` holds; false when `each` asked to stop.
 fn index_rows(
-    source: &Source,
     table: &Table,
     overlay: Option<&Overlay>,
     field: &str,
     value: &Value,
     budget: &mut Budget,
-    each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+    each: &mut dyn FnMut(Doc, &mut Budget) -> Result<bool, SqlError>,
 ) -> Result<bool, SqlError> {
     let Some(text) = index_text(value) else { return Ok(true) };
     let Ok(condition) = Condition::new(field, &text) else { return Ok(true) };
@@ -342,7 +363,7 @@ fn index_rows(
             if overlay.is_some_and(|overlay| overlay.rows.contains_key(&row.id)) {
                 continue;
             }
-            if !each(source.copy(row.doc()), budget)? {
+            if !each(row.shared_doc(), budget)? {
                 return Ok(false);
             }
         }
@@ -357,7 +378,7 @@ fn read_stream(
     stream: &Stream,
     range: &Range,
     budget: &mut Budget,
-    each: &mut dyn FnMut(Value, &mut Budget) -> Result<bool, SqlError>,
+    each: &mut dyn FnMut(Doc, &mut Budget) -> Result<bool, SqlError>,
 ) -> Result<(), SqlError> {
     let name = stream.def().name.clone();
     let partitions: Vec<u32> = match range.partition {
@@ -384,7 +405,7 @@ fn read_stream(
             next = last.offset + 1;
             budget.read_records(&name, records.len() as u64)?;
             for record in records.iter().take_while(|record| record.offset < end) {
-                if !each(stream_row(record, partition), budget)? {
+                if !each(doc(stream_row(record, partition)), budget)? {
                     return Ok(());
                 }
             }

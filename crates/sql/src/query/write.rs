@@ -159,7 +159,7 @@ fn target(engine: &Engine, principal: Option<&Principal>, name: &ast::ObjectName
     if let Some(principal) = principal {
         engine.access().authorize(principal, Privilege::Write, object_kind, &name)?;
     }
-    Ok(Source { alias: name.clone(), label: name, kind, known, open: true, merged: Vec::new(), fields: None })
+    Ok(Source { alias: name.clone(), label: name, kind, known, open: true, merged: Vec::new() })
 }
 
 /// READ on the target, for a statement that reads its rows (WHERE, RETURNING, ON CONFLICT).
@@ -488,7 +488,6 @@ fn source_like(source: &Source) -> Source {
         known: source.known.clone(),
         open: true,
         merged: Vec::new(),
-        fields: None,
     }
 }
 

@@ -49,5 +49,6 @@ pub(super) fn eval(text: &str, value: &Value) -> Value {
         offset: 42,
         value,
         element: None,
+        scope: &[],
     })
 }

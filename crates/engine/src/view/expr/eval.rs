@@ -19,11 +19,11 @@ impl Expr {
     }
 
     /// Evaluation, borrowing from the record or the expression where the result is part of them.
-    pub(super) fn value<'v>(&'v self, input: &Input<'v>) -> Cow<'v, Value> {
+    pub fn value<'v>(&'v self, input: &Input<'v>) -> Cow<'v, Value> {
         match self {
             Expr::Literal { value } => Cow::Borrowed(value),
             Expr::Record { field } => Cow::Owned(field.get(input)),
-            Expr::Path { path } => Cow::Borrowed(walk(input.value, path).unwrap_or(&NULL)),
+            Expr::Path { path } => scoped(input, path),
             Expr::Get { base, path, text } => {
                 let found = match base.value(input) {
                     Cow::Borrowed(base) => walk(base, path).map(Cow::Borrowed),
@@ -105,6 +105,24 @@ impl Expr {
             Expr::Call { function, args } => call(*function, args, input),
         }
     }
+}
+
+/// A path's value: in one of the scope's rows when its first step names one, else in the
+/// input's value.
+fn scoped<'v>(input: &Input<'v>, path: &[Step]) -> Cow<'v, Value> {
+    if let Some((Step::Field(first), rest)) = path.split_first()
+        && let Some(part) = input.scope.iter().find(|part| &*part.alias == first.as_str())
+    {
+        let Some(row) = &part.row else { return Cow::Borrowed(&NULL) };
+        return match rest.split_first() {
+            None => Cow::Owned(Value::Object((**row).clone())),
+            Some((Step::Field(name), more)) => {
+                Cow::Borrowed(row.get(name).and_then(|at| walk(at, more)).unwrap_or(&NULL))
+            }
+            Some(_) => Cow::Borrowed(&NULL),
+        };
+    }
+    Cow::Borrowed(walk(input.value, path).unwrap_or(&NULL))
 }
 
 fn walk<'v>(mut at: &'v Value, path: &[Step]) -> Option<&'v Value> {
@@ -221,6 +239,29 @@ mod tests {
         assert_eq!(RecordField::from_name("OFFSET"), Some(RecordField::Offset));
         assert_eq!(RecordField::from_name("Ts"), Some(RecordField::Ts));
         assert_eq!(RecordField::from_name("value"), None);
+    }
+
+    /// A query's joined row: a path reads the scope's row its first step names, a missing
+    /// row (a LEFT JOIN's miss) is null, and any other path reads the value.
+    #[test]
+    fn paths_read_the_scope_row_they_name_and_the_value_otherwise() {
+        let row = |value: Value| match value {
+            Value::Object(fields) => Some(std::sync::Arc::new(fields)),
+            _ => None,
+        };
+        let scope = [
+            super::super::Scoped { alias: "o".into(), row: row(json!({"qty": 2, "at": {"city": "Rome"}})) },
+            super::super::Scoped { alias: "c".into(), row: None },
+        ];
+        let value = json!({"o": {"qty": 99}, "hidden": 7});
+        let input = Input { scope: &scope, ..Input::row(&value) };
+        assert_eq!(path("o.qty").eval(&input), json!(2));
+        assert_eq!(path("o.at.city").eval(&input), json!("Rome"));
+        assert_eq!(path("o").eval(&input), json!({"qty": 2, "at": {"city": "Rome"}}));
+        assert_eq!(path("o.nothing").eval(&input), Value::Null);
+        assert_eq!(path("c.name").eval(&input), Value::Null);
+        assert_eq!(path("c").eval(&input), Value::Null);
+        assert_eq!(path("hidden").eval(&input), json!(7));
     }
 
     #[test]

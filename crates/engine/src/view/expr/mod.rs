@@ -44,6 +44,17 @@ pub struct Input<'a> {
     /// In a transform with `CROSS JOIN UNNEST(…)`: the element this output is made for, and
     /// its position in the array (from 1).
     pub element: Option<(&'a Value, u64)>,
+    /// A query's joined row: each input's row by its alias, shared with where it was read
+    /// rather than copied into `value`. A path whose first step names one of them reads that
+    /// row; any other path reads `value`.
+    pub scope: &'a [Scoped],
+}
+
+/// One input's row in a query's joined row: `None` where a LEFT JOIN found no match.
+#[derive(Clone, Debug)]
+pub struct Scoped {
+    pub alias: std::sync::Arc<str>,
+    pub row: Option<std::sync::Arc<serde_json::Map<String, Value>>>,
 }
 
 /// A field of the record itself rather than of its value.
@@ -339,13 +350,14 @@ impl<'a> Input<'a> {
             offset: record.offset,
             value,
             element: None,
+            scope: &[],
         }
     }
 
     /// The input of a row (of a table, a view or a query) rather than of a record: no key,
     /// subject, time or position of its own.
     pub fn row(value: &'a Value) -> Input<'a> {
-        Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value, element: None }
+        Input { key: None, subject: None, timestamp_ms: 0, partition: 0, offset: 0, value, element: None, scope: &[] }
     }
 }
 

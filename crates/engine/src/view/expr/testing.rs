@@ -16,6 +16,7 @@ pub(super) fn record(value: &Value) -> Input<'_> {
         offset: 7,
         value,
         element: None,
+        scope: &[],
     }
 }
 
