@@ -437,6 +437,48 @@ with psycopg.connect(dsn, password=password, autocommit=True) as conn, \
         conn.execute("SUBSCRIBE (SELECT id FROM items WHERE qty > 1)")
     except psycopg.Error as error:
         print("refused", error.sqlstate)
+    # WITH (SNAPSHOT = false): only what changes from now on. The writer keeps writing until
+    # the subscriber has seen two changes, so none is missed before the subscription opens.
+    stop = threading.Event()
+    writer.execute("INSERT INTO items (id, colour, qty) VALUES ('w', 'white', 100)")
+    def keep_writing():
+        qty = 100
+        while not stop.is_set():
+            qty += 1
+            writer.execute("UPDATE items SET qty = %s WHERE id = 'w'", (qty,))
+            time.sleep(0.1)
+    changes = []
+    watchdog = threading.Timer(60, conn.cancel)
+    watchdog.start()
+    thread = threading.Thread(target=keep_writing)
+    thread.start()
+    try:
+        for row in conn.cursor().stream("SUBSCRIBE items WITH (SNAPSHOT = false)"):
+            changes.append((row[0], row[1]))
+            if len(changes) == 2:
+                conn.cancel()
+    except psycopg.errors.QueryCanceled:
+        pass
+    stop.set()
+    thread.join()
+    watchdog.cancel()
+    writer.execute("DELETE FROM items WHERE id = 'w'")
+    print("no snapshot", sorted(set(changes)), len(changes) >= 2)
+    # A stream WITH (SNAPSHOT = true): the records it holds, then what comes.
+    conn.execute("CREATE STREAM events WITH (partitions = 1)")
+    conn.execute("INSERT INTO events (_key, kind) VALUES ('k1', 'a'), ('k2', 'b')")
+    records = []
+    watchdog = threading.Timer(60, conn.cancel)
+    watchdog.start()
+    try:
+        for row in conn.cursor().stream("SUBSCRIBE events WITH (SNAPSHOT = true)"):
+            records.append((row[0], row[1], row[2]))
+            if len(records) == 2:
+                conn.cancel()
+    except psycopg.errors.QueryCanceled:
+        pass
+    watchdog.cancel()
+    print("held records", records)
 with psycopg.connect(dsn.replace("user=root", "user=eve"), password="eve-pass") as conn:
     try:
         conn.execute("SUBSCRIBE items")
@@ -461,6 +503,8 @@ with psycopg.connect(dsn.replace("user=root", "user=eve"), password="eve-pass") 
         "{said}"
     );
     assert!(said.contains("refused 0A000"), "{said}");
+    assert!(said.contains("no snapshot [('update', 'w')] True"), "{said}");
+    assert!(said.contains("held records [('record', 'k1', 0), ('record', 'k2', 1)]"), "{said}");
     assert!(said.contains("not granted 42501"), "{said}");
 
     // psql prints each change as it comes; Ctrl-C (SIGINT: psql sends a cancel request) ends it.

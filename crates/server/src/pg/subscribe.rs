@@ -26,13 +26,18 @@ pub struct Plan {
     pub columns: Vec<String>,
     pub conditions: Vec<(String, String)>,
     pub copy: Option<copy::Format>,
+    /// `WITH (SNAPSHOT = …)`: whether it begins with what the object holds now (a table's or
+    /// view's rows, a stream's retained records) or only with what changes after. `None`: a
+    /// table's or view's rows first, a stream's records from now on.
+    pub snapshot: Option<bool>,
 }
 
 /// The columns every row begins with.
 const LEADING: [&str; 3] = ["_op", "_key", "_offset"];
 
 const SHAPE: &str = "SUBSCRIBE follows one table, view or stream: SUBSCRIBE name, or SUBSCRIBE (SELECT column, … \
-                     | * FROM name [WHERE column = literal [AND …]]), and COPY (SUBSCRIBE …) TO STDOUT";
+                     | * FROM name [WHERE column = literal [AND …]]), then [WITH (SNAPSHOT = true | false)]; \
+                     and COPY (SUBSCRIBE …) TO STDOUT";
 
 fn refused(what: impl std::fmt::Display) -> PgError {
     let mut error = PgError::new("0A000", format!("{what} is not supported in SUBSCRIBE"));
@@ -106,18 +111,17 @@ fn copy_format(after: &str) -> Result<copy::Format, PgError> {
 }
 
 fn plan(rest: &str, copy: Option<copy::Format>) -> Result<Plan, PgError> {
-    let query = if rest.starts_with('(') {
+    let (query, snapshot) = if rest.starts_with('(') {
         let close = matching_paren(rest).ok_or_else(|| PgError::new("42601", "SUBSCRIBE (…: not closed"))?;
-        if !rest[close + 1..].trim().is_empty() {
-            return Err(refused(format!("{:?} after the query", rest[close + 1..].trim())));
-        }
-        rest[1..close].to_string()
+        (rest[1..close].to_string(), options(&rest[close + 1..])?)
     } else {
-        let name = strip_keyword(rest, "TO").unwrap_or(rest).trim();
+        let rest = strip_keyword(rest, "TO").unwrap_or(rest).trim();
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let (name, after) = rest.split_at(end);
         if name.is_empty() {
             return Err(PgError::new("42601", format!("SUBSCRIBE what? {SHAPE}")));
         }
-        format!("SELECT * FROM {name}")
+        (format!("SELECT * FROM {name}"), options(after)?)
     };
     let statements = Parser::parse_sql(&PostgreSqlDialect {}, &query)
         .map_err(|error| PgError::new("42601", format!("SUBSCRIBE: {error}")))?;
@@ -165,7 +169,34 @@ fn plan(rest: &str, copy: Option<copy::Format>) -> Result<Plan, PgError> {
     if let Some(selection) = &select.selection {
         conjuncts(selection, &mut conditions)?;
     }
-    Ok(Plan { name, columns, conditions, copy })
+    Ok(Plan { name, columns, conditions, copy, snapshot })
+}
+
+/// The options after a SUBSCRIBE's object: nothing, or `WITH (SNAPSHOT [=] true | false)`.
+fn options(after: &str) -> Result<Option<bool>, PgError> {
+    let after = after.trim();
+    if after.is_empty() {
+        return Ok(None);
+    }
+    let Some(with) = strip_keyword(after, "WITH") else {
+        return Err(refused(format!("{after:?} after the object")));
+    };
+    let with = with.trim_start();
+    let close = with.starts_with('(').then(|| matching_paren(with)).flatten();
+    let Some(close) = close.filter(|close| with[close + 1..].trim().is_empty()) else {
+        return Err(PgError::new("42601", format!("SUBSCRIBE … WITH (SNAPSHOT = true | false), not {after:?}")));
+    };
+    let option = with[1..close].trim();
+    let Some(value) = strip_keyword(option, "SNAPSHOT") else {
+        return Err(refused(format!("the option {option:?}")));
+    };
+    let value = value.trim();
+    let value = value.strip_prefix('=').unwrap_or(value).trim().trim_matches('\'');
+    match value.to_ascii_lowercase().as_str() {
+        "" | "true" | "on" | "1" => Ok(Some(true)),
+        "false" | "off" | "0" => Ok(Some(false)),
+        _ => Err(PgError::new("22023", format!("SNAPSHOT takes true or false, not {value:?}"))),
+    }
 }
 
 /// The `column = literal` conditions `expr` joins with AND.
@@ -291,9 +322,10 @@ pub async fn open(engine: &Engine, principal: &Principal, plan: Plan) -> Result<
     for (column, value) in &plan.conditions {
         filter = filter.with_condition(column, value).map_err(onehop_sql::SqlError::from)?;
     }
-    let start = match shape.kind {
-        Kind::Stream => Start::At(Position::Latest),
-        Kind::Table | Kind::View => Start::Snapshot,
+    let start = match (shape.kind, plan.snapshot) {
+        (Kind::Stream, Some(true)) => Start::At(Position::Earliest),
+        (Kind::Stream, _) | (Kind::Table | Kind::View, Some(false)) => Start::At(Position::Latest),
+        (Kind::Table | Kind::View, _) => Start::Snapshot,
     };
     let held = principal.hold(Resource::Subscription).map_err(onehop_sql::SqlError::from)?;
     let opened =
@@ -402,6 +434,16 @@ mod tests {
         let plan = planned("COPY (SUBSCRIBE (SELECT * FROM t WHERE 'x' = a)) TO STDOUT WITH (FORMAT csv)");
         assert!(plan.copy.is_some_and(|format| format.csv));
         assert_eq!(plan.conditions, [("a".to_string(), "x".to_string())]);
+        // Whether it begins with what the object holds.
+        assert_eq!(planned("SUBSCRIBE t").snapshot, None);
+        assert_eq!(planned("SUBSCRIBE TO t WITH (SNAPSHOT = false)").snapshot, Some(false));
+        assert_eq!(planned("subscribe t with (snapshot true)").snapshot, Some(true));
+        let plan = planned("SUBSCRIBE (SELECT a FROM t WHERE b = 'x') WITH (SNAPSHOT = 'off')");
+        assert_eq!((plan.name.as_str(), plan.snapshot), ("t", Some(false)));
+        let plan = planned("COPY (SUBSCRIBE t WITH (SNAPSHOT = false)) TO STDOUT");
+        assert_eq!((plan.name.as_str(), plan.snapshot), ("t", Some(false)));
+        assert_eq!(parse("SUBSCRIBE t WITH (SNAPSHOT = maybe)").unwrap().unwrap_err().code, "22023");
+        assert_eq!(parse("SUBSCRIBE t WITH SNAPSHOT").unwrap().unwrap_err().code, "42601");
         // Not a SUBSCRIBE: left to the rest of the server.
         assert!(parse("SELECT * FROM subscribers").is_none());
         assert!(parse("COPY (SELECT 1) TO STDOUT").is_none());
@@ -417,7 +459,8 @@ mod tests {
             "SUBSCRIBE (SELECT a FROM t WHERE b > 2)",
             "SUBSCRIBE (SELECT a FROM t ORDER BY a)",
             "SUBSCRIBE (SELECT a + 1 FROM t)",
-            "SUBSCRIBE (SELECT a FROM t) WITH (SNAPSHOT = false)",
+            "SUBSCRIBE (SELECT a FROM t) WITH (PROGRESS)",
+            "SUBSCRIBE t AS OF 5",
         ] {
             let error = parse(sql).unwrap().unwrap_err();
             assert_eq!(error.code, "0A000", "{sql}: {}", error.message);
