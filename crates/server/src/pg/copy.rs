@@ -73,14 +73,7 @@ pub fn plan(statement: &ast::Statement) -> Result<Copy, PgError> {
             let CopySource::Table { table_name, columns } = source else {
                 return Err(PgError::new("42601", "COPY FROM STDIN writes into a table or stream, not a query"));
             };
-            let target = match table_name.0.as_slice() {
-                [part] => part.as_ident().map(|ident| ident.value.clone()),
-                [schema, part] if schema.as_ident().is_some_and(|schema| schema.value == "public") => {
-                    part.as_ident().map(|ident| ident.value.clone())
-                }
-                _ => None,
-            }
-            .ok_or_else(|| PgError::new("3F000", format!("{table_name} is not a name onehop holds")))?;
+            let target = super::local_name(table_name)?;
             let columns = columns.iter().map(|column| column.value.clone()).collect();
             Ok(Copy::In { target, columns, format })
         }

@@ -37,6 +37,39 @@ use tokio::net::TcpListener;
 
 use codec::{Field, Frontend, MESSAGE_BYTES_MAX, Out, PROTOCOL_3, Startup};
 
+/// A name in a statement as onehop holds it: `name`, or `public.name` (onehop's objects are in
+/// the schema `public`).
+pub(crate) fn local_name(name: &ast::ObjectName) -> Result<String, PgError> {
+    match name.0.as_slice() {
+        [part] => part.as_ident(),
+        [schema, part] if schema.as_ident().is_some_and(|schema| schema.value == "public") => part.as_ident(),
+        _ => None,
+    }
+    .map(|ident| ident.value.clone())
+    .ok_or_else(|| PgError::new("3F000", format!("{name} is not a name onehop holds")))
+}
+
+/// What an object a statement names is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Relation {
+    Table,
+    View,
+    Stream,
+}
+
+/// What `name` is, or `42P01` as Postgres answers for a relation it does not have.
+pub(crate) fn relation(engine: &Engine, name: &str) -> Result<Relation, PgError> {
+    if engine.has_table(name) {
+        Ok(Relation::Table)
+    } else if engine.view(name).is_ok() {
+        Ok(Relation::View)
+    } else if engine.stream(name).is_ok() {
+        Ok(Relation::Stream)
+    } else {
+        Err(PgError::new("42P01", format!("relation \"{name}\" does not exist")))
+    }
+}
+
 /// Postgres connections open now.
 pub const CONNECTIONS: &str = "pg_connections";
 /// Postgres connections refused because connections_max were open.
@@ -1017,16 +1050,14 @@ impl Session {
     /// Checks a COPY FROM STDIN before its data comes: the target exists, the user may write
     /// it, and its columns are known.
     fn copy_in(&self, target: String, columns: Vec<String>, format: copy::Format) -> Result<Outcome, PgError> {
-        let table = self.engine.table(&target).ok();
-        let kind = if table.is_some() {
-            ObjectKind::Table
-        } else if self.engine.stream(&target).is_ok() {
-            ObjectKind::Stream
-        } else if self.engine.view(&target).is_ok() {
-            return Err(PgError::new("42809", format!("{target} is a view: COPY FROM writes a table or a stream")));
-        } else {
-            return Err(PgError::new("42P01", format!("relation \"{target}\" does not exist")));
+        let kind = match relation(&self.engine, &target)? {
+            Relation::Table => ObjectKind::Table,
+            Relation::Stream => ObjectKind::Stream,
+            Relation::View => {
+                return Err(PgError::new("42809", format!("{target} is a view: COPY FROM writes a table or a stream")));
+            }
         };
+        let table = self.engine.table(&target).ok();
         self.engine.access().authorize(&self.principal, Privilege::Write, kind, &target).map_err(SqlError::from)?;
         let def = table.map(|table| table.def());
         let columns = match (columns.is_empty(), &def) {

@@ -16,7 +16,7 @@ use sqlparser::ast;
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::{PgError, copy, types};
+use super::{PgError, Relation as Kind, copy, types};
 
 /// A SUBSCRIBE, parsed: what it follows, the columns it selects (none: all), its field
 /// conditions, and its copy format when it is wrapped in `COPY ( … ) TO STDOUT`.
@@ -147,13 +147,7 @@ fn plan(rest: &str, copy: Option<copy::Format>) -> Result<Plan, PgError> {
     let ast::TableFactor::Table { name, .. } = &from.relation else {
         return Err(refused("a subquery in FROM"));
     };
-    let name = match name.0.as_slice() {
-        [part] => part.as_ident(),
-        [schema, part] if schema.as_ident().is_some_and(|schema| schema.value == "public") => part.as_ident(),
-        _ => None,
-    }
-    .map(|ident| ident.value.clone())
-    .ok_or_else(|| PgError::new("3F000", format!("{name} is not a name onehop holds")))?;
+    let name = super::local_name(name)?;
     let mut columns = Vec::new();
     for item in &select.projection {
         match item {
@@ -236,14 +230,6 @@ fn conjuncts(expr: &ast::Expr, into: &mut Vec<(String, String)>) -> Result<(), P
     }
 }
 
-/// What a subscription follows, and how its rows are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Table,
-    View,
-    Stream,
-}
-
 /// A SUBSCRIBE's answer's shape: its target, kind, and value columns with their types.
 pub struct Shape {
     target: Target,
@@ -258,14 +244,11 @@ pub struct Shape {
 /// The columns `plan` answers, once its target is known.
 pub fn shape(engine: &Engine, principal: &Principal, plan: &Plan) -> Result<Shape, PgError> {
     let name = plan.name.clone();
-    let (target, kind) = if engine.has_table(&name) {
-        (Target::Table(name.clone()), Kind::Table)
-    } else if engine.view(&name).is_ok() {
-        (Target::View { view: name.clone(), key: None }, Kind::View)
-    } else if engine.stream(&name).is_ok() {
-        (Target::Stream(name.clone()), Kind::Stream)
-    } else {
-        return Err(PgError::new("42P01", format!("relation \"{name}\" does not exist")));
+    let kind = super::relation(engine, &name)?;
+    let target = match kind {
+        Kind::Table => Target::Table(name.clone()),
+        Kind::View => Target::View { view: name.clone(), key: None },
+        Kind::Stream => Target::Stream(name.clone()),
     };
     let declared = |column: &str| -> Option<ColumnType> {
         let table = engine.table(&name).ok()?;
