@@ -317,3 +317,78 @@ fn relationships_nest_related_rows_in_one_read() {
     assert_eq!(status, 200, "{page}");
     assert_eq!(page["category"]["name"], "home");
 }
+
+/// POST /sql answering NDJSON (`Accept: application/x-ndjson`): a SELECT's rows go out as they
+/// are found, so an answer larger than query_memory_max, which the JSON answer refuses, is
+/// sent whole; a grouped query is answered whole and then sent the same way; refusals before
+/// the first row keep their status.
+#[test]
+fn a_query_answered_as_ndjson_streams_past_what_one_answer_may_hold() {
+    let dir = DataDir::new();
+    let server =
+        dir.start(&["--admin-user", ROOT.0, "--query-memory-max", "256KiB"], &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)]);
+    let address = server.address;
+    sql_as(
+        address,
+        ROOT,
+        "CREATE TABLE big (id TEXT PRIMARY KEY, n BIGINT, pad TEXT); CREATE USER alice PASSWORD 'alice-pass'",
+    );
+    let pad = "x".repeat(200);
+    for chunk in 0..10 {
+        let values: Vec<String> =
+            (0..300).map(|i| chunk * 300 + i).map(|n| format!("('r{n:04}', {n}, '{pad}')")).collect();
+        sql_as(address, ROOT, &format!("INSERT INTO big (id, n, pad) VALUES {}", values.join(", ")));
+    }
+    // As one JSON answer, 3 000 rows of 200 bytes are more than the query may hold.
+    let (status, answer) = sql(address, Some(ROOT), "SELECT id, pad FROM big");
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["code"], "query_limit", "{answer}");
+
+    let ndjson = |user: (&str, &str), statement: &str| -> (u16, Vec<Value>) {
+        let credentials = format!("{}:{}", user.0, user.1);
+        let args = ["-X", "POST", "-u", &credentials, "-H", "accept: application/x-ndjson", "--data-binary", statement];
+        let (status, body) = curl(address, "/sql", &args);
+        let lines = body
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("{statement}: not a JSON line: {line}")))
+            .collect();
+        (status, lines)
+    };
+    let (status, lines) = ndjson(ROOT, "SELECT id, n, pad FROM big");
+    assert_eq!(status, 200, "{lines:?}");
+    assert_eq!(lines[0], json!({"columns": ["id", "n", "pad"]}));
+    assert_eq!(lines.len(), 3002);
+    assert_eq!(lines[3001], json!({"rows": 3000}));
+    let mut ids: Vec<&str> = lines[1..3001].iter().map(|row| row[0].as_str().unwrap()).collect();
+    assert!(lines[1..3001].iter().all(|row| row[2] == json!(pad)));
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3000);
+
+    let (status, lines) = ndjson(ROOT, "SELECT n FROM big WHERE n >= 100 LIMIT 5 OFFSET 2");
+    assert_eq!(status, 200, "{lines:?}");
+    assert_eq!(lines.len(), 7, "{lines:?}");
+    assert!(lines[1..6].iter().all(|row| row[0].as_i64().is_some_and(|n| n >= 100)), "{lines:?}");
+    assert_eq!(lines[6], json!({"rows": 5}));
+
+    let (status, lines) = ndjson(ROOT, "SELECT n % 3 AS m, COUNT(*) AS c FROM big GROUP BY n % 3 ORDER BY m");
+    assert_eq!(status, 200, "{lines:?}");
+    assert_eq!(
+        lines,
+        [json!({"columns": ["m", "c"]}), json!([0, 1000]), json!([1, 1000]), json!([2, 1000]), json!({"rows": 3})]
+    );
+
+    // Refused before any row: with the status and body of any refusal.
+    let (status, lines) = ndjson(ROOT, "SELECT * FROM nowhere");
+    assert_eq!(status, 400, "{lines:?}");
+    assert!(lines[0]["error"]["message"].as_str().unwrap().contains("nowhere"), "{lines:?}");
+    let (status, lines) = ndjson(ROOT, "DELETE FROM big");
+    assert_eq!(status, 400, "{lines:?}");
+    assert!(lines[0]["error"]["message"].as_str().unwrap().contains("not a query"), "{lines:?}");
+    let (status, lines) = ndjson(ROOT, "SELECT 1; SELECT 2");
+    assert_eq!(status, 400, "{lines:?}");
+    let (status, lines) = ndjson(ALICE, "SELECT id FROM big");
+    assert_eq!(status, 403, "{lines:?}");
+    let (_, answer) = sql(address, Some(ROOT), "SELECT COUNT(*) FROM big");
+    assert_eq!(rows(&answer), &vec![json!([3000])]);
+}

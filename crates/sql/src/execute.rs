@@ -203,6 +203,23 @@ pub async fn execute_as(
     execute_cancellable(engine, principal, statement, None).await
 }
 
+/// Runs the query `statement` for `principal`, if it may read what it reads, handing its
+/// answer on as it is made (see [`crate::query::stream`]); any other statement is refused.
+pub fn stream_as(
+    engine: &std::sync::Arc<Engine>,
+    principal: &Principal,
+    statement: &Statement,
+) -> Result<tokio::sync::mpsc::Receiver<Result<crate::query::stream::Streamed, SqlError>>, SqlError> {
+    let Statement::Query { query, .. } = statement else {
+        return Err(SqlError::InvalidQuery(format!(
+            "{} is not a query: only a SELECT's rows are streamed (send it without asking for NDJSON)",
+            statement.label()
+        )));
+    };
+    authorize(engine, Some(principal), statement)?;
+    Ok(crate::query::stream::stream(engine, principal, query, None))
+}
+
 /// [`execute_as`], with a query ended early when `cancel` is set.
 pub async fn execute_cancellable(
     engine: &std::sync::Arc<Engine>,

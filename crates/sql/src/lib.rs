@@ -20,7 +20,7 @@ pub mod query;
 mod view;
 
 pub use access::AccessStatement;
-pub use execute::{Output, execute, execute_as, execute_cancellable, execute_in};
+pub use execute::{Output, execute, execute_as, execute_cancellable, execute_in, stream_as};
 pub use parse::{Statement, StreamOptions, parse};
 pub use query::Transaction;
 

@@ -1,8 +1,12 @@
 //! `POST /sql`: one or more `;`-separated statements in the body, run in order.
 
 use axum::Json;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::extract::rejection::StringRejection;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use onehop_sql::query::stream::Streamed;
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -29,8 +33,9 @@ fn sql_error(error: onehop_sql::SqlError) -> ApiError {
 pub async fn run(
     State(state): State<AppState>,
     axum::Extension(principal): axum::Extension<onehop_engine::Principal>,
+    headers: HeaderMap,
     body: Result<String, StringRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let body = body.map_err(|rejection| ApiError {
         retry_after_s: None,
         hint: None,
@@ -39,6 +44,29 @@ pub async fn run(
         message: format!("the body must be SQL text in UTF-8: {}", rejection.body_text()),
     })?;
     let statements = onehop_sql::parse(&body).map_err(sql_error)?;
+    let ndjson = headers
+        .get(header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains("application/x-ndjson"));
+    if ndjson {
+        let [statement] = statements.as_slice() else {
+            return Err(ApiError::bad_request(
+                "sql_unsupported",
+                format!("an NDJSON answer is of one query; this body has {} statements", statements.len()),
+            ));
+        };
+        let mut answer = onehop_sql::stream_as(&state.engine, &principal, statement).map_err(sql_error)?;
+        // A query that fails before its first row (a missing table, a refusal) answers with
+        // its status, as any other request does.
+        let first = match answer.recv().await {
+            Some(Ok(first)) => first,
+            Some(Err(error)) => return Err(sql_error(error)),
+            None => {
+                return Err(sql_error(onehop_sql::SqlError::InvalidQuery("the query ended without an answer".into())));
+            }
+        };
+        return Ok(streamed(first, answer));
+    }
     let mut results = Vec::with_capacity(statements.len());
     for (index, statement) in statements.iter().enumerate() {
         match onehop_sql::execute_as(&state.engine, &principal, statement).await {
@@ -61,7 +89,58 @@ pub async fn run(
             }
         }
     }
-    Ok(Json(json!({ "results": results })))
+    Ok(Json(json!({ "results": results })).into_response())
+}
+
+/// A query's answer as NDJSON, sent as it is made: `{"columns":[…]}`, then one array of
+/// values per row, then `{"rows":n}`; or, when the query fails on the way (a limit, a
+/// cancel), `{"error":{"code":…,"message":…}}` as the last line instead.
+fn streamed(first: Streamed, answer: tokio::sync::mpsc::Receiver<Result<Streamed, onehop_sql::SqlError>>) -> Response {
+    struct Feed {
+        first: Option<Streamed>,
+        answer: tokio::sync::mpsc::Receiver<Result<Streamed, onehop_sql::SqlError>>,
+        rows: u64,
+    }
+    let line = |value: &Value| {
+        let mut bytes = serde_json::to_vec(value).expect("JSON serializes");
+        bytes.push(b'\n');
+        bytes
+    };
+    let lines =
+        futures_util::stream::unfold(Some(Feed { first: Some(first), answer, rows: 0 }), move |feed| async move {
+            let mut feed = feed?;
+            let next = match feed.first.take() {
+                Some(first) => Some(Ok(first)),
+                None => feed.answer.recv().await,
+            };
+            let chunk = match next {
+                Some(Ok(Streamed::Columns(columns))) => line(&json!({ "columns": columns })),
+                Some(Ok(Streamed::Rows(rows))) => {
+                    feed.rows += rows.len() as u64;
+                    let mut chunk = Vec::new();
+                    for row in rows {
+                        chunk.extend(line(&Value::Array(row)));
+                    }
+                    chunk
+                }
+                Some(Err(error)) => {
+                    let error = sql_error(error);
+                    let mut fields = json!({ "code": error.code, "message": error.message });
+                    if let Some(hint) = error.hint {
+                        fields["hint"] = json!(hint);
+                    }
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(Bytes::from(line(&json!({ "error": fields })))),
+                        None,
+                    ));
+                }
+                None => return Some((Ok(Bytes::from(line(&json!({ "rows": feed.rows })))), None)),
+            };
+            Some((Ok(Bytes::from(chunk)), Some(feed)))
+        });
+    let mut response = Body::from_stream(lines).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    response
 }
 
 /// A result as JSON; rows get `types` beside `columns`: the Postgres name of the type each

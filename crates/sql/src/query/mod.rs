@@ -26,6 +26,7 @@ mod order;
 mod resolve;
 mod select;
 mod source;
+pub mod stream;
 mod transaction;
 pub mod write;
 

@@ -58,6 +58,10 @@ pub(crate) struct Context<'a> {
     limits: QueryLimits,
     /// Correlated subqueries resolved and not yet taken by their SELECT.
     correlated: Vec<Correlated>,
+    /// Where the answer's rows go as they are made, when the query is streamed and its
+    /// SELECT can hand them on (no GROUP BY, DISTINCT or ORDER BY, its columns known before
+    /// its rows); taken by that SELECT.
+    pub(super) stream: Option<super::stream::Streamer>,
     /// Correlated subqueries numbered so far (their hidden fields' names).
     correlated_count: usize,
 }
@@ -231,6 +235,7 @@ impl<'a> Context<'a> {
             limits: limits.clone(),
             correlated: Vec::new(),
             correlated_count: 0,
+            stream: None,
         }
     }
 
@@ -290,7 +295,13 @@ impl<'a> Context<'a> {
         }
         let limit = limit(query)?;
         let scope = self.ctes.len();
+        // Only the outermost SELECT streams, and only when nothing after it reorders its rows.
+        let streams = self.depth == 0 && query.order_by.is_none() && matches!(*query.body, ast::SetExpr::Select(_));
+        let held = if streams { None } else { self.stream.take() };
         let answer = self.with_ctes(query).and_then(|()| self.body(&query.body, query.order_by.as_ref(), &limit));
+        if held.is_some() {
+            self.stream = held;
+        }
         self.ctes.truncate(scope);
         answer
     }
@@ -773,6 +784,17 @@ impl<'a> Context<'a> {
             (false, Some(limit_rows)) => Some(limit.offset.saturating_add(limit_rows)),
             _ => None,
         };
+        let known = items.iter().all(|item| !matches!(item, Item::Star(index) if sources[*index].open));
+        let mut streamer =
+            match self.depth == 0 && !grouped && !distinct && sort.is_empty() && expanding.is_empty() && known {
+                true => self.stream.take(),
+                false => None,
+            };
+        let stream_columns = columns_of(&items, &sources, &[]);
+        if let Some(streamer) = &mut streamer {
+            streamer.columns(stream_columns.iter().map(|column| column.name.clone()).collect())?;
+        }
+        let (mut skipped, mut streamed) = (0u64, 0u64);
         let mut out: Vec<(Vec<Cell>, Vec<Value>)> = Vec::new();
         let mut groups: Vec<(Value, Vec<Accumulator>)> = Vec::new();
         let mut group_index: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
@@ -803,6 +825,20 @@ impl<'a> Context<'a> {
                         accumulator.add(aggregate, &input, budget)?;
                     }
                     return Ok(true);
+                }
+                if let Some(streamer) = &mut streamer {
+                    // Handed on as it is made: held by nobody, so not counted against memory.
+                    if skipped < limit.offset {
+                        skipped += 1;
+                        return Ok(true);
+                    }
+                    if limit.limit.is_some_and(|limit| streamed >= limit) {
+                        return Ok(false);
+                    }
+                    let (cells, _) = project(&items, &sources, &sort, row);
+                    streamer.row(spread(&cells, &stream_columns))?;
+                    streamed += 1;
+                    return Ok(limit.limit.is_none_or(|limit| streamed < limit));
                 }
                 if expanding.is_empty() {
                     let entry = project(&items, &sources, &sort, row);
@@ -846,6 +882,12 @@ impl<'a> Context<'a> {
                 join.build(&mut self.budget)?;
                 join.run(&access, &mut self.budget, &mut sink)?;
             }
+        }
+        if let Some(mut streamer) = streamer {
+            streamer.flush()?;
+            let columns = stream_columns.into_iter().map(|column| column.name).collect();
+            self.stream = Some(streamer);
+            return Ok(Answer { columns, rows: Vec::new() });
         }
         if grouped {
             for (first, accumulators) in groups {
