@@ -2007,17 +2007,7 @@ mod tests {
         engine.stream_or_create("in").await.unwrap();
         let def = TransformDef {
             name: "out".into(),
-            first: crate::view::TransformBranch {
-                source: "in".into(),
-                filter: None,
-                columns: Vec::new(),
-                all_fields: true,
-                key: None,
-                subject: None,
-                unnest: None,
-                alias: None,
-                lookups: Vec::new(),
-            },
+            first: crate::view::TransformBranch::all_of("in"),
             union: Vec::new(),
             start: Start::Latest,
             value_format: Default::default(),

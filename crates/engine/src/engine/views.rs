@@ -528,17 +528,7 @@ mod tests {
         // This runtime runs one task at a time, and the test has not yielded since the spawn.
         tokio::time::timeout(Duration::from_secs(60), view.stop()).await.expect("the view's task stopped");
 
-        let branch = TransformBranch {
-            source: "in".into(),
-            filter: None,
-            columns: Vec::new(),
-            all_fields: true,
-            key: None,
-            subject: None,
-            unnest: None,
-            alias: None,
-            lookups: Vec::new(),
-        };
+        let branch = TransformBranch::all_of("in");
         let def = TransformDef {
             name: "out".into(),
             first: branch,

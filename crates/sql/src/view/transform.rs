@@ -373,7 +373,6 @@ mod tests {
             TransformDef {
                 name: "big_orders".into(),
                 first: TransformBranch {
-                    source: "orders".into(),
                     filter: Some(Expr::Binary {
                         operator: BinaryOp::Gt,
                         left: Box::new(path(&["amount"])),
@@ -390,12 +389,7 @@ mod tests {
                             },
                         ),
                     ],
-                    all_fields: true,
-                    key: None,
-                    subject: None,
-                    unnest: None,
-                    alias: None,
-                    lookups: Vec::new(),
+                    ..TransformBranch::all_of("orders")
                 },
                 union: Vec::new(),
                 value_format: ValueFormat::Json,

@@ -73,6 +73,23 @@ pub struct TransformBranch {
     pub lookups: Vec<Lookup>,
 }
 
+impl TransformBranch {
+    /// `SELECT * FROM source`: every record as it is, its key and subject kept.
+    pub fn all_of(source: &str) -> TransformBranch {
+        TransformBranch {
+            source: source.to_string(),
+            filter: None,
+            columns: Vec::new(),
+            all_fields: true,
+            key: None,
+            subject: None,
+            unnest: None,
+            alias: None,
+            lookups: Vec::new(),
+        }
+    }
+}
+
 /// One table a transform's records are enriched with: for each record, the row whose primary
 /// key `key` gives, as the table holds it when the record is read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
