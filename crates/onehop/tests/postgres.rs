@@ -27,12 +27,17 @@ fn conninfo(address: SocketAddr, dir: &Path, user: &str) -> String {
 
 /// A server with users (root, the administrator) and TLS on the test's certificate.
 fn tls_server(dir: &DataDir) -> common::Server {
+    tls_server_with(dir, &[])
+}
+
+/// [`tls_server`] with more flags.
+fn tls_server_with(dir: &DataDir, flags: &[&str]) -> common::Server {
     certificates(dir.path(), "");
     let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server.key"));
-    dir.start(
-        &["--admin-user", ROOT.0, "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
-        &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)],
-    )
+    let mut args =
+        vec!["--admin-user", ROOT.0, "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
+    args.extend(flags);
+    dir.start(&args, &[("ONEHOP_ADMIN_PASSWORD", ROOT.1)])
 }
 
 /// A server as `tls_server` starts it, its Postgres address, and root's connection string.
@@ -896,4 +901,50 @@ except sa.exc.OperationalError as error:
     let (status, body) = curl(server.address, "/tables/sa_items/b", &["-u", &credentials]);
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"qty\":7"), "{body}");
+}
+
+/// A simple query's rows go out as they are found: psql, and psycopg without parameters (the
+/// simple protocol), read 3 000 rows of 200 bytes from a server whose query_memory_max (256
+/// KiB) could not hold them as one answer, as the extended protocol (psycopg with a parameter,
+/// whose answer is built at Bind) is refused; a grouped query is answered whole, and a short
+/// answer's types are its rows' as before.
+#[test]
+fn a_simple_query_streams_rows_past_what_one_answer_may_hold() {
+    let dir = DataDir::new();
+    let server = tls_server_with(&dir, &["--query-memory-max", "256KiB"]);
+    let root = conninfo(server.pg_address.expect("the Postgres listener is on"), dir.path(), ROOT.0);
+    let (ok, out, err) = psql(&root, ROOT.1, &["CREATE TABLE big (id TEXT PRIMARY KEY, n BIGINT, pad TEXT)"]);
+    assert!(ok, "{out}{err}");
+    let pad = "x".repeat(200);
+    for chunk in 0..10 {
+        let values: Vec<String> =
+            (0..300).map(|i| chunk * 300 + i).map(|n| format!("('r{n:04}', {n}, '{pad}')")).collect();
+        let (ok, out, err) =
+            psql(&root, ROOT.1, &[&format!("INSERT INTO big (id, n, pad) VALUES {}", values.join(", "))]);
+        assert!(ok, "{out}{err}");
+    }
+    let (ok, out, err) = psql(&root, ROOT.1, &["SELECT id, n, pad FROM big"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3000);
+    assert!(lines.iter().all(|line| line.starts_with('r') && line.ends_with(&pad)), "{}", lines[0]);
+    let (ok, out, err) = psql(&root, ROOT.1, &["SELECT n % 3 AS m, COUNT(*) FROM big GROUP BY n % 3 ORDER BY m"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "0|1000\n1|1000\n2|1000\n");
+    let script = r#"
+import sys, psycopg
+dsn, password = sys.argv[1], sys.argv[2]
+with psycopg.connect(dsn, password=password, autocommit=True) as conn:
+    print("typed", conn.execute("SELECT n, id FROM big WHERE n < 3 ORDER BY n").fetchall())
+    print("simple", len(conn.cursor().execute("SELECT id, pad FROM big", prepare=False).fetchall()))
+    try:
+        conn.execute("SELECT id, pad FROM big WHERE n >= %s", (0,)).fetchall()
+        print("not refused")
+    except psycopg.Error as error:
+        print("refused", error.sqlstate)
+"#;
+    let said = python(script, &[&root, ROOT.1]);
+    assert!(said.contains("typed [(0, 'r0000'), (1, 'r0001'), (2, 'r0002')]"), "{said}");
+    assert!(said.contains("simple 3000"), "{said}");
+    assert!(said.contains("refused 54000"), "{said}");
 }

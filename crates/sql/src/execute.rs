@@ -209,6 +209,7 @@ pub fn stream_as(
     engine: &std::sync::Arc<Engine>,
     principal: &Principal,
     statement: &Statement,
+    cancel: Option<&crate::query::Cancel>,
 ) -> Result<tokio::sync::mpsc::Receiver<Result<crate::query::stream::Streamed, SqlError>>, SqlError> {
     let Statement::Query { query, .. } = statement else {
         return Err(SqlError::InvalidQuery(format!(
@@ -217,7 +218,7 @@ pub fn stream_as(
         )));
     };
     authorize(engine, Some(principal), statement)?;
-    Ok(crate::query::stream::stream(engine, principal, query, None))
+    Ok(crate::query::stream::stream(engine, principal, query, cancel))
 }
 
 /// [`execute_as`], with a query ended early when `cancel` is set.

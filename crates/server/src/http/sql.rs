@@ -55,7 +55,7 @@ pub async fn run(
                 format!("an NDJSON answer is of one query; this body has {} statements", statements.len()),
             ));
         };
-        let mut answer = onehop_sql::stream_as(&state.engine, &principal, statement).map_err(sql_error)?;
+        let mut answer = onehop_sql::stream_as(&state.engine, &principal, statement, None).map_err(sql_error)?;
         // A query that fails before its first row (a missing table, a refusal) answers with
         // its status, as any other request does.
         let first = match answer.recv().await {

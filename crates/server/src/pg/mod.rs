@@ -520,7 +520,12 @@ struct Session {
     copy_in: Option<Box<CopyIn>>,
     /// The SUBSCRIBE to follow once its start is sent.
     following: Option<Box<subscribe::Following>>,
+    /// A simple query's answer to send as it is made.
+    streaming: Option<Answer>,
 }
+
+/// A query's answer as it is made (see [`onehop_sql::stream_as`]).
+type Answer = tokio::sync::mpsc::Receiver<Result<onehop_sql::query::stream::Streamed, SqlError>>;
 
 impl Session {
     /// A session's key for cancel requests: its process id and a random secret.
@@ -542,6 +547,7 @@ impl Session {
             skipping: false,
             copy_in: None,
             following: None,
+            streaming: None,
         }
     }
 
@@ -648,6 +654,11 @@ impl Session {
             {
                 return;
             }
+            if let Some(answer) = self.streaming.take()
+                && !self.drain(stream, answer).await
+            {
+                return;
+            }
         }
     }
 
@@ -711,6 +722,70 @@ impl Session {
         written
     }
 
+    /// Sends a simple query's answer as it is made: the row description once the first rows
+    /// are known (their types are those rows'), each batch as it comes, then the tag, or the
+    /// error that ended it; then ReadyForQuery. `false`: the client went.
+    async fn drain<S: AsyncRead + AsyncWrite + Unpin>(&mut self, stream: &mut S, mut answer: Answer) -> bool {
+        use onehop_sql::query::stream::Streamed;
+        let mut columns = Vec::new();
+        let mut types: Option<Vec<u32>> = None;
+        let mut sent = 0u64;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            if !self.out.buffer.is_empty() {
+                if stream.write_all(&self.out.buffer).await.is_err() {
+                    return false;
+                }
+                self.out.buffer.clear();
+            }
+            let next = tokio::select! {
+                next = answer.recv() => next,
+                _ = tick.tick() => {
+                    if self.cancel.is_canceled() {
+                        // Dropping the answer stops the query at its next batch.
+                        self.fail(&PgError::new("57014", "canceling statement due to user request"));
+                        break;
+                    }
+                    continue;
+                }
+            };
+            match next {
+                Some(Ok(Streamed::Columns(named))) => columns = named,
+                Some(Ok(Streamed::Rows(rows))) => {
+                    let types = types.get_or_insert_with(|| {
+                        let types: Vec<u32> = (0..columns.len())
+                            .map(|index| types::column_type(rows.iter().filter_map(|row| row.get(index))))
+                            .collect();
+                        self.describe_rows(&columns, &types, &vec![false; types.len()]);
+                        types
+                    });
+                    let (types, binary) = (types.clone(), vec![false; types.len()]);
+                    for row in &rows {
+                        self.data_row(row, &types, &binary);
+                    }
+                    sent += rows.len() as u64;
+                }
+                Some(Err(error)) => {
+                    self.fail(&PgError::from(error));
+                    break;
+                }
+                None => {
+                    if types.is_none() {
+                        let text = vec![types::TEXT; columns.len()];
+                        self.describe_rows(&columns, &text, &vec![false; columns.len()]);
+                    }
+                    self.out.command_complete(&rows_tag(None, sent));
+                    break;
+                }
+            }
+        }
+        let status = self.status();
+        self.out.ready(status);
+        let written = stream.write_all(&self.out.buffer).await.is_ok();
+        self.out.buffer.clear();
+        written
+    }
+
     /// One row of a SUBSCRIBE, as a data row or a line of copy data.
     fn subscribed_row(&mut self, following: &subscribe::Following, row: &[Value]) {
         match &following.copy {
@@ -752,6 +827,22 @@ impl Session {
         } else {
             match self.statements_of(sql) {
                 Err(error) => self.fail(&error),
+                // One query outside a transaction: its rows go out as they are found.
+                Ok(statements)
+                    if self.transaction.is_idle()
+                        && matches!(statements.as_slice(), [Piece::Onehop(statement)] if matches!(**statement, Statement::Query { .. })) =>
+                {
+                    let Some(Piece::Onehop(statement)) = statements.into_iter().next() else { unreachable!("matched") };
+                    self.cancel.reset();
+                    match onehop_sql::stream_as(&self.engine, &self.principal, &statement, Some(&self.cancel)) {
+                        Ok(answer) => {
+                            // ReadyForQuery follows its end.
+                            self.streaming = Some(answer);
+                            return;
+                        }
+                        Err(error) => self.fail(&PgError::from(error)),
+                    }
+                }
                 Ok(statements) => {
                     for statement in statements {
                         match self.execute(statement, &[]).await {

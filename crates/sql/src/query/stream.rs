@@ -73,6 +73,18 @@ pub(crate) fn stream(
     cancel: Option<&Cancel>,
 ) -> mpsc::Receiver<Result<Streamed, SqlError>> {
     let (sender, receiver) = mpsc::channel(BATCHES_IN_FLIGHT);
+    // A lookup by primary key reads a few rows: answered where it is, as `run_shared` does.
+    if super::is_key_lookup(engine, query) {
+        let limits = QueryLimits::of(engine.options());
+        let sent = match super::run_through(engine, Some(principal), query, &limits, cancel, None) {
+            Ok(answer) => sender
+                .try_send(Ok(Streamed::Columns(answer.columns)))
+                .and_then(|()| sender.try_send(Ok(Streamed::Rows(answer.rows)))),
+            Err(error) => sender.try_send(Err(error)),
+        };
+        debug_assert!(sent.is_ok(), "the channel holds the two messages");
+        return receiver;
+    }
     let (engine, principal, query, cancel) = (engine.clone(), principal.clone(), query.clone(), cancel.cloned());
     tokio::task::spawn_blocking(move || {
         let limits = QueryLimits::of(engine.options());
