@@ -371,6 +371,18 @@ fn a_query_answered_as_ndjson_streams_past_what_one_answer_may_hold() {
     assert!(lines[1..6].iter().all(|row| row[0].as_i64().is_some_and(|n| n >= 100)), "{lines:?}");
     assert_eq!(lines[6], json!({"rows": 5}));
 
+    // Subqueries answer into the outer query, not into the stream.
+    let (status, lines) = ndjson(
+        ROOT,
+        "SELECT id, (SELECT COUNT(*) FROM big) AS total FROM big WHERE n IN (SELECT n FROM big WHERE n < 3)",
+    );
+    assert_eq!(status, 200, "{lines:?}");
+    let mut found: Vec<Value> = lines[1..lines.len() - 1].to_vec();
+    found.sort_by_key(|row| row[0].as_str().unwrap().to_string());
+    assert_eq!(lines[0], json!({"columns": ["id", "total"]}));
+    assert_eq!(found, [json!(["r0000", 3000]), json!(["r0001", 3000]), json!(["r0002", 3000])]);
+    assert_eq!(lines[lines.len() - 1], json!({"rows": 3}));
+
     let (status, lines) = ndjson(ROOT, "SELECT n % 3 AS m, COUNT(*) AS c FROM big GROUP BY n % 3 ORDER BY m");
     assert_eq!(status, 200, "{lines:?}");
     assert_eq!(

@@ -62,6 +62,9 @@ pub(crate) struct Context<'a> {
     /// SELECT can hand them on (no GROUP BY, DISTINCT or ORDER BY, its columns known before
     /// its rows); taken by that SELECT.
     pub(super) stream: Option<super::stream::Streamer>,
+    /// The outermost SELECT of a streamed query (its address in the statement): the only one
+    /// that takes `stream`, never a subquery's.
+    pub(super) streamed_select: Option<usize>,
     /// Correlated subqueries numbered so far (their hidden fields' names).
     correlated_count: usize,
 }
@@ -236,6 +239,7 @@ impl<'a> Context<'a> {
             correlated: Vec::new(),
             correlated_count: 0,
             stream: None,
+            streamed_select: None,
         }
     }
 
@@ -295,13 +299,7 @@ impl<'a> Context<'a> {
         }
         let limit = limit(query)?;
         let scope = self.ctes.len();
-        // Only the outermost SELECT streams, and only when nothing after it reorders its rows.
-        let streams = self.depth == 0 && query.order_by.is_none() && matches!(*query.body, ast::SetExpr::Select(_));
-        let held = if streams { None } else { self.stream.take() };
         let answer = self.with_ctes(query).and_then(|()| self.body(&query.body, query.order_by.as_ref(), &limit));
-        if held.is_some() {
-            self.stream = held;
-        }
         self.ctes.truncate(scope);
         answer
     }
@@ -785,11 +783,16 @@ impl<'a> Context<'a> {
             _ => None,
         };
         let known = items.iter().all(|item| !matches!(item, Item::Star(index) if sources[*index].open));
-        let mut streamer =
-            match self.depth == 0 && !grouped && !distinct && sort.is_empty() && expanding.is_empty() && known {
-                true => self.stream.take(),
-                false => None,
-            };
+        let mut streamer = match self.streamed_select == Some(std::ptr::from_ref(select) as usize)
+            && !grouped
+            && !distinct
+            && sort.is_empty()
+            && expanding.is_empty()
+            && known
+        {
+            true => self.stream.take(),
+            false => None,
+        };
         let stream_columns = columns_of(&items, &sources, &[]);
         if let Some(streamer) = &mut streamer {
             streamer.columns(stream_columns.iter().map(|column| column.name.clone()).collect())?;

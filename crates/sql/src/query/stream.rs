@@ -92,6 +92,10 @@ pub(crate) fn stream(
         context.cancel_with(cancel);
         context.stream =
             Some(Streamer { sender: sender.clone(), batch: Vec::with_capacity(BATCH_ROWS), started: false });
+        // Only the outermost SELECT hands its rows on, and only when no ORDER BY follows it.
+        if let (ast::SetExpr::Select(select), None) = (&*query.body, &query.order_by) {
+            context.streamed_select = Some(std::ptr::from_ref(&**select) as usize);
+        }
         let answer = context.query(&query);
         let streamer = context.stream.take();
         let sent = match (answer, streamer) {
