@@ -241,7 +241,7 @@ async fn word_count_is_a_transform_with_unnest_and_a_view() {
          SELECT word AS _key, word, n FROM lines \
          CROSS JOIN UNNEST(REGEXP_SPLIT_TO_ARRAY(LOWER(value), '\\s+')) WITH ORDINALITY AS w(word, n) \
          WHERE LENGTH(word) > 0; \
-         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
+         CREATE VIEW word_counts WITH (start = 'earliest') AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
     )
     .await
     .unwrap();
