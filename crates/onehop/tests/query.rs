@@ -356,7 +356,7 @@ fn a_query_answered_as_ndjson_streams_past_what_one_answer_may_hold() {
     };
     let (status, lines) = ndjson(ROOT, "SELECT id, n, pad FROM big");
     assert_eq!(status, 200, "{lines:?}");
-    assert_eq!(lines[0], json!({"columns": ["id", "n", "pad"]}));
+    assert_eq!(lines[0], json!({"columns": ["id", "n", "pad"], "types": ["text", "bigint", "text"]}));
     assert_eq!(lines.len(), 3002);
     assert_eq!(lines[3001], json!({"rows": 3000}));
     let mut ids: Vec<&str> = lines[1..3001].iter().map(|row| row[0].as_str().unwrap()).collect();
@@ -364,6 +364,11 @@ fn a_query_answered_as_ndjson_streams_past_what_one_answer_may_hold() {
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 3000);
+
+    // No row: the columns, as text.
+    let (status, lines) = ndjson(ROOT, "SELECT id FROM big WHERE n < 0");
+    assert_eq!(status, 200, "{lines:?}");
+    assert_eq!(lines, [json!({"columns": ["id"], "types": ["text"]}), json!({"rows": 0})]);
 
     let (status, lines) = ndjson(ROOT, "SELECT n FROM big WHERE n >= 100 LIMIT 5 OFFSET 2");
     assert_eq!(status, 200, "{lines:?}");
@@ -379,7 +384,7 @@ fn a_query_answered_as_ndjson_streams_past_what_one_answer_may_hold() {
     assert_eq!(status, 200, "{lines:?}");
     let mut found: Vec<Value> = lines[1..lines.len() - 1].to_vec();
     found.sort_by_key(|row| row[0].as_str().unwrap().to_string());
-    assert_eq!(lines[0], json!({"columns": ["id", "total"]}));
+    assert_eq!(lines[0], json!({"columns": ["id", "total"], "types": ["text", "bigint"]}));
     assert_eq!(found, [json!(["r0000", 3000]), json!(["r0001", 3000]), json!(["r0002", 3000])]);
     assert_eq!(lines[lines.len() - 1], json!({"rows": 3}));
 
@@ -387,7 +392,13 @@ fn a_query_answered_as_ndjson_streams_past_what_one_answer_may_hold() {
     assert_eq!(status, 200, "{lines:?}");
     assert_eq!(
         lines,
-        [json!({"columns": ["m", "c"]}), json!([0, 1000]), json!([1, 1000]), json!([2, 1000]), json!({"rows": 3})]
+        [
+            json!({"columns": ["m", "c"], "types": ["bigint", "bigint"]}),
+            json!([0, 1000]),
+            json!([1, 1000]),
+            json!([2, 1000]),
+            json!({"rows": 3})
+        ]
     );
 
     // Refused before any row: with the status and body of any refusal.

@@ -99,45 +99,63 @@ fn streamed(first: Streamed, answer: tokio::sync::mpsc::Receiver<Result<Streamed
     struct Feed {
         first: Option<Streamed>,
         answer: tokio::sync::mpsc::Receiver<Result<Streamed, onehop_sql::SqlError>>,
+        /// The columns, until the first rows (whose types the header names) or the end.
+        columns: Option<Vec<String>>,
         rows: u64,
+    }
+    /// The first line: the columns and the types of the first rows' values.
+    fn header(columns: Vec<String>, rows: &[Vec<Value>]) -> Value {
+        let types = type_names(columns.len(), rows);
+        json!({ "columns": columns, "types": types })
     }
     let line = |value: &Value| {
         let mut bytes = serde_json::to_vec(value).expect("JSON serializes");
         bytes.push(b'\n');
         bytes
     };
-    let lines =
-        futures_util::stream::unfold(Some(Feed { first: Some(first), answer, rows: 0 }), move |feed| async move {
+    let lines = futures_util::stream::unfold(
+        Some(Feed { first: Some(first), answer, columns: None, rows: 0 }),
+        move |feed| async move {
             let mut feed = feed?;
             let next = match feed.first.take() {
                 Some(first) => Some(Ok(first)),
                 None => feed.answer.recv().await,
             };
-            let chunk = match next {
-                Some(Ok(Streamed::Columns(columns))) => line(&json!({ "columns": columns })),
+            let mut chunk = Vec::new();
+            match next {
+                Some(Ok(Streamed::Columns(columns))) => feed.columns = Some(columns),
                 Some(Ok(Streamed::Rows(rows))) => {
                     feed.rows += rows.len() as u64;
-                    let mut chunk = Vec::new();
+                    if let Some(columns) = feed.columns.take() {
+                        chunk.extend(line(&header(columns, &rows)));
+                    }
                     for row in rows {
                         chunk.extend(line(&Value::Array(row)));
                     }
-                    chunk
                 }
                 Some(Err(error)) => {
+                    if let Some(columns) = feed.columns.take() {
+                        chunk.extend(line(&header(columns, &[])));
+                    }
                     let error = sql_error(error);
                     let mut fields = json!({ "code": error.code, "message": error.message });
                     if let Some(hint) = error.hint {
                         fields["hint"] = json!(hint);
                     }
-                    return Some((
-                        Ok::<_, std::convert::Infallible>(Bytes::from(line(&json!({ "error": fields })))),
-                        None,
-                    ));
+                    chunk.extend(line(&json!({ "error": fields })));
+                    return Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), None));
                 }
-                None => return Some((Ok(Bytes::from(line(&json!({ "rows": feed.rows })))), None)),
-            };
+                None => {
+                    if let Some(columns) = feed.columns.take() {
+                        chunk.extend(line(&header(columns, &[])));
+                    }
+                    chunk.extend(line(&json!({ "rows": feed.rows })));
+                    return Some((Ok(Bytes::from(chunk)), None));
+                }
+            }
             Some((Ok(Bytes::from(chunk)), Some(feed)))
-        });
+        },
+    );
     let mut response = Body::from_stream(lines).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
     response
@@ -148,17 +166,7 @@ fn streamed(first: Streamed, answer: tokio::sync::mpsc::Receiver<Result<Streamed
 /// Postgres protocol describes them.
 fn with_types(output: onehop_sql::Output) -> Value {
     let types = match &output {
-        onehop_sql::Output::Rows { columns, rows, .. } => Some(
-            (0..columns.len())
-                .map(|index| match crate::pg::types::column_type(rows.iter().filter_map(|row| row.get(index))) {
-                    crate::pg::types::INT8 => "bigint",
-                    crate::pg::types::FLOAT8 => "double precision",
-                    crate::pg::types::BOOL => "boolean",
-                    crate::pg::types::JSON => "json",
-                    _ => "text",
-                })
-                .collect::<Vec<_>>(),
-        ),
+        onehop_sql::Output::Rows { columns, rows, .. } => Some(type_names(columns.len(), rows)),
         _ => None,
     };
     let mut value = serde_json::to_value(output).expect("a result serializes");
@@ -166,4 +174,17 @@ fn with_types(output: onehop_sql::Output) -> Value {
         fields.insert("types".into(), json!(types));
     }
     value
+}
+
+/// The Postgres name of the type each of `count` columns' values share in `rows`.
+fn type_names(count: usize, rows: &[Vec<Value>]) -> Vec<&'static str> {
+    (0..count)
+        .map(|index| match crate::pg::types::column_type(rows.iter().filter_map(|row| row.get(index))) {
+            crate::pg::types::INT8 => "bigint",
+            crate::pg::types::FLOAT8 => "double precision",
+            crate::pg::types::BOOL => "boolean",
+            crate::pg::types::JSON => "json",
+            _ => "text",
+        })
+        .collect()
 }
