@@ -39,6 +39,13 @@ const REVIEWS_QUERY: &str = "SELECT product, COUNT(*) AS n, AVG(stars) AS rating
 const PAGES_QUERY: &str = "SELECT p.id, p.title, r.n, r.rating, r.stars \
      FROM products p LEFT JOIN product_reviews r ON r.product = p.id";
 
+/// Aggregates over a join: orders by their customer's tier, each shipment of an order one
+/// more joined row, so counted once per shipment (as the same SELECT counts them).
+const TIERS_QUERY: &str = "SELECT c.tier, COUNT(*) AS n, SUM(o.qty) AS items, COUNT(s.carrier) AS shipped, \
+     JSON_AGG(o.id ORDER BY o.id, s.carrier) AS orders \
+     FROM orders o JOIN customers c ON c.id = o.customer LEFT JOIN shipments s ON s.order_id = o.id \
+     WHERE o.qty IS NULL OR o.qty <> 3 GROUP BY c.tier";
+
 /// A join on expressions: products with the customers whose name is the product's title, in
 /// any case.
 const NAMESAKES_QUERY: &str = "SELECT p.id, p.title, c.name AS namesake \
@@ -212,6 +219,82 @@ async fn a_five_input_view_follows_every_input_and_is_rebuilt_after_a_restart() 
     close(engine).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_aggregates_a_join_and_follows_every_input() {
+    let (dir, engine) = fresh();
+    run(&engine, TABLES).await.unwrap();
+    put(&engine, "customers", "c1", json!({"name": "Ada", "tier": 1})).await;
+    put(&engine, "customers", "c2", json!({"name": "Bo", "tier": 2})).await;
+    put(&engine, "orders", "o1", json!({"customer": "c1", "product": "p1", "qty": 2})).await;
+    put(&engine, "orders", "o2", json!({"customer": "c2", "product": "p1", "qty": 1})).await;
+    put(&engine, "orders", "o3", json!({"customer": "c9", "product": "p1", "qty": 5})).await;
+    run(&engine, &format!("CREATE VIEW tiers AS {TIERS_QUERY}")).await.unwrap();
+    let page = settled(&engine, "tiers", TIERS_QUERY).await;
+    assert_eq!(
+        page,
+        vec![
+            ("1".to_string(), vec![json!({"tier": 1, "n": 1, "items": 2, "shipped": 0, "orders": ["o1"]})]),
+            ("2".to_string(), vec![json!({"tier": 2, "n": 1, "items": 1, "shipped": 0, "orders": ["o2"]})]),
+        ],
+        "o3's customer does not exist: the inner join leaves it out"
+    );
+
+    // A shipment adds a joined row; the customer that was missing brings its order in; a
+    // customer moving tier takes its orders from one group to the other.
+    put(&engine, "shipments", "s1", json!({"order_id": "o1", "carrier": "dhl"})).await;
+    put(&engine, "shipments", "s2", json!({"order_id": "o1", "carrier": "ups"})).await;
+    put(&engine, "customers", "c9", json!({"name": "Cy", "tier": 2})).await;
+    put(&engine, "customers", "c1", json!({"name": "Ada", "tier": 2})).await;
+    let page = settled(&engine, "tiers", TIERS_QUERY).await;
+    assert_eq!(
+        page,
+        vec![(
+            "2".to_string(),
+            vec![json!({"tier": 2, "n": 4, "items": 10, "shipped": 2, "orders": ["o1", "o1", "o2", "o3"]})]
+        )]
+    );
+    // The group left empty is removed; the group's changes carry what they replace.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut all = raw_changes(&engine, "tiers");
+    while !all.iter().any(|(key, row)| key == "1" && row["removed"] == true) {
+        assert!(Instant::now() < deadline, "{all:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        all = raw_changes(&engine, "tiers");
+    }
+    let last_of_2 = all.iter().rev().find(|(key, _)| key == "2").unwrap();
+    assert_eq!(last_of_2.1["before"]["n"], 2, "a move of two joined rows changes the group once: {all:?}");
+
+    // WHERE applies to the joined rows; a delete takes its rows out of their group.
+    put(&engine, "orders", "o2", json!({"customer": "c2", "product": "p1", "qty": 3})).await;
+    delete(&engine, "shipments", "s2").await;
+    let page = settled(&engine, "tiers", TIERS_QUERY).await;
+    assert_eq!(page[0].1[0]["orders"], json!(["o1", "o3"]));
+
+    // It is read as any view: by key, by SQL, and joined into another view by its key.
+    let view = engine.view("tiers").unwrap();
+    assert_eq!(view.rows("2")[0]["n"], 2);
+    let status = view.status();
+    assert_eq!(status.keys, 1);
+    assert_eq!(status.inputs.unwrap().len(), 3);
+    let Output::Rows { rows, .. } = run(&engine, "SELECT tier, n FROM tiers").await.unwrap().pop().unwrap() else {
+        panic!()
+    };
+    assert_eq!(rows, vec![vec![json!(2), json!(2)]]);
+    const WITH_TIER: &str = "SELECT c.id, c.name, t.n FROM customers c LEFT JOIN tiers t ON t.tier = c.tier";
+    run(&engine, &format!("CREATE VIEW with_tier AS {WITH_TIER}")).await.unwrap();
+    settled(&engine, "with_tier", WITH_TIER).await;
+
+    // A restart rebuilds it from the tables, and it follows on.
+    close(engine).await;
+    let engine = open(dir.path());
+    settled(&engine, "tiers", TIERS_QUERY).await;
+    put(&engine, "orders", "o4", json!({"customer": "c1", "product": "p1", "qty": 1})).await;
+    let page = settled(&engine, "tiers", TIERS_QUERY).await;
+    assert_eq!(page[0].1[0]["n"], 3);
+    settled(&engine, "with_tier", WITH_TIER).await;
+    close(engine).await;
+}
+
 fn page_row(all: &[(String, bool, Value)], key: &str) -> Value {
     all.iter().find(|(found, _, _)| found == key).map(|(_, _, row)| row.clone()).unwrap_or_default()
 }
@@ -286,6 +369,26 @@ async fn bad_joined_views_are_refused_by_name_and_nothing_is_created() {
         ("SELECT o.id FROM orders o JOIN (SELECT * FROM customers) c ON c.id = o.customer", "define it as a view"),
         ("SELECT o.id AS final FROM orders o", "name the column otherwise"),
         ("SELECT x.id FROM v x", "cannot read itself"),
+        (
+            "SELECT c.missing, COUNT(*) FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.missing",
+            "column c.missing does not exist",
+        ),
+        (
+            "SELECT id, COUNT(*) FROM orders o JOIN customers c ON c.id = o.customer GROUP BY id",
+            "column id in GROUP BY is ambiguous",
+        ),
+        (
+            "SELECT c.tier, SUM(nope) FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.tier",
+            "column nope in the SELECT list is not a column",
+        ),
+        (
+            "SELECT c.tier, FIRST(o.qty) FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.tier",
+            "a view of joined inputs aggregates their current rows, so it takes no FIRST or LAST",
+        ),
+        (
+            "SELECT c.name, COUNT(*) FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.tier",
+            "c.name is neither the GROUP BY expression",
+        ),
     ];
     for (select, fragment) in cases {
         let error = run(&engine, &format!("CREATE VIEW v AS {select}")).await.unwrap_err().to_string();
@@ -353,12 +456,13 @@ async fn model(steps: Vec<Step>) {
         ("namesakes", NAMESAKES_QUERY),
         ("product_reviews", REVIEWS_QUERY),
         ("product_pages", PAGES_QUERY),
+        ("tiers", TIERS_QUERY),
     ];
     // The joined views over tables alone are also kept here, step by step.
     let mut states = Vec::new();
     for (name, query) in views {
         run(&engine, &format!("CREATE VIEW {name} AS {query}")).await.unwrap();
-        if let Some(def) = engine.view(name).unwrap().def().join.clone()
+        if let Some(def) = engine.view(name).unwrap().def().row_join().cloned()
             && def.inputs.iter().all(|input| engine.table(&input.source).is_ok())
         {
             states.push((query, def.clone(), JoinState::new(&def)));
@@ -429,7 +533,7 @@ async fn the_joined_view_examples_of_the_docs_run_and_agree_with_their_queries()
     put(&engine, "reviews", "r1", json!({"product": "p1", "stars": 4})).await;
     put(&engine, "shipments", "s1", json!({"order_id": "o1", "carrier": "dhl"})).await;
     // Each view, once settled, is its own SELECT evaluated now.
-    for view in ["order_pages", "namesakes", "gold_customers"] {
+    for view in ["order_pages", "namesakes", "gold_customers", "tier_sales"] {
         let sql = engine.view(view).unwrap().def().sql.clone();
         let query = &sql[sql.find(" AS\n").or_else(|| sql.find(" AS ")).unwrap() + 4..];
         let page = settled(&engine, view, query).await;
@@ -438,6 +542,8 @@ async fn the_joined_view_examples_of_the_docs_run_and_agree_with_their_queries()
     let rows = engine.view("order_pages").unwrap().rows("o1:s1");
     assert_eq!(rows[0]["rating"], 4.0, "{rows:?}");
     assert_eq!(rows[0]["latest"], json!([{"id": "r1", "stars": 4}]), "{rows:?}");
+    let rows = engine.view("tier_sales").unwrap().rows("2");
+    assert_eq!(rows[0], json!({"tier": 2, "orders": 1, "items": 1, "shipments": 1, "titles": ["lamp"]}));
     close(engine).await;
 }
 

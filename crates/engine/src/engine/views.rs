@@ -77,7 +77,7 @@ impl Engine {
                 (JoinSource::Table(table), id_field)
             } else if let Ok(view) = self.view(&input.source) {
                 let def = view.def();
-                let id_field = if let Some(inner) = &def.join {
+                let id_field = if let Some(inner) = def.row_join() {
                     if !inner.keyed_by_driving_row() {
                         return Err(EngineError::InvalidDefinition(format!(
                             "view {:?} has a row per combination of its inputs' rows: a join reads views \
@@ -93,18 +93,12 @@ impl Engine {
                         input.source
                     )));
                 } else {
-                    def.columns
-                        .iter()
-                        .find_map(|column| match column {
-                            crate::view::Column::Key { name } => Some(name.clone()),
-                            _ => None,
-                        })
-                        .ok_or_else(|| {
-                            EngineError::InvalidDefinition(format!(
-                                "view {:?} does not select its GROUP BY key: a join finds its rows by it",
-                                input.source
-                            ))
-                        })?
+                    def.key_column().map(str::to_string).ok_or_else(|| {
+                        EngineError::InvalidDefinition(format!(
+                            "view {:?} does not select its GROUP BY key: a join finds its rows by it",
+                            input.source
+                        ))
+                    })?
                 };
                 (JoinSource::View(view), id_field)
             } else if let Ok(stream) = self.stream(&input.source) {
@@ -157,7 +151,8 @@ impl Engine {
         }
         if let Some(join) = &def.join {
             self.join_sources(&def.name, join)?;
-        } else if self.table(&def.source).is_ok() {
+        }
+        if def.aggregates_join() || (def.join.is_none() && self.table(&def.source).is_ok()) {
             check_over_table(&def)?;
         }
         if let Some(late) = &def.late_stream {
@@ -435,12 +430,12 @@ impl Engine {
 /// Refuses what a view over a table cannot do: it aggregates the rows there are now, so time
 /// (windows, event times, lateness, finals) and order (FIRST, LAST) do not apply.
 fn check_over_table(def: &ViewDef) -> Result<(), EngineError> {
+    let subject = match &def.join {
+        Some(_) => "a view of joined inputs aggregates their current rows".to_string(),
+        None => format!("{:?} is a table: a view over a table aggregates its current rows", def.source),
+    };
     let refuse = |what: &str| {
-        Err(EngineError::InvalidDefinition(format!(
-            "{:?} is a table: a view over a table aggregates its current rows, so it takes no {what} \
-             (views over streams do)",
-            def.source
-        )))
+        Err(EngineError::InvalidDefinition(format!("{subject}, so it takes no {what} (views over streams do)")))
     };
     if def.window != crate::view::Window::None {
         return refuse("window");

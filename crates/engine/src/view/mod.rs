@@ -189,8 +189,12 @@ pub struct ViewDef {
     pub late_stream: Option<String>,
     /// The statement as the user wrote it, for DESCRIBE.
     pub sql: String,
-    /// A joined view: its inputs, WHERE and SELECT list. `source` is then its first input's,
-    /// and the aggregate fields above (window, key, columns, filter) are unused.
+    /// A joined view: its inputs, WHERE and SELECT list. `source` is then its first input's.
+    /// Without `columns` (no GROUP BY) the view's rows are the join's, and the aggregate fields
+    /// above (window, key, columns, filter) are unused. With them the view aggregates the
+    /// join's rows as a view over a table aggregates its rows: `key` and the columns read the
+    /// join's columns (names the SQL front end gives them), and `filter` is unused (the join's
+    /// WHERE is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join: Option<Box<JoinDef>>,
 }
@@ -204,9 +208,31 @@ impl ViewDef {
         }
     }
 
+    /// The join whose rows are this view's rows: a joined view without GROUP BY.
+    pub fn row_join(&self) -> Option<&JoinDef> {
+        self.join.as_deref().filter(|_| self.columns.is_empty())
+    }
+
+    /// Whether the view aggregates joined inputs (`… FROM a JOIN b ON … GROUP BY …`).
+    pub fn aggregates_join(&self) -> bool {
+        self.join.is_some() && !self.columns.is_empty()
+    }
+
+    /// The column a row of the view is found by: the GROUP BY key's (`None` when it is not
+    /// selected), or a joined view's driving input's id.
+    pub fn key_column(&self) -> Option<&str> {
+        if let Some(join) = self.row_join() {
+            return join.inputs.first().map(|input| input.id_field.as_str());
+        }
+        self.columns.iter().find_map(|column| match column {
+            Column::Key { name } => Some(name.as_str()),
+            Column::Aggregate { .. } => None,
+        })
+    }
+
     /// The names of the columns of the view's rows, in order.
     pub fn column_names(&self) -> Vec<String> {
-        match &self.join {
+        match self.row_join() {
             Some(join) => join.column_names(),
             None => {
                 let mut names: Vec<String> = self.columns.iter().map(|column| column.name().to_string()).collect();

@@ -98,7 +98,7 @@ pub struct View {
     table: Option<Arc<Table>>,
     output: Arc<Stream>,
     late: Option<Arc<Stream>>,
-    state: RwLock<ViewState>,
+    pub(in crate::view) state: RwLock<ViewState>,
     /// Tells this view's checkpoint records from those of an earlier view of the same name
     /// (or of this one before a checkpoint was lost, see `written`).
     incarnation: AtomicU64,
@@ -191,7 +191,7 @@ impl View {
 
     /// The rows of `key`: open windows newest first, then closed ones (flagged `final`).
     pub fn rows(&self, key: &str) -> Vec<Value> {
-        if let Some(joined) = &self.join {
+        if let Some(joined) = self.rows_joined() {
             return joined.state.read().expect("view state lock").rows(key);
         }
         self.state.read().expect("view state lock").rows(&self.def, key)
@@ -199,7 +199,7 @@ impl View {
 
     /// Keys in order after `after`, at most `limit`, with their rows.
     pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<(String, Vec<Value>)> {
-        if let Some(joined) = &self.join {
+        if let Some(joined) = self.rows_joined() {
             return joined.state.read().expect("view state lock").page(after, limit);
         }
         self.state.read().expect("view state lock").keys_page(&self.def, after, limit)
@@ -207,7 +207,7 @@ impl View {
 
     /// Every key's rows and the change stream's end: changes from there on come after them.
     pub fn snapshot(&self) -> (Vec<(String, Vec<Value>)>, u64) {
-        if let Some(joined) = &self.join {
+        if let Some(joined) = self.rows_joined() {
             let state = joined.state.read().expect("view state lock");
             let end = self.output.end_offset(0).unwrap_or(0);
             return (state.page(None, usize::MAX), end);
@@ -220,7 +220,7 @@ impl View {
     /// [`View::page`] and [`View::status`] as of one moment: the status counts exactly the
     /// events the rows show.
     pub fn page_and_status(&self, after: Option<&str>, limit: usize) -> (Vec<(String, Vec<Value>)>, ViewStatus) {
-        if let Some(joined) = &self.join {
+        if let Some(joined) = self.rows_joined() {
             let state = joined.state.read().expect("view state lock");
             return (state.page(after, limit), joined.status(&state, self.restoring.load(Ordering::Relaxed)));
         }
@@ -229,22 +229,35 @@ impl View {
     }
 
     pub fn status(&self) -> ViewStatus {
-        if let Some(joined) = &self.join {
+        if let Some(joined) = self.rows_joined() {
             let state = joined.state.read().expect("view state lock");
             return joined.status(&state, self.restoring.load(Ordering::Relaxed));
         }
         self.status_of(&self.state.read().expect("view state lock"))
     }
 
+    /// The join a joined view without GROUP BY computes its rows from (a view aggregating a
+    /// join keeps its rows in `state`, as other views do).
+    fn rows_joined(&self) -> Option<&Joined> {
+        self.join.as_ref().filter(|_| !self.def.aggregates_join())
+    }
+
     fn status_of(&self, state: &ViewState) -> ViewStatus {
-        ViewStatus {
+        let mut status = ViewStatus {
             keys: state.key_count(),
             events: state.events,
             late_events: state.late_events,
             invalid_events: state.invalid_events,
             restoring: self.restoring.load(Ordering::Relaxed),
             inputs: None,
+        };
+        // A view aggregating a join: its inputs' changes, and what keeping them costs.
+        if let Some(joined) = &self.join {
+            let inputs = joined.status(&joined.state.read().expect("view state lock"), status.restoring);
+            status.events = inputs.events;
+            status.inputs = inputs.inputs;
         }
+        status
     }
 
     /// Starts the view's task from `positions` (inside the tokio runtime).

@@ -605,8 +605,11 @@ impl Catalog {
                 continue;
             }
             // A joined view's columns are expressions of JSON values: json, as aggregates are.
-            let joined =
-                def.join.iter().flat_map(|join| join.columns.iter()).map(|column| (column.name.clone(), 114, false));
+            let joined = def
+                .row_join()
+                .into_iter()
+                .flat_map(|join| join.columns.iter())
+                .map(|column| (column.name.clone(), 114, false));
             let mut columns: Vec<(String, i64, bool)> = joined.collect();
             columns.extend(def.columns.iter().map(|column| {
                 let oid = match column {

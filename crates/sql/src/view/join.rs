@@ -12,9 +12,10 @@ use onehop_engine::ColumnType;
 use onehop_engine::Engine;
 use onehop_engine::view::expr::{BinaryOp, RecordField, Step};
 use onehop_engine::view::join::STREAM_KEY_COLUMN;
-use onehop_engine::view::{Expr, JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn, ViewDef};
+use onehop_engine::view::{Column, Expr, JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn, ViewDef};
 use sqlparser::ast::{self, SqlOption};
 
+use super::columns::{group_by, view_columns};
 use super::expr::convert_expr;
 use super::query::plain_wildcard;
 use super::transform::output_name;
@@ -24,7 +25,8 @@ use crate::parse::simple_name;
 
 /// What a joined view looks like, for errors.
 const JOIN_SHAPE: &str = "a joined view is CREATE VIEW name AS SELECT expression [AS name], … | alias.* \
-     FROM source [alias] [[LEFT] JOIN source [alias] ON alias.column = earlier.column [AND …]] … [WHERE condition]";
+     FROM source [alias] [[LEFT] JOIN source [alias] ON alias.column = earlier.column [AND …]] … [WHERE condition] \
+     [GROUP BY key, with the key and aggregates as the SELECT list]";
 
 /// The column a parsed `alias.*` (or `*`, alias empty) stands for until it is resolved.
 const ALL_COLUMNS: &str = "*";
@@ -101,6 +103,21 @@ pub(super) fn join_view_def(
         inputs.push(input(&join.relation, Some(on))?);
     }
     let filter = select.selection.as_ref().map(convert).transpose()?;
+    let source = inputs[0].source.clone();
+    if !super::is_join_view(select) {
+        // GROUP BY over the joined rows: the key and aggregates as a view over a table has them.
+        let (mut key, mut columns) = view_columns(&select.projection, group_by(select)?)?;
+        as_columns(&mut key)?;
+        for column in &mut columns {
+            if let Column::Aggregate { arg, order_by, .. } = column {
+                for expr in arg.iter_mut().chain(order_by.iter_mut().map(|order| &mut order.expr)) {
+                    as_columns(expr)?;
+                }
+            }
+        }
+        let join = JoinDef { inputs, filter, columns: Vec::new(), state_bytes_max };
+        return Ok(ViewDef { key, columns, join: Some(Box::new(join)), ..super::with_defaults(name, source, sql) });
+    }
     let mut columns = Vec::with_capacity(select.projection.len());
     for item in &select.projection {
         let column = match item {
@@ -131,7 +148,6 @@ pub(super) fn join_view_def(
         };
         columns.push(column);
     }
-    let source = inputs[0].source.clone();
     let join = JoinDef { inputs, filter, columns, state_bytes_max };
     Ok(ViewDef { join: Some(Box::new(join)), ..super::with_defaults(name, source, sql) })
 }
@@ -174,6 +190,12 @@ pub(super) fn input(relation: &ast::TableFactor, on: Option<JoinOn>) -> Result<J
 /// subject or offset), so `key` is a column named key.
 fn convert(expr: &ast::Expr) -> Result<Expr, SqlError> {
     let mut expr = convert_expr(expr)?;
+    as_columns(&mut expr)?;
+    Ok(expr)
+}
+
+/// `expr` with the record's fields (`key`, `subject`, …) read as columns of those names.
+fn as_columns(expr: &mut Expr) -> Result<(), SqlError> {
     expr.try_rewrite(&mut |node: &mut Expr| {
         if let Expr::Record { field } = node {
             let name = match field {
@@ -188,8 +210,7 @@ fn convert(expr: &ast::Expr) -> Result<Expr, SqlError> {
             *node = Expr::Path { path: vec![Step::Field(name.into())] };
         }
         Ok::<(), SqlError>(())
-    })?;
-    Ok(expr)
+    })
 }
 
 /// What a joined view knows of one input.
@@ -235,23 +256,12 @@ fn known(engine: &Engine, input: &JoinInput) -> Result<Known, SqlError> {
     }
     if let Ok(view) = engine.view(&input.source) {
         let def = view.def();
-        let id_field = match &def.join {
-            Some(join) => join.inputs[0].id_field.clone(),
-            None => def
-                .columns
-                .iter()
-                .find_map(|column| match column {
-                    onehop_engine::view::Column::Key { name } => Some(name.clone()),
-                    _ => None,
-                })
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "view {} does not select its GROUP BY key: a join finds its rows by it (add it to its \
-                         SELECT list)",
-                        input.source
-                    ))
-                })?,
-        };
+        let id_field = def.key_column().map(str::to_string).ok_or_else(|| {
+            invalid(format!(
+                "view {} does not select its GROUP BY key: a join finds its rows by it (add it to its SELECT list)",
+                input.source
+            ))
+        })?;
         let columns = def.column_names().into_iter().map(|name| (name, None)).collect();
         return Ok(Known { alias, label: format!("view {}", input.source), id_field, columns, open: false });
     }
@@ -315,6 +325,13 @@ pub(crate) fn resolve(engine: &Engine, def: &ViewDef) -> Result<ViewDef, SqlErro
         }
         None => None,
     };
+    if def.aggregates_join() {
+        return aggregated(
+            def,
+            JoinDef { inputs, filter, columns: Vec::new(), state_bytes_max: join.state_bytes_max },
+            &known,
+        );
+    }
     let mut columns: Vec<JoinColumn> = Vec::new();
     let mut add = |column: JoinColumn| {
         if FLAG_COLUMNS.contains(&column.name.as_str()) {
@@ -371,6 +388,52 @@ pub(crate) fn resolve(engine: &Engine, def: &ViewDef) -> Result<ViewDef, SqlErro
     let resolved = JoinDef { inputs, filter, columns, state_bytes_max: join.state_bytes_max };
     resolved.validate().map_err(invalid)?;
     Ok(ViewDef { source: resolved.inputs[0].source.clone(), join: Some(Box::new(resolved)), ..def.clone() })
+}
+
+/// A view aggregating a join, resolved: its key and aggregates qualified, the join's columns
+/// the input columns they read (named by position: no one reads them but the view), and the
+/// key and aggregates reading those columns instead.
+fn aggregated(def: &ViewDef, mut join: JoinDef, known: &[Known]) -> Result<ViewDef, SqlError> {
+    let mut read: Vec<Vec<Step>> = Vec::new();
+    let mut resolved = def.clone();
+    let mut to_columns = |expr: &mut Expr, place: &str| {
+        qualify(expr, known, known.len(), place)?;
+        expr.try_rewrite(&mut |node: &mut Expr| {
+            let Expr::Path { path } = node else { return Ok(()) };
+            // `alias.column`, or the input's whole row (`alias`, `alias[0]`).
+            let head = if matches!(path.get(1), Some(Step::Field(_))) { 2 } else { 1 };
+            let at = match read.iter().position(|columns| *columns == path[..head]) {
+                Some(at) => at,
+                None => {
+                    read.push(path[..head].to_vec());
+                    read.len() - 1
+                }
+            };
+            path.splice(..head, [Step::Field(at.to_string())]);
+            Ok::<(), SqlError>(())
+        })
+    };
+    to_columns(&mut resolved.key, "GROUP BY")?;
+    for column in &mut resolved.columns {
+        if let Column::Aggregate { arg, order_by, .. } = column {
+            for expr in arg.iter_mut().chain(order_by.iter_mut().map(|order| &mut order.expr)) {
+                to_columns(expr, "the SELECT list")?;
+            }
+        }
+    }
+    join.columns = read
+        .into_iter()
+        .enumerate()
+        .map(|(at, path)| JoinColumn { name: at.to_string(), expr: Expr::Path { path } })
+        .collect();
+    if join.columns.is_empty() {
+        // COUNT(*) GROUP BY a constant reads no column; a joined row is still a row.
+        join.columns.push(JoinColumn { name: "0".into(), expr: Expr::Literal { value: serde_json::Value::Null } });
+    }
+    join.validate().map_err(invalid)?;
+    resolved.source = join.inputs[0].source.clone();
+    resolved.join = Some(Box::new(join));
+    Ok(resolved)
 }
 
 pub(super) fn aliases(known: &[Known]) -> String {

@@ -250,7 +250,8 @@ fn statement_text(sql: &str, start: Location, end: Location) -> String {
 
 fn view_def(name: String, options: &[SqlOption], query: &ast::Query, sql: String) -> Result<ViewDef, SqlError> {
     let select = plain_select(query, VIEW_SHAPE)?;
-    if is_join_view(select) {
+    let joins = matches!(select.from.as_slice(), [from] if !from.joins.is_empty());
+    if is_join_view(select) || joins {
         return join::join_view_def(name, options, select, sql);
     }
     let (source, window, time_column) = view_source(&select.from)?;
@@ -342,9 +343,10 @@ mod tests {
     #[test]
     fn view_errors_say_what_is_supported() {
         let cases = [
+            ("SELECT key, COUNT(*) FROM a FULL JOIN b ON a.x = b.x GROUP BY key", "FULL JOIN is not supported here"),
             (
-                "SELECT key, COUNT(*) FROM a JOIN b ON a.x = b.x GROUP BY key",
-                "JOIN is not supported here; views aggregate one source: FROM source or FROM TUMBLE|HOP|SLIDING|SESSION",
+                "SELECT key, COUNT(*) FROM TUMBLE(a, '1s') JOIN b ON a.x = b.x GROUP BY key",
+                "TUMBLE(a, '1s') is not supported here; a joined view is",
             ),
             ("SELECT key, COUNT(*) FROM a, b GROUP BY key", "several sources in FROM"),
             ("SELECT key, COUNT(*) FROM (SELECT * FROM a) GROUP BY key", "a subquery in FROM"),
@@ -419,7 +421,10 @@ mod tests {
         assert!(error("CREATE VIEW v SELECT COUNT(*) FROM s GROUP BY a").starts_with("syntax error"));
         assert!(error("CREATE VIEW a.v AS SELECT COUNT(*) FROM s GROUP BY a").contains("no schemas"));
         let codes = |sql: &str| parse(sql).unwrap_err().code();
-        assert_eq!(codes("CREATE VIEW v AS SELECT COUNT(*) FROM a JOIN b ON x = y GROUP BY k"), "sql_unsupported");
+        assert_eq!(
+            codes("CREATE VIEW v AS SELECT COUNT(*) FROM a RIGHT JOIN b ON x = y GROUP BY k"),
+            "sql_unsupported"
+        );
         assert_eq!(codes("CREATE VIEW v AS SELECT b, COUNT(*) FROM s GROUP BY a"), "sql_invalid_query");
         assert_eq!(codes("CREATE VIEW v WITH (x = 1) AS SELECT COUNT(*) FROM s GROUP BY a"), "sql_invalid_option");
     }

@@ -21,6 +21,7 @@ use crate::table::Table;
 use crate::view::View;
 use crate::view::catchup::{follow, restored};
 use crate::view::changes::{ChangeWriter, reconcile};
+use crate::view::expr::Input;
 use crate::view::runtime::{ViewStatus, change_parts, register_metrics};
 use crate::view::state::Change;
 
@@ -222,6 +223,9 @@ impl View {
             }
         }
         joined.state.write().expect("view state lock").recount();
+        if self.def().aggregates_join() {
+            self.aggregate_joined_rows(joined).await;
+        }
         restored("view", self.name(), loaded, started);
         self.restoring.store(false, Ordering::Relaxed);
         joined.export_metrics(self.name());
@@ -303,9 +307,17 @@ impl View {
                 joined.applied.fetch_add(1, Ordering::Relaxed);
                 let pending = joined.state.write().expect("view state lock").begin(at, &id, after.as_ref());
                 let Some(mut pending) = pending else { return Ok(()) };
+                let aggregates = self.def().aggregates_join();
                 loop {
-                    let done =
-                        joined.state.write().expect("view state lock").step(&mut pending, FANOUT_BATCH, out.changes);
+                    let done = if aggregates {
+                        let mut rows = Vec::new();
+                        let done =
+                            joined.state.write().expect("view state lock").step(&mut pending, FANOUT_BATCH, &mut rows);
+                        self.aggregate(rows, out.changes);
+                        done
+                    } else {
+                        joined.state.write().expect("view state lock").step(&mut pending, FANOUT_BATCH, out.changes)
+                    };
                     if done {
                         break;
                     }
@@ -320,6 +332,86 @@ impl View {
         }
         Ok(())
     }
+}
+
+impl View {
+    /// A view aggregating a join, at start: every joined row folded in, a page at a time, the
+    /// task yielding between pages. Its changes are not written: the change stream is then
+    /// reconciled with the rows, as a view over a table's is.
+    async fn aggregate_joined_rows(&self, joined: &Joined) {
+        let mut after: Option<String> = None;
+        loop {
+            let page = joined.state.read().expect("view state lock").page(after.as_deref(), LOAD_CHUNK);
+            let Some((last, _)) = page.last() else { return };
+            after = Some(last.clone());
+            let mut changes = Vec::new();
+            {
+                let mut state = self.state.write().expect("view state lock");
+                for row in page.iter().flat_map(|(_, rows)| rows) {
+                    state.apply_row_change(self.def(), None, Some(&Input::row(row)), &mut changes);
+                    changes.clear();
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Folds the join's row changes into a view aggregating them: a row removed leaves its
+    /// group, a changed one leaves with its old values and joins with its new. Each group they
+    /// touch changes once (its row before them, and after), in `changes`.
+    fn aggregate(&self, rows: Vec<Change>, changes: &mut Vec<Change>) {
+        if rows.is_empty() {
+            return;
+        }
+        let mut steps = Vec::new();
+        {
+            let mut state = self.state.write().expect("view state lock");
+            for change in rows {
+                let (before, after) =
+                    if change.removed { (Some(change.row), None) } else { (change.before, Some(change.row)) };
+                let before = before.as_deref().map(Input::row);
+                let after = after.as_deref().map(Input::row);
+                state.apply_row_change(self.def(), before.as_ref(), after.as_ref(), &mut steps);
+            }
+        }
+        changes.extend(coalesce(steps));
+    }
+}
+
+/// One change per key from several in order: the row the first replaced, and the last row
+/// (none when the last removed it); a key back as it was has none.
+fn coalesce(steps: Vec<Change>) -> Vec<Change> {
+    /// A key's changes: where it first changed, its row before, its row after.
+    struct Span {
+        first: usize,
+        was: Option<Arc<Value>>,
+        now: Option<Arc<Value>>,
+    }
+    if steps.len() < 2 {
+        return steps;
+    }
+    let mut keys: std::collections::HashMap<String, Span> = std::collections::HashMap::new();
+    for step in steps {
+        let now = (!step.removed).then(|| step.row.clone());
+        let first = keys.len();
+        keys.entry(step.key).and_modify(|span| span.now.clone_from(&now)).or_insert_with(|| Span {
+            first,
+            was: if step.removed { Some(step.row) } else { step.before },
+            now,
+        });
+    }
+    let mut ordered: Vec<(String, Span)> = keys.into_iter().collect();
+    ordered.sort_by_key(|(_, span)| span.first);
+    ordered
+        .into_iter()
+        .filter_map(|(key, Span { was, now, .. })| match (was, now) {
+            (was, Some(row)) if was.as_ref() != Some(&row) => {
+                Some(Change { key, row, is_final: false, removed: false, before: was })
+            }
+            (Some(was), None) => Some(Change { key, row: was, is_final: false, removed: true, before: None }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Rows by id, in id order.
@@ -374,6 +466,36 @@ mod tests {
 
     use super::*;
     use crate::view::runtime::change_value;
+
+    #[test]
+    fn a_key_changed_several_times_changes_once() {
+        let row = |n: i64| Arc::new(json!({ "n": n }));
+        let change = |key: &str, row: Arc<Value>, removed, before: Option<Arc<Value>>| Change {
+            key: key.into(),
+            row,
+            is_final: false,
+            removed,
+            before,
+        };
+        let steps = vec![
+            change("a", row(2), false, Some(row(1))),
+            change("b", row(1), false, None),
+            change("a", row(3), false, Some(row(2))),
+            change("b", row(1), true, None),
+            change("c", row(5), true, None),
+            change("c", row(6), false, None),
+            change("d", row(1), false, Some(row(0))),
+            change("d", row(0), false, Some(row(1))),
+        ];
+        let out = coalesce(steps);
+        assert_eq!(
+            out,
+            vec![change("a", row(3), false, Some(row(1))), change("c", row(6), false, Some(row(5)))],
+            "b came and went, d is back as it was"
+        );
+        let one = vec![change("a", row(2), false, Some(row(1)))];
+        assert_eq!(coalesce(one.clone()), one);
+    }
 
     #[test]
     fn a_view_input_reads_rows_from_change_records() {
