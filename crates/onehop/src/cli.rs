@@ -248,6 +248,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_SCHEMA", value_name = "FILE")]
     pub schema: Option<PathBuf>,
 
+    /// Directory whose files the HTTP listener serves for GET and HEAD of the paths no data
+    /// route takes (`/` is its index.html), to anyone: an application's pages beside its data.
+    /// Dotfiles and links leading out of it are never served [default: none].
+    #[arg(long, env = "ONEHOP_STATIC_DIR", value_name = "DIR")]
+    pub static_dir: Option<PathBuf>,
+
     /// Log filter, e.g. `info` or `onehop_log=debug,info` [default: info].
     #[arg(long, env = "ONEHOP_LOG", value_name = "FILTER")]
     pub log: Option<String>,

@@ -315,6 +315,12 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         .clone()
         .map(|node| Arc::new(crate::cluster::Status(node)) as Arc<dyn onehop_server::http::ClusterStatus>);
     state.allowed_origins = Arc::new(allowed_origins(&settings));
+    if let Some(dir) = &settings.static_dir {
+        let files = onehop_server::http::files::StaticFiles::new(dir)
+            .with_context(|| format!("static_dir {}: the directory of files to serve", dir.display()))?;
+        tracing::info!(static_dir = %files.root().display(), "serving its files where no route is, to anyone");
+        state.files = Some(Arc::new(files));
+    }
     let bodies = onehop_server::http::body::BodyBudget::new(settings.http_body_bytes_in_flight_max);
     state.bodies = Arc::new(bodies.releasing_with(crate::release_free_memory));
     state.body_read_timeout = settings.http_body_read_timeout;

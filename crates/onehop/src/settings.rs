@@ -78,6 +78,7 @@ struct FileSettings {
     mqtt_subscriptions_max: Option<usize>,
     subscriber_queue: Option<usize>,
     schema: Option<PathBuf>,
+    static_dir: Option<PathBuf>,
     log: Option<String>,
     mqtt_empty_first_level_stream: Option<String>,
     allowed_origins: Option<Vec<String>>,
@@ -249,6 +250,8 @@ pub struct Settings {
     pub subscriber_queue: usize,
     /// SQL applied at start.
     pub schema: Option<PathBuf>,
+    /// Files served over HTTP where no route is.
+    pub static_dir: Option<PathBuf>,
     pub log_filter: String,
     /// The config file that was read, if any.
     pub config_file: Option<PathBuf>,
@@ -686,6 +689,7 @@ impl Settings {
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
             auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),
             schema: args.schema.clone().or(file.schema),
+            static_dir: args.static_dir.clone().or(file.static_dir),
             log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
             config_file,
             discard_damaged: args.discard_damaged,

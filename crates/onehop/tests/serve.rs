@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{DataDir, RawSse, Server, bench_report, get, onehop, post, request, start};
+use common::{DataDir, RawSse, Server, bench_report, curl, get, onehop, post, request, start};
 
 use onehop_engine::{Engine, EngineOptions, Position, StreamDef};
 use onehop_log::{Durability, Log, LogOptions, NewRecord};
@@ -161,6 +161,7 @@ fn help_documents_every_serve_flag() {
         "--discard-damaged",
         "--recover-catalog",
         "--allowed-origins",
+        "--static-dir",
     ] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
     }
@@ -492,4 +493,80 @@ fn an_allowed_origin_no_browser_sends_stops_the_start_and_star_is_warned_about()
     if !server.seen.iter().any(|line| line.contains(warning)) {
         server.wait_for_line(warning);
     }
+}
+
+/// `--static-dir` through the binary, asked with curl, on a server where every data route
+/// needs credentials: the directory's pages to anyone (`/` its index.html, a directory
+/// redirected to its slash, revalidation answered 304, HEAD without a body); dotfiles, links
+/// out of it and `..` never; other methods and missing files the JSON `unknown_route`; data
+/// routes still guarded. A directory that is not there stops the start, naming it.
+#[test]
+fn a_static_dir_serves_its_pages_and_nothing_outside_it() {
+    let dir = DataDir::new();
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(site.join("shop")).unwrap();
+    std::fs::write(site.join("index.html"), "<!doctype html><title>shop</title>").unwrap();
+    std::fs::write(site.join("app.js"), "console.log('live');").unwrap();
+    std::fs::write(site.join("shop/index.html"), "<p>products</p>").unwrap();
+    std::fs::write(site.join(".env"), "SECRET=1").unwrap();
+    std::fs::write(dir.path().join("outside.txt"), "not for the web").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("outside.txt"), site.join("leak.txt")).unwrap();
+    let site_arg = site.to_str().unwrap();
+    let server = dir.start(
+        &["--static-dir", site_arg, "--admin-user", "root"],
+        &[("ONEHOP_ADMIN_PASSWORD", "static-test-password")],
+    );
+    let address = server.address;
+
+    let (status, body) = curl(address, "/", &["-D", "-"]);
+    assert_eq!(status, 200, "{body}");
+    let lower = body.to_ascii_lowercase();
+    assert!(lower.contains("content-type: text/html; charset=utf-8"), "{body}");
+    assert!(lower.contains("x-content-type-options: nosniff") && lower.contains("cache-control: no-cache"), "{body}");
+    assert!(body.ends_with("<!doctype html><title>shop</title>"), "{body}");
+    let etag = body
+        .lines()
+        .find_map(|line| line.to_ascii_lowercase().starts_with("etag:").then(|| line[5..].trim().to_string()))
+        .expect("an ETag");
+    let (status, body) = curl(address, "/", &["-H", &format!("If-None-Match: {etag}")]);
+    assert_eq!((status, body.as_str()), (304, ""));
+    let (status, body) = curl(address, "/app.js", &["-D", "-"]);
+    assert_eq!(status, 200);
+    assert!(body.to_ascii_lowercase().contains("content-type: text/javascript"), "{body}");
+    let (status, body) = curl(address, "/app.js", &["-I"]);
+    assert_eq!(status, 200);
+    assert!(body.to_ascii_lowercase().contains("content-length: 20"), "{body}");
+    assert!(!body.contains("console.log"), "HEAD has no body: {body}");
+    let (status, body) = curl(address, "/shop?page=2", &["-D", "-"]);
+    assert_eq!(status, 308, "{body}");
+    assert!(body.to_ascii_lowercase().contains("location: /shop/?page=2"), "{body}");
+    let (status, body) = curl(address, "/shop/", &[]);
+    assert_eq!((status, body.as_str()), (200, "<p>products</p>"));
+
+    for refused in ["/.env", "/leak.txt", "/shop/%2e%2e/.env", "/missing.html"] {
+        let (status, body) = curl(address, refused, &["--path-as-is"]);
+        assert_eq!(status, 404, "{refused}: {body}");
+        assert!(body.contains("\"unknown_route\"") && !body.contains("SECRET"), "{refused}: {body}");
+    }
+    let (status, body) = curl(address, "/index.html", &["-X", "POST", "-d", "x"]);
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("unknown_route"), "{body}");
+    // The data stays behind its credentials.
+    let (status, body) = curl(address, "/sql", &["-d", "SHOW STREAMS"]);
+    assert_eq!(status, 401, "{body}");
+    drop(server);
+
+    let missing = dir.path().join("nowhere");
+    let output = onehop()
+        .arg("serve")
+        .args(dir.serve_args(&["--static-dir", missing.to_str().unwrap()]))
+        .arg("--mqtt-addr")
+        .arg("127.0.0.1:0")
+        .env("ONEHOP_PG_ADDR", "off")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("static_dir") && said.contains("nowhere"), "{said}");
 }

@@ -12,12 +12,14 @@
 //! - `body`: request bodies read whole, within a size, a memory budget and a read timeout.
 //! - `connection`: the listener's connections: timeouts, hyper's own refusals, shutdown.
 //! - `limit`: the connection limit.
+//! - `files`: static files (`--static-dir`) for the paths no other route takes.
 
 pub mod auth;
 pub mod body;
 pub mod connection;
 pub mod cors;
 pub mod error;
+pub mod files;
 pub mod limit;
 pub mod mqtt_ws;
 pub mod origin;
@@ -73,6 +75,8 @@ pub struct AppState {
     pub shutdown: Shutdown,
     /// On a cluster node: its view of the cluster, served at `/cluster`.
     pub cluster: Option<Arc<dyn ClusterStatus>>,
+    /// `--static-dir`: files served for GET and HEAD of the paths no route takes.
+    pub files: Option<Arc<files::StaticFiles>>,
 }
 
 /// A cluster node's view of its cluster (`GET /cluster`) and its membership changes
@@ -167,6 +171,7 @@ impl AppState {
             body_read_timeout: BODY_READ_TIMEOUT_DEFAULT,
             shutdown: Shutdown::default(),
             cluster: None,
+            files: None,
         }
     }
 }
@@ -283,7 +288,7 @@ pub fn app(state: AppState) -> Router {
         // Before the body is read: a request that may not be made is refused unread.
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::authorize))
         .route_layer(axum::middleware::from_fn_with_state(state.request_metrics.clone(), record_request))
-        .fallback(unknown_route)
+        .fallback(static_file_or_unknown)
         .layer(body_limit)
         .with_state(state);
     // Refusals get their JSON form around the routes, not among them: axum adds a 405's
@@ -297,7 +302,20 @@ pub fn app(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(allowed_origins, cors::enforce))
 }
 
-async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError {
+/// A path no route takes: a static file when `--static-dir` has one there, else
+/// `unknown_route`.
+async fn static_file_or_unknown(
+    State(state): State<AppState>,
+    method: Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if let Some(files) = &state.files
+        && let Some(response) = files.serve(&method, &uri, &headers).await
+    {
+        return response;
+    }
+    let files = if state.files.is_some() { ", and the files of its --static-dir" } else { "" };
     error::ApiError {
         retry_after_s: None,
         hint: None,
@@ -305,10 +323,11 @@ async fn unknown_route(method: Method, uri: axum::http::Uri) -> error::ApiError 
         code: "unknown_route",
         message: format!(
             "no route for {method} {}: the server serves /streams/{{s}}, /tables/{{t}}, /views/{{v}}, /sql, /mqtt, \
-             /healthz, /metrics and /cluster",
+             /healthz, /metrics and /cluster{files}",
             uri.path()
         ),
     }
+    .into_response()
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {

@@ -33,7 +33,7 @@ fn bad(message: String) -> ApiError {
 }
 
 /// Percent-decodes `text`, with `+` as a space when `plus_is_space`.
-fn decode(text: &str, plus_is_space: bool) -> Result<String, &'static str> {
+pub(crate) fn decode(text: &str, plus_is_space: bool) -> Result<String, &'static str> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut at = 0;
