@@ -34,6 +34,8 @@
 //! - `view_join`: `onehop bench view-join` — a five-input joined view's freshness beside a
 //!   single-source view's.
 //! - `bank`: `onehop bench bank` — study 3, a leader/standby ledger on the replicated log.
+//! - `shop`: study 2's shop on onehop — its data, definitions and pages; `onehop bench shop
+//!   --load` writes it into a running server.
 //!
 //! Every benchmark prints a readable table, shows progress on stderr while it runs, and can end
 //! with JSON lines for machines (`--json`).
@@ -62,6 +64,7 @@ pub mod run;
 pub mod saturation;
 pub mod schedule;
 pub mod server;
+pub mod shop;
 pub mod target;
 pub mod timeline;
 pub mod view_join;

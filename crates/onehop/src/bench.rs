@@ -65,6 +65,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             out: args.out,
             json: args.json,
         }),
+        BenchCommand::Shop(args) => bench_shop(args),
         BenchCommand::Bank(args) => bench_bank(args),
         BenchCommand::BankLedger(args) => bench_bank_ledger(args),
         BenchCommand::Queue(args) => onehop_bench::queue::run(&onehop_bench::queue::QueueOptions {
@@ -80,6 +81,40 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             json: args.json,
         }),
     }
+}
+
+/// `onehop bench shop --load`: the shop written into a running server.
+fn bench_shop(args: crate::cli::BenchShopArgs) -> anyhow::Result<()> {
+    use base64::Engine as _;
+    use onehop_bench::shop;
+    if !args.load {
+        bail!(
+            "onehop bench shop takes --load: it writes study 2's shop into the server at --url (the side-by-side \
+             run against the microservices stack is not part of onehop yet)"
+        );
+    }
+    let Some(address) = args.server.url.strip_prefix("http://") else {
+        bail!("--url {}: the loader speaks plain HTTP (http://host:port)", args.server.url);
+    };
+    let address = address.trim_end_matches('/');
+    let authorization = match (&args.server.user, &args.server.token) {
+        (Some(user), _) => {
+            let password = std::env::var("ONEHOP_PASSWORD")
+                .map_err(|_| anyhow::anyhow!("--user {user} needs its password in ONEHOP_PASSWORD"))?;
+            let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            Some(format!("Basic {encoded}"))
+        }
+        (None, Some(token)) => Some(format!("Bearer {token}")),
+        (None, None) => None,
+    };
+    if let Some(site) = &args.site {
+        shop::write_site(site)?;
+        eprintln!("home page written to {}", site.join("index.html").display());
+    }
+    let data = shop::Shop::generate(args.seed);
+    let loaded = shop::load_onehop(address, authorization.as_deref(), &data, |said| eprintln!("{said}"))?;
+    print!("{}", shop::report(&data, &loaded, args.json));
+    Ok(())
 }
 
 /// The command as typed, for the reports.

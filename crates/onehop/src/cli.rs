@@ -483,6 +483,10 @@ pub enum BenchCommand {
     /// A five-input joined view's freshness (write to subscriber) beside a single-source
     /// view's, at a fixed write rate; the server's CPU and RSS.
     ViewJoin(BenchViewJoinArgs),
+    /// Study 2's shop: `--load` writes its catalogue (1 013 products, their inventory, prices
+    /// and reviews) and its pages' views into the server at --url, and waits until the pages
+    /// answer what the data says.
+    Shop(BenchShopArgs),
     /// Study 3: a leader/standby ledger on a three-node cluster — transfers at a target rate,
     /// the committed transaction log applied by a standby on another node, publication latency
     /// seen on the third, and the completeness gate; `--kill ledger|node` fails over mid-run.
@@ -628,6 +632,25 @@ pub struct BenchQueryArgs {
     /// Where summary.md, query-latency.svg and Postgres's log go.
     #[arg(long, default_value = "results/query")]
     pub out: std::path::PathBuf,
+    /// End the output with one JSON line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `onehop bench shop`.
+#[derive(Args, Debug)]
+pub struct BenchShopArgs {
+    /// Write the shop into the running server: its tables, the pages' views, then the rows.
+    #[arg(long)]
+    pub load: bool,
+    /// The data set's seed (the same seed, the same shop).
+    #[arg(long, default_value_t = onehop_bench::shop::DEFAULT_SEED)]
+    pub seed: u64,
+    /// Also write the home page's index.html into this directory, for `serve --static-dir`.
+    #[arg(long, value_name = "DIR")]
+    pub site: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// End the output with one JSON line.
     #[arg(long)]
     pub json: bool,

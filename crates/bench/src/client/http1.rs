@@ -52,9 +52,20 @@ impl KeepAlive {
 
     /// Sends a request (a JSON body when not empty); the response's status and body.
     pub fn send(&mut self, method: &str, target: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+        self.send_as(method, target, None, body)
+    }
+
+    /// [`KeepAlive::send`] with an `Authorization` header's value.
+    pub fn send_as(
+        &mut self,
+        method: &str,
+        target: &str,
+        authorization: Option<&str>,
+        body: &[u8],
+    ) -> std::io::Result<(u16, Vec<u8>)> {
         use std::io::{Read, Write};
         let content_type = (!body.is_empty()).then_some("application/json");
-        self.stream.write_all(&request(method, &self.host, target, content_type, None, body))?;
+        self.stream.write_all(&request(method, &self.host, target, content_type, authorization, body))?;
         self.buffer.clear();
         let mut chunk = [0u8; 16 * 1024];
         loop {

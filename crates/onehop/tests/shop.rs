@@ -1,0 +1,124 @@
+//! Study 2's shop on onehop, through the binary: `onehop bench shop --load` writes the
+//! catalogue into a server that asks for credentials, and the pages — the home page's HTML
+//! from `--static-dir`, its first 8 products, the whole listing, one category, each product's
+//! detail — answer exactly what the data says: the contract the microservices stack is held to
+//! too. A price, a stock and a review change reach the product's page, and a restart serves
+//! the same pages.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{DataDir, curl, last_json_line, onehop, run_expecting_success};
+use onehop_bench::shop::{DEFAULT_SEED, HOME_HTML, Shop};
+use serde_json::{Value, json};
+
+const ROOT: (&str, &str) = ("root", "shop-test-password");
+
+/// The answer to a GET as root: its status and JSON.
+fn get_json(address: SocketAddr, target: &str) -> (u16, Value) {
+    let user = format!("{}:{}", ROOT.0, ROOT.1);
+    let (status, body) = curl(address, target, &["-u", &user]);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// The page rows of a view listing, in key order.
+fn listing(address: SocketAddr, target: &str) -> Vec<Value> {
+    let (status, answer) = get_json(address, target);
+    assert_eq!(status, 200, "{target}: {answer}");
+    answer["keys"].as_array().unwrap().iter().map(|entry| entry["rows"][0].clone()).collect()
+}
+
+fn detail(address: SocketAddr, id: &str) -> Value {
+    let (status, answer) = get_json(address, &format!("/views/product_pages/{id}"));
+    assert_eq!(status, 200, "{id}: {answer}");
+    answer["rows"][0].clone()
+}
+
+/// Waits until product `id`'s page is `wanted` (20 s at most).
+fn page_becomes(address: SocketAddr, id: &str, wanted: &Value) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = detail(address, id);
+        if page == *wanted {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{id}'s page is\n  {page}\nnot\n  {wanted}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn write(address: SocketAddr, method: &str, target: &str, body: &str) {
+    let user = format!("{}:{}", ROOT.0, ROOT.1);
+    let (status, answer) = curl(address, target, &["-u", &user, "-X", method, "-d", body]);
+    assert!((200..300).contains(&status), "{method} {target}: {status} {answer}");
+}
+
+#[test]
+fn the_shop_loads_and_its_pages_are_what_the_data_says() {
+    let dir = DataDir::new();
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    let site_arg = site.to_str().unwrap();
+    let admin = [("ONEHOP_ADMIN_PASSWORD", ROOT.1)];
+    let server = dir.start(&["--static-dir", site_arg, "--admin-user", ROOT.0], &admin);
+    let address = server.address;
+    let url = format!("http://{address}");
+    let (stdout, stderr) = run_expecting_success(
+        onehop()
+            .args(["bench", "shop", "--load", "--url", &url, "--user", ROOT.0, "--site", site_arg, "--json"])
+            .env("ONEHOP_PASSWORD", ROOT.1),
+    );
+    let line = last_json_line(&stdout);
+    let shop = Shop::generate(DEFAULT_SEED);
+    assert_eq!((line["products"].as_u64(), line["categories"].as_u64()), (Some(1013), Some(8)), "{line}");
+    assert_eq!(line["reviews"].as_u64(), Some(shop.reviews.len() as u64), "{line}");
+    assert!(stderr.contains("written") && stderr.contains("batches"), "progress is shown: {stderr}");
+
+    // The home page: its HTML, to anyone, and its first 8 products.
+    let (status, body) = curl(address, "/", &[]);
+    assert_eq!((status, body.as_str()), (200, HOME_HTML));
+    let mut expected = shop.pages();
+    assert_eq!(listing(address, "/views/product_pages?limit=8"), expected[..8]);
+    // The whole catalogue, one category, and products one by one.
+    assert_eq!(listing(address, "/views/product_pages?limit=10000"), expected);
+    let garden: Vec<Value> = expected.iter().filter(|page| page["category_id"] == "garden").cloned().collect();
+    assert_eq!(garden.len(), 82);
+    assert_eq!(listing(address, "/views/product_pages?category_id=garden&limit=10000"), garden);
+    for page in expected.iter().step_by(37) {
+        assert_eq!(detail(address, page["id"].as_str().unwrap()), *page);
+    }
+    let (status, answer) = get_json(address, "/views/product_pages/p_books_999");
+    assert_eq!(status, 404, "{answer}");
+
+    // Writes through the tables reach the product's page: a price, a stock, a first review.
+    let at = expected.iter().position(|page| page["review_count"] == 0).unwrap();
+    let id = expected[at]["id"].as_str().unwrap().to_string();
+    write(address, "PUT", &format!("/tables/prices/{id}"), r#"{"amount": 12.5, "currency": "EUR"}"#);
+    write(address, "PATCH", &format!("/tables/inventory/{id}"), r#"{"stock": 0}"#);
+    let review = format!(r#"{{"product_id": "{id}", "rating": 5, "title": "love it", "author": "Gus"}}"#);
+    write(address, "PUT", "/tables/reviews/r_new", &review);
+    let page = &mut expected[at];
+    page["price"] = json!(12.5);
+    page["stock"] = json!(0);
+    page["review_count"] = json!(1);
+    page["rating"] = json!(5.0);
+    page["reviews"] = json!([{"id": "r_new", "rating": 5, "title": "love it", "author": "Gus"}]);
+    page_becomes(address, &id, &expected[at]);
+
+    // A restart builds the pages again from the tables.
+    drop(server);
+    let server = dir.start(&["--static-dir", site_arg, "--admin-user", ROOT.0], &admin);
+    page_becomes(server.address, &id, &expected[at]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while listing(server.address, "/views/product_pages?limit=10000") != expected {
+        assert!(Instant::now() < deadline, "the listing after the restart is not the shop's");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Without --load the command says what it does.
+    let output = onehop().args(["bench", "shop", "--url", &url]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("takes --load"));
+}
