@@ -214,12 +214,21 @@ impl Shop {
         pages
     }
 
-    /// The INSERT statements that write the data, table by table, in batches.
+    /// The INSERT statements that write the data, table by table, in batches (the same
+    /// statements for onehop and for Postgres).
     pub fn inserts(&self) -> Vec<String> {
+        TABLES.iter().flat_map(|table| self.inserts_of(table)).collect()
+    }
+
+    /// The INSERT statements of one of [`TABLES`].
+    pub fn inserts_of(&self, table: &str) -> Vec<String> {
         let mut statements = Vec::new();
-        let mut batched = |table: &str, columns: &str, rows: Vec<String>| {
+        let mut batched = |name: &str, columns: &str, rows: Vec<String>| {
+            if name != table {
+                return;
+            }
             for chunk in rows.chunks(LOAD_BATCH) {
-                statements.push(format!("INSERT INTO {table} ({columns}) VALUES {}", chunk.join(", ")));
+                statements.push(format!("INSERT INTO {name} ({columns}) VALUES {}", chunk.join(", ")));
             }
         };
         batched(
@@ -278,6 +287,30 @@ impl Shop {
         );
         statements
     }
+}
+
+/// The shop's tables, in the order they are written.
+pub const TABLES: [&str; 5] = ["categories", "products", "inventory", "prices", "reviews"];
+
+/// `value` as one text that two stacks' answers can be compared by, byte for byte: object
+/// keys sorted, numbers by value (`4` and `4.0` alike: JavaScript writes a whole double
+/// without its `.0`).
+pub fn canonical(value: &Value) -> String {
+    fn normal(value: &Value) -> Value {
+        match value {
+            Value::Number(number) => {
+                number.as_f64().and_then(serde_json::Number::from_f64).map_or_else(|| value.clone(), Value::Number)
+            }
+            Value::Array(items) => Value::Array(items.iter().map(normal).collect()),
+            Value::Object(fields) => {
+                let mut sorted: Vec<(&String, &Value)> = fields.iter().collect();
+                sorted.sort_by(|a, b| a.0.cmp(b.0));
+                Value::Object(sorted.into_iter().map(|(key, value)| (key.clone(), normal(value))).collect())
+            }
+            other => other.clone(),
+        }
+    }
+    normal(value).to_string()
 }
 
 /// A product's picture, as the pages link it.
@@ -481,6 +514,16 @@ mod tests {
         // The whole listing is the study's size: ~380–460 KB of JSON.
         let bytes = serde_json::to_vec(&pages).unwrap().len();
         assert!((300_000..600_000).contains(&bytes), "{bytes}");
+    }
+
+    #[test]
+    fn answers_compare_by_value_whatever_their_key_order_and_number_form() {
+        let from_javascript: Value =
+            serde_json::from_str(r#"{"rating": 4, "id": "p1", "reviews": [{"b": 1, "a": 2.5}]}"#).unwrap();
+        let from_onehop: Value =
+            serde_json::from_str(r#"{"id": "p1", "reviews": [{"a": 2.5, "b": 1.0}], "rating": 4.0}"#).unwrap();
+        assert_eq!(canonical(&from_javascript), canonical(&from_onehop));
+        assert_ne!(canonical(&from_javascript), canonical(&json!({"id": "p1", "rating": 4.5, "reviews": []})));
     }
 
     #[test]

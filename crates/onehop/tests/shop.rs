@@ -122,3 +122,51 @@ fn the_shop_loads_and_its_pages_are_what_the_data_says() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("takes --load"));
 }
+
+/// A page's JSON from the microservices stack's gateway.
+fn gateway_json(address: SocketAddr, target: &str) -> (u16, Value) {
+    let (status, body) = curl(address, target, &[]);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// The same pages from study 2's microservices stack, in both layouts (the fair one and the
+/// study's own): started by the harness on a Postgres of its own with the same seed's data,
+/// the gateway's home, listing, category and detail pages equal the pages computed from the
+/// data, compared by value with keys in order. Needs `scripts/peers install microservices`.
+#[test]
+fn the_microservices_stack_answers_the_same_pages_in_both_layouts() {
+    use onehop_bench::shop::canonical;
+    use onehop_bench::target::peers::shop_stack::{Layout, ShopStack};
+    let shop = Shop::generate(DEFAULT_SEED);
+    let expected = shop.pages();
+    let canonical_all = |pages: &[Value]| pages.iter().map(canonical).collect::<Vec<_>>();
+    for layout in [Layout::Indexed, Layout::Published] {
+        let dir = tempfile::tempdir().unwrap();
+        let (site, logs) = (dir.path().join("site"), dir.path().join("logs"));
+        std::fs::create_dir_all(&logs).unwrap();
+        onehop_bench::shop::write_site(&site).unwrap();
+        let stack = ShopStack::start(dir.path(), &logs, layout, &shop, &site)
+            .unwrap_or_else(|error| panic!("{layout:?}: {error:#}"));
+        let address: SocketAddr = stack.address().parse().unwrap();
+        let (status, body) = curl(address, "/", &[]);
+        assert_eq!((status, body.as_str()), (200, HOME_HTML), "{layout:?}");
+        let (status, answer) = gateway_json(address, "/api/products?limit=10000");
+        assert_eq!(status, 200, "{layout:?}: {answer}");
+        let products = answer["products"].as_array().unwrap();
+        assert_eq!(canonical_all(products), canonical_all(&expected), "{layout:?}: the listing");
+        let (_, answer) = gateway_json(address, "/api/products?limit=8");
+        assert_eq!(canonical_all(answer["products"].as_array().unwrap()), canonical_all(&expected[..8]));
+        let garden: Vec<Value> = expected.iter().filter(|page| page["category_id"] == "garden").cloned().collect();
+        let (_, answer) = gateway_json(address, "/api/products?category=garden&limit=10000");
+        assert_eq!(canonical_all(answer["products"].as_array().unwrap()), canonical_all(&garden), "{layout:?}");
+        for page in expected.iter().step_by(37) {
+            let (status, answer) = gateway_json(address, &format!("/api/products/{}", page["id"].as_str().unwrap()));
+            assert_eq!(status, 200, "{layout:?}: {answer}");
+            assert_eq!(canonical(&answer), canonical(page), "{layout:?}");
+        }
+        let (status, _) = gateway_json(address, "/api/products/p_books_999");
+        assert_eq!(status, 404, "{layout:?}");
+        assert_eq!(stack.settings()["layout"], layout.name());
+        assert_eq!(stack.pids().len(), 6, "Postgres, four services and the gateway");
+    }
+}

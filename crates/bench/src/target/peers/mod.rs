@@ -13,6 +13,9 @@
 //!   target's own with an outbox table, a Debezium relay per run (`bench/baselines/cdc`) at
 //!   Debezium's default poll interval or at 5 ms, and the study's Node.js application
 //!   (`bench/baselines/stack-node/outbox.js`) writing to Postgres and notifying over HTTP.
+//! - `shop_stack`: `microservices` and `microservices-as-published` (study 2): the shop as a
+//!   Fastify gateway and four services (`bench/baselines/shop-node`) over one database each in
+//!   a Postgres of the target's own.
 //! - `kafka_streams`: `kafka-streams` (W3): those brokers and per run a Kafka Streams app
 //!   (`bench/baselines/streams`) whose windowed count's changelog and suppressed rows are
 //!   reported to the harness, and whose Interactive Queries answer point queries over HTTP.
@@ -31,6 +34,7 @@ pub mod onehop_kafka;
 pub mod outbox;
 pub mod postgres;
 pub mod redis;
+pub mod shop_stack;
 
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};

@@ -117,6 +117,15 @@ impl PostgresPeer {
     /// Makes a cluster in `data` (created here, inside the target's own directory `parent`)
     /// and starts it, its log in `logs`; then makes the outbox table and its publication.
     pub fn start(parent: &Path, logs: &Path) -> anyhow::Result<PostgresPeer> {
+        PostgresPeer::start_with(parent, logs, Some(SCHEMA))
+    }
+
+    /// [`PostgresPeer::start`] without the outbox: a cluster with only its own databases.
+    pub fn start_plain(parent: &Path, logs: &Path) -> anyhow::Result<PostgresPeer> {
+        PostgresPeer::start_with(parent, logs, None)
+    }
+
+    fn start_with(parent: &Path, logs: &Path, schema: Option<&str>) -> anyhow::Result<PostgresPeer> {
         let initdb = Path::new(BIN_DIR).join("initdb");
         if !initdb.is_file() {
             bail!("{} is not installed: run `scripts/peers install kafka-stack` first", initdb.display());
@@ -155,7 +164,9 @@ impl PostgresPeer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        postgres.query(SCHEMA).context("making the outbox table and its publication")?;
+        if let Some(schema) = schema {
+            postgres.query(schema).context("making the outbox table and its publication")?;
+        }
         let reported: Vec<String> = REPORTED.iter().map(|name| format!("'{name}'")).collect();
         let rows = postgres.query(&format!(
             "SELECT name || '=' || current_setting(name) FROM pg_settings WHERE name IN ({}) ORDER BY name",
@@ -172,7 +183,7 @@ impl PostgresPeer {
             "authentication": "trust, 127.0.0.1 only",
             "command_line": SETTINGS.iter().map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>(),
             "server": server_settings,
-            "outbox": SCHEMA,
+            "outbox": schema,
         });
         Ok(postgres)
     }
@@ -193,8 +204,13 @@ impl PostgresPeer {
 
     /// Runs `sql` through psql and returns its unaligned output.
     pub fn query(&self, sql: &str) -> anyhow::Result<String> {
+        self.query_in(DATABASE, sql)
+    }
+
+    /// [`PostgresPeer::query`] in database `database`.
+    pub fn query_in(&self, database: &str, sql: &str) -> anyhow::Result<String> {
         let output = Command::new(Path::new(BIN_DIR).join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", DATABASE])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", database])
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
             .env("PGCONNECT_TIMEOUT", "5")
             .output()
