@@ -35,7 +35,8 @@
 //!   single-source view's.
 //! - `bank`: `onehop bench bank` — study 3, a leader/standby ledger on the replicated log.
 //! - `shop`: study 2's shop on onehop — its data, definitions and pages; `onehop bench shop
-//!   --load` writes it into a running server.
+//!   --load` writes it into a running server. `shop_run`: `onehop bench shop --target …`, its
+//!   pages under virtual users against onehop and the microservices stack.
 //!
 //! Every benchmark prints a readable table, shows progress on stderr while it runs, and can end
 //! with JSON lines for machines (`--json`).
@@ -65,6 +66,7 @@ pub mod saturation;
 pub mod schedule;
 pub mod server;
 pub mod shop;
+pub mod shop_run;
 pub mod target;
 pub mod timeline;
 pub mod view_join;

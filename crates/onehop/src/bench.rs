@@ -86,12 +86,21 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
 /// `onehop bench shop --load`: the shop written into a running server.
 fn bench_shop(args: crate::cli::BenchShopArgs) -> anyhow::Result<()> {
     use base64::Engine as _;
-    use onehop_bench::shop;
+    use onehop_bench::{shop, shop_run};
     if !args.load {
-        bail!(
-            "onehop bench shop takes --load: it writes study 2's shop into the server at --url (the side-by-side \
-             run against the microservices stack is not part of onehop yet)"
-        );
+        let targets = args.target.iter().map(|name| shop_run::ShopTarget::parse(name)).collect::<Result<_, _>>()?;
+        let pages = args.pages.iter().map(|name| shop_run::Page::parse(name)).collect::<Result<_, _>>()?;
+        return shop_run::run(&shop_run::ShopOptions {
+            exe: exe()?,
+            dir: args.dir,
+            targets,
+            pages,
+            vus: args.vus,
+            duration: seconds("--duration", args.duration, false)?,
+            seed: args.seed,
+            out: args.out,
+            json: args.json,
+        });
     }
     let Some(address) = args.server.url.strip_prefix("http://") else {
         bail!("--url {}: the loader speaks plain HTTP (http://host:port)", args.server.url);

@@ -483,9 +483,10 @@ pub enum BenchCommand {
     /// A five-input joined view's freshness (write to subscriber) beside a single-source
     /// view's, at a fixed write rate; the server's CPU and RSS.
     ViewJoin(BenchViewJoinArgs),
-    /// Study 2's shop: `--load` writes its catalogue (1 013 products, their inventory, prices
-    /// and reviews) and its pages' views into the server at --url, and waits until the pages
-    /// answer what the data says.
+    /// Study 2's shop: its pages (home, listing, detail) under virtual users with k6's
+    /// semantics against onehop and the microservices stack, each run on a stack of its own
+    /// (needs `scripts/peers install microservices`); or, with `--load`, its catalogue and
+    /// pages written into the server at --url.
     Shop(BenchShopArgs),
     /// Study 3: a leader/standby ledger on a three-node cluster — transfers at a target rate,
     /// the committed transaction log applied by a standby on another node, publication latency
@@ -640,9 +641,28 @@ pub struct BenchQueryArgs {
 /// Flags of `onehop bench shop`.
 #[derive(Args, Debug)]
 pub struct BenchShopArgs {
-    /// Write the shop into the running server: its tables, the pages' views, then the rows.
+    /// Write the shop into the running server at --url (its tables, the pages' views, then the
+    /// rows) instead of measuring.
     #[arg(long)]
     pub load: bool,
+    /// The stacks measured: onehop, microservices (indexed), microservices-as-published.
+    #[arg(long, value_delimiter = ',', default_value = "onehop,microservices,microservices-as-published")]
+    pub target: Vec<String>,
+    /// The pages measured: home, listing, detail.
+    #[arg(long, value_delimiter = ',', default_value = "home,listing,detail")]
+    pub pages: Vec<String>,
+    /// The VU levels, each a run per target and page.
+    #[arg(long, value_delimiter = ',', default_value = "20,200,2000")]
+    pub vus: Vec<u32>,
+    /// Seconds each run lasts.
+    #[arg(long, default_value_t = 60.0)]
+    pub duration: f64,
+    /// Where the stacks keep their data.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Where summary.md, meta.json, the charts and the peers' logs go.
+    #[arg(long, default_value = "results/shop")]
+    pub out: std::path::PathBuf,
     /// The data set's seed (the same seed, the same shop).
     #[arg(long, default_value_t = onehop_bench::shop::DEFAULT_SEED)]
     pub seed: u64,

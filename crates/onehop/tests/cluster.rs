@@ -1924,7 +1924,25 @@ fn a_kafka_consumer_group_spans_nodes_because_every_client_is_sent_to_the_leader
     assert!(partitions.iter().all(|partition| partition["leader"] == leader_id), "{metadata}");
 
     // Two members of one group, each bootstrapped at another follower: one group, which
-    // shares the partitions out, not a group per node.
+    // shares the partitions out, not a group per node. Each follower must know the stream
+    // first: a member told the topic is unknown waits for its next metadata refresh (librdkafka:
+    // 5 minutes), as it would with a Kafka broker that had not heard of the topic yet.
+    for follower in &followers {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let listed = Command::new("kcat")
+                .args(["-L", "-J", "-b", &kafka(&cluster, *follower), "-t", "jobs"])
+                .output()
+                .unwrap();
+            let metadata: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap_or_default();
+            let partitions = metadata["topics"][0]["partitions"].as_array().map_or(0, Vec::len);
+            if partitions == 2 && metadata["topics"][0]["err"].is_null() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "follower {follower} does not list jobs after 20 s: {metadata}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     let members = [
         GroupMember::start(&kafka(&cluster, followers[0]), "workers", "jobs"),
         GroupMember::start(&kafka(&cluster, followers[1]), "workers", "jobs"),

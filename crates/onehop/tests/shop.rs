@@ -116,11 +116,6 @@ fn the_shop_loads_and_its_pages_are_what_the_data_says() {
         assert!(Instant::now() < deadline, "the listing after the restart is not the shop's");
         std::thread::sleep(Duration::from_millis(50));
     }
-
-    // Without --load the command says what it does.
-    let output = onehop().args(["bench", "shop", "--url", &url]).output().unwrap();
-    assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("takes --load"));
 }
 
 /// A page's JSON from the microservices stack's gateway.
@@ -169,4 +164,50 @@ fn the_microservices_stack_answers_the_same_pages_in_both_layouts() {
         assert_eq!(stack.settings()["layout"], layout.name());
         assert_eq!(stack.pids().len(), 6, "Postgres, four services and the gateway");
     }
+}
+
+/// `onehop bench shop` end to end, briefly: onehop and the indexed microservices stack, every
+/// page at 3 VUs for 2 s, each run on a stack of its own. Every page load succeeds on both,
+/// and the report (summary.md with the published figures beside, meta.json, a chart per page)
+/// is written. Needs `scripts/peers install microservices`.
+#[test]
+fn bench_shop_runs_every_page_against_both_stacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    let (stdout, stderr) = run_expecting_success(
+        onehop()
+            .args(["bench", "shop", "--target", "onehop,microservices", "--vus", "3", "--duration", "2", "--json"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--out")
+            .arg(&out),
+    );
+    assert!(stderr.contains("run 6 of 6"), "progress is shown: {stderr}");
+    let lines: Vec<Value> =
+        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(lines.len(), 6, "{stdout}");
+    for line in &lines {
+        let errors = &line["errors"];
+        let failed: u64 =
+            ["timeout", "refused", "reset", "status"].iter().map(|kind| errors[kind].as_u64().unwrap()).sum();
+        assert_eq!(failed, 0, "{line}");
+        assert!(line["ok"].as_u64().unwrap() >= 3, "every VU loaded its page: {line}");
+        assert!(line["cpu_s"].as_f64().unwrap() > 0.0 && line["rss_max_mib"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## listing") && summary.contains("40 740 / 59 998 / 0.45 / 35"), "{summary}");
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["targets"]["microservices"]["layout"], "indexed", "{meta}");
+    for page in ["home", "listing", "detail"] {
+        assert!(std::fs::read_to_string(out.join(format!("shop-{page}.svg"))).unwrap().contains("<svg"));
+    }
+    let output = onehop().args(["bench", "shop", "--target", "kafka"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown shop target kafka"));
+    // Nothing of the runs is left in --dir but the report.
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into())
+        .collect();
+    assert_eq!(left, ["results"], "{left:?}");
 }

@@ -207,6 +207,26 @@ impl PostgresPeer {
         self.query_in(DATABASE, sql)
     }
 
+    /// Runs a script of statements (of any length) in `database` through psql's stdin.
+    pub fn script_in(&self, database: &str, sql: &str) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut child = Command::new(Path::new(BIN_DIR).join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", database])
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-"])
+            .env("PGCONNECT_TIMEOUT", "5")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("running psql")?;
+        child.stdin.take().expect("stdin is piped").write_all(sql.as_bytes()).context("writing to psql")?;
+        let output = child.wait_with_output().context("waiting for psql")?;
+        if !output.status.success() {
+            bail!("psql failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+        }
+        Ok(())
+    }
+
     /// [`PostgresPeer::query`] in database `database`.
     pub fn query_in(&self, database: &str, sql: &str) -> anyhow::Result<String> {
         let output = Command::new(Path::new(BIN_DIR).join("psql"))

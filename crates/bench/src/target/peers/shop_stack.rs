@@ -109,14 +109,15 @@ impl ShopStack {
         for ((service, schema), (_, tables)) in layout.schemas().iter().zip(SERVICE_TABLES) {
             let database = format!("shop_{service}");
             postgres.query(&format!("CREATE DATABASE {database}"))?;
-            postgres.query_in(&database, schema).with_context(|| format!("making {service}'s tables"))?;
+            let mut script = format!("{schema};\n");
             for table in tables {
-                // One statement at a time: a command-line argument holds at most 128 KiB.
                 for insert in shop.inserts_of(table) {
-                    postgres.query_in(&database, &insert).with_context(|| format!("writing {service}'s {table}"))?;
+                    script.push_str(&insert);
+                    script.push_str(";\n");
                 }
             }
-            postgres.query_in(&database, "ANALYZE")?;
+            script.push_str("ANALYZE;\n");
+            postgres.script_in(&database, &script).with_context(|| format!("writing {service}'s tables"))?;
         }
         let mut processes = Vec::new();
         let mut bases = Vec::new();

@@ -1,0 +1,546 @@
+//! `onehop bench shop --target …` (study 2): the shop's pages under virtual users with k6's
+//! semantics, against onehop and the microservices stack, in one invocation.
+//!
+//! k6 cannot be installed here, so the harness is the load: each virtual user (VU) has its own
+//! keep-alive connection and loops — GET the page, check the status and the body's length,
+//! `sleep(1)` — with a 60 s request timeout, every VU started at once (no ramp), for the run's
+//! duration. A page run is one target, one page, one VU level, on a stack started for it and
+//! stopped after it, so no run inherits another's state (the study's crashed gateway made its
+//! later rows "0 ms, 100 % errors").
+//!
+//! - home: `GET /` (the HTML, from onehop's `--static-dir` or the gateway) and the first 8
+//!   products, one after the other: one page load, timed whole.
+//! - listing: the whole catalogue (1 013 products).
+//! - detail: one product, a different one each time (each VU draws from the catalogue).
+//!
+//! Per run: p50, p95, p99, p99.9 of the successful page loads, requests per second, errors by
+//! kind (timeout, refused, reset, status: a status other than 200 or a body shorter than the
+//! page's), and the target's CPU and peak RSS (every process of it, sampled each second).
+//! Writes summary.md (with the study's published figures beside, other hardware),
+//! meta.json and one percentile chart per page under `--out`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::client::http1;
+use crate::histogram::{Percentiles, latency_histogram, ms, record};
+use crate::plan::Rng;
+use crate::plot::Chart;
+use crate::server::ServerProcess;
+use crate::shop::{self, Shop};
+use crate::target::peers::shop_stack::{Layout, ShopStack};
+
+/// k6's default request timeout, as the study's script left it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The pause after each iteration (`sleep(1)`).
+const THINK_TIME: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShopTarget {
+    Onehop,
+    Microservices,
+    MicroservicesAsPublished,
+}
+
+impl ShopTarget {
+    pub fn parse(name: &str) -> anyhow::Result<ShopTarget> {
+        Ok(match name {
+            "onehop" => ShopTarget::Onehop,
+            "microservices" => ShopTarget::Microservices,
+            "microservices-as-published" => ShopTarget::MicroservicesAsPublished,
+            other => bail!("unknown shop target {other}: onehop, microservices, microservices-as-published"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ShopTarget::Onehop => "onehop",
+            ShopTarget::Microservices => "microservices",
+            ShopTarget::MicroservicesAsPublished => "microservices-as-published",
+        }
+    }
+
+    /// The requests of one load of `page` (a detail's product id given).
+    fn targets(self, page: Page, product: &str) -> Vec<String> {
+        let onehop = self == ShopTarget::Onehop;
+        match (page, onehop) {
+            (Page::Home, true) => vec!["/".into(), "/views/product_pages?limit=8".into()],
+            (Page::Home, false) => vec!["/".into(), "/api/products?limit=8".into()],
+            (Page::Listing, true) => vec!["/views/product_pages?limit=10000".into()],
+            (Page::Listing, false) => vec!["/api/products?limit=10000".into()],
+            (Page::Detail, true) => vec![format!("/views/product_pages/{product}")],
+            (Page::Detail, false) => vec![format!("/api/products/{product}")],
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Page {
+    Home,
+    Listing,
+    Detail,
+}
+
+impl Page {
+    pub fn parse(name: &str) -> anyhow::Result<Page> {
+        Ok(match name {
+            "home" => Page::Home,
+            "listing" => Page::Listing,
+            "detail" => Page::Detail,
+            other => bail!("unknown page {other}: home, listing, detail"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Page::Home => "home",
+            Page::Listing => "listing",
+            Page::Detail => "detail",
+        }
+    }
+
+    /// The shortest body each request of the page may have: the check k6's script makes.
+    fn min_bytes(self) -> &'static [usize] {
+        match self {
+            Page::Home => &[1000, 2000],
+            Page::Listing => &[300_000],
+            Page::Detail => &[200],
+        }
+    }
+}
+
+pub struct ShopOptions {
+    pub exe: PathBuf,
+    pub dir: PathBuf,
+    pub targets: Vec<ShopTarget>,
+    pub pages: Vec<Page>,
+    pub vus: Vec<u32>,
+    pub duration: Duration,
+    pub seed: u64,
+    pub out: PathBuf,
+    pub json: bool,
+}
+
+/// Errors of a run, by kind.
+#[derive(Default)]
+struct Errors {
+    timeout: AtomicU64,
+    refused: AtomicU64,
+    reset: AtomicU64,
+    status: AtomicU64,
+}
+
+/// What one page run measured.
+struct RunResult {
+    target: ShopTarget,
+    page: Page,
+    vus: u32,
+    latency: Histogram<u64>,
+    loads: u64,
+    seconds: f64,
+    errors: [u64; 4],
+    cpu_s: f64,
+    rss_max_bytes: u64,
+    first_error: Option<String>,
+}
+
+/// The stack a run measures: onehop, or the microservices.
+enum Stack {
+    Onehop(ServerProcess),
+    Micro(ShopStack),
+}
+
+impl Stack {
+    fn start(target: ShopTarget, options: &ShopOptions, shop: &Shop, work: &std::path::Path) -> anyhow::Result<Stack> {
+        let site = work.join("site");
+        shop::write_site(&site)?;
+        match target {
+            ShopTarget::Onehop => {
+                let site_arg = site.to_str().context("the site's path is not UTF-8")?;
+                let server = ServerProcess::start(&options.exe, work, &["--static-dir", site_arg])?;
+                let address = server.url.trim_start_matches("http://").to_string();
+                shop::load_onehop(&address, None, shop, |_| {})?;
+                Ok(Stack::Onehop(server))
+            }
+            ShopTarget::Microservices | ShopTarget::MicroservicesAsPublished => {
+                let layout = if target == ShopTarget::Microservices { Layout::Indexed } else { Layout::Published };
+                let logs = options.out.join("peer-logs").join(target.name());
+                std::fs::create_dir_all(&logs)?;
+                Ok(Stack::Micro(ShopStack::start(work, &logs, layout, shop, &site)?))
+            }
+        }
+    }
+
+    fn address(&self) -> String {
+        match self {
+            Stack::Onehop(server) => server.url.trim_start_matches("http://").to_string(),
+            Stack::Micro(stack) => stack.address().to_string(),
+        }
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        match self {
+            Stack::Onehop(server) => vec![server.pid()],
+            Stack::Micro(stack) => stack.pids(),
+        }
+    }
+
+    fn settings(&self) -> Value {
+        match self {
+            Stack::Onehop(_) => json!({
+                "stack": "onehop serve, one node, its defaults",
+                "pages": "the joined view product_pages (review_summaries joined in), the home page from --static-dir",
+            }),
+            Stack::Micro(stack) => stack.settings(),
+        }
+    }
+}
+
+/// Lets this process (and the stacks it starts) hold a socket per VU: the soft file limit
+/// raised to the hard one.
+fn raise_file_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+    }
+    limit.rlim_cur
+}
+
+/// The resident memory of `pid`, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// One VU's loop until `until`.
+#[allow(clippy::too_many_arguments)]
+async fn virtual_user(
+    number: u32,
+    address: Arc<String>,
+    target: ShopTarget,
+    page: Page,
+    products: Arc<Vec<String>>,
+    until: Instant,
+    errors: Arc<Errors>,
+    first_error: Arc<std::sync::Mutex<Option<String>>>,
+) -> (Histogram<u64>, u64) {
+    let mut histogram = latency_histogram();
+    let mut loads = 0u64;
+    let mut rng = Rng::new(0x5107_2000, u64::from(number));
+    let mut connection: Option<tokio::net::TcpStream> = None;
+    let mut buffer = Vec::with_capacity(64 * 1024);
+    let note = |kind: &AtomicU64, what: String| {
+        kind.fetch_add(1, Ordering::Relaxed);
+        let mut first = first_error.lock().expect("first error lock");
+        if first.is_none() {
+            *first = Some(what);
+        }
+    };
+    while Instant::now() < until {
+        let product = &products[rng.below(products.len() as u32) as usize];
+        let requests = target.targets(page, product);
+        let started = Instant::now();
+        let mut failed = false;
+        for (request, min_bytes) in requests.iter().zip(page.min_bytes()) {
+            if connection.is_none() {
+                match tokio::net::TcpStream::connect(address.as_str()).await {
+                    Ok(stream) => {
+                        let _ = stream.set_nodelay(true);
+                        connection = Some(stream);
+                    }
+                    Err(error) => {
+                        let kind = if error.kind() == std::io::ErrorKind::ConnectionRefused {
+                            &errors.refused
+                        } else {
+                            &errors.reset
+                        };
+                        note(kind, format!("connecting: {error}"));
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            let stream = connection.as_mut().expect("connected above");
+            let exchange = async {
+                stream.write_all(&http1::request("GET", address.as_str(), request, None, None, b"")).await?;
+                buffer.clear();
+                let mut chunk = [0u8; 64 * 1024];
+                loop {
+                    let read = stream.read(&mut chunk).await?;
+                    if read == 0 {
+                        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "closed mid-response"));
+                    }
+                    buffer.extend_from_slice(&chunk[..read]);
+                    if let Some((status, body, _)) = http1::parse_response(&buffer).map_err(std::io::Error::other)? {
+                        return Ok((status, body.len()));
+                    }
+                }
+            };
+            match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+                Err(_) => {
+                    note(&errors.timeout, format!("GET {request}: no answer in {REQUEST_TIMEOUT:?}"));
+                    connection = None;
+                    failed = true;
+                }
+                Ok(Err(error)) => {
+                    note(&errors.reset, format!("GET {request}: {error}"));
+                    connection = None;
+                    failed = true;
+                }
+                Ok(Ok((status, length))) if status != 200 || length < *min_bytes => {
+                    note(&errors.status, format!("GET {request}: status {status}, {length} bytes"));
+                    failed = true;
+                }
+                Ok(Ok(_)) => {}
+            }
+            if failed {
+                break;
+            }
+        }
+        if !failed {
+            record(&mut histogram, started.elapsed().as_nanos() as u64);
+        }
+        loads += 1;
+        tokio::time::sleep(THINK_TIME).await;
+    }
+    (histogram, loads)
+}
+
+/// One page run against a started stack.
+fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop, duration: Duration) -> RunResult {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    let address = Arc::new(stack.address());
+    let products: Arc<Vec<String>> = Arc::new(shop.products.iter().map(|product| product.id.clone()).collect());
+    let errors = Arc::new(Errors::default());
+    let first_error = Arc::new(std::sync::Mutex::new(None));
+    let pids = stack.pids();
+    let cpu_before: u64 = pids.iter().filter_map(|pid| crate::host::process_cpu_ns(*pid)).sum();
+    let started = Instant::now();
+    let until = started + duration;
+    let (latency, loads, rss_max_bytes) = runtime.block_on(async {
+        let tasks: Vec<_> = (0..vus)
+            .map(|number| {
+                tokio::spawn(virtual_user(
+                    number,
+                    address.clone(),
+                    target,
+                    page,
+                    products.clone(),
+                    until,
+                    errors.clone(),
+                    first_error.clone(),
+                ))
+            })
+            .collect();
+        let mut rss_max = 0u64;
+        while Instant::now() < until {
+            rss_max = rss_max.max(pids.iter().map(|pid| rss_bytes(*pid)).sum());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let (mut latency, mut loads) = (latency_histogram(), 0u64);
+        for task in tasks {
+            if let Ok((histogram, count)) = task.await {
+                crate::histogram::merge(&mut latency, &histogram);
+                loads += count;
+            }
+        }
+        (latency, loads, rss_max)
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_after: u64 = pids.iter().filter_map(|pid| crate::host::process_cpu_ns(*pid)).sum();
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let first_error = first_error.lock().expect("first error lock").clone();
+    RunResult {
+        target,
+        page,
+        vus,
+        latency,
+        loads,
+        seconds,
+        errors: [load(&errors.timeout), load(&errors.refused), load(&errors.reset), load(&errors.status)],
+        cpu_s: cpu_after.saturating_sub(cpu_before) as f64 / 1e9,
+        rss_max_bytes,
+        first_error,
+    }
+}
+
+/// The study's published figures (M1 Max, 10 cores): p50 / p95 ms, req/s, error %, by page and
+/// VU level; the microservices' then the study's own unified runtime's.
+const PUBLISHED: [(&str, u32, &str, &str); 9] = [
+    ("home", 20, "7.25 / 10.2 / 19.8 / 0", "2.94 / 6.55 / 19.9 / 0"),
+    ("listing", 20, "40 740 / 59 998 / 0.45 / 35", "5.04 / 15.7 / 19.9 / 0"),
+    ("detail", 20, "8.62 / 20.4 / 19.8 / 3.3", "3.12 / 7.22 / 19.9 / 0"),
+    ("home", 200, "7.07 / 15.4 / 198 / 0", "0.88 / 7.04 / 199 / 0"),
+    ("listing", 200, "59 996 / 59 998 / 3.3 / 100", "3.13 / 45.0 / 197 / 0"),
+    ("detail", 200, "– / – / 54.7 / 100", "1.39 / 15.9 / 199 / 0"),
+    ("home", 2000, "2.31 / 45.5 / 1 934 / 0.02", "0.73 / 15.0 / 1 941 / 0"),
+    ("listing", 2000, "– / – / 812 / 100", "245 / 846 / 603 / 23"),
+    ("detail", 2000, "– / – / 1 985 / 100", "2.01 / 41.3 / 1 941 / 0"),
+];
+
+pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
+    if options.targets.is_empty() || options.pages.is_empty() || options.vus.is_empty() {
+        bail!("bench shop needs at least one target, page and VU level");
+    }
+    if options.vus.contains(&0) {
+        bail!("--vus: a VU level is at least 1");
+    }
+    std::fs::create_dir_all(&options.out).with_context(|| format!("creating {}", options.out.display()))?;
+    let file_limit = raise_file_limit();
+    let most = u64::from(*options.vus.iter().max().expect("checked non-empty"));
+    if file_limit < most * 2 + 256 {
+        bail!("the file limit is {file_limit}: {most} VUs need a socket each on both sides (ulimit -Hn)");
+    }
+    let shop = Shop::generate(options.seed);
+    let mut results = Vec::new();
+    let mut settings = serde_json::Map::new();
+    let runs = options.targets.len() * options.pages.len() * options.vus.len();
+    let mut done = 0;
+    for &target in &options.targets {
+        for &page in &options.pages {
+            for &vus in &options.vus {
+                done += 1;
+                eprintln!(
+                    "== run {done} of {runs}: {} {} at {vus} VUs for {} s (starting the stack)",
+                    target.name(),
+                    page.name(),
+                    options.duration.as_secs()
+                );
+                let work = tempfile::Builder::new().prefix("onehop-bench-shop-").tempdir_in(&options.dir)?;
+                let stack = Stack::start(target, options, &shop, work.path())
+                    .with_context(|| format!("starting {}", target.name()))?;
+                settings.insert(target.name().to_string(), stack.settings());
+                let result = page_run(target, page, vus, &stack, &shop, options.duration);
+                let p = Percentiles::of(&result.latency);
+                eprintln!(
+                    "   p50 {} ms, p95 {} ms, {:.1} loads/s, {} errors",
+                    ms(p.p50_ns),
+                    ms(p.p95_ns),
+                    result.loads as f64 / result.seconds,
+                    result.errors.iter().sum::<u64>()
+                );
+                drop(stack);
+                results.push(result);
+            }
+        }
+    }
+    let summary = summary(options, &results);
+    std::fs::write(options.out.join("summary.md"), &summary)?;
+    for &page in &options.pages {
+        let series: Vec<(String, &Histogram<u64>)> = results
+            .iter()
+            .filter(|result| result.page == page && !result.latency.is_empty())
+            .map(|result| (format!("{} {} VUs", result.target.name(), result.vus), &result.latency))
+            .collect();
+        let named: Vec<(&str, &Histogram<u64>)> = series.iter().map(|(name, h)| (name.as_str(), *h)).collect();
+        let chart = Chart::percentiles(format!("study 2, {} page: page-load latency", page.name()), "ms", &named);
+        std::fs::write(options.out.join(format!("shop-{}.svg", page.name())), chart.to_svg())?;
+    }
+    let lines: Vec<Value> = results.iter().map(json_line).collect();
+    let meta = json!({
+        "workload": "shop",
+        "study": "study 2 (../shared/BENCHMARKS.md): the e-commerce pages",
+        "load": {
+            "model": "closed loop with k6's semantics: each VU its own keep-alive connection, GET, check, sleep 1 s",
+            "request_timeout_s": REQUEST_TIMEOUT.as_secs(),
+            "duration_s": options.duration.as_secs_f64(),
+            "vus": options.vus,
+            "file_limit": file_limit,
+        },
+        "data": {"seed": options.seed, "products": shop.products.len(), "reviews": shop.reviews.len()},
+        "targets": settings,
+        "runs": lines,
+    });
+    std::fs::write(options.out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
+    print!("{summary}");
+    if options.json {
+        for line in &lines {
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
+fn json_line(result: &RunResult) -> Value {
+    let p = Percentiles::of(&result.latency);
+    json!({
+        "workload": "shop",
+        "target": result.target.name(),
+        "page": result.page.name(),
+        "vus": result.vus,
+        "loads": result.loads,
+        "ok": p.count,
+        "loads_per_s": result.loads as f64 / result.seconds,
+        "p50_ms": p.p50_ns as f64 / 1e6,
+        "p95_ms": p.p95_ns as f64 / 1e6,
+        "p99_ms": p.p99_ns as f64 / 1e6,
+        "p999_ms": p.p999_ns as f64 / 1e6,
+        "errors": {"timeout": result.errors[0], "refused": result.errors[1], "reset": result.errors[2], "status": result.errors[3]},
+        "first_error": result.first_error,
+        "cpu_s": result.cpu_s,
+        "rss_max_mib": result.rss_max_bytes as f64 / 1048576.0,
+    })
+}
+
+fn summary(options: &ShopOptions, results: &[RunResult]) -> String {
+    let mut text = String::from("# onehop bench shop (study 2)\n\n");
+    text.push_str(&format!(
+        "Virtual users with k6's semantics (own keep-alive connection, GET, check, sleep 1 s, 60 s timeout), \
+         {} s per run, each run on a stack started for it. Latency of successful page loads (home: the HTML and \
+         the first 8 products); CPU and peak RSS of every process of the target.\n\n",
+        options.duration.as_secs()
+    ));
+    for &page in &options.pages {
+        text.push_str(&format!("## {}\n\n", page.name()));
+        text.push_str(
+            "| target | VUs | p50 ms | p95 | p99 | p99.9 | loads/s | errors (timeout/refused/reset/status) | CPU s | RSS MiB |\n\
+             |---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
+        );
+        for result in results.iter().filter(|result| result.page == page) {
+            let p = Percentiles::of(&result.latency);
+            text.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {:.1} | {} / {} / {} / {} | {:.1} | {:.0} |\n",
+                result.target.name(),
+                result.vus,
+                ms(p.p50_ns),
+                ms(p.p95_ns),
+                ms(p.p99_ns),
+                ms(p.p999_ns),
+                result.loads as f64 / result.seconds,
+                result.errors[0],
+                result.errors[1],
+                result.errors[2],
+                result.errors[3],
+                result.cpu_s,
+                result.rss_max_bytes as f64 / 1048576.0
+            ));
+        }
+        text.push_str("\nPublished (the study, M1 Max, 10 cores; p50 / p95 ms / req/s / error %):\n\n");
+        text.push_str("| VUs | microservices | the study's unified runtime |\n|---:|---|---|\n");
+        for (_, vus, micro, unified) in PUBLISHED.iter().filter(|(name, ..)| *name == page.name()) {
+            text.push_str(&format!("| {vus} | {micro} | {unified} |\n"));
+        }
+        text.push('\n');
+        if let Some(error) = results.iter().filter(|result| result.page == page).find_map(|r| r.first_error.clone()) {
+            text.push_str(&format!("First error seen: {error}\n\n"));
+        }
+    }
+    text
+}
