@@ -189,24 +189,16 @@ fn http_date(time: std::time::SystemTime) -> String {
     const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
     const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     let seconds = time.duration_since(UNIX_EPOCH).map(|since| since.as_secs()).unwrap_or(0);
-    let (days, rest) = (seconds / 86_400, seconds % 86_400);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    // RFC 3339 (`2026-12-03T08:49:37Z`) has the date's parts in place.
+    let stamp = humantime::format_rfc3339_seconds(UNIX_EPOCH + std::time::Duration::from_secs(seconds)).to_string();
+    let month = stamp.get(5..7).and_then(|month| month.parse::<usize>().ok()).unwrap_or(1);
     format!(
-        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
-        DAYS[(days % 7) as usize],
-        MONTHS[(month - 1) as usize],
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
+        "{}, {} {} {} {} GMT",
+        DAYS[(seconds / 86_400 % 7) as usize],
+        &stamp[8..10],
+        MONTHS[month.clamp(1, 12) - 1],
+        &stamp[0..4],
+        &stamp[11..19]
     )
 }
 
