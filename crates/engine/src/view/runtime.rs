@@ -122,7 +122,9 @@ impl View {
         restored: Restored,
     ) -> View {
         let Restored { incarnation, mut state, write_everything, change_end, .. } = restored;
-        if table.is_none() {
+        // Only a view over a stream checkpoints what changed; one over a table or a join is
+        // rebuilt from its inputs at start, and tracking its changes would only grow.
+        if table.is_none() && def.join.is_none() {
             state.track_unsaved(write_everything);
         }
         let quiet = ViewDef { emit_changes: false, emit_final: false, ..def.clone() };
