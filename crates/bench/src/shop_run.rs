@@ -147,7 +147,7 @@ struct RunResult {
     seconds: f64,
     errors: [u64; 4],
     cpu_s: f64,
-    rss_max_bytes: u64,
+    rss_max_mib: f64,
     first_error: Option<String>,
 }
 
@@ -216,17 +216,6 @@ fn raise_file_limit() -> u64 {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
     }
     limit.rlim_cur
-}
-
-/// The resident memory of `pid`, in bytes.
-fn rss_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .map_or(0, |kib| kib * 1024)
 }
 
 /// One VU's loop until `until`.
@@ -334,7 +323,7 @@ fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop
     let cpu_before: u64 = pids.iter().filter_map(|pid| crate::host::process_cpu_ns(*pid)).sum();
     let started = Instant::now();
     let until = started + duration;
-    let (latency, loads, rss_max_bytes) = runtime.block_on(async {
+    let (latency, loads, rss_max_mib) = runtime.block_on(async {
         let tasks: Vec<_> = (0..vus)
             .map(|number| {
                 tokio::spawn(virtual_user(
@@ -349,9 +338,9 @@ fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop
                 ))
             })
             .collect();
-        let mut rss_max = 0u64;
+        let mut rss_max = 0f64;
         while Instant::now() < until {
-            rss_max = rss_max.max(pids.iter().map(|pid| rss_bytes(*pid)).sum());
+            rss_max = rss_max.max(pids.iter().filter_map(|pid| crate::run::rss_mb(*pid)).sum());
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         let (mut latency, mut loads) = (latency_histogram(), 0u64);
@@ -376,7 +365,7 @@ fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop
         seconds,
         errors: [load(&errors.timeout), load(&errors.refused), load(&errors.reset), load(&errors.status)],
         cpu_s: cpu_after.saturating_sub(cpu_before) as f64 / 1e9,
-        rss_max_bytes,
+        rss_max_mib,
         first_error,
     }
 }
@@ -495,7 +484,7 @@ fn json_line(result: &RunResult) -> Value {
         "errors": {"timeout": result.errors[0], "refused": result.errors[1], "reset": result.errors[2], "status": result.errors[3]},
         "first_error": result.first_error,
         "cpu_s": result.cpu_s,
-        "rss_max_mib": result.rss_max_bytes as f64 / 1048576.0,
+        "rss_max_mib": result.rss_max_mib,
     })
 }
 
@@ -529,7 +518,7 @@ fn summary(options: &ShopOptions, results: &[RunResult]) -> String {
                 result.errors[2],
                 result.errors[3],
                 result.cpu_s,
-                result.rss_max_bytes as f64 / 1048576.0
+                result.rss_max_mib
             ));
         }
         text.push_str("\nPublished (the study, M1 Max, 10 cores; p50 / p95 ms / req/s / error %):\n\n");
