@@ -319,6 +319,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_QUERY_STREAM_RECORDS_MAX", value_name = "RECORDS")]
     pub query_stream_records_max: Option<u64>,
 
+    /// How often a view or transform checkpoints where it is while it runs, in milliseconds
+    /// (Kafka Streams' commit.interval.ms): a restart replays about this much [default: 1000].
+    #[arg(long, env = "ONEHOP_CHECKPOINT_INTERVAL_MS", value_name = "MS")]
+    pub checkpoint_interval_ms: Option<u64>,
+
     /// Seconds a Postgres session may wait for its client's next message before it is closed
     /// (Postgres's idle_session_timeout) [default: 3600].
     #[arg(long, env = "ONEHOP_PG_IDLE_TIMEOUT_S", value_name = "SECONDS")]

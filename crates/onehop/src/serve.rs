@@ -81,6 +81,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         query_memory_bytes_max: settings.query_memory_max,
         query_time_max: settings.query_time_max,
         query_stream_records_max: settings.query_stream_records_max,
+        checkpoint_interval: settings.checkpoint_interval,
     };
     let engine = {
         let log = log.clone();

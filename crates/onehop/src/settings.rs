@@ -92,6 +92,7 @@ struct FileSettings {
     query_memory_max: Option<Size>,
     query_time_max_s: Option<u64>,
     query_stream_records_max: Option<u64>,
+    checkpoint_interval_ms: Option<u64>,
     kafka_authentication_timeout_s: Option<u64>,
     http_body_bytes_in_flight_max: Option<Size>,
     shutdown_timeout_s: Option<u64>,
@@ -283,6 +284,8 @@ pub struct Settings {
     pub query_time_max: Duration,
     /// Stream records one SQL query may read.
     pub query_stream_records_max: u64,
+    /// How often views and transforms checkpoint while they run.
+    pub checkpoint_interval: Duration,
     /// Time a Kafka connection has to log in once users exist.
     pub kafka_authentication_timeout: Duration,
     /// Bytes of HTTP request bodies in memory at once.
@@ -610,6 +613,11 @@ impl Settings {
         if query_memory_max == 0 || query_stream_records_max == 0 {
             bail!("query_memory_max and query_stream_records_max must be at least 1");
         }
+        let checkpoint_interval = match args.checkpoint_interval_ms.or(file.checkpoint_interval_ms) {
+            Some(0) => bail!("checkpoint_interval_ms must be at least 1"),
+            Some(ms) => Duration::from_millis(ms),
+            None => engine_defaults.checkpoint_interval,
+        };
         let kafka_authentication_timeout = seconds(
             args.kafka_authentication_timeout_s,
             file.kafka_authentication_timeout_s,
@@ -705,6 +713,7 @@ impl Settings {
             query_memory_max,
             query_time_max,
             query_stream_records_max,
+            checkpoint_interval,
             kafka_authentication_timeout,
             http_body_read_timeout,
             http_body_bytes_in_flight_max,

@@ -197,3 +197,49 @@ fn a_merge_split_into_words_after_kill_9_at_random_instants_writes_each_word_onc
     counts_settle(server.address, &counts);
     assert!(acknowledged.len() as u64 > WORD_CYCLES * 20, "writes went on between the kills: {}", acknowledged.len());
 }
+
+/// Readings a crashed run leaves past its checkpoint in the next test: enough that replaying
+/// them takes the restart far longer than its checkpoint interval.
+const REPLAYED_READINGS: u64 = 200_000;
+
+/// Whether SHOW TRANSFORMS says `alerts` is still replaying what its source held at its start.
+fn alerts_restoring(address: SocketAddr) -> bool {
+    let body: Value = serde_json::from_str(&sql(address, "SHOW TRANSFORMS")).unwrap();
+    let result = &body["results"][0];
+    let column = result["columns"].as_array().unwrap().iter().position(|name| name == "restoring").unwrap();
+    let row = result["rows"].as_array().unwrap().iter().find(|row| row[0] == "alerts").expect("alerts is listed");
+    row[column] == true
+}
+
+/// The replay after a crash leaves out the records the crashed run wrote past its checkpoint,
+/// and a crash in the middle of that replay must not make the next start forget them: a run
+/// that checkpoints once an hour crashes with a long stretch of readings transformed past its
+/// checkpoint, a restart that checkpoints every 10 ms is killed while it replays that stretch,
+/// and a third start follows. Each reading's alert is written once.
+#[test]
+fn a_crash_in_the_middle_of_the_replay_after_a_crash_writes_no_record_twice() {
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    sql(server.address, SCHEMA);
+    publish_in_batches(server.address, "readings", &(0..100).map(reading).collect::<Vec<_>>(), 100);
+    // A clean stop checkpoints: the next run starts past these 100.
+    server.signal("TERM");
+    assert!(server.wait_exit().success());
+    let mut server = dir.start(&["--checkpoint-interval-ms", "3600000"], &[]);
+    let readings: Vec<Value> = (100..100 + REPLAYED_READINGS).map(reading).collect();
+    publish_in_batches(server.address, "readings", &readings, 5000);
+    let expected: BTreeMap<u64, Value> =
+        (0..100 + REPLAYED_READINGS).filter_map(|seq| alert(seq).map(|value| (seq, value))).collect();
+    settled(server.address, expected.len());
+    server.kill_9();
+    // The restart replays the readings from the checkpoint, leaving out their alerts.
+    let mut server = dir.start(&["--checkpoint-interval-ms", "10"], &[]);
+    server.wait_for_line("found output written after the last checkpoint");
+    // Many checkpoint intervals into the replay, and before its end.
+    std::thread::sleep(Duration::from_secs(1));
+    let restoring = alerts_restoring(server.address);
+    server.kill_9();
+    assert!(restoring, "killed in the middle of the replay");
+    let server = dir.start(&[], &[]);
+    assert_eq!(settled(server.address, expected.len()), expected);
+}

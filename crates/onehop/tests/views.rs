@@ -181,41 +181,17 @@ fn committed_changes(kafka: SocketAddr, view: &str) -> BTreeMap<String, Vec<Valu
     changes
 }
 
-/// A view's change stream holds each change once across kill -9: a count per word, the server
-/// killed at random instants while words are published, 20 times. Read by a Kafka consumer
-/// with read_committed, each word's changes are its counts 1, 2, …, n in order, n being how
-/// many times the source holds the word: none written twice by a replay, none left out.
-#[test]
-fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants() {
-    let dir = DataDir::new();
-    let mut server = dir.start(&[], &[]);
-    sql(
-        server.address,
-        "CREATE STREAM words WITH (partitions = 3); \
-         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
-    );
-    let mut rng = Rng::new(0x0000_c0de_c0c0_0001, 0);
-    let mut published = 0usize;
-    for _ in 0..COUNT_CYCLES {
-        let killer = server.kill_9_after(Duration::from_millis(200 + u64::from(rng.below(1500))));
-        loop {
-            let batch: Vec<Value> = (0..50).map(|_| json!({ "word": format!("w{}", rng.below(30)) })).collect();
-            if !publish_batch(server.address, "words", &batch) {
-                break;
-            }
-            published += batch.len();
-        }
-        killer.join().unwrap();
-        server.kill_9();
-        server = dir.start(&[], &[]);
-    }
+/// Once the view `word_counts` over `source` (3 partitions) has settled: it holds each word's
+/// count in the source, and its change stream, read by a Kafka consumer with read_committed,
+/// holds each word's counts 1, 2, …, n once, in order, each with the count before it. The
+/// counts, by word.
+fn each_count_once(server: &common::Server, source: &str) -> BTreeMap<String, u64> {
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
-    for record in common::stream_records(server.address, "words", 3) {
+    for record in common::stream_records(server.address, source, 3) {
         *expected.entry(record["value"]["word"].as_str().unwrap().to_string()).or_default() += 1;
     }
-    assert!(expected.values().sum::<u64>() >= published as u64, "every acknowledged word is stored");
     // The view settles on the source's counts.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (rows, restoring) = common::view_first_rows(server.address, "word_counts");
         let counts: BTreeMap<String, u64> =
@@ -250,5 +226,89 @@ fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants
             assert_eq!(before, (count > 1).then(|| count - 1), "{word}: {row}");
         }
     }
+    expected
+}
+
+/// A view's change stream holds each change once across kill -9: a count per word, the server
+/// killed at random instants while words are published, 20 times. Read by a Kafka consumer
+/// with read_committed, each word's changes are its counts 1, 2, …, n in order, n being how
+/// many times the source holds the word: none written twice by a replay, none left out.
+#[test]
+fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants() {
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    sql(
+        server.address,
+        "CREATE STREAM words WITH (partitions = 3); \
+         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
+    );
+    let mut rng = Rng::new(0x0000_c0de_c0c0_0001, 0);
+    let mut published = 0usize;
+    for _ in 0..COUNT_CYCLES {
+        let killer = server.kill_9_after(Duration::from_millis(200 + u64::from(rng.below(1500))));
+        loop {
+            let batch: Vec<Value> = (0..50).map(|_| json!({ "word": format!("w{}", rng.below(30)) })).collect();
+            if !publish_batch(server.address, "words", &batch) {
+                break;
+            }
+            published += batch.len();
+        }
+        killer.join().unwrap();
+        server.kill_9();
+        server = dir.start(&[], &[]);
+    }
+    let expected = each_count_once(&server, "words");
+    assert!(expected.values().sum::<u64>() >= published as u64, "every acknowledged word is stored");
     assert!(published as u64 > COUNT_CYCLES * 50, "words went on between the kills: {published}");
+}
+
+/// Words of the backlog a crashed run leaves past its checkpoint in the next test: enough
+/// that replaying them takes the restart far longer than its checkpoint interval.
+const REPLAYED_WORDS: usize = 200_000;
+
+/// The replay after a crash leaves out the changes the crashed run wrote past its checkpoint,
+/// and a crash in the middle of that replay must not make the next start forget them: a run
+/// that checkpoints once an hour crashes with a long stretch of words counted past its
+/// checkpoint, a restart that checkpoints every 10 ms is killed while it replays that stretch,
+/// and a third start follows. Each count is in the change stream once, in order.
+#[test]
+fn a_crash_in_the_middle_of_the_replay_after_a_crash_writes_no_change_twice() {
+    let dir = DataDir::new();
+    let mut server = dir.start(&[], &[]);
+    sql(
+        server.address,
+        "CREATE STREAM words WITH (partitions = 3); \
+         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
+    );
+    let word = |i: usize| json!({ "word": format!("w{}", (i * 7) % 30) });
+    publish_in_batches(server.address, "words", &(0..30).map(word).collect::<Vec<_>>(), 30);
+    // A clean stop checkpoints: the next run starts past these 30.
+    server.signal("TERM");
+    assert!(server.wait_exit().success());
+    let mut server = dir.start(&["--checkpoint-interval-ms", "3600000"], &[]);
+    let words: Vec<Value> = (30..30 + REPLAYED_WORDS).map(word).collect();
+    publish_in_batches(server.address, "words", &words, 5000);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (rows, _) = common::view_first_rows(server.address, "word_counts");
+        let counted: u64 = rows.values().map(|row| row["count"].as_u64().unwrap()).sum();
+        if counted == (30 + REPLAYED_WORDS) as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the view did not count every word: {counted}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.kill_9();
+    // The restart replays the 200 000 words from the checkpoint, leaving out their changes.
+    let mut server = dir.start(&["--checkpoint-interval-ms", "10"], &[]);
+    server.wait_for_line("found changes written after the last checkpoint");
+    // Many checkpoint intervals into the replay (some 20 000 words a second in a debug
+    // build), and before its end.
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, restoring) = common::view_first_rows(server.address, "word_counts");
+    server.kill_9();
+    assert!(restoring, "killed in the middle of the replay");
+    let server = dir.start(&[], &[]);
+    let counts = each_count_once(&server, "words");
+    assert_eq!(counts.values().sum::<u64>(), (30 + REPLAYED_WORDS) as u64);
 }

@@ -68,6 +68,9 @@ pub struct EngineOptions {
     pub query_time_max: std::time::Duration,
     /// Stream records one ad-hoc query may read.
     pub query_stream_records_max: u64,
+    /// How often a view or transform checkpoints where it is while it runs, at most (Kafka
+    /// Streams' `commit.interval.ms`): what a restart replays is about this long.
+    pub checkpoint_interval: std::time::Duration,
 }
 
 impl Default for EngineOptions {
@@ -84,6 +87,7 @@ impl Default for EngineOptions {
             query_memory_bytes_max: 256 * 1024 * 1024,
             query_time_max: std::time::Duration::from_secs(30),
             query_stream_records_max: 1_000_000,
+            checkpoint_interval: std::time::Duration::from_secs(1),
         }
     }
 }
@@ -179,6 +183,9 @@ impl Engine {
         options.stream_defaults.validate().map_err(EngineError::InvalidDefinition)?;
         if options.subscriber_queue_capacity == 0 {
             return Err(EngineError::InvalidDefinition("subscriber_queue_capacity must be at least 1".into()));
+        }
+        if options.checkpoint_interval.is_zero() {
+            return Err(EngineError::InvalidDefinition("checkpoint_interval must be at least 1 ms".into()));
         }
         catalog::validate_name(&options.empty_first_level_stream)?;
         let catalog = SystemTopic::open(&log, CATALOG_TOPIC, &catalog_config())?;
@@ -313,6 +320,14 @@ impl Engine {
 
     pub fn options(&self) -> &EngineOptions {
         &self.options
+    }
+
+    /// Where views and transforms checkpoint, and how often.
+    pub(crate) fn checkpointing(&self) -> crate::view::checkpoint::Checkpointing {
+        crate::view::checkpoint::Checkpointing {
+            topic: self.checkpoints.clone(),
+            interval: self.options.checkpoint_interval,
+        }
     }
 }
 

@@ -695,7 +695,7 @@ impl Engine {
             .set(replicator.clone())
             .map_err(|_| EngineError::Internal("the engine already has a replicator".into()))?;
         for transform in self.transforms() {
-            transform.start_replicated(self.hub.clone(), self.checkpoints.clone(), replicator.clone(), self.leading());
+            transform.start_replicated(self.hub.clone(), self.checkpointing(), replicator.clone(), self.leading());
         }
         Ok(())
     }

@@ -15,7 +15,7 @@ impl Engine {
             let output = self.open_view_output(&def.name)?;
             let view = Arc::new(View::joined(def, sources, output));
             if tokio::runtime::Handle::try_current().is_ok() {
-                view.start(self.hub.clone(), self.checkpoints.clone(), Vec::new());
+                view.start(self.hub.clone(), self.checkpointing(), Vec::new());
             } else {
                 tracing::error!(view = view.name(), "views run inside the tokio runtime: this one is not started");
             }
@@ -40,7 +40,7 @@ impl Engine {
         let positions = still_stored(&source, restored.positions.clone());
         let view = Arc::new(View::new(def, source, table, output, late, restored));
         if tokio::runtime::Handle::try_current().is_ok() {
-            view.start(self.hub.clone(), self.checkpoints.clone(), positions);
+            view.start(self.hub.clone(), self.checkpointing(), positions);
         } else {
             tracing::error!(view = view.name(), "views run inside the tokio runtime: this one is not started");
         }
@@ -339,7 +339,7 @@ impl Engine {
         let transform = Arc::new(Transform::new(def, sources.clone(), tables, output, checkpoint.clone()));
         if let Some(replicator) = self.replicator.get() {
             // Runs where this node leads, from where the cluster's transform is.
-            transform.start_replicated(self.hub.clone(), self.checkpoints.clone(), replicator.clone(), self.leading());
+            transform.start_replicated(self.hub.clone(), self.checkpointing(), replicator.clone(), self.leading());
         } else if self.options.cluster_node {
             // Started by `set_replicator`, which follows the open.
         } else if tokio::runtime::Handle::try_current().is_ok() {
@@ -350,7 +350,7 @@ impl Engine {
                 .map(|(positions, source)| still_stored(source, positions))
                 .collect();
             let checkpoint = TransformCheckpoint::new(transform::join_positions(&positions), checkpoint.output_ends);
-            transform.start(self.hub.clone(), self.checkpoints.clone(), checkpoint);
+            transform.start(self.hub.clone(), self.checkpointing(), checkpoint);
         } else {
             tracing::error!(
                 transform = transform.name(),

@@ -13,7 +13,10 @@
 //! n-th change of a row after a checkpoint is the n-th record of that row the view folded
 //! after it, in whatever order the partitions were interleaved, so the changes written twice
 //! are the first ones of each row and the row's last change is its value once every record is
-//! in; no change is taken back, and none is lost.
+//! in; no change is taken back, and none is lost. Until the replay has left out all it found,
+//! the view writes no checkpoint: the one it started from stays the one a second crash
+//! restarts from, and past that one's end the stream then holds, per row, the first changes of
+//! the replay from it, whichever run wrote them.
 //!
 //! A view that loads its inputs again at every start instead (a joined view, a view over
 //! tables) has no replay to compare: [`reconcile`] compares its rows once loaded with the

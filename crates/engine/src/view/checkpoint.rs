@@ -16,6 +16,8 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use onehop_log::NewRecord;
@@ -35,6 +37,15 @@ const WHOLE_STATE_VERSION: u32 = 1;
 const VERSION: u32 = 2;
 /// Separates the parts of a key or closed-window record's key (never in a view name).
 const SEPARATOR: char = '\u{1}';
+
+/// Where views and transforms write their checkpoints, and how often at most while they
+/// change (the engine's `checkpoint_interval`): shorter means less to replay after a crash and
+/// more checkpoint writes.
+#[derive(Clone)]
+pub(crate) struct Checkpointing {
+    pub topic: Arc<SystemTopic>,
+    pub interval: Duration,
+}
 
 pub(crate) fn checkpoint_config() -> SystemTopicConfig {
     // A whole-state checkpoint of a large view is one record.

@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use super::catchup::{Catchup, follow, restored};
 use super::changes::{ChangeWriter, Written as ChangesWritten, reconcile};
-use super::checkpoint::{self, Restored};
+use super::checkpoint::{self, Checkpointing, Restored};
 use super::expr::{Input, parse_value};
 use super::join::state::InputStatus;
 use super::join::{JoinSource, Joined};
@@ -40,9 +40,8 @@ use crate::table::Table;
 
 /// The change stream of view `name` is the topic `__view.{name}`.
 pub const OUTPUT_PREFIX: &str = "__view.";
-/// How often a view's state is checkpointed while it changes, at most.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-/// And at least this many times the last checkpoint's duration apart: a burst of changes (a
+/// A view's state is checkpointed at most every `checkpoint_interval` while it changes (see
+/// [`Checkpointing`]), and at least this many times the last checkpoint's duration apart: a burst of changes (a
 /// backfill, 10 000 keys each changing every second) must not make checkpoints a steady load.
 const CHECKPOINT_COST_SHARE: u32 = 20;
 /// Records folded before the task lets others run (a backfill reads without waiting).
@@ -268,7 +267,7 @@ impl View {
     /// holds now, as this is called: a record published after `CREATE VIEW` returns, or after a
     /// restart opened the view, is live however late the task gets to run, and its change is
     /// written.
-    pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpoints: Arc<SystemTopic>, positions: Vec<u64>) {
+    pub(crate) fn start(self: &Arc<Self>, hub: Arc<Hub>, checkpointing: Checkpointing, positions: Vec<u64>) {
         register_metrics(&self.def.name);
         // A view over a table folds in the table's rows instead (`run_over_table`), a joined
         // view its inputs' rows (`run_join`).
@@ -276,7 +275,7 @@ impl View {
             .then(|| Catchup::new("view", self.name(), &self.source, &positions));
         let view = self.clone();
         let task = tokio::spawn(async move {
-            if let Err(error) = view.run(hub, checkpoints, positions, catchup).await {
+            if let Err(error) = view.run(hub, checkpointing, positions, catchup).await {
                 tracing::error!(view = view.name(), %error, "the view stopped");
             }
         });
@@ -295,7 +294,7 @@ impl View {
     async fn run(
         &self,
         hub: Arc<Hub>,
-        checkpoints: Arc<SystemTopic>,
+        checkpointing: Checkpointing,
         positions: Vec<u64>,
         catchup: Option<Catchup>,
     ) -> Result<(), EngineError> {
@@ -306,6 +305,7 @@ impl View {
             let table = self.table.as_ref().expect("a view without a catch-up is over a table");
             return self.run_over_table(hub, table).await;
         };
+        let Checkpointing { topic: checkpoints, interval: checkpoint_every } = checkpointing;
         let mut stop = self.stop.receiver();
         if catchup.done() {
             self.restoring.store(false, Ordering::Relaxed);
@@ -323,14 +323,17 @@ impl View {
             replay = replay.and_then(ChangesWritten::caught_up);
         }
         let writer = ChangeWriter::start(self.name(), &self.output);
-        let mut last_checkpoint = Instant::now();
+        // One timer across turns: made anew each turn, it would fire only in a turn that
+        // waits for the source, so a replay or a busy source would rarely checkpoint.
+        let checkpoint_due = tokio::time::sleep(checkpoint_every);
+        tokio::pin!(checkpoint_due);
         let mut checkpointed_positions: Vec<u64> = Vec::new();
         let mut changes: Vec<Change> = Vec::new();
         let mut late: Vec<NewRecord> = Vec::new();
         let mut since_yield = 0usize;
         // The checkpoint being written, if any: at most one at a time, so they land in order.
         let mut checkpointing: Option<tokio::task::JoinHandle<Written>> = None;
-        let mut checkpoint_interval = CHECKPOINT_INTERVAL;
+        let mut checkpoint_interval = checkpoint_every;
         // A deadline a full `advance` left where it was (never expected: everything due is then
         // done): left to the timer, so it cannot keep the loop from waiting. Only that one
         // value: a window opened later with the same close time still closes on the spot.
@@ -347,10 +350,14 @@ impl View {
             // only when a later record arrived. A few hundred windows at a time, with the
             // records that arrived meanwhile folded in between: when 10 000 keys' windows close
             // at once, neither their records nor point reads wait for all of them.
-            if let Some(at) = deadline
-                && at < now_ms()
-                && stuck != Some(at)
-            {
+            let due = deadline.is_some_and(|at| at < now_ms() && stuck != Some(at));
+            // Caught up with nothing due: a final the crashed run wrote that has not been
+            // closed again by now never will be (what the wall clock had closed then is due
+            // now), so the replay has nothing left to leave out, and checkpoints go on.
+            if !due && catchup.done() && replay.take().is_some() {
+                tracing::debug!(view = self.name(), "the replay after a crash is over");
+            }
+            if let Some(at) = deadline.filter(|_| due) {
                 let more = {
                     let mut state = self.state.write().expect("view state lock");
                     let more = state.advance_some(&self.def, now_ms(), &mut changes, CLOSE_CHUNK);
@@ -384,7 +391,6 @@ impl View {
                     None => std::future::pending().await,
                 }
             };
-            let checkpoint_due = tokio::time::sleep(checkpoint_interval.saturating_sub(last_checkpoint.elapsed()));
             tokio::select! {
                 delivery = cursor.next() => {
                     let quiet = replay.is_none();
@@ -411,19 +417,28 @@ impl View {
                 }
                 // The loop's top closes what is due, a chunk at a time.
                 () = sleep => {}
-                () = checkpoint_due => {
-                    last_checkpoint = Instant::now();
+                () = &mut checkpoint_due => {
+                    let fired = tokio::time::Instant::now();
                     if let Some(task) = checkpointing.take_if(|task| task.is_finished())
                         && let Some(took) = self.written(task.await)
                     {
                         // Many changes cost a while to write: write them less often, so that
                         // checkpoints take at most a small share of the time.
-                        checkpoint_interval = CHECKPOINT_INTERVAL.max(took * CHECKPOINT_COST_SHARE);
+                        checkpoint_interval = checkpoint_every.max(took * CHECKPOINT_COST_SHARE);
                     }
+                    checkpoint_due.as_mut().reset(fired + checkpoint_interval);
                     let moved = checkpointed_positions != cursor.positions();
-                    if checkpointing.is_none() && (moved || self.state.read().expect("view state lock").has_unsaved()) {
+                    // Not while the replay after a crash still leaves out changes the crashed
+                    // run wrote: a checkpoint here would say the stream's changes end at its
+                    // end, and a crash after it would replay from here without knowing that
+                    // the records ahead have their changes written already, before that end.
+                    // The checkpoint the replay started from stays the one to restart from.
+                    if checkpointing.is_none()
+                        && replay.is_none()
+                        && (moved || self.state.read().expect("view state lock").has_unsaved())
+                    {
                         checkpointed_positions = cursor.positions().to_vec();
-                        let quiet = !catchup.done() && replay.is_none();
+                        let quiet = !catchup.done();
                         let change_end = self.change_end(&writer, quiet, &mut changes).await;
                         checkpointing = Some(self.checkpoint(&checkpoints, cursor.positions().to_vec(), change_end));
                     }
@@ -432,9 +447,12 @@ impl View {
                     if let Some(task) = checkpointing.take() {
                         self.written(task.await);
                     }
-                    let quiet = !catchup.done() && replay.is_none();
-                    let change_end = self.change_end(&writer, quiet, &mut changes).await;
-                    self.written(self.checkpoint(&checkpoints, cursor.positions().to_vec(), change_end).await);
+                    // Mid-replay the last checkpoint stays the one to start from (see above).
+                    if replay.is_none() {
+                        let quiet = !catchup.done();
+                        let change_end = self.change_end(&writer, quiet, &mut changes).await;
+                        self.written(self.checkpoint(&checkpoints, cursor.positions().to_vec(), change_end).await);
+                    }
                     writer.close().await;
                     return Ok(());
                 }

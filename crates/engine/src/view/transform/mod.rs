@@ -10,11 +10,12 @@
 //! `out`'s durability) before the next is read. Every output record carries the header
 //! `onehop-source` naming the branch, partition, offset and element it came from.
 //!
-//! Exactly once: the task checkpoints about once a second (and when it stops) where it is in
-//! its sources and where `out` ends, in the compacted checkpoint topic views use. After a
+//! Exactly once: the task checkpoints every `checkpoint_interval` (and when it stops) where it
+//! is in its sources and where `out` ends, in the compacted checkpoint topic views use. After a
 //! crash it reads what `out` received after the checkpoint, collects the source positions
 //! named there, and replays the sources from the checkpoint without writing a record again for
-//! a position it finds. Evaluation is deterministic, so a record it did not write before is
+//! a position it finds; until it has passed every one of them it writes no checkpoint
+//! ([`replay_over`]). Evaluation is deterministic, so a record it did not write before is
 //! written as it would have been (with the tables' rows as they are when it is read again: a
 //! record's output, once written, is never written again with other rows).
 //!
@@ -39,13 +40,14 @@ pub(crate) use reader::{join_positions, split_positions};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use onehop_log::NewRecord;
 use serde::{Deserialize, Serialize};
 
 use self::reader::Reader;
+use super::checkpoint::Checkpointing;
 use super::expr::{Input, parse_value};
 use crate::engine::replicated::{self, Replicator};
 use crate::error::EngineError;
@@ -61,7 +63,6 @@ const WRITTEN_SCAN_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// A transform's checkpoint key in the checkpoint topic.
 pub(crate) const CHECKPOINT_PREFIX: &str = "transform/";
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 const CHECKPOINT_VERSION: u32 = 1;
 /// Records read into one batch at most.
 const BATCH_MAX: usize = 4096;
@@ -226,13 +227,13 @@ impl Transform {
     pub(crate) fn start(
         self: &Arc<Self>,
         hub: Arc<Hub>,
-        checkpoints: Arc<SystemTopic>,
+        checkpointing: Checkpointing,
         checkpoint: TransformCheckpoint,
     ) {
         self.register_metrics();
         let transform = self.clone();
         let task = tokio::spawn(async move {
-            if let Err(error) = transform.run(hub, checkpoints, checkpoint).await {
+            if let Err(error) = transform.run(hub, checkpointing, checkpoint).await {
                 tracing::error!(transform = transform.name(), %error, "the transform stopped");
             }
         });
@@ -251,7 +252,7 @@ impl Transform {
     pub(crate) fn start_replicated(
         self: &Arc<Self>,
         hub: Arc<Hub>,
-        checkpoints: Arc<SystemTopic>,
+        checkpointing: Checkpointing,
         replicator: Arc<dyn Replicator>,
         leading: tokio::sync::watch::Receiver<Option<u64>>,
     ) {
@@ -259,7 +260,7 @@ impl Transform {
         self.restoring.store(false, Ordering::Relaxed);
         let transform = self.clone();
         let task = tokio::spawn(async move {
-            if let Err(error) = transform.run_replicated(hub, checkpoints, replicator, leading).await {
+            if let Err(error) = transform.run_replicated(hub, checkpointing, replicator, leading).await {
                 tracing::error!(transform = transform.name(), %error, "the transform stopped");
             }
         });
@@ -278,18 +279,21 @@ impl Transform {
     async fn run(
         &self,
         hub: Arc<Hub>,
-        checkpoints: Arc<SystemTopic>,
+        checkpointing: Checkpointing,
         checkpoint: TransformCheckpoint,
     ) -> Result<(), EngineError> {
+        let Checkpointing { topic: checkpoints, interval } = checkpointing;
         let mut stop = self.stop.receiver();
         let mut written = self.written_since(&checkpoint.output_ends)?;
         let mut reader = Reader::new(self.name(), &hub, &self.sources, self.branch_positions(&checkpoint.positions))?;
         self.restoring.store(reader.restoring(), Ordering::Relaxed);
-        let mut last_checkpoint = Instant::now();
+        // One timer across turns: made anew each turn, it would never fire while the sources
+        // always have a record ready (a replay, a busy source), and nothing would checkpoint.
+        let checkpoint_due = tokio::time::sleep(interval);
+        tokio::pin!(checkpoint_due);
         let mut checkpointed = Vec::new();
         let mut batch: Vec<NewRecord> = Vec::new();
         loop {
-            let checkpoint_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_checkpoint.elapsed()));
             tokio::select! {
                 delivery = reader.next() => {
                     self.take_ready(delivery?, &mut reader, &mut written, &mut batch)?;
@@ -303,16 +307,18 @@ impl Transform {
                     }
                     tokio::task::yield_now().await;
                 }
-                () = checkpoint_due => {
-                    last_checkpoint = Instant::now();
+                () = &mut checkpoint_due => {
+                    checkpoint_due.as_mut().reset(tokio::time::Instant::now() + interval);
                     let positions = reader.positions();
-                    if positions != checkpointed {
+                    if positions != checkpointed && replay_over(&mut written, &reader) {
                         checkpointed = positions;
                         self.checkpoint(&checkpoints, checkpointed.clone()).await;
                     }
                 }
                 _ = stop.changed() => {
-                    self.checkpoint(&checkpoints, reader.positions()).await;
+                    if replay_over(&mut written, &reader) {
+                        self.checkpoint(&checkpoints, reader.positions()).await;
+                    }
                     return Ok(());
                 }
             }
@@ -322,10 +328,11 @@ impl Transform {
     async fn run_replicated(
         &self,
         hub: Arc<Hub>,
-        checkpoints: Arc<SystemTopic>,
+        checkpointing: Checkpointing,
         replicator: Arc<dyn Replicator>,
         mut leading: tokio::sync::watch::Receiver<Option<u64>>,
     ) -> Result<(), EngineError> {
+        let checkpoints = &checkpointing.topic;
         let mut stop = self.stop.receiver();
         let mut saved = None;
         loop {
@@ -334,7 +341,7 @@ impl Transform {
                 tracing::info!(transform = self.name(), term, "this node leads: it runs the transform");
                 // A read that failed ends this run, not the transform: it starts again.
                 let led = self
-                    .lead(term, &hub, &checkpoints, &replicator, &mut leading, &mut stop, &mut saved)
+                    .lead(term, &hub, &checkpointing, &replicator, &mut leading, &mut stop, &mut saved)
                     .await
                     .unwrap_or_else(Led::Failed);
                 match led {
@@ -364,10 +371,10 @@ impl Transform {
             tokio::select! {
                 changed = leading.changed() => if changed.is_err() { break },
                 _ = stop.changed() => break,
-                () = tokio::time::sleep(CHECKPOINT_INTERVAL) => self.save_applied(&checkpoints, &mut saved).await,
+                () = tokio::time::sleep(checkpointing.interval) => self.save_applied(checkpoints, &mut saved).await,
             }
         }
-        self.save_applied(&checkpoints, &mut saved).await;
+        self.save_applied(checkpoints, &mut saved).await;
         Ok(())
     }
 
@@ -378,7 +385,7 @@ impl Transform {
         &self,
         term: u64,
         hub: &Arc<Hub>,
-        checkpoints: &SystemTopic,
+        checkpointing: &Checkpointing,
         replicator: &Arc<dyn Replicator>,
         leading: &mut tokio::sync::watch::Receiver<Option<u64>>,
         stop: &mut tokio::sync::watch::Receiver<bool>,
@@ -404,10 +411,11 @@ impl Transform {
             .collect();
         let mut reader = Reader::new(self.name(), hub, &self.sources, positions)?;
         self.restoring.store(reader.restoring(), Ordering::Relaxed);
-        let mut last_tick = Instant::now();
+        // One timer across turns, as in `run`.
+        let tick_due = tokio::time::sleep(checkpointing.interval);
+        tokio::pin!(tick_due);
         let mut batch: Vec<NewRecord> = Vec::new();
         loop {
-            let tick_due = tokio::time::sleep(CHECKPOINT_INTERVAL.saturating_sub(last_tick.elapsed()));
             tokio::select! {
                 delivery = reader.next() => {
                     self.take_ready(delivery?, &mut reader, &mut written, &mut batch)?;
@@ -427,9 +435,9 @@ impl Transform {
                     }
                     tokio::task::yield_now().await;
                 }
-                () = tick_due => {
-                    last_tick = Instant::now();
-                    self.save_applied(checkpoints, saved).await;
+                () = &mut tick_due => {
+                    tick_due.as_mut().reset(tokio::time::Instant::now() + checkpointing.interval);
+                    self.save_applied(&checkpointing.topic, saved).await;
                     let to = reader.positions();
                     if to != from {
                         // Skipped records only since the last batch: the position alone.
@@ -659,6 +667,8 @@ impl Transform {
         groups
     }
 
+    /// Writes where the transform is: `positions` in its sources, and its output's ends now
+    /// (every batch before is durable).
     async fn checkpoint(&self, checkpoints: &SystemTopic, positions: Vec<u64>) {
         let ends = self.output.end_offsets();
         let record = TransformCheckpoint::new(positions, ends).record(self.name());
@@ -666,4 +676,18 @@ impl Transform {
             tracing::warn!(transform = self.name(), %error, "the transform could not be checkpointed");
         }
     }
+}
+
+/// Whether the replay after a crash is over, so that a checkpoint may be written where the
+/// reader is: no output the crashed run wrote is left for records still ahead (`written`, less
+/// what the reader has passed without writing it again, which can no longer come). A
+/// checkpoint before that would say the output ends at its end, and a crash after it would
+/// replay from here without knowing that the records ahead were written, before that end: they
+/// would be written twice. The checkpoint the replay started from stays the one to restart
+/// from.
+fn replay_over(written: &mut HashSet<SourcePosition>, reader: &Reader) -> bool {
+    if !written.is_empty() {
+        written.retain(|position| !reader.passed(position));
+    }
+    written.is_empty()
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use super::super::catchup::{Catchup, follow};
+use super::SourcePosition;
 use crate::error::EngineError;
 use crate::hub::{Cursor, Delivery, Hub};
 use crate::stream::Stream;
@@ -107,6 +108,14 @@ impl Reader {
         }
         let branches: Vec<Vec<u64>> = self.cursors.iter().map(|cursor| cursor.positions().to_vec()).collect();
         join_positions(&branches)
+    }
+
+    /// Whether the reader has read past the source record `position` names (or will never
+    /// read it: a branch or partition it does not have).
+    pub fn passed(&self, position: &SourcePosition) -> bool {
+        let cursor = self.cursors.get(position.branch as usize);
+        let next = cursor.and_then(|cursor| cursor.positions().get(position.partition as usize));
+        next.is_none_or(|next| position.offset < *next)
     }
 
     /// Counts the replay on; true the one time it has read all the sources held at its start.
