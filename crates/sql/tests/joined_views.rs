@@ -496,6 +496,13 @@ async fn model(steps: Vec<Step>) {
             }
             let expected = from_scratch(&engine, query).await;
             assert_eq!(texts(state.page(None, usize::MAX)), expected, "after {step:?}: {query}");
+            // The rows kept for reads, and their JSON, are the same rows.
+            let kept: Vec<(String, Vec<Value>)> = state
+                .page_rows(None, usize::MAX)
+                .into_iter()
+                .map(|row| (row.key, vec![serde_json::from_slice(&row.json).unwrap()]))
+                .collect();
+            assert_eq!(texts(kept), expected, "after {step:?}: {query}");
             assert_eq!(state.output_count(), expected.len());
             // Every change names a row that is (or, removed, is no longer) in the view.
             for change in &changes {

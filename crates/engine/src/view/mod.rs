@@ -50,6 +50,7 @@ impl Stop {
 }
 
 pub use expr::{Expr, Input};
+pub use join::state::OutputRow;
 pub use join::{JoinColumn, JoinDef, JoinInput, JoinKind, JoinOn};
 pub use runtime::{View, ViewStatus};
 pub use transform::{Transform, TransformBranch, TransformDef, TransformStatus};

@@ -28,7 +28,7 @@ use super::catchup::{Catchup, follow, restored};
 use super::changes::{ChangeWriter, Written as ChangesWritten, reconcile};
 use super::checkpoint::{self, Checkpointing, Restored};
 use super::expr::{Input, parse_value};
-use super::join::state::InputStatus;
+use super::join::state::{InputStatus, OutputRow};
 use super::join::{JoinSource, Joined};
 use super::state::{Applied, Change, Delta, ViewState};
 use super::{ViewDef, Window};
@@ -227,6 +227,15 @@ impl View {
         }
         let state = self.state.read().expect("view state lock");
         (state.keys_page(&self.def, after, limit), self.status_of(&state))
+    }
+
+    /// For a joined view without GROUP BY: [`View::page_and_status`] with each row as the view
+    /// keeps it for reads, its JSON beside it (an answer put together from those costs no
+    /// serializing). `None` for other views.
+    pub fn page_rows_and_status(&self, after: Option<&str>, limit: usize) -> Option<(Vec<OutputRow>, ViewStatus)> {
+        let joined = self.rows_joined()?;
+        let state = joined.state.read().expect("view state lock");
+        Some((state.page_rows(after, limit), joined.status(&state, self.restoring.load(Ordering::Relaxed))))
     }
 
     pub fn status(&self) -> ViewStatus {

@@ -145,6 +145,7 @@ impl Joined {
             metrics::gauge!("view_state_rows", &labels).set(input.rows as f64);
             metrics::gauge!("view_state_bytes", &labels).set(input.bytes as f64);
         }
+        metrics::gauge!("view_read_rows_bytes", "view" => view.to_string()).set(state.computed_bytes() as f64);
     }
 }
 

@@ -7,11 +7,16 @@
 //! WHERE and the SELECT list. A change of input `k`'s row is traced back to the driving rows
 //! it can reach (its parent's rows whose key expression equals this row's key, their parents'
 //! …), whose outputs are computed before and after the row changes: the difference is emitted.
+//!
+//! Reads compute a driving row's outputs the same way, and keep them (with each row's JSON)
+//! until a change reaches that driving row: a listing of a large joined view read many times a
+//! second between changes costs a copy of its rows, not their joins and serialization.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -238,6 +243,45 @@ pub struct JoinState {
     key_parts: Vec<usize>,
     /// Output rows there are now.
     outputs: usize,
+    /// The outputs of driving rows as reads computed them (see the module's doc).
+    computed: Mutex<Computed>,
+}
+
+/// Bytes of output rows kept for reads at most, per view (as their JSON's length, times
+/// [`COMPUTED_OVERHEAD`] for the parsed row beside it); past it a read computes what it reads.
+const COMPUTED_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// What a kept row costs per byte of its JSON, with its parsed value and its key.
+const COMPUTED_OVERHEAD: usize = 3;
+
+/// One output row as reads see it: its key, its row, and the row as JSON.
+#[derive(Clone, Debug)]
+pub struct OutputRow {
+    pub key: String,
+    pub row: Arc<Value>,
+    pub json: Bytes,
+}
+
+#[derive(Default)]
+struct Computed {
+    by_driving: HashMap<String, Arc<[OutputRow]>>,
+    bytes: usize,
+}
+
+impl Computed {
+    fn forget(&mut self, driving_id: &str) {
+        if let Some(rows) = self.by_driving.remove(driving_id) {
+            self.bytes -= computed_bytes(&rows);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_driving.clear();
+        self.bytes = 0;
+    }
+}
+
+fn computed_bytes(rows: &[OutputRow]) -> usize {
+    rows.iter().map(|row| row.key.len() + row.json.len() * COMPUTED_OVERHEAD).sum()
 }
 
 impl JoinState {
@@ -268,12 +312,13 @@ impl JoinState {
         }
         let key_parts =
             std::iter::once(0).chain((1..def.inputs.len()).filter(|&at| !def.inputs[at].to_one())).collect();
-        JoinState { def: def.clone(), inputs, probes, ups, key_parts, outputs: 0 }
+        JoinState { def: def.clone(), inputs, probes, ups, key_parts, outputs: 0, computed: Mutex::default() }
     }
 
     /// Puts a row of input `at` in without computing what changes (loading the inputs before
     /// the view starts; [`JoinState::recount`] then counts the outputs).
     pub fn load(&mut self, at: usize, id: &str, row: &Value) {
+        self.computed_mut().clear();
         let row = Arc::new(self.inputs[at].prune(row));
         self.inputs[at].insert(id, row);
     }
@@ -330,6 +375,15 @@ impl JoinState {
         let end = pending.driving.len().min(pending.next.saturating_add(batch));
         let driving = &pending.driving[pending.next..end];
         let (at, id) = (pending.at, pending.id.as_str());
+        if pending.next == 0 {
+            // The row changes now, for every driving row it reaches: what reads kept of
+            // those, perhaps since `begin`, is out of date (between steps, reads see the row as
+            // it is now, and keep that).
+            let computed = self.computed_mut();
+            for driving_id in &pending.driving {
+                computed.forget(driving_id);
+            }
+        }
         let mut old = Vec::new();
         if !driving.is_empty() {
             match &pending.before {
@@ -457,41 +511,85 @@ impl JoinState {
 
     /// The rows of output key `key` (one, or none).
     pub fn rows(&self, key: &str) -> Vec<Value> {
-        let mut outputs = Vec::new();
-        self.outputs_of(&driving_id(key, self.key_parts.len()), &mut outputs);
-        outputs.into_iter().filter(|(output, _)| output == key).map(|(_, row)| Value::clone(&row)).collect()
+        let outputs = self.computed_of(&driving_id(key, self.key_parts.len()));
+        outputs.iter().filter(|output| output.key == key).map(|output| Value::clone(&output.row)).collect()
     }
 
     /// Output rows in order after key `after`, at most `limit`: by driving row, then by key.
     pub fn page(&self, after: Option<&str>, limit: usize) -> Vec<(String, Vec<Value>)> {
         let mut page = Vec::new();
+        self.each_output(after, limit, |output| page.push((output.key.clone(), vec![Value::clone(&output.row)])));
+        page
+    }
+
+    /// [`JoinState::page`] with each row as it is kept for reads, its JSON beside it.
+    pub fn page_rows(&self, after: Option<&str>, limit: usize) -> Vec<OutputRow> {
+        let mut page = Vec::new();
+        self.each_output(after, limit, |output| page.push(output.clone()));
+        page
+    }
+
+    /// Calls `take` with each output row in order after key `after`, at most `limit`.
+    fn each_output(&self, after: Option<&str>, limit: usize, mut take: impl FnMut(&OutputRow)) {
         if limit == 0 {
-            return page;
+            return;
         }
         let start = after.map(|after| driving_id(after, self.key_parts.len()));
         let range = match &start {
             Some(start) => self.inputs[0].rows.range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded)),
             None => self.inputs[0].rows.range::<str, _>(..),
         };
-        let mut outputs = Vec::new();
+        let mut taken = 0;
         for (id, _) in range {
-            outputs.clear();
-            self.outputs_of(id, &mut outputs);
-            outputs.sort_by(|left, right| left.0.cmp(&right.0));
-            for (key, row) in outputs.drain(..) {
+            for output in self.computed_of(id).iter() {
                 if let (Some(after), Some(start)) = (after, &start)
                     && id == start
-                    && key.as_str() <= after
+                    && output.key.as_str() <= after
                 {
                     continue;
                 }
-                page.push((key, vec![Value::clone(&row)]));
-                if page.len() == limit {
-                    return page;
+                take(output);
+                taken += 1;
+                if taken == limit {
+                    return;
                 }
             }
         }
-        page
+    }
+
+    /// The outputs of driving row `id` in key order, as kept since the last change that
+    /// reached it, or computed now (and kept, while the view keeps less than
+    /// [`COMPUTED_BYTES_MAX`]).
+    fn computed_of(&self, id: &str) -> Arc<[OutputRow]> {
+        if let Some(rows) = self.computed.lock().expect("computed rows lock").by_driving.get(id) {
+            return rows.clone();
+        }
+        let mut outputs = Vec::new();
+        self.outputs_of(id, &mut outputs);
+        outputs.sort_by(|left, right| left.0.cmp(&right.0));
+        let rows: Arc<[OutputRow]> = outputs
+            .into_iter()
+            .map(|(key, row)| {
+                let json = Bytes::from(serde_json::to_vec(&*row).expect("a JSON value serializes"));
+                OutputRow { key, row, json }
+            })
+            .collect();
+        let bytes = computed_bytes(&rows);
+        let mut computed = self.computed.lock().expect("computed rows lock");
+        if computed.bytes + bytes <= COMPUTED_BYTES_MAX && !computed.by_driving.contains_key(id) {
+            computed.bytes += bytes;
+            computed.by_driving.insert(id.to_string(), rows.clone());
+        }
+        rows
+    }
+
+    fn computed_mut(&mut self) -> &mut Computed {
+        self.computed.get_mut().expect("computed rows lock")
+    }
+
+    /// Bytes of output rows kept for reads (see [`COMPUTED_BYTES_MAX`]).
+    pub fn computed_bytes(&self) -> usize {
+        self.computed.lock().expect("computed rows lock").bytes
     }
 
     /// Output rows there are now.
@@ -636,18 +734,23 @@ mod tests {
         }
         let renamed = json!({"id": "c1", "name": "Ada L."});
         let mut all = Vec::new();
+        // Read before: the batched state keeps what reads computed.
+        assert_eq!(batched.page(None, 100).len(), 25);
         whole.apply(1, "c1", Some(&renamed), &mut all);
         assert_eq!(all.len(), 25);
         let mut pending = batched.begin(1, "c1", Some(&renamed)).unwrap();
         assert_eq!(pending.reach(), 25);
+        // Until the first step the rows are as they were (and a read keeps them so).
+        assert_eq!(batched.rows("o24:")[0]["name"], "Ada");
         let (mut steps, mut batches) = (0, Vec::new());
         loop {
             let mut changes = Vec::new();
             let done = batched.step(&mut pending, 10, &mut changes);
             steps += 1;
             assert!(changes.len() <= 10);
-            // Between steps reads see the change.
+            // Between steps reads see the change, in the rows a step reached and the others.
             assert_eq!(batched.rows("o00:")[0]["name"], "Ada L.");
+            assert_eq!(batched.rows("o24:")[0]["name"], "Ada L.");
             batches.extend(changes);
             if done {
                 break;
@@ -656,6 +759,11 @@ mod tests {
         assert_eq!(steps, 3);
         assert_eq!(batches, all);
         assert_eq!(batched.page(None, 100), whole.page(None, 100));
+        // The JSON kept beside each row is that row's.
+        for row in batched.page_rows(None, 100) {
+            assert_eq!(serde_json::from_slice::<Value>(&row.json).unwrap(), *row.row);
+            assert_eq!(row.row["name"], "Ada L.");
+        }
         assert_eq!(batched.output_count(), 25);
         // A change reaching no driving row still lands.
         let mut pending = batched.begin(1, "c2", Some(&json!({"id": "c2", "name": "Bo"}))).unwrap();
