@@ -18,6 +18,10 @@
 //   GET /                       the home page's HTML (read from --site at start)
 //   GET /api/products?limit=N&category=C   {"products": [page, …]} in id order
 //   GET /api/products/:id       one page, or 404
+// and its writes (the study's load reads only; the harness's writes while reading use these):
+//   PUT /api/products/:id/stock {"stock": N}    the inventory service's row
+//   PUT /api/products/:id/price {"amount": X}   the pricing service's row
+// each answered once the service's database has committed the change, 404 for no such row.
 'use strict';
 
 const fs = require('fs');
@@ -93,12 +97,15 @@ const SERVICES = {
     async rows(pool, ids) {
       return (await pool.query('SELECT product_id, stock FROM inventory WHERE product_id = ANY($1)', [ids])).rows;
     },
+    // A write's body: the field it sets and its check.
+    write: { field: 'stock', valid: Number.isInteger, sql: 'UPDATE inventory SET stock = $2 WHERE product_id = $1' },
   },
   pricing: {
     async rows(pool, ids) {
       return (await pool.query('SELECT product_id, amount, currency FROM prices WHERE product_id = ANY($1)', [ids]))
         .rows;
     },
+    write: { field: 'amount', valid: Number.isFinite, sql: 'UPDATE prices SET amount = $2 WHERE product_id = $1' },
   },
   reviews: {
     async rows(pool, ids) {
@@ -138,6 +145,16 @@ async function service(role, flags) {
       return kind.rows(pool, request.body);
     });
   }
+  if (kind.write) {
+    const { field, valid, sql } = kind.write;
+    app.put('/by-product/:id', async (request, reply) => {
+      const value = request.body && request.body[field];
+      if (!valid(value)) return reply.code(400).send({ error: `the body is {"${field}": …}` });
+      const result = await pool.query(sql, [request.params.id, value]);
+      if (result.rowCount === 0) return reply.code(404).send({ error: 'no such product' });
+      return { product_id: request.params.id, [field]: value };
+    });
+  }
   await listen(app, flags.port);
 }
 
@@ -163,7 +180,12 @@ function client(base) {
           response.on('end', () => {
             const text = Buffer.concat(chunks).toString('utf8');
             if (response.statusCode === 404) return resolve(null);
-            if (response.statusCode !== 200) return reject(new Error(`${method} ${target}: ${response.statusCode} ${text}`));
+            if (response.statusCode !== 200) {
+              // Fastify answers a thrown error with its statusCode: a service's 400 stays a 400.
+              const error = new Error(`${method} ${target}: ${response.statusCode} ${text}`);
+              error.statusCode = response.statusCode;
+              return reject(error);
+            }
             try {
               resolve(JSON.parse(text));
             } catch (error) {
@@ -268,6 +290,14 @@ async function gateway(flags) {
     if (product === null) return reply.code(404).send({ error: 'no such product' });
     return page(product, stocks[0], prices[0], reviews);
   });
+  // The writes, each through the service that owns the row.
+  for (const [what, role] of [['stock', 'inventory'], ['price', 'pricing']]) {
+    app.put(`/api/products/:id/${what}`, async (request, reply) => {
+      const answer = await call[role]('PUT', `/by-product/${encodeURIComponent(request.params.id)}`, request.body);
+      if (answer === null) return reply.code(404).send({ error: 'no such product' });
+      return answer;
+    });
+  }
   await listen(app, flags.port);
 }
 

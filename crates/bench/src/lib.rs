@@ -67,6 +67,7 @@ pub mod schedule;
 pub mod server;
 pub mod shop;
 pub mod shop_run;
+pub mod shop_writes;
 pub mod target;
 pub mod timeline;
 pub mod view_join;

@@ -16,6 +16,8 @@
 //! Per run: p50, p95, p99, p99.9 of the successful page loads, requests per second, errors by
 //! kind (timeout, refused, reset, status: a status other than 200 or a body shorter than the
 //! page's), and the target's CPU and peak RSS (every process of it, sampled each second).
+//! Meanwhile `--writes-per-s` price and stock changes go through the stack's own write API,
+//! and the pages' staleness is measured ([`crate::shop_writes`]).
 //! Writes summary.md (with the study's published figures beside, other hardware),
 //! meta.json and one percentile chart per page under `--out`.
 
@@ -35,6 +37,7 @@ use crate::plan::Rng;
 use crate::plot::Chart;
 use crate::server::ServerProcess;
 use crate::shop::{self, Shop};
+use crate::shop_writes::{self, Api, Writes};
 use crate::target::peers::shop_stack::{Layout, ShopStack};
 
 /// k6's default request timeout, as the study's script left it.
@@ -57,6 +60,10 @@ impl ShopTarget {
             "microservices-as-published" => ShopTarget::MicroservicesAsPublished,
             other => bail!("unknown shop target {other}: onehop, microservices, microservices-as-published"),
         })
+    }
+
+    fn api(self) -> Api {
+        if self == ShopTarget::Onehop { Api::Onehop } else { Api::Gateway }
     }
 
     pub fn name(self) -> &'static str {
@@ -123,6 +130,7 @@ pub struct ShopOptions {
     pub pages: Vec<Page>,
     pub vus: Vec<u32>,
     pub duration: Duration,
+    pub writes_per_s: u32,
     pub seed: u64,
     pub out: PathBuf,
     pub json: bool,
@@ -149,6 +157,7 @@ struct RunResult {
     cpu_s: f64,
     rss_max_mib: f64,
     first_error: Option<String>,
+    writes: Writes,
 }
 
 /// The stack a run measures: onehop, or the microservices.
@@ -312,8 +321,16 @@ async fn virtual_user(
     (histogram, loads)
 }
 
-/// One page run against a started stack.
-fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop, duration: Duration) -> RunResult {
+/// One page run against a started stack, with `writes_per_s` writes meanwhile.
+fn page_run(
+    target: ShopTarget,
+    page: Page,
+    vus: u32,
+    stack: &Stack,
+    shop: &Shop,
+    duration: Duration,
+    writes_per_s: u32,
+) -> RunResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
     let address = Arc::new(stack.address());
     let products: Arc<Vec<String>> = Arc::new(shop.products.iter().map(|product| product.id.clone()).collect());
@@ -323,6 +340,10 @@ fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop
     let cpu_before: u64 = pids.iter().filter_map(|pid| crate::host::process_cpu_ns(*pid)).sum();
     let started = Instant::now();
     let until = started + duration;
+    let writer = {
+        let (address, products) = (address.clone(), products.clone());
+        std::thread::spawn(move || shop_writes::run(&address, target.api(), &products, writes_per_s, started, until))
+    };
     let (latency, loads, rss_max_mib) = runtime.block_on(async {
         let tasks: Vec<_> = (0..vus)
             .map(|number| {
@@ -352,6 +373,7 @@ fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop
         }
         (latency, loads, rss_max)
     });
+    let writes = writer.join().unwrap_or_else(|_| panic!("the writes' thread panicked"));
     let seconds = started.elapsed().as_secs_f64();
     let cpu_after: u64 = pids.iter().filter_map(|pid| crate::host::process_cpu_ns(*pid)).sum();
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
@@ -367,6 +389,7 @@ fn page_run(target: ShopTarget, page: Page, vus: u32, stack: &Stack, shop: &Shop
         cpu_s: cpu_after.saturating_sub(cpu_before) as f64 / 1e9,
         rss_max_mib,
         first_error,
+        writes,
     }
 }
 
@@ -416,14 +439,17 @@ pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
                 let stack = Stack::start(target, options, &shop, work.path())
                     .with_context(|| format!("starting {}", target.name()))?;
                 settings.insert(target.name().to_string(), stack.settings());
-                let result = page_run(target, page, vus, &stack, &shop, options.duration);
+                let result = page_run(target, page, vus, &stack, &shop, options.duration, options.writes_per_s);
                 let p = Percentiles::of(&result.latency);
+                let stale = Percentiles::of(&result.writes.staleness);
                 eprintln!(
-                    "   p50 {} ms, p95 {} ms, {:.1} loads/s, {} errors",
+                    "   p50 {} ms, p95 {} ms, {:.1} loads/s, {} errors; {} writes, staleness p99 {} ms",
                     ms(p.p50_ns),
                     ms(p.p95_ns),
                     result.loads as f64 / result.seconds,
-                    result.errors.iter().sum::<u64>()
+                    result.errors.iter().sum::<u64>(),
+                    result.writes.done,
+                    ms(stale.p99_ns)
                 );
                 drop(stack);
                 results.push(result);
@@ -442,6 +468,21 @@ pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
         let chart = Chart::percentiles(format!("study 2, {} page: page-load latency", page.name()), "ms", &named);
         std::fs::write(options.out.join(format!("shop-{}.svg", page.name())), chart.to_svg())?;
     }
+    if options.writes_per_s > 0 {
+        let series: Vec<(String, &Histogram<u64>)> = results
+            .iter()
+            .filter(|result| !result.writes.staleness.is_empty())
+            .map(|result| {
+                (
+                    format!("{} {} {} VUs", result.target.name(), result.page.name(), result.vus),
+                    &result.writes.staleness,
+                )
+            })
+            .collect();
+        let named: Vec<(&str, &Histogram<u64>)> = series.iter().map(|(name, h)| (name.as_str(), *h)).collect();
+        let title = format!("study 2: page staleness under {} writes/s", options.writes_per_s);
+        std::fs::write(options.out.join("shop-staleness.svg"), Chart::percentiles(title, "ms", &named).to_svg())?;
+    }
     let lines: Vec<Value> = results.iter().map(json_line).collect();
     let meta = json!({
         "workload": "shop",
@@ -451,6 +492,13 @@ pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
             "request_timeout_s": REQUEST_TIMEOUT.as_secs(),
             "duration_s": options.duration.as_secs_f64(),
             "vus": options.vus,
+            "writes": {
+                "per_s": options.writes_per_s,
+                "model": "open loop, stock and price in turn, through each stack's write API; \
+                          staleness: the acknowledgement to the end of the first page read showing the value",
+                "writers": shop_writes::WRITERS,
+                "fresh_within_s": shop_writes::FRESH_WITHIN.as_secs(),
+            },
             "file_limit": file_limit,
         },
         "data": {"seed": options.seed, "products": shop.products.len(), "reviews": shop.reviews.len()},
@@ -485,6 +533,17 @@ fn json_line(result: &RunResult) -> Value {
         "first_error": result.first_error,
         "cpu_s": result.cpu_s,
         "rss_max_mib": result.rss_max_mib,
+        "writes": {
+            "per_s": result.writes.rate,
+            "done": result.writes.done,
+            "errors": result.writes.errors,
+            "never_fresh": result.writes.never_fresh,
+            "first_error": result.writes.first_error,
+            "latency_p50_ms": Percentiles::of(&result.writes.latency).p50_ns as f64 / 1e6,
+            "latency_p99_ms": Percentiles::of(&result.writes.latency).p99_ns as f64 / 1e6,
+            "staleness_p50_ms": Percentiles::of(&result.writes.staleness).p50_ns as f64 / 1e6,
+            "staleness_p99_ms": Percentiles::of(&result.writes.staleness).p99_ns as f64 / 1e6,
+        },
     })
 }
 
@@ -531,5 +590,43 @@ fn summary(options: &ShopOptions, results: &[RunResult]) -> String {
             text.push_str(&format!("First error seen: {error}\n\n"));
         }
     }
+    if options.writes_per_s > 0 {
+        text.push_str(&writes_summary(options, results));
+    }
+    text
+}
+
+/// The writes-while-reading table: per run, the writes made and the pages' staleness.
+fn writes_summary(options: &ShopOptions, results: &[RunResult]) -> String {
+    let mut text = format!(
+        "## Writes while reading\n\n{} price and stock changes per second (open loop) through each stack's own \
+         write API during every run. Write latency: from when the write was due to its acknowledgement. \
+         Staleness: from the acknowledgement to the end of the first read of the product's page that shows \
+         the new value (one page read included); never fresh: not shown within {} s.\n\n\
+         | target | page run | VUs | writes/s | write p50 ms | p99 | staleness p50 ms | p99 | errors | never fresh |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        options.writes_per_s,
+        shop_writes::FRESH_WITHIN.as_secs()
+    );
+    for result in results {
+        let (latency, stale) = (Percentiles::of(&result.writes.latency), Percentiles::of(&result.writes.staleness));
+        text.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |\n",
+            result.target.name(),
+            result.page.name(),
+            result.vus,
+            result.writes.done as f64 / result.seconds,
+            ms(latency.p50_ns),
+            ms(latency.p99_ns),
+            ms(stale.p50_ns),
+            ms(stale.p99_ns),
+            result.writes.errors,
+            result.writes.never_fresh
+        ));
+    }
+    if let Some(error) = results.iter().find_map(|result| result.writes.first_error.clone()) {
+        text.push_str(&format!("\nFirst write error seen: {error}\n"));
+    }
+    text.push('\n');
     text
 }

@@ -97,6 +97,7 @@ fn bench_shop(args: crate::cli::BenchShopArgs) -> anyhow::Result<()> {
             pages,
             vus: args.vus,
             duration: seconds("--duration", args.duration, false)?,
+            writes_per_s: args.writes_per_s,
             seed: args.seed,
             out: args.out,
             json: args.json,

@@ -662,6 +662,10 @@ pub struct BenchShopArgs {
     /// Seconds each run lasts.
     #[arg(long, default_value_t = 60.0)]
     pub duration: f64,
+    /// Price and stock changes per second through each stack's write API during every run
+    /// (0: none), with the pages' staleness measured.
+    #[arg(long, default_value_t = 100)]
+    pub writes_per_s: u32,
     /// Where the stacks keep their data.
     #[arg(long, default_value = ".")]
     pub dir: std::path::PathBuf,

@@ -161,6 +161,23 @@ fn the_microservices_stack_answers_the_same_pages_in_both_layouts() {
         }
         let (status, _) = gateway_json(address, "/api/products/p_books_999");
         assert_eq!(status, 404, "{layout:?}");
+        // The writes the harness makes while reading, each through the service owning the row;
+        // the next read of the page shows it.
+        let id = expected[5]["id"].as_str().unwrap();
+        let put = |target: &str, body: &str| {
+            curl(address, target, &["-X", "PUT", "-H", "content-type: application/json", "-d", body])
+        };
+        let (status, body) = put(&format!("/api/products/{id}/stock"), r#"{"stock": 4242}"#);
+        assert_eq!(status, 200, "{layout:?}: {body}");
+        let (status, body) = put(&format!("/api/products/{id}/price"), r#"{"amount": 12.34}"#);
+        assert_eq!(status, 200, "{layout:?}: {body}");
+        let (_, page) = gateway_json(address, &format!("/api/products/{id}"));
+        assert_eq!((page["stock"].as_u64(), page["price"].as_f64()), (Some(4242), Some(12.34)), "{layout:?}: {page}");
+        assert_eq!(page["currency"], expected[5]["currency"], "the rest of the row is kept");
+        let (status, _) = put("/api/products/p_books_999/stock", r#"{"stock": 1}"#);
+        assert_eq!(status, 404, "{layout:?}");
+        let (status, body) = put(&format!("/api/products/{id}/stock"), r#"{"stock": "many"}"#);
+        assert_eq!(status, 400, "{layout:?}: {body}");
         assert_eq!(stack.settings()["layout"], layout.name());
         assert_eq!(stack.pids().len(), 6, "Postgres, four services and the gateway");
     }
@@ -168,7 +185,7 @@ fn the_microservices_stack_answers_the_same_pages_in_both_layouts() {
 
 /// `onehop bench shop` end to end, briefly: onehop and the indexed microservices stack, every
 /// page at 3 VUs for 2 s, each run on a stack of its own. Every page load succeeds on both,
-/// and the report (summary.md with the published figures beside, meta.json, a chart per page)
+/// every write made meanwhile is acknowledged and then seen on its product's page, and the report (summary.md with the published figures beside, meta.json, a chart per page)
 /// is written. Needs `scripts/peers install microservices`.
 #[test]
 fn bench_shop_runs_every_page_against_both_stacks() {
@@ -193,13 +210,20 @@ fn bench_shop_runs_every_page_against_both_stacks() {
         assert_eq!(failed, 0, "{line}");
         assert!(line["ok"].as_u64().unwrap() >= 3, "every VU loaded its page: {line}");
         assert!(line["cpu_s"].as_f64().unwrap() > 0.0 && line["rss_max_mib"].as_f64().unwrap() > 0.0, "{line}");
+        // The writes while reading (100/s by default): each acknowledged and then seen on its
+        // product's page.
+        let writes = &line["writes"];
+        assert!(writes["done"].as_u64().unwrap() > 0, "{line}");
+        assert_eq!((writes["errors"].as_u64(), writes["never_fresh"].as_u64()), (Some(0), Some(0)), "{line}");
+        assert!(writes["staleness_p99_ms"].as_f64().unwrap() > 0.0, "{line}");
     }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## listing") && summary.contains("40 740 / 59 998 / 0.45 / 35"), "{summary}");
     let meta: Value = serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
     assert_eq!(meta["targets"]["microservices"]["layout"], "indexed", "{meta}");
-    for page in ["home", "listing", "detail"] {
-        assert!(std::fs::read_to_string(out.join(format!("shop-{page}.svg"))).unwrap().contains("<svg"));
+    assert!(summary.contains("## Writes while reading"), "{summary}");
+    for chart in ["home", "listing", "detail", "staleness"] {
+        assert!(std::fs::read_to_string(out.join(format!("shop-{chart}.svg"))).unwrap().contains("<svg"));
     }
     let output = onehop().args(["bench", "shop", "--target", "kafka"]).output().unwrap();
     assert!(!output.status.success());

@@ -50,6 +50,12 @@ impl KeepAlive {
         Ok(KeepAlive { stream, host: host.to_string(), buffer: Vec::new() })
     }
 
+    /// Reads and writes that take longer than `limit` fail (none do by default).
+    pub fn set_timeout(&self, limit: std::time::Duration) -> std::io::Result<()> {
+        self.stream.set_read_timeout(Some(limit))?;
+        self.stream.set_write_timeout(Some(limit))
+    }
+
     /// Sends a request (a JSON body when not empty); the response's status and body.
     pub fn send(&mut self, method: &str, target: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
         self.send_as(method, target, None, body)
