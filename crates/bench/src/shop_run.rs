@@ -129,6 +129,8 @@ pub struct ShopOptions {
     pub targets: Vec<ShopTarget>,
     pub pages: Vec<Page>,
     pub vus: Vec<u32>,
+    /// Open-loop runs' rates (page loads per second), after the VU levels.
+    pub rates: Vec<u32>,
     pub duration: Duration,
     pub writes_per_s: u32,
     pub seed: u64,
@@ -136,25 +138,78 @@ pub struct ShopOptions {
     pub json: bool,
 }
 
-/// Errors of a run, by kind.
+/// How a run loads the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Load {
+    /// Closed loop: this many VUs, each loading a page, then sleeping 1 s.
+    Vus(u32),
+    /// Open loop: a page load started this many times a second, whether or not the earlier
+    /// ones were answered (k6's constant-arrival-rate), each timed from when it was due.
+    Rate(u32),
+}
+
+impl Load {
+    fn label(self) -> String {
+        match self {
+            Load::Vus(vus) => format!("{vus} VUs"),
+            Load::Rate(rate) => format!("{rate}/s"),
+        }
+    }
+}
+
+/// Page loads in flight at most in an open-loop run, each on a connection of its own: past it a
+/// due load is dropped (counted, as k6 counts dropped iterations when it runs out of VUs).
+const OPEN_LOOP_IN_FLIGHT_MAX: u64 = 2000;
+
+/// Errors of a run, by kind, and the first one's story.
 #[derive(Default)]
 struct Errors {
     timeout: AtomicU64,
     refused: AtomicU64,
     reset: AtomicU64,
     status: AtomicU64,
+    first: std::sync::Mutex<Option<String>>,
+}
+
+/// A page load's failure: which counter it goes to, and what happened.
+enum Failure {
+    Timeout(String),
+    Refused(String),
+    Reset(String),
+    Status(String),
+}
+
+impl Errors {
+    fn note(&self, failure: Failure) {
+        let (counter, what) = match failure {
+            Failure::Timeout(what) => (&self.timeout, what),
+            Failure::Refused(what) => (&self.refused, what),
+            Failure::Reset(what) => (&self.reset, what),
+            Failure::Status(what) => (&self.status, what),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.first.lock().expect("first error lock").get_or_insert(what);
+    }
+
+    fn counts(&self) -> [u64; 4] {
+        [&self.timeout, &self.refused, &self.reset, &self.status].map(|counter| counter.load(Ordering::Relaxed))
+    }
 }
 
 /// What one page run measured.
 struct RunResult {
     target: ShopTarget,
     page: Page,
-    vus: u32,
+    load: Load,
     latency: Histogram<u64>,
     loads: u64,
+    /// Open loop: loads that were due while [`OPEN_LOOP_IN_FLIGHT_MAX`] were in flight.
+    dropped: u64,
     seconds: f64,
     errors: [u64; 4],
     cpu_s: f64,
+    /// The harness's own CPU meanwhile (its VUs and writers share the machine with the target).
+    harness_cpu_s: f64,
     rss_max_mib: f64,
     first_error: Option<String>,
     writes: Writes,
@@ -227,93 +282,93 @@ fn raise_file_limit() -> u64 {
     limit.rlim_cur
 }
 
-/// One VU's loop until `until`.
-#[allow(clippy::too_many_arguments)]
-async fn virtual_user(
-    number: u32,
-    address: Arc<String>,
+/// One load of `page` over `connection` (made if there is none): its requests in turn, each
+/// with its status and length checked, each within [`REQUEST_TIMEOUT`]. A failed exchange
+/// drops the connection.
+async fn page_load(
+    connection: &mut Option<tokio::net::TcpStream>,
+    address: &str,
+    requests: &[String],
+    page: Page,
+    buffer: &mut Vec<u8>,
+) -> Result<(), Failure> {
+    for (request, min_bytes) in requests.iter().zip(page.min_bytes()) {
+        if connection.is_none() {
+            let stream = tokio::net::TcpStream::connect(address).await.map_err(|error| {
+                let what = format!("connecting: {error}");
+                if error.kind() == std::io::ErrorKind::ConnectionRefused {
+                    Failure::Refused(what)
+                } else {
+                    Failure::Reset(what)
+                }
+            })?;
+            let _ = stream.set_nodelay(true);
+            *connection = Some(stream);
+        }
+        let stream = connection.as_mut().expect("connected above");
+        let exchange = async {
+            stream.write_all(&http1::request("GET", address, request, None, None, b"")).await?;
+            buffer.clear();
+            let mut chunk = [0u8; 64 * 1024];
+            loop {
+                let read = stream.read(&mut chunk).await?;
+                if read == 0 {
+                    return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "closed mid-response"));
+                }
+                buffer.extend_from_slice(&chunk[..read]);
+                if let Some((status, body, _)) = http1::parse_response(buffer).map_err(std::io::Error::other)? {
+                    return Ok((status, body.len()));
+                }
+            }
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+            Err(_) => {
+                *connection = None;
+                return Err(Failure::Timeout(format!("GET {request}: no answer in {REQUEST_TIMEOUT:?}")));
+            }
+            Ok(Err(error)) => {
+                *connection = None;
+                return Err(Failure::Reset(format!("GET {request}: {error}")));
+            }
+            Ok(Ok((status, length))) if status != 200 || length < *min_bytes => {
+                return Err(Failure::Status(format!("GET {request}: status {status}, {length} bytes")));
+            }
+            Ok(Ok(_)) => {}
+        }
+    }
+    Ok(())
+}
+
+/// What a run's loads share: where they go, what they load, and the errors they meet.
+struct Loader {
+    address: String,
     target: ShopTarget,
     page: Page,
-    products: Arc<Vec<String>>,
-    until: Instant,
-    errors: Arc<Errors>,
-    first_error: Arc<std::sync::Mutex<Option<String>>>,
-) -> (Histogram<u64>, u64) {
+    products: Vec<String>,
+    errors: Errors,
+}
+
+impl Loader {
+    /// The requests of a load of a product drawn with `rng`.
+    fn requests(&self, rng: &mut Rng) -> Vec<String> {
+        let product = &self.products[rng.below(self.products.len() as u32) as usize];
+        self.target.targets(self.page, product)
+    }
+}
+
+/// One VU's loop until `until`: its page loads' latencies and how many it made.
+async fn virtual_user(number: u32, loader: Arc<Loader>, until: Instant) -> (Histogram<u64>, u64) {
     let mut histogram = latency_histogram();
     let mut loads = 0u64;
     let mut rng = Rng::new(0x5107_2000, u64::from(number));
-    let mut connection: Option<tokio::net::TcpStream> = None;
+    let mut connection = None;
     let mut buffer = Vec::with_capacity(64 * 1024);
-    let note = |kind: &AtomicU64, what: String| {
-        kind.fetch_add(1, Ordering::Relaxed);
-        let mut first = first_error.lock().expect("first error lock");
-        if first.is_none() {
-            *first = Some(what);
-        }
-    };
     while Instant::now() < until {
-        let product = &products[rng.below(products.len() as u32) as usize];
-        let requests = target.targets(page, product);
+        let requests = loader.requests(&mut rng);
         let started = Instant::now();
-        let mut failed = false;
-        for (request, min_bytes) in requests.iter().zip(page.min_bytes()) {
-            if connection.is_none() {
-                match tokio::net::TcpStream::connect(address.as_str()).await {
-                    Ok(stream) => {
-                        let _ = stream.set_nodelay(true);
-                        connection = Some(stream);
-                    }
-                    Err(error) => {
-                        let kind = if error.kind() == std::io::ErrorKind::ConnectionRefused {
-                            &errors.refused
-                        } else {
-                            &errors.reset
-                        };
-                        note(kind, format!("connecting: {error}"));
-                        failed = true;
-                        break;
-                    }
-                }
-            }
-            let stream = connection.as_mut().expect("connected above");
-            let exchange = async {
-                stream.write_all(&http1::request("GET", address.as_str(), request, None, None, b"")).await?;
-                buffer.clear();
-                let mut chunk = [0u8; 64 * 1024];
-                loop {
-                    let read = stream.read(&mut chunk).await?;
-                    if read == 0 {
-                        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "closed mid-response"));
-                    }
-                    buffer.extend_from_slice(&chunk[..read]);
-                    if let Some((status, body, _)) = http1::parse_response(&buffer).map_err(std::io::Error::other)? {
-                        return Ok((status, body.len()));
-                    }
-                }
-            };
-            match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
-                Err(_) => {
-                    note(&errors.timeout, format!("GET {request}: no answer in {REQUEST_TIMEOUT:?}"));
-                    connection = None;
-                    failed = true;
-                }
-                Ok(Err(error)) => {
-                    note(&errors.reset, format!("GET {request}: {error}"));
-                    connection = None;
-                    failed = true;
-                }
-                Ok(Ok((status, length))) if status != 200 || length < *min_bytes => {
-                    note(&errors.status, format!("GET {request}: status {status}, {length} bytes"));
-                    failed = true;
-                }
-                Ok(Ok(_)) => {}
-            }
-            if failed {
-                break;
-            }
-        }
-        if !failed {
-            record(&mut histogram, started.elapsed().as_nanos() as u64);
+        match page_load(&mut connection, &loader.address, &requests, loader.page, &mut buffer).await {
+            Ok(()) => record(&mut histogram, started.elapsed().as_nanos() as u64),
+            Err(failure) => loader.errors.note(failure),
         }
         loads += 1;
         tokio::time::sleep(THINK_TIME).await;
@@ -321,72 +376,122 @@ async fn virtual_user(
     (histogram, loads)
 }
 
+/// An open-loop run: a load due every `1 / rate` s from `started` until `until`, each on an
+/// idle connection (or a new one), timed from when it was due; then waits for those in
+/// flight. The latencies, the loads started and those dropped.
+async fn arrivals(loader: Arc<Loader>, rate: u32, started: Instant, until: Instant) -> (Histogram<u64>, u64, u64) {
+    let idle: Arc<std::sync::Mutex<Vec<tokio::net::TcpStream>>> = Arc::default();
+    let latency = Arc::new(std::sync::Mutex::new(latency_histogram()));
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let mut rng = Rng::new(0x5107_2001, u64::from(rate));
+    let (mut loads, mut dropped) = (0u64, 0u64);
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0u64.. {
+        let due = started + Duration::from_secs_f64(n as f64 / f64::from(rate));
+        if due >= until {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        while tasks.try_join_next().is_some() {}
+        if in_flight.load(Ordering::Relaxed) >= OPEN_LOOP_IN_FLIGHT_MAX {
+            dropped += 1;
+            continue;
+        }
+        loads += 1;
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        let requests = loader.requests(&mut rng);
+        let (loader, idle, latency, in_flight) = (loader.clone(), idle.clone(), latency.clone(), in_flight.clone());
+        tasks.spawn(async move {
+            let mut connection = idle.lock().expect("idle connections lock").pop();
+            let mut buffer = Vec::new();
+            match page_load(&mut connection, &loader.address, &requests, loader.page, &mut buffer).await {
+                Ok(()) => record(&mut latency.lock().expect("latency lock"), due.elapsed().as_nanos() as u64),
+                Err(failure) => loader.errors.note(failure),
+            }
+            if let Some(connection) = connection {
+                idle.lock().expect("idle connections lock").push(connection);
+            }
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let latency = latency.lock().expect("latency lock").clone();
+    (latency, loads, dropped)
+}
+
 /// One page run against a started stack, with `writes_per_s` writes meanwhile.
 fn page_run(
     target: ShopTarget,
     page: Page,
-    vus: u32,
+    load: Load,
     stack: &Stack,
     shop: &Shop,
     duration: Duration,
     writes_per_s: u32,
 ) -> RunResult {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
-    let address = Arc::new(stack.address());
-    let products: Arc<Vec<String>> = Arc::new(shop.products.iter().map(|product| product.id.clone()).collect());
-    let errors = Arc::new(Errors::default());
-    let first_error = Arc::new(std::sync::Mutex::new(None));
+    let products: Vec<String> = shop.products.iter().map(|product| product.id.clone()).collect();
+    let loader = Arc::new(Loader {
+        address: stack.address(),
+        target,
+        page,
+        products: products.clone(),
+        errors: Errors::default(),
+    });
     let pids = stack.pids();
     let cpu_before: u64 = pids.iter().filter_map(|pid| crate::host::process_cpu_ns(*pid)).sum();
+    let harness_before = crate::host::own_cpu_ns();
     let started = Instant::now();
     let until = started + duration;
     let writer = {
-        let (address, products) = (address.clone(), products.clone());
+        let address = loader.address.clone();
         std::thread::spawn(move || shop_writes::run(&address, target.api(), &products, writes_per_s, started, until))
     };
-    let (latency, loads, rss_max_mib) = runtime.block_on(async {
-        let tasks: Vec<_> = (0..vus)
-            .map(|number| {
-                tokio::spawn(virtual_user(
-                    number,
-                    address.clone(),
-                    target,
-                    page,
-                    products.clone(),
-                    until,
-                    errors.clone(),
-                    first_error.clone(),
-                ))
+    let (latency, loads, dropped, rss_max_mib) = runtime.block_on(async {
+        let sampler = {
+            let pids = pids.clone();
+            tokio::spawn(async move {
+                let mut rss_max = 0f64;
+                while Instant::now() < until {
+                    rss_max = rss_max.max(pids.iter().filter_map(|pid| crate::run::rss_mb(*pid)).sum());
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                rss_max
             })
-            .collect();
-        let mut rss_max = 0f64;
-        while Instant::now() < until {
-            rss_max = rss_max.max(pids.iter().filter_map(|pid| crate::run::rss_mb(*pid)).sum());
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        let (mut latency, mut loads) = (latency_histogram(), 0u64);
-        for task in tasks {
-            if let Ok((histogram, count)) = task.await {
-                crate::histogram::merge(&mut latency, &histogram);
-                loads += count;
+        };
+        let (latency, loads, dropped) = match load {
+            Load::Vus(vus) => {
+                let tasks: Vec<_> =
+                    (0..vus).map(|number| tokio::spawn(virtual_user(number, loader.clone(), until))).collect();
+                let (mut latency, mut loads) = (latency_histogram(), 0u64);
+                for task in tasks {
+                    if let Ok((histogram, count)) = task.await {
+                        crate::histogram::merge(&mut latency, &histogram);
+                        loads += count;
+                    }
+                }
+                (latency, loads, 0)
             }
-        }
-        (latency, loads, rss_max)
+            Load::Rate(rate) => arrivals(loader.clone(), rate, started, until).await,
+        };
+        (latency, loads, dropped, sampler.await.unwrap_or(0.0))
     });
     let writes = writer.join().unwrap_or_else(|_| panic!("the writes' thread panicked"));
     let seconds = started.elapsed().as_secs_f64();
     let cpu_after: u64 = pids.iter().filter_map(|pid| crate::host::process_cpu_ns(*pid)).sum();
-    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    let first_error = first_error.lock().expect("first error lock").clone();
+    let harness_after = crate::host::own_cpu_ns();
+    let first_error = loader.errors.first.lock().expect("first error lock").clone();
     RunResult {
         target,
         page,
-        vus,
+        load,
         latency,
         loads,
+        dropped,
         seconds,
-        errors: [load(&errors.timeout), load(&errors.refused), load(&errors.reset), load(&errors.status)],
+        errors: loader.errors.counts(),
         cpu_s: cpu_after.saturating_sub(cpu_before) as f64 / 1e9,
+        harness_cpu_s: harness_after.saturating_sub(harness_before) as f64 / 1e9,
         rss_max_mib,
         first_error,
         writes,
@@ -408,46 +513,55 @@ const PUBLISHED: [(&str, u32, &str, &str); 9] = [
 ];
 
 pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
-    if options.targets.is_empty() || options.pages.is_empty() || options.vus.is_empty() {
-        bail!("bench shop needs at least one target, page and VU level");
+    let loads: Vec<Load> = options
+        .vus
+        .iter()
+        .map(|&vus| Load::Vus(vus))
+        .chain(options.rates.iter().map(|&rate| Load::Rate(rate)))
+        .collect();
+    if options.targets.is_empty() || options.pages.is_empty() || loads.is_empty() {
+        bail!("bench shop needs at least one target, page, and VU level or rate");
     }
-    if options.vus.contains(&0) {
-        bail!("--vus: a VU level is at least 1");
+    if options.vus.contains(&0) || options.rates.contains(&0) {
+        bail!("--vus and --rates: a VU level or a rate is at least 1");
     }
     std::fs::create_dir_all(&options.out).with_context(|| format!("creating {}", options.out.display()))?;
     let file_limit = raise_file_limit();
-    let most = u64::from(*options.vus.iter().max().expect("checked non-empty"));
+    let most_vus = u64::from(options.vus.iter().copied().max().unwrap_or(0));
+    let most = if options.rates.is_empty() { most_vus } else { most_vus.max(OPEN_LOOP_IN_FLIGHT_MAX) };
     if file_limit < most * 2 + 256 {
-        bail!("the file limit is {file_limit}: {most} VUs need a socket each on both sides (ulimit -Hn)");
+        bail!("the file limit is {file_limit}: {most} connections need a socket each on both sides (ulimit -Hn)");
     }
     let shop = Shop::generate(options.seed);
     let mut results = Vec::new();
     let mut settings = serde_json::Map::new();
-    let runs = options.targets.len() * options.pages.len() * options.vus.len();
+    let runs = options.targets.len() * options.pages.len() * loads.len();
     let mut done = 0;
     for &target in &options.targets {
         for &page in &options.pages {
-            for &vus in &options.vus {
+            for &load in &loads {
                 done += 1;
                 eprintln!(
-                    "== run {done} of {runs}: {} {} at {vus} VUs for {} s (starting the stack)",
+                    "== run {done} of {runs}: {} {} at {} for {} s (starting the stack)",
                     target.name(),
                     page.name(),
+                    load.label(),
                     options.duration.as_secs()
                 );
                 let work = tempfile::Builder::new().prefix("onehop-bench-shop-").tempdir_in(&options.dir)?;
                 let stack = Stack::start(target, options, &shop, work.path())
                     .with_context(|| format!("starting {}", target.name()))?;
                 settings.insert(target.name().to_string(), stack.settings());
-                let result = page_run(target, page, vus, &stack, &shop, options.duration, options.writes_per_s);
+                let result = page_run(target, page, load, &stack, &shop, options.duration, options.writes_per_s);
                 let p = Percentiles::of(&result.latency);
                 let stale = Percentiles::of(&result.writes.staleness);
                 eprintln!(
-                    "   p50 {} ms, p95 {} ms, {:.1} loads/s, {} errors; {} writes, staleness p99 {} ms",
+                    "   p50 {} ms, p95 {} ms, {:.1} loads/s, {} errors, {} dropped; {} writes, staleness p99 {} ms",
                     ms(p.p50_ns),
                     ms(p.p95_ns),
                     result.loads as f64 / result.seconds,
                     result.errors.iter().sum::<u64>(),
+                    result.dropped,
                     result.writes.done,
                     ms(stale.p99_ns)
                 );
@@ -462,7 +576,7 @@ pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
         let series: Vec<(String, &Histogram<u64>)> = results
             .iter()
             .filter(|result| result.page == page && !result.latency.is_empty())
-            .map(|result| (format!("{} {} VUs", result.target.name(), result.vus), &result.latency))
+            .map(|result| (format!("{} {}", result.target.name(), result.load.label()), &result.latency))
             .collect();
         let named: Vec<(&str, &Histogram<u64>)> = series.iter().map(|(name, h)| (name.as_str(), *h)).collect();
         let chart = Chart::percentiles(format!("study 2, {} page: page-load latency", page.name()), "ms", &named);
@@ -474,7 +588,7 @@ pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
             .filter(|result| !result.writes.staleness.is_empty())
             .map(|result| {
                 (
-                    format!("{} {} {} VUs", result.target.name(), result.page.name(), result.vus),
+                    format!("{} {} {}", result.target.name(), result.page.name(), result.load.label()),
                     &result.writes.staleness,
                 )
             })
@@ -492,6 +606,9 @@ pub fn run(options: &ShopOptions) -> anyhow::Result<()> {
             "request_timeout_s": REQUEST_TIMEOUT.as_secs(),
             "duration_s": options.duration.as_secs_f64(),
             "vus": options.vus,
+            "rates": options.rates,
+            "open_loop": "k6's constant-arrival-rate: a load due every 1/rate s, on an idle connection or a new one, \
+                          timed from when it was due; dropped when 2 000 are in flight",
             "writes": {
                 "per_s": options.writes_per_s,
                 "model": "open loop, stock and price in turn, through each stack's write API; \
@@ -521,7 +638,9 @@ fn json_line(result: &RunResult) -> Value {
         "workload": "shop",
         "target": result.target.name(),
         "page": result.page.name(),
-        "vus": result.vus,
+        "vus": match result.load { Load::Vus(vus) => Some(vus), Load::Rate(_) => None },
+        "rate": match result.load { Load::Rate(rate) => Some(rate), Load::Vus(_) => None },
+        "dropped": result.dropped,
         "loads": result.loads,
         "ok": p.count,
         "loads_per_s": result.loads as f64 / result.seconds,
@@ -532,6 +651,7 @@ fn json_line(result: &RunResult) -> Value {
         "errors": {"timeout": result.errors[0], "refused": result.errors[1], "reset": result.errors[2], "status": result.errors[3]},
         "first_error": result.first_error,
         "cpu_s": result.cpu_s,
+        "harness_cpu_s": result.harness_cpu_s,
         "rss_max_mib": result.rss_max_mib,
         "writes": {
             "per_s": result.writes.rate,
@@ -551,22 +671,24 @@ fn summary(options: &ShopOptions, results: &[RunResult]) -> String {
     let mut text = String::from("# onehop bench shop (study 2)\n\n");
     text.push_str(&format!(
         "Virtual users with k6's semantics (own keep-alive connection, GET, check, sleep 1 s, 60 s timeout), \
-         {} s per run, each run on a stack started for it. Latency of successful page loads (home: the HTML and \
-         the first 8 products); CPU and peak RSS of every process of the target.\n\n",
+         and open-loop runs at a fixed rate (a load due every 1/rate s on an idle or new connection, timed from \
+         when it was due, dropped when 2 000 are in flight), {} s per run, each run on a stack started for it. \
+         Latency of successful page loads (home: the HTML and the first 8 products); CPU and peak RSS of every \
+         process of the target, and the harness's own CPU (its VUs share the two cores with the target).\n\n",
         options.duration.as_secs()
     ));
     for &page in &options.pages {
         text.push_str(&format!("## {}\n\n", page.name()));
         text.push_str(
-            "| target | VUs | p50 ms | p95 | p99 | p99.9 | loads/s | errors (timeout/refused/reset/status) | CPU s | RSS MiB |\n\
-             |---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
+            "| target | load | p50 ms | p95 | p99 | p99.9 | loads/s | errors (timeout/refused/reset/status) | dropped | CPU s | RSS MiB | harness CPU s |\n\
+             |---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
         );
         for result in results.iter().filter(|result| result.page == page) {
             let p = Percentiles::of(&result.latency);
             text.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {:.1} | {} / {} / {} / {} | {:.1} | {:.0} |\n",
+                "| {} | {} | {} | {} | {} | {} | {:.1} | {} / {} / {} / {} | {} | {:.1} | {:.0} | {:.1} |\n",
                 result.target.name(),
-                result.vus,
+                result.load.label(),
                 ms(p.p50_ns),
                 ms(p.p95_ns),
                 ms(p.p99_ns),
@@ -576,8 +698,10 @@ fn summary(options: &ShopOptions, results: &[RunResult]) -> String {
                 result.errors[1],
                 result.errors[2],
                 result.errors[3],
+                result.dropped,
                 result.cpu_s,
-                result.rss_max_mib
+                result.rss_max_mib,
+                result.harness_cpu_s
             ));
         }
         text.push_str("\nPublished (the study, M1 Max, 10 cores; p50 / p95 ms / req/s / error %):\n\n");
@@ -603,7 +727,7 @@ fn writes_summary(options: &ShopOptions, results: &[RunResult]) -> String {
          write API during every run. Write latency: from when the write was due to its acknowledgement. \
          Staleness: from the acknowledgement to the end of the first read of the product's page that shows \
          the new value (one page read included); never fresh: not shown within {} s.\n\n\
-         | target | page run | VUs | writes/s | write p50 ms | p99 | staleness p50 ms | p99 | errors | never fresh |\n\
+         | target | page run | load | writes/s | write p50 ms | p99 | staleness p50 ms | p99 | errors | never fresh |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         options.writes_per_s,
         shop_writes::FRESH_WITHIN.as_secs()
@@ -614,7 +738,7 @@ fn writes_summary(options: &ShopOptions, results: &[RunResult]) -> String {
             "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |\n",
             result.target.name(),
             result.page.name(),
-            result.vus,
+            result.load.label(),
             result.writes.done as f64 / result.seconds,
             ms(latency.p50_ns),
             ms(latency.p99_ns),

@@ -96,6 +96,7 @@ fn bench_shop(args: crate::cli::BenchShopArgs) -> anyhow::Result<()> {
             targets,
             pages,
             vus: args.vus,
+            rates: open_loop_rates(&args.rates)?,
             duration: seconds("--duration", args.duration, false)?,
             writes_per_s: args.writes_per_s,
             seed: args.seed,
@@ -132,6 +133,20 @@ fn command_line() -> String {
     let mut words = vec!["onehop".to_string()];
     words.extend(std::env::args().skip(1));
     words.join(" ")
+}
+
+/// `bench shop --rates`: page loads per second, each at least 1; `none` for no open-loop run.
+fn open_loop_rates(values: &[String]) -> anyhow::Result<Vec<u32>> {
+    if values == ["none"] {
+        return Ok(Vec::new());
+    }
+    values
+        .iter()
+        .map(|value| match value.parse::<u32>() {
+            Ok(rate) if rate > 0 => Ok(rate),
+            _ => bail!("--rates {value}: a rate is a whole number of page loads per second, at least 1 (or none)"),
+        })
+        .collect()
 }
 
 /// Seconds from a flag: finite and positive (`allow_zero` for warm-ups).

@@ -659,6 +659,10 @@ pub struct BenchShopArgs {
     /// The VU levels, each a run per target and page.
     #[arg(long, value_delimiter = ',', default_value = "20,200,2000")]
     pub vus: Vec<u32>,
+    /// Open-loop rates (page loads started per second, answered or not), each a run per target
+    /// and page after the VU levels; `--rates none` for none.
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    pub rates: Vec<String>,
     /// Seconds each run lasts.
     #[arg(long, default_value_t = 60.0)]
     pub duration: f64,

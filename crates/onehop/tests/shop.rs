@@ -184,31 +184,42 @@ fn the_microservices_stack_answers_the_same_pages_in_both_layouts() {
 }
 
 /// `onehop bench shop` end to end, briefly: onehop and the indexed microservices stack, every
-/// page at 3 VUs for 2 s, each run on a stack of its own. Every page load succeeds on both,
-/// every write made meanwhile is acknowledged and then seen on its product's page, and the report (summary.md with the published figures beside, meta.json, a chart per page)
-/// is written. Needs `scripts/peers install microservices`.
+/// page at 3 VUs and at 10 loads/s (open loop) for 2 s, each run on a stack of its own. Every
+/// page load succeeds on both, every write made meanwhile is acknowledged and then seen on its
+/// product's page, and the report (summary.md with the published figures beside, meta.json, a
+/// chart per page and one of staleness) is written. Needs `scripts/peers install microservices`.
 #[test]
 fn bench_shop_runs_every_page_against_both_stacks() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results");
     let (stdout, stderr) = run_expecting_success(
         onehop()
-            .args(["bench", "shop", "--target", "onehop,microservices", "--vus", "3", "--duration", "2", "--json"])
+            .args(["bench", "shop", "--target", "onehop,microservices", "--vus", "3", "--rates", "10"])
+            .args(["--duration", "2", "--json"])
             .arg("--dir")
             .arg(dir.path())
             .arg("--out")
             .arg(&out),
     );
-    assert!(stderr.contains("run 6 of 6"), "progress is shown: {stderr}");
+    assert!(stderr.contains("run 12 of 12"), "progress is shown: {stderr}");
     let lines: Vec<Value> =
         stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
-    assert_eq!(lines.len(), 6, "{stdout}");
+    assert_eq!(lines.len(), 12, "{stdout}");
     for line in &lines {
         let errors = &line["errors"];
         let failed: u64 =
             ["timeout", "refused", "reset", "status"].iter().map(|kind| errors[kind].as_u64().unwrap()).sum();
         assert_eq!(failed, 0, "{line}");
-        assert!(line["ok"].as_u64().unwrap() >= 3, "every VU loaded its page: {line}");
+        if line["rate"].is_null() {
+            assert!(line["ok"].as_u64().unwrap() >= 3, "every VU loaded its page: {line}");
+        } else {
+            // Open loop at 10/s for 2 s: 20 loads due, each made and answered.
+            assert_eq!(
+                (line["loads"].as_u64(), line["ok"].as_u64(), line["dropped"].as_u64()),
+                (Some(20), Some(20), Some(0)),
+                "{line}"
+            );
+        }
         assert!(line["cpu_s"].as_f64().unwrap() > 0.0 && line["rss_max_mib"].as_f64().unwrap() > 0.0, "{line}");
         // The writes while reading (100/s by default): each acknowledged and then seen on its
         // product's page.
@@ -228,6 +239,9 @@ fn bench_shop_runs_every_page_against_both_stacks() {
     let output = onehop().args(["bench", "shop", "--target", "kafka"]).output().unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown shop target kafka"));
+    let output = onehop().args(["bench", "shop", "--rates", "0"]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--rates 0: a rate is"), "{output:?}");
     // Nothing of the runs is left in --dir but the report.
     let left: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
