@@ -1,11 +1,12 @@
 //! Study 2's writes while reading: price and stock changes at a fixed rate through a stack's
 //! own write API during a page run, and how stale the pages are.
 //!
-//! The schedule is open loop: write `n` is due at `n / rate` seconds from the start, whether or
-//! not the earlier ones were answered, and its latency counts from when it was due (a late
-//! write's wait is latency, not omitted). [`WRITERS`] threads share the schedule, each with
-//! its own keep-alive connection and its own products (product `i` belongs to writer
-//! `i % WRITERS`), so no two changes of one product are in flight at once. After each
+//! The schedule is fixed: write `n` is due at `n / rate` seconds from the start, and its latency
+//! counts from when it was due, so a write made late (its writer still busy with an earlier
+//! one) counts its wait as latency, not omitted; a writer still behind when the run ends stops
+//! there, and the writes it did not make show as a lower rate. [`WRITERS`] threads share the
+//! schedule, each with its own keep-alive connection and its own products (product `i` belongs
+//! to writer `i % WRITERS`), so no two changes of one product are in flight at once. After each
 //! acknowledgement the writer reads the product's page until it shows the new value: the
 //! staleness is the acknowledgement to the end of the first such read (so it includes one page
 //! read; a page that did not show it in [`FRESH_WITHIN`] counts as never fresh).
@@ -175,7 +176,9 @@ fn writer_loop(
     let mut n = writer as u64;
     loop {
         let due = started + Duration::from_secs_f64(n as f64 / f64::from(rate));
-        if due >= until {
+        // A writer that fell behind (a stack too slow to answer) stops with the run: the writes
+        // it did not make show as a lower rate.
+        if due >= until || Instant::now() >= until {
             return writes;
         }
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
