@@ -41,9 +41,10 @@ fn stored(address: SocketAddr, stream: &str) -> Vec<serde_json::Value> {
 /// user reads and writes what it is granted and gets 403 for the rest, nothing written; a
 /// token works as a Bearer header and, for an SSE subscription, as `access_token`; a
 /// WebSocket opened with a token may not add a subscription to a stream it may not read; SQL
-/// lists only what a user has grants on and keeps user management to superusers; a user
-/// changes its own password; `/metrics` is a superuser's, `/healthz` anyone's; access, tokens
-/// included, survives a restart; a dropped user's token stops working.
+/// and `GET /streams`, `/tables` and `/views` list only what a user has grants on (and ask a
+/// client without credentials for them); only superusers manage users; a user changes its own
+/// password; `/metrics` is a superuser's, `/healthz` anyone's; access, tokens included,
+/// survives a restart; a dropped user's token stops working.
 #[test]
 fn http_clients_log_in_and_reach_only_what_they_are_granted() {
     let dir = DataDir::new();
@@ -134,6 +135,21 @@ fn http_clients_log_in_and_reach_only_what_they_are_granted() {
     let listed: Vec<&str> =
         answer["results"][0]["rows"].as_array().unwrap().iter().map(|row| row[0].as_str().unwrap()).collect();
     assert_eq!(listed, ["orders"], "alice sees only what she has grants on");
+    // The REST listings are the same listings, as objects.
+    for (user, wanted) in [(alice, vec!["orders"]), (ROOT, vec!["orders", "secrets"])] {
+        let (status, body) = curl(address, "/streams", &["-u", &as_user(user)]);
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let listed: Vec<&str> =
+            answer["streams"].as_array().unwrap().iter().map(|stream| stream["name"].as_str().unwrap()).collect();
+        assert_eq!(listed, wanted, "{body}");
+    }
+    for listing in ["/tables", "/views"] {
+        let (status, body) = curl(address, listing, &["-u", &as_user(alice)]);
+        assert_eq!((status, body.as_str()), (200, format!("{{\"{}\":[]}}", &listing[1..]).as_str()));
+        let (status, body) = curl(address, listing, &[]);
+        assert_eq!((status, code(&body)), (401, "unauthenticated".into()), "{listing}: {body}");
+    }
     let (status, body) =
         curl(address, "/sql", &["-u", &as_user(alice), "--data-binary", "CREATE USER eve PASSWORD 'x'"]);
     assert_eq!((status, code(&body)), (403, "forbidden".into()), "{body}");

@@ -229,19 +229,25 @@ fn each_count_once(server: &common::Server, source: &str) -> BTreeMap<String, u6
     expected
 }
 
+/// A server on a data directory of its own with a stream of words and a view counting them.
+fn word_counts() -> (DataDir, common::Server) {
+    let dir = DataDir::new();
+    let server = dir.start(&[], &[]);
+    sql(
+        server.address,
+        "CREATE STREAM words WITH (partitions = 3); \
+         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
+    );
+    (dir, server)
+}
+
 /// A view's change stream holds each change once across kill -9: a count per word, the server
 /// killed at random instants while words are published, 20 times. Read by a Kafka consumer
 /// with read_committed, each word's changes are its counts 1, 2, …, n in order, n being how
 /// many times the source holds the word: none written twice by a replay, none left out.
 #[test]
 fn a_views_change_stream_holds_each_change_once_across_kill_9_at_random_instants() {
-    let dir = DataDir::new();
-    let mut server = dir.start(&[], &[]);
-    sql(
-        server.address,
-        "CREATE STREAM words WITH (partitions = 3); \
-         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
-    );
+    let (dir, mut server) = word_counts();
     let mut rng = Rng::new(0x0000_c0de_c0c0_0001, 0);
     let mut published = 0usize;
     for _ in 0..COUNT_CYCLES {
@@ -273,13 +279,7 @@ const REPLAYED_WORDS: usize = 200_000;
 /// and a third start follows. Each count is in the change stream once, in order.
 #[test]
 fn a_crash_in_the_middle_of_the_replay_after_a_crash_writes_no_change_twice() {
-    let dir = DataDir::new();
-    let mut server = dir.start(&[], &[]);
-    sql(
-        server.address,
-        "CREATE STREAM words WITH (partitions = 3); \
-         CREATE VIEW word_counts AS SELECT word, COUNT(*) AS count FROM words GROUP BY word",
-    );
+    let (dir, mut server) = word_counts();
     let word = |i: usize| json!({ "word": format!("w{}", (i * 7) % 30) });
     publish_in_batches(server.address, "words", &(0..30).map(word).collect::<Vec<_>>(), 30);
     // A clean stop checkpoints: the next run starts past these 30.

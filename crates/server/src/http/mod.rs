@@ -16,6 +16,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod catalog;
 pub mod connection;
 pub mod cors;
 pub mod error;
@@ -274,12 +275,15 @@ pub fn app(state: AppState) -> Router {
         .route("/cluster", get(cluster))
         .route("/cluster/nodes", axum::routing::post(add_member))
         .route("/cluster/nodes/{id}", axum::routing::delete(remove_member))
+        .route("/streams", get(catalog::streams))
         .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
+        .route("/tables", get(catalog::tables))
         .route("/tables/{table}", get(tables::query_rows))
         .route(
             "/tables/{table}/{id}",
             get(tables::get_row).put(tables::put_row).patch(tables::patch_row).delete(tables::delete_row),
         )
+        .route("/views", get(catalog::views))
         .route("/views/{view}", get(views::list_keys))
         .route("/views/{view}/{key}", get(views::get_key))
         .route("/sql", axum::routing::post(sql::run))

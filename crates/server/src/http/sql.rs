@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 
-fn sql_error(error: onehop_sql::SqlError) -> ApiError {
+pub(super) fn sql_error(error: onehop_sql::SqlError) -> ApiError {
     match error {
         onehop_sql::SqlError::Engine(error) => error.into(),
         // A key taken, or a row changed by another writer first: the request was fine.
