@@ -30,18 +30,21 @@ pub struct QueueOptions {
     pub bytes: usize,
     pub producers: u32,
     pub consumers: u32,
-    /// Which sides run: onehop, kafka, redis-always, redis-everysec.
+    /// Which sides run: onehop, onehop-journal, kafka, redis-always, redis-everysec.
     pub targets: Vec<String>,
     pub out: PathBuf,
     pub json: bool,
 }
 
-pub const TARGETS: [&str; 4] = ["onehop", "kafka", "redis-always", "redis-everysec"];
+pub const TARGETS: [&str; 5] = ["onehop", "onehop-journal", "kafka", "redis-always", "redis-everysec"];
 
 /// What each side waits for before it acknowledges, for the report.
 fn durability(target: &str, kafka_brokers: u32) -> String {
     match target {
         "onehop" => "produce: fdatasync before the ack (acks=all); commits fdatasynced".into(),
+        "onehop-journal" => {
+            "produce and commits: fdatasync of the shared journal before the ack (--log-journal true)".into()
+        }
         "kafka" => format!("produce: acks=all, {kafka_brokers} broker(s), no fsync per write (Kafka's default)"),
         "redis-always" => "XADD: AOF appendfsync always (fsync before the reply)".into(),
         "redis-everysec" => "XADD: AOF appendfsync everysec (Redis's default; a crash may lose 1 s)".into(),
@@ -139,8 +142,9 @@ pub fn run(options: &QueueOptions) -> anyhow::Result<()> {
         );
         let log = logs.join(format!("glue-{target}.log"));
         let result = match target.as_str() {
-            "onehop" => {
-                let server = ServerProcess::start(&options.exe, &options.dir, &[])?;
+            "onehop" | "onehop-journal" => {
+                let journal = if target == "onehop-journal" { "true" } else { "false" };
+                let server = ServerProcess::start(&options.exe, &options.dir, &["--log-journal", journal])?;
                 run_glue(&glue, "kafka", &server.kafka, options, &log)?
             }
             "kafka" => {

@@ -134,7 +134,7 @@ fn describe_missing(missing: &MissingRecords) -> String {
     }
 }
 
-fn segment_bases(dir: &Path) -> std::io::Result<Vec<u64>> {
+pub(crate) fn segment_bases(dir: &Path) -> std::io::Result<Vec<u64>> {
     let mut bases = Vec::new();
     for entry in fs::read_dir(dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();

@@ -11,6 +11,8 @@
 //! - `partition`: a directory of segments; appends, reads and waiting for new records.
 //! - `writer`: the commit pipeline of a partition — a write thread and a sync thread doing
 //!   group commit.
+//! - `journal`: the optional shared journal, one file and one sync for the batches of every
+//!   partition of a log in a group-commit window, replayed into the segments on open.
 //! - `tail`: the newest batches of a partition in memory, for readers close behind the writer.
 //! - `text`, `headers`: [`Text`], the shared UTF-8 strings of records (subjects, header names),
 //!   and [`Headers`], a read record's headers left in its batch's bytes.
@@ -33,6 +35,7 @@ mod error;
 mod file;
 mod format;
 mod headers;
+mod journal;
 mod maintenance;
 mod manifest;
 pub mod metrics;
@@ -50,6 +53,7 @@ pub use error::{AppendError, DecodeError, MaintenanceError, Missing, OpenError, 
 pub use file::{FileStorage, SegmentFile, Storage};
 pub use format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BATCH_VERSION, BatchHeader, NewRecord, Record, decode_records};
 pub use headers::Headers;
+pub use journal::{JournalOptions, JournalReplay};
 pub use maintenance::{CompactionReport, RetentionReport};
 pub use manifest::MissingRecords;
 pub use partition::{

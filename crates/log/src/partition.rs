@@ -150,6 +150,17 @@ pub(crate) struct Shared {
     /// they are and never lists a file that was deleted after it was written.
     pub(crate) manifest: Mutex<()>,
     pub(crate) meters: crate::metrics::Meters,
+    /// The log's shared journal, when it has one: the write thread hands it every batch and an
+    /// `fsync` append waits for the journal's sync instead of the segment's. Set once, by the
+    /// log, before the first append.
+    pub(crate) journal: std::sync::OnceLock<JournalHandle>,
+}
+
+/// A partition's way into its log's journal: the journal and the names its records carry.
+pub(crate) struct JournalHandle {
+    pub(crate) journal: crate::journal::Journal,
+    pub(crate) topic: String,
+    pub(crate) partition: u32,
 }
 
 impl Shared {
@@ -470,6 +481,7 @@ impl Partition {
             maintenance: Mutex::new(()),
             manifest: Mutex::new(()),
             meters: crate::metrics::Meters::register(),
+            journal: std::sync::OnceLock::new(),
         });
         let writer_shared = shared.clone();
         let thread_name = format!("log-writer-{}", dir.file_name().unwrap_or_default().to_string_lossy());
@@ -970,6 +982,15 @@ impl Drop for Partition {
 
 // Retention and compaction live in `maintenance.rs`; they need these internals.
 impl Partition {
+    /// Journals this partition's batches in `journal` from now on (see `journal.rs`). The log
+    /// calls it once, right after opening the partition and before anything is appended.
+    pub(crate) fn use_journal(&self, journal: crate::journal::Journal, topic: &str, partition: u32) {
+        let handle = JournalHandle { journal, topic: topic.to_string(), partition };
+        if self.shared.journal.set(handle).is_err() {
+            tracing::warn!(partition = %self.shared.label, "a partition was given a journal twice; the first is kept");
+        }
+    }
+
     pub(crate) fn label(&self) -> &str {
         &self.shared.label
     }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::config::PartitionConfig;
 use crate::error::{OpenError, io_at};
 use crate::file::{FileStorage, Storage};
+use crate::journal::{JOURNAL_DIR, Journal, JournalOptions, JournalReplay};
 use crate::partition::{CONFIG_FILE, Partition, PartitionOptions, RecoveryReport};
 use crate::recovery::RecoveryPolicy;
 use crate::segment::sync_dir;
@@ -100,6 +101,9 @@ pub struct LogOptions {
     pub recovery: RecoveryPolicy,
     /// Topics that recover by a policy of their own (the catalog never has its tail cut).
     pub topic_recovery: BTreeMap<String, RecoveryPolicy>,
+    /// One shared journal for every partition's batches (`journal.rs`): an `fsync` append
+    /// waits for one sync of the journal, shared by every partition, instead of its segment's.
+    pub journal: Option<JournalOptions>,
 }
 
 impl Default for LogOptions {
@@ -109,6 +113,7 @@ impl Default for LogOptions {
             storage: Arc::new(FileStorage),
             recovery: RecoveryPolicy::default(),
             topic_recovery: BTreeMap::new(),
+            journal: None,
         }
     }
 }
@@ -128,6 +133,9 @@ pub struct Log {
     /// Set to stop the maintenance thread; the condvar wakes it early.
     stop: Arc<(Mutex<bool>, Condvar)>,
     maintenance: Mutex<Option<JoinHandle<()>>>,
+    journal: Option<Journal>,
+    /// What replaying the journal did when the log opened.
+    journal_replay: Option<JournalReplay>,
 }
 
 /// One partition found and recovered by [`Log::open`].
@@ -144,6 +152,24 @@ impl Log {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(io_at(&dir))?;
         finish_drops(&dir)?;
+        // The journal is replayed before any partition opens: a segment missing a journalled
+        // batch gets it back before recovery reads the segment.
+        let (journal, journal_replay) = match &options.journal {
+            Some(journal_options) => {
+                let (journal, replay) = Journal::open(&dir, options.storage.clone(), journal_options.clone())?;
+                if replay.records > 0 {
+                    tracing::info!(
+                        files = replay.files,
+                        records = replay.records,
+                        restored = replay.restored,
+                        skipped = replay.skipped,
+                        "replayed the log's journal"
+                    );
+                }
+                (Some(journal), Some(replay))
+            }
+            None => (None, None),
+        };
         let found = partition_dirs(&dir).map_err(io_at(&dir))?;
         let mut partitions = BTreeMap::new();
         let mut opened = Vec::new();
@@ -151,6 +177,9 @@ impl Log {
         for (i, (topic, index, path)) in found.into_iter().enumerate() {
             let (partition, recovery) =
                 Partition::open_existing_with_options(&path, &options.partition_options(&topic))?;
+            if let Some(journal) = &journal {
+                partition.use_journal(journal.clone(), &topic, index);
+            }
             tracing::info!(
                 topic = %topic, partition = index, progress = %format!("{}/{}", i + 1, total),
                 segments = recovery.segments, end_offset = partition.end_offset(),
@@ -169,11 +198,18 @@ impl Log {
                 .spawn(move || run_maintenance(partitions, stop, interval))
                 .map_err(io_at(&dir))?
         };
-        Ok((Log { dir, options, partitions, stop, maintenance: Mutex::new(Some(maintenance)) }, opened))
+        let log =
+            Log { dir, options, partitions, stop, maintenance: Mutex::new(Some(maintenance)), journal, journal_replay };
+        Ok((log, opened))
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// What replaying the journal did when the log opened; `None` without a journal.
+    pub fn journal_replay(&self) -> Option<&JournalReplay> {
+        self.journal_replay.as_ref()
     }
 
     /// Opens partition `index` of `topic`, creating it with `config` if it does not exist. An
@@ -191,6 +227,9 @@ impl Log {
             return Ok(partition.clone());
         }
         let (partition, _) = Partition::open_with_options(&path, config, &self.options.partition_options(topic))?;
+        if let Some(journal) = &self.journal {
+            partition.use_journal(journal.clone(), topic, index);
+        }
         let partition = Arc::new(partition);
         partitions.insert((topic.to_string(), index), partition.clone());
         Ok(partition)
@@ -226,6 +265,13 @@ impl Log {
         for partition in &removed {
             partition.close();
         }
+        // Closed, the partitions' segments are synced; the journal's records of them must not
+        // come back into a topic made again under this name.
+        if let Some(journal) = &self.journal {
+            journal
+                .forget(topic)
+                .map_err(|reason| io_at(&self.dir.join(JOURNAL_DIR))(std::io::Error::other(reason)))?;
+        }
         // The directory leaves the topics' namespace in one rename before anything in it is
         // deleted: a crash while its files go one by one must not leave a partition that lists
         // segments that are gone (the next open would refuse it as missing records). The next
@@ -258,6 +304,9 @@ impl Log {
         }
         for (_, _, partition) in self.partitions() {
             partition.close();
+        }
+        if let Some(journal) = &self.journal {
+            journal.close();
         }
     }
 }

@@ -44,6 +44,8 @@ pub(crate) struct Written {
     position: u64,
     header: BatchHeader,
     needs_fsync: bool,
+    /// Its record's ticket in the log's journal, when the partition journals its batches.
+    ticket: Option<u64>,
     acks: Vec<Ack>,
 }
 
@@ -263,6 +265,20 @@ impl Writer {
             self.poison(format!("write failed: {error}"), taken);
             return;
         }
+        let ticket = match self.shared.journal.get() {
+            Some(handle) => {
+                match handle.journal.submit(&handle.topic, handle.partition, &self.active, position, &buffer) {
+                    Ok(ticket) => Some(ticket),
+                    Err(reason) => {
+                        // The batch is in the segment but cannot be made durable: as after a
+                        // failed write, nothing more is taken.
+                        self.poison(reason, taken);
+                        return;
+                    }
+                }
+            }
+            None => None,
+        };
         self.next_offset = header.next_offset();
         if cached {
             debug_assert_eq!(buffer.len(), batch_bytes, "a batch is its header and its appends' records");
@@ -285,7 +301,7 @@ impl Writer {
         if taken.capacity() > self.spare.capacity() {
             self.spare = taken;
         }
-        let batch = Written { segment: self.active.clone(), position, header, needs_fsync, acks };
+        let batch = Written { segment: self.active.clone(), position, header, needs_fsync, ticket, acks };
         let mut commit = self.shared.commit.lock().expect("commit lock");
         if needs_fsync && commit.written.is_empty() && !commit.syncing && self.queue_is_empty() {
             // Nothing ahead of this batch and nothing behind it: make it durable here instead
@@ -324,8 +340,14 @@ impl Writer {
     /// acknowledges it, on the write thread. The caller has set `syncing`.
     fn sync_inline(&mut self, batch: Written, unsynced: Option<Arc<Segment>>) {
         let fsync_seconds = &self.shared.meters.fsync_seconds;
-        let mut synced = sync_timed(&batch.segment, fsync_seconds);
+        let mut synced = match (self.shared.journal.get(), batch.ticket) {
+            // The journal holds this batch and every earlier one of the partition, async
+            // batches included: its sync covers them all.
+            (Some(handle), Some(ticket)) => handle.journal.wait(ticket).map_err(std::io::Error::other),
+            _ => sync_timed(&batch.segment, fsync_seconds),
+        };
         if synced.is_ok()
+            && batch.ticket.is_none()
             && let Some(segment) = unsynced.filter(|segment| !Arc::ptr_eq(segment, &batch.segment))
         {
             synced = sync_timed(&segment, fsync_seconds);
@@ -516,7 +538,19 @@ impl Syncer {
             drop(commit);
             let needs_fsync = entries.iter().any(Entry::needs_fsync);
             let mut failure = None;
-            if needs_fsync {
+            let ticket = entries
+                .iter()
+                .filter_map(|entry| match entry {
+                    Entry::Batch(batch) => batch.ticket,
+                    Entry::Closed { .. } => None,
+                })
+                .max();
+            if needs_fsync && let (Some(handle), Some(ticket)) = (self.shared.journal.get(), ticket) {
+                // One sync of the journal, shared with every other partition's batches.
+                if let Err(reason) = handle.journal.wait(ticket) {
+                    failure = Some(reason);
+                }
+            } else if needs_fsync {
                 // Sync every segment the batches touch, plus one holding earlier unsynced async
                 // batches; a segment closed by a roll was already synced by the write thread.
                 let mut synced: Vec<*const Segment> = Vec::new();

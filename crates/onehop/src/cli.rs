@@ -220,6 +220,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONEHOP_AUTO_CREATE", value_name = "BOOL")]
     pub auto_create: Option<bool>,
 
+    /// Journal every partition's batches in one shared file, so that appends to many
+    /// partitions (and the consumer offsets beside them) are made durable by one fdatasync
+    /// instead of one per partition file; replayed into the segments at start [default: false].
+    #[arg(long, env = "ONEHOP_LOG_JOURNAL", value_name = "BOOL")]
+    pub log_journal: Option<bool>,
+
     /// Most HTTP connections open at once (subscriptions included); more are answered 503
     /// [default: 20000].
     #[arg(long, env = "ONEHOP_CONNECTIONS_MAX", value_name = "N")]
@@ -718,8 +724,9 @@ pub struct BenchViewJoinArgs {
 /// Flags of `onehop bench queue`.
 #[derive(Args, Debug)]
 pub struct BenchQueueArgs {
-    /// Sides to run, one after another: onehop, kafka, redis-always, redis-everysec.
-    #[arg(long, value_delimiter = ',', default_value = "onehop,kafka,redis-always,redis-everysec")]
+    /// Sides to run, one after another: onehop, onehop-journal (`--log-journal true`), kafka,
+    /// redis-always, redis-everysec.
+    #[arg(long, value_delimiter = ',', default_value = "onehop,onehop-journal,kafka,redis-always,redis-everysec")]
     pub target: Vec<String>,
     /// Messages in all.
     #[arg(long, default_value_t = 100_000)]

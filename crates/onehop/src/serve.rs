@@ -382,6 +382,7 @@ fn log_options(settings: &Settings) -> LogOptions {
                 .into(),
             ..RecoveryPolicy::default()
         },
+        journal: settings.log_journal.then(onehop_log::JournalOptions::default),
         ..LogOptions::default()
     };
     set_system_recovery(&mut options, settings.recover_catalog);

@@ -73,6 +73,7 @@ struct FileSettings {
     batch_bytes_max: Option<Size>,
     maintenance_interval_s: Option<u64>,
     auto_create: Option<bool>,
+    log_journal: Option<bool>,
     connections_max: Option<usize>,
     subscriptions_per_socket_max: Option<usize>,
     mqtt_subscriptions_max: Option<usize>,
@@ -241,6 +242,8 @@ pub struct Settings {
     pub maintenance_interval: Duration,
     /// Create streams on their first publish.
     pub auto_create: bool,
+    /// One shared journal for the log's partitions (`onehop_log::JournalOptions`).
+    pub log_journal: bool,
     /// Most HTTP connections at once.
     pub connections_max: usize,
     /// Most subscriptions per WebSocket.
@@ -443,6 +446,12 @@ impl Settings {
         let admin = admin(args, &file)?;
         let jwt = jwt(args, &file)?;
         let cluster = cluster(args, &file)?;
+        let log_journal = args.log_journal.or(file.log_journal).unwrap_or(false);
+        if log_journal && cluster.is_some() {
+            // A snapshot installed from the leader replaces the log's directory before the log
+            // opens, journal and all: the journal is not yet safe there.
+            bail!("log_journal is for a single node for now; start the cluster node without it");
+        }
         if let Some(cluster) = &cluster
             && cluster.tls.is_none()
             && !cluster.address.ip().is_loopback()
@@ -696,6 +705,7 @@ impl Settings {
             stream_defaults,
             maintenance_interval: Duration::from_secs(maintenance_interval_s),
             auto_create: args.auto_create.or(file.auto_create).unwrap_or(true),
+            log_journal,
             schema: args.schema.clone().or(file.schema),
             static_dir: args.static_dir.clone().or(file.static_dir),
             log_filter: args.log.clone().or(file.log).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string()),
@@ -796,6 +806,16 @@ mod tests {
         assert_eq!(settings.stream_defaults.durability, Durability::Async);
         assert_eq!(settings.maintenance_interval, Duration::from_secs(5));
         assert!(!settings.auto_create);
+    }
+
+    #[test]
+    fn the_shared_journal_is_a_setting_and_refused_with_a_cluster() {
+        let on = Settings::merge(&ServeArgs::default(), file("log_journal = true\n"), None).unwrap();
+        assert!(on.log_journal);
+        assert!(!Settings::merge(&ServeArgs::default(), file(""), None).unwrap().log_journal);
+        let clustered = file("log_journal = true\nnode_id = 1\ncluster_addr = \"127.0.0.1:7001\"\n");
+        let refused = Settings::merge(&ServeArgs::default(), clustered, None).unwrap_err().to_string();
+        assert!(refused.contains("log_journal is for a single node"), "{refused}");
     }
 
     #[test]

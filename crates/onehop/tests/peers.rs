@@ -524,8 +524,9 @@ fn bench_kafka_runs_producer_performance_against_onehop_and_kafka() {
 }
 
 /// `onehop bench queue`, small: the queue study's closed-loop producers and acknowledging
-/// consumer group through Kafka's protocol against onehop and one Kafka broker, and through
-/// Redis Streams against redis-server (AOF fsynced per write); every message received once.
+/// consumer group through Kafka's protocol against onehop (with and without its shared journal)
+/// and one Kafka broker, and through Redis Streams against redis-server (AOF fsynced per
+/// write); every message received once.
 #[test]
 fn bench_queue_runs_kafka_clients_and_redis_streams_side_by_side() {
     let dir = tempfile::tempdir().unwrap();
@@ -533,7 +534,7 @@ fn bench_queue_runs_kafka_clients_and_redis_streams_side_by_side() {
     let mut command = common::onehop();
     command
         .args(["bench", "queue", "--messages", "600", "--producers", "3", "--consumers", "2"])
-        .args(["--target", "onehop,kafka,redis-always", "--json", "--dir"])
+        .args(["--target", "onehop,onehop-journal,kafka,redis-always", "--json", "--dir"])
         .arg(dir.path())
         .arg("--out")
         .arg(&out);
@@ -546,7 +547,7 @@ fn bench_queue_runs_kafka_clients_and_redis_streams_side_by_side() {
     let lines: Vec<Value> =
         stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
     let targets: Vec<&str> = lines.iter().map(|line| line["target"].as_str().unwrap()).collect();
-    assert_eq!(targets, ["onehop", "kafka", "redis-always"], "{stdout}");
+    assert_eq!(targets, ["onehop", "onehop-journal", "kafka", "redis-always"], "{stdout}");
     for line in &lines {
         assert_eq!(line["received"], 600, "{line}");
         assert_eq!(line["duplicates"], 0, "{line}");

@@ -194,8 +194,19 @@ fn kill_9_while_writing<T: Send + 'static>(
 
 #[test]
 fn acknowledged_http_publishes_survive_kill_9() {
+    publishes_survive_kill_9(&[]);
+}
+
+/// The same with the shared journal: every acknowledgement waited for the journal's sync, not
+/// the segment's, and the restart replays the journal into the segments before it serves.
+#[test]
+fn acknowledged_http_publishes_survive_kill_9_with_the_shared_journal() {
+    publishes_survive_kill_9(&["--log-journal", "true"]);
+}
+
+fn publishes_survive_kill_9(args: &[&str]) {
     let dir = DataDir::new();
-    let mut server = dir.start(&[], &[]);
+    let mut server = dir.start(args, &[]);
     let publishers = kill_9_while_writing(&mut server, Duration::from_millis(400), |writer, address, stop| {
         let mut acked = Vec::new();
         for sequence in 0..100_000 {
@@ -217,7 +228,7 @@ fn acknowledged_http_publishes_survive_kill_9() {
     let acked: Vec<(u64, String)> = publishers.into_iter().flatten().collect();
     assert!(acked.len() > 20, "only {} publishes were acknowledged before the kill", acked.len());
 
-    let server = dir.start(&[], &[]);
+    let server = dir.start(args, &[]);
     let mut stored = std::collections::HashMap::new();
     let mut from = 0;
     loop {
