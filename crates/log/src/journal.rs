@@ -144,15 +144,7 @@ enum Read {
 }
 
 fn encode_batch(out: &mut Vec<u8>, topic: &str, partition: u32, segment: u64, position: u64, batch: &[u8]) {
-    let body_len = 1 + 2 + topic.len() + 4 + 8 + 8 + batch.len();
-    let start = out.len();
-    out.reserve(HEADER_BYTES + body_len);
-    out.extend_from_slice(&MAGIC.to_le_bytes());
-    out.extend_from_slice(&(body_len as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    out.push(KIND_BATCH);
-    out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
-    out.extend_from_slice(topic.as_bytes());
+    let start = begin_record(out, KIND_BATCH, topic, 4 + 8 + 8 + batch.len());
     out.extend_from_slice(&partition.to_le_bytes());
     out.extend_from_slice(&segment.to_le_bytes());
     out.extend_from_slice(&position.to_le_bytes());
@@ -161,15 +153,23 @@ fn encode_batch(out: &mut Vec<u8>, topic: &str, partition: u32, segment: u64, po
 }
 
 fn encode_forget(out: &mut Vec<u8>, topic: &str) {
-    let body_len = 1 + 2 + topic.len();
+    let start = begin_record(out, KIND_FORGET, topic, 0);
+    seal(out, start);
+}
+
+/// Starts a record of `kind` for `topic` whose body has `rest` more bytes after the topic;
+/// returns where it starts, for [`seal`].
+fn begin_record(out: &mut Vec<u8>, kind: u8, topic: &str, rest: usize) -> usize {
+    let body_len = 1 + 2 + topic.len() + rest;
     let start = out.len();
+    out.reserve(HEADER_BYTES + body_len);
     out.extend_from_slice(&MAGIC.to_le_bytes());
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
-    out.push(KIND_FORGET);
+    out.push(kind);
     out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
     out.extend_from_slice(topic.as_bytes());
-    seal(out, start);
+    start
 }
 
 /// Writes the CRC of the record that starts at `start` and ends the buffer.

@@ -19,8 +19,8 @@ use common::{filler, read_all, remove_index_files, segment_bases, segment_path, 
 use onehop_log::{
     AppendError, NewRecord, OpenError, Partition, PartitionConfig, PartitionOptions, Record, RecoveryPolicy,
 };
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 fn record(tag: u64) -> NewRecord {
     NewRecord {
@@ -98,9 +98,7 @@ fn write_until_power_cut(
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(rng.random_range(5..60)));
-    let mut cut_rng = StdRng::seed_from_u64(rng.random());
-    disk.power_cut(keep_probability, || cut_rng.random());
+    disk.power_cut_soon(rng, 5..60, keep_probability);
     stop.store(true, Ordering::Relaxed);
     let mut acknowledged = BTreeMap::new();
     for writer in writers {

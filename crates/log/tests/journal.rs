@@ -93,9 +93,7 @@ fn write_until_power_cut(
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(rng.random_range(20..120)));
-    let mut cut_rng = StdRng::seed_from_u64(rng.random());
-    disk.power_cut(keep_probability, || cut_rng.random());
+    disk.power_cut_soon(rng, 20..120, keep_probability);
     stop.store(true, Ordering::Relaxed);
     let mut acknowledged: BTreeMap<Key, BTreeMap<u64, NewRecord>> = BTreeMap::new();
     for writer in writers {

@@ -116,6 +116,15 @@ impl SimulatedDisk {
         self.state.lock().unwrap().corrupted.clone()
     }
 
+    /// Waits a random time in `wait_ms`, then cuts the power with a random generator seeded
+    /// from `rng`: the power cut of a seeded test.
+    pub fn power_cut_soon(&self, rng: &mut rand::rngs::StdRng, wait_ms: std::ops::Range<u64>, keep_probability: f64) {
+        use rand::{Rng, SeedableRng};
+        std::thread::sleep(Duration::from_millis(rng.random_range(wait_ms)));
+        let mut cut_rng = rand::rngs::StdRng::seed_from_u64(rng.random());
+        self.power_cut(keep_probability, || cut_rng.random());
+    }
+
     /// Cuts the power: from now on every operation fails, and every file becomes its durable
     /// image plus each sector of each pending write with probability `keep_probability`
     /// (decided by `random`, which returns values in `[0, 1)`). Pending length changes are
