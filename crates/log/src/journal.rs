@@ -68,7 +68,8 @@ const IDLE_SYNC: Duration = Duration::from_millis(200);
 /// Settings of the journal.
 #[derive(Clone, Debug)]
 pub struct JournalOptions {
-    /// A file that has grown past this is checkpointed and a new one started.
+    /// A file that has grown past this is checkpointed and a new one started. Opening the log
+    /// reads each file whole, so this also bounds the replay's memory.
     pub file_bytes_max: u64,
     /// Zeros written ahead of the records while nothing is committed, so that a sync covers
     /// data, not a new file size; they grow once half is used. Small enough that a commit
@@ -78,7 +79,7 @@ pub struct JournalOptions {
 
 impl Default for JournalOptions {
     fn default() -> Self {
-        JournalOptions { file_bytes_max: 256 << 20, runway_bytes: 1 << 20 }
+        JournalOptions { file_bytes_max: 64 << 20, runway_bytes: 1 << 20 }
     }
 }
 
@@ -316,6 +317,22 @@ fn replay(log_dir: &Path, storage: &dyn Storage) -> Result<(JournalReplay, u64, 
 fn holds(file: &dyn SegmentFile, position: u64, bytes: &[u8]) -> bool {
     let mut found = vec![0; bytes.len()];
     file.read_exact_at(&mut found, position).is_ok() && found == bytes
+}
+
+/// Replays a journal a log opened without one finds (it ran with one before), then deletes it:
+/// its records may be the only durable copy of acknowledged batches.
+pub(crate) fn replay_leftover(log_dir: &Path, storage: &dyn Storage) -> Result<Option<JournalReplay>, OpenError> {
+    let dir = log_dir.join(JOURNAL_DIR);
+    if fs::metadata(&dir).is_err() {
+        return Ok(None);
+    }
+    let (report, _, files) = replay(log_dir, storage)?;
+    for path in &files {
+        fs::remove_file(path).map_err(io_at(path))?;
+    }
+    fs::remove_dir(&dir).map_err(io_at(&dir))?;
+    sync_dir(log_dir).map_err(io_at(log_dir))?;
+    Ok(Some(report))
 }
 
 impl Journal {

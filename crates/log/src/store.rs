@@ -168,7 +168,8 @@ impl Log {
                 }
                 (Some(journal), Some(replay))
             }
-            None => (None, None),
+            // It ran with a journal before: what only the journal holds goes into the segments.
+            None => (None, crate::journal::replay_leftover(&dir, &*options.storage)?),
         };
         let found = partition_dirs(&dir).map_err(io_at(&dir))?;
         let mut partitions = BTreeMap::new();
@@ -207,7 +208,7 @@ impl Log {
         &self.dir
     }
 
-    /// What replaying the journal did when the log opened; `None` without a journal.
+    /// What replaying the journal did when the log opened; `None` when there was none.
     pub fn journal_replay(&self) -> Option<&JournalReplay> {
         self.journal_replay.as_ref()
     }

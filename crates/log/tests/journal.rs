@@ -286,3 +286,21 @@ fn a_journal_busier_than_its_runway_keeps_every_append() {
     assert!(log.journal_replay().unwrap().restored > 0);
     assert_kept(&log, &acknowledged, "busy journal");
 }
+
+/// A log that ran with the journal and opens without it still replays the journal it left:
+/// after a power cut those records are the only copy of what was acknowledged.
+#[test]
+fn a_log_opened_without_the_journal_replays_the_one_it_left() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SimulatedDisk::with_sync_latency(Duration::from_micros(500));
+    let acknowledged = write_until_power_cut(dir.path(), &disk, &mut rng, 0.0, 256 << 20);
+    let without = LogOptions { maintenance_interval: Duration::from_secs(3600), ..LogOptions::default() };
+    let (log, _) = Log::open(dir.path(), without.clone()).unwrap();
+    assert!(log.journal_replay().unwrap().restored > 0);
+    assert_kept(&log, &acknowledged, "opened without the journal");
+    drop(log);
+    assert!(!dir.path().join("+journal").exists(), "the replayed journal is deleted");
+    let (log, _) = Log::open(dir.path(), without).unwrap();
+    assert!(log.journal_replay().is_none());
+}
