@@ -186,6 +186,65 @@ fn http_clients_log_in_and_reach_only_what_they_are_granted() {
 /// connection closed in 3.1.1) with nothing stored; a `#` subscription receives only from
 /// streams its user may read; a subscription to a forbidden stream is denied in its SUBACK; a
 /// token works as the MQTT password.
+/// `DELETE /streams/{s}`, `/tables/{t}` and `/views/{v}` drop what `DROP` drops, for a user
+/// with ADMIN on it: a reader is refused (403, nothing dropped), a client without credentials
+/// asked for them, a name that does not exist answered 404, and what is dropped leaves the
+/// listings.
+#[test]
+fn rest_drops_take_admin_on_what_they_drop() {
+    let dir = DataDir::new();
+    let server = start(&dir);
+    let address = server.address;
+    sql(
+        address,
+        ROOT,
+        "CREATE USER bob PASSWORD 'bob-pass'; CREATE USER ops PASSWORD 'ops-pass'; \
+         CREATE STREAM clicks; CREATE TABLE users (id TEXT PRIMARY KEY, name TEXT); \
+         CREATE VIEW clicks_by_page AS SELECT page, COUNT(*) AS n FROM clicks GROUP BY page; \
+         GRANT READ ON STREAM clicks TO bob; GRANT READ ON TABLE users TO bob; GRANT READ ON VIEW clicks_by_page TO bob; \
+         GRANT ADMIN ON STREAM clicks TO ops",
+    );
+    let (bob, ops) = (("bob", "bob-pass"), ("ops", "ops-pass"));
+    let delete = |path: &str, user: Option<(&str, &str)>| {
+        let credentials = user.map(as_user);
+        let mut args = vec!["-X", "DELETE"];
+        if let Some(credentials) = &credentials {
+            args.extend(["-u", credentials.as_str()]);
+        }
+        let (status, body) = curl(address, path, &args);
+        (status, body)
+    };
+    let listed = |listing: &str| -> Vec<String> {
+        let (status, body) = curl(address, listing, &["-u", &as_user(ROOT)]);
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        answer[&listing[1..]].as_array().unwrap().iter().map(|row| row["name"].as_str().unwrap().to_string()).collect()
+    };
+    for path in ["/streams/clicks", "/tables/users", "/views/clicks_by_page"] {
+        let (status, body) = delete(path, Some(bob));
+        assert_eq!((status, code(&body)), (403, "forbidden".into()), "{path}: {body}");
+        let (status, body) = delete(path, None);
+        assert_eq!((status, code(&body)), (401, "unauthenticated".into()), "{path}: {body}");
+    }
+    assert_eq!(listed("/streams"), ["clicks"]);
+    assert_eq!(listed("/tables"), ["users"]);
+    assert_eq!(listed("/views"), ["clicks_by_page"]);
+    // ADMIN on the stream is not ADMIN on the table.
+    let (status, body) = delete("/tables/users", Some(ops));
+    assert_eq!((status, code(&body)), (403, "forbidden".into()), "{body}");
+    let (status, body) = delete("/views/clicks_by_page", Some(ROOT));
+    assert_eq!((status, body.as_str()), (200, r#"{"dropped":"view","name":"clicks_by_page"}"#));
+    let (status, body) = delete("/streams/clicks", Some(ops));
+    assert_eq!((status, body.as_str()), (200, r#"{"dropped":"stream","name":"clicks"}"#));
+    let (status, body) = delete("/tables/users", Some(ROOT));
+    assert_eq!((status, body.as_str()), (200, r#"{"dropped":"table","name":"users"}"#));
+    for listing in ["/streams", "/tables", "/views"] {
+        assert!(listed(listing).is_empty(), "{listing}");
+    }
+    let (status, body) = delete("/streams/clicks", Some(ROOT));
+    assert_eq!(status, 404, "{body}");
+}
+
 #[test]
 fn mqtt_clients_log_in_and_wildcards_reach_only_readable_streams() {
     let dir = DataDir::new();

@@ -1,11 +1,13 @@
 //! `GET /streams`, `GET /tables` and `GET /views`: what `SHOW STREAMS`, `SHOW TABLES` and
-//! `SHOW VIEWS` list, for scripts and consoles that would rather not speak SQL. The same
-//! statement runs as the request's principal, so a user sees what its grants reach, and a
-//! client without credentials where they are required is asked for them.
+//! `SHOW VIEWS` list, and `DELETE /streams/{s}`, `/tables/{t}`, `/views/{v}`: what `DROP`
+//! does, for scripts and consoles that would rather not speak SQL. The same statement runs as
+//! the request's principal, so a user sees what its grants reach, drops only what it has ADMIN
+//! on, and a client without credentials where they are required is asked for them.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
+use onehop_sql::Statement;
 use serde_json::{Map, Value, json};
 
 use super::AppState;
@@ -53,4 +55,43 @@ async fn listing(
         _ => Vec::new(),
     };
     Ok(Json(json!({ field: objects })).into_response())
+}
+
+/// `DELETE /streams/{stream}`: `DROP STREAM`, its records deleted at once.
+pub async fn drop_stream(
+    State(state): State<AppState>,
+    axum::Extension(principal): axum::Extension<onehop_engine::Principal>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    dropping(&state, &principal, Statement::DropStream { name: name.clone(), if_exists: false }, "stream", name).await
+}
+
+/// `DELETE /tables/{table}`: `DROP TABLE`, refused while another table's foreign key names it.
+pub async fn drop_table(
+    State(state): State<AppState>,
+    axum::Extension(principal): axum::Extension<onehop_engine::Principal>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    dropping(&state, &principal, Statement::DropTable { name: name.clone(), if_exists: false }, "table", name).await
+}
+
+/// `DELETE /views/{view}`: `DROP VIEW`, its state and change stream deleted.
+pub async fn drop_view(
+    State(state): State<AppState>,
+    axum::Extension(principal): axum::Extension<onehop_engine::Principal>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    dropping(&state, &principal, Statement::DropView { name: name.clone(), if_exists: false }, "view", name).await
+}
+
+/// Runs a `DROP` as the principal; answers `{"dropped": kind, "name": name}`.
+async fn dropping(
+    state: &AppState,
+    principal: &onehop_engine::Principal,
+    statement: Statement,
+    kind: &str,
+    name: String,
+) -> Result<Response, ApiError> {
+    onehop_sql::execute_as(&state.engine, principal, &statement).await.map_err(sql_error)?;
+    Ok(Json(json!({ "dropped": kind, "name": name })).into_response())
 }

@@ -276,15 +276,15 @@ pub fn app(state: AppState) -> Router {
         .route("/cluster/nodes", axum::routing::post(add_member))
         .route("/cluster/nodes/{id}", axum::routing::delete(remove_member))
         .route("/streams", get(catalog::streams))
-        .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish))
+        .route("/streams/{stream}", get(streams::read_or_subscribe).post(streams::publish).delete(catalog::drop_stream))
         .route("/tables", get(catalog::tables))
-        .route("/tables/{table}", get(tables::query_rows))
+        .route("/tables/{table}", get(tables::query_rows).delete(catalog::drop_table))
         .route(
             "/tables/{table}/{id}",
             get(tables::get_row).put(tables::put_row).patch(tables::patch_row).delete(tables::delete_row),
         )
         .route("/views", get(catalog::views))
-        .route("/views/{view}", get(views::list_keys))
+        .route("/views/{view}", get(views::list_keys).delete(catalog::drop_view))
         .route("/views/{view}/{key}", get(views::get_key))
         .route("/sql", axum::routing::post(sql::run))
         .route("/mqtt", get(mqtt_ws::upgrade))
