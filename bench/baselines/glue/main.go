@@ -29,7 +29,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest|queue|rebalance|codecs|group [flags]")
+		fmt.Fprintln(os.Stderr, "usage: onehop-peer-glue kafka-ingest|queue|rebalance|streams|codecs|group [flags]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -39,6 +39,8 @@ func main() {
 		queueStudy(os.Args[2:])
 	case "rebalance":
 		rebalanceStudy(os.Args[2:])
+	case "streams":
+		streamsStudy(os.Args[2:])
 	case "codecs":
 		codecsCheck(os.Args[2:])
 	case "group":

@@ -37,6 +37,8 @@
 //! - `shop`: study 2's shop on onehop — its data, definitions and pages; `onehop bench shop
 //!   --load` writes it into a running server. `shop_run`: `onehop bench shop --target …`, its
 //!   pages under virtual users against onehop and the microservices stack.
+//! - `streams`: `onehop bench streams` — study 5, stream processing against Kafka Streams,
+//!   exactly once and at least once.
 //!
 //! Every benchmark prints a readable table, shows progress on stderr while it runs, and can end
 //! with JSON lines for machines (`--json`).
@@ -68,6 +70,7 @@ pub mod server;
 pub mod shop;
 pub mod shop_run;
 pub mod shop_writes;
+pub mod streams;
 pub mod target;
 pub mod timeline;
 pub mod view_join;

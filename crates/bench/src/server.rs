@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -23,6 +23,7 @@ pub struct ServerProcess {
     pub mqtts: Option<String>,
     /// The Postgres listener, `host:port`, when `--pg-addr` was given.
     pub pg: Option<String>,
+    launch: Launch,
     _data: tempfile::TempDir,
 }
 
@@ -42,25 +43,83 @@ impl ServerProcess {
         env: &[(&str, &str)],
     ) -> anyhow::Result<ServerProcess> {
         let data = tempfile::Builder::new().prefix("onehop-bench-data-").tempdir_in(dir)?;
-        let mut command = Command::new(exe);
-        command.arg("serve").args([
-            "--http-addr",
-            "127.0.0.1:0",
-            "--mqtt-addr",
-            "127.0.0.1:0",
-            "--kafka-addr",
-            "127.0.0.1:0",
-        ]);
+        let launch = Launch {
+            exe: exe.to_path_buf(),
+            extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
+            env: env.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect(),
+        };
+        let listeners = ["127.0.0.1:0"; 3];
+        let (child, found) = launch.spawn(data.path(), listeners)?;
+        Ok(ServerProcess {
+            child,
+            url: found.url,
+            mqtt: found.mqtt,
+            kafka: found.kafka,
+            https: found.https,
+            mqtts: found.mqtts,
+            pg: found.pg,
+            launch,
+            _data: data,
+        })
+    }
+
+    /// Starts the server again on its data directory and its HTTP, MQTT and Kafka ports, as an
+    /// operator restarts one after a crash ([`ServerProcess::kill_9`] first); clients
+    /// reconnect to the addresses they had.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        let http = self.url.trim_start_matches("http://").to_string();
+        let listeners = [http.as_str(), self.mqtt.as_str(), self.kafka.as_str()];
+        let (child, _) = self.launch.spawn(self._data.path(), listeners)?;
+        self.child = child;
+        Ok(())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the server with SIGKILL, as a crash would, and reaps it.
+    pub fn kill_9(&mut self) -> anyhow::Result<()> {
+        self.child.kill().context("killing the server")?;
+        self.child.wait().context("reaping the killed server")?;
+        Ok(())
+    }
+}
+
+/// How a server was started, to start it again the same way.
+struct Launch {
+    exe: PathBuf,
+    extra_args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// The listeners a starting server announced.
+struct Listeners {
+    url: String,
+    mqtt: String,
+    kafka: String,
+    https: Option<String>,
+    mqtts: Option<String>,
+    pg: Option<String>,
+}
+
+impl Launch {
+    /// Starts `exe serve` on `data` with its HTTP, MQTT and Kafka listeners at `listeners` and
+    /// waits until it listens.
+    fn spawn(&self, data: &Path, listeners: [&str; 3]) -> anyhow::Result<(Child, Listeners)> {
+        let mut command = Command::new(&self.exe);
+        let [http, mqtt, kafka] = listeners;
+        command.arg("serve").args(["--http-addr", http, "--mqtt-addr", mqtt, "--kafka-addr", kafka]);
         // The workloads do not use the Postgres listener; the query benchmark asks for it.
-        if !extra_args.contains(&"--pg-addr") {
+        if !self.extra_args.iter().any(|arg| arg == "--pg-addr") {
             command.args(["--pg-addr", "off"]);
         }
         command
             .args(["--log", "warn,onehop=info"])
             .arg("--data-dir")
-            .arg(data.path())
-            .args(extra_args)
-            .envs(env.iter().copied())
+            .arg(data)
+            .args(&self.extra_args)
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -74,7 +133,7 @@ impl ServerProcess {
                 Ok(())
             });
         }
-        let mut child = command.spawn().with_context(|| format!("starting {} serve", exe.display()))?;
+        let mut child = command.spawn().with_context(|| format!("starting {} serve", self.exe.display()))?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let (sender, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -92,7 +151,14 @@ impl ServerProcess {
         };
         // The plain HTTP listener is announced last.
         let url = loop {
-            let line = lines.recv_timeout(Duration::from_secs(30)).context("the server did not start within 30 s")?;
+            let line = match lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) => line,
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    bail!("the server did not start within 30 s");
+                }
+            };
             if let Some(address) = listening(&line, "mqtt") {
                 mqtt = address;
             }
@@ -113,23 +179,13 @@ impl ServerProcess {
             }
             if line.contains("error") {
                 let _ = child.kill();
+                let _ = child.wait();
                 bail!("the server failed to start: {line}");
             }
         };
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || while lines.recv().is_ok() {});
-        Ok(ServerProcess { child, url, mqtt, kafka, https, mqtts, pg, _data: data })
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Kills the server with SIGKILL, as a crash would, and reaps it.
-    pub fn kill_9(&mut self) -> anyhow::Result<()> {
-        self.child.kill().context("killing the server")?;
-        self.child.wait().context("reaping the killed server")?;
-        Ok(())
+        Ok((child, Listeners { url, mqtt, kafka, https, mqtts, pg }))
     }
 }
 

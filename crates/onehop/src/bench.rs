@@ -80,6 +80,20 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             out: args.out,
             json: args.json,
         }),
+        BenchCommand::Streams(args) => onehop_bench::streams::run(&onehop_bench::streams::StreamsOptions {
+            exe: std::env::current_exe()?,
+            dir: args.dir,
+            targets: args.target,
+            scenarios: args.scenario,
+            modes: args.mode,
+            scales: args.scales,
+            warmup: seconds("--warmup", args.warmup, true)?,
+            measure: seconds("--duration", args.duration, false)?,
+            kafka_brokers: args.kafka_brokers,
+            kill: args.kill,
+            out: args.out,
+            json: args.json,
+        }),
     }
 }
 

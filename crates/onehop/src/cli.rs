@@ -487,6 +487,10 @@ pub enum BenchCommand {
     /// Study 4, the queue: Kafka clients against onehop and against Kafka, and Redis Streams
     /// consumer groups, in one invocation (needs `scripts/peers install kafka redis`).
     Queue(BenchQueueArgs),
+    /// Study 5, stream processing: each scenario as onehop SQL and as a Kafka Streams 4.1 app,
+    /// exactly once and at least once, fed and read through Kafka's protocol by one program, in
+    /// one invocation (needs `scripts/peers install kafka-streams`).
+    Streams(BenchStreamsArgs),
     /// Ad-hoc queries against Postgres 15 on the same data: a point select by primary key over
     /// the Postgres protocol and over `GET /tables`, and a three-table join with GROUP BY
     /// (needs Debian's postgresql-15: `scripts/peers install kafka-stack`).
@@ -750,6 +754,47 @@ pub struct BenchQueueArgs {
     #[arg(long, default_value = "results/queue")]
     pub out: std::path::PathBuf,
     /// End the output with one JSON line per target.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `onehop bench streams`.
+#[derive(Args, Debug)]
+pub struct BenchStreamsArgs {
+    /// Sides to run: onehop, kafka-streams.
+    #[arg(long, value_delimiter = ',', default_value = "onehop,kafka-streams")]
+    pub target: Vec<String>,
+    /// Scenarios: a (stateless), b (word count).
+    #[arg(long, value_delimiter = ',', default_value = "a,b")]
+    pub scenario: Vec<String>,
+    /// Modes: eos (Kafka Streams exactly_once_v2, read_committed), alo (at_least_once).
+    #[arg(long, value_delimiter = ',', default_value = "eos,alo")]
+    pub mode: Vec<String>,
+    /// Input rates as fractions of the study's (A 20 000/s, B 7 500/s), one row each: 0.25 is
+    /// the standard row on a 2-core machine, 1 the stress row.
+    #[arg(long, value_delimiter = ',', default_value = "0.25")]
+    pub scales: Vec<f64>,
+    /// Seconds of input before the measured window.
+    #[arg(long, default_value_t = 20.0)]
+    pub warmup: f64,
+    /// Seconds measured.
+    #[arg(long, default_value_t = 60.0)]
+    pub duration: f64,
+    /// Brokers of the Kafka Streams side: 3 (replication 3, min ISR 2, as the study), or 1.
+    #[arg(long, default_value_t = 3)]
+    pub kafka_brokers: u32,
+    /// Kill the processing side (onehop's server, Kafka Streams' app) with SIGKILL in the middle
+    /// of each measured window and start it again on its data: outputs lost or written twice
+    /// are counted (and fail the run, but for Kafka Streams at least once writing twice).
+    #[arg(long)]
+    pub kill: bool,
+    /// Where the servers keep their data: put it on the disk to measure.
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+    /// Where summary.md, meta.json, the plots and the peers' logs go.
+    #[arg(long, default_value = "results/streams")]
+    pub out: std::path::PathBuf,
+    /// End the output with one JSON line per run.
     #[arg(long)]
     pub json: bool,
 }

@@ -9,7 +9,8 @@
 //! W2 runs against the kafka-stack (one broker, Redis and the study's Node.js glue) beside
 //! onehop, checked the same way; W1 against the kafka-stack too (a Postgres of its own with the
 //! outbox, Debezium's relay at its default poll interval, one broker, Redis and the glue); and
-//! W3 against Kafka Streams (one broker and the W3 app).
+//! W3 against Kafka Streams (one broker and the W3 app); study 5's first two scenarios against
+//! Kafka Streams (`bench streams`, one broker and its apps).
 //!
 //! The peers come from `scripts/peers install kafka mosquitto redis kafka-stack kafka-streams` (scripts/test
 //! runs it); without them this test fails and says so. No figure is checked against a
@@ -558,6 +559,86 @@ fn bench_queue_runs_kafka_clients_and_redis_streams_side_by_side() {
     assert!(summary.contains("| redis-always |") && summary.contains("×"), "{summary}");
     assert!(std::fs::read_to_string(out.join("queue-latency.svg")).unwrap().contains("redis-always"));
     assert!(out.join("peer-logs").join("redis-always.log").exists());
+    let leftovers = processes_mentioning(&dir.path().to_string_lossy());
+    assert!(leftovers.is_empty(), "still running: {leftovers:?}");
+}
+
+/// `onehop bench streams --kill`, small: study 5's stateless scenario and word count, each as
+/// onehop SQL and as a Kafka Streams app on one broker, exactly once and at least once, fed and
+/// read by the same franz-go generator and consumer, the processing side killed with SIGKILL
+/// mid-run and started again: every output once and each explained by the input, except what
+/// at least once allows Kafka Streams (an output twice, a count counting replayed input).
+#[test]
+fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut command = common::onehop();
+    command
+        .args(["bench", "streams", "--scales", "0.02", "--warmup", "1", "--duration", "3", "--kafka-brokers", "1"])
+        .args(["--kill", "--json", "--dir"])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out);
+    if let Some(peers) = peers_dir() {
+        command.env("ONEHOP_PEERS_DIR", peers);
+    }
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<Value> =
+        stdout.lines().filter(|line| line.starts_with('{')).map(|line| serde_json::from_str(line).unwrap()).collect();
+    let runs: Vec<(&str, &str, &str)> = lines
+        .iter()
+        .map(|line| {
+            (line["scenario"].as_str().unwrap(), line["mode"].as_str().unwrap(), line["target"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("a", "eos", "onehop"),
+            ("a", "eos", "kafka-streams"),
+            ("a", "alo", "onehop"),
+            ("a", "alo", "kafka-streams"),
+            ("b", "eos", "onehop"),
+            ("b", "eos", "kafka-streams"),
+            ("b", "alo", "onehop"),
+            ("b", "alo", "kafka-streams"),
+        ],
+        "{stdout}"
+    );
+    for line in &lines {
+        let glue = &line["glue"];
+        assert!(glue["expected"].as_u64().unwrap() > 0, "{line}");
+        assert_eq!(line["killed"], true, "{line}");
+        assert_eq!(glue["unexplained"], 0, "{line}");
+        if line["target"] == "kafka-streams" && line["mode"] == "alo" {
+            // At least once through a crash: outputs may come twice, counts count again.
+            if line["scenario"] == "a" {
+                assert_eq!(glue["missing"], 0, "{line}");
+            }
+        } else {
+            assert_eq!(glue["received"], glue["expected"], "{line}");
+            assert_eq!(glue["duplicates"], 0, "{line}");
+            assert_eq!(glue["overcounts"], 0, "{line}");
+        }
+        assert!(glue["measured_outputs"].as_u64().unwrap() > 0, "{line}");
+        assert!(glue["p99_ms"].as_f64() >= glue["p50_ms"].as_f64(), "{line}");
+        assert!(line["host"]["target_cores"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["rss_mb"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    // Word count: the same sentences give both sides the same counts.
+    let words: Vec<&Value> =
+        lines.iter().filter(|line| line["scenario"] == "b").map(|line| &line["glue"]["expected"]).collect();
+    assert!(words.windows(2).all(|pair| pair[0] == pair[1]), "{words:?}");
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| kafka-streams |") && summary.contains("×"), "{summary}");
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["runs"].as_array().unwrap().len(), 8, "{meta}");
+    assert!(meta["kafka"]["version"].is_string(), "{meta}");
+    assert!(std::fs::read_to_string(out.join("streams-b-eos-x0.02.svg")).unwrap().contains("kafka-streams"));
+    assert!(out.join("peer-logs").join("kafka-streams-a-eos-x0.02-kill.log").exists());
+    assert!(summary.contains("**Kill runs:**"), "{summary}");
     let leftovers = processes_mentioning(&dir.path().to_string_lossy());
     assert!(leftovers.is_empty(), "still running: {leftovers:?}");
 }

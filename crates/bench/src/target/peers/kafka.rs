@@ -231,6 +231,11 @@ impl KafkaTarget {
 }
 
 impl KafkaTarget {
+    /// The brokers' process ids, to measure them apart from an application on them.
+    pub fn pids(&self) -> Vec<u32> {
+        self.brokers.iter().map(PeerProcess::pid).collect()
+    }
+
     /// The brokers' addresses, comma-separated, as clients are given them.
     pub fn bootstrap(&self) -> &str {
         &self.bootstrap

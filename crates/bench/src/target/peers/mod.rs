@@ -169,6 +169,12 @@ impl PeerProcess {
         Ok(())
     }
 
+    /// Kills the process with SIGKILL, as a crash would, and reaps it.
+    pub fn kill_9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits for a short-lived process (a formatting tool) to exit successfully.
     pub fn wait_success(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
