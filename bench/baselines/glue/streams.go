@@ -15,6 +15,15 @@
 //	   big-endian, as Kafka Streams' Long serde; json: an object with "count", as onehop's view
 //	   change stream). The n-th count of a word is timed from the sentence holding the word's
 //	   n-th occurrence.
+//	c  routing, four inputs (--input users,products,orders,clicks, 3 : 2 : 1 : 4 of the rate):
+//	   JSON objects of 2–30 KB (log-uniform; a payload of random letters fills them), each with
+//	   its "seq". Path A: a user event or product update holds a "priority" (high, medium,
+//	   low) and 1–4 distinct "tags"; each tag is one output, keyed by the tag, holding "seq"
+//	   and "tag", in the output of its priority (--outputs high,medium,low,customers). Path B:
+//	   an order whose "status" is not "cancelled" (one in ten is) and a click whose "bot" is
+//	   false (one in five is true) is one output, the record itself keyed by its "customer",
+//	   in the fourth output. An output in the wrong output or under the wrong key is
+//	   unexplained.
 //
 // What it prints on stdout, for the harness: "phase measure" when the measured window begins,
 // "phase half" in its middle (where a --kill run kills the processing side), "phase drain"
@@ -32,6 +41,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -61,6 +71,8 @@ type streamsSettings struct {
 // streamsRun is one run: the schedule (fixed before the first send), and what came out.
 type streamsRun struct {
 	settings *streamsSettings
+	// The input and output topics, as --input and --outputs list them.
+	inputTopics, outputTopics []string
 	// Records in the schedule; record i is due at i × interval.
 	records  int
 	interval time.Duration
@@ -73,6 +85,11 @@ type streamsRun struct {
 	// Scenario b: each sentence, and per word the records holding its occurrences, in order.
 	sentences   []string
 	occurrences map[string][]int32
+	// Scenario c: each record's input, size, entity (user, product or customer number),
+	// priority and tags (path A) or whether the filter keeps it (path B); and per record the
+	// outputs seen, a bit per tag (path B: bit 0). One consumer goroutine writes seenMask.
+	routes   []routed
+	seenMask []uint8
 
 	// What the consumer saw: scenario a per record, scenario b per word and count.
 	seen      []atomic.Bool
@@ -99,13 +116,50 @@ type streamsRun struct {
 	closeOnce   sync.Once
 }
 
+// Scenario c's inputs, in --input's order, and their shares of the rate.
+const (
+	inputUsers = iota
+	inputProducts
+	inputOrders
+	inputClicks
+)
+
+var routingShares = [4]int{3, 2, 1, 4}
+
+// The outputs of scenario c, in --outputs' order: path A's by priority, then path B's.
+var priorities = [3]string{"high", "medium", "low"}
+
+const customersOutput = 3
+
+// routed is one record of scenario c.
+type routed struct {
+	input    uint8
+	priority uint8
+	// Path A: the tags (numbers, rendered "tag<n>"); path B: tags is empty.
+	tags   []uint8
+	kept   bool
+	size   uint16
+	entity int32
+}
+
+// letters is random lowercase text that scenario c's payloads are windows of: snappy and lz4
+// find nothing to compress in it, as in real, varied payloads.
+var letters = func() []byte {
+	random := rand.New(rand.NewSource(3))
+	text := make([]byte, 64<<10)
+	for i := range text {
+		text[i] = byte('a' + random.Intn(26))
+	}
+	return text
+}()
+
 func streamsStudy(args []string) {
 	var settings streamsSettings
 	flags := flag.NewFlagSet("streams", flag.ExitOnError)
 	flags.StringVar(&settings.address, "address", "", "bootstrap brokers (host:port, comma-separated)")
-	flags.StringVar(&settings.scenario, "scenario", "a", "a (stateless) or b (word count)")
+	flags.StringVar(&settings.scenario, "scenario", "a", "a (stateless), b (word count) or c (routing)")
 	flags.StringVar(&settings.mode, "mode", "eos", "eos (the consumer reads read_committed) or alo")
-	flags.StringVar(&settings.input, "input", "", "the input topic")
+	flags.StringVar(&settings.input, "input", "", "the input topic (c: users,products,orders,clicks)")
 	flags.StringVar(&settings.outputs, "outputs", "", "the output topics, comma-separated")
 	flags.StringVar(&settings.countFormat, "count-format", "long", "scenario b's count: long or json")
 	flags.Float64Var(&settings.rate, "rate", 5000, "input records per second")
@@ -119,8 +173,14 @@ func streamsStudy(args []string) {
 	if settings.address == "" || settings.input == "" || settings.outputs == "" || settings.rate <= 0 {
 		fail("streams needs --address, --input, --outputs and a positive --rate")
 	}
-	if settings.scenario != "a" && settings.scenario != "b" {
-		fail("--scenario is a or b, not %q", settings.scenario)
+	switch settings.scenario {
+	case "a", "b":
+	case "c":
+		if len(strings.Split(settings.input, ",")) != 4 || len(strings.Split(settings.outputs, ",")) != 4 {
+			fail("scenario c reads four inputs (users,products,orders,clicks) and four outputs (high,medium,low,customers)")
+		}
+	default:
+		fail("--scenario is a, b or c, not %q", settings.scenario)
 	}
 	run := newStreamsRun(&settings)
 	logf("scenario %s: %d records at %.0f/s (%s warm-up, %s measured), %d outputs expected",
@@ -129,7 +189,8 @@ func streamsStudy(args []string) {
 	consumer := run.consumer()
 	defer consumer.Close()
 	producer, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(settings.address, ",")...), kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.ProducerLinger(0), kgo.DefaultProduceTopic(settings.input), kgo.MaxBufferedRecords(1<<16))
+		kgo.ProducerLinger(0), kgo.DefaultProduceTopic(strings.Split(settings.input, ",")[0]), kgo.MaxBufferedRecords(1<<16),
+		kgo.ProducerBatchMaxBytes(1<<20))
 	if err != nil {
 		fail("producer: %v", err)
 	}
@@ -155,11 +216,13 @@ func streamsStudy(args []string) {
 func newStreamsRun(settings *streamsSettings) *streamsRun {
 	interval := time.Duration(float64(time.Second) / settings.rate)
 	run := &streamsRun{
-		settings: settings,
-		interval: interval,
-		first:    int(settings.warmup / interval),
-		end:      int((settings.warmup + settings.measure) / interval),
-		done:     make(chan struct{}),
+		settings:     settings,
+		inputTopics:  strings.Split(settings.input, ","),
+		outputTopics: strings.Split(settings.outputs, ","),
+		interval:     interval,
+		first:        int(settings.warmup / interval),
+		end:          int((settings.warmup + settings.measure) / interval),
+		done:         make(chan struct{}),
 	}
 	run.records = run.end
 	random := rand.New(rand.NewSource(settings.seed))
@@ -201,6 +264,45 @@ func newStreamsRun(settings *streamsSettings) *streamsRun {
 		for word, records := range run.occurrences {
 			run.counts[word] = make([]bool, len(records))
 		}
+	case "c":
+		run.routes = make([]routed, run.records)
+		run.seenMask = make([]uint8, run.records)
+		total := 0
+		for _, share := range routingShares {
+			total += share
+		}
+		for i := range run.routes {
+			route := &run.routes[i]
+			pick := random.Intn(total)
+			for route.input = 0; pick >= routingShares[route.input]; route.input++ {
+				pick -= routingShares[route.input]
+			}
+			// 2–30 KB, log-uniform.
+			route.size = uint16(2048 * math.Pow(15, random.Float64()))
+			switch route.input {
+			case inputUsers, inputProducts:
+				route.entity = int32(random.Intn(settings.keys))
+				route.priority = uint8([]int{0, 1, 1, 2, 2, 2, 2, 2, 2, 2}[random.Intn(10)])
+				count := 1 + random.Intn(4)
+				for len(route.tags) < count {
+					tag := uint8(random.Intn(64))
+					if !slices.Contains(route.tags, tag) {
+						route.tags = append(route.tags, tag)
+					}
+				}
+				run.expected += int64(count)
+			default:
+				route.entity = int32(random.Intn(settings.keys))
+				if route.input == inputOrders {
+					route.kept = random.Intn(10) != 0
+				} else {
+					route.kept = random.Intn(5) != 0
+				}
+				if route.kept {
+					run.expected++
+				}
+			}
+		}
 	}
 	return run
 }
@@ -235,6 +337,8 @@ var filler = func() string {
 
 func (run *streamsRun) value(i int) []byte {
 	switch {
+	case run.settings.scenario == "c":
+		return run.routedValue(i)
 	case run.settings.scenario == "b":
 		return []byte(run.sentences[i])
 	case run.long[i]:
@@ -243,6 +347,72 @@ func (run *streamsRun) value(i int) []byte {
 	default:
 		return []byte("abcde"[:1+i%5])
 	}
+}
+
+// routedValue is scenario c's record i: its fields, then a payload to its size.
+func (run *streamsRun) routedValue(i int) []byte {
+	route := &run.routes[i]
+	value := make([]byte, 0, int(route.size)+16)
+	value = append(value, `{"seq":`...)
+	value = strconv.AppendInt(value, int64(i), 10)
+	switch route.input {
+	case inputUsers, inputProducts:
+		if route.input == inputUsers {
+			value = append(value, `,"kind":"user","user":"u`...)
+		} else {
+			value = append(value, `,"kind":"product","sku":"p`...)
+		}
+		value = strconv.AppendInt(value, int64(route.entity), 10)
+		value = append(value, `","priority":"`...)
+		value = append(value, priorities[route.priority]...)
+		value = append(value, `","tags":[`...)
+		for n, tag := range route.tags {
+			if n > 0 {
+				value = append(value, ',')
+			}
+			value = append(value, `"tag`...)
+			value = strconv.AppendInt(value, int64(tag), 10)
+			value = append(value, '"')
+		}
+		value = append(value, ']')
+	case inputOrders:
+		value = append(value, `,"kind":"order","customer":"c`...)
+		value = strconv.AppendInt(value, int64(route.entity), 10)
+		value = append(value, `","status":"`...)
+		if route.kept {
+			value = append(value, `placed"`...)
+		} else {
+			value = append(value, `cancelled"`...)
+		}
+		value = append(value, `,"amount":`...)
+		value = strconv.AppendInt(value, int64(10+i%990), 10)
+	default:
+		value = append(value, `,"kind":"click","customer":"c`...)
+		value = strconv.AppendInt(value, int64(route.entity), 10)
+		value = append(value, `","page":"/p/`...)
+		value = strconv.AppendInt(value, int64(i%500), 10)
+		value = append(value, `","bot":`...)
+		value = strconv.AppendBool(value, !route.kept)
+	}
+	value = append(value, `,"payload":"`...)
+	if fill := int(route.size) - len(value) - 2; fill > 0 {
+		offset := (i * 7919) % (len(letters) - fill)
+		value = append(value, letters[offset:offset+fill]...)
+	}
+	return append(value, `"}`...)
+}
+
+// key is record i's key: scenario c's entity, or one of --keys.
+func (run *streamsRun) key(i int) []byte {
+	if run.settings.scenario != "c" {
+		return []byte("k" + strconv.Itoa(i%run.settings.keys))
+	}
+	route := &run.routes[i]
+	prefix := [4]string{"u", "p", "o", "c"}[route.input]
+	if route.input == inputOrders {
+		return []byte(prefix + strconv.Itoa(i))
+	}
+	return []byte(prefix + strconv.Itoa(int(route.entity)))
 }
 
 // produce sends the schedule: every record due by now, then sleeps until the next is due.
@@ -263,9 +433,12 @@ func (run *streamsRun) produce(producer *kgo.Client) {
 				fmt.Println("phase half")
 			}
 			record := &kgo.Record{
-				Key:       []byte("k" + strconv.Itoa(i%run.settings.keys)),
+				Key:       run.key(i),
 				Value:     run.value(i),
 				Timestamp: run.start.Add(time.Duration(i) * run.interval),
+			}
+			if run.settings.scenario == "c" {
+				record.Topic = run.inputTopics[run.routes[i].input]
 			}
 			producer.Produce(context.Background(), record, func(_ *kgo.Record, err error) {
 				if err != nil {
@@ -345,6 +518,9 @@ func (run *streamsRun) consume(consumer *kgo.Client) {
 // source is the input record an output came from, once per output; false for a duplicate or
 // an output the schedule does not explain.
 func (run *streamsRun) source(record *kgo.Record) (int, bool) {
+	if run.settings.scenario == "c" {
+		return run.routedSource(record)
+	}
 	if run.settings.scenario == "a" {
 		head := record.Value
 		if space := strings.IndexByte(string(head[:min(len(head), 16)]), ' '); space > 0 {
@@ -380,6 +556,44 @@ func (run *streamsRun) source(record *kgo.Record) (int, bool) {
 	}
 	seen[count-1] = true
 	return int(records[count-1]), true
+}
+
+// routedSource is source for scenario c: the record the output names by its "seq", if it is
+// one of that record's outputs, in its output and under its key, seen for the first time.
+func (run *streamsRun) routedSource(record *kgo.Record) (int, bool) {
+	var fields struct {
+		Seq *int    `json:"seq"`
+		Tag *string `json:"tag"`
+	}
+	output := slices.Index(run.outputTopics, record.Topic)
+	if json.Unmarshal(record.Value, &fields) != nil || fields.Seq == nil || *fields.Seq < 0 || *fields.Seq >= run.records || output < 0 {
+		run.unknown.Add(1)
+		return 0, false
+	}
+	i := *fields.Seq
+	route := &run.routes[i]
+	bit := -1
+	switch {
+	case len(route.tags) > 0 && fields.Tag != nil && output == int(route.priority) && string(record.Key) == *fields.Tag:
+		for n, tag := range route.tags {
+			if *fields.Tag == "tag"+strconv.Itoa(int(tag)) {
+				bit = n
+			}
+		}
+	case len(route.tags) == 0 && route.kept && output == customersOutput &&
+		string(record.Key) == "c"+strconv.Itoa(int(route.entity)):
+		bit = 0
+	}
+	if bit < 0 {
+		run.unknown.Add(1)
+		return 0, false
+	}
+	if run.seenMask[i]&(1<<bit) != 0 {
+		run.duplicate.Add(1)
+		return 0, false
+	}
+	run.seenMask[i] |= 1 << bit
+	return i, true
 }
 
 func (run *streamsRun) count(value []byte) (int64, bool) {

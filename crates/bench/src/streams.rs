@@ -32,7 +32,7 @@ use crate::target::peers::{PeerProcess, installed, system_program, version_of};
 use crate::target::{Target, TargetOptions};
 
 pub const TARGETS: [&str; 2] = ["onehop", "kafka-streams"];
-pub const SCENARIOS: [&str; 2] = ["a", "b"];
+pub const SCENARIOS: [&str; 3] = ["a", "b", "c"];
 pub const MODES: [&str; 2] = ["eos", "alo"];
 
 /// Partitions of every input and output topic, as scenario A's 12.
@@ -41,6 +41,9 @@ const PARTITIONS: u32 = 12;
 const KEYS: u32 = 10_000;
 /// Scenario B's vocabulary.
 const WORDS: u32 = 1_000;
+/// Scenario C's inputs and outputs, in the glue's order (the topic names end with them).
+const ROUTING_INPUTS: [&str; 4] = ["users", "products", "orders", "clicks"];
+const ROUTING_OUTPUTS: [&str; 4] = ["high", "medium", "low", "customers"];
 /// Kafka Streams' settings the study leaves out, pinned: the study's commit interval; stream
 /// threads one per core of this machine; the record cache off, so that every changed count goes
 /// downstream (the scenario emits every change); no producer linger.
@@ -76,7 +79,8 @@ pub struct StreamsOptions {
 fn study_rate(scenario: &str) -> f64 {
     match scenario {
         "a" => 20_000.0,
-        _ => 7_500.0,
+        "b" => 7_500.0,
+        _ => 7_000.0,
     }
 }
 
@@ -89,7 +93,9 @@ fn published(scenario: &str, mode: &str) -> &'static str {
         ("b", "eos") => {
             "KS 155 / 197 / 215 ms, 3.0 cores, 1 769 MB; challenger 121 / 192 / 202 ms, 2.2 cores, 1 219 MB"
         }
-        _ => "KS 40 / 65 / 72 ms, 3.5 cores, 2 278 MB; challenger 39 / 54 / 62 ms, 1.8 cores, 2 323 MB",
+        ("b", _) => "KS 40 / 65 / 72 ms, 3.5 cores, 2 278 MB; challenger 39 / 54 / 62 ms, 1.8 cores, 2 323 MB",
+        ("c", "eos") => "KS 218 / 338 / 414 ms, 2.3 cores, 1 252 MB; challenger 116 / 181 / 197 ms, 1.0 cores, 518 MB",
+        _ => "KS 50 / 79 / 92 ms, 2.6 cores, 1 654 MB; challenger 37 / 52 / 61 ms, 1.1 cores, 506 MB",
     }
 }
 
@@ -98,23 +104,66 @@ fn topology(scenario: &str) -> &'static str {
         "a" => {
             "stateless: upper-case each 1 KB text value, keep those longer than 5 characters (one input in ten is 1–5 letters)"
         }
-        _ => {
+        "b" => {
             "word count: split each sentence (50–1 000 B, about 200) into words on spaces, count per word over a 1 000-word vocabulary, emit every changed count"
+        }
+        _ => {
+            "routing over four inputs of JSON objects of 2–30 KB (log-uniform; JSON in place of the study's Protobuf, of the same sizes), \
+             user events, product updates, orders and clicks at 3 : 2 : 1 : 4 of the rate (the study's 2 100 + 1 400 + 700 + 2 800). \
+             Path A merges user events and product updates, splits each into its 1–4 tags (one output per tag, {seq, kind, tag, priority}, \
+             keyed by the tag) and routes them by priority (high 1 in 10, medium 2, low 7) into three outputs; path B keeps orders not \
+             cancelled (9 in 10) and clicks not by bots (4 in 5), merges them and re-keys each record, whole, by its customer into one output"
         }
     }
 }
 
-/// onehop's definition of a scenario: its statements, and the topic its output is read from.
-fn onehop_sql(scenario: &str) -> (String, String) {
-    match scenario {
+/// onehop's definition of a scenario: its statements, the topics its input is written to and
+/// the topics its output is read from (comma-separated, in the glue's order).
+struct Definition {
+    statements: String,
+    inputs: String,
+    outputs: String,
+}
+
+fn onehop_sql(scenario: &str) -> Definition {
+    let (statements, inputs, outputs) = match scenario {
         "a" => (
             format!(
                 "CREATE STREAM s5a_in WITH (partitions = {PARTITIONS});\n\
                  CREATE STREAM s5a_out WITH (partitions = {PARTITIONS}, value_format = 'text') AS\n  \
                  SELECT UPPER(value) AS line FROM s5a_in WHERE LENGTH(value) > 5;"
             ),
-            "s5a_out".into(),
+            "s5a_in".to_string(),
+            "s5a_out".to_string(),
         ),
+        "c" => {
+            let mut statements = String::new();
+            for input in ROUTING_INPUTS {
+                statements.push_str(&format!("CREATE STREAM s5c_{input} WITH (partitions = {PARTITIONS});\n"));
+            }
+            // Path A: one merged, re-keyed stream of tags, then one transform per priority.
+            statements.push_str(&format!(
+                "CREATE STREAM s5c_tagged WITH (partitions = {PARTITIONS}) AS\n  \
+                 SELECT seq, kind, tag, priority, tag AS _key FROM s5c_users CROSS JOIN UNNEST(tags) AS tag\n  \
+                 UNION ALL\n  \
+                 SELECT seq, kind, tag, priority, tag AS _key FROM s5c_products CROSS JOIN UNNEST(tags) AS tag;\n"
+            ));
+            for priority in &ROUTING_OUTPUTS[..3] {
+                statements.push_str(&format!(
+                    "CREATE STREAM s5c_{priority} WITH (partitions = {PARTITIONS}) AS\n  \
+                     SELECT * FROM s5c_tagged WHERE priority = '{priority}';\n"
+                ));
+            }
+            // Path B: the records themselves, filtered, merged and re-keyed.
+            statements.push_str(&format!(
+                "CREATE STREAM s5c_customers WITH (partitions = {PARTITIONS}, value_format = 'text') AS\n  \
+                 SELECT value AS record, customer AS _key FROM s5c_orders WHERE status <> 'cancelled'\n  \
+                 UNION ALL\n  \
+                 SELECT value, customer AS _key FROM s5c_clicks WHERE NOT bot;"
+            ));
+            let names = |names: &[&str]| names.iter().map(|name| format!("s5c_{name}")).collect::<Vec<_>>().join(",");
+            (statements, names(&ROUTING_INPUTS), names(&ROUTING_OUTPUTS))
+        }
         _ => (
             format!(
                 "CREATE STREAM s5b_in WITH (partitions = {PARTITIONS});\n\
@@ -123,9 +172,11 @@ fn onehop_sql(scenario: &str) -> (String, String) {
                  WHERE LENGTH(word) > 0;\n\
                  CREATE VIEW s5b_counts AS SELECT word, COUNT(*) AS count FROM s5b_words GROUP BY word;"
             ),
-            "__view.s5b_counts".into(),
+            "s5b_in".to_string(),
+            "__view.s5b_counts".to_string(),
         ),
-    }
+    };
+    Definition { statements, inputs, outputs }
 }
 
 /// One run's figures: the glue's line, and what the harness measured of the processes.
@@ -203,7 +254,7 @@ pub fn run(options: &StreamsOptions) -> anyhow::Result<()> {
             // (the next one is). Nothing else is allowed.
             let fields: &[&str] =
                 match (options.kill && r.target == "kafka-streams" && r.mode == "alo", r.scenario.as_str()) {
-                    (true, "a") => &["missing", "unexplained"],
+                    (true, "a" | "c") => &["missing", "unexplained"],
                     (true, _) => &["unexplained"],
                     _ => &["missing", "duplicates", "unexplained", "overcounts"],
                 };
@@ -269,15 +320,14 @@ impl Run<'_> {
         let server = ServerProcess::start(&self.options.exe, &self.options.dir, &["--durability", "fsync"])?;
         let host = server.url.trim_start_matches("http://").trim_end_matches('/').to_string();
         let mut http = KeepAlive::connect(&host).with_context(|| format!("connecting to {host}"))?;
-        let (statements, output) = onehop_sql(self.scenario);
-        let (status, body) = http.send("POST", "/sql", statements.as_bytes())?;
+        let definition = onehop_sql(self.scenario);
+        let (status, body) = http.send("POST", "/sql", definition.statements.as_bytes())?;
         if status != 200 {
             bail!("defining scenario {}: {status} {}", self.scenario, String::from_utf8_lossy(&body));
         }
-        let input = format!("s5{}_in", self.scenario);
         let address = server.kafka.clone();
         let mut side = OnehopSide(server);
-        let measured = self.glue_run(&address, &input, &output, "json", &mut side, &[])?;
+        let measured = self.glue_run(&address, &definition.inputs, &definition.outputs, "json", &mut side, &[])?;
         Ok(self.result("onehop", measured))
     }
 
@@ -292,7 +342,13 @@ impl Run<'_> {
             crate::target::peers::kafka::log4j2_properties("the app's", &[("clients", "org.apache.kafka.clients")]),
         )?;
         let topic = crate::client::unique_name(&format!("s5{}{}", self.scenario, self.mode));
-        let (input, output) = (format!("{topic}-in"), format!("{topic}-out"));
+        let (input, output) = match self.scenario {
+            "c" => {
+                let names = |names: &[&str]| names.iter().map(|name| format!("{topic}-{name}")).collect::<Vec<_>>();
+                (names(&ROUTING_INPUTS).join(","), names(&ROUTING_OUTPUTS).join(","))
+            }
+            _ => (format!("{topic}-in"), format!("{topic}-out")),
+        };
         let ready = state.path().join("ready");
         let guarantee = if self.mode == "eos" { "exactly_once_v2" } else { "at_least_once" };
         let mut args: Vec<String> = vec![format!("-Xms{KS_HEAP}"), format!("-Xmx{KS_HEAP}")];
@@ -602,8 +658,9 @@ fn describe(result: &RunResult) -> String {
 fn settings_of(result: &RunResult) -> Value {
     match result.target.as_str() {
         "onehop" => json!({
-            "definition": onehop_sql(&result.scenario).0,
-            "output_topic": onehop_sql(&result.scenario).1,
+            "definition": onehop_sql(&result.scenario).statements,
+            "input_topics": onehop_sql(&result.scenario).inputs,
+            "output_topics": onehop_sql(&result.scenario).outputs,
             "durability": "fsync (every batch fdatasynced before it is acknowledged); transforms and views exactly once in both modes",
             "count_value": "the view's change as JSON, its count in \"count\"",
         }),

@@ -764,13 +764,13 @@ pub struct BenchStreamsArgs {
     /// Sides to run: onehop, kafka-streams.
     #[arg(long, value_delimiter = ',', default_value = "onehop,kafka-streams")]
     pub target: Vec<String>,
-    /// Scenarios: a (stateless), b (word count).
-    #[arg(long, value_delimiter = ',', default_value = "a,b")]
+    /// Scenarios: a (stateless), b (word count), c (routing: four inputs, two paths, four outputs).
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c")]
     pub scenario: Vec<String>,
     /// Modes: eos (Kafka Streams exactly_once_v2, read_committed), alo (at_least_once).
     #[arg(long, value_delimiter = ',', default_value = "eos,alo")]
     pub mode: Vec<String>,
-    /// Input rates as fractions of the study's (A 20 000/s, B 7 500/s), one row each: 0.25 is
+    /// Input rates as fractions of the study's (A 20 000/s, B 7 500/s, C 7 000/s), one row each: 0.25 is
     /// the standard row on a 2-core machine, 1 the stress row.
     #[arg(long, value_delimiter = ',', default_value = "0.25")]
     pub scales: Vec<f64>,

@@ -604,6 +604,10 @@ fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill()
             ("b", "eos", "kafka-streams"),
             ("b", "alo", "onehop"),
             ("b", "alo", "kafka-streams"),
+            ("c", "eos", "onehop"),
+            ("c", "eos", "kafka-streams"),
+            ("c", "alo", "onehop"),
+            ("c", "alo", "kafka-streams"),
         ],
         "{stdout}"
     );
@@ -614,7 +618,7 @@ fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill()
         assert_eq!(glue["unexplained"], 0, "{line}");
         if line["target"] == "kafka-streams" && line["mode"] == "alo" {
             // At least once through a crash: outputs may come twice, counts count again.
-            if line["scenario"] == "a" {
+            if line["scenario"] != "b" {
                 assert_eq!(glue["missing"], 0, "{line}");
             }
         } else {
@@ -627,14 +631,16 @@ fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill()
         assert!(line["host"]["target_cores"].as_f64().unwrap() > 0.0, "{line}");
         assert!(line["rss_mb"].as_f64().unwrap() > 0.0, "{line}");
     }
-    // Word count: the same sentences give both sides the same counts.
-    let words: Vec<&Value> =
-        lines.iter().filter(|line| line["scenario"] == "b").map(|line| &line["glue"]["expected"]).collect();
-    assert!(words.windows(2).all(|pair| pair[0] == pair[1]), "{words:?}");
+    // The same input gives both sides the same outputs to make: counts, tags and records.
+    for scenario in ["b", "c"] {
+        let expected: Vec<&Value> =
+            lines.iter().filter(|line| line["scenario"] == scenario).map(|line| &line["glue"]["expected"]).collect();
+        assert!(expected.windows(2).all(|pair| pair[0] == pair[1]), "{scenario}: {expected:?}");
+    }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("| kafka-streams |") && summary.contains("×"), "{summary}");
     let meta: Value = serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
-    assert_eq!(meta["runs"].as_array().unwrap().len(), 8, "{meta}");
+    assert_eq!(meta["runs"].as_array().unwrap().len(), 12, "{meta}");
     assert!(meta["kafka"]["version"].is_string(), "{meta}");
     assert!(std::fs::read_to_string(out.join("streams-b-eos-x0.02.svg")).unwrap().contains("kafka-streams"));
     assert!(out.join("peer-logs").join("kafka-streams-a-eos-x0.02-kill.log").exists());

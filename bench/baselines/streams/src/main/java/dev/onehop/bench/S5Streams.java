@@ -3,6 +3,11 @@
 //   a  stateless: mapValues(upper case) → filter(length > 5), 1 KB text values.
 //   b  word count: flatMapValues(split on spaces) → groupBy(word) → count → toStream, every
 //      changed count to the output (key the word, value the count as Kafka's Long serde).
+//   c  routing, JSON values of 2–30 KB read once into a tree (a JSON serde): path A merges user
+//      events and product updates → flatMap(tags, 1→N: {seq, kind, tag, priority} keyed by the
+//      tag) → split by priority into three outputs; path B filters orders (status not
+//      cancelled) and clicks (not bots) → merge → re-key by customer → one output. --input is
+//      users,products,orders,clicks and --output high,medium,low,customers.
 //
 // The harness (crates/bench/src/streams.rs) starts one per scenario and mode, after the brokers
 // are up. The app creates its input and output topics (partitions and replication from the
@@ -11,11 +16,12 @@
 // streams) then feed and read it through the brokers. Every setting the study leaves out is a
 // flag, pinned by the harness and recorded in its meta.json.
 //
-// usage: S5Streams version | S5Streams --brokers … --scenario a|b --guarantee exactly_once_v2|at_least_once
-//        --input T --output T --partitions N --replication N --threads N --commit-interval-ms N
+// usage: S5Streams version | S5Streams --brokers … --scenario a|b|c --guarantee exactly_once_v2|at_least_once
+//        --input T[,T…] --output T[,T…] --partitions N --replication N --threads N --commit-interval-ms N
 //        --cache-bytes N --linger-ms N --state-dir DIR --ready FILE
 package dev.onehop.bench;
 
+import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -31,17 +37,29 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 
+import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.common.errors.SerializationException;
 import org.apache.kafka.common.errors.TopicExistsException;
+import org.apache.kafka.common.serialization.Deserializer;
+import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.serialization.Serializer;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.kstream.Branched;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
@@ -60,11 +78,15 @@ public final class S5Streams {
             return;
         }
         Map<String, String> flags = parseFlags(args);
-        String input = flags.get("input");
-        String output = flags.get("output");
+        List<String> inputs = List.of(flags.get("input").split(","));
+        List<String> outputs = List.of(flags.get("output").split(","));
+        String input = inputs.get(0);
+        String output = outputs.get(0);
         int partitions = Integer.parseInt(flags.get("partitions"));
         short replication = Short.parseShort(flags.get("replication"));
-        createTopics(flags.get("brokers"), List.of(input, output), partitions, replication);
+        List<String> topics = new ArrayList<>(inputs);
+        topics.addAll(outputs);
+        createTopics(flags.get("brokers"), topics, partitions, replication);
 
         StreamsBuilder builder = new StreamsBuilder();
         switch (flags.get("scenario")) {
@@ -79,7 +101,8 @@ public final class S5Streams {
                     .count(Materialized.as("counts"))
                     .toStream()
                     .to(output, Produced.with(Serdes.String(), Serdes.Long()));
-            default -> throw new IllegalArgumentException("--scenario is a or b, not " + flags.get("scenario"));
+            case "c" -> routing(builder, inputs, outputs);
+            default -> throw new IllegalArgumentException("--scenario is a, b or c, not " + flags.get("scenario"));
         }
 
         Properties config = new Properties();
@@ -119,6 +142,65 @@ public final class S5Streams {
         Files.writeString(Path.of(flags.get("ready")), "running\n", StandardCharsets.UTF_8);
         System.out.println("ready: " + flags.get("scenario") + " " + flags.get("guarantee"));
         Thread.currentThread().join();
+    }
+
+    /** Scenario c's two paths. */
+    static void routing(StreamsBuilder builder, List<String> inputs, List<String> outputs) {
+        if (inputs.size() != 4 || outputs.size() != 4) {
+            throw new IllegalArgumentException("scenario c reads users,products,orders,clicks and writes high,medium,low,customers");
+        }
+        Serde<JsonNode> json = jsonSerde();
+        Consumed<String, JsonNode> consumed = Consumed.with(Serdes.String(), json);
+        Produced<String, JsonNode> produced = Produced.with(Serdes.String(), json);
+
+        KStream<String, JsonNode> tagged = builder.stream(inputs.get(0), consumed)
+                .merge(builder.stream(inputs.get(1), consumed))
+                .flatMap((key, event) -> {
+                    List<KeyValue<String, JsonNode>> out = new ArrayList<>();
+                    for (JsonNode tag : event.path("tags")) {
+                        ObjectNode routed = JsonNodeFactory.instance.objectNode();
+                        routed.set("seq", event.get("seq"));
+                        routed.set("kind", event.get("kind"));
+                        routed.set("tag", tag);
+                        routed.set("priority", event.get("priority"));
+                        out.add(KeyValue.pair(tag.asText(), routed));
+                    }
+                    return out;
+                });
+        tagged.split()
+                .branch((tag, routed) -> routed.path("priority").asText().equals("high"),
+                        Branched.withConsumer(high -> high.to(outputs.get(0), produced)))
+                .branch((tag, routed) -> routed.path("priority").asText().equals("medium"),
+                        Branched.withConsumer(medium -> medium.to(outputs.get(1), produced)))
+                .branch((tag, routed) -> routed.path("priority").asText().equals("low"),
+                        Branched.withConsumer(low -> low.to(outputs.get(2), produced)))
+                .noDefaultBranch();
+
+        builder.stream(inputs.get(2), consumed)
+                .filter((key, order) -> !order.path("status").asText().equals("cancelled"))
+                .merge(builder.stream(inputs.get(3), consumed).filter((key, click) -> !click.path("bot").asBoolean()))
+                .selectKey((key, record) -> record.path("customer").asText())
+                .to(outputs.get(3), produced);
+    }
+
+    /** JSON values as Jackson trees; a value that is not JSON fails the task, as a bad Avro record would. */
+    static Serde<JsonNode> jsonSerde() {
+        ObjectMapper mapper = new ObjectMapper();
+        Serializer<JsonNode> serializer = (topic, node) -> {
+            try {
+                return node == null ? null : mapper.writeValueAsBytes(node);
+            } catch (JsonProcessingException error) {
+                throw new SerializationException(error);
+            }
+        };
+        Deserializer<JsonNode> deserializer = (topic, bytes) -> {
+            try {
+                return bytes == null ? null : mapper.readTree(bytes);
+            } catch (IOException error) {
+                throw new SerializationException(error);
+            }
+        };
+        return Serdes.serdeFrom(serializer, deserializer);
     }
 
     /** The topics of the run, at the given partitions and replication; made again is fine. */
