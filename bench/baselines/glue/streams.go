@@ -24,6 +24,23 @@
 //	   false (one in five is true) is one output, the record itself keyed by its "customer",
 //	   in the fourth output. An output in the wrong output or under the wrong key is
 //	   unexplained.
+//	d  joins, five inputs (--input customers,products,orders,shipments,reviews) of JSON objects
+//	   of 2–50 KB, each with its "seq": first --customers customers and --products products, all
+//	   due at the start; then, at 2 : 3 : 20 : 15 : 10 of the rate (the study's 12 + 18 + 120 + 90 + 60),
+//	   a customer's or product's new version (one of those ids, uniformly), a new order (of a
+//	   customer and a product, uniformly: every foreign key hits), the shipment of the oldest
+//	   order not yet shipped (keyed by its order's id: three orders in four get one), and a new
+//	   review (of a product by a customer, uniformly). The one output is keyed by the order id,
+//	   each value the order's enriched record naming the versions it joined: "order_seq",
+//	   "customer_seq", "product_seq", "shipment_seq" and "review_seq" (the newest of its
+//	   product's reviews). An output naming a version that is not of that order's customer,
+//	   product, shipment or product's reviews is unexplained; one with the bytes of the order's
+//	   previous output is a duplicate. Each input record is timed at the first output naming
+//	   it, if an order it changes was sent before it (a customer, product or review no order
+//	   reaches yet is named first by the order that joins it later, and timed as that order's
+//	   output); every order and
+//	   shipment must be seen, and every order's last output must name the last version of
+//	   each of its inputs (missing counts the orders whose last output is stale too).
 //
 // What it prints on stdout, for the harness: "phase measure" when the measured window begins,
 // "phase half" in its middle (where a --kill run kills the processing side), "phase drain"
@@ -39,6 +56,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"math/rand"
 	"slices"
@@ -62,6 +80,8 @@ type streamsSettings struct {
 	rate        float64
 	keys        int
 	words       int
+	customers   int
+	products    int
 	warmup      time.Duration
 	measure     time.Duration
 	drain       time.Duration
@@ -73,8 +93,10 @@ type streamsRun struct {
 	settings *streamsSettings
 	// The input and output topics, as --input and --outputs list them.
 	inputTopics, outputTopics []string
-	// Records in the schedule; record i is due at i × interval.
+	// Records in the schedule; record i is due at (i - preload) × interval, the first preload
+	// (scenario d's customers and products) at the start.
 	records  int
+	preload  int
 	interval time.Duration
 	// The measured window, as record numbers: [first, end).
 	first, end int
@@ -90,6 +112,19 @@ type streamsRun struct {
 	// outputs seen, a bit per tag (path B: bit 0). One consumer goroutine writes seenMask.
 	routes   []routed
 	seenMask []uint8
+	// Scenario d: each record's input and fields, and the last version of each customer and
+	// product, each order's shipment and each product's newest review (-1: none); per order the
+	// hash of its last output and whether it names those; per record whether an output named it.
+	joined       []joinedRecord
+	lastCustomer []int32
+	lastProduct  []int32
+	newestReview []int32
+	lastOutput   map[int32]uint64
+	final        map[int32]bool
+	finalOrders  atomic.Int64
+	orders       int64
+	named        []bool
+	retractions  atomic.Int64
 
 	// What the consumer saw: scenario a per record, scenario b per word and count.
 	seen      []atomic.Bool
@@ -142,6 +177,33 @@ type routed struct {
 	entity int32
 }
 
+// Scenario d's inputs, in --input's order, and their shares of the rate after the preload.
+const (
+	inputCustomers = iota
+	inputCatalog
+	inputPurchases
+	inputShipments
+	inputReviews
+)
+
+var joinShares = [5]int{2, 3, 20, 15, 10}
+
+// joinedRecord is one record of scenario d: its input, size and fields (customer and product
+// numbers; a shipment's order record; a review's stars).
+type joinedRecord struct {
+	input    uint8
+	stars    uint8
+	size     uint16
+	customer int32
+	product  int32
+	// A shipment's order (a record number); an order's shipment (-1: none).
+	other int32
+	// Whether an order was sent before it that it changes (a customer or product version, a
+	// review of the product): only then is it timed, at the first output naming it. A version
+	// no order reaches yet is named first by the order that later joins it, which is timed.
+	reaches bool
+}
+
 // letters is random lowercase text that scenario c's payloads are windows of: snappy and lz4
 // find nothing to compress in it, as in real, varied payloads.
 var letters = func() []byte {
@@ -157,14 +219,16 @@ func streamsStudy(args []string) {
 	var settings streamsSettings
 	flags := flag.NewFlagSet("streams", flag.ExitOnError)
 	flags.StringVar(&settings.address, "address", "", "bootstrap brokers (host:port, comma-separated)")
-	flags.StringVar(&settings.scenario, "scenario", "a", "a (stateless), b (word count) or c (routing)")
+	flags.StringVar(&settings.scenario, "scenario", "a", "a (stateless), b (word count), c (routing) or d (joins)")
 	flags.StringVar(&settings.mode, "mode", "eos", "eos (the consumer reads read_committed) or alo")
-	flags.StringVar(&settings.input, "input", "", "the input topic (c: users,products,orders,clicks)")
+	flags.StringVar(&settings.input, "input", "", "the input topic (c: users,products,orders,clicks; d: customers,products,orders,shipments,reviews)")
 	flags.StringVar(&settings.outputs, "outputs", "", "the output topics, comma-separated")
 	flags.StringVar(&settings.countFormat, "count-format", "long", "scenario b's count: long or json")
 	flags.Float64Var(&settings.rate, "rate", 5000, "input records per second")
 	flags.IntVar(&settings.keys, "keys", 10000, "distinct record keys")
 	flags.IntVar(&settings.words, "words", 1000, "scenario b's vocabulary")
+	flags.IntVar(&settings.customers, "customers", 1000, "scenario d's customers")
+	flags.IntVar(&settings.products, "products", 500, "scenario d's products")
 	flags.DurationVar(&settings.warmup, "warmup", 20*time.Second, "sent before the measured window")
 	flags.DurationVar(&settings.measure, "measure", 60*time.Second, "the measured window")
 	flags.DurationVar(&settings.drain, "drain", 60*time.Second, "longest wait for outputs after the last send")
@@ -179,8 +243,15 @@ func streamsStudy(args []string) {
 		if len(strings.Split(settings.input, ",")) != 4 || len(strings.Split(settings.outputs, ",")) != 4 {
 			fail("scenario c reads four inputs (users,products,orders,clicks) and four outputs (high,medium,low,customers)")
 		}
+	case "d":
+		if len(strings.Split(settings.input, ",")) != 5 || len(strings.Split(settings.outputs, ",")) != 1 {
+			fail("scenario d reads five inputs (customers,products,orders,shipments,reviews) and one output")
+		}
+		if settings.customers < 1 || settings.products < 1 {
+			fail("scenario d needs at least one customer and one product")
+		}
 	default:
-		fail("--scenario is a, b or c, not %q", settings.scenario)
+		fail("--scenario is a, b, c or d, not %q", settings.scenario)
 	}
 	run := newStreamsRun(&settings)
 	logf("scenario %s: %d records at %.0f/s (%s warm-up, %s measured), %d outputs expected",
@@ -220,10 +291,13 @@ func newStreamsRun(settings *streamsSettings) *streamsRun {
 		inputTopics:  strings.Split(settings.input, ","),
 		outputTopics: strings.Split(settings.outputs, ","),
 		interval:     interval,
-		first:        int(settings.warmup / interval),
-		end:          int((settings.warmup + settings.measure) / interval),
 		done:         make(chan struct{}),
 	}
+	if settings.scenario == "d" {
+		run.preload = settings.customers + settings.products
+	}
+	run.first = run.preload + int(settings.warmup/interval)
+	run.end = run.preload + int((settings.warmup+settings.measure)/interval)
 	run.records = run.end
 	random := rand.New(rand.NewSource(settings.seed))
 	switch settings.scenario {
@@ -303,8 +377,75 @@ func newStreamsRun(settings *streamsSettings) *streamsRun {
 				}
 			}
 		}
+	case "d":
+		run.joinSchedule(random)
 	}
 	return run
+}
+
+// joinSchedule draws scenario d's records and what each order's last output must name.
+func (run *streamsRun) joinSchedule(random *rand.Rand) {
+	run.joined = make([]joinedRecord, run.records)
+	run.named = make([]bool, run.records)
+	run.lastCustomer = make([]int32, run.settings.customers)
+	run.lastProduct = make([]int32, run.settings.products)
+	run.newestReview = make([]int32, run.settings.products)
+	for i := range run.newestReview {
+		run.newestReview[i] = -1
+	}
+	run.lastOutput = make(map[int32]uint64)
+	run.final = make(map[int32]bool)
+	total := 0
+	for _, share := range joinShares {
+		total += share
+	}
+	var unshipped []int32
+	ordered := [2][]bool{make([]bool, run.settings.customers), make([]bool, run.settings.products)}
+	for i := range run.joined {
+		record := &run.joined[i]
+		record.other = -1
+		// 2–50 KB, log-uniform.
+		record.size = uint16(2048 * math.Pow(25, random.Float64()))
+		switch {
+		case i < run.settings.customers:
+			record.input, record.customer = inputCustomers, int32(i)
+		case i < run.preload:
+			record.input, record.product = inputCatalog, int32(i-run.settings.customers)
+		default:
+			pick := random.Intn(total)
+			for record.input = 0; pick >= joinShares[record.input]; record.input++ {
+				pick -= joinShares[record.input]
+			}
+			if record.input == inputShipments && len(unshipped) == 0 {
+				record.input = inputPurchases
+			}
+			record.customer = int32(random.Intn(run.settings.customers))
+			record.product = int32(random.Intn(run.settings.products))
+			record.stars = uint8(1 + random.Intn(5))
+		}
+		switch record.input {
+		case inputCustomers:
+			run.lastCustomer[record.customer] = int32(i)
+			record.reaches = ordered[0][record.customer]
+		case inputCatalog:
+			run.lastProduct[record.product] = int32(i)
+			record.reaches = ordered[1][record.product]
+		case inputPurchases:
+			ordered[0][record.customer], ordered[1][record.product] = true, true
+			record.reaches = true
+			unshipped = append(unshipped, int32(i))
+			run.orders++
+			run.expected++
+		case inputShipments:
+			record.other, unshipped = unshipped[0], unshipped[1:]
+			run.joined[record.other].other = int32(i)
+			record.reaches = true
+			run.expected++
+		case inputReviews:
+			run.newestReview[record.product] = int32(i)
+			record.reaches = ordered[1][record.product]
+		}
+	}
 }
 
 // pseudoWord is vocabulary word i: 3–10 lowercase letters, unique by its suffix.
@@ -337,6 +478,8 @@ var filler = func() string {
 
 func (run *streamsRun) value(i int) []byte {
 	switch {
+	case run.settings.scenario == "d":
+		return run.joinedValue(i)
 	case run.settings.scenario == "c":
 		return run.routedValue(i)
 	case run.settings.scenario == "b":
@@ -394,16 +537,59 @@ func (run *streamsRun) routedValue(i int) []byte {
 		value = append(value, `","bot":`...)
 		value = strconv.AppendBool(value, !route.kept)
 	}
+	return withPayload(value, i, int(route.size))
+}
+
+// withPayload ends record i's JSON with a payload of random letters to its size.
+func withPayload(value []byte, i, size int) []byte {
 	value = append(value, `,"payload":"`...)
-	if fill := int(route.size) - len(value) - 2; fill > 0 {
+	if fill := size - len(value) - 2; fill > 0 {
 		offset := (i * 7919) % (len(letters) - fill)
 		value = append(value, letters[offset:offset+fill]...)
 	}
 	return append(value, `"}`...)
 }
 
+// joinedValue is scenario d's record i: its fields, then a payload to its size.
+func (run *streamsRun) joinedValue(i int) []byte {
+	record := &run.joined[i]
+	value := make([]byte, 0, int(record.size)+16)
+	value = append(value, `{"seq":`...)
+	value = strconv.AppendInt(value, int64(i), 10)
+	switch record.input {
+	case inputCustomers:
+		value = fmt.Appendf(value, `,"kind":"customer","name":"name%d","tier":%d`, i, i%3)
+	case inputCatalog:
+		value = fmt.Appendf(value, `,"kind":"product","title":"title%d","price":%d`, i, 1+i%997)
+	case inputPurchases:
+		value = fmt.Appendf(value, `,"kind":"order","customer":"c%d","product":"p%d","amount":%d`,
+			record.customer, record.product, 1+i%9)
+	case inputShipments:
+		value = fmt.Appendf(value, `,"kind":"shipment","order":"o%d","carrier":"carrier%d","status":"shipped"`,
+			record.other, i%5)
+	default:
+		value = fmt.Appendf(value, `,"kind":"review","product":"p%d","customer":"c%d","stars":%d`,
+			record.product, record.customer, record.stars)
+	}
+	return withPayload(value, i, int(record.size))
+}
+
 // key is record i's key: scenario c's entity, or one of --keys.
 func (run *streamsRun) key(i int) []byte {
+	if run.settings.scenario == "d" {
+		record := &run.joined[i]
+		switch record.input {
+		case inputCustomers:
+			return []byte("c" + strconv.Itoa(int(record.customer)))
+		case inputCatalog:
+			return []byte("p" + strconv.Itoa(int(record.product)))
+		case inputShipments:
+			return []byte("o" + strconv.Itoa(int(record.other)))
+		case inputReviews:
+			return []byte("r" + strconv.Itoa(i))
+		}
+		return []byte("o" + strconv.Itoa(i))
+	}
 	if run.settings.scenario != "c" {
 		return []byte("k" + strconv.Itoa(i%run.settings.keys))
 	}
@@ -415,15 +601,22 @@ func (run *streamsRun) key(i int) []byte {
 	return []byte(prefix + strconv.Itoa(int(route.entity)))
 }
 
+// due is when record i is due, from the run's start.
+func (run *streamsRun) due(i int) time.Duration {
+	if i < run.preload {
+		return 0
+	}
+	return time.Duration(i-run.preload) * run.interval
+}
+
 // produce sends the schedule: every record due by now, then sleeps until the next is due.
 func (run *streamsRun) produce(producer *kgo.Client) {
 	measuring, halfway := false, false
 	for i := 0; i < run.records; {
-		due := time.Duration(i) * run.interval
-		if wait := due - time.Since(run.start); wait > 0 {
+		if wait := run.due(i) - time.Since(run.start); wait > 0 {
 			time.Sleep(wait)
 		}
-		for now := time.Since(run.start); i < run.records && time.Duration(i)*run.interval <= now; i++ {
+		for now := time.Since(run.start); i < run.records && run.due(i) <= now; i++ {
 			if !measuring && i >= run.first {
 				measuring = true
 				fmt.Println("phase measure")
@@ -435,10 +628,13 @@ func (run *streamsRun) produce(producer *kgo.Client) {
 			record := &kgo.Record{
 				Key:       run.key(i),
 				Value:     run.value(i),
-				Timestamp: run.start.Add(time.Duration(i) * run.interval),
+				Timestamp: run.start.Add(run.due(i)),
 			}
-			if run.settings.scenario == "c" {
+			switch run.settings.scenario {
+			case "c":
 				record.Topic = run.inputTopics[run.routes[i].input]
+			case "d":
+				record.Topic = run.inputTopics[run.joined[i].input]
 			}
 			producer.Produce(context.Background(), record, func(_ *kgo.Record, err error) {
 				if err != nil {
@@ -491,13 +687,17 @@ func (run *streamsRun) consume(consumer *kgo.Client) {
 		})
 		fetches.EachRecord(func(record *kgo.Record) {
 			run.outputs.Add(1)
+			if run.settings.scenario == "d" {
+				latencies = run.joinedOutput(record, at, latencies)
+				return
+			}
 			if source, ok := run.source(record); ok {
 				run.lastReceipt.Store(int64(at))
 				if run.inWindow(at) {
 					run.receivedIn.Add(1)
 				}
 				if source >= run.first && source < run.end {
-					latencies = append(latencies, at-time.Duration(source)*run.interval)
+					latencies = append(latencies, at-run.due(source))
 				}
 				if run.received.Add(1) == run.expected {
 					run.finish()
@@ -596,6 +796,106 @@ func (run *streamsRun) routedSource(record *kgo.Record) (int, bool) {
 	return i, true
 }
 
+// joinedOutput checks one output of scenario d (see the top of this file) and times the input
+// records it names for the first time. One consumer goroutine calls it.
+func (run *streamsRun) joinedOutput(record *kgo.Record, at time.Duration, latencies []time.Duration) []time.Duration {
+	order, err := strconv.Atoi(strings.TrimPrefix(string(record.Key), "o"))
+	if err != nil || !strings.HasPrefix(string(record.Key), "o") || order < 0 || order >= run.records ||
+		run.joined[order].input != inputPurchases {
+		run.unexplained(record)
+		return latencies
+	}
+	var fields struct {
+		Removed     bool   `json:"removed"`
+		OrderSeq    *int32 `json:"order_seq"`
+		CustomerSeq *int32 `json:"customer_seq"`
+		ProductSeq  *int32 `json:"product_seq"`
+		ShipmentSeq *int32 `json:"shipment_seq"`
+		ReviewSeq   *int32 `json:"review_seq"`
+	}
+	key := int32(order)
+	if record.Value == nil || (json.Unmarshal(record.Value, &fields) == nil && fields.Removed) {
+		// A join that no longer holds: the order's record is gone until it holds again.
+		run.retractions.Add(1)
+		run.setFinal(key, false)
+		delete(run.lastOutput, key)
+		return latencies
+	}
+	if json.Unmarshal(record.Value, &fields) != nil || fields.OrderSeq == nil || *fields.OrderSeq != key ||
+		fields.CustomerSeq == nil || fields.ProductSeq == nil {
+		run.unexplained(record)
+		return latencies
+	}
+	purchase := &run.joined[order]
+	is := func(seq int32, input uint8, ok func(*joinedRecord) bool) bool {
+		return seq >= 0 && int(seq) < run.records && run.joined[seq].input == input && ok(&run.joined[seq])
+	}
+	orNone := func(seq *int32) int32 {
+		if seq == nil {
+			return -1
+		}
+		return *seq
+	}
+	shipment, review := orNone(fields.ShipmentSeq), orNone(fields.ReviewSeq)
+	if !is(*fields.CustomerSeq, inputCustomers, func(r *joinedRecord) bool { return r.customer == purchase.customer }) ||
+		!is(*fields.ProductSeq, inputCatalog, func(r *joinedRecord) bool { return r.product == purchase.product }) ||
+		(shipment >= 0 && shipment != purchase.other) ||
+		(review >= 0 && !is(review, inputReviews, func(r *joinedRecord) bool { return r.product == purchase.product })) {
+		run.unexplained(record)
+		return latencies
+	}
+	hash := fnv.New64a()
+	hash.Write(record.Value)
+	sum := hash.Sum64()
+	if previous, ok := run.lastOutput[key]; ok && previous == sum {
+		run.duplicate.Add(1)
+		return latencies
+	}
+	run.lastOutput[key] = sum
+	run.lastReceipt.Store(int64(at))
+	if run.inWindow(at) {
+		run.receivedIn.Add(1)
+	}
+	for _, seq := range []int32{key, *fields.CustomerSeq, *fields.ProductSeq, shipment, review} {
+		if seq < 0 || run.named[seq] {
+			continue
+		}
+		run.named[seq] = true
+		if input := run.joined[seq].input; input == inputPurchases || input == inputShipments {
+			run.received.Add(1)
+		}
+		if int(seq) >= run.first && int(seq) < run.end && run.joined[seq].reaches {
+			latencies = append(latencies, at-run.due(int(seq)))
+		}
+	}
+	run.setFinal(key, *fields.CustomerSeq == run.lastCustomer[purchase.customer] &&
+		*fields.ProductSeq == run.lastProduct[purchase.product] && shipment == purchase.other &&
+		review == run.newestReview[purchase.product])
+	if run.received.Load() == run.expected && run.finalOrders.Load() == run.orders {
+		run.finish()
+	}
+	return latencies
+}
+
+// unexplained counts an output of scenario d the input does not explain, and logs the first few.
+func (run *streamsRun) unexplained(record *kgo.Record) {
+	if run.unknown.Add(1) <= 3 {
+		logf("unexplained output %s: key %q, value %.300s", record.Topic, record.Key, record.Value)
+	}
+}
+
+// setFinal records whether an order's last output names the last version of each input.
+func (run *streamsRun) setFinal(order int32, final bool) {
+	if run.final[order] != final {
+		run.final[order] = final
+		if final {
+			run.finalOrders.Add(1)
+		} else {
+			run.finalOrders.Add(-1)
+		}
+	}
+}
+
 func (run *streamsRun) count(value []byte) (int64, bool) {
 	if run.settings.countFormat == "long" {
 		if len(value) != 8 {
@@ -639,8 +939,12 @@ func (run *streamsRun) progress() {
 		case <-run.done:
 			return
 		case <-ticker.C:
-			logf("scenario %s: %d of %d sent, %d of %d outputs, %d duplicates", run.settings.scenario,
+			line := fmt.Sprintf("scenario %s: %d of %d sent, %d of %d outputs, %d duplicates", run.settings.scenario,
 				run.sent.Load(), run.records, run.received.Load(), run.expected, run.duplicate.Load())
+			if run.settings.scenario == "d" {
+				line += fmt.Sprintf(", %d of %d orders final", run.finalOrders.Load(), run.orders)
+			}
+			logf("%s", line)
 		}
 	}
 }
@@ -661,7 +965,12 @@ func (run *streamsRun) report() {
 		cdf = append(cdf, [2]float64{p, percentile(p)})
 	}
 	measured := run.settings.measure.Seconds()
+	missing := run.expected - run.received.Load()
+	// Scenario d: an order whose last output is not its final join is missing its last change.
+	stale := run.orders - run.finalOrders.Load()
 	out, _ := json.Marshal(map[string]any{
+		"stale":            stale,
+		"retractions":      run.retractions.Load(),
 		"scenario":         run.settings.scenario,
 		"mode":             run.settings.mode,
 		"rate":             run.settings.rate,
@@ -670,7 +979,7 @@ func (run *streamsRun) report() {
 		"send_failures":    run.failed.Load(),
 		"expected":         run.expected,
 		"received":         run.received.Load(),
-		"missing":          run.expected - run.received.Load(),
+		"missing":          missing + stale,
 		"duplicates":       run.duplicate.Load(),
 		"unexplained":      run.unknown.Load(),
 		"overcounts":       run.over.Load(),

@@ -27,12 +27,13 @@ use crate::host::{HostSummary, HostUsage};
 use crate::plot::{Chart, Series};
 use crate::run::rss_mb;
 use crate::server::ServerProcess;
+use crate::target::cluster;
 use crate::target::peers::kafka::{JVM_OPTIONS, KafkaTarget};
 use crate::target::peers::{PeerProcess, installed, system_program, version_of};
 use crate::target::{Target, TargetOptions};
 
-pub const TARGETS: [&str; 2] = ["onehop", "kafka-streams"];
-pub const SCENARIOS: [&str; 3] = ["a", "b", "c"];
+pub const TARGETS: [&str; 3] = ["onehop", "onehop-cluster", "kafka-streams"];
+pub const SCENARIOS: [&str; 4] = ["a", "b", "c", "d"];
 pub const MODES: [&str; 2] = ["eos", "alo"];
 
 /// Partitions of every input and output topic, as scenario A's 12.
@@ -44,13 +45,20 @@ const WORDS: u32 = 1_000;
 /// Scenario C's inputs and outputs, in the glue's order (the topic names end with them).
 const ROUTING_INPUTS: [&str; 4] = ["users", "products", "orders", "clicks"];
 const ROUTING_OUTPUTS: [&str; 4] = ["high", "medium", "low", "customers"];
+/// Scenario D's inputs, in the glue's order.
+const JOIN_INPUTS: [&str; 5] = ["customers", "products", "orders", "shipments", "reviews"];
+/// Scenario D's customers and products at the study's full rate; a row at a fraction of the
+/// rate has that fraction of them (1 000 and 500 at ¼), so that a run holds as many orders per
+/// customer and product at every rate.
+const JOIN_CUSTOMERS: f64 = 4_000.0;
+const JOIN_PRODUCTS: f64 = 2_000.0;
 /// Kafka Streams' settings the study leaves out, pinned: the study's commit interval; stream
 /// threads one per core of this machine; the record cache off, so that every changed count goes
-/// downstream (the scenario emits every change); no producer linger.
+/// downstream (the scenario emits every change). Its producer's linger is an option
+/// (`StreamsOptions::ks_linger_ms`).
 const KS_COMMIT_INTERVAL_MS: u32 = 100;
 const KS_THREADS: u32 = 2;
 const KS_CACHE_BYTES: u64 = 0;
-const KS_LINGER_MS: u32 = 0;
 /// Heap of the application's JVM.
 const KS_HEAP: &str = "1g";
 const KS_MAIN_CLASS: &str = "dev.onehop.bench.S5Streams";
@@ -68,6 +76,8 @@ pub struct StreamsOptions {
     pub warmup: Duration,
     pub measure: Duration,
     pub kafka_brokers: u32,
+    /// Kafka Streams' producer linger.ms (0: each output sent at once; Kafka Streams' own default is 100).
+    pub ks_linger_ms: u32,
     /// Kill the processing side (onehop's server, Kafka Streams' app) with SIGKILL in the middle
     /// of each measured window and start it again on its data.
     pub kill: bool,
@@ -80,7 +90,8 @@ fn study_rate(scenario: &str) -> f64 {
     match scenario {
         "a" => 20_000.0,
         "b" => 7_500.0,
-        _ => 7_000.0,
+        "c" => 7_000.0,
+        _ => 300.0,
     }
 }
 
@@ -95,7 +106,11 @@ fn published(scenario: &str, mode: &str) -> &'static str {
         }
         ("b", _) => "KS 40 / 65 / 72 ms, 3.5 cores, 2 278 MB; challenger 39 / 54 / 62 ms, 1.8 cores, 2 323 MB",
         ("c", "eos") => "KS 218 / 338 / 414 ms, 2.3 cores, 1 252 MB; challenger 116 / 181 / 197 ms, 1.0 cores, 518 MB",
-        _ => "KS 50 / 79 / 92 ms, 2.6 cores, 1 654 MB; challenger 37 / 52 / 61 ms, 1.1 cores, 506 MB",
+        ("c", _) => "KS 50 / 79 / 92 ms, 2.6 cores, 1 654 MB; challenger 37 / 52 / 61 ms, 1.1 cores, 506 MB",
+        ("d", "eos") => {
+            "KS 1 595 / 2 915 / 3 298 ms, 4.3 cores, 8 667 MB; challenger 144 / 214 / 243 ms, 2.9 cores, 1 105 MB"
+        }
+        _ => "KS 268 / 563 / 704 ms, 6.8 cores, 7 932 MB; challenger 40 / 55 / 63 ms, 2.0 cores, 1 802 MB",
     }
 }
 
@@ -106,6 +121,15 @@ fn topology(scenario: &str) -> &'static str {
         }
         "b" => {
             "word count: split each sentence (50–1 000 B, about 200) into words on spaces, count per word over a 1 000-word vocabulary, emit every changed count"
+        }
+        "d" => {
+            "joins over five inputs of JSON objects of 2–50 KB (log-uniform; JSON in place of the study's Avro, of the same sizes): \
+             customers and products first (4 000 and 2 000 times the rate's fraction of the study's: 1 000 and 500 at ×0.25), then customer and product versions, new orders, shipments and new reviews at \
+             2 : 3 : 20 : 15 : 10 of the rate (the study's 12 + 18 + 120 + 90 + 60), every order of a customer and a product that \
+             exist (every FK lookup hits), a shipment for three orders in four (the oldest unshipped, keyed by its order); one \
+             enriched record per order, kept as any input changes: orders ⟕ shipments (PK) ⋈ customers (FK order→customer) ⋈ \
+             products (FK order→product) ⟕ each product's review summary (FK review→product: count, average stars, the reviews in \
+             id order, each with its author's name through FK review→customer)"
         }
         _ => {
             "routing over four inputs of JSON objects of 2–30 KB (log-uniform; JSON in place of the study's Protobuf, of the same sizes), \
@@ -163,6 +187,34 @@ fn onehop_sql(scenario: &str) -> Definition {
             ));
             let names = |names: &[&str]| names.iter().map(|name| format!("s5c_{name}")).collect::<Vec<_>>().join(",");
             (statements, names(&ROUTING_INPUTS), names(&ROUTING_OUTPUTS))
+        }
+        "d" => {
+            let mut statements = String::new();
+            for input in JOIN_INPUTS {
+                statements.push_str(&format!(
+                    "CREATE STREAM s5d_{input} WITH (partitions = {PARTITIONS}, cleanup = 'compact');\n"
+                ));
+            }
+            // Compacted streams read as tables: each key's newest record is a row, its key the
+            // column `key`. Every join is on a row's key, so there is one row per order.
+            statements.push_str(
+                "CREATE VIEW s5d_review_summaries AS\n  \
+                 SELECT r.product, COUNT(*) AS reviews, AVG(r.stars) AS rating, MAX(r.seq) AS review_seq,\n    \
+                 JSON_AGG(JSON_BUILD_OBJECT('id', r.key, 'seq', r.seq, 'stars', r.stars, 'author', c.name) ORDER BY r.key) AS latest\n  \
+                 FROM s5d_reviews r JOIN s5d_customers c ON c.key = r.customer\n  \
+                 GROUP BY r.product;\n\
+                 CREATE VIEW s5d_enriched AS\n  \
+                 SELECT o.key AS order_id, o.seq AS order_seq, o.amount, o.customer, c.seq AS customer_seq, c.name, c.tier,\n    \
+                 o.product, p.seq AS product_seq, p.title, p.price, s.seq AS shipment_seq, s.carrier, s.status,\n    \
+                 r.reviews, r.rating, r.review_seq, r.latest\n  \
+                 FROM s5d_orders o\n  \
+                 JOIN s5d_customers c ON c.key = o.customer\n  \
+                 JOIN s5d_products p ON p.key = o.product\n  \
+                 LEFT JOIN s5d_shipments s ON s.key = o.key\n  \
+                 LEFT JOIN s5d_review_summaries r ON r.product = o.product;",
+            );
+            let inputs = JOIN_INPUTS.iter().map(|name| format!("s5d_{name}")).collect::<Vec<_>>().join(",");
+            (statements, inputs, "__view.s5d_enriched".to_string())
         }
         _ => (
             format!(
@@ -225,6 +277,7 @@ pub fn run(options: &StreamsOptions) -> anyhow::Result<()> {
                     let run = Run { options, glue: &glue, logs: &logs, scenario, mode, rate, scale: *scale };
                     let result = match target.as_str() {
                         "onehop" => run.onehop()?,
+                        "onehop-cluster" => run.onehop_cluster()?,
                         _ => {
                             if kafka.is_none() {
                                 eprintln!("bench streams: starting {} Kafka broker(s)", options.kafka_brokers);
@@ -254,7 +307,7 @@ pub fn run(options: &StreamsOptions) -> anyhow::Result<()> {
             // (the next one is). Nothing else is allowed.
             let fields: &[&str] =
                 match (options.kill && r.target == "kafka-streams" && r.mode == "alo", r.scenario.as_str()) {
-                    (true, "a" | "c") => &["missing", "unexplained"],
+                    (true, "a" | "c" | "d") => &["missing", "unexplained"],
                     (true, _) => &["unexplained"],
                     _ => &["missing", "duplicates", "unexplained", "overcounts"],
                 };
@@ -277,6 +330,11 @@ pub fn run(options: &StreamsOptions) -> anyhow::Result<()> {
         bail!("outputs did not match the input: {}", wrong.join("; "));
     }
     Ok(())
+}
+
+/// Scenario D's customers or products at a fraction of the study's rate (ten at the least).
+fn join_count(full: f64, scale: f64) -> String {
+    ((full * scale).round() as u64).max(10).to_string()
 }
 
 fn check(given: &[String], known: &[&str], what: &str) -> anyhow::Result<()> {
@@ -327,8 +385,28 @@ impl Run<'_> {
         }
         let address = server.kafka.clone();
         let mut side = OnehopSide(server);
-        let measured = self.glue_run(&address, &definition.inputs, &definition.outputs, "json", &mut side, &[])?;
+        let measured =
+            self.glue_run("onehop", &address, &definition.inputs, &definition.outputs, "json", &mut side, &[])?;
         Ok(self.result("onehop", measured))
+    }
+
+    /// The same SQL on three nodes (every write committed on a majority, fdatasynced), fed and
+    /// read through every node's Kafka listener; a kill run kills the leader.
+    fn onehop_cluster(&self) -> anyhow::Result<RunResult> {
+        let (nodes, leader) = cluster::start_nodes(&self.options.exe, &self.options.dir, cluster::NODES)?;
+        let leader = &nodes[leader as usize - 1];
+        let host = leader.url.trim_start_matches("http://").trim_end_matches('/').to_string();
+        let mut http = KeepAlive::connect(&host).with_context(|| format!("connecting to {host}"))?;
+        let definition = onehop_sql(self.scenario);
+        let (status, body) = http.send("POST", "/sql", definition.statements.as_bytes())?;
+        if status != 200 {
+            bail!("defining scenario {} on the cluster: {status} {}", self.scenario, String::from_utf8_lossy(&body));
+        }
+        let address = nodes.iter().map(|node| node.kafka.clone()).collect::<Vec<_>>().join(",");
+        let mut side = ClusterSide(nodes);
+        let measured =
+            self.glue_run("onehop-cluster", &address, &definition.inputs, &definition.outputs, "json", &mut side, &[])?;
+        Ok(self.result("onehop-cluster", measured))
     }
 
     fn kafka_streams(&self, kafka: &KafkaTarget) -> anyhow::Result<RunResult> {
@@ -342,11 +420,10 @@ impl Run<'_> {
             crate::target::peers::kafka::log4j2_properties("the app's", &[("clients", "org.apache.kafka.clients")]),
         )?;
         let topic = crate::client::unique_name(&format!("s5{}{}", self.scenario, self.mode));
+        let names = |names: &[&str]| names.iter().map(|name| format!("{topic}-{name}")).collect::<Vec<_>>().join(",");
         let (input, output) = match self.scenario {
-            "c" => {
-                let names = |names: &[&str]| names.iter().map(|name| format!("{topic}-{name}")).collect::<Vec<_>>();
-                (names(&ROUTING_INPUTS).join(","), names(&ROUTING_OUTPUTS).join(","))
-            }
+            "c" => (names(&ROUTING_INPUTS), names(&ROUTING_OUTPUTS)),
+            "d" => (names(&JOIN_INPUTS), format!("{topic}-enriched")),
             _ => (format!("{topic}-in"), format!("{topic}-out")),
         };
         let ready = state.path().join("ready");
@@ -367,7 +444,7 @@ impl Run<'_> {
             ("threads", KS_THREADS.to_string()),
             ("commit-interval-ms", KS_COMMIT_INTERVAL_MS.to_string()),
             ("cache-bytes", KS_CACHE_BYTES.to_string()),
-            ("linger-ms", KS_LINGER_MS.to_string()),
+            ("linger-ms", self.options.ks_linger_ms.to_string()),
             ("state-dir", state.path().join("state").display().to_string()),
             ("ready", ready.display().to_string()),
         ];
@@ -377,15 +454,18 @@ impl Run<'_> {
         let log = self.logs.join(format!("{}.log", self.label("kafka-streams")));
         let mut side = StreamsApp::start(java, args, ready, log)?;
         let brokers = kafka.pids();
-        let measured = self.glue_run(kafka.bootstrap(), &input, &output, "long", &mut side, &brokers)?;
+        let measured =
+            self.glue_run("kafka-streams", kafka.bootstrap(), &input, &output, "long", &mut side, &brokers)?;
         Ok(self.result("kafka-streams", measured))
     }
 
     /// Runs the glue against `address` and measures `side` (the processing side) and `others`
     /// (its brokers) over the measured window; with `--kill`, kills `side` with SIGKILL in the
     /// window's middle and starts it again.
+    #[allow(clippy::too_many_arguments)]
     fn glue_run(
         &self,
+        target: &str,
         address: &str,
         input: &str,
         output: &str,
@@ -393,13 +473,17 @@ impl Run<'_> {
         side: &mut dyn Side,
         others: &[u32],
     ) -> anyhow::Result<Measured> {
-        let log = self
-            .logs
-            .join(format!("glue-{}.log", self.label(if others.is_empty() { "onehop" } else { "kafka-streams" })));
+        let log = self.logs.join(format!("glue-{}.log", self.label(target)));
         let mut child = Command::new(self.glue)
             .args(["streams", "--address", address, "--scenario", self.scenario, "--mode", self.mode])
             .args(["--input", input, "--outputs", output, "--count-format", count_format])
             .args(["--rate", &format!("{:.3}", self.rate), "--keys", &KEYS.to_string(), "--words", &WORDS.to_string()])
+            .args([
+                "--customers",
+                &join_count(JOIN_CUSTOMERS, self.scale),
+                "--products",
+                &join_count(JOIN_PRODUCTS, self.scale),
+            ])
             .arg(format!("--warmup={}ms", self.options.warmup.as_millis()))
             .arg(format!("--measure={}ms", self.options.measure.as_millis()))
             .stdin(Stdio::null())
@@ -535,6 +619,22 @@ impl Side for OnehopSide {
     }
 }
 
+/// onehop's nodes as a cluster; a kill kills the leader of the moment and starts it again.
+struct ClusterSide(Vec<ServerProcess>);
+
+impl Side for ClusterSide {
+    fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(ServerProcess::pid).collect()
+    }
+
+    fn crash_and_restart(&mut self) -> anyhow::Result<()> {
+        let leader = cluster::wait_for_leader(&self.0)? as usize - 1;
+        eprintln!("bench streams: the leader is node {}", leader + 1);
+        self.0[leader].kill_9()?;
+        self.0[leader].restart()
+    }
+}
+
 /// A Kafka Streams application of the run, started again the same way after a kill.
 struct StreamsApp {
     java: PathBuf,
@@ -655,13 +755,19 @@ fn describe(result: &RunResult) -> String {
     )
 }
 
-fn settings_of(result: &RunResult) -> Value {
+fn settings_of(options: &StreamsOptions, result: &RunResult) -> Value {
     match result.target.as_str() {
-        "onehop" => json!({
+        "onehop" | "onehop-cluster" => json!({
             "definition": onehop_sql(&result.scenario).statements,
             "input_topics": onehop_sql(&result.scenario).inputs,
             "output_topics": onehop_sql(&result.scenario).outputs,
-            "durability": "fsync (every batch fdatasynced before it is acknowledged); transforms and views exactly once in both modes",
+            "nodes": if result.target == "onehop" { 1 } else { cluster::NODES },
+            "durability": if result.target == "onehop" {
+                "fsync (every batch fdatasynced before it is acknowledged); transforms and views exactly once in both modes"
+            } else {
+                "replicated(1): every write committed once a majority of the 3 nodes' Raft logs hold it fdatasynced; \
+                 transforms and views run on the leader, exactly once in both modes; a kill run kills the leader"
+            },
             "count_value": "the view's change as JSON, its count in \"count\"",
         }),
         _ => json!({
@@ -670,7 +776,7 @@ fn settings_of(result: &RunResult) -> Value {
             "commit_interval_ms": KS_COMMIT_INTERVAL_MS,
             "num_stream_threads": KS_THREADS,
             "statestore_cache_max_bytes": KS_CACHE_BYTES,
-            "producer": { "acks": "all", "linger_ms": KS_LINGER_MS, "batch_size": "Kafka's default (16 384 B)" },
+            "producer": { "acks": "all", "linger_ms": options.ks_linger_ms, "batch_size": "Kafka's default (16 384 B)" },
             "rocksdb": "Kafka Streams' defaults",
             "heap": KS_HEAP,
             "group_instance_id": "static membership (the input topic's name + \"-instance\"), so that an app started again after a kill takes its place at once",
@@ -688,19 +794,20 @@ fn write_report(options: &StreamsOptions, results: &[RunResult], kafka: Option<V
          (franz-go, acks=all, no linger; {glue_version}), {PARTITIONS} partitions, {KEYS} keys; latency from the moment \
          an input record was due to the latency consumer's receipt of the output it made (read_committed in `eos`), one \
          clock. {:.0} s warm-up, {:.0} s measured. onehop: one server, durable at fsync, fed and read through its \
-         Kafka listener. Kafka Streams: its app's JVM ({KS_THREADS} stream threads, commit {KS_COMMIT_INTERVAL_MS} ms, \
-         record cache {KS_CACHE_BYTES} B) on {} broker(s); its brokers' CPU and memory apart. CPU: cores over the measured \
+         Kafka listener (onehop-cluster: three nodes, every write committed on a majority, fdatasynced). Kafka Streams: its app's JVM ({KS_THREADS} stream threads, commit {KS_COMMIT_INTERVAL_MS} ms, \
+         record cache {KS_CACHE_BYTES} B, producer linger {} ms) on {} broker(s); its brokers' CPU and memory apart. CPU: cores over the measured \
          window (driver: the generator and latency consumer, on the same 2 cores); RSS: the highest seen in it. in/s and \
          out/s: the rates kept, sends acknowledged and outputs received within the measured window (a side that falls \
          behind keeps less than the input's rate).{}\n\n\
-         | scenario | mode | rate | target | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms | in/s | out/s | missing | dup | over | cores | RSS MB | brokers cores / MB | driver cores | KS p99 ÷ onehop p99 |\n\
+         | scenario | mode | rate | target | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms | in/s | out/s | missing | dup | over | cores | RSS MB | brokers cores / MB | driver cores | p99 ÷ onehop's |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         options.warmup.as_secs_f64(),
         options.measure.as_secs_f64(),
+        options.ks_linger_ms,
         options.kafka_brokers,
         if options.kill {
-            " **Kill runs:** in the middle of each measured window the processing side (onehop's server, Kafka Streams' \
-             app) was killed with SIGKILL and started again on its data; missing and dup count the outputs lost and \
+            " **Kill runs:** in the middle of each measured window the processing side (onehop's server, the cluster's \
+             leader, Kafka Streams' app) was killed with SIGKILL and started again on its data; missing and dup count the outputs lost and \
              written twice across it, over the counts above the true count (input counted again), CPU leaves out the \
              restart."
         } else {
@@ -753,7 +860,7 @@ fn write_report(options: &StreamsOptions, results: &[RunResult], kafka: Option<V
             "scale": result.scale, "killed": options.kill, "glue": glue, "host": result.usage, "rss_mb": result.rss_mb,
             "brokers_cores": result.brokers_cores, "brokers_rss_mb": result.brokers_rss_mb,
             "driver_cores": result.driver_cores,
-            "settings": settings_of(result),
+            "settings": settings_of(options, result),
         }));
     }
     summary
@@ -804,6 +911,9 @@ fn write_report(options: &StreamsOptions, results: &[RunResult], kafka: Option<V
         "warmup_s": options.warmup.as_secs_f64(),
         "measure_s": options.measure.as_secs_f64(),
         "partitions": PARTITIONS, "keys": KEYS, "words": WORDS,
+        "join_customers_products": options.scales.iter().map(|scale| json!({
+            "scale": scale, "customers": join_count(JOIN_CUSTOMERS, *scale), "products": join_count(JOIN_PRODUCTS, *scale),
+        })).collect::<Vec<_>>(),
         "generator": format!("onehop-peer-glue streams ({glue_version}): franz-go producer, acks=all, linger 0, idempotent (franz-go's default), open loop"),
         "latency_consumer": "franz-go, direct assignment from the start of every output partition, fetch max wait 100 ms, read_committed in eos",
         "kafka": kafka,

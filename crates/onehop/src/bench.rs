@@ -90,6 +90,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             warmup: seconds("--warmup", args.warmup, true)?,
             measure: seconds("--duration", args.duration, false)?,
             kafka_brokers: args.kafka_brokers,
+            ks_linger_ms: args.ks_linger_ms,
             kill: args.kill,
             out: args.out,
             json: args.json,

@@ -761,16 +761,18 @@ pub struct BenchQueueArgs {
 /// Flags of `onehop bench streams`.
 #[derive(Args, Debug)]
 pub struct BenchStreamsArgs {
-    /// Sides to run: onehop, kafka-streams.
+    /// Sides to run: onehop, onehop-cluster (three nodes, every write on a majority; a kill run
+    /// kills the leader), kafka-streams.
     #[arg(long, value_delimiter = ',', default_value = "onehop,kafka-streams")]
     pub target: Vec<String>,
-    /// Scenarios: a (stateless), b (word count), c (routing: four inputs, two paths, four outputs).
-    #[arg(long, value_delimiter = ',', default_value = "a,b,c")]
+    /// Scenarios: a (stateless), b (word count), c (routing: four inputs, two paths, four outputs),
+    /// d (joins: five inputs into one enriched record per order).
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d")]
     pub scenario: Vec<String>,
     /// Modes: eos (Kafka Streams exactly_once_v2, read_committed), alo (at_least_once).
     #[arg(long, value_delimiter = ',', default_value = "eos,alo")]
     pub mode: Vec<String>,
-    /// Input rates as fractions of the study's (A 20 000/s, B 7 500/s, C 7 000/s), one row each: 0.25 is
+    /// Input rates as fractions of the study's (A 20 000/s, B 7 500/s, C 7 000/s, D 300/s), one row each: 0.25 is
     /// the standard row on a 2-core machine, 1 the stress row.
     #[arg(long, value_delimiter = ',', default_value = "0.25")]
     pub scales: Vec<f64>,
@@ -783,6 +785,10 @@ pub struct BenchStreamsArgs {
     /// Brokers of the Kafka Streams side: 3 (replication 3, min ISR 2, as the study), or 1.
     #[arg(long, default_value_t = 3)]
     pub kafka_brokers: u32,
+    /// Kafka Streams' producer linger.ms: 0 (every output sent at once, the default here) or
+    /// e.g. 100 (Kafka Streams' own default: fewer, larger produce requests for its brokers).
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub ks_linger_ms: u32,
     /// Kill the processing side (onehop's server, Kafka Streams' app) with SIGKILL in the middle
     /// of each measured window and start it again on its data: outputs lost or written twice
     /// are counted (and fail the run, but for Kafka Streams at least once writing twice).

@@ -563,11 +563,12 @@ fn bench_queue_runs_kafka_clients_and_redis_streams_side_by_side() {
     assert!(leftovers.is_empty(), "still running: {leftovers:?}");
 }
 
-/// `onehop bench streams --kill`, small: study 5's stateless scenario and word count, each as
-/// onehop SQL and as a Kafka Streams app on one broker, exactly once and at least once, fed and
-/// read by the same franz-go generator and consumer, the processing side killed with SIGKILL
-/// mid-run and started again: every output once and each explained by the input, except what
-/// at least once allows Kafka Streams (an output twice, a count counting replayed input).
+/// `onehop bench streams --kill`, small: study 5's stateless scenario, word count, routing and
+/// joins, each as onehop SQL and as a Kafka Streams app on one broker, exactly once and at least
+/// once, fed and read by the same franz-go generator and consumer, the processing side killed
+/// with SIGKILL mid-run and started again: every output once and each explained by the input,
+/// every order's last enriched record its final join, except what at least once allows Kafka
+/// Streams (an output twice, a count counting replayed input).
 #[test]
 fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill() {
     let dir = tempfile::tempdir().unwrap();
@@ -608,6 +609,10 @@ fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill()
             ("c", "eos", "kafka-streams"),
             ("c", "alo", "onehop"),
             ("c", "alo", "kafka-streams"),
+            ("d", "eos", "onehop"),
+            ("d", "eos", "kafka-streams"),
+            ("d", "alo", "onehop"),
+            ("d", "alo", "kafka-streams"),
         ],
         "{stdout}"
     );
@@ -623,6 +628,8 @@ fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill()
             }
         } else {
             assert_eq!(glue["received"], glue["expected"], "{line}");
+            // Scenario d: also every order's last output is its final join.
+            assert_eq!(glue["missing"], 0, "{line}");
             assert_eq!(glue["duplicates"], 0, "{line}");
             assert_eq!(glue["overcounts"], 0, "{line}");
         }
@@ -632,7 +639,7 @@ fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill()
         assert!(line["rss_mb"].as_f64().unwrap() > 0.0, "{line}");
     }
     // The same input gives both sides the same outputs to make: counts, tags and records.
-    for scenario in ["b", "c"] {
+    for scenario in ["b", "c", "d"] {
         let expected: Vec<&Value> =
             lines.iter().filter(|line| line["scenario"] == scenario).map(|line| &line["glue"]["expected"]).collect();
         assert!(expected.windows(2).all(|pair| pair[0] == pair[1]), "{scenario}: {expected:?}");
@@ -640,7 +647,7 @@ fn bench_streams_runs_each_scenario_on_onehop_and_kafka_streams_through_a_kill()
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("| kafka-streams |") && summary.contains("×"), "{summary}");
     let meta: Value = serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
-    assert_eq!(meta["runs"].as_array().unwrap().len(), 12, "{meta}");
+    assert_eq!(meta["runs"].as_array().unwrap().len(), 16, "{meta}");
     assert!(meta["kafka"]["version"].is_string(), "{meta}");
     assert!(std::fs::read_to_string(out.join("streams-b-eos-x0.02.svg")).unwrap().contains("kafka-streams"));
     assert!(out.join("peer-logs").join("kafka-streams-a-eos-x0.02-kill.log").exists());

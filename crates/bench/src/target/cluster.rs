@@ -72,7 +72,7 @@ pub fn start_nodes(exe: &Path, dir: &Path, count: usize) -> anyhow::Result<(Vec<
 }
 
 /// The leader the nodes agree on, once one is elected (each node's `GET /cluster`).
-fn wait_for_leader(nodes: &[ServerProcess]) -> anyhow::Result<u64> {
+pub fn wait_for_leader(nodes: &[ServerProcess]) -> anyhow::Result<u64> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     runtime.block_on(async {

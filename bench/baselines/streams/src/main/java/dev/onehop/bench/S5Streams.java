@@ -8,6 +8,13 @@
 //      tag) → split by priority into three outputs; path B filters orders (status not
 //      cancelled) and clicks (not bots) → merge → re-key by customer → one output. --input is
 //      users,products,orders,clicks and --output high,medium,low,customers.
+//   d  joins, JSON values of 2–50 KB, every input a KTable of the fields the join reads (as
+//      onehop's joined view keeps them): reviews ⋈ customers (FK review→customer, the author's
+//      name) grouped by product into a summary (count, average stars, newest seq, the reviews
+//      in id order), then orders ⟕ shipments (PK, the shipment keyed by its order id) ⋈
+//      customers (FK order→customer) ⋈ products (FK order→product) ⟕ review summaries (FK
+//      order→product: the product's reviews), every change of an order's enriched record to
+//      the output keyed by the order id. --input is customers,products,orders,shipments,reviews.
 //
 // The harness (crates/bench/src/streams.rs) starts one per scenario and mode, after the brokers
 // are up. The app creates its input and output topics (partitions and replication from the
@@ -16,7 +23,7 @@
 // streams) then feed and read it through the brokers. Every setting the study leaves out is a
 // flag, pinned by the harness and recorded in its meta.json.
 //
-// usage: S5Streams version | S5Streams --brokers … --scenario a|b|c --guarantee exactly_once_v2|at_least_once
+// usage: S5Streams version | S5Streams --brokers … --scenario a|b|c|d --guarantee exactly_once_v2|at_least_once
 //        --input T[,T…] --output T[,T…] --partitions N --replication N --threads N --commit-interval-ms N
 //        --cache-bytes N --linger-ms N --state-dir DIR --ready FILE
 package dev.onehop.bench;
@@ -33,6 +40,7 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Properties;
+import java.util.TreeMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
@@ -40,6 +48,7 @@ import java.util.concurrent.TimeUnit;
 import com.fasterxml.jackson.core.JsonProcessingException;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.kafka.clients.admin.Admin;
@@ -53,6 +62,7 @@ import org.apache.kafka.common.serialization.Deserializer;
 import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.serialization.Serializer;
+import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
@@ -60,9 +70,11 @@ import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.Branched;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.state.KeyValueStore;
 
 public final class S5Streams {
     /** Kafka Streams takes seconds to RUNNING here; topics on a fresh cluster add more. */
@@ -102,7 +114,8 @@ public final class S5Streams {
                     .toStream()
                     .to(output, Produced.with(Serdes.String(), Serdes.Long()));
             case "c" -> routing(builder, inputs, outputs);
-            default -> throw new IllegalArgumentException("--scenario is a, b or c, not " + flags.get("scenario"));
+            case "d" -> joins(builder, inputs, output);
+            default -> throw new IllegalArgumentException("--scenario is a, b, c or d, not " + flags.get("scenario"));
         }
 
         Properties config = new Properties();
@@ -116,6 +129,10 @@ public final class S5Streams {
         config.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, Long.parseLong(flags.get("cache-bytes")));
         config.put(StreamsConfig.producerPrefix(ProducerConfig.LINGER_MS_CONFIG), Integer.parseInt(flags.get("linger-ms")));
         config.put(StreamsConfig.producerPrefix(ProducerConfig.ACKS_CONFIG), "all");
+        // Scenario d's join results carry no serde of their own: the foreign-key joins after
+        // the first read them with these.
+        config.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
+        config.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, JsonSerde.class);
         // Static membership, as a deployment that restarts its instances sets it: an instance
         // started again after a crash takes its place in the group at once, instead of
         // waiting out the dead member's session (45 s). Kafka Streams adds each thread's index.
@@ -149,7 +166,7 @@ public final class S5Streams {
         if (inputs.size() != 4 || outputs.size() != 4) {
             throw new IllegalArgumentException("scenario c reads users,products,orders,clicks and writes high,medium,low,customers");
         }
-        Serde<JsonNode> json = jsonSerde();
+        Serde<JsonNode> json = new JsonSerde();
         Consumed<String, JsonNode> consumed = Consumed.with(Serdes.String(), json);
         Produced<String, JsonNode> produced = Produced.with(Serdes.String(), json);
 
@@ -183,24 +200,157 @@ public final class S5Streams {
                 .to(outputs.get(3), produced);
     }
 
-    /** JSON values as Jackson trees; a value that is not JSON fails the task, as a bad Avro record would. */
-    static Serde<JsonNode> jsonSerde() {
-        ObjectMapper mapper = new ObjectMapper();
-        Serializer<JsonNode> serializer = (topic, node) -> {
-            try {
-                return node == null ? null : mapper.writeValueAsBytes(node);
-            } catch (JsonProcessingException error) {
-                throw new SerializationException(error);
-            }
-        };
-        Deserializer<JsonNode> deserializer = (topic, bytes) -> {
-            try {
-                return bytes == null ? null : mapper.readTree(bytes);
-            } catch (IOException error) {
-                throw new SerializationException(error);
-            }
-        };
-        return Serdes.serdeFrom(serializer, deserializer);
+    /** Scenario d: one enriched record per order, kept as its five inputs change. */
+    static void joins(StreamsBuilder builder, List<String> inputs, String output) {
+        if (inputs.size() != 5) {
+            throw new IllegalArgumentException("scenario d reads customers,products,orders,shipments,reviews");
+        }
+        Serde<JsonNode> json = new JsonSerde();
+        KTable<String, JsonNode> customers = table(builder, inputs.get(0), "customers", json, null, "seq", "name", "tier");
+        KTable<String, JsonNode> products = table(builder, inputs.get(1), "products", json, null, "seq", "title", "price");
+        KTable<String, JsonNode> orders = table(builder, inputs.get(2), "orders", json, "order_id", "seq", "customer", "product", "amount");
+        KTable<String, JsonNode> shipments = table(builder, inputs.get(3), "shipments", json, null, "seq", "carrier", "status");
+        KTable<String, JsonNode> reviews = table(builder, inputs.get(4), "reviews", json, "id", "seq", "product", "customer", "stars");
+
+        KTable<String, JsonNode> summaries = reviews
+                .join(customers, (id, review) -> review.path("customer").asText(), (review, customer) -> {
+                    ObjectNode authored = review.deepCopy();
+                    authored.set("author", customer.get("name"));
+                    return authored;
+                })
+                .groupBy((id, review) -> KeyValue.pair(review.path("product").asText(), review),
+                        Grouped.with("reviews-by-product", Serdes.String(), json))
+                .aggregate(() -> summary(new TreeMap<>()),
+                        (product, review, summary) -> summary(withReview(summary, review, true)),
+                        (product, review, summary) -> summary(withReview(summary, review, false)),
+                        Materialized.<String, JsonNode, KeyValueStore<Bytes, byte[]>>as("review-summaries")
+                                .withKeySerde(Serdes.String()).withValueSerde(json));
+
+        orders.leftJoin(shipments, (order, shipment) -> {
+                    ObjectNode row = JsonNodeFactory.instance.objectNode();
+                    row.set("order_id", order.get("order_id"));
+                    row.set("order_seq", order.get("seq"));
+                    row.set("amount", order.get("amount"));
+                    row.set("customer", order.get("customer"));
+                    row.set("product", order.get("product"));
+                    row.set("shipment_seq", shipment == null ? null : shipment.get("seq"));
+                    row.set("carrier", shipment == null ? null : shipment.get("carrier"));
+                    row.set("status", shipment == null ? null : shipment.get("status"));
+                    return (JsonNode) row;
+                })
+                .join(customers, (id, order) -> order.path("customer").asText(), (order, customer) -> {
+                    ObjectNode row = order.deepCopy();
+                    row.set("customer_seq", customer.get("seq"));
+                    row.set("name", customer.get("name"));
+                    row.set("tier", customer.get("tier"));
+                    return (JsonNode) row;
+                })
+                .join(products, (id, order) -> order.path("product").asText(), (order, product) -> {
+                    ObjectNode row = order.deepCopy();
+                    row.set("product_seq", product.get("seq"));
+                    row.set("title", product.get("title"));
+                    row.set("price", product.get("price"));
+                    return (JsonNode) row;
+                })
+                .leftJoin(summaries, (id, order) -> order.path("product").asText(), (order, summary) -> {
+                    ObjectNode row = order.deepCopy();
+                    for (String field : List.of("reviews", "rating", "review_seq", "latest")) {
+                        row.set(field, summary == null || summary.path("reviews").asLong() == 0 ? null : summary.get(field));
+                    }
+                    return (JsonNode) row;
+                })
+                .toStream()
+                .to(output, Produced.with(Serdes.String(), json));
+    }
+
+    /** An input as a KTable of the fields named, with the record key as keyField unless it is null. */
+    static KTable<String, JsonNode> table(StreamsBuilder builder, String topic, String store, Serde<JsonNode> json,
+            String keyField, String... fields) {
+        return builder.stream(topic, Consumed.with(Serdes.String(), json))
+                .mapValues((key, value) -> {
+                    ObjectNode kept = JsonNodeFactory.instance.objectNode();
+                    if (keyField != null) {
+                        kept.put(keyField, key);
+                    }
+                    for (String field : fields) {
+                        kept.set(field, value.get(field));
+                    }
+                    return (JsonNode) kept;
+                })
+                .toTable(Materialized.<String, JsonNode, KeyValueStore<Bytes, byte[]>>as(store)
+                        .withKeySerde(Serdes.String()).withValueSerde(json));
+    }
+
+    /** A product's reviews by id, with one added (or taken out) by an aggregate's adder (subtractor). */
+    static TreeMap<String, JsonNode> withReview(JsonNode summary, JsonNode review, boolean add) {
+        TreeMap<String, JsonNode> byId = new TreeMap<>();
+        for (JsonNode entry : summary.path("latest")) {
+            byId.put(entry.path("id").asText(), entry);
+        }
+        String id = review.path("id").asText();
+        if (add) {
+            ObjectNode entry = JsonNodeFactory.instance.objectNode();
+            entry.set("author", review.get("author"));
+            entry.put("id", id);
+            entry.set("seq", review.get("seq"));
+            entry.set("stars", review.get("stars"));
+            byId.put(id, entry);
+        } else {
+            byId.remove(id);
+        }
+        return byId;
+    }
+
+    /** A product's review summary: as onehop's view has it (count, average, newest seq, the reviews). */
+    static JsonNode summary(TreeMap<String, JsonNode> byId) {
+        ObjectNode summary = JsonNodeFactory.instance.objectNode();
+        long stars = 0;
+        long newest = -1;
+        ArrayNode latest = summary.putArray("latest");
+        for (JsonNode entry : byId.values()) {
+            stars += entry.path("stars").asLong();
+            newest = Math.max(newest, entry.path("seq").asLong());
+            latest.add(entry);
+        }
+        summary.put("reviews", byId.size());
+        if (byId.isEmpty()) {
+            summary.putNull("rating");
+            summary.putNull("review_seq");
+        } else {
+            summary.put("rating", (double) stars / byId.size());
+            summary.put("review_seq", newest);
+        }
+        return summary;
+    }
+
+    /**
+     * JSON values as Jackson trees; a value that is not JSON fails the task, as a bad Avro record
+     * would. A class, so that it can be the default value serde.
+     */
+    public static final class JsonSerde implements Serde<JsonNode> {
+        private static final ObjectMapper MAPPER = new ObjectMapper();
+
+        @Override
+        public Serializer<JsonNode> serializer() {
+            return (topic, node) -> {
+                try {
+                    return node == null ? null : MAPPER.writeValueAsBytes(node);
+                } catch (JsonProcessingException error) {
+                    throw new SerializationException(error);
+                }
+            };
+        }
+
+        @Override
+        public Deserializer<JsonNode> deserializer() {
+            return (topic, bytes) -> {
+                try {
+                    return bytes == null ? null : MAPPER.readTree(bytes);
+                } catch (IOException error) {
+                    throw new SerializationException(error);
+                }
+            };
+        }
     }
 
     /** The topics of the run, at the given partitions and replication; made again is fine. */
